@@ -1,0 +1,203 @@
+"""Wiring: poll loop -> lifecycle -> sinks, the identity watcher, and the HTTP endpoints.
+
+Threads: the poll loop and the identity watcher each run in a daemon thread, the HTTP server in
+its own; the main thread only waits for a stop signal. A poll stuck in a two-minute first call
+therefore never delays shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from se_exporter import lifecycle
+from se_exporter.config import Listen, Settings
+from se_exporter.errors import ImdsError, ImdsThrottled
+from se_exporter.imds import ImdsClient, VmIdentity
+from se_exporter.logs import fields
+from se_exporter.metrics import Metrics, Snapshot
+from se_exporter.model import parse_document
+from se_exporter.sinks import DocumentChange, FanOut
+
+log = logging.getLogger("se_exporter")
+
+
+class Poller:
+    """Polls IMDS, keeps the snapshot, hands document changes to the sinks.
+
+    Work per poll is one GET and one bytes comparison: parsing, the lifecycle diff and the sinks
+    run only when the bytes changed.
+    """
+
+    def __init__(self, imds: ImdsClient, metrics: Metrics, sinks: FanOut, settings: Settings,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._imds = imds
+        self._metrics = metrics
+        self._sinks = sinks
+        self._settings = settings
+        self._clock = clock
+        self._last_body: bytes | None = None
+        self._failures = 0
+        self._failing_outcome: str | None = None
+        self.snapshot = Snapshot(vm_name=settings.vm_name, api_version=settings.api_version)
+        self.heartbeat_deadline = time.monotonic() + settings.first_call_timeout + settings.poll_interval + 10
+
+    def set_identity(self, identity: VmIdentity) -> None:
+        vm_name = self._settings.vm_name or identity.name or None
+        self.snapshot = replace(self.snapshot, identity=identity, vm_name=vm_name)
+
+    def poll_once(self) -> float:
+        """One poll; returns how long to wait before the next one."""
+        started = time.monotonic()
+        try:
+            body = self._imds.scheduled_events()
+            if body != self._last_body:
+                self._apply(body)  # raises InvalidDocument before anything is changed
+        except ImdsError as error:
+            self._metrics.poll_duration.observe(time.monotonic() - started)
+            return self._failed(error)
+        self._metrics.poll_duration.observe(time.monotonic() - started)
+        self._metrics.polls.labels("ok").inc()
+        if self._failing_outcome is not None:
+            log.info("IMDS recovered after %d failed polls", self._failures,
+                     extra=fields(imds_state="ok", failed_polls=self._failures))
+        self._failures, self._failing_outcome = 0, None
+        self.snapshot = replace(self.snapshot, up=True, last_success=self._clock())
+        return self._settings.poll_interval
+
+    def _apply(self, body: bytes) -> None:
+        document = parse_document(body)
+        now = self._clock()
+        step = lifecycle.diff(self.snapshot.records, document, now)
+        first = self._last_body is None
+        self._last_body = body
+        snap = replace(self.snapshot, records=step.records, incarnation=document.incarnation,
+                       has_document=True)
+        self.snapshot = snap
+        self._metrics.document_changes.inc()
+        if document.warnings:
+            self._metrics.document_warnings.inc(len(document.warnings))
+            log.warning("document %s parsed with %d warnings: %s", document.incarnation, len(document.warnings),
+                        "; ".join(document.warnings[:5]), extra=fields(warnings=list(document.warnings)))
+        if first:
+            log.info("first document read", extra=fields(document_incarnation=document.incarnation,
+                                                          events=len(document.events)))
+        self._sinks.export(DocumentChange(
+            raw=body, document=document, transitions=step.transitions, records=step.records, observed_at=now,
+            vm_name=snap.vm_name, identity=snap.identity, api_version=self._settings.api_version))
+
+    def _failed(self, error: ImdsError) -> float:
+        self._metrics.polls.labels(error.outcome).inc()
+        self._failures += 1
+        if error.outcome != self._failing_outcome:
+            # One line per change of IMDS health, not per failed poll.
+            state = "keeping the last valid state" if self.snapshot.has_document else "no document read yet"
+            log.warning("IMDS poll failed: %s (%s)", error, state,
+                        extra=fields(imds_state=error.outcome, url=self._imds.events_url))
+            self._failing_outcome = error.outcome
+        self.snapshot = replace(self.snapshot, up=False)
+        interval, cap = self._settings.poll_interval, self._settings.max_backoff
+        if isinstance(error, ImdsThrottled) and error.retry_after is not None:
+            return min(max(interval, error.retry_after), cap)
+        return min(interval * 2 ** min(self._failures - 1, 16), cap)
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll until ``stop`` is set; a fixed rate, so a slow poll does not push the schedule."""
+        next_at = time.monotonic()
+        while not stop.is_set():
+            timeout = self._settings.first_call_timeout if self._last_body is None else self._settings.imds_timeout
+            self.heartbeat_deadline = time.monotonic() + timeout + self._settings.max_backoff + 10
+            try:
+                delay = self.poll_once()
+            except Exception:  # a bug must not end the loop silently; /healthz goes red if it repeats
+                log.exception("unexpected error in the poll loop")
+                delay = self._settings.max_backoff
+            next_at = max(next_at + delay, time.monotonic()) if delay == self._settings.poll_interval \
+                else time.monotonic() + delay
+            stop.wait(max(0.0, next_at - time.monotonic()))
+
+    @property
+    def healthy(self) -> bool:
+        return time.monotonic() <= self.heartbeat_deadline
+
+
+class IdentityWatcher:
+    """Reads compute metadata once it can; retries in the background with a capped backoff."""
+
+    def __init__(self, imds: ImdsClient, poller: Poller, metrics: Metrics, max_wait: float = 60.0) -> None:
+        self._imds, self._poller, self._metrics, self._max_wait = imds, poller, metrics, max_wait
+
+    def run(self, stop: threading.Event) -> None:
+        wait = 1.0
+        logged = False
+        while not stop.is_set():
+            try:
+                identity = self._imds.compute()
+            except ImdsError as error:
+                self._metrics.identity_errors.inc()
+                if not logged:
+                    log.warning("cannot read VM identity, retrying in the background: %s", error)
+                    logged = True
+                stop.wait(wait)
+                wait = min(wait * 2, self._max_wait)
+                continue
+            self._poller.set_identity(identity)
+            log.info("VM identity read", extra=fields(vm_name=self._poller.snapshot.vm_name, vm_id=identity.vm_id,
+                                                      vmss_name=identity.vmss_name or None,
+                                                      location=identity.location))
+            return
+
+
+def make_http_app(registry: CollectorRegistry, poller: Poller) -> Callable[..., Iterable[bytes]]:
+    """/metrics from prometheus-client, /healthz and /readyz from the poller's state."""
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path == "/metrics":
+            return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+        if path == "/healthz":
+            return _text(start_response, poller.healthy, "poll loop running", "poll loop stalled")
+        if path == "/readyz":
+            return _text(start_response, poller.snapshot.has_document, "valid document read",
+                         "no valid document read yet")
+        if path == "/":
+            page = (b"<html><head><title>se-exporter</title></head><body><h1>se-exporter</h1>"
+                    b"<p><a href='/metrics'>/metrics</a> <a href='/healthz'>/healthz</a> "
+                    b"<a href='/readyz'>/readyz</a></p></body></html>")
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [page]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"not found\n"]
+
+    return app
+
+
+def _text(start_response: Callable[..., Any], ok: bool, good: str, bad: str) -> list[bytes]:
+    start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8")])
+    return [((good if ok else bad) + "\n").encode()]
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base class
+        """Scrapes every few seconds are not news."""
+
+
+def serve(listen: Listen, app: Callable[..., Iterable[bytes]]) -> ThreadingWSGIServer:
+    """Bind exactly where configured ('' = all interfaces) and serve in a daemon thread."""
+
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
+
+    server = make_server(listen.host, listen.port, app, server_class=Server, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    return server

@@ -1,0 +1,168 @@
+"""Command line: ``se-exporter run`` (the sidecar) and ``se-exporter simulate`` (the IMDS double).
+
+Every failure to start is one line on stderr and exit code 2, naming the setting to fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import NoReturn, TypeVar
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, ProcessCollector
+
+from se_exporter import __version__, logs
+from se_exporter.app import IdentityWatcher, Poller, make_http_app, serve
+from se_exporter.config import (
+    RUN_OPTIONS,
+    SIMULATE_OPTIONS,
+    Listen,
+    Settings,
+    SimulatorSettings,
+    add_options,
+    process_environment,
+    run_settings,
+    simulator_settings,
+)
+from se_exporter.errors import ConfigError
+from se_exporter.imds import ImdsClient, make_http_client
+from se_exporter.metrics import Metrics
+from se_exporter.simulator import scenario as scenarios
+from se_exporter.simulator.faults import parse_fault
+from se_exporter.simulator.server import Simulator, SimulatorServer, start
+from se_exporter.sinks import FanOut
+from se_exporter.sinks.logsink import LogSink
+from se_exporter.sinks.metrics import MetricsSink
+
+log = logging.getLogger("se_exporter")
+_S = TypeVar("_S")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line, exit 2: what a person or an init system log needs, without the usage dump."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="se-exporter", description=(
+        "Read-only sidecar for Azure Scheduled Events: polls IMDS and exposes what it sees as Prometheus "
+        "metrics. It never approves an event."))
+    parser.add_argument("--version", action="version", version=f"se-exporter {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    run = commands.add_parser("run", help="poll IMDS and serve /metrics (the default command)",
+                              description="Poll Scheduled Events and serve /metrics, /healthz and /readyz.")
+    add_options(run, RUN_OPTIONS)
+    run.add_argument("--simulate", nargs="?", const="demo", default=None, metavar="SCENARIO",
+                     help="start the built-in IMDS simulator in-process and poll it instead of IMDS "
+                          f"(scenarios: {', '.join(scenarios.builtin_names())}; default demo) "
+                          "[env SE_EXPORTER_SIMULATE]")
+    sim = commands.add_parser("simulate", help="serve a simulated IMDS to rehearse responders and dashboards",
+                              description="Serve a faithful IMDS double (Scheduled Events, compute metadata, "
+                                          "approvals) driven by a scenario, with fault injection.")
+    add_options(sim, SIMULATE_OPTIONS)
+    sim.add_argument("--fault", dest="faults", action="append", metavar="SPEC",
+                     help="inject a fault, e.g. throttle,retry_after=2,count=3 (repeatable; see README) "
+                          "[env SE_EXPORTER_SIMULATOR_FAULTS, ';'-separated]")
+    sim.add_argument("--list-scenarios", action="store_true", help="print the built-in scenarios and exit")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if not args_list or (args_list[0].startswith("-") and args_list[0] not in ("-h", "--help", "--version")):
+        args_list.insert(0, "run")
+    args = build_parser().parse_args(args_list)
+    environment = process_environment() if env is None else env
+    try:
+        if args.command == "simulate":
+            return simulate(simulator_settings(args, environment), list_only=args.list_scenarios)
+        return run(run_settings(args, environment))
+    except ConfigError as error:
+        print(f"se-exporter: error: {error}", file=sys.stderr)
+        return 2
+
+
+def run(settings: Settings) -> int:
+    logs.setup(settings.log_level, settings.log_format)
+    sim_server: SimulatorServer | None = None
+    if settings.simulate is not None:
+        sim_server = start(Simulator(scenarios.load(settings.simulate), speed=settings.speed))
+        settings = replace(settings, imds_url=sim_server.url)
+    prometheus_client.disable_created_metrics()  # *_created series double the output and help nobody here
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    http = make_http_client()
+    imds = ImdsClient(http, settings.imds_url, settings.api_version, settings.imds_timeout,
+                      settings.first_call_timeout, settings.max_document_bytes)
+    poller: Poller
+    metrics = Metrics(registry, lambda: poller.snapshot)
+    sinks = FanOut([MetricsSink(metrics), LogSink()], on_error=lambda name: metrics.sink_errors.labels(name).inc())
+    poller = Poller(imds, metrics, sinks, settings)
+    server = _bind(settings.listen, lambda: serve(settings.listen, make_http_app(registry, poller)))
+
+    stop = threading.Event()
+    _on_signals(stop)
+    for target, name in ((poller.run, "poll"), (IdentityWatcher(imds, poller, metrics).run, "identity")):
+        threading.Thread(target=target, args=(stop,), name=name, daemon=True).start()
+    metrics_url = f"http://{_display(settings.listen, server.server_port)}/metrics"
+    log.info("se-exporter %s polling %s every %gs; metrics at %s", __version__, imds.events_url,
+             settings.poll_interval, metrics_url)
+    if sim_server is not None:
+        print(f"Simulated IMDS ({settings.simulate}) at {sim_server.url}\nMetrics at {metrics_url}", flush=True)
+    stop.wait()
+    log.info("stopping")
+    server.shutdown()
+    sinks.shutdown()
+    http.close()
+    if sim_server is not None:
+        sim_server.shutdown()
+    return 0
+
+
+def simulate(settings: SimulatorSettings, list_only: bool = False) -> int:
+    if list_only:
+        for name in scenarios.builtin_names():
+            print(f"{name:<18} {scenarios.load(name).description}")
+        return 0
+    logs.setup(settings.log_level, settings.log_format)
+    simulator = Simulator(scenarios.load(settings.scenario), speed=settings.speed)
+    simulator.inject(*(parse_fault(spec) for spec in settings.faults))
+    server = _bind(settings.listen, lambda: start(simulator, settings.listen.host, settings.listen.port))
+    print(f"IMDS simulator ({simulator.scenario.name}, speed {settings.speed:g}) at {server.url}\n"
+          f"Try: curl -H Metadata:true '{server.url}/metadata/scheduledevents?api-version=2020-07-01'", flush=True)
+    stop = threading.Event()
+    _on_signals(stop)
+    stop.wait()
+    server.shutdown()
+    return 0
+
+
+def _bind(listen: Listen, make: Callable[[], _S]) -> _S:
+    try:
+        return make()
+    except OSError as error:
+        raise ConfigError(f"--listen {listen}: cannot listen there ({error.strerror or error})") from None
+
+
+def _on_signals(stop: threading.Event) -> None:
+    def handler(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _display(listen: Listen, port: int) -> str:
+    host = listen.host if listen.host not in ("", "0.0.0.0", "::") else "127.0.0.1"  # noqa: S104 - display only
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

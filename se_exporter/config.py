@@ -1,0 +1,260 @@
+"""All settings in one frozen object, resolved flag -> environment -> default, validated once.
+
+One table (``RUN_OPTIONS``, ``SIMULATE_OPTIONS``) declares every setting: the CLI builds its
+flags from it, the resolver reads ``SE_EXPORTER_*`` variables from it, and the README's
+configuration table is written from it. This is the only module that looks at the environment
+(and it is handed the mapping; it never reads ``os.environ`` itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from se_exporter.errors import ConfigError
+
+ENV_PREFIX = "SE_EXPORTER_"
+DEFAULT_PORT = 10169  # above the exhausted 9100-9999 exporter range; "169" as in 169.254.169.254
+DEFAULT_IMDS_URL = "http://169.254.169.254"
+DEFAULT_API_VERSION = "2020-07-01"
+_API_VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+@dataclass(frozen=True)
+class Listen:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Settings of ``se-exporter run``."""
+
+    imds_url: str = DEFAULT_IMDS_URL
+    api_version: str = DEFAULT_API_VERSION
+    poll_interval: float = 1.0
+    imds_timeout: float = 2.0
+    first_call_timeout: float = 120.0
+    max_backoff: float = 5.0
+    max_document_bytes: int = 4 * 1024 * 1024
+    listen: Listen = Listen("", DEFAULT_PORT)
+    vm_name: str | None = None
+    log_level: str = "info"
+    log_format: str = "text"
+    simulate: str | None = None
+    speed: float = 1.0
+
+
+@dataclass(frozen=True)
+class SimulatorSettings:
+    """Settings of ``se-exporter simulate``."""
+
+    listen: Listen = Listen("127.0.0.1", 8169)
+    scenario: str = "demo"
+    speed: float = 1.0
+    faults: tuple[str, ...] = ()
+    log_level: str = "info"
+    log_format: str = "text"
+
+
+def process_environment() -> Mapping[str, str]:
+    """The process environment; the CLI hands it to the resolvers (tests hand them a dict)."""
+    return os.environ
+
+
+# ---------------------------------------------------------------- value parsers (str -> value)
+
+
+def parse_url(text: str) -> str:
+    try:
+        url = httpx.URL(text)
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise ValueError(f"{text!r} is not a URL ({exc})") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"{text!r} is not an http(s) URL with a host, e.g. http://169.254.169.254")
+    if url.query or url.fragment:
+        raise ValueError(f"{text!r} must be a base URL without query or fragment")
+    return text.rstrip("/")
+
+
+def parse_api_version(text: str) -> str:
+    if not _API_VERSION.match(text):
+        raise ValueError(f"{text!r} is not an api-version like 2020-07-01")
+    return text
+
+
+def parse_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of seconds, e.g. 1 or 0.5") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{text!r} must be a positive number of seconds")
+    return value
+
+
+def parse_positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{text!r} must be a positive number")
+    return value
+
+
+def parse_bytes(text: str) -> int:
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]i?B?|B)?\s*", text, flags=re.IGNORECASE)
+    if not match:
+        raise ValueError(f"{text!r} is not a size, e.g. 4194304 or 4MiB")
+    units = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+    unit = (match.group(2) or "")[:1].lower()
+    value = int(match.group(1)) * units[unit]
+    if value < 1024:
+        raise ValueError(f"{text!r} is too small: IMDS documents need at least 1KiB")
+    return value
+
+
+def parse_listen(text: str) -> Listen:
+    match = re.fullmatch(r"(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})", text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not HOST:PORT, e.g. :{DEFAULT_PORT} or 127.0.0.1:{DEFAULT_PORT}")
+    port = int(match.group("port"))
+    if port > 65535:
+        raise ValueError(f"{text!r}: port {port} is above 65535")
+    return Listen(match.group("v6") or match.group("host") or "", port)
+
+
+def parse_name(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text.strip()
+
+
+def choice(*values: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        lowered = text.lower()
+        if lowered not in values:
+            raise ValueError(f"{text!r} is not one of {', '.join(values)}")
+        return lowered
+
+    return parse
+
+
+# ---------------------------------------------------------------- the option table
+
+
+@dataclass(frozen=True)
+class Option:
+    dest: str
+    flag: str
+    parse: Callable[[str], Any]
+    help: str
+    metavar: str = "VALUE"
+    env_infix: str = ""
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.env_infix + self.flag.lstrip("-").upper().replace("-", "_")
+
+
+_LOG_OPTIONS = (
+    Option("log_level", "--log-level", choice("debug", "info", "warning", "error"),
+           "log threshold: debug, info, warning or error (default info)", "LEVEL"),
+    Option("log_format", "--log-format", choice("text", "json"),
+           "text for people, json (one object per line) for log shippers (default text)", "FORMAT"),
+)
+
+RUN_OPTIONS: tuple[Option, ...] = (
+    Option("imds_url", "--imds-url", parse_url,
+           f"IMDS base URL (default {DEFAULT_IMDS_URL}); never reached through a proxy", "URL"),
+    Option("api_version", "--api-version", parse_api_version,
+           f"Scheduled Events api-version to request (default {DEFAULT_API_VERSION})", "VERSION"),
+    Option("poll_interval", "--poll-interval", parse_seconds,
+           "seconds between polls; Azure recommends 1 (default 1)", "SECONDS"),
+    Option("imds_timeout", "--imds-timeout", parse_seconds,
+           "timeout of each IMDS request once IMDS has answered (default 2)", "SECONDS"),
+    Option("first_call_timeout", "--first-call-timeout", parse_seconds,
+           "timeout until IMDS first answers: the first call enables the service and may take "
+           "up to two minutes (default 120)", "SECONDS"),
+    Option("max_backoff", "--max-backoff", parse_seconds,
+           "longest wait between polls after failures or a 429 Retry-After; kept short because a "
+           "missed notice is worse than a throttled poll (default 5)", "SECONDS"),
+    Option("max_document_bytes", "--max-document-bytes", parse_bytes,
+           "largest IMDS body read; larger ones are rejected unread (default 4MiB)", "BYTES"),
+    Option("listen", "--listen", parse_listen,
+           f"where /metrics, /healthz and /readyz are served (default :{DEFAULT_PORT}, all "
+           "interfaces; use 127.0.0.1:PORT to keep it local)", "HOST:PORT"),
+    Option("vm_name", "--vm-name", parse_name,
+           "this VM's name as listed in event Resources (default: from IMDS compute metadata)", "NAME"),
+    *_LOG_OPTIONS,
+    Option("speed", "--speed", parse_positive_float,
+           "with --simulate: how many times faster than real time the scenario runs (default 1)", "FACTOR"),
+)
+
+SIMULATE_OPTIONS: tuple[Option, ...] = (
+    Option("listen", "--listen", parse_listen,
+           "where the simulator serves IMDS (default 127.0.0.1:8169)", "HOST:PORT", "SIMULATOR_"),
+    Option("scenario", "--scenario", parse_name,
+           "built-in scenario name or path to a scenario JSON file (default demo)", "SCENARIO", "SIMULATOR_"),
+    Option("speed", "--speed", parse_positive_float,
+           "how many times faster than real time the scenario runs (default 1)", "FACTOR", "SIMULATOR_"),
+    *(Option(o.dest, o.flag, o.parse, o.help, o.metavar, "SIMULATOR_") for o in _LOG_OPTIONS),
+)
+
+
+def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
+    """Flags default to None so the resolver can tell 'not given' from 'given'."""
+    for option in options:
+        parser.add_argument(option.flag, dest=option.dest, default=None, metavar=option.metavar,
+                            help=f"{option.help} [env {option.env}]")
+
+
+def resolve(options: Sequence[Option], args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
+    """Flag, then environment, then the dataclass default; every value through its parser."""
+    values: dict[str, Any] = {}
+    for option in options:
+        raw = getattr(args, option.dest, None)
+        source = option.flag
+        if raw is None and option.env in env:
+            raw, source = env[option.env], option.env
+        if raw is None:
+            continue
+        try:
+            values[option.dest] = option.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+    return values
+
+
+def run_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
+    values = resolve(RUN_OPTIONS, args, env)
+    simulate = getattr(args, "simulate", None)
+    if simulate is None and env.get(ENV_PREFIX + "SIMULATE"):
+        simulate = env[ENV_PREFIX + "SIMULATE"]
+    if simulate is not None:
+        values["simulate"] = simulate
+    settings = Settings(**values)
+    if settings.imds_timeout > settings.first_call_timeout:
+        raise ConfigError("--imds-timeout must not exceed --first-call-timeout")
+    if settings.max_backoff < settings.poll_interval:
+        raise ConfigError("--max-backoff must be at least --poll-interval")
+    return settings
+
+
+def simulator_settings(args: argparse.Namespace, env: Mapping[str, str]) -> SimulatorSettings:
+    values = resolve(SIMULATE_OPTIONS, args, env)
+    faults = tuple(getattr(args, "faults", None) or ())
+    if not faults and env.get(ENV_PREFIX + "SIMULATOR_FAULTS"):
+        faults = tuple(part for part in env[ENV_PREFIX + "SIMULATOR_FAULTS"].split(";") if part.strip())
+    return SimulatorSettings(**values, faults=faults)

@@ -1,0 +1,180 @@
+"""The HTTP edge towards IMDS: GET only, no proxy, no redirects, explicit timeouts, bounded bodies.
+
+IMDS is a link-local service on the VM itself, so three rules hold for every request:
+
+* never through a proxy: the client is built with ``trust_env=False``, so ``HTTP_PROXY`` and
+  friends are ignored (IMDS rejects proxied requests, and a proxy would see our traffic);
+* never follow a redirect: a 3xx is an error we count; something between us and IMDS is lying;
+* never approve: this module has no way to send anything but GET.
+
+Every failure becomes one of the ``ImdsError`` classes, which is what the poll loop counts.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from se_exporter import __version__
+from se_exporter.errors import (
+    ImdsConnectionError,
+    ImdsError,
+    ImdsHttpError,
+    ImdsThrottled,
+    ImdsTimeout,
+    InvalidDocument,
+)
+
+SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
+COMPUTE_PATH = "/metadata/instance/compute"
+COMPUTE_API_VERSION = "2021-02-01"
+USER_AGENT = f"se-exporter/{__version__}"
+
+
+def make_http_client() -> httpx.Client:
+    """The one way to build the client IMDS requests go through (proxies off, redirects off)."""
+    return httpx.Client(
+        trust_env=False,
+        follow_redirects=False,
+        headers={"Metadata": "true", "User-Agent": USER_AGENT},
+        # Every request passes its own timeout; this default only guards against misuse.
+        timeout=httpx.Timeout(5.0),
+        limits=httpx.Limits(max_connections=2, max_keepalive_connections=2),
+    )
+
+
+@dataclass(frozen=True)
+class VmIdentity:
+    """Who we are, from ``/metadata/instance/compute``; any field may be empty."""
+
+    name: str = ""
+    vm_id: str = ""
+    vmss_name: str = ""
+    location: str = ""
+    resource_group: str = ""
+    subscription_id: str = ""
+    vm_size: str = ""
+    zone: str = ""
+    resource_id: str = ""
+
+    @classmethod
+    def from_compute(cls, data: dict[str, Any]) -> VmIdentity:
+        def text(key: str) -> str:
+            value = data.get(key)
+            return value if isinstance(value, str) else ""
+
+        return cls(
+            name=text("name"),
+            vm_id=text("vmId"),
+            vmss_name=text("vmScaleSetName"),
+            location=text("location"),
+            resource_group=text("resourceGroupName"),
+            subscription_id=text("subscriptionId"),
+            vm_size=text("vmSize"),
+            zone=text("zone"),
+            resource_id=text("resourceId"),
+        )
+
+
+class ImdsClient:
+    """Reads Scheduled Events and compute metadata from one IMDS base URL."""
+
+    def __init__(
+        self,
+        http: httpx.Client,
+        base_url: str,
+        api_version: str,
+        timeout: float,
+        first_call_timeout: float,
+        max_body_bytes: int,
+    ) -> None:
+        self._http = http
+        base = base_url.rstrip("/")
+        # Pre-built once: the URL never changes, and the hot path should not rebuild it per poll.
+        self._events_url = httpx.URL(base + SCHEDULED_EVENTS_PATH, params={"api-version": api_version})
+        self._compute_url = httpx.URL(base + COMPUTE_PATH, params={"api-version": COMPUTE_API_VERSION})
+        self._timeout = timeout
+        self._first_call_timeout = first_call_timeout
+        self._max_body_bytes = max_body_bytes
+        self._answered = False
+
+    @property
+    def events_url(self) -> str:
+        return str(self._events_url)
+
+    def scheduled_events(self) -> bytes:
+        """The raw body of one Scheduled Events answer (HTTP 200), or an ``ImdsError``.
+
+        The first call may take up to two minutes because it switches the service on, so until
+        IMDS has answered once we wait ``first_call_timeout`` instead of ``timeout``.
+        """
+        timeout = self._timeout if self._answered else self._first_call_timeout
+        return self._get(self._events_url, timeout)
+
+    def compute(self) -> VmIdentity:
+        body = self._get(self._compute_url, self._timeout)
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise InvalidDocument("compute metadata is not JSON") from None
+        if not isinstance(data, dict):
+            raise InvalidDocument("compute metadata is not a JSON object")
+        return VmIdentity.from_compute(data)
+
+    def _get(self, url: httpx.URL, timeout: float) -> bytes:
+        try:
+            with self._http.stream("GET", url, timeout=timeout, follow_redirects=False) as response:
+                self._answered = True
+                if response.status_code != 200:
+                    raise _status_error(response)
+                return self._read_bounded(response)
+        except httpx.TimeoutException as exc:
+            raise ImdsTimeout(f"no answer within {timeout:g} s ({type(exc).__name__})") from None
+        except httpx.TransportError as exc:
+            raise ImdsConnectionError(f"{type(exc).__name__}: {exc or 'connection failed'}") from None
+
+    def _read_bounded(self, response: httpx.Response) -> bytes:
+        # A captive portal or a broken proxy can answer anything; never hold more than the cap.
+        declared = response.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._max_body_bytes:
+            raise InvalidDocument(f"body of {int(declared)} bytes exceeds the {self._max_body_bytes}-byte cap")
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > self._max_body_bytes:
+                raise InvalidDocument(f"body exceeds the {self._max_body_bytes}-byte cap")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def _status_error(response: httpx.Response) -> ImdsError:
+    status = response.status_code
+    if status == 429:
+        retry_after = parse_retry_after(response.headers.get("retry-after"), now=time.time())
+        hint = "" if retry_after is None else f", Retry-After {retry_after:g} s"
+        return ImdsThrottled(f"HTTP 429 Too Many Requests{hint}", retry_after)
+    if 300 <= status < 400:
+        location = response.headers.get("location", "?")
+        return ImdsHttpError(f"HTTP {status} redirect to {location} not followed", status)
+    reason = response.reason_phrase or "error"
+    return ImdsHttpError(f"HTTP {status} {reason}", status)
+
+
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """Retry-After as seconds from ``now``: delta-seconds or an HTTP date (RFC 9110 10.2.3)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - now)

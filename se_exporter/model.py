@@ -1,0 +1,265 @@
+"""Scheduled Events documents as frozen values, parsed from every documented api-version shape.
+
+IMDS has changed the document over the years (see ``shared/azure-docs``):
+
+* 2017-03-01 (preview): ``NotBefore`` in ISO 8601, ``DocumentIncarnation`` sometimes a string,
+  resource names with a leading underscore, no ``Description``/``EventSource``/``DurationInSeconds``;
+* 2017-08-01 onwards: ``NotBefore`` in RFC 1123 (``Mon, 11 Apr 2022 22:26:58 GMT``), empty once started;
+* later versions add ``Preempt``, ``Terminate``, ``Description``, ``EventSource``, ``DurationInSeconds``.
+
+Parsing is tolerant where tolerance loses nothing (an unknown ``EventType``, an extra field, a
+wrongly typed optional field becomes ``None`` plus a warning) and strict where guessing would
+invent lifecycle transitions: without an object carrying an ``Events`` list, or without a usable
+``EventId`` per event, the whole document is invalid and the caller keeps its previous state.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from se_exporter.errors import InvalidDocument
+
+EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
+EVENT_STATUSES = ("Scheduled", "Started")
+SCHEDULED = "Scheduled"
+STARTED = "Started"
+
+_KNOWN_EVENT_FIELDS = frozenset(
+    {
+        "EventId",
+        "EventType",
+        "EventStatus",
+        "ResourceType",
+        "Resources",
+        "NotBefore",
+        "Description",
+        "EventSource",
+        "DurationInSeconds",
+    }
+)
+_KNOWN_DOCUMENT_FIELDS = frozenset({"DocumentIncarnation", "Events"})
+_INTEGER = re.compile(r"^\s*-?\d+\s*$")
+
+
+@dataclass(frozen=True)
+class ScheduledEvent:
+    """One entry of ``Events``; field names follow the Azure documents."""
+
+    event_id: str
+    event_type: str
+    event_status: str
+    resource_type: str | None = None
+    resources: tuple[str, ...] = ()
+    not_before: datetime | None = None
+    description: str | None = None
+    event_source: str | None = None
+    duration_seconds: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def started(self) -> bool:
+        return self.event_status == STARTED
+
+
+@dataclass(frozen=True)
+class Document:
+    """A whole Scheduled Events answer. ``warnings`` lists what was tolerated while parsing."""
+
+    incarnation: int | None
+    events: tuple[ScheduledEvent, ...]
+    warnings: tuple[str, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def by_id(self) -> dict[str, ScheduledEvent]:
+        return {event.event_id: event for event in self.events}
+
+
+def parse_document(body: bytes | str) -> Document:
+    """Parse the raw bytes IMDS returned; raise ``InvalidDocument`` with a reason a person can act on."""
+    if isinstance(body, bytes):
+        try:
+            text = body.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise InvalidDocument(f"body is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    else:
+        text = body
+    if not text.strip():
+        raise InvalidDocument("body is empty")
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise InvalidDocument(f"body is not JSON: {_snippet(text)!r} ({exc})") from None
+    return document_from_json(obj)
+
+
+def document_from_json(obj: object) -> Document:
+    """Build a Document from already decoded JSON (the core of ``parse_document``)."""
+    if not isinstance(obj, dict):
+        raise InvalidDocument(f"document is a JSON {_json_kind(obj)}, not an object")
+    raw_events = obj.get("Events")
+    if not isinstance(raw_events, list):
+        what = "missing" if "Events" not in obj else f"a JSON {_json_kind(raw_events)}"
+        raise InvalidDocument(f"'Events' is {what}, not a list")
+    warnings: list[str] = []
+    incarnation = _incarnation(obj.get("DocumentIncarnation"), warnings)
+    events: list[ScheduledEvent] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_events):
+        event = _event(raw, index, warnings)
+        if event.event_id in seen:
+            warnings.append(f"Events[{index}]: duplicate EventId {event.event_id!r} ignored")
+            continue
+        seen.add(event.event_id)
+        events.append(event)
+    extra = {key: value for key, value in obj.items() if key not in _KNOWN_DOCUMENT_FIELDS}
+    return Document(incarnation=incarnation, events=tuple(events), warnings=tuple(warnings), extra=extra)
+
+
+def affects_vm(event: ScheduledEvent, vm_name: str | None) -> str:
+    """Say whether ``vm_name`` is listed in ``Resources``: ``true``, ``false`` or ``unknown``.
+
+    Events for a whole availability set or placement group reach every VM in it, so this is
+    how a VM tells its own maintenance from its neighbours'. Names compare case-insensitively
+    (Azure resource names are) and ignore the leading underscore the 2017-03-01 preview added.
+    """
+    if not vm_name or not event.resources:
+        return "unknown"
+    own = vm_name.lstrip("_").casefold()
+    listed = any(resource.lstrip("_").casefold() == own for resource in event.resources)
+    return "true" if listed else "false"
+
+
+def parse_not_before(value: str) -> datetime | None:
+    """RFC 1123 (current API) or ISO 8601 (2017-03-01 preview) to an aware UTC datetime; '' is None."""
+    text = value.strip()
+    if not text:
+        return None
+    return _parse_timestamp(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_timestamp(text: str) -> datetime:
+    # Cached: a changed document usually repeats most NotBefore strings of the previous one.
+    try:
+        parsed = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        iso = text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text
+        parsed = datetime.fromisoformat(iso)  # ValueError propagates to the caller's warning
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.astimezone(timezone.utc)
+
+
+def _event(raw: object, index: int, warnings: list[str]) -> ScheduledEvent:
+    where = f"Events[{index}]"
+    if not isinstance(raw, dict):
+        raise InvalidDocument(f"{where} is a JSON {_json_kind(raw)}, not an object")
+    event_id = raw.get("EventId")
+    if not isinstance(event_id, str) or not event_id.strip():
+        raise InvalidDocument(f"{where} has no usable EventId (got {_json_kind(event_id)})")
+    return ScheduledEvent(
+        event_id=event_id,
+        event_type=_label_string(raw, "EventType", where, warnings),
+        event_status=_label_string(raw, "EventStatus", where, warnings),
+        resource_type=_optional_string(raw, "ResourceType", where, warnings),
+        resources=_resources(raw.get("Resources"), where, warnings),
+        not_before=_not_before(raw.get("NotBefore"), where, warnings),
+        description=_optional_string(raw, "Description", where, warnings),
+        event_source=_optional_string(raw, "EventSource", where, warnings),
+        duration_seconds=_duration(raw.get("DurationInSeconds"), where, warnings),
+        extra={key: value for key, value in raw.items() if key not in _KNOWN_EVENT_FIELDS},
+    )
+
+
+def _incarnation(value: object, warnings: list[str]) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and _INTEGER.match(value):
+        return int(value)
+    warnings.append(f"DocumentIncarnation {_snippet(repr(value))} is not an integer; ignored")
+    return None
+
+
+def _label_string(raw: dict[str, Any], key: str, where: str, warnings: list[str]) -> str:
+    value = raw.get(key)
+    if isinstance(value, str) and value:
+        return value
+    warnings.append(f"{where}: {key} is {_json_kind(value)}; shown as 'unknown'")
+    return "unknown"
+
+
+def _optional_string(raw: dict[str, Any], key: str, where: str, warnings: list[str]) -> str | None:
+    value = raw.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    warnings.append(f"{where}: {key} is a JSON {_json_kind(value)}, not a string; ignored")
+    return None
+
+
+def _resources(value: object, where: str, warnings: list[str]) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        warnings.append(f"{where}: Resources is a JSON {_json_kind(value)}, not a list; ignored")
+        return ()
+    names = tuple(item for item in value if isinstance(item, str))
+    if len(names) != len(value):
+        warnings.append(f"{where}: Resources has {len(value) - len(names)} non-string entries; ignored")
+    return names
+
+
+def _not_before(value: object, where: str, warnings: list[str]) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        warnings.append(f"{where}: NotBefore is a JSON {_json_kind(value)}, not a string; ignored")
+        return None
+    try:
+        return parse_not_before(value)
+    except (ValueError, OverflowError):
+        warnings.append(f"{where}: NotBefore {_snippet(value)!r} is neither RFC 1123 nor ISO 8601; ignored")
+        return None
+
+
+def _duration(value: object, where: str, warnings: list[str]) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        pass
+    elif isinstance(value, int):
+        return value
+    elif isinstance(value, float) and value.is_integer():
+        return int(value)
+    elif isinstance(value, str) and _INTEGER.match(value):
+        return int(value)
+    warnings.append(f"{where}: DurationInSeconds {_snippet(repr(value))} is not an integer; ignored")
+    return None
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string" if value else "empty string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _snippet(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,69 @@
+"""One small interface for every output, shaped like OpenTelemetry's ``SpanExporter``.
+
+The poll loop hands each sink a ``DocumentChange`` only when the document's bytes changed, never
+per poll, so a sink's cost is paid per change. ``FanOut`` wraps the sinks so that one failing
+sink is logged and counted and never stalls or breaks the others (as the OpenTelemetry SDK's
+``SimpleSpanProcessor`` does with exporter errors).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from se_exporter.imds import VmIdentity
+from se_exporter.lifecycle import EventRecord, Transition
+from se_exporter.model import Document
+
+log = logging.getLogger("se_exporter.sinks")
+
+
+@dataclass(frozen=True)
+class DocumentChange:
+    """A new valid document and what it meant: the unit every sink consumes."""
+
+    raw: bytes
+    document: Document
+    transitions: tuple[Transition, ...]
+    records: Mapping[str, EventRecord]
+    observed_at: float
+    vm_name: str | None
+    identity: VmIdentity | None
+    api_version: str
+
+
+class Sink(Protocol):
+    name: str
+
+    def export(self, change: DocumentChange) -> None: ...
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool: ...
+
+    def shutdown(self) -> None: ...
+
+
+class FanOut:
+    """Delivers each change to every sink; an exception in one is logged, counted and contained."""
+
+    def __init__(self, sinks: Sequence[Sink], on_error: Callable[[str], None]) -> None:
+        self._sinks = tuple(sinks)
+        self._on_error = on_error
+
+    def export(self, change: DocumentChange) -> None:
+        for sink in self._sinks:
+            try:
+                sink.export(change)
+            except Exception:  # a sink must never take the poll loop down
+                log.exception("sink %s failed to export incarnation %s", sink.name, change.document.incarnation)
+                self._on_error(sink.name)
+
+    def shutdown(self) -> None:
+        for sink in self._sinks:
+            try:
+                sink.force_flush()
+                sink.shutdown()
+            except Exception:
+                log.exception("sink %s failed to shut down", sink.name)
+                self._on_error(sink.name)

@@ -1,0 +1,30 @@
+"""Turns transitions into the cumulative metrics: transition counters, notice and impact histograms."""
+
+from __future__ import annotations
+
+from se_exporter.lifecycle import COMPLETED, STARTED
+from se_exporter.metrics import Metrics
+from se_exporter.sinks import DocumentChange
+
+
+class MetricsSink:
+    name = "metrics"
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def export(self, change: DocumentChange) -> None:
+        for transition in change.transitions:
+            event_type = transition.event.event_type
+            self._metrics.transitions.labels(event_type, transition.kind).inc()
+            record = transition.record
+            if transition.kind == STARTED and record.notice_seconds is not None:
+                self._metrics.notice.labels(event_type).observe(max(0.0, record.notice_seconds))
+            elif transition.kind == COMPLETED and record.impact_seconds is not None:
+                self._metrics.impact.labels(event_type).observe(max(0.0, record.impact_seconds))
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        return None
