@@ -1,0 +1,48 @@
+"""Fixtures: in-process simulators on loopback (which must never see a POST from the sidecar) and sidecars."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from se_exporter.imds import USER_AGENT
+from se_exporter.simulator import scenario as scenarios
+from se_exporter.simulator.server import Simulator, SimulatorServer, start
+from tests.helpers import Sidecar
+
+SimulatorFactory = Callable[..., tuple[Simulator, SimulatorServer]]
+
+
+@pytest.fixture
+def simulator() -> Iterator[SimulatorFactory]:
+    """Start simulators on 127.0.0.1:<free port>; on teardown, prove none received a POST from se-exporter."""
+    started: list[tuple[Simulator, SimulatorServer]] = []
+
+    def make(scenario: str = "live-migration", speed: float = 1.0, **kwargs: object) -> tuple[Simulator, SimulatorServer]:
+        sim = Simulator(scenarios.load(scenario), speed=speed, **kwargs)  # type: ignore[arg-type]
+        server = start(sim, "127.0.0.1", 0)
+        started.append((sim, server))
+        return sim, server
+
+    yield make
+    for sim, server in started:
+        server.shutdown()
+        server.server_close()
+        non_get = [r for r in sim.requests if r.method != "GET" and r.user_agent.startswith("se-exporter")]
+        assert sim.posts_from(USER_AGENT.split("/")[0]) == 0, f"the sidecar sent {non_get}"
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
+    running: list[Sidecar] = []
+
+    def make(*args: str, env: dict[str, str] | None = None) -> Sidecar:
+        process = Sidecar(list(args), tmp_path / f"sidecar{len(running)}", env)
+        running.append(process)
+        return process
+
+    yield make
+    for process in running:
+        process.stop()

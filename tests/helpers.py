@@ -1,0 +1,106 @@
+"""Test helpers: wait on a condition with a deadline, read /metrics, run the sidecar as a process."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+from prometheus_client.parser import text_string_to_metric_families
+
+T = TypeVar("T")
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def wait_until(predicate: Callable[[], T], timeout: float = 10.0, what: str = "condition",
+               interval: float = 0.02) -> T:
+    """Return the first truthy value of ``predicate()``; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except (OSError, urllib.error.URLError, ValueError, KeyError) as exc:
+            last_error, value = exc, None  # type: ignore[assignment]
+        if value:
+            return value
+        time.sleep(interval)  # polling interval of the wait loop itself, not a settle-sleep
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_error})"
+                                                                              if last_error else ""))
+
+
+def parse_samples(text: str) -> Samples:
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def series(samples: Samples, name: str) -> list[dict[str, str]]:
+    return [dict(labels) for (sample_name, labels) in samples if sample_name == name]
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+class Sidecar:
+    """``se-exporter run`` as a child process on a free loopback port."""
+
+    def __init__(self, args: list[str], log_dir: Path, env: Mapping[str, str] | None = None) -> None:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("SE_EXPORTER_")
+                 and k.upper() not in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")}
+        clean.update(env or {})
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.stderr_path = log_dir / "sidecar.stderr"
+        self._stderr = self.stderr_path.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "se_exporter", "run", "--listen", "127.0.0.1:0", *args],
+            stdout=subprocess.DEVNULL, stderr=self._stderr, env=clean)
+        match = wait_until(lambda: self._exited() or re.search(r"metrics at (http://\S+/metrics)", self.log()),
+                           timeout=20, what="the sidecar to report its metrics URL")
+        if match is True:
+            raise AssertionError(f"sidecar exited with {self.process.returncode}: {self.log()}")
+        self.metrics_url = match.group(1)
+        self.base_url = self.metrics_url[: -len("/metrics")]
+
+    def _exited(self) -> bool:
+        return self.process.poll() is not None
+
+    def log(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def samples(self) -> Samples:
+        status, body = http_get(self.metrics_url)
+        assert status == 200, body
+        return parse_samples(body)
+
+    def value(self, name: str, **labels: str) -> float | None:
+        return value(self.samples(), name, **labels)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._stderr.close()
+        return self.process.returncode

@@ -1,0 +1,191 @@
+"""The poll loop with a scripted IMDS (httpx.MockTransport): outcomes, backoff, state kept, logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from se_exporter.app import Poller, make_http_app
+from se_exporter.config import Settings
+from se_exporter.imds import ImdsClient
+from se_exporter.metrics import Metrics
+from se_exporter.sinks import DocumentChange, FanOut
+
+FREEZE = {"EventId": "E1", "EventStatus": "Scheduled", "EventType": "Freeze", "ResourceType": "VirtualMachine",
+          "Resources": ["vm0"], "NotBefore": "Mon, 11 Apr 2022 22:26:58 GMT", "DurationInSeconds": 5}
+GOOD = json.dumps({"DocumentIncarnation": 2, "Events": [FREEZE]}).encode()
+EMPTY = json.dumps({"DocumentIncarnation": 3, "Events": []}).encode()
+
+
+class RecordingSink:
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.changes: list[DocumentChange] = []
+
+    def export(self, change: DocumentChange) -> None:
+        self.changes.append(change)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        return None
+
+
+class BrokenSink(RecordingSink):
+    name = "broken"
+
+    def export(self, change: DocumentChange) -> None:
+        raise RuntimeError("boom")
+
+
+def make_poller(script: Iterable[httpx.Response | Exception], **overrides: float) -> tuple[
+        Poller, CollectorRegistry, RecordingSink]:
+    responses = iter(script)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        item = next(responses)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    settings = Settings(imds_url="http://imds.test", poll_interval=overrides.get("poll_interval", 1.0),
+                        max_backoff=overrides.get("max_backoff", 5.0), vm_name="vm0")
+    imds = ImdsClient(httpx.Client(transport=httpx.MockTransport(handler)), settings.imds_url,
+                      settings.api_version, settings.imds_timeout, settings.first_call_timeout, 1024 * 1024)
+    registry = CollectorRegistry()
+    poller: Poller
+    metrics = Metrics(registry, lambda: poller.snapshot)
+    sink = RecordingSink()
+    fan_out = FanOut([BrokenSink(), sink], on_error=lambda name: metrics.sink_errors.labels(name).inc())
+    poller = Poller(imds, metrics, fan_out, settings, clock=iter(range(1000, 2000)).__next__)
+    return poller, registry, sink
+
+
+def polls(registry: CollectorRegistry, outcome: str) -> float | None:
+    return registry.get_sample_value("azure_scheduled_events_polls_total", {"outcome": outcome})
+
+
+def test_sinks_see_each_changed_document_once() -> None:
+    """Unchanged bytes cost one comparison: sinks are called per change, not per poll."""
+    poller, registry, sink = make_poller([httpx.Response(200, content=GOOD)] * 3 + [httpx.Response(200, content=EMPTY)])
+    for _ in range(4):
+        poller.poll_once()
+    assert [c.document.incarnation for c in sink.changes] == [2, 3]
+    assert [t.kind for c in sink.changes for t in c.transitions] == ["scheduled", "canceled"]
+    assert polls(registry, "ok") == 4
+    assert registry.get_sample_value("azure_scheduled_events_document_changes_total") == 2
+
+
+def test_a_failing_sink_is_counted_and_does_not_stop_the_others() -> None:
+    """The broken sink raises on every change; the recording sink still gets them all."""
+    poller, registry, sink = make_poller([httpx.Response(200, content=GOOD), httpx.Response(200, content=EMPTY)])
+    poller.poll_once()
+    poller.poll_once()
+    assert len(sink.changes) == 2
+    assert registry.get_sample_value("azure_scheduled_events_sink_errors_total", {"sink": "broken"}) == 2
+
+
+@pytest.mark.parametrize(("failure", "outcome"), [
+    (httpx.Response(429), "throttled"),
+    (httpx.Response(500), "http_error"),
+    (httpx.Response(503), "http_error"),
+    (httpx.Response(302, headers={"Location": "http://x/"}), "http_error"),
+    (httpx.ReadTimeout("slow"), "timeout"),
+    (httpx.ConnectError("refused"), "connection_error"),
+    (httpx.Response(200, content=b"<html>captive portal</html>"), "invalid_document"),
+    (httpx.Response(200, content=b'{"Events": "none"}'), "invalid_document"),
+    (httpx.Response(200, content=b""), "invalid_document"),
+])
+def test_a_failure_keeps_the_last_valid_state_and_recovers(failure: httpx.Response | Exception,
+                                                          outcome: str) -> None:
+    """During a fault: up 0, outcome counted, events and incarnation kept; next good poll: up 1, no transitions."""
+    poller, registry, sink = make_poller([httpx.Response(200, content=GOOD), failure,
+                                          httpx.Response(200, content=GOOD)])
+    poller.poll_once()
+    poller.poll_once()
+    assert registry.get_sample_value("azure_scheduled_events_up") == 0
+    assert polls(registry, outcome) == 1
+    assert registry.get_sample_value("azure_scheduled_events_document_incarnation") == 2
+    assert registry.get_sample_value("azure_scheduled_events_pending",
+                                     {"event_type": "Freeze", "event_status": "Scheduled"}) == 1
+    success_before = registry.get_sample_value("azure_scheduled_events_last_success_timestamp_seconds")
+    poller.poll_once()
+    assert registry.get_sample_value("azure_scheduled_events_up") == 1
+    assert registry.get_sample_value("azure_scheduled_events_last_success_timestamp_seconds") > success_before
+    assert len(sink.changes) == 1  # the same bytes again: nothing new happened, nothing re-reported
+
+
+def test_an_invalid_document_after_a_valid_one_is_not_a_cancellation() -> None:
+    """Garbage in between must not be read as 'all events gone'."""
+    poller, _, sink = make_poller([httpx.Response(200, content=GOOD), httpx.Response(200, content=b"{}"),
+                                   httpx.Response(200, content=GOOD)])
+    for _ in range(3):
+        poller.poll_once()
+    assert [t.kind for c in sink.changes for t in c.transitions] == ["scheduled"]
+
+
+def test_backoff_honours_retry_after_up_to_the_cap() -> None:
+    """Retry-After 3 waits 3 s; Retry-After 600 waits only max_backoff; success returns to the interval."""
+    poller, _, _ = make_poller([
+        httpx.Response(429, headers={"Retry-After": "3"}),
+        httpx.Response(429, headers={"Retry-After": "600"}),
+        httpx.Response(200, content=GOOD),
+    ], poll_interval=1.0, max_backoff=5.0)
+    assert [poller.poll_once() for _ in range(3)] == [3.0, 5.0, 1.0]
+
+
+def test_backoff_doubles_and_is_capped() -> None:
+    """Repeated failures double the wait from the poll interval up to max_backoff, never beyond."""
+    poller, _, _ = make_poller([httpx.Response(500)] * 6, poll_interval=0.5, max_backoff=3.0)
+    assert [poller.poll_once() for _ in range(6)] == [0.5, 1.0, 2.0, 3.0, 3.0, 3.0]
+
+
+def test_health_is_logged_per_change_not_per_poll(caplog: pytest.LogCaptureFixture) -> None:
+    """Three identical failures make one warning; another kind of failure one more; recovery one info."""
+    poller, _, _ = make_poller([httpx.Response(500)] * 3 + [httpx.ReadTimeout("slow"),
+                                                            httpx.Response(200, content=GOOD)])
+    with caplog.at_level(logging.INFO, logger="se_exporter"):
+        for _ in range(5):
+            poller.poll_once()
+    messages = [r.getMessage() for r in caplog.records if r.name == "se_exporter"]
+    failures = [m for m in messages if m.startswith("IMDS poll failed")]
+    assert len(failures) == 2
+    assert "HTTP 500" in failures[0] and "no answer within" in failures[1]
+    assert [m for m in messages if m.startswith("IMDS recovered")] == ["IMDS recovered after 4 failed polls"]
+
+
+def test_document_warnings_are_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """A tolerated oddity (a string duration) is visible in a metric and a log line."""
+    odd = json.dumps({"DocumentIncarnation": 2, "Events": [{**FREEZE, "DurationInSeconds": "soon"}]}).encode()
+    poller, registry, _ = make_poller([httpx.Response(200, content=odd)])
+    with caplog.at_level(logging.WARNING, logger="se_exporter"):
+        poller.poll_once()
+    assert registry.get_sample_value("azure_scheduled_events_document_warnings_total") == 1
+    assert any("DurationInSeconds" in r.getMessage() for r in caplog.records)
+
+
+def test_readyz_turns_green_with_the_first_valid_document() -> None:
+    """/readyz is 503 before a valid document, 200 after; /healthz is 200 while the loop is on schedule."""
+    poller, registry, _ = make_poller([httpx.Response(500), httpx.Response(200, content=GOOD)])
+    app = make_http_app(registry, poller)
+
+    def get(path: str) -> str:
+        status: list[str] = []
+        app({"PATH_INFO": path, "REQUEST_METHOD": "GET"}, lambda s, h: status.append(s))
+        return status[0]
+
+    poller.poll_once()
+    assert get("/readyz").startswith("503")
+    assert get("/healthz").startswith("200")
+    poller.poll_once()
+    assert get("/readyz").startswith("200")
+    poller.heartbeat_deadline = 0.0  # as if the loop had not come round for a long time
+    assert get("/healthz").startswith("503")
+    assert get("/nope").startswith("404")
