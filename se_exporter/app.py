@@ -199,5 +199,5 @@ def serve(listen: Listen, app: Callable[..., Iterable[bytes]]) -> ThreadingWSGIS
         address_family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
 
     server = make_server(listen.host, listen.port, app, server_class=Server, handler_class=_QuietHandler)
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), name="http", daemon=True).start()
     return server

@@ -381,5 +381,5 @@ class SimulatorServer(ThreadingHTTPServer):
 def start(simulator: Simulator, host: str = "127.0.0.1", port: int = 0) -> SimulatorServer:
     """Serve ``simulator`` in a daemon thread; port 0 picks a free port (see ``.url``)."""
     server = SimulatorServer((host, port), simulator)
-    threading.Thread(target=server.serve_forever, name="imds-simulator", daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), name="imds-simulator", daemon=True).start()
     return server

@@ -1,0 +1,118 @@
+"""Settings: flag over environment over default, and one clear line for every bad value."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from se_exporter.cli import build_parser, main
+from se_exporter.config import RUN_OPTIONS, Listen, Settings, parse_bytes, parse_listen, run_settings
+
+
+def settings(argv: list[str], env: dict[str, str] | None = None) -> Settings:
+    return run_settings(build_parser().parse_args(["run", *argv]), env or {})
+
+
+def test_defaults() -> None:
+    """Without flags or environment, the documented defaults apply."""
+    s = settings([])
+    assert (s.imds_url, s.api_version, s.poll_interval, s.first_call_timeout) == (
+        "http://169.254.169.254", "2020-07-01", 1.0, 120.0)
+    assert s.listen == Listen("", 10169)
+
+
+def test_flag_beats_environment_beats_default() -> None:
+    """A flag wins over SE_EXPORTER_*, which wins over the default."""
+    env = {"SE_EXPORTER_POLL_INTERVAL": "0.5", "SE_EXPORTER_VM_NAME": "from-env", "SE_EXPORTER_API_VERSION": "2019-08-01"}
+    s = settings(["--poll-interval", "2", "--max-backoff", "10"], env)
+    assert (s.poll_interval, s.vm_name, s.api_version) == (2.0, "from-env", "2019-08-01")
+
+
+def test_every_option_has_an_environment_variable() -> None:
+    """Each flag maps to SE_EXPORTER_<FLAG> and the mapping is shown in --help."""
+    help_text = build_parser()._subparsers._group_actions[0].choices["run"].format_help()  # type: ignore[union-attr]
+    for option in RUN_OPTIONS:
+        assert option.env == "SE_EXPORTER_" + option.flag[2:].upper().replace("-", "_")
+        assert option.env in help_text.replace("\n", "").replace(" ", "")
+
+
+@pytest.mark.parametrize(("argv", "env", "fragment"), [
+    (["--poll-interval", "abc"], {}, "--poll-interval: 'abc' is not a number of seconds"),
+    (["--poll-interval", "0"], {}, "--poll-interval: '0' must be a positive"),
+    ([], {"SE_EXPORTER_POLL_INTERVAL": "-1"}, "SE_EXPORTER_POLL_INTERVAL: '-1' must be a positive"),
+    (["--imds-url", "169.254.169.254"], {}, "--imds-url: '169.254.169.254' is not an http(s) URL"),
+    (["--imds-url", "ftp://x"], {}, "--imds-url"),
+    (["--imds-url", "http://x/?a=1"], {}, "without query"),
+    (["--api-version", "latest"], {}, "--api-version: 'latest' is not an api-version"),
+    (["--listen", "10169"], {}, "--listen: '10169' is not HOST:PORT"),
+    (["--listen", ":99999"], {}, "above 65535"),
+    (["--log-format", "xml"], {}, "--log-format: 'xml' is not one of text, json"),
+    (["--log-level", "loud"], {}, "--log-level"),
+    (["--max-document-bytes", "12"], {}, "too small"),
+    (["--vm-name", " "], {}, "--vm-name: must not be empty"),
+    (["--speed", "0"], {}, "--speed"),
+    (["--imds-timeout", "200"], {}, "--imds-timeout must not exceed --first-call-timeout"),
+    (["--max-backoff", "0.5"], {}, "--max-backoff must be at least --poll-interval"),
+    (["--simulate", "no-such-scenario"], {}, "scenario 'no-such-scenario' is neither a built-in"),
+])
+def test_bad_configuration_is_one_line_and_exit_2(argv: list[str], env: dict[str, str], fragment: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad values stop start-up with exit 2 and a single stderr line naming the setting."""
+    assert main(["run", *argv], env=env) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("se-exporter: error: ")
+    assert fragment in err
+
+
+def test_unknown_flag_is_one_line_and_exit_2() -> None:
+    """argparse's own errors are one line too (no usage dump)."""
+    result = subprocess.run([sys.executable, "-m", "se_exporter", "run", "--poll-intervall", "1"],
+                            capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "--poll-intervall" in result.stderr
+
+
+def test_listen_address_taken_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """If the metrics port is taken, start-up says so in one line instead of a traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["run", "--imds-url", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{port}"], env={})
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"se-exporter: error: --listen 127.0.0.1:{port}: cannot listen there")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (":10169", Listen("", 10169)),
+    ("0.0.0.0:80", Listen("0.0.0.0", 80)),  # noqa: S104 - parsing, not binding
+    ("127.0.0.1:0", Listen("127.0.0.1", 0)),
+    ("[::1]:9000", Listen("::1", 9000)),
+    ("localhost:9000", Listen("localhost", 9000)),
+])
+def test_parse_listen(text: str, expected: Listen) -> None:
+    """HOST:PORT, :PORT (all interfaces) and [IPv6]:PORT are understood."""
+    assert parse_listen(text) == expected
+
+
+def test_parse_bytes() -> None:
+    """Sizes accept plain bytes and binary units."""
+    assert parse_bytes("4096") == 4096
+    assert parse_bytes("4MiB") == 4 * 1024 * 1024
+    assert parse_bytes("2k") == 2048
+
+
+def test_help_explains_every_run_option() -> None:
+    """--help of run lists every option with its help text."""
+    result = subprocess.run([sys.executable, "-m", "se_exporter", "run", "--help"], capture_output=True,
+                            text=True, timeout=30, check=True)
+    for option in RUN_OPTIONS:
+        assert option.flag in result.stdout
+    assert "--simulate" in result.stdout

@@ -1,0 +1,341 @@
+"""The IMDS simulator: scenario timelines (pure) and the HTTP double's faithfulness to the docs."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from se_exporter.errors import ConfigError
+from se_exporter.model import parse_document
+from se_exporter.simulator import scenario as scenarios
+from se_exporter.simulator.faults import Fault, parse_fault
+from se_exporter.simulator.server import SCHEDULED_EVENTS_VERSIONS, Simulator, SimulatorServer, start
+
+SE = "/metadata/scheduledevents"
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ---------------------------------------------------------------- timelines
+
+
+def statuses(scenario: scenarios.Scenario, t: float, approvals: dict[str, float] | None = None) -> list[tuple[str, str]]:
+    return [(s.spec.event_type, s.status) for s in scenario.state_at(t, approvals or {})]
+
+
+def test_live_migration_timeline() -> None:
+    """Absent, Scheduled with NotBefore = appear + notice, Started at NotBefore, gone after started_for."""
+    live = scenarios.load("live-migration")
+    assert statuses(live, 1) == []
+    (state,) = live.state_at(2, {})
+    assert (state.status, state.not_before) == ("Scheduled", 902)
+    assert statuses(live, 901.9) == [("Freeze", "Scheduled")]
+    assert statuses(live, 902) == [("Freeze", "Started")]
+    assert live.state_at(902, {})[0].not_before is None
+    assert statuses(live, 932) == []
+
+
+def test_approval_starts_the_event_early() -> None:
+    """An approval at t starts the event at t, before its NotBefore."""
+    live = scenarios.load("live-migration")
+    event_id = live.events[0].event_id
+    assert statuses(live, 49, {event_id: 50}) == [("Freeze", "Scheduled")]
+    assert statuses(live, 60, {event_id: 50}) == [("Freeze", "Started")]
+    assert statuses(live, 80.5, {event_id: 50}) == []
+
+
+def test_cancel_and_reschedule() -> None:
+    """The canceled scenario moves NotBefore at 120 s and removes the event at 300 s, never started."""
+    canceled = scenarios.load("canceled")
+    assert canceled.state_at(100, {})[0].not_before == 902
+    assert canceled.state_at(130, {})[0].not_before == 1320
+    assert statuses(canceled, 299) == [("Reboot", "Scheduled")]
+    assert statuses(canceled, 300) == []
+    assert statuses(canceled, 2000) == []
+
+
+def test_host_failure_is_started_at_first_sight() -> None:
+    """A host failure has no Scheduled phase."""
+    assert statuses(scenarios.load("host-failure"), 2) == [("Reboot", "Started")]
+
+
+def test_repeating_scenario_uses_fresh_event_ids_each_cycle() -> None:
+    """The demo repeats every 600 s with new EventIds, so each cycle's events are new to the exporter."""
+    demo = scenarios.load("demo")
+    first = {s.event_id for s in demo.state_at(10, {})}
+    second = {s.event_id for s in demo.state_at(610, {})}
+    assert first and second and not first & second
+    assert len(first) == len(second)
+
+
+@pytest.mark.parametrize("name", scenarios.builtin_names())
+def test_every_builtin_scenario_loads_and_ends(name: str) -> None:
+    """Every built-in scenario is valid, lists something, and (one cycle of) it ends."""
+    scenario = scenarios.load(name)
+    assert scenario.description
+    assert scenario.events
+    assert scenario.state_at(scenario.duration, {}) == () or scenario.repeat_every
+    assert list(scenario.key_times()) == sorted(scenario.key_times())
+
+
+@pytest.mark.parametrize(("data", "fragment"), [
+    ({}, "must be an object with an 'events' list"),
+    ({"events": [{"notice": 5}]}, "KeyError"),
+    ({"events": [{"EventType": "Explode"}]}, "EventType 'Explode' is not one of"),
+    ({"events": [{"EventType": "Reboot", "started_for": 0}]}, "started_for must be > 0"),
+    ({"repeat_every": 10, "events": [{"EventType": "Reboot", "notice": 60}]}, "longer than repeat_every"),
+])
+def test_bad_scenarios_are_refused_with_a_reason(data: dict[str, object], fragment: str) -> None:
+    """Scenario files are validated with messages that say what to fix."""
+    with pytest.raises(ConfigError, match=fragment):
+        scenarios.from_json(data, "custom")
+
+
+def test_scenario_file_by_path(tmp_path: pytest.TempPathFactory) -> None:
+    """A user's own scenario file loads by path."""
+    path = tmp_path / "mine.json"  # type: ignore[operator]
+    path.write_text(json.dumps({"events": [{"EventType": "Reboot", "notice": 60}]}))
+    scenario = scenarios.load(str(path))
+    assert scenario.name == "mine"
+    assert scenario.events[0].resources == ("WestNO_0",)
+
+
+def test_fault_specs() -> None:
+    """Fault spec strings parse into faults; unknown kinds and keys are refused."""
+    assert parse_fault("throttle,retry_after=2,count=3") == Fault("throttle", count=3, status=429, retry_after="2")
+    assert parse_fault("status,status=503") == Fault("status", status=503)
+    assert parse_fault("hang").seconds == 30
+    with pytest.raises(ConfigError, match="not one of"):
+        parse_fault("explode")
+    with pytest.raises(ConfigError, match="unknown keys colour"):
+        parse_fault("status,colour=red")
+
+
+# ---------------------------------------------------------------- the HTTP double
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Simulator, SimulatorServer, FakeClock]]:
+    clock = FakeClock()
+    sim = Simulator(scenarios.load("live-migration"), clock=clock)
+    server = start(sim)
+    yield sim, server, clock
+    server.shutdown()
+    server.server_close()
+
+
+def get(server: SimulatorServer, path: str = SE, version: str | None = "2020-07-01",
+        headers: dict[str, str] | None = None) -> httpx.Response:
+    params = {"api-version": version} if version else {}
+    with httpx.Client(trust_env=False) as http:
+        return http.get(server.url + path, params=params, headers={"Metadata": "true", **(headers or {})})
+
+
+def post(server: SimulatorServer, body: bytes, version: str = "2020-07-01") -> httpx.Response:
+    with httpx.Client(trust_env=False) as http:
+        return http.post(server.url + SE, params={"api-version": version}, content=body,
+                         headers={"Metadata": "true"})
+
+
+def test_metadata_header_is_required(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """Without Metadata: true, IMDS answers 400."""
+    _, server, _ = served
+    with httpx.Client(trust_env=False) as http:
+        response = http.get(server.url + SE, params={"api-version": "2020-07-01"})
+    assert response.status_code == 400
+    assert "metadata header" in response.json()["error"]
+
+
+@pytest.mark.parametrize("version", [None, "latest", "2018-01-01", "2020-07-02"])
+def test_api_version_must_be_a_documented_one(served: tuple[Simulator, SimulatorServer, FakeClock],
+                                              version: str | None) -> None:
+    """A missing or undocumented api-version is a 400 listing the newest versions."""
+    _, server, _ = served
+    response = get(server, version=version)
+    assert response.status_code == 400
+    assert "2020-07-01" in response.json()["newest-versions"]
+
+
+def test_proxied_requests_are_refused(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """IMDS refuses requests carrying X-Forwarded-For."""
+    _, server, _ = served
+    assert get(server, headers={"X-Forwarded-For": "10.0.0.1"}).status_code == 400
+
+
+def test_document_sequence_and_incarnation(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """Empty, Scheduled, Started (NotBefore ''), empty again; the incarnation bumps on each change only."""
+    sim, server, clock = served
+    seen = []
+    for t in (0, 1, 5, 5, 903, 903, 940):
+        clock.now = 1_700_000_000.0 + t
+        seen.append(get(server).json())
+    incarnations = [doc["DocumentIncarnation"] for doc in seen]
+    assert incarnations == [1, 1, 2, 2, 3, 3, 4]
+    assert [doc["Events"][0]["EventStatus"] if doc["Events"] else None for doc in seen] == [
+        None, None, "Scheduled", "Scheduled", "Started", "Started", None]
+    assert seen[2]["Events"][0]["NotBefore"] == "Tue, 14 Nov 2023 22:28:22 GMT"
+    assert seen[4]["Events"][0]["NotBefore"] == ""
+    for doc in seen:
+        assert parse_document(json.dumps(doc)).warnings == ()
+
+
+@pytest.mark.parametrize("version", SCHEDULED_EVENTS_VERSIONS)
+def test_fields_are_shaped_per_api_version(version: str) -> None:
+    """Older api-versions lack newer fields and event types; the preview uses ISO times and underscores."""
+    clock = FakeClock()
+    sim = Simulator(scenarios.load("demo"), clock=clock)
+    clock.now += 250  # Freeze, neighbour Reboot, Preempt and degraded-hardware Redeploy are listed
+    doc = sim.document(version)
+    types = {event["EventType"] for event in doc["Events"]}
+    assert ("Preempt" in types) == (version >= "2017-11-01")
+    fields = set().union(*(event.keys() for event in doc["Events"]))
+    assert ("Description" in fields) == (version >= "2019-04-01")
+    assert ("EventSource" in fields) == (version >= "2019-08-01")
+    assert ("DurationInSeconds" in fields) == (version >= "2020-07-01")
+    scheduled = next(event for event in doc["Events"] if event["EventStatus"] == "Scheduled")
+    if version == "2017-03-01":
+        assert isinstance(doc["DocumentIncarnation"], str)
+        assert scheduled["NotBefore"].endswith("Z") and "T" in scheduled["NotBefore"]
+        assert all(name.startswith("_") for name in scheduled["Resources"])
+    else:
+        assert isinstance(doc["DocumentIncarnation"], int)
+        assert scheduled["NotBefore"].endswith(" GMT")
+    parsed = parse_document(json.dumps(doc))
+    assert parsed.warnings == ()
+
+
+def test_terminate_needs_2019_01_01() -> None:
+    """Terminate events are not shown to api-versions before 2019-01-01."""
+    clock = FakeClock()
+    sim = Simulator(scenarios.load("vmss-terminate"), clock=clock)
+    clock.now += 10
+    assert sim.document("2017-11-01")["Events"] == []
+    assert sim.document("2019-01-01")["Events"][0]["EventType"] == "Terminate"
+
+
+def test_compute_metadata(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """The compute endpoint serves the scenario's VM; the full instance endpoint wraps it."""
+    _, server, _ = served
+    compute = get(server, "/metadata/instance/compute", "2021-02-01").json()
+    assert compute["name"] == "WestNO_0"
+    assert get(server, "/metadata/instance", "2021-02-01").json()["compute"] == compute
+    assert get(server, "/metadata/instance/compute", "2099-01-01").status_code == 400
+
+
+def test_post_approval_starts_the_event(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """A valid StartRequests POST is a 200 and the event is Started at the next GET."""
+    _, server, clock = served
+    clock.now += 10
+    event_id = get(server).json()["Events"][0]["EventId"]
+    assert post(server, json.dumps({"StartRequests": [{"EventId": event_id}]}).encode()).status_code == 200
+    assert get(server).json()["Events"][0]["EventStatus"] == "Started"
+
+
+@pytest.mark.parametrize("body", [b"", b"nope", b"{}", b'{"StartRequests": []}', b'{"StartRequests": [{}]}',
+                                  b'{"StartRequests": [{"EventId": "not-listed"}]}'])
+def test_malformed_approvals_are_400(served: tuple[Simulator, SimulatorServer, FakeClock], body: bytes) -> None:
+    """Malformed or unknown approvals are refused and change nothing."""
+    _, server, clock = served
+    clock.now += 10
+    assert post(server, body).status_code == 400
+    assert get(server).json()["Events"][0]["EventStatus"] == "Scheduled"
+
+
+def test_requests_are_recorded(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """Every request is recorded with method, path, user agent and Metadata header."""
+    sim, server, _ = served
+    get(server, headers={"User-Agent": "probe/1"})
+    post(server, b"{}")
+    recorded = [(r.method, r.path, r.user_agent, r.metadata_header) for r in sim.requests]
+    assert recorded == [("GET", SE, "probe/1", "true"), ("POST", SE, f"python-httpx/{httpx.__version__}", "true")]
+    assert sim.posts_from("python-httpx") == 1
+    assert sim.posts_from("se-exporter") == 0
+
+
+@pytest.mark.parametrize(("fault", "status", "check"), [
+    (Fault("throttle", status=429, retry_after="2"), 429, lambda r: r.headers["Retry-After"] == "2"),
+    (Fault("status", status=503), 503, lambda r: True),
+    (Fault("redirect", location="http://127.0.0.1:9/x"), 302, lambda r: r.headers["Location"] == "http://127.0.0.1:9/x"),
+    (Fault("malformed"), 200, lambda r: r.content.startswith(b'{"DocumentIncarnation": 7, "Events": [{')),
+    (Fault("non_json"), 200, lambda r: r.headers["Content-Type"] == "text/html"),
+    (Fault("invalid"), 200, lambda r: r.json()["Events"] == "none"),
+    (Fault("empty"), 200, lambda r: r.content == b""),
+    (Fault("body", text='{"Events": []}'), 200, lambda r: r.content == b'{"Events": []}'),
+    (Fault("huge", size=300_000), 200, lambda r: len(r.content) == 300_000),
+])
+def test_faults_apply_to_the_next_gets_then_clear(served: tuple[Simulator, SimulatorServer, FakeClock],
+                                                  fault: Fault, status: int, check: object) -> None:
+    """A fault with count=1 shapes exactly one answer; the next one is a normal document."""
+    sim, server, _ = served
+    sim.inject(fault)
+    response = get(server)
+    assert response.status_code == status
+    assert check(response)  # type: ignore[operator]
+    assert get(server).json()["Events"] == []
+
+
+def test_fault_counts_and_clearing(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """count=N applies N times; count=0 until cleared."""
+    sim, server, _ = served
+    sim.inject(Fault("status", status=500, count=2))
+    assert [get(server).status_code for _ in range(3)] == [500, 500, 200]
+    sim.inject(Fault("status", status=503, count=0))
+    assert [get(server).status_code for _ in range(3)] == [503, 503, 503]
+    sim.clear_faults()
+    assert get(server).status_code == 200
+
+
+def test_reset_closes_without_an_answer(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """The reset fault drops the connection: the client sees a protocol or connection error."""
+    sim, server, _ = served
+    sim.inject(Fault("reset"))
+    with pytest.raises(httpx.TransportError):
+        get(server)
+
+
+def test_control_endpoints(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """Faults and time jumps can be driven over HTTP by people and other processes."""
+    _, server, _ = served
+    with httpx.Client(trust_env=False) as http:
+        assert http.post(server.url + "/_simulator/faults", json={"kind": "status", "status": 502}).status_code == 200
+        assert get(server).status_code == 502
+        assert http.post(server.url + "/_simulator/faults", json={"kind": "nope"}).status_code == 400
+        assert http.post(server.url + "/_simulator/advance", json={"seconds": 10}).json()["scenario_time"] == 10
+        assert get(server).json()["Events"][0]["EventStatus"] == "Scheduled"
+        state = http.get(server.url + "/_simulator/state").json()
+        assert state["scenario"] == "live-migration"
+        assert http.get(server.url + "/_simulator/requests").json()[0]["path"] == "/_simulator/faults"
+
+
+def test_keep_alive(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """The simulator keeps connections open like IMDS, so a poller can reuse one."""
+    _, server, _ = served
+    host, port = server.server_address[:2]
+    with socket.create_connection((str(host), port)) as conn:
+        request = f"GET {SE}?api-version=2020-07-01 HTTP/1.1\r\nHost: x\r\nMetadata: true\r\n\r\n".encode()
+        for _ in range(2):
+            conn.sendall(request)
+            data = b""
+            while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+                data += conn.recv(65536)
+            assert data.startswith(b"HTTP/1.1 200")
+
+
+def test_urllib_sees_the_same_document(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """Any ordinary client works against the simulator (what users' responders will use)."""
+    _, server, clock = served
+    clock.now += 10
+    request = urllib.request.Request(server.url + SE + "?api-version=2020-07-01", headers={"Metadata": "true"})
+    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 - loopback simulator
+        assert json.load(response)["Events"][0]["EventType"] == "Freeze"
