@@ -1,0 +1,266 @@
+"""The sidecar process against the simulator over real HTTP: scenarios, faults, proxies, endpoints."""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Callable
+
+import pytest
+
+from se_exporter.lifecycle import TRANSITIONS
+from se_exporter.model import EVENT_TYPES
+from se_exporter.simulator import scenario as scenarios
+from se_exporter.simulator.faults import Fault
+from se_exporter.simulator.server import Simulator, start
+from tests.conftest import SimulatorFactory
+from tests.helpers import Sidecar, http_get, series, wait_until
+
+pytestmark = pytest.mark.integration
+FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2", "--imds-timeout", "0.5")
+
+# What a person reading each scenario expects the exporter to count, by (EventType, transition).
+EXPECTED: dict[str, dict[tuple[str, str], int]] = {
+    "live-migration": {("Freeze", "scheduled"): 1, ("Freeze", "started"): 1, ("Freeze", "completed"): 1},
+    "user-reboot": {("Reboot", "scheduled"): 1, ("Reboot", "started"): 1, ("Reboot", "completed"): 1},
+    "redeploy": {("Redeploy", "scheduled"): 1, ("Redeploy", "started"): 1, ("Redeploy", "completed"): 1},
+    "canceled": {("Reboot", "scheduled"): 1, ("Reboot", "rescheduled"): 1, ("Reboot", "canceled"): 1},
+    "host-failure": {("Reboot", "started"): 1, ("Reboot", "completed"): 1},
+    "vmss-terminate": {("Terminate", "scheduled"): 1, ("Terminate", "started"): 1, ("Terminate", "completed"): 1},
+    "spot-preempt": {("Preempt", "scheduled"): 1, ("Preempt", "started"): 1, ("Preempt", "completed"): 1},
+    "degraded-hardware": {("Redeploy", "scheduled"): 1, ("Redeploy", "started"): 1, ("Redeploy", "completed"): 1},
+    "availability-set": {("Reboot", "scheduled"): 2, ("Reboot", "started"): 2, ("Reboot", "completed"): 2},
+    "demo": {("Freeze", "scheduled"): 2, ("Freeze", "started"): 1, ("Freeze", "completed"): 1,
+             ("Freeze", "rescheduled"): 1, ("Freeze", "canceled"): 1,
+             ("Reboot", "scheduled"): 1, ("Reboot", "started"): 2, ("Reboot", "completed"): 2,
+             ("Preempt", "scheduled"): 1, ("Preempt", "started"): 1, ("Preempt", "completed"): 1,
+             ("Redeploy", "scheduled"): 1, ("Redeploy", "canceled"): 1},
+}
+# Events that are for this VM (by the scenario VM's name in Resources) vs for neighbours.
+AFFECTS = {"availability-set": {"F1A3B5C7-D9E0-4F2A-8B4C-6D8E0F1A3B08": "false",
+                                "0B2C4D6E-8F0A-4B1C-9D3E-5F7A9B1C2D09": "true"},
+           "vmss-terminate": {"A4B2C0D8-E6F4-4A2B-8C0D-9E8F7A6B5C05": "true"}}
+
+
+def test_every_builtin_scenario_has_expectations() -> None:
+    """No built-in scenario ships without an end-to-end check."""
+    assert set(EXPECTED) == set(scenarios.builtin_names())
+
+
+def _listed(process: Sidecar) -> dict[str, str]:
+    return {labels["event_id"]: labels["event_status"]
+            for labels in series(process.samples(), "azure_scheduled_event_info")}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_scenario_end_to_end(name: str, simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
+    """Stepping through every change of the scenario, /metrics mirrors the document and counts the transitions."""
+    sim, server = simulator(name)
+    process = sidecar("--imds-url", server.url, *FAST)
+    wait_until(lambda: process.value("azure_scheduled_events_vm_info", **_vm_labels(sim)), what="VM identity")
+    for key_time in sim.scenario.key_times():
+        sim.advance(max(0.0, key_time + 0.01 - sim.scenario_time()))
+        document = sim.document()
+        wait_until(lambda: process.value("azure_scheduled_events_document_incarnation")
+                   == document["DocumentIncarnation"], what=f"incarnation {document['DocumentIncarnation']}")
+        assert _listed(process) == {e["EventId"]: e["EventStatus"] for e in document["Events"]}
+        for labels in series(process.samples(), "azure_scheduled_event_info"):
+            wanted = AFFECTS.get(name, {}).get(labels["event_id"])
+            if wanted:
+                assert labels["affects_this_vm"] == wanted, labels
+    samples = process.samples()
+    for event_type in EVENT_TYPES:
+        for transition in TRANSITIONS:
+            count = samples[("azure_scheduled_events_transitions_total",
+                             frozenset({"event_type": event_type, "transition": transition}.items()))]
+            assert count == EXPECTED[name].get((event_type, transition), 0), (event_type, transition)
+    assert process.value("azure_scheduled_events_up") == 1
+    assert process.stop() == 0
+
+
+def _vm_labels(sim: Simulator) -> dict[str, str]:
+    vm = sim.vm
+    return {"vm_name": vm["name"], "vm_id": vm["vmId"], "vmss_name": vm["vmScaleSetName"],
+            "location": vm["location"], "resource_group": vm["resourceGroupName"],
+            "subscription_id": vm["subscriptionId"], "vm_size": vm["vmSize"], "zone": vm["zone"]}
+
+
+def test_degraded_hardware_countdown_and_host_failure_notice(simulator: SimulatorFactory,
+                                                             sidecar: Callable[..., Sidecar]) -> None:
+    """Days of notice show as a countdown of about 7 days; notice time is observed when the event starts."""
+    sim, server = simulator("degraded-hardware")
+    process = sidecar("--imds-url", server.url, *FAST)
+    sim.advance(3)
+    countdown = wait_until(lambda: process.value("azure_scheduled_event_seconds_until_not_before",
+                                                 event_id="E3D5C7B9-A1F0-4E2D-8C6B-4A9F1E3D5C07",
+                                                 event_type="Redeploy"), what="countdown")
+    assert 604_790 < countdown <= 604_800
+    sim.advance(604_800)
+    wait_until(lambda: process.value("azure_scheduled_events_notice_seconds_count", event_type="Redeploy") == 1,
+               what="notice observed")
+
+
+def test_health_and_readiness_endpoints(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
+    """/healthz is 200 while polling; /readyz turns 200 once a document was read; / links them."""
+    _, server = simulator("live-migration")
+    process = sidecar("--imds-url", server.url, *FAST)
+    wait_until(lambda: http_get(process.base_url + "/readyz")[0] == 200, what="ready")
+    assert http_get(process.base_url + "/healthz") == (200, "poll loop running\n")
+    assert "/metrics" in http_get(process.base_url + "/")[1]
+
+
+def test_not_ready_while_imds_never_answered(sidecar: Callable[..., Sidecar]) -> None:
+    """Against a dead IMDS: alive (healthz 200), not ready (readyz 503), up 0, connection errors counted."""
+    process = sidecar("--imds-url", f"http://127.0.0.1:{_closed_port()}", *FAST)
+    wait_until(lambda: (process.value("azure_scheduled_events_polls_total", outcome="connection_error") or 0) >= 2,
+               what="connection errors counted")
+    assert http_get(process.base_url + "/readyz")[0] == 503
+    assert http_get(process.base_url + "/healthz")[0] == 200
+    assert process.value("azure_scheduled_events_up") == 0
+    assert process.value("azure_scheduled_events_last_success_timestamp_seconds") == 0
+
+
+FAULTS = [
+    (Fault("throttle", status=429, retry_after="1", count=0), "throttled"),
+    (Fault("throttle", status=429, count=0), "throttled"),
+    (Fault("status", status=500, count=0), "http_error"),
+    (Fault("status", status=503, count=0), "http_error"),
+    (Fault("malformed", count=0), "invalid_document"),
+    (Fault("non_json", count=0), "invalid_document"),
+    (Fault("invalid", count=0), "invalid_document"),
+    (Fault("empty", count=0), "invalid_document"),
+    (Fault("huge", count=0), "invalid_document"),
+    (Fault("hang", seconds=2, count=0), "timeout"),
+    (Fault("delay", seconds=1.5, count=0), "timeout"),
+    (Fault("reset", count=0), "connection_error"),
+]
+
+
+@pytest.mark.parametrize(("fault", "outcome"), FAULTS, ids=[f"{f.kind}-{o}" for f, o in FAULTS])
+def test_every_fault_is_survived_counted_logged_and_recovered(
+        fault: Fault, outcome: str, simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
+    """During the fault: alive, up 0, outcome counted, last state kept, one log line; after it: up 1 again."""
+    sim, server = simulator("live-migration")
+    sim.advance(10)  # a Scheduled Freeze is listed
+    process = sidecar("--imds-url", server.url, *FAST)
+    wait_until(lambda: process.value("azure_scheduled_events_up") == 1, what="first document")
+    sim.inject(fault)
+    wait_until(lambda: process.value("azure_scheduled_events_up") == 0, what="up to drop")
+    wait_until(lambda: (process.value("azure_scheduled_events_polls_total", outcome=outcome) or 0) >= 2,
+               timeout=15, what=f"{outcome} counted")
+    assert process.process.poll() is None
+    assert process.value("azure_scheduled_events_pending", event_type="Freeze", event_status="Scheduled") == 1
+    sim.clear_faults()
+    wait_until(lambda: process.value("azure_scheduled_events_up") == 1, timeout=15, what="recovery")
+    failures = re.findall(r"IMDS poll failed: .*", process.log())
+    assert len(failures) == 1, failures
+    assert len(re.findall(r"IMDS recovered after \d+ failed polls", process.log())) == 1
+    assert process.value("azure_scheduled_events_transitions_total", event_type="Freeze",
+                         transition="canceled") == 0
+
+
+def test_redirects_are_never_followed(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
+    """A 302 to another simulator is counted as http_error and the other one never hears from us."""
+    sim, server = simulator("live-migration")
+    other, other_server = simulator("host-failure")
+    process = sidecar("--imds-url", server.url, *FAST)
+    wait_until(lambda: process.value("azure_scheduled_events_up") == 1, what="first document")
+    sim.inject(Fault("redirect", location=other_server.url + "/metadata/scheduledevents?api-version=2020-07-01",
+                     count=0))
+    wait_until(lambda: (process.value("azure_scheduled_events_polls_total", outcome="http_error") or 0) >= 3,
+               what="redirects counted")
+    assert "HTTP 302 redirect to" in process.log()
+    assert [r for r in other.requests] == []
+
+
+def test_a_slow_first_call_is_waited_for(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
+    """The first call may take long (the service switching on): it is not cut off by --imds-timeout."""
+    sim, server = simulator("live-migration")
+    sim.inject(Fault("first_call_delay", seconds=1.0))
+    process = sidecar("--imds-url", server.url, "--poll-interval", "0.05", "--imds-timeout", "0.3",
+                      "--first-call-timeout", "10")
+    wait_until(lambda: process.value("azure_scheduled_events_up") == 1, what="slow first document")
+    assert process.value("azure_scheduled_events_polls_total", outcome="timeout") == 0
+
+
+def test_connection_refused_then_imds_appears(sidecar: Callable[..., Sidecar]) -> None:
+    """Refused connections are counted; once IMDS listens on that port, the next poll recovers."""
+    port = _closed_port()
+    process = sidecar("--imds-url", f"http://127.0.0.1:{port}", *FAST)
+    wait_until(lambda: (process.value("azure_scheduled_events_polls_total", outcome="connection_error") or 0) >= 1,
+               what="refused counted")
+    late = start(Simulator(scenarios.load("host-failure")), "127.0.0.1", port)
+    try:
+        wait_until(lambda: process.value("azure_scheduled_events_up") == 1, what="recovery")
+    finally:
+        late.shutdown()
+        late.server_close()
+
+
+def test_proxy_settings_are_ignored(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
+    """With every proxy variable pointing at a listening trap, IMDS is still polled directly; the trap stays silent."""
+    _, server = simulator("live-migration")
+    with socket.socket() as trap:
+        trap.bind(("127.0.0.1", 0))
+        trap.listen()
+        trap.setblocking(False)
+        proxy = f"http://127.0.0.1:{trap.getsockname()[1]}"
+        env = {name: proxy for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
+                                        "all_proxy")}
+        process = sidecar("--imds-url", server.url, *FAST, env=env)
+        wait_until(lambda: process.value("azure_scheduled_events_up") == 1, what="direct poll")
+        wait_until(lambda: process.value("azure_scheduled_events_vm_info", **_vm_labels(server.simulator)),
+                   what="identity read directly too")
+        with pytest.raises(BlockingIOError):
+            trap.accept()
+
+
+def test_old_api_version_end_to_end(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
+    """Polling with the 2017-03-01 preview shape: string incarnation, ISO NotBefore, underscored names all work."""
+    sim, server = simulator("live-migration")
+    sim.advance(10)
+    process = sidecar("--imds-url", server.url, "--api-version", "2017-03-01", *FAST)
+    wait_until(lambda: process.value("azure_scheduled_events_up") == 1, what="preview document")
+    info = series(process.samples(), "azure_scheduled_event_info")
+    assert [(i["event_type"], i["affects_this_vm"], i["event_source"]) for i in info] == [
+        ("Freeze", "true", "unknown")]
+    assert process.value("azure_scheduled_event_duration_seconds", event_id=info[0]["event_id"],
+                         event_type="Freeze") is None
+    assert process.value("azure_scheduled_events_document_warnings_total") == 0
+
+
+def test_unknown_fields_and_types_end_to_end(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
+    """A document with an unknown EventType, extra fields and a wrongly typed duration is shown, with a warning."""
+    sim, server = simulator("live-migration")
+    body = ('{"DocumentIncarnation": 9, "NewTopLevel": true, "Events": [{"EventId": "X1", "EventType": "Hibernate",'
+            ' "EventStatus": "Scheduled", "ResourceType": "VirtualMachine", "Resources": ["WestNO_0"],'
+            ' "NotBefore": "Mon, 11 Apr 2022 22:26:58 GMT", "DurationInSeconds": "long", "Zone": 3}]}')
+    sim.inject(Fault("body", text=body, count=0))
+    process = sidecar("--imds-url", server.url, *FAST)
+    wait_until(lambda: process.value("azure_scheduled_events_document_incarnation") == 9, what="odd document")
+    assert process.value("azure_scheduled_events_pending", event_type="Hibernate", event_status="Scheduled") == 1
+    assert process.value("azure_scheduled_events_document_warnings_total") == 1
+    assert "DurationInSeconds" in process.log()
+
+
+def test_json_logs(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
+    """--log-format json writes one JSON object per line, transitions with their fields."""
+    import json
+
+    sim, server = simulator("live-migration")
+    sim.advance(10)
+    process = sidecar("--imds-url", server.url, "--log-format", "json", *FAST)
+    wait_until(lambda: '"transition": "scheduled"' in process.log(), what="a transition logged")
+    lines = [json.loads(line) for line in process.log().splitlines() if line.strip()]
+    scheduled = next(line for line in lines if line.get("transition") == "scheduled")
+    assert scheduled["event_type"] == "Freeze"
+    assert scheduled["affects_this_vm"] in ("true", "unknown")
+    assert scheduled["level"] == "warning"
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
