@@ -1,0 +1,156 @@
+"""A real Prometheus (Debian's package) scrapes a real sidecar fed by the simulator."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import urllib.parse
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SimulatorFactory
+from tests.helpers import Sidecar, http_get, wait_until
+
+pytestmark = pytest.mark.integration
+FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")
+FREEZE = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} not found: `make test` installs Debian's prometheus package (apt-get install prometheus)")
+    return path
+
+
+class Prometheus:
+    def __init__(self, target: str, workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        config = workdir / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
+            f"scrape_configs:\n  - job_name: se-exporter\n    static_configs:\n      - targets: ['{target}']\n")
+        self.log = workdir / "prometheus.log"
+        for _ in range(3):  # the free port may be taken between probe and bind; try another
+            port = _free_port()
+            self.url = f"http://127.0.0.1:{port}"
+            with self.log.open("wb") as log:
+                self.process = subprocess.Popen(
+                    [_tool("prometheus"), f"--config.file={config}", f"--web.listen-address=127.0.0.1:{port}",
+                     f"--storage.tsdb.path={workdir / 'data'}", "--log.level=warn"],
+                    stdout=log, stderr=subprocess.STDOUT)
+            ready = wait_until(lambda: self.process.poll() is not None or http_get(self.url + "/-/ready")[0] == 200,
+                               timeout=30, what="Prometheus to be ready")
+            if self.process.poll() is None and ready:
+                return
+        raise AssertionError(f"Prometheus did not start: {self.log.read_text()}")
+
+    def query(self, expr: str) -> list[dict[str, object]]:
+        status, body = http_get(f"{self.url}/api/v1/query?query={urllib.parse.quote(expr)}")
+        assert status == 200, body
+        payload = json.loads(body)
+        assert payload["status"] == "success", payload
+        return payload["data"]["result"]  # type: ignore[no-any-return]
+
+    def value(self, expr: str) -> float | None:
+        result = self.query(expr)
+        return float(result[0]["value"][1]) if len(result) == 1 else None  # type: ignore[index]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[Callable[[str], Prometheus]]:
+    started: list[Prometheus] = []
+
+    def make(target: str) -> Prometheus:
+        server = Prometheus(target, tmp_path / f"prometheus{len(started)}")
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+def test_prometheus_scrapes_the_lifecycle(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                         prometheus: Callable[[str], Prometheus]) -> None:
+    """Queried through Prometheus: up, the pending Freeze with its countdown, then its completion and disappearance."""
+    sim, server = simulator("live-migration")
+    sim.advance(10)
+    process = sidecar("--imds-url", server.url, *FAST)
+    prom = prometheus(process.base_url.removeprefix("http://"))
+    wait_until(lambda: prom.value('up{job="se-exporter"}') == 1, timeout=30, what="target up")
+    wait_until(lambda: prom.value("azure_scheduled_events_up") == 1, timeout=30, what="exporter up")
+    info = wait_until(lambda: prom.query('azure_scheduled_event_info{event_type="Freeze"}'), timeout=30,
+                      what="the Freeze in Prometheus")
+    labels = info[0]["metric"]
+    assert (labels["event_id"], labels["event_status"], labels["affects_this_vm"]) == (FREEZE, "Scheduled", "true")  # type: ignore[index]
+    countdown = prom.value(f'azure_scheduled_event_seconds_until_not_before{{event_id="{FREEZE}"}}')
+    assert countdown is not None and 800 < countdown <= 900
+    assert prom.value('sum(azure_scheduled_events_pending{event_status="Scheduled"})') == 1
+    assert prom.value('count(azure_scheduled_events_pending)') == 10  # every documented type x status
+
+    sim.advance(900)  # Started
+    wait_until(lambda: prom.value('azure_scheduled_events_pending{event_type="Freeze",event_status="Started"}') == 1,
+               timeout=30, what="Started in Prometheus")
+    sim.advance(40)  # gone
+    wait_until(lambda: prom.value('azure_scheduled_events_transitions_total{event_type="Freeze",'
+                                  'transition="completed"}') == 1, timeout=30, what="completion in Prometheus")
+    wait_until(lambda: prom.query("azure_scheduled_event_info") == [], timeout=30,
+               what="the event's series to go stale")
+    assert prom.value('azure_scheduled_events_notice_seconds_count{event_type="Freeze"}') == 1
+
+
+def test_prometheus_sees_imds_failure_and_recovery(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                                   prometheus: Callable[[str], Prometheus]) -> None:
+    """A 503 storm shows as up 0 and a rising http_error counter, while the last document's events stay listed."""
+    from se_exporter.simulator.faults import Fault
+
+    sim, server = simulator("live-migration")
+    sim.advance(10)
+    process = sidecar("--imds-url", server.url, *FAST)
+    prom = prometheus(process.base_url.removeprefix("http://"))
+    wait_until(lambda: prom.value("azure_scheduled_events_up") == 1, timeout=30, what="exporter up")
+    sim.inject(Fault("status", status=503, count=0))
+    wait_until(lambda: prom.value("azure_scheduled_events_up") == 0, timeout=30, what="exporter down")
+    assert (prom.value('azure_scheduled_events_polls_total{outcome="http_error"}') or 0) > 0
+    assert prom.value("count(azure_scheduled_event_info)") == 1
+    sim.clear_faults()
+    wait_until(lambda: prom.value("azure_scheduled_events_up") == 1, timeout=30, what="exporter recovered")
+
+
+def test_promtool_check_metrics_is_clean(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
+    """promtool's linter finds nothing to say about /metrics, with events of every kind listed."""
+    sim, server = simulator("demo")
+    sim.advance(250)  # Scheduled and Started events, a countdown, durations
+    process = sidecar("--imds-url", server.url, *FAST)
+    wait_until(lambda: process.value("azure_scheduled_events_up") == 1, what="first document")
+    wait_until(lambda: process.value("azure_scheduled_events_vm_info", vm_name="WestNO_0", vm_id=sim.vm["vmId"],
+                                     vmss_name="", location=sim.vm["location"],
+                                     resource_group=sim.vm["resourceGroupName"],
+                                     subscription_id=sim.vm["subscriptionId"], vm_size=sim.vm["vmSize"],
+                                     zone=sim.vm["zone"]), what="identity")
+    status, text = http_get(process.metrics_url)
+    assert status == 200
+    assert "azure_scheduled_event_seconds_until_not_before" in text
+    result = subprocess.run([_tool("promtool"), "check", "metrics"], input=text, capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "" and result.stderr.strip() == "", result.stdout + result.stderr
