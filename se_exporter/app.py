@@ -108,7 +108,7 @@ class Poller:
         interval, cap = self._settings.poll_interval, self._settings.max_backoff
         if isinstance(error, ImdsThrottled) and error.retry_after is not None:
             return min(max(interval, error.retry_after), cap)
-        return min(interval * 2 ** min(self._failures - 1, 16), cap)
+        return min(interval * 2.0 ** min(self._failures - 1, 16), cap)
 
     def run(self, stop: threading.Event) -> None:
         """Poll until ``stop`` is set; a fixed rate, so a slow poll does not push the schedule."""
@@ -188,7 +188,7 @@ def _text(start_response: Callable[..., Any], ok: bool, good: str, bad: str) -> 
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base class
+    def log_message(self, format: str, *args: Any) -> None:
         """Scrapes every few seconds are not news."""
 
 

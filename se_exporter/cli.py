@@ -95,7 +95,8 @@ def run(settings: Settings) -> int:
     if settings.simulate is not None:
         sim_server = start(Simulator(scenarios.load(settings.simulate), speed=settings.speed))
         settings = replace(settings, imds_url=sim_server.url)
-    prometheus_client.disable_created_metrics()  # *_created series double the output and help nobody here
+    # *_created series double the output and help nobody here (the function is untyped upstream).
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     http = make_http_client()

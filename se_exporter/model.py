@@ -237,27 +237,20 @@ def _duration(value: object, where: str, warnings: list[str]) -> int | None:
         pass
     elif isinstance(value, int):
         return value
-    elif isinstance(value, float) and value.is_integer():
-        return int(value)
-    elif isinstance(value, str) and _INTEGER.match(value):
+    elif (isinstance(value, float) and value.is_integer()) or (isinstance(value, str) and _INTEGER.match(value)):
         return int(value)
     warnings.append(f"{where}: DurationInSeconds {_snippet(repr(value))} is not an integer; ignored")
     return None
 
 
 def _json_kind(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
+    """The JSON name of a decoded value's type, for messages a person can act on."""
     if isinstance(value, str):
         return "string" if value else "empty string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
+    for kind, names in (("null", (type(None),)), ("boolean", (bool,)), ("number", (int, float)),
+                        ("array", (list,)), ("object", (dict,))):
+        if isinstance(value, names):
+            return kind
     return type(value).__name__
 
 

@@ -20,7 +20,8 @@ def simulator() -> Iterator[SimulatorFactory]:
     """Start simulators on 127.0.0.1:<free port>; on teardown, prove none received a POST from se-exporter."""
     started: list[tuple[Simulator, SimulatorServer]] = []
 
-    def make(scenario: str = "live-migration", speed: float = 1.0, **kwargs: object) -> tuple[Simulator, SimulatorServer]:
+    def make(scenario: str = "live-migration", speed: float = 1.0,
+             **kwargs: object) -> tuple[Simulator, SimulatorServer]:
         sim = Simulator(scenarios.load(scenario), speed=speed, **kwargs)  # type: ignore[arg-type]
         server = start(sim, "127.0.0.1", 0)
         started.append((sim, server))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -25,7 +26,8 @@ def test_defaults() -> None:
 
 def test_flag_beats_environment_beats_default() -> None:
     """A flag wins over SE_EXPORTER_*, which wins over the default."""
-    env = {"SE_EXPORTER_POLL_INTERVAL": "0.5", "SE_EXPORTER_VM_NAME": "from-env", "SE_EXPORTER_API_VERSION": "2019-08-01"}
+    env = {"SE_EXPORTER_POLL_INTERVAL": "0.5", "SE_EXPORTER_VM_NAME": "from-env",
+           "SE_EXPORTER_API_VERSION": "2019-08-01"}
     s = settings(["--poll-interval", "2", "--max-backoff", "10"], env)
     assert (s.poll_interval, s.vm_name, s.api_version) == (2.0, "from-env", "2019-08-01")
 
@@ -78,8 +80,6 @@ def test_unknown_flag_is_one_line_and_exit_2() -> None:
 
 def test_listen_address_taken_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     """If the metrics port is taken, start-up says so in one line instead of a traceback."""
-    import socket
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

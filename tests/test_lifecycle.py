@@ -31,7 +31,8 @@ def event(event_id: str = "E1", status: str = "Scheduled", not_before: str = "Mo
             "Description": "", "EventSource": "Platform", "DurationInSeconds": 5}
 
 
-def run(documents: Sequence[tuple[float, Document]]) -> tuple[list[tuple[float, Transition]], Mapping[str, EventRecord]]:
+def run(documents: Sequence[tuple[float, Document]]) -> tuple[
+        list[tuple[float, Transition]], Mapping[str, EventRecord]]:
     records: Mapping[str, EventRecord] = {}
     seen: list[tuple[float, Transition]] = []
     for now, document in documents:

@@ -30,7 +30,8 @@ class FakeClock:
 # ---------------------------------------------------------------- timelines
 
 
-def statuses(scenario: scenarios.Scenario, t: float, approvals: dict[str, float] | None = None) -> list[tuple[str, str]]:
+def statuses(scenario: scenarios.Scenario, t: float,
+             approvals: dict[str, float] | None = None) -> list[tuple[str, str]]:
     return [(s.spec.event_type, s.status) for s in scenario.state_at(t, approvals or {})]
 
 
@@ -175,7 +176,7 @@ def test_proxied_requests_are_refused(served: tuple[Simulator, SimulatorServer, 
 
 def test_document_sequence_and_incarnation(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
     """Empty, Scheduled, Started (NotBefore ''), empty again; the incarnation bumps on each change only."""
-    sim, server, clock = served
+    _, server, clock = served
     seen = []
     for t in (0, 1, 5, 5, 903, 903, 940):
         clock.now = 1_700_000_000.0 + t
@@ -337,5 +338,5 @@ def test_urllib_sees_the_same_document(served: tuple[Simulator, SimulatorServer,
     _, server, clock = served
     clock.now += 10
     request = urllib.request.Request(server.url + SE + "?api-version=2020-07-01", headers={"Metadata": "true"})
-    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 - loopback simulator
+    with urllib.request.urlopen(request, timeout=5) as response:
         assert json.load(response)["Events"][0]["EventType"] == "Freeze"

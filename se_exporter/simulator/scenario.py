@@ -166,7 +166,8 @@ def builtin_names() -> tuple[str, ...]:
 def load(name_or_path: str) -> Scenario:
     """A built-in scenario by name, or a scenario JSON file by path; ConfigError says what is wrong."""
     if name_or_path in builtin_names():
-        text = resources.files("se_exporter.simulator").joinpath("scenarios", f"{name_or_path}.json").read_text()
+        folder = resources.files("se_exporter.simulator").joinpath("scenarios")
+        text = folder.joinpath(f"{name_or_path}.json").read_text()
         return from_json(json.loads(text), name_or_path)
     path = Path(name_or_path)
     if not path.is_file():

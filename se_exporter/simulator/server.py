@@ -210,7 +210,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as IMDS does
     server: SimulatorServer
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base class signature
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
     def do_GET(self) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from se_exporter.simulator.faults import Fault
 from tests.conftest import SimulatorFactory
 from tests.helpers import Sidecar, http_get, wait_until
 
@@ -121,8 +122,6 @@ def test_prometheus_scrapes_the_lifecycle(simulator: SimulatorFactory, sidecar: 
 def test_prometheus_sees_imds_failure_and_recovery(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
                                                    prometheus: Callable[[str], Prometheus]) -> None:
     """A 503 storm shows as up 0 and a rising http_error counter, while the last document's events stay listed."""
-    from se_exporter.simulator.faults import Fault
-
     sim, server = simulator("live-migration")
     sim.advance(10)
     process = sidecar("--imds-url", server.url, *FAST)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 from collections.abc import Callable
@@ -61,8 +62,9 @@ def test_scenario_end_to_end(name: str, simulator: SimulatorFactory, sidecar: Ca
     for key_time in sim.scenario.key_times():
         sim.advance(max(0.0, key_time + 0.01 - sim.scenario_time()))
         document = sim.document()
-        wait_until(lambda: process.value("azure_scheduled_events_document_incarnation")
-                   == document["DocumentIncarnation"], what=f"incarnation {document['DocumentIncarnation']}")
+        incarnation = document["DocumentIncarnation"]
+        wait_until(lambda wanted=incarnation: process.value("azure_scheduled_events_document_incarnation") == wanted,
+                   what=f"incarnation {incarnation}")
         assert _listed(process) == {e["EventId"]: e["EventStatus"] for e in document["Events"]}
         for labels in series(process.samples(), "azure_scheduled_event_info"):
             wanted = AFFECTS.get(name, {}).get(labels["event_id"])
@@ -245,8 +247,6 @@ def test_unknown_fields_and_types_end_to_end(simulator: SimulatorFactory, sideca
 
 def test_json_logs(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
     """--log-format json writes one JSON object per line, transitions with their fields."""
-    import json
-
     sim, server = simulator("live-migration")
     sim.advance(10)
     process = sidecar("--imds-url", server.url, "--log-format", "json", *FAST)

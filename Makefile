@@ -1,0 +1,43 @@
+# The two commands of the README:
+#   make demo   run the sidecar on its built-in IMDS simulator (SCENARIO=..., SPEED=..., PORT=...)
+#   make test   install what the tests need (Debian's prometheus included) and run them all
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SCENARIO ?= demo
+SPEED ?= 1
+PORT ?= 10169
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test lint typecheck unit system-deps clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+# Prometheus and promtool come from Debian's package: the suite scrapes the sidecar with the real thing.
+system-deps:
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+	  echo "installing Debian's prometheus package"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	fi
+
+demo: $(VENV)/.installed
+	$(BIN)/se-exporter run --simulate $(SCENARIO) --speed $(SPEED) --listen 127.0.0.1:$(PORT)
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check se_exporter tests
+
+typecheck: $(VENV)/.installed
+	$(BIN)/mypy
+
+unit: $(VENV)/.installed
+	$(BIN)/pytest -m "not integration"
+
+test: $(VENV)/.installed system-deps lint typecheck
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

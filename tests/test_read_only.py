@@ -1,0 +1,44 @@
+"""Never approve: nothing in the sidecar's code can send anything to IMDS but GET."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import se_exporter
+
+PACKAGE = Path(se_exporter.__file__).parent
+WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+WRITE_CALLS = {"post", "put", "patch", "delete", "request", "build_request", "urlopen"}
+
+
+def _sidecar_sources() -> list[Path]:
+    # The simulator *serves* POST (approvals, for people rehearsing responders); it never sends one.
+    return [path for path in PACKAGE.rglob("*.py") if "simulator" not in path.relative_to(PACKAGE).parts]
+
+
+def test_the_sidecar_has_no_write_requests() -> None:
+    """No 'POST'/'PUT'/'PATCH'/'DELETE' literal and no .post()/.request()-style call exists outside the simulator."""
+    offences: list[str] = []
+    for path in _sidecar_sources():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.upper() in WRITE_METHODS:
+                offences.append(f"{path.name}:{node.lineno} literal {node.value!r}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in WRITE_CALLS:
+                offences.append(f"{path.name}:{node.lineno} call .{node.func.attr}()")
+    assert offences == []
+
+
+def test_the_imds_client_only_streams_get() -> None:
+    """The one place requests are made names GET explicitly."""
+    source = (PACKAGE / "imds.py").read_text()
+    assert source.count("self._http.stream(") == 1
+    assert 'self._http.stream("GET"' in source
+
+
+def test_the_scan_would_catch_a_post() -> None:
+    """The scan itself works: a snippet that approves is flagged."""
+    tree = ast.parse('client.post(url, json={"StartRequests": []})\nclient.stream("POST", url)')
+    calls = [n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    literals = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in WRITE_METHODS]
+    assert "post" in calls and literals == ["POST"]
