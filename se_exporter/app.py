@@ -49,7 +49,7 @@ class Poller:
         self._failures = 0
         self._failing_outcome: str | None = None
         self.snapshot = Snapshot(vm_name=settings.vm_name, api_version=settings.api_version)
-        self.heartbeat_deadline = time.monotonic() + settings.first_call_timeout + settings.poll_interval + 10
+        self.heartbeat_deadline = time.monotonic() + settings.first_timeout + settings.backoff_cap + 10
 
     def set_identity(self, identity: VmIdentity) -> None:
         vm_name = self._settings.vm_name or identity.name or None
@@ -105,7 +105,7 @@ class Poller:
                         extra=fields(imds_state=error.outcome, url=self._imds.events_url))
             self._failing_outcome = error.outcome
         self.snapshot = replace(self.snapshot, up=False)
-        interval, cap = self._settings.poll_interval, self._settings.max_backoff
+        interval, cap = self._settings.poll_interval, self._settings.backoff_cap
         if isinstance(error, ImdsThrottled) and error.retry_after is not None:
             return min(max(interval, error.retry_after), cap)
         return min(interval * 2.0 ** min(self._failures - 1, 16), cap)
@@ -114,13 +114,13 @@ class Poller:
         """Poll until ``stop`` is set; a fixed rate, so a slow poll does not push the schedule."""
         next_at = time.monotonic()
         while not stop.is_set():
-            timeout = self._settings.first_call_timeout if self._last_body is None else self._settings.imds_timeout
-            self.heartbeat_deadline = time.monotonic() + timeout + self._settings.max_backoff + 10
+            timeout = self._settings.first_timeout if self._last_body is None else self._settings.imds_timeout
+            self.heartbeat_deadline = time.monotonic() + timeout + self._settings.backoff_cap + 10
             try:
                 delay = self.poll_once()
             except Exception:  # a bug must not end the loop silently; /healthz goes red if it repeats
                 log.exception("unexpected error in the poll loop")
-                delay = self._settings.max_backoff
+                delay = self._settings.backoff_cap
             next_at = max(next_at + delay, time.monotonic()) if delay == self._settings.poll_interval \
                 else time.monotonic() + delay
             stop.wait(max(0.0, next_at - time.monotonic()))
@@ -133,11 +133,13 @@ class Poller:
 class IdentityWatcher:
     """Reads compute metadata once it can; retries in the background with a capped backoff."""
 
-    def __init__(self, imds: ImdsClient, poller: Poller, metrics: Metrics, max_wait: float = 60.0) -> None:
-        self._imds, self._poller, self._metrics, self._max_wait = imds, poller, metrics, max_wait
+    def __init__(self, imds: ImdsClient, poller: Poller, metrics: Metrics, first_wait: float = 1.0,
+                 max_wait: float = 60.0) -> None:
+        self._imds, self._poller, self._metrics = imds, poller, metrics
+        self._first_wait, self._max_wait = first_wait, max_wait
 
     def run(self, stop: threading.Event) -> None:
-        wait = 1.0
+        wait = self._first_wait
         logged = False
         while not stop.is_set():
             try:

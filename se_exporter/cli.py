@@ -101,7 +101,7 @@ def run(settings: Settings) -> int:
     ProcessCollector(registry=registry)
     http = make_http_client()
     imds = ImdsClient(http, settings.imds_url, settings.api_version, settings.imds_timeout,
-                      settings.first_call_timeout, settings.max_document_bytes)
+                      settings.first_timeout, settings.max_document_bytes)
     poller: Poller
     metrics = Metrics(registry, lambda: poller.snapshot)
     sinks = FanOut([MetricsSink(metrics), LogSink()], on_error=lambda name: metrics.sink_errors.labels(name).inc())

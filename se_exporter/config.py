@@ -38,7 +38,12 @@ class Listen:
 
 @dataclass(frozen=True)
 class Settings:
-    """Settings of ``se-exporter run``."""
+    """Settings of ``se-exporter run``.
+
+    Two bounds are derived rather than refused, so that ``--poll-interval 10`` alone just works:
+    the backoff cap is never below the poll interval, the first-call timeout never below the
+    ordinary timeout.
+    """
 
     imds_url: str = DEFAULT_IMDS_URL
     api_version: str = DEFAULT_API_VERSION
@@ -53,6 +58,14 @@ class Settings:
     log_format: str = "text"
     simulate: str | None = None
     speed: float = 1.0
+
+    @property
+    def backoff_cap(self) -> float:
+        return max(self.max_backoff, self.poll_interval)
+
+    @property
+    def first_timeout(self) -> float:
+        return max(self.first_call_timeout, self.imds_timeout)
 
 
 @dataclass(frozen=True)
@@ -186,10 +199,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "timeout of each IMDS request once IMDS has answered (default 2)", "SECONDS"),
     Option("first_call_timeout", "--first-call-timeout", parse_seconds,
            "timeout until IMDS first answers: the first call enables the service and may take "
-           "up to two minutes (default 120)", "SECONDS"),
+           "up to two minutes (default 120; never shorter than --imds-timeout)", "SECONDS"),
     Option("max_backoff", "--max-backoff", parse_seconds,
            "longest wait between polls after failures or a 429 Retry-After; kept short because a "
-           "missed notice is worse than a throttled poll (default 5)", "SECONDS"),
+           "missed notice is worse than a throttled poll (default 5; never shorter than --poll-interval)",
+           "SECONDS"),
     Option("max_document_bytes", "--max-document-bytes", parse_bytes,
            "largest IMDS body read; larger ones are rejected unread (default 4MiB)", "BYTES"),
     Option("listen", "--listen", parse_listen,
@@ -244,12 +258,7 @@ def run_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         simulate = env[ENV_PREFIX + "SIMULATE"]
     if simulate is not None:
         values["simulate"] = simulate
-    settings = Settings(**values)
-    if settings.imds_timeout > settings.first_call_timeout:
-        raise ConfigError("--imds-timeout must not exceed --first-call-timeout")
-    if settings.max_backoff < settings.poll_interval:
-        raise ConfigError("--max-backoff must be at least --poll-interval")
-    return settings
+    return Settings(**values)
 
 
 def simulator_settings(args: argparse.Namespace, env: Mapping[str, str]) -> SimulatorSettings:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterable
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from se_exporter.app import Poller, make_http_app
+from se_exporter.app import IdentityWatcher, Poller, make_http_app
 from se_exporter.config import Settings
 from se_exporter.imds import ImdsClient
 from se_exporter.metrics import Metrics
@@ -189,3 +190,26 @@ def test_readyz_turns_green_with_the_first_valid_document() -> None:
     poller.heartbeat_deadline = 0.0  # as if the loop had not come round for a long time
     assert get("/healthz").startswith("503")
     assert get("/nope").startswith("404")
+
+
+def test_identity_is_retried_in_the_background_until_read() -> None:
+    """Compute metadata failing twice is counted; the third try sets the identity and the watcher stops."""
+    answers = iter([httpx.Response(500), httpx.ConnectError("refused"),
+                    httpx.Response(200, json={"name": "imds-name", "vmId": "id-7", "location": "westeurope"})])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/metadata/instance/compute"
+        item = next(answers)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    poller, _, _ = make_poller([])
+    imds = ImdsClient(httpx.Client(transport=httpx.MockTransport(handler)), "http://imds.test", "2020-07-01",
+                      2.0, 120.0, 1024 * 1024)
+    watcher_registry = CollectorRegistry()
+    metrics = Metrics(watcher_registry, lambda: poller.snapshot)
+    IdentityWatcher(imds, poller, metrics, first_wait=0.001, max_wait=0.002).run(threading.Event())
+    assert poller.snapshot.identity is not None and poller.snapshot.identity.vm_id == "id-7"
+    assert poller.snapshot.vm_name == "vm0"  # --vm-name wins over the name IMDS reports
+    assert watcher_registry.get_sample_value("azure_scheduled_events_identity_errors_total") == 2
