@@ -6,6 +6,7 @@ Every failure to start is one line on stderr and exit code 2, naming the setting
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import sys
@@ -35,7 +36,7 @@ from se_exporter.imds import ImdsClient, make_http_client
 from se_exporter.metrics import Metrics
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import parse_fault
-from se_exporter.simulator.server import Simulator, SimulatorServer, start
+from se_exporter.simulator.server import Simulator, start
 from se_exporter.sinks import FanOut
 from se_exporter.sinks.logsink import LogSink
 from se_exporter.sinks.metrics import MetricsSink
@@ -91,39 +92,42 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 def run(settings: Settings) -> int:
     logs.setup(settings.log_level, settings.log_format)
-    sim_server: SimulatorServer | None = None
-    if settings.simulate is not None:
-        sim_server = start(Simulator(scenarios.load(settings.simulate), speed=settings.speed))
-        settings = replace(settings, imds_url=sim_server.url)
-    # *_created series double the output and help nobody here (the function is untyped upstream).
-    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
-    registry = CollectorRegistry()
-    ProcessCollector(registry=registry)
-    http = make_http_client()
-    imds = ImdsClient(http, settings.imds_url, settings.api_version, settings.imds_timeout,
-                      settings.first_timeout, settings.max_document_bytes)
-    poller: Poller
-    metrics = Metrics(registry, lambda: poller.snapshot)
-    sinks = FanOut([MetricsSink(metrics), LogSink()], on_error=lambda name: metrics.sink_errors.labels(name).inc())
-    poller = Poller(imds, metrics, sinks, settings)
-    server = _bind(settings.listen, lambda: serve(settings.listen, make_http_app(registry, poller)))
+    with contextlib.ExitStack() as cleanup:  # whatever was started is stopped, also when start-up fails
+        if settings.simulate is not None:
+            sim_server = start(Simulator(scenarios.load(settings.simulate), speed=settings.speed))
+            cleanup.callback(sim_server.server_close)
+            cleanup.callback(sim_server.shutdown)
+            settings = replace(settings, imds_url=sim_server.url)
+        # *_created series double the output and help nobody here (the function is untyped upstream).
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+        registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+        http = cleanup.enter_context(make_http_client())
+        imds = ImdsClient(http, settings.imds_url, settings.api_version, settings.imds_timeout,
+                          settings.first_timeout, settings.max_document_bytes)
+        poller: Poller
+        metrics = Metrics(registry, lambda: poller.snapshot)
+        sinks = FanOut([MetricsSink(metrics), LogSink()],
+                       on_error=lambda name: metrics.sink_errors.labels(name).inc())
+        cleanup.callback(sinks.shutdown)
+        poller = Poller(imds, metrics, sinks, settings)
+        server = _bind(settings.listen, lambda: serve(settings.listen, make_http_app(registry, poller)))
+        cleanup.callback(server.server_close)
+        cleanup.callback(server.shutdown)
 
-    stop = threading.Event()
-    _on_signals(stop)
-    for target, name in ((poller.run, "poll"), (IdentityWatcher(imds, poller, metrics).run, "identity")):
-        threading.Thread(target=target, args=(stop,), name=name, daemon=True).start()
-    metrics_url = f"http://{_display(settings.listen, server.server_port)}/metrics"
-    log.info("se-exporter %s polling %s every %gs; metrics at %s", __version__, imds.events_url,
-             settings.poll_interval, metrics_url)
-    if sim_server is not None:
-        print(f"Simulated IMDS ({settings.simulate}) at {sim_server.url}\nMetrics at {metrics_url}", flush=True)
-    stop.wait()
-    log.info("stopping")
-    server.shutdown()
-    sinks.shutdown()
-    http.close()
-    if sim_server is not None:
-        sim_server.shutdown()
+        stop = threading.Event()
+        _on_signals(stop)
+        for target, name in ((poller.run, "poll"), (IdentityWatcher(imds, poller, metrics).run, "identity")):
+            threading.Thread(target=target, args=(stop,), name=name, daemon=True).start()
+        metrics_url = f"http://{_display(settings.listen, server.server_port)}/metrics"
+        log.info("se-exporter %s polling %s every %gs; metrics at %s", __version__, imds.events_url,
+                 settings.poll_interval, metrics_url)
+        if settings.simulate is not None:
+            print(f"Simulated IMDS ({settings.simulate}) at {settings.imds_url}\nMetrics at {metrics_url}",
+                  flush=True)
+        stop.wait()
+        log.info("stopping")
+        stop.set()
     return 0
 
 
