@@ -1,0 +1,38 @@
+"""The README documents every setting and every metric the code has (so the tables cannot drift)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from se_exporter.config import RUN_OPTIONS, SIMULATE_OPTIONS
+from se_exporter.imds import VmIdentity
+from se_exporter.lifecycle import diff
+from se_exporter.metrics import Metrics, Snapshot
+from se_exporter.model import parse_document
+
+README = (Path(__file__).parent.parent / "README.md").read_text()
+
+
+def test_every_setting_is_in_the_readme() -> None:
+    """Each flag and its environment variable appear in the configuration tables."""
+    for option in (*RUN_OPTIONS, *SIMULATE_OPTIONS):
+        assert f"`{option.flag} {option.metavar}`" in README, option.flag
+        assert f"`{option.env}`" in README, option.env
+
+
+def test_every_metric_is_in_the_readme() -> None:
+    """Each metric family the sidecar can expose (process_* aside) has a row in the metrics table."""
+    body = json.dumps({"DocumentIncarnation": 1, "Events": [{
+        "EventId": "E", "EventType": "Freeze", "EventStatus": "Started", "NotBefore": "Mon, 11 Apr 2022 22:26:58 GMT",
+        "DurationInSeconds": 5}]})
+    document = parse_document(body)
+    snapshot = Snapshot(records=diff({}, document, 1.0).records, incarnation=1, identity=VmIdentity(name="vm"))
+    registry = CollectorRegistry()
+    Metrics(registry, lambda: snapshot)
+    names = {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}
+    assert len(names) > 15
+    for name in names:
+        assert f"| `{name}` |" in README, name
