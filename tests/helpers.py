@@ -95,12 +95,18 @@ class Sidecar:
         return value(self.samples(), name, **labels)
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        code = stop_process(self.process)
         self._stderr.close()
-        return self.process.returncode
+        return code
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, then SIGKILL after 10 s; the exit code."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from se_exporter.cli import build_parser, main
-from se_exporter.config import RUN_OPTIONS, Listen, Settings, parse_bytes, parse_listen, run_settings
+from se_exporter.config import DEFAULT_IMDS_URL, RUN_OPTIONS, Listen, Settings, parse_bytes, parse_listen, run_settings
 
 
 def settings(argv: list[str], env: dict[str, str] | None = None) -> Settings:
@@ -20,7 +20,8 @@ def test_defaults() -> None:
     """Without flags or environment, the documented defaults apply."""
     s = settings([])
     assert (s.imds_url, s.api_version, s.poll_interval, s.first_call_timeout) == (
-        "http://169.254.169.254", "2020-07-01", 1.0, 120.0)
+        DEFAULT_IMDS_URL, "2020-07-01", 1.0, 120.0)
+    assert DEFAULT_IMDS_URL == "http://169.254.169.254"  # the documented address; never contacted by tests
     assert s.listen == Listen("", 10169)
 
 
@@ -44,7 +45,7 @@ def test_every_option_has_an_environment_variable() -> None:
     (["--poll-interval", "abc"], {}, "--poll-interval: 'abc' is not a number of seconds"),
     (["--poll-interval", "0"], {}, "--poll-interval: '0' must be a positive"),
     ([], {"SE_EXPORTER_POLL_INTERVAL": "-1"}, "SE_EXPORTER_POLL_INTERVAL: '-1' must be a positive"),
-    (["--imds-url", "169.254.169.254"], {}, "--imds-url: '169.254.169.254' is not an http(s) URL"),
+    (["--imds-url", "imds.example"], {}, "--imds-url: 'imds.example' is not an http(s) URL"),
     (["--imds-url", "ftp://x"], {}, "--imds-url"),
     (["--imds-url", "http://x/?a=1"], {}, "without query"),
     (["--api-version", "latest"], {}, "--api-version: 'latest' is not an api-version"),

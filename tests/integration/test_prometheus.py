@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from se_exporter.simulator.faults import Fault
+from se_exporter.simulator.server import Simulator
 from tests.conftest import SimulatorFactory
-from tests.helpers import Sidecar, http_get, wait_until
+from tests.helpers import Sidecar, http_get, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")
@@ -62,12 +63,7 @@ class Prometheus:
         return float(result[0]["value"][1]) if len(result) == 1 else None  # type: ignore[index]
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)
 
 
 def _free_port() -> int:
@@ -90,15 +86,22 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[str], Prometheus]]:
         server.stop()
 
 
-def test_prometheus_scrapes_the_lifecycle(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
-                                         prometheus: Callable[[str], Prometheus]) -> None:
-    """Queried through Prometheus: up, the pending Freeze with its countdown, then its completion and disappearance."""
+@pytest.fixture
+def scraped(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+            prometheus: Callable[[str], Prometheus]) -> tuple[Simulator, Prometheus]:
+    """The live-migration Freeze listed as Scheduled, polled by a sidecar that Prometheus scrapes and sees up."""
     sim, server = simulator("live-migration")
     sim.advance(10)
     process = sidecar("--imds-url", server.url, *FAST)
     prom = prometheus(process.base_url.removeprefix("http://"))
     wait_until(lambda: prom.value('up{job="se-exporter"}') == 1, timeout=30, what="target up")
     wait_until(lambda: prom.value("azure_scheduled_events_up") == 1, timeout=30, what="exporter up")
+    return sim, prom
+
+
+def test_prometheus_scrapes_the_lifecycle(scraped: tuple[Simulator, Prometheus]) -> None:
+    """Queried through Prometheus: up, the pending Freeze with its countdown, then its completion and disappearance."""
+    sim, prom = scraped
     info = wait_until(lambda: prom.query('azure_scheduled_event_info{event_type="Freeze"}'), timeout=30,
                       what="the Freeze in Prometheus")
     labels = info[0]["metric"]
@@ -119,14 +122,9 @@ def test_prometheus_scrapes_the_lifecycle(simulator: SimulatorFactory, sidecar: 
     assert prom.value('azure_scheduled_events_notice_seconds_count{event_type="Freeze"}') == 1
 
 
-def test_prometheus_sees_imds_failure_and_recovery(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
-                                                   prometheus: Callable[[str], Prometheus]) -> None:
+def test_prometheus_sees_imds_failure_and_recovery(scraped: tuple[Simulator, Prometheus]) -> None:
     """A 503 storm shows as up 0 and a rising http_error counter, while the last document's events stay listed."""
-    sim, server = simulator("live-migration")
-    sim.advance(10)
-    process = sidecar("--imds-url", server.url, *FAST)
-    prom = prometheus(process.base_url.removeprefix("http://"))
-    wait_until(lambda: prom.value("azure_scheduled_events_up") == 1, timeout=30, what="exporter up")
+    sim, prom = scraped
     sim.inject(Fault("status", status=503, count=0))
     wait_until(lambda: prom.value("azure_scheduled_events_up") == 0, timeout=30, what="exporter down")
     assert (prom.value('azure_scheduled_events_polls_total{outcome="http_error"}') or 0) > 0
