@@ -111,19 +111,17 @@ class Poller:
         return min(interval * 2.0 ** min(self._failures - 1, 16), cap)
 
     def run(self, stop: threading.Event) -> None:
-        """Poll until ``stop`` is set; a fixed rate, so a slow poll does not push the schedule."""
-        next_at = time.monotonic()
+        """Poll until ``stop`` is set. The next poll is due ``delay`` after this one *started*, so the
+        poll's own duration is inside the interval and the rate stays fixed."""
         while not stop.is_set():
-            timeout = self._settings.first_timeout if self._last_body is None else self._settings.imds_timeout
-            self.heartbeat_deadline = time.monotonic() + timeout + self._settings.backoff_cap + 10
+            started = time.monotonic()
+            self.heartbeat_deadline = started + self._imds.current_timeout + self._settings.backoff_cap + 10
             try:
                 delay = self.poll_once()
-            except Exception:  # a bug must not end the loop silently; /healthz goes red if it repeats
+            except Exception:  # a bug must not end the loop silently: log it, wait, go on
                 log.exception("unexpected error in the poll loop")
                 delay = self._settings.backoff_cap
-            next_at = max(next_at + delay, time.monotonic()) if delay == self._settings.poll_interval \
-                else time.monotonic() + delay
-            stop.wait(max(0.0, next_at - time.monotonic()))
+            stop.wait(max(0.0, started + delay - time.monotonic()))
 
     @property
     def healthy(self) -> bool:

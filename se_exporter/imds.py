@@ -107,14 +107,15 @@ class ImdsClient:
     def events_url(self) -> str:
         return str(self._events_url)
 
-    def scheduled_events(self) -> bytes:
-        """The raw body of one Scheduled Events answer (HTTP 200), or an ``ImdsError``.
+    @property
+    def current_timeout(self) -> float:
+        """The first call may take up to two minutes because it switches the service on, so until
+        IMDS has answered once we wait ``first_call_timeout`` instead of ``timeout``."""
+        return self._timeout if self._answered else self._first_call_timeout
 
-        The first call may take up to two minutes because it switches the service on, so until
-        IMDS has answered once we wait ``first_call_timeout`` instead of ``timeout``.
-        """
-        timeout = self._timeout if self._answered else self._first_call_timeout
-        return self._get(self._events_url, timeout)
+    def scheduled_events(self) -> bytes:
+        """The raw body of one Scheduled Events answer (HTTP 200), or an ``ImdsError``."""
+        return self._get(self._events_url, self.current_timeout)
 
     def compute(self) -> VmIdentity:
         body = self._get(self._compute_url, self._timeout)

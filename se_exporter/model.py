@@ -77,9 +77,6 @@ class Document:
     warnings: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
-    def by_id(self) -> dict[str, ScheduledEvent]:
-        return {event.event_id: event for event in self.events}
-
 
 def parse_document(body: bytes | str) -> Document:
     """Parse the raw bytes IMDS returned; raise ``InvalidDocument`` with a reason a person can act on."""

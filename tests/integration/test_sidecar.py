@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 import re
 import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +20,7 @@ from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator, start
 from tests.conftest import SimulatorFactory
-from tests.helpers import Sidecar, http_get, series, wait_until
+from tests.helpers import Sidecar, http_get, series, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2", "--imds-timeout", "0.5")
@@ -191,12 +196,14 @@ def test_connection_refused_then_imds_appears(sidecar: Callable[..., Sidecar]) -
     process = sidecar("--imds-url", f"http://127.0.0.1:{port}", *FAST)
     wait_until(lambda: (process.value("azure_scheduled_events_polls_total", outcome="connection_error") or 0) >= 1,
                what="refused counted")
-    late = start(Simulator(scenarios.load("host-failure")), "127.0.0.1", port)
+    late_sim = Simulator(scenarios.load("host-failure"))
+    late = start(late_sim, "127.0.0.1", port)
     try:
         wait_until(lambda: process.value("azure_scheduled_events_up") == 1, what="recovery")
     finally:
         late.shutdown()
         late.server_close()
+    assert late_sim.posts_from("se-exporter") == 0
 
 
 def test_proxy_settings_are_ignored(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
@@ -264,3 +271,40 @@ def _closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
+
+
+def test_demo_mode_shows_pending_events_and_never_posts(sidecar: Callable[..., Sidecar]) -> None:
+    """`run --simulate` (what `make demo` runs) lists pending events within seconds; its simulator sees only GETs."""
+    process = sidecar("--simulate", "--speed", "5")
+    wait_until(lambda: process.value("azure_scheduled_events_pending", event_type="Freeze",
+                                     event_status="Scheduled") == 1, what="the demo's Freeze")
+    wait_until(lambda: process.value("azure_scheduled_events_pending", event_type="Redeploy",
+                                     event_status="Scheduled") == 1, what="the demo's degraded-hardware Redeploy")
+    match = re.search(r"polling (http://127\.0\.0\.1:\d+)/metadata", process.log())
+    assert match, process.log()
+    status, body = http_get(match.group(1) + "/_simulator/requests")
+    assert status == 200
+    methods = {request["method"] for request in json.loads(body) if request["path"].startswith("/metadata")}
+    assert methods == {"GET"}
+
+
+def test_simulate_command_serves_faults_from_flags(tmp_path: Path) -> None:
+    """`se-exporter simulate --fault ...` serves the scenario on loopback and applies the fault first."""
+    out = tmp_path / "simulate.out"
+    with out.open("wb") as stdout:
+        child = subprocess.Popen([sys.executable, "-m", "se_exporter", "simulate", "--listen", "127.0.0.1:0",
+                                  "--scenario", "host-failure", "--fault", "throttle,retry_after=3"],
+                                 stdout=stdout, stderr=subprocess.STDOUT)
+    try:
+        url = wait_until(lambda: re.search(r"at (http://127\.0\.0\.1:\d+)", out.read_text()), timeout=20,
+                         what="the simulator URL").group(1)
+        events = url + "/metadata/scheduledevents?api-version=2020-07-01"
+        request = urllib.request.Request(events, headers={"Metadata": "true"})
+        with pytest.raises(urllib.error.HTTPError) as throttled:
+            urllib.request.urlopen(request, timeout=5)
+        throttled.value.close()
+        assert (throttled.value.code, throttled.value.headers["Retry-After"]) == (429, "3")
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert json.load(response)["DocumentIncarnation"] >= 1
+    finally:
+        assert stop_process(child) == 0
