@@ -8,11 +8,21 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import datetime, timezone
 from typing import Any
 
 _FIELDS = "se_fields"
+# Connection-string keys, SAS signatures and bearer tokens, wherever they might surface (an SDK's
+# exception text included): the value is replaced, the name stays so the line still makes sense.
+_SECRETS = re.compile(
+    r"(?i)(SharedAccessKey\s*=\s*|SharedAccessSignature\s*=\s*|\bsig=|Bearer\s+|\"access_token\"\s*:\s*\")"
+    r"[^;&\s\"']+")
+
+
+def redact(text: str) -> str:
+    return _SECRETS.sub(lambda match: match.group(1) + "<redacted>", text)
 
 
 def fields(**values: Any) -> dict[str, Any]:
@@ -28,7 +38,7 @@ class TextFormatter(logging.Formatter):
             line += " " + " ".join(f"{key}={_text(value)}" for key, value in extra.items())
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
-        return line
+        return redact(line)
 
 
 class JsonFormatter(logging.Formatter):
@@ -43,7 +53,7 @@ class JsonFormatter(logging.Formatter):
         body.update(getattr(record, _FIELDS, None) or {})
         if record.exc_info:
             body["exception"] = self.formatException(record.exc_info)
-        return json.dumps(body, default=str, ensure_ascii=False)
+        return redact(json.dumps(body, default=str, ensure_ascii=False))
 
 
 def setup(level: str, fmt: str) -> None:

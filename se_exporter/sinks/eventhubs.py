@@ -1,0 +1,158 @@
+"""Event Hubs: documents are spooled on accept; a forwarder thread drains the spool in order.
+
+Facts about azure-eventhub (5.15) this module is built around:
+
+* the sync client can hang for ever on a peer that accepts TCP and never answers, so the forwarder
+  uses the async client, where every call can be cancelled with ``asyncio.wait_for``;
+* a send without ``timeout=`` never fails when the server does not settle, so every send has one,
+  and an outer watchdog besides;
+* default retries make a refused connection fail only after ~12 s, so retries are explicit and few:
+  the forwarder's own loop retries, with backoff, for as long as it takes;
+* a timed-out send may have been delivered: the documents stay spooled and are sent again with the
+  same ``message_id`` (at-least-once; consumers drop duplicates by message id).
+
+The poll loop only ever appends to the spool; it never waits on Event Hubs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from se_exporter.sinks.envelope import CONTENT_TYPE, Envelope
+from se_exporter.sinks.forward import ForwardMetrics
+from se_exporter.sinks.spool import Spool
+
+log = logging.getLogger("se_exporter.eventhubs")
+ProducerFactory = Callable[[], Any]  # -> azure.eventhub.aio.EventHubProducerClient
+
+
+class EventHubsTarget:
+    name = "eventhubs"
+
+    def __init__(self, spool: Spool, make_producer: ProducerFactory, metrics: ForwardMetrics,
+                 batch_size: int = 100, send_timeout: float = 10.0, max_retry_wait: float = 30.0) -> None:
+        self._spool = spool
+        self._make_producer = make_producer
+        self._metrics = metrics
+        self._batch_size = batch_size
+        self._send_timeout = send_timeout
+        self._watchdog = send_timeout + 5.0
+        self._max_retry_wait = max_retry_wait
+        self._stop = threading.Event()
+        self._failing: str | None = None
+        self._thread = threading.Thread(target=self._run, name="eventhubs", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def accept(self, envelope: Envelope) -> None:
+        self._spool.append(envelope)  # fsynced: from here on the document survives anything
+
+    def close(self, timeout: float) -> None:
+        """Stop after the batch in flight (bounded by the watchdog); what is unsent stays spooled."""
+        self._stop.set()
+        with self._spool.changed:
+            self._spool.changed.notify_all()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        asyncio.run(self._drain())
+
+    async def _drain(self) -> None:
+        producer: Any = None
+        failures = 0
+        while not self._stop.is_set():
+            batch = self._spool.peek(self._batch_size)
+            if not batch:
+                await asyncio.to_thread(self._spool.wait, 0.5)
+                continue
+            try:
+                if producer is None:
+                    producer = self._make_producer()
+                sent = await self._send(producer, batch)
+            except Exception as error:  # every SDK failure is retried; nothing is lost meanwhile
+                failures += 1
+                self._failed(error)
+                producer = await self._discard(producer)
+                await asyncio.to_thread(self._stop.wait, min(2.0 ** (failures - 1), self._max_retry_wait))
+                continue
+            self._spool.remove(envelope.sequence for envelope in sent)
+            now = time.time()
+            for envelope in sent:
+                self._metrics.latency.observe(max(0.0, now - envelope.observed_at))
+            self._metrics.forwarded.labels(self.name).inc(len(sent))
+            if self._failing is not None:
+                log.info("Event Hubs reachable again after %d failed attempts", failures)
+            self._failing, failures = None, 0
+        await self._discard(producer)
+
+    async def _send(self, producer: Any, spooled: list[Envelope]) -> list[Envelope]:
+        """Send the oldest run of envelopes sharing a partition key; return what Event Hubs acknowledged."""
+        from azure.eventhub import EventData
+
+        key = spooled[0].partition_key
+        run: list[Envelope] = []
+        for envelope in spooled:  # only the oldest run: order per partition key must hold
+            if envelope.partition_key != key:
+                break
+            run.append(envelope)
+        batch = await asyncio.wait_for(producer.create_batch(partition_key=key), self._watchdog)
+        added: list[Envelope] = []
+        for envelope in run:
+            event = EventData(envelope.body)
+            event.content_type = CONTENT_TYPE
+            event.message_id = envelope.message_id
+            event.properties = dict(envelope.properties)
+            try:
+                batch.add(event)
+            except ValueError:
+                break  # the batch is full; the rest goes next time
+            added.append(envelope)
+        if not added:
+            log.error("document %d is larger than an Event Hubs batch allows and is dropped", run[0].sequence)
+            self._metrics.errors.labels(self.name, "too_large").inc()
+            self._metrics.dropped.inc()
+            return [run[0]]
+        await asyncio.wait_for(producer.send_batch(batch, timeout=self._send_timeout), self._watchdog)
+        return added
+
+    def _failed(self, error: Exception) -> None:
+        reason = classify(error)
+        self._metrics.errors.labels(self.name, reason).inc()
+        if reason != self._failing:
+            log.warning("Event Hubs send failed (%s): %s; %d documents stay spooled and will be retried",
+                        reason, _describe(error), self._spool.count)
+            self._failing = reason
+
+    async def _discard(self, producer: Any) -> None:
+        if producer is None:
+            return
+        try:
+            await asyncio.wait_for(producer.close(), 5.0)
+        except Exception:  # a peer that never answers must not block us: abandon the client
+            log.debug("closing the Event Hubs client failed", exc_info=True)
+        return
+
+
+def classify(error: BaseException) -> str:
+    """The ``reason`` label of ``forward_errors_total``."""
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
+        return "timeout"
+    name = type(error).__name__
+    if "Auth" in name:
+        return "auth"
+    if "Connect" in name or "Connection" in name or isinstance(error, OSError):
+        return "connection"
+    if name.endswith(("Error", "Exception")) and type(error).__module__.startswith("azure"):
+        return "service"
+    return "other"
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return text if len(text) < 300 else text[:300] + "..."

@@ -1,0 +1,492 @@
+"""An Event Hubs-compatible AMQP 1.0 test server, built on python-qpid-proton, for the real SDK.
+
+What it does (what the official azure-eventhub SDK needs, found by running it against this):
+
+* SASL ANONYMOUS, no TLS; the SDK connects with ``UseDevelopmentEmulator=true`` in the string;
+* CBS: ``put-token`` on ``$cbs`` answered 200 on the server's link whose source is ``$cbs``;
+* ``$management``: ``READ`` of ``com.microsoft:eventhub`` and ``com.microsoft:partition``;
+* sender links to ``<hub>`` or ``<hub>/Partitions/<id>``: single messages and SDK batches (Data
+  sections holding whole encoded messages), routed to a partition by partition key;
+* receiver links from ``<hub>/ConsumerGroups/<group>/Partitions/<id>`` with a selector filter on
+  offset, sequence number or enqueued time (``@latest`` too), each delivered message annotated with
+  ``x-opt-sequence-number``, ``x-opt-offset`` (a string), ``x-opt-enqueued-time`` and
+  ``x-opt-partition-key``.
+
+The SDK's AMQP layer reads performative fields by position and breaks on frames whose trailing
+null fields were omitted, which proton always does; so proton's Transport is driven from our own
+socket loop and every outgoing performative list is padded to its full length (``pad_frames``).
+
+Chaos switches for tests: ``settle=False`` never settles a transfer; ``stop()``/``start()`` on the
+same ``Store`` is an outage and a recovery; ``SilentPeer`` accepts TCP and never answers.
+"""
+
+from __future__ import annotations
+
+import re
+import selectors
+import socket
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from proton import Collector, Connection, Data, Delivery, Endpoint, Event, Link, Message, Transport, symbol, timestamp
+from proton import ulong as amqp_ulong
+
+# Full field counts of every performative (AMQP 1.0 part 2.7 and 5.3), by descriptor code.
+FIELD_COUNTS = {0x10: 10, 0x11: 8, 0x12: 14, 0x13: 11, 0x14: 11, 0x15: 6, 0x16: 3, 0x17: 1, 0x18: 1,
+                0x40: 1, 0x41: 3, 0x42: 1, 0x43: 1, 0x44: 2}
+PROTOCOL_HEADER = b"AMQP"
+
+
+@dataclass
+class StoredEvent:
+    partition_id: str
+    sequence_number: int
+    offset: str
+    enqueued_time_ms: int
+    partition_key: str | None
+    message_id: str | None
+    content_type: str | None
+    properties: dict[str, Any]
+    body: bytes
+
+
+@dataclass
+class Store:
+    """Events by partition; survives a server stop/start so outages can be simulated."""
+
+    hub: str = "telemetry"
+    partition_count: int = 2
+    events: dict[str, list[StoredEvent]] = field(default_factory=dict)
+    lock: threading.Condition = field(default_factory=threading.Condition)
+    created_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+
+    @property
+    def partition_ids(self) -> list[str]:
+        return [str(i) for i in range(self.partition_count)]
+
+    def partition_for(self, key: str | None) -> str:
+        if key is None:
+            return "0"
+        return str(zlib.crc32(key.encode()) % self.partition_count)
+
+    def append(self, partition_id: str | None, message: Message, partition_key: str | None) -> StoredEvent:
+        with self.lock:
+            pid = partition_id or self.partition_for(partition_key)
+            events = self.events.setdefault(pid, [])
+            sequence = len(events)
+            offset = str(sum(len(e.body) for e in events) + sequence)
+            properties = {str(k): v for k, v in (message.properties or {}).items()}
+            stored = StoredEvent(pid, sequence, offset, int(time.time() * 1000), partition_key,
+                                 None if message.id is None else str(message.id),
+                                 None if message.content_type is None else str(message.content_type),
+                                 properties, _body_bytes(message.body))
+            events.append(stored)
+            self.lock.notify_all()
+            return stored
+
+    def all(self) -> list[StoredEvent]:
+        with self.lock:
+            return [event for pid in sorted(self.events) for event in self.events[pid]]
+
+
+def _body_bytes(body: Any) -> bytes:
+    if body is None:
+        return b""
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return bytes(body)  # proton's binaries are views into its buffer: copy now
+    if isinstance(body, list):
+        return b"".join(_body_bytes(part) for part in body)
+    return str(body).encode()
+
+
+# ---------------------------------------------------------------- frame padding
+
+
+def pad_performative(body: bytes) -> bytes:
+    """Append nulls to a described performative list until it has all its fields."""
+    if len(body) < 3 or body[0] != 0x00:
+        return body
+    if body[1] == 0x53:
+        code, pos = body[2], 3
+    elif body[1] == 0x80:
+        code, pos = int.from_bytes(body[2:10], "big"), 10
+    else:
+        return body
+    wanted = FIELD_COUNTS.get(code)
+    if wanted is None:
+        return body
+    constructor = body[pos]
+    if constructor == 0x45:
+        count, items_at, list_end = 0, pos + 1, pos + 1
+    elif constructor == 0xC0:
+        size, count = body[pos + 1], body[pos + 2]
+        items_at, list_end = pos + 3, pos + 2 + size
+    elif constructor == 0xD0:
+        size, count = int.from_bytes(body[pos + 1:pos + 5], "big"), int.from_bytes(body[pos + 5:pos + 9], "big")
+        items_at, list_end = pos + 9, pos + 5 + size
+    else:
+        return body
+    if count >= wanted:
+        return body
+    items = body[items_at:list_end] + b"\x40" * (wanted - count)
+    if len(items) + 1 <= 255:
+        encoded = bytes([0xC0, len(items) + 1, wanted]) + items
+    else:
+        encoded = b"\xd0" + (len(items) + 4).to_bytes(4, "big") + wanted.to_bytes(4, "big") + items
+    return body[:pos] + encoded + body[list_end:]
+
+
+def pad_frames(buffer: bytearray) -> bytes:
+    """Take every complete frame (or protocol header) off ``buffer`` and return them padded."""
+    out = bytearray()
+    while True:
+        if buffer[:4] == PROTOCOL_HEADER:
+            if len(buffer) < 8:
+                break
+            out += buffer[:8]
+            del buffer[:8]
+            continue
+        if len(buffer) < 8:
+            break
+        size = int.from_bytes(buffer[:4], "big")
+        if len(buffer) < size:
+            break
+        frame = bytes(buffer[:size])
+        del buffer[:size]
+        header_size = frame[4] * 4
+        header, body = frame[:header_size], frame[header_size:]
+        if body:
+            body = pad_performative(body)
+        out += (len(header) + len(body)).to_bytes(4, "big") + header[4:] + body
+    return bytes(out)
+
+
+# ---------------------------------------------------------------- the server
+
+
+class _Conn:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.transport = Transport(Transport.SERVER)
+        sasl = self.transport.sasl()
+        sasl.allowed_mechs("ANONYMOUS")
+        self.connection = Connection()
+        self.collector = Collector()
+        self.connection.collect(self.collector)
+        self.transport.bind(self.connection)
+        self.raw_out = bytearray()
+        self.pending_out = b""
+        self.reply_links: dict[str, Link] = {}
+        self.consumers: list[_Consumer] = []
+        self.closed = False
+
+
+@dataclass
+class _Consumer:
+    link: Link
+    partition_id: str
+    next_index: int
+
+
+class EventHubsTestServer:
+    def __init__(self, store: Store | None = None, port: int = 0, settle: bool = True) -> None:
+        self.store = store or Store()
+        self.settle = settle
+        self._port = port
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._listener: socket.socket | None = None
+        self.transfers_received = 0
+
+    @property
+    def port(self) -> int:
+        assert self._listener is not None
+        return int(self._listener.getsockname()[1])
+
+    def connection_string(self, hub: str | None = None) -> str:
+        return (f"Endpoint=sb://127.0.0.1:{self.port};SharedAccessKeyName=k;SharedAccessKey=c2VjcmV0a2V5;"
+                f"UseDevelopmentEmulator=true;EntityPath={hub or self.store.hub}")
+
+    def start(self) -> EventHubsTestServer:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self._port))
+        listener.listen()
+        listener.setblocking(False)
+        self._listener = listener
+        self._port = self.port
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="eventhubs-test-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        self._thread = None
+
+    def _loop(self) -> None:
+        assert self._listener is not None
+        selector = selectors.DefaultSelector()
+        selector.register(self._listener, selectors.EVENT_READ, None)
+        conns: dict[socket.socket, _Conn] = {}
+        try:
+            while not self._stop.is_set():
+                for key, _ in selector.select(0.02):
+                    if key.data is None:
+                        sock, _ = self._listener.accept()
+                        sock.setblocking(False)
+                        conns[sock] = _Conn(sock)
+                        selector.register(sock, selectors.EVENT_READ, conns[sock])
+                    else:
+                        self._read(key.data)
+                for conn in list(conns.values()):
+                    self._pump(conn)
+                    if conn.closed:
+                        selector.unregister(conn.sock)
+                        conn.sock.close()
+                        del conns[conn.sock]
+        finally:
+            for conn in conns.values():
+                conn.sock.close()
+            self._listener.close()
+            selector.close()
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            conn.transport.close_tail()
+            conn.closed = True
+            return
+        while data:
+            capacity = conn.transport.capacity()
+            if capacity <= 0:
+                break
+            conn.transport.push(data[:capacity])
+            data = data[capacity:]
+
+    def _pump(self, conn: _Conn) -> None:
+        conn.transport.tick(time.monotonic())
+        while True:
+            event = conn.collector.peek()
+            if event is None:
+                break
+            self._handle(conn, event)
+            conn.collector.pop()
+        for consumer in conn.consumers:
+            self._feed(consumer)
+        pending = conn.transport.pending()
+        if pending > 0:
+            conn.raw_out += conn.transport.peek(pending) or b""
+            conn.transport.pop(pending)
+            conn.pending_out += pad_frames(conn.raw_out)
+        if conn.pending_out:
+            try:
+                sent = conn.sock.send(conn.pending_out)
+                conn.pending_out = conn.pending_out[sent:]
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                conn.closed = True
+        if pending < 0 and not conn.pending_out:
+            conn.closed = True
+
+    def _handle(self, conn: _Conn, event: Event) -> None:
+        kind = event.type
+        if kind == Event.CONNECTION_REMOTE_OPEN:
+            event.connection.container = "eventhubs-test-server"
+            event.connection.open()
+        elif kind == Event.SESSION_REMOTE_OPEN:
+            event.session.open()
+        elif kind == Event.LINK_REMOTE_OPEN:
+            self._attach(conn, event.link)
+        elif kind == Event.DELIVERY:
+            self._delivery(conn, event.link, event.delivery)
+        elif kind == Event.LINK_REMOTE_CLOSE:
+            conn.consumers = [c for c in conn.consumers if c.link is not event.link]
+            event.link.close()
+        elif kind == Event.SESSION_REMOTE_CLOSE:
+            event.session.close()
+        elif kind == Event.CONNECTION_REMOTE_CLOSE:
+            event.connection.close()
+
+    def _attach(self, conn: _Conn, link: Link) -> None:
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        if link.is_receiver:
+            link.max_message_size = 1024 * 1024
+            link.open()
+            link.flow(500)
+            return
+        link.max_message_size = 1024 * 1024
+        address = link.remote_source.address or ""
+        link.open()
+        if address in ("$cbs", "$management"):
+            conn.reply_links[address] = link
+            return
+        match = re.search(r"/Partitions/([^/]+)$", address)
+        partition_id = match.group(1) if match else "0"
+        conn.consumers.append(_Consumer(link, partition_id, self._start_index(partition_id, link)))
+
+    def _start_index(self, partition_id: str, link: Link) -> int:
+        selector = str(_filter_text(link.remote_source.filter))
+        with self.store.lock:
+            events = self.store.events.get(partition_id, [])
+            if "@latest" in selector:
+                return len(events)
+            match = re.search(r"x-opt-(offset|sequence-number|enqueued-time)\s*(>=|>)\s*'?(-?\d+)'?", selector)
+            if not match:
+                return 0
+            field_name, op, value = match.group(1), match.group(2), int(match.group(3))
+            for index, stored in enumerate(events):
+                current = {"offset": int(stored.offset), "sequence-number": stored.sequence_number,
+                           "enqueued-time": stored.enqueued_time_ms}[field_name]
+                if current > value or (op == ">=" and current == value):
+                    return index
+            return len(events)
+
+    def _feed(self, consumer: _Consumer) -> None:
+        link = consumer.link
+        if link.state & Endpoint.LOCAL_CLOSED:
+            return
+        with self.store.lock:
+            events = list(self.store.events.get(consumer.partition_id, []))
+        while link.credit > 0 and consumer.next_index < len(events):
+            stored = events[consumer.next_index]
+            consumer.next_index += 1
+            message = Message(body=stored.body, inferred=True, id=stored.message_id,
+                              content_type=stored.content_type, properties=stored.properties or None)
+            message.annotations = {
+                symbol("x-opt-sequence-number"): int(stored.sequence_number),
+                symbol("x-opt-offset"): stored.offset,
+                symbol("x-opt-enqueued-time"): timestamp(stored.enqueued_time_ms),
+                symbol("x-opt-partition-key"): stored.partition_key,
+            }
+            delivery = link.delivery(f"d{consumer.partition_id}-{stored.sequence_number}")
+            link.send(message.encode())
+            link.advance()
+            delivery.settle()
+
+    def _delivery(self, conn: _Conn, link: Link, delivery: Delivery) -> None:
+        if not delivery.readable or delivery.partial:
+            return
+        payload = bytes(link.recv(delivery.pending) or b"")
+        link.advance()
+        address = link.remote_target.address or ""
+        request = Message()
+        request.decode(payload)
+        if address in ("$cbs", "$management"):
+            self._reply(conn, address, request)
+            delivery.update(Delivery.ACCEPTED)
+            delivery.settle()
+        else:
+            self.transfers_received += 1
+            match = re.search(r"/Partitions/([^/]+)$", address)
+            self._store(payload, request, match.group(1) if match else None)
+            if self.settle:
+                delivery.update(Delivery.ACCEPTED)
+                delivery.settle()
+        link.flow(1)
+
+    def _store(self, payload: bytes, outer: Message, partition_id: str | None) -> None:
+        inner_messages = _batch_parts(payload)
+        outer_key = _partition_key(outer)
+        if not inner_messages:
+            self.store.append(partition_id, outer, outer_key)
+            return
+        for inner in inner_messages:
+            self.store.append(partition_id, inner, _partition_key(inner) or outer_key)
+
+    def _reply(self, conn: _Conn, address: str, request: Message) -> None:
+        link = conn.reply_links.get(address)
+        if link is None:
+            return
+        properties = {str(k): v for k, v in (request.properties or {}).items()}
+        body: Any = None
+        if address == "$management" and properties.get("operation") == "READ":
+            body = self._read_entity(properties)
+        reply = Message(body=body, correlation_id=request.id,
+                        properties={"status-code": 200, "status-description": "OK"})
+        link.delivery(f"reply-{time.monotonic_ns()}")
+        link.send(reply.encode())
+        link.advance()
+
+    def _read_entity(self, properties: dict[str, Any]) -> dict[str, Any]:
+        store = self.store
+        if properties.get("type") == "com.microsoft:partition":
+            pid = str(properties.get("partition"))
+            with store.lock:
+                events = list(store.events.get(pid, []))
+            last = events[-1] if events else None
+            return {"name": store.hub, "partition": pid, "begin_sequence_number": 0,
+                    "last_enqueued_sequence_number": last.sequence_number if last else -1,
+                    "last_enqueued_offset": last.offset if last else "-1",
+                    "last_enqueued_time_utc": timestamp(last.enqueued_time_ms if last else 0),
+                    "is_partition_empty": last is None}
+        return {"name": store.hub, "created_at": timestamp(store.created_at_ms), "partition_ids": store.partition_ids}
+
+
+def _filter_text(filter_data: Data | None) -> Any:
+    if filter_data is None:
+        return ""
+    try:
+        filter_data.rewind()
+        return filter_data.get_object() if filter_data.next() else ""
+    except Exception:  # the selector is best effort: default to the beginning
+        return ""
+
+
+def _partition_key(message: Message) -> str | None:
+    annotations = message.annotations or {}
+    value = annotations.get(symbol("x-opt-partition-key"), annotations.get("x-opt-partition-key"))
+    return None if value is None else str(value)
+
+
+def _batch_parts(payload: bytes) -> list[Message]:
+    """The messages inside an SDK batch: Data sections whose bytes are whole encoded messages."""
+    data = Data()
+    parts: list[Message] = []
+    offset = 0
+    while offset < len(payload):
+        data.clear()
+        consumed = data.decode(payload[offset:])
+        if consumed <= 0:
+            break
+        offset += consumed
+        data.rewind()
+        data.next()
+        value = data.get_object()
+        descriptor = getattr(value, "descriptor", None)
+        if descriptor == amqp_ulong(0x75):
+            section = bytes(value.value)
+            if section[:1] == b"\x00":
+                inner = Message()
+                inner.decode(section)
+                parts.append(inner)
+    return parts
+
+
+class SilentPeer:
+    """Accepts TCP connections and never says a word: the peer the sync SDK would hang on."""
+
+    def __init__(self) -> None:
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen()
+        self.port = int(self._listener.getsockname()[1])
+
+    def connection_string(self, hub: str = "telemetry") -> str:
+        return (f"Endpoint=sb://127.0.0.1:{self.port};SharedAccessKeyName=k;SharedAccessKey=c2VjcmV0a2V5;"
+                f"UseDevelopmentEmulator=true;EntityPath={hub}")
+
+    def close(self) -> None:
+        self._listener.close()
