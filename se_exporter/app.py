@@ -27,6 +27,8 @@ from se_exporter.logs import fields
 from se_exporter.metrics import Metrics, Snapshot
 from se_exporter.model import parse_document
 from se_exporter.sinks import DocumentChange, FanOut
+from se_exporter.sinks.envelope import Sequencer
+from se_exporter.sinks.forward import FileTarget, ForwardMetrics, ForwardSink, Target
 
 log = logging.getLogger("se_exporter")
 
@@ -201,3 +203,30 @@ def serve(listen: Listen, app: Callable[..., Iterable[bytes]]) -> ThreadingWSGIS
     server = make_server(listen.host, listen.port, app, server_class=Server, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, args=(0.05,), name="http", daemon=True).start()
     return server
+
+
+def make_forwarding(settings: Settings, registry: CollectorRegistry) -> ForwardSink | None:
+    """The forwarding sink with its targets (file, Event Hubs), or None when nothing is configured."""
+    if not (settings.forward_file or settings.eventhubs_enabled):
+        return None
+    from pathlib import Path
+
+    from se_exporter.sinks.eventhubs import EventHubsTarget, producer_factory
+    from se_exporter.sinks.spool import Spool
+
+    metrics = ForwardMetrics(registry)
+    sequencer = Sequencer(Path(settings.state_dir))
+    targets: list[Target] = []
+    if settings.forward_file:
+        targets.append(FileTarget(Path(settings.forward_file), metrics))
+    if settings.eventhubs_enabled:
+        spool = Spool(Path(settings.spool_path), settings.spool_max_bytes, on_drop=metrics.dropped.inc)
+        sequencer.advance_past(spool.last_sequence)
+        metrics.spool_documents.set_function(lambda: spool.count)
+        metrics.spool_bytes.set_function(lambda: spool.size_bytes)
+        target = EventHubsTarget(spool, producer_factory(
+            settings.eventhub_connection_string, settings.eventhub_name, settings.eventhub_namespace,
+            settings.eventhub_client_id), metrics, send_timeout=settings.eventhub_send_timeout)
+        target.start()
+        targets.append(target)
+    return ForwardSink(sequencer, targets, metrics)

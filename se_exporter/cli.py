@@ -19,7 +19,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from se_exporter import __version__, logs
-from se_exporter.app import IdentityWatcher, Poller, make_http_app, serve
+from se_exporter.app import IdentityWatcher, Poller, make_forwarding, make_http_app, serve
 from se_exporter.config import (
     RUN_OPTIONS,
     SIMULATE_OPTIONS,
@@ -37,7 +37,7 @@ from se_exporter.metrics import Metrics
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import parse_fault
 from se_exporter.simulator.server import Simulator, start
-from se_exporter.sinks import FanOut
+from se_exporter.sinks import FanOut, Sink
 from se_exporter.sinks.logsink import LogSink
 from se_exporter.sinks.metrics import MetricsSink
 
@@ -107,8 +107,11 @@ def run(settings: Settings) -> int:
                           settings.first_timeout, settings.max_document_bytes)
         poller: Poller
         metrics = Metrics(registry, lambda: poller.snapshot)
-        sinks = FanOut([MetricsSink(metrics), LogSink()],
-                       on_error=lambda name: metrics.sink_errors.labels(name).inc())
+        outputs: list[Sink] = [MetricsSink(metrics), LogSink()]
+        forward = make_forwarding(settings, registry)
+        if forward is not None:
+            outputs.append(forward)
+        sinks = FanOut(outputs, on_error=lambda name: metrics.sink_errors.labels(name).inc())
         cleanup.callback(sinks.shutdown)
         poller = Poller(imds, metrics, sinks, settings)
         server = _bind(settings.listen, lambda: serve(settings.listen, make_http_app(registry, poller)))

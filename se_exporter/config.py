@@ -12,7 +12,7 @@ import argparse
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -23,6 +23,7 @@ ENV_PREFIX = "SE_EXPORTER_"
 DEFAULT_PORT = 10169  # above the exhausted 9100-9999 exporter range; "169" as in 169.254.169.254
 DEFAULT_IMDS_URL = "http://169.254.169.254"
 DEFAULT_API_VERSION = "2020-07-01"
+DEFAULT_STATE_DIR = "/var/lib/se-exporter"
 _API_VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
@@ -58,6 +59,23 @@ class Settings:
     log_format: str = "text"
     simulate: str | None = None
     speed: float = 1.0
+    state_dir: str = DEFAULT_STATE_DIR
+    forward_file: str | None = None
+    spool_dir: str | None = None
+    spool_max_bytes: int = 64 * 1024 * 1024
+    eventhub_connection_string: str | None = field(default=None, repr=False)  # a secret: never in repr or logs
+    eventhub_name: str | None = None
+    eventhub_namespace: str | None = None
+    eventhub_client_id: str | None = None
+    eventhub_send_timeout: float = 10.0
+
+    @property
+    def eventhubs_enabled(self) -> bool:
+        return bool(self.eventhub_connection_string or self.eventhub_namespace)
+
+    @property
+    def spool_path(self) -> str:
+        return self.spool_dir or f"{self.state_dir.rstrip('/')}/spool"
 
     @property
     def backoff_cap(self) -> float:
@@ -154,6 +172,41 @@ def parse_name(text: str) -> str:
     return text.strip()
 
 
+def parse_path(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must be a path, not empty")
+    return text
+
+
+def connection_string_parts(text: str) -> dict[str, str]:
+    """Key/value pairs of an Event Hubs connection string (keys case-insensitive, as the SDK reads them)."""
+    parts: dict[str, str] = {}
+    for item in text.split(";"):
+        key, sep, value = item.partition("=")
+        if sep and key.strip():
+            parts[key.strip().lower()] = value.strip()
+    return parts
+
+
+def parse_connection_string(text: str) -> str:
+    """Validated without ever repeating the string: it carries the SharedAccessKey."""
+    parts = connection_string_parts(text)
+    endpoint = parts.get("endpoint", "")
+    if not endpoint.startswith("sb://"):
+        raise ValueError("has no Endpoint=sb://<namespace>/ part; copy it from the portal's "
+                         "'Shared access policies' page")
+    if not (("sharedaccesskeyname" in parts and "sharedaccesskey" in parts) or "sharedaccesssignature" in parts):
+        raise ValueError("needs SharedAccessKeyName and SharedAccessKey (or SharedAccessSignature)")
+    return text.strip()
+
+
+def parse_namespace(text: str) -> str:
+    host = text.strip().removeprefix("sb://").rstrip("/")
+    if not re.fullmatch(r"[A-Za-z0-9.-]+(:\d+)?", host) or "." not in host:
+        raise ValueError(f"{text!r} is not a namespace host name like myns.servicebus.windows.net")
+    return host
+
+
 def choice(*values: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         lowered = text.lower()
@@ -214,6 +267,25 @@ RUN_OPTIONS: tuple[Option, ...] = (
     *_LOG_OPTIONS,
     Option("speed", "--speed", parse_positive_float,
            "with --simulate: how many times faster than real time the scenario runs (default 1)", "FACTOR"),
+    Option("state_dir", "--state-dir", parse_path,
+           f"where state that must survive restarts is kept (default {DEFAULT_STATE_DIR})", "PATH"),
+    Option("forward_file", "--forward-file", parse_path,
+           "append every distinct document, with its properties, to this JSON-lines file", "PATH"),
+    Option("spool_dir", "--spool-dir", parse_path,
+           "durable queue of documents waiting for Event Hubs (default STATE_DIR/spool)", "PATH"),
+    Option("spool_max_bytes", "--spool-max-bytes", parse_bytes,
+           "spool size limit; past it the oldest documents are dropped and counted (default 64MiB)", "BYTES"),
+    Option("eventhub_connection_string", "--eventhub-connection-string", parse_connection_string,
+           "Event Hubs connection string (SharedAccessKey; prefer the environment variable)", "STRING"),
+    Option("eventhub_name", "--eventhub-name", parse_name,
+           "event hub name, when the connection string has no EntityPath or with --eventhub-namespace", "NAME"),
+    Option("eventhub_namespace", "--eventhub-namespace", parse_namespace,
+           "Event Hubs namespace host (myns.servicebus.windows.net), authenticated with the VM's managed "
+           "identity", "HOST"),
+    Option("eventhub_client_id", "--eventhub-client-id", parse_name,
+           "client id of a user-assigned managed identity (with --eventhub-namespace)", "ID"),
+    Option("eventhub_send_timeout", "--eventhub-send-timeout", parse_seconds,
+           "timeout of one send to Event Hubs; a timed-out batch is kept and resent (default 10)", "SECONDS"),
 )
 
 SIMULATE_OPTIONS: tuple[Option, ...] = (
@@ -258,7 +330,23 @@ def run_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         simulate = env[ENV_PREFIX + "SIMULATE"]
     if simulate is not None:
         values["simulate"] = simulate
-    return Settings(**values)
+    settings = Settings(**values)
+    _check_eventhubs(settings)
+    return settings
+
+
+def _check_eventhubs(settings: Settings) -> None:
+    if settings.eventhub_connection_string and settings.eventhub_namespace:
+        raise ConfigError("--eventhub-connection-string and --eventhub-namespace exclude each other: "
+                          "use a connection string, or a namespace with managed identity")
+    if settings.eventhub_connection_string:
+        if "entitypath" not in connection_string_parts(settings.eventhub_connection_string) \
+                and not settings.eventhub_name:
+            raise ConfigError("--eventhub-name is required: the connection string has no EntityPath")
+    elif settings.eventhub_namespace and not settings.eventhub_name:
+        raise ConfigError("--eventhub-name is required with --eventhub-namespace")
+    if settings.eventhub_client_id and not settings.eventhub_namespace:
+        raise ConfigError("--eventhub-client-id needs --eventhub-namespace (it selects a managed identity)")
 
 
 def simulator_settings(args: argparse.Namespace, env: Mapping[str, str]) -> SimulatorSettings:

@@ -78,7 +78,8 @@ class EventHubsTarget:
             except Exception as error:  # every SDK failure is retried; nothing is lost meanwhile
                 failures += 1
                 self._failed(error)
-                producer = await self._discard(producer)
+                await self._discard(producer)
+                producer = None
                 await asyncio.to_thread(self._stop.wait, min(2.0 ** (failures - 1), self._max_retry_wait))
                 continue
             self._spool.remove(envelope.sequence for envelope in sent)
@@ -107,7 +108,7 @@ class EventHubsTarget:
             event = EventData(envelope.body)
             event.content_type = CONTENT_TYPE
             event.message_id = envelope.message_id
-            event.properties = dict(envelope.properties)
+            event.properties = {key: value for key, value in envelope.properties.items()}
             try:
                 batch.add(event)
             except ValueError:
@@ -136,7 +137,6 @@ class EventHubsTarget:
             await asyncio.wait_for(producer.close(), 5.0)
         except Exception:  # a peer that never answers must not block us: abandon the client
             log.debug("closing the Event Hubs client failed", exc_info=True)
-        return
 
 
 def classify(error: BaseException) -> str:
@@ -156,3 +156,37 @@ def classify(error: BaseException) -> str:
 def _describe(error: BaseException) -> str:
     text = str(error) or type(error).__name__
     return text if len(text) < 300 else text[:300] + "..."
+
+
+# Our loop retries for ever with its own backoff; the SDK only gets one quick retry per call.
+RETRY_TOTAL, RETRY_BACKOFF_FACTOR, RETRY_BACKOFF_MAX = 1, 0.5, 2.0
+
+
+def producer_factory(connection_string: str | None, eventhub_name: str | None, namespace: str | None,
+                     client_id: str | None, make_credential: Callable[[str | None], Any] | None = None,
+                     ) -> ProducerFactory:
+    """How to build the async producer: from a connection string, or a namespace and managed identity.
+
+    azure-eventhub (and azure-identity) are imported here, only when Event Hubs is configured.
+    """
+    from azure.eventhub.aio import EventHubProducerClient
+
+    if connection_string:
+        def from_string() -> Any:
+            return EventHubProducerClient.from_connection_string(
+                connection_string, eventhub_name=eventhub_name, retry_total=RETRY_TOTAL,
+                retry_backoff_factor=RETRY_BACKOFF_FACTOR, retry_backoff_max=RETRY_BACKOFF_MAX)
+        return from_string
+    if make_credential is None:
+        from azure.identity.aio import ManagedIdentityCredential
+
+        def make_credential(identity: str | None) -> Any:
+            return ManagedIdentityCredential(client_id=identity) if identity else ManagedIdentityCredential()
+
+    credential = make_credential(client_id)
+
+    def from_identity() -> Any:
+        return EventHubProducerClient(
+            fully_qualified_namespace=str(namespace), eventhub_name=str(eventhub_name), credential=credential,
+            retry_total=RETRY_TOTAL, retry_backoff_factor=RETRY_BACKOFF_FACTOR, retry_backoff_max=RETRY_BACKOFF_MAX)
+    return from_identity
