@@ -226,7 +226,8 @@ def make_forwarding(settings: Settings, registry: CollectorRegistry) -> ForwardS
         metrics.spool_bytes.set_function(lambda: spool.size_bytes)
         target = EventHubsTarget(spool, producer_factory(
             settings.eventhub_connection_string, settings.eventhub_name, settings.eventhub_namespace,
-            settings.eventhub_client_id), metrics, send_timeout=settings.eventhub_send_timeout)
+            settings.eventhub_client_id), metrics, send_timeout=settings.eventhub_send_timeout,
+            max_retry_wait=settings.eventhub_retry_max)
         target.start()
         targets.append(target)
     return ForwardSink(sequencer, targets, metrics)

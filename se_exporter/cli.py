@@ -21,12 +21,14 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from se_exporter import __version__, logs
 from se_exporter.app import IdentityWatcher, Poller, make_forwarding, make_http_app, serve
 from se_exporter.config import (
+    CONSUME_OPTIONS,
     RUN_OPTIONS,
     SIMULATE_OPTIONS,
     Listen,
     Settings,
     SimulatorSettings,
     add_options,
+    consume_settings,
     process_environment,
     run_settings,
     simulator_settings,
@@ -72,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="inject a fault, e.g. throttle,retry_after=2,count=3 (repeatable; see README) "
                           "[env SE_EXPORTER_SIMULATOR_FAULTS, ';'-separated]")
     sim.add_argument("--list-scenarios", action="store_true", help="print the built-in scenarios and exit")
+    consume = commands.add_parser("consume", help="read forwarded documents back from Event Hubs",
+                                  description="Read the documents se-exporter forwarded to Event Hubs and print "
+                                              "them, to check the pipeline end to end.")
+    add_options(consume, CONSUME_OPTIONS)
     return parser
 
 
@@ -84,6 +90,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     try:
         if args.command == "simulate":
             return simulate(simulator_settings(args, environment), list_only=args.list_scenarios)
+        if args.command == "consume":
+            from se_exporter.consume import consume
+
+            return consume(consume_settings(args, environment))
         return run(run_settings(args, environment))
     except ConfigError as error:
         print(f"se-exporter: error: {error}", file=sys.stderr)

@@ -68,6 +68,7 @@ class Settings:
     eventhub_namespace: str | None = None
     eventhub_client_id: str | None = None
     eventhub_send_timeout: float = 10.0
+    eventhub_retry_max: float = 30.0
 
     @property
     def eventhubs_enabled(self) -> bool:
@@ -286,7 +287,47 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "client id of a user-assigned managed identity (with --eventhub-namespace)", "ID"),
     Option("eventhub_send_timeout", "--eventhub-send-timeout", parse_seconds,
            "timeout of one send to Event Hubs; a timed-out batch is kept and resent (default 10)", "SECONDS"),
+    Option("eventhub_retry_max", "--eventhub-retry-max", parse_seconds,
+           "longest wait between attempts while Event Hubs is unreachable (default 30)", "SECONDS"),
 )
+
+_EVENTHUB_DESTS = ("eventhub_connection_string", "eventhub_name", "eventhub_namespace", "eventhub_client_id")
+CONSUME_OPTIONS: tuple[Option, ...] = (
+    *(option for option in RUN_OPTIONS if option.dest in _EVENTHUB_DESTS),
+    Option("consumer_group", "--consumer-group", parse_name, "consumer group to read with (default $Default)",
+           "GROUP"),
+    Option("starting_position", "--starting-position", parse_name,
+           "earliest, latest, or an ISO 8601 time to read from (default earliest)", "POSITION"),
+    Option("output_format", "--format", choice("timeline", "json"),
+           "timeline (one line per document, per VM) or json (one object per line) (default timeline)", "FORMAT"),
+    Option("max_events", "--max-events", lambda text: int(parse_positive_float(text)),
+           "stop after this many documents (default: run until interrupted)", "N"),
+    Option("idle_timeout", "--idle-timeout", parse_seconds,
+           "stop when no document arrived for this long (default: never)", "SECONDS"),
+)
+
+
+@dataclass(frozen=True)
+class ConsumeSettings:
+    """Settings of ``se-exporter consume``."""
+
+    eventhub_connection_string: str | None = field(default=None, repr=False)
+    eventhub_name: str | None = None
+    eventhub_namespace: str | None = None
+    eventhub_client_id: str | None = None
+    consumer_group: str = "$Default"
+    starting_position: str = "earliest"
+    output_format: str = "timeline"
+    max_events: int | None = None
+    idle_timeout: float | None = None
+
+
+def consume_settings(args: argparse.Namespace, env: Mapping[str, str]) -> ConsumeSettings:
+    settings = ConsumeSettings(**resolve(CONSUME_OPTIONS, args, env))
+    if not (settings.eventhub_connection_string or settings.eventhub_namespace):
+        raise ConfigError("--eventhub-connection-string or --eventhub-namespace is required to consume")
+    _check_eventhubs(settings)
+    return settings
 
 SIMULATE_OPTIONS: tuple[Option, ...] = (
     Option("listen", "--listen", parse_listen,
@@ -335,7 +376,7 @@ def run_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     return settings
 
 
-def _check_eventhubs(settings: Settings) -> None:
+def _check_eventhubs(settings: Settings | ConsumeSettings) -> None:
     if settings.eventhub_connection_string and settings.eventhub_namespace:
         raise ConfigError("--eventhub-connection-string and --eventhub-namespace exclude each other: "
                           "use a connection string, or a namespace with managed identity")

@@ -203,8 +203,10 @@ class EventHubsTestServer:
 
     @property
     def port(self) -> int:
-        assert self._listener is not None
-        return int(self._listener.getsockname()[1])
+        """The listening port; before start(), the port it was told to use (0 until then: pick one first)."""
+        if self._listener is not None and self._listener.fileno() >= 0:
+            return int(self._listener.getsockname()[1])
+        return self._port
 
     def connection_string(self, hub: str | None = None) -> str:
         return (f"Endpoint=sb://127.0.0.1:{self.port};SharedAccessKeyName=k;SharedAccessKey=c2VjcmV0a2V5;"

@@ -202,8 +202,9 @@ def test_error_reasons(error: Exception, reason: str) -> None:
 
 def test_sdk_error_reasons() -> None:
     """The SDK's own exceptions map to auth, connection and service."""
-    from azure.eventhub.exceptions import AuthenticationError, ConnectError, EventHubError
+    from azure.eventhub.exceptions import AuthenticationError, ConnectError, EventHubError, OperationTimeoutError
 
+    assert classify(OperationTimeoutError("send timed out")) == "timeout"
     assert classify(AuthenticationError("no")) == "auth"
     assert classify(ConnectError("no")) == "connection"
     assert classify(EventHubError("no")) == "service"

@@ -85,6 +85,7 @@ class Simulator:
         self._first_request_seen = False
         self.vm = dict(scenario.vm, **({"name": vm_name} if vm_name else {}))
         self.requests: deque[RecordedRequest] = deque(maxlen=history)
+        self.served: deque[bytes] = deque(maxlen=history)  # exact 200 bodies of Scheduled Events, in order
         self.request_counts: Counter[tuple[str, str]] = Counter()
 
     # ------------------------------------------------------------------ time and state
@@ -178,6 +179,16 @@ class Simulator:
             self.requests.append(request)
             self.request_counts[(request.method, request.user_agent)] += 1
 
+    def record_served(self, body: bytes) -> None:
+        with self._lock:
+            self.served.append(body)
+
+    def distinct_served(self) -> list[bytes]:
+        """Served bodies with consecutive repeats removed: what a forwarder must have sent, in order."""
+        with self._lock:
+            bodies = list(self.served)
+        return [body for index, body in enumerate(bodies) if index == 0 or body != bodies[index - 1]]
+
     def posts_from(self, user_agent_prefix: str) -> int:
         with self._lock:
             return sum(count for (method, agent), count in self.request_counts.items()
@@ -261,7 +272,9 @@ class _Handler(BaseHTTPRequestHandler):
         fault = sim.take_fault()
         if fault is not None and self._apply(fault):
             return None
-        return self._json(200, sim.document(api_version))
+        body = json.dumps(sim.document(api_version)).encode()
+        sim.record_served(body)
+        return self._raw(200, body, "application/json; charset=utf-8")
 
     def _approve(self, body: bytes) -> None:
         try:

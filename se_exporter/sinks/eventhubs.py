@@ -141,9 +141,9 @@ class EventHubsTarget:
 
 def classify(error: BaseException) -> str:
     """The ``reason`` label of ``forward_errors_total``."""
-    if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
-        return "timeout"
     name = type(error).__name__
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError)) or "Timeout" in name:
+        return "timeout"
     if "Auth" in name:
         return "auth"
     if "Connect" in name or "Connection" in name or isinstance(error, OSError):

@@ -1,0 +1,289 @@
+"""Forwarding to Event Hubs through the official SDK, against the suite's AMQP 1.0 test server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from azure.eventhub.aio import EventHubConsumerClient
+
+from tests.conftest import SimulatorFactory
+from tests.eventhubs_server import EventHubsTestServer, SilentPeer, Store, StoredEvent
+from tests.helpers import Sidecar, wait_until
+
+pytestmark = pytest.mark.integration
+FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")
+SCHEMA = json.loads((Path(__file__).parent.parent.parent / "schemas" / "forwarded-document.schema.json").read_text())
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def hubs() -> Iterator[Callable[..., EventHubsTestServer]]:
+    started: list[EventHubsTestServer] = []
+
+    def make(store: Store | None = None, port: int = 0, settle: bool = True, start: bool = True) -> EventHubsTestServer:
+        server = EventHubsTestServer(store, port=port or _free_port(), settle=settle)
+        if start:
+            server.start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+def forwarding(sidecar: Callable[..., Sidecar], imds_url: str, state: Path, connection_string: str,
+               *extra: str) -> Sidecar:
+    """A sidecar forwarding to Event Hubs; the connection string goes by environment, as we advise users."""
+    return sidecar("--imds-url", imds_url, *FAST, "--state-dir", str(state), "--eventhub-send-timeout", "1",
+                   "--eventhub-retry-max", "0.3", *extra,
+                   env={"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": connection_string})
+
+
+def step_through(sim: Any, process: Sidecar, until: float | None = None) -> None:
+    """Walk the scenario's changes; after each, wait until the sidecar has read that document."""
+    for key_time in sim.scenario.key_times():
+        if until is not None and key_time > until:
+            break
+        sim.advance(max(0.0, key_time + 0.01 - sim.scenario_time()))
+        incarnation = sim.document()["DocumentIncarnation"]
+        wait_until(lambda wanted=incarnation: process.value("azure_scheduled_events_document_incarnation") == wanted,
+                   what=f"incarnation {incarnation}")
+
+
+def first_copies(events: list[StoredEvent]) -> list[StoredEvent]:
+    """Drop resends (same message id), keeping first arrivals in order; fail on a reused id with other content."""
+    seen: dict[str, StoredEvent] = {}
+    ordered = []
+    for event in events:
+        assert event.message_id is not None
+        if event.message_id in seen:
+            assert (seen[event.message_id].body, seen[event.message_id].properties) == (event.body, event.properties)
+            continue
+        seen[event.message_id] = event
+        ordered.append(event)
+    return ordered
+
+
+def consume(connection_string: str, count: int, timeout: float = 20.0) -> list[Any]:
+    """Read ``count`` events from the start of every partition with the SDK's async consumer."""
+    async def run() -> list[Any]:
+        received: list[Any] = []
+        client = EventHubConsumerClient.from_connection_string(connection_string, consumer_group="$Default",
+                                                               retry_total=1)
+
+        async def on_event(context: Any, event: Any) -> None:
+            received.append((context.partition_id, event))
+
+        task = asyncio.create_task(client.receive(on_event, starting_position="-1"))
+        deadline = time.monotonic() + timeout
+        while len(received) < count and time.monotonic() < deadline and not task.done():
+            await asyncio.sleep(0.05)
+        await client.close()
+        task.cancel()
+        return [event for _, event in sorted(received, key=lambda pair: (pair[0], pair[1].sequence_number))]
+
+    return asyncio.run(run())
+
+
+def test_round_trip_through_the_sdk(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                    hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
+    """Every distinct document reaches Event Hubs once, byte-identical, in order, with properties and key."""
+    sim, server = simulator("live-migration")
+    hub = hubs()
+    out = tmp_path / "documents.jsonl"
+    process = forwarding(sidecar, server.url, tmp_path / "state", hub.connection_string(), "--forward-file", str(out))
+    wait_until(lambda: process.value("azure_scheduled_events_vm_info", vm_name="WestNO_0", vm_id=sim.vm["vmId"],
+                                     vmss_name="", location="norwayeast", resource_group="maintenance-rg",
+                                     subscription_id=sim.vm["subscriptionId"], vm_size="Standard_D2s_v5", zone="1"),
+               what="identity")
+    step_through(sim, process)
+    served = sim.distinct_served()
+    assert len(served) == 4  # the docs' sequence: empty, Scheduled, Started, empty
+    wait_until(lambda: len(hub.store.all()) >= len(served), what="all documents at Event Hubs")
+    events = consume(hub.connection_string(), len(served))
+    assert [bytes(b"".join(e.body)) for e in events] == served
+    properties = [{k.decode(): v.decode() if isinstance(v, bytes) else v for k, v in e.properties.items()}
+                  for e in events]
+    assert [p["sequence"] for p in properties] == [1, 2, 3, 4]
+    assert [p["document_incarnation"] for p in properties] == [json.loads(b)["DocumentIncarnation"] for b in served]
+    for p in properties:
+        assert (p["vm_name"], p["vm_id"], p["location"], p["api_version"]) == (
+            "WestNO_0", sim.vm["vmId"], "norwayeast", "2020-07-01")
+    assert {e.partition_key for e in events} == {sim.vm["vmId"].encode()}
+    assert len({e.message_id for e in events}) == len(served)
+    assert {e.content_type for e in events} == {"application/json"}
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    for line in lines:
+        jsonschema.validate(line, SCHEMA)
+    assert [line["body"].encode() for line in lines] == served
+    assert [line["message_id"] for line in lines] == [e.message_id for e in events]
+    wait_until(lambda: process.value("azure_scheduled_events_forwarded_documents_total", sink="eventhubs") == 4,
+               what="forwarded counter")
+    assert process.value("azure_scheduled_events_forwarded_documents_total", sink="file") == 4
+    assert process.value("azure_scheduled_events_spool_documents") == 0
+    assert process.value("azure_scheduled_events_forward_latency_seconds_count") == 4
+
+
+def test_event_hubs_down_at_start_then_up(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                          hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
+    """With nothing listening, documents are spooled and errors counted; once it listens, all arrive in order."""
+    sim, server = simulator("canceled")
+    hub = hubs(start=False)
+    process = forwarding(sidecar, server.url, tmp_path / "state", hub.connection_string())
+    step_through(sim, process)
+    served = sim.distinct_served()
+    wait_until(lambda: process.value("azure_scheduled_events_spool_documents") == len(served), what="spooled")
+    wait_until(lambda: (process.value("azure_scheduled_events_forward_errors_total", sink="eventhubs",
+                                      reason="connection") or 0) >= 1, what="connection errors counted")
+    assert process.value("azure_scheduled_events_up") == 1  # polling never waited on Event Hubs
+    hub.start()
+    wait_until(lambda: len(first_copies(hub.store.all())) == len(served), timeout=30, what="delivery after outage")
+    assert [e.body for e in first_copies(hub.store.all())] == served
+    wait_until(lambda: process.value("azure_scheduled_events_spool_documents") == 0, what="spool drained")
+    assert "Event Hubs reachable again" in process.log()
+
+
+def test_stopped_mid_stream_and_restarted(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                          hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
+    """Documents before, during and after an outage all arrive, in order, duplicates only by message id."""
+    sim, server = simulator("demo")
+    hub = hubs()
+    process = forwarding(sidecar, server.url, tmp_path / "state", hub.connection_string())
+    step_through(sim, process, until=5)
+    wait_until(lambda: len(hub.store.all()) == len(sim.distinct_served()), what="first documents delivered")
+    hub.stop()
+    step_through(sim, process, until=300)
+    wait_until(lambda: (process.value("azure_scheduled_events_spool_documents") or 0) > 0, what="spooling")
+    hub.start()
+    step_through(sim, process)
+    served = sim.distinct_served()
+    wait_until(lambda: len(first_copies(hub.store.all())) == len(served), timeout=30, what="all delivered")
+    assert [e.body for e in first_copies(hub.store.all())] == served
+    assert [e.properties["sequence"] for e in first_copies(hub.store.all())] == list(range(1, len(served) + 1))
+
+
+def test_silent_peer_never_blocks_polling_or_shutdown(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                                      hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
+    """A peer that accepts TCP and never answers: timeouts counted, polling goes on, SIGTERM exits at once;
+    a restart against a working hub delivers what was spooled."""
+    sim, server = simulator("live-migration")
+    peer = SilentPeer()
+    try:
+        process = forwarding(sidecar, server.url, tmp_path / "state", peer.connection_string())
+        step_through(sim, process, until=10)
+        wait_until(lambda: (process.value("azure_scheduled_events_forward_errors_total", sink="eventhubs",
+                                          reason="timeout") or 0) >= 1, timeout=30, what="timeouts counted")
+        polls = process.value("azure_scheduled_events_polls_total", outcome="ok") or 0
+        wait_until(lambda: (process.value("azure_scheduled_events_polls_total", outcome="ok") or 0) > polls + 5,
+                   what="polling goes on")
+        started = time.monotonic()
+        assert process.stop() == 0
+        assert time.monotonic() - started < 10
+    finally:
+        peer.close()
+    hub = hubs()
+    forwarding(sidecar, server.url, tmp_path / "state", hub.connection_string())
+    served = sim.distinct_served()
+    wait_until(lambda: [e.body for e in first_copies(hub.store.all())][:len(served)] == served, timeout=30,
+               what="spooled documents delivered after restart")
+
+
+def test_a_peer_that_never_settles(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                   hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
+    """Unsettled sends time out and are resent with the same message id; nothing is lost or reordered."""
+    sim, server = simulator("live-migration")
+    hub = hubs(settle=False)
+    process = forwarding(sidecar, server.url, tmp_path / "state", hub.connection_string())
+    step_through(sim, process, until=10)
+    wait_until(lambda: len(hub.store.all()) >= 4, timeout=30, what="resends of unsettled batches")
+    assert (process.value("azure_scheduled_events_forward_errors_total", sink="eventhubs", reason="timeout") or 0) >= 1
+    assert process.value("azure_scheduled_events_spool_documents") == len(sim.distinct_served())
+    hub.settle = True
+    step_through(sim, process)
+    served = sim.distinct_served()
+    wait_until(lambda: process.value("azure_scheduled_events_spool_documents") == 0, timeout=30, what="drained")
+    assert [e.body for e in first_copies(hub.store.all())] == served
+    assert len(hub.store.all()) > len(served)  # duplicates happened, and first_copies proved them identical
+
+
+def test_sigkill_during_an_outage_loses_nothing(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                                hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
+    """kill -9 while Event Hubs is down; after restart every accepted document arrives and sequences go on."""
+    sim, server = simulator("demo")
+    hub = hubs(start=False)
+    process = forwarding(sidecar, server.url, tmp_path / "state", hub.connection_string())
+    step_through(sim, process, until=200)
+    spooled = len(sim.distinct_served())
+    wait_until(lambda: process.value("azure_scheduled_events_spool_documents") == spooled, what="spooled")
+    process.process.send_signal(signal.SIGKILL)
+    process.process.wait()
+    hub.start()
+    restarted = forwarding(sidecar, server.url, tmp_path / "state", hub.connection_string())
+    step_through(sim, restarted)
+    wait_until(lambda: restarted.value("azure_scheduled_events_spool_documents") == 0, timeout=30, what="drained")
+    delivered = first_copies(hub.store.all())
+    bodies = [e.body for e in delivered]
+    assert bodies[:spooled] == sim.distinct_served()[:spooled]
+    sequences = [e.properties["sequence"] for e in delivered]
+    assert sequences == sorted(sequences) and len(set(sequences)) == len(sequences)
+
+
+def test_full_spool_drops_oldest_visibly(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                         hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
+    """A small spool during an outage drops the oldest documents, counted and logged; the newest arrive."""
+    sim, server = simulator("demo")
+    hub = hubs(start=False)
+    process = forwarding(sidecar, server.url, tmp_path / "state", hub.connection_string(), "--spool-max-bytes", "4KiB")
+    step_through(sim, process)
+    wait_until(lambda: (process.value("azure_scheduled_events_spool_dropped_documents_total") or 0) > 0,
+               what="drops counted")
+    assert "dropped the" in process.log()
+    assert (process.value("azure_scheduled_events_spool_bytes") or 0) <= 4096
+    hub.start()
+    wait_until(lambda: process.value("azure_scheduled_events_spool_documents") == 0, timeout=30, what="drained")
+    delivered = [e.body for e in first_copies(hub.store.all())]
+    assert delivered[-1] == sim.distinct_served()[-1]
+    dropped = process.value("azure_scheduled_events_spool_dropped_documents_total")
+    assert len(delivered) + dropped == len(sim.distinct_served())
+
+
+def test_consume_command_prints_the_documents(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                              hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
+    """`se-exporter consume` reads the pipeline back: JSON lines with properties, and a readable timeline."""
+    import subprocess
+    import sys
+
+    sim, server = simulator("live-migration")
+    hub = hubs()
+    process = forwarding(sidecar, server.url, tmp_path / "state", hub.connection_string())
+    step_through(sim, process)
+    wait_until(lambda: len(hub.store.all()) == 4, what="delivered")
+    env = {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": hub.connection_string(), "PATH": "/usr/bin:/bin"}
+    as_json = subprocess.run([sys.executable, "-m", "se_exporter", "consume", "--format", "json", "--max-events", "4",
+                              "--idle-timeout", "20"], capture_output=True, text=True, timeout=60, env=env, check=True)
+    records = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert [r["body"].encode() for r in records] == sim.distinct_served()
+    assert records[0]["properties"]["vm_name"] == "WestNO_0"
+    timeline = subprocess.run([sys.executable, "-m", "se_exporter", "consume", "--max-events", "4",
+                               "--idle-timeout", "20"], capture_output=True, text=True, timeout=60, env=env, check=True)
+    lines = timeline.stdout.splitlines()
+    assert len(lines) == 4
+    assert "Freeze C7061BAC-AFDC-4513-B24B-AA5F13A16123 Scheduled NotBefore" in lines[1]
+    assert "(this VM)" in lines[1]
+    assert lines[3].endswith("no events")
+    assert hub.connection_string().split("SharedAccessKey=")[1].split(";")[0] not in as_json.stderr + timeline.stderr
