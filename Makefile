@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 SCENARIO ?= demo
 SPEED ?= 1
 PORT ?= 10169
+DEMO_DIR ?= demo-output
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test lint typecheck unit system-deps clean
@@ -24,8 +25,10 @@ system-deps:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	fi
 
+# Documents go to $(DEMO_DIR)/documents.jsonl; with SE_EXPORTER_EVENTHUB_CONNECTION_STRING set, to Event Hubs too.
 demo: $(VENV)/.installed
-	$(BIN)/se-exporter run --simulate $(SCENARIO) --speed $(SPEED) --listen 127.0.0.1:$(PORT)
+	$(BIN)/se-exporter run --simulate $(SCENARIO) --speed $(SPEED) --listen 127.0.0.1:$(PORT) \
+	  --state-dir $(DEMO_DIR)/state --forward-file $(DEMO_DIR)/documents.jsonl
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check se_exporter tests
@@ -40,4 +43,4 @@ test: $(VENV)/.installed system-deps lint typecheck
 	$(BIN)/pytest
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache $(DEMO_DIR)

@@ -137,6 +137,9 @@ class IdentityWatcher:
                  max_wait: float = 60.0) -> None:
         self._imds, self._poller, self._metrics = imds, poller, metrics
         self._first_wait, self._max_wait = first_wait, max_wait
+        # Set after the first try, failed or not: the poll loop waits for it (briefly), so that the first
+        # forwarded document already carries the VM's id and partition key in the common case.
+        self.first_attempt = threading.Event()
 
     def run(self, stop: threading.Event) -> None:
         wait = self._first_wait
@@ -145,6 +148,7 @@ class IdentityWatcher:
             try:
                 identity = self._imds.compute()
             except ImdsError as error:
+                self.first_attempt.set()
                 self._metrics.identity_errors.inc()
                 if not logged:
                     log.warning("cannot read VM identity, retrying in the background: %s", error)
@@ -153,6 +157,7 @@ class IdentityWatcher:
                 wait = min(wait * 2, self._max_wait)
                 continue
             self._poller.set_identity(identity)
+            self.first_attempt.set()
             log.info("VM identity read", extra=fields(vm_name=self._poller.snapshot.vm_name, vm_id=identity.vm_id,
                                                       vmss_name=identity.vmss_name or None,
                                                       location=identity.location))
@@ -219,6 +224,7 @@ def make_forwarding(settings: Settings, registry: CollectorRegistry) -> ForwardS
     targets: list[Target] = []
     if settings.forward_file:
         targets.append(FileTarget(Path(settings.forward_file), metrics))
+        log.info("forwarding documents to the file %s", Path(settings.forward_file).resolve())
     if settings.eventhubs_enabled:
         spool = Spool(Path(settings.spool_path), settings.spool_max_bytes, on_drop=metrics.dropped.inc)
         sequencer.advance_past(spool.last_sequence)
@@ -230,4 +236,6 @@ def make_forwarding(settings: Settings, registry: CollectorRegistry) -> ForwardS
             max_retry_wait=settings.eventhub_retry_max)
         target.start()
         targets.append(target)
+        where = settings.eventhub_namespace or "the namespace of the connection string"
+        log.info("forwarding documents to Event Hubs (%s), spooled in %s", where, Path(settings.spool_path).resolve())
     return ForwardSink(sequencer, targets, metrics)

@@ -130,14 +130,22 @@ def run(settings: Settings) -> int:
 
         stop = threading.Event()
         _on_signals(stop)
-        for target, name in ((poller.run, "poll"), (IdentityWatcher(imds, poller, metrics).run, "identity")):
-            threading.Thread(target=target, args=(stop,), name=name, daemon=True).start()
+        watcher = IdentityWatcher(imds, poller, metrics)
+        threading.Thread(target=watcher.run, args=(stop,), name="identity", daemon=True).start()
+
+        def poll() -> None:
+            watcher.first_attempt.wait(settings.imds_timeout)  # milliseconds on a VM; bounded if IMDS is slow
+            poller.run(stop)
+
+        threading.Thread(target=poll, name="poll", daemon=True).start()
         metrics_url = f"http://{_display(settings.listen, server.server_port)}/metrics"
         log.info("se-exporter %s polling %s every %gs; metrics at %s", __version__, imds.events_url,
                  settings.poll_interval, metrics_url)
         if settings.simulate is not None:
             print(f"Simulated IMDS ({settings.simulate}) at {settings.imds_url}\nMetrics at {metrics_url}",
                   flush=True)
+            if settings.forward_file:
+                print(f"Documents forwarded to {settings.forward_file}", flush=True)
         stop.wait()
         log.info("stopping")
         stop.set()

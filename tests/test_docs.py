@@ -7,18 +7,19 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from se_exporter.config import RUN_OPTIONS, SIMULATE_OPTIONS
+from se_exporter.config import CONSUME_OPTIONS, RUN_OPTIONS, SIMULATE_OPTIONS
 from se_exporter.imds import VmIdentity
 from se_exporter.lifecycle import diff
 from se_exporter.metrics import Metrics, Snapshot
 from se_exporter.model import parse_document
+from se_exporter.sinks.forward import ForwardMetrics
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 
 
 def test_every_setting_is_in_the_readme() -> None:
     """Each flag and its environment variable appear in the configuration tables."""
-    for option in (*RUN_OPTIONS, *SIMULATE_OPTIONS):
+    for option in (*RUN_OPTIONS, *SIMULATE_OPTIONS, *CONSUME_OPTIONS):
         assert f"`{option.flag} {option.metavar}`" in README, option.flag
         assert f"`{option.env}`" in README, option.env
 
@@ -32,6 +33,7 @@ def test_every_metric_is_in_the_readme() -> None:
     snapshot = Snapshot(records=diff({}, document, 1.0).records, incarnation=1, identity=VmIdentity(name="vm"))
     registry = CollectorRegistry()
     Metrics(registry, lambda: snapshot)
+    ForwardMetrics(registry)
     names = {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}
     assert len(names) > 15
     for name in names:

@@ -9,6 +9,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from azure.eventhub.exceptions import AuthenticationError, ConnectError, EventHubError, OperationTimeoutError
 
 from se_exporter.cli import build_parser, main
 from se_exporter.config import run_settings
@@ -23,11 +24,12 @@ from se_exporter.sinks.spool import Spool
 
 SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "forwarded-document.schema.json").read_text())
 RAW = b'{\r\n  "DocumentIncarnation": 3,\r\n  "Events": [ ]\r\n}'
-IDENTITY = VmIdentity(name="WestNO_0", vm_id="02aab8a4-74ef-476e-8182-f6d2ba4166a6", vmss_name="", location="norwayeast",
-                      resource_group="rg", subscription_id="sub")
+IDENTITY = VmIdentity(name="WestNO_0", vm_id="02aab8a4-74ef-476e-8182-f6d2ba4166a6", vmss_name="",
+                      location="norwayeast", resource_group="rg", subscription_id="sub")
 
 
-def change(raw: bytes = RAW, identity: VmIdentity | None = IDENTITY, vm_name: str | None = "WestNO_0") -> DocumentChange:
+def change(raw: bytes = RAW, identity: VmIdentity | None = IDENTITY,
+           vm_name: str | None = "WestNO_0") -> DocumentChange:
     document = parse_document(raw)
     return DocumentChange(raw, document, (), diff({}, document, 0).records, 1_795_316_668.0245, vm_name, identity,
                           "2020-07-01")
@@ -201,9 +203,7 @@ def test_error_reasons(error: Exception, reason: str) -> None:
 
 
 def test_sdk_error_reasons() -> None:
-    """The SDK's own exceptions map to auth, connection and service."""
-    from azure.eventhub.exceptions import AuthenticationError, ConnectError, EventHubError, OperationTimeoutError
-
+    """The SDK's own exceptions map to timeout, auth, connection and service."""
     assert classify(OperationTimeoutError("send timed out")) == "timeout"
     assert classify(AuthenticationError("no")) == "auth"
     assert classify(ConnectError("no")) == "connection"

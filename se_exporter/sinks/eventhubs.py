@@ -41,11 +41,13 @@ class EventHubsTarget:
         self._metrics = metrics
         self._batch_size = batch_size
         self._send_timeout = send_timeout
-        self._watchdog = send_timeout + 5.0
+        self._watchdog = send_timeout * 1.5 + 1.0
         self._max_retry_wait = max_retry_wait
         self._stop = threading.Event()
         self._failing: str | None = None
         self._thread = threading.Thread(target=self._run, name="eventhubs", daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -54,14 +56,24 @@ class EventHubsTarget:
         self._spool.append(envelope)  # fsynced: from here on the document survives anything
 
     def close(self, timeout: float) -> None:
-        """Stop after the batch in flight (bounded by the watchdog); what is unsent stays spooled."""
+        """Stop now: a send in flight is cancelled and, maybe delivered, stays spooled for the next start."""
         self._stop.set()
         with self._spool.changed:
             self._spool.changed.notify_all()
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            loop.call_soon_threadsafe(task.cancel)
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        asyncio.run(self._drain())
+        async def main() -> None:
+            self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+            try:
+                await self._drain()
+            except asyncio.CancelledError:
+                log.info("Event Hubs forwarder stopped; %d documents stay spooled", self._spool.count)
+
+        asyncio.run(main())
 
     async def _drain(self) -> None:
         producer: Any = None

@@ -6,6 +6,8 @@ import asyncio
 import json
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -265,9 +267,6 @@ def test_full_spool_drops_oldest_visibly(simulator: SimulatorFactory, sidecar: C
 def test_consume_command_prints_the_documents(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
                                               hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
     """`se-exporter consume` reads the pipeline back: JSON lines with properties, and a readable timeline."""
-    import subprocess
-    import sys
-
     sim, server = simulator("live-migration")
     hub = hubs()
     process = forwarding(sidecar, server.url, tmp_path / "state", hub.connection_string())
