@@ -109,8 +109,9 @@ class ImdsClient:
 
     @property
     def current_timeout(self) -> float:
-        """The first call may take up to two minutes because it switches the service on, so until
-        IMDS has answered once we wait ``first_call_timeout`` instead of ``timeout``."""
+        """The first Scheduled Events call may take up to two minutes because it switches that service
+        on, so until it has answered once we wait ``first_call_timeout`` instead of ``timeout``. (Other
+        IMDS endpoints answering says nothing about Scheduled Events being enabled.)"""
         return self._timeout if self._answered else self._first_call_timeout
 
     def scheduled_events(self) -> bytes:
@@ -130,7 +131,8 @@ class ImdsClient:
     def _get(self, url: httpx.URL, timeout: float) -> bytes:
         try:
             with self._http.stream("GET", url, timeout=timeout, follow_redirects=False) as response:
-                self._answered = True
+                if url is self._events_url:
+                    self._answered = True
                 if response.status_code != 200:
                     raise _status_error(response)
                 return self._read_bounded(response)

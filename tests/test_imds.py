@@ -176,3 +176,16 @@ def test_http_client_ignores_proxy_settings(monkeypatch: pytest.MonkeyPatch) -> 
         assert http.follow_redirects is False
         assert http.headers["Metadata"] == "true"
         assert not any(transport is not None for transport in http._mounts.values())
+
+
+def test_compute_answering_does_not_end_the_first_call_allowance() -> None:
+    """Only Scheduled Events answering ends the long first-call timeout; compute metadata says nothing about it."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"name": "vm"} if "compute" in request.url.path else {"Events": []})
+
+    imds, seen = client(handler)
+    imds.compute()
+    imds.scheduled_events()
+    imds.scheduled_events()
+    assert [(r.url.path, r.extensions["timeout"]["read"]) for r in seen] == [
+        ("/metadata/instance/compute", 2.0), ("/metadata/scheduledevents", 120.0), ("/metadata/scheduledevents", 2.0)]
