@@ -29,6 +29,7 @@ from se_exporter.model import parse_document
 from se_exporter.sinks import DocumentChange, FanOut
 from se_exporter.sinks.envelope import Sequencer
 from se_exporter.sinks.forward import FileTarget, ForwardMetrics, ForwardSink, Target
+from se_exporter.state import LifecycleStore
 
 log = logging.getLogger("se_exporter")
 
@@ -41,7 +42,7 @@ class Poller:
     """
 
     def __init__(self, imds: ImdsClient, metrics: Metrics, sinks: FanOut, settings: Settings,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, store: LifecycleStore | None = None) -> None:
         self._imds = imds
         self._metrics = metrics
         self._sinks = sinks
@@ -51,6 +52,9 @@ class Poller:
         self._failures = 0
         self._failing_outcome: str | None = None
         self.snapshot = Snapshot(vm_name=settings.vm_name, api_version=settings.api_version)
+        self._store = store
+        # Lifecycles open before a restart: the first diff starts from them, not from nothing.
+        self._restored = store.load() if store is not None else {}
         self.heartbeat_deadline = time.monotonic() + settings.first_timeout + settings.backoff_cap + 10
 
     def set_identity(self, identity: VmIdentity) -> None:
@@ -79,7 +83,10 @@ class Poller:
     def _apply(self, body: bytes) -> None:
         document = parse_document(body)
         now = self._clock()
-        step = lifecycle.diff(self.snapshot.records, document, now)
+        previous = self.snapshot.records if self.snapshot.has_document else self._restored
+        step = lifecycle.diff(previous, document, now)
+        if self._store is not None:
+            self._store.save(step.records)
         first = self._last_body is None
         self._last_body = body
         snap = replace(self.snapshot, records=step.records, incarnation=document.incarnation,
@@ -220,7 +227,7 @@ def make_forwarding(settings: Settings, registry: CollectorRegistry) -> ForwardS
     from se_exporter.sinks.spool import Spool
 
     metrics = ForwardMetrics(registry)
-    sequencer = Sequencer(Path(settings.state_dir))
+    sequencer = Sequencer(Path(settings.state_path))
     targets: list[Target] = []
     if settings.forward_file:
         targets.append(FileTarget(Path(settings.forward_file), metrics))
@@ -239,3 +246,24 @@ def make_forwarding(settings: Settings, registry: CollectorRegistry) -> ForwardS
         where = settings.eventhub_namespace or "the namespace of the connection string"
         log.info("forwarding documents to Event Hubs (%s), spooled in %s", where, Path(settings.spool_path).resolve())
     return ForwardSink(sequencer, targets, metrics)
+
+
+def lifecycle_store(settings: Settings) -> LifecycleStore | None:
+    """Where open lifecycles are kept. An explicit --state-dir must work; the default is used if it can be."""
+    from pathlib import Path
+
+    from se_exporter.errors import ConfigError
+
+    directory = Path(settings.state_path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        if settings.state_dir is not None:
+            raise ConfigError(f"--state-dir {directory}: cannot write there ({exc.strerror})") from None
+        log.warning("cannot write %s (%s): open lifecycles will not survive a restart; set --state-dir",
+                    directory, exc.strerror)
+        return None
+    return LifecycleStore(directory)

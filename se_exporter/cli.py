@@ -19,7 +19,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from se_exporter import __version__, logs
-from se_exporter.app import IdentityWatcher, Poller, make_forwarding, make_http_app, serve
+from se_exporter.app import IdentityWatcher, Poller, lifecycle_store, make_forwarding, make_http_app, serve
 from se_exporter.config import (
     CONSUME_OPTIONS,
     RUN_OPTIONS,
@@ -123,7 +123,7 @@ def run(settings: Settings) -> int:
             outputs.append(forward)
         sinks = FanOut(outputs, on_error=lambda name: metrics.sink_errors.labels(name).inc())
         cleanup.callback(sinks.shutdown)
-        poller = Poller(imds, metrics, sinks, settings)
+        poller = Poller(imds, metrics, sinks, settings, store=lifecycle_store(settings))
         server = _bind(settings.listen, lambda: serve(settings.listen, make_http_app(registry, poller)))
         cleanup.callback(server.server_close)
         cleanup.callback(server.shutdown)

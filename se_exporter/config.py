@@ -59,7 +59,7 @@ class Settings:
     log_format: str = "text"
     simulate: str | None = None
     speed: float = 1.0
-    state_dir: str = DEFAULT_STATE_DIR
+    state_dir: str | None = None  # None: DEFAULT_STATE_DIR if writable (see state_path)
     forward_file: str | None = None
     spool_dir: str | None = None
     spool_max_bytes: int = 64 * 1024 * 1024
@@ -75,8 +75,12 @@ class Settings:
         return bool(self.eventhub_connection_string or self.eventhub_namespace)
 
     @property
+    def state_path(self) -> str:
+        return self.state_dir or DEFAULT_STATE_DIR
+
+    @property
     def spool_path(self) -> str:
-        return self.spool_dir or f"{self.state_dir.rstrip('/')}/spool"
+        return self.spool_dir or f"{self.state_path.rstrip('/')}/spool"
 
     @property
     def backoff_cap(self) -> float:
@@ -269,7 +273,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("speed", "--speed", parse_positive_float,
            "with --simulate: how many times faster than real time the scenario runs (default 1)", "FACTOR"),
     Option("state_dir", "--state-dir", parse_path,
-           f"where state that must survive restarts is kept (default {DEFAULT_STATE_DIR})", "PATH"),
+           "where state that must survive restarts is kept: open lifecycles, the forwarding sequence "
+           f"(default {DEFAULT_STATE_DIR})", "PATH"),
     Option("forward_file", "--forward-file", parse_path,
            "append every distinct document, with its properties, to this JSON-lines file", "PATH"),
     Option("spool_dir", "--spool-dir", parse_path,

@@ -61,6 +61,9 @@ class VmIdentity:
     vm_size: str = ""
     zone: str = ""
     resource_id: str = ""
+    sku: str = ""
+    os_type: str = ""
+    os_version: str = ""
 
     @classmethod
     def from_compute(cls, data: dict[str, Any]) -> VmIdentity:
@@ -78,6 +81,9 @@ class VmIdentity:
             vm_size=text("vmSize"),
             zone=text("zone"),
             resource_id=text("resourceId"),
+            sku=text("sku"),
+            os_type=text("osType"),
+            os_version=text("version"),
         )
 
 

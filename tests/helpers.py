@@ -70,6 +70,8 @@ class Sidecar:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.stderr_path = log_dir / "sidecar.stderr"
         self._stderr = self.stderr_path.open("wb")
+        if "--state-dir" not in args:  # never the machine's default state directory, never shared between tests
+            args = [*args, "--state-dir", str(log_dir / "state")]
         self.process = subprocess.Popen(
             [sys.executable, "-m", "se_exporter", "run", "--listen", "127.0.0.1:0", *args],
             stdout=subprocess.DEVNULL, stderr=self._stderr, env=clean)

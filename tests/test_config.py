@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -77,13 +78,14 @@ def test_unknown_flag_is_one_line_and_exit_2() -> None:
     assert "--poll-intervall" in result.stderr
 
 
-def test_listen_address_taken_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_listen_address_taken_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """If the metrics port is taken, start-up says so in one line instead of a traceback."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        code = main(["run", "--imds-url", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{port}"], env={})
+        code = main(["run", "--imds-url", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{port}",
+                     "--state-dir", str(tmp_path)], env={})
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"se-exporter: error: --listen 127.0.0.1:{port}: cannot listen there")

@@ -31,6 +31,9 @@ DEFAULT_VM: dict[str, str] = {
     "subscriptionId": "8d10da13-8125-4ba9-a717-bf7490507b3d",
     "vmSize": "Standard_D2s_v5",
     "zone": "1",
+    "sku": "22_04-lts-gen2",
+    "osType": "Linux",
+    "version": "22.04.202411010",
 }
 _CYCLE_NAMESPACE = uuid.UUID("5b8e2b8e-1c53-4c1e-9a55-6f1f3f0b8c11")
 
@@ -184,6 +187,8 @@ def from_json(data: object, name: str) -> Scenario:
     if not isinstance(data, dict) or not isinstance(data.get("events"), list):
         raise ConfigError(f"scenario {name}: must be an object with an 'events' list")
     vm = {**DEFAULT_VM, **{k: str(v) for k, v in (data.get("vm") or {}).items()}}
+    vm.setdefault("resourceId", f"/subscriptions/{vm['subscriptionId']}/resourceGroups/{vm['resourceGroupName']}"
+                                f"/providers/Microsoft.Compute/virtualMachines/{vm['name']}")
     events = tuple(_spec(raw, index, name, vm["name"]) for index, raw in enumerate(data["events"]))
     repeat = data.get("repeat_every")
     scenario = Scenario(name=name, description=str(data.get("description", "")), vm=vm, events=events,
