@@ -117,13 +117,20 @@ def run(settings: Settings) -> int:
                           settings.first_timeout, settings.max_document_bytes)
         poller: Poller
         metrics = Metrics(registry, lambda: poller.snapshot)
+        store = lifecycle_store(settings)
         outputs: list[Sink] = [MetricsSink(metrics), LogSink()]
         forward = make_forwarding(settings, registry)
         if forward is not None:
             outputs.append(forward)
+        if settings.otel_traces_exporter != "none":
+            from se_exporter.tracing import make_tracing
+
+            tracing = make_tracing(settings, store.path.parent if store else None)
+            if tracing is not None:
+                outputs.append(tracing)
         sinks = FanOut(outputs, on_error=lambda name: metrics.sink_errors.labels(name).inc())
         cleanup.callback(sinks.shutdown)
-        poller = Poller(imds, metrics, sinks, settings, store=lifecycle_store(settings))
+        poller = Poller(imds, metrics, sinks, settings, store=store)
         server = _bind(settings.listen, lambda: serve(settings.listen, make_http_app(registry, poller)))
         cleanup.callback(server.server_close)
         cleanup.callback(server.shutdown)

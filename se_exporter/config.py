@@ -69,6 +69,11 @@ class Settings:
     eventhub_client_id: str | None = None
     eventhub_send_timeout: float = 10.0
     eventhub_retry_max: float = 30.0
+    otel_traces_exporter: str = "none"
+    otel_endpoint: str | None = None
+    otel_traces_endpoint: str | None = None
+    otel_protocol: str = "http/protobuf"
+    otel_service_name: str = "se-exporter"
 
     @property
     def eventhubs_enabled(self) -> bool:
@@ -233,10 +238,11 @@ class Option:
     help: str
     metavar: str = "VALUE"
     env_infix: str = ""
+    env_name: str = ""  # a standard variable (OTEL_*) instead of SE_EXPORTER_*
 
     @property
     def env(self) -> str:
-        return ENV_PREFIX + self.env_infix + self.flag.lstrip("-").upper().replace("-", "_")
+        return self.env_name or ENV_PREFIX + self.env_infix + self.flag.lstrip("-").upper().replace("-", "_")
 
 
 _LOG_OPTIONS = (
@@ -294,6 +300,17 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "timeout of one send to Event Hubs; a timed-out batch is kept and resent (default 10)", "SECONDS"),
     Option("eventhub_retry_max", "--eventhub-retry-max", parse_seconds,
            "longest wait between attempts while Event Hubs is unreachable (default 30)", "SECONDS"),
+    Option("otel_traces_exporter", "--otel-traces-exporter", choice("otlp", "console", "none"),
+           "where spans go: otlp, console or none (default otlp when an OTLP endpoint is set, else none)",
+           "EXPORTER", env_name="OTEL_TRACES_EXPORTER"),
+    Option("otel_endpoint", "--otel-endpoint", parse_url,
+           "OTLP endpoint, e.g. http://tempo:4318 (http/protobuf; /v1/traces is added) or http://tempo:4317 (grpc)",
+           "URL", env_name="OTEL_EXPORTER_OTLP_ENDPOINT"),
+    Option("otel_protocol", "--otel-protocol", choice("http/protobuf", "grpc"),
+           "OTLP protocol: http/protobuf or grpc (default http/protobuf)", "PROTOCOL",
+           env_name="OTEL_EXPORTER_OTLP_PROTOCOL"),
+    Option("otel_service_name", "--otel-service-name", parse_name,
+           "service.name of the spans (default se-exporter)", "NAME", env_name="OTEL_SERVICE_NAME"),
 )
 
 _EVENTHUB_DESTS = ("eventhub_connection_string", "eventhub_name", "eventhub_namespace", "eventhub_client_id")
@@ -376,9 +393,31 @@ def run_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         simulate = env[ENV_PREFIX + "SIMULATE"]
     if simulate is not None:
         values["simulate"] = simulate
+    values.update(_otel_extras(args, env, values))
     settings = Settings(**values)
     _check_eventhubs(settings)
     return settings
+
+
+def _otel_extras(args: argparse.Namespace, env: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, Any]:
+    """The signal-specific OTEL variables win over the general ones, as the specification says."""
+    extras: dict[str, Any] = {}
+    traces_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if traces_endpoint and getattr(args, "otel_endpoint", None) is None:
+        try:
+            extras["otel_traces_endpoint"] = parse_url(traces_endpoint)
+        except ValueError as exc:
+            raise ConfigError(f"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: {exc}") from None
+    traces_protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+    if traces_protocol and getattr(args, "otel_protocol", None) is None:
+        try:
+            extras["otel_protocol"] = choice("http/protobuf", "grpc")(traces_protocol)
+        except ValueError as exc:
+            raise ConfigError(f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: {exc}") from None
+    if "otel_traces_exporter" not in values:
+        endpoint_set = values.get("otel_endpoint") or extras.get("otel_traces_endpoint")
+        extras["otel_traces_exporter"] = "otlp" if endpoint_set else "none"
+    return extras
 
 
 def _check_eventhubs(settings: Settings | ConsumeSettings) -> None:

@@ -1,0 +1,104 @@
+"""Tracing set-up the OpenTelemetry way, importing only what is configured.
+
+``none`` imports nothing from OpenTelemetry at all. ``console`` needs only the SDK. ``otlp`` adds the
+HTTP exporter, or the gRPC one when ``grpc`` is asked for (grpcio alone costs ~28 MB on import).
+Standard variables the exporters read themselves (headers, certificates, compression) keep working.
+
+The resource is built from the compute metadata the sidecar already read through its own IMDS
+client, with the keys opentelemetry-resource-detector-azure uses; the provider is therefore created
+at the first document, when the identity is known (or known to be unavailable).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from se_exporter import __version__
+from se_exporter.config import Settings
+from se_exporter.imds import VmIdentity
+from se_exporter.sinks import DocumentChange
+
+log = logging.getLogger("se_exporter.tracing")
+EXPORT_TIMEOUT_SECONDS = 5
+
+
+def resource_attributes(settings: Settings, identity: VmIdentity | None) -> dict[str, str]:
+    values = {"service.name": settings.otel_service_name, "service.version": __version__,
+              "cloud.provider": "azure", "cloud.platform": "azure_vm"}
+    if identity is not None:
+        values.update({
+            "cloud.region": identity.location, "cloud.resource_id": identity.resource_id,
+            "host.id": identity.vm_id, "host.name": settings.vm_name or identity.name, "host.type": identity.vm_size,
+            "os.type": identity.os_type.lower(), "os.version": identity.os_version,
+            "service.instance.id": identity.vm_id, "azure.vm.scaleset.name": identity.vmss_name,
+            "azure.vm.sku": identity.sku, "cloud.availability_zone": identity.zone,
+        })
+    return {key: value for key, value in values.items() if value}
+
+
+def make_exporter(settings: Settings) -> Any:
+    if settings.otel_traces_exporter == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter(formatter=lambda span: span.to_json(indent=None) + "\n")
+    if settings.otel_protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        endpoint = settings.otel_traces_endpoint or settings.otel_endpoint
+        return GrpcExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_SECONDS) if endpoint \
+            else GrpcExporter(timeout=EXPORT_TIMEOUT_SECONDS)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    endpoint = settings.otel_traces_endpoint or (
+        settings.otel_endpoint.rstrip("/") + "/v1/traces" if settings.otel_endpoint else None)
+    return HttpExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_SECONDS) if endpoint \
+        else HttpExporter(timeout=EXPORT_TIMEOUT_SECONDS)
+
+
+class TracingSink:
+    """Builds the provider and the span sink at the first document, then delegates to it."""
+
+    name = "spans"
+
+    def __init__(self, settings: Settings, state_dir: Path | None) -> None:
+        self._settings = settings
+        self._state_dir = state_dir
+        self._sink: Any = None
+        self._exporter = make_exporter(settings)  # fail at start-up, not at the first event
+
+    def export(self, change: DocumentChange) -> None:
+        if self._sink is None:
+            self._sink = self._build(change.identity)
+        self._sink.export(change)
+
+    def _build(self, identity: VmIdentity | None) -> Any:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        from se_exporter.sinks.spans import EventIdGenerator, SpanSink
+
+        ids = EventIdGenerator()
+        provider = TracerProvider(resource=Resource.create(resource_attributes(self._settings, identity)),
+                                  id_generator=ids)
+        # A one-second schedule: an update span reaches the backend within about a second of the change.
+        provider.add_span_processor(BatchSpanProcessor(self._exporter, schedule_delay_millis=1000,
+                                                       export_timeout_millis=EXPORT_TIMEOUT_SECONDS * 1000))
+        log.info("exporting spans with %s (%s)", self._settings.otel_traces_exporter,
+                 self._settings.otel_protocol if self._settings.otel_traces_exporter == "otlp" else "stdout")
+        return SpanSink(provider, ids, self._state_dir)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return bool(self._sink.force_flush(min(timeout_millis, 3000))) if self._sink is not None else True
+
+    def shutdown(self) -> None:
+        if self._sink is not None:
+            self._sink.shutdown()
+        else:
+            self._exporter.shutdown()
+
+
+def make_tracing(settings: Settings, state_dir: Path | None) -> TracingSink | None:
+    return None if settings.otel_traces_exporter == "none" else TracingSink(settings, state_dir)
