@@ -26,9 +26,11 @@ system-deps:
 	fi
 
 # Documents go to $(DEMO_DIR)/documents.jsonl; with SE_EXPORTER_EVENTHUB_CONNECTION_STRING set, to Event Hubs too.
+# Spans are printed to the console, or sent over OTLP when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set.
+DEMO_TRACES := $(if $(OTEL_EXPORTER_OTLP_ENDPOINT)$(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT),,--otel-traces-exporter console)
 demo: $(VENV)/.installed
 	$(BIN)/se-exporter run --simulate $(SCENARIO) --speed $(SPEED) --listen 127.0.0.1:$(PORT) \
-	  --state-dir $(DEMO_DIR)/state --forward-file $(DEMO_DIR)/documents.jsonl
+	  --state-dir $(DEMO_DIR)/state --forward-file $(DEMO_DIR)/documents.jsonl $(DEMO_TRACES)
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check se_exporter tests

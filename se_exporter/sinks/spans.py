@@ -115,7 +115,7 @@ class SpanSink:
 
     def export(self, change: DocumentChange) -> None:
         identity = change.identity
-        vm_key = (identity.vm_id if identity else "") or change.vm_name or "unknown"
+        vm_key = f"{identity.vm_id if identity else ''}/{change.vm_name or ''}"  # what this VM is, as far as known
         incarnation = change.document.incarnation
         moved = {t.event.event_id for t in change.transitions}
         for transition in change.transitions:

@@ -1,0 +1,110 @@
+"""A small OTLP trace receiver for the tests: OTLP/HTTP (protobuf) and OTLP/gRPC, on loopback.
+
+Built on opentelemetry-proto; the official exporters deliver to it as to a collector.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+
+@dataclass(frozen=True)
+class ReceivedSpan:
+    name: str
+    trace_id: str
+    span_id: str
+    parent_id: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    events: list[tuple[str, int, dict[str, Any]]]
+    resource: dict[str, Any]
+    status_code: int
+    transport: str
+
+
+def _value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(item) for item in value.array_value.values]
+    return getattr(value, kind) if kind else None
+
+
+def _attrs(items: Any) -> dict[str, Any]:
+    return {item.key: _value(item.value) for item in items}
+
+
+class OtlpReceiver:
+    def __init__(self) -> None:
+        self.spans: list[ReceivedSpan] = []
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                request = trace_service_pb2.ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                receiver._take(request, "http")
+                reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200 if self.path == "/v1/traces" else 404)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._http.daemon_threads = True
+        threading.Thread(target=self._http.serve_forever, args=(0.05,), daemon=True).start()
+
+        class Service(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request: Any, context: Any) -> Any:
+                receiver._take(request, "grpc")
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), self._grpc)
+        self.grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
+        self._grpc.start()
+
+    @property
+    def http_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._http.server_address[1]}"
+
+    @property
+    def grpc_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.grpc_port}"
+
+    def _take(self, request: Any, transport: str) -> None:
+        received = []
+        for resource_spans in request.resource_spans:
+            resource = _attrs(resource_spans.resource.attributes)
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    received.append(ReceivedSpan(
+                        span.name, span.trace_id.hex(), span.span_id.hex(), span.parent_span_id.hex(),
+                        span.start_time_unix_nano, span.end_time_unix_nano, _attrs(span.attributes),
+                        [(e.name, e.time_unix_nano, _attrs(e.attributes)) for e in span.events], resource,
+                        span.status.code, transport))
+        with self._lock:
+            self.spans.extend(received)
+
+    def named(self, name: str) -> list[ReceivedSpan]:
+        with self._lock:
+            return [span for span in self.spans if span.name == name]
+
+    def close(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+        self._grpc.stop(0)
