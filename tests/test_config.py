@@ -38,7 +38,10 @@ def test_every_option_has_an_environment_variable() -> None:
     """Each flag maps to SE_EXPORTER_<FLAG> and the mapping is shown in --help."""
     help_text = build_parser()._subparsers._group_actions[0].choices["run"].format_help()  # type: ignore[union-attr]
     for option in RUN_OPTIONS:
-        assert option.env == "SE_EXPORTER_" + option.flag[2:].upper().replace("-", "_")
+        if option.flag.startswith("--otel-"):
+            assert option.env.startswith("OTEL_")  # the OpenTelemetry standard variable, not our own
+        else:
+            assert option.env == "SE_EXPORTER_" + option.flag[2:].upper().replace("-", "_")
         assert option.env in help_text.replace("\n", "").replace(" ", "")
 
 
@@ -89,6 +92,19 @@ def test_listen_address_taken_is_one_line_and_exit_2(capsys: pytest.CaptureFixtu
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"se-exporter: error: --listen 127.0.0.1:{port}: cannot listen there")
+
+
+def test_otel_settings_follow_the_specification() -> None:
+    """OTLP on when an endpoint is set, none otherwise; signal-specific variables win; flags win over both."""
+    assert settings([]).otel_traces_exporter == "none"
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+           "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc", "OTEL_SERVICE_NAME": "maint"}
+    s = settings([], env)
+    assert (s.otel_traces_exporter, s.otel_protocol, s.otel_service_name) == ("otlp", "grpc", "maint")
+    assert settings([], {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}).otel_traces_exporter == "otlp"
+    assert settings(["--otel-traces-exporter", "console"], env).otel_traces_exporter == "console"
+    assert settings(["--otel-protocol", "http/protobuf"], env).otel_protocol == "http/protobuf"
+    assert main(["run", "--otel-traces-exporter", "zipkin"], env={}) == 2
 
 
 def test_derived_bounds_instead_of_refusals() -> None:
