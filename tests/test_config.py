@@ -101,7 +101,8 @@ def test_otel_settings_follow_the_specification() -> None:
            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc", "OTEL_SERVICE_NAME": "maint"}
     s = settings([], env)
     assert (s.otel_traces_exporter, s.otel_protocol, s.otel_service_name) == ("otlp", "grpc", "maint")
-    assert settings([], {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}).otel_traces_exporter == "otlp"
+    traces_only = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}
+    assert settings([], traces_only).otel_traces_exporter == "otlp"
     assert settings(["--otel-traces-exporter", "console"], env).otel_traces_exporter == "console"
     assert settings(["--otel-protocol", "http/protobuf"], env).otel_protocol == "http/protobuf"
     assert main(["run", "--otel-traces-exporter", "zipkin"], env={}) == 2
