@@ -79,7 +79,9 @@ class Metrics:
             f"{NAMESPACE}_sink_errors", "Exceptions raised by an output sink.", ["sink"], registry=registry)
         for outcome in POLL_OUTCOMES:
             self.polls.labels(outcome)
-        for event_type in EVENT_TYPES:
+        for event_type in EVENT_TYPES:  # series exist from the start, so increase() sees the first event
+            self.notice.labels(event_type)
+            self.impact.labels(event_type)
             for transition in TRANSITIONS:
                 self.transitions.labels(event_type, transition)
         registry.register(StateCollector(snapshot, clock))

@@ -58,6 +58,8 @@ class ForwardSink:
         self._sequencer = sequencer
         self._targets = tuple(targets)
         self._metrics = metrics
+        for target in self._targets:  # the series exist at 0 from the start, so rate() and panels work at once
+            metrics.forwarded.labels(target.name)
 
     def export(self, change: DocumentChange) -> None:
         envelope = build(change, self._sequencer.next(), self._sequencer.installation_id)

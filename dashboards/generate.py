@@ -1,0 +1,253 @@
+"""Generate the Grafana dashboards as code (grafana-foundation-sdk), into dashboards/*.json.
+
+    python dashboards/generate.py            # rewrite the JSON files
+    python dashboards/generate.py --check    # exit 1 if the committed files differ from what this generates
+
+The SDK leaves panel ids and query refIds empty; Grafana then invents them on import, which breaks
+links and diffs, so every panel gets an explicit id and every query an explicit refId here. The
+data source is a dashboard variable (``$datasource``), so the files import anywhere without UIDs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grafana_foundation_sdk.builders import bargauge, stat, statetimeline, table, timeseries
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import prometheus as prom
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+HERE = Path(__file__).parent
+DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+VM = 'job=~"$job", instance=~"$instance"'
+FLEET = 'job=~"$job"'
+IMPACTFUL = "Reboot|Redeploy|Preempt|Terminate"
+
+
+@dataclass(frozen=True)
+class Q:
+    """One PromQL query of a panel."""
+
+    expr: str
+    legend: str = ""
+    instant: bool = False
+    table: bool = False
+
+
+class Ids:
+    """Hands out panel ids in order, so regenerating gives the same file."""
+
+    def __init__(self) -> None:
+        self.next = 1
+
+    def take(self) -> int:
+        value, self.next = self.next, self.next + 1
+        return value
+
+
+def targets(panel: Any, queries: Sequence[Q]) -> Any:
+    for index, query in enumerate(queries):
+        target = prom.Dataquery().expr(query.expr).ref_id(chr(ord("A") + index)).datasource(DS)
+        if query.legend:
+            target = target.legend_format(query.legend)
+        if query.instant:
+            target = target.instant()
+        else:
+            target = target.range()
+        if query.table:
+            target = target.format(PromQueryFormat.TABLE)
+        panel = panel.with_target(target)
+    return panel
+
+
+def panel(kind: Any, ids: Ids, title: str, description: str, queries: Sequence[Q], width: int = 12,
+          height: int = 8, unit: str = "") -> Any:
+    built = kind.Panel().id(ids.take()).title(title).description(description).datasource(DS).span(width)
+    built = built.height(height)
+    if unit:
+        built = built.unit(unit)
+    return targets(built, queries)
+
+
+def variables(dashboard: Any, per_vm: bool) -> Any:
+    dashboard = dashboard.with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+    dashboard = dashboard.with_variable(
+        db.QueryVariable("job").label("Job").datasource(DS).query("label_values(azure_scheduled_events_up, job)")
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).include_all(True).all_value(".*").multi(True))
+    if per_vm:
+        dashboard = dashboard.with_variable(
+            db.QueryVariable("instance").label("Instance").datasource(DS)
+            .query('label_values(azure_scheduled_events_up{job=~"$job"}, instance)')
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).include_all(False).multi(False))
+    return dashboard
+
+
+def vm_dashboard() -> Any:
+    ids = Ids()
+    d = (db.Dashboard("Azure Scheduled Events: VM").uid("se-exporter-vm").tags(["azure", "scheduled-events"])
+         .description("What maintenance one VM faces, how much notice it got, and whether se-exporter sees IMDS.")
+         .refresh("30s").time("now-6h", "now").editable())
+    d = variables(d, per_vm=True)
+    d = d.with_row(db.Row("Now").id(ids.take()))
+    d = d.with_panel(panel(stat, ids, "IMDS readable", "1 when the last poll returned a valid document.",
+                           [Q(f"azure_scheduled_events_up{{{VM}}}")], width=4, height=4))
+    d = d.with_panel(panel(stat, ids, "Events listed", "Events in the current document, for any VM of the set.",
+                           [Q(f"sum(azure_scheduled_events_pending{{{VM}}})")], width=4, height=4))
+    d = d.with_panel(panel(
+        stat, ids, "Next impact on this VM in", "Time until the earliest NotBefore of an event that lists this VM.",
+        [Q(f"min(azure_scheduled_event_seconds_until_not_before{{{VM}}} and on(instance, event_id) "
+           f"azure_scheduled_event_info{{{VM}, affects_this_vm!=\"false\"}})")], width=4, height=4, unit="s"))
+    d = d.with_panel(panel(stat, ids, "Last valid document", "Age of the last valid document read from IMDS.",
+                           [Q(f"time() - azure_scheduled_events_last_success_timestamp_seconds{{{VM}}}")],
+                           width=4, height=4, unit="s"))
+    d = d.with_panel(panel(stat, ids, "Document incarnation", "DocumentIncarnation of the last valid document.",
+                           [Q(f"azure_scheduled_events_document_incarnation{{{VM}}}")], width=4, height=4))
+    d = d.with_panel(panel(stat, ids, "Host failures (range)", "Events that were Started at first sight.",
+                           [Q(f"sum(increase(azure_scheduled_events_notice_seconds_bucket{{{VM}, le=\"0.0\"}}"
+                              "[$__range]))")], width=4, height=4))
+    d = d.with_panel(
+        panel(table, ids, "Events now",
+              "Every listed event: type, status, source, whether it lists this VM, countdown to NotBefore and "
+              "the expected duration (-1 = unknown).",
+              [Q(f"azure_scheduled_event_info{{{VM}}}", instant=True, table=True),
+               Q(f"azure_scheduled_event_seconds_until_not_before{{{VM}}}", instant=True, table=True),
+               Q(f"azure_scheduled_event_duration_seconds{{{VM}}}", instant=True, table=True)], width=24)
+        .with_transformation(dm.DataTransformerConfig(id_val="joinByField", options={"byField": "event_id",
+                                                                                      "mode": "outer"}))
+        .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {"Time": True, "Time 1": True, "Time 2": True, "Time 3": True, "Value #A": True,
+                              "__name__": True, "job": True, "instance": True},
+            "renameByName": {"Value #B": "seconds until NotBefore", "Value #C": "expected duration (s)"}})))
+    d = d.with_row(db.Row("Timeline").id(ids.take()))
+    d = d.with_panel(panel(statetimeline, ids, "Events over time", "Each event's status while it was listed.",
+                           [Q(f"max by (event_id, event_type, event_status) (azure_scheduled_event_info{{{VM}}})",
+                              legend="{{event_type}} {{event_status}} {{event_id}}")], width=24))
+    d = d.with_panel(panel(timeseries, ids, "Listed events by type and status", "",
+                           [Q(f"sum by (event_type, event_status) (azure_scheduled_events_pending{{{VM}}}) > 0",
+                              legend="{{event_type}} {{event_status}}")]))
+    d = d.with_panel(panel(timeseries, ids, "Transitions", "Lifecycle transitions seen, per interval.",
+                           [Q(f"sum by (event_type, transition) (increase(azure_scheduled_events_transitions_total"
+                              f"{{{VM}}}[$__rate_interval])) > 0", legend="{{event_type}} {{transition}}")]))
+    d = d.with_row(db.Row("Notice and impact").id(ids.take()))
+    for name, what in (("notice", "First seen -> Started: the warning really given."),
+                       ("impact", "Started -> gone from the document.")):
+        d = d.with_panel(panel(
+            bargauge, ids, f"{name.capitalize()} distribution (range)", what,
+            [Q(f"sum by (le) (increase(azure_scheduled_events_{name}_seconds_bucket{{{VM}}}[$__range]))",
+               legend="{{le}}", instant=True)], width=8))
+        d = d.with_panel(panel(
+            timeseries, ids, f"Average {name} by type", what,
+            [Q(f"sum by (event_type) (increase(azure_scheduled_events_{name}_seconds_sum{{{VM}}}[$__range])) / "
+               f"sum by (event_type) (increase(azure_scheduled_events_{name}_seconds_count{{{VM}}}[$__range]))",
+               legend="{{event_type}}")], width=4, unit="s"))
+    d = d.with_row(db.Row("IMDS health").id(ids.take()))
+    d = d.with_panel(panel(timeseries, ids, "Poll outcomes", "Polls per second by outcome; anything but ok is a "
+                           "fault the exporter survived.",
+                           [Q(f"sum by (outcome) (rate(azure_scheduled_events_polls_total{{{VM}}}"
+                              "[$__rate_interval]))", legend="{{outcome}}")], width=8, unit="reqps"))
+    d = d.with_panel(panel(timeseries, ids, "Poll latency", "",
+                           [Q("histogram_quantile(0.5, sum by (le) (rate(azure_scheduled_events_poll_duration_"
+                              f"seconds_bucket{{{VM}}}[$__rate_interval])))", legend="p50"),
+                            Q("histogram_quantile(0.99, sum by (le) (rate(azure_scheduled_events_poll_duration_"
+                              f"seconds_bucket{{{VM}}}[$__rate_interval])))", legend="p99")], width=8, unit="s"))
+    d = d.with_panel(panel(timeseries, ids, "IMDS readable over time", "",
+                           [Q(f"azure_scheduled_events_up{{{VM}}}", legend="up")], width=8))
+    d = d.with_row(db.Row("Forwarding").id(ids.take()))
+    d = d.with_panel(panel(timeseries, ids, "Spool backlog", "Documents waiting for Event Hubs.",
+                           [Q(f"azure_scheduled_events_spool_documents{{{VM}}}", legend="documents")], width=6))
+    d = d.with_panel(panel(timeseries, ids, "Forwarding errors", "",
+                           [Q(f"sum by (sink, reason) (rate(azure_scheduled_events_forward_errors_total{{{VM}}}"
+                              "[$__rate_interval]))", legend="{{sink}} {{reason}}")], width=6, unit="reqps"))
+    d = d.with_panel(panel(stat, ids, "Dropped documents (range)", "Oldest documents dropped from a full spool.",
+                           [Q(f"sum(increase(azure_scheduled_events_spool_dropped_documents_total{{{VM}}}"
+                              "[$__range]))")], width=6))
+    d = d.with_panel(panel(timeseries, ids, "Forwarded documents", "",
+                           [Q(f"sum by (sink) (increase(azure_scheduled_events_forwarded_documents_total{{{VM}}}"
+                              "[$__rate_interval]))", legend="{{sink}}")], width=6))
+    return d.build()
+
+
+def fleet_dashboard() -> Any:
+    ids = Ids()
+    d = (db.Dashboard("Azure Scheduled Events: fleet").uid("se-exporter-fleet")
+         .tags(["azure", "scheduled-events"]).refresh("30s").time("now-24h", "now").editable()
+         .description("Which VMs face which maintenance, and when, across every exporter."))
+    d = variables(d, per_vm=False)
+    d = d.with_panel(panel(stat, ids, "Exporters down", "Scrape targets that do not answer.",
+                           [Q(f"count(up{{{FLEET}}} == 0) or vector(0)")], width=6, height=4))
+    d = d.with_panel(panel(stat, ids, "Exporters not reading IMDS", "",
+                           [Q(f"count(azure_scheduled_events_up{{{FLEET}}} == 0) or vector(0)")], width=6, height=4))
+    d = d.with_panel(panel(stat, ids, "VMs with impactful events",
+                           "VMs listed in a Reboot, Redeploy, Preempt or Terminate event.",
+                           [Q(f"count(count by (instance) (azure_scheduled_event_info{{{FLEET}, "
+                              f"event_type=~\"{IMPACTFUL}\", affects_this_vm!=\"false\"}})) or vector(0)")],
+                           width=6, height=4))
+    d = d.with_panel(panel(stat, ids, "Documents waiting to be forwarded", "",
+                           [Q(f"sum(azure_scheduled_events_spool_documents{{{FLEET}}}) or vector(0)")],
+                           width=6, height=4))
+    d = d.with_panel(
+        panel(table, ids, "Upcoming maintenance by time to NotBefore",
+              "Scheduled events that list the VM they were seen on, soonest first.",
+              [Q(f"sort(azure_scheduled_event_seconds_until_not_before{{{FLEET}}} * on(job, instance, event_id) "
+                 f"group_left(event_status, event_source, affects_this_vm) azure_scheduled_event_info{{{FLEET}, "
+                 f"affects_this_vm!=\"false\"}} * on(job, instance) group_left(vm_name, vmss_name, zone, location) "
+                 f"azure_scheduled_events_vm_info{{{FLEET}}})", instant=True, table=True)], width=24, height=10)
+        .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {"Time": True, "__name__": True, "job": True},
+            "renameByName": {"Value": "seconds until NotBefore"}})))
+    d = d.with_panel(panel(bargauge, ids, "Events by type and status", "",
+                           [Q(f"sum by (event_type, event_status) (azure_scheduled_events_pending{{{FLEET}}}) > 0",
+                              legend="{{event_type}} {{event_status}}", instant=True)], width=8))
+    d = d.with_panel(panel(bargauge, ids, "VMs affected per event", "How many VMs list each event as theirs.",
+                           [Q(f"count by (event_id, event_type) (azure_scheduled_event_info{{{FLEET}, "
+                              "affects_this_vm=\"true\"})", legend="{{event_type}} {{event_id}}", instant=True)],
+                           width=8))
+    d = d.with_panel(panel(bargauge, ids, "Listed events by scale set and zone", "",
+                           [Q(f"sum by (vmss_name, zone) (azure_scheduled_events_pending{{{FLEET}}} * on(job, "
+                              f"instance) group_left(vmss_name, zone) azure_scheduled_events_vm_info{{{FLEET}}})",
+                              legend="{{vmss_name}} zone {{zone}}", instant=True)], width=8))
+    d = d.with_panel(panel(timeseries, ids, "Transitions across the fleet", "",
+                           [Q(f"sum by (event_type, transition) (increase(azure_scheduled_events_transitions_total"
+                              f"{{{FLEET}}}[$__rate_interval])) > 0", legend="{{event_type}} {{transition}}")]))
+    d = d.with_panel(panel(timeseries, ids, "Poll failures across the fleet", "",
+                           [Q(f"sum by (outcome) (rate(azure_scheduled_events_polls_total{{{FLEET}, outcome!=\"ok\"}}"
+                              "[$__rate_interval]))", legend="{{outcome}}")], unit="reqps"))
+    return d.build()
+
+
+def render(dashboard: Any) -> str:
+    return json.dumps(dashboard, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+
+
+OUTPUTS = {"se-exporter-vm.json": vm_dashboard, "se-exporter-fleet.json": fleet_dashboard}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if the committed JSON is not what this generates")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, build in OUTPUTS.items():
+        text = render(build())
+        path = HERE / name
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"out of date: {', '.join(stale)}; run python dashboards/generate.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
