@@ -10,7 +10,11 @@ PORT ?= 10169
 DEMO_DIR ?= demo-output
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint typecheck unit system-deps clean
+.PHONY: demo test lint typecheck unit system-deps clean dashboards
+
+# Regenerate dashboards/*.json from dashboards/generate.py (the suite fails if they differ).
+dashboards: $(VENV)/.installed
+	$(BIN)/python dashboards/generate.py
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +37,7 @@ demo: $(VENV)/.installed
 	  --state-dir $(DEMO_DIR)/state --forward-file $(DEMO_DIR)/documents.jsonl $(DEMO_TRACES)
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check se_exporter tests
+	$(BIN)/ruff check se_exporter tests dashboards
 
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy

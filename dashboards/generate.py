@@ -58,10 +58,7 @@ def targets(panel: Any, queries: Sequence[Q]) -> Any:
         target = prom.Dataquery().expr(query.expr).ref_id(chr(ord("A") + index)).datasource(DS)
         if query.legend:
             target = target.legend_format(query.legend)
-        if query.instant:
-            target = target.instant()
-        else:
-            target = target.range()
+        target = target.instant() if query.instant else target.range()
         if query.table:
             target = target.format(PromQueryFormat.TABLE)
         panel = panel.with_target(target)
