@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -211,6 +212,12 @@ def serve(listen: Listen, app: Callable[..., Iterable[bytes]]) -> ThreadingWSGIS
 
     class Server(ThreadingWSGIServer):
         address_family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            """A scraper hanging up is no reason for a traceback; anything else is logged."""
+            if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError, TimeoutError)):
+                return
+            log.exception("HTTP request from %s failed", client_address)
 
     server = make_server(listen.host, listen.port, app, server_class=Server, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, args=(0.05,), name="http", daemon=True).start()

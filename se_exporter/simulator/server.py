@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -383,6 +384,13 @@ class SimulatorServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], simulator: Simulator) -> None:
         self.simulator = simulator
         super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client hanging up mid-conversation is normal (timeouts, shutdowns); anything else is logged."""
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionResetError, BrokenPipeError, TimeoutError)):
+            return
+        log.exception("simulator request from %s failed", client_address)
 
     @property
     def url(self) -> str:
