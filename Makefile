@@ -32,6 +32,11 @@ system-deps:
 # Documents go to $(DEMO_DIR)/documents.jsonl; with SE_EXPORTER_EVENTHUB_CONNECTION_STRING set, to Event Hubs too.
 # Spans are printed to the console, or sent over OTLP when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set.
 DEMO_TRACES := $(if $(OTEL_EXPORTER_OTLP_ENDPOINT)$(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT),,--otel-traces-exporter console)
+# TypeScript and Grafana's schema types, to type-check the generated dashboards (npm registry).
+tests/grafana_schema/node_modules/.installed: tests/grafana_schema/package-lock.json
+	cd tests/grafana_schema && npm ci --silent --no-audit --no-fund
+	touch $@
+
 demo: $(VENV)/.installed
 	$(BIN)/se-exporter run --simulate $(SCENARIO) --speed $(SPEED) --listen 127.0.0.1:$(PORT) \
 	  --state-dir $(DEMO_DIR)/state --forward-file $(DEMO_DIR)/documents.jsonl $(DEMO_TRACES)
@@ -45,7 +50,7 @@ typecheck: $(VENV)/.installed
 unit: $(VENV)/.installed
 	$(BIN)/pytest -m "not integration"
 
-test: $(VENV)/.installed system-deps lint typecheck
+test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installed lint typecheck
 	$(BIN)/pytest
 
 clean:
