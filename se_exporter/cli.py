@@ -125,7 +125,7 @@ def run(settings: Settings) -> int:
         if settings.otel_traces_exporter != "none":
             from se_exporter.tracing import make_tracing
 
-            tracing = make_tracing(settings, store.path.parent if store else None)
+            tracing = make_tracing(settings, store.path.parent if store else None, registry)
             if tracing is not None:
                 outputs.append(tracing)
         sinks = FanOut(outputs, on_error=lambda name: metrics.sink_errors.labels(name).inc())

@@ -1,5 +1,7 @@
 """Tracing set-up the OpenTelemetry way, importing only what is configured.
 
+This module itself is imported only when tracing is on (``cli.run``), so it may import the SDK.
+
 ``none`` imports nothing from OpenTelemetry at all. ``console`` needs only the SDK. ``otlp`` adds the
 HTTP exporter, or the gRPC one when ``grpc`` is asked for (grpcio alone costs ~28 MB on import).
 Standard variables the exporters read themselves (headers, certificates, compression) keep working.
@@ -15,9 +17,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from prometheus_client import CollectorRegistry, Counter
+
 from se_exporter import __version__
 from se_exporter.config import Settings
 from se_exporter.imds import VmIdentity
+from se_exporter.metrics import NAMESPACE
 from se_exporter.sinks import DocumentChange
 
 log = logging.getLogger("se_exporter.tracing")
@@ -57,16 +63,64 @@ def make_exporter(settings: Settings) -> Any:
         else HttpExporter(timeout=EXPORT_TIMEOUT_SECONDS)
 
 
+class CountingExporter(SpanExporter):
+    """Wraps the real exporter: counts exported and failed spans, logs once per change of health.
+
+    The OTLP exporters log every failed batch themselves; one line when export starts failing and one when it
+    recovers is what an operator needs, so their own loggers are turned down to errors at set-up.
+    """
+
+    def __init__(self, inner: Any, exported: Any, failed: Any) -> None:
+        self._inner, self._exported, self._failed = inner, exported, failed
+        self._failing = False
+
+    def export(self, spans: Any) -> SpanExportResult:
+        try:
+            result: SpanExportResult = self._inner.export(spans)
+        except Exception as error:  # an exporter bug must not kill the batch thread
+            log.warning("span export raised: %s", error)
+            result = SpanExportResult.FAILURE
+        if result == SpanExportResult.SUCCESS:
+            self._exported.inc(len(spans))
+            if self._failing:
+                log.info("span export recovered")
+            self._failing = False
+        else:
+            self._failed.inc(len(spans))
+            if not self._failing:
+                log.warning("span export failing (%s): spans are dropped until the endpoint answers",
+                            self._describe())
+            self._failing = True
+        return result
+
+    def _describe(self) -> str:
+        endpoint = getattr(self._inner, "_endpoint", None)
+        return str(endpoint) if endpoint else type(self._inner).__name__
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return bool(self._inner.force_flush(timeout_millis))
+
+
 class TracingSink:
     """Builds the provider and the span sink at the first document, then delegates to it."""
 
     name = "spans"
 
-    def __init__(self, settings: Settings, state_dir: Path | None) -> None:
+    def __init__(self, settings: Settings, state_dir: Path | None, registry: CollectorRegistry) -> None:
         self._settings = settings
         self._state_dir = state_dir
         self._sink: Any = None
-        self._exporter = make_exporter(settings)  # fail at start-up, not at the first event
+        exported = Counter(f"{NAMESPACE}_spans_exported", "Spans accepted by the trace exporter.", registry=registry)
+        failed = Counter(f"{NAMESPACE}_span_export_errors", "Spans the trace exporter failed to deliver.",
+                         registry=registry)
+        for name in ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                     "opentelemetry.exporter.otlp.proto.grpc.exporter", "opentelemetry.sdk.trace.export"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+        # Built at start-up, so a bad exporter setting fails there and not at the first event.
+        self._exporter = CountingExporter(make_exporter(settings), exported, failed)
 
     def export(self, change: DocumentChange) -> None:
         if self._sink is None:
@@ -100,5 +154,5 @@ class TracingSink:
             self._exporter.shutdown()
 
 
-def make_tracing(settings: Settings, state_dir: Path | None) -> TracingSink | None:
-    return None if settings.otel_traces_exporter == "none" else TracingSink(settings, state_dir)
+def make_tracing(settings: Settings, state_dir: Path | None, registry: CollectorRegistry) -> TracingSink | None:
+    return None if settings.otel_traces_exporter == "none" else TracingSink(settings, state_dir, registry)

@@ -202,7 +202,8 @@ def test_unconfigured_exporters_are_not_imported(exporter: str, protocol: str, a
         f" 'OTEL_EXPORTER_OTLP_PROTOCOL': '{protocol}', 'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://127.0.0.1:9'}})\n"
         "if settings.otel_traces_exporter != 'none':\n"
         "    from se_exporter.tracing import make_tracing\n"
-        "    make_tracing(settings, None)\n"
+        "    from prometheus_client import CollectorRegistry\n"
+        "    make_tracing(settings, None, CollectorRegistry())\n"
         f"loaded = sorted(m for m in sys.modules if m == '{absent}' or m.startswith('{absent}.'))\n"
         "print(loaded)\n"
         "sys.exit(1 if loaded else 0)\n")
