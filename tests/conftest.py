@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -10,9 +12,33 @@ import pytest
 from se_exporter.imds import USER_AGENT
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.server import Simulator, SimulatorServer, start
+from tests.eventhubs_server import EventHubsTestServer, Store
 from tests.helpers import Sidecar
 
 SimulatorFactory = Callable[..., tuple[Simulator, SimulatorServer]]
+Reliability = Callable[[str, str, str], None]
+RELIABILITY_FILE = Path(__file__).parent.parent / "build" / "reliability.json"
+_rows: list[dict[str, str]] = []
+
+
+@pytest.fixture
+def reliability() -> Reliability:
+    """Record a row of the README's Reliability table: call it at the end of a test, after its assertions,
+    so only what held is recorded."""
+    def record(area: str, tried: str, held: str) -> None:
+        _rows.append({"area": area, "tried": tried, "held": held})
+
+    return record
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Write the rows of this run for tools/reliability.py (README section) to render."""
+    if not _rows:
+        return
+    RELIABILITY_FILE.parent.mkdir(exist_ok=True)
+    rows = sorted({(r["area"], r["tried"], r["held"]) for r in _rows})
+    RELIABILITY_FILE.write_text(json.dumps([dict(zip(("area", "tried", "held"), row, strict=True)) for row in rows],
+                                           indent=1) + "\n")
 
 
 @pytest.fixture
@@ -47,3 +73,25 @@ def sidecar(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
     yield make
     for process in running:
         process.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def hubs() -> Iterator[Callable[..., EventHubsTestServer]]:
+    started: list[EventHubsTestServer] = []
+
+    def make(store: Store | None = None, port: int = 0, settle: bool = True, start: bool = True) -> EventHubsTestServer:
+        server = EventHubsTestServer(store, port=port or _free_port(), settle=settle)
+        if start:
+            server.start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()

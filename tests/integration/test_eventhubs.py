@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,35 +16,13 @@ import jsonschema
 import pytest
 from azure.eventhub.aio import EventHubConsumerClient
 
-from tests.conftest import SimulatorFactory
-from tests.eventhubs_server import EventHubsTestServer, SilentPeer, Store, StoredEvent
+from tests.conftest import Reliability, SimulatorFactory
+from tests.eventhubs_server import EventHubsTestServer, SilentPeer, StoredEvent
 from tests.helpers import Sidecar, wait_until
 
 pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")
 SCHEMA = json.loads((Path(__file__).parent.parent.parent / "schemas" / "forwarded-document.schema.json").read_text())
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@pytest.fixture
-def hubs() -> Iterator[Callable[..., EventHubsTestServer]]:
-    started: list[EventHubsTestServer] = []
-
-    def make(store: Store | None = None, port: int = 0, settle: bool = True, start: bool = True) -> EventHubsTestServer:
-        server = EventHubsTestServer(store, port=port or _free_port(), settle=settle)
-        if start:
-            server.start()
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        server.stop()
 
 
 def forwarding(sidecar: Callable[..., Sidecar], imds_url: str, state: Path, connection_string: str,
@@ -103,7 +80,8 @@ def consume(connection_string: str, count: int, timeout: float = 20.0) -> list[A
 
 
 def test_round_trip_through_the_sdk(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
-                                    hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
+                                    hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
+        reliability: Reliability) -> None:
     """Every distinct document reaches Event Hubs once, byte-identical, in order, with properties and key."""
     sim, server = simulator("live-migration")
     hub = hubs()
@@ -139,10 +117,14 @@ def test_round_trip_through_the_sdk(simulator: SimulatorFactory, sidecar: Callab
     assert process.value("azure_scheduled_events_forwarded_documents_total", sink="file") == 4
     assert process.value("azure_scheduled_events_spool_documents") == 0
     assert process.value("azure_scheduled_events_forward_latency_seconds_count") == 4
+    reliability("Event Hubs", "round trip through the official SDK (producer and consumer)",
+                "bodies byte-identical to what IMDS served, in order; properties, partition key and message "
+                "ids as documented")
 
 
 def test_event_hubs_down_at_start_then_up(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
-                                          hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
+                                          hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
+        reliability: Reliability) -> None:
     """With nothing listening, documents are spooled and errors counted; once it listens, all arrive in order."""
     sim, server = simulator("canceled")
     hub = hubs(start=False)
@@ -158,10 +140,14 @@ def test_event_hubs_down_at_start_then_up(simulator: SimulatorFactory, sidecar: 
     assert [e.body for e in first_copies(hub.store.all())] == served
     wait_until(lambda: process.value("azure_scheduled_events_spool_documents") == 0, what="spool drained")
     assert "Event Hubs reachable again" in process.log()
+    reliability("Event Hubs", "down at start-up",
+                "documents spooled, `forward_errors_total{reason=\"connection\"}` counted, polling "
+                "unaffected; all delivered in order once up")
 
 
 def test_stopped_mid_stream_and_restarted(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
-                                          hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
+                                          hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
+        reliability: Reliability) -> None:
     """Documents before, during and after an outage all arrive, in order, duplicates only by message id."""
     sim, server = simulator("demo")
     hub = hubs()
@@ -177,10 +163,13 @@ def test_stopped_mid_stream_and_restarted(simulator: SimulatorFactory, sidecar: 
     wait_until(lambda: len(first_copies(hub.store.all())) == len(served), timeout=30, what="all delivered")
     assert [e.body for e in first_copies(hub.store.all())] == served
     assert [e.properties["sequence"] for e in first_copies(hub.store.all())] == list(range(1, len(served) + 1))
+    reliability("Event Hubs", "stopped mid-stream and restarted",
+                "every document delivered, in order, duplicates only by message id")
 
 
 def test_silent_peer_never_blocks_polling_or_shutdown(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
-                                                      hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
+                                                      hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
+        reliability: Reliability) -> None:
     """A peer that accepts TCP and never answers: timeouts counted, polling goes on, SIGTERM exits at once;
     a restart against a working hub delivers what was spooled."""
     sim, server = simulator("live-migration")
@@ -203,10 +192,14 @@ def test_silent_peer_never_blocks_polling_or_shutdown(simulator: SimulatorFactor
     served = sim.distinct_served()
     wait_until(lambda: [e.body for e in first_copies(hub.store.all())][:len(served)] == served, timeout=30,
                what="spooled documents delivered after restart")
+    reliability("Event Hubs", "silent peer (accepts TCP, never answers)",
+                "timeouts counted; polling and SIGTERM unaffected; spooled documents delivered after a "
+                "restart")
 
 
 def test_a_peer_that_never_settles(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
-                                   hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
+                                   hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
+        reliability: Reliability) -> None:
     """Unsettled sends time out and are resent with the same message id; nothing is lost or reordered."""
     sim, server = simulator("live-migration")
     hub = hubs(settle=False)
@@ -221,10 +214,12 @@ def test_a_peer_that_never_settles(simulator: SimulatorFactory, sidecar: Callabl
     wait_until(lambda: process.value("azure_scheduled_events_spool_documents") == 0, timeout=30, what="drained")
     assert [e.body for e in first_copies(hub.store.all())] == served
     assert len(hub.store.all()) > len(served)  # duplicates happened, and first_copies proved them identical
+    reliability("Event Hubs", "peer that never settles", "resent with the same message id; nothing lost or reordered")
 
 
 def test_sigkill_during_an_outage_loses_nothing(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
-                                                hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
+                                                hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
+        reliability: Reliability) -> None:
     """kill -9 while Event Hubs is down; after restart every accepted document arrives and sequences go on."""
     sim, server = simulator("demo")
     hub = hubs(start=False)
@@ -243,10 +238,13 @@ def test_sigkill_during_an_outage_loses_nothing(simulator: SimulatorFactory, sid
     assert bodies[:spooled] == sim.distinct_served()[:spooled]
     sequences = [e.properties["sequence"] for e in delivered]
     assert sequences == sorted(sequences) and len(set(sequences)) == len(sequences)
+    reliability("Event Hubs", "kill -9 during an outage, then restart",
+                "every accepted document delivered; sequence numbers never reused")
 
 
 def test_full_spool_drops_oldest_visibly(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
-                                         hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
+                                         hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
+        reliability: Reliability) -> None:
     """A small spool during an outage drops the oldest documents, counted and logged; the newest arrive."""
     sim, server = simulator("demo")
     hub = hubs(start=False)
@@ -262,6 +260,7 @@ def test_full_spool_drops_oldest_visibly(simulator: SimulatorFactory, sidecar: C
     assert delivered[-1] == sim.distinct_served()[-1]
     dropped = process.value("azure_scheduled_events_spool_dropped_documents_total")
     assert len(delivered) + dropped == len(sim.distinct_served())
+    reliability("Event Hubs", "spool full during an outage", "oldest dropped, counted and logged; the newest delivered")
 
 
 def test_consume_command_prints_the_documents(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],

@@ -18,7 +18,7 @@ from se_exporter.lifecycle import TRANSITIONS
 from se_exporter.model import EVENT_TYPES
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault
-from se_exporter.simulator.server import Simulator, start
+from se_exporter.simulator.server import Simulator
 from tests.conftest import SimulatorFactory
 from tests.helpers import Sidecar, http_get, series, stop_process, wait_until
 
@@ -125,85 +125,6 @@ def test_not_ready_while_imds_never_answered(sidecar: Callable[..., Sidecar]) ->
     assert http_get(process.base_url + "/healthz")[0] == 200
     assert process.value("azure_scheduled_events_up") == 0
     assert process.value("azure_scheduled_events_last_success_timestamp_seconds") == 0
-
-
-FAULTS = [
-    (Fault("throttle", status=429, retry_after="1", count=0), "throttled"),
-    (Fault("throttle", status=429, count=0), "throttled"),
-    (Fault("status", status=500, count=0), "http_error"),
-    (Fault("status", status=503, count=0), "http_error"),
-    (Fault("malformed", count=0), "invalid_document"),
-    (Fault("non_json", count=0), "invalid_document"),
-    (Fault("invalid", count=0), "invalid_document"),
-    (Fault("empty", count=0), "invalid_document"),
-    (Fault("huge", count=0), "invalid_document"),
-    (Fault("hang", seconds=2, count=0), "timeout"),
-    (Fault("delay", seconds=1.5, count=0), "timeout"),
-    (Fault("reset", count=0), "connection_error"),
-]
-
-
-@pytest.mark.parametrize(("fault", "outcome"), FAULTS, ids=[f"{f.kind}-{o}" for f, o in FAULTS])
-def test_every_fault_is_survived_counted_logged_and_recovered(
-        fault: Fault, outcome: str, simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
-    """During the fault: alive, up 0, outcome counted, last state kept, one log line; after it: up 1 again."""
-    sim, server = simulator("live-migration")
-    sim.advance(10)  # a Scheduled Freeze is listed
-    process = sidecar("--imds-url", server.url, *FAST)
-    wait_until(lambda: process.value("azure_scheduled_events_up") == 1, what="first document")
-    sim.inject(fault)
-    wait_until(lambda: process.value("azure_scheduled_events_up") == 0, what="up to drop")
-    wait_until(lambda: (process.value("azure_scheduled_events_polls_total", outcome=outcome) or 0) >= 2,
-               timeout=15, what=f"{outcome} counted")
-    assert process.process.poll() is None
-    assert process.value("azure_scheduled_events_pending", event_type="Freeze", event_status="Scheduled") == 1
-    sim.clear_faults()
-    wait_until(lambda: process.value("azure_scheduled_events_up") == 1, timeout=15, what="recovery")
-    failures = re.findall(r"IMDS poll failed: .*", process.log())
-    assert len(failures) == 1, failures
-    assert len(re.findall(r"IMDS recovered after \d+ failed polls", process.log())) == 1
-    assert process.value("azure_scheduled_events_transitions_total", event_type="Freeze",
-                         transition="canceled") == 0
-
-
-def test_redirects_are_never_followed(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
-    """A 302 to another simulator is counted as http_error and the other one never hears from us."""
-    sim, server = simulator("live-migration")
-    other, other_server = simulator("host-failure")
-    process = sidecar("--imds-url", server.url, *FAST)
-    wait_until(lambda: process.value("azure_scheduled_events_up") == 1, what="first document")
-    sim.inject(Fault("redirect", location=other_server.url + "/metadata/scheduledevents?api-version=2020-07-01",
-                     count=0))
-    wait_until(lambda: (process.value("azure_scheduled_events_polls_total", outcome="http_error") or 0) >= 3,
-               what="redirects counted")
-    assert "HTTP 302 redirect to" in process.log()
-    assert [r for r in other.requests] == []
-
-
-def test_a_slow_first_call_is_waited_for(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
-    """The first call may take long (the service switching on): it is not cut off by --imds-timeout."""
-    sim, server = simulator("live-migration")
-    sim.inject(Fault("first_call_delay", seconds=1.0))
-    process = sidecar("--imds-url", server.url, "--poll-interval", "0.05", "--imds-timeout", "0.3",
-                      "--first-call-timeout", "10")
-    wait_until(lambda: process.value("azure_scheduled_events_up") == 1, what="slow first document")
-    assert process.value("azure_scheduled_events_polls_total", outcome="timeout") == 0
-
-
-def test_connection_refused_then_imds_appears(sidecar: Callable[..., Sidecar]) -> None:
-    """Refused connections are counted; once IMDS listens on that port, the next poll recovers."""
-    port = _closed_port()
-    process = sidecar("--imds-url", f"http://127.0.0.1:{port}", *FAST)
-    wait_until(lambda: (process.value("azure_scheduled_events_polls_total", outcome="connection_error") or 0) >= 1,
-               what="refused counted")
-    late_sim = Simulator(scenarios.load("host-failure"))
-    late = start(late_sim, "127.0.0.1", port)
-    try:
-        wait_until(lambda: process.value("azure_scheduled_events_up") == 1, what="recovery")
-    finally:
-        late.shutdown()
-        late.server_close()
-    assert late_sim.posts_from("se-exporter") == 0
 
 
 def test_proxy_settings_are_ignored(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:

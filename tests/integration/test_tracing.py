@@ -130,18 +130,3 @@ def test_sigterm_flushes_spans_and_exits_quickly(simulator: SimulatorFactory, si
     assert process.stop() == 0
     assert time.monotonic() - started < 10
     assert [s.attributes[A + "outcome"] for s in receiver.named("scheduled_event")] == ["completed"]
-
-
-def test_unreachable_collector_does_not_disturb_polling(simulator: SimulatorFactory,
-                                                        sidecar: Callable[..., Sidecar]) -> None:
-    """With the OTLP endpoint down, events still flow to /metrics and shutdown stays prompt."""
-    sim, server = simulator("host-failure")
-    process = sidecar("--imds-url", server.url, *FAST, env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
-    advance_to(sim, process, 3)
-    advance_to(sim, process, 303)
-    assert process.value("azure_scheduled_events_transitions_total", event_type="Reboot", transition="completed") == 1
-    started = time.monotonic()
-    assert process.stop() == 0
-    assert time.monotonic() - started < 10
-
-

@@ -1,0 +1,57 @@
+"""Render the README's Reliability section from what the test suite proved (build/reliability.json) and
+the last soak run (benchmarks/soak.json), so the table is produced by the suite, never typed by hand.
+
+    python tools/reliability.py           # rewrite the section in README.md
+    python tools/reliability.py --check   # exit 1 if README.md differs from what the last run proved
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+START, END = "<!-- reliability:start -->", "<!-- reliability:end -->"
+
+
+def render() -> str:
+    rows = json.loads((ROOT / "build" / "reliability.json").read_text())
+    lines = [START, "", "| area | what was tried | what held |", "|---|---|---|"]
+    lines += [f"| {row['area']} | {row['tried']} | {row['held']} |" for row in rows]
+    soak = ROOT / "benchmarks" / "soak.json"
+    if soak.exists():
+        figures = json.loads(soak.read_text())
+        lines += ["", f"Soak (`make soak`, {figures['machine']}): {figures['polls']:,} polls of a simulator changing "
+                      f"its document every {figures['change_every']} polls, {figures['documents']:,} distinct documents; "
+                      f"RSS {figures['rss_start_mb']:.1f} → {figures['rss_end_mb']:.1f} MB "
+                      f"(growth {figures['rss_growth_mb']:+.2f} MB), open files {figures['fds_start']} → "
+                      f"{figures['fds_end']}, threads {figures['threads_start']} → {figures['threads_end']}."]
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    readme = (ROOT / "README.md").read_text()
+    if START not in readme or END not in readme:
+        print("README.md has no reliability markers", file=sys.stderr)
+        return 1
+    before, rest = readme.split(START, 1)
+    _, after = rest.split(END, 1)
+    updated = before + render() + after
+    if args.check:
+        if updated != readme:
+            print("README.md's Reliability section differs from what the suite proved: run make reliability",
+                  file=sys.stderr)
+            return 1
+        return 0
+    (ROOT / "README.md").write_text(updated)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
