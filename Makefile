@@ -10,7 +10,7 @@ PORT ?= 10169
 DEMO_DIR ?= demo-output
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint typecheck unit system-deps clean dashboards
+.PHONY: demo test lint typecheck unit system-deps clean dashboards reliability soak
 
 # Regenerate dashboards/*.json from dashboards/generate.py (the suite fails if they differ).
 dashboards: $(VENV)/.installed
@@ -42,7 +42,7 @@ demo: $(VENV)/.installed
 	  --state-dir $(DEMO_DIR)/state --forward-file $(DEMO_DIR)/documents.jsonl $(DEMO_TRACES)
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check se_exporter tests dashboards
+	$(BIN)/ruff check se_exporter tests dashboards tools bench
 
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy
@@ -52,6 +52,15 @@ unit: $(VENV)/.installed
 
 test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installed lint typecheck
 	$(BIN)/pytest
+	$(BIN)/python tools/reliability.py --check
+
+# Rewrite the README's Reliability section from what the last full test run proved (and the last soak run).
+reliability: $(VENV)/.installed
+	$(BIN)/python tools/reliability.py
+
+# 100,000 polls of a fast-changing simulator; prints RSS, open files and threads (writes benchmarks/soak.json).
+soak: $(VENV)/.installed
+	$(BIN)/python bench/soak.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache $(DEMO_DIR)

@@ -203,6 +203,7 @@ def _text(start_response: Callable[..., Any], ok: bool, good: str, bad: str) -> 
 
 
 class _QuietHandler(WSGIRequestHandler):
+    disable_nagle_algorithm = True  # separate header and body writes must not wait for a delayed ACK
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes every few seconds are not news."""
 

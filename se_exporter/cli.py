@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from types import TracebackType
 from typing import NoReturn, TypeVar
 
 import prometheus_client
@@ -100,8 +101,19 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return 2
 
 
+def report_crash(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+    """Uncaught exceptions go through the log formatter, which redacts secrets, not straight to stderr."""
+    log.critical("se-exporter crashed: %s", exc, exc_info=(exc_type, exc, tb))
+
+
+def _install_crash_hooks() -> None:
+    sys.excepthook = report_crash
+    threading.excepthook = lambda args: report_crash(args.exc_type, args.exc_value or Exception(), args.exc_traceback)
+
+
 def run(settings: Settings) -> int:
     logs.setup(settings.log_level, settings.log_format)
+    _install_crash_hooks()
     with contextlib.ExitStack() as cleanup:  # whatever was started is stopped, also when start-up fails
         if settings.simulate is not None:
             sim_server = start(Simulator(scenarios.load(settings.simulate), speed=settings.speed))

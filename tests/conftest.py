@@ -65,8 +65,8 @@ def simulator() -> Iterator[SimulatorFactory]:
 def sidecar(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
     running: list[Sidecar] = []
 
-    def make(*args: str, env: dict[str, str] | None = None) -> Sidecar:
-        process = Sidecar(list(args), tmp_path / f"sidecar{len(running)}", env)
+    def make(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> Sidecar:
+        process = Sidecar(list(args), tmp_path / f"sidecar{len(running)}", env, cwd)
         running.append(process)
         return process
 

@@ -63,7 +63,8 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
 class Sidecar:
     """``se-exporter run`` as a child process on a free loopback port."""
 
-    def __init__(self, args: list[str], log_dir: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], log_dir: Path, env: Mapping[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
         clean = {k: v for k, v in os.environ.items() if not k.startswith("SE_EXPORTER_")
                  and k.upper() not in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")}
         clean.update(env or {})
@@ -74,7 +75,7 @@ class Sidecar:
             args = [*args, "--state-dir", str(log_dir / "state")]
         self.process = subprocess.Popen(
             [sys.executable, "-m", "se_exporter", "run", "--listen", "127.0.0.1:0", *args],
-            stdout=subprocess.DEVNULL, stderr=self._stderr, env=clean)
+            stdout=subprocess.DEVNULL, stderr=self._stderr, env=clean, cwd=cwd)
         match = wait_until(lambda: self._exited() or re.search(r"metrics at (http://\S+/metrics)", self.log()),
                            timeout=20, what="the sidecar to report its metrics URL")
         if match is True:

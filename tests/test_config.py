@@ -11,6 +11,7 @@ import pytest
 
 from se_exporter.cli import build_parser, main
 from se_exporter.config import DEFAULT_IMDS_URL, RUN_OPTIONS, Listen, Settings, parse_bytes, parse_listen, run_settings
+from tests.conftest import Reliability
 
 
 def settings(argv: list[str], env: dict[str, str] | None = None) -> Settings:
@@ -63,13 +64,15 @@ def test_every_option_has_an_environment_variable() -> None:
     (["--simulate", "no-such-scenario"], {}, "scenario 'no-such-scenario' is neither a built-in"),
 ])
 def test_bad_configuration_is_one_line_and_exit_2(argv: list[str], env: dict[str, str], fragment: str,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+                                                  capsys: pytest.CaptureFixture[str], reliability: Reliability) -> None:
     """Bad values stop start-up with exit 2 and a single stderr line naming the setting."""
     assert main(["run", *argv], env=env) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert err.startswith("se-exporter: error: ")
     assert fragment in err
+    reliability("Configuration", "17 kinds of bad flag or environment value, an unknown flag, a taken port",
+                "exit 2 with one line naming the setting")
 
 
 def test_unknown_flag_is_one_line_and_exit_2() -> None:

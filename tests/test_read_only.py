@@ -6,6 +6,7 @@ import ast
 from pathlib import Path
 
 import se_exporter
+from tests.conftest import Reliability
 
 PACKAGE = Path(se_exporter.__file__).parent
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
@@ -17,7 +18,7 @@ def _sidecar_sources() -> list[Path]:
     return [path for path in PACKAGE.rglob("*.py") if "simulator" not in path.relative_to(PACKAGE).parts]
 
 
-def test_the_sidecar_has_no_write_requests() -> None:
+def test_the_sidecar_has_no_write_requests(reliability: Reliability) -> None:
     """No 'POST'/'PUT'/'PATCH'/'DELETE' literal and no .post()/.request()-style call exists outside the simulator."""
     offences: list[str] = []
     for path in _sidecar_sources():
@@ -27,6 +28,8 @@ def test_the_sidecar_has_no_write_requests() -> None:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in WRITE_CALLS:
                 offences.append(f"{path.name}:{node.lineno} call .{node.func.attr}()")
     assert offences == []
+    reliability("Security", "search of the sidecar's code for POST, PUT, PATCH, DELETE and request calls",
+                "none outside the simulator")
 
 
 def test_the_imds_client_only_streams_get() -> None:

@@ -23,8 +23,9 @@ def render() -> str:
     soak = ROOT / "benchmarks" / "soak.json"
     if soak.exists():
         figures = json.loads(soak.read_text())
-        lines += ["", f"Soak (`make soak`, {figures['machine']}): {figures['polls']:,} polls of a simulator changing "
-                      f"its document every {figures['change_every']} polls, {figures['documents']:,} distinct documents; "
+        lines += ["", f"Soak (`make soak`, {figures['machine']}): {figures['polls']:,} polls of a simulator "
+                      f"changing its document every {figures['change_every']} polls on average, "
+                      f"{figures['documents']:,} distinct documents; "
                       f"RSS {figures['rss_start_mb']:.1f} → {figures['rss_end_mb']:.1f} MB "
                       f"(growth {figures['rss_growth_mb']:+.2f} MB), open files {figures['fds_start']} → "
                       f"{figures['fds_end']}, threads {figures['threads_start']} → {figures['threads_end']}."]

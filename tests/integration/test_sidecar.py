@@ -19,7 +19,7 @@ from se_exporter.model import EVENT_TYPES
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator
-from tests.conftest import SimulatorFactory
+from tests.conftest import Reliability, SimulatorFactory
 from tests.helpers import Sidecar, http_get, series, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
@@ -127,7 +127,8 @@ def test_not_ready_while_imds_never_answered(sidecar: Callable[..., Sidecar]) ->
     assert process.value("azure_scheduled_events_last_success_timestamp_seconds") == 0
 
 
-def test_proxy_settings_are_ignored(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
+def test_proxy_settings_are_ignored(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                    reliability: Reliability) -> None:
     """With every proxy variable pointing at a listening trap, IMDS is still polled directly; the trap stays silent."""
     _, server = simulator("live-migration")
     with socket.socket() as trap:
@@ -143,6 +144,8 @@ def test_proxy_settings_are_ignored(simulator: SimulatorFactory, sidecar: Callab
                    what="identity read directly too")
         with pytest.raises(BlockingIOError):
             trap.accept()
+    reliability("Security", "HTTP_PROXY, HTTPS_PROXY, ALL_PROXY pointing at a listening trap",
+                "IMDS and compute metadata reached directly; the trap saw nothing")
 
 
 def test_old_api_version_end_to_end(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
@@ -194,7 +197,8 @@ def _closed_port() -> int:
 
 
 
-def test_demo_mode_shows_pending_events_and_never_posts(sidecar: Callable[..., Sidecar]) -> None:
+def test_demo_mode_shows_pending_events_and_never_posts(sidecar: Callable[..., Sidecar],
+                                                        reliability: Reliability) -> None:
     """`run --simulate` (what `make demo` runs) lists pending events within seconds; its simulator sees only GETs."""
     process = sidecar("--simulate", "--speed", "5")
     wait_until(lambda: process.value("azure_scheduled_events_pending", event_type="Freeze",
@@ -207,6 +211,8 @@ def test_demo_mode_shows_pending_events_and_never_posts(sidecar: Callable[..., S
     assert status == 200
     methods = {request["method"] for request in json.loads(body) if request["path"].startswith("/metadata")}
     assert methods == {"GET"}
+    reliability("Security", "every simulator the suite starts, checked at teardown",
+                "zero POST, PUT or DELETE requests from se-exporter")
 
 
 def test_simulate_command_serves_faults_from_flags(tmp_path: Path) -> None:

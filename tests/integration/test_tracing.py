@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from se_exporter.sinks.spans import trace_id_for
-from tests.conftest import SimulatorFactory
+from tests.conftest import Reliability, SimulatorFactory
 from tests.helpers import Sidecar, wait_until
 from tests.otlp_receiver import OtlpReceiver
 
@@ -90,7 +90,7 @@ def test_two_vms_share_one_trace_per_event(simulator: SimulatorFactory, sidecar:
 
 
 def test_kill_and_restart_mid_event(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
-                                    receiver: OtlpReceiver, tmp_path: Path) -> None:
+                                    receiver: OtlpReceiver, tmp_path: Path, reliability: Reliability) -> None:
     """After kill -9 and a restart: no transition counted twice, notice measured from the first sight before the
     kill, and the root span starts then too."""
     sim, server = simulator("live-migration")
@@ -117,6 +117,9 @@ def test_kill_and_restart_mid_event(simulator: SimulatorFactory, sidecar: Callab
     assert [name for name, _, _ in root.events] == ["scheduled", "started", "completed"]
     assert len([s for s in receiver.spans if s.name == "scheduled_event.update"
                 and s.attributes[A + "transition"] == "scheduled"]) == 1
+    reliability("Restarts", "kill -9 between Scheduled and Started, then restart",
+                "no transition counted twice; notice measured from the first sight; the same root span "
+                "continued")
 
 
 def test_sigterm_flushes_spans_and_exits_quickly(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
