@@ -70,10 +70,11 @@ async def _consume(settings: ConsumeSettings, position: Any, out: TextIO) -> int
             settings.eventhub_connection_string, consumer_group=settings.consumer_group,
             eventhub_name=settings.eventhub_name, retry_total=3)
     else:
-        from azure.identity.aio import ManagedIdentityCredential
+        from azure.identity.aio import DefaultAzureCredential
 
-        credential = ManagedIdentityCredential(client_id=settings.eventhub_client_id) \
-            if settings.eventhub_client_id else ManagedIdentityCredential()
+        # An operator's machine: their Azure CLI login is the natural credential here (unlike the sidecar's).
+        credential = DefaultAzureCredential(managed_identity_client_id=settings.eventhub_client_id) \
+            if settings.eventhub_client_id else DefaultAzureCredential()
         client = EventHubConsumerClient(
             fully_qualified_namespace=str(settings.eventhub_namespace), eventhub_name=str(settings.eventhub_name),
             consumer_group=settings.consumer_group, credential=credential, retry_total=3)

@@ -186,6 +186,15 @@ def test_managed_identity_builds_the_right_client() -> None:
     assert client._credential is made[0] and made[0].client_id == "c0ffee"
 
 
+def test_the_real_credential_chain_builds_without_contacting_anyone() -> None:
+    """Without an injected credential, the client gets azure-identity's chain (managed or workload identity), fully
+    constructible here: its async transport is installed, and nothing is fetched until a token is needed."""
+    client = producer_factory(None, "maintenance", "ns.servicebus.windows.net", "c0ffee")()
+    chain = [type(credential).__name__ for credential in client._credential.credentials]
+    assert "ManagedIdentityCredential" in chain
+    assert not {"AzureCliCredential", "AzurePowerShellCredential", "VisualStudioCodeCredential"} & set(chain)
+
+
 def test_connection_string_builds_the_right_client() -> None:
     """A connection string with EntityPath gives a producer for that namespace and hub."""
     client = producer_factory(CONN + ";EntityPath=maintenance", None, None, None)()

@@ -190,10 +190,20 @@ def producer_factory(connection_string: str | None, eventhub_name: str | None, n
                 retry_backoff_factor=RETRY_BACKOFF_FACTOR, retry_backoff_max=RETRY_BACKOFF_MAX)
         return from_string
     if make_credential is None:
-        from azure.identity.aio import ManagedIdentityCredential
+        from azure.core.pipeline.transport import AioHttpTransport
+        from azure.identity.aio import DefaultAzureCredential
 
         def make_credential(identity: str | None) -> Any:
-            return ManagedIdentityCredential(client_id=identity) if identity else ManagedIdentityCredential()
+            # The VM's managed identity, or on AKS the pod's workload identity (which a managed identity
+            # credential alone would miss, reaching the node's identity instead); a service principal in the
+            # environment for tests elsewhere. Developer tools (CLI, VS Code, PowerShell) never.
+            options: dict[str, Any] = {"managed_identity_client_id": identity} if identity else {}
+            # Token requests go to IMDS: never through a proxy from the environment.
+            options["transport"] = AioHttpTransport(use_env_settings=False)
+            return DefaultAzureCredential(
+                exclude_cli_credential=True, exclude_developer_cli_credential=True,
+                exclude_powershell_credential=True, exclude_visual_studio_code_credential=True,
+                exclude_shared_token_cache_credential=True, exclude_interactive_browser_credential=True, **options)
 
     credential = make_credential(client_id)
 

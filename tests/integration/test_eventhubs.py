@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -140,6 +141,7 @@ def test_event_hubs_down_at_start_then_up(simulator: SimulatorFactory, sidecar: 
     assert [e.body for e in first_copies(hub.store.all())] == served
     wait_until(lambda: process.value("azure_scheduled_events_spool_documents") == 0, what="spool drained")
     assert "Event Hubs reachable again" in process.log()
+    assert len(re.findall(r"Event Hubs send failed \(connection\)", process.log())) == 1
     reliability("Event Hubs", "down at start-up",
                 "documents spooled, `forward_errors_total{reason=\"connection\"}` counted, polling "
                 "unaffected; all delivered in order once up")
@@ -185,6 +187,7 @@ def test_silent_peer_never_blocks_polling_or_shutdown(simulator: SimulatorFactor
         started = time.monotonic()
         assert process.stop() == 0
         assert time.monotonic() - started < 10
+        assert len(re.findall(r"Event Hubs send failed", process.log())) == 1
     finally:
         peer.close()
     hub = hubs()
@@ -207,6 +210,7 @@ def test_a_peer_that_never_settles(simulator: SimulatorFactory, sidecar: Callabl
     step_through(sim, process, until=10)
     wait_until(lambda: len(hub.store.all()) >= 4, timeout=30, what="resends of unsettled batches")
     assert (process.value("azure_scheduled_events_forward_errors_total", sink="eventhubs", reason="timeout") or 0) >= 1
+    assert len(re.findall(r"Event Hubs send failed \(timeout\)", process.log())) == 1
     assert process.value("azure_scheduled_events_spool_documents") == len(sim.distinct_served())
     hub.settle = True
     step_through(sim, process)
