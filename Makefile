@@ -21,12 +21,16 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $@
 
-# Prometheus and promtool come from Debian's package: the suite scrapes the sidecar with the real thing.
+# Debian packages the suite uses for real: prometheus and promtool (the sidecar is scraped by the real thing),
+# systemd-analyze (the unit file is verified).
 system-deps:
-	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
-	  echo "installing Debian's prometheus package"; \
+	@missing=""; \
+	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
-	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
 # Documents go to $(DEMO_DIR)/documents.jsonl; with SE_EXPORTER_EVENTHUB_CONNECTION_STRING set, to Event Hubs too.

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from grafana_foundation_sdk.builders import bargauge, stat, statetimeline, table, timeseries
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import prometheus as prom
@@ -224,7 +225,21 @@ def render(dashboard: Any) -> str:
     return json.dumps(dashboard, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
 
 
-OUTPUTS = {"se-exporter-vm.json": vm_dashboard, "se-exporter-fleet.json": fleet_dashboard}
+def prometheus_rule() -> str:
+    """deploy/kubernetes/prometheusrule.yaml: the alert rules of alerts.yaml, wrapped for the Prometheus Operator."""
+    rules = yaml.safe_load((HERE / "alerts.yaml").read_text())
+    wrapped = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+               "metadata": {"name": "se-exporter", "namespace": "monitoring",
+                            "labels": {"app.kubernetes.io/name": "se-exporter", "release": "prometheus"}},
+               "spec": rules}
+    header = ("# Generated from dashboards/alerts.yaml by dashboards/generate.py: "
+              "edit that file, then make dashboards.\n")
+    return header + yaml.safe_dump(wrapped, sort_keys=False, width=1000, allow_unicode=True)
+
+
+OUTPUTS = {"se-exporter-vm.json": lambda: render(vm_dashboard()),
+           "se-exporter-fleet.json": lambda: render(fleet_dashboard()),
+           "../deploy/kubernetes/prometheusrule.yaml": prometheus_rule}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -233,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stale = []
     for name, build in OUTPUTS.items():
-        text = render(build())
+        text = build()
         path = HERE / name
         if args.check:
             if not path.exists() or path.read_text() != text:

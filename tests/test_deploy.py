@@ -1,0 +1,134 @@
+"""Deployment files: the systemd unit verifies, manifests parse and match what the sidecar serves."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from se_exporter.config import DEFAULT_PORT, RUN_OPTIONS
+
+ROOT = Path(__file__).parent.parent
+SYSTEMD = ROOT / "deploy" / "systemd"
+KUBE = ROOT / "deploy" / "kubernetes"
+
+
+def manifests() -> dict[tuple[str, str], dict[str, Any]]:
+    """Every document of deploy/kubernetes by (kind, file), the patch in workload-identity.yaml aside."""
+    found = {}
+    for path in sorted(KUBE.glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            assert document["metadata"]["namespace"] == "monitoring", path.name
+            found[(document["kind"], path.name)] = document
+    return found
+
+
+def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    """systemd-analyze verify accepts the unit without a single complaint (unknown keys only warn, so silence
+    is required too); ExecStart points at this checkout's console script, as it would at /opt/se-exporter."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.fail("systemd-analyze not found (Debian's systemd package)")
+    script = Path(sys.executable).parent / "se-exporter"
+    unit = (SYSTEMD / "se-exporter.service").read_text()
+    assert "ExecStart=/opt/se-exporter/bin/se-exporter run" in unit
+    (tmp_path / "se-exporter.service").write_text(unit.replace("/opt/se-exporter/bin/se-exporter", str(script)))
+    result = subprocess.run([analyze, "verify", str(tmp_path / "se-exporter.service")], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
+
+
+def test_unit_is_hardened() -> None:
+    """Unprivileged, state in StateDirectory, a read-only system, restart on failure."""
+    unit = (SYSTEMD / "se-exporter.service").read_text()
+    for line in ("DynamicUser=yes", "StateDirectory=se-exporter", "ProtectSystem=strict", "NoNewPrivileges=yes",
+                 "Environment=SE_EXPORTER_STATE_DIR=/var/lib/se-exporter", "Restart=always", "CapabilityBoundingSet="):
+        assert f"\n{line}\n" in unit, line
+
+
+def test_cloud_init_carries_the_same_unit() -> None:
+    """The scale-set custom data embeds exactly the unit file."""
+    data = yaml.safe_load((SYSTEMD / "cloud-init.yaml").read_text())
+    files = {item["path"]: item["content"] for item in data["write_files"]}
+    assert files["/etc/systemd/system/se-exporter.service"] == (SYSTEMD / "se-exporter.service").read_text()
+
+
+def test_environment_example_names_only_real_settings() -> None:
+    """Every variable in the env file example is one se-exporter (or OpenTelemetry) reads."""
+    known = {option.env for option in RUN_OPTIONS}
+    text = (SYSTEMD / "se-exporter.env.example").read_text() + (SYSTEMD / "cloud-init.yaml").read_text()
+    names = set(re.findall(r"^\s*#?\s*((?:SE_EXPORTER|OTEL)_[A-Z_]+)=", text, re.M))
+    assert names and names <= known | {"OTEL_EXPORTER_OTLP_ENDPOINT"}
+
+
+def test_daemonset_matches_the_sidecar() -> None:
+    """Port, probe paths and state directory are the ones the sidecar serves and uses; the pod runs locked down."""
+    daemonset = manifests()[("DaemonSet", "daemonset.yaml")]
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": DEFAULT_PORT, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env["SE_EXPORTER_LISTEN"] == f":{DEFAULT_PORT}"
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {env["SE_EXPORTER_STATE_DIR"]}
+    security = container["securityContext"]
+    assert security == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "privileged": False,
+                        "capabilities": {"drop": ["ALL"]}}
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] >= 1000
+    assert container["resources"]["limits"]["memory"] and container["resources"]["requests"]["cpu"]
+    selector = daemonset["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_scraping_objects_point_at_the_metrics_port() -> None:
+    """Service, ServiceMonitor and PodMonitor select the pods and scrape /metrics on the metrics port."""
+    found = manifests()
+    labels = found[("DaemonSet", "daemonset.yaml")]["spec"]["template"]["metadata"]["labels"]
+    service = found[("Service", "daemonset.yaml")]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service["spec"]["ports"][0]["port"] == DEFAULT_PORT and service["spec"]["ports"][0]["name"] == "metrics"
+    service_monitor = found[("ServiceMonitor", "monitoring.yaml")]
+    assert service_monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert service_monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert service_monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    pod_monitor = found[("PodMonitor", "monitoring.yaml")]
+    assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def test_prometheus_rule_is_the_alert_rules_file() -> None:
+    """The PrometheusRule carries exactly the groups of dashboards/alerts.yaml."""
+    rule = manifests()[("PrometheusRule", "prometheusrule.yaml")]
+    assert rule["spec"] == yaml.safe_load((ROOT / "dashboards" / "alerts.yaml").read_text())
+
+
+def test_network_policy_allows_imds_and_event_hubs_only() -> None:
+    """Egress: IMDS (169.254.169.254/32 on 80), DNS, and AMQP/HTTPS; nothing else."""
+    policy = manifests()[("NetworkPolicy", "networkpolicy.yaml")]
+    egress = policy["spec"]["egress"]
+    imds = [rule for rule in egress if rule.get("to") == [{"ipBlock": {"cidr": "169.254.169.254/32"}}]]
+    assert imds and imds[0]["ports"] == [{"port": 80, "protocol": "TCP"}]
+    ports = {port["port"] for rule in egress for port in rule["ports"]}
+    assert ports == {80, 53, 5671, 443}
+    assert policy["spec"]["ingress"] == [{"ports": [{"port": DEFAULT_PORT, "protocol": "TCP"}]}]
+
+
+def test_eventhubs_examples() -> None:
+    """The Secret feeds the variable the DaemonSet reads; the workload-identity example names what it needs."""
+    found = manifests()
+    secret = found[("Secret", "secret.yaml")]
+    container = found[("DaemonSet", "daemonset.yaml")]["spec"]["template"]["spec"]["containers"][0]
+    reference = next(e for e in container["env"] if e["name"] == "SE_EXPORTER_EVENTHUB_CONNECTION_STRING")
+    assert reference["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
+    assert reference["valueFrom"]["secretKeyRef"]["key"] in secret["stringData"]
+    account = found[("ServiceAccount", "workload-identity.yaml")]
+    assert "azure.workload.identity/client-id" in account["metadata"]["annotations"]
+    patch = found[("DaemonSet", "workload-identity.yaml")]
+    assert patch["spec"]["template"]["metadata"]["labels"] == {"azure.workload.identity/use": "true"}
