@@ -135,12 +135,15 @@ class EventHubsTarget:
         return added
 
     def _failed(self, error: Exception) -> None:
+        """Counted every time; logged once per outage (a refused connect may also show up as a timeout)."""
         reason = classify(error)
         self._metrics.errors.labels(self.name, reason).inc()
-        if reason != self._failing:
+        if self._failing is None:
             log.warning("Event Hubs send failed (%s): %s; %d documents stay spooled and will be retried",
                         reason, _describe(error), self._spool.count)
-            self._failing = reason
+        elif reason != self._failing:
+            log.debug("Event Hubs still failing, now %s: %s", reason, _describe(error))
+        self._failing = reason
 
     async def _discard(self, producer: Any) -> None:
         if producer is None:
