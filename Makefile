@@ -10,7 +10,7 @@ PORT ?= 10169
 DEMO_DIR ?= demo-output
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint typecheck unit system-deps clean dashboards reliability soak
+.PHONY: demo test lint typecheck unit system-deps clean dashboards reliability soak bench
 
 # Regenerate dashboards/*.json from dashboards/generate.py (the suite fails if they differ).
 dashboards: $(VENV)/.installed
@@ -61,6 +61,10 @@ test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installe
 # Rewrite the README's Reliability section from what the last full test run proved (and the last soak run).
 reliability: $(VENV)/.installed
 	$(BIN)/python tools/reliability.py
+
+# The sidecar's cost and speed against targets (writes benchmarks/bench.json); about two minutes.
+bench: $(VENV)/.installed
+	$(BIN)/python bench/bench.py
 
 # 100,000 polls of a fast-changing simulator; prints RSS, open files and threads (writes benchmarks/soak.json).
 soak: $(VENV)/.installed
