@@ -8,11 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
-from se_exporter.config import DEFAULT_PORT, RUN_OPTIONS
+from se_exporter.config import DEFAULT_IMDS_URL, DEFAULT_PORT, RUN_OPTIONS
 
 ROOT = Path(__file__).parent.parent
 SYSTEMD = ROOT / "deploy" / "systemd"
@@ -110,10 +111,11 @@ def test_prometheus_rule_is_the_alert_rules_file() -> None:
 
 
 def test_network_policy_allows_imds_and_event_hubs_only() -> None:
-    """Egress: IMDS (169.254.169.254/32 on 80), DNS, and AMQP/HTTPS; nothing else."""
+    """Egress: IMDS (its /32, port 80), DNS, and AMQP/HTTPS; nothing else."""
     policy = manifests()[("NetworkPolicy", "networkpolicy.yaml")]
     egress = policy["spec"]["egress"]
-    imds = [rule for rule in egress if rule.get("to") == [{"ipBlock": {"cidr": "169.254.169.254/32"}}]]
+    imds_cidr = f"{urlsplit(DEFAULT_IMDS_URL).hostname}/32"  # the documented IMDS address, never contacted here
+    imds = [rule for rule in egress if rule.get("to") == [{"ipBlock": {"cidr": imds_cidr}}]]
     assert imds and imds[0]["ports"] == [{"port": 80, "protocol": "TCP"}]
     ports = {port["port"] for rule in egress for port in rule["ports"]}
     assert ports == {80, 53, 5671, 443}
