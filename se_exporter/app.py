@@ -274,4 +274,4 @@ def lifecycle_store(settings: Settings) -> LifecycleStore | None:
         log.warning("cannot write %s (%s): open lifecycles will not survive a restart; set --state-dir",
                     directory, exc.strerror)
         return None
-    return LifecycleStore(directory)
+    return LifecycleStore(directory, scope=settings.imds_url)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,10 @@ from se_exporter.model import ScheduledEvent
 from se_exporter.sinks.envelope import write_atomically
 
 log = logging.getLogger("se_exporter.state")
-VERSION = 1
+VERSION = 2
+# Scheduled Events switches itself off after 24 hours without a request, so older state describes a stream of
+# events that has ended; continuing it would invent transitions.
+MAX_AGE_SECONDS = 24 * 3600
 
 
 def event_to_json(event: ScheduledEvent) -> dict[str, Any]:
@@ -42,8 +46,12 @@ def event_from_json(data: Mapping[str, Any]) -> ScheduledEvent:
 
 
 class LifecycleStore:
-    def __init__(self, state_dir: Path) -> None:
+    """Saved state belongs to one IMDS endpoint (``scope``): another endpoint's lifecycles are not ours."""
+
+    def __init__(self, state_dir: Path, scope: str = "", clock: Callable[[], float] = time.time) -> None:
         self.path = state_dir / "lifecycle.json"
+        self._scope = scope
+        self._clock = clock
 
     def load(self) -> dict[str, EventRecord]:
         if not self.path.exists():
@@ -52,6 +60,14 @@ class LifecycleStore:
             data = json.loads(self.path.read_text())
             if data.get("version") != VERSION:
                 raise ValueError(f"unknown version {data.get('version')!r}")
+            scope, saved_at = data["scope"], float(data["saved_at"])
+            if scope != self._scope:
+                log.info("not continuing lifecycles saved for another IMDS endpoint (%s)", scope)
+                return {}
+            age = self._clock() - saved_at
+            if age > MAX_AGE_SECONDS:
+                log.info("not continuing lifecycles saved %.0f hours ago", age / 3600)
+                return {}
             records = {
                 item["event"]["EventId"]: EventRecord(event=event_from_json(item["event"]),
                                                       first_seen=float(item["first_seen"]),
@@ -66,7 +82,7 @@ class LifecycleStore:
         return records
 
     def save(self, records: Mapping[str, EventRecord]) -> None:
-        data = {"version": VERSION, "records": [
+        data = {"version": VERSION, "scope": self._scope, "saved_at": self._clock(), "records": [
             {"event": event_to_json(r.event), "first_seen": r.first_seen, "started_at": r.started_at}
             for r in records.values()]}
         try:

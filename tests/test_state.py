@@ -27,13 +27,27 @@ def test_records_round_trip(tmp_path: Path) -> None:
     assert LifecycleStore(tmp_path).load() == records
 
 
+def test_state_of_another_imds_endpoint_is_not_continued(tmp_path: Path) -> None:
+    """Lifecycles saved while polling one endpoint are not ours when polling another."""
+    LifecycleStore(tmp_path, scope="http://127.0.0.1:1").save({"E1": EventRecord(EVENT, first_seen=1.0)})
+    assert LifecycleStore(tmp_path, scope="http://127.0.0.1:2").load() == {}
+    assert LifecycleStore(tmp_path, scope="http://127.0.0.1:1").load() != {}
+
+
+def test_state_older_than_a_day_is_not_continued(tmp_path: Path) -> None:
+    """After 24 h without requests Scheduled Events is off: saved lifecycles describe an ended stream."""
+    LifecycleStore(tmp_path, clock=lambda: 1_000.0).save({"E1": EventRecord(EVENT, first_seen=1.0)})
+    assert LifecycleStore(tmp_path, clock=lambda: 1_000.0 + 23 * 3600).load() != {}
+    assert LifecycleStore(tmp_path, clock=lambda: 1_000.0 + 25 * 3600).load() == {}
+
+
 def test_missing_file_is_an_empty_start(tmp_path: Path) -> None:
     """No file yet: nothing to continue, no complaint."""
     assert LifecycleStore(tmp_path).load() == {}
 
 
-@pytest.mark.parametrize("content", ["{not json", '{"version": 99, "records": []}', '{"version": 1}',
-                                     '{"version": 1, "records": [{"event": {}}]}'])
+@pytest.mark.parametrize("content", ["{not json", '{"version": 99, "records": []}', '{"version": 2}',
+                                     '{"version": 2, "scope": "", "saved_at": 9e18, "records": [{"event": {}}]}'])
 def test_corrupt_file_is_logged_and_ignored(tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture) -> None:
     """A damaged lifecycle file never stops the sidecar: it says so and starts afresh."""
     (tmp_path / "lifecycle.json").write_text(content)

@@ -125,6 +125,8 @@ class SpanSink:
             if before is not None and before != record.event and event_id not in moved:
                 self._note(record, "changed", vm_key, incarnation, change, {})
         self._last = {event_id: record.event for event_id, record in change.records.items()}
+        # Only listed events can still end; anything else (say, state left from another stream) would grow for ever.
+        self._open = {event_id: opened for event_id, opened in self._open.items() if event_id in change.records}
         self._save()
 
     def _transition(self, transition: Transition, vm_key: str, incarnation: int | None,
