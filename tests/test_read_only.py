@@ -10,7 +10,8 @@ from tests.conftest import Reliability
 
 PACKAGE = Path(se_exporter.__file__).parent
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
-WRITE_CALLS = {"post", "put", "patch", "delete", "request", "build_request", "urlopen"}
+WRITE_CALLS = {"post", "put", "patch", "delete", "urlopen"}
+METHOD_CALLS = {"request", "build_request", "stream"}  # allowed only with the literal method "GET"
 
 
 def _sidecar_sources() -> list[Path]:
@@ -27,21 +28,33 @@ def test_the_sidecar_has_no_write_requests(reliability: Reliability) -> None:
                 offences.append(f"{path.name}:{node.lineno} literal {node.value!r}")
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in WRITE_CALLS:
                 offences.append(f"{path.name}:{node.lineno} call .{node.func.attr}()")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in METHOD_CALLS and not _is_get(node):
+                offences.append(f"{path.name}:{node.lineno} call .{node.func.attr}() without the literal GET")
     assert offences == []
     reliability("Security", "search of the sidecar's code for POST, PUT, PATCH, DELETE and request calls",
                 "none outside the simulator")
 
 
-def test_the_imds_client_only_streams_get() -> None:
-    """The one place requests are made names GET explicitly."""
+def _is_get(call: ast.Call) -> bool:
+    method = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "method"), None)
+    return isinstance(method, ast.Constant) and method.value == "GET"
+
+
+def test_the_imds_client_only_builds_get() -> None:
+    """The one place a request is built names GET, and the only send is of such a request."""
     source = (PACKAGE / "imds.py").read_text()
-    assert source.count("self._http.stream(") == 1
-    assert 'self._http.stream("GET"' in source
+    assert source.count("self._http.build_request(") == 1
+    assert 'self._http.build_request("GET"' in source
+    assert source.count("self._http.send(") == 1
+    assert "self._http.send(self._request(" in source
 
 
 def test_the_scan_would_catch_a_post() -> None:
     """The scan itself works: a snippet that approves is flagged."""
-    tree = ast.parse('client.post(url, json={"StartRequests": []})\nclient.stream("POST", url)')
-    calls = [n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    tree = ast.parse('client.post(url, json={})\nclient.stream("POST", url)\nclient.build_request(m, url)\n'
+                     'client.build_request("GET", url)')
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
     literals = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in WRITE_METHODS]
-    assert "post" in calls and literals == ["POST"]
+    assert "post" in [c.func.attr for c in calls] and literals == ["POST"]  # type: ignore[union-attr]
+    assert [_is_get(c) for c in calls if c.func.attr in METHOD_CALLS] == [False, False, True]  # type: ignore[union-attr]
