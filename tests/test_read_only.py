@@ -32,8 +32,8 @@ def test_the_sidecar_has_no_write_requests(reliability: Reliability) -> None:
                     and node.func.attr in METHOD_CALLS and not _is_get(node):
                 offences.append(f"{path.name}:{node.lineno} call .{node.func.attr}() without the literal GET")
     assert offences == []
-    reliability("Security", "search of the sidecar's code for POST, PUT, PATCH, DELETE and request calls",
-                "none outside the simulator")
+    reliability("Security", "search of the sidecar's code for POST, PUT, PATCH, DELETE, and requests built "
+                            "without the literal GET", "none outside the simulator")
 
 
 def _is_get(call: ast.Call) -> bool:
