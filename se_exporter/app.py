@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -22,14 +23,16 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from se_exporter import lifecycle
 from se_exporter.config import Listen, Settings
-from se_exporter.errors import ImdsError, ImdsThrottled
+from se_exporter.errors import ConfigError, ImdsError, ImdsThrottled
 from se_exporter.imds import ImdsClient, VmIdentity
 from se_exporter.logs import fields
 from se_exporter.metrics import Metrics, Snapshot
 from se_exporter.model import parse_document
 from se_exporter.sinks import DocumentChange, FanOut
 from se_exporter.sinks.envelope import Sequencer
+from se_exporter.sinks.eventhubs import EventHubsTarget, producer_factory
 from se_exporter.sinks.forward import FileTarget, ForwardMetrics, ForwardSink, Target
+from se_exporter.sinks.spool import Spool
 from se_exporter.state import LifecycleStore
 
 log = logging.getLogger("se_exporter")
@@ -204,6 +207,7 @@ def _text(start_response: Callable[..., Any], ok: bool, good: str, bad: str) -> 
 
 class _QuietHandler(WSGIRequestHandler):
     disable_nagle_algorithm = True  # separate header and body writes must not wait for a delayed ACK
+
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes every few seconds are not news."""
 
@@ -229,11 +233,6 @@ def make_forwarding(settings: Settings, registry: CollectorRegistry) -> ForwardS
     """The forwarding sink with its targets (file, Event Hubs), or None when nothing is configured."""
     if not (settings.forward_file or settings.eventhubs_enabled):
         return None
-    from pathlib import Path
-
-    from se_exporter.sinks.eventhubs import EventHubsTarget, producer_factory
-    from se_exporter.sinks.spool import Spool
-
     metrics = ForwardMetrics(registry)
     sequencer = Sequencer(Path(settings.state_path))
     targets: list[Target] = []
@@ -258,10 +257,6 @@ def make_forwarding(settings: Settings, registry: CollectorRegistry) -> ForwardS
 
 def lifecycle_store(settings: Settings) -> LifecycleStore | None:
     """Where open lifecycles are kept. An explicit --state-dir must work; the default is used if it can be."""
-    from pathlib import Path
-
-    from se_exporter.errors import ConfigError
-
     directory = Path(settings.state_path)
     try:
         directory.mkdir(parents=True, exist_ok=True)

@@ -137,9 +137,7 @@ def run(settings: Settings) -> int:
         if settings.otel_traces_exporter != "none":
             from se_exporter.tracing import make_tracing
 
-            tracing = make_tracing(settings, store.path.parent if store else None, registry)
-            if tracing is not None:
-                outputs.append(tracing)
+            outputs.append(make_tracing(settings, store.path.parent if store else None, registry))
         sinks = FanOut(outputs, on_error=lambda name: metrics.sink_errors.labels(name).inc())
         cleanup.callback(sinks.shutdown)
         poller = Poller(imds, metrics, sinks, settings, store=store)
@@ -167,7 +165,6 @@ def run(settings: Settings) -> int:
                 print(f"Documents forwarded to {settings.forward_file}", flush=True)
         stop.wait()
         log.info("stopping")
-        stop.set()
     return 0
 
 

@@ -16,9 +16,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from se_exporter.files import write_atomically
 from se_exporter.lifecycle import EventRecord
 from se_exporter.model import ScheduledEvent
-from se_exporter.sinks.envelope import write_atomically
 
 log = logging.getLogger("se_exporter.state")
 VERSION = 2

@@ -17,7 +17,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry, Counter
 
 from se_exporter import __version__
@@ -25,6 +27,7 @@ from se_exporter.config import Settings
 from se_exporter.imds import VmIdentity
 from se_exporter.metrics import NAMESPACE
 from se_exporter.sinks import DocumentChange
+from se_exporter.sinks.spans import EventIdGenerator, SpanSink
 
 log = logging.getLogger("se_exporter.tracing")
 EXPORT_TIMEOUT_SECONDS = 5
@@ -112,7 +115,7 @@ class TracingSink:
     def __init__(self, settings: Settings, state_dir: Path | None, registry: CollectorRegistry) -> None:
         self._settings = settings
         self._state_dir = state_dir
-        self._sink: Any = None
+        self._sink: SpanSink | None = None
         exported = Counter(f"{NAMESPACE}_spans_exported", "Spans accepted by the trace exporter.", registry=registry)
         failed = Counter(f"{NAMESPACE}_span_export_errors", "Spans the trace exporter failed to deliver.",
                          registry=registry)
@@ -127,13 +130,7 @@ class TracingSink:
             self._sink = self._build(change.identity)
         self._sink.export(change)
 
-    def _build(self, identity: VmIdentity | None) -> Any:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-        from se_exporter.sinks.spans import EventIdGenerator, SpanSink
-
+    def _build(self, identity: VmIdentity | None) -> SpanSink:
         ids = EventIdGenerator()
         provider = TracerProvider(resource=Resource.create(resource_attributes(self._settings, identity)),
                                   id_generator=ids)
@@ -154,5 +151,6 @@ class TracingSink:
             self._exporter.shutdown()
 
 
-def make_tracing(settings: Settings, state_dir: Path | None, registry: CollectorRegistry) -> TracingSink | None:
-    return None if settings.otel_traces_exporter == "none" else TracingSink(settings, state_dir, registry)
+def make_tracing(settings: Settings, state_dir: Path | None, registry: CollectorRegistry) -> TracingSink:
+    """Called only when tracing is on: importing this module is what loads the SDK."""
+    return TracingSink(settings, state_dir, registry)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from se_exporter.imds import USER_AGENT
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.server import Simulator, SimulatorServer, start
 from tests.eventhubs_server import EventHubsTestServer, Store
-from tests.helpers import Sidecar
+from tests.helpers import Sidecar, free_port
 
 SimulatorFactory = Callable[..., tuple[Simulator, SimulatorServer]]
 Reliability = Callable[[str, str, str], None]
@@ -75,18 +74,12 @@ def sidecar(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
         process.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def hubs() -> Iterator[Callable[..., EventHubsTestServer]]:
     started: list[EventHubsTestServer] = []
 
     def make(store: Store | None = None, port: int = 0, settle: bool = True, start: bool = True) -> EventHubsTestServer:
-        server = EventHubsTestServer(store, port=port or _free_port(), settle=settle)
+        server = EventHubsTestServer(store, port=port or free_port(), settle=settle)
         if start:
             server.start()
         started.append(server)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -34,6 +35,13 @@ def wait_until(predicate: Callable[[], T], timeout: float = 10.0, what: str = "c
         time.sleep(interval)  # polling interval of the wait loop itself, not a settle-sleep
     raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_error})"
                                                                               if last_error else ""))
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (bind it soon, or expect it refused: both are used)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def parse_samples(text: str) -> Samples:
@@ -113,3 +121,14 @@ def stop_process(process: subprocess.Popen[bytes]) -> int:
             process.kill()
             process.wait()
     return process.returncode
+
+
+def step_through(sim: Any, process: Sidecar, until: float | None = None) -> None:
+    """Walk a simulator's scenario changes; after each, wait until the sidecar has read that document."""
+    for key_time in sim.scenario.key_times():
+        if until is not None and key_time > until:
+            break
+        sim.advance(max(0.0, key_time + 0.01 - sim.scenario_time()))
+        incarnation = sim.document()["DocumentIncarnation"]
+        wait_until(lambda wanted=incarnation: process.value("azure_scheduled_events_document_incarnation") == wanted,
+                   what=f"incarnation {incarnation}")

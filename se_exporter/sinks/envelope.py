@@ -9,8 +9,6 @@ same id and consumers can drop the duplicate.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import threading
 import uuid
 from collections.abc import Mapping
@@ -20,6 +18,7 @@ from pathlib import Path
 
 from se_exporter import __version__
 from se_exporter.errors import ConfigError
+from se_exporter.files import write_atomically
 from se_exporter.sinks import DocumentChange
 
 CONTENT_TYPE = "application/json"
@@ -102,26 +101,3 @@ class Sequencer:
     def _save(self) -> None:
         write_atomically(self._path, json.dumps({"installation_id": self.installation_id,
                                                  "next_sequence": self._next}).encode())
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write, fsync, rename, fsync the folder: after a crash the file is old or new, never torn."""
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -120,7 +120,7 @@ class EventHubsTarget:
             event = EventData(envelope.body)
             event.content_type = CONTENT_TYPE
             event.message_id = envelope.message_id
-            event.properties = {key: value for key, value in envelope.properties.items()}
+            event.properties = {name: value for name, value in envelope.properties.items()}
             try:
                 batch.add(event)
             except ValueError:

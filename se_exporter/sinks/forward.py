@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from se_exporter.errors import ConfigError
 from se_exporter.metrics import NAMESPACE
 from se_exporter.sinks import DocumentChange
-from se_exporter.sinks.envelope import CONTENT_TYPE, Envelope, Sequencer, build
+from se_exporter.sinks.envelope import Envelope, Sequencer, build
 
 log = logging.getLogger("se_exporter.forward")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
@@ -112,5 +112,3 @@ class FileTarget:
         with self._lock:
             self._handle.close()
 
-
-__all__ = ["CONTENT_TYPE", "FileTarget", "ForwardMetrics", "ForwardSink", "Target", "file_line"]

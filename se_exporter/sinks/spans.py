@@ -31,10 +31,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
+from se_exporter.files import write_atomically
 from se_exporter.lifecycle import CANCELED, COMPLETED, STARTED, EventRecord, Transition
 from se_exporter.model import ScheduledEvent, affects_vm
 from se_exporter.sinks import DocumentChange
-from se_exporter.sinks.envelope import write_atomically
 
 log = logging.getLogger("se_exporter.spans")
 PREFIX = "azure.scheduled_event."

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from se_exporter.errors import ConfigError
-from se_exporter.sinks.envelope import Envelope, fsync_dir, write_atomically
+from se_exporter.files import fsync_dir, write_atomically
+from se_exporter.sinks.envelope import Envelope
 
 log = logging.getLogger("se_exporter.spool")
 SUFFIX = ".env"
@@ -98,13 +99,12 @@ class Spool:
                 self.changed.wait(timeout)
 
     def _trim(self) -> list[int]:
+        """Drop the oldest until within the limit; with more than one file left, the oldest is never the newest."""
         dropped: list[int] = []
-        newest = max(self._sizes)
-        while sum(self._sizes.values()) > self._max_bytes and len(self._sizes) > 1:
+        total = sum(self._sizes.values())
+        while total > self._max_bytes and len(self._sizes) > 1:
             oldest = min(self._sizes)
-            if oldest == newest:
-                break
-            self._sizes.pop(oldest)
+            total -= self._sizes.pop(oldest)
             self._path(oldest).unlink(missing_ok=True)
             dropped.append(oldest)
         return dropped

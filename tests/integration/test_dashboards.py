@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,7 +15,7 @@ import yaml
 
 from se_exporter.simulator.faults import Fault
 from tests.conftest import SimulatorFactory
-from tests.helpers import Sidecar, http_get, parse_samples, wait_until
+from tests.helpers import Sidecar, free_port, http_get, parse_samples, step_through, wait_until
 from tests.integration.test_prometheus import Prometheus
 
 pytestmark = pytest.mark.integration
@@ -80,22 +79,6 @@ def test_dashboards_are_import_ready() -> None:
             assert all(t["datasource"]["uid"] == "${datasource}" for t in panel["targets"])
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _step(sim: object, process: Sidecar, until: float) -> None:
-    for key_time in sim.scenario.key_times():  # type: ignore[attr-defined]
-        if key_time > until:
-            break
-        sim.advance(max(0.0, key_time + 0.01 - sim.scenario_time()))  # type: ignore[attr-defined]
-        incarnation = sim.document()["DocumentIncarnation"]  # type: ignore[attr-defined]
-        wait_until(lambda wanted=incarnation: process.value("azure_scheduled_events_document_incarnation") == wanted,
-                   what=f"incarnation {incarnation}")
-
-
 def test_every_expression_runs_on_prometheus_and_lights_up(simulator: SimulatorFactory,
                                                            sidecar: Callable[..., Sidecar], tmp_path: Path) -> None:
     """Each dashboard and rule expression parses on Prometheus and returns data at one of the scenario's moments;
@@ -104,9 +87,9 @@ def test_every_expression_runs_on_prometheus_and_lights_up(simulator: SimulatorF
     process = sidecar("--imds-url", server.url, *FAST, "--forward-file", str(tmp_path / "docs.jsonl"),
                       "--spool-max-bytes", "12KiB", "--eventhub-send-timeout", "1", "--eventhub-retry-max", "0.3",
                       env={"SE_EXPORTER_EVENTHUB_CONNECTION_STRING":
-                           f"Endpoint=sb://127.0.0.1:{_free_port()};SharedAccessKeyName=k;SharedAccessKey=a2V5;"
+                           f"Endpoint=sb://127.0.0.1:{free_port()};SharedAccessKeyName=k;SharedAccessKey=a2V5;"
                            "UseDevelopmentEmulator=true;EntityPath=hub"})
-    dead = f"127.0.0.1:{_free_port()}"  # an exporter that is down, for the 'exporters down' panels and rule
+    dead = f"127.0.0.1:{free_port()}"  # an exporter that is down, for the 'exporters down' panels and rule
     prom = Prometheus(process.base_url.removeprefix("http://"), tmp_path / "prometheus", extra_targets=[dead],
                       rule_file=DASHBOARDS / "alerts.yaml")
     try:
@@ -127,9 +110,9 @@ def test_every_expression_runs_on_prometheus_and_lights_up(simulator: SimulatorF
             exposed.update(name for (name, _labels) in parse_samples(text))
 
         sim.inject(Fault("throttle", status=429, count=3))
-        _step(sim, process, until=305)   # neighbour Reboot and a host failure Started, degraded Redeploy Scheduled
+        step_through(sim, process, until=305)  # neighbour Reboot and host failure Started, Redeploy Scheduled
         checkpoint()
-        _step(sim, process, until=460)   # a 12 s Freeze Scheduled, rescheduled
+        step_through(sim, process, until=460)   # a 12 s Freeze Scheduled, rescheduled
         checkpoint()
         sim.inject(Fault("status", status=503, count=0))
         wait_until(lambda: prom.value("azure_scheduled_events_up") == 0, timeout=30, what="IMDS failing")

@@ -19,7 +19,7 @@ from azure.eventhub.aio import EventHubConsumerClient
 
 from tests.conftest import Reliability, SimulatorFactory
 from tests.eventhubs_server import EventHubsTestServer, SilentPeer, StoredEvent
-from tests.helpers import Sidecar, wait_until
+from tests.helpers import Sidecar, step_through, wait_until
 
 pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")
@@ -32,17 +32,6 @@ def forwarding(sidecar: Callable[..., Sidecar], imds_url: str, state: Path, conn
     return sidecar("--imds-url", imds_url, *FAST, "--state-dir", str(state), "--eventhub-send-timeout", "1",
                    "--eventhub-retry-max", "0.3", *extra,
                    env={"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": connection_string})
-
-
-def step_through(sim: Any, process: Sidecar, until: float | None = None) -> None:
-    """Walk the scenario's changes; after each, wait until the sidecar has read that document."""
-    for key_time in sim.scenario.key_times():
-        if until is not None and key_time > until:
-            break
-        sim.advance(max(0.0, key_time + 0.01 - sim.scenario_time()))
-        incarnation = sim.document()["DocumentIncarnation"]
-        wait_until(lambda wanted=incarnation: process.value("azure_scheduled_events_document_incarnation") == wanted,
-                   what=f"incarnation {incarnation}")
 
 
 def first_copies(events: list[StoredEvent]) -> list[StoredEvent]:
@@ -82,7 +71,7 @@ def consume(connection_string: str, count: int, timeout: float = 20.0) -> list[A
 
 def test_round_trip_through_the_sdk(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
                                     hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
-        reliability: Reliability) -> None:
+                                    reliability: Reliability) -> None:
     """Every distinct document reaches Event Hubs once, byte-identical, in order, with properties and key."""
     sim, server = simulator("live-migration")
     hub = hubs()
@@ -130,7 +119,7 @@ def test_round_trip_through_the_sdk(simulator: SimulatorFactory, sidecar: Callab
 
 def test_event_hubs_down_at_start_then_up(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
                                           hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
-        reliability: Reliability) -> None:
+                                          reliability: Reliability) -> None:
     """With nothing listening, documents are spooled and errors counted; once it listens, all arrive in order."""
     sim, server = simulator("canceled")
     hub = hubs(start=False)
@@ -155,7 +144,7 @@ def test_event_hubs_down_at_start_then_up(simulator: SimulatorFactory, sidecar: 
 
 def test_stopped_mid_stream_and_restarted(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
                                           hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
-        reliability: Reliability) -> None:
+                                          reliability: Reliability) -> None:
     """Documents before, during and after an outage all arrive, in order, duplicates only by message id."""
     sim, server = simulator("demo")
     hub = hubs()
@@ -177,7 +166,7 @@ def test_stopped_mid_stream_and_restarted(simulator: SimulatorFactory, sidecar: 
 
 def test_silent_peer_never_blocks_polling_or_shutdown(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
                                                       hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
-        reliability: Reliability) -> None:
+                                                      reliability: Reliability) -> None:
     """A peer that accepts TCP and never answers: timeouts counted, polling goes on, SIGTERM exits at once;
     a restart against a working hub delivers what was spooled."""
     sim, server = simulator("live-migration")
@@ -208,7 +197,7 @@ def test_silent_peer_never_blocks_polling_or_shutdown(simulator: SimulatorFactor
 
 def test_a_peer_that_never_settles(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
                                    hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
-        reliability: Reliability) -> None:
+                                   reliability: Reliability) -> None:
     """Unsettled sends time out and are resent with the same message id; nothing is lost or reordered."""
     sim, server = simulator("live-migration")
     hub = hubs(settle=False)
@@ -229,7 +218,7 @@ def test_a_peer_that_never_settles(simulator: SimulatorFactory, sidecar: Callabl
 
 def test_sigkill_during_an_outage_loses_nothing(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
                                                 hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
-        reliability: Reliability) -> None:
+                                                reliability: Reliability) -> None:
     """kill -9 while Event Hubs is down; after restart every accepted document arrives and sequences go on."""
     sim, server = simulator("demo")
     hub = hubs(start=False)
@@ -254,7 +243,7 @@ def test_sigkill_during_an_outage_loses_nothing(simulator: SimulatorFactory, sid
 
 def test_full_spool_drops_oldest_visibly(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
                                          hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
-        reliability: Reliability) -> None:
+                                         reliability: Reliability) -> None:
     """A small spool during an outage drops the oldest documents, counted and logged; the newest arrive."""
     sim, server = simulator("demo")
     hub = hubs(start=False)

@@ -4,7 +4,6 @@ the sidecar recovers on the next good poll. Each proven row lands in the README'
 from __future__ import annotations
 
 import re
-import socket
 from collections.abc import Callable
 
 import pytest
@@ -13,7 +12,7 @@ from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator, start
 from tests.conftest import Reliability, SimulatorFactory
-from tests.helpers import Sidecar, wait_until
+from tests.helpers import Sidecar, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2", "--imds-timeout", "0.5")
@@ -33,12 +32,6 @@ IMDS_FAULTS = [
     ("slow answers beyond the timeout", Fault("delay", seconds=1.5, count=0), "timeout"),
     ("connection reset", Fault("reset", count=0), "connection_error"),
 ]
-
-
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.mark.parametrize(("name", "fault", "outcome"), IMDS_FAULTS, ids=[f[0] for f in IMDS_FAULTS])
@@ -99,7 +92,7 @@ def test_slow_first_call(simulator: SimulatorFactory, sidecar: Callable[..., Sid
 
 def test_connection_refused_then_imds_appears(sidecar: Callable[..., Sidecar], reliability: Reliability) -> None:
     """Refused connections are counted; once IMDS listens on that port, the next poll recovers."""
-    port = _closed_port()
+    port = free_port()
     process = sidecar("--imds-url", f"http://127.0.0.1:{port}", *FAST)
     wait_until(lambda: (process.value("azure_scheduled_events_polls_total", outcome="connection_error") or 0) >= 1,
                what="refused counted")

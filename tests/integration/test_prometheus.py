@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -15,7 +14,7 @@ import pytest
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator
 from tests.conftest import SimulatorFactory
-from tests.helpers import Sidecar, http_get, stop_process, wait_until
+from tests.helpers import Sidecar, free_port, http_get, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")
@@ -41,7 +40,7 @@ class Prometheus:
             f"scrape_configs:\n  - job_name: se-exporter\n    static_configs:\n      - targets: [{targets}]\n")
         self.log = workdir / "prometheus.log"
         for _ in range(3):  # the free port may be taken between probe and bind; try another
-            port = _free_port()
+            port = free_port()
             self.url = f"http://127.0.0.1:{port}"
             with self.log.open("wb") as log:
                 self.process = subprocess.Popen(
@@ -67,12 +66,6 @@ class Prometheus:
 
     def stop(self) -> None:
         stop_process(self.process)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator
 from tests.conftest import Reliability, SimulatorFactory
-from tests.helpers import Sidecar, http_get, series, stop_process, wait_until
+from tests.helpers import Sidecar, free_port, http_get, series, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2", "--imds-timeout", "0.5")
@@ -118,7 +118,7 @@ def test_health_and_readiness_endpoints(simulator: SimulatorFactory, sidecar: Ca
 
 def test_not_ready_while_imds_never_answered(sidecar: Callable[..., Sidecar]) -> None:
     """Against a dead IMDS: alive (healthz 200), not ready (readyz 503), up 0, connection errors counted."""
-    process = sidecar("--imds-url", f"http://127.0.0.1:{_closed_port()}", *FAST)
+    process = sidecar("--imds-url", f"http://127.0.0.1:{free_port()}", *FAST)
     wait_until(lambda: (process.value("azure_scheduled_events_polls_total", outcome="connection_error") or 0) >= 2,
                what="connection errors counted")
     assert http_get(process.base_url + "/readyz")[0] == 503
@@ -187,12 +187,6 @@ def test_json_logs(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar])
     assert scheduled["event_type"] == "Freeze"
     assert scheduled["affects_this_vm"] in ("true", "unknown")
     assert scheduled["level"] == "warning"
-
-
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 
