@@ -116,7 +116,7 @@ def drain_figure(documents: int) -> float:
             for sequence in range(1, documents + 1):
                 spool.append(Envelope(sequence, f"bench:{sequence}", "vm-1", {"sequence": sequence}, body, time.time()))
             target = EventHubsTarget(spool, producer_factory(hub.connection_string(), None, None, None),
-                                     ForwardMetrics(CollectorRegistry()), batch_size=500)
+                                     ForwardMetrics(CollectorRegistry()))
             started = time.perf_counter()
             target.start()
             wait(lambda: spool.count == 0, timeout=600)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import struct
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -92,11 +94,14 @@ def test_spool_keeps_order_across_reopen(tmp_path: Path) -> None:
 
 
 def test_spool_appends_are_on_disk_before_returning(tmp_path: Path) -> None:
-    """append() leaves a complete file, not a temp file, so a kill -9 right after loses nothing."""
+    """append() leaves a complete, checksummed record in the segment, so a kill -9 right after loses nothing."""
     Spool(tmp_path, 1 << 20).append(envelope(5, b"{}"))
-    files = os.listdir(tmp_path)
-    assert files == ["00000000000000000005.env"]
-    assert (tmp_path / files[0]).read_bytes().endswith(b"\n{}")
+    assert sorted(os.listdir(tmp_path)) == ["00000000000000000005.seg", "acked"]
+    data = (tmp_path / "00000000000000000005.seg").read_bytes()
+    length, crc = struct.unpack(">II", data[:8])
+    assert len(data) == 8 + length and zlib.crc32(data[8:]) == crc
+    assert data.endswith(b"\n{}")
+    assert Spool(tmp_path, 1 << 20).peek(10) == [envelope(5, b"{}")]
 
 
 def test_full_spool_drops_the_oldest_and_counts(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -110,24 +115,106 @@ def test_full_spool_drops_the_oldest_and_counts(tmp_path: Path, caplog: pytest.L
     assert spool.size_bytes <= 1500
     assert sum(dropped) == 10 - len(kept)
     assert "dropped the" in caplog.text
+    assert [e.sequence for e in Spool(tmp_path, 1500).peek(100)] == kept  # dropped stays dropped after a restart
+    on_disk = sum(path.stat().st_size for path in tmp_path.glob("*.seg"))
+    assert on_disk <= 1500 + 1500 // 16 + 400  # the limit, plus at most one partly dropped small segment
 
 
-def test_unreadable_spool_file_is_dropped_visibly(tmp_path: Path) -> None:
-    """A damaged file does not block the queue: it is dropped and counted, the rest flows."""
+def test_acknowledged_segments_are_removed_and_numbering_never_goes_back(tmp_path: Path) -> None:
+    """Segments go once every record in them is acknowledged; an empty spool still knows the last sequence."""
+    spool = Spool(tmp_path, 1 << 20, segment_bytes=300)
+    for sequence in range(1, 11):
+        spool.append(envelope(sequence, b"x" * 200))
+    assert len(list(tmp_path.glob("*.seg"))) == 10  # each record fills a 300-byte segment
+    spool.remove(range(1, 6))
+    assert sorted(int(path.stem) for path in tmp_path.glob("*.seg")) == [6, 7, 8, 9, 10]
+    spool.remove(range(6, 11))
+    assert os.listdir(tmp_path) == ["acked"] and spool.count == 0 and spool.size_bytes == 0
+    reopened = Spool(tmp_path, 1 << 20)
+    assert reopened.count == 0 and reopened.last_sequence == 10
+
+
+def test_records_at_or_below_the_cursor_are_not_sent_again(tmp_path: Path) -> None:
+    """The cursor survives a restart even while the segment holding acknowledged records is still there."""
+    spool = Spool(tmp_path, 1 << 20)
+    for sequence in (1, 2, 3):
+        spool.append(envelope(sequence))
+    spool.remove([1, 2])
+    assert len(list(tmp_path.glob("*.seg"))) == 1  # record 3 keeps the segment
+    assert [e.sequence for e in Spool(tmp_path, 1 << 20).peek(10)] == [3]
+
+
+def test_a_torn_cursor_write_falls_back_to_the_older_cursor(tmp_path: Path) -> None:
+    """A damaged cursor slot means a few documents are resent (same message ids), never that any is lost."""
+    spool = Spool(tmp_path, 1 << 20)
+    for sequence in (1, 2, 3, 4):
+        spool.append(envelope(sequence))
+    spool.remove([1])
+    spool.remove([2])  # written to the other slot
+    acked = bytearray((tmp_path / "acked").read_bytes())
+    newest = 0 if struct.unpack(">Q", acked[:8])[0] == 2 else 16
+    acked[newest + 9] ^= 0xFF  # its checksum no longer matches
+    (tmp_path / "acked").write_bytes(bytes(acked))
+    assert [e.sequence for e in Spool(tmp_path, 1 << 20).peek(10)] == [2, 3, 4]
+
+
+def test_damaged_record_is_dropped_visibly(tmp_path: Path) -> None:
+    """A damaged record does not block the queue: it is dropped and counted, the rest flows."""
     dropped: list[int] = []
     spool = Spool(tmp_path, 1 << 20, on_drop=dropped.append)
     spool.append(envelope(1))
     spool.append(envelope(2))
-    (tmp_path / "00000000000000000001.env").write_bytes(b"not json\n{}")
+    segment = tmp_path / "00000000000000000001.seg"
+    data = bytearray(segment.read_bytes())
+    data[20] ^= 0xFF  # inside record 1's header
+    segment.write_bytes(bytes(data))
     assert [e.sequence for e in spool.peek(10)] == [2]
     assert dropped == [1]
+    reopened: list[int] = []
+    assert [e.sequence for e in Spool(tmp_path, 1 << 20, on_drop=reopened.append).peek(10)] == [2]
 
 
-def test_incomplete_temp_files_are_cleaned_up(tmp_path: Path) -> None:
-    """A write cut short by a crash never counted as accepted: its temp file is removed at start."""
-    (tmp_path / ".00000000000000000009.env.abc123").write_bytes(b"partial")
-    assert Spool(tmp_path, 1 << 20).count == 0
-    assert os.listdir(tmp_path) == []
+def test_an_incomplete_write_is_cut_off_and_later_appends_survive(tmp_path: Path) -> None:
+    """A record cut short by a crash was never accepted: it is removed at start, and what follows is readable."""
+    spool = Spool(tmp_path, 1 << 20)
+    spool.append(envelope(1))
+    spool.append(envelope(2))
+    segment = tmp_path / "00000000000000000001.seg"
+    whole = segment.stat().st_size
+    with segment.open("ab") as handle:
+        handle.write(struct.pack(">II", 500, 0) + b'{"sequence":3')
+    reopened = Spool(tmp_path, 1 << 20)
+    assert reopened.count == 2 and segment.stat().st_size == whole
+    reopened.append(envelope(3))
+    assert [e.sequence for e in Spool(tmp_path, 1 << 20).peek(10)] == [1, 2, 3]
+
+
+def test_a_failed_write_leaves_no_half_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """append() that fails (disk full, I/O error) raises and leaves the segment as it was for the next append."""
+    spool = Spool(tmp_path, 1 << 20)
+    spool.append(envelope(1))
+    real = os.fdatasync
+
+    def failing(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(OSError):
+        spool.append(envelope(2))
+    monkeypatch.setattr(os, "fdatasync", real)
+    spool.append(envelope(3))
+    assert [e.sequence for e in Spool(tmp_path, 1 << 20).peek(10)] == [1, 3]
+
+
+def test_a_spool_of_the_one_file_per_document_layout_is_imported(tmp_path: Path) -> None:
+    """Upgrading from 0.1 loses nothing: its <sequence>.env files are moved into a segment, in order."""
+    for sequence in (7, 8):
+        header = json.dumps(envelope(sequence).header()).encode()
+        (tmp_path / f"{sequence:020d}.env").write_bytes(header + b"\n" + RAW)
+    (tmp_path / ".00000000000000000009.env.abc123").write_bytes(b"partial")  # a write 0.1 never finished
+    spool = Spool(tmp_path, 1 << 20)
+    assert spool.peek(10) == [envelope(7), envelope(8)]
+    assert sorted(os.listdir(tmp_path)) == ["00000000000000000007.seg", "acked"]
 
 
 CONN = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=TOPSECRETKEY="

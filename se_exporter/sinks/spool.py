@@ -1,67 +1,122 @@
 """A durable, bounded, ordered on-disk queue of envelopes waiting for Event Hubs.
 
-One file per envelope, named by its sequence number, written atomically and fsynced before
-``append`` returns: a document counts as accepted only once it is on disk, so it survives an Event
-Hubs outage and a ``kill -9`` alike. The forwarder reads the oldest first and removes only what
-Event Hubs acknowledged (at-least-once). Past ``max_bytes`` the oldest envelopes are dropped,
-counted and logged: never silently, and never the newest.
+A document counts as accepted only once it is on disk, so it survives an Event Hubs outage and a
+``kill -9`` alike: ``append`` returns after the record is written and fdatasync'ed. The forwarder
+reads the oldest first and removes only what Event Hubs acknowledged (at-least-once). Past
+``max_bytes`` the oldest envelopes are dropped, counted and logged: never silently, never the newest.
 
-File layout: ``<sequence:020d>.env`` = one line of JSON header, then the exact body bytes.
+Layout (a segmented log, like Kafka's or Fluent Bit's chunks, rather than a file per document):
+
+* ``<first sequence:020d>.seg``: records appended back to back, each
+  ``[length u32][crc32 u32][header JSON line][exact body bytes]``. A new segment starts past
+  ``segment_bytes`` and at every start-up.
+* ``acked``: two 16-byte slots ``[sequence u64][crc32 u32][pad]`` written alternately in place;
+  the valid slot with the higher sequence is the cursor. Every record at or below it was
+  acknowledged or dropped. A torn slot write leaves the other slot, i.e. a slightly older cursor:
+  a few documents are sent again with their same message ids, nothing is lost.
+
+Why not one file per document (the 0.1 layout, still read and imported at start-up): removing a
+file whose blocks were fsynced costs a journal commit and, on a filesystem mounted with ``discard``
+(online TRIM, common on cloud disks), a discard: ~0.9 ms per document on the benchmark machine,
+which made draining 10,000 documents take 12 s. A segment is removed whole once every record in it
+is acknowledged, so that cost is paid once per segment.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import struct
 import threading
+import zlib
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from se_exporter.errors import ConfigError
-from se_exporter.files import fsync_dir, write_atomically
+from se_exporter.files import fsync_dir
 from se_exporter.sinks.envelope import Envelope
 
 log = logging.getLogger("se_exporter.spool")
-SUFFIX = ".env"
+SUFFIX = ".seg"
+ACKED = "acked"
+_RECORD = struct.Struct(">II")  # payload length, CRC-32 of the payload
+_SLOT = struct.Struct(">QI4x")  # cursor sequence, CRC-32 of the packed sequence; 16 bytes
+MAX_SEGMENT_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class _Location:
+    segment: int  # first sequence of the segment = its file name
+    offset: int
+    size: int  # the whole record, prefix included
 
 
 class Spool:
-    def __init__(self, directory: Path, max_bytes: int, on_drop: Callable[[int], None] = lambda count: None) -> None:
+    def __init__(self, directory: Path, max_bytes: int, on_drop: Callable[[int], None] = lambda count: None,
+                 segment_bytes: int | None = None) -> None:
         self._dir = directory
         self._max_bytes = max_bytes
         self._on_drop = on_drop
+        # A small limit gets small segments, so that dropping the oldest documents also frees their disk space.
+        self._segment_bytes = segment_bytes or max(1, min(MAX_SEGMENT_BYTES, max_bytes // 16))
         self._lock = threading.Lock()
-        self._sizes: dict[int, int] = {}
         self.changed = threading.Condition(self._lock)
+        self._index: dict[int, _Location] = {}  # unacknowledged records, oldest first
+        self._bytes = 0
+        self._segments: dict[int, int] = {}  # segment -> records in it not yet acknowledged
+        self._writer: int | None = None  # fd of the segment being appended to
+        self._writer_segment = 0
+        self._writer_size = 0
+        self._slot = 0
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            for path in directory.glob(f"*{SUFFIX}"):
-                self._sizes[int(path.stem)] = path.stat().st_size
-            for leftover in directory.glob(".*.env.*"):
-                leftover.unlink()  # a temp file from a write that never completed: never accepted
+            self._acked_fd = os.open(directory / ACKED, os.O_RDWR | os.O_CREAT, 0o600)
+            self._cursor = self._read_cursor()
+            self._highest = self._cursor
+            segments = sorted(directory.glob(f"*{SUFFIX}"))
+            for path in segments:
+                self._load_segment(path, newest=path == segments[-1])
+            legacy = sorted(directory.glob("*.env"))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--spool-dir {directory}: cannot use it ({exc})") from None
-        if self._sizes:
-            log.info("spool holds %d documents from before the restart", len(self._sizes))
+        self._import_legacy(legacy)
+        if self._index:
+            log.info("spool holds %d documents from before the restart", len(self._index))
 
     @property
     def count(self) -> int:
-        return len(self._sizes)
+        return len(self._index)
 
     @property
     def size_bytes(self) -> int:
-        return sum(self._sizes.values())
+        return self._bytes
 
     @property
     def last_sequence(self) -> int:
-        return max(self._sizes, default=0)
+        """The highest sequence ever held, acknowledged ones included, so numbering never goes back."""
+        return self._highest
 
     def append(self, envelope: Envelope) -> None:
         header = json.dumps(envelope.header(), separators=(",", ":")).encode()
-        path = self._path(envelope.sequence)
-        write_atomically(path, header + b"\n" + envelope.body)
+        payload = header + b"\n" + envelope.body
+        record = _RECORD.pack(len(payload), zlib.crc32(payload)) + payload
         with self._lock:
-            self._sizes[envelope.sequence] = path.stat().st_size
+            fd = self._writable(envelope.sequence)
+            offset = self._writer_size
+            try:
+                os.write(fd, record)
+                os.fdatasync(fd)
+            except OSError:
+                # Never leave half a record for later appends to sit behind: cut it off, or start a new segment.
+                self._cut_back(fd, offset)
+                raise
+            self._writer_size += len(record)
+            self._index[envelope.sequence] = _Location(self._writer_segment, offset, len(record))
+            self._segments[self._writer_segment] = self._segments.get(self._writer_segment, 0) + 1
+            self._bytes += len(record)
+            self._highest = max(self._highest, envelope.sequence)
             dropped = self._trim()
             self.changed.notify_all()
         if dropped:
@@ -70,52 +125,193 @@ class Spool:
             self._on_drop(len(dropped))
 
     def peek(self, limit: int) -> list[Envelope]:
-        """The oldest ``limit`` envelopes, in order; unreadable files are dropped with a log line."""
+        """The oldest ``limit`` envelopes, in order; damaged records are dropped with a log line."""
         with self._lock:
-            sequences = sorted(self._sizes)[:limit]
-        envelopes = []
-        for sequence in sequences:
-            try:
-                envelopes.append(self._read(sequence))
-            except FileNotFoundError:
-                continue  # trimmed meanwhile
-            except (OSError, ValueError, KeyError) as exc:
-                log.error("spooled document %d is unreadable and is dropped: %s", sequence, exc)
-                self.remove([sequence])
-                self._on_drop(1)
+            wanted = []
+            for sequence, location in self._index.items():
+                if len(wanted) == limit:
+                    break
+                wanted.append((sequence, location))
+        envelopes: list[Envelope] = []
+        handles: dict[int, int] = {}
+        try:
+            for sequence, location in wanted:
+                try:
+                    fd = handles.get(location.segment)
+                    if fd is None:
+                        fd = handles[location.segment] = os.open(self._segment_path(location.segment), os.O_RDONLY)
+                    envelopes.append(_decode(os.pread(fd, location.size, location.offset)))
+                except FileNotFoundError:
+                    continue  # dropped meanwhile
+                except (OSError, ValueError, KeyError) as exc:
+                    log.error("spooled document %d is unreadable and is dropped: %s", sequence, exc)
+                    self.remove([sequence])
+                    self._on_drop(1)
+        finally:
+            for fd in handles.values():
+                os.close(fd)
         return envelopes
 
     def remove(self, sequences: Iterable[int]) -> None:
         with self._lock:
             for sequence in sequences:
-                self._sizes.pop(sequence, None)
-                self._path(sequence).unlink(missing_ok=True)
-        fsync_dir(self._dir)
+                self._forget(sequence)
+            self._advance_cursor()
 
     def wait(self, timeout: float) -> None:
         """Block until something is appended or ``timeout`` passes."""
         with self._lock:
-            if not self._sizes:
+            if not self._index:
                 self.changed.wait(timeout)
 
+    def close(self) -> None:
+        with self._lock:
+            if self._writer is not None:
+                os.close(self._writer)
+                self._writer = None
+            os.close(self._acked_fd)
+
+    # --- under the lock ---
+
+    def _writable(self, sequence: int) -> int:
+        if self._writer is not None and self._writer_size >= self._segment_bytes:
+            os.close(self._writer)
+            self._writer = None
+        if self._writer is None:
+            path = self._segment_path(sequence)
+            self._writer = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+            fsync_dir(self._dir)  # the new segment's name is durable before anything in it counts
+            self._writer_segment, self._writer_size = sequence, 0
+        return self._writer
+
+    def _cut_back(self, fd: int, size: int) -> None:
+        try:
+            os.ftruncate(fd, size)
+        except OSError:
+            os.close(fd)
+            self._writer = None
+
+    def _forget(self, sequence: int) -> None:
+        location = self._index.pop(sequence, None)
+        if location is None:
+            return
+        self._bytes -= location.size
+        left = self._segments[location.segment] - 1
+        if left:
+            self._segments[location.segment] = left
+            return
+        del self._segments[location.segment]
+        if location.segment == self._writer_segment and self._writer is not None:
+            os.close(self._writer)  # the next append starts a fresh segment
+            self._writer = None
+        self._segment_path(location.segment).unlink(missing_ok=True)
+
+    def _advance_cursor(self) -> None:
+        oldest = next(iter(self._index), self._highest + 1)
+        cursor = oldest - 1
+        if cursor <= self._cursor:
+            return
+        self._cursor = cursor
+        self._slot ^= 1
+        os.pwrite(self._acked_fd, _SLOT.pack(cursor, zlib.crc32(cursor.to_bytes(8, "big"))), self._slot * _SLOT.size)
+        os.fdatasync(self._acked_fd)
+
     def _trim(self) -> list[int]:
-        """Drop the oldest until within the limit; with more than one file left, the oldest is never the newest."""
+        """Drop the oldest until within the limit; with more than one record left, never the newest."""
         dropped: list[int] = []
-        total = sum(self._sizes.values())
-        while total > self._max_bytes and len(self._sizes) > 1:
-            oldest = min(self._sizes)
-            total -= self._sizes.pop(oldest)
-            self._path(oldest).unlink(missing_ok=True)
+        while self._bytes > self._max_bytes and len(self._index) > 1:
+            oldest = next(iter(self._index))
+            self._forget(oldest)
             dropped.append(oldest)
+        if dropped:
+            self._advance_cursor()
         return dropped
 
-    def _read(self, sequence: int) -> Envelope:
-        data = self._path(sequence).read_bytes()
-        header_line, _, body = data.partition(b"\n")
-        header = json.loads(header_line)
-        return Envelope(sequence=int(header["sequence"]), message_id=str(header["message_id"]),
-                        partition_key=str(header["partition_key"]), properties=dict(header["properties"]),
-                        body=body, observed_at=float(header["observed_at"]))
+    # --- start-up ---
 
-    def _path(self, sequence: int) -> Path:
-        return self._dir / f"{sequence:020d}{SUFFIX}"
+    def _read_cursor(self) -> int:
+        data = os.pread(self._acked_fd, 2 * _SLOT.size, 0)
+        best, best_slot = 0, 1
+        for slot in (0, 1):
+            chunk = data[slot * _SLOT.size:(slot + 1) * _SLOT.size]
+            if len(chunk) == _SLOT.size:
+                sequence, crc = _SLOT.unpack(chunk)
+                if crc == zlib.crc32(sequence.to_bytes(8, "big")) and sequence >= best:
+                    best, best_slot = sequence, slot
+        self._slot = best_slot
+        return best
+
+    def _load_segment(self, path: Path, newest: bool) -> None:
+        segment = int(path.stem)
+        data = path.read_bytes()
+        offset = 0
+        kept = 0
+        while offset < len(data):
+            if offset + _RECORD.size > len(data):
+                break
+            length = _RECORD.unpack_from(data, offset)[0]
+            end = offset + _RECORD.size + length
+            if end > len(data):
+                break
+            try:
+                sequence = _decode(data[offset:end]).sequence
+            except (ValueError, KeyError) as exc:
+                log.error("spool segment %s: a damaged record at byte %d is dropped: %s", path.name, offset, exc)
+                self._on_drop(1)
+                offset = end
+                continue
+            if sequence > self._cursor:
+                self._index[sequence] = _Location(segment, offset, end - offset)
+                self._bytes += end - offset
+                kept += 1
+            self._highest = max(self._highest, sequence)
+            offset = end
+        if offset < len(data):
+            if newest:  # a write cut short by a crash: append() never returned, so it was never accepted
+                log.info("spool segment %s: %d bytes of an incomplete write removed", path.name, len(data) - offset)
+            else:  # only the newest segment is ever written to: this is damage, not a crash
+                log.error("spool segment %s: its last %d bytes are unreadable and are dropped", path.name,
+                          len(data) - offset)
+                self._on_drop(1)
+            os.truncate(path, offset)
+        if kept:
+            self._segments[segment] = kept
+        else:
+            path.unlink()
+
+    def _import_legacy(self, paths: list[Path]) -> None:
+        """Spools written by 0.1 (one ``<sequence>.env`` file per document) are moved into segments."""
+        for path in paths:
+            try:
+                envelope = _envelope(path.read_bytes())
+            except (OSError, ValueError, KeyError) as exc:
+                log.error("old spool file %s is unreadable and is dropped: %s", path.name, exc)
+                self._on_drop(1)
+            else:
+                if envelope.sequence > self._cursor and envelope.sequence not in self._index:
+                    self.append(envelope)
+            path.unlink()
+        for leftover in self._dir.glob(".*.env.*"):
+            leftover.unlink()  # a temp file of 0.1 from a write that never completed: never accepted
+
+    def _segment_path(self, segment: int) -> Path:
+        return self._dir / f"{segment:020d}{SUFFIX}"
+
+
+def _decode(record: bytes) -> Envelope:
+    if len(record) < _RECORD.size:
+        raise ValueError("record cut short")
+    length, crc = _RECORD.unpack_from(record)
+    payload = record[_RECORD.size:_RECORD.size + length]
+    if len(payload) != length or zlib.crc32(payload) != crc:
+        raise ValueError("checksum mismatch")
+    return _envelope(payload)
+
+
+def _envelope(payload: bytes) -> Envelope:
+    """``header JSON line`` + ``\\n`` + ``body``: the payload of a record, and the whole of a 0.1 spool file."""
+    header_line, _, body = payload.partition(b"\n")
+    header = json.loads(header_line)
+    return Envelope(sequence=int(header["sequence"]), message_id=str(header["message_id"]),
+                    partition_key=str(header["partition_key"]), properties=dict(header["properties"]),
+                    body=body, observed_at=float(header["observed_at"]))
