@@ -35,7 +35,7 @@ from se_exporter.config import (
     simulator_settings,
 )
 from se_exporter.errors import ConfigError
-from se_exporter.imds import ImdsClient, make_http_client
+from se_exporter.imds import ImdsClient, make_transport
 from se_exporter.metrics import Metrics
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import parse_fault
@@ -124,8 +124,9 @@ def run(settings: Settings) -> int:
         prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
         registry = CollectorRegistry()
         ProcessCollector(registry=registry)
-        http = cleanup.enter_context(make_http_client())
-        imds = ImdsClient(http, settings.imds_url, settings.api_version, settings.imds_timeout,
+        transport = make_transport()
+        cleanup.callback(transport.close)
+        imds = ImdsClient(transport, settings.imds_url, settings.api_version, settings.imds_timeout,
                           settings.first_timeout, settings.max_document_bytes)
         poller: Poller
         metrics = Metrics(registry, lambda: poller.snapshot)

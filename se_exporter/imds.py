@@ -2,10 +2,11 @@
 
 IMDS is a link-local service on the VM itself, so three rules hold for every request:
 
-* never through a proxy: the client is built with ``trust_env=False``, so ``HTTP_PROXY`` and
-  friends are ignored (IMDS rejects proxied requests, and a proxy would see our traffic);
+* never through a proxy: the transport (``transport.py``, on ``http.client``) reads no environment,
+  so ``HTTP_PROXY`` and friends are ignored (IMDS rejects proxied requests, and a proxy would see
+  our traffic);
 * never follow a redirect: a 3xx is an error we count; something between us and IMDS is lying;
-* never approve: this module has no way to send anything but GET.
+* never approve: this module builds GET requests only, and the transport refuses anything else.
 
 Every failure becomes one of the ``ImdsError`` classes, which is what the poll loop counts.
 """
@@ -29,6 +30,7 @@ from se_exporter.errors import (
     ImdsTimeout,
     InvalidDocument,
 )
+from se_exporter.transport import KeepAliveTransport
 
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 COMPUTE_PATH = "/metadata/instance/compute"
@@ -36,16 +38,18 @@ COMPUTE_API_VERSION = "2021-02-01"
 USER_AGENT = f"se-exporter/{__version__}"
 
 
-def make_http_client() -> httpx.Client:
-    """The one way to build the client IMDS requests go through (proxies off, redirects off)."""
-    return httpx.Client(
-        trust_env=False,
-        follow_redirects=False,
-        headers={"Metadata": "true", "User-Agent": USER_AGENT},
-        # Every request passes its own timeout; this default only guards against misuse.
-        timeout=httpx.Timeout(5.0),
-        limits=httpx.Limits(max_connections=2, max_keepalive_connections=2),
-    )
+HEADERS = {"Metadata": "true", "User-Agent": USER_AGENT}
+
+
+def make_transport() -> httpx.BaseTransport:
+    """The one way to build what IMDS requests go through: GET only, no proxy, no redirects, keep-alive.
+
+    ``ImdsClient`` hands pre-built ``httpx.Request`` objects straight to a transport rather than through
+    ``httpx.Client.send``: the client's per-request machinery (auth and redirect flows, cookies, hooks,
+    header merging) does nothing for one fixed GET and cost ~100 us of a ~0.45 ms poll at 20 Hz. Tests pass
+    an ``httpx.MockTransport`` in its place.
+    """
+    return KeepAliveTransport()
 
 
 @dataclass(frozen=True)
@@ -92,14 +96,14 @@ class ImdsClient:
 
     def __init__(
         self,
-        http: httpx.Client,
+        transport: httpx.BaseTransport,
         base_url: str,
         api_version: str,
         timeout: float,
         first_call_timeout: float,
         max_body_bytes: int,
     ) -> None:
-        self._http = http
+        self._transport = transport
         base = base_url.rstrip("/")
         # Pre-built once: the URL never changes, and the hot path should not rebuild it per poll.
         self._events_url = httpx.URL(base + SCHEDULED_EVENTS_PATH, params={"api-version": api_version})
@@ -108,8 +112,8 @@ class ImdsClient:
         self._first_call_timeout = first_call_timeout
         self._max_body_bytes = max_body_bytes
         self._answered = False
-        # Requests are built once per (URL, timeout) and re-sent: building one per poll (headers, URL merging,
-        # extensions) was a measurable share of a poll's CPU. A GET has no body, so a request can be re-sent as is.
+        # Requests are built once per (URL, timeout) and re-sent: building one per poll was a measurable share
+        # of a poll's CPU. A GET has no body, so a request can be re-sent as is.
         self._requests: dict[tuple[str, float], httpx.Request] = {}
 
     @property
@@ -141,12 +145,14 @@ class ImdsClient:
         key = (str(url), timeout)
         request = self._requests.get(key)
         if request is None:
-            request = self._requests[key] = self._http.build_request("GET", url, timeout=timeout)
+            request = self._requests[key] = httpx.Request(
+                "GET", url, headers=HEADERS, extensions={"timeout": httpx.Timeout(timeout).as_dict()})
         return request
 
     def _get(self, url: httpx.URL, timeout: float) -> bytes:
         try:
-            response = self._http.send(self._request(url, timeout), stream=True, follow_redirects=False)
+            # Straight to the transport, which never follows a redirect (see make_transport).
+            response = self._transport.handle_request(self._request(url, timeout))
             try:
                 if url is self._events_url:
                     self._answered = True

@@ -58,7 +58,7 @@ def make_poller(script: Iterable[httpx.Response | Exception], **overrides: float
 
     settings = Settings(imds_url="http://imds.test", poll_interval=overrides.get("poll_interval", 1.0),
                         max_backoff=overrides.get("max_backoff", 5.0), vm_name="vm0")
-    imds = ImdsClient(httpx.Client(transport=httpx.MockTransport(handler)), settings.imds_url,
+    imds = ImdsClient(httpx.MockTransport(handler), settings.imds_url,
                       settings.api_version, settings.imds_timeout, settings.first_call_timeout, 1024 * 1024)
     registry = CollectorRegistry()
     poller: Poller
@@ -205,7 +205,7 @@ def test_identity_is_retried_in_the_background_until_read() -> None:
         return item
 
     poller, _, _ = make_poller([])
-    imds = ImdsClient(httpx.Client(transport=httpx.MockTransport(handler)), "http://imds.test", "2020-07-01",
+    imds = ImdsClient(httpx.MockTransport(handler), "http://imds.test", "2020-07-01",
                       2.0, 120.0, 1024 * 1024)
     watcher_registry = CollectorRegistry()
     metrics = Metrics(watcher_registry, lambda: poller.snapshot)

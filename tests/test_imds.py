@@ -16,7 +16,7 @@ from se_exporter.errors import (
     ImdsTimeout,
     InvalidDocument,
 )
-from se_exporter.imds import ImdsClient, VmIdentity, make_http_client, parse_retry_after
+from se_exporter.imds import ImdsClient, VmIdentity, parse_retry_after
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -28,9 +28,8 @@ def client(handler: Handler, max_body_bytes: int = 1024 * 1024) -> tuple[ImdsCli
         seen.append(request)
         return handler(request)
 
-    http = httpx.Client(transport=httpx.MockTransport(record), headers={"Metadata": "true"})
-    return ImdsClient(http, "http://imds.test", "2020-07-01", timeout=2.0, first_call_timeout=120.0,
-                      max_body_bytes=max_body_bytes), seen
+    return ImdsClient(httpx.MockTransport(record), "http://imds.test", "2020-07-01", timeout=2.0,
+                      first_call_timeout=120.0, max_body_bytes=max_body_bytes), seen
 
 
 def test_request_shape() -> None:
@@ -164,18 +163,6 @@ def test_compute_identity() -> None:
                                         subscription_id="sub", vm_size="Standard_D2s_v5", zone="1")
     assert seen[0].url.path == "/metadata/instance/compute"
     assert seen[0].url.params["api-version"] == "2021-02-01"
-
-
-def test_http_client_ignores_proxy_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The IMDS client does not read HTTP(S)_PROXY: no proxy mount exists even when they are set."""
-    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
-    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
-    monkeypatch.setenv("ALL_PROXY", "http://127.0.0.1:9")
-    with make_http_client() as http:
-        assert http.trust_env is False
-        assert http.follow_redirects is False
-        assert http.headers["Metadata"] == "true"
-        assert not any(transport is not None for transport in http._mounts.values())
 
 
 def test_compute_answering_does_not_end_the_first_call_allowance() -> None:

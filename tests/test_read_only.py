@@ -11,7 +11,7 @@ from tests.conftest import Reliability
 PACKAGE = Path(se_exporter.__file__).parent
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 WRITE_CALLS = {"post", "put", "patch", "delete", "urlopen"}
-METHOD_CALLS = {"request", "build_request", "stream"}  # allowed only with the literal method "GET"
+METHOD_CALLS = {"request", "build_request", "stream", "Request", "putrequest"}  # only with the literal "GET"
 
 
 def _sidecar_sources() -> list[Path]:
@@ -28,12 +28,16 @@ def test_the_sidecar_has_no_write_requests(reliability: Reliability) -> None:
                 offences.append(f"{path.name}:{node.lineno} literal {node.value!r}")
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in WRITE_CALLS:
                 offences.append(f"{path.name}:{node.lineno} call .{node.func.attr}()")
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr in METHOD_CALLS and not _is_get(node):
-                offences.append(f"{path.name}:{node.lineno} call .{node.func.attr}() without the literal GET")
+            if isinstance(node, ast.Call) and _called(node) in METHOD_CALLS and not _is_get(node):
+                offences.append(f"{path.name}:{node.lineno} call {_called(node)}() without the literal GET")
     assert offences == []
     reliability("Security", "search of the sidecar's code for POST, PUT, PATCH, DELETE, and requests built "
                             "without the literal GET", "none outside the simulator")
+
+
+def _called(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
 def _is_get(call: ast.Call) -> bool:
@@ -42,12 +46,15 @@ def _is_get(call: ast.Call) -> bool:
 
 
 def test_the_imds_client_only_builds_get() -> None:
-    """The one place a request is built names GET, and the only send is of such a request."""
+    """The one place a request is built names GET; the transport refuses any other method and writes only GET."""
     source = (PACKAGE / "imds.py").read_text()
-    assert source.count("self._http.build_request(") == 1
-    assert 'self._http.build_request("GET"' in source
-    assert source.count("self._http.send(") == 1
-    assert "self._http.send(self._request(" in source
+    assert source.count("httpx.Request(") == 1
+    assert 'httpx.Request(\n                "GET"' in source
+    assert source.count(".handle_request(") == 1
+    assert "self._transport.handle_request(self._request(" in source
+    transport = (PACKAGE / "transport.py").read_text()
+    assert 'if request.method != "GET":' in transport
+    assert transport.count(".putrequest(") == 1 and '.putrequest("GET", ' in transport
 
 
 def test_the_scan_would_catch_a_post() -> None:

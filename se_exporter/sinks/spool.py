@@ -127,7 +127,7 @@ class Spool:
     def peek(self, limit: int) -> list[Envelope]:
         """The oldest ``limit`` envelopes, in order; damaged records are dropped with a log line."""
         with self._lock:
-            wanted = []
+            wanted: list[tuple[int, _Location]] = []
             for sequence, location in self._index.items():
                 if len(wanted) == limit:
                     break
