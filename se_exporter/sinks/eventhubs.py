@@ -17,6 +17,7 @@ The poll loop only ever appends to the spool; it never waits on Event Hubs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -48,40 +49,50 @@ class EventHubsTarget:
         self._thread = threading.Thread(target=self._run, name="eventhubs", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
+        # Set by accept() from the poll thread: the forwarder sleeps on the loop itself, with no helper thread
+        # (waiting through asyncio.to_thread kept two executor threads and woke twice a second when idle).
+        self._wakeup: asyncio.Event | None = None
 
     def start(self) -> None:
         self._thread.start()
 
     def accept(self, envelope: Envelope) -> None:
         self._spool.append(envelope)  # fsynced: from here on the document survives anything
+        loop, wakeup = self._loop, self._wakeup
+        if loop is not None and wakeup is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has just ended: the next start drains it
+                loop.call_soon_threadsafe(wakeup.set)
 
     def close(self, timeout: float) -> None:
         """Stop now: a send in flight is cancelled and, maybe delivered, stays spooled for the next start."""
         self._stop.set()
-        with self._spool.changed:
-            self._spool.changed.notify_all()
-        loop, task = self._loop, self._task
-        if loop is not None and task is not None:
-            loop.call_soon_threadsafe(task.cancel)
+        loop, task, wakeup = self._loop, self._task, self._wakeup
+        with contextlib.suppress(RuntimeError):  # RuntimeError: the loop has ended already
+            if loop is not None and task is not None:
+                loop.call_soon_threadsafe(task.cancel)
+            elif loop is not None and wakeup is not None:
+                loop.call_soon_threadsafe(wakeup.set)  # between start-up steps: the loop sees _stop next
         self._thread.join(timeout)
 
     def _run(self) -> None:
         async def main() -> None:
+            self._wakeup = wakeup = asyncio.Event()
             self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
             try:
-                await self._drain()
+                await self._drain(wakeup)
             except asyncio.CancelledError:
                 log.info("Event Hubs forwarder stopped; %d documents stay spooled", self._spool.count)
 
         asyncio.run(main())
 
-    async def _drain(self) -> None:
+    async def _drain(self, wakeup: asyncio.Event) -> None:
         producer: Any = None
         failures = 0
         while not self._stop.is_set():
+            wakeup.clear()  # before peeking: an append from now on wakes the wait below
             batch = self._spool.peek(self._batch_size)
             if not batch:
-                await asyncio.to_thread(self._spool.wait, 0.5)
+                await wakeup.wait()
                 continue
             try:
                 if producer is None:
@@ -92,7 +103,7 @@ class EventHubsTarget:
                 self._failed(error)
                 await self._discard(producer)
                 producer = None
-                await asyncio.to_thread(self._stop.wait, min(2.0 ** (failures - 1), self._max_retry_wait))
+                await asyncio.sleep(min(2.0 ** (failures - 1), self._max_retry_wait))  # close() cancels it
                 continue
             self._spool.remove(envelope.sequence for envelope in sent)
             now = time.time()

@@ -62,7 +62,6 @@ class Spool:
         # A small limit gets small segments, so that dropping the oldest documents also frees their disk space.
         self._segment_bytes = segment_bytes or max(1, min(MAX_SEGMENT_BYTES, max_bytes // 16))
         self._lock = threading.Lock()
-        self.changed = threading.Condition(self._lock)
         self._index: dict[int, _Location] = {}  # unacknowledged records, oldest first
         self._bytes = 0
         self._segments: dict[int, int] = {}  # segment -> records in it not yet acknowledged
@@ -118,7 +117,6 @@ class Spool:
             self._bytes += len(record)
             self._highest = max(self._highest, envelope.sequence)
             dropped = self._trim()
-            self.changed.notify_all()
         if dropped:
             log.warning("spool over %d bytes: dropped the %d oldest documents (sequences %d-%d)",
                         self._max_bytes, len(dropped), dropped[0], dropped[-1])
@@ -157,12 +155,6 @@ class Spool:
             for sequence in sequences:
                 self._forget(sequence)
             self._advance_cursor()
-
-    def wait(self, timeout: float) -> None:
-        """Block until something is appended or ``timeout`` passes."""
-        with self._lock:
-            if not self._index:
-                self.changed.wait(timeout)
 
     def close(self) -> None:
         with self._lock:
