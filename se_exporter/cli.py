@@ -38,8 +38,6 @@ from se_exporter.errors import ConfigError
 from se_exporter.imds import ImdsClient, make_transport
 from se_exporter.metrics import Metrics
 from se_exporter.simulator import scenario as scenarios
-from se_exporter.simulator.faults import parse_fault
-from se_exporter.simulator.server import Simulator, start
 from se_exporter.sinks import FanOut, Sink
 from se_exporter.sinks.logsink import LogSink
 from se_exporter.sinks.metrics import MetricsSink
@@ -116,6 +114,8 @@ def run(settings: Settings) -> int:
     _install_crash_hooks()
     with contextlib.ExitStack() as cleanup:  # whatever was started is stopped, also when start-up fails
         if settings.simulate is not None:
+            from se_exporter.simulator.server import Simulator, start  # only here: the sidecar alone never needs it
+
             sim_server = start(Simulator(scenarios.load(settings.simulate), speed=settings.speed))
             cleanup.callback(sim_server.server_close)
             cleanup.callback(sim_server.shutdown)
@@ -175,6 +175,9 @@ def simulate(settings: SimulatorSettings, list_only: bool = False) -> int:
             print(f"{name:<18} {scenarios.load(name).description}")
         return 0
     logs.setup(settings.log_level, settings.log_format)
+    from se_exporter.simulator.faults import parse_fault
+    from se_exporter.simulator.server import Simulator, start
+
     simulator = Simulator(scenarios.load(settings.scenario), speed=settings.speed)
     simulator.inject(*(parse_fault(spec) for spec in settings.faults))
     server = _bind(settings.listen, lambda: start(simulator, settings.listen.host, settings.listen.port))

@@ -93,6 +93,16 @@ class StateCollector(Collector):
     def __init__(self, snapshot: Callable[[], Snapshot], clock: Callable[[], float]) -> None:
         self._snapshot = snapshot
         self._clock = clock
+        self._cached: _EventFamilies | None = None
+
+    def _event_families(self, snap: Snapshot) -> _EventFamilies:
+        """Built once per document (and VM name): the poll loop replaces ``records`` only when the bytes changed,
+        so between changes every scrape reuses these families and computes only the scrape-time countdown."""
+        cached = self._cached
+        if cached is not None and cached.records is snap.records and cached.vm_name == snap.vm_name:
+            return cached
+        self._cached = cached = _EventFamilies.build(snap)
+        return cached
 
     def describe(self) -> list[Metric]:
         # Empty: the registry must not call collect() at registration time (no snapshot yet then).
@@ -115,48 +125,68 @@ class StateCollector(Collector):
         yield build
         if snap.identity is not None:
             yield _vm_info(snap.identity, snap.vm_name)
-        yield from _event_families(snap, now)
+        families = self._event_families(snap)
+        yield from families.static
+        yield families.until(now)
 
 
-def _event_families(snap: Snapshot, now: float) -> Iterator[Metric]:
-    pending = GaugeMetricFamily(f"{NAMESPACE}_pending", "Events listed now, by type and status.",
-                                labels=["event_type", "event_status"])
-    info = GaugeMetricFamily(f"{EVENT}_info", "1 per listed event.",
-                             labels=["event_id", "event_type", "event_status", "event_source",
-                                     "resource_type", "affects_this_vm"])
-    until = GaugeMetricFamily(f"{EVENT}_seconds_until_not_before",
-                              "NotBefore minus now, at scrape time; negative once passed.",
-                              labels=["event_id", "event_type"])
-    not_before = GaugeMetricFamily(f"{EVENT}_not_before_timestamp_seconds", "NotBefore as unix time.",
+@dataclass(frozen=True)
+class _EventFamilies:
+    """The per-event families of one snapshot; only seconds_until_not_before depends on the scrape's time."""
+
+    records: Mapping[str, EventRecord]
+    vm_name: str | None
+    static: tuple[Metric, ...]
+    not_before: tuple[tuple[dict[str, str], float], ...]  # label set, NotBefore as unix time
+
+    @classmethod
+    def build(cls, snap: Snapshot) -> _EventFamilies:
+        pending = GaugeMetricFamily(f"{NAMESPACE}_pending", "Events listed now, by type and status.",
+                                    labels=["event_type", "event_status"])
+        info = GaugeMetricFamily(f"{EVENT}_info", "1 per listed event.",
+                                 labels=["event_id", "event_type", "event_status", "event_source",
+                                         "resource_type", "affects_this_vm"])
+        not_before = GaugeMetricFamily(f"{EVENT}_not_before_timestamp_seconds", "NotBefore as unix time.",
+                                       labels=["event_id", "event_type"])
+        duration = GaugeMetricFamily(f"{EVENT}_duration_seconds",
+                                     "DurationInSeconds as reported (-1 = unknown, 0 = no impact).",
+                                     labels=["event_id", "event_type"])
+        first_seen = GaugeMetricFamily(f"{EVENT}_first_seen_timestamp_seconds",
+                                       "When this exporter first saw the event, as unix time.",
+                                       labels=["event_id", "event_type"])
+        started = GaugeMetricFamily(f"{EVENT}_started_timestamp_seconds",
+                                    "When this exporter first saw the event Started, as unix time.",
+                                    labels=["event_id", "event_type"])
+        counts: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
+        stamps: list[tuple[dict[str, str], float]] = []
+        for record in snap.records.values():
+            event = record.event
+            key = [event.event_id, event.event_type]
+            counts[(event.event_type, event.event_status)] += 1
+            info.add_metric([event.event_id, event.event_type, event.event_status, event.event_source or "unknown",
+                             event.resource_type or "unknown", affects_vm(event, snap.vm_name)], 1.0)
+            first_seen.add_metric(key, record.first_seen)
+            if record.started_at is not None:
+                started.add_metric(key, record.started_at)
+            if event.not_before is not None:
+                stamp = event.not_before.timestamp()
+                not_before.add_metric(key, stamp)
+                stamps.append(({"event_id": event.event_id, "event_type": event.event_type}, stamp))
+            if event.duration_seconds is not None:
+                duration.add_metric(key, float(event.duration_seconds))
+        for (event_type, status), count in sorted(counts.items()):
+            pending.add_metric([event_type, status], float(count))
+        return cls(snap.records, snap.vm_name, (pending, info, not_before, duration, first_seen, started),
+                   tuple(stamps))
+
+    def until(self, now: float) -> Metric:
+        family = GaugeMetricFamily(f"{EVENT}_seconds_until_not_before",
+                                   "NotBefore minus now, at scrape time; negative once passed.",
                                    labels=["event_id", "event_type"])
-    duration = GaugeMetricFamily(f"{EVENT}_duration_seconds",
-                                 "DurationInSeconds as reported (-1 = unknown, 0 = no impact).",
-                                 labels=["event_id", "event_type"])
-    first_seen = GaugeMetricFamily(f"{EVENT}_first_seen_timestamp_seconds",
-                                   "When this exporter first saw the event, as unix time.",
-                                   labels=["event_id", "event_type"])
-    started = GaugeMetricFamily(f"{EVENT}_started_timestamp_seconds",
-                                "When this exporter first saw the event Started, as unix time.",
-                                labels=["event_id", "event_type"])
-    counts: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
-    for record in snap.records.values():
-        event = record.event
-        key = [event.event_id, event.event_type]
-        counts[(event.event_type, event.event_status)] += 1
-        info.add_metric([event.event_id, event.event_type, event.event_status, event.event_source or "unknown",
-                         event.resource_type or "unknown", affects_vm(event, snap.vm_name)], 1.0)
-        first_seen.add_metric(key, record.first_seen)
-        if record.started_at is not None:
-            started.add_metric(key, record.started_at)
-        if event.not_before is not None:
-            stamp = event.not_before.timestamp()
-            not_before.add_metric(key, stamp)
-            until.add_metric(key, stamp - now)
-        if event.duration_seconds is not None:
-            duration.add_metric(key, float(event.duration_seconds))
-    for (event_type, status), count in sorted(counts.items()):
-        pending.add_metric([event_type, status], float(count))
-    yield from (pending, info, until, not_before, duration, first_seen, started)
+        name = family.name
+        for labels, stamp in self.not_before:  # add_sample: the label dicts are built once per document
+            family.add_sample(name, labels, stamp - now)
+        return family
 
 
 def _vm_info(identity: VmIdentity, vm_name: str | None) -> Metric:

@@ -155,22 +155,22 @@ def _parse_timestamp(text: str) -> datetime:
 
 
 def _event(raw: object, index: int, warnings: list[str]) -> ScheduledEvent:
-    where = f"Events[{index}]"
+    # The position is passed down, not a ready "Events[i]" string: it is needed only for warnings.
     if not isinstance(raw, dict):
-        raise InvalidDocument(f"{where} is a JSON {_json_kind(raw)}, not an object")
+        raise InvalidDocument(f"Events[{index}] is a JSON {_json_kind(raw)}, not an object")
     event_id = raw.get("EventId")
     if not isinstance(event_id, str) or not event_id.strip():
-        raise InvalidDocument(f"{where} has no usable EventId (got {_json_kind(event_id)})")
+        raise InvalidDocument(f"Events[{index}] has no usable EventId (got {_json_kind(event_id)})")
     return ScheduledEvent(
         event_id=event_id,
-        event_type=_label_string(raw, "EventType", where, warnings),
-        event_status=_label_string(raw, "EventStatus", where, warnings),
-        resource_type=_optional_string(raw, "ResourceType", where, warnings),
-        resources=_resources(raw.get("Resources"), where, warnings),
-        not_before=_not_before(raw.get("NotBefore"), where, warnings),
-        description=_optional_string(raw, "Description", where, warnings),
-        event_source=_optional_string(raw, "EventSource", where, warnings),
-        duration_seconds=_duration(raw.get("DurationInSeconds"), where, warnings),
+        event_type=_label_string(raw, "EventType", index, warnings),
+        event_status=_label_string(raw, "EventStatus", index, warnings),
+        resource_type=_optional_string(raw, "ResourceType", index, warnings),
+        resources=_resources(raw.get("Resources"), index, warnings),
+        not_before=_not_before(raw.get("NotBefore"), index, warnings),
+        description=_optional_string(raw, "Description", index, warnings),
+        event_source=_optional_string(raw, "EventSource", index, warnings),
+        duration_seconds=_duration(raw.get("DurationInSeconds"), index, warnings),
         extra={key: value for key, value in raw.items() if key not in _KNOWN_EVENT_FIELDS},
     )
 
@@ -186,48 +186,48 @@ def _incarnation(value: object, warnings: list[str]) -> int | None:
     return None
 
 
-def _label_string(raw: dict[str, Any], key: str, where: str, warnings: list[str]) -> str:
+def _label_string(raw: dict[str, Any], key: str, index: int, warnings: list[str]) -> str:
     value = raw.get(key)
     if isinstance(value, str) and value:
         return value
-    warnings.append(f"{where}: {key} is {_json_kind(value)}; shown as 'unknown'")
+    warnings.append(f"Events[{index}]: {key} is {_json_kind(value)}; shown as 'unknown'")
     return "unknown"
 
 
-def _optional_string(raw: dict[str, Any], key: str, where: str, warnings: list[str]) -> str | None:
+def _optional_string(raw: dict[str, Any], key: str, index: int, warnings: list[str]) -> str | None:
     value = raw.get(key)
     if value is None or isinstance(value, str):
         return value
-    warnings.append(f"{where}: {key} is a JSON {_json_kind(value)}, not a string; ignored")
+    warnings.append(f"Events[{index}]: {key} is a JSON {_json_kind(value)}, not a string; ignored")
     return None
 
 
-def _resources(value: object, where: str, warnings: list[str]) -> tuple[str, ...]:
+def _resources(value: object, index: int, warnings: list[str]) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        warnings.append(f"{where}: Resources is a JSON {_json_kind(value)}, not a list; ignored")
+        warnings.append(f"Events[{index}]: Resources is a JSON {_json_kind(value)}, not a list; ignored")
         return ()
-    names = tuple(item for item in value if isinstance(item, str))
+    names = tuple([item for item in value if isinstance(item, str)])  # a list first: faster than a generator
     if len(names) != len(value):
-        warnings.append(f"{where}: Resources has {len(value) - len(names)} non-string entries; ignored")
+        warnings.append(f"Events[{index}]: Resources has {len(value) - len(names)} non-string entries; ignored")
     return names
 
 
-def _not_before(value: object, where: str, warnings: list[str]) -> datetime | None:
+def _not_before(value: object, index: int, warnings: list[str]) -> datetime | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        warnings.append(f"{where}: NotBefore is a JSON {_json_kind(value)}, not a string; ignored")
+        warnings.append(f"Events[{index}]: NotBefore is a JSON {_json_kind(value)}, not a string; ignored")
         return None
     try:
         return parse_not_before(value)
     except (ValueError, OverflowError):
-        warnings.append(f"{where}: NotBefore {_snippet(value)!r} is neither RFC 1123 nor ISO 8601; ignored")
+        warnings.append(f"Events[{index}]: NotBefore {_snippet(value)!r} is neither RFC 1123 nor ISO 8601; ignored")
         return None
 
 
-def _duration(value: object, where: str, warnings: list[str]) -> int | None:
+def _duration(value: object, index: int, warnings: list[str]) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool):
@@ -236,7 +236,7 @@ def _duration(value: object, where: str, warnings: list[str]) -> int | None:
         return value
     elif (isinstance(value, float) and value.is_integer()) or (isinstance(value, str) and _INTEGER.match(value)):
         return int(value)
-    warnings.append(f"{where}: DurationInSeconds {_snippet(repr(value))} is not an integer; ignored")
+    warnings.append(f"Events[{index}]: DurationInSeconds {_snippet(repr(value))} is not an integer; ignored")
     return None
 
 

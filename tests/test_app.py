@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import threading
@@ -190,6 +191,25 @@ def test_readyz_turns_green_with_the_first_valid_document() -> None:
     poller.heartbeat_deadline = 0.0  # as if the loop had not come round for a long time
     assert get("/healthz").startswith("503")
     assert get("/nope").startswith("404")
+
+
+def test_metrics_are_served_in_the_text_format_even_when_openmetrics_is_preferred() -> None:
+    """Prometheus asks for OpenMetrics first; like client_golang by default, the answer is the text format
+    (gzipped when asked), which Prometheus accepts and which costs half as much to write."""
+    poller, registry, _ = make_poller([httpx.Response(200, content=GOOD)])
+    poller.poll_once()
+    app = make_http_app(registry, poller)
+    headers: list[list[tuple[str, str]]] = []
+    accept = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+              "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+    body = b"".join(app({"PATH_INFO": "/metrics", "REQUEST_METHOD": "GET", "QUERY_STRING": "",
+                         "HTTP_ACCEPT": accept, "HTTP_ACCEPT_ENCODING": "gzip"},
+                        lambda s, h: headers.append(h)))
+    sent = dict(headers[0])
+    assert sent["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert sent["Content-Encoding"] == "gzip"
+    text = gzip.decompress(body).decode()
+    assert 'azure_scheduled_events_polls_total{outcome="ok"} 1.0' in text and "# EOF" not in text
 
 
 def test_identity_is_retried_in_the_background_until_read() -> None:

@@ -162,3 +162,25 @@ def test_metrics_sink_counts_transitions_and_observes_notice_and_impact() -> Non
     assert get("azure_scheduled_events_impact_seconds_sum", {"event_type": "Freeze"}) == 7.0
     assert get("azure_scheduled_events_impact_seconds_bucket", {"event_type": "Freeze", "le": "5.0"}) == 0.0
     assert get("azure_scheduled_events_impact_seconds_bucket", {"event_type": "Freeze", "le": "10.0"}) == 1.0
+
+
+def test_scrapes_of_one_document_reuse_its_families_but_not_the_countdown() -> None:
+    """Families are built once per document, yet the countdown follows each scrape's clock, and a new VM name
+    (or a new document) is reflected at the next scrape."""
+    clock = {"now": NOW}
+    state = {"snapshot": _snapshot(_document(FREEZE), vm_name="WestNO_9")}
+    registry = CollectorRegistry()
+    Metrics(registry, lambda: state["snapshot"], clock=lambda: clock["now"])
+    until = {"event_id": "C7061BAC", "event_type": "Freeze"}
+    info = {"event_id": "C7061BAC", "event_type": "Freeze", "event_status": "Scheduled", "event_source": "Platform",
+            "resource_type": "VirtualMachine"}
+    assert registry.get_sample_value("azure_scheduled_event_seconds_until_not_before", until) == 1018.0
+    assert registry.get_sample_value("azure_scheduled_event_info", {**info, "affects_this_vm": "false"}) == 1.0
+    clock["now"] = NOW + 10
+    state["snapshot"] = replace(state["snapshot"], up=False)  # as every poll does: same records, new snapshot
+    assert registry.get_sample_value("azure_scheduled_event_seconds_until_not_before", until) == 1008.0
+    state["snapshot"] = replace(state["snapshot"], vm_name="WestNO_0")  # the identity was read meanwhile
+    assert registry.get_sample_value("azure_scheduled_event_info", {**info, "affects_this_vm": "true"}) == 1.0
+    state["snapshot"] = _snapshot(_document({**FREEZE, "EventStatus": "Started"}))
+    assert registry.get_sample_value("azure_scheduled_event_info", {
+        **info, "event_status": "Started", "affects_this_vm": "true"}) == 1.0

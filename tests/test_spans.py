@@ -190,9 +190,13 @@ def test_resource_uses_the_azure_detector_keys() -> None:
 @pytest.mark.parametrize(("exporter", "protocol", "absent"), [
     ("none", "http/protobuf", "opentelemetry"),
     ("otlp", "http/protobuf", "grpc"),
+    ("otlp", "http/protobuf", "charset_normalizer"),  # requests (the exporter's client) loads without it
+    ("otlp", "http/protobuf", "httpcore"),  # IMDS goes through our http.client transport
+    ("otlp", "http/protobuf", "se_exporter.simulator.server"),
 ])
 def test_unconfigured_exporters_are_not_imported(exporter: str, protocol: str, absent: str) -> None:
-    """With OTEL_TRACES_EXPORTER=none nothing of OpenTelemetry is imported; with OTLP/HTTP, no gRPC."""
+    """With OTEL_TRACES_EXPORTER=none nothing of OpenTelemetry is imported; with OTLP/HTTP, no gRPC; and what
+    the sidecar does not use (a charset detector, httpx's default transport, the simulator) is not loaded."""
     script = (
         "import sys\n"
         "from se_exporter.cli import build_parser\n"
@@ -204,6 +208,9 @@ def test_unconfigured_exporters_are_not_imported(exporter: str, protocol: str, a
         "    from se_exporter.tracing import make_tracing\n"
         "    from prometheus_client import CollectorRegistry\n"
         "    make_tracing(settings, None, CollectorRegistry())\n"
+        "    assert 'requests' in sys.modules or settings.otel_protocol == 'grpc'\n"
+        "from se_exporter.imds import make_transport\n"
+        "make_transport()\n"
         f"loaded = sorted(m for m in sys.modules if m == '{absent}' or m.startswith('{absent}.'))\n"
         "print(loaded)\n"
         "sys.exit(1 if loaded else 0)\n")
