@@ -129,9 +129,15 @@ def test_acknowledged_segments_are_removed_and_numbering_never_goes_back(tmp_pat
     spool.remove(range(1, 6))
     assert sorted(int(path.stem) for path in tmp_path.glob("*.seg")) == [6, 7, 8, 9, 10]
     spool.remove(range(6, 11))
-    assert os.listdir(tmp_path) == ["acked"] and spool.count == 0 and spool.size_bytes == 0
+    assert spool.count == 0 and spool.size_bytes == 0
+    # The segment being appended to stays until it is full: no file is created and deleted per document.
+    assert sorted(os.listdir(tmp_path)) == ["00000000000000000010.seg", "acked"]
+    spool.append(envelope(11, b"x" * 200))  # segment 10 is full: rotated, and deleted as all of it is acknowledged
+    assert sorted(os.listdir(tmp_path)) == ["00000000000000000011.seg", "acked"]
+    spool.remove([11])
     reopened = Spool(tmp_path, 1 << 20)
-    assert reopened.count == 0 and reopened.last_sequence == 10
+    assert reopened.count == 0 and reopened.last_sequence == 11
+    assert os.listdir(tmp_path) == ["acked"]  # a fully acknowledged segment found at start is removed
 
 
 def test_records_at_or_below_the_cursor_are_not_sent_again(tmp_path: Path) -> None:

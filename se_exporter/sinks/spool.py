@@ -169,6 +169,8 @@ class Spool:
         if self._writer is not None and self._writer_size >= self._segment_bytes:
             os.close(self._writer)
             self._writer = None
+            if self._writer_segment not in self._segments:  # every record in it was acknowledged already
+                self._segment_path(self._writer_segment).unlink(missing_ok=True)
         if self._writer is None:
             path = self._segment_path(sequence)
             self._writer = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
@@ -194,8 +196,7 @@ class Spool:
             return
         del self._segments[location.segment]
         if location.segment == self._writer_segment and self._writer is not None:
-            os.close(self._writer)  # the next append starts a fresh segment
-            self._writer = None
+            return  # still being appended to: removed when it is full and rotated (see _writable)
         self._segment_path(location.segment).unlink(missing_ok=True)
 
     def _advance_cursor(self) -> None:
