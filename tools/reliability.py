@@ -27,7 +27,9 @@ def render() -> str:
                       f"changing its document every {figures['change_every']} polls on average, "
                       f"{figures['documents']:,} distinct documents; "
                       f"RSS {figures['rss_start_mb']:.1f} → {figures['rss_end_mb']:.1f} MB "
-                      f"(growth {figures['rss_growth_mb']:+.2f} MB), open files {figures['fds_start']} → "
+                      f"(growth {figures['rss_growth_mb']:+.2f} MB; measured from one minute after start, the "
+                      f"first minute's one-time growth was {figures.get('warm_up_growth_mb', 0.0):+.2f} MB), "
+                      f"open files {figures['fds_start']} → "
                       f"{figures['fds_end']}, threads {figures['threads_start']} → {figures['threads_end']}."]
     lines += ["", END]
     return "\n".join(lines)
