@@ -85,9 +85,8 @@ def _without_charset_detection() -> Iterator[None]:
     a tenth of its Python heap. Only requests' first import is affected: the names are put back at
     once, so any other library can still import the detector if it needs it.
     """
-    names = [name for name in ("chardet", "charset_normalizer") if name not in sys.modules]
-    if "requests" in sys.modules:
-        names = []
+    names = [] if "requests" in sys.modules else [
+        name for name in ("chardet", "charset_normalizer") if name not in sys.modules]
     for name in names:
         sys.modules[name] = None  # type: ignore[assignment]  # "import" now raises ImportError
     try:
