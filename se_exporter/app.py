@@ -54,6 +54,7 @@ class Poller:
         self._sinks = sinks
         self._settings = settings
         self._clock = clock
+        self._polls_ok = metrics.polls.labels("ok")  # looked up once: this is counted on every poll
         self._last_body: bytes | None = None
         self._failures = 0
         self._failing_outcome: str | None = None
@@ -78,7 +79,7 @@ class Poller:
             self._metrics.poll_duration.observe(time.monotonic() - started)
             return self._failed(error)
         self._metrics.poll_duration.observe(time.monotonic() - started)
-        self._metrics.polls.labels("ok").inc()
+        self._polls_ok.inc()
         if self._failing_outcome is not None:
             log.info("IMDS recovered after %d failed polls", self._failures,
                      extra=fields(imds_state="ok", failed_polls=self._failures))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import http.client
 import threading
 from collections.abc import Iterator
+from typing import NoReturn
 
 import httpx
 
@@ -60,10 +61,7 @@ class KeepAliveTransport(httpx.BaseTransport):
                 response = _exchange(connection, request, target, headers, timeout.get("read"))
         except Exception as exc:
             connection.close()
-            mapped = _as_httpx(exc, request)
-            if mapped is exc:
-                raise
-            raise mapped from exc
+            _raise_as_httpx(exc, request)
         return httpx.Response(
             status_code=response.status,
             headers=[(name.encode("latin-1"), value.encode("latin-1")) for name, value in response.getheaders()],
@@ -135,10 +133,7 @@ class _Body(httpx.SyncByteStream):
                 yield chunk
         except Exception as exc:
             self._finish(reusable=False)
-            mapped = _as_httpx(exc, self._request)
-            if mapped is exc:
-                raise
-            raise mapped from exc
+            _raise_as_httpx(exc, self._request)
         self._finish(reusable=not self._response.will_close)
 
     def close(self) -> None:
@@ -155,14 +150,14 @@ class _Body(httpx.SyncByteStream):
             self._connection.close()
 
 
-def _as_httpx(exc: Exception, request: httpx.Request) -> Exception:
-    """The httpx exception for a failure of the standard library, so callers handle one family."""
+def _raise_as_httpx(exc: Exception, request: httpx.Request) -> NoReturn:
+    """Raise the httpx exception for a failure of the standard library, so callers handle one family."""
     if isinstance(exc, httpx.HTTPError):
-        return exc
+        raise exc
     if isinstance(exc, TimeoutError):
-        return httpx.ReadTimeout(str(exc) or "timed out", request=request)
+        raise httpx.ReadTimeout(str(exc) or "timed out", request=request) from exc
     if isinstance(exc, http.client.HTTPException):
-        return httpx.RemoteProtocolError(f"{type(exc).__name__}: {exc}", request=request)
+        raise httpx.RemoteProtocolError(f"{type(exc).__name__}: {exc}", request=request) from exc
     if isinstance(exc, OSError):
-        return httpx.ReadError(str(exc) or type(exc).__name__, request=request)
-    return exc
+        raise httpx.ReadError(str(exc) or type(exc).__name__, request=request) from exc
+    raise exc

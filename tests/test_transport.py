@@ -31,6 +31,7 @@ class ScriptedServer:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._open: list[socket.socket] = []
+        self._closed = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -66,7 +67,8 @@ class ScriptedServer:
                     return
                 step = self.script.pop(0)
                 if step is HANG:
-                    threading.Event().wait()  # the test ends first; the thread is a daemon
+                    self._closed.wait()  # until the test is over
+                    return
                 assert isinstance(step, bytes)
                 conn.sendall(step)
                 if self.script and self.script[0] is CLOSE:
@@ -74,6 +76,7 @@ class ScriptedServer:
                     return
 
     def close(self) -> None:
+        self._closed.set()
         self._listener.close()
         for conn in self._open:
             conn.close()

@@ -68,11 +68,10 @@ class Spool:
         self._writer: int | None = None  # fd of the segment being appended to
         self._writer_segment = 0
         self._writer_size = 0
-        self._slot = 0
         try:
             directory.mkdir(parents=True, exist_ok=True)
             self._acked_fd = os.open(directory / ACKED, os.O_RDWR | os.O_CREAT, 0o600)
-            self._cursor = self._read_cursor()
+            self._cursor, self._slot = self._read_cursor()  # the next write takes the other slot
             self._highest = self._cursor
             segments = sorted(directory.glob(f"*{SUFFIX}"))
             for path in segments:
@@ -156,13 +155,6 @@ class Spool:
                 self._forget(sequence)
             self._advance_cursor()
 
-    def close(self) -> None:
-        with self._lock:
-            if self._writer is not None:
-                os.close(self._writer)
-                self._writer = None
-            os.close(self._acked_fd)
-
     # --- under the lock ---
 
     def _writable(self, sequence: int) -> int:
@@ -222,7 +214,7 @@ class Spool:
 
     # --- start-up ---
 
-    def _read_cursor(self) -> int:
+    def _read_cursor(self) -> tuple[int, int]:
         data = os.pread(self._acked_fd, 2 * _SLOT.size, 0)
         best, best_slot = 0, 1
         for slot in (0, 1):
@@ -231,8 +223,7 @@ class Spool:
                 sequence, crc = _SLOT.unpack(chunk)
                 if crc == zlib.crc32(sequence.to_bytes(8, "big")) and sequence >= best:
                     best, best_slot = sequence, slot
-        self._slot = best_slot
-        return best
+        return best, best_slot
 
     def _load_segment(self, path: Path, newest: bool) -> None:
         segment = int(path.stem)
