@@ -66,7 +66,8 @@ reliability: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(BIN)/python bench/bench.py
 
-# 100,000 polls of a fast-changing simulator; prints RSS, open files and threads (writes benchmarks/soak.json).
+# 20,000 polls at 20 Hz (the fastest --poll-interval allows; about 17 minutes) of a fast-changing simulator;
+# prints RSS, open files and threads (writes benchmarks/soak.json).
 soak: $(VENV)/.installed
 	$(BIN)/python bench/soak.py
 

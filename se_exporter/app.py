@@ -7,7 +7,9 @@ therefore never delays shutdown.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import logging
 import socket
 import sys
@@ -58,6 +60,9 @@ class Poller:
         self._last_body: bytes | None = None
         self._failures = 0
         self._failing_outcome: str | None = None
+        # Two threads change the snapshot (this loop and the identity watcher): each change is a
+        # read-modify-write under this lock, or one of them would silently undo the other's.
+        self._lock = threading.Lock()
         self.snapshot = Snapshot(vm_name=settings.vm_name, api_version=settings.api_version)
         self._store = store
         # Lifecycles open before a restart: the first diff starts from them, not from nothing.
@@ -65,8 +70,13 @@ class Poller:
         self.heartbeat_deadline = time.monotonic() + settings.first_timeout + settings.backoff_cap + 10
 
     def set_identity(self, identity: VmIdentity) -> None:
-        vm_name = self._settings.vm_name or identity.name or None
-        self.snapshot = replace(self.snapshot, identity=identity, vm_name=vm_name)
+        self._update(identity=identity, vm_name=self._settings.vm_name or identity.name or None)
+
+    def _update(self, **changes: Any) -> Snapshot:
+        """Replace fields of the snapshot atomically; readers (scrapes) keep taking it without a lock."""
+        with self._lock:
+            self.snapshot = replace(self.snapshot, **changes)
+            return self.snapshot
 
     def poll_once(self) -> float:
         """One poll; returns how long to wait before the next one."""
@@ -84,7 +94,7 @@ class Poller:
             log.info("IMDS recovered after %d failed polls", self._failures,
                      extra=fields(imds_state="ok", failed_polls=self._failures))
         self._failures, self._failing_outcome = 0, None
-        self.snapshot = replace(self.snapshot, up=True, last_success=self._clock())
+        self._update(up=True, last_success=self._clock())
         return self._settings.poll_interval
 
     def _apply(self, body: bytes) -> None:
@@ -96,9 +106,7 @@ class Poller:
             self._store.save(step.records)
         first = self._last_body is None
         self._last_body = body
-        snap = replace(self.snapshot, records=step.records, incarnation=document.incarnation,
-                       has_document=True)
-        self.snapshot = snap
+        snap = self._update(records=step.records, incarnation=document.incarnation, has_document=True)
         self._metrics.document_changes.inc()
         if document.warnings:
             self._metrics.document_warnings.inc(len(document.warnings))
@@ -120,7 +128,7 @@ class Poller:
             log.warning("IMDS poll failed: %s (%s)", error, state,
                         extra=fields(imds_state=error.outcome, url=self._imds.events_url))
             self._failing_outcome = error.outcome
-        self.snapshot = replace(self.snapshot, up=False)
+        self._update(up=False)
         interval, cap = self._settings.poll_interval, self._settings.backoff_cap
         if isinstance(error, ImdsThrottled) and error.retry_after is not None:
             return min(max(interval, error.retry_after), cap)
@@ -228,26 +236,106 @@ def _text(start_response: Callable[..., Any], ok: bool, good: str, bad: str) -> 
     return [((good if ok else bad) + "\n").encode()]
 
 
+# Bounds of the HTTP server. A scraper is a well-behaved client on a private network, but nothing a
+# client does may exhaust the process: every connection holds one thread, so their number is capped,
+# and a request must arrive whole within REQUEST_DEADLINE (a per-read timeout alone lets a client that
+# sends a byte every few seconds hold its thread for ever).
+MAX_CONNECTIONS = 32
+REQUEST_DEADLINE = 10.0  # seconds to send the request line and headers (Prometheus sends them at once)
+WRITE_TIMEOUT = 10.0  # seconds any one write of the answer may block on a client that does not read
+SLOT_WAIT = 1.0  # seconds a new connection may wait for a free thread before it is answered 503
+LISTEN_BACKLOG = 512  # connections the kernel queues while all threads are busy (the kernel may lower it)
+_BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: 1\r\n"
+         b"Content-Length: 21\r\nConnection: close\r\n\r\ntoo many connections\n")
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket as a stream whose reads all end by one deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock, self._deadline = sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self._sock.settimeout(remaining)
+        return self._sock.recv_into(buffer)
+
+
 class _QuietHandler(WSGIRequestHandler):
     disable_nagle_algorithm = True  # separate header and body writes must not wait for a delayed ACK
+    timeout = WRITE_TIMEOUT
+    request_deadline = REQUEST_DEADLINE
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, time.monotonic() + self.request_deadline))
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        self.connection.settimeout(self.timeout)  # the request is in: the answer gets the ordinary timeout
+        return parsed
 
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes every few seconds are not news."""
 
 
-def serve(listen: Listen, app: Callable[..., Iterable[bytes]]) -> ThreadingWSGIServer:
-    """Bind exactly where configured ('' = all interfaces) and serve in a daemon thread."""
+def serve(listen: Listen, app: Callable[..., Iterable[bytes]], max_connections: int = MAX_CONNECTIONS,
+          request_deadline: float = REQUEST_DEADLINE, slot_wait: float = SLOT_WAIT) -> ThreadingWSGIServer:
+    """Bind exactly where configured ('' = all interfaces) and serve in a daemon thread, one thread per
+    connection up to ``max_connections``; past that a connection waits ``slot_wait`` and is answered 503."""
+
+    class Handler(_QuietHandler):
+        pass
+
+    Handler.request_deadline = request_deadline
 
     class Server(ThreadingWSGIServer):
         address_family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
+        request_queue_size = LISTEN_BACKLOG
+        _slots = threading.BoundedSemaphore(max_connections)
+        _refusing = False
+
+        def process_request(self, request: Any, client_address: Any) -> None:
+            if not self._slots.acquire(timeout=slot_wait):
+                self._refuse(request)
+                return
+            if self._refusing:
+                log.info("HTTP connections below the limit of %d again", max_connections)
+                self._refusing = False
+            try:
+                super().process_request(request, client_address)
+            except BaseException:
+                self._slots.release()
+                raise
+
+        def process_request_thread(self, request: Any, client_address: Any) -> None:
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                self._slots.release()
+
+        def _refuse(self, request: socket.socket) -> None:
+            if not self._refusing:  # one line per episode, not per connection
+                log.warning("HTTP connection limit of %d reached: answering 503 until a connection ends",
+                            max_connections)
+                self._refusing = True
+            with contextlib.suppress(OSError):
+                request.settimeout(0.1)
+                request.sendall(_BUSY)
+            self.shutdown_request(request)
 
         def handle_error(self, request: Any, client_address: Any) -> None:
-            """A scraper hanging up is no reason for a traceback; anything else is logged."""
+            """A scraper hanging up or too slow is no reason for a traceback; anything else is logged."""
             if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError, TimeoutError)):
                 return
             log.exception("HTTP request from %s failed", client_address)
 
-    server = make_server(listen.host, listen.port, app, server_class=Server, handler_class=_QuietHandler)
+    server = make_server(listen.host, listen.port, app, server_class=Server, handler_class=Handler)
     threading.Thread(target=server.serve_forever, args=(0.05,), name="http", daemon=True).start()
     return server
 

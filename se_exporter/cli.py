@@ -25,6 +25,7 @@ from se_exporter.config import (
     CONSUME_OPTIONS,
     RUN_OPTIONS,
     SIMULATE_OPTIONS,
+    THROTTLED_BELOW,
     Listen,
     Settings,
     SimulatorSettings,
@@ -156,6 +157,9 @@ def run(settings: Settings) -> int:
             poller.run(stop)
 
         threading.Thread(target=poll, name="poll", daemon=True).start()
+        if settings.poll_interval < THROTTLED_BELOW and settings.simulate is None:
+            log.warning("--poll-interval %g is below %g s: IMDS throttles above about 5 requests a second",
+                        settings.poll_interval, THROTTLED_BELOW)
         metrics_url = f"http://{_display(settings.listen, server.server_port)}/metrics"
         log.info("se-exporter %s polling %s every %gs; metrics at %s", __version__, imds.events_url,
                  settings.poll_interval, metrics_url)
@@ -201,8 +205,11 @@ def _on_signals(stop: threading.Event) -> None:
     def handler(signum: int, frame: object) -> None:
         stop.set()
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+    # SIGHUP too: a closed terminal or `kill -HUP` must not skip the orderly stop (spans flushed, "stopping"
+    # logged). The sidecar has nothing to reload; its settings come from flags and the environment.
+    for name in ("SIGTERM", "SIGINT", "SIGHUP"):
+        if hasattr(signal, name):  # Windows has no SIGHUP
+            signal.signal(getattr(signal, name), handler)
 
 
 def _display(listen: Listen, port: int) -> str:

@@ -134,36 +134,76 @@ def parse_api_version(text: str) -> str:
     return text
 
 
-def parse_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number of seconds, e.g. 1 or 0.5") from None
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{text!r} must be a positive number of seconds")
-    return value
+@dataclass(frozen=True)
+class Bounded:
+    """A number parser with the range that makes sense for its setting, stated in ``--help``.
+
+    Without bounds, ``--poll-interval 1e-9`` polled IMDS thousands of times a second (it throttles above
+    about 5 requests a second) and ``--first-call-timeout 1e308`` overflowed on every poll.
+    """
+
+    low: float
+    high: float
+    unit: str = "seconds"  # "seconds", "" (a plain number) or "bytes"
+    integer: bool = False
+
+    def __call__(self, text: str) -> float:
+        if self.unit == "bytes":
+            value: float = _size(text)
+        else:
+            try:
+                value = float(text)
+            except ValueError:
+                what = "a number of seconds, e.g. 1 or 0.5" if self.unit == "seconds" else "a number"
+                raise ValueError(f"{text!r} is not {what}") from None
+        if not value > 0:  # NaN too
+            raise ValueError(f"{text!r} must be a positive number ({self.describe()})")
+        if not self.low <= value <= self.high:
+            raise ValueError(f"{text!r} is out of range: {self.describe()}")
+        if self.integer and value != int(value):
+            raise ValueError(f"{text!r} is not a whole number")
+        return int(value) if self.integer or self.unit == "bytes" else value
+
+    def describe(self) -> str:
+        if self.unit == "bytes":
+            return f"{_show_size(self.low)} to {_show_size(self.high)}"
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{self.low:g} to {self.high:g}{unit}"
 
 
-def parse_positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{text!r} must be a positive number")
-    return value
+def _size(text: str) -> int:
+    match = re.fullmatch(r"\s*(\d{1,15})\s*([KMGT]i?B?|B)?\s*", text, flags=re.IGNORECASE)
+    if not match:
+        raise ValueError(f"{text!r} is not a size, e.g. 4194304 or 4MiB")
+    units = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+    return int(match.group(1)) * units[(match.group(2) or "")[:1].lower()]
+
+
+def _show_size(value: float) -> str:
+    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if value >= size and value % size == 0:
+            return f"{int(value // size)}{unit}"
+    return f"{int(value)} bytes"
+
+
+# The ranges of every numeric setting (help texts and the README show them).
+POLL_INTERVAL = Bounded(0.05, 3600)  # below 0.2 s IMDS throttles; 0.05 is the benchmarks' and tests' 20 Hz
+TIMEOUT = Bounded(0.05, 300)
+FIRST_CALL_TIMEOUT = Bounded(0.05, 600)  # the first call may take two minutes: five times that is plenty
+BACKOFF = Bounded(0.05, 3600)
+DOCUMENT_BYTES = Bounded(1024, 64 * 1024**2, unit="bytes")
+SPOOL_BYTES = Bounded(4096, 1024**4, unit="bytes")
+SPEED = Bounded(0.001, 100_000, unit="")
+SEND_TIMEOUT = Bounded(0.1, 600)
+RETRY_MAX = Bounded(0.1, 3600)
+MAX_EVENTS = Bounded(1, 10**12, unit="", integer=True)
+IDLE_TIMEOUT = Bounded(0.1, 366 * 86400)
+THROTTLED_BELOW = 0.2  # seconds between polls: faster than IMDS serves without throttling
 
 
 def parse_bytes(text: str) -> int:
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]i?B?|B)?\s*", text, flags=re.IGNORECASE)
-    if not match:
-        raise ValueError(f"{text!r} is not a size, e.g. 4194304 or 4MiB")
-    units = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-    unit = (match.group(2) or "")[:1].lower()
-    value = int(match.group(1)) * units[unit]
-    if value < 1024:
-        raise ValueError(f"{text!r} is too small: IMDS documents need at least 1KiB")
-    return value
+    """A document size limit (kept for callers that parse sizes directly)."""
+    return int(DOCUMENT_BYTES(text))
 
 
 def parse_listen(text: str) -> Listen:
@@ -257,18 +297,18 @@ RUN_OPTIONS: tuple[Option, ...] = (
            f"IMDS base URL (default {DEFAULT_IMDS_URL}); never reached through a proxy", "URL"),
     Option("api_version", "--api-version", parse_api_version,
            f"Scheduled Events api-version to request (default {DEFAULT_API_VERSION})", "VERSION"),
-    Option("poll_interval", "--poll-interval", parse_seconds,
+    Option("poll_interval", "--poll-interval", POLL_INTERVAL,
            "seconds between polls; Azure recommends 1 (default 1)", "SECONDS"),
-    Option("imds_timeout", "--imds-timeout", parse_seconds,
+    Option("imds_timeout", "--imds-timeout", TIMEOUT,
            "timeout of each IMDS request once IMDS has answered (default 2)", "SECONDS"),
-    Option("first_call_timeout", "--first-call-timeout", parse_seconds,
+    Option("first_call_timeout", "--first-call-timeout", FIRST_CALL_TIMEOUT,
            "timeout until IMDS first answers: the first call enables the service and may take "
            "up to two minutes (default 120; never shorter than --imds-timeout)", "SECONDS"),
-    Option("max_backoff", "--max-backoff", parse_seconds,
+    Option("max_backoff", "--max-backoff", BACKOFF,
            "longest wait between polls after failures or a 429 Retry-After; kept short because a "
            "missed notice is worse than a throttled poll (default 5; never shorter than --poll-interval)",
            "SECONDS"),
-    Option("max_document_bytes", "--max-document-bytes", parse_bytes,
+    Option("max_document_bytes", "--max-document-bytes", DOCUMENT_BYTES,
            "largest IMDS body read; larger ones are rejected unread (default 4MiB)", "BYTES"),
     Option("listen", "--listen", parse_listen,
            f"where /metrics, /healthz and /readyz are served (default :{DEFAULT_PORT}, all "
@@ -276,7 +316,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("vm_name", "--vm-name", parse_name,
            "this VM's name as listed in event Resources (default: from IMDS compute metadata)", "NAME"),
     *_LOG_OPTIONS,
-    Option("speed", "--speed", parse_positive_float,
+    Option("speed", "--speed", SPEED,
            "with --simulate: how many times faster than real time the scenario runs (default 1)", "FACTOR"),
     Option("state_dir", "--state-dir", parse_path,
            "where state that must survive restarts is kept: open lifecycles, the forwarding sequence "
@@ -285,7 +325,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "append every distinct document, with its properties, to this JSON-lines file", "PATH"),
     Option("spool_dir", "--spool-dir", parse_path,
            "durable queue of documents waiting for Event Hubs (default STATE_DIR/spool)", "PATH"),
-    Option("spool_max_bytes", "--spool-max-bytes", parse_bytes,
+    Option("spool_max_bytes", "--spool-max-bytes", SPOOL_BYTES,
            "spool size limit; past it the oldest documents are dropped and counted (default 64MiB)", "BYTES"),
     Option("eventhub_connection_string", "--eventhub-connection-string", parse_connection_string,
            "Event Hubs connection string (SharedAccessKey; prefer the environment variable)", "STRING"),
@@ -296,9 +336,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "identity", "HOST"),
     Option("eventhub_client_id", "--eventhub-client-id", parse_name,
            "client id of a user-assigned managed identity (with --eventhub-namespace)", "ID"),
-    Option("eventhub_send_timeout", "--eventhub-send-timeout", parse_seconds,
+    Option("eventhub_send_timeout", "--eventhub-send-timeout", SEND_TIMEOUT,
            "timeout of one send to Event Hubs; a timed-out batch is kept and resent (default 10)", "SECONDS"),
-    Option("eventhub_retry_max", "--eventhub-retry-max", parse_seconds,
+    Option("eventhub_retry_max", "--eventhub-retry-max", RETRY_MAX,
            "longest wait between attempts while Event Hubs is unreachable (default 30)", "SECONDS"),
     Option("otel_traces_exporter", "--otel-traces-exporter", choice("otlp", "console", "none"),
            "where spans go: otlp, console or none (default otlp when an OTLP endpoint is set, else none)",
@@ -322,9 +362,9 @@ CONSUME_OPTIONS: tuple[Option, ...] = (
            "earliest, latest, or an ISO 8601 time to read from (default earliest)", "POSITION"),
     Option("output_format", "--format", choice("timeline", "json"),
            "timeline (one line per document, per VM) or json (one object per line) (default timeline)", "FORMAT"),
-    Option("max_events", "--max-events", lambda text: int(parse_positive_float(text)),
+    Option("max_events", "--max-events", MAX_EVENTS,
            "stop after this many documents (default: run until interrupted)", "N"),
-    Option("idle_timeout", "--idle-timeout", parse_seconds,
+    Option("idle_timeout", "--idle-timeout", IDLE_TIMEOUT,
            "stop when no document arrived for this long (default: never)", "SECONDS"),
 )
 
@@ -356,7 +396,7 @@ SIMULATE_OPTIONS: tuple[Option, ...] = (
            "where the simulator serves IMDS (default 127.0.0.1:8169)", "HOST:PORT", "SIMULATOR_"),
     Option("scenario", "--scenario", parse_name,
            "built-in scenario name or path to a scenario JSON file (default demo)", "SCENARIO", "SIMULATOR_"),
-    Option("speed", "--speed", parse_positive_float,
+    Option("speed", "--speed", SPEED,
            "how many times faster than real time the scenario runs (default 1)", "FACTOR", "SIMULATOR_"),
     *(Option(o.dest, o.flag, o.parse, o.help, o.metavar, "SIMULATOR_") for o in _LOG_OPTIONS),
 )
@@ -365,8 +405,9 @@ SIMULATE_OPTIONS: tuple[Option, ...] = (
 def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
     """Flags default to None so the resolver can tell 'not given' from 'given'."""
     for option in options:
+        bounds = f" [range {option.parse.describe()}]" if isinstance(option.parse, Bounded) else ""
         parser.add_argument(option.flag, dest=option.dest, default=None, metavar=option.metavar,
-                            help=f"{option.help} [env {option.env}]")
+                            help=f"{option.help}{bounds} [env {option.env}]")
 
 
 def resolve(options: Sequence[Option], args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:

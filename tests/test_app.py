@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from se_exporter.app import IdentityWatcher, Poller, make_http_app
 from se_exporter.config import Settings
-from se_exporter.imds import ImdsClient
+from se_exporter.imds import ImdsClient, VmIdentity
 from se_exporter.metrics import Metrics
 from se_exporter.sinks import DocumentChange, FanOut
 
@@ -233,3 +233,21 @@ def test_identity_is_retried_in_the_background_until_read() -> None:
     assert poller.snapshot.identity is not None and poller.snapshot.identity.vm_id == "id-7"
     assert poller.snapshot.vm_name == "vm0"  # --vm-name wins over the name IMDS reports
     assert watcher_registry.get_sample_value("azure_scheduled_events_identity_errors_total") == 2
+
+
+def test_an_identity_read_during_a_poll_is_not_lost() -> None:
+    """The identity watcher setting the identity while a poll updates the snapshot survives the poll (the two
+    threads used to replace the snapshot without a lock, and the poll's write undid the identity)."""
+    poller, _, _ = make_poller([httpx.Response(200, content=GOOD)])
+    reads: list[str] = []
+
+    def clock_that_lets_the_watcher_in() -> float:
+        # The poll reads the clock while it updates the snapshot: the watcher's write lands right then.
+        reads.append(f"id-{len(reads)}")
+        poller.set_identity(VmIdentity(name="imds-name", vm_id=reads[-1]))
+        return 1000.0 + len(reads)
+
+    poller._clock = clock_that_lets_the_watcher_in
+    poller.poll_once()
+    assert poller.snapshot.up and poller.snapshot.has_document
+    assert poller.snapshot.identity is not None and poller.snapshot.identity.vm_id == reads[-1]

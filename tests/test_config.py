@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from se_exporter.cli import build_parser, main
-from se_exporter.config import DEFAULT_IMDS_URL, RUN_OPTIONS, Listen, Settings, parse_bytes, parse_listen, run_settings
+from se_exporter.config import (
+    DEFAULT_IMDS_URL,
+    RUN_OPTIONS,
+    Bounded,
+    Listen,
+    Settings,
+    parse_bytes,
+    parse_listen,
+    run_settings,
+)
 from tests.conftest import Reliability
 
 
@@ -58,9 +67,17 @@ BAD_CONFIGURATION = [
     (["--listen", ":99999"], {}, "above 65535"),
     (["--log-format", "xml"], {}, "--log-format: 'xml' is not one of text, json"),
     (["--log-level", "loud"], {}, "--log-level"),
-    (["--max-document-bytes", "12"], {}, "too small"),
+    (["--max-document-bytes", "12"], {}, "--max-document-bytes: '12' is out of range: 1KiB to 64MiB"),
     (["--vm-name", " "], {}, "--vm-name: must not be empty"),
     (["--speed", "0"], {}, "--speed"),
+    (["--poll-interval", "1e-9"], {}, "--poll-interval: '1e-9' is out of range: 0.05 to 3600 seconds"),
+    (["--first-call-timeout", "1e308"], {}, "--first-call-timeout: '1e308' is out of range"),
+    (["--imds-timeout", "nan"], {}, "--imds-timeout: 'nan' must be a positive number"),
+    (["--max-backoff", "inf"], {}, "--max-backoff: 'inf' is out of range"),
+    (["--max-document-bytes", "1TiB"], {}, "--max-document-bytes: '1TiB' is out of range: 1KiB to 64MiB"),
+    ([], {"SE_EXPORTER_SPOOL_MAX_BYTES": "999999999999999TiB"}, "SE_EXPORTER_SPOOL_MAX_BYTES: '999999999999999TiB' is"),
+    (["--speed", "1e300"], {}, "--speed: '1e300' is out of range"),
+    (["--eventhub-send-timeout", "0.001"], {}, "--eventhub-send-timeout: '0.001' is out of range"),
     (["--simulate", "no-such-scenario"], {}, "scenario 'no-such-scenario' is neither a built-in"),
 ]
 
@@ -140,10 +157,27 @@ def test_parse_bytes() -> None:
     assert parse_bytes("2k") == 2048
 
 
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["--max-events", "0.5"], "--max-events: '0.5' is out of range: 1 to 1e+12"),
+    (["--max-events", "2.5"], "--max-events: '2.5' is not a whole number"),
+    (["--idle-timeout", "1e400"], "--idle-timeout: '1e400' is out of range"),
+])
+def test_consume_numbers_are_bounded(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """consume's counts and times are checked like run's: one line, exit 2."""
+    assert main(["consume", "--eventhub-connection-string",
+                 "Endpoint=sb://ns.example/;SharedAccessKeyName=k;SharedAccessKey=s;EntityPath=h", *argv], env={}) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err, err
+
+
 def test_help_explains_every_run_option() -> None:
-    """--help of run lists every option with its help text."""
+    """--help of run lists every option with its help text, and every numeric one with its range."""
     result = subprocess.run([sys.executable, "-m", "se_exporter", "run", "--help"], capture_output=True,
                             text=True, timeout=30, check=True)
+    flat = " ".join(result.stdout.split())
     for option in RUN_OPTIONS:
         assert option.flag in result.stdout
+        if isinstance(option.parse, Bounded):
+            assert f"[range {option.parse.describe()}]" in flat, option.flag
+    assert "[range 0.05 to 3600 seconds]" in flat
     assert "--simulate" in result.stdout

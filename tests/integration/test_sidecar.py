@@ -114,6 +114,8 @@ def test_health_and_readiness_endpoints(simulator: SimulatorFactory, sidecar: Ca
     wait_until(lambda: http_get(process.base_url + "/readyz")[0] == 200, what="ready")
     assert http_get(process.base_url + "/healthz") == (200, "poll loop running\n")
     assert "/metrics" in http_get(process.base_url + "/")[1]
+    # FAST polls 20 times a second: faster than IMDS serves without throttling, which start-up says once.
+    assert process.log().count("--poll-interval 0.05 is below 0.2 s: IMDS throttles") == 1
 
 
 def test_not_ready_while_imds_never_answered(sidecar: Callable[..., Sidecar]) -> None:

@@ -122,14 +122,21 @@ def test_kill_and_restart_mid_event(simulator: SimulatorFactory, sidecar: Callab
                 "continued")
 
 
-def test_sigterm_flushes_spans_and_exits_quickly(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
-                                                 receiver: OtlpReceiver) -> None:
-    """Spans ended just before SIGTERM are exported by the shutdown, and the process exits 0 within 10 s."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_flushes_spans_and_exits_quickly(signum: int, simulator: SimulatorFactory,
+                                                       sidecar: Callable[..., Sidecar], receiver: OtlpReceiver,
+                                                       reliability: Reliability) -> None:
+    """Spans ended just before SIGTERM (or SIGHUP: a closed terminal) are exported by the shutdown, "stopping"
+    is logged, and the process exits 0 within 10 s."""
     sim, server = simulator("host-failure")
     process = sidecar("--imds-url", server.url, *FAST, env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint})
     advance_to(sim, process, 3)
     advance_to(sim, process, 303)
     started = time.monotonic()
-    assert process.stop() == 0
+    process.process.send_signal(signum)
+    assert process.process.wait(timeout=10) == 0
     assert time.monotonic() - started < 10
     assert [s.attributes[A + "outcome"] for s in receiver.named("scheduled_event")] == ["completed"]
+    assert "stopping" in process.log()
+    reliability("Shutdown", f"{signal.Signals(signum).name} right after an event completed",
+                "spans flushed, \"stopping\" logged, exit 0 within 10 s")

@@ -1,0 +1,131 @@
+"""The HTTP server's bounds: a client cannot hold a thread for ever, nor exhaust threads, and a burst of
+scrapers is queued by the kernel rather than refused."""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import pytest
+
+from se_exporter.app import serve
+from se_exporter.config import Listen
+from tests.conftest import Reliability
+from tests.helpers import wait_until
+
+REQUEST = b"GET /metrics HTTP/1.1\r\nHost: sidecar\r\n\r\n"
+
+
+def hello(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"up 1\n"]
+
+
+@pytest.fixture
+def server() -> Iterator[Callable[..., int]]:
+    """Start the sidecar's HTTP server with given bounds on a free loopback port; returns the port."""
+    started: list[Any] = []
+
+    def make(**bounds: Any) -> int:
+        started.append(serve(Listen("127.0.0.1", 0), hello, **bounds))
+        return int(started[-1].server_port)
+
+    yield make
+    for item in started:
+        item.shutdown()
+        item.server_close()
+
+
+def connect(port: int, timeout: float = 5.0) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=timeout)
+
+
+def answer(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    readable, _, _ = select.select([sock], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_request_dripped_byte_by_byte_is_cut_off_at_the_deadline(server: Callable[..., int],
+                                                                   reliability: Reliability) -> None:
+    """A client that sends its headers one byte every 0.1 s (each read well inside any per-read timeout) is
+    disconnected once the request deadline has passed, instead of holding its thread for ever."""
+    port = server(request_deadline=0.5)
+    sock = connect(port)
+    headers = iter(b"GET /metrics HTTP/1.1\r\n" + b"X-Drip: " + b"a" * 10_000)
+    deadline = time.monotonic() + 10
+    closed = False
+    while time.monotonic() < deadline and not closed:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.send(bytes([next(headers)]))
+        readable, _, _ = select.select([sock], [], [], 0.1)  # the drip's pace
+        closed = bool(readable) and closed_by_server(sock)
+    sock.close()
+    assert closed, "the server kept a dripping client connected"
+    with connect(port) as fresh:
+        fresh.sendall(REQUEST)
+        assert answer(fresh).startswith(b"HTTP/1.0 200")
+    reliability("HTTP server", "request headers dripped one byte every 0.1 s",
+                "connection closed at the 10 s request deadline; other scrapes served meanwhile")
+
+
+def test_connections_past_the_limit_are_answered_503_and_threads_stay_bounded(server: Callable[..., int],
+                                                                              reliability: Reliability) -> None:
+    """100 clients holding partial headers occupy at most the connection limit in threads; the rest are answered
+    503 at once; when the holders go, scrapes are served again."""
+    before = threading.active_count()
+    port = server(max_connections=4, request_deadline=30, slot_wait=0.05)
+    holders = []
+    for _ in range(100):
+        sock = connect(port)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+        holders.append(sock)
+    with connect(port) as late:
+        late.sendall(REQUEST)
+        refused = answer(late)
+    assert refused.startswith(b"HTTP/1.0 503") and b"too many connections" in refused
+    assert threading.active_count() <= before + 1 + 4  # the accept loop and at most four handlers
+    for sock in holders:
+        sock.close()
+
+    def served() -> bool:
+        with connect(port) as fresh:
+            fresh.sendall(REQUEST)
+            return answer(fresh).startswith(b"HTTP/1.0 200")
+
+    wait_until(served, what="scrapes served after the holders left")
+    reliability("HTTP server", "100 connections holding partial headers",
+                "at most 32 handler threads; the rest answered 503 at once; served again when they go")
+
+
+def test_a_burst_of_scrapers_is_queued_by_the_kernel_while_all_threads_are_busy(server: Callable[..., int]) -> None:
+    """With every handler thread busy, 200 more connections complete their TCP handshake at once (a listen
+    backlog of 5 made most of them wait for SYN retransmissions, seconds each) and are all answered."""
+    port = server(max_connections=1, request_deadline=30, slot_wait=30)
+    holder = connect(port)
+    holder.sendall(b"GET /metrics HTTP/1.1\r\n")
+    wait_until(lambda: threading.active_count() >= 2, what="the holder's thread")  # the slot is taken
+    burst = [connect(port, timeout=0.5) for _ in range(200)]  # a dropped SYN is retried only after 1 s
+    for sock in burst:
+        sock.sendall(REQUEST)
+    holder.close()
+    for sock in burst:
+        sock.settimeout(30)
+        assert answer(sock).startswith(b"HTTP/1.0 200")
+        sock.close()
