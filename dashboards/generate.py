@@ -100,14 +100,12 @@ def node_conditions_panel(ids: Ids) -> Any:
     conditions = f'kube_node_status_condition{{condition=~"{NPD_CONDITIONS}", status="true"}}'
     return (panel(statetimeline, ids, "AKS node conditions (kube-state-metrics)",
                   "The node-problem-detector conditions of this VM's AKS node, as kube-state-metrics reports them "
-                  "(True while NPD sees a scheduled event; it checks every minute, Preempt every 2 s). Joined "
+                  "(1 = True while NPD sees a scheduled event; it checks every minute, Preempt every 2 s). Joined "
                   "on the `node` label that the ServiceMonitor/PodMonitor relabelling adds to se-exporter.",
                   [Q(f"max by (node, condition) ({conditions}) and on(node) azure_scheduled_events_up{{{VM}}}",
                      legend="{{condition}} on {{node}}")], width=24, height=5)
             .no_value("No AKS node conditions for this VM: not an AKS node, no kube-state-metrics, or the "
-                      "se-exporter target has no `node` label (see the README, Run on AKS)")
-            .mappings([dm.ValueMap(options={"0": dm.ValueMappingResult(text="False", color="green", index=0),
-                                            "1": dm.ValueMappingResult(text="True", color="orange", index=1)})]))
+                      "se-exporter target has no `node` label (see the README, Run on AKS)"))
 
 
 def vm_dashboard() -> Any:
