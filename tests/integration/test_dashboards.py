@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,7 +20,7 @@ import yaml
 
 from se_exporter.simulator.faults import Fault
 from tests.conftest import SimulatorFactory
-from tests.helpers import Sidecar, free_port, http_get, parse_samples, step_through, wait_until
+from tests.helpers import Sidecar, free_port, http_get, parse_samples, step_through, stop_process, wait_until
 from tests.integration.test_prometheus import Prometheus
 
 pytestmark = pytest.mark.integration
@@ -246,3 +248,43 @@ def test_node_conditions_meet_the_vms_events_on_the_node_label(simulator: Simula
         assert prom.query(panel_expr)  # the panel still shows NPD's view beside ours
     finally:
         prom.stop()
+
+
+def test_readme_inhibition_recipe_mutes_the_node_alert_of_the_same_node_only(tmp_path: Path) -> None:
+    """The README's Alertmanager recipe, loaded into a real Alertmanager: while se-exporter's alert fires for a node,
+    the user's node-condition alert for that node is suppressed, and the same alert for another node is not."""
+    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    if binary is None:
+        pytest.fail("alertmanager not found: `make test` installs Debian's prometheus-alertmanager package")
+    readme = (DASHBOARDS.parent / "README.md").read_text()
+    (recipe,) = [block for block in re.findall(r"```yaml\n(.*?)```", readme, re.S) if "inhibit_rules" in block]
+    config = {"route": {"receiver": "null"}, "receivers": [{"name": "null"}], **yaml.safe_load(recipe)}
+    (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(config))
+    url = f"http://127.0.0.1:{free_port()}"
+    with (tmp_path / "alertmanager.log").open("wb") as log:
+        process = subprocess.Popen([binary, f"--config.file={tmp_path / 'alertmanager.yml'}",
+                                    f"--storage.path={tmp_path / 'data'}", f"--web.listen-address={url[7:]}",
+                                    "--cluster.listen-address=", "--log.level=warn"], stdout=log, stderr=log)
+    try:
+        wait_until(lambda: http_get(f"{url}/-/ready")[0] == 200, timeout=30, what="Alertmanager ready")
+        alerts = [{"labels": {"alertname": "AzureImpactfulMaintenanceScheduled", "node": NODE, "event_type": "Reboot"}},
+                  {"labels": {"alertname": "NodeVMEventScheduled", "node": NODE}},
+                  {"labels": {"alertname": "NodeVMEventScheduled", "node": OTHER_NODE}}]
+        request = urllib.request.Request(f"{url}/api/v2/alerts", data=json.dumps(alerts).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+
+        def states() -> dict[tuple[str, str], str]:
+            status, body = http_get(f"{url}/api/v2/alerts")
+            assert status == 200, body
+            return {(a["labels"]["alertname"], a["labels"]["node"]): a["status"]["state"] for a in json.loads(body)}
+
+        # The inhibitor learns of source alerts asynchronously: wait for the suppression, then check all three.
+        wait_until(lambda: states().get(("NodeVMEventScheduled", NODE)) == "suppressed", timeout=30,
+                   what="the same node's alert to be inhibited")
+        assert states() == {("AzureImpactfulMaintenanceScheduled", NODE): "active",
+                            ("NodeVMEventScheduled", NODE): "suppressed",
+                            ("NodeVMEventScheduled", OTHER_NODE): "active"}
+    finally:
+        stop_process(process)
