@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -198,3 +199,21 @@ def test_rules_pass_promtool_unit_tests(tmp_path: Path) -> None:
     result = subprocess.run([_promtool(), "test", "rules", "alerts_test.yaml"], cwd=tmp_path, capture_output=True,
                             text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_npd_rule_and_the_vm_panel_select_the_same_node_conditions() -> None:
+    """The rule and the dashboard panel agree on which node conditions are Scheduled-Events ones (AKS documents
+    VMEventScheduled; the per-type names are its Event reasons), and neither takes any other condition."""
+    vm = json.loads((RULES.parent / "se-exporter-vm.json").read_text())
+    (panel_expr,) = [p["targets"][0]["expr"] for p in vm["panels"] if p["title"].startswith("AKS node conditions")]
+    rule_expr = rules()["AksScheduledEventNotSeenBySeExporter"]["expr"]
+
+    def selected(expr: str) -> set[str]:
+        patterns = re.findall(r'condition=~?"([^"]+)"', expr)
+        return {name for name in candidates if any(re.fullmatch(p, name) for p in patterns)}
+
+    documented = {"VMEventScheduled", "FreezeScheduled", "RebootScheduled", "RedeployScheduled", "PreemptScheduled",
+                  "TerminateScheduled"}
+    candidates = documented | {"Ready", "MemoryPressure", "KernelDeadlock", "FrequentKubeletRestart",
+                               "PreemptionScheduled"}
+    assert selected(panel_expr) == selected(rule_expr) == documented
