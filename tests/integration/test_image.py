@@ -93,7 +93,8 @@ def _entrypoint_process(run: int) -> int | None:
 def test_runtime_image_holds_no_build_leftovers(base: str, working: tuple[str, Path],
                                                 reliability: Reliability) -> None:
     """The runtime image holds no compiler, no pip cache and none of the build's secrets (pip.conf, the mounted CA
-    bundle); what it adds to its base holds no wheels and no source tree: se-exporter only as an installed package."""
+    bundle); what it adds to its base holds no wheels, no source tree and nothing in /tmp: se-exporter only as an
+    installed package."""
     _, root = working
     paths = [Path(p) for p in container.snapshot(root)]
     assert [p for p in paths if COMPILER.fullmatch(p.name) and (root / p).is_file()] == []
@@ -102,7 +103,8 @@ def test_runtime_image_holds_no_build_leftovers(base: str, working: tuple[str, P
     with _container(base) as (_, base_root):
         in_base = {Path(p) for p in container.snapshot(base_root)}
     added = [p for p in paths if p not in in_base]
-    assert [p for p in added if p.suffix == ".whl" or p.name in ("pyproject.toml", "setup.py", "setup.cfg")] == []
+    assert [p for p in added if p.suffix == ".whl" or p.name in ("pyproject.toml", "setup.py", "setup.cfg")
+            or p.parts[0] == "tmp"] == []
     packaged = [p for p in added if "se_exporter" in p.parts]
     assert packaged and all("site-packages" in p.parts for p in packaged)
     reliability("Container", "the built image's filesystem (stand-in base from Debian's packages)",
@@ -122,6 +124,7 @@ def test_image_runs_unprivileged_writes_only_its_volume_and_stops_on_sigterm(
     sim, server = simulator("live-migration")
     port = free_port()
     container.buildah("config", "--env", f"SE_EXPORTER_LISTEN=127.0.0.1:{port}", name)  # docker run -e ...
+    assert f"/{STATE}" in config["Volumes"]
     check = config["Healthcheck"]["Test"]
     assert check[0] == "CMD"
     assert _run_in(name, check[1:]).returncode != 0, "the HEALTHCHECK passed with nothing listening"
