@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,17 +31,20 @@ PACKAGES = ("python3", "python3-venv")
 VENV = "/opt/venv"
 PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Everything that decides the stand-in's content: the cache key. Bump "recipe" when the steps below change.
-RECIPE = {"recipe": 1, "suite": SUITE, "variant": "minbase", "packages": PACKAGES, "venv": VENV, "path": PATH}
+RECIPE = {"recipe": 2, "suite": SUITE, "variant": "minbase", "packages": PACKAGES, "venv": VENV, "path": PATH}
 KEY = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:16]
 BASE_NAME = "localhost/se-exporter-stand-in-base"
-# Left out of the stand-in: downloaded packages and indexes (python:3.11-slim has none either), and files naming
-# the build host or its mirror.
+# Left out of the stand-in: downloaded packages and indexes and device nodes (python:3.11-slim has none either; a
+# container gets /dev from its runtime), and files naming the build host or its mirror.
 STRIP = ("var/cache/apt/archives/*.deb", "var/lib/apt/lists/*", "etc/apt/sources.list", "etc/hostname",
-         "etc/resolv.conf")
+         "etc/resolv.conf", "dev/*")
 
 
 def buildah(*args: str, timeout: float = 120) -> str:
-    return subprocess.run([*BUILDAH, *args], capture_output=True, text=True, timeout=timeout, check=True).stdout
+    result = subprocess.run([*BUILDAH, *args], capture_output=True, text=True, timeout=timeout, check=False)
+    if result.returncode:
+        raise RuntimeError(f"buildah {' '.join(args)} exited with {result.returncode}: {result.stderr[-2000:]}")
+    return result.stdout
 
 
 def unavailable() -> str | None:
@@ -110,6 +112,7 @@ def _prune_dead_runs() -> None:
 
     for entry in json.loads(buildah("containers", "--json")) or []:
         if dead(entry["containername"]):
+            _unmount_below(Path(buildah("mount", entry["id"]).strip()))
             buildah("rm", entry["id"])
     for entry in json.loads(buildah("images", "--json")) or []:
         if any(dead(n) for n in entry.get("names") or ()):
@@ -117,32 +120,49 @@ def _prune_dead_runs() -> None:
 
 
 def _build_stand_in(name: str) -> None:
-    with tempfile.TemporaryDirectory(dir=CACHE, prefix="rootfs-") as scratch:
-        rootfs = Path(scratch, "rootfs")
-        subprocess.run(["debootstrap", f"--variant={RECIPE['variant']}", f"--include={','.join(PACKAGES)}", SUITE,
-                        str(rootfs), debian_mirror()], capture_output=True, timeout=600, check=True)
-        subprocess.run(["chroot", str(rootfs), "python3", "-m", "venv", VENV], capture_output=True, timeout=120,
-                       check=True)
+    """debootstrap straight into a new container's root filesystem, add the virtualenv, commit."""
+    container = buildah("from", "--name", run_name("stand-in"), "scratch").strip()
+    rootfs = Path(buildah("mount", container).strip())
+    try:
+        _run("debootstrap", f"--variant={RECIPE['variant']}", f"--include={','.join(PACKAGES)}", SUITE, str(rootfs),
+             debian_mirror(), timeout=600)
+        _run("chroot", str(rootfs), "python3", "-m", "venv", VENV)
+        _unmount_below(rootfs)  # nothing should be left mounted; never delete through a mount
         for pattern in STRIP:
             for path in rootfs.glob(pattern):
                 if path.is_dir() and not path.is_symlink():
                     shutil.rmtree(path)
                 else:
                     path.unlink()
-        container = buildah("from", "--name", run_name("stand-in"), "scratch").strip()
-        try:
-            mount = buildah("mount", container).strip()
-            subprocess.run(["cp", "-a", f"{rootfs}/.", mount], check=True, timeout=300)
-            buildah("config", "--env", f"PATH={PATH}", "--env", "LANG=C.UTF-8", "--cmd", "python3", container)
-            buildah("commit", "--quiet", "--format", "docker", container, name, timeout=300)
-        finally:
-            buildah("rm", container)
+        buildah("config", "--env", f"PATH={PATH}", "--env", "LANG=C.UTF-8", "--cmd", "python3", container)
+        buildah("commit", "--quiet", "--format", "docker", container, name, timeout=300)
+    finally:
+        _unmount_below(rootfs)
+        buildah("rm", container)
+
+
+def _unmount_below(root: Path) -> None:
+    """Unmount what a killed debootstrap left mounted inside ``root`` (/proc, /sys, perhaps a bind of the host's
+    /dev), deepest first: removing a tree through such a mount would delete the host's files."""
+    mounts = [Path(line.split()[1]) for line in Path("/proc/self/mounts").read_text().splitlines()]
+    for mount in sorted((m for m in mounts if root in m.parents), key=lambda m: len(m.parts), reverse=True):
+        _run("umount", "--lazy", str(mount))
+
+
+def _run(*command: str, timeout: float = 120) -> None:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    if result.returncode:
+        raise RuntimeError(f"{' '.join(command)} exited with {result.returncode}: {result.stderr[-2000:]}"
+                           f"{result.stdout[-2000:]}")
 
 
 def build_image(tag: str, base: str) -> None:
     """Build the repository's Dockerfile on ``base`` the way ``make image`` does (host pip settings as build
     secrets); the base is never pulled."""
-    image.build(tag, base, "buildah", buildah_options=BUILDAH[1:], build_options=["--pull=never"])
+    try:
+        image.build(tag, base, "buildah", buildah_options=BUILDAH[1:], build_options=["--pull=never"])
+    except subprocess.CalledProcessError as failed:
+        raise RuntimeError(f"the image build failed: {failed.stderr[-3000:]}{failed.stdout[-3000:]}") from None
 
 
 def image_size(name: str) -> int:
