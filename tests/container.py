@@ -55,7 +55,7 @@ def unavailable() -> str | None:
         return "needs root: debootstrap builds the stand-in base image and buildah runs it with chroot isolation"
     if shutil.which("debootstrap") is None:
         return "debootstrap is not installed (make test installs it with apt-get on Debian)"
-    if not debian_mirror():
+    if shutil.which("apt-get") is None or not debian_mirror():
         return f"the host's apt configuration names no Debian {SUITE} mirror for debootstrap"
     return None
 
