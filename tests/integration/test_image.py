@@ -84,7 +84,11 @@ def _entrypoint_process(run: int) -> int | None:
     pending = _children(run)
     while pending:
         pid = pending.pop()
-        if not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"buildah"):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue  # exited meanwhile
+        if command and not command.startswith(b"buildah"):
             return pid
         pending += _children(pid)
     return None
