@@ -195,7 +195,7 @@ def sidecar_figures(unchanged_polls: int, changes: int) -> dict[str, float]:
 def image_figures() -> dict[str, float] | str:
     """Sizes of the image and of its base (uncompressed layers), or why they were not measured. The base is the
     suite's stand-in for python:3.11-slim (Debian's python3 + a virtualenv), so the difference is what se-exporter
-    adds; the stand-in itself is larger than python:3.11-slim."""
+    adds; the base's own size is the stand-in's, not python:3.11-slim's."""
     reason = container.unavailable()
     if reason:
         return reason
