@@ -37,7 +37,7 @@ log = logging.getLogger("se_exporter.forward")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 MAX_PENDING_BYTES = 8 << 20  # per target; the 128 Mi pod limit leaves room for this and a 4 MiB document besides
 _ENVELOPE_OVERHEAD = 512  # properties and bookkeeping, roughly, on top of the body
-RETRY_FIRST, RETRY_MAX = 1.0, 30.0
+RETRY_FIRST, RETRY_MAX = 0.5, 5.0  # a full disk is cheap to probe, and space coming back is worth noticing soon
 
 
 class ForwardMetrics:
