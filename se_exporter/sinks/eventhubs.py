@@ -92,36 +92,38 @@ class EventHubsTarget:
     async def _drain(self, wakeup: asyncio.Event) -> None:
         producer: Any = None
         failures = 0
-        while not self._stop.is_set():
-            wakeup.clear()  # before peeking: an append from now on wakes the wait below
-            batch = self._spool.peek(self._batch_size)
-            if not batch:
-                await wakeup.wait()
-                continue
-            try:
-                if producer is None:
-                    producer = self._make_producer()
-                sent, dropped = await self._send(producer, batch)
-            except Exception as error:  # every SDK failure is retried; nothing is lost meanwhile
-                failures += 1
-                self._failed(error)
-                await self._discard(producer)
-                producer = None
-                await asyncio.sleep(min(2.0 ** (failures - 1), self._max_retry_wait))  # close() cancels it
-                continue
-            self._spool.remove(envelope.sequence for envelope in (*dropped, *sent))
-            if dropped:
-                self._metrics.errors.labels(self.name, "too_large").inc(len(dropped))
-                self._metrics.dropped.inc(len(dropped))
-            now = time.time()
-            for envelope in sent:
-                self._metrics.latency.observe(max(0.0, now - envelope.observed_at))
-            if sent:
-                self._metrics.forwarded.labels(self.name).inc(len(sent))
-            if self._failing is not None:
-                log.info("Event Hubs reachable again after %d failed attempts", failures)
-            self._failing, failures = None, 0
-        await self._discard(producer)
+        try:
+            while not self._stop.is_set():
+                wakeup.clear()  # before peeking: an append from now on wakes the wait below
+                batch = self._spool.peek(self._batch_size)
+                if not batch:
+                    await wakeup.wait()
+                    continue
+                try:
+                    if producer is None:
+                        producer = self._make_producer()
+                    sent, dropped = await self._send(producer, batch)
+                except Exception as error:  # every SDK failure is retried; nothing is lost meanwhile
+                    failures += 1
+                    self._failed(error)
+                    await self._discard(producer)
+                    producer = None
+                    await asyncio.sleep(min(2.0 ** (failures - 1), self._max_retry_wait))  # close() cancels it
+                    continue
+                self._spool.remove(envelope.sequence for envelope in (*dropped, *sent))
+                if dropped:
+                    self._metrics.errors.labels(self.name, "too_large").inc(len(dropped))
+                    self._metrics.dropped.inc(len(dropped))
+                now = time.time()
+                for envelope in sent:
+                    self._metrics.latency.observe(max(0.0, now - envelope.observed_at))
+                if sent:
+                    self._metrics.forwarded.labels(self.name).inc(len(sent))
+                if self._failing is not None:
+                    log.info("Event Hubs reachable again after %d failed attempts", failures)
+                self._failing, failures = None, 0
+        finally:  # also when close() cancels: no connection is left behind; a silent peer holds us 2 s at most
+            await self._discard(producer, 2.0)
 
     async def _send(self, producer: Any, spooled: list[Envelope]) -> tuple[list[Envelope], list[Envelope]]:
         """Send the oldest run of envelopes sharing a partition key: (acknowledged by Event Hubs, too large to send).
@@ -167,11 +169,11 @@ class EventHubsTarget:
             log.debug("Event Hubs still failing, now %s: %s", reason, _describe(error))
         self._failing = reason
 
-    async def _discard(self, producer: Any) -> None:
+    async def _discard(self, producer: Any, timeout: float = 5.0) -> None:
         if producer is None:
             return
         try:
-            await asyncio.wait_for(producer.close(), 5.0)
+            await asyncio.wait_for(producer.close(), timeout)
         except Exception:  # a peer that never answers must not block us: abandon the client
             log.debug("closing the Event Hubs client failed", exc_info=True)
 
