@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from datetime import datetime, timezone
@@ -36,7 +37,8 @@ INSTALLATION = "0f8fad5b-d9cb-469f-a165-70867728950e"
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
                                                                                        max_size=4), max_leaves=12)
-WRONG_SHAPES = ["null", "[]", "[1, 2]", '"str"', "7", "true", "{}", "{not json", '{"version": 2', "\udcff", "[" * 100_000]
+WRONG_SHAPES = ["null", "[]", "[1, 2]", '"str"', "7", "true", "{}", "{not json", '{"version": 2', "\udcff",
+                "[" * 100_000]
 
 
 def valid_lifecycle(tmp_path: Path) -> dict[str, Any]:
@@ -63,19 +65,21 @@ def mutations(data: dict[str, Any]) -> list[tuple[str, Any]]:
     return cases
 
 
-def assert_well_typed(records: dict[str, EventRecord]) -> None:
+def assert_well_typed(records: dict[str, EventRecord], case: str = "") -> None:
     for event_id, record in records.items():
+        assert isinstance(record, EventRecord), case
         event = record.event
-        assert isinstance(event_id, str) and event_id == event.event_id
-        assert isinstance(record.first_seen, float) and record.first_seen == record.first_seen
-        assert record.started_at is None or isinstance(record.started_at, float)
-        assert all(isinstance(name, str) for name in event.resources)
-        assert event.not_before is None or event.not_before.tzinfo is not None
-        assert event.duration_seconds is None or type(event.duration_seconds) is int
+        assert isinstance(event_id, str) and event_id == event.event_id, case
+        assert isinstance(record.first_seen, float) and math.isfinite(record.first_seen), case
+        assert record.started_at is None or (isinstance(record.started_at, float)
+                                             and math.isfinite(record.started_at)), case
+        assert all(isinstance(name, str) for name in event.resources), case
+        assert event.not_before is None or event.not_before.tzinfo is not None, case
+        assert event.duration_seconds is None or type(event.duration_seconds) is int, case
         for text in (event.event_type, event.event_status):
-            assert isinstance(text, str) and text
+            assert isinstance(text, str) and text, case
         for optional in (event.resource_type, event.description, event.event_source):
-            assert optional is None or isinstance(optional, str)
+            assert optional is None or isinstance(optional, str), case
 
 
 @pytest.mark.parametrize("content", WRONG_SHAPES)
@@ -94,7 +98,7 @@ def test_every_wrongly_typed_field_of_a_lifecycle_file_is_ignored(tmp_path: Path
     for name, mutated in cases:
         (tmp_path / "lifecycle.json").write_text(json.dumps(mutated))
         records = LifecycleStore(tmp_path, clock=lambda: 1000.0).load()
-        assert_well_typed(records)
+        assert_well_typed(records, name)
         diff(records, parse_document(b'{"DocumentIncarnation": 1, "Events": []}'), 2000.0)  # usable, by name
     reliability("State", f"lifecycle.json, spans.json and forwarding.json of {len(WRONG_SHAPES)} wrong shapes (null, "
                 f"[], a string, truncated, not UTF-8, deep nesting) and {len(cases)} wrongly typed fields, plus "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from tests.integration.test_eventhubs import FAST, first_copies
 
 pytestmark = pytest.mark.integration
 SmallDisk = Callable[..., Path]
+MOUNT, UMOUNT = shutil.which("mount"), shutil.which("umount")
 
 
 @pytest.fixture
@@ -31,11 +33,12 @@ def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
     mounts: list[Path] = []
 
     def make(size: str = "64k") -> Path:
-        if os.geteuid() != 0:
-            pytest.skip("mounting a tmpfs needs root; tests/test_disk.py injects a full disk at every offset instead")
+        if os.geteuid() != 0 or not (MOUNT and UMOUNT):
+            pytest.skip("mounting a tmpfs needs root and mount(8); tests/test_disk.py injects a full disk at every "
+                        "offset instead")
         point = tmp_path / f"tmpfs{len(mounts)}"
         point.mkdir()
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(point)],
+        mounted = subprocess.run([MOUNT, "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(point)],
                                  capture_output=True, text=True, check=False)
         if mounted.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
@@ -44,12 +47,12 @@ def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
 
     yield make
     for point in mounts:
-        subprocess.run(["umount", "--lazy", str(point)], check=False)
+        subprocess.run([str(UMOUNT), "--lazy", str(point)], check=False)
 
 
 def grow(point: Path, size: str) -> None:
     """Space comes back: the filesystem is made larger under the running sidecar."""
-    subprocess.run(["mount", "-o", f"remount,size={size}", str(point)], check=True)
+    subprocess.run([str(MOUNT), "-o", f"remount,size={size}", str(point)], check=True)
 
 
 def fill(point: Path) -> None:
@@ -232,7 +235,7 @@ def test_two_sidecars_on_one_state_directory(simulator: SimulatorFactory, sideca
                                              tmp_path: Path, reliability: Reliability) -> None:
     """A second sidecar on the same --state-dir exits 2 with one line naming the directory and the first one's pid;
     once the first is killed (-9, no cleanup), the lock is gone with it and a new sidecar starts."""
-    sim, server = simulator("live-migration")
+    _, server = simulator("live-migration")
     state = tmp_path / "state"
     first = sidecar("--imds-url", server.url, *FAST, "--state-dir", str(state))
     second = subprocess.run([sys.executable, "-m", "se_exporter", "run", "--listen", "127.0.0.1:0", "--imds-url",

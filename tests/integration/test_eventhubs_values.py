@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import jsonschema
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -16,17 +17,17 @@ from se_exporter.sinks.eventhubs import EventHubsTarget, producer_factory
 from se_exporter.sinks.forward import ForwardMetrics
 from se_exporter.sinks.spool import Spool
 from tests.conftest import Reliability, SimulatorFactory
-from tests.eventhubs_server import EventHubsTestServer
+from tests.eventhubs_server import EventHubsTestServer, StoredEvent
 from tests.helpers import Sidecar, wait_until
 from tests.integration.test_disk import delivered, file_lines, read_until, serve
-from tests.integration.test_eventhubs import FAST
+from tests.integration.test_eventhubs import FAST, SCHEMA
 
 pytestmark = pytest.mark.integration
 HUGE = 2**70
 
 
-def properties(event: object) -> dict[str, object]:
-    return {str(key): value for key, value in getattr(event, "properties").items()}
+def properties(event: StoredEvent) -> dict[str, object]:
+    return {str(key): value for key, value in event.properties.items()}
 
 
 def test_unencodable_values_are_carried_and_only_a_too_large_body_is_refused(
@@ -63,6 +64,8 @@ def test_unencodable_values_are_carried_and_only_a_too_large_body_is_refused(
                what="three deliveries counted")
     assert process.value("azure_scheduled_events_forwarded_documents_total", sink="eventhubs") == 3
     lines = file_lines(out)
+    for line in lines:
+        jsonschema.validate(line, SCHEMA)
     assert [str(line["body"]).encode() for line in lines] == [first, huge_body, too_large, last]
     assert lines[1]["properties"]["document_incarnation"] == str(HUGE)  # type: ignore[index]
     assert "larger than an Event Hubs message may be" in process.log()
