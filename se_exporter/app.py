@@ -25,7 +25,7 @@ from prometheus_client.exposition import ThreadingWSGIServer, gzip_accepted
 
 from se_exporter import lifecycle
 from se_exporter.config import Listen, Settings
-from se_exporter.dirlock import DirectoryBusy, lock_directory
+from se_exporter.dirlock import UNSUPPORTED, DirectoryBusy, lock_directory
 from se_exporter.errors import ConfigError, ImdsError, ImdsThrottled
 from se_exporter.imds import ImdsClient, VmIdentity
 from se_exporter.logs import fields
@@ -303,7 +303,10 @@ def claim_state(settings: Settings) -> contextlib.ExitStack:
             raise ConfigError(f"{flag} {directory}: already used by another se-exporter ({holder}); give each "
                               "instance its own directory") from None
         except OSError as exc:
-            if must:
+            if exc.errno in UNSUPPORTED:
+                log.warning("%s %s: its filesystem cannot lock files (%s); make sure no other se-exporter uses it",
+                            flag, directory, exc.strerror)
+            elif must:
                 held.close()
                 raise ConfigError(f"{flag} {directory}: cannot write there ({exc.strerror or exc})") from None
     return held

@@ -22,6 +22,10 @@ from types import TracebackType
 LOCK_FILE = "lock"
 
 
+# What flock answers on a filesystem that has no locks (some NFS and FUSE mounts): not a reason to refuse to run.
+UNSUPPORTED = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
+
+
 class DirectoryBusy(Exception):
     """Another process holds the lock; ``pid`` is the one it wrote, if it could be read."""
 
@@ -53,7 +57,7 @@ class DirectoryLock:
 
 def lock_directory(directory: Path) -> DirectoryLock:
     """Take the directory's lock without waiting; ``DirectoryBusy`` if another process has it, OSError if the
-    directory cannot hold a lock file (not writable)."""
+    directory cannot hold a lock file (not writable) or its filesystem has no locks (errno in ``UNSUPPORTED``)."""
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from se_exporter.files import write_atomically
+from se_exporter.files import json_kind, write_atomically
 from se_exporter.lifecycle import EventRecord
 from se_exporter.model import ScheduledEvent
 
@@ -109,7 +109,7 @@ class LifecycleStore:
         try:
             data = json.loads(self.path.read_bytes())
             if not isinstance(data, dict):
-                raise ValueError(f"a JSON {type(data).__name__}, not an object")
+                raise ValueError(f"a JSON {json_kind(data)}, not an object")
             if data.get("version") != VERSION:
                 raise ValueError(f"unknown version {str(data.get('version'))[:40]!r}")
             scope, saved_at = data.get("scope"), _time(data.get("saved_at"), "saved_at")

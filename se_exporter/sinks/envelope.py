@@ -26,7 +26,7 @@ from pathlib import Path
 
 from se_exporter import __version__
 from se_exporter.errors import ConfigError
-from se_exporter.files import write_atomically
+from se_exporter.files import json_kind, write_atomically
 from se_exporter.sinks import DocumentChange
 
 log = logging.getLogger("se_exporter.forward")
@@ -105,6 +105,9 @@ class Sequencer:
         self._save_error: str | None = None
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--state-dir {state_dir}: cannot use it ({exc.strerror or exc})") from None
+        try:
             text = self._path.read_bytes() if self._path.exists() else None
         except OSError as exc:
             raise ConfigError(f"--state-dir {state_dir}: cannot read {self._path} ({exc.strerror or exc})") from None
@@ -117,7 +120,7 @@ class Sequencer:
         try:
             data = json.loads(text)
             if not isinstance(data, dict):
-                raise ValueError(f"a JSON {type(data).__name__}, not an object")
+                raise ValueError(f"a JSON {json_kind(data)}, not an object")
             installation_id, next_sequence = data.get("installation_id"), data.get("next_sequence")
             if not isinstance(installation_id, str) or not _UUID.match(installation_id):
                 raise ValueError(f"installation_id {installation_id!r} is not a UUID")

@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
-from se_exporter.files import write_atomically
+from se_exporter.files import json_kind, write_atomically
 from se_exporter.lifecycle import CANCELED, COMPLETED, STARTED, EventRecord, Transition
 from se_exporter.model import ScheduledEvent, affects_vm
 from se_exporter.sinks import DocumentChange
@@ -107,7 +107,7 @@ _ATTRIBUTE_TYPES = (str, bool, int, float)
 
 def _list(value: Any) -> list[Any]:
     if not isinstance(value, list):
-        raise ValueError(f"a JSON {type(value).__name__} where a list belongs")
+        raise ValueError(f"a JSON {json_kind(value)} where a list belongs")
     return value
 
 
@@ -211,7 +211,7 @@ class SpanSink:
         try:
             data = json.loads(self._path.read_bytes())
             if not isinstance(data, dict):
-                raise ValueError(f"a JSON {type(data).__name__}, not an object")
+                raise ValueError(f"a JSON {json_kind(data)}, not an object")
             return {str(event_id): _Open([_span_event(item) for item in _list(events)][:MAX_SPAN_EVENTS])
                     for event_id, events in data.items()}
         except (OSError, ValueError, RecursionError) as exc:
