@@ -97,7 +97,7 @@ def test_spool_full_at_every_offset_leaves_it_as_it_was(tmp_path: Path, segment_
         assert [e.sequence for e in reopened.peek(10)] == [1, 2, 3, 4], f"room {room}"
         assert reopened.peek(10)[2] == envelope(3)
         assert dropped == []
-    reliability("Disk", f"spool append cut short at every byte of a record ({size + 1} offsets; short write then "
+    reliability("Forwarding", f"spool append cut short at every byte of a record ({size + 1} offsets; short write then "
                 "ENOSPC, or a failed fdatasync), in the current segment and in a new one",
                 "append refused and the caller told; the spool byte-identical to before; the document accepted "
                 "whole when retried; nothing dropped after a restart")
@@ -141,7 +141,7 @@ def test_forward_file_full_at_every_offset_never_holds_a_refused_line(tmp_path: 
         target.accept(envelope(2))
         target.close(1)
         assert [json.loads(text)["sequence"] for text in path.read_text().splitlines()] == [1, 2]
-    reliability("Disk", f"--forward-file line cut short at every byte ({len(line) + 1} offsets)",
+    reliability("Forwarding", f"--forward-file line cut short at every byte ({len(line) + 1} offsets)",
                 "line refused and counted, file unchanged; never a line both failed and written")
 
 
@@ -216,7 +216,7 @@ def test_refused_documents_are_retried_in_order_once_space_is_back(tmp_path: Pat
     sink.export(change(b'{"DocumentIncarnation": 4, "Events": []}'))
     assert full.accepted == [1, 2, 3, 4]
     sink.shutdown(1)
-    reliability("Disk", "a target refusing documents (disk full) while another accepts them",
+    reliability("Forwarding", "a target refusing documents (disk full) while another accepts them",
                 "refused documents kept in memory, counted under reason disk_full, written in order once space "
                 "came back without waiting for a new document; the other target unaffected; one log line each way")
 

@@ -100,9 +100,9 @@ def test_every_wrongly_typed_field_of_a_lifecycle_file_is_ignored(tmp_path: Path
         records = LifecycleStore(tmp_path, clock=lambda: 1000.0).load()
         assert_well_typed(records, name)
         diff(records, parse_document(b'{"DocumentIncarnation": 1, "Events": []}'), 2000.0)  # usable, by name
-    reliability("State", f"lifecycle.json, spans.json and forwarding.json of {len(WRONG_SHAPES)} wrong shapes (null, "
-                f"[], a string, truncated, not UTF-8, deep nesting) and {len(cases)} wrongly typed fields, plus "
-                "generated JSON", "start-up went on; each file logged and ignored; nothing wrongly typed taken in")
+    reliability("State", f"lifecycle.json of {len(WRONG_SHAPES)} wrong shapes (null, [], a string, truncated, not "
+                f"UTF-8, deep nesting), {len(cases)} wrongly typed fields and generated JSON",
+                "loaded as an empty start with one warning, never an exception; nothing wrongly typed taken in")
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
@@ -120,7 +120,8 @@ SPAN_SHAPES = ["[1, 2]", "null", '"str"', '{"E1": 5}', '{"E1": [[1, 2]]}', '{"E1
 
 @pytest.mark.parametrize("content", SPAN_SHAPES)
 def test_span_file_of_any_shape_is_ignored_and_exports_go_on(tmp_path: Path, content: str,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+                                                             caplog: pytest.LogCaptureFixture,
+                                                             reliability: Reliability) -> None:
     """A damaged spans.json is one warning at start; every export afterwards works and ends spans."""
     (tmp_path / "spans.json").write_text(content)
     exporter = InMemorySpanExporter()
@@ -139,16 +140,19 @@ def test_span_file_of_any_shape_is_ignored_and_exports_go_on(tmp_path: Path, con
                                    "2020-07-01"))
     assert caplog.text.count("ignoring the span state file") == 1
     assert "scheduled_event" in {span.name for span in exporter.get_finished_spans()}
+    reliability("State", f"spans.json of {len(SPAN_SHAPES)} wrong shapes", "one warning at start; every export "
+                "afterwards ended its spans (before: a traceback at every export)")
 
 
-@pytest.mark.parametrize("content", [*WRONG_SHAPES, '{"next_sequence": "abc"}', '{"installation_id": "x"}',
-                                     f'{{"installation_id": "{INSTALLATION}", "next_sequence": true}}',
-                                     f'{{"installation_id": "{INSTALLATION}", "next_sequence": 0}}',
-                                     f'{{"installation_id": "{INSTALLATION}", "next_sequence": 1e400}}',
-                                     f'{{"installation_id": "{INSTALLATION}", "next_sequence": {10**30}}}',
-                                     f'{{"installation_id": "{INSTALLATION}", "next_sequence": 1.5}}'])
+FORWARDING_SHAPES = [*WRONG_SHAPES, '{"next_sequence": "abc"}', '{"installation_id": "x"}',
+                     *(f'{{"installation_id": "{INSTALLATION}", "next_sequence": {value}}}'
+                       for value in ("true", "0", "1e400", str(10**30), "1.5", '"7"', "null"))]
+
+
+@pytest.mark.parametrize("content", FORWARDING_SHAPES)
 def test_damaged_forwarding_state_starts_a_new_installation_above_the_spool(tmp_path: Path, content: str,
-                                                                             caplog: pytest.LogCaptureFixture) -> None:
+                                                                             caplog: pytest.LogCaptureFixture,
+                                                                             reliability: Reliability) -> None:
     """A damaged forwarding.json is logged naming the file; a new installation id means no message id can repeat,
     and numbering continues above what the spool holds."""
     spool = Spool(tmp_path / "spool", 1 << 20)
@@ -163,6 +167,9 @@ def test_damaged_forwarding_state_starts_a_new_installation_above_the_spool(tmp_
     assert f"ignoring the damaged forwarding state file {tmp_path / 'forwarding.json'}" in caplog.text
     saved = json.loads((tmp_path / "forwarding.json").read_text())
     assert saved == {"installation_id": sequencer.installation_id, "next_sequence": 43}
+    reliability("State", f"forwarding.json of {len(FORWARDING_SHAPES)} wrong shapes or values (null, a string, "
+                '{"next_sequence": "abc"}, truncated, 1e400, ...)', "logged naming the file; a new installation "
+                "id, so no message id can repeat; numbering went on above the spool's last sequence")
 
 
 def test_a_valid_forwarding_state_is_kept(tmp_path: Path) -> None:

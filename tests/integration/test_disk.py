@@ -148,7 +148,7 @@ def test_a_full_tmpfs_loses_no_document(simulator: SimulatorFactory, small_disk:
     for sink in ("file", "eventhubs"):
         assert len(re.findall(rf"{sink} refused document", log)) == 1
         assert f"{sink} accepts documents again" in log
-    reliability("Disk", f"spool and --forward-file on a real 64 KiB tmpfs filled by {len(served)} documents during an "
+    reliability("Forwarding", "spool and --forward-file on a real 64 KiB tmpfs filled by documents during an "
                 "Event Hubs outage, then space given back",
                 "refusals counted (`reason=\"disk_full\"`), one log line each way; every document in the file and "
                 "at Event Hubs, whole, in order, once; nothing damaged or dropped; the last one written without a "
@@ -189,7 +189,7 @@ def test_kill_9_on_a_full_disk_delivers_every_accepted_document(simulator: Simul
         assert by_id.setdefault(message_id, body) == body, message_id
     assert not re.search(r"unreadable|damaged|checksum|Traceback", restarted.log())
     assert restarted.value("azure_scheduled_events_spool_dropped_documents_total") == 0
-    reliability("Disk", "kill -9 while the tmpfs was full and refused documents waited in memory, then restarted "
+    reliability("Forwarding", "kill -9 while the tmpfs was full and refused documents waited in memory, then restarted "
                 "with space", "every accepted document delivered undamaged; the document IMDS still served forwarded; "
                 "no message id reused for another document")
 
@@ -251,3 +251,30 @@ def test_two_sidecars_on_one_state_directory(simulator: SimulatorFactory, sideca
     reliability("State", "two sidecars started on one --state-dir; then the first killed with -9",
                 "the second exited 2 with one line naming the directory and the first one's pid; after the kill a "
                 "new one started (the kernel released the lock)")
+
+
+def test_damaged_state_files_do_not_stop_a_real_start(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                                      tmp_path: Path, reliability: Reliability) -> None:
+    """A sidecar whose lifecycle.json is null, forwarding.json a string and spans.json a list starts, polls, forwards
+    and traces, with one warning per file and no traceback (before: exit 1 or a traceback at every export)."""
+    sim, server = simulator("live-migration")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "lifecycle.json").write_text("null")
+    (state / "forwarding.json").write_text('"str"')
+    (state / "spans.json").write_text("[1, 2]")
+    out = tmp_path / "documents.jsonl"
+    first = serve(sim, 1, padding=10)
+    process = sidecar("--imds-url", server.url, *FAST, "--state-dir", str(state), "--forward-file", str(out),
+                      "--otel-traces-exporter", "console")
+    read_until(process, 1)
+    second = serve(sim, 2, padding=10)
+    read_until(process, 2)
+    wait_until(lambda: len(out.read_bytes().splitlines()) == 2, what="two documents forwarded")
+    assert [str(line["body"]).encode() for line in file_lines(out)] == [first, second]
+    log = process.log()
+    for name in ("lifecycle", "damaged forwarding", "span"):
+        assert log.count(f"ignoring the {name} state file") == 1, log
+    assert "Traceback" not in log and process.value("azure_scheduled_events_up") == 1
+    reliability("State", "a real start with lifecycle.json null, forwarding.json a string, spans.json a list",
+                "started, polled, forwarded and traced; one warning per file, no traceback")
