@@ -22,10 +22,12 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # Debian packages the suite uses for real: prometheus and promtool (the sidecar is scraped by the real thing),
-# systemd-analyze (the unit file is verified).
+# prometheus-alertmanager and amtool (alerts become notifications), systemd-analyze (the unit file is verified).
 system-deps:
 	@missing=""; \
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null || \
+	  missing="$$missing prometheus-alertmanager"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \

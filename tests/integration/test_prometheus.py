@@ -30,13 +30,20 @@ def _tool(name: str) -> str:
 
 class Prometheus:
     def __init__(self, target: str, workdir: Path, extra_targets: list[str] | None = None,
-                 rule_file: Path | None = None) -> None:
+                 rule_file: Path | None = None, alertmanager: str | None = None, interval: float = 1.0) -> None:
+        """Scrape ``target`` (and ``extra_targets``) and evaluate ``rule_file`` every ``interval`` seconds;
+        send alerts to the Alertmanager at ``alertmanager`` (HOST:PORT) when given."""
         workdir.mkdir(parents=True, exist_ok=True)
         config = workdir / "prometheus.yml"
+        self.interval = interval
         targets = ", ".join(f"'{t}'" for t in [target, *(extra_targets or [])])
         rules = f"rule_files: ['{rule_file}']\n" if rule_file else ""
+        alerting = (f"alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['{alertmanager}']\n"
+                    if alertmanager else "")
+        every = f"{round(interval * 1000)}ms"
         config.write_text(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\n" + rules +
+            f"global:\n  scrape_interval: {every}\n  scrape_timeout: {round(interval * 900)}ms\n"
+            f"  evaluation_interval: {every}\n" + rules + alerting +
             f"scrape_configs:\n  - job_name: se-exporter\n    static_configs:\n      - targets: [{targets}]\n")
         self.log = workdir / "prometheus.log"
         for _ in range(3):  # the free port may be taken between probe and bind; try another
