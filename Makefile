@@ -17,9 +17,13 @@ dashboards: $(VENV)/.installed
 	$(BIN)/python dashboards/generate.py
 
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
-	touch $@
+	@echo "Setting up $(VENV): se-exporter, its libraries (Azure Event Hubs and Identity, OpenTelemetry, gRPC)"
+	@echo "and the test tools. The first time this takes about two minutes; later runs skip it."
+	@start=$$(date +%s); \
+	$(PYTHON) -m venv $(VENV) && \
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]' && \
+	echo "$(VENV) ready in $$(( $$(date +%s) - start )) s."
+	@touch $@
 
 # Debian packages the suite uses for real: prometheus and promtool (the sidecar is scraped by the real thing),
 # prometheus-alertmanager and amtool (alerts become notifications), systemd-analyze (the unit file is verified).
@@ -36,7 +40,9 @@ system-deps:
 	fi
 
 # Documents go to $(DEMO_DIR)/documents.jsonl; with SE_EXPORTER_EVENTHUB_CONNECTION_STRING set, to Event Hubs too.
-# Spans are printed to the console, or sent over OTLP when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set.
+# Spans are printed to the console, one line each, or sent over OTLP when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set.
+# Every run starts afresh (its own documents, state and forwarding sequence); the previous run's are kept in
+# $(DEMO_DIR)/previous/.
 DEMO_TRACES := $(if $(OTEL_EXPORTER_OTLP_ENDPOINT)$(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT),,--otel-traces-exporter console)
 # TypeScript and Grafana's schema types, to type-check the generated dashboards (npm registry).
 tests/grafana_schema/node_modules/.installed: tests/grafana_schema/package-lock.json
@@ -44,7 +50,11 @@ tests/grafana_schema/node_modules/.installed: tests/grafana_schema/package-lock.
 	touch $@
 
 demo: $(VENV)/.installed
-	$(BIN)/se-exporter run --simulate $(SCENARIO) --speed $(SPEED) --listen 127.0.0.1:$(PORT) \
+	@if [ -e $(DEMO_DIR)/documents.jsonl ] || [ -e $(DEMO_DIR)/state ]; then \
+	  rm -rf $(DEMO_DIR)/previous && mkdir -p $(DEMO_DIR)/previous && \
+	  for f in documents.jsonl state; do [ ! -e $(DEMO_DIR)/$$f ] || mv $(DEMO_DIR)/$$f $(DEMO_DIR)/previous/; done; \
+	fi
+	@$(BIN)/se-exporter run --simulate $(SCENARIO) --speed $(SPEED) --listen 127.0.0.1:$(PORT) \
 	  --state-dir $(DEMO_DIR)/state --forward-file $(DEMO_DIR)/documents.jsonl $(DEMO_TRACES)
 
 lint: $(VENV)/.installed
