@@ -18,7 +18,7 @@ dashboards: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	@echo "Setting up $(VENV): se-exporter, its libraries (Azure Event Hubs and Identity, OpenTelemetry, gRPC)"
-	@echo "and the test tools. The first time this takes about two minutes; later runs skip it."
+	@echo "and the test tools: one to two minutes, once (later runs skip it)."
 	@start=$$(date +%s); \
 	$(PYTHON) -m venv $(VENV) && \
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]' && \
