@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -43,6 +43,9 @@ from se_exporter.simulator import scenario as scenarios
 from se_exporter.sinks import FanOut, Sink
 from se_exporter.sinks.logsink import LogSink
 from se_exporter.sinks.metrics import MetricsSink
+
+if TYPE_CHECKING:
+    from se_exporter.simulator.server import Simulator
 
 log = logging.getLogger("se_exporter")
 _S = TypeVar("_S")
@@ -115,7 +118,7 @@ def run(settings: Settings) -> int:
     logs.setup(settings.log_level, settings.log_format)
     _install_crash_hooks()
     started = time.monotonic()
-    sim: Any = None
+    sim: Simulator | None = None
     with contextlib.ExitStack() as cleanup:  # whatever was started is stopped, also when start-up fails
         if settings.simulate is not None:
             sim, settings = _simulator(settings, cleanup)
@@ -176,7 +179,7 @@ def run(settings: Settings) -> int:
     return 0
 
 
-def _simulator(settings: Settings, cleanup: contextlib.ExitStack) -> tuple[Any, Settings]:
+def _simulator(settings: Settings, cleanup: contextlib.ExitStack) -> tuple[Simulator, Settings]:
     """The built-in simulator, started; the settings with its address as the IMDS URL."""
     from se_exporter.simulator.server import Simulator, start  # only here: the sidecar alone never needs it
 

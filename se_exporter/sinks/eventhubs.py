@@ -269,8 +269,8 @@ def producer_factory(connection_string: str | None, eventhub_name: str | None, n
 
 
 class _SharedCredential:
-    """A producer factory whose producers share one credential, and so its token cache (a new producer after a
-    failure does not fetch a new token), closed once when the forwarder stops (it holds an HTTP session)."""
+    """A producer factory whose producers share one credential (and so its token cache: a new producer after a
+    failure needs no new token), which is closed when the forwarder stops: it holds an HTTP session."""
 
     def __init__(self, make: Callable[[], Any], credential: Any) -> None:
         self._make, self._credential = make, credential
