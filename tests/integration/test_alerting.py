@@ -20,6 +20,7 @@ from se_exporter.imds import USER_AGENT
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.server import Simulator, SimulatorServer, start
 from tests.alerting import ALERTMANAGER_CONFIG, Alertmanager, Notification, Webhook, shortened, tool
+from tests.conftest import Reliability
 from tests.helpers import Sidecar, http_get, wait_until
 from tests.integration.test_prometheus import Prometheus
 from tests.test_alert_rules import render, rules
@@ -119,7 +120,8 @@ def countdown(description: str) -> int:
     return hours * 3600 + minutes * 60 + seconds
 
 
-def test_impactful_event_pages_once_and_a_cancellation_resolves_it(pipeline: Pipeline) -> None:
+def test_impactful_event_pages_once_and_a_cancellation_resolves_it(pipeline: Pipeline,
+                                                                  reliability: Reliability) -> None:
     """A Reboot scheduled for this VM reaches the VM owners' receiver as exactly one notification with the rule's
     labels and its summary, description (with the countdown to NotBefore) and runbook; moving its NotBefore does
     not page again; its cancellation resolves the page."""
@@ -147,9 +149,12 @@ def test_impactful_event_pages_once_and_a_cancellation_resolves_it(pipeline: Pip
     assert vm.process.value("azure_scheduled_events_transitions_total", event_type="Reboot",
                             transition="canceled") == 1
     assert len(firing(webhook, CANCELED)) == 1, webhook.notifications
+    reliability("Alerting", "a Reboot scheduled for the VM, rescheduled, then cancelled", "one notification with the "
+                "rule's labels, summary, countdown and runbook; not repeated on reschedule; resolved on cancel")
 
 
-def test_host_failure_pages_at_once_as_one_notification_and_completion_resolves_it(pipeline: Pipeline) -> None:
+def test_host_failure_pages_at_once_as_one_notification_and_completion_resolves_it(
+        pipeline: Pipeline, reliability: Reliability) -> None:
     """An event Started at first sight fires AzureHostFailure at the first evaluation that sees it (no `for`
     wait) and pages once: the AzureMaintenanceStarted alert it also raises is inhibited by the shipped rules;
     the event's completion resolves the page."""
@@ -180,9 +185,12 @@ def test_host_failure_pages_at_once_as_one_notification_and_completion_resolves_
                             transition="completed") == 1
     assert len(firing(webhook, HOST_FAILURE)) == 1, webhook.notifications
     assert not webhook.received(alertname="AzureMaintenanceStarted", event_id=HOST_FAILURE), webhook.notifications
+    reliability("Alerting", "a host failure (Started at first sight)", "paged at the first evaluation, once (the "
+                "'started' alert inhibited); resolved on completion")
 
 
-def test_an_event_for_another_vm_of_the_availability_set_does_not_page_this_vm(pipeline: Pipeline) -> None:
+def test_an_event_for_another_vm_of_the_availability_set_does_not_page_this_vm(pipeline: Pipeline,
+                                                                              reliability: Reliability) -> None:
     """Two VMs of an availability set both see a Reboot that lists only WestNO_1: the page names WestNO_1's
     exporter and never WestNO_0's; WestNO_0 is paged when an event lists it."""
     this_vm, other_vm, webhook = pipeline.vms["WestNO_0"], pipeline.vms["WestNO_1"], pipeline.webhook
@@ -198,9 +206,11 @@ def test_an_event_for_another_vm_of_the_availability_set_does_not_page_this_vm(p
     assert [a["labels"]["instance"] for a in own.alerts] == [this_vm.instance]
     paged_for_neighbour = {a["labels"]["instance"] for n in firing(webhook, NEIGHBOUR) for a in n.alerts}
     assert paged_for_neighbour == {other_vm.instance}, webhook.notifications
+    reliability("Alerting", "an availability set's event that lists only the neighbour", "the neighbour is paged, "
+                "this VM is not")
 
 
-def test_a_scale_set_wave_is_one_page(pipeline: Pipeline) -> None:
+def test_a_scale_set_wave_is_one_page(pipeline: Pipeline, reliability: Reliability) -> None:
     """One Terminate listing three scale-set instances, seen by each instance's exporter, is one notification
     (grouped by EventId) that names all three VMs."""
     wave = [pipeline.vms[name] for name in WAVE_VMS]
@@ -212,6 +222,8 @@ def test_a_scale_set_wave_is_one_page(pipeline: Pipeline) -> None:
     assert len(pages) == 1, pages
     assert sorted(a["labels"]["instance"] for a in pages[0].alerts) == sorted(vm.instance for vm in wave)
     assert pages[0].payload["groupLabels"] == {"alertname": "AzureImpactfulMaintenanceScheduled", "event_id": WAVE}
+    reliability("Alerting", "a three-VM scale-set wave through Prometheus and the shipped Alertmanager configuration",
+                "one notification naming the three VMs")
 
 
 def test_shipped_alertmanager_configuration(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from azure.identity.aio import ManagedIdentityCredential
 
 from se_exporter.simulator.identity import SYSTEM_ASSIGNED, TOKEN_PATH, USER_ASSIGNED
 from se_exporter.simulator.server import Simulator, SimulatorServer
-from tests.conftest import SimulatorFactory
+from tests.conftest import Reliability, SimulatorFactory
 from tests.eventhubs_server import EventHubsTestServer, self_signed_certificate
 from tests.helpers import Sidecar, http_get, wait_until
 from tests.otlp_receiver import OtlpReceiver
@@ -106,7 +106,7 @@ def forward_errors(process: Sidecar) -> dict[str, float]:
 
 
 def test_forwards_with_the_managed_identity_and_no_key_refreshing_its_token_before_expiry(
-        cloud: Callable[..., Azure], sidecar: Callable[..., Sidecar]) -> None:
+        cloud: Callable[..., Azure], sidecar: Callable[..., Sidecar], reliability: Reliability) -> None:
     """`run --eventhub-namespace --eventhub-name` forwards every distinct document, in order, authenticated only
     by the VM's managed identity: the token came from IMDS' token endpoint (Metadata header, the Event Hubs
     resource), the CBS took it as a JWT for the hub's audience, no SAS token or key was ever sent; with 36-second
@@ -161,6 +161,8 @@ def test_forwards_with_the_managed_identity_and_no_key_refreshing_its_token_befo
     assert spans, "no spans to search"
     assert "SharedAccess" not in " ".join(process.process.args)  # type: ignore[arg-type]
     assert not any(key.startswith("SE_EXPORTER_EVENTHUB_CONNECTION") for key in os.environ)
+    reliability("Security", "managed identity tokens (36 s, refreshed) with debug JSON logs, /metrics and OTLP spans",
+                "no token appears; no key exists; the new token was put before the old one expired")
 
 
 def test_a_user_assigned_identity_is_asked_for_by_client_id(azure: Azure, sidecar: Callable[..., Sidecar]) -> None:
@@ -172,8 +174,8 @@ def test_a_user_assigned_identity_is_asked_for_by_client_id(azure: Azure, sideca
     assert [t.claims["appid"] for t in azure.hub.cbs_tokens if t.claims] == [USER_CLIENT_ID]
 
 
-def test_a_failing_token_endpoint_counts_as_auth_and_loses_nothing(azure: Azure,
-                                                                    sidecar: Callable[..., Sidecar]) -> None:
+def test_a_failing_token_endpoint_counts_as_auth_and_loses_nothing(azure: Azure, sidecar: Callable[..., Sidecar],
+                                                                    reliability: Reliability) -> None:
     """While IMDS' token endpoint answers 500, sends fail as reason="auth" and are retried; polling goes on; once
     it answers, every document is delivered in order."""
     azure.sim.configure_identity(fail=1000, status=500)
@@ -189,6 +191,8 @@ def test_a_failing_token_endpoint_counts_as_auth_and_loses_nothing(azure: Azure,
     assert len(delivered(azure)) >= 4
     assert process.value("azure_scheduled_events_spool_documents") == 0
     assert process.log().count("Event Hubs send failed") == 1
+    reliability("Event Hubs", "managed identity token endpoint answering 500",
+                'sends counted as `reason="auth"` and retried; one log line; every document delivered in order')
 
 
 def test_the_hub_takes_the_identity_token_for_its_audience_and_refuses_another(azure: Azure) -> None:
