@@ -360,11 +360,14 @@ def make_forwarding(settings: Settings, registry: CollectorRegistry) -> ForwardS
         metrics.spool_bytes.set_function(lambda: spool.size_bytes)
         target = EventHubsTarget(spool, producer_factory(
             settings.eventhub_connection_string, settings.eventhub_name, settings.eventhub_namespace,
-            settings.eventhub_client_id), metrics, send_timeout=settings.eventhub_send_timeout,
+            settings.eventhub_client_id, endpoint=settings.eventhub_endpoint, ca_file=settings.eventhub_ca_file),
+            metrics, send_timeout=settings.eventhub_send_timeout,
             max_retry_wait=settings.eventhub_retry_max)
         target.start()
         targets.append(target)
         where = settings.eventhub_namespace or "the namespace of the connection string"
+        if settings.eventhub_endpoint:
+            where += f" through {settings.eventhub_endpoint}"
         log.info("forwarding documents to Event Hubs (%s), spooled in %s", where, Path(settings.spool_path).resolve())
     return ForwardSink(sequencer, targets, metrics)
 

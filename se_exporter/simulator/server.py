@@ -9,11 +9,14 @@ What it reproduces from the Azure documents:
   Description, EventSource and DurationInSeconds in turn; events of types a version does not
   know are not listed to it;
 * ``DocumentIncarnation`` bumped on every change; NotBefore ``""`` once Started;
-* ``POST`` with ``StartRequests`` approves (starts) events; a malformed body is a 400.
+* ``POST`` with ``StartRequests`` approves (starts) events; a malformed body is a 400;
+* the managed identity token endpoint (``simulator/identity.py``): JWTs for the VM's system-assigned
+  identity or a user-assigned one chosen by ``client_id``, 400 for an identity the VM does not have.
 
 Control endpoints under ``/_simulator/`` (no Metadata header needed) let people and tests drive
 it: ``GET requests``, ``GET state``, ``POST faults`` (a fault object or a list), ``POST advance``
-(``{"seconds": N}`` of scenario time), ``POST clear-faults``.
+(``{"seconds": N}`` of scenario time), ``POST clear-faults``, ``POST identity`` (``{"lifetime": S}`` of
+the tokens issued from now on, ``{"fail": N, "status": CODE}`` for the next N token requests).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from urllib.parse import parse_qs, urlsplit
 from se_exporter.errors import ConfigError
 from se_exporter.simulator import faults as faults_module
 from se_exporter.simulator.faults import Fault
+from se_exporter.simulator.identity import IDENTITY_VERSIONS, TOKEN_PATH, IdentityService, TokenError
 from se_exporter.simulator.scenario import EventState, Scenario
 
 log = logging.getLogger("se_exporter.simulator")
@@ -88,6 +92,7 @@ class Simulator:
         self.requests: deque[RecordedRequest] = deque(maxlen=history)
         self.served: deque[bytes] = deque(maxlen=history)  # exact 200 bodies of Scheduled Events, in order
         self.request_counts: Counter[tuple[str, str]] = Counter()
+        self.identity = IdentityService()
 
     # ------------------------------------------------------------------ time and state
 
@@ -195,6 +200,30 @@ class Simulator:
             return sum(count for (method, agent), count in self.request_counts.items()
                        if method != "GET" and agent.startswith(user_agent_prefix))
 
+    def configure_identity(self, lifetime: float | None = None, fail: int = 0, status: int = 500) -> None:
+        """Tokens issued from now on last ``lifetime`` seconds; the next ``fail`` token requests get ``status``."""
+        with self._lock:
+            if lifetime is not None:
+                self.identity.lifetime = int(lifetime)
+            self.identity.failures, self.identity.failure_status = fail, status
+
+    def token(self, query: dict[str, str]) -> tuple[int, dict[str, str]]:
+        """The token endpoint's status and answer: a token, or IMDS' error for a refused or failing request."""
+        with self._lock:
+            identity = self.identity
+            if identity.failures > 0:
+                identity.failures -= 1
+                return identity.failure_status, {"error": "unknown_error",
+                                                 "error_description": "simulated token endpoint failure"}
+            vm = self.vm
+            resource_id = (f"/subscriptions/{vm.get('subscriptionId', '')}/resourceGroups/"
+                           f"{vm.get('resourceGroupName', '')}/providers/Microsoft.Compute/virtualMachines/"
+                           f"{vm.get('name', '')}")
+            try:
+                return 200, identity.token(query, self._clock(), resource_id)
+            except TokenError as error:
+                return 400, {"error": "invalid_request", "error_description": str(error)}
+
     def state(self) -> dict[str, Any]:
         return {"scenario": self.scenario.name, "scenario_time": self.scenario_time(), "speed": self.speed,
                 "vm": self.vm, "document": self.document()}
@@ -258,6 +287,11 @@ class _Handler(BaseHTTPRequestHandler):
         path = url.path.rstrip("/")
         if path == SE_PATH:
             return self._scheduled_events(method, api_version, body)
+        if path == TOKEN_PATH and method == "GET":
+            if api_version not in IDENTITY_VERSIONS:
+                return self._bad_version(IDENTITY_VERSIONS)
+            status, answer = sim.token({key: values[0] for key, values in query.items()})
+            return self._json(status, answer)
         if path in (COMPUTE_PATH, INSTANCE_PATH) and method == "GET":
             if api_version not in INSTANCE_VERSIONS:
                 return self._bad_version(INSTANCE_VERSIONS)
@@ -354,6 +388,11 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._json(200, {})
             if method == "POST" and action == "clear-faults":
                 sim.clear_faults()
+                return self._json(200, {})
+            if method == "POST" and action == "identity":
+                settings = json.loads(body or b"{}")
+                sim.configure_identity(lifetime=settings.get("lifetime"), fail=int(settings.get("fail", 0)),
+                                       status=int(settings.get("status", 500)))
                 return self._json(200, {})
             if method == "POST" and action == "advance":
                 sim.advance(float(json.loads(body)["seconds"]))

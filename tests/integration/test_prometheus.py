@@ -34,20 +34,27 @@ class Prometheus:
     def __init__(self, target: str, workdir: Path, extra_targets: list[str] | None = None,
                  rule_file: Path | None = None, target_labels: dict[str, str] | None = None,
                  relabel_configs: list[dict[str, Any]] | None = None,
-                 extra_jobs: list[dict[str, Any]] | None = None) -> None:
+                 extra_jobs: list[dict[str, Any]] | None = None, alertmanager: str | None = None,
+                 interval: float = 1.0) -> None:
         """Scrape ``target`` (with ``target_labels``, as service discovery would attach them, then
-        ``relabel_configs``) and ``extra_targets`` in job se-exporter, plus any ``extra_jobs``."""
+        ``relabel_configs``) and ``extra_targets`` in job se-exporter, plus any ``extra_jobs``, and evaluate
+        ``rule_file`` every ``interval`` seconds; send alerts to the Alertmanager at ``alertmanager`` (HOST:PORT)."""
         workdir.mkdir(parents=True, exist_ok=True)
         config = workdir / "prometheus.yml"
+        self.interval = interval
         groups: list[dict[str, Any]] = [{"targets": [target], "labels": target_labels or {}}]
         if extra_targets:
             groups.append({"targets": extra_targets})
         job: dict[str, Any] = {"job_name": "se-exporter", "static_configs": groups}
         if relabel_configs:
             job["relabel_configs"] = relabel_configs
+        every = f"{round(interval * 1000)}ms"
         config.write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
+            "global": {"scrape_interval": every, "scrape_timeout": f"{round(interval * 900)}ms",
+                       "evaluation_interval": every},
             **({"rule_files": [str(rule_file)]} if rule_file else {}),
+            **({"alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}}
+               if alertmanager else {}),
             "scrape_configs": [job, *(extra_jobs or [])]}, sort_keys=False))
         self.log = workdir / "prometheus.log"
         for _ in range(3):  # the free port may be taken between probe and bind; try another
