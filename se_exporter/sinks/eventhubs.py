@@ -112,6 +112,9 @@ class EventHubsTarget:
                     producer = None
                     await asyncio.sleep(min(2.0 ** (failures - 1), self._max_retry_wait))  # close() cancels it
                     continue
+                if self._failing is not None:  # before the spool shrinks: whoever sees it drained sees this line
+                    log.info("Event Hubs reachable again after %d failed attempts", failures)
+                self._failing, failures = None, 0
                 self._spool.remove(envelope.sequence for envelope in (*dropped, *sent))
                 if dropped:
                     self._metrics.errors.labels(self.name, "too_large").inc(len(dropped))
@@ -121,9 +124,6 @@ class EventHubsTarget:
                     self._metrics.latency.observe(max(0.0, now - envelope.observed_at))
                 if sent:
                     self._metrics.forwarded.labels(self.name).inc(len(sent))
-                if self._failing is not None:
-                    log.info("Event Hubs reachable again after %d failed attempts", failures)
-                self._failing, failures = None, 0
         finally:  # also when close() cancels: no connection is left behind; a silent peer holds us 2 s at most
             await self._discard(producer, 2.0)
 
