@@ -159,7 +159,7 @@ def test_health_is_logged_per_change_not_per_poll(caplog: pytest.LogCaptureFixtu
     messages = [r.getMessage() for r in caplog.records if r.name == "se_exporter"]
     failures = [m for m in messages if m.startswith("IMDS poll failed")]
     assert len(failures) == 2
-    assert "HTTP 500" in failures[0] and "no answer within" in failures[1]
+    assert "HTTP 500" in failures[0] and "no complete answer within" in failures[1]
     assert [m for m in messages if m.startswith("IMDS recovered")] == ["IMDS recovered after 4 failed polls"]
 
 

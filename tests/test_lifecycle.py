@@ -108,8 +108,8 @@ def test_rescheduled_carries_the_previous_not_before() -> None:
 def test_first_seen_survives_updates() -> None:
     """Later documents update the event but keep the time it was first seen."""
     _, records = run([(1.0, doc(1, event())), (2.0, doc(2, event(not_before="Tue, 12 Apr 2022 01:00:00 GMT")))])
-    assert records["E1"].first_seen == 1.0
-    assert records["E1"].event.not_before is not None and records["E1"].event.not_before.day == 12
+    assert records["e1"].first_seen == 1.0
+    assert records["e1"].event.not_before is not None and records["e1"].event.not_before.day == 12
 
 
 def test_diff_does_not_mutate_its_input() -> None:
