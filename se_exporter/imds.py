@@ -35,6 +35,7 @@ from se_exporter.errors import (
     ImdsTimeout,
     InvalidDocument,
 )
+from se_exporter.model import encodable
 from se_exporter.transport import TOTAL_TIMEOUT, KeepAliveTransport
 
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
@@ -77,9 +78,9 @@ class VmIdentity:
 
     @classmethod
     def from_compute(cls, data: dict[str, Any]) -> VmIdentity:
-        def text(key: str) -> str:
+        def text(key: str) -> str:  # encodable: these become labels, properties and span attributes
             value = data.get(key)
-            return value if isinstance(value, str) else ""
+            return encodable(value) if isinstance(value, str) else ""
 
         return cls(
             name=text("name"),
@@ -141,8 +142,8 @@ class ImdsClient:
         body = self._get(self._compute_url, self._timeout)
         try:
             data = json.loads(body)
-        except ValueError:
-            raise InvalidDocument("compute metadata is not JSON") from None
+        except (ValueError, RecursionError):
+            raise InvalidDocument("compute metadata is not JSON we can read") from None
         if not isinstance(data, dict):
             raise InvalidDocument("compute metadata is not a JSON object")
         return VmIdentity.from_compute(data)
@@ -200,9 +201,9 @@ def _status_error(response: httpx.Response) -> ImdsError:
         hint = "" if retry_after is None else f", Retry-After {retry_after:g} s"
         return ImdsThrottled(f"HTTP 429 Too Many Requests{hint}", retry_after)
     if 300 <= status < 400:
-        location = response.headers.get("location", "?")
+        location = _printable(response.headers.get("location", "?"), 200)
         return ImdsHttpError(f"HTTP {status} redirect to {location} not followed", status)
-    reason = response.reason_phrase or "error"
+    reason = _printable(response.reason_phrase or "error")
     return ImdsHttpError(f"HTTP {status} {reason}", status)
 
 

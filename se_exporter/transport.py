@@ -20,8 +20,11 @@ What this transport does and does not do, on purpose:
   connect, request, status line, headers and every byte of the body must be done by then, so a server that
   drips one byte at a time cannot hold a poll past it. It is enforced by the socket itself: before every
   receive and send the socket's timeout is set to what is left (see ``_arm``), so no thread or timer is needed;
-* a body shorter than its ``Content-Length`` is an error (``http.client`` returns it quietly), and so is a
-  chunked body without its last chunk: a cut-off answer is never handed out as if it were whole;
+* an answer cut anywhere is an error, never handed out as if it were whole: ``http.client`` quietly takes
+  whatever it has at end-of-file for the whole status line, the whole header section or the whole body, so
+  ``_Response`` and ``_Body`` check that each ended where it says (a line break, the blank line, the
+  ``Content-Length``; a chunked body must reach its last chunk), and a ``Content-Length`` that is not one
+  plain number is refused (a body of unknown length cannot be told from a cut one);
 * every failure is raised as the httpx exception httpcore would raise, so callers classify one way.
 """
 
@@ -48,12 +51,16 @@ TOTAL_TIMEOUT = "total_timeout"  # the request extension that bounds the whole e
 
 
 class KeepAliveTransport(httpx.BaseTransport):
-    def __init__(self, max_idle_per_origin: int = 2) -> None:
+    """``tls``: the context for https origins (default: the system's trust store); its socket class is replaced."""
+
+    def __init__(self, max_idle_per_origin: int = 2, tls: ssl.SSLContext | None = None) -> None:
         self._idle: dict[tuple[str, str, int], list[http.client.HTTPConnection]] = {}
         self._max_idle = max_idle_per_origin
         self._lock = threading.Lock()
         self._closed = False
-        self._tls: ssl.SSLContext | None = None
+        self._tls = tls
+        if tls is not None:
+            tls.sslsocket_class = _DeadlineTLSSocket  # the deadline survives the TLS wrapping
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
@@ -112,6 +119,7 @@ class KeepAliveTransport(httpx.BaseTransport):
         else:
             connection = http.client.HTTPConnection(host, port)
         connection._create_connection = _connect  # type: ignore[attr-defined]  # http.client's documented hook
+        connection.response_class = _Response
         return connection, False
 
     def _release(self, origin: tuple[str, str, int], connection: http.client.HTTPConnection) -> None:
@@ -163,6 +171,43 @@ def _exchange(connection: http.client.HTTPConnection, request: httpx.Request, ta
         connection.putheader(name, value)
     connection.endheaders()
     return connection.getresponse()
+
+
+class _Response(http.client.HTTPResponse):
+    """``http.client``'s response, refusing a status line or header section cut short by the peer closing (which
+    ``http.client`` reads as complete) and a ``Content-Length`` that is not one plain number."""
+
+    def begin(self) -> None:
+        reader = _HeadReader(self.fp)
+        self.fp = reader  # type: ignore[assignment]  # only readline() is used while reading the head
+        try:
+            super().begin()
+        finally:
+            if self.fp is reader:  # type: ignore[comparison-overlap]  # it is, unless begin() closed it
+                self.fp = reader.inner
+        if reader.cut:
+            raise http.client.HTTPException("the answer ended inside its status line or headers")
+        lengths = self.headers.get_all("content-length")
+        if lengths and not self.chunked and (len(set(lengths)) > 1 or not lengths[0].strip().isdigit()):
+            raise http.client.HTTPException(f"Content-Length {', '.join(lengths)[:40]!r} is not one length")
+
+
+class _HeadReader:
+    """Passes ``readline`` through, noting a line that did not end with a line break (end-of-file came first)."""
+
+    __slots__ = ("cut", "inner")
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.cut = inner, False
+
+    def readline(self, limit: int = -1) -> bytes:
+        line: bytes = self.inner.readline(limit)
+        if not line.endswith(b"\n"):
+            self.cut = True
+        return line
+
+    def close(self) -> None:  # http.client closes the reader when the peer hung up before answering
+        self.inner.close()
 
 
 class _Body(httpx.SyncByteStream):
