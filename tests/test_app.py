@@ -241,7 +241,8 @@ def test_identity_is_retried_in_the_background_until_read() -> None:
 
 
 def doc(incarnation: int, *events: dict[str, object]) -> httpx.Response:
-    return httpx.Response(200, content=json.dumps({"DocumentIncarnation": incarnation, "Events": list(events)}).encode())
+    body = json.dumps({"DocumentIncarnation": incarnation, "Events": list(events)}).encode()
+    return httpx.Response(200, content=body)
 
 
 def event(event_id: str, status: str = "Scheduled") -> dict[str, object]:
@@ -256,7 +257,7 @@ def kinds(sink: RecordingSink) -> list[tuple[str, str]]:
 def test_an_incarnation_going_backwards_is_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     """17 then 10: the document is used (it is what IMDS says now), the regression counted, and one warning names
     both numbers; 10 then 11 is no regression."""
-    poller, registry, sink = make_poller([doc(17, event("A")), doc(10, event("A")), doc(11, event("A"))])
+    poller, registry, _ = make_poller([doc(17, event("A")), doc(10, event("A")), doc(11, event("A"))])
     with caplog.at_level(logging.INFO, logger="se_exporter"):
         for _ in range(3):
             poller.poll_once()
@@ -287,7 +288,8 @@ def test_an_event_id_changing_only_in_case_is_not_canceled_and_scheduled() -> No
     poller.poll_once()
     poller.poll_once()
     assert kinds(sink) == [("C7061BAC-AFDC", "scheduled")]
-    ids = [s.labels["event_id"] for f in registry.collect() for s in f.samples if s.name == "azure_scheduled_event_info"]
+    ids = [sample.labels["event_id"] for family in registry.collect() for sample in family.samples
+           if sample.name == "azure_scheduled_event_info"]
     assert ids == ["c7061bac-afdc"]
 
 
@@ -337,9 +339,9 @@ HOSTILE_IDS = [r"LLLL-\ud800", r"X\n2026-11-22T02:55:46.262Z critical \u001b[31m
 
 
 def hostile_document() -> bytes:
-    return ('{"DocumentIncarnation": 5, "Events": [%s]}' % ", ".join(
-        '{"EventId": "%s", "EventType": "Freeze", "EventStatus": "Scheduled", "Resources": ["vm0\\udfff"]}' % event_id
-        for event_id in HOSTILE_IDS)).encode()
+    events = ", ".join('{"EventId": "' + event_id + '", "EventType": "Freeze", "EventStatus": "Scheduled", '
+                       '"Resources": ["vm0\\udfff"]}' for event_id in HOSTILE_IDS)
+    return ('{"DocumentIncarnation": 5, "Events": [' + events + "]}").encode()
 
 
 def test_a_scrape_survives_any_string_from_imds() -> None:

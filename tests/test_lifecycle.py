@@ -136,7 +136,7 @@ def kinds(transitions: list[tuple[float, Transition]]) -> list[tuple[str, str]]:
 def test_an_event_id_that_changes_only_in_case_is_the_same_event() -> None:
     """EventIds are GUIDs: 'ABC' listed again as 'abc' (or ' abc ') is neither canceled nor scheduled again; the
     record keeps its first sighting and shows the new spelling; its end is counted once."""
-    transitions, records = run([(1.0, doc(1, event("ABC-1"))), (2.0, doc(2, event("abc-1"))),
+    transitions, _ = run([(1.0, doc(1, event("ABC-1"))), (2.0, doc(2, event("abc-1"))),
                                 (3.0, doc(3, event(" abc-1 ", "Started"))), (4.0, doc(4))])
     assert kinds(transitions) == [("ABC-1", SCHEDULED), (" abc-1 ", STARTED), (" abc-1 ", COMPLETED)]
     assert transitions[1][1].record.first_seen == 1.0

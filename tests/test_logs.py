@@ -57,7 +57,8 @@ def test_a_transition_is_one_line_whatever_the_event_holds(captured: tuple[str, 
         assert record["message"] == f"Freeze\nReboot E1{FORGED} scheduled"
     else:
         assert lines[0].split(" ", 2)[1] == "warning"
-        assert "E1\\n2026-11-22T02:55:46.262Z critical \\x1b[31mdisk on fire\\x1b[0m\\r\\x9b2J\\u2028\\u202e" in lines[0]
+        escaped = "E1\\n2026-11-22T02:55:46.262Z critical \\x1b[31mdisk on fire\\x1b[0m\\r\\x9b2J\\u2028\\u202e"
+        assert escaped in lines[0]
 
 
 def test_a_message_from_imds_in_any_record_is_escaped(captured: tuple[str, io.StringIO]) -> None:

@@ -213,8 +213,8 @@ HUGE = "9" * 5000  # past Python's int-string limit (4,300 digits)
 def test_an_incarnation_no_output_can_carry_is_a_warning(incarnation: str) -> None:
     """A DocumentIncarnation beyond 64 bits, or longer than Python will read, is ignored with a warning; the
     events are read as usual (never a ValueError out of the parser)."""
-    body = ('{"DocumentIncarnation": %s, "Events": [{"EventId": "E1", "EventType": "Freeze", '
-            '"EventStatus": "Scheduled"}]}' % incarnation).encode()
+    body = ('{"DocumentIncarnation": ' + incarnation + ', "Events": [{"EventId": "E1", "EventType": "Freeze", '
+            '"EventStatus": "Scheduled"}]}').encode()
     document = parse_document(body)
     assert document.incarnation is None
     assert [event.event_id for event in document.events] == ["E1"]
@@ -233,7 +233,7 @@ def test_64_bit_integers_are_kept() -> None:
 @pytest.mark.parametrize("duration", [HUGE, f'"{HUGE}"', str(2**64), "1e400", "-1e400", "1.5"])
 def test_a_duration_no_output_can_carry_is_a_warning(duration: str) -> None:
     """DurationInSeconds too large for 64 bits (or infinite, or fractional) becomes absent with a warning."""
-    body = ('{"Events": [{"EventId": "E1", "DurationInSeconds": %s}]}' % duration).encode()
+    body = ('{"Events": [{"EventId": "E1", "DurationInSeconds": ' + duration + "}]}").encode()
     document = parse_document(body)
     assert document.events[0].duration_seconds is None
     assert any("DurationInSeconds" in warning for warning in document.warnings)
@@ -242,7 +242,7 @@ def test_a_duration_no_output_can_carry_is_a_warning(duration: str) -> None:
 def test_a_huge_number_anywhere_else_is_tolerated() -> None:
     """A 5,000-digit number in Resources or an unknown field costs that value, not the document."""
     body = ('{"Events": [{"EventId": "E1", "EventType": "Freeze", "EventStatus": "Scheduled", '
-            '"Resources": ["vm0", %s], "Zones": %s}], "Other": %s}' % (HUGE, HUGE, HUGE)).encode()
+            f'"Resources": ["vm0", {HUGE}], "Zones": {HUGE}}}], "Other": {HUGE}}}').encode()
     document = parse_document(body)
     assert document.events[0].resources == ("vm0",)
     assert document.warnings == ("Events[0]: Resources has 1 non-string entries; ignored",)
@@ -266,7 +266,7 @@ def test_a_lone_surrogate_is_written_out_and_warned(field: str) -> None:
     with the surrogate spelt out as text, and the document carries one warning saying so."""
     event = {"EventId": "E1", field: "LLLL-\\ud800"}
     body = json.dumps(event).replace("\\\\ud800", "\\ud800")  # the escape itself, not an escaped backslash
-    document = parse_document(('{"Events": [%s]}' % body).encode())
+    document = parse_document(('{"Events": [' + body + "]}").encode())
     value = getattr(document.events[0], {"EventId": "event_id", "EventType": "event_type",
                                          "EventStatus": "event_status", "ResourceType": "resource_type",
                                          "Description": "description", "EventSource": "event_source"}[field])

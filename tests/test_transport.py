@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import ipaddress
 import socket
 import ssl
 import threading
@@ -15,6 +16,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from se_exporter.transport import TOTAL_TIMEOUT, KeepAliveTransport
 
@@ -345,12 +350,6 @@ def test_without_a_total_timeout_a_slow_complete_answer_is_read(server: ServerFa
 @pytest.fixture(scope="module")
 def tls_contexts(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     """A self-signed certificate for 127.0.0.1: the server's context and a client context that trusts it."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    import ipaddress
-
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
     now = datetime.datetime.now(datetime.timezone.utc)
