@@ -59,8 +59,10 @@ _KNOWN_EVENT_FIELDS = frozenset(
 _KNOWN_DOCUMENT_FIELDS = frozenset({"DocumentIncarnation", "Events"})
 _INTEGER = re.compile(r"^\s*-?\d+\s*$")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-# A JSON escape of a UTF-16 surrogate (\uD800-\uDFFF); only such an escape can put one into a decoded string
-# (the UTF-8 decoder refuses encoded surrogates), so a body without one skips the walk below.
+# A JSON escape of a UTF-16 surrogate (\uD800-\uDFFF): only such an escape can put an unpaired one into a decoded
+# string (the UTF-8 decoder refuses encoded surrogates), so a body without one skips the walk below. It also
+# matches a proper pair (json joins those into one character) and an escaped backslash before "u": the walk then
+# finds nothing to do. (Telling pairs apart here is not worth it: the JSON text \\ud83d\ude00 holds a lone low one.)
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -340,10 +342,15 @@ def _escape_surrogates(obj: object) -> int:
                 elif isinstance(item, (list, dict)):
                     stack.append(item)
         elif isinstance(node, dict):
-            items = [(fix(key), fix(value) if isinstance(value, str) else value) for key, value in node.items()]
-            node.clear()
-            node.update(items)
-            stack.extend(value for _, value in items if isinstance(value, (list, dict)))
+            if any(_SURROGATE.search(key) for key in node):
+                items = [(fix(key), value) for key, value in node.items()]
+                node.clear()
+                node.update(items)
+            for key, value in node.items():  # replacing the value of a key while iterating is allowed
+                if isinstance(value, str):
+                    node[key] = fix(value)
+                elif isinstance(value, (list, dict)):
+                    stack.append(value)
     return count
 
 

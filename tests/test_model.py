@@ -325,3 +325,10 @@ def test_hostile_bodies_end_in_a_document_or_an_invalid_document(body: bytes) ->
     for event in document.events:
         for text in (event.event_id, event.event_type, event.event_status, *event.resources):
             text.encode("utf-8")
+
+
+def test_an_escaped_backslash_before_a_pair_is_not_mistaken_for_the_pair() -> None:
+    """'\\\\ud83d\\ude00' is a backslash, the text 'ud83d', then a lone low surrogate: it is found and written out."""
+    document = parse_document(rb'{"Events": [{"EventId": "A\\ud83d\ude00"}]}')
+    assert document.events[0].event_id == "A\\ud83d\\ude00"
+    document.events[0].event_id.encode("utf-8")
