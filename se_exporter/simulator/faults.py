@@ -85,6 +85,11 @@ class Fault:
                                   f"(it is sent as a header), not {value!r}")
         if not isinstance(self.text, str):
             raise ConfigError(f"fault text must be a string, not {self.text!r}")
+        try:
+            self.text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError("fault text must be valid Unicode (it is sent as UTF-8); to serve an unpaired "
+                              "surrogate, write its JSON escape: a backslash, then ud800") from None
         if self.error not in CHUNK_ERRORS:
             raise ConfigError(f"fault error {self.error!r} is not one of {', '.join(CHUNK_ERRORS)}")
 
