@@ -372,7 +372,7 @@ def test_bad_faults_are_400_with_the_reason_and_change_nothing(served: tuple[Sim
     the next GET is a normal document (it used to crash the handler)."""
     _, server, _ = served
     with httpx.Client(trust_env=False) as http:
-        answer = http.post(server.url + "/_simulator/faults", **(  # type: ignore[arg-type]
+        answer = http.post(server.url + "/_simulator/faults", **(
             {"content": fault} if isinstance(fault, bytes) else {"json": fault}))
     assert answer.status_code == 400
     assert reason in answer.json()["error"]

@@ -163,6 +163,12 @@ class Simulator:
         with self._lock:
             self._faults.clear()
 
+    def set_faults(self, *faults: Fault) -> None:
+        """Replace the pending faults at once (no request in between sees none)."""
+        with self._lock:
+            self._faults.clear()
+            self._faults.extend(faults)
+
     def take_fault(self) -> Fault | None:
         with self._lock:
             first = not self._first_request_seen
