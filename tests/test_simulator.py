@@ -379,6 +379,12 @@ def test_bad_faults_are_400_with_the_reason_and_change_nothing(served: tuple[Sim
     assert get(server).status_code == 200
 
 
+def test_a_body_spec_takes_json_with_commas() -> None:
+    """text= takes the rest of the spec, so a JSON body with commas can be given on the command line."""
+    assert parse_fault('body,count=0,text={"DocumentIncarnation": 1, "Events": []}') == Fault(
+        "body", count=0, text='{"DocumentIncarnation": 1, "Events": []}')
+
+
 def test_bytes_is_the_size_key_everywhere() -> None:
     """'bytes' in a spec string and in JSON, as the README says; both make the same fault."""
     assert parse_fault("huge,bytes=300") == from_json({"kind": "huge", "bytes": 300}) == Fault("huge", size=300)

@@ -16,7 +16,8 @@ same keys make the JSON object of ``POST /_simulator/faults``:
     empty[,count=N]                      200 with an empty body
     redirect[,location=URL][,count=N]    302 to another place
     huge[,bytes=N][,count=N]             a 200 body of N bytes (default 10 MB)
-    body,text=T[,count=N]                200 with exactly T (for unknown fields and types)
+    body[,count=N],text=T                200 with exactly T (for unknown fields and types); text= comes last
+                                         and takes the rest of the spec, commas included
     truncate[,bytes=N][,count=N]         the document's Content-Length, but only its first N bytes (default
                                          half), then the connection closes
     drip[,seconds=S][,count=N]           the whole answer one byte every S seconds (default 1)
@@ -103,9 +104,10 @@ def _integer(name: str, value: object, low: int, high: int, hint: str) -> None:
 
 
 def parse_fault(spec: str) -> Fault:
-    """``kind,key=value,...`` as documented above."""
-    kind, *pairs = [part.strip() for part in spec.split(",") if part.strip()] or [""]
-    values: dict[str, str] = {}
+    """``kind,key=value,...`` as documented above; ``text=`` takes the rest of the spec, commas and all (JSON)."""
+    head, sep, text = spec.partition(",text=")
+    kind, *pairs = [part.strip() for part in head.split(",") if part.strip()] or [""]
+    values: dict[str, str] = {"text": text} if sep else {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
