@@ -114,7 +114,7 @@ class Poller:
         if document.warnings:
             self._metrics.document_warnings.inc(len(document.warnings))
             log.warning("document %s parsed with %d warnings: %s", document.incarnation, len(document.warnings),
-                        "; ".join(document.warnings[:5]), extra=fields(warnings=list(document.warnings)))
+                        "; ".join(document.warnings[:5]), extra=fields(warnings=list(document.warnings[:50])))
         if first:
             log.info("first document read", extra=fields(document_incarnation=document.incarnation,
                                                           events=len(document.events)))

@@ -159,7 +159,7 @@ def document_from_json(obj: object) -> Document:
     for index, raw in enumerate(raw_events):
         event = _event(raw, index, warnings)
         if event.key in seen:  # the same GUID, perhaps spelt in another case
-            warnings.append(f"Events[{index}]: duplicate EventId {event.event_id!r} ignored")
+            warnings.append(f"Events[{index}]: duplicate EventId {_snippet(repr(event.event_id))} ignored")
             continue
         seen.add(event.key)
         events.append(event)

@@ -31,6 +31,7 @@ What this transport does and does not do, on purpose:
 from __future__ import annotations
 
 import http.client
+import math
 import socket
 import ssl
 import threading
@@ -48,6 +49,7 @@ _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
 
 
 TOTAL_TIMEOUT = "total_timeout"  # the request extension that bounds the whole exchange, in seconds
+REARM_AFTER = 0.01  # seconds: how stale a socket timeout may be (so how far past the deadline a request may end)
 
 
 class KeepAliveTransport(httpx.BaseTransport):
@@ -139,11 +141,11 @@ class _Limits:
     def __init__(self, connect: float | None, read: float | None, deadline: float | None) -> None:
         self.connect, self.read, self.deadline = connect, read, deadline
 
-    def left(self, step: float | None) -> float | None:
+    def left(self, step: float | None, now: float | None = None) -> float | None:
         """The timeout for the next step: the step's own, cut to what is left of the deadline."""
         if self.deadline is None:
             return step
-        remaining = self.deadline - time.monotonic()
+        remaining = self.deadline - (time.monotonic() if now is None else now)
         if remaining <= 0:
             raise TimeoutError("the whole request took longer than its total timeout")
         return remaining if step is None or remaining < step else step
@@ -160,9 +162,11 @@ def _exchange(connection: http.client.HTTPConnection, request: httpx.Request, ta
         except OSError as exc:
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
     sock = connection.sock
-    if isinstance(sock, (_DeadlineSocket, _DeadlineTLSSocket)):
-        sock.limits = limits
-    else:  # pragma: no cover - every connection is made by _connect; kept for a socket made any other way
+    if limits.deadline is not None and isinstance(sock, (_DeadlineSocket, _DeadlineTLSSocket)):
+        sock.limits, sock.armed_at = limits, -math.inf
+    else:
+        if isinstance(sock, (_DeadlineSocket, _DeadlineTLSSocket)):
+            sock.limits = None
         sock.settimeout(limits.read)
     # skip_host: httpx.Request put Host in the headers. skip_accept_encoding: ask for no compression, so the
     # bytes read are the document (and the body cap counts what is on the wire).
@@ -250,19 +254,28 @@ class _Body(httpx.SyncByteStream):
             self._connection.close()
 
 
-def _arm(sock: socket.socket) -> None:
+def _arm(sock: _DeadlineSocket | _DeadlineTLSSocket) -> None:
     """Before each receive or send: the socket's timeout becomes what is left of the request's deadline (or the
     per-read timeout, if shorter). Socket timeouts bound one call each, and a buffered read loops over many
-    calls, so setting it once per request would let a server that sends a byte now and then go on for ever."""
-    limits: _Limits | None = getattr(sock, "limits", None)
-    if limits is not None:
-        sock.settimeout(limits.left(limits.read))
+    calls, so setting it once per request would let a server that sends a byte now and then go on for ever.
+
+    A timeout set less than ``REARM_AFTER`` ago is kept: it ends at most that much after the deadline, and a poll
+    that is read at once (the common case) then costs one ``settimeout`` (a system call), as it did before."""
+    limits = sock.limits
+    if limits is None:
+        return
+    now = time.monotonic()
+    if now - sock.armed_at < REARM_AFTER:
+        return
+    sock.armed_at = now
+    sock.settimeout(limits.left(limits.read, now))
 
 
 class _DeadlineSocket(socket.socket):
     """A TCP socket whose every receive and send is bounded by the current request's ``_Limits``."""
 
     limits: _Limits | None = None
+    armed_at = -math.inf
 
     def recv_into(self, buffer: WriteableBuffer, nbytes: int = 0, flags: int = 0) -> int:
         _arm(self)
@@ -277,6 +290,7 @@ class _DeadlineTLSSocket(ssl.SSLSocket):
     """The same for https: ``SSLContext.sslsocket_class`` makes the TLS wrapper of a connection this class."""
 
     limits: _Limits | None = None
+    armed_at = -math.inf
 
     def recv_into(self, buffer: WriteableBuffer, nbytes: int | None = None, flags: int = 0) -> int:
         _arm(self)
