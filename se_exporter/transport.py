@@ -120,7 +120,8 @@ class KeepAliveTransport(httpx.BaseTransport):
             connection = http.client.HTTPSConnection(host, port, context=self._tls)
         else:
             connection = http.client.HTTPConnection(host, port)
-        connection._create_connection = _connect  # type: ignore[attr-defined]  # http.client's documented hook
+        # http.client makes its socket through this attribute (set in __init__; not in typeshed): ours keeps deadlines
+        connection._create_connection = _connect  # type: ignore[attr-defined]
         connection.response_class = _Response
         return connection, False
 
@@ -168,8 +169,8 @@ def _exchange(connection: http.client.HTTPConnection, request: httpx.Request, ta
         if isinstance(sock, (_DeadlineSocket, _DeadlineTLSSocket)):
             sock.limits = None
         sock.settimeout(limits.read)
-    # skip_host: httpx.Request put Host in the headers. skip_accept_encoding: ask for no compression, so the
-    # bytes read are the document (and the body cap counts what is on the wire).
+    # skip_host: httpx.Request put Host in the headers. skip_accept_encoding: the caller says what it accepts
+    # (ImdsClient asks for identity, so the bytes read are the document and the body cap counts what is on the wire).
     connection.putrequest("GET", target, skip_host=True, skip_accept_encoding=True)
     for name, value in headers:
         connection.putheader(name, value)
