@@ -310,6 +310,8 @@ HOSTILE = [
     b'{"Events": [{"EventId": "E1", "DurationInSeconds": NaN}], "DocumentIncarnation": Infinity}',
     b'{"Events": [{"EventId": "\\u0000\\u001b[31m\\n"}], "DocumentIncarnation": -0}',
     b'{"Events": [{"EventId": "E1"}], "Events": "twice"}',
+    b'{"DocumentIncarnation": ' + b"9" * 5000 + b', "Events": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b'{"DocumentIncarnation": ' + b"9" * 5000 + b', "Events": [}',
     b'\xef\xbb\xbf\xef\xbb\xbf{"Events": []}',
     b'{"Events": [' + b'{"EventId": "E"},' * 10_000 + b'{"EventId": "F"}]}',
 ]
