@@ -293,6 +293,7 @@ def test_strings_no_output_can_take_as_they_are(log_format: str, simulator: Simu
         else:
             assert re.match(r"\d{4}-\d\d-\d\dT[\d:.]+Z \w+ ", line) or line.startswith("    "), line
     assert "unexpected error" not in log and "Logging error" not in log
+    assert process.value("azure_scheduled_events_document_warnings_total") == 1  # the surrogates, said once
     reliability("IMDS", "unpaired surrogates (`\"\\ud800\"`) in an EventId, a resource, a description and the VM's "
                         "name; an EventId forging a log line (newline, timestamp, `critical`, ANSI colours)",
                 "`/metrics` 200; spans at the OTLP receiver; forward-file bytes exactly as served; every log record "
