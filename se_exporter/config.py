@@ -323,7 +323,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("poll_interval", "--poll-interval", POLL_INTERVAL,
            "seconds between polls; Azure recommends 1 (default 1)", "SECONDS"),
     Option("imds_timeout", "--imds-timeout", TIMEOUT,
-           "timeout of each IMDS request once IMDS has answered (default 2)", "SECONDS"),
+           "timeout of each whole IMDS request (connect, headers and body) once IMDS has answered (default 2)",
+           "SECONDS"),
     Option("first_call_timeout", "--first-call-timeout", FIRST_CALL_TIMEOUT,
            "timeout until IMDS first answers: the first call enables the service and may take "
            "up to two minutes (default 120; never shorter than --imds-timeout)", "SECONDS"),

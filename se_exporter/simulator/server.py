@@ -21,11 +21,14 @@ the tokens issued from now on, ``{"fail": N, "status": CODE}`` for the next N to
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import math
 import sys
 import threading
 import time
+import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -57,6 +60,7 @@ _PREVIEW = "2017-03-01"
 SE_PATH = "/metadata/scheduledevents"
 COMPUTE_PATH = "/metadata/instance/compute"
 INSTANCE_PATH = "/metadata/instance"
+MAX_REQUEST_BYTES = 1024 * 1024
 CAPTIVE_PORTAL = b"<html><head><title>Sign in</title></head><body>Please sign in to continue.</body></html>"
 
 
@@ -163,6 +167,12 @@ class Simulator:
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
+
+    def set_faults(self, *faults: Fault) -> None:
+        """Replace the pending faults at once (no request in between sees none)."""
+        with self._lock:
+            self._faults.clear()
+            self._faults.extend(faults)
 
     def take_fault(self) -> Fault | None:
         with self._lock:
@@ -271,7 +281,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self, method: str) -> None:
         sim = self.server.simulator
-        length = int(self.headers.get("Content-Length") or 0)
+        declared = self.headers.get("Content-Length") or "0"
+        if not declared.isdigit() or int(declared) > MAX_REQUEST_BYTES:
+            self.close_connection = True
+            return self._json(400, {"error": f"Bad request. Content-Length {declared[:20]!r} is not a size we take"})
+        length = int(declared)
         body = self.rfile.read(length) if length else b""
         url = urlsplit(self.path)
         sim.record(RecordedRequest(time.time(), method, url.path, url.query, self.headers.get("User-Agent", ""),
@@ -308,7 +322,7 @@ class _Handler(BaseHTTPRequestHandler):
         if method != "GET":
             return self._json(405, {"error": "Method not allowed"})
         fault = sim.take_fault()
-        if fault is not None and self._apply(fault):
+        if fault is not None and self._apply(fault, api_version):
             return None
         body = json.dumps(sim.document(api_version)).encode()
         sim.record_served(body)
@@ -327,9 +341,13 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(400, {"error": f"Bad request. Unknown EventId {', '.join(unknown)}"})
         return self._json(200, {})
 
-    def _apply(self, fault: Fault) -> bool:
+    def _apply(self, fault: Fault, api_version: str) -> bool:
         """Serve the fault; False when the fault only delays a normal answer."""
         kind = fault.kind
+        if kind in ("truncate", "drip", "chunked", "gzip"):  # the document itself, delivered wrongly
+            self._deliver_badly(fault, json.dumps(self.server.simulator.document(api_version)).encode())
+            self.close_connection = True
+            return True
         if kind in ("delay", "first_call_delay"):
             time.sleep(fault.seconds)
             return False
@@ -354,7 +372,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif kind == "empty":
             self._raw(200, b"", "application/json")
         elif kind == "huge":
-            self._huge(fault.size)
+            self._huge(fault.size_or(0))
         elif kind == "body":
             self._raw(200, fault.text.encode(), "application/json")
         return True
@@ -371,6 +389,39 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass  # the client is allowed to hang up: that is the point
         self.close_connection = True
+
+    def _deliver_badly(self, fault: Fault, document: bytes) -> None:
+        """The byte-level faults: the answer is the real document, but cut, dripped, mis-chunked or compressed."""
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
+        if fault.kind == "truncate":
+            sent = min(fault.size_or(len(document) // 2), max(0, len(document) - 1))
+            self._send_raw(head + b"Content-Length: %d\r\n\r\n" % len(document) + document[:sent])
+        elif fault.kind == "drip":
+            answer = head + b"Content-Length: %d\r\n\r\n" % len(document) + document
+            for index in range(len(answer)):
+                if not self._send_raw(answer[index:index + 1]):
+                    return  # the client gave up: that is the point
+                time.sleep(fault.seconds)
+        elif fault.kind == "chunked":
+            third = max(1, len(document) // 3)
+            parts = [document[i:i + third] for i in range(0, len(document), third)]
+            chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts)
+            if fault.error == "bad_size":
+                chunks = b"%x\r\n%s\r\nzz\r\n" % (len(parts[0]), parts[0])
+            ending = b"" if fault.error in ("missing_last", "bad_size") else b"0\r\n\r\n"
+            self._send_raw(head + b"Transfer-Encoding: chunked\r\n\r\n" + chunks + ending)
+        else:  # gzip
+            body = _gzipped(document, fault.size_or(0))
+            self._send_raw(head + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+    def _send_raw(self, data: bytes) -> bool:
+        """Write bytes as they are, bypassing http.server's framing; False once the client has gone."""
+        try:
+            self.wfile.write(data)
+            self.wfile.flush()
+        except OSError:
+            return False
+        return True
 
     def _control(self, method: str, path: str, body: bytes) -> None:
         sim = self.server.simulator
@@ -395,7 +446,11 @@ class _Handler(BaseHTTPRequestHandler):
                                        status=int(settings.get("status", 500)))
                 return self._json(200, {})
             if method == "POST" and action == "advance":
-                sim.advance(float(json.loads(body)["seconds"]))
+                seconds = json.loads(body)["seconds"]
+                if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+                        or seconds < 0:
+                    raise ValueError(f"'seconds' must be a number >= 0 (time only moves forward), not {seconds!r}")
+                sim.advance(float(seconds))
                 return self._json(200, {"scenario_time": sim.scenario_time()})
         except (ValueError, KeyError, TypeError, ConfigError) as exc:
             return self._json(400, {"error": str(exc)})
@@ -417,6 +472,27 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.end_headers()
         self.wfile.write(body)
+
+
+@functools.lru_cache(maxsize=2)
+def _blanks_compressed(size: int) -> tuple[bytes, Any]:
+    """``size`` blanks through a gzip compressor, unflushed: the compressed bytes so far and the compressor,
+    which is copied per answer to add the document. Built once per size (300 MB take a second or two)."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
+    block = b" " * min(size, 1024 * 1024) if size else b""
+    out, left = [], size
+    while left > 0:
+        out.append(compressor.compress(block[:left]))
+        left -= len(block)
+    return b"".join(out), compressor
+
+
+def _gzipped(document: bytes, blanks: int) -> bytes:
+    """A gzip body that inflates to ``blanks`` blanks and then the document (leading blanks are valid JSON)."""
+    prefix, compressor = _blanks_compressed(blanks)
+    tail = compressor.copy()
+    body: bytes = prefix + tail.compress(document) + tail.flush()
+    return body
 
 
 class SimulatorServer(ThreadingHTTPServer):

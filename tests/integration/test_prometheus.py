@@ -165,3 +165,23 @@ def test_promtool_check_metrics_is_clean(simulator: SimulatorFactory, sidecar: C
                             timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == "" and result.stderr.strip() == "", result.stdout + result.stderr
+
+
+HOSTILE = ('{"DocumentIncarnation": 3, "Events": [' + ", ".join(
+    '{"EventId": "' + event_id + '", "EventType": "Freeze", "EventStatus": "Scheduled", "Resources": ["WestNO_0"]}'
+    for event_id in (r"LLLL-\ud800", r"X\n2026-11-22T02:55:46.262Z critical \u001b[31m", r'Q\\\"=\u0000\u2028',
+                     "\u00e9\u4e2d\U0001f600")) + "]}")
+
+
+def test_prometheus_scrapes_strings_from_any_document(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                                      prometheus: Callable[[str], Prometheus]) -> None:
+    """EventIds holding an unpaired surrogate, a newline, ANSI escapes, a quote, a backslash, NUL, a line separator
+    and non-BMP text: the real Prometheus scrapes every one of them (the scrape was an HTTP 500 before)."""
+    sim, server = simulator("live-migration")
+    sim.inject(Fault("body", text=HOSTILE, count=0))
+    process = sidecar("--imds-url", server.url, *FAST)
+    prom = prometheus(process.base_url.removeprefix("http://"))
+    wait_until(lambda: prom.value("count(azure_scheduled_event_info)") == 4, timeout=30, what="four events scraped")
+    assert prom.value('up{job="se-exporter"}') == 1
+    ids = {str(result["metric"]["event_id"]) for result in prom.query("azure_scheduled_event_info")}  # type: ignore[index]
+    assert "LLLL-\\ud800" in ids and "X\n2026-11-22T02:55:46.262Z critical \x1b[31m" in ids
