@@ -62,6 +62,7 @@ PEER_NAME = "azure-scheduledevents-exporter"
 PEER_CANDIDATES = [ROOT.parent / "shared" / "peers" / PEER_NAME, ROOT.parent.parent / "shared" / "peers" / PEER_NAME]
 BATCH = 100  # documents per Event Hubs batch, for the forwarder and the bare SDK alike
 SPAN_DELAY = 0.5  # the span processor's schedule delay (se_exporter/tracing.py): the floor of span latency
+ANATOMY_GAP = 0.1  # seconds slept before each measured part of a poll: long enough for the caches to go cold
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -321,11 +322,35 @@ def detection(field_: Field, contender: Contender, changes: int) -> dict[str, li
 
 # ---------------------------------------------------------------------------------------------- in-process
 
-def core_figures(repeats: int) -> dict[str, float]:
+def core_figures(*args: str) -> dict[str, float]:
     """bench/core.py in a process of its own, so that the garbage collector walks a heap the sidecar's size."""
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "core.py"), str(repeats)],  # noqa: S603 - ours
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "core.py"), *args],  # noqa: S603 - ours
                           capture_output=True, text=True, check=True, cwd=ROOT)
     return {name: float(figure) for name, figure in json.loads(done.stdout).items()}
+
+
+METRICS_ONLY_IMPORTS = ["logging", "ssl", "email.parser", "http.client", "httpx", "prometheus_client", "asyncio",
+                        "se_exporter.cli"]
+EVERY_SINK_IMPORTS = ["azure.eventhub.aio", "opentelemetry.sdk.trace",
+                      "opentelemetry.exporter.otlp.proto.http.trace_exporter", "se_exporter.tracing"]
+
+
+def import_rss() -> list[tuple[str, float]]:
+    """RSS after each import, in a fresh interpreter (bench/import_rss.py): what the resident memory is made of."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "import_rss.py"),  # noqa: S603 - ours
+                           *METRICS_ONLY_IMPORTS, *EVERY_SINK_IMPORTS], capture_output=True, text=True, check=True,
+                          cwd=ROOT)
+    return [(name, float(rss)) for name, rss in json.loads(done.stdout)]
+
+
+def poll_anatomy(samples: int, gap: float) -> dict[str, float]:
+    """What the CPU of one poll is made of (bench/core.py), against a double of its own."""
+    server = start(Simulator(scenarios.load("demo"), speed=0.001))
+    try:
+        return core_figures("--poll-anatomy", server.url, str(samples), str(gap))
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 PROPERTIES: dict[str, str | int] = {"vm_name": "vm-1", "vm_id": "02aab8a4-74ef-476e-8182-f6d2ba4166a6", "vmss_name": "",
@@ -550,6 +575,8 @@ class Run:
     fast_total: dict[str, Window]
     found: dict[str, list[float]]
     core: dict[str, float]
+    anatomy: dict[str, float]
+    imports: list[tuple[str, float]]
     drained: int
     bare: float
     single_trip: float
@@ -577,13 +604,15 @@ def run(smoke: bool, peer: Path | None) -> Run:
             except TimeoutError:
                 field_.dump_logs()
                 raise
-    with announced("json.loads beside parse + diff; the /metrics writer"):
-        core = core_figures(5 if smoke else 60)
+    with announced("json.loads beside parse + diff; the /metrics writer; the anatomy of a poll"):
+        core = core_figures(str(5 if smoke else 60))
+        anatomy = poll_anatomy(3 if smoke else 40, ANATOMY_GAP)
+        imports = import_rss()
     with announced(f"{drained:,} documents: the SDK bare, then the spool drain"):
         bare, single_trip = bare_send(drained, 5 if smoke else 20)
         drain = drain_seconds(drained)
-    return Run(smoke, slow_parts, slow_total, slow_rss, scrape_ms, fast_parts, fast_total, found, core, drained,
-               bare, single_trip, drain)
+    return Run(smoke, slow_parts, slow_total, slow_rss, scrape_ms, fast_parts, fast_total, found, core, anatomy,
+               imports, drained, bare, single_trip, drain)
 
 
 def rows_of(r: Run) -> list[Row]:
@@ -677,12 +706,28 @@ def main() -> int:
     print("Per thread at 20 Hz:")
     for label, window in measured.fast_total.items():
         print_threads(label, window)
+    a = measured.anatomy
+    print(f"Anatomy of a poll (thread CPU, median, each part after sleeping {ANATOMY_GAP:g} s as between polls): "
+          f"poll_once {a['poll_once_ms']:.3f} ms, of which the GET through ImdsClient {a['get_imds_client_ms']:.3f} ms "
+          f"(the same GET with http.client alone {a['get_http_client_ms']:.3f} ms, as bytes on a bare socket "
+          f"{a['get_socket_ms']:.3f} ms); going to sleep and waking in Event.wait {a['wait_ms']:.3f} ms; "
+          f"the same poll_once back to back (warm caches) {a['poll_once_warm_ms']:.3f} ms.")
+    print("RSS by import, in a fresh interpreter (MB after each; the sidecar's order; the first "
+          f"{len(METRICS_ONLY_IMPORTS)} are what metrics only loads):")
+    previous = 0.0
+    steps = []
+    for name, rss in measured.imports:
+        steps.append(f"{name} {rss:.1f}" if not previous else f"+{name} {rss - previous:+.1f} = {rss:.1f}")
+        previous = rss
+    print("  " + "; ".join(steps))
     result = {"machine": host, "mode": mode, "go_peer": str(peer) if peer else None,
               "figures": [row.as_json() for row in rows],
               "threads_1hz": {label: threads_json(window) for label, window in measured.slow_total.items()},
               "threads_20hz": {label: threads_json(window) for label, window in measured.fast_total.items()},
               "detection_ms": [round(x * 1000, 2) for x in measured.found["detection"]],
-              "eventhubs_one_document_send_ms": round(measured.single_trip * 1000, 3)}
+              "eventhubs_one_document_send_ms": round(measured.single_trip * 1000, 3),
+              "poll_anatomy_ms": {name: round(figure, 4) for name, figure in measured.anatomy.items()},
+              "rss_by_import_mb": [[name, round(rss, 2)] for name, rss in measured.imports]}
     if args.smoke:
         print(json.dumps(result))
     else:

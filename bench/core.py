@@ -1,4 +1,5 @@
-"""In-process figures of bench.py, each beside its reference: ``python bench/core.py REPEATS`` prints them as JSON.
+"""In-process figures of bench.py, printed as JSON by ``python bench/core.py REPEATS`` (parse, /metrics writer) and
+``python bench/core.py --poll-anatomy IMDS_URL SAMPLES GAP`` (what a poll's CPU is made of).
 
 bench.py runs this in a process of its own that imports what the sidecar imports and nothing else (no test
 servers, no SDKs): a full garbage collection walks every tracked object, so in the benchmark's own, larger heap
@@ -11,9 +12,12 @@ from __future__ import annotations
 
 import gc
 import gzip
+import http.client
 import json
+import socket
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,10 +31,15 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 import se_exporter.cli  # noqa: F401 - the sidecar's own imports, so the heap is the sidecar's size
-from se_exporter.app import make_http_app
+from se_exporter.app import Poller, make_http_app
+from se_exporter.config import Settings
+from se_exporter.imds import ImdsClient, make_transport
 from se_exporter.lifecycle import diff
 from se_exporter.metrics import Metrics, Snapshot
 from se_exporter.model import parse_document
+from se_exporter.sinks import FanOut
+from se_exporter.sinks.logsink import LogSink
+from se_exporter.sinks.metrics import MetricsSink
 
 
 def document(events: int) -> bytes:
@@ -89,5 +98,69 @@ def core_figures(repeats: int) -> dict[str, float]:
             "scrape_1000_ms": statistics.median(ours) * 1000, "scrape_floor_1000_ms": statistics.median(floor) * 1000}
 
 
+def poll_anatomy(url: str, samples: int, gap: float) -> dict[str, float]:
+    """Thread CPU (median, ms) of a whole poll and of its parts, each run after sleeping ``gap`` as the poll loop
+    does between polls (caches are cold by then on a busy machine), and of a whole poll run back to back (warm).
+
+    The parts, against the same IMDS double: the GET through ``ImdsClient`` (httpx request and response objects on
+    the project's ``http.client`` transport), the same GET with ``http.client`` alone, the same GET as bytes on a bare
+    socket, and the timed ``Event.wait`` that the loop sleeps in. Rounds interleave the parts.
+    """
+    settings = Settings(imds_url=url, poll_interval=1.0)
+    imds = ImdsClient(make_transport(), url, settings.api_version, settings.imds_timeout, settings.first_call_timeout,
+                      settings.max_document_bytes)
+    registry = CollectorRegistry()
+    holder: list[Poller] = []
+    metrics = Metrics(registry, lambda: holder[0].snapshot)
+    poller = Poller(imds, metrics, FanOut([MetricsSink(metrics), LogSink()], on_error=lambda name: None), settings)
+    holder.append(poller)
+    poller.poll_once()  # the first document: parsed once, unchanged from here on
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    path = f"/metadata/scheduledevents?api-version={settings.api_version}"
+    connection = http.client.HTTPConnection(host, int(port), timeout=2)
+    bare = socket.create_connection((host, int(port)), timeout=2)
+    request = f"GET {path} HTTP/1.1\r\nHost: {host}\r\nMetadata: true\r\n\r\n".encode()
+    stop = threading.Event()
+
+    def with_http_client() -> None:
+        connection.request("GET", path, headers={"Metadata": "true"})
+        connection.getresponse().read()
+
+    def with_socket() -> None:
+        bare.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += bare.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length"))
+        while len(body) < length:
+            body += bare.recv(65536)
+
+    parts: dict[str, Callable[[], Any]] = {
+        "poll_once": poller.poll_once, "get_imds_client": imds.scheduled_events, "get_http_client": with_http_client,
+        "get_socket": with_socket}
+    found: dict[str, list[int]] = {name: [] for name in [*parts, "wait", "poll_once_warm"]}
+    for _ in range(samples):
+        for name, call in parts.items():
+            time.sleep(gap)
+            started = time.thread_time_ns()
+            call()
+            found[name].append(time.thread_time_ns() - started)
+        started = time.thread_time_ns()
+        stop.wait(gap)  # what Poller.run sleeps in: the CPU of going to sleep and waking up
+        found["wait"].append(time.thread_time_ns() - started)
+    for _ in range(samples):
+        started = time.thread_time_ns()
+        poller.poll_once()
+        found["poll_once_warm"].append(time.thread_time_ns() - started)
+    connection.close()
+    bare.close()
+    return {f"{name}_ms": statistics.median(values) / 1e6 for name, values in found.items()}
+
+
 if __name__ == "__main__":
-    print(json.dumps(core_figures(int(sys.argv[1]))))
+    if sys.argv[1] == "--poll-anatomy":
+        print(json.dumps(poll_anatomy(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))))
+    else:
+        print(json.dumps(core_figures(int(sys.argv[1]))))
