@@ -62,7 +62,8 @@ test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installe
 reliability: $(VENV)/.installed
 	$(BIN)/python tools/reliability.py
 
-# The sidecar's cost and speed against targets (writes benchmarks/bench.json); about two minutes.
+# The sidecar's cost beside the Go peer and other references, measured in one run and reported as ratios against
+# the targets of issue 14 (writes benchmarks/bench.json); about four minutes.
 bench: $(VENV)/.installed
 	$(BIN)/python bench/bench.py
 
