@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import platform
+import random
 import re
 import socket
 import statistics
@@ -297,7 +298,7 @@ def scrape_cost_ms(contender: Contender, idle_ns_per_s: float, scrapes: int) -> 
     return max(0.0, spent) / scrapes / 1e6
 
 
-def detection(field_: Field, contender: Contender, changes: int) -> dict[str, list[float]]:
+def detection(field_: Field, contender: Contender, changes: int, interval: float) -> dict[str, list[float]]:
     """Document changed at the double -> the new incarnation on /metrics, -> stored by the Event Hubs server, ->
     update span at the OTLP receiver. Detection is split in two at the first GET the double answered after the
     change (its own clock): the wait for the next poll, and that poll -> on /metrics."""
@@ -306,7 +307,11 @@ def detection(field_: Field, contender: Contender, changes: int) -> dict[str, li
     cycle = sim.scenario.key_times()[-1] + 10.0  # the demo repeats; later rounds of it give more changes
     keys = [key + cycle * round_ for round_ in range(changes // len(sim.scenario.key_times()) + 1)
             for key in sim.scenario.key_times()[1:]]
+    phase = random.Random(14)  # noqa: S311 - not security: a reproducible spread of change times
     for key_time in keys[:changes]:
+        # Changes otherwise come at one fixed phase of the poll schedule (a fixed time after the previous detection)
+        # and the wait for the next poll would not be a fair sample of the interval.
+        time.sleep(phase.uniform(0, interval))
         delivered = len(field_.hub.store.all())
         updates = len(field_.receiver.named("scheduled_event.update"))
         sim.advance(max(0.0, key_time + 0.01 - sim.scenario_time()))
@@ -606,7 +611,7 @@ def run(smoke: bool, peer: Path | None) -> Run:
             fast, fast_parts = side_by_side(field_, fast_stack, 0.05, fast_windows, fast_seconds, 20 if smoke else 100)
             fast_total = {c.label: merge([part[c.label] for part in fast_parts]) for c in fast}
             try:
-                found = detection(field_, next(c for c in fast if c.label == "every sink"), changes)
+                found = detection(field_, next(c for c in fast if c.label == "every sink"), changes, 0.05)
             except TimeoutError:
                 field_.dump_logs()
                 raise
