@@ -304,9 +304,9 @@ def detection(field_: Field, contender: Contender, changes: int, interval: float
     change (its own clock): the wait for the next poll, and that poll -> on /metrics."""
     sim = contender.double
     found: dict[str, list[float]] = {"detection": [], "next_poll": [], "eventhubs": [], "span": []}
-    cycle = sim.scenario.key_times()[-1] + 10.0  # the demo repeats; later rounds of it give more changes
-    keys = [key + cycle * round_ for round_ in range(changes // len(sim.scenario.key_times()) + 1)
-            for key in sim.scenario.key_times()[1:]]
+    cycle = sim.scenario.repeat_every  # a repeating scenario gives more changes than one cycle has
+    rounds = range(1 + (changes // len(sim.scenario.key_times()) if cycle else 0))
+    keys = [key + (cycle or 0.0) * round_ for round_ in rounds for key in sim.scenario.key_times()[1:]]
     phase = random.Random(14)  # noqa: S311 - not security: a reproducible spread of change times
     for key_time in keys[:changes]:
         # Changes otherwise come at one fixed phase of the poll schedule (a fixed time after the previous detection)
@@ -314,8 +314,11 @@ def detection(field_: Field, contender: Contender, changes: int, interval: float
         time.sleep(phase.uniform(0, interval))
         delivered = len(field_.hub.store.all())
         updates = len(field_.receiver.named("scheduled_event.update"))
+        before = sim.document()["DocumentIncarnation"]
         sim.advance(max(0.0, key_time + 0.01 - sim.scenario_time()))
         incarnation = sim.document()["DocumentIncarnation"]
+        if incarnation == before:
+            raise RuntimeError(f"the double's document did not change at scenario second {key_time:g}")
         changed, changed_wall = time.perf_counter(), time.time()
         wait(lambda i=incarnation: value(scrape(contender.metrics_url),  # type: ignore[misc]
                                          "azure_scheduled_events_document_incarnation") == i, every=0.002)
@@ -698,18 +701,19 @@ def main() -> int:
                         help=f"the Go peer's binary (default: {PEER_CANDIDATES[0]} if present)")
     args = parser.parse_args()
     peer = args.peer if args.peer is not None and args.peer.exists() else None
+    looked_at = args.peer or PEER_CANDIDATES[0]
     host = machine()
     mode = "smoke" if args.smoke else "full"
     about = f"{host['cores']} cores, {host['cpu']}, Python {host['python']}"
     print(f"se-exporter benchmark ({mode}) on {about}; load average {host['load_average_at_start']}", file=sys.stderr)
     if peer is None:
-        print(f"the Go peer is absent ({PEER_CANDIDATES[0]}): figures against it are skipped", file=sys.stderr)
+        print(f"the Go peer is absent ({looked_at}): figures against it are skipped", file=sys.stderr)
     measured = run(args.smoke, peer)
     rows = rows_of(measured)
     print(f"\nse-exporter benchmark ({mode}): {about}. Ratio = measured / reference, both from this run; "
           "(low-high) = the ratio's spread over the sub-windows.")
     if peer is None:
-        print(f"Go peer absent ({PEER_CANDIDATES[0]}): rows against it show n/a.")
+        print(f"Go peer absent ({looked_at}): rows against it show n/a.")
     print_table(rows)
     print("\nPer thread at 1 Hz (CPU from schedstat; wake-ups = voluntary context switches):")
     for label, window in measured.slow_total.items():
