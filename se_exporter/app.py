@@ -301,7 +301,12 @@ class _SleepingServerMixIn:
         self._wake_read.setblocking(False)
         self._stop_requested = False
         self._stopped = threading.Event()
-        super().__init__(*args, **kwargs)
+        try:
+            super().__init__(*args, **kwargs)  # binds: may fail (address in use), and the pair must not leak
+        except BaseException:
+            self._wake_read.close()
+            self._wake_write.close()
+            raise
 
     def serve_forever(self, poll_interval: float | None = None) -> None:
         """Handle connections until shutdown(); ``poll_interval`` is ignored (nothing is polled)."""
