@@ -86,8 +86,9 @@ reliability: $(VENV)/.installed
 image:
 	$(PYTHON) tools/image.py --tag $(IMAGE) $(if $(BASE),--base $(BASE))
 
-# The sidecar's cost and speed against targets, and IMDS change -> Alertmanager notification against the sum of
-# the intervals that bound it (writes benchmarks/bench.json); about three minutes.
+# The sidecar's cost beside the Go peer and other references, measured in one run and reported as ratios against
+# the targets of issue 14, the image size, and IMDS change -> Alertmanager notification against the sum of the
+# intervals that bound it (writes benchmarks/bench.json); about five minutes.
 bench: $(VENV)/.installed system-deps
 	$(BIN)/python bench/bench.py
 

@@ -21,7 +21,8 @@ ODD = VmIdentity(name="West\ud800NO_0\x1b[2J", vm_id="\udcff", vmss_name="\x00",
                  resource_group="rg", subscription_id="sub")
 
 
-@pytest.mark.parametrize("incarnation", [0, 2**31 - 1, -(2**31), 2**31, -(2**31) - 1, 2**63 - 1, 2**63, 2**70, -(2**70)])
+@pytest.mark.parametrize("incarnation", [0, 2**31 - 1, -(2**31), 2**31, -(2**31) - 1, 2**63 - 1, 2**63, 2**70,
+                                         -(2**70)])
 @pytest.mark.parametrize("identity", [IDENTITY, ODD], ids=["plain", "odd strings"])
 def test_every_property_survives_the_sdk_encoder_and_the_file(incarnation: int, identity: VmIdentity) -> None:
     """Whatever IMDS sent, the envelope's properties and partition key encode into an SDK batch, the file line

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -129,3 +130,46 @@ def test_a_burst_of_scrapers_is_queued_by_the_kernel_while_all_threads_are_busy(
         sock.settimeout(30)
         assert answer(sock).startswith(b"HTTP/1.0 200")
         sock.close()
+
+
+def voluntary_switches(native_id: int) -> int:
+    """How many times the thread has gone to sleep and been woken since it started (Linux)."""
+    status = Path(f"/proc/self/task/{native_id}/status").read_text()
+    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+def test_the_idle_server_thread_sleeps_until_a_connection_arrives(server: Callable[..., int]) -> None:
+    """With nobody connecting, the accept loop's thread is not woken at all over a second (it used to wake 20
+    times a second to look for shutdown()), and it still answers the next connection."""
+    before = {thread.ident for thread in threading.enumerate()}
+    port = server()
+    [loop] = [t for t in threading.enumerate() if t.name == "http" and t.ident not in before]
+    with connect(port) as first:  # served once: the loop is running and back in its wait
+        first.sendall(REQUEST)
+        assert answer(first).startswith(b"HTTP/1.0 200")
+    assert loop.native_id is not None
+    wait_until(lambda: threading.active_count() == len(before) + 1, what="the handler thread ended")
+    switches = voluntary_switches(loop.native_id)
+    threading.Event().wait(1.0)  # the observation window itself, not a wait for anything to settle
+    assert voluntary_switches(loop.native_id) - switches <= 1
+    with connect(port) as second:
+        second.sendall(REQUEST)
+        assert answer(second).startswith(b"HTTP/1.0 200")
+
+
+def test_shutdown_of_an_idle_server_returns_and_ends_its_thread() -> None:
+    """shutdown() wakes the accept loop, which waits without a timeout, and returns once it has stopped; the
+    port is then closed."""
+    before = {thread.ident for thread in threading.enumerate()}
+    served = serve(Listen("127.0.0.1", 0), hello)
+    port = int(served.server_port)
+    [loop] = [t for t in threading.enumerate() if t.name == "http" and t.ident not in before]
+    stopper = threading.Thread(target=served.shutdown)
+    stopper.start()
+    stopper.join(5)
+    assert not stopper.is_alive(), "shutdown() did not return"
+    loop.join(5)
+    assert not loop.is_alive()
+    served.server_close()
+    with pytest.raises(ConnectionRefusedError):
+        connect(port)

@@ -1,5 +1,6 @@
 """Values an Event Hubs message cannot carry as they are, through the official SDK and the suite's AMQP server: a
-DocumentIncarnation above 32 bits (the SDK encodes every int property as a 32-bit AMQP int), strings that are not UTF-8, a body larger than a message may be."""
+DocumentIncarnation above 32 bits (the SDK encodes every int property as a 32-bit AMQP int), strings that are not
+UTF-8, a body larger than a message may be."""
 
 from __future__ import annotations
 
