@@ -17,7 +17,8 @@ _FIELDS = "se_fields"
 # Connection-string keys, SAS signatures and bearer tokens, wherever they might surface (an SDK's
 # exception text included): the value is replaced, the name stays so the line still makes sense.
 _SECRETS = re.compile(
-    r"(?i)(SharedAccessKey\s*=\s*|SharedAccessSignature\s*=\s*|\bsig=|Bearer\s+|\"access_token\"\s*:\s*\")"
+    r"(?i)(SharedAccessKey\s*=\s*|SharedAccessSignature\s*=\s*|AccountKey\s*=\s*|\bsig=|Bearer\s+|"
+    r"\"access_token\"\s*:\s*\")"
     r"[^;&\s\"']+")
 
 
