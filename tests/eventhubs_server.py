@@ -408,20 +408,13 @@ class EventHubsTestServer:
             self._receivers[key] = [c for c in consumers if c.link is not link]
 
     def _start_index(self, partition_id: str, link: Link) -> int:
-        selector = str(_filter_text(link.remote_source.filter))
         with self.store.lock:
-            events = self.store.events.get(partition_id, [])
-            if "@latest" in selector:
-                return len(events)
-            match = re.search(r"x-opt-(offset|sequence-number|enqueued-time)\s*(>=|>)\s*'?(-?\d+)'?", selector)
-            if not match:
-                return 0
-            field_name, op, value = match.group(1), match.group(2), int(match.group(3))
-            key = {"offset": lambda e: int(e.offset), "sequence-number": lambda e: e.sequence_number,
-                   "enqueued-time": lambda e: e.enqueued_time_ms}[field_name]
-            # Every field grows with the position in the partition: search, never scan.
-            find = bisect.bisect_left if op == ">=" else bisect.bisect_right
-            return find(events, value, key=key)
+            return start_index(self.store.events.get(partition_id, []), str(_filter_text(link.remote_source.filter)))
+
+    def open_receivers(self, group: str, partition_id: str) -> int:
+        """Receivers open right now on a consumer group's partition."""
+        return len([c for c in self._receivers.get((group.lower(), partition_id), [])
+                    if not c.link.state & Endpoint.LOCAL_CLOSED])
 
     def _feed(self, consumer: _Consumer) -> None:
         link = consumer.link
@@ -508,6 +501,20 @@ class EventHubsTestServer:
                     "last_enqueued_time_utc": timestamp(last.enqueued_time_ms if last else 0),
                     "is_partition_empty": last is None}
         return {"name": store.hub, "created_at": timestamp(store.created_at_ms), "partition_ids": store.partition_ids}
+
+
+def start_index(events: list[StoredEvent], selector: str) -> int:
+    """Where a receiver with this selector starts. Every field grows with the position: search, never scan."""
+    if "@latest" in selector:
+        return len(events)
+    match = re.search(r"x-opt-(offset|sequence-number|enqueued-time)\s*(>=|>)\s*'?(-?\d+)'?", selector)
+    if not match:
+        return 0
+    field_name, op, value = match.group(1), match.group(2), int(match.group(3))
+    key = {"offset": lambda e: int(e.offset), "sequence-number": lambda e: e.sequence_number,
+           "enqueued-time": lambda e: e.enqueued_time_ms}[field_name]
+    find = bisect.bisect_left if op == ">=" else bisect.bisect_right
+    return find(events, value, key=key)
 
 
 def _outranks(old: int | None, new: int | None) -> bool:
