@@ -7,14 +7,26 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from azure.eventhub import EventData
+from azure.storage.blob import ContainerClient
 
 from tests.conftest import Reliability
 from tests.eventhubs_server import EventHubsTestServer, Store
-from tests.fleet_helpers import Azurite, FleetProcess, start_producers, vm_identity
-from tests.helpers import wait_until
+from tests.fleet_helpers import (
+    EMPTY,
+    Azurite,
+    FleetProcess,
+    envelope_for,
+    event_data,
+    send,
+    start_producers,
+    vm_identity,
+)
+from tests.helpers import http_get, value, wait_until
 
 pytestmark = pytest.mark.integration
 BALANCING = 0.5  # seconds between load-balancing rounds (the SDK's default is 30)
@@ -48,6 +60,10 @@ def fleets(azurite: Azurite, tmp_path: Path) -> Iterator[Callable[..., FleetProc
 
 LAST_SEEN = re.compile(rb'^azure_scheduled_fleet_vm_last_seen_timestamp_seconds\{[^}]*vm_id="([^"]+)"[^}]*\} (\S+)$',
                        re.MULTILINE)
+
+
+def container_name(replica: FleetProcess) -> str:
+    return replica.process.args[replica.process.args.index("--checkpoint-container") + 1]  # type: ignore[union-attr]
 
 
 def scrape(replica: FleetProcess) -> bytes:
@@ -118,3 +134,73 @@ def test_ten_thousand_vms_split_over_two_replicas_survive_kill_and_restart(
                 f"each VM shown exactly once; the survivor owned every partition {took_over:.1f} s after the kill "
                 f"(ownership expiry {OWNERSHIP:g} s + balancing {BALANCING:g} s), nothing missing; the restarted "
                 f"replica showed the same picture in {rebuilt:.1f} s")
+
+
+def test_sigterm_writes_state_releases_ownership_and_a_successor_rebuilds_from_it(
+        hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess], azurite: Azurite,
+        reliability: Reliability) -> None:
+    """SIGTERM ends the replica with exit 0 within 10 s after writing each partition's state and checkpoint and
+    releasing it; a successor owns every partition long before the ownership expiry and shows the same VMs
+    without reading a single event again: the picture comes from the state kept beside the checkpoints."""
+    hub = hubs(Store(partition_count=4))
+    for producer in start_producers(hub, 40, shares=1):
+        assert producer.wait(60) == 0
+    first = fleets(hub, "--ownership-expiry", "120")
+    wait_until(lambda: first.value("azure_scheduled_fleet_vms") == 40, timeout=30, what="40 VMs")
+    before = picture([first])
+    first.process.terminate()
+    stopped_at = time.monotonic()
+    code = first.process.wait(10)
+    assert (code, time.monotonic() - stopped_at < 10) == (0, True)
+    assert "released (shutdown)" in first.log()
+    container = ContainerClient.from_connection_string(azurite.connection_string, container_name(first))
+    blobs = {blob.name.split("/", 3)[-1]: blob.metadata for blob in container.list_blobs(include=["metadata"])}
+    assert {name for name in blobs if name.startswith("fleet-state/")} == {f"fleet-state/{p}" for p in "0123"}
+    for partition_id in "0123":
+        assert not blobs[f"ownership/{partition_id}"].get("ownerid")  # released, not left to expire
+        assert blobs[f"checkpoint/{partition_id}"]["sequencenumber"] == \
+            blobs[f"fleet-state/{partition_id}"]["sequencenumber"]  # the state covers the checkpoint exactly
+
+    successor = fleets(hub, "--ownership-expiry", "120")
+    wait_until(lambda: successor.value("azure_scheduled_fleet_owned_partitions") == 4, timeout=30,
+               what="the successor to own every partition")
+    wait_until(lambda: picture([successor]) == before, timeout=15, what="the same picture")
+    assert successor.value("azure_scheduled_fleet_documents_consumed_total") == 0
+    reliability("Fleet", "SIGTERM of a replica, then a successor (ownership expiry 120 s)",
+                "exit 0 within 10 s; state and checkpoint written, ownership released; the successor owned every "
+                "partition at once and showed the same VMs from the stored state, reading no event again")
+
+
+def test_bad_messages_are_counted_and_logged_and_the_consumer_goes_on(
+        hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess],
+        reliability: Reliability) -> None:
+    """Not JSON, JSON that is no document, not our envelope, a body past --max-message-bytes: each is counted
+    under its reason and logged, never fatal; unknown properties are counted and the document applied."""
+    hub = hubs(Store(partition_count=1))
+    good = envelope_for(vm_identity(1), EMPTY, 1, "inst")
+    extra = envelope_for(vm_identity(2), EMPTY, 1, "inst2")
+    odd = event_data(extra)
+    odd.properties = {**dict(extra.properties), "shard": "7", "region_group": "emea"}
+    bad_json = event_data(replace(envelope_for(vm_identity(3), EMPTY, 1, "inst3"), body=b"<html>captive</html>"))
+    not_document = event_data(replace(envelope_for(vm_identity(4), EMPTY, 1, "inst4"), body=b'{"hello": 1}'))
+    huge = event_data(envelope_for(vm_identity(5), b'{"Events": [], "Pad": "' + b"x" * 20_000 + b'"}', 1, "inst5"))
+    stranger = EventData(b'{"DocumentIncarnation": 1, "Events": []}')  # no envelope properties, no message id
+    send(hub.connection_string(), [bad_json, not_document, huge, stranger, odd, event_data(good)])
+    fleet = fleets(hub, "--max-message-bytes", "8KiB")
+    wait_until(lambda: fleet.value("azure_scheduled_fleet_vms") == 2, timeout=30, what="the two good documents")
+    samples = fleet.samples()
+    counts = {reason: value(samples, "azure_scheduled_fleet_invalid_messages_total", reason=reason)
+              for reason in ("not_json", "invalid_document", "too_large", "not_envelope")}
+    assert counts == {"not_json": 1, "invalid_document": 1, "too_large": 1, "not_envelope": 1}
+    assert value(samples, "azure_scheduled_fleet_message_warnings_total", reason="unknown_property") == 1
+    assert value(samples, "azure_scheduled_fleet_documents_consumed_total") == 6
+    log = fleet.log()
+    for reason in counts:
+        assert f"reason={reason}" in log, reason
+    assert "region_group, shard" in log
+    assert http_get(fleet.base_url + "/healthz")[0] == 200
+    send(hub.connection_string(), [event_data(envelope_for(vm_identity(6), EMPTY, 1, "inst6"))])
+    wait_until(lambda: fleet.value("azure_scheduled_fleet_vms") == 3, timeout=15, what="a later good document")
+    reliability("Fleet", "not JSON, JSON that is no document, no envelope, a body past --max-message-bytes, "
+                "unknown properties", "each counted under its reason and logged; unknown properties applied and "
+                "counted; the consumer went on")
