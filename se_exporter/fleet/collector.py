@@ -21,6 +21,8 @@ from se_exporter.model import EVENT_STATUSES, EVENT_TYPES
 
 FLEET = "azure_scheduled_fleet"
 VM_LABELS = ["vm_id", "vm_name", "vmss_name", "location"]
+# What the forwarder's classify() says, plus a partition taken over by another replica and a state blob unread.
+ERROR_REASONS = ("timeout", "auth", "connection", "service", "other", "ownership_lost", "state_read")
 
 
 @dataclass
@@ -69,6 +71,8 @@ class FleetMetrics:
             self.invalid.labels(reason)
         for outcome in ("ok", "error", "superseded"):
             self.checkpoints.labels(outcome)
+        for reason in ERROR_REASONS:
+            self.errors.labels(reason)
 
 
 class FleetCollector(Collector):

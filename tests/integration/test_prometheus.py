@@ -30,14 +30,14 @@ def _tool(name: str) -> str:
 
 class Prometheus:
     def __init__(self, target: str, workdir: Path, extra_targets: list[str] | None = None,
-                 rule_file: Path | None = None) -> None:
+                 rule_file: Path | None = None, job: str = "se-exporter") -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         config = workdir / "prometheus.yml"
         targets = ", ".join(f"'{t}'" for t in [target, *(extra_targets or [])])
         rules = f"rule_files: ['{rule_file}']\n" if rule_file else ""
         config.write_text(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\n" + rules +
-            f"scrape_configs:\n  - job_name: se-exporter\n    static_configs:\n      - targets: [{targets}]\n")
+            f"scrape_configs:\n  - job_name: {job}\n    static_configs:\n      - targets: [{targets}]\n")
         self.log = workdir / "prometheus.log"
         for _ in range(3):  # the free port may be taken between probe and bind; try another
             port = free_port()
