@@ -11,10 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 from azure.eventhub import EventData
 from azure.storage.blob import ContainerClient
 
-from tests.conftest import Reliability
+from tests.conftest import Reliability, SimulatorFactory
 from tests.eventhubs_server import EventHubsTestServer, Store
 from tests.fleet_helpers import (
     EMPTY,
@@ -22,11 +23,14 @@ from tests.fleet_helpers import (
     FleetProcess,
     envelope_for,
     event_data,
+    reboot,
     send,
     start_producers,
     vm_identity,
 )
-from tests.helpers import http_get, value, wait_until
+from tests.helpers import Sidecar, free_port, http_get, value, wait_until
+from tests.integration.test_dashboards import DASHBOARDS, dashboard_expressions, substitute
+from tests.integration.test_prometheus import Prometheus
 
 pytestmark = pytest.mark.integration
 BALANCING = 0.5  # seconds between load-balancing rounds (the SDK's default is 30)
@@ -204,3 +208,98 @@ def test_bad_messages_are_counted_and_logged_and_the_consumer_goes_on(
     reliability("Fleet", "not JSON, JSON that is no document, no envelope, a body past --max-message-bytes, "
                 "unknown properties", "each counted under its reason and logged; unknown properties applied and "
                 "counted; the consumer went on")
+
+
+SIDECAR_FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2", "--eventhub-send-timeout", "1",
+                "--eventhub-retry-max", "0.3")
+# Fleet rule expressions that cannot light up within a test's seconds, and why; promtool's unit tests cover them.
+NEEDS_MINUTES = {"FleetConsumerLagging": "needs a backlog five minutes deep",
+                 "FleetPartitionsUnowned": "needs a partition no replica reads",
+                 "FleetCheckpointsStale": "needs five minutes of failing checkpoint writes"}
+
+
+def fleet_rule_expressions() -> list[tuple[str, str]]:
+    data = yaml.safe_load((DASHBOARDS / "fleet-alerts.yaml").read_text())
+    return [(rule["alert"], rule["expr"]) for group in data["groups"] for rule in group["rules"]]
+
+
+def event_series(process: FleetProcess | Sidecar, name: str) -> list[dict[str, str]]:
+    return [dict(labels) for (sample, labels) in process.samples() if sample == name]
+
+
+def test_round_trip_from_sidecars_to_the_fleet_view_and_its_dashboard(
+        simulator: SimulatorFactory, sidecar: Callable[..., Sidecar], hubs: Callable[..., EventHubsTestServer],
+        fleets: Callable[..., FleetProcess], tmp_path: Path, reliability: Reliability) -> None:
+    """Two sidecars polling the simulator forward through the SDK; `fleet` shows each VM's events with the labels
+    and countdown the sidecar itself shows; VMs that send heartbeats stay while silent ones expire; a completed and
+    a canceled event leave its /metrics. Every expression of the fleet dashboard and rules runs on a real
+    Prometheus scraping the consumer and returns data."""
+    hub = hubs(Store(partition_count=2))
+    sim_a, server_a = simulator("live-migration")  # WestNO_0: a Freeze listing WestNO_0 and WestNO_1
+    sim_b, server_b = simulator("canceled", vm_name="ss_1")  # a Reboot scheduled, then canceled
+    sim_b.vm.update(vmId="5d4b3a29-1c0e-4f8a-9b7d-6e5f4a3b2c1d", vmScaleSetName="ss")
+    env = {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": hub.connection_string()}
+    sidecars = [sidecar("--imds-url", server.url, *SIDECAR_FAST, "--heartbeat-interval", "0.5", env=env)
+                for server in (server_a, server_b)]
+    fleet = fleets(hub, "--vm-expiry", "4")
+    for sim in (sim_a, sim_b):
+        sim.advance(3)  # both events are listed from scenario second 2
+
+    def listed() -> dict[str, dict[str, str]]:
+        return {labels["vm_name"]: labels for labels in event_series(fleet, "azure_scheduled_fleet_event_info")}
+
+    events = wait_until(lambda: len(listed()) == 2 and listed(), timeout=30, what="both VMs' events on the fleet")
+    for process, sim in zip(sidecars, (sim_a, sim_b), strict=True):
+        [own] = event_series(process, "azure_scheduled_event_info")
+        shown = events[sim.vm["name"]]
+        assert shown == {"vm_id": sim.vm["vmId"], "vm_name": sim.vm["name"], "vmss_name": sim.vm["vmScaleSetName"],
+                         "location": sim.vm["location"], "event_id": own["event_id"], "event_type": own["event_type"],
+                         "event_status": own["event_status"], "event_source": own["event_source"],
+                         "affects_this_vm": own["affects_this_vm"]}
+        theirs = process.value("azure_scheduled_event_seconds_until_not_before", event_id=own["event_id"],
+                               event_type=own["event_type"])
+        ours = fleet.value("azure_scheduled_fleet_event_seconds_until_not_before", vm_id=sim.vm["vmId"],
+                           event_id=own["event_id"])
+        assert theirs is not None and ours is not None and abs(theirs - ours) < 5
+    assert fleet.value("azure_scheduled_fleet_event_vms", event_id=events["WestNO_0"]["event_id"],
+                       event_type="Freeze") == 1
+
+    prom = Prometheus(fleet.base_url.removeprefix("http://"), tmp_path / "prometheus",
+                      extra_targets=[f"127.0.0.1:{free_port()}"], rule_file=DASHBOARDS / "fleet-alerts.yaml",
+                      job="se-exporter-fleet")
+    try:
+        wait_until(lambda: prom.value("sum(azure_scheduled_fleet_vms)") == 2
+                   and prom.value('count(up{job="se-exporter-fleet"} == 0)') == 1, timeout=30,
+                   what="Prometheus scraping the fleet and the dead replica")
+        # Six VMs of scale set ss with a Reboot, and a message that is not a document: the rules' inputs. They send
+        # no heartbeats, so --vm-expiry forgets them a few seconds later, while the sidecars' VMs stay.
+        send(hub.connection_string(), [event_data(envelope_for(vm_identity(index, "ss"), reboot(index, "ss"), 1,
+                                                               f"inst-{index}")) for index in range(10, 16)]
+             + [EventData(b"not a document")])
+        expressions = dashboard_expressions(fleet_consumer=True) + fleet_rule_expressions()
+        lit: set[str] = set()
+
+        def look() -> None:
+            lit.update(name for name, expr in expressions if prom.query(substitute(expr)))
+
+        wait_until(lambda: prom.value("sum(azure_scheduled_fleet_vms)") == 8
+                   and prom.query("sum(increase(azure_scheduled_fleet_invalid_messages_total[1m])) > 0")
+                   and prom.query("sum(rate(azure_scheduled_fleet_documents_applied_total[10s])) > 0"),
+                   timeout=30, what="Prometheus to see the scale set and the invalid message")
+        look()
+        wait_until(lambda: prom.query("sum(increase(azure_scheduled_fleet_vm_expirations_total[1m])) > 5"),
+                   timeout=30, what="the scale set's silent VMs to expire")
+        look()
+        dark = {name for name, _ in expressions} - lit - set(NEEDS_MINUTES)
+        assert not dark, f"expressions that never returned data: {sorted(dark)}"
+    finally:
+        prom.stop()
+    assert fleet.value("azure_scheduled_fleet_vms") == 2  # the sidecars' VMs stay: their heartbeats keep them
+
+    sim_a.advance(900 + 30 + 5)  # the Freeze starts at NotBefore, lasts its 30 s, and is gone: completed
+    sim_b.advance(300)  # past cancel_at: the Reboot is gone without starting
+    wait_until(lambda: not {"WestNO_0", "ss_1"} & set(listed()), timeout=30, what="both events gone from fleet")
+    assert fleet.value("azure_scheduled_fleet_vms") == 2  # the VMs stay; only their events left
+    reliability("Fleet", "two sidecars on the simulator forwarding through the SDK; an event completed, one canceled",
+                "each VM's events on the fleet view with the sidecar's own labels and countdown; both gone from "
+                "/metrics when they ended; every fleet dashboard and rule expression returned data on Prometheus")
