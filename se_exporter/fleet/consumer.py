@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter as Tally
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -114,47 +115,58 @@ class Service:
             self._caught_up.add(partition_id)
             view.lag_events, view.lag_seconds = 0.0, 0.0
             return
-        self._metrics.consumed.inc(len(events))
+        outcomes: Tally[str] = Tally()
         for event in events:
-            self._handle(partition_id, event)
+            outcomes[self._handle(partition_id, event)] += 1
+        self._count(len(events), outcomes)
         last = events[-1]
         self._last_events[partition_id] = last
         if view.unsaved_since is None:
             view.unsaved_since = self._clock()
         self._lag(context, view, last)
 
-    def _handle(self, partition_id: str, event: EventData) -> None:
+    def _count(self, received: int, outcomes: Tally[str]) -> None:
+        """Counters once per batch, not per event: each increment takes a lock."""
+        self._metrics.consumed.inc(received)
+        for outcome, count in outcomes.items():
+            if outcome in ("change", "heartbeat"):
+                self._metrics.applied.labels(outcome).inc(count)
+            elif outcome in ("resend", "older"):
+                self._metrics.duplicates.labels(outcome).inc(count)
+            elif outcome == "replayed":
+                self._metrics.replayed.inc(count)
+
+    def _handle(self, partition_id: str, event: EventData) -> str:
+        """Read, check and fold one event; what became of it."""
         sequence_number = event.sequence_number
         if sequence_number is None:
-            return
+            return "unnumbered"
         enqueued = event.enqueued_time.timestamp() if event.enqueued_time else self._clock()
         self._handled_at[partition_id] = enqueued
         if self._fleet.already_applied(partition_id, sequence_number):
-            self._metrics.replayed.inc()
-            return
+            return "replayed"
         try:
             message = read_message(_body(event), event.properties or {}, event.message_id, event.partition_key,
                                    enqueued, self._settings.max_message_bytes)
         except InvalidMessage as error:
+            self._fleet.handled(partition_id, sequence_number)
             self._metrics.invalid.labels(error.reason).inc()
             self._log_once(f"invalid:{error.reason}", logging.WARNING,
                            "invalid message skipped (partition %s, sequence number %d): %s", partition_id,
                            sequence_number, error, extra=fields(reason=error.reason, partition_id=partition_id,
                                                                 sequence_number=sequence_number))
-        else:
-            outcome = self._fleet.apply(partition_id, message)
-            if outcome == "applied":
-                self._metrics.applied.labels("heartbeat" if message.heartbeat else "change").inc()
-            elif outcome in ("resend", "older"):
-                self._metrics.duplicates.labels(outcome).inc()
-            if message.unknown_properties:
-                self._metrics.warnings.labels("unknown_property").inc()
-                self._log_once(f"unknown:{','.join(message.unknown_properties)}", logging.INFO,
-                               "message with properties this version does not know, applied: %s",
-                               ", ".join(message.unknown_properties[:10]))
-            if message.document_warnings:
-                self._metrics.warnings.labels("document").inc(message.document_warnings)
-        self._fleet.handled(partition_id, sequence_number)
+            return "invalid"
+        outcome = self._fleet.apply(partition_id, message, sequence_number)
+        if message.unknown_properties:
+            self._metrics.warnings.labels("unknown_property").inc()
+            self._log_once(f"unknown:{','.join(message.unknown_properties)}", logging.INFO,
+                           "message with properties this version does not know, applied: %s",
+                           ", ".join(message.unknown_properties[:10]))
+        if message.document_warnings:
+            self._metrics.warnings.labels("document").inc(message.document_warnings)
+        if outcome == "applied":
+            return "heartbeat" if message.heartbeat else "change"
+        return outcome
 
     def _lag(self, context: PartitionContext, view: PartitionView, last: EventData) -> None:
         properties = context.last_enqueued_event_properties

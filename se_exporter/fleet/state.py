@@ -109,30 +109,65 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
     """Check one received event against the envelope and parse its document; raise ``InvalidMessage``."""
     if len(body) > max_bytes:
         raise InvalidMessage("too_large", f"body of {len(body)} bytes is larger than --max-message-bytes {max_bytes}")
-    props = {_text(key): _text(value) if isinstance(value, (bytes, bytearray)) else value
-             for key, value in properties.items()}
+    # Keys arrive as bytes; only the names are decoded for all of them (through a table for the known ones),
+    # values only where they are used: this runs for every message.
+    props = {_NAMES.get(key) or _text(key): value for key, value in properties.items()}
     message_text = _text(message_id) if message_id is not None else ""
     installation, colon, _number = message_text.rpartition(":")
     sequence = props.get("sequence")
-    if isinstance(sequence, str) and sequence.isdigit():
+    if isinstance(sequence, (bytes, str)) and sequence.isdigit():
         sequence = int(sequence)
     if not colon or not installation or not isinstance(sequence, int) or isinstance(sequence, bool) \
             or sequence < 1:
         raise InvalidMessage("not_envelope", "not a forwarded document: needs a message id "
                              "'<installation>:<sequence>' and an integer 'sequence' property")
-    names = {name: props.get(name) for name in ("vm_id", "vm_name", "vmss_name", "location")}
-    if not all(value is None or isinstance(value, str) for value in names.values()):
+    names = [_string(props.get(name)) for name in ("vm_id", "vm_name", "vmss_name", "location")]
+    if None in names:
         raise InvalidMessage("not_envelope", "not a forwarded document: vm_id, vm_name, vmss_name and location "
                              "must be strings")
-    vm_id, vm_name = names["vm_id"] or "", names["vm_name"] or ""
+    vm_id, vm_name, vmss_name, location = (name or "" for name in names)
     key = vm_id or (_text(partition_key) if partition_key is not None else "") or vm_name
     if not key:
         raise InvalidMessage("not_envelope", "not a forwarded document: no vm_id, partition key or vm_name")
-    document = parse_body(body)
-    vm = VmState(key, vm_id, vm_name, names["vmss_name"] or "", names["location"] or "", installation, sequence,
-                 enqueued_at, bytes(body), fleet_events(document, vm_name))
+    body = bytes(body)
+    events, warnings = read_events(body, vm_name)
+    vm = VmState(key, vm_id, vm_name, vmss_name, location, installation, sequence, enqueued_at, body, events)
     unknown = tuple(sorted(name for name in props if name not in KNOWN_PROPERTIES))
-    return Message(vm, message_text, props.get("heartbeat") is True, unknown, len(document.warnings))
+    return Message(vm, message_text, props.get("heartbeat") is True, unknown, warnings)
+
+
+# Bodies of valid documents that list no event ({"DocumentIncarnation": 7, "Events": []} and its variants): a
+# quiet fleet sends few distinct ones, so each is parsed once. Bounded: cleared when full.
+_QUIET: set[bytes] = set()
+QUIET_BODIES = 4096
+
+
+def read_events(body: bytes, vm_name: str) -> tuple[tuple[FleetEvent, ...], int]:
+    """The document's events for this VM, and how many warnings parsing it gave."""
+    if body in _QUIET:  # most of a fleet, most of the time: parsed once, the same for every VM
+        return (), 0
+    document = parse_body(body)
+    events, warnings = fleet_events(document, vm_name), len(document.warnings)
+    if not events and not warnings and len(body) <= 256:
+        if len(_QUIET) >= QUIET_BODIES:
+            _QUIET.clear()
+        _QUIET.add(body)
+    return events, warnings
+
+
+_NAMES: dict[str | bytes, str] = {**{name: name for name in KNOWN_PROPERTIES},
+                                  **{name.encode(): name for name in KNOWN_PROPERTIES}}
+
+
+def _string(value: Any) -> str | None:
+    """A string property as text; absent is empty; anything else None (not our envelope)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return value.decode("utf-8", "replace")
+    return None
 
 
 @dataclass
@@ -178,14 +213,16 @@ class Fleet:
             if state is not None and (state.position is None or sequence_number > state.position):
                 state.position = sequence_number
 
-    def apply(self, partition_id: str, message: Message) -> str:
+    def apply(self, partition_id: str, message: Message, sequence_number: int | None = None) -> str:
         """Fold one document in: 'applied', 'resend' or 'older' (see the module docstring); 'unowned' if the
-        partition was released meanwhile."""
+        partition was released meanwhile. With ``sequence_number``, also what ``handled`` records."""
         new = message.vm
         with self._lock:
             state = self._partitions.get(partition_id)
             if state is None:
                 return "unowned"
+            if sequence_number is not None and (state.position is None or sequence_number > state.position):
+                state.position = sequence_number
             current = state.vms.get(new.key)
             if current is not None and current.installation == new.installation:
                 if new.sequence == current.sequence:
@@ -247,7 +284,7 @@ def decode(data: bytes) -> PartitionState:
         for key, vm_id, vm_name, vmss_name, location, installation, sequence, seen_at, body in obj["vms"]:
             raw = body.encode("utf-8")
             vms[key] = VmState(key, vm_id, vm_name, vmss_name, location, installation, int(sequence), float(seen_at),
-                               raw, fleet_events(parse_body(raw), vm_name))
+                               raw, read_events(raw, vm_name)[0])
     except (OSError, EOFError, KeyError, TypeError, ValueError, InvalidMessage) as exc:
         raise ValueError(f"unreadable fleet state ({_short(exc)})") from None
     return PartitionState(vms=vms, position=position, restored_position=position)
