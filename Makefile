@@ -41,6 +41,11 @@ tests/grafana_schema/node_modules/.installed: tests/grafana_schema/package-lock.
 	cd tests/grafana_schema && npm ci --silent --no-audit --no-fund
 	touch $@
 
+# Azurite, the Azure Storage emulator, as the fleet consumer's checkpoint store in the tests (npm registry).
+tests/azurite/node_modules/.installed: tests/azurite/package-lock.json
+	cd tests/azurite && npm ci --silent --no-audit --no-fund
+	touch $@
+
 demo: $(VENV)/.installed
 	$(BIN)/se-exporter run --simulate $(SCENARIO) --speed $(SPEED) --listen 127.0.0.1:$(PORT) \
 	  --state-dir $(DEMO_DIR)/state --forward-file $(DEMO_DIR)/documents.jsonl $(DEMO_TRACES)
@@ -54,7 +59,7 @@ typecheck: $(VENV)/.installed
 unit: $(VENV)/.installed
 	$(BIN)/pytest -m "not integration"
 
-test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installed lint typecheck
+test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installed tests/azurite/node_modules/.installed lint typecheck
 	$(BIN)/pytest
 	$(BIN)/python tools/reliability.py --check
 
@@ -62,9 +67,11 @@ test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installe
 reliability: $(VENV)/.installed
 	$(BIN)/python tools/reliability.py
 
-# The sidecar's cost and speed against targets (writes benchmarks/bench.json); about two minutes.
-bench: $(VENV)/.installed
+# The sidecar's cost and speed against targets (writes benchmarks/bench.json); about two minutes. Then the fleet
+# consumer against the bare SDK (writes benchmarks/fleet-bench.json); about one minute.
+bench: $(VENV)/.installed tests/azurite/node_modules/.installed
 	$(BIN)/python bench/bench.py
+	$(BIN)/python bench/fleet_bench.py
 
 # 20,000 polls at 20 Hz (the fastest --poll-interval allows; about 17 minutes) of a fast-changing simulator;
 # prints RSS, open files and threads (writes benchmarks/soak.json).
