@@ -22,11 +22,12 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # Debian packages the suite uses for real: prometheus and promtool (the sidecar is scraped by the real thing),
-# systemd-analyze (the unit file is verified).
+# systemd-analyze (the unit file is verified), prometheus-alertmanager (the README's inhibition recipe runs).
 system-deps:
 	@missing=""; \
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && \

@@ -31,6 +31,9 @@ DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 VM = 'job=~"$job", instance=~"$instance"'
 FLEET = 'job=~"$job"'
 IMPACTFUL = "Reboot|Redeploy|Preempt|Terminate"
+# AKS's node-problem-detector: the documented VMEventScheduled condition, and the per-type names (its Event
+# reasons, which some node images also set as condition types). dashboards/alerts.yaml selects the same ones.
+NPD_CONDITIONS = "VMEventScheduled|(Freeze|Reboot|Redeploy|Preempt|Terminate)Scheduled"
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,23 @@ def variables(dashboard: Any, per_vm: bool) -> Any:
     return dashboard
 
 
+def node_conditions_panel(ids: Ids) -> Any:
+    """AKS's own view of the same maintenance, under our events timeline: kube-state-metrics' node conditions
+    for the node this exporter runs on. Their series carry the Kubernetes node name in `node`; ours carry it
+    only through the scrape-time relabelling in deploy/kubernetes/monitoring.yaml (IMDS names the VM
+    differently), so that label is the join. Without kube-state-metrics or that label the query is empty
+    and the panel says why, rather than failing."""
+    conditions = f'kube_node_status_condition{{condition=~"{NPD_CONDITIONS}", status="true"}}'
+    return (panel(statetimeline, ids, "AKS node conditions (kube-state-metrics)",
+                  "The node-problem-detector conditions of this VM's AKS node, as kube-state-metrics reports them "
+                  "(1 = True while NPD sees a scheduled event; it checks every minute, Preempt every 2 s). Joined "
+                  "on the `node` label that the ServiceMonitor/PodMonitor relabelling adds to se-exporter.",
+                  [Q(f"max by (node, condition) ({conditions}) and on(node) azure_scheduled_events_up{{{VM}}}",
+                     legend="{{condition}} on {{node}}")], width=24, height=5)
+            .no_value("No AKS node conditions for this VM: not an AKS node, no kube-state-metrics, or the "
+                      "se-exporter target has no `node` label (see the README, Run on AKS)"))
+
+
 def vm_dashboard() -> Any:
     ids = Ids()
     d = (db.Dashboard("Azure Scheduled Events: VM").uid("se-exporter-vm").tags(["azure", "scheduled-events"])
@@ -128,6 +148,7 @@ def vm_dashboard() -> Any:
     d = d.with_panel(panel(statetimeline, ids, "Events over time", "Each event's status while it was listed.",
                            [Q(f"max by (event_id, event_type, event_status) (azure_scheduled_event_info{{{VM}}})",
                               legend="{{event_type}} {{event_status}} {{event_id}}")], width=24))
+    d = d.with_panel(node_conditions_panel(ids))
     d = d.with_panel(panel(timeseries, ids, "Listed events by type and status", "",
                            [Q(f"sum by (event_type, event_status) (azure_scheduled_events_pending{{{VM}}}) > 0",
                               legend="{{event_type}} {{event_status}}")]))

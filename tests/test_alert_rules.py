@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -70,6 +71,24 @@ def event(name: str, event_id: str, event_type: str) -> str:
     return f'{name}{{{BASE}, event_id="{event_id}", event_type="{event_type}"}}'
 
 
+NODE = "aks-nodepool1-12345678-vmss000000"
+OTHER_NODE = "aks-spot-87654321-vmss000003"
+
+
+def on_node(series: str, node: str = NODE) -> str:
+    """A se-exporter series as scraped through the PodMonitor: its target carries the pod's `node`."""
+    return series[:-1] + f', node="{node}"}}'
+
+
+def condition(node: str, name: str, statuses: list[str], ksm: str = "10.244.0.7:8080") -> dict[str, str]:
+    """kube_node_status_condition exactly as kube-state-metrics exposes it: for each condition one series per
+    status (true, false, unknown), the current one 1 and the others 0; one status per minute here. Scraped with
+    kube-state-metrics' own `node` label kept (honor_labels), as kube-prometheus-stack does."""
+    return {f'kube_node_status_condition{{job="kube-state-metrics", instance="{ksm}", node="{node}", '
+            f'condition="{name}", status="{status}"}}': " ".join("1" if now == status else "0" for now in statuses)
+            for status in ("true", "false", "unknown")}
+
+
 # (alert, input series, eval time, expected alerts as (labels, value)); an empty list means: must not fire.
 CASES: list[tuple[str, dict[str, str], str, list[tuple[dict[str, str], float]]]] = [
     ("AzureImpactfulMaintenanceScheduled",
@@ -105,6 +124,29 @@ CASES: list[tuple[str, dict[str, str], str, list[tuple[dict[str, str], float]]]]
      {event("azure_scheduled_event_started_timestamp_seconds", "E4", "Reboot"): "1900 1900",
       event("azure_scheduled_event_first_seen_timestamp_seconds", "E4", "Reboot"): "1000 1000",
       info("E4", "Reboot", "Started"): "1 1"}, "1m", []),
+    # AKS's node-problem-detector condition only pages where se-exporter does not list the event on that node.
+    ("AksScheduledEventNotSeenBySeExporter",  # an exporter elsewhere does not cover this node; two KSM replicas
+     {**condition(NODE, "VMEventScheduled", ["true"] * 6), **condition(NODE, "VMEventScheduled", ["true"] * 6,
+                                                                       ksm="10.244.1.9:8080"),
+      on_node(info("E1", "Reboot", "Scheduled"), OTHER_NODE): "1x5"}, "4m",
+     [({"node": NODE, "condition": "VMEventScheduled"}, 1)]),
+    ("AksScheduledEventNotSeenBySeExporter",  # se-exporter on the node lists it (even a neighbour's): its alerts speak
+     {**condition(NODE, "VMEventScheduled", ["true"] * 6),
+      on_node(info("E1", "Freeze", "Scheduled", "false")): "1x5"}, "4m", []),
+    ("AksScheduledEventNotSeenBySeExporter",  # not for 3 minutes yet
+     {**condition(NODE, "VMEventScheduled", ["true"] * 6)}, "2m", []),
+    ("AksScheduledEventNotSeenBySeExporter",  # the condition is False (and Unknown is not True either)
+     {**condition(NODE, "VMEventScheduled", ["false"] * 3 + ["unknown"] * 3)}, "5m", []),
+    ("AksScheduledEventNotSeenBySeExporter",  # 2 minutes of NPD's tail after the event left IMDS: no page
+     {**condition(NODE, "VMEventScheduled", ["true"] * 9 + ["false"] * 3),
+      on_node(info("E1", "Reboot", "Scheduled")): "1 1 1 1 1 1 stale"}, "8m", []),
+    ("AksScheduledEventNotSeenBySeExporter",  # a typed condition matches the event type too: a Freeze is no Preempt
+     {**condition(NODE, "PreemptScheduled", ["true"] * 6),
+      on_node(info("E2", "Freeze", "Scheduled")): "1x5"}, "4m",
+     [({"node": NODE, "condition": "PreemptScheduled", "event_type": "Preempt"}, 1)]),
+    ("AksScheduledEventNotSeenBySeExporter",
+     {**condition(NODE, "PreemptScheduled", ["true"] * 6),
+      on_node(info("E2", "Preempt", "Scheduled")): "1x5"}, "4m", []),
     ("SeExporterDown", {f"up{{{BASE}}}": "0 0 0 0"}, "3m", [(LABELS, 0)]),
     ("SeExporterDown", {f"up{{{BASE}}}": "0 0 0 0"}, "1m", []),  # not for 2 minutes yet
     ("SeExporterDown", {f"up{{{BASE}}}": "1 1 1 1"}, "3m", []),
@@ -157,3 +199,21 @@ def test_rules_pass_promtool_unit_tests(tmp_path: Path) -> None:
     result = subprocess.run([_promtool(), "test", "rules", "alerts_test.yaml"], cwd=tmp_path, capture_output=True,
                             text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_npd_rule_and_the_vm_panel_select_the_same_node_conditions() -> None:
+    """The rule and the dashboard panel agree on which node conditions are Scheduled-Events ones (AKS documents
+    VMEventScheduled; the per-type names are its Event reasons), and neither takes any other condition."""
+    vm = json.loads((RULES.parent / "se-exporter-vm.json").read_text())
+    (panel_expr,) = [p["targets"][0]["expr"] for p in vm["panels"] if p["title"].startswith("AKS node conditions")]
+    rule_expr = rules()["AksScheduledEventNotSeenBySeExporter"]["expr"]
+
+    def selected(expr: str) -> set[str]:
+        patterns = re.findall(r'condition=~?"([^"]+)"', expr)
+        return {name for name in candidates if any(re.fullmatch(p, name) for p in patterns)}
+
+    documented = {"VMEventScheduled", "FreezeScheduled", "RebootScheduled", "RedeployScheduled", "PreemptScheduled",
+                  "TerminateScheduled"}
+    candidates = documented | {"Ready", "MemoryPressure", "KernelDeadlock", "FrequentKubeletRestart",
+                               "PreemptionScheduled"}
+    assert selected(panel_expr) == selected(rule_expr) == documented

@@ -20,14 +20,44 @@ SYSTEMD = ROOT / "deploy" / "systemd"
 KUBE = ROOT / "deploy" / "kubernetes"
 
 
+CLUSTER_SCOPED = {"PriorityClass"}
+# The built-in classes (scheduling.k8s.io): user-defined PriorityClasses may go up to 1,000,000,000 only.
+USER_PRIORITY_MAX, SYSTEM_CLUSTER_CRITICAL = 1_000_000_000, 2_000_000_000
+# The taints AKS puts on nodes where maintenance matters most (Microsoft's AKS documentation): Spot pools, dedicated
+# system pools, the node auto-drain is about to drain (effect not documented: both), and the GPU pool example.
+AKS_TAINTS = [
+    {"key": "kubernetes.azure.com/scalesetpriority", "value": "spot", "effect": "NoSchedule"},
+    {"key": "CriticalAddonsOnly", "value": "true", "effect": "NoSchedule"},
+    {"key": "remediator.kubernetes.azure.com/unschedulable", "effect": "NoSchedule"},
+    {"key": "remediator.kubernetes.azure.com/unschedulable", "effect": "NoExecute"},
+    {"key": "sku", "value": "gpu", "effect": "NoSchedule"},
+]
+
+
 def manifests() -> dict[tuple[str, str], dict[str, Any]]:
     """Every document of deploy/kubernetes by (kind, file), the patch in workload-identity.yaml aside."""
     found = {}
     for path in sorted(KUBE.glob("*.yaml")):
         for document in yaml.safe_load_all(path.read_text()):
-            assert document["metadata"]["namespace"] == "monitoring", path.name
+            if document["kind"] in CLUSTER_SCOPED:
+                assert "namespace" not in document["metadata"], path.name
+            else:
+                assert document["metadata"]["namespace"] == "monitoring", path.name
             found[(document["kind"], path.name)] = document
     return found
+
+
+def tolerates(tolerations: list[dict[str, str]], taint: dict[str, str]) -> bool:
+    """Kubernetes' rule (ToleratesTaint): an empty effect matches every effect, an empty key with Exists every key;
+    Exists ignores the value, Equal (the default operator) compares it."""
+    for toleration in tolerations:
+        if toleration.get("effect") and toleration["effect"] != taint["effect"]:
+            continue
+        if toleration.get("key") and toleration["key"] != taint["key"]:
+            continue
+        if toleration.get("operator", "Equal") == "Exists" or toleration.get("value", "") == taint.get("value", ""):
+            return True
+    return False
 
 
 def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
@@ -102,6 +132,38 @@ def test_scraping_objects_point_at_the_metrics_port() -> None:
     pod_monitor = found[("PodMonitor", "monitoring.yaml")]
     assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def test_scraping_objects_label_series_with_the_node() -> None:
+    """Both monitors copy the pod's node name into `node`, the label kube-state-metrics names nodes by: the join of
+    the VM dashboard's node-conditions panel and of the AksScheduledEventNotSeenBySeExporter rule."""
+    found = manifests()
+    for endpoint in (found[("ServiceMonitor", "monitoring.yaml")]["spec"]["endpoints"][0],
+                     found[("PodMonitor", "monitoring.yaml")]["spec"]["podMetricsEndpoints"][0]):
+        assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in endpoint["relabelings"]
+
+
+def test_daemonset_runs_on_every_linux_node_whatever_its_taints() -> None:
+    """Selected by OS alone (a Windows node cannot start the Linux image), and tolerating every taint AKS uses for
+    Spot, system and GPU pools and for node auto-drain, so no Linux node goes unwatched."""
+    pod = manifests()[("DaemonSet", "daemonset.yaml")]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert "affinity" not in pod  # nothing narrows the selection further
+    for taint in AKS_TAINTS:
+        assert tolerates(pod["tolerations"], taint), taint
+    assert not tolerates([{"key": "CriticalAddonsOnly", "operator": "Exists", "effect": "NoSchedule"}],
+                         AKS_TAINTS[0])  # the checker itself tells tolerations apart
+
+
+def test_daemonset_priority_preempts_workloads_but_never_system_pods() -> None:
+    """The pod's PriorityClass ships beside it, is the highest a user class can be (so a full node makes room for
+    it) and stays below system-cluster-critical (so it never preempts CoreDNS); it is nobody else's default."""
+    found = manifests()
+    pod = found[("DaemonSet", "daemonset.yaml")]["spec"]["template"]["spec"]
+    priority = found[("PriorityClass", "daemonset.yaml")]
+    assert pod["priorityClassName"] == priority["metadata"]["name"]
+    assert priority["value"] == USER_PRIORITY_MAX < SYSTEM_CLUSTER_CRITICAL
+    assert priority["globalDefault"] is False and priority["preemptionPolicy"] == "PreemptLowerPriority"
 
 
 def test_prometheus_rule_is_the_alert_rules_file() -> None:

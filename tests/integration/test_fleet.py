@@ -266,7 +266,7 @@ def test_round_trip_from_sidecars_to_the_fleet_view_and_its_dashboard(
 
     prom = Prometheus(fleet.base_url.removeprefix("http://"), tmp_path / "prometheus",
                       extra_targets=[f"127.0.0.1:{free_port()}"], rule_file=DASHBOARDS / "fleet-alerts.yaml",
-                      job="se-exporter-fleet")
+                      job_name="se-exporter-fleet")
     try:
         wait_until(lambda: prom.value("sum(azure_scheduled_fleet_vms)") == 2
                    and prom.value('count(up{job="se-exporter-fleet"} == 0)') == 1, timeout=30,

@@ -8,8 +8,10 @@ import subprocess
 import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator
@@ -30,14 +32,23 @@ def _tool(name: str) -> str:
 
 class Prometheus:
     def __init__(self, target: str, workdir: Path, extra_targets: list[str] | None = None,
-                 rule_file: Path | None = None, job: str = "se-exporter") -> None:
+                 rule_file: Path | None = None, target_labels: dict[str, str] | None = None,
+                 relabel_configs: list[dict[str, Any]] | None = None,
+                 extra_jobs: list[dict[str, Any]] | None = None, job_name: str = "se-exporter") -> None:
+        """Scrape ``target`` (with ``target_labels``, as service discovery would attach them, then
+        ``relabel_configs``) and ``extra_targets`` in job ``job_name``, plus any ``extra_jobs``."""
         workdir.mkdir(parents=True, exist_ok=True)
         config = workdir / "prometheus.yml"
-        targets = ", ".join(f"'{t}'" for t in [target, *(extra_targets or [])])
-        rules = f"rule_files: ['{rule_file}']\n" if rule_file else ""
-        config.write_text(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\n" + rules +
-            f"scrape_configs:\n  - job_name: {job}\n    static_configs:\n      - targets: [{targets}]\n")
+        groups: list[dict[str, Any]] = [{"targets": [target], "labels": target_labels or {}}]
+        if extra_targets:
+            groups.append({"targets": extra_targets})
+        job: dict[str, Any] = {"job_name": job_name, "static_configs": groups}
+        if relabel_configs:
+            job["relabel_configs"] = relabel_configs
+        config.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
+            **({"rule_files": [str(rule_file)]} if rule_file else {}),
+            "scrape_configs": [job, *(extra_jobs or [])]}, sort_keys=False))
         self.log = workdir / "prometheus.log"
         for _ in range(3):  # the free port may be taken between probe and bind; try another
             port = free_port()
