@@ -363,7 +363,10 @@ def make_forwarding(settings: Settings, registry: CollectorRegistry) -> ForwardS
         targets.append(target)
         where = settings.eventhub_namespace or "the namespace of the connection string"
         log.info("forwarding documents to Event Hubs (%s), spooled in %s", where, Path(settings.spool_path).resolve())
-    return ForwardSink(sequencer, targets, metrics)
+    if settings.heartbeat_seconds:
+        log.info("forwarding the current document again after %gs without a change (heartbeat)",
+                 settings.heartbeat_seconds)
+    return ForwardSink(sequencer, targets, metrics, heartbeat_interval=settings.heartbeat_seconds)
 
 
 def lifecycle_store(settings: Settings) -> LifecycleStore | None:

@@ -11,7 +11,9 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -50,19 +52,50 @@ class Target(Protocol):
 
 
 class ForwardSink:
-    """The ``Sink`` that builds envelopes; a failing target is logged and counted, the others go on."""
+    """The ``Sink`` that builds envelopes; a failing target is logged and counted, the others go on.
+
+    With ``heartbeat_interval`` the current document is forwarded again whenever nothing was forwarded for that
+    long: a quiet VM stays visible to consumers (``se-exporter fleet`` expires silent ones). A heartbeat is the
+    same envelope with a new sequence, ``observed_at`` now, and the property ``heartbeat: true``.
+    """
 
     name = "forward"
 
-    def __init__(self, sequencer: Sequencer, targets: Sequence[Target], metrics: ForwardMetrics) -> None:
+    def __init__(self, sequencer: Sequencer, targets: Sequence[Target], metrics: ForwardMetrics,
+                 heartbeat_interval: float | None = None) -> None:
         self._sequencer = sequencer
         self._targets = tuple(targets)
         self._metrics = metrics
         for target in self._targets:  # the series exist at 0 from the start, so rate() and panels work at once
             metrics.forwarded.labels(target.name)
+        self._interval = heartbeat_interval
+        self._last: DocumentChange | None = None
+        self._forwarded_at = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._heartbeat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+        if heartbeat_interval:
+            self._heartbeat.start()
 
     def export(self, change: DocumentChange) -> None:
+        with self._lock:  # one forward at a time: a heartbeat never takes a later sequence than a newer change
+            self._last, self._forwarded_at = change, time.monotonic()
+            self._forward(change, heartbeat=False)
+
+    def _beat(self) -> None:
+        interval = float(self._interval or 0)
+        while not self._stop.wait(max(0.0, self._forwarded_at + interval - time.monotonic())):
+            with self._lock:
+                if time.monotonic() < self._forwarded_at + interval:
+                    continue  # a change was forwarded meanwhile: the next heartbeat is due an interval after it
+                self._forwarded_at = time.monotonic()
+                if self._last is not None:  # before the first valid document there is nothing to repeat
+                    self._forward(replace(self._last, observed_at=time.time()), heartbeat=True)
+
+    def _forward(self, change: DocumentChange, heartbeat: bool) -> None:
         envelope = build(change, self._sequencer.next(), self._sequencer.installation_id)
+        if heartbeat:
+            envelope = replace(envelope, properties={**envelope.properties, "heartbeat": True})
         for target in self._targets:
             try:
                 target.accept(envelope)
@@ -74,6 +107,9 @@ class ForwardSink:
         return True
 
     def shutdown(self, timeout: float = 8.0) -> None:
+        self._stop.set()
+        if self._heartbeat.is_alive():
+            self._heartbeat.join(timeout)
         for target in self._targets:
             target.close(timeout)
 
