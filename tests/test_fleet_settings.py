@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.cli import build_parser, main
 from se_exporter.config import Listen
-from se_exporter.fleet.settings import FleetSettings, fleet_settings
+from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView, render_fleet
+from se_exporter.fleet.settings import FLEET_OPTIONS, FleetSettings, fleet_settings
 
 HUB = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=listen;SharedAccessKey=c2VjcmV0;EntityPath=hub"
 STORAGE = "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=c3RvcmFnZXNlY3JldA==;EndpointSuffix=core.net"
@@ -62,3 +67,19 @@ def test_bad_configuration_is_one_line_naming_the_setting(argv: list[str], env: 
     assert err.count("\n") == 1 and message in err, err
     for secret in ("c2VjcmV0", "c3RvcmFnZXNlY3JldA", "s3cr3tK3y"):
         assert secret not in err
+
+
+def test_every_fleet_setting_and_metric_is_in_the_readme() -> None:
+    """Each flag and variable of `fleet`, and each metric family it can expose, has its place in the README."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    for option in FLEET_OPTIONS:
+        assert f"`{option.flag} {option.metavar}`" in readme, option.flag
+        assert f"`{option.env}`" in readme or option.dest.startswith(("eventhub_", "log_")), option.env
+    registry = CollectorRegistry()
+    FleetMetrics(registry)
+    registry.register(PartitionCollector(lambda: {"0": PartitionView(1, 1, 1)}, lambda: 1))
+    names = {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}
+    names |= {family.name for family in text_string_to_metric_families(render_fleet([], 0.0))}
+    assert len(names) > 20
+    for name in names:
+        assert f"| `{name}` |" in readme, name

@@ -97,14 +97,11 @@ def test_ten_thousand_vms_split_over_two_replicas_survive_kill_and_restart(
     partition within ownership expiry + one balancing interval with nothing missing; a restarted replica takes
     its share back and the two show the same picture as before within a minute."""
     hub = hubs(Store(partition_count=4))
-    t0 = time.monotonic()
     producers = start_producers(hub, 10_000)
     first, second = fleets(hub), fleets(hub)
     assert [producer.wait(120) for producer in producers] == [0, 0]
-    print("produced", time.monotonic() - t0)
     wait_until(lambda: len(picture([first, second])) == 10_000, timeout=60, interval=0.5,
                what="10,000 VMs across the replicas")
-    print("visible", time.monotonic() - t0)
     assert first.value("azure_scheduled_fleet_owned_partitions") == 2
     assert second.value("azure_scheduled_fleet_owned_partitions") == 2
     before = picture([first, second])
@@ -120,7 +117,6 @@ def test_ten_thousand_vms_split_over_two_replicas_survive_kill_and_restart(
     wait_until(lambda: second.value("azure_scheduled_fleet_owned_partitions") == 4,
                timeout=OWNERSHIP + BALANCING * 1.2 + 10, interval=0.2, what="the survivor to own every partition")
     took_over = time.monotonic() - killed_at
-    print("took over", took_over)
     wait_until(lambda: picture([second]) == before, timeout=30, interval=0.5, what="the whole picture on the survivor")
 
     restarted = fleets(hub)
@@ -130,14 +126,15 @@ def test_ten_thousand_vms_split_over_two_replicas_survive_kill_and_restart(
                and picture([second, restarted]) == before, timeout=60, interval=0.5,
                what="the restarted replica's share, same picture")
     rebuilt = time.monotonic() - started_at
-    print("rebuilt", rebuilt)
     duplicates = sum(value for replica in (second, restarted) for (name, _), value in replica.samples().items()
                      if name == "azure_scheduled_fleet_duplicate_documents_total")
     assert duplicates <= 10_000  # hand-overs may re-read a checkpoint interval; never more than was sent
-    reliability("Fleet", "10,000 VMs over two replicas; kill -9 of one, then a restart",
-                f"each VM shown exactly once; the survivor owned every partition {took_over:.1f} s after the kill "
-                f"(ownership expiry {OWNERSHIP:g} s + balancing {BALANCING:g} s), nothing missing; the restarted "
-                f"replica showed the same picture in {rebuilt:.1f} s")
+    assert took_over < OWNERSHIP + BALANCING * 1.2 + 10 and rebuilt < 60
+    reliability("Fleet", f"10,000 VMs over two replicas; kill -9 of one, then a restart (ownership expiry "
+                f"{OWNERSHIP:g} s, balancing every {BALANCING:g} s)",
+                "each VM shown by exactly one replica; the survivor owned every partition within ownership expiry "
+                "+ one balancing interval, nothing missing; the restarted replica took its share back and the two "
+                "showed the same picture as before within a minute")
 
 
 def test_sigterm_writes_state_releases_ownership_and_a_successor_rebuilds_from_it(
@@ -295,6 +292,7 @@ def test_round_trip_from_sidecars_to_the_fleet_view_and_its_dashboard(
     finally:
         prom.stop()
     assert fleet.value("azure_scheduled_fleet_vms") == 2  # the sidecars' VMs stay: their heartbeats keep them
+    assert (fleet.value("azure_scheduled_fleet_documents_applied_total", kind="heartbeat") or 0) > 0
 
     sim_a.advance(900 + 30 + 5)  # the Freeze starts at NotBefore, lasts its 30 s, and is gone: completed
     sim_b.advance(300)  # past cancel_at: the Reboot is gone without starting
