@@ -35,6 +35,9 @@ from tests.integration.test_prometheus import Prometheus
 pytestmark = pytest.mark.integration
 BALANCING = 0.5  # seconds between load-balancing rounds (the SDK's default is 30)
 OWNERSHIP = 3.0  # seconds until a silent replica's partitions may be taken (the default is 180)
+# Kill -9 -> the survivor owns everything: the ownership expires, then the next balancing round (the SDK adds up to
+# 20% jitter) claims it; 2 s more for the claim's round trips to the storage and the survivor's /metrics to say so.
+TAKEOVER = OWNERSHIP + BALANCING * 1.2 + 2.0
 FAST = ("--load-balancing-interval", str(BALANCING), "--ownership-expiry", str(OWNERSHIP),
         "--checkpoint-interval", "0.5")
 @pytest.fixture(scope="module")
@@ -115,7 +118,7 @@ def test_ten_thousand_vms_split_over_two_replicas_survive_kill_and_restart(
     first.kill()
     killed_at = time.monotonic()
     wait_until(lambda: second.value("azure_scheduled_fleet_owned_partitions") == 4,
-               timeout=OWNERSHIP + BALANCING * 1.2 + 10, interval=0.2, what="the survivor to own every partition")
+               timeout=TAKEOVER + 10, interval=0.2, what="the survivor to own every partition")
     took_over = time.monotonic() - killed_at
     wait_until(lambda: picture([second]) == before, timeout=30, interval=0.5, what="the whole picture on the survivor")
 
@@ -129,12 +132,13 @@ def test_ten_thousand_vms_split_over_two_replicas_survive_kill_and_restart(
     duplicates = sum(value for replica in (second, restarted) for (name, _), value in replica.samples().items()
                      if name == "azure_scheduled_fleet_duplicate_documents_total")
     assert duplicates <= 10_000  # hand-overs may re-read a checkpoint interval; never more than was sent
-    assert took_over < OWNERSHIP + BALANCING * 1.2 + 10 and rebuilt < 60
+    assert took_over < TAKEOVER, f"took over after {took_over:.1f} s"
+    assert rebuilt < 60, f"rebuilt in {rebuilt:.1f} s"
     reliability("Fleet", f"10,000 VMs over two replicas; kill -9 of one, then a restart (ownership expiry "
                 f"{OWNERSHIP:g} s, balancing every {BALANCING:g} s)",
                 "each VM shown by exactly one replica; the survivor owned every partition within ownership expiry "
-                "+ one balancing interval, nothing missing; the restarted replica took its share back and the two "
-                "showed the same picture as before within a minute")
+                "+ one balancing interval (+ 2 s to claim), nothing missing; the restarted replica took its share "
+                "back and the two showed the same picture as before within a minute")
 
 
 def test_sigterm_writes_state_releases_ownership_and_a_successor_rebuilds_from_it(
