@@ -18,6 +18,7 @@ from azure.storage.blob import ContainerClient
 from tests.conftest import Reliability, SimulatorFactory
 from tests.eventhubs_server import EventHubsTestServer, Store
 from tests.fleet_helpers import (
+    DEV_KEY,
     EMPTY,
     Azurite,
     FleetProcess,
@@ -180,7 +181,8 @@ def test_bad_messages_are_counted_and_logged_and_the_consumer_goes_on(
         hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess],
         reliability: Reliability) -> None:
     """Not JSON, JSON that is no document, not our envelope, a body past --max-message-bytes: each is counted
-    under its reason and logged, never fatal; unknown properties are counted and the document applied."""
+    under its reason and logged, never fatal; unknown properties are counted and the document applied. Neither
+    key reaches the debug log or /metrics."""
     hub = hubs(Store(partition_count=1))
     good = envelope_for(vm_identity(1), EMPTY, 1, "inst")
     extra = envelope_for(vm_identity(2), EMPTY, 1, "inst2")
@@ -191,7 +193,7 @@ def test_bad_messages_are_counted_and_logged_and_the_consumer_goes_on(
     huge = event_data(envelope_for(vm_identity(5), b'{"Events": [], "Pad": "' + b"x" * 20_000 + b'"}', 1, "inst5"))
     stranger = EventData(b'{"DocumentIncarnation": 1, "Events": []}')  # no envelope properties, no message id
     send(hub.connection_string(), [bad_json, not_document, huge, stranger, odd, event_data(good)])
-    fleet = fleets(hub, "--max-message-bytes", "8KiB")
+    fleet = fleets(hub, "--max-message-bytes", "8KiB", "--log-level", "debug")
     wait_until(lambda: fleet.value("azure_scheduled_fleet_vms") == 2, timeout=30, what="the two good documents")
     samples = fleet.samples()
     counts = {reason: value(samples, "azure_scheduled_fleet_invalid_messages_total", reason=reason)
@@ -204,6 +206,9 @@ def test_bad_messages_are_counted_and_logged_and_the_consumer_goes_on(
         assert f"reason={reason}" in log, reason
     assert "region_group, shard" in log
     assert http_get(fleet.base_url + "/healthz")[0] == 200
+    metrics = http_get(fleet.metrics_url)[1]
+    for secret in (DEV_KEY, "c2VjcmV0a2V5"):  # the storage account key and the hub's SharedAccessKey
+        assert secret not in log and secret not in metrics
     send(hub.connection_string(), [event_data(envelope_for(vm_identity(6), EMPTY, 1, "inst6"))])
     wait_until(lambda: fleet.value("azure_scheduled_fleet_vms") == 3, timeout=15, what="a later good document")
     reliability("Fleet", "not JSON, JSON that is no document, no envelope, a body past --max-message-bytes, "
