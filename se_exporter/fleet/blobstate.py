@@ -74,8 +74,15 @@ class StateBlobs:
                 result = await blob.upload_blob(
                     data, overwrite=True, metadata={POSITION_KEY: str(position)},
                     content_settings=ContentSettings(content_type="application/gzip"), **conditions)
+            except ResourceNotFoundError:  # deleted since we read it: write it anew
+                self._etags[partition_id] = None
+                continue
             except (ResourceModifiedError, ResourceExistsError):
-                properties = await blob.get_blob_properties()
+                try:
+                    properties = await blob.get_blob_properties()
+                except ResourceNotFoundError:
+                    self._etags[partition_id] = None
+                    continue
                 theirs = int((properties.metadata or {}).get(POSITION_KEY, "-1"))
                 if theirs >= position:
                     return False

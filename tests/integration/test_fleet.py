@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import urllib.request
@@ -14,7 +15,10 @@ import pytest
 import yaml
 from azure.eventhub import EventData
 from azure.storage.blob import ContainerClient
+from azure.storage.blob.aio import ContainerClient as AsyncContainerClient
 
+from se_exporter.fleet.blobstate import StateBlobs, state_blob_name
+from se_exporter.fleet.state import encode
 from tests.conftest import Reliability, SimulatorFactory
 from tests.eventhubs_server import EventHubsTestServer, Store
 from tests.fleet_helpers import (
@@ -310,3 +314,29 @@ def test_round_trip_from_sidecars_to_the_fleet_view_and_its_dashboard(
     reliability("Fleet", "two sidecars on the simulator forwarding through the SDK; an event completed, one canceled",
                 "each VM's events on the fleet view with the sidecar's own labels and countdown; both gone from "
                 "/metrics when they ended; every fleet dashboard and rule expression returned data on Prometheus")
+
+
+def test_the_stored_state_only_moves_forward_between_two_owners(azurite: Azurite) -> None:
+    """During a hand-over two owners may write one partition's state: a write that finds a newer state gives way,
+    one that finds an older state overwrites it, so the stored position never goes back behind a checkpoint."""
+    async def run() -> list[object]:
+        async with AsyncContainerClient.from_connection_string(azurite.connection_string,
+                                                               f"state-{uuid.uuid4().hex[:12]}") as container:
+            await container.create_container()
+            old_owner, new_owner = StateBlobs(container), StateBlobs(container)
+            for owner in (old_owner, new_owner):
+                owner.name("0", state_blob_name("ns", "hub", "$default", "0"))
+            outcomes: list[object] = [await old_owner.load("0"), await old_owner.save("0", encode("0", 5, []), 5)]
+            restored = await new_owner.load("0")
+            outcomes.append(restored.position if restored else None)
+            outcomes += [await old_owner.save("0", encode("0", 7, []), 7),  # the old owner, still reading
+                         await new_owner.save("0", encode("0", 6, []), 6),  # behind the stored 7: gives way
+                         await new_owner.save("0", encode("0", 9, []), 9),  # ahead: overwrites
+                         await old_owner.save("0", encode("0", 8, []), 8)]  # behind the stored 9: gives way
+            reader = StateBlobs(container)
+            reader.name("0", state_blob_name("ns", "hub", "$default", "0"))
+            final = await reader.load("0")
+            outcomes.append(final.position if final else None)
+            return outcomes
+
+    assert asyncio.run(run()) == [None, True, 5, True, False, True, False, 9]
