@@ -134,21 +134,26 @@ def event_data(envelope: Envelope) -> EventData:
     return event
 
 
-def send(connection_string: str, events: Iterable[EventData], partition_id: str | None = None,
-         partition_key: str | None = None) -> None:
-    """Send with the official producer, in as few batches as fit (for bulk: one round trip per ~1 MB)."""
+def send(connection_string: str, events: Iterable[EventData], partition_id: str | None = None) -> None:
+    """Send with the official producer, in as few batches as fit (one round trip per ~1 MB)."""
+    send_partitions(connection_string, {partition_id: list(events)})
+
+
+def send_partitions(connection_string: str, events: Mapping[str | None, Iterable[EventData]]) -> None:
+    """Each partition's events (None: let the hub choose), through one producer client."""
     async def run() -> None:
         async with EventHubProducerClient.from_connection_string(connection_string) as producer:
-            batch = await producer.create_batch(partition_id=partition_id, partition_key=partition_key)
-            for event in events:
-                try:
-                    batch.add(event)
-                except ValueError:
+            for partition_id, batch_events in events.items():
+                batch = await producer.create_batch(partition_id=partition_id)
+                for event in batch_events:
+                    try:
+                        batch.add(event)
+                    except ValueError:
+                        await producer.send_batch(batch)
+                        batch = await producer.create_batch(partition_id=partition_id)
+                        batch.add(event)
+                if len(batch):
                     await producer.send_batch(batch)
-                    batch = await producer.create_batch(partition_id=partition_id, partition_key=partition_key)
-                    batch.add(event)
-            if len(batch):
-                await producer.send_batch(batch)
 
     asyncio.run(run())
 
@@ -174,15 +179,14 @@ def produce(connection_string: str, partition_count: int, count: int, share: int
             installation: str) -> None:
     """Send this producer's share of a ``count``-VM fleet: the VMs whose partition falls to ``share``."""
     store = Store(partition_count=partition_count)
-    by_partition: dict[str, list[EventData]] = {}
+    by_partition: dict[str | None, list[EventData]] = {}
     for index in range(count):
         identity, raw = fleet_vm(index)
         envelope = envelope_for(identity, raw, index + 1, installation)
         partition_id = store.partition_for(envelope.partition_key)
         if int(partition_id) % shares == share:
             by_partition.setdefault(partition_id, []).append(event_data(envelope))
-    for partition_id, events in by_partition.items():
-        send(connection_string, events, partition_id=partition_id)
+    send_partitions(connection_string, by_partition)
 
 
 def start_producers(hub: EventHubsTestServer, count: int, shares: int = 2) -> list[subprocess.Popen[bytes]]:

@@ -28,6 +28,7 @@ from tests.fleet_helpers import (
     FleetProcess,
     envelope_for,
     event_data,
+    produce,
     reboot,
     send,
     start_producers,
@@ -153,8 +154,7 @@ def test_sigterm_writes_state_releases_ownership_and_a_successor_rebuilds_from_i
     releasing it; a successor owns every partition long before the ownership expiry and shows the same VMs
     without reading a single event again: the picture comes from the state kept beside the checkpoints."""
     hub = hubs(Store(partition_count=4))
-    for producer in start_producers(hub, 40, shares=1):
-        assert producer.wait(60) == 0
+    produce(hub.connection_string(), hub.store.partition_count, 40, 0, 1, "installation")
     first = fleets(hub, "--ownership-expiry", "120")
     wait_until(lambda: first.value("azure_scheduled_fleet_vms") == 40, timeout=30, what="40 VMs")
     before = picture([first])
