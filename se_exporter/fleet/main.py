@@ -181,6 +181,8 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
                                                                                  Exception("no error")))
         log.info("stopping: releasing %d partitions", len(fleet.owned()))
         stop.set()
+        for helper in helpers:  # a periodic write stuck on a slow storage must not hold the exit up
+            helper.cancel()
         await asyncio.gather(*helpers, return_exceptions=True)
         try:
             await asyncio.wait_for(client.close(), CLOSE_TIMEOUT)
