@@ -135,6 +135,15 @@ def _text(start_response: Callable[..., Any], ok: bool, good: str, bad: str) -> 
     return [((good if ok else bad) + "\n").encode()]
 
 
+async def _count_partitions(client: EventHubConsumerClient, service: Service) -> None:
+    """The hub's partition count, for the 'partitions nobody reads' alert; in the background, so that a hub
+    unreachable at start delays neither start-up nor SIGTERM."""
+    try:
+        service.hub_partitions = len(await asyncio.wait_for(client.get_partition_ids(), 60))
+    except Exception as error:  # the SDK keeps trying while receiving; the gauge stays absent until then
+        log.warning("cannot read the event hub's partitions: %s", describe(error))
+
+
 async def _main(settings: FleetSettings, credential: Callable[[str | None], Any] = service_credential) -> int:
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
@@ -158,17 +167,14 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(signum, stop.set)
-        try:
-            service.hub_partitions = len(await asyncio.wait_for(client.get_partition_ids(), 15))
-        except Exception as error:  # Event Hubs unreachable at start: the SDK keeps trying while receiving
-            log.warning("cannot read the event hub's partitions yet: %s", describe(error))
+        helpers = [asyncio.create_task(work(stop)) for work in (service.checkpoints, service.expiry,
+                                                                 service.watchdog)]
+        helpers.append(asyncio.create_task(_count_partitions(client, service)))
         receiving = asyncio.create_task(client.receive_batch(
             service.on_batch, max_batch_size=BATCH_SIZE, max_wait_time=EMPTY_BATCH_AFTER,
             starting_position=starting_position(settings.starting_position),
             on_error=service.on_error, on_partition_initialize=service.on_initialize,
             on_partition_close=service.on_close, track_last_enqueued_event_properties=True))
-        helpers = [asyncio.create_task(work(stop)) for work in (service.checkpoints, service.expiry,
-                                                                 service.watchdog)]
         port = server.server_port
         log.info("se-exporter %s fleet consuming %s (consumer group %s); metrics at http://%s:%d/metrics",
                  __version__, settings.eventhub_namespace or "the event hub of the connection string",
