@@ -86,9 +86,11 @@ def test_without_an_interval_nothing_is_repeated_and_shutdown_is_prompt(tmp_path
     forward.export(change(RAW))
     forward.shutdown()
     assert len(target.envelopes) == 1
+    before = {thread for thread in threading.enumerate() if thread.name == "heartbeat"}
     beating, _ = sink(tmp_path / "b", 3600)
+    assert len({thread for thread in threading.enumerate() if thread.name == "heartbeat"} - before) == 1
     beating.shutdown(timeout=5)
-    assert not any(thread.name == "heartbeat" and thread.is_alive() for thread in threading.enumerate())
+    assert {thread for thread in threading.enumerate() if thread.name == "heartbeat"} - before == set()
 
 
 @pytest.mark.parametrize(("argv", "env", "expected"), [
