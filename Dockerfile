@@ -1,18 +1,26 @@
 # syntax=docker/dockerfile:1
-# Stage 1 builds wheels for se-exporter and its dependencies; stage 2 installs only those wheels,
-# so the runtime image carries no compiler, no pip cache and no source tree.
-FROM python:3.11-slim AS build
+# Stage 1 builds wheels for se-exporter and its dependencies; stage 2 installs only those wheels, read through a
+# bind mount of stage 1 (no layer keeps them), so the runtime image carries no compiler, no pip cache, no wheels
+# and no source tree. Build it with `make image` (docker, or buildah where no daemon runs).
+# BASE: any Debian-based image with python and pip on PATH where pip may install; the suite passes a stand-in
+# built from Debian's packages (no image registry is reachable there). Users change nothing.
+ARG BASE=python:3.11-slim
+
+FROM ${BASE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY se_exporter ./se_exporter
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# The host's package index settings and CA bundle arrive as build secrets (make image reads them from the host's
+# pip configuration): mounted for this step only, stored in no layer. Without them pip uses its defaults.
+RUN --mount=type=secret,id=pip.conf --mount=type=secret,id=ca-bundle \
+    PIP_CONFIG_FILE=/run/secrets/pip.conf pip wheel --no-cache-dir --wheel-dir /wheels .
 
-FROM python:3.11-slim
+FROM ${BASE}
 LABEL org.opencontainers.image.title="se-exporter" \
       org.opencontainers.image.description="Read-only sidecar exposing Azure Scheduled Events as Prometheus metrics" \
       org.opencontainers.image.licenses="MIT"
-COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index /wheels/*.whl && rm -rf /wheels \
+RUN --mount=type=bind,from=build,source=/wheels,target=/tmp/wheels \
+    pip install --no-cache-dir --no-index /tmp/wheels/*.whl \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin se-exporter \
     && install -d -o 10001 -g 10001 -m 0750 /var/lib/se-exporter
 USER 10001:10001
@@ -20,11 +28,13 @@ EXPOSE 10169
 # State (open lifecycles, forwarding sequence, spool) is the only thing written: mount a volume there and the
 # root filesystem can be read-only (docker run --read-only -v se-exporter:/var/lib/se-exporter ...).
 VOLUME ["/var/lib/se-exporter"]
-# Listens on all interfaces inside the container; publish the port only where Prometheus can reach it.
+# Listens on all interfaces inside the container; publish the port only where Prometheus can reach it. Change the
+# address with SE_EXPORTER_LISTEN (not --listen): the HEALTHCHECK reads it.
 ENV SE_EXPORTER_LISTEN=:10169 SE_EXPORTER_STATE_DIR=/var/lib/se-exporter PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
+# Asks /healthz where SE_EXPORTER_LISTEN says (a wildcard address is asked on loopback), never through a proxy.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s \
-  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:10169/healthz', timeout=2)"]
+  CMD ["python", "-c", "import os, urllib.request as u; h, _, p = os.environ['SE_EXPORTER_LISTEN'].rpartition(':'); h = {'': '127.0.0.1', '0.0.0.0': '127.0.0.1', '[::]': '[::1]'}.get(h, h); u.build_opener(u.ProxyHandler({})).open(f'http://{h}:{p}/healthz', timeout=2)"]
 # Exec form: se-exporter runs as PID 1 and receives SIGTERM itself, so it flushes and stops cleanly.
 ENTRYPOINT ["se-exporter"]
 CMD ["run"]

@@ -10,7 +10,10 @@ PORT ?= 10169
 DEMO_DIR ?= demo-output
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint typecheck unit system-deps clean dashboards reliability soak bench
+IMAGE ?= se-exporter:latest
+BASE ?=
+
+.PHONY: demo test lint typecheck unit system-deps clean dashboards reliability soak bench image
 
 # Regenerate dashboards/*.json from dashboards/generate.py (the suite fails if they differ).
 dashboards: $(VENV)/.installed
@@ -22,12 +25,15 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # Debian packages the suite uses for real: prometheus and promtool (the sidecar is scraped by the real thing),
-# systemd-analyze (the unit file is verified), prometheus-alertmanager (the README's inhibition recipe runs).
+# systemd-analyze (the unit file is verified), prometheus-alertmanager (the README's inhibition recipe runs),
+# buildah and debootstrap (the image is built on a stand-in base and run).
 system-deps:
 	@missing=""; \
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
+	command -v buildah >/dev/null || missing="$$missing buildah"; \
+	command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
@@ -67,6 +73,11 @@ test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installe
 # Rewrite the README's Reliability section from what the last full test run proved (and the last soak run).
 reliability: $(VENV)/.installed
 	$(BIN)/python tools/reliability.py
+
+# The container image (IMAGE=..., BASE=... to replace python:3.11-slim): docker when its daemon answers, buildah
+# otherwise; pip in the build gets this host's package index settings and CA bundle as build secrets.
+image:
+	$(PYTHON) tools/image.py --tag $(IMAGE) $(if $(BASE),--base $(BASE))
 
 # The sidecar's cost and speed against targets (writes benchmarks/bench.json); about two minutes. Then the fleet
 # consumer against the bare SDK (writes benchmarks/fleet-bench.json); about one minute.

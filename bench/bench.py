@@ -41,6 +41,7 @@ from se_exporter.sinks.envelope import Envelope  # noqa: E402
 from se_exporter.sinks.eventhubs import EventHubsTarget, producer_factory  # noqa: E402
 from se_exporter.sinks.forward import ForwardMetrics  # noqa: E402
 from se_exporter.sinks.spool import Spool  # noqa: E402
+from tests import container  # noqa: E402
 from tests.eventhubs_server import EventHubsTestServer  # noqa: E402
 from tests.otlp_receiver import OtlpReceiver  # noqa: E402
 
@@ -191,6 +192,22 @@ def sidecar_figures(unchanged_polls: int, changes: int) -> dict[str, float]:
     return figures
 
 
+def image_figures() -> dict[str, float] | str:
+    """Sizes of the image and of its base (uncompressed layers), or why they were not measured. The base is the
+    suite's stand-in for python:3.11-slim (Debian's python3 + a virtualenv), so the difference is what se-exporter
+    adds; the base's own size is the stand-in's, not python:3.11-slim's."""
+    reason = container.unavailable()
+    if reason:
+        return reason
+    base = container.stand_in_base()
+    tag = f"localhost/{container.run_name('bench')}"
+    container.build_image(tag, base)
+    try:
+        return {"image_mb": container.image_size(tag) / 1e6, "base_mb": container.image_size(base) / 1e6}
+    finally:
+        container.remove_image(tag)
+
+
 def _ok(url: str) -> bool:
     try:
         scrape(url)
@@ -230,14 +247,21 @@ def main() -> int:
     ]
     if growth is not None:
         rows.append(("RSS growth over 100,000 polls (make soak)", growth, "MB", 1.0))
+    image = image_figures() if not smoke else "measured by the full run only"
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     print(f"se-exporter benchmark ({'smoke' if smoke else 'full'}) on {machine}")
     print(f"{'figure':<62} {'measured':>12} {'target':>10}")
     for name, measured, unit, target in rows:
         mark = "PASS" if measured <= target else "MISS"
         print(f"{name:<62} {measured:>9.3f} {unit:<2} {'<= ' + format(target, 'g'):>8} {unit:<2} {mark}")
+    if isinstance(image, dict):
+        print(f"container image {image['image_mb']:.1f} MB, its base {image['base_mb']:.1f} MB: se-exporter adds "
+              f"{image['image_mb'] - image['base_mb']:.1f} MB (uncompressed layers; base: the suite's Debian stand-in)")
+    else:
+        print(f"container image size: not measured ({image})")
     result = {"machine": machine, "mode": "smoke" if smoke else "full",
-              "figures": [{"figure": n, "measured": round(m, 4), "unit": u, "target": t} for n, m, u, t in rows]}
+              "figures": [{"figure": n, "measured": round(m, 4), "unit": u, "target": t} for n, m, u, t in rows],
+              "image": {k: round(v, 1) for k, v in image.items()} if isinstance(image, dict) else image}
     if not smoke:
         args.output.parent.mkdir(exist_ok=True)
         args.output.write_text(json.dumps(result, indent=1) + "\n")

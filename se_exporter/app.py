@@ -26,6 +26,7 @@ from prometheus_client.exposition import ThreadingWSGIServer, gzip_accepted
 
 from se_exporter import lifecycle
 from se_exporter.config import Listen, Settings
+from se_exporter.dirlock import UNSUPPORTED, DirectoryBusy, lock_directory
 from se_exporter.errors import ConfigError, ImdsError, ImdsThrottled
 from se_exporter.imds import ImdsClient, VmIdentity
 from se_exporter.logs import fields
@@ -348,7 +349,9 @@ def make_forwarding(settings: Settings, registry: CollectorRegistry) -> ForwardS
     sequencer = Sequencer(Path(settings.state_path))
     targets: list[Target] = []
     if settings.forward_file:
-        targets.append(FileTarget(Path(settings.forward_file), metrics))
+        file_target = FileTarget(Path(settings.forward_file), metrics)
+        sequencer.advance_past(file_target.last_sequence)  # numbers used while forwarding.json could not be saved
+        targets.append(file_target)
         log.info("forwarding documents to the file %s", Path(settings.forward_file).resolve())
     if settings.eventhubs_enabled:
         spool = Spool(Path(settings.spool_path), settings.spool_max_bytes, on_drop=metrics.dropped.inc)
@@ -367,6 +370,36 @@ def make_forwarding(settings: Settings, registry: CollectorRegistry) -> ForwardS
         log.info("forwarding the current document again after %gs without a change (heartbeat)",
                  settings.heartbeat_seconds)
     return ForwardSink(sequencer, targets, metrics, heartbeat_interval=settings.heartbeat_seconds)
+
+
+def claim_state(settings: Settings) -> contextlib.ExitStack:
+    """Lock the state directory, and a spool directory outside it, for this process: one sidecar per directory.
+
+    A default state directory that cannot be written is left alone: nothing is kept there, so nothing is shared
+    (``lifecycle_store`` says so in the log). Held until the returned stack is closed or the process ends.
+    """
+    held = contextlib.ExitStack()
+    state = Path(settings.state_path)
+    directories = [("--state-dir", state, settings.state_dir is not None)]
+    spool = Path(settings.spool_path)
+    if settings.eventhubs_enabled and not spool.resolve().is_relative_to(state.resolve()):
+        directories.append(("--spool-dir", spool, True))
+    for flag, directory, must in directories:
+        try:
+            held.enter_context(lock_directory(directory))
+        except DirectoryBusy as busy:
+            held.close()
+            holder = f"pid {busy.pid}" if busy.pid is not None else "a process whose pid is unknown"
+            raise ConfigError(f"{flag} {directory}: already used by another se-exporter ({holder}); give each "
+                              "instance its own directory") from None
+        except OSError as exc:
+            if exc.errno in UNSUPPORTED:
+                log.warning("%s %s: its filesystem cannot lock files (%s); make sure no other se-exporter uses it",
+                            flag, directory, exc.strerror)
+            elif must:
+                held.close()
+                raise ConfigError(f"{flag} {directory}: cannot write there ({exc.strerror or exc})") from None
+    return held
 
 
 def lifecycle_store(settings: Settings) -> LifecycleStore | None:

@@ -20,7 +20,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from se_exporter import __version__, logs
-from se_exporter.app import IdentityWatcher, Poller, lifecycle_store, make_forwarding, make_http_app, serve
+from se_exporter.app import IdentityWatcher, Poller, claim_state, lifecycle_store, make_forwarding, make_http_app, serve
 from se_exporter.config import (
     CONSUME_OPTIONS,
     RUN_OPTIONS,
@@ -142,6 +142,7 @@ def run(settings: Settings) -> int:
                           settings.first_timeout, settings.max_document_bytes)
         poller: Poller
         metrics = Metrics(registry, lambda: poller.snapshot)
+        cleanup.enter_context(claim_state(settings))  # one sidecar per state directory, before any state is read
         store = lifecycle_store(settings)
         outputs: list[Sink] = [MetricsSink(metrics), LogSink()]
         forward = make_forwarding(settings, registry)

@@ -1,10 +1,57 @@
-"""Crash-safe file writes, shared by everything that keeps state on disk (spool, sequence, lifecycles, spans)."""
+"""Crash-safe file writes, shared by everything that keeps state on disk (spool, sequence, lifecycles, spans).
+
+Appends that must be all-or-nothing (a spool record, a ``--forward-file`` line) go through ``Disk``: the
+three system calls they make, behind one small object, so that a test can hand in a disk that fills up
+at any chosen byte (a short write, then ENOSPC, or a failing fsync) without patching ``os`` for the whole
+process. On a full disk ``write(2)`` first returns fewer bytes than asked, and only the next call fails:
+a caller that does not loop on the count loses the tail of its record without noticing.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
+
+
+class Disk:
+    """The system calls of an append: the real ones. Tests subclass it to fail at a chosen byte."""
+
+    def write(self, fd: int, data: memoryview) -> int:
+        return os.write(fd, data)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+
+DISK = Disk()
+
+
+def write_all(disk: Disk, fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` or raise: a short write is continued until the error that stopped it shows."""
+    view = memoryview(data)
+    while view:
+        written = disk.write(fd, view)
+        if written <= 0:  # no progress and no error: treat it as the full disk it almost certainly is
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
+
+
+def is_disk_full(error: OSError) -> bool:
+    return error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def json_kind(value: object) -> str:
+    """The JSON name of a decoded value's type, for a log line about a state file of the wrong shape."""
+    for kind, types in (("null", type(None)), ("boolean", bool), ("number", (int, float)), ("string", str),
+                        ("array", list), ("object", dict)):
+        if isinstance(value, types):
+            return kind
+    return type(value).__name__
 
 
 def write_atomically(path: Path, data: bytes) -> None:

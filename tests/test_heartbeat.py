@@ -42,7 +42,8 @@ class Collecting:
 
 def sink(tmp_path: Path, interval: float | None) -> tuple[ForwardSink, Collecting]:
     target = Collecting()
-    return ForwardSink(Sequencer(tmp_path), [target], ForwardMetrics(CollectorRegistry()), interval), target
+    return ForwardSink(Sequencer(tmp_path), [target], ForwardMetrics(CollectorRegistry()),
+                       heartbeat_interval=interval), target
 
 
 def test_a_quiet_document_is_forwarded_again_marked_as_a_heartbeat(tmp_path: Path) -> None:

@@ -9,7 +9,11 @@ Facts about azure-eventhub (5.15) this module is built around:
 * default retries make a refused connection fail only after ~12 s, so retries are explicit and few:
   the forwarder's own loop retries, with backoff, for as long as it takes;
 * a timed-out send may have been delivered: the documents stay spooled and are sent again with the
-  same ``message_id`` (at-least-once; consumers drop duplicates by message id).
+  same ``message_id`` (at-least-once; consumers drop duplicates by message id);
+* ``EventDataBatch.add`` raises ``ValueError`` both when the batch is full and when a property cannot be
+  encoded (an ``int`` outside 32 bits, a string that is not UTF-8). Properties are made carriable first
+  (``envelope.carriable``, again here for envelopes spooled by older versions), so a ``ValueError`` on an
+  empty batch means the document alone is larger than a message may be: the only document ever refused.
 
 The poll loop only ever appends to the spool; it never waits on Event Hubs.
 """
@@ -24,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from se_exporter.sinks.envelope import CONTENT_TYPE, Envelope
+from se_exporter.sinks.envelope import CONTENT_TYPE, Envelope, carriable
 from se_exporter.sinks.forward import ForwardMetrics
 from se_exporter.sinks.spool import Spool
 
@@ -88,35 +92,45 @@ class EventHubsTarget:
     async def _drain(self, wakeup: asyncio.Event) -> None:
         producer: Any = None
         failures = 0
-        while not self._stop.is_set():
-            wakeup.clear()  # before peeking: an append from now on wakes the wait below
-            batch = self._spool.peek(self._batch_size)
-            if not batch:
-                await wakeup.wait()
-                continue
-            try:
-                if producer is None:
-                    producer = self._make_producer()
-                sent = await self._send(producer, batch)
-            except Exception as error:  # every SDK failure is retried; nothing is lost meanwhile
-                failures += 1
-                self._failed(error)
-                await self._discard(producer)
-                producer = None
-                await asyncio.sleep(min(2.0 ** (failures - 1), self._max_retry_wait))  # close() cancels it
-                continue
-            self._spool.remove(envelope.sequence for envelope in sent)
-            now = time.time()
-            for envelope in sent:
-                self._metrics.latency.observe(max(0.0, now - envelope.observed_at))
-            self._metrics.forwarded.labels(self.name).inc(len(sent))
-            if self._failing is not None:
-                log.info("Event Hubs reachable again after %d failed attempts", failures)
-            self._failing, failures = None, 0
-        await self._discard(producer)
+        try:
+            while not self._stop.is_set():
+                wakeup.clear()  # before peeking: an append from now on wakes the wait below
+                batch = self._spool.peek(self._batch_size)
+                if not batch:
+                    await wakeup.wait()
+                    continue
+                try:
+                    if producer is None:
+                        producer = self._make_producer()
+                    sent, dropped = await self._send(producer, batch)
+                except Exception as error:  # every SDK failure is retried; nothing is lost meanwhile
+                    failures += 1
+                    self._failed(error)
+                    await self._discard(producer)
+                    producer = None
+                    await asyncio.sleep(min(2.0 ** (failures - 1), self._max_retry_wait))  # close() cancels it
+                    continue
+                self._spool.remove(envelope.sequence for envelope in (*dropped, *sent))
+                if dropped:
+                    self._metrics.errors.labels(self.name, "too_large").inc(len(dropped))
+                    self._metrics.dropped.inc(len(dropped))
+                now = time.time()
+                for envelope in sent:
+                    self._metrics.latency.observe(max(0.0, now - envelope.observed_at))
+                if sent:
+                    self._metrics.forwarded.labels(self.name).inc(len(sent))
+                if self._failing is not None:
+                    log.info("Event Hubs reachable again after %d failed attempts", failures)
+                self._failing, failures = None, 0
+        finally:  # also when close() cancels: no connection is left behind; a silent peer holds us 2 s at most
+            await self._discard(producer, 2.0)
 
-    async def _send(self, producer: Any, spooled: list[Envelope]) -> list[Envelope]:
-        """Send the oldest run of envelopes sharing a partition key; return what Event Hubs acknowledged."""
+    async def _send(self, producer: Any, spooled: list[Envelope]) -> tuple[list[Envelope], list[Envelope]]:
+        """Send the oldest run of envelopes sharing a partition key: (acknowledged by Event Hubs, too large to send).
+
+        A document too large for a message is dropped (it can never be sent, and must not block the rest);
+        it is returned apart so that nobody counts it as delivered.
+        """
         from azure.eventhub import EventData
 
         key = spooled[0].partition_key
@@ -125,25 +139,24 @@ class EventHubsTarget:
             if envelope.partition_key != key:
                 break
             run.append(envelope)
-        batch = await asyncio.wait_for(producer.create_batch(partition_key=key), self._watchdog)
+        batch = await asyncio.wait_for(producer.create_batch(partition_key=str(carriable(key))), self._watchdog)
         added: list[Envelope] = []
         for envelope in run:
             event = EventData(envelope.body)
             event.content_type = CONTENT_TYPE
             event.message_id = envelope.message_id
-            event.properties = {name: value for name, value in envelope.properties.items()}
+            event.properties = {name: carriable(value) for name, value in envelope.properties.items()}
             try:
                 batch.add(event)
             except ValueError:
                 break  # the batch is full; the rest goes next time
             added.append(envelope)
         if not added:
-            log.error("document %d is larger than an Event Hubs batch allows and is dropped", run[0].sequence)
-            self._metrics.errors.labels(self.name, "too_large").inc()
-            self._metrics.dropped.inc()
-            return [run[0]]
+            log.error("document %d (%d bytes) is larger than an Event Hubs message may be (%d bytes) and is dropped",
+                      run[0].sequence, len(run[0].body), batch.max_size_in_bytes)
+            return [], [run[0]]
         await asyncio.wait_for(producer.send_batch(batch, timeout=self._send_timeout), self._watchdog)
-        return added
+        return added, []
 
     def _failed(self, error: Exception) -> None:
         """Counted every time; logged once per outage (a refused connect may also show up as a timeout)."""
@@ -156,11 +169,11 @@ class EventHubsTarget:
             log.debug("Event Hubs still failing, now %s: %s", reason, _describe(error))
         self._failing = reason
 
-    async def _discard(self, producer: Any) -> None:
+    async def _discard(self, producer: Any, timeout: float = 5.0) -> None:
         if producer is None:
             return
         try:
-            await asyncio.wait_for(producer.close(), 5.0)
+            await asyncio.wait_for(producer.close(), timeout)
         except Exception:  # a peer that never answers must not block us: abandon the client
             log.debug("closing the Event Hubs client failed", exc_info=True)
 

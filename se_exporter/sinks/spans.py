@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
-from se_exporter.files import write_atomically
+from se_exporter.files import json_kind, write_atomically
 from se_exporter.lifecycle import CANCELED, COMPLETED, STARTED, EventRecord, Transition
 from se_exporter.model import ScheduledEvent, affects_vm
 from se_exporter.sinks import DocumentChange
@@ -102,6 +102,27 @@ class _Open:
     events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
 
 
+_ATTRIBUTE_TYPES = (str, bool, int, float)
+
+
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"a JSON {json_kind(value)} where a list belongs")
+    return value
+
+
+def _span_event(item: Any) -> tuple[str, int, dict[str, Any]]:
+    """One saved span event, ``[name, time_ns, attributes]``, checked to be what ``_note`` writes."""
+    name, timestamp, attrs = _list(item) if len(_list(item)) == 3 else (None, None, None)
+    if not isinstance(name, str) or type(timestamp) is not int or not isinstance(attrs, dict):
+        raise ValueError("a span event is not [name, time in ns, attributes]")
+    for value in attrs.values():
+        values = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, _ATTRIBUTE_TYPES) for v in values):
+            raise ValueError("a span event attribute is not a string, number, boolean or a list of them")
+    return name, timestamp, attrs
+
+
 class SpanSink:
     name = "spans"
 
@@ -110,6 +131,7 @@ class SpanSink:
         self._tracer = provider.get_tracer("se_exporter")
         self._ids = ids
         self._path = state_dir / "spans.json" if state_dir else None
+        self._save_error: str | None = None
         self._open: dict[str, _Open] = self._load()
         self._last: dict[str, ScheduledEvent] = {}
 
@@ -183,14 +205,17 @@ class SpanSink:
         return trace.set_span_in_context(NonRecordingSpan(context))
 
     def _load(self) -> dict[str, _Open]:
+        """Span events saved before a restart; a file of any other shape is logged once and ignored."""
         if self._path is None or not self._path.exists():
             return {}
         try:
-            data = json.loads(self._path.read_text())
-            return {event_id: _Open([(str(n), int(t), dict(a)) for n, t, a in events])
+            data = json.loads(self._path.read_bytes())
+            if not isinstance(data, dict):
+                raise ValueError(f"a JSON {json_kind(data)}, not an object")
+            return {str(event_id): _Open([_span_event(item) for item in _list(events)][:MAX_SPAN_EVENTS])
                     for event_id, events in data.items()}
-        except (OSError, ValueError, TypeError) as exc:
-            log.warning("ignoring the span state file %s: %s", self._path, exc)
+        except (OSError, ValueError, RecursionError) as exc:
+            log.warning("ignoring the span state file %s: %s", self._path, str(exc)[:300])
             return {}
 
     def _save(self) -> None:
@@ -200,7 +225,13 @@ class SpanSink:
         try:
             write_atomically(self._path, json.dumps(data, separators=(",", ":")).encode())
         except OSError as exc:
-            log.warning("cannot write the span state file %s: %s", self._path, exc)
+            if self._save_error is None:
+                log.warning("cannot write the span state file %s: %s", self._path, exc.strerror or exc)
+            self._save_error = str(exc)
+            return
+        if self._save_error is not None:
+            log.info("span state file %s written again", self._path)
+            self._save_error = None
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return self._provider.force_flush(timeout_millis)

@@ -1,7 +1,10 @@
 """A durable, bounded, ordered on-disk queue of envelopes waiting for Event Hubs.
 
 A document counts as accepted only once it is on disk, so it survives an Event Hubs outage and a
-``kill -9`` alike: ``append`` returns after the record is written and fdatasync'ed. The forwarder
+``kill -9`` alike: ``append`` returns after the whole record is written and fdatasync'ed. An append
+that fails (a full disk: a short write, then ENOSPC; a failed fdatasync) raises, and leaves the spool
+exactly as it was: the partial record is cut off again, so the next append lands where it should and
+every record before it stays readable. The forwarder
 reads the oldest first and removes only what Event Hubs acknowledged (at-least-once). Past
 ``max_bytes`` the oldest envelopes are dropped, counted and logged: never silently, never the newest.
 
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from se_exporter.errors import ConfigError
-from se_exporter.files import fsync_dir
+from se_exporter.files import DISK, Disk, fsync_dir, write_all
 from se_exporter.sinks.envelope import Envelope
 
 log = logging.getLogger("se_exporter.spool")
@@ -55,8 +58,9 @@ class _Location:
 
 class Spool:
     def __init__(self, directory: Path, max_bytes: int, on_drop: Callable[[int], None] = lambda count: None,
-                 segment_bytes: int | None = None) -> None:
+                 segment_bytes: int | None = None, disk: Disk = DISK) -> None:
         self._dir = directory
+        self._disk = disk
         self._max_bytes = max_bytes
         self._on_drop = on_drop
         # A small limit gets small segments, so that dropping the oldest documents also frees their disk space.
@@ -68,6 +72,8 @@ class Spool:
         self._writer: int | None = None  # fd of the segment being appended to
         self._writer_segment = 0
         self._writer_size = 0
+        self._torn = False  # a failed append could not be cut off yet: the writer's tail is beyond _writer_size
+        self._cursor_error: str | None = None
         try:
             directory.mkdir(parents=True, exist_ok=True)
             self._acked_fd = os.open(directory / ACKED, os.O_RDWR | os.O_CREAT, 0o600)
@@ -97,6 +103,7 @@ class Spool:
         return self._highest
 
     def append(self, envelope: Envelope) -> None:
+        """Accept one envelope: on return it is on disk; on OSError nothing changed (see the module docstring)."""
         header = json.dumps(envelope.header(), separators=(",", ":")).encode()
         payload = header + b"\n" + envelope.body
         record = _RECORD.pack(len(payload), zlib.crc32(payload)) + payload
@@ -104,10 +111,9 @@ class Spool:
             fd = self._writable(envelope.sequence)
             offset = self._writer_size
             try:
-                os.write(fd, record)
-                os.fdatasync(fd)
+                write_all(self._disk, fd, record)
+                self._disk.fdatasync(fd)
             except OSError:
-                # Never leave half a record for later appends to sit behind: cut it off, or start a new segment.
                 self._cut_back(fd, offset)
                 raise
             self._writer_size += len(record)
@@ -158,6 +164,9 @@ class Spool:
     # --- under the lock ---
 
     def _writable(self, sequence: int) -> int:
+        if self._torn and self._writer is not None:  # the last failed append left bytes behind: cut them first
+            self._disk.ftruncate(self._writer, self._writer_size)
+            self._torn = False
         if self._writer is not None and self._writer_size >= self._segment_bytes:
             os.close(self._writer)
             self._writer = None
@@ -165,17 +174,31 @@ class Spool:
                 self._segment_path(self._writer_segment).unlink(missing_ok=True)
         if self._writer is None:
             path = self._segment_path(sequence)
-            self._writer = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
-            fsync_dir(self._dir)  # the new segment's name is durable before anything in it counts
-            self._writer_segment, self._writer_size = sequence, 0
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+            try:
+                fsync_dir(self._dir)  # the new segment's name is durable before anything in it counts
+            except OSError:
+                os.close(fd)
+                path.unlink(missing_ok=True)
+                raise
+            self._writer, self._writer_segment, self._writer_size = fd, sequence, 0
         return self._writer
 
     def _cut_back(self, fd: int, size: int) -> None:
-        try:
-            os.ftruncate(fd, size)
-        except OSError:
+        """Undo a failed append: the segment ends where it ended before, so no later record sits behind garbage.
+
+        A segment this append created is removed again. If even the truncation fails, the writer remembers
+        it and the next append truncates before writing (or fails the same way), never appending after it.
+        """
+        if size == 0 and self._writer_segment not in self._segments:
             os.close(fd)
             self._writer = None
+            self._segment_path(self._writer_segment).unlink(missing_ok=True)
+            return
+        try:
+            self._disk.ftruncate(fd, size)
+        except OSError:
+            self._torn = True
 
     def _forget(self, sequence: int) -> None:
         location = self._index.pop(sequence, None)
@@ -192,14 +215,25 @@ class Spool:
         self._segment_path(location.segment).unlink(missing_ok=True)
 
     def _advance_cursor(self) -> None:
+        """Save the cursor; if the disk refuses, the next advance tries again (until then, after a restart,
+        documents already acknowledged are sent again with their message ids: duplicates, never losses)."""
         oldest = next(iter(self._index), self._highest + 1)
         cursor = oldest - 1
         if cursor <= self._cursor:
             return
-        self._cursor = cursor
-        self._slot ^= 1
-        os.pwrite(self._acked_fd, _SLOT.pack(cursor, zlib.crc32(cursor.to_bytes(8, "big"))), self._slot * _SLOT.size)
-        os.fdatasync(self._acked_fd)
+        slot = self._slot ^ 1
+        try:
+            os.pwrite(self._acked_fd, _SLOT.pack(cursor, zlib.crc32(cursor.to_bytes(8, "big"))), slot * _SLOT.size)
+            os.fdatasync(self._acked_fd)
+        except OSError as exc:
+            if self._cursor_error is None:
+                log.warning("cannot save the spool cursor in %s: %s; acknowledged documents may be sent again "
+                            "after a restart", self._dir / ACKED, exc.strerror or exc)
+            self._cursor_error = str(exc)
+            return
+        if self._cursor_error is not None:
+            log.info("spool cursor saved again in %s", self._dir / ACKED)
+        self._cursor, self._slot, self._cursor_error = cursor, slot, None
 
     def _trim(self) -> list[int]:
         """Drop the oldest until within the limit; with more than one record left, never the newest."""

@@ -1,0 +1,92 @@
+"""One sidecar per state directory: an OS lock on ``<directory>/lock``, held for the life of the process.
+
+Two sidecars on one ``--state-dir`` (a second manual start, a DaemonSet rolling update on a shared
+hostPath) would share one spool and one sequence file: both would hand out the same sequence numbers
+(message ids repeated with different bodies) and delete each other's spool segments. The kernel drops
+the lock when the process ends, however it ends (``kill -9`` too), so unlike a pid file there is never a
+stale lock to clean up by hand. The holder writes its pid into the file, only so that the refusal can
+say who holds it.
+
+The platform part is ``_try_lock`` alone: ``fcntl.flock`` on Linux and macOS. A Windows branch
+(``msvcrt.locking`` on a byte past the pid) belongs there and nowhere else.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from pathlib import Path
+from types import TracebackType
+
+LOCK_FILE = "lock"
+
+
+# What flock answers on a filesystem that has no locks (some NFS and FUSE mounts): not a reason to refuse to run.
+UNSUPPORTED = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
+
+
+class DirectoryBusy(Exception):
+    """Another process holds the lock; ``pid`` is the one it wrote, if it could be read."""
+
+    def __init__(self, directory: Path, pid: int | None) -> None:
+        super().__init__(f"{directory} is locked by process {pid if pid is not None else '(unknown)'}")
+        self.directory = directory
+        self.pid = pid
+
+
+class DirectoryLock:
+    """Held while open; ``release`` (or leaving the ``with`` block, or the process ending) lets it go."""
+
+    def __init__(self, directory: Path, fd: int) -> None:
+        self.directory = directory
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor of the open file drops the flock
+            self._fd = None
+
+    def __enter__(self) -> DirectoryLock:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.release()
+
+
+def lock_directory(directory: Path) -> DirectoryLock:
+    """Take the directory's lock without waiting; ``DirectoryBusy`` if another process has it, OSError if the
+    directory cannot hold a lock file (not writable) or its filesystem has no locks (errno in ``UNSUPPORTED``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        if not _try_lock(fd):
+            raise DirectoryBusy(directory, _holder(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass  # a full disk: the lock holds all the same, a refused second process just cannot name us
+    return DirectoryLock(directory, fd)
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _holder(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None
