@@ -11,7 +11,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -63,6 +63,9 @@ class FleetMetrics:
                               registry=registry)
         self.releases = Counter(f"{FLEET}_partition_releases", "Partitions this replica stopped reading, by reason.",
                                 ["reason"], registry=registry)
+        self.last_applied = Gauge(f"{FLEET}_last_applied_timestamp_seconds",
+                                  "When this replica last applied a document, as unix time (0: not yet).",
+                                  registry=registry)
         for kind in ("change", "heartbeat"):
             self.applied.labels(kind)
         for reason in ("resend", "older"):

@@ -128,6 +128,8 @@ class Service:
     def _count(self, received: int, outcomes: Tally[str]) -> None:
         """Counters once per batch, not per event: each increment takes a lock."""
         self._metrics.consumed.inc(received)
+        if outcomes["change"] or outcomes["heartbeat"]:
+            self._metrics.last_applied.set(self._clock())
         for outcome, count in outcomes.items():
             if outcome in ("change", "heartbeat"):
                 self._metrics.applied.labels(outcome).inc(count)

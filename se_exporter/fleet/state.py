@@ -106,34 +106,40 @@ def parse_body(body: bytes) -> Document:
 
 def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, partition_key: Any,
                  enqueued_at: float, max_bytes: int) -> Message:
-    """Check one received event against the envelope and parse its document; raise ``InvalidMessage``."""
+    """Check one received event against the envelope and parse its document; raise ``InvalidMessage``.
+
+    This runs for every message, so it reads the properties it needs straight from the SDK's dict (keys arrive
+    as bytes) and decodes nothing else."""
     if len(body) > max_bytes:
         raise InvalidMessage("too_large", f"body of {len(body)} bytes is larger than --max-message-bytes {max_bytes}")
-    # Keys arrive as bytes; only the names are decoded for all of them (through a table for the known ones),
-    # values only where they are used: this runs for every message.
-    props = {_NAMES.get(key) or _text(key): value for key, value in properties.items()}
     message_text = _text(message_id) if message_id is not None else ""
     installation, colon, _number = message_text.rpartition(":")
-    sequence = props.get("sequence")
+    sequence = _property(properties, "sequence")
     if isinstance(sequence, (bytes, str)) and sequence.isdigit():
         sequence = int(sequence)
     if not colon or not installation or not isinstance(sequence, int) or isinstance(sequence, bool) \
             or sequence < 1:
         raise InvalidMessage("not_envelope", "not a forwarded document: needs a message id "
                              "'<installation>:<sequence>' and an integer 'sequence' property")
-    names = [_string(props.get(name)) for name in ("vm_id", "vm_name", "vmss_name", "location")]
-    if None in names:
+    vm_id, vm_name, vmss_name, location = (_string(_property(properties, name))
+                                           for name in ("vm_id", "vm_name", "vmss_name", "location"))
+    if vm_id is None or vm_name is None or vmss_name is None or location is None:
         raise InvalidMessage("not_envelope", "not a forwarded document: vm_id, vm_name, vmss_name and location "
                              "must be strings")
-    vm_id, vm_name, vmss_name, location = (name or "" for name in names)
     key = vm_id or (_text(partition_key) if partition_key is not None else "") or vm_name
     if not key:
         raise InvalidMessage("not_envelope", "not a forwarded document: no vm_id, partition key or vm_name")
     body = bytes(body)
     events, warnings = read_events(body, vm_name)
     vm = VmState(key, vm_id, vm_name, vmss_name, location, installation, sequence, enqueued_at, body, events)
-    unknown = tuple(sorted(name for name in props if name not in KNOWN_PROPERTIES))
-    return Message(vm, message_text, props.get("heartbeat") is True, unknown, warnings)
+    unknown = [key for key in properties if key not in _KNOWN_KEYS]
+    return Message(vm, message_text, _property(properties, "heartbeat") is True,
+                   tuple(sorted(_text(key) for key in unknown)) if unknown else (), warnings)
+
+
+def _property(properties: Mapping[Any, Any], name: str) -> Any:
+    value = properties.get(_KEYS[name])
+    return properties.get(name) if value is None else value
 
 
 # Bodies of valid documents that list no event ({"DocumentIncarnation": 7, "Events": []} and its variants): a
@@ -155,8 +161,8 @@ def read_events(body: bytes, vm_name: str) -> tuple[tuple[FleetEvent, ...], int]
     return events, warnings
 
 
-_NAMES: dict[str | bytes, str] = {**{name: name for name in KNOWN_PROPERTIES},
-                                  **{name.encode(): name for name in KNOWN_PROPERTIES}}
+_KEYS = {name: name.encode() for name in KNOWN_PROPERTIES}  # the SDK hands property names over as bytes
+_KNOWN_KEYS = frozenset(KNOWN_PROPERTIES) | frozenset(_KEYS.values())
 
 
 def _string(value: Any) -> str | None:
