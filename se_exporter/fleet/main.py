@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import gzip
 import logging
 import signal
@@ -180,9 +179,6 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         log.info("se-exporter %s fleet consuming %s (consumer group %s); metrics at http://%s:%d/metrics",
                  __version__, settings.eventhub_namespace or "the event hub of the connection string",
                  settings.consumer_group, settings.listen.host or "127.0.0.1", port)
-        # Everything loaded so far (the SDKs' modules, the clients) lives as long as the process: out of the
-        # collector's sight, so that a full collection walks the fleet's VMs, not a hundred thousand library objects.
-        gc.freeze()
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait([receiving, stopping], return_when=asyncio.FIRST_COMPLETED)
         failed = receiving.done() and not stop.is_set()
