@@ -20,16 +20,22 @@ dashboards: $(VENV)/.installed
 	$(BIN)/python dashboards/generate.py
 
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
-	touch $@
+	@echo "Setting up $(VENV): se-exporter, its libraries (Azure Event Hubs and Identity, OpenTelemetry, gRPC)"
+	@echo "and the test tools: one to two minutes, once (later runs skip it)."
+	@start=$$(date +%s); \
+	$(PYTHON) -m venv $(VENV) && \
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]' && \
+	echo "$(VENV) ready in $$(( $$(date +%s) - start )) s."
+	@touch $@
 
 # Debian packages the suite uses for real: prometheus and promtool (the sidecar is scraped by the real thing),
-# systemd-analyze (the unit file is verified), prometheus-alertmanager (the README's inhibition recipe runs),
-# buildah and debootstrap (the image is built on a stand-in base and run).
+# systemd-analyze (the unit file is verified), prometheus-alertmanager and amtool (alerts become
+# notifications), buildah and debootstrap (the image is built on a stand-in base and run).
 system-deps:
 	@missing=""; \
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null || \
+	  missing="$$missing prometheus-alertmanager"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
 	command -v buildah >/dev/null || missing="$$missing buildah"; \
@@ -41,7 +47,9 @@ system-deps:
 	fi
 
 # Documents go to $(DEMO_DIR)/documents.jsonl; with SE_EXPORTER_EVENTHUB_CONNECTION_STRING set, to Event Hubs too.
-# Spans are printed to the console, or sent over OTLP when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set.
+# Spans are printed to the console, one line each, or sent over OTLP when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set.
+# Every run starts afresh (its own documents, state and forwarding sequence); the previous run's are kept in
+# $(DEMO_DIR)/previous/.
 DEMO_TRACES := $(if $(OTEL_EXPORTER_OTLP_ENDPOINT)$(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT),,--otel-traces-exporter console)
 # TypeScript and Grafana's schema types, to type-check the generated dashboards (npm registry).
 tests/grafana_schema/node_modules/.installed: tests/grafana_schema/package-lock.json
@@ -54,7 +62,11 @@ tests/azurite/node_modules/.installed: tests/azurite/package-lock.json
 	touch $@
 
 demo: $(VENV)/.installed
-	$(BIN)/se-exporter run --simulate $(SCENARIO) --speed $(SPEED) --listen 127.0.0.1:$(PORT) \
+	@if [ -e $(DEMO_DIR)/documents.jsonl ] || [ -e $(DEMO_DIR)/state ]; then \
+	  rm -rf $(DEMO_DIR)/previous && mkdir -p $(DEMO_DIR)/previous && \
+	  for f in documents.jsonl state; do [ ! -e $(DEMO_DIR)/$$f ] || mv $(DEMO_DIR)/$$f $(DEMO_DIR)/previous/; done; \
+	fi
+	@$(BIN)/se-exporter run --simulate $(SCENARIO) --speed $(SPEED) --listen 127.0.0.1:$(PORT) \
 	  --state-dir $(DEMO_DIR)/state --forward-file $(DEMO_DIR)/documents.jsonl $(DEMO_TRACES)
 
 lint: $(VENV)/.installed
@@ -79,9 +91,10 @@ reliability: $(VENV)/.installed
 image:
 	$(PYTHON) tools/image.py --tag $(IMAGE) $(if $(BASE),--base $(BASE))
 
-# The sidecar's cost and speed against targets (writes benchmarks/bench.json); about two minutes. Then the fleet
-# consumer against the bare SDK (writes benchmarks/fleet-bench.json); about one minute.
-bench: $(VENV)/.installed tests/azurite/node_modules/.installed
+# The sidecar's cost and speed against targets, and IMDS change -> Alertmanager notification against the sum of
+# the intervals that bound it (writes benchmarks/bench.json); about three minutes. Then the fleet consumer against
+# the bare SDK (writes benchmarks/fleet-bench.json); about two minutes.
+bench: $(VENV)/.installed system-deps tests/azurite/node_modules/.installed
 	$(BIN)/python bench/bench.py
 	$(BIN)/python bench/fleet_bench.py
 

@@ -15,7 +15,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from se_exporter.errors import ConfigError, ImdsError, ImdsThrottled
 from se_exporter.imds import ImdsClient, VmIdentity
 from se_exporter.logs import fields
 from se_exporter.metrics import Metrics, Snapshot
-from se_exporter.model import parse_document
+from se_exporter.model import event_key, parse_document
 from se_exporter.sinks import DocumentChange, FanOut
 from se_exporter.sinks.envelope import Sequencer
 from se_exporter.sinks.eventhubs import EventHubsTarget, producer_factory
@@ -66,8 +66,10 @@ class Poller:
         self._lock = threading.Lock()
         self.snapshot = Snapshot(vm_name=settings.vm_name, api_version=settings.api_version)
         self._store = store
-        # Lifecycles open before a restart: the first diff starts from them, not from nothing.
-        self._restored = store.load() if store is not None else {}
+        # Lifecycles open before a restart: the first diff starts from them, not from nothing (keyed as diff keys).
+        restored = store.load() if store is not None else {}
+        self._restored = {event_key(record.event.event_id): record for record in restored.values()}
+        self._ended: Mapping[str, lifecycle.EventRecord] = {}  # recently ended events, so none begins twice
         self.heartbeat_deadline = time.monotonic() + settings.first_timeout + settings.backoff_cap + 10
 
     def set_identity(self, identity: VmIdentity) -> None:
@@ -102,17 +104,26 @@ class Poller:
         document = parse_document(body)
         now = self._clock()
         previous = self.snapshot.records if self.snapshot.has_document else self._restored
-        step = lifecycle.diff(previous, document, now)
+        step = lifecycle.diff(previous, document, now, self._ended)
         if self._store is not None:
             self._store.save(step.records)
         first = self._last_body is None
         self._last_body = body
+        self._ended = step.ended
+        before = self.snapshot.incarnation
+        if document.incarnation is not None and before is not None and document.incarnation < before:
+            # Azure: the incarnation "increases when the events array changes". Lower means IMDS started counting
+            # again or a stale answer; the document is still what IMDS says now, so it is used, and said.
+            self._metrics.incarnation_regressions.inc()
+            log.warning("DocumentIncarnation went backwards from %d to %d; using the document as IMDS' current "
+                        "state (events that had ended stay ended)", before, document.incarnation,
+                        extra=fields(document_incarnation=document.incarnation, previous_incarnation=before))
         snap = self._update(records=step.records, incarnation=document.incarnation, has_document=True)
         self._metrics.document_changes.inc()
         if document.warnings:
             self._metrics.document_warnings.inc(len(document.warnings))
             log.warning("document %s parsed with %d warnings: %s", document.incarnation, len(document.warnings),
-                        "; ".join(document.warnings[:5]), extra=fields(warnings=list(document.warnings)))
+                        "; ".join(document.warnings[:5]), extra=fields(warnings=list(document.warnings[:50])))
         if first:
             log.info("first document read", extra=fields(document_incarnation=document.incarnation,
                                                           events=len(document.events)))
@@ -360,11 +371,14 @@ def make_forwarding(settings: Settings, registry: CollectorRegistry) -> ForwardS
         metrics.spool_bytes.set_function(lambda: spool.size_bytes)
         target = EventHubsTarget(spool, producer_factory(
             settings.eventhub_connection_string, settings.eventhub_name, settings.eventhub_namespace,
-            settings.eventhub_client_id), metrics, send_timeout=settings.eventhub_send_timeout,
+            settings.eventhub_client_id, endpoint=settings.eventhub_endpoint, ca_file=settings.eventhub_ca_file),
+            metrics, send_timeout=settings.eventhub_send_timeout,
             max_retry_wait=settings.eventhub_retry_max)
         target.start()
         targets.append(target)
         where = settings.eventhub_namespace or "the namespace of the connection string"
+        if settings.eventhub_endpoint:
+            where += f" through {settings.eventhub_endpoint}"
         log.info("forwarding documents to Event Hubs (%s), spooled in %s", where, Path(settings.spool_path).resolve())
     if settings.heartbeat_seconds:
         log.info("forwarding the current document again after %gs without a change (heartbeat)",

@@ -11,15 +11,16 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from types import TracebackType
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from se_exporter import __version__, logs
+from se_exporter import __version__, demo, logs
 from se_exporter.app import IdentityWatcher, Poller, claim_state, lifecycle_store, make_forwarding, make_http_app, serve
 from se_exporter.config import (
     CONSUME_OPTIONS,
@@ -43,6 +44,9 @@ from se_exporter.simulator import scenario as scenarios
 from se_exporter.sinks import FanOut, Sink
 from se_exporter.sinks.logsink import LogSink
 from se_exporter.sinks.metrics import MetricsSink
+
+if TYPE_CHECKING:
+    from se_exporter.simulator.server import Simulator
 
 log = logging.getLogger("se_exporter")
 _S = TypeVar("_S")
@@ -124,14 +128,21 @@ def _install_crash_hooks() -> None:
 def run(settings: Settings) -> int:
     logs.setup(settings.log_level, settings.log_format)
     _install_crash_hooks()
+    started = time.monotonic()
+    sim: Simulator | None = None
     with contextlib.ExitStack() as cleanup:  # whatever was started is stopped, also when start-up fails
         if settings.simulate is not None:
-            from se_exporter.simulator.server import Simulator, start  # only here: the sidecar alone never needs it
-
-            sim_server = start(Simulator(scenarios.load(settings.simulate), speed=settings.speed))
-            cleanup.callback(sim_server.server_close)
-            cleanup.callback(sim_server.shutdown)
-            settings = replace(settings, imds_url=sim_server.url)
+            sim, settings = _simulator(settings, cleanup)
+        # Bound first: a taken port stops start-up before anything else is built, and the address is known for
+        # the banner, which comes before any log line. Until the poller exists the server answers 503.
+        http = _Starting()
+        server = _bind(settings.listen, lambda: serve(settings.listen, http))
+        cleanup.callback(server.server_close)
+        cleanup.callback(server.shutdown)
+        metrics_url = f"http://{_display(settings.listen, server.server_port)}/metrics"
+        if sim is not None:
+            print(demo.banner(settings, settings.imds_url, metrics_url, sim.scenario.name, sim.scenario.description),
+                  flush=True)
         # *_created series double the output and help nobody here (the function is untyped upstream).
         prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
         registry = CollectorRegistry()
@@ -155,9 +166,7 @@ def run(settings: Settings) -> int:
         sinks = FanOut(outputs, on_error=lambda name: metrics.sink_errors.labels(name).inc())
         cleanup.callback(sinks.shutdown)
         poller = Poller(imds, metrics, sinks, settings, store=store)
-        server = _bind(settings.listen, lambda: serve(settings.listen, make_http_app(registry, poller)))
-        cleanup.callback(server.server_close)
-        cleanup.callback(server.shutdown)
+        http.app = make_http_app(registry, poller)
 
         stop = threading.Event()
         _on_signals(stop)
@@ -172,17 +181,37 @@ def run(settings: Settings) -> int:
         if settings.poll_interval < THROTTLED_BELOW and settings.simulate is None:
             log.warning("--poll-interval %g is below %g s: IMDS throttles above about 5 requests a second",
                         settings.poll_interval, THROTTLED_BELOW)
-        metrics_url = f"http://{_display(settings.listen, server.server_port)}/metrics"
         log.info("se-exporter %s polling %s every %gs; metrics at %s", __version__, imds.events_url,
                  settings.poll_interval, metrics_url)
-        if settings.simulate is not None:
-            print(f"Simulated IMDS ({settings.simulate}) at {settings.imds_url}\nMetrics at {metrics_url}",
-                  flush=True)
-            if settings.forward_file:
-                print(f"Documents forwarded to {settings.forward_file}", flush=True)
         stop.wait()
         log.info("stopping")
+    if sim is not None:  # after the orderly stop: spans flushed, documents written, counts final
+        print(demo.summary(demo.samples(registry), time.monotonic() - started, sim.scenario_time(), settings),
+              flush=True)
     return 0
+
+
+def _simulator(settings: Settings, cleanup: contextlib.ExitStack) -> tuple[Simulator, Settings]:
+    """The built-in simulator, started; the settings with its address as the IMDS URL."""
+    from se_exporter.simulator.server import Simulator, start  # only here: the sidecar alone never needs it
+
+    sim = Simulator(scenarios.load(str(settings.simulate)), speed=settings.speed)
+    sim_server = start(sim)
+    cleanup.callback(sim_server.server_close)
+    cleanup.callback(sim_server.shutdown)
+    return sim, replace(settings, imds_url=sim_server.url)
+
+
+class _Starting:
+    """The HTTP app until the poller exists (a few milliseconds after the port is bound): 503, starting."""
+
+    app: Callable[..., Iterable[bytes]] | None = None
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if self.app is not None:
+            return self.app(environ, start_response)
+        start_response("503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"starting\n"]
 
 
 def simulate(settings: SimulatorSettings, list_only: bool = False) -> int:

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -68,6 +69,8 @@ class Settings:
     eventhub_name: str | None = None
     eventhub_namespace: str | None = None
     eventhub_client_id: str | None = None
+    eventhub_endpoint: str | None = None
+    eventhub_ca_file: str | None = None
     eventhub_send_timeout: float = 10.0
     eventhub_retry_max: float = 30.0
     heartbeat_interval: float | None = None  # None: DEFAULT_HEARTBEAT with Event Hubs, else off; 0: off
@@ -274,6 +277,26 @@ def parse_namespace(text: str) -> str:
     return host
 
 
+def parse_endpoint(text: str) -> str:
+    """A custom AMQP endpoint, ``sb://HOST[:PORT]``: what azure-eventhub calls ``custom_endpoint_address``."""
+    address = text.strip() if "://" in text else "sb://" + text.strip()
+    try:
+        url = urlsplit(address)
+        port = url.port
+    except ValueError:
+        url, port = None, None
+    if url is None or url.scheme not in ("sb", "amqps") or not url.hostname or url.path.strip("/") or url.query:
+        raise ValueError(f"{text!r} is not an endpoint address like sb://10.1.2.3 or sb://eh-gateway.internal:5671")
+    host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
+    return f"sb://{host}" + (f":{port}" if port else "")
+
+
+def parse_file(text: str) -> str:
+    if not os.path.isfile(text):
+        raise ValueError(f"{text!r} is not a readable file")
+    return text
+
+
 def choice(*values: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         lowered = text.lower()
@@ -317,7 +340,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("poll_interval", "--poll-interval", POLL_INTERVAL,
            "seconds between polls; Azure recommends 1 (default 1)", "SECONDS"),
     Option("imds_timeout", "--imds-timeout", TIMEOUT,
-           "timeout of each IMDS request once IMDS has answered (default 2)", "SECONDS"),
+           "timeout of each whole IMDS request (connect, headers and body) once IMDS has answered (default 2)",
+           "SECONDS"),
     Option("first_call_timeout", "--first-call-timeout", FIRST_CALL_TIMEOUT,
            "timeout until IMDS first answers: the first call enables the service and may take "
            "up to two minutes (default 120; never shorter than --imds-timeout)", "SECONDS"),
@@ -353,6 +377,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "identity", "HOST"),
     Option("eventhub_client_id", "--eventhub-client-id", parse_name,
            "client id of a user-assigned managed identity (with --eventhub-namespace)", "ID"),
+    Option("eventhub_endpoint", "--eventhub-endpoint", parse_endpoint,
+           "connect to this address instead of the namespace's own (AMQP over TLS; port 5671 unless given), "
+           "e.g. a private endpoint's IP or an application gateway: sb://HOST[:PORT]", "ADDRESS"),
+    Option("eventhub_ca_file", "--eventhub-ca-file", parse_file,
+           "PEM file of the CAs that may sign the Event Hubs TLS certificate (default: the certifi bundle)", "PATH"),
     Option("eventhub_send_timeout", "--eventhub-send-timeout", SEND_TIMEOUT,
            "timeout of one send to Event Hubs; a timed-out batch is kept and resent (default 10)", "SECONDS"),
     Option("eventhub_retry_max", "--eventhub-retry-max", RETRY_MAX,
@@ -374,7 +403,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "service.name of the spans (default se-exporter)", "NAME", env_name="OTEL_SERVICE_NAME"),
 )
 
-_EVENTHUB_DESTS = ("eventhub_connection_string", "eventhub_name", "eventhub_namespace", "eventhub_client_id")
+_EVENTHUB_DESTS = ("eventhub_connection_string", "eventhub_name", "eventhub_namespace", "eventhub_client_id",
+                   "eventhub_endpoint", "eventhub_ca_file")
 CONSUME_OPTIONS: tuple[Option, ...] = (
     *(option for option in RUN_OPTIONS if option.dest in _EVENTHUB_DESTS),
     Option("consumer_group", "--consumer-group", parse_name, "consumer group to read with (default $Default)",
@@ -398,6 +428,8 @@ class ConsumeSettings:
     eventhub_name: str | None = None
     eventhub_namespace: str | None = None
     eventhub_client_id: str | None = None
+    eventhub_endpoint: str | None = None
+    eventhub_ca_file: str | None = None
     consumer_group: str = "$Default"
     starting_position: str = "earliest"
     output_format: str = "timeline"
@@ -494,6 +526,10 @@ def _check_eventhubs(settings: Settings | ConsumeSettings) -> None:
         raise ConfigError("--eventhub-name is required with --eventhub-namespace")
     if settings.eventhub_client_id and not settings.eventhub_namespace:
         raise ConfigError("--eventhub-client-id needs --eventhub-namespace (it selects a managed identity)")
+    for given, flag in ((settings.eventhub_endpoint, "--eventhub-endpoint"),
+                        (settings.eventhub_ca_file, "--eventhub-ca-file")):
+        if given and not (settings.eventhub_connection_string or settings.eventhub_namespace):
+            raise ConfigError(f"{flag} needs --eventhub-namespace or --eventhub-connection-string")
 
 
 def simulator_settings(args: argparse.Namespace, env: Mapping[str, str]) -> SimulatorSettings:

@@ -65,10 +65,13 @@ def consume(settings: ConsumeSettings, out: TextIO = sys.stdout) -> int:
 async def _consume(settings: ConsumeSettings, position: Any, out: TextIO) -> int:
     from azure.eventhub.aio import EventHubConsumerClient
 
+    from se_exporter.sinks.eventhubs import connection_options
+
+    connection = connection_options(settings.eventhub_endpoint, settings.eventhub_ca_file)
     if settings.eventhub_connection_string:
         client = EventHubConsumerClient.from_connection_string(
             settings.eventhub_connection_string, consumer_group=settings.consumer_group,
-            eventhub_name=settings.eventhub_name, retry_total=3)
+            eventhub_name=settings.eventhub_name, retry_total=3, **connection)
     else:
         from azure.identity.aio import DefaultAzureCredential
 
@@ -77,7 +80,7 @@ async def _consume(settings: ConsumeSettings, position: Any, out: TextIO) -> int
             if settings.eventhub_client_id else DefaultAzureCredential()
         client = EventHubConsumerClient(
             fully_qualified_namespace=str(settings.eventhub_namespace), eventhub_name=str(settings.eventhub_name),
-            consumer_group=settings.consumer_group, credential=credential, retry_total=3)
+            consumer_group=settings.consumer_group, credential=credential, retry_total=3, **connection)
     done = asyncio.Event()
     arrived = asyncio.Event()
     count = 0

@@ -8,6 +8,11 @@ IMDS is a link-local service on the VM itself, so three rules hold for every req
 * never follow a redirect: a 3xx is an error we count; something between us and IMDS is lying;
 * never approve: this module builds GET requests only, and the transport refuses anything else.
 
+Each request has one deadline for all of it (``--imds-timeout``, or ``--first-call-timeout`` until Scheduled
+Events has answered once): connecting, the headers and the whole body. And the body is taken exactly as sent:
+we ask for ``Accept-Encoding: identity`` and refuse an answer that is compressed anyway, unread, because the
+bytes forwarded must be the bytes IMDS returned and a 300 KB gzip body can inflate to 300 MB.
+
 Every failure becomes one of the ``ImdsError`` classes, which is what the poll loop counts.
 """
 
@@ -30,7 +35,8 @@ from se_exporter.errors import (
     ImdsTimeout,
     InvalidDocument,
 )
-from se_exporter.transport import KeepAliveTransport
+from se_exporter.model import encodable
+from se_exporter.transport import TOTAL_TIMEOUT, KeepAliveTransport
 
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 COMPUTE_PATH = "/metadata/instance/compute"
@@ -38,7 +44,8 @@ COMPUTE_API_VERSION = "2021-02-01"
 USER_AGENT = f"se-exporter/{__version__}"
 
 
-HEADERS = {"Metadata": "true", "User-Agent": USER_AGENT}
+# identity: RFC 9110 says a request without Accept-Encoding accepts any coding; we want the bytes as they are.
+HEADERS = {"Metadata": "true", "User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
 
 
 def make_transport() -> httpx.BaseTransport:
@@ -71,9 +78,9 @@ class VmIdentity:
 
     @classmethod
     def from_compute(cls, data: dict[str, Any]) -> VmIdentity:
-        def text(key: str) -> str:
+        def text(key: str) -> str:  # encodable: these become labels, properties and span attributes
             value = data.get(key)
-            return value if isinstance(value, str) else ""
+            return encodable(value) if isinstance(value, str) else ""
 
         return cls(
             name=text("name"),
@@ -135,8 +142,8 @@ class ImdsClient:
         body = self._get(self._compute_url, self._timeout)
         try:
             data = json.loads(body)
-        except ValueError:
-            raise InvalidDocument("compute metadata is not JSON") from None
+        except (ValueError, RecursionError):
+            raise InvalidDocument("compute metadata is not JSON we can read") from None
         if not isinstance(data, dict):
             raise InvalidDocument("compute metadata is not a JSON object")
         return VmIdentity.from_compute(data)
@@ -145,8 +152,10 @@ class ImdsClient:
         key = (str(url), timeout)
         request = self._requests.get(key)
         if request is None:
+            # The timeout bounds each step (httpx's meaning) and, through TOTAL_TIMEOUT, the whole exchange.
             request = self._requests[key] = httpx.Request(
-                "GET", url, headers=HEADERS, extensions={"timeout": httpx.Timeout(timeout).as_dict()})
+                "GET", url, headers=HEADERS,
+                extensions={"timeout": httpx.Timeout(timeout).as_dict(), TOTAL_TIMEOUT: timeout})
         return request
 
     def _get(self, url: httpx.URL, timeout: float) -> bytes:
@@ -162,18 +171,22 @@ class ImdsClient:
             finally:
                 response.close()
         except httpx.TimeoutException as exc:
-            raise ImdsTimeout(f"no answer within {timeout:g} s ({type(exc).__name__})") from None
+            raise ImdsTimeout(f"no complete answer within {timeout:g} s ({type(exc).__name__})") from None
         except httpx.TransportError as exc:
             raise ImdsConnectionError(f"{type(exc).__name__}: {exc or 'connection failed'}") from None
 
     def _read_bounded(self, response: httpx.Response) -> bytes:
         # A captive portal or a broken proxy can answer anything; never hold more than the cap.
+        encoding = response.headers.get("content-encoding")
+        if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+            raise InvalidDocument(f"body is {_printable(encoding)}-encoded although identity was asked for; "
+                                  "refused unread (a compressed body is not the document IMDS serves)")
         declared = response.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self._max_body_bytes:
             raise InvalidDocument(f"body of {int(declared)} bytes exceeds the {self._max_body_bytes}-byte cap")
         chunks: list[bytes] = []
         size = 0
-        for chunk in response.iter_bytes():
+        for chunk in response.iter_bytes():  # identity only (checked above), so these are the bytes as sent
             size += len(chunk)
             if size > self._max_body_bytes:
                 raise InvalidDocument(f"body exceeds the {self._max_body_bytes}-byte cap")
@@ -188,10 +201,15 @@ def _status_error(response: httpx.Response) -> ImdsError:
         hint = "" if retry_after is None else f", Retry-After {retry_after:g} s"
         return ImdsThrottled(f"HTTP 429 Too Many Requests{hint}", retry_after)
     if 300 <= status < 400:
-        location = response.headers.get("location", "?")
+        location = _printable(response.headers.get("location", "?"), 200)
         return ImdsHttpError(f"HTTP {status} redirect to {location} not followed", status)
-    reason = response.reason_phrase or "error"
+    reason = _printable(response.reason_phrase or "error")
     return ImdsHttpError(f"HTTP {status} {reason}", status)
+
+
+def _printable(text: str, limit: int = 40) -> str:
+    """A header value for a message: cut short, non-printable characters escaped (repr without the quotes)."""
+    return repr(text[:limit])[1:-1]
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:

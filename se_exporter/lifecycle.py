@@ -12,12 +12,23 @@ lifecycle is inferred by comparing what we saw before with what we see now:
 
 No clock reads and no I/O here: the caller passes ``now`` (unix seconds), which is what makes a
 table of documents a complete test.
+
+Records are keyed by ``event_key`` (the EventId lower-cased, as the trace id is derived): an EventId
+that comes back spelt in another case is the same event, not a cancellation and a new one.
+
+An event that has ended is remembered for a while (``ENDED_MEMORY`` events, in ``Step.ended``). The
+Azure documents say an EventId is globally unique and that once an event is removed "there will be
+no further impacts without a new event", so the same EventId listed again can only be a stale or
+replayed answer (typically with a ``DocumentIncarnation`` going backwards). It is shown again, since
+it is what IMDS lists, with the times first recorded for it, but its lifecycle stays ended: it makes no
+transition at all, so no event is ever counted ``scheduled`` (or ended) twice. (The memory is not
+kept across a restart.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from se_exporter.model import Document, ScheduledEvent
@@ -28,6 +39,8 @@ COMPLETED = "completed"
 CANCELED = "canceled"
 RESCHEDULED = "rescheduled"
 TRANSITIONS = (SCHEDULED, STARTED, COMPLETED, CANCELED, RESCHEDULED)
+# Ended events kept to recognise one listed again; a VM sees a handful of events a month.
+ENDED_MEMORY = 1024
 
 
 @dataclass(frozen=True)
@@ -65,18 +78,27 @@ class Transition:
 
 @dataclass(frozen=True)
 class Step:
-    """The result of one diff: the records still open, and what happened."""
+    """The result of one diff: the records still open (by ``event_key``), what happened, and the events that
+    have ended (by key, newest last, at most ``ENDED_MEMORY``), to pass to the next diff."""
 
     records: Mapping[str, EventRecord]
     transitions: tuple[Transition, ...]
+    ended: Mapping[str, EventRecord] = field(default_factory=dict)
 
 
-def diff(previous: Mapping[str, EventRecord], document: Document, now: float) -> Step:
-    """Compare the open records with a new document observed at ``now``."""
+def diff(previous: Mapping[str, EventRecord], document: Document, now: float,
+         ended: Mapping[str, EventRecord] | None = None) -> Step:
+    """Compare the open records (keyed by ``event_key``) with a new document observed at ``now``; ``ended`` is
+    the previous step's ``ended``."""
+    ended = {} if ended is None else ended
     records: dict[str, EventRecord] = {}
     transitions: list[Transition] = []
     for event in document.events:
-        before = previous.get(event.event_id)
+        key = event.key
+        before = previous.get(key)
+        if key in ended:  # listed again after it ended: a stale answer; shown, but its lifecycle stays ended
+            records[key] = replace(before or ended[key], event=event, gone_at=None)
+            continue
         if before is None:
             record = EventRecord(event=event, first_seen=now, started_at=now if event.started else None)
             transitions.append(Transition(STARTED if event.started else SCHEDULED, record))
@@ -87,12 +109,17 @@ def diff(previous: Mapping[str, EventRecord], document: Document, now: float) ->
                 transitions.append(Transition(STARTED, record))
             elif _rescheduled(before.event, event, record):
                 transitions.append(Transition(RESCHEDULED, record, before.event.not_before))
-        records[event.event_id] = record
-    for event_id, before in previous.items():
-        if event_id not in records:
+        records[key] = record
+    newly_ended: dict[str, EventRecord] = {}
+    for key, before in previous.items():
+        if key not in records and key not in ended:
             gone = replace(before, gone_at=now)
             transitions.append(Transition(COMPLETED if before.started_at is not None else CANCELED, gone))
-    return Step(records=records, transitions=tuple(transitions))
+            newly_ended[key] = gone
+    if newly_ended:
+        merged = {**ended, **newly_ended}
+        ended = dict(list(merged.items())[-ENDED_MEMORY:]) if len(merged) > ENDED_MEMORY else merged
+    return Step(records=records, transitions=tuple(transitions), ended=ended)
 
 
 def _rescheduled(before: ScheduledEvent, after: ScheduledEvent, record: EventRecord) -> bool:

@@ -73,6 +73,9 @@ class Metrics:
         self.document_warnings = Counter(
             f"{NAMESPACE}_document_warnings", "Fields tolerated while parsing (wrong type, unparseable).",
             registry=registry)
+        self.incarnation_regressions = Counter(
+            f"{NAMESPACE}_incarnation_regressions",
+            "Valid documents whose DocumentIncarnation was lower than the previous document's.", registry=registry)
         self.identity_errors = Counter(
             f"{NAMESPACE}_identity_errors", "Failed reads of the VM's compute metadata.", registry=registry)
         self.sink_errors = Counter(

@@ -11,6 +11,18 @@ Parsing is tolerant where tolerance loses nothing (an unknown ``EventType``, an 
 wrongly typed optional field becomes ``None`` plus a warning) and strict where guessing would
 invent lifecycle transitions: without an object carrying an ``Events`` list, or without a usable
 ``EventId`` per event, the whole document is invalid and the caller keeps its previous state.
+
+Whatever the body holds, parsing ends in a ``Document`` or an ``InvalidDocument``, never another
+exception, and a ``Document`` carries only values every output can carry:
+
+* integers outside the signed 64-bit range (``DocumentIncarnation``, ``DurationInSeconds``), and integer
+  literals longer than Python's int-string limit (4,300 digits), become absent plus a warning;
+* a string holding an unpaired UTF-16 surrogate (``"\\ud800"`` is a valid JSON escape, but no UTF-8
+  encoder accepts the result) is handed out with the surrogate written as the text ``\\ud800``, plus a
+  warning; the raw bytes, forwarded as they are, are untouched.
+
+EventIds are GUIDs ("globally unique identifier", in the Azure documents), and GUIDs compare without
+regard to case: ``event_key`` is what identifies an event everywhere (lifecycle, duplicates, trace ids).
 """
 
 from __future__ import annotations
@@ -46,6 +58,19 @@ _KNOWN_EVENT_FIELDS = frozenset(
 )
 _KNOWN_DOCUMENT_FIELDS = frozenset({"DocumentIncarnation", "Events"})
 _INTEGER = re.compile(r"^\s*-?\d+\s*$")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# A JSON escape of a UTF-16 surrogate (\uD800-\uDFFF): only such an escape can put an unpaired one into a decoded
+# string (the UTF-8 decoder refuses encoded surrogates), so a body without one skips the walk below. It also
+# matches a proper pair (json joins those into one character) and an escaped backslash before "u": the walk then
+# finds nothing to do. (Telling pairs apart here is not worth it: the JSON text \\ud83d\ude00 holds a lone low one.)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def event_key(event_id: str) -> str:
+    """What identifies an event: the EventId without surrounding blanks, lower-cased (a GUID's case means
+    nothing). One lifecycle, one trace and one set of series per key, however IMDS spells it this time."""
+    return event_id.strip().lower()
 
 
 @dataclass(frozen=True)
@@ -62,6 +87,13 @@ class ScheduledEvent:
     event_source: str | None = None
     duration_seconds: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # event_key(event_id): given by the parser, worked out here otherwise (not a cached_property: on Python 3.11 its
+    # lock costs a microsecond per event, a fifth of parsing a 1,000-event document)
+    key: str = field(default="", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            object.__setattr__(self, "key", event_key(self.event_id))
 
     @property
     def started(self) -> bool:
@@ -90,10 +122,32 @@ def parse_document(body: bytes | str) -> Document:
     if not text.strip():
         raise InvalidDocument("body is empty")
     try:
-        obj = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+        try:
+            obj = json.loads(text)
+        except ValueError as exc:
+            if isinstance(exc, json.JSONDecodeError):
+                raise
+            # An integer literal past Python's int-string limit: read again (only then), marking such numbers.
+            obj = json.loads(text, parse_int=_integer_literal)
+    except json.JSONDecodeError as exc:
         raise InvalidDocument(f"body is not JSON: {_snippet(text)!r} ({exc})") from None
-    return document_from_json(obj)
+    except RecursionError:
+        raise InvalidDocument("body is JSON nested too deeply to read") from None
+    escaped = 0
+    if ("\\u" in text and _SURROGATE_ESCAPE.search(text)) or (not isinstance(body, bytes) and _SURROGATE.search(text)):
+        escaped = _escape_surrogates(obj)
+    try:
+        document = document_from_json(obj)
+    except InvalidDocument:
+        raise
+    except Exception as exc:  # whatever a body does to the parser is that body's fault: an invalid document
+        raise InvalidDocument(f"document could not be read ({type(exc).__name__}: {_snippet(str(exc))})") from None
+    if escaped:
+        note = (f"{escaped} strings held unpaired UTF-16 surrogates (\\ud800-\\udfff); "
+                "shown with each written out as text")
+        document = Document(incarnation=document.incarnation, events=document.events,
+                            warnings=(note, *document.warnings), extra=document.extra)
+    return document
 
 
 def document_from_json(obj: object) -> Document:
@@ -110,10 +164,10 @@ def document_from_json(obj: object) -> Document:
     seen: set[str] = set()
     for index, raw in enumerate(raw_events):
         event = _event(raw, index, warnings)
-        if event.event_id in seen:
-            warnings.append(f"Events[{index}]: duplicate EventId {event.event_id!r} ignored")
+        if event.key in seen:  # the same GUID, perhaps spelt in another case
+            warnings.append(f"Events[{index}]: duplicate EventId {_snippet(repr(event.event_id))} ignored")
             continue
-        seen.add(event.event_id)
+        seen.add(event.key)
         events.append(event)
     extra = {key: value for key, value in obj.items() if key not in _KNOWN_DOCUMENT_FIELDS}
     return Document(incarnation=incarnation, events=tuple(events), warnings=tuple(warnings), extra=extra)
@@ -163,6 +217,7 @@ def _event(raw: object, index: int, warnings: list[str]) -> ScheduledEvent:
         raise InvalidDocument(f"Events[{index}] has no usable EventId (got {_json_kind(event_id)})")
     return ScheduledEvent(
         event_id=event_id,
+        key=event_key(event_id),
         event_type=_label_string(raw, "EventType", index, warnings),
         event_status=_label_string(raw, "EventStatus", index, warnings),
         resource_type=_optional_string(raw, "ResourceType", index, warnings),
@@ -178,12 +233,26 @@ def _event(raw: object, index: int, warnings: list[str]) -> ScheduledEvent:
 def _incarnation(value: object, warnings: list[str]) -> int | None:
     if value is None:
         return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and _INTEGER.match(value):
-        return int(value)
-    warnings.append(f"DocumentIncarnation {_snippet(repr(value))} is not an integer; ignored")
+    number = _int64(value)
+    if number is not None:
+        return number
+    warnings.append(f"DocumentIncarnation {_snippet(repr(value))} is not a 64-bit integer; ignored")
     return None
+
+
+def _int64(value: object, floats: bool = False) -> int | None:
+    """An integer in the signed 64-bit range (what Prometheus, OTLP and AMQP can all carry), from a JSON number
+    or a string of digits; None for anything else, an over-long digit string included (never int()'s ValueError)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        number = value
+    elif (floats and isinstance(value, float) and value.is_integer()) or (
+            isinstance(value, str) and len(value) <= 64 and _INTEGER.match(value)):
+        number = int(value)
+    else:
+        return None
+    return number if _INT64_MIN <= number <= _INT64_MAX else None
 
 
 def _label_string(raw: dict[str, Any], key: str, index: int, warnings: list[str]) -> str:
@@ -230,21 +299,77 @@ def _not_before(value: object, index: int, warnings: list[str]) -> datetime | No
 def _duration(value: object, index: int, warnings: list[str]) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool):
-        pass
-    elif isinstance(value, int):
+    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:  # the common case, first
         return value
-    elif (isinstance(value, float) and value.is_integer()) or (isinstance(value, str) and _INTEGER.match(value)):
-        return int(value)
-    warnings.append(f"Events[{index}]: DurationInSeconds {_snippet(repr(value))} is not an integer; ignored")
+    number = _int64(value, floats=True)
+    if number is not None:
+        return number
+    warnings.append(f"Events[{index}]: DurationInSeconds {_snippet(repr(value))} is not a 64-bit integer; ignored")
     return None
+
+
+class _LongInteger:
+    """Stands for an integer literal longer than Python's int-string limit (4,300 digits): the field holding it
+    is refused with a warning like any other wrongly typed value, instead of the whole document."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<integer of {self.digits:,} digits>"
+
+
+def _integer_literal(text: str) -> int | _LongInteger:
+    try:
+        return int(text)
+    except ValueError:
+        return _LongInteger(len(text.lstrip("-")))
+
+
+def _escape_surrogates(obj: object) -> int:
+    """Rewrite, in place, every string (keys too) holding an unpaired surrogate with it spelt out as text
+    (``\\ud800``); return how many were rewritten. Iterative: the JSON may be nested as deep as json allows."""
+    count = 0
+
+    def fix(text: str) -> str:
+        nonlocal count
+        if not _SURROGATE.search(text):
+            return text
+        count += 1
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+    stack: list[object] = [obj]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            for position, item in enumerate(node):
+                if isinstance(item, str):
+                    node[position] = fix(item)
+                elif isinstance(item, (list, dict)):
+                    stack.append(item)
+        elif isinstance(node, dict):
+            if any(_SURROGATE.search(key) for key in node):
+                items = [(fix(key), value) for key, value in node.items()]
+                node.clear()
+                node.update(items)
+            for key, value in node.items():  # replacing the value of a key while iterating is allowed
+                if isinstance(value, str):
+                    node[key] = fix(value)
+                elif isinstance(value, (list, dict)):
+                    stack.append(value)
+    return count
+
+
+def encodable(text: str) -> str:
+    """``text`` with any unpaired surrogate spelt out as text, for strings from IMDS outside a document."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8") if _SURROGATE.search(text) else text
 
 
 def _json_kind(value: object) -> str:
     """The JSON name of a decoded value's type, for messages a person can act on."""
     if isinstance(value, str):
         return "string" if value else "empty string"
-    for kind, names in (("null", (type(None),)), ("boolean", (bool,)), ("number", (int, float)),
+    for kind, names in (("null", (type(None),)), ("boolean", (bool,)), ("number", (int, float, _LongInteger)),
                         ("array", (list,)), ("object", (dict,))):
         if isinstance(value, names):
             return kind

@@ -18,11 +18,12 @@ import logging
 import sys
 import warnings
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry, Counter
 
@@ -31,7 +32,7 @@ from se_exporter.config import Settings
 from se_exporter.imds import VmIdentity
 from se_exporter.metrics import NAMESPACE
 from se_exporter.sinks import DocumentChange
-from se_exporter.sinks.spans import EventIdGenerator, SpanSink
+from se_exporter.sinks.spans import PREFIX, EventIdGenerator, SpanSink
 
 log = logging.getLogger("se_exporter.tracing")
 EXPORT_TIMEOUT_SECONDS = 5
@@ -51,11 +52,32 @@ def resource_attributes(settings: Settings, identity: VmIdentity | None) -> dict
     return {key: value for key, value in values.items() if value}
 
 
+def span_line(span: ReadableSpan) -> str:
+    """A span as one short line for people (``console`` with ``--log-format text``): when it ended, its name, the
+    event, what happened, how long it lasted, and the trace id to look it up by, e.g.
+
+    ``2026-11-22T03:10:46.262Z span scheduled_event.update  Freeze C7061BAC-... started  trace c9f28525...``
+    """
+    attributes = span.attributes or {}
+    end = (span.end_time or span.start_time or 0) / 1e9
+    stamp = datetime.fromtimestamp(end, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    what = attributes.get(PREFIX + "transition") or attributes.get(PREFIX + "outcome") or ""
+    duration = ""
+    if span.name != "scheduled_event.update" and span.start_time is not None and span.end_time is not None:
+        duration = f"{(span.end_time - span.start_time) / 1e9:.1f}s"
+    trace_id = f"{span.context.trace_id:032x}" if span.context is not None else ""
+    parts = [stamp, "span", f"{span.name:<24}", str(attributes.get(PREFIX + "type", "")),
+             str(attributes.get(PREFIX + "id", "")), str(what), duration, f"trace {trace_id}"]
+    return " ".join(part for part in parts if part) + "\n"
+
+
 def make_exporter(settings: Settings) -> Any:
     if settings.otel_traces_exporter == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-        return ConsoleSpanExporter(formatter=lambda span: span.to_json(indent=None) + "\n")
+        if settings.log_format == "json":  # the SDK's JSON, one object per line, for machines
+            return ConsoleSpanExporter(formatter=lambda span: span.to_json(indent=None) + "\n")
+        return ConsoleSpanExporter(formatter=span_line)
     if settings.otel_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 

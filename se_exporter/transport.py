@@ -16,28 +16,53 @@ What this transport does and does not do, on purpose:
   idempotent; httpcore does the same by checking an idle socket before reuse);
 * GET only: any other method is refused before a byte is sent;
 * never a proxy (``http.client`` reads no environment) and never a redirect (it follows none);
+* one deadline for the whole exchange when the request asks for it (``extensions["total_timeout"]``, seconds):
+  connect, request, status line, headers and every byte of the body must be done by then, so a server that
+  drips one byte at a time cannot hold a poll past it. It is enforced by the socket itself: before every
+  receive and send the socket's timeout is set to what is left (see ``_arm``), so no thread or timer is needed;
+* an answer cut anywhere is an error, never handed out as if it were whole: ``http.client`` quietly takes
+  whatever it has at end-of-file for the whole status line, the whole header section or the whole body, so
+  ``_Response`` and ``_Body`` check that each ended where it says (a line break, the blank line, the
+  ``Content-Length``; a chunked body must reach its last chunk), and a ``Content-Length`` that is not one
+  plain number is refused (a body of unknown length cannot be told from a cut one);
 * every failure is raised as the httpx exception httpcore would raise, so callers classify one way.
 """
 
 from __future__ import annotations
 
 import http.client
+import math
+import socket
+import ssl
 import threading
+import time
 from collections.abc import Iterator
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import httpx
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, WriteableBuffer
 
 # Errors meaning "the idle connection was closed by the server before our request reached it".
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
 
+TOTAL_TIMEOUT = "total_timeout"  # the request extension that bounds the whole exchange, in seconds
+REARM_AFTER = 0.01  # seconds: how stale a socket timeout may be (so how far past the deadline a request may end)
+
+
 class KeepAliveTransport(httpx.BaseTransport):
-    def __init__(self, max_idle_per_origin: int = 2) -> None:
+    """``tls``: the context for https origins (default: the system's trust store); its socket class is replaced."""
+
+    def __init__(self, max_idle_per_origin: int = 2, tls: ssl.SSLContext | None = None) -> None:
         self._idle: dict[tuple[str, str, int], list[http.client.HTTPConnection]] = {}
         self._max_idle = max_idle_per_origin
         self._lock = threading.Lock()
         self._closed = False
+        self._tls = tls
+        if tls is not None:
+            tls.sslsocket_class = _DeadlineTLSSocket  # the deadline survives the TLS wrapping
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
@@ -47,18 +72,21 @@ class KeepAliveTransport(httpx.BaseTransport):
             raise httpx.UnsupportedProtocol(f"unsupported URL scheme {url.scheme!r}", request=request)
         origin = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
         timeout = request.extensions.get("timeout", {})
+        total = request.extensions.get(TOTAL_TIMEOUT)
+        limits = _Limits(timeout.get("connect"), timeout.get("read"),
+                         None if total is None else time.monotonic() + total)
         target = url.raw_path.decode("ascii")
         headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in request.headers.raw]
-        connection, reused = self._acquire(origin, timeout.get("connect"))
+        connection, reused = self._acquire(origin)
         try:
             try:
-                response = _exchange(connection, request, target, headers, timeout.get("read"))
+                response = _exchange(connection, request, target, headers, limits)
             except _STALE:
                 if not reused:
                     raise
                 connection.close()  # the server closed it while idle: one more try on a new connection
-                connection, reused = self._acquire(origin, timeout.get("connect"), fresh=True)
-                response = _exchange(connection, request, target, headers, timeout.get("read"))
+                connection, reused = self._acquire(origin, fresh=True)
+                response = _exchange(connection, request, target, headers, limits)
         except Exception as exc:
             connection.close()
             _raise_as_httpx(exc, request)
@@ -77,16 +105,25 @@ class KeepAliveTransport(httpx.BaseTransport):
         for connection in idle:
             connection.close()
 
-    def _acquire(self, origin: tuple[str, str, int], connect_timeout: float | None,
-                 fresh: bool = False) -> tuple[http.client.HTTPConnection, bool]:
+    def _acquire(self, origin: tuple[str, str, int], fresh: bool = False) -> tuple[http.client.HTTPConnection, bool]:
         if not fresh:
             with self._lock:
                 pool = self._idle.get(origin)
                 if pool:
                     return pool.pop(), True
         scheme, host, port = origin
-        cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-        return cls(host, port, timeout=connect_timeout), False
+        connection: http.client.HTTPConnection
+        if scheme == "https":
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+                self._tls.sslsocket_class = _DeadlineTLSSocket  # the deadline survives the TLS wrapping
+            connection = http.client.HTTPSConnection(host, port, context=self._tls)
+        else:
+            connection = http.client.HTTPConnection(host, port)
+        # http.client makes its socket through this attribute (set in __init__; not in typeshed): ours keeps deadlines
+        connection._create_connection = _connect  # type: ignore[attr-defined]
+        connection.response_class = _Response
+        return connection, False
 
     def _release(self, origin: tuple[str, str, int], connection: http.client.HTTPConnection) -> None:
         with self._lock:
@@ -97,23 +134,85 @@ class KeepAliveTransport(httpx.BaseTransport):
         connection.close()
 
 
+class _Limits:
+    """The timeouts of one request: per step (connect, each read) and, optionally, one monotonic deadline."""
+
+    __slots__ = ("connect", "deadline", "read")
+
+    def __init__(self, connect: float | None, read: float | None, deadline: float | None) -> None:
+        self.connect, self.read, self.deadline = connect, read, deadline
+
+    def left(self, step: float | None, now: float | None = None) -> float | None:
+        """The timeout for the next step: the step's own, cut to what is left of the deadline."""
+        if self.deadline is None:
+            return step
+        remaining = self.deadline - (time.monotonic() if now is None else now)
+        if remaining <= 0:
+            raise TimeoutError("the whole request took longer than its total timeout")
+        return remaining if step is None or remaining < step else step
+
+
 def _exchange(connection: http.client.HTTPConnection, request: httpx.Request, target: str,
-              headers: list[tuple[str, str]], read_timeout: float | None) -> http.client.HTTPResponse:
+              headers: list[tuple[str, str]], limits: _Limits) -> http.client.HTTPResponse:
     if connection.sock is None:
         try:
-            connection.connect()  # with the connect timeout the connection was made with
+            connection.timeout = limits.left(limits.connect)
+            connection.connect()
         except TimeoutError as exc:
             raise httpx.ConnectTimeout(str(exc) or "connect timed out", request=request) from exc
         except OSError as exc:
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
-    connection.sock.settimeout(read_timeout)
-    # skip_host: httpx.Request put Host in the headers. skip_accept_encoding: ask for no compression, so the
-    # bytes read are the document (and the body cap counts what is on the wire).
+    sock = connection.sock
+    if limits.deadline is not None and isinstance(sock, (_DeadlineSocket, _DeadlineTLSSocket)):
+        sock.limits, sock.armed_at = limits, -math.inf
+    else:
+        if isinstance(sock, (_DeadlineSocket, _DeadlineTLSSocket)):
+            sock.limits = None
+        sock.settimeout(limits.read)
+    # skip_host: httpx.Request put Host in the headers. skip_accept_encoding: the caller says what it accepts
+    # (ImdsClient asks for identity, so the bytes read are the document and the body cap counts what is on the wire).
     connection.putrequest("GET", target, skip_host=True, skip_accept_encoding=True)
     for name, value in headers:
         connection.putheader(name, value)
     connection.endheaders()
     return connection.getresponse()
+
+
+class _Response(http.client.HTTPResponse):
+    """``http.client``'s response, refusing a status line or header section cut short by the peer closing (which
+    ``http.client`` reads as complete) and a ``Content-Length`` that is not one plain number."""
+
+    def begin(self) -> None:
+        reader = _HeadReader(self.fp)
+        self.fp = reader  # type: ignore[assignment]  # only readline() is used while reading the head
+        try:
+            super().begin()
+        finally:
+            if self.fp is reader:  # type: ignore[comparison-overlap]  # it is, unless begin() closed it
+                self.fp = reader.inner
+        if reader.cut:
+            raise http.client.HTTPException("the answer ended inside its status line or headers")
+        lengths = self.headers.get_all("content-length")
+        if lengths and not self.chunked and (len(set(lengths)) > 1 or not lengths[0].strip().isdigit()):
+            raise http.client.HTTPException(f"Content-Length {', '.join(lengths)[:40]!r} is not one length")
+
+
+class _HeadReader:
+    """Passes ``readline`` through, noting a line that did not end with a line break (end-of-file came first)."""
+
+    __slots__ = ("cut", "inner")
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.cut = inner, False
+
+    def readline(self, limit: int = -1) -> bytes:
+        line: bytes = self.inner.readline(limit)
+        if not line.endswith(b"\n"):
+            self.cut = True
+        return line
+
+    def close(self) -> None:  # http.client closes the reader when the peer hung up before answering
+        self.inner.close()
 
 
 class _Body(httpx.SyncByteStream):
@@ -128,9 +227,15 @@ class _Body(httpx.SyncByteStream):
         self._done = False
 
     def __iter__(self) -> Iterator[bytes]:
+        received = 0
         try:
             while chunk := self._response.read(65536):  # read() closes at Content-Length; read1() does not
+                received += len(chunk)
                 yield chunk
+            if self._response.length:  # http.client ends quietly when the peer closes before Content-Length
+                declared = received + self._response.length
+                raise httpx.RemoteProtocolError(f"body ended after {received} of its {declared} bytes",
+                                                request=self._request)
         except Exception as exc:
             self._finish(reusable=False)
             _raise_as_httpx(exc, self._request)
@@ -148,6 +253,61 @@ class _Body(httpx.SyncByteStream):
         else:
             self._response.close()
             self._connection.close()
+
+
+def _arm(sock: _DeadlineSocket | _DeadlineTLSSocket) -> None:
+    """Before each receive or send: the socket's timeout becomes what is left of the request's deadline (or the
+    per-read timeout, if shorter). Socket timeouts bound one call each, and a buffered read loops over many
+    calls, so setting it once per request would let a server that sends a byte now and then go on for ever.
+
+    A timeout set less than ``REARM_AFTER`` ago is kept: it ends at most that much after the deadline, and a poll
+    that is read at once (the common case) then costs one ``settimeout`` (a system call), as it did before."""
+    limits = sock.limits
+    if limits is None:
+        return
+    now = time.monotonic()
+    if now - sock.armed_at < REARM_AFTER:
+        return
+    sock.armed_at = now
+    sock.settimeout(limits.left(limits.read, now))
+
+
+class _DeadlineSocket(socket.socket):
+    """A TCP socket whose every receive and send is bounded by the current request's ``_Limits``."""
+
+    limits: _Limits | None = None
+    armed_at = -math.inf
+
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int = 0, flags: int = 0) -> int:
+        _arm(self)
+        return super().recv_into(buffer, nbytes, flags)
+
+    def sendall(self, data: ReadableBuffer, flags: int = 0) -> None:
+        _arm(self)
+        super().sendall(data, flags)
+
+
+class _DeadlineTLSSocket(ssl.SSLSocket):
+    """The same for https: ``SSLContext.sslsocket_class`` makes the TLS wrapper of a connection this class."""
+
+    limits: _Limits | None = None
+    armed_at = -math.inf
+
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int | None = None, flags: int = 0) -> int:
+        _arm(self)
+        return super().recv_into(buffer, nbytes, flags)
+
+    def sendall(self, data: ReadableBuffer, flags: int = 0) -> None:
+        _arm(self)
+        super().sendall(data, flags)
+
+
+def _connect(address: tuple[str, int], timeout: Any = None, source_address: Any = None) -> socket.socket:
+    """``http.client``'s ``_create_connection``: ``socket.create_connection`` returning a ``_DeadlineSocket``."""
+    plain = socket.create_connection(address, timeout, source_address)
+    sock = _DeadlineSocket(plain.family, plain.type, plain.proto, plain.detach())
+    sock.settimeout(timeout)
+    return sock
 
 
 def _raise_as_httpx(exc: Exception, request: httpx.Request) -> NoReturn:

@@ -3,7 +3,11 @@
 What it does (what the official azure-eventhub SDK needs, found by running it against this):
 
 * SASL ANONYMOUS, no TLS; the SDK connects with ``UseDevelopmentEmulator=true`` in the string;
-* CBS: ``put-token`` on ``$cbs`` answered 200 on the server's link whose source is ``$cbs``;
+  or TLS (``tls=(cert, key)``), as Event Hubs on 5671, for clients that reach it as a custom endpoint;
+* CBS: ``put-token`` on ``$cbs`` answered 200 on the server's link whose source is ``$cbs``; with a
+  ``token_key``, only JWTs signed with it (the IMDS simulator's managed identity tokens) for an Event Hubs
+  audience and not expired are accepted (401 otherwise), and a transfer on a connection whose token for
+  the hub is missing or expired is rejected with ``amqp:unauthorized-access``, as Event Hubs does;
 * ``$management``: ``READ`` of ``com.microsoft:eventhub`` and ``com.microsoft:partition``;
 * sender links to ``<hub>`` or ``<hub>/Partitions/<id>``: single messages and SDK batches (Data
   sections holding whole encoded messages), routed to a partition by partition key;
@@ -30,15 +34,23 @@ same ``Store`` is an outage and a recovery; ``SilentPeer`` accepts TCP and never
 from __future__ import annotations
 
 import bisect
+import datetime
+import ipaddress
 import re
 import selectors
 import socket
+import ssl
 import threading
 import time
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from proton import (
     Collector,
     Condition,
@@ -55,10 +67,46 @@ from proton import (
 )
 from proton import ulong as amqp_ulong
 
+from se_exporter.simulator.identity import verify
+
 # Full field counts of every performative (AMQP 1.0 part 2.7 and 5.3), by descriptor code.
 FIELD_COUNTS = {0x10: 10, 0x11: 8, 0x12: 14, 0x13: 11, 0x14: 11, 0x15: 6, 0x16: 3, 0x17: 1, 0x18: 1,
                 0x40: 1, 0x41: 3, 0x42: 1, 0x43: 1, 0x44: 2}
 PROTOCOL_HEADER = b"AMQP"
+EVENTHUBS_AUDIENCES = ("https://eventhubs.azure.net", "https://eventhubs.azure.net/")
+
+
+@dataclass(frozen=True)
+class CbsToken:
+    """A put-token the server was sent: its type, the entity it is for, the JWT's claims, the verdict."""
+
+    token_type: str
+    name: str
+    claims: dict[str, Any] | None
+    accepted: bool
+    description: str
+    received_at: float
+
+
+def self_signed_certificate(directory: Path, host: str = "localhost") -> tuple[Path, Path]:
+    """A certificate for ``host`` and 127.0.0.1 (its own CA: give its path to the client) and its key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.SubjectAlternativeName([x509.DNSName(host),
+                                                               x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                                  critical=False)
+                   .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                   .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "eventhubs-cert.pem", directory / "eventhubs-key.pem"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
 
 
 @dataclass
@@ -203,9 +251,16 @@ def pad_frames(buffer: bytearray) -> bytes:
 
 
 class _Conn:
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, tls: ssl.SSLContext | None = None) -> None:
         self.sock = sock
         self.transport = Transport(Transport.SERVER)
+        # TLS around proton rather than proton's own: the frames are padded (pad_frames) in plain text.
+        self.tls: ssl.SSLObject | None = None
+        self.tls_in, self.tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        if tls is not None:
+            self.tls = tls.wrap_bio(self.tls_in, self.tls_out, server_side=True)
+        self.handshaken = False
+        self.plain_out = b""
         sasl = self.transport.sasl()
         sasl.allowed_mechs("ANONYMOUS")
         self.connection = Connection()
@@ -217,6 +272,7 @@ class _Conn:
         self.reply_links: dict[str, Link] = {}
         self.consumers: list[_Consumer] = []
         self.closed = False
+        self.token_expiry: dict[str, float] = {}  # CBS audience (entity URI) -> expiry of its accepted token
 
 
 @dataclass
@@ -230,9 +286,19 @@ class _Consumer:
 
 
 class EventHubsTestServer:
-    def __init__(self, store: Store | None = None, port: int = 0, settle: bool = True) -> None:
+    def __init__(self, store: Store | None = None, port: int = 0, settle: bool = True,
+                 token_key: bytes | None = None, tls: tuple[Path, Path] | None = None,
+                 audiences: tuple[str, ...] = EVENTHUBS_AUDIENCES) -> None:
         self.store = store or Store()
         self.settle = settle
+        self.token_key = token_key
+        self.audiences = audiences
+        self.cbs_tokens: list[CbsToken] = []
+        self.rejected_transfers = 0
+        self._tls: ssl.SSLContext | None = None
+        if tls is not None:
+            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._tls.load_cert_chain(tls[0], tls[1])
         self._port = port
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -283,7 +349,7 @@ class EventHubsTestServer:
                     if key.data is None:
                         sock, _ = self._listener.accept()
                         sock.setblocking(False)
-                        conns[sock] = _Conn(sock)
+                        conns[sock] = _Conn(sock, self._tls)
                         selector.register(sock, selectors.EVENT_READ, conns[sock])
                     else:
                         self._read(key.data)
@@ -310,12 +376,38 @@ class EventHubsTestServer:
             conn.transport.close_tail()
             conn.closed = True
             return
+        if conn.tls is not None:
+            conn.tls_in.write(data)
+            try:
+                data = self._decrypt(conn, conn.tls)
+            except ssl.SSLError:
+                conn.closed = True
+                return
         while data:
             capacity = conn.transport.capacity()
             if capacity <= 0:
                 break
             conn.transport.push(data[:capacity])
             data = data[capacity:]
+
+    @staticmethod
+    def _decrypt(conn: _Conn, tls: ssl.SSLObject) -> bytes:
+        if not conn.handshaken:
+            try:
+                tls.do_handshake()
+                conn.handshaken = True
+            except ssl.SSLWantReadError:
+                return b""  # the handshake's answer leaves with the next _pump
+        plain = bytearray()
+        while True:
+            try:
+                chunk = tls.read(65536)
+            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+                break
+            if not chunk:
+                break
+            plain += chunk
+        return bytes(plain)
 
     def _pump(self, conn: _Conn) -> None:
         conn.transport.tick(time.monotonic())
@@ -331,7 +423,15 @@ class EventHubsTestServer:
         if pending > 0:
             conn.raw_out += conn.transport.peek(pending) or b""
             conn.transport.pop(pending)
-            conn.pending_out += pad_frames(conn.raw_out)
+            if conn.tls is None:
+                conn.pending_out += pad_frames(conn.raw_out)
+            else:
+                conn.plain_out += pad_frames(conn.raw_out)
+        if conn.tls is not None:
+            if conn.handshaken and conn.plain_out:
+                conn.tls.write(conn.plain_out)
+                conn.plain_out = b""
+            conn.pending_out += conn.tls_out.read()
         if conn.pending_out:
             try:
                 sent = conn.sock.send(conn.pending_out)
@@ -458,6 +558,13 @@ class EventHubsTestServer:
             self._reply(conn, address, request)
             delivery.update(Delivery.ACCEPTED)
             delivery.settle()
+        elif not self._authorized(conn, address):
+            self.rejected_transfers += 1
+            # With info set, proton writes all three fields of the error (the SDK reads them by position).
+            delivery.local.condition = Condition("amqp:unauthorized-access", "no valid token for this entity",
+                                                 {symbol("entity"): address})
+            delivery.update(Delivery.REJECTED)
+            delivery.settle()
         else:
             self.transfers_received += 1
             match = re.search(r"/Partitions/([^/]+)$", address)
@@ -482,13 +589,44 @@ class EventHubsTestServer:
             return
         properties = {str(k): v for k, v in (request.properties or {}).items()}
         body: Any = None
+        status, description = 200, "OK"
         if address == "$management" and properties.get("operation") == "READ":
             body = self._read_entity(properties)
+        if address == "$cbs" and properties.get("operation") == "put-token":
+            status, description = self._put_token(conn, properties, request.body)
         reply = Message(body=body, correlation_id=request.id,
-                        properties={"status-code": 200, "status-description": "OK"})
+                        properties={"status-code": status, "status-description": description})
         link.delivery(f"reply-{time.monotonic_ns()}")
         link.send(reply.encode())
         link.advance()
+
+    def _put_token(self, conn: _Conn, properties: dict[str, Any], token: Any) -> tuple[int, str]:
+        """Check a CBS token as Event Hubs would (when this server was given a key to check with)."""
+        token_type, name = str(properties.get("type", "")), str(properties.get("name", ""))
+        claims: dict[str, Any] | None = None
+        status, description = 200, "OK"
+        if self.token_key is not None:
+            try:
+                if token_type != "jwt":  # noqa: S105 - a token type's name, not a password
+                    raise ValueError(f"token type {token_type} is not accepted here: jwt only")
+                claims = verify(str(token), self.token_key)
+                if claims.get("aud") not in self.audiences:
+                    raise ValueError(f"InvalidAudience: the token's audience {claims.get('aud')} is not valid")
+                if float(claims.get("exp", 0)) <= time.time():
+                    raise ValueError("ExpiredToken: the token has expired")
+                conn.token_expiry[name] = float(claims["exp"])
+            except ValueError as error:
+                status, description = 401, f"Unauthorized: {error}"
+        self.cbs_tokens.append(CbsToken(token_type, name, claims, status == 200, description, time.time()))
+        return status, description
+
+    def _authorized(self, conn: _Conn, address: str) -> bool:
+        if self.token_key is None:
+            return True
+        path = address.split("://", 1)[1].split("/", 1)[1] if "://" in address else address  # amqps://ns/hub/...
+        hub = path.split("/", maxsplit=1)[0]
+        return any(name.rstrip("/").endswith("/" + hub) and expiry > time.time()
+                   for name, expiry in conn.token_expiry.items())
 
     def _read_entity(self, properties: dict[str, Any]) -> dict[str, Any]:
         store = self.store

@@ -7,16 +7,21 @@ import json
 import logging
 import threading
 from collections.abc import Iterable
+from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.app import IdentityWatcher, Poller, make_http_app
 from se_exporter.config import Settings
 from se_exporter.imds import ImdsClient, VmIdentity
+from se_exporter.lifecycle import diff
 from se_exporter.metrics import Metrics
+from se_exporter.model import parse_document
 from se_exporter.sinks import DocumentChange, FanOut
+from se_exporter.state import LifecycleStore
 
 FREEZE = {"EventId": "E1", "EventStatus": "Scheduled", "EventType": "Freeze", "ResourceType": "VirtualMachine",
           "Resources": ["vm0"], "NotBefore": "Mon, 11 Apr 2022 22:26:58 GMT", "DurationInSeconds": 5}
@@ -47,8 +52,8 @@ class BrokenSink(RecordingSink):
         raise RuntimeError("boom")
 
 
-def make_poller(script: Iterable[httpx.Response | Exception], **overrides: float) -> tuple[
-        Poller, CollectorRegistry, RecordingSink]:
+def make_poller(script: Iterable[httpx.Response | Exception], store: LifecycleStore | None = None,
+                **overrides: float) -> tuple[Poller, CollectorRegistry, RecordingSink]:
     responses = iter(script)
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -66,7 +71,7 @@ def make_poller(script: Iterable[httpx.Response | Exception], **overrides: float
     metrics = Metrics(registry, lambda: poller.snapshot)
     sink = RecordingSink()
     fan_out = FanOut([BrokenSink(), sink], on_error=lambda name: metrics.sink_errors.labels(name).inc())
-    poller = Poller(imds, metrics, fan_out, settings, clock=iter(range(1000, 2000)).__next__)
+    poller = Poller(imds, metrics, fan_out, settings, clock=iter(range(1000, 2000)).__next__, store=store)
     return poller, registry, sink
 
 
@@ -159,7 +164,7 @@ def test_health_is_logged_per_change_not_per_poll(caplog: pytest.LogCaptureFixtu
     messages = [r.getMessage() for r in caplog.records if r.name == "se_exporter"]
     failures = [m for m in messages if m.startswith("IMDS poll failed")]
     assert len(failures) == 2
-    assert "HTTP 500" in failures[0] and "no answer within" in failures[1]
+    assert "HTTP 500" in failures[0] and "no complete answer within" in failures[1]
     assert [m for m in messages if m.startswith("IMDS recovered")] == ["IMDS recovered after 4 failed polls"]
 
 
@@ -251,3 +256,123 @@ def test_an_identity_read_during_a_poll_is_not_lost() -> None:
     poller.poll_once()
     assert poller.snapshot.up and poller.snapshot.has_document
     assert poller.snapshot.identity is not None and poller.snapshot.identity.vm_id == reads[-1]
+
+
+def doc(incarnation: int, *events: dict[str, object]) -> httpx.Response:
+    body = json.dumps({"DocumentIncarnation": incarnation, "Events": list(events)}).encode()
+    return httpx.Response(200, content=body)
+
+
+def event(event_id: str, status: str = "Scheduled") -> dict[str, object]:
+    return {**FREEZE, "EventId": event_id, "EventStatus": status, "NotBefore": "" if status == "Started" else
+            FREEZE["NotBefore"]}
+
+
+def kinds(sink: RecordingSink) -> list[tuple[str, str]]:
+    return [(t.event.event_id, t.kind) for change in sink.changes for t in change.transitions]
+
+
+def test_an_incarnation_going_backwards_is_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """17 then 10: the document is used (it is what IMDS says now), the regression counted, and one warning names
+    both numbers; 10 then 11 is no regression."""
+    poller, registry, _ = make_poller([doc(17, event("A")), doc(10, event("A")), doc(11, event("A"))])
+    with caplog.at_level(logging.INFO, logger="se_exporter"):
+        for _ in range(3):
+            poller.poll_once()
+    assert registry.get_sample_value("azure_scheduled_events_incarnation_regressions_total") == 1
+    assert registry.get_sample_value("azure_scheduled_events_document_incarnation") == 11
+    warnings = [r.getMessage() for r in caplog.records if "went backwards" in r.getMessage()]
+    assert warnings == ["DocumentIncarnation went backwards from 17 to 10; using the document as IMDS' current "
+                        "state (events that had ended stay ended)"]
+    assert registry.get_sample_value("azure_scheduled_events_up") == 1
+
+
+def test_a_replayed_document_never_counts_an_event_scheduled_twice() -> None:
+    """10 [A] -> 17 [] -> 10 [A] -> 18 []: A is scheduled once and canceled once; while listed again it is shown."""
+    poller, registry, sink = make_poller([doc(10, event("A")), doc(17), doc(10, event("A")), doc(18)])
+    poller.poll_once()
+    poller.poll_once()
+    poller.poll_once()
+    assert registry.get_sample_value("azure_scheduled_events_pending",
+                                     {"event_type": "Freeze", "event_status": "Scheduled"}) == 1
+    poller.poll_once()
+    assert kinds(sink) == [("A", "scheduled"), ("A", "canceled")]
+    assert registry.get_sample_value("azure_scheduled_events_incarnation_regressions_total") == 1
+
+
+def test_an_event_id_changing_only_in_case_is_not_canceled_and_scheduled() -> None:
+    """The same GUID in upper then lower case: one event, one series at a time, no cancel, no second schedule."""
+    poller, registry, sink = make_poller([doc(1, event("C7061BAC-AFDC")), doc(2, event("c7061bac-afdc"))])
+    poller.poll_once()
+    poller.poll_once()
+    assert kinds(sink) == [("C7061BAC-AFDC", "scheduled")]
+    ids = [sample.labels["event_id"] for family in registry.collect() for sample in family.samples
+           if sample.name == "azure_scheduled_event_info"]
+    assert ids == ["c7061bac-afdc"]
+
+
+def test_lifecycles_restored_from_disk_match_whatever_the_case(tmp_path: Path) -> None:
+    """State written under the EventId as listed continues when the event is listed again after a restart."""
+    store = LifecycleStore(tmp_path, scope="http://imds.test")
+    first = parse_document(doc(1, event("C7061BAC-AFDC")).content)
+    store.save(diff({}, first, 1000.0).records)
+    poller, _, sink = make_poller([doc(1, event("C7061BAC-AFDC"))], store=store)
+    poller.poll_once()
+    assert kinds(sink) == []
+    assert sink.changes[0].records["c7061bac-afdc"].first_seen == 1000.0
+
+
+@pytest.mark.parametrize("body", [
+    b'{"DocumentIncarnation": ' + b"9" * 5000 + b', "Events": []}',
+    b'{"DocumentIncarnation": "' + b"9" * 5000 + b'", "Events": []}',
+])
+def test_a_5000_digit_incarnation_is_a_warning_not_a_loop_error(body: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    """Python's int-string limit used to escape the parser ('unexpected error in the poll loop', up stuck at 1):
+    now the document is read, the incarnation ignored, the warning counted and logged once."""
+    poller, registry, _ = make_poller([httpx.Response(200, content=body)])
+    with caplog.at_level(logging.INFO, logger="se_exporter"):
+        poller.poll_once()
+    assert polls(registry, "ok") == 1
+    assert registry.get_sample_value("azure_scheduled_events_document_warnings_total") == 1
+    assert registry.get_sample_value("azure_scheduled_events_document_incarnation") is None
+    assert len([r for r in caplog.records if "parsed with 1 warnings" in r.getMessage()]) == 1
+    assert not [r for r in caplog.records if "unexpected error" in r.getMessage()]
+
+
+def test_deep_nesting_is_an_invalid_document_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A body nested 100,000 deep: invalid_document each poll, up 0, one log line for the run of them."""
+    deep = httpx.Response(200, content=b"[" * 100_000 + b"]" * 100_000)
+    poller, registry, _ = make_poller([httpx.Response(200, content=GOOD), deep, deep, deep])
+    with caplog.at_level(logging.INFO, logger="se_exporter"):
+        for _ in range(4):
+            poller.poll_once()
+    assert polls(registry, "invalid_document") == 3
+    assert registry.get_sample_value("azure_scheduled_events_up") == 0
+    failures = [r.getMessage() for r in caplog.records if r.getMessage().startswith("IMDS poll failed")]
+    assert len(failures) == 1 and "nested too deeply" in failures[0]
+    assert not [r for r in caplog.records if "unexpected error" in r.getMessage()]
+
+
+HOSTILE_IDS = [r"LLLL-\ud800", r"X\n2026-11-22T02:55:46.262Z critical \u001b[31mforged\u001b[0m", r'Q\\\"=\u2028']
+
+
+def hostile_document() -> bytes:
+    events = ", ".join('{"EventId": "' + event_id + '", "EventType": "Freeze", "EventStatus": "Scheduled", '
+                       '"Resources": ["vm0\\udfff"]}' for event_id in HOSTILE_IDS)
+    return ('{"DocumentIncarnation": 5, "Events": [' + events + "]}").encode()
+
+
+def test_a_scrape_survives_any_string_from_imds() -> None:
+    """Lone surrogates, newlines, ANSI escapes, quotes and backslashes in EventIds and in compute metadata: /metrics
+    answers 200 with text Prometheus' parser reads, one series per event."""
+    poller, registry, _ = make_poller([httpx.Response(200, content=hostile_document())])
+    poller.poll_once()
+    poller.set_identity(VmIdentity.from_compute({"name": "vm\ud800", "vmId": "id\n1", "location": "x\x1b[2J"}))
+    app = make_http_app(registry, poller)
+    status: list[str] = []
+    body = b"".join(app({"PATH_INFO": "/metrics", "REQUEST_METHOD": "GET", "QUERY_STRING": ""},
+                        lambda s, h: status.append(s)))
+    assert status == ["200 OK"]
+    ids = sorted(sample.labels["event_id"] for family in text_string_to_metric_families(body.decode("utf-8"))
+                 for sample in family.samples if sample.name == "azure_scheduled_event_info")
+    assert ids == sorted(["LLLL-\\ud800", "X\n2026-11-22T02:55:46.262Z critical \x1b[31mforged\x1b[0m", 'Q\\"=\u2028'])

@@ -17,6 +17,7 @@ from se_exporter.config import (
     Listen,
     Settings,
     parse_bytes,
+    parse_endpoint,
     parse_listen,
     run_settings,
 )
@@ -79,6 +80,9 @@ BAD_CONFIGURATION = [
     (["--speed", "1e300"], {}, "--speed: '1e300' is out of range"),
     (["--eventhub-send-timeout", "0.001"], {}, "--eventhub-send-timeout: '0.001' is out of range"),
     (["--simulate", "no-such-scenario"], {}, "scenario 'no-such-scenario' is neither a built-in"),
+    (["--eventhub-endpoint", "https://gw.internal/eh"], {}, "--eventhub-endpoint: 'https://gw.internal/eh' is not an"),
+    (["--eventhub-ca-file", "/no/such/ca.pem"], {}, "--eventhub-ca-file: '/no/such/ca.pem' is not a readable file"),
+    (["--eventhub-endpoint", "sb://10.1.2.3"], {}, "--eventhub-endpoint needs --eventhub-namespace or"),
 ]
 
 
@@ -148,6 +152,16 @@ def test_derived_bounds_instead_of_refusals() -> None:
 def test_parse_listen(text: str, expected: Listen) -> None:
     """HOST:PORT, :PORT (all interfaces) and [IPv6]:PORT are understood."""
     assert parse_listen(text) == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("sb://10.1.2.3", "sb://10.1.2.3"),
+    ("10.1.2.3:5671", "sb://10.1.2.3:5671"),
+    ("amqps://eh-gw.internal:5671/", "sb://eh-gw.internal:5671"),
+])
+def test_parse_endpoint(text: str, expected: str) -> None:
+    """A custom endpoint is normalised to the sb://HOST[:PORT] form the SDK takes."""
+    assert parse_endpoint(text) == expected
 
 
 def test_parse_bytes() -> None:

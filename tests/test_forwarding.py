@@ -11,6 +11,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from azure.core.exceptions import ClientAuthenticationError
 from azure.eventhub.exceptions import AuthenticationError, ConnectError, EventHubError, OperationTimeoutError
 
 from se_exporter.cli import build_parser, main
@@ -310,3 +311,15 @@ def test_sdk_error_reasons() -> None:
     assert classify(AuthenticationError("no")) == "auth"
     assert classify(ConnectError("no")) == "connection"
     assert classify(EventHubError("no")) == "service"
+
+
+def test_a_credential_failure_wrapped_by_the_sdk_is_auth() -> None:
+    """A token that could not be had reaches the forwarder as an EventHubError caused by azure-identity's
+    ClientAuthenticationError (as the SDK raises it from create_batch): counted as auth, not service."""
+    try:
+        try:
+            raise ClientAuthenticationError("DefaultAzureCredential failed to retrieve a token")
+        except ClientAuthenticationError as cause:
+            raise EventHubError("DefaultAzureCredential failed to retrieve a token") from cause
+    except EventHubError as wrapped:
+        assert classify(wrapped) == "auth"

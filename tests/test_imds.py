@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import email.utils
+import json
 import re
+import tracemalloc
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -16,7 +18,11 @@ from se_exporter.errors import (
     ImdsTimeout,
     InvalidDocument,
 )
-from se_exporter.imds import ImdsClient, VmIdentity, parse_retry_after
+from se_exporter.imds import ImdsClient, VmIdentity, make_transport, parse_retry_after
+from se_exporter.simulator import scenario as scenarios
+from se_exporter.simulator.faults import Fault
+from se_exporter.simulator.server import Simulator, start
+from se_exporter.transport import TOTAL_TIMEOUT
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -49,6 +55,71 @@ def test_the_first_call_waits_longer_than_the_rest() -> None:
     imds.scheduled_events()
     imds.scheduled_events()
     assert [r.extensions["timeout"]["read"] for r in seen] == [120.0, 2.0]
+
+
+def test_the_timeout_bounds_the_whole_request() -> None:
+    """Each request asks the transport for one deadline over connect, headers and body: the same timeout as its
+    steps (the first-call timeout for the first call), so a drip-feeding server cannot hold a poll past it."""
+    imds, seen = client(lambda r: httpx.Response(200, content=b"{}"))
+    imds.scheduled_events()
+    imds.scheduled_events()
+    imds.compute()
+    assert [r.extensions[TOTAL_TIMEOUT] for r in seen] == [120.0, 2.0, 2.0]
+
+
+def test_identity_encoding_is_asked_for() -> None:
+    """Without Accept-Encoding any coding is acceptable (RFC 9110), so the client asks for the bytes as they are."""
+    imds, seen = client(lambda r: httpx.Response(200, content=b"{}"))
+    imds.scheduled_events()
+    assert seen[0].headers["Accept-Encoding"] == "identity"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br", "GZIP ", "x-gzip, identity"])
+def test_a_compressed_body_is_refused_unread(encoding: str) -> None:
+    """An answer compressed anyway is an invalid document, refused before a byte of its body is read or inflated
+    (the README promises the exact bytes IMDS returned; a gzip bomb must cost nothing)."""
+    def chunks() -> Iterator[bytes]:
+        raise AssertionError("the body must not be read")
+        yield b""  # pragma: no cover
+
+    imds, _ = client(lambda r: httpx.Response(200, headers={"Content-Encoding": encoding}, content=chunks()))
+    with pytest.raises(InvalidDocument, match="encoded although identity was asked for"):
+        imds.scheduled_events()
+
+
+def test_identity_content_encoding_is_accepted() -> None:
+    """'identity' is no coding at all: such a body is the document."""
+    imds, _ = client(lambda r: httpx.Response(200, headers={"Content-Encoding": "identity"}, content=b"{}"))
+    assert imds.scheduled_events() == b"{}"
+
+
+def test_a_gzip_bomb_costs_no_memory() -> None:
+    """The simulator's gzip fault inflating to 64 MB, through the real transport: refused, and the poll's peak
+    Python allocation stays under 1 MB (the compressed body is not even read: the connection is dropped). Decoding
+    it, as before, held the 64 MB."""
+    sim = Simulator(scenarios.load("live-migration"))
+    server = start(sim, "127.0.0.1", 0)
+    transport = make_transport()
+    try:
+        imds = ImdsClient(transport, server.url, "2020-07-01", timeout=10.0, first_call_timeout=10.0,
+                          max_body_bytes=4 * 1024 * 1024)
+        imds.scheduled_events()  # warm: the connection and the first-call allowance
+        sim.inject(Fault("gzip", size=64 * 1024 * 1024, count=2))
+        with pytest.raises(InvalidDocument):
+            imds.scheduled_events()  # the simulator (in this process) compresses its 64 MB of blanks once, here
+        tracemalloc.start()
+        try:
+            with pytest.raises(InvalidDocument, match="gzip-encoded"):
+                imds.scheduled_events()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 1024 * 1024, peak
+        assert json.loads(imds.scheduled_events())["Events"] is not None  # and the next poll is a document again
+    finally:
+        transport.close()
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_failed_connection_keeps_the_first_call_timeout() -> None:

@@ -10,6 +10,7 @@ import pytest
 from se_exporter.lifecycle import (
     CANCELED,
     COMPLETED,
+    ENDED_MEMORY,
     RESCHEDULED,
     SCHEDULED,
     STARTED,
@@ -34,10 +35,11 @@ def event(event_id: str = "E1", status: str = "Scheduled", not_before: str = "Mo
 def run(documents: Sequence[tuple[float, Document]]) -> tuple[
         list[tuple[float, Transition]], Mapping[str, EventRecord]]:
     records: Mapping[str, EventRecord] = {}
+    ended: Mapping[str, EventRecord] = {}
     seen: list[tuple[float, Transition]] = []
     for now, document in documents:
-        step = diff(records, document, now)
-        records = step.records
+        step = diff(records, document, now, ended)
+        records, ended = step.records, step.ended
         seen.extend((now, t) for t in step.transitions)
     return seen, records
 
@@ -108,8 +110,8 @@ def test_rescheduled_carries_the_previous_not_before() -> None:
 def test_first_seen_survives_updates() -> None:
     """Later documents update the event but keep the time it was first seen."""
     _, records = run([(1.0, doc(1, event())), (2.0, doc(2, event(not_before="Tue, 12 Apr 2022 01:00:00 GMT")))])
-    assert records["E1"].first_seen == 1.0
-    assert records["E1"].event.not_before is not None and records["E1"].event.not_before.day == 12
+    assert records["e1"].first_seen == 1.0
+    assert records["e1"].event.not_before is not None and records["e1"].event.not_before.day == 12
 
 
 def test_diff_does_not_mutate_its_input() -> None:
@@ -125,3 +127,52 @@ def test_an_event_is_never_both_completed_and_canceled() -> None:
     transitions, _ = run([(1.0, doc(1, event("A"), event("B"))), (2.0, doc(2, event("A", "Started"))), (3.0, doc(3))])
     ends = [(t.event.event_id, t.kind) for _, t in transitions if t.kind in (COMPLETED, CANCELED)]
     assert sorted(ends) == [("A", COMPLETED), ("B", CANCELED)]
+
+
+def kinds(transitions: list[tuple[float, Transition]]) -> list[tuple[str, str]]:
+    return [(t.event.event_id, t.kind) for _, t in transitions]
+
+
+def test_an_event_id_that_changes_only_in_case_is_the_same_event() -> None:
+    """EventIds are GUIDs: 'ABC' listed again as 'abc' (or ' abc ') is neither canceled nor scheduled again; the
+    record keeps its first sighting and shows the new spelling; its end is counted once."""
+    transitions, _ = run([(1.0, doc(1, event("ABC-1"))), (2.0, doc(2, event("abc-1"))),
+                                (3.0, doc(3, event(" abc-1 ", "Started"))), (4.0, doc(4))])
+    assert kinds(transitions) == [("ABC-1", SCHEDULED), (" abc-1 ", STARTED), (" abc-1 ", COMPLETED)]
+    assert transitions[1][1].record.first_seen == 1.0
+
+
+def test_records_are_keyed_by_the_lower_cased_event_id() -> None:
+    """The key is the one the trace id is derived from (event_key), so records, spans and metrics agree."""
+    _, records = run([(1.0, doc(1, event("C7061BAC-AFDC-4513-B24B-AA5F13A16123")))])
+    assert list(records) == ["c7061bac-afdc-4513-b24b-aa5f13a16123"]
+
+
+def test_an_ended_event_listed_again_does_not_begin_again() -> None:
+    """17 [A] -> 18 [] (A canceled) -> 10 [A] (a stale answer): A is shown again with its first sighting, but it is
+    never counted scheduled twice, and when it goes again it is not counted canceled twice."""
+    transitions, records = run([(1.0, doc(17, event("A"))), (2.0, doc(18)), (3.0, doc(10, event("A"))),
+                                (4.0, doc(11, event("A", "Started"))), (5.0, doc(19))])
+    assert kinds(transitions) == [("A", SCHEDULED), ("A", CANCELED)]
+    assert records == {}
+
+
+def test_an_ended_event_listed_again_is_shown_with_its_old_times() -> None:
+    """While listed again it is in the records (IMDS lists it), with the first time it was seen."""
+    _, records = run([(1.0, doc(1, event("A"))), (2.0, doc(2)), (3.0, doc(3, event("A")))])
+    assert records["a"].first_seen == 1.0 and records["a"].gone_at is None
+
+
+def test_other_events_are_unaffected_by_a_replayed_one() -> None:
+    """A new event in the stale document is a new event: scheduled as usual."""
+    transitions, _ = run([(1.0, doc(1, event("A"))), (2.0, doc(2)), (3.0, doc(1, event("A"), event("B")))])
+    assert kinds(transitions) == [("A", SCHEDULED), ("A", CANCELED), ("B", SCHEDULED)]
+
+
+def test_the_memory_of_ended_events_is_bounded() -> None:
+    """At most ENDED_MEMORY ended events are remembered, the newest."""
+    step = diff({}, doc(1, *[event(f"E{index}") for index in range(ENDED_MEMORY + 10)]), 1.0)
+    gone = diff(step.records, doc(2), 2.0, step.ended)
+    assert len(gone.transitions) == ENDED_MEMORY + 10
+    assert len(gone.ended) == ENDED_MEMORY
+    assert "e0" not in gone.ended and f"e{ENDED_MEMORY + 9}" in gone.ended

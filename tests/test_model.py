@@ -201,3 +201,136 @@ def test_affects_this_vm(resources: tuple[str, ...], vm_name: str | None, expect
     """Own name listed in Resources (case-insensitive, preview underscore ignored) decides affects_this_vm."""
     event = ScheduledEvent(event_id="x", event_type="Reboot", event_status="Scheduled", resources=resources)
     assert affects_vm(event, vm_name) == expected
+
+
+HUGE = "9" * 5000  # past Python's int-string limit (4,300 digits)
+
+
+@pytest.mark.parametrize("incarnation", [
+    f'{HUGE}', f'"{HUGE}"', f'-{HUGE}', str(2**63), str(-(2**63) - 1), "1" + "0" * 400, '"' + "1" * 65 + '"',
+], ids=["5,000 digits", "5,000 digits as a string", "-5,000 digits", "2**63", "-2**63-1", "400 digits",
+        "65-digit string"])
+def test_an_incarnation_no_output_can_carry_is_a_warning(incarnation: str) -> None:
+    """A DocumentIncarnation beyond 64 bits, or longer than Python will read, is ignored with a warning; the
+    events are read as usual (never a ValueError out of the parser)."""
+    body = ('{"DocumentIncarnation": ' + incarnation + ', "Events": [{"EventId": "E1", "EventType": "Freeze", '
+            '"EventStatus": "Scheduled"}]}').encode()
+    document = parse_document(body)
+    assert document.incarnation is None
+    assert [event.event_id for event in document.events] == ["E1"]
+    assert len(document.warnings) == 1 and "DocumentIncarnation" in document.warnings[0]
+    assert len(document.warnings[0]) < 200  # a snippet, not 5,000 digits
+
+
+def test_64_bit_integers_are_kept() -> None:
+    """The edges of the signed 64-bit range are valid incarnations and durations."""
+    for number in (2**63 - 1, -(2**63)):
+        document = parse_document(json.dumps({"DocumentIncarnation": number, "Events": [
+            {"EventId": "E1", "DurationInSeconds": number}]}).encode())
+        assert document.incarnation == number and document.events[0].duration_seconds == number
+
+
+@pytest.mark.parametrize("duration", [HUGE, f'"{HUGE}"', str(2**64), "1e400", "-1e400", "1.5"])
+def test_a_duration_no_output_can_carry_is_a_warning(duration: str) -> None:
+    """DurationInSeconds too large for 64 bits (or infinite, or fractional) becomes absent with a warning."""
+    body = ('{"Events": [{"EventId": "E1", "DurationInSeconds": ' + duration + "}]}").encode()
+    document = parse_document(body)
+    assert document.events[0].duration_seconds is None
+    assert any("DurationInSeconds" in warning for warning in document.warnings)
+
+
+def test_a_huge_number_anywhere_else_is_tolerated() -> None:
+    """A 5,000-digit number in Resources or an unknown field costs that value, not the document."""
+    body = ('{"Events": [{"EventId": "E1", "EventType": "Freeze", "EventStatus": "Scheduled", '
+            f'"Resources": ["vm0", {HUGE}], "Zones": {HUGE}}}], "Other": {HUGE}}}').encode()
+    document = parse_document(body)
+    assert document.events[0].resources == ("vm0",)
+    assert document.warnings == ("Events[0]: Resources has 1 non-string entries; ignored",)
+
+
+@pytest.mark.parametrize("body", [
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"Events": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b'{"Events": [], "x": ' + b'{"a":' * 50_000 + b"1" + b"}" * 50_000 + b"}",
+], ids=["array", "inside Events", "object in an unknown field"])
+def test_deep_nesting_is_an_invalid_document(body: bytes) -> None:
+    """JSON nested 50,000-100,000 deep (RecursionError in the decoder) is an invalid document with a reason."""
+    with pytest.raises(InvalidDocument, match="nested too deeply"):
+        parse_document(body)
+
+
+@pytest.mark.parametrize("field", ["EventId", "EventType", "EventStatus", "ResourceType", "Description",
+                                   "EventSource"])
+def test_a_lone_surrogate_is_written_out_and_warned(field: str) -> None:
+    """'\\ud800' is a valid JSON escape that no UTF-8 encoder accepts: every string the model hands out is encodable,
+    with the surrogate spelt out as text, and the document carries one warning saying so."""
+    event = {"EventId": "E1", field: "LLLL-\\ud800"}
+    body = json.dumps(event).replace("\\\\ud800", "\\ud800")  # the escape itself, not an escaped backslash
+    document = parse_document(('{"Events": [' + body + "]}").encode())
+    value = getattr(document.events[0], {"EventId": "event_id", "EventType": "event_type",
+                                         "EventStatus": "event_status", "ResourceType": "resource_type",
+                                         "Description": "description", "EventSource": "event_source"}[field])
+    assert value == "LLLL-\\ud800"
+    value.encode("utf-8")
+    assert document.warnings[0].startswith("1 strings held unpaired UTF-16 surrogates")
+
+
+def test_surrogates_in_keys_and_resources_and_pairs() -> None:
+    """Keys, list items and low surrogates are written out too; a proper surrogate pair is a character, left alone."""
+    body = rb'{"Events": [{"EventId": "E\udc00", "Resources": ["vm\ud83d\ude00", "x\udfff"], "k\ud800": 1}]}'
+    document = parse_document(body)
+    event = document.events[0]
+    assert event.event_id == "E\\udc00"
+    assert event.resources == ("vm\U0001f600", "x\\udfff")
+    assert "k\\ud800" in event.extra
+    assert document.warnings[0].startswith("3 strings held")
+
+
+def test_a_str_body_with_raw_surrogates_is_handled_too() -> None:
+    """Callers that pass text (not bytes) get the same guarantee."""
+    document = parse_document('{"Events": [{"EventId": "E\ud800"}]}')
+    assert document.events[0].event_id == "E\\ud800"
+
+
+def test_event_ids_differing_only_in_case_are_duplicates() -> None:
+    """EventIds are GUIDs: 'ABC' and 'abc' (or ' abc ') in one document are the same event; the first is kept."""
+    document = parse_document(json.dumps({"Events": [
+        {"EventId": "ABC-1", "EventType": "Freeze", "EventStatus": "Scheduled"},
+        {"EventId": " abc-1 ", "EventType": "Reboot", "EventStatus": "Scheduled"}]}).encode())
+    assert [(e.event_id, e.event_type, e.key) for e in document.events] == [("ABC-1", "Freeze", "abc-1")]
+    assert document.warnings == ("Events[1]: duplicate EventId ' abc-1 ' ignored",)
+
+
+HOSTILE = [
+    b'{"Events": [{"EventId": "E1", "NotBefore": "Mon, 11 Apr 99999999999 22:26:58 GMT"}]}',
+    b'{"Events": [{"EventId": "E1", "NotBefore": "9999-12-31T23:59:59-23:59"}]}',
+    b'{"Events": [{"EventId": "E1", "NotBefore": "0001-01-01T00:00:00+23:59"}]}',
+    b'{"Events": [{"EventId": "E1", "NotBefore": "' + b"1" * 100_000 + b'"}]}',
+    b'{"Events": [{"EventId": "E1", "DurationInSeconds": 1e309, "Resources": [1e999, -1e999]}]}',
+    b'{"Events": [{"EventId": "E1", "DurationInSeconds": NaN}], "DocumentIncarnation": Infinity}',
+    b'{"Events": [{"EventId": "\\u0000\\u001b[31m\\n"}], "DocumentIncarnation": -0}',
+    b'{"Events": [{"EventId": "E1"}], "Events": "twice"}',
+    b'{"DocumentIncarnation": ' + b"9" * 5000 + b', "Events": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b'{"DocumentIncarnation": ' + b"9" * 5000 + b', "Events": [}',
+    b'\xef\xbb\xbf\xef\xbb\xbf{"Events": []}',
+    b'{"Events": [' + b'{"EventId": "E"},' * 10_000 + b'{"EventId": "F"}]}',
+]
+
+
+@pytest.mark.parametrize("body", HOSTILE, ids=range(len(HOSTILE)))
+def test_hostile_bodies_end_in_a_document_or_an_invalid_document(body: bytes) -> None:
+    """Whatever a body does to the parser, the result is a Document (whose strings all encode) or InvalidDocument."""
+    try:
+        document = parse_document(body)
+    except InvalidDocument:
+        return
+    for event in document.events:
+        for text in (event.event_id, event.event_type, event.event_status, *event.resources):
+            text.encode("utf-8")
+
+
+def test_an_escaped_backslash_before_a_pair_is_not_mistaken_for_the_pair() -> None:
+    """'\\\\ud83d\\ude00' is a backslash, the text 'ud83d', then a lone low surrogate: it is found and written out."""
+    document = parse_document(rb'{"Events": [{"EventId": "A\\ud83d\ude00"}]}')
+    assert document.events[0].event_id == "A\\ud83d\\ude00"
+    document.events[0].event_id.encode("utf-8")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import urllib.request
@@ -13,7 +14,7 @@ import pytest
 from se_exporter.errors import ConfigError
 from se_exporter.model import parse_document
 from se_exporter.simulator import scenario as scenarios
-from se_exporter.simulator.faults import Fault, parse_fault
+from se_exporter.simulator.faults import Fault, from_json, parse_fault
 from se_exporter.simulator.server import SCHEDULED_EVENTS_VERSIONS, Simulator, SimulatorServer, start
 
 SE = "/metadata/scheduledevents"
@@ -340,3 +341,137 @@ def test_urllib_sees_the_same_document(served: tuple[Simulator, SimulatorServer,
     request = urllib.request.Request(server.url + SE + "?api-version=2020-07-01", headers={"Metadata": "true"})
     with urllib.request.urlopen(request, timeout=5) as response:
         assert json.load(response)["Events"][0]["EventType"] == "Freeze"
+
+
+@pytest.mark.parametrize(("fault", "reason"), [
+    ({"kind": "status", "status": "abc"}, "status must be an integer from 100 to 599"),
+    ({"kind": "status", "status": 99999}, "status must be an integer from 100 to 599"),
+    ({"kind": "status", "status": 42}, "status must be an integer from 100 to 599"),
+    ({"kind": "status", "status": True}, "status must be an integer"),
+    ({"kind": "delay", "seconds": -1}, "seconds must be a number from 0 to 3600"),
+    ({"kind": "delay", "seconds": "soon"}, "seconds must be a number"),
+    ({"kind": "hang", "seconds": 1e308}, "seconds must be a number from 0 to 3600"),
+    ({"kind": "huge", "bytes": -5}, "bytes must be an integer from 0"),
+    ({"kind": "huge", "bytes": 2**40}, "bytes must be an integer from 0"),
+    ({"kind": "huge", "size": 1000}, "unknown fault keys size (the body size is 'bytes')"),
+    ({"kind": "status", "count": -1}, "count must be an integer from 0"),
+    ({"kind": "status", "count": 1.5}, "count must be an integer"),
+    ({"kind": "throttle", "retry_after": "1\r\nX-Injected: yes"}, "retry_after must be printable ASCII"),
+    ({"kind": "redirect", "location": ["http://x/"]}, "location must be printable ASCII"),
+    ({"kind": "body", "text": 7}, "text must be a string"),
+    (rb'{"kind": "body", "text": "\ud800"}', "text must be valid Unicode"),
+    ({"kind": "chunked", "error": "sometimes"}, "error 'sometimes' is not one of none, missing_last, bad_size"),
+    ({"kind": "drip", "seconds": 0}, "drip needs seconds > 0"),
+    ({"kind": 5}, "kind must be a string"),
+    ({"status": 500}, "an object with at least 'kind'"),
+    ([{"kind": "status"}, {"kind": "status", "status": "x"}], "status must be an integer"),
+])
+def test_bad_faults_are_400_with_the_reason_and_change_nothing(served: tuple[Simulator, SimulatorServer, FakeClock],
+                                                               fault: object, reason: str) -> None:
+    """The fault API checks every value: 400 naming what is wrong, nothing injected (a list is all or nothing), and
+    the next GET is a normal document (it used to crash the handler)."""
+    _, server, _ = served
+    with httpx.Client(trust_env=False) as http:
+        answer = http.post(server.url + "/_simulator/faults", **(
+            {"content": fault} if isinstance(fault, bytes) else {"json": fault}))
+    assert answer.status_code == 400
+    assert reason in answer.json()["error"]
+    assert get(server).status_code == 200
+
+
+def test_a_body_spec_takes_json_with_commas() -> None:
+    """text= takes the rest of the spec, so a JSON body with commas can be given on the command line."""
+    assert parse_fault('body,count=0,text={"DocumentIncarnation": 1, "Events": []}') == Fault(
+        "body", count=0, text='{"DocumentIncarnation": 1, "Events": []}')
+
+
+def test_bytes_is_the_size_key_everywhere() -> None:
+    """'bytes' in a spec string and in JSON, as the README says; both make the same fault."""
+    assert parse_fault("huge,bytes=300") == from_json({"kind": "huge", "bytes": 300}) == Fault("huge", size=300)
+    assert parse_fault("truncate,bytes=10,count=0") == Fault("truncate", size=10, count=0)
+
+
+@pytest.mark.parametrize(("spec", "reason"), [
+    ("status,status=abc", "invalid literal"), ("status,status=99999", "from 100 to 599"),
+    ("delay,seconds=-1", "from 0 to 3600"), ("delay,seconds=nan", "from 0 to 3600"),
+    ("chunked,error=maybe", "is not one of"), ("huge,size=5", "unknown keys size"),
+])
+def test_bad_fault_specs_are_refused_with_a_reason(spec: str, reason: str) -> None:
+    """The CLI's --fault gets the same checks: one clear error instead of a crash at the next request."""
+    with pytest.raises(ConfigError, match=reason):
+        parse_fault(spec)
+
+
+def test_advance_refuses_going_back_or_nonsense(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """Scenario time only moves forward, by a finite number of seconds."""
+    _, server, _ = served
+    with httpx.Client(trust_env=False) as http:
+        for seconds in (-5, "soon", None, True):
+            answer = http.post(server.url + "/_simulator/advance", json={"seconds": seconds})
+            assert answer.status_code == 400, seconds
+        assert http.post(server.url + "/_simulator/advance", content=b'{"seconds": Infinity}').status_code == 400
+
+
+def raw_exchange(server: SimulatorServer, timeout: float = 5.0) -> bytes:
+    """One GET on a raw socket; everything the simulator sends until it closes."""
+    host, port = server.server_address[:2]
+    with socket.create_connection((str(host), port), timeout=timeout) as conn:
+        conn.sendall(f"GET {SE}?api-version=2020-07-01 HTTP/1.1\r\nHost: x\r\nMetadata: true\r\n\r\n".encode())
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    return data
+
+
+def test_truncate_sends_part_of_the_document_under_its_full_length(
+        served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """truncate: the whole document's Content-Length, the first N bytes (default half), then the connection closes."""
+    sim, server, _ = served
+    document = json.dumps(sim.document()).encode()
+    for fault, sent in ((Fault("truncate"), len(document) // 2), (Fault("truncate", size=7), 7),
+                        (Fault("truncate", size=10**6), len(document) - 1)):
+        sim.inject(fault)
+        head, _, body = raw_exchange(server).partition(b"\r\n\r\n")
+        assert b"Content-Length: %d" % len(document) in head
+        assert body == document[:sent]
+
+
+def test_drip_sends_one_byte_at_a_time(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """drip: the whole answer arrives a byte per send, complete and correct when the client waits for it."""
+    sim, server, _ = served
+    document = json.dumps(sim.document()).encode()
+    sim.inject(Fault("drip", seconds=0.001))
+    head, _, body = raw_exchange(server).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and body == document
+
+
+@pytest.mark.parametrize(("error", "expected"), [("none", "whole"), ("missing_last", "no last chunk"),
+                                                 ("bad_size", "bad size")])
+def test_chunked_faults(served: tuple[Simulator, SimulatorServer, FakeClock], error: str, expected: str) -> None:
+    """chunked: the document in chunks, well formed or with its last chunk missing or a garbled size."""
+    sim, server, _ = served
+    sim.inject(Fault("chunked", error=error))
+    head, _, body = raw_exchange(server).partition(b"\r\n\r\n")
+    assert b"Transfer-Encoding: chunked" in head
+    if expected == "whole":
+        with httpx.Client(trust_env=False) as http:  # an ordinary client decodes it to the document
+            sim.inject(Fault("chunked", error=error))
+            assert http.get(server.url + SE, params={"api-version": "2020-07-01"},
+                            headers={"Metadata": "true"}).json() == sim.document()
+    elif expected == "no last chunk":
+        assert not body.endswith(b"0\r\n\r\n")
+    else:
+        assert b"\r\nzz\r\n" in body
+
+
+def test_gzip_bomb_inflates_to_blanks_then_the_document(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """gzip: Content-Encoding gzip though identity was asked for; with bytes=N it inflates to N blanks and the
+    document (still valid JSON), at a small fraction of N on the wire."""
+    sim, server, _ = served
+    sim.inject(Fault("gzip", size=8 * 1024 * 1024))
+    head, _, body = raw_exchange(server).partition(b"\r\n\r\n")
+    assert b"Content-Encoding: gzip" in head
+    assert len(body) < 64 * 1024
+    inflated = gzip.decompress(body)
+    assert len(inflated) == 8 * 1024 * 1024 + len(json.dumps(sim.document()))
+    assert json.loads(inflated) == sim.document()

@@ -1,10 +1,11 @@
 """Fault injection: what can go wrong between a VM and IMDS, on demand.
 
 A fault applies to the next ``count`` GETs of the Scheduled Events endpoint (``count=0``: until
-cleared). Spec strings, for ``--fault`` and ``SE_EXPORTER_SIMULATOR_FAULTS`` (``;``-separated):
+cleared). Spec strings, for ``--fault`` and ``SE_EXPORTER_SIMULATOR_FAULTS`` (``;``-separated); the
+same keys make the JSON object of ``POST /_simulator/faults``:
 
     throttle[,retry_after=S][,count=N]   429 Too Many Requests, with Retry-After if given
-    status,status=CODE[,count=N]         any status (500, 503, 404 ...)
+    status,status=CODE[,count=N]         any status, 100 to 599 (500, 503, 404 ...)
     delay,seconds=S[,count=N]            answer normally, S seconds late (slow answers)
     first_call_delay,seconds=S           the first request only, as when the service switches on
     hang,seconds=S[,count=N]             say nothing for S seconds, then close: a client timeout
@@ -15,17 +16,43 @@ cleared). Spec strings, for ``--fault`` and ``SE_EXPORTER_SIMULATOR_FAULTS`` (``
     empty[,count=N]                      200 with an empty body
     redirect[,location=URL][,count=N]    302 to another place
     huge[,bytes=N][,count=N]             a 200 body of N bytes (default 10 MB)
-    body,text=T[,count=N]                200 with exactly T (for unknown fields and types)
+    body[,count=N],text=T                200 with exactly T (for unknown fields and types); text= comes last
+                                         and takes the rest of the spec, commas included
+    truncate[,bytes=N][,count=N]         the document's Content-Length, but only its first N bytes (default
+                                         half), then the connection closes
+    drip[,seconds=S][,count=N]           the whole answer one byte every S seconds (default 1)
+    chunked[,error=E][,count=N]          the document in chunks; E: none (well formed, the default),
+                                         missing_last (no final chunk, then close), bad_size (a chunk size
+                                         that is not hexadecimal)
+    gzip[,bytes=N][,count=N]             the document gzip-compressed (Content-Encoding: gzip) although the
+                                         client asked for identity; with bytes=N, N bytes of blanks before it
+                                         (a bomb: 300 MB of blanks are ~0.3 MB compressed)
+
+Every value is checked when the fault is made, so a bad one is refused there (the CLI's one line, or
+HTTP 400 with the reason) and never reaches a request.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 from se_exporter.errors import ConfigError
 
 KINDS = ("throttle", "status", "delay", "first_call_delay", "hang", "reset", "malformed", "non_json",
-         "invalid", "empty", "redirect", "huge", "body")
+         "invalid", "empty", "redirect", "huge", "body", "truncate", "drip", "chunked", "gzip")
+CHUNK_ERRORS = ("none", "missing_last", "bad_size")
+MAX_SECONDS = 3600.0
+MAX_BYTES = 2**30
+MAX_COUNT = 10**9
+# Header values go out as they are: no control characters (a CR/LF would write headers of its own).
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
+# The spec key and the JSON key of each field; the field itself is ``size`` (``bytes`` would shadow the type).
+_KEYS = {"count": "count", "status": "status", "retry_after": "retry_after", "seconds": "seconds",
+         "location": "location", "bytes": "size", "text": "text", "error": "error"}
+_DEFAULT_SIZE = {"huge": 10 * 1024 * 1024}
+_DEFAULT_SECONDS = {"hang": 30.0, "drip": 1.0}
 
 
 @dataclass(frozen=True)
@@ -36,51 +63,97 @@ class Fault:
     retry_after: str | None = None
     seconds: float = 0.0
     location: str = "http://127.0.0.1:9/metadata/scheduledevents"
-    size: int = 10 * 1024 * 1024
+    size: int | None = None  # "bytes": huge's body, truncate's bytes sent, gzip's blanks; None: the kind's default
     text: str = ""
+    error: str = "none"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError(f"fault kind {self.kind!r} is not one of {', '.join(KINDS)}")
-        if self.count < 0:
-            raise ConfigError("fault count must be >= 0 (0: until cleared)")
+        _integer("count", self.count, 0, MAX_COUNT, " (0: until cleared)")
+        _integer("status", self.status, 100, 599, " (an HTTP status)")
+        if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) \
+                or not math.isfinite(self.seconds) or not 0 <= self.seconds <= MAX_SECONDS:
+            raise ConfigError(f"fault seconds must be a number from 0 to {MAX_SECONDS:g}, not {self.seconds!r}")
+        if self.kind == "drip" and self.seconds == 0:
+            raise ConfigError("fault drip needs seconds > 0 (the pause between bytes)")
+        if self.size is not None:
+            _integer("bytes", self.size, 0, MAX_BYTES, "")
+        for name, value in (("retry_after", self.retry_after), ("location", self.location)):
+            if value is not None and (not isinstance(value, str) or len(value) > 2048
+                                      or not _HEADER_VALUE.fullmatch(value)):
+                raise ConfigError(f"fault {name} must be printable ASCII text of at most 2048 characters "
+                                  f"(it is sent as a header), not {value!r}")
+        if not isinstance(self.text, str):
+            raise ConfigError(f"fault text must be a string, not {self.text!r}")
+        try:
+            self.text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError("fault text must be valid Unicode (it is sent as UTF-8); to serve an unpaired "
+                              "surrogate, write its JSON escape: a backslash, then ud800") from None
+        if self.error not in CHUNK_ERRORS:
+            raise ConfigError(f"fault error {self.error!r} is not one of {', '.join(CHUNK_ERRORS)}")
+
+    def size_or(self, default: int) -> int:
+        return self.size if self.size is not None else _DEFAULT_SIZE.get(self.kind, default)
+
+
+def _integer(name: str, value: object, low: int, high: int, hint: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"fault {name} must be an integer from {low} to {high}{hint}, not {value!r}")
 
 
 def parse_fault(spec: str) -> Fault:
-    """``kind,key=value,...`` as documented above."""
-    kind, *pairs = [part.strip() for part in spec.split(",") if part.strip()] or [""]
-    values: dict[str, str] = {}
+    """``kind,key=value,...`` as documented above; ``text=`` takes the rest of the spec, commas and all (JSON)."""
+    head, sep, text = spec.partition(",text=")
+    kind, *pairs = [part.strip() for part in head.split(",") if part.strip()] or [""]
+    values: dict[str, str] = {"text": text} if sep else {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
             raise ConfigError(f"fault {spec!r}: {pair!r} is not key=value")
         values[key.strip()] = value.strip()
+    unknown = set(values) - set(_KEYS)
+    if unknown:
+        raise ConfigError(f"fault {spec!r}: unknown keys {', '.join(sorted(unknown))}")
     try:
-        fault = Fault(
-            kind=kind,
-            count=int(values.pop("count", "1")),
-            status=int(values.pop("status", "429" if kind == "throttle" else "500")),
-            retry_after=values.pop("retry_after", None),
-            seconds=float(values.pop("seconds", "30" if kind == "hang" else "0")),
-            location=values.pop("location", Fault.location),
-            size=int(values.pop("bytes", str(Fault.size))),
-            text=values.pop("text", ""),
-        )
+        return _make(kind, {
+            "count": int(values["count"]) if "count" in values else None,
+            "status": int(values["status"]) if "status" in values else None,
+            "retry_after": values.get("retry_after"),
+            "seconds": float(values["seconds"]) if "seconds" in values else None,
+            "location": values.get("location"),
+            "bytes": int(values["bytes"]) if "bytes" in values else None,
+            "text": values.get("text"),
+            "error": values.get("error"),
+        })
     except ValueError as exc:
         raise ConfigError(f"fault {spec!r}: {exc}") from None
-    if values:
-        raise ConfigError(f"fault {spec!r}: unknown keys {', '.join(sorted(values))}")
-    return fault
+    except ConfigError as exc:
+        raise ConfigError(f"fault {spec!r}: {exc}") from None
 
 
 def from_json(data: object) -> Fault:
+    """A fault object of ``POST /_simulator/faults``: the spec's keys, with JSON values."""
     if not isinstance(data, dict) or "kind" not in data:
         raise ConfigError("a fault is an object with at least 'kind'")
-    allowed = {"kind", "count", "status", "retry_after", "seconds", "location", "size", "text"}
-    unknown = set(data) - allowed
+    unknown = set(data) - {"kind", *_KEYS}
     if unknown:
-        raise ConfigError(f"unknown fault keys {', '.join(sorted(unknown))}")
-    try:
-        return Fault(**{key: data[key] for key in data})
-    except TypeError as exc:
-        raise ConfigError(f"fault: {exc}") from None
+        hint = " (the body size is 'bytes')" if "size" in unknown else ""
+        raise ConfigError(f"unknown fault keys {', '.join(sorted(unknown))}{hint}")
+    if not isinstance(data["kind"], str):
+        raise ConfigError(f"fault kind must be a string, not {data['kind']!r}")
+    retry_after = data.get("retry_after")
+    if isinstance(retry_after, int) and not isinstance(retry_after, bool) and retry_after >= 0:
+        data = {**data, "retry_after": str(retry_after)}  # seconds may be given as a JSON number
+    return _make(data["kind"], {key: data.get(key) for key in _KEYS})
+
+
+def _make(kind: str, values: dict[str, object]) -> Fault:
+    """A Fault from the given values (None: the kind's default); Fault checks every one of them."""
+    fields: dict[str, object] = {_KEYS[key]: value for key, value in values.items() if value is not None}
+    if "status" not in fields:
+        fields["status"] = 429 if kind == "throttle" else 500
+    if "seconds" not in fields:
+        fields["seconds"] = _DEFAULT_SECONDS.get(kind, 0.0)
+    return Fault(kind, **fields)  # type: ignore[arg-type]  # each value's type is checked in __post_init__

@@ -9,20 +9,26 @@ What it reproduces from the Azure documents:
   Description, EventSource and DurationInSeconds in turn; events of types a version does not
   know are not listed to it;
 * ``DocumentIncarnation`` bumped on every change; NotBefore ``""`` once Started;
-* ``POST`` with ``StartRequests`` approves (starts) events; a malformed body is a 400.
+* ``POST`` with ``StartRequests`` approves (starts) events; a malformed body is a 400;
+* the managed identity token endpoint (``simulator/identity.py``): JWTs for the VM's system-assigned
+  identity or a user-assigned one chosen by ``client_id``, 400 for an identity the VM does not have.
 
 Control endpoints under ``/_simulator/`` (no Metadata header needed) let people and tests drive
 it: ``GET requests``, ``GET state``, ``POST faults`` (a fault object or a list), ``POST advance``
-(``{"seconds": N}`` of scenario time), ``POST clear-faults``.
+(``{"seconds": N}`` of scenario time), ``POST clear-faults``, ``POST identity`` (``{"lifetime": S}`` of
+the tokens issued from now on, ``{"fail": N, "status": CODE}`` for the next N token requests).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import math
 import sys
 import threading
 import time
+import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -35,6 +41,7 @@ from urllib.parse import parse_qs, urlsplit
 from se_exporter.errors import ConfigError
 from se_exporter.simulator import faults as faults_module
 from se_exporter.simulator.faults import Fault
+from se_exporter.simulator.identity import IDENTITY_VERSIONS, TOKEN_PATH, IdentityService, TokenError
 from se_exporter.simulator.scenario import EventState, Scenario
 
 log = logging.getLogger("se_exporter.simulator")
@@ -53,6 +60,7 @@ _PREVIEW = "2017-03-01"
 SE_PATH = "/metadata/scheduledevents"
 COMPUTE_PATH = "/metadata/instance/compute"
 INSTANCE_PATH = "/metadata/instance"
+MAX_REQUEST_BYTES = 1024 * 1024
 CAPTIVE_PORTAL = b"<html><head><title>Sign in</title></head><body>Please sign in to continue.</body></html>"
 
 
@@ -88,6 +96,7 @@ class Simulator:
         self.requests: deque[RecordedRequest] = deque(maxlen=history)
         self.served: deque[bytes] = deque(maxlen=history)  # exact 200 bodies of Scheduled Events, in order
         self.request_counts: Counter[tuple[str, str]] = Counter()
+        self.identity = IdentityService()
 
     # ------------------------------------------------------------------ time and state
 
@@ -159,6 +168,12 @@ class Simulator:
         with self._lock:
             self._faults.clear()
 
+    def set_faults(self, *faults: Fault) -> None:
+        """Replace the pending faults at once (no request in between sees none)."""
+        with self._lock:
+            self._faults.clear()
+            self._faults.extend(faults)
+
     def take_fault(self) -> Fault | None:
         with self._lock:
             first = not self._first_request_seen
@@ -194,6 +209,30 @@ class Simulator:
         with self._lock:
             return sum(count for (method, agent), count in self.request_counts.items()
                        if method != "GET" and agent.startswith(user_agent_prefix))
+
+    def configure_identity(self, lifetime: float | None = None, fail: int = 0, status: int = 500) -> None:
+        """Tokens issued from now on last ``lifetime`` seconds; the next ``fail`` token requests get ``status``."""
+        with self._lock:
+            if lifetime is not None:
+                self.identity.lifetime = int(lifetime)
+            self.identity.failures, self.identity.failure_status = fail, status
+
+    def token(self, query: dict[str, str]) -> tuple[int, dict[str, str]]:
+        """The token endpoint's status and answer: a token, or IMDS' error for a refused or failing request."""
+        with self._lock:
+            identity = self.identity
+            if identity.failures > 0:
+                identity.failures -= 1
+                return identity.failure_status, {"error": "unknown_error",
+                                                 "error_description": "simulated token endpoint failure"}
+            vm = self.vm
+            resource_id = (f"/subscriptions/{vm.get('subscriptionId', '')}/resourceGroups/"
+                           f"{vm.get('resourceGroupName', '')}/providers/Microsoft.Compute/virtualMachines/"
+                           f"{vm.get('name', '')}")
+            try:
+                return 200, identity.token(query, self._clock(), resource_id)
+            except TokenError as error:
+                return 400, {"error": "invalid_request", "error_description": str(error)}
 
     def state(self) -> dict[str, Any]:
         return {"scenario": self.scenario.name, "scenario_time": self.scenario_time(), "speed": self.speed,
@@ -242,7 +281,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self, method: str) -> None:
         sim = self.server.simulator
-        length = int(self.headers.get("Content-Length") or 0)
+        declared = self.headers.get("Content-Length") or "0"
+        if not declared.isdigit() or int(declared) > MAX_REQUEST_BYTES:
+            self.close_connection = True
+            return self._json(400, {"error": f"Bad request. Content-Length {declared[:20]!r} is not a size we take"})
+        length = int(declared)
         body = self.rfile.read(length) if length else b""
         url = urlsplit(self.path)
         sim.record(RecordedRequest(time.time(), method, url.path, url.query, self.headers.get("User-Agent", ""),
@@ -258,6 +301,11 @@ class _Handler(BaseHTTPRequestHandler):
         path = url.path.rstrip("/")
         if path == SE_PATH:
             return self._scheduled_events(method, api_version, body)
+        if path == TOKEN_PATH and method == "GET":
+            if api_version not in IDENTITY_VERSIONS:
+                return self._bad_version(IDENTITY_VERSIONS)
+            status, answer = sim.token({key: values[0] for key, values in query.items()})
+            return self._json(status, answer)
         if path in (COMPUTE_PATH, INSTANCE_PATH) and method == "GET":
             if api_version not in INSTANCE_VERSIONS:
                 return self._bad_version(INSTANCE_VERSIONS)
@@ -274,7 +322,7 @@ class _Handler(BaseHTTPRequestHandler):
         if method != "GET":
             return self._json(405, {"error": "Method not allowed"})
         fault = sim.take_fault()
-        if fault is not None and self._apply(fault):
+        if fault is not None and self._apply(fault, api_version):
             return None
         body = json.dumps(sim.document(api_version)).encode()
         sim.record_served(body)
@@ -293,9 +341,13 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(400, {"error": f"Bad request. Unknown EventId {', '.join(unknown)}"})
         return self._json(200, {})
 
-    def _apply(self, fault: Fault) -> bool:
+    def _apply(self, fault: Fault, api_version: str) -> bool:
         """Serve the fault; False when the fault only delays a normal answer."""
         kind = fault.kind
+        if kind in ("truncate", "drip", "chunked", "gzip"):  # the document itself, delivered wrongly
+            self._deliver_badly(fault, json.dumps(self.server.simulator.document(api_version)).encode())
+            self.close_connection = True
+            return True
         if kind in ("delay", "first_call_delay"):
             time.sleep(fault.seconds)
             return False
@@ -320,7 +372,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif kind == "empty":
             self._raw(200, b"", "application/json")
         elif kind == "huge":
-            self._huge(fault.size)
+            self._huge(fault.size_or(0))
         elif kind == "body":
             self._raw(200, fault.text.encode(), "application/json")
         return True
@@ -337,6 +389,39 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass  # the client is allowed to hang up: that is the point
         self.close_connection = True
+
+    def _deliver_badly(self, fault: Fault, document: bytes) -> None:
+        """The byte-level faults: the answer is the real document, but cut, dripped, mis-chunked or compressed."""
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
+        if fault.kind == "truncate":
+            sent = min(fault.size_or(len(document) // 2), max(0, len(document) - 1))
+            self._send_raw(head + b"Content-Length: %d\r\n\r\n" % len(document) + document[:sent])
+        elif fault.kind == "drip":
+            answer = head + b"Content-Length: %d\r\n\r\n" % len(document) + document
+            for index in range(len(answer)):
+                if not self._send_raw(answer[index:index + 1]):
+                    return  # the client gave up: that is the point
+                time.sleep(fault.seconds)
+        elif fault.kind == "chunked":
+            third = max(1, len(document) // 3)
+            parts = [document[i:i + third] for i in range(0, len(document), third)]
+            chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts)
+            if fault.error == "bad_size":
+                chunks = b"%x\r\n%s\r\nzz\r\n" % (len(parts[0]), parts[0])
+            ending = b"" if fault.error in ("missing_last", "bad_size") else b"0\r\n\r\n"
+            self._send_raw(head + b"Transfer-Encoding: chunked\r\n\r\n" + chunks + ending)
+        else:  # gzip
+            body = _gzipped(document, fault.size_or(0))
+            self._send_raw(head + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+    def _send_raw(self, data: bytes) -> bool:
+        """Write bytes as they are, bypassing http.server's framing; False once the client has gone."""
+        try:
+            self.wfile.write(data)
+            self.wfile.flush()
+        except OSError:
+            return False
+        return True
 
     def _control(self, method: str, path: str, body: bytes) -> None:
         sim = self.server.simulator
@@ -355,8 +440,17 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "POST" and action == "clear-faults":
                 sim.clear_faults()
                 return self._json(200, {})
+            if method == "POST" and action == "identity":
+                settings = json.loads(body or b"{}")
+                sim.configure_identity(lifetime=settings.get("lifetime"), fail=int(settings.get("fail", 0)),
+                                       status=int(settings.get("status", 500)))
+                return self._json(200, {})
             if method == "POST" and action == "advance":
-                sim.advance(float(json.loads(body)["seconds"]))
+                seconds = json.loads(body)["seconds"]
+                if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+                        or seconds < 0:
+                    raise ValueError(f"'seconds' must be a number >= 0 (time only moves forward), not {seconds!r}")
+                sim.advance(float(seconds))
                 return self._json(200, {"scenario_time": sim.scenario_time()})
         except (ValueError, KeyError, TypeError, ConfigError) as exc:
             return self._json(400, {"error": str(exc)})
@@ -378,6 +472,27 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.end_headers()
         self.wfile.write(body)
+
+
+@functools.lru_cache(maxsize=2)
+def _blanks_compressed(size: int) -> tuple[bytes, Any]:
+    """``size`` blanks through a gzip compressor, unflushed: the compressed bytes so far and the compressor,
+    which is copied per answer to add the document. Built once per size (300 MB take a second or two)."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
+    block = b" " * min(size, 1024 * 1024) if size else b""
+    out, left = [], size
+    while left > 0:
+        out.append(compressor.compress(block[:left]))
+        left -= len(block)
+    return b"".join(out), compressor
+
+
+def _gzipped(document: bytes, blanks: int) -> bytes:
+    """A gzip body that inflates to ``blanks`` blanks and then the document (leading blanks are valid JSON)."""
+    prefix, compressor = _blanks_compressed(blanks)
+    tail = compressor.copy()
+    body: bytes = prefix + tail.compress(document) + tail.flush()
+    return body
 
 
 class SimulatorServer(ThreadingHTTPServer):

@@ -86,6 +86,8 @@ class EventHubsTarget:
                 await self._drain(wakeup)
             except asyncio.CancelledError:
                 log.info("Event Hubs forwarder stopped; %d documents stay spooled", self._spool.count)
+            finally:
+                await self._close_factory()
 
         asyncio.run(main())
 
@@ -110,6 +112,9 @@ class EventHubsTarget:
                     producer = None
                     await asyncio.sleep(min(2.0 ** (failures - 1), self._max_retry_wait))  # close() cancels it
                     continue
+                if self._failing is not None:  # before the spool shrinks: whoever sees it drained sees this line
+                    log.info("Event Hubs reachable again after %d failed attempts", failures)
+                self._failing, failures = None, 0
                 self._spool.remove(envelope.sequence for envelope in (*dropped, *sent))
                 if dropped:
                     self._metrics.errors.labels(self.name, "too_large").inc(len(dropped))
@@ -119,9 +124,6 @@ class EventHubsTarget:
                     self._metrics.latency.observe(max(0.0, now - envelope.observed_at))
                 if sent:
                     self._metrics.forwarded.labels(self.name).inc(len(sent))
-                if self._failing is not None:
-                    log.info("Event Hubs reachable again after %d failed attempts", failures)
-                self._failing, failures = None, 0
         finally:  # also when close() cancels: no connection is left behind; a silent peer holds us 2 s at most
             await self._discard(producer, 2.0)
 
@@ -169,6 +171,15 @@ class EventHubsTarget:
             log.debug("Event Hubs still failing, now %s: %s", reason, _describe(error))
         self._failing = reason
 
+    async def _close_factory(self) -> None:
+        closer = getattr(self._make_producer, "aclose", None)
+        if closer is None:
+            return
+        try:
+            await asyncio.wait_for(closer(), 5.0)
+        except Exception:  # shutting down: nothing to retry, nothing to lose
+            log.debug("closing the Event Hubs credential failed", exc_info=True)
+
     async def _discard(self, producer: Any, timeout: float = 5.0) -> None:
         if producer is None:
             return
@@ -179,17 +190,27 @@ class EventHubsTarget:
 
 
 def classify(error: BaseException) -> str:
-    """The ``reason`` label of ``forward_errors_total``."""
+    """The ``reason`` label of ``forward_errors_total``. A credential's failure reaches us wrapped (an
+    ``EventHubError`` caused by azure-identity's ``ClientAuthenticationError``): the causes are looked at too."""
     name = type(error).__name__
     if isinstance(error, (asyncio.TimeoutError, TimeoutError)) or "Timeout" in name:
         return "timeout"
-    if "Auth" in name:
+    if any("Auth" in type(cause).__name__ or "Credential" in type(cause).__name__ for cause in _causes(error)):
         return "auth"
     if "Connect" in name or "Connection" in name or isinstance(error, OSError):
         return "connection"
     if name.endswith(("Error", "Exception")) and type(error).__module__.startswith("azure"):
         return "service"
     return "other"
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in chain and len(chain) < 10:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
 
 
 def _describe(error: BaseException) -> str:
@@ -201,20 +222,35 @@ def _describe(error: BaseException) -> str:
 RETRY_TOTAL, RETRY_BACKOFF_FACTOR, RETRY_BACKOFF_MAX = 1, 0.5, 2.0
 
 
+def connection_options(endpoint: str | None, ca_file: str | None) -> dict[str, Any]:
+    """The SDK's documented options for reaching the namespace elsewhere (``--eventhub-endpoint``: a private
+    endpoint, an application gateway) and for trusting another CA (``--eventhub-ca-file``). A custom endpoint
+    would default to AMQP over WebSockets on 443; the sidecar keeps AMQP over TLS (5671 unless given)."""
+    from azure.eventhub import TransportType
+
+    options: dict[str, Any] = {}
+    if endpoint:
+        options.update(custom_endpoint_address=endpoint, transport_type=TransportType.Amqp)
+    if ca_file:
+        options["connection_verify"] = ca_file
+    return options
+
+
 def producer_factory(connection_string: str | None, eventhub_name: str | None, namespace: str | None,
                      client_id: str | None, make_credential: Callable[[str | None], Any] | None = None,
-                     ) -> ProducerFactory:
+                     endpoint: str | None = None, ca_file: str | None = None) -> ProducerFactory:
     """How to build the async producer: from a connection string, or a namespace and managed identity.
 
     azure-eventhub (and azure-identity) are imported here, only when Event Hubs is configured.
     """
     from azure.eventhub.aio import EventHubProducerClient
 
+    connection = connection_options(endpoint, ca_file)
     if connection_string:
         def from_string() -> Any:
             return EventHubProducerClient.from_connection_string(
                 connection_string, eventhub_name=eventhub_name, retry_total=RETRY_TOTAL,
-                retry_backoff_factor=RETRY_BACKOFF_FACTOR, retry_backoff_max=RETRY_BACKOFF_MAX)
+                retry_backoff_factor=RETRY_BACKOFF_FACTOR, retry_backoff_max=RETRY_BACKOFF_MAX, **connection)
         return from_string
     if make_credential is None:
         from azure.core.pipeline.transport import AioHttpTransport
@@ -227,6 +263,9 @@ def producer_factory(connection_string: str | None, eventhub_name: str | None, n
             options: dict[str, Any] = {"managed_identity_client_id": identity} if identity else {}
             # Token requests go to IMDS: never through a proxy from the environment.
             options["transport"] = AioHttpTransport(use_env_settings=False)
+            # One quick retry: the IMDS credential's own policy retries a 5xx for ~25 s, past the send's watchdog
+            # (the failure would then read as a timeout rather than auth); the forwarder retries for ever itself.
+            options["retry_total"] = 1
             return DefaultAzureCredential(
                 exclude_cli_credential=True, exclude_developer_cli_credential=True,
                 exclude_powershell_credential=True, exclude_visual_studio_code_credential=True,
@@ -237,5 +276,20 @@ def producer_factory(connection_string: str | None, eventhub_name: str | None, n
     def from_identity() -> Any:
         return EventHubProducerClient(
             fully_qualified_namespace=str(namespace), eventhub_name=str(eventhub_name), credential=credential,
-            retry_total=RETRY_TOTAL, retry_backoff_factor=RETRY_BACKOFF_FACTOR, retry_backoff_max=RETRY_BACKOFF_MAX)
-    return from_identity
+            retry_total=RETRY_TOTAL, retry_backoff_factor=RETRY_BACKOFF_FACTOR, retry_backoff_max=RETRY_BACKOFF_MAX,
+            **connection)
+    return _SharedCredential(from_identity, credential)
+
+
+class _SharedCredential:
+    """A producer factory whose producers share one credential (and so its token cache: a new producer after a
+    failure needs no new token), which is closed when the forwarder stops: it holds an HTTP session."""
+
+    def __init__(self, make: Callable[[], Any], credential: Any) -> None:
+        self._make, self._credential = make, credential
+
+    def __call__(self) -> Any:
+        return self._make()
+
+    async def aclose(self) -> None:
+        await self._credential.close()

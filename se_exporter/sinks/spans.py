@@ -33,7 +33,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 
 from se_exporter.files import json_kind, write_atomically
 from se_exporter.lifecycle import CANCELED, COMPLETED, STARTED, EventRecord, Transition
-from se_exporter.model import ScheduledEvent, affects_vm
+from se_exporter.model import ScheduledEvent, affects_vm, event_key
 from se_exporter.sinks import DocumentChange
 
 log = logging.getLogger("se_exporter.spans")
@@ -42,13 +42,13 @@ MAX_SPAN_EVENTS = 128
 
 
 def trace_id_for(event_id: str) -> int:
-    """The first 16 bytes of SHA-256 over the lower-cased EventId, as the 128-bit trace id."""
-    value = int.from_bytes(hashlib.sha256(event_id.strip().lower().encode()).digest()[:16], "big")
+    """The first 16 bytes of SHA-256 over the lower-cased EventId (``event_key``), as the 128-bit trace id."""
+    value = int.from_bytes(hashlib.sha256(event_key(event_id).encode()).digest()[:16], "big")
     return value or 1
 
 
 def span_id_for(event_id: str, vm_key: str, role: str) -> int:
-    key = f"{event_id.strip().lower()}/{vm_key}/{role}".encode()
+    key = f"{event_key(event_id)}/{vm_key}/{role}".encode()
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") or 1
 
 
@@ -132,23 +132,24 @@ class SpanSink:
         self._ids = ids
         self._path = state_dir / "spans.json" if state_dir else None
         self._save_error: str | None = None
-        self._open: dict[str, _Open] = self._load()
+        # Keyed by event_key, as the records are (a file written before keys were lower-cased still loads).
+        self._open: dict[str, _Open] = {event_key(event_id): opened for event_id, opened in self._load().items()}
         self._last: dict[str, ScheduledEvent] = {}
 
     def export(self, change: DocumentChange) -> None:
         identity = change.identity
         vm_key = f"{identity.vm_id if identity else ''}/{change.vm_name or ''}"  # what this VM is, as far as known
         incarnation = change.document.incarnation
-        moved = {t.event.event_id for t in change.transitions}
+        moved = {t.event.key for t in change.transitions}
         for transition in change.transitions:
             self._transition(transition, vm_key, incarnation, change)
-        for event_id, record in change.records.items():
-            before = self._last.get(event_id)
-            if before is not None and before != record.event and event_id not in moved:
+        for key, record in change.records.items():
+            before = self._last.get(key)
+            if before is not None and before != record.event and key not in moved:
                 self._note(record, "changed", vm_key, incarnation, change, {})
-        self._last = {event_id: record.event for event_id, record in change.records.items()}
+        self._last = {key: record.event for key, record in change.records.items()}
         # Only listed events can still end; anything else (say, state left from another stream) would grow for ever.
-        self._open = {event_id: opened for event_id, opened in self._open.items() if event_id in change.records}
+        self._open = {key: opened for key, opened in self._open.items() if key in change.records}
         self._save()
 
     def _transition(self, transition: Transition, vm_key: str, incarnation: int | None,
@@ -170,7 +171,7 @@ class SpanSink:
             elif record.started_at is not None:
                 self._span(event_id, vm_key, "scheduled_event.impact", "impact", record.started_at, record.gone_at,
                            attrs)
-            opened = self._open.pop(event_id, _Open())
+            opened = self._open.pop(record.event.key, _Open())
             self._span(event_id, vm_key, "scheduled_event", "root", record.first_seen, record.gone_at,
                        {**attrs, PREFIX + "outcome": kind}, opened.events)
 
@@ -180,7 +181,7 @@ class SpanSink:
         event_id = record.event.event_id
         now_ns = int(change.observed_at * 1e9)
         attrs = {**attributes(record.event, incarnation, change.vm_name), PREFIX + "transition": kind, **extra}
-        opened = self._open.setdefault(event_id, _Open())
+        opened = self._open.setdefault(record.event.key, _Open())
         if len(opened.events) < MAX_SPAN_EVENTS:
             opened.events.append((kind, now_ns, {k: v for k, v in attrs.items() if k != PREFIX + "id"}))
         parent = self._parent(event_id, vm_key)

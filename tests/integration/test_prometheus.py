@@ -34,20 +34,27 @@ class Prometheus:
     def __init__(self, target: str, workdir: Path, extra_targets: list[str] | None = None,
                  rule_file: Path | None = None, target_labels: dict[str, str] | None = None,
                  relabel_configs: list[dict[str, Any]] | None = None,
-                 extra_jobs: list[dict[str, Any]] | None = None, job_name: str = "se-exporter") -> None:
+                 extra_jobs: list[dict[str, Any]] | None = None, alertmanager: str | None = None,
+                 interval: float = 1.0, job_name: str = "se-exporter") -> None:
         """Scrape ``target`` (with ``target_labels``, as service discovery would attach them, then
-        ``relabel_configs``) and ``extra_targets`` in job ``job_name``, plus any ``extra_jobs``."""
+        ``relabel_configs``) and ``extra_targets`` in job ``job_name``, plus any ``extra_jobs``, and evaluate
+        ``rule_file`` every ``interval`` seconds; send alerts to the Alertmanager at ``alertmanager`` (HOST:PORT)."""
         workdir.mkdir(parents=True, exist_ok=True)
         config = workdir / "prometheus.yml"
+        self.interval = interval
         groups: list[dict[str, Any]] = [{"targets": [target], "labels": target_labels or {}}]
         if extra_targets:
             groups.append({"targets": extra_targets})
         job: dict[str, Any] = {"job_name": job_name, "static_configs": groups}
         if relabel_configs:
             job["relabel_configs"] = relabel_configs
+        every = f"{round(interval * 1000)}ms"
         config.write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
+            "global": {"scrape_interval": every, "scrape_timeout": f"{round(interval * 900)}ms",
+                       "evaluation_interval": every},
             **({"rule_files": [str(rule_file)]} if rule_file else {}),
+            **({"alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}}
+               if alertmanager else {}),
             "scrape_configs": [job, *(extra_jobs or [])]}, sort_keys=False))
         self.log = workdir / "prometheus.log"
         for _ in range(3):  # the free port may be taken between probe and bind; try another
@@ -158,3 +165,23 @@ def test_promtool_check_metrics_is_clean(simulator: SimulatorFactory, sidecar: C
                             timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == "" and result.stderr.strip() == "", result.stdout + result.stderr
+
+
+HOSTILE = ('{"DocumentIncarnation": 3, "Events": [' + ", ".join(
+    '{"EventId": "' + event_id + '", "EventType": "Freeze", "EventStatus": "Scheduled", "Resources": ["WestNO_0"]}'
+    for event_id in (r"LLLL-\ud800", r"X\n2026-11-22T02:55:46.262Z critical \u001b[31m", r'Q\\\"=\u0000\u2028',
+                     "\u00e9\u4e2d\U0001f600")) + "]}")
+
+
+def test_prometheus_scrapes_strings_from_any_document(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                                      prometheus: Callable[[str], Prometheus]) -> None:
+    """EventIds holding an unpaired surrogate, a newline, ANSI escapes, a quote, a backslash, NUL, a line separator
+    and non-BMP text: the real Prometheus scrapes every one of them (the scrape was an HTTP 500 before)."""
+    sim, server = simulator("live-migration")
+    sim.inject(Fault("body", text=HOSTILE, count=0))
+    process = sidecar("--imds-url", server.url, *FAST)
+    prom = prometheus(process.base_url.removeprefix("http://"))
+    wait_until(lambda: prom.value("count(azure_scheduled_event_info)") == 4, timeout=30, what="four events scraped")
+    assert prom.value('up{job="se-exporter"}') == 1
+    ids = {str(result["metric"]["event_id"]) for result in prom.query("azure_scheduled_event_info")}  # type: ignore[index]
+    assert "LLLL-\\ud800" in ids and "X\n2026-11-22T02:55:46.262Z critical \x1b[31m" in ids

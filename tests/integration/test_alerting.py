@@ -1,0 +1,262 @@
+"""From IMDS to a page: the simulator feeds sidecars, a real Prometheus scrapes them and evaluates
+dashboards/alerts.yaml, Debian's Alertmanager runs the shipped deploy/alertmanager/alertmanager.yml (only the
+webhook URL and the group timings shortened) and pages a webhook receiver here."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from se_exporter.imds import USER_AGENT
+from se_exporter.simulator import scenario as scenarios
+from se_exporter.simulator.server import Simulator, SimulatorServer, start
+from tests.alerting import ALERTMANAGER_CONFIG, Alertmanager, Notification, Webhook, shortened, tool
+from tests.conftest import Reliability
+from tests.helpers import Sidecar, http_get, wait_until
+from tests.integration.test_prometheus import Prometheus
+from tests.test_alert_rules import render, rules
+
+pytestmark = pytest.mark.integration
+RULES = Path(__file__).parent.parent.parent / "dashboards" / "alerts.yaml"
+FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")
+INTERVAL = 0.5  # Prometheus' scrape and evaluation interval in these tests (production: 15-30 s)
+GROUP_WAIT, GROUP_INTERVAL = "2s", "1s"  # shipped: 30 s / 5 s and 1-5 min
+CANCELED = "D1C6E3F0-7B2A-4C59-9E1D-3A5B7C9D0E03"  # scenario "canceled": a Reboot, rescheduled, then cancelled
+HOST_FAILURE = "6F2D9B41-8C3E-4A7D-B5E0-1C9F8A2B3D04"  # scenario "host-failure": Started at first sight
+NEIGHBOUR, OWN = "F1A3B5C7-D9E0-4F2A-8B4C-6D8E0F1A3B08", "0B2C4D6E-8F0A-4B1C-9D3E-5F7A9B1C2D09"  # availability-set
+WAVE = "7E1D2C3B-4A59-4687-9A0B-1C2D3E4F5A60"
+WAVE_VMS = ["myScaleSet_0", "myScaleSet_1", "myScaleSet_2"]
+
+
+@dataclass
+class Vm:
+    sim: Simulator
+    process: Sidecar
+
+    @property
+    def instance(self) -> str:
+        return self.process.base_url.removeprefix("http://")
+
+    def advance_to(self, scenario_time: float) -> None:
+        self.sim.advance(max(0.0, scenario_time - self.sim.scenario_time()))
+
+
+@dataclass
+class Pipeline:
+    webhook: Webhook
+    alertmanager: Alertmanager
+    prometheus: Prometheus
+    vms: dict[str, Vm]
+
+
+def wave_scenario(path: Path) -> str:
+    path.write_text(json.dumps({"description": "scale-in of three instances", "events": [{
+        "EventId": WAVE, "EventType": "Terminate", "Resources": WAVE_VMS, "EventSource": "User",
+        "Description": "Virtual machine is being deleted.", "appear_at": 60, "notice": 300, "started_for": 60}]}))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    """One pipeline for the module's stories (a Prometheus takes 5 s to scrape its first target): a simulator and
+    a sidecar per VM, one Prometheus scraping them all with the shipped rules, the shipped Alertmanager
+    configuration paging a webhook here. Each story has its own VMs and EventIds and drives its own simulators."""
+    tmp = tmp_path_factory.mktemp("alerting")
+    webhook = Webhook()
+    config = shortened(yaml.safe_load(ALERTMANAGER_CONFIG.read_text()), webhook, GROUP_WAIT, GROUP_INTERVAL)
+    alertmanager = Alertmanager(config, tmp / "alertmanager")
+    stories = {"canceled": ("canceled", None), "host-failure": ("host-failure", None),
+               "WestNO_0": ("availability-set", "WestNO_0"), "WestNO_1": ("availability-set", "WestNO_1"),
+               **{name: (wave_scenario(tmp / "wave.json"), name) for name in WAVE_VMS}}
+    servers: list[SimulatorServer] = []
+    vms: dict[str, Vm] = {}
+    prom: Prometheus | None = None
+    try:
+        for key, (scenario, vm_name) in stories.items():
+            sim = Simulator(scenarios.load(scenario), vm_name=vm_name)
+            servers.append(start(sim))
+            vms[key] = Vm(sim, Sidecar(["--imds-url", servers[-1].url, *FAST], tmp / key))
+        targets = [vm.instance for vm in vms.values()]
+        prom = Prometheus(targets[0], tmp / "prometheus", extra_targets=targets[1:], rule_file=RULES,
+                          alertmanager=alertmanager.address, interval=INTERVAL)
+        wait_until(lambda: prom.value("count(azure_scheduled_events_up == 1)") == len(targets), timeout=60,
+                   what="Prometheus to scrape every sidecar")
+        yield Pipeline(webhook, alertmanager, prom, vms)
+    finally:
+        for vm in vms.values():
+            vm.process.stop()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+        if prom is not None:
+            prom.stop()
+        alertmanager.stop()
+        webhook.close()
+    assert all(vm.sim.posts_from(USER_AGENT.split("/")[0]) == 0 for vm in vms.values())
+
+
+def firing(webhook: Webhook, event_id: str) -> list[Notification]:
+    return [n for n in webhook.received(event_id=event_id) if n.status == "firing"]
+
+
+def resolved(webhook: Webhook, event_id: str) -> list[Notification]:
+    return [n for n in webhook.received(event_id=event_id) if n.status == "resolved"]
+
+
+def countdown(description: str) -> int:
+    """Seconds in the description's 'may start in 14m 52s' (Prometheus' humanizeDuration)."""
+    match = re.search(r"may start in (?:(\d+)h )?(\d+)m (\d+)s", description)
+    assert match, description
+    hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def test_impactful_event_pages_once_and_a_cancellation_resolves_it(pipeline: Pipeline,
+                                                                  reliability: Reliability) -> None:
+    """A Reboot scheduled for this VM reaches the VM owners' receiver as exactly one notification with the rule's
+    labels and its summary, description (with the countdown to NotBefore) and runbook; moving its NotBefore does
+    not page again; its cancellation resolves the page."""
+    vm, webhook = pipeline.vms["canceled"], pipeline.webhook
+    page = wait_until(lambda: firing(webhook, CANCELED), timeout=60, what="the page")[0]
+
+    assert page.receiver == "vm-owners"
+    assert page.payload["groupLabels"] == {"alertname": "AzureImpactfulMaintenanceScheduled", "event_id": CANCELED}
+    [alert] = page.alerts
+    labels = {"alertname": "AzureImpactfulMaintenanceScheduled", "event_id": CANCELED, "event_type": "Reboot",
+              "event_source": "Platform", "instance": vm.instance, "job": "se-exporter", "severity": "warning"}
+    assert alert["labels"] == labels
+    seconds = countdown(alert["annotations"]["description"])
+    assert 700 < seconds <= 900, alert["annotations"]["description"]
+    rule = rules()["AzureImpactfulMaintenanceScheduled"]
+    assert alert["annotations"] == {key: render(template, labels, seconds)
+                                    for key, template in rule["annotations"].items()}
+    assert alert["annotations"]["summary"] == f"Reboot scheduled for {vm.instance}"
+
+    vm.advance_to(130)  # NotBefore moved 20 minutes later: the same alert with a new value
+    wait_until(lambda: vm.process.value("azure_scheduled_events_transitions_total", event_type="Reboot",
+                                        transition="rescheduled") == 1, what="the reschedule")
+    vm.advance_to(310)  # removed without starting: cancelled
+    wait_until(lambda: resolved(webhook, CANCELED), timeout=60, what="the page to resolve")
+    assert vm.process.value("azure_scheduled_events_transitions_total", event_type="Reboot",
+                            transition="canceled") == 1
+    assert len(firing(webhook, CANCELED)) == 1, webhook.notifications
+    reliability("Alerting", "a Reboot scheduled for the VM, rescheduled, then cancelled", "one notification with the "
+                "rule's labels, summary, countdown and runbook; not repeated on reschedule; resolved on cancel")
+
+
+def test_host_failure_pages_at_once_as_one_notification_and_completion_resolves_it(
+        pipeline: Pipeline, reliability: Reliability) -> None:
+    """An event Started at first sight fires AzureHostFailure at the first evaluation that sees it (no `for`
+    wait) and pages once: the AzureMaintenanceStarted alert it also raises is inhibited by the shipped rules;
+    the event's completion resolves the page."""
+    vm, webhook, prom = pipeline.vms["host-failure"], pipeline.webhook, pipeline.prometheus
+    page = wait_until(lambda: firing(webhook, HOST_FAILURE), timeout=60, what="the page")[0]
+
+    [alert] = page.alerts
+    assert (page.receiver, alert["labels"]["alertname"], alert["labels"]["severity"]) == \
+        ("vm-owners", "AzureHostFailure", "critical")
+    assert alert["annotations"]["summary"] == f"Reboot with no notice on {vm.instance}: host failure"
+    started = wait_until(lambda: pipeline.alertmanager.alerts(alertname="AzureMaintenanceStarted",
+                                                              event_id=HOST_FAILURE), timeout=30,
+                         what="AzureMaintenanceStarted in Alertmanager")[0]
+    assert started["status"]["state"] == "suppressed" and started["status"]["inhibitedBy"], started
+
+    # At once: active from the first evaluations after the first scrape that saw the event, no `for` wait.
+    samples = prom.query(f'azure_scheduled_event_started_timestamp_seconds{{event_id="{HOST_FAILURE}"}}[10m]')
+    first_seen = float(samples[0]["values"][0][0])  # type: ignore[index]
+    active = [a for group in prom_rules(prom) for rule in group["rules"] if rule["name"] == "AzureHostFailure"
+              for a in rule["alerts"] if a["labels"]["event_id"] == HOST_FAILURE]
+    assert active and active[0]["state"] == "firing"
+    active_at = _unix(active[0]["activeAt"])
+    assert 0 <= active_at - first_seen <= 2 * INTERVAL, (first_seen, active_at)
+
+    vm.advance_to(310)  # gone after 300 s Started: completed
+    wait_until(lambda: resolved(webhook, HOST_FAILURE), timeout=60, what="the page to resolve")
+    assert vm.process.value("azure_scheduled_events_transitions_total", event_type="Reboot",
+                            transition="completed") == 1
+    assert len(firing(webhook, HOST_FAILURE)) == 1, webhook.notifications
+    assert not webhook.received(alertname="AzureMaintenanceStarted", event_id=HOST_FAILURE), webhook.notifications
+    reliability("Alerting", "a host failure (Started at first sight)", "paged at the first evaluation, once (the "
+                "'started' alert inhibited); resolved on completion")
+
+
+def test_an_event_for_another_vm_of_the_availability_set_does_not_page_this_vm(pipeline: Pipeline,
+                                                                              reliability: Reliability) -> None:
+    """Two VMs of an availability set both see a Reboot that lists only WestNO_1: the page names WestNO_1's
+    exporter and never WestNO_0's; WestNO_0 is paged when an event lists it."""
+    this_vm, other_vm, webhook = pipeline.vms["WestNO_0"], pipeline.vms["WestNO_1"], pipeline.webhook
+    page = wait_until(lambda: firing(webhook, NEIGHBOUR), timeout=60, what="the neighbour's page")[0]
+    assert [a["labels"]["instance"] for a in page.alerts] == [other_vm.instance]
+    assert this_vm.process.value("azure_scheduled_event_info", event_id=NEIGHBOUR, event_type="Reboot",
+                                 event_status="Scheduled", event_source="Platform", resource_type="VirtualMachine",
+                                 affects_this_vm="false") == 1  # this VM's exporter lists it too
+
+    for vm in (this_vm, other_vm):
+        vm.advance_to(1110)  # the Reboot that lists WestNO_0 appears
+    own = wait_until(lambda: firing(webhook, OWN), timeout=60, what="this VM's page")[0]
+    assert [a["labels"]["instance"] for a in own.alerts] == [this_vm.instance]
+    paged_for_neighbour = {a["labels"]["instance"] for n in firing(webhook, NEIGHBOUR) for a in n.alerts}
+    assert paged_for_neighbour == {other_vm.instance}, webhook.notifications
+    reliability("Alerting", "an availability set's event that lists only the neighbour", "the neighbour is paged, "
+                "this VM is not")
+
+
+def test_a_scale_set_wave_is_one_page(pipeline: Pipeline, reliability: Reliability) -> None:
+    """One Terminate listing three scale-set instances, seen by each instance's exporter, is one notification
+    (grouped by EventId) that names all three VMs."""
+    wave = [pipeline.vms[name] for name in WAVE_VMS]
+    for vm in wave:
+        vm.advance_to(61)
+    wait_until(lambda: firing(pipeline.webhook, WAVE), timeout=60, what="the page")
+    wait_until(lambda: len(pipeline.alertmanager.alerts(event_id=WAVE)) == 3, timeout=30, what="three alerts")
+    pages = firing(pipeline.webhook, WAVE)
+    assert len(pages) == 1, pages
+    assert sorted(a["labels"]["instance"] for a in pages[0].alerts) == sorted(vm.instance for vm in wave)
+    assert pages[0].payload["groupLabels"] == {"alertname": "AzureImpactfulMaintenanceScheduled", "event_id": WAVE}
+    reliability("Alerting", "a three-VM scale-set wave through Prometheus and the shipped Alertmanager configuration",
+                "one notification naming the three VMs")
+
+
+def test_shipped_alertmanager_configuration(tmp_path: Path) -> None:
+    """amtool accepts the shipped configuration; maintenance pages group by EventId, exporter pages by VM, and
+    every alert its routes and inhibitions name is one that dashboards/alerts.yaml defines."""
+    result = subprocess.run([tool("amtool"), "check-config", str(ALERTMANAGER_CONFIG)], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
+    route = config["route"]
+    assert route["group_by"] == ["alertname", "job", "instance"]
+    [maintenance] = route["routes"]
+    assert maintenance["group_by"] == ["alertname", "event_id"] and maintenance["receiver"] == "vm-owners"
+    defined = set(rules())
+    named: set[str] = set()
+    for inhibit in config["inhibit_rules"]:
+        for matcher in inhibit["source_matchers"] + inhibit["target_matchers"]:
+            name, _, value = matcher.partition("=")
+            assert name == "alertname"
+            pattern = value.lstrip("~").strip('"')
+            matched = {alert for alert in defined if re.fullmatch(pattern, alert)}
+            assert matched, f"{matcher} matches no alert of alerts.yaml"
+            named |= matched
+    assert {"AzureHostFailure", "AzureMaintenanceStarted", "SeExporterDown"} <= named
+    assert all(receiver["webhook_configs"][0]["send_resolved"] for receiver in config["receivers"])
+
+
+def prom_rules(prom: Prometheus) -> list[dict[str, Any]]:
+    status, body = http_get(f"{prom.url}/api/v1/rules?type=alert")
+    assert status == 200, body
+    return json.loads(body)["data"]["groups"]  # type: ignore[no-any-return]
+
+
+def _unix(rfc3339: str) -> float:
+    text = re.sub(r"(\.\d{6})\d+", r"\1", rfc3339.replace("Z", "+00:00"))
+    return datetime.fromisoformat(text).timestamp()

@@ -1,0 +1,77 @@
+"""A string no UTF-8 encoder takes (an unpaired surrogate, a valid JSON escape) and control characters, in every
+field IMDS hands us, through every output: spans exported over OTLP, the forward file, logs and /metrics (the last
+two in test_logs.py and test_app.py). The model hands out encodable strings; the raw bytes are forwarded as sent."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from prometheus_client import CollectorRegistry
+
+from se_exporter.imds import VmIdentity
+from se_exporter.lifecycle import diff
+from se_exporter.model import parse_document
+from se_exporter.sinks import DocumentChange
+from se_exporter.sinks.envelope import Sequencer
+from se_exporter.sinks.forward import FileTarget, ForwardMetrics, ForwardSink
+from se_exporter.sinks.spans import EventIdGenerator, SpanSink, trace_id_for
+from tests.helpers import wait_until
+from tests.otlp_receiver import OtlpReceiver
+
+A = "azure.scheduled_event."
+# Exactly as IMDS could send it: JSON escapes of lone surrogates and of control characters, and a CRLF layout.
+RAW = (b'{"DocumentIncarnation": 4,\r\n "Events": [{"EventId": "LLLL-\\ud800", "EventType": "Freeze",'
+       b' "EventStatus": "Scheduled", "Resources": ["vm0\\udc00", "x\\u001b[2J\\n"], "Description": "d\\ud83d",'
+       b' "EventSource": "Platform\\u2028", "ResourceType": "VirtualMachine\\ud800"}]}')
+IDENTITY = VmIdentity.from_compute({"name": "vm\ud800", "vmId": "id-\udfff", "location": "west\x1beurope"})
+
+
+def change(now: float, raw: bytes = RAW) -> DocumentChange:
+    document = parse_document(raw)
+    step = diff({}, document, now)
+    return DocumentChange(raw, document, step.transitions, step.records, now, IDENTITY.name, IDENTITY, "2020-07-01")
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    server = OtlpReceiver()
+    yield server
+    server.close()
+
+
+def test_spans_with_unencodable_strings_reach_an_otlp_receiver(receiver: OtlpReceiver) -> None:
+    """The official OTLP/HTTP exporter delivers the update span of such an event, its attributes spelt out, in the
+    trace of the (lower-cased, written-out) EventId."""
+    provider = TracerProvider(id_generator=(ids := EventIdGenerator()))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=receiver.http_endpoint + "/v1/traces",
+                                                                     timeout=5)))
+    SpanSink(provider, ids, None).export(change(1_795_000_000.0))
+    provider.shutdown()
+    spans = wait_until(lambda: receiver.named("scheduled_event.update"), what="the update span")
+    attributes = spans[0].attributes
+    assert attributes[A + "id"] == "LLLL-\\ud800"
+    assert attributes[A + "resources"] == ["vm0\\udc00", "x\x1b[2J\n"]
+    assert attributes[A + "description"] == "d\\ud83d"
+    assert spans[0].trace_id == format(trace_id_for("LLLL-\\ud800"), "032x")
+
+
+def test_the_forward_file_carries_the_exact_bytes_and_encodable_properties(tmp_path: Path) -> None:
+    """The file line parses as JSON; its body is the raw text byte for byte; the properties from compute metadata
+    are spelt out rather than breaking the line."""
+    metrics = ForwardMetrics(CollectorRegistry())
+    target = FileTarget(tmp_path / "documents.jsonl", metrics)
+    ForwardSink(Sequencer(tmp_path / "state"), [target], metrics).export(change(1_795_000_000.0))
+    target.close(1.0)
+    lines = (tmp_path / "documents.jsonl").read_bytes().splitlines()
+    assert len(lines) == 1
+    record = json.loads(lines[0])
+    assert record["body"].encode("utf-8") == RAW
+    assert record["properties"]["vm_name"] == "vm\\ud800"
+    assert record["properties"]["vm_id"] == "id-\\udfff"
+    assert record["partition_key"] == "id-\\udfff"
