@@ -149,11 +149,20 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
     ProcessCollector(registry=registry)
     fleet, metrics = Fleet(), FleetMetrics(registry)
     async with contextlib.AsyncExitStack() as cleanup:
-        container, store = storage_clients(settings, credential)
+        credentials: dict[str | None, Any] = {}
+
+        def shared(client_id: str | None) -> Any:
+            """One credential per identity, for Event Hubs and storage alike, closed at exit (an HTTP session)."""
+            if client_id not in credentials:
+                credentials[client_id] = credential(client_id)
+                cleanup.push_async_callback(credentials[client_id].close)
+            return credentials[client_id]
+
+        container, store = storage_clients(settings, shared)
         cleanup.push_async_callback(store.close)  # the consumer client does not close it (aiohttp would warn)
         cleanup.push_async_callback(container.close)
         await ensure_container(container, settings.checkpoint_container)
-        client = consumer_client(settings, store, credential)
+        client = consumer_client(settings, store, shared)
         service = Service(settings, fleet, metrics, StateBlobs(container))
         store.on_listed = lambda: setattr(service, "balanced", True)
         registry.register(PartitionCollector(lambda: dict(service.views), lambda: service.hub_partitions))
