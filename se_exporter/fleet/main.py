@@ -32,6 +32,7 @@ from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, render
 from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER, ObservedCheckpointStore, Service, describe
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.state import Fleet
+from se_exporter.sinks.eventhubs import connection_options
 
 log = logging.getLogger("se_exporter.fleet")
 CLOSE_TIMEOUT = 8.0  # SIGTERM to exit within 10 s, whatever the peers do
@@ -73,7 +74,8 @@ def consumer_client(settings: FleetSettings, store: ObservedCheckpointStore,
     options: dict[str, Any] = {
         "consumer_group": settings.consumer_group, "checkpoint_store": store,
         "load_balancing_interval": settings.load_balancing_interval,
-        "partition_ownership_expiration_interval": settings.ownership_timeout}
+        "partition_ownership_expiration_interval": settings.ownership_timeout,
+        **connection_options(settings.eventhub_endpoint, settings.eventhub_ca_file)}
     if settings.eventhub_connection_string:
         return EventHubConsumerClient.from_connection_string(
             settings.eventhub_connection_string, eventhub_name=settings.eventhub_name, **options)

@@ -70,7 +70,7 @@ def parse_container(text: str) -> str:
 
 
 _SHARED = ("eventhub_connection_string", "eventhub_name", "eventhub_namespace", "eventhub_client_id",
-           "log_level", "log_format")
+           "eventhub_endpoint", "eventhub_ca_file", "log_level", "log_format")
 FLEET_OPTIONS: tuple[Option, ...] = (
     *(option for option in RUN_OPTIONS if option.dest in _SHARED),
     *(option for option in CONSUME_OPTIONS if option.dest == "consumer_group"),
@@ -114,6 +114,8 @@ class FleetSettings:
     eventhub_name: str | None = None
     eventhub_namespace: str | None = None
     eventhub_client_id: str | None = None
+    eventhub_endpoint: str | None = None
+    eventhub_ca_file: str | None = None
     consumer_group: str = "$Default"
     listen: Listen = DEFAULT_LISTEN
     checkpoint_connection_string: str | None = field(default=None, repr=False)
