@@ -56,6 +56,11 @@ tests/grafana_schema/node_modules/.installed: tests/grafana_schema/package-lock.
 	cd tests/grafana_schema && npm ci --silent --no-audit --no-fund
 	touch $@
 
+# Azurite, the Azure Storage emulator, as the fleet consumer's checkpoint store in the tests (npm registry).
+tests/azurite/node_modules/.installed: tests/azurite/package-lock.json
+	cd tests/azurite && npm ci --silent --no-audit --no-fund
+	touch $@
+
 demo: $(VENV)/.installed
 	@if [ -e $(DEMO_DIR)/documents.jsonl ] || [ -e $(DEMO_DIR)/state ]; then \
 	  rm -rf $(DEMO_DIR)/previous && mkdir -p $(DEMO_DIR)/previous && \
@@ -73,7 +78,7 @@ typecheck: $(VENV)/.installed
 unit: $(VENV)/.installed
 	$(BIN)/pytest -m "not integration"
 
-test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installed lint typecheck
+test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installed tests/azurite/node_modules/.installed lint typecheck
 	$(BIN)/pytest
 	$(BIN)/python tools/reliability.py --check
 
@@ -88,9 +93,11 @@ image:
 
 # The sidecar's cost beside the Go peer and other references, measured in one run and reported as ratios against
 # the targets of issue 14, the image size, and IMDS change -> Alertmanager notification against the sum of the
-# intervals that bound it (writes benchmarks/bench.json); about five minutes.
-bench: $(VENV)/.installed system-deps
+# intervals that bound it (writes benchmarks/bench.json); about five minutes. Then the fleet consumer against the
+# bare SDK (writes benchmarks/fleet-bench.json); about two minutes.
+bench: $(VENV)/.installed system-deps tests/azurite/node_modules/.installed
 	$(BIN)/python bench/bench.py
+	$(BIN)/python bench/fleet_bench.py
 
 # 20,000 polls at 20 Hz (the fastest --poll-interval allows; about 17 minutes) of a fast-changing simulator;
 # prints RSS, open files and threads (writes benchmarks/soak.json).

@@ -242,6 +242,81 @@ def fleet_dashboard() -> Any:
     return d.build()
 
 
+def fleet_events_dashboard() -> Any:
+    """`se-exporter fleet`: the whole fleet from Event Hubs. Every VM is on exactly one replica, so sums and counts
+    over the replicas (instances) of the job count each VM once."""
+    ids = Ids()
+    d = (db.Dashboard("Azure Scheduled Events: fleet from Event Hubs").uid("se-exporter-fleet-events")
+         .tags(["azure", "scheduled-events"]).refresh("30s").time("now-24h", "now").editable()
+         .description("Which VMs face which maintenance right now, how many VMs one event hits, which VMs went "
+                      "silent: the fleet consumer's view of every forwarded document."))
+    d = d.with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+    d = d.with_variable(
+        db.QueryVariable("job").label("Job").datasource(DS).query("label_values(azure_scheduled_fleet_vms, job)")
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).include_all(True).all_value(".*").multi(True))
+    info = f"azure_scheduled_fleet_event_info{{{FLEET}, affects_this_vm!=\"false\""
+    d = d.with_row(db.Row("Fleet now").id(ids.take()))
+    d = d.with_panel(panel(stat, ids, "VMs known", "VMs whose documents the fleet consumer holds.",
+                           [Q(f"sum(azure_scheduled_fleet_vms{{{FLEET}}})")], width=6, height=4))
+    d = d.with_panel(panel(stat, ids, "VMs facing impactful maintenance",
+                           "VMs with a Reboot, Redeploy, Preempt or Terminate listed for them.",
+                           [Q(f"count(count by (vm_id) ({info}, event_type=~\"{IMPACTFUL}\"}})) or vector(0)")],
+                           width=6, height=4))
+    d = d.with_panel(panel(stat, ids, "VMs in maintenance now", "VMs with a Started event listed for them.",
+                           [Q(f"count(count by (vm_id) ({info}, event_status=\"Started\"}})) or vector(0)")],
+                           width=6, height=4))
+    d = d.with_panel(panel(stat, ids, "VMs gone silent (range)", "VMs forgotten after --vm-expiry without a "
+                           "document or heartbeat.",
+                           [Q(f"sum(increase(azure_scheduled_fleet_vm_expirations_total{{{FLEET}}}[$__range])) "
+                              "or vector(0)")], width=6, height=4))
+    d = d.with_panel(
+        panel(table, ids, "Upcoming maintenance by VM", "Scheduled events, per VM they concern, soonest first.",
+              [Q(f"sort(azure_scheduled_fleet_event_seconds_until_not_before{{{FLEET}}} * on(job, instance, vm_id, "
+                 "event_id) group_left(vm_name, vmss_name, location, event_type, event_status, event_source) "
+                 f"{info}}})", instant=True, table=True)], width=24, height=10)
+        .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {"Time": True, "__name__": True, "job": True, "instance": True},
+            "renameByName": {"Value": "seconds until NotBefore"}})))
+    d = d.with_panel(panel(bargauge, ids, "Blast radius: VMs per event", "How many VMs each EventId concerns.",
+                           [Q(f"sum by (event_id, event_type) (azure_scheduled_fleet_event_vms{{{FLEET}}})",
+                              legend="{{event_type}} {{event_id}}", instant=True)], width=8))
+    d = d.with_panel(panel(bargauge, ids, "VMs with events by scale set", "",
+                           [Q(f"count by (vmss_name, event_type) ({info}, vmss_name!=\"\"}})",
+                              legend="{{vmss_name}} {{event_type}}", instant=True)], width=8))
+    d = d.with_panel(panel(table, ids, "Quietest VMs", "Seconds since each VM's last document or heartbeat.",
+                           [Q(f"topk(20, time() - azure_scheduled_fleet_vm_last_seen_timestamp_seconds{{{FLEET}}})",
+                              instant=True, table=True)], width=8, unit="s"))
+    d = d.with_panel(panel(timeseries, ids, "Pending VMs by type and status", "",
+                           [Q(f"sum by (event_type, event_status) (azure_scheduled_fleet_pending_vms{{{FLEET}}}) > 0",
+                              legend="{{event_type}} {{event_status}}")], width=24))
+    d = d.with_row(db.Row("Consumer").id(ids.take()))
+    d = d.with_panel(panel(timeseries, ids, "Documents applied", "Per second, changes and heartbeats.",
+                           [Q(f"sum by (kind) (rate(azure_scheduled_fleet_documents_applied_total{{{FLEET}}}"
+                              "[$__rate_interval]))", legend="{{kind}}")], width=8, unit="reqps"))
+    d = d.with_panel(panel(timeseries, ids, "Dropped messages", "Duplicates (resends, older) and invalid messages.",
+                           [Q(f"sum by (reason) (rate(azure_scheduled_fleet_duplicate_documents_total{{{FLEET}}}"
+                              "[$__rate_interval]))", legend="duplicate {{reason}}"),
+                            Q(f"sum by (reason) (rate(azure_scheduled_fleet_invalid_messages_total{{{FLEET}}}"
+                              "[$__rate_interval]))", legend="invalid {{reason}}")], width=8, unit="reqps"))
+    d = d.with_panel(panel(timeseries, ids, "Partitions per replica", "Owned partitions; the line is the hub's.",
+                           [Q(f"sum by (instance) (azure_scheduled_fleet_owned_partitions{{{FLEET}}})",
+                              legend="{{instance}}"),
+                            Q(f"max(azure_scheduled_fleet_hub_partitions{{{FLEET}}})", legend="partitions")],
+                           width=8))
+    d = d.with_panel(panel(timeseries, ids, "Lag per partition", "Enqueue time of the newest event minus that of "
+                           "the last one handled.",
+                           [Q(f"max by (partition_id) (azure_scheduled_fleet_partition_lag_seconds{{{FLEET}}})",
+                              legend="partition {{partition_id}}")], width=8, unit="s"))
+    d = d.with_panel(panel(timeseries, ids, "Checkpoint age per partition", "How long handled events have waited "
+                           "for their checkpoint.",
+                           [Q(f"max by (partition_id) (azure_scheduled_fleet_partition_checkpoint_age_seconds"
+                              f"{{{FLEET}}})", legend="partition {{partition_id}}")], width=8, unit="s"))
+    d = d.with_panel(panel(timeseries, ids, "Client errors", "Errors the Event Hubs client reported, by reason.",
+                           [Q(f"sum by (reason) (rate(azure_scheduled_fleet_consumer_errors_total{{{FLEET}}}"
+                              "[$__rate_interval]))", legend="{{reason}}")], width=8, unit="reqps"))
+    return d.build()
+
+
 def render(dashboard: Any) -> str:
     return json.dumps(dashboard, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
 
@@ -260,6 +335,7 @@ def prometheus_rule() -> str:
 
 OUTPUTS = {"se-exporter-vm.json": lambda: render(vm_dashboard()),
            "se-exporter-fleet.json": lambda: render(fleet_dashboard()),
+           "se-exporter-fleet-events.json": lambda: render(fleet_events_dashboard()),
            "../deploy/kubernetes/prometheusrule.yaml": prometheus_rule}
 
 

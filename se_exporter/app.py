@@ -437,7 +437,10 @@ def make_forwarding(settings: Settings, registry: CollectorRegistry) -> ForwardS
         if settings.eventhub_endpoint:
             where += f" through {settings.eventhub_endpoint}"
         log.info("forwarding documents to Event Hubs (%s), spooled in %s", where, Path(settings.spool_path).resolve())
-    return ForwardSink(sequencer, targets, metrics)
+    if settings.heartbeat_seconds:
+        log.info("forwarding the current document again after %gs without a change (heartbeat)",
+                 settings.heartbeat_seconds)
+    return ForwardSink(sequencer, targets, metrics, heartbeat_interval=settings.heartbeat_seconds)
 
 
 def claim_state(settings: Settings) -> contextlib.ExitStack:

@@ -37,6 +37,7 @@ from se_exporter.config import (
     simulator_settings,
 )
 from se_exporter.errors import ConfigError
+from se_exporter.fleet.settings import FLEET_OPTIONS, fleet_settings
 from se_exporter.imds import ImdsClient, make_transport
 from se_exporter.metrics import Metrics
 from se_exporter.simulator import scenario as scenarios
@@ -82,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
                                   description="Read the documents se-exporter forwarded to Event Hubs and print "
                                               "them, to check the pipeline end to end.")
     add_options(consume, CONSUME_OPTIONS)
+    fleet = commands.add_parser("fleet", help="serve one live picture of every VM from the forwarded documents",
+                                description="Consume the documents every sidecar forwards to Event Hubs, keep the "
+                                            "latest per VM and serve the fleet on /metrics; replicas in one "
+                                            "consumer group share the partitions through a Blob checkpoint store.")
+    add_options(fleet, FLEET_OPTIONS)
     return parser
 
 
@@ -98,6 +104,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             from se_exporter.consume import consume
 
             return consume(consume_settings(args, environment))
+        if args.command == "fleet":
+            settings = fleet_settings(args, environment)
+            from se_exporter.fleet.main import run_fleet  # the SDKs are imported only when asked for
+
+            return run_fleet(settings)
         return run(run_settings(args, environment))
     except ConfigError as error:
         print(f"se-exporter: error: {error}", file=sys.stderr)

@@ -25,6 +25,7 @@ DEFAULT_PORT = 10169  # above the exhausted 9100-9999 exporter range; "169" as i
 DEFAULT_IMDS_URL = "http://169.254.169.254"
 DEFAULT_API_VERSION = "2020-07-01"
 DEFAULT_STATE_DIR = "/var/lib/se-exporter"
+DEFAULT_HEARTBEAT = 300.0  # seconds; with Event Hubs: a quiet VM still reaches `se-exporter fleet` 3 times in 15 min
 _API_VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
@@ -72,6 +73,7 @@ class Settings:
     eventhub_ca_file: str | None = None
     eventhub_send_timeout: float = 10.0
     eventhub_retry_max: float = 30.0
+    heartbeat_interval: float | None = None  # None: DEFAULT_HEARTBEAT with Event Hubs, else off; 0: off
     otel_traces_exporter: str = "none"
     otel_endpoint: str | None = None
     otel_traces_endpoint: str | None = None
@@ -81,6 +83,13 @@ class Settings:
     @property
     def eventhubs_enabled(self) -> bool:
         return bool(self.eventhub_connection_string or self.eventhub_namespace)
+
+    @property
+    def heartbeat_seconds(self) -> float | None:
+        """Seconds between heartbeats, or None for none (see ``--heartbeat-interval``)."""
+        if self.heartbeat_interval is None:
+            return DEFAULT_HEARTBEAT if self.eventhubs_enabled else None
+        return self.heartbeat_interval or None
 
     @property
     def state_path(self) -> str:
@@ -201,6 +210,7 @@ SEND_TIMEOUT = Bounded(0.1, 600)
 RETRY_MAX = Bounded(0.1, 3600)
 MAX_EVENTS = Bounded(1, 10**12, unit="", integer=True)
 IDLE_TIMEOUT = Bounded(0.1, 366 * 86400)
+HEARTBEAT = Bounded(0.1, 86400)
 THROTTLED_BELOW = 0.2  # seconds between polls: faster than IMDS serves without throttling
 
 
@@ -217,6 +227,13 @@ def parse_listen(text: str) -> Listen:
     if port > 65535:
         raise ValueError(f"{text!r}: port {port} is above 65535")
     return Listen(match.group("v6") or match.group("host") or "", port)
+
+
+def parse_heartbeat(text: str) -> float:
+    """Seconds between heartbeats; 0 or 'off' turns them off."""
+    if text.strip().lower() in ("0", "off"):
+        return 0.0
+    return HEARTBEAT(text)
 
 
 def parse_name(text: str) -> str:
@@ -369,6 +386,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "timeout of one send to Event Hubs; a timed-out batch is kept and resent (default 10)", "SECONDS"),
     Option("eventhub_retry_max", "--eventhub-retry-max", RETRY_MAX,
            "longest wait between attempts while Event Hubs is unreachable (default 30)", "SECONDS"),
+    Option("heartbeat_interval", "--heartbeat-interval", parse_heartbeat,
+           "forward the current document again after this long without a change, marked as a heartbeat, so "
+           "consumers know the VM is alive (default 300 with Event Hubs, else off; 0 or off: never; "
+           f"{HEARTBEAT.describe()})", "SECONDS"),
     Option("otel_traces_exporter", "--otel-traces-exporter", choice("otlp", "console", "none"),
            "where spans go: otlp, console or none (default otlp when an OTLP endpoint is set, else none)",
            "EXPORTER", env_name="OTEL_TRACES_EXPORTER"),

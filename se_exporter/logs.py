@@ -25,7 +25,8 @@ _FIELDS = "se_fields"
 # Connection-string keys, SAS signatures and bearer tokens, wherever they might surface (an SDK's
 # exception text included): the value is replaced, the name stays so the line still makes sense.
 _SECRETS = re.compile(
-    r"(?i)(SharedAccessKey\s*=\s*|SharedAccessSignature\s*=\s*|\bsig=|Bearer\s+|\"access_token\"\s*:\s*\")"
+    r"(?i)(SharedAccessKey\s*=\s*|SharedAccessSignature\s*=\s*|AccountKey\s*=\s*|\bsig=|Bearer\s+|"
+    r"\"access_token\"\s*:\s*\")"
     r"[^;&\s\"']+")
 # What can end, forge or disguise a log line: C0 controls (newline, carriage return, ESC of ANSI sequences), DEL,
 # C1 controls (0x9b is a one-character CSI), line/paragraph separators, bidi overrides, unpaired surrogates.

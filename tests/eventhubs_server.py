@@ -14,7 +14,14 @@ What it does (what the official azure-eventhub SDK needs, found by running it ag
 * receiver links from ``<hub>/ConsumerGroups/<group>/Partitions/<id>`` with a selector filter on
   offset, sequence number or enqueued time (``@latest`` too), each delivered message annotated with
   ``x-opt-sequence-number``, ``x-opt-offset`` (a string), ``x-opt-enqueued-time`` and
-  ``x-opt-partition-key``.
+  ``x-opt-partition-key``, and carrying the partition's last enqueued event in its delivery annotations
+  (what ``track_last_enqueued_event_properties`` reads);
+* exclusive receivers, as Event Hubs has them: a receiver attached with an owner level
+  (``com.microsoft:epoch``, which the SDK sets to 0 whenever a checkpoint store is used) closes every
+  receiver of the same consumer group and partition with an equal or lower level (or none) with
+  ``amqp:link:stolen``; a receiver with a lower level than one already attached is refused the same way;
+* appends and reads that cost the same however full a partition is (offsets from a running total,
+  reads of only the slice a receiver has credit for, selectors by binary search).
 
 The SDK's AMQP layer reads performative fields by position and breaks on frames whose trailing
 null fields were omitted, which proton always does; so proton's Transport is driven from our own
@@ -26,6 +33,7 @@ same ``Store`` is an outage and a recovery; ``SilentPeer`` accepts TCP and never
 
 from __future__ import annotations
 
+import bisect
 import datetime
 import ipaddress
 import re
@@ -123,6 +131,7 @@ class Store:
     events: dict[str, list[StoredEvent]] = field(default_factory=dict)
     lock: threading.Condition = field(default_factory=threading.Condition)
     created_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    _next_offset: dict[str, int] = field(default_factory=dict)  # running total: an append never rescans
 
     @property
     def partition_ids(self) -> list[str]:
@@ -138,19 +147,32 @@ class Store:
             pid = partition_id or self.partition_for(partition_key)
             events = self.events.setdefault(pid, [])
             sequence = len(events)
-            offset = str(sum(len(e.body) for e in events) + sequence)
+            offset = self._next_offset.get(pid, 0)
             properties = {str(k): v for k, v in (message.properties or {}).items()}
-            stored = StoredEvent(pid, sequence, offset, int(time.time() * 1000), partition_key,
+            body = _body_bytes(message.body)
+            # Never earlier than the previous event: selectors on enqueued time rely on the order.
+            enqueued = max(int(time.time() * 1000), events[-1].enqueued_time_ms if events else 0)
+            stored = StoredEvent(pid, sequence, str(offset), enqueued, partition_key,
                                  None if message.id is None else str(message.id),
                                  None if message.content_type is None else str(message.content_type),
-                                 properties, _body_bytes(message.body))
+                                 properties, body)
             events.append(stored)
+            self._next_offset[pid] = offset + len(body) + 1
             self.lock.notify_all()
             return stored
 
     def all(self) -> list[StoredEvent]:
         with self.lock:
             return [event for pid in sorted(self.events) for event in self.events[pid]]
+
+    def last(self, partition_id: str) -> StoredEvent | None:
+        with self.lock:
+            events = self.events.get(partition_id)
+            return events[-1] if events else None
+
+    def slice(self, partition_id: str, start: int, count: int) -> list[StoredEvent]:
+        with self.lock:
+            return self.events.get(partition_id, [])[start:start + count]
 
 
 def _body_bytes(body: Any) -> bytes:
@@ -258,6 +280,9 @@ class _Consumer:
     link: Link
     partition_id: str
     next_index: int
+    conn: _Conn
+    group: str = "$default"
+    owner_level: int | None = None
 
 
 class EventHubsTestServer:
@@ -279,6 +304,9 @@ class EventHubsTestServer:
         self._thread: threading.Thread | None = None
         self._listener: socket.socket | None = None
         self.transfers_received = 0
+        # Open receivers by (consumer group, partition): what exclusive (owner level) receivers are checked against.
+        self._receivers: dict[tuple[str, str], list[_Consumer]] = {}
+        self.links_stolen = 0
 
     @property
     def port(self) -> int:
@@ -427,7 +455,7 @@ class EventHubsTestServer:
         elif kind == Event.DELIVERY:
             self._delivery(conn, event.link, event.delivery)
         elif kind == Event.LINK_REMOTE_CLOSE:
-            conn.consumers = [c for c in conn.consumers if c.link is not event.link]
+            self._forget(conn, event.link)
             event.link.close()
         elif kind == Event.SESSION_REMOTE_CLOSE:
             event.session.close()
@@ -450,33 +478,53 @@ class EventHubsTestServer:
             return
         match = re.search(r"/Partitions/([^/]+)$", address)
         partition_id = match.group(1) if match else "0"
-        conn.consumers.append(_Consumer(link, partition_id, self._start_index(partition_id, link)))
+        group_match = re.search(r"/ConsumerGroups/([^/]+)/", address)
+        group = (group_match.group(1) if group_match else "$Default").lower()
+        level = (link.remote_properties or {}).get(symbol("com.microsoft:epoch"))
+        consumer = _Consumer(link, partition_id, self._start_index(partition_id, link), conn, group,
+                             None if level is None else int(level))
+        if self._admit(consumer):
+            conn.consumers.append(consumer)
+
+    def _admit(self, new: _Consumer) -> bool:
+        """Event Hubs' exclusive receivers: the highest owner level wins; a newer one of an equal level wins."""
+        key = (new.group, new.partition_id)
+        current = [c for c in self._receivers.get(key, []) if not c.link.state & Endpoint.LOCAL_CLOSED]
+        if any(_outranks(old.owner_level, new.owner_level) for old in current):
+            _steal(new.link, "a receiver with a higher owner level is already open on this partition")
+            return False
+        if new.owner_level is not None:
+            for old in current:
+                _steal(old.link, f"a receiver with owner level {new.owner_level} took this partition over")
+                old.conn.consumers = [c for c in old.conn.consumers if c is not old]
+                self.links_stolen += 1
+            current = []
+        self._receivers[key] = [*current, new]
+        return True
+
+    def _forget(self, conn: _Conn, link: Link) -> None:
+        conn.consumers = [c for c in conn.consumers if c.link is not link]
+        for key, consumers in list(self._receivers.items()):
+            self._receivers[key] = [c for c in consumers if c.link is not link]
 
     def _start_index(self, partition_id: str, link: Link) -> int:
-        selector = str(_filter_text(link.remote_source.filter))
         with self.store.lock:
-            events = self.store.events.get(partition_id, [])
-            if "@latest" in selector:
-                return len(events)
-            match = re.search(r"x-opt-(offset|sequence-number|enqueued-time)\s*(>=|>)\s*'?(-?\d+)'?", selector)
-            if not match:
-                return 0
-            field_name, op, value = match.group(1), match.group(2), int(match.group(3))
-            for index, stored in enumerate(events):
-                current = {"offset": int(stored.offset), "sequence-number": stored.sequence_number,
-                           "enqueued-time": stored.enqueued_time_ms}[field_name]
-                if current > value or (op == ">=" and current == value):
-                    return index
-            return len(events)
+            return start_index(self.store.events.get(partition_id, []), str(_filter_text(link.remote_source.filter)))
+
+    def open_receivers(self, group: str, partition_id: str) -> int:
+        """Receivers open right now on a consumer group's partition."""
+        return len([c for c in self._receivers.get((group.lower(), partition_id), [])
+                    if not c.link.state & Endpoint.LOCAL_CLOSED])
 
     def _feed(self, consumer: _Consumer) -> None:
         link = consumer.link
         if link.state & Endpoint.LOCAL_CLOSED:
             return
-        with self.store.lock:
-            events = list(self.store.events.get(consumer.partition_id, []))
-        while link.credit > 0 and consumer.next_index < len(events):
-            stored = events[consumer.next_index]
+        if link.credit <= 0:
+            return
+        batch = self.store.slice(consumer.partition_id, consumer.next_index, link.credit)  # only what fits
+        last = self.store.last(consumer.partition_id)
+        for stored in batch:
             consumer.next_index += 1
             message = Message(body=stored.body, inferred=True, id=stored.message_id,
                               content_type=stored.content_type, properties=stored.properties or None)
@@ -486,6 +534,13 @@ class EventHubsTestServer:
                 symbol("x-opt-enqueued-time"): timestamp(stored.enqueued_time_ms),
                 symbol("x-opt-partition-key"): stored.partition_key,
             }
+            if last is not None:  # what the SDK's track_last_enqueued_event_properties reads
+                message.instructions = {
+                    symbol("last_enqueued_sequence_number"): int(last.sequence_number),
+                    symbol("last_enqueued_offset"): last.offset.encode(),
+                    symbol("last_enqueued_time_utc"): timestamp(last.enqueued_time_ms),
+                    symbol("runtime_info_retrieval_time_utc"): timestamp(int(time.time() * 1000)),
+                }
             delivery = link.delivery(f"d{consumer.partition_id}-{stored.sequence_number}")
             link.send(message.encode())
             link.advance()
@@ -577,15 +632,39 @@ class EventHubsTestServer:
         store = self.store
         if properties.get("type") == "com.microsoft:partition":
             pid = str(properties.get("partition"))
-            with store.lock:
-                events = list(store.events.get(pid, []))
-            last = events[-1] if events else None
+            last = store.last(pid)
             return {"name": store.hub, "partition": pid, "begin_sequence_number": 0,
                     "last_enqueued_sequence_number": last.sequence_number if last else -1,
                     "last_enqueued_offset": last.offset if last else "-1",
                     "last_enqueued_time_utc": timestamp(last.enqueued_time_ms if last else 0),
                     "is_partition_empty": last is None}
         return {"name": store.hub, "created_at": timestamp(store.created_at_ms), "partition_ids": store.partition_ids}
+
+
+def start_index(events: list[StoredEvent], selector: str) -> int:
+    """Where a receiver with this selector starts. Every field grows with the position: search, never scan."""
+    if "@latest" in selector:
+        return len(events)
+    match = re.search(r"x-opt-(offset|sequence-number|enqueued-time)\s*(>=|>)\s*'?(-?\d+)'?", selector)
+    if not match:
+        return 0
+    field_name, op, value = match.group(1), match.group(2), int(match.group(3))
+    key = {"offset": lambda e: int(e.offset), "sequence-number": lambda e: e.sequence_number,
+           "enqueued-time": lambda e: e.enqueued_time_ms}[field_name]
+    find = bisect.bisect_left if op == ">=" else bisect.bisect_right
+    return find(events, value, key=key)
+
+
+def _outranks(old: int | None, new: int | None) -> bool:
+    """Whether an open receiver of owner level ``old`` keeps a new one of level ``new`` out."""
+    if old is None:
+        return False
+    return new is None or old > new
+
+
+def _steal(link: Link, why: str) -> None:
+    link.condition = Condition("amqp:link:stolen", why)
+    link.close()
 
 
 def _filter_text(filter_data: Data | None) -> Any:

@@ -19,9 +19,10 @@ import json
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -101,13 +102,18 @@ def _size(envelope: Envelope) -> int:
 
 
 class ForwardSink:
-    """The ``Sink`` that builds envelopes; a refusing target keeps its documents queued, the others go on."""
+    """The ``Sink`` that builds envelopes; a refusing target keeps its documents queued, the others go on.
+
+    With ``heartbeat_interval`` the current document is forwarded again whenever nothing was forwarded for that
+    long: a quiet VM stays visible to consumers (``se-exporter fleet`` expires silent ones). A heartbeat is the
+    same envelope with a new sequence, ``observed_at`` now, and the property ``heartbeat: true``.
+    """
 
     name = "forward"
 
     def __init__(self, sequencer: Sequencer, targets: Sequence[Target], metrics: ForwardMetrics,
                  max_pending_bytes: int = MAX_PENDING_BYTES, retry_first: float = RETRY_FIRST,
-                 retry_max: float = RETRY_MAX) -> None:
+                 retry_max: float = RETRY_MAX, heartbeat_interval: float | None = None) -> None:
         self._sequencer = sequencer
         self._queues = tuple(_Queue(target) for target in targets)
         self._metrics = metrics
@@ -120,9 +126,33 @@ class ForwardSink:
             metrics.forwarded.labels(queue.target.name)
             metrics.given_up.labels(queue.target.name)
             metrics.pending.labels(queue.target.name).set_function(queue.__len__)
+        self._interval = heartbeat_interval
+        self._last: DocumentChange | None = None
+        self._forwarded_at = time.monotonic()
+        self._beat_lock = threading.Lock()
+        self._heartbeat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+        if heartbeat_interval:
+            self._heartbeat.start()
 
     def export(self, change: DocumentChange) -> None:
+        with self._beat_lock:  # one forward at a time: a heartbeat never takes a later sequence than a newer change
+            self._last, self._forwarded_at = change, time.monotonic()
+            self._forward(change, heartbeat=False)
+
+    def _beat(self) -> None:
+        interval = float(self._interval or 0)
+        while not self._stop.wait(max(0.0, self._forwarded_at + interval - time.monotonic())):
+            with self._beat_lock:
+                if time.monotonic() < self._forwarded_at + interval:
+                    continue  # a change was forwarded meanwhile: the next heartbeat is due an interval after it
+                self._forwarded_at = time.monotonic()
+                if self._last is not None:  # before the first valid document there is nothing to repeat
+                    self._forward(replace(self._last, observed_at=time.time()), heartbeat=True)
+
+    def _forward(self, change: DocumentChange, heartbeat: bool) -> None:
         envelope = build(change, self._sequencer.next(), self._sequencer.installation_id)
+        if heartbeat:
+            envelope = replace(envelope, properties={**envelope.properties, "heartbeat": True})
         for queue in self._queues:
             with queue.lock:
                 queue.pending.append(envelope)
@@ -138,6 +168,8 @@ class ForwardSink:
         self._wake.set()
         if self._retrier is not None:
             self._retrier.join(timeout)
+        if self._heartbeat.is_alive():
+            self._heartbeat.join(timeout)
         for queue in self._queues:
             self._drain(queue)  # one last try: space may have come back since the last attempt
             with queue.lock:

@@ -104,9 +104,13 @@ def on_aks(ksm: StaticTarget) -> dict[str, Any]:
                             "static_configs": [{"targets": [ksm.address]}]}]}
 
 
-def dashboard_expressions() -> list[tuple[str, str]]:
+def dashboard_expressions(fleet_consumer: bool = False) -> list[tuple[str, str]]:
+    """The sidecar dashboards' expressions, or (``fleet_consumer``) those of `se-exporter fleet`'s dashboard,
+    which tests/integration/test_fleet.py runs against a fleet consumer."""
     found = []
     for path in sorted(DASHBOARDS.glob("*.json")):
+        if ("azure_scheduled_fleet_" in path.read_text()) != fleet_consumer:
+            continue
         dashboard = json.loads(path.read_text())
         for panel in dashboard["panels"]:
             for target in panel.get("targets", []):

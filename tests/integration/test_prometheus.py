@@ -35,9 +35,9 @@ class Prometheus:
                  rule_file: Path | None = None, target_labels: dict[str, str] | None = None,
                  relabel_configs: list[dict[str, Any]] | None = None,
                  extra_jobs: list[dict[str, Any]] | None = None, alertmanager: str | None = None,
-                 interval: float = 1.0) -> None:
+                 interval: float = 1.0, job_name: str = "se-exporter") -> None:
         """Scrape ``target`` (with ``target_labels``, as service discovery would attach them, then
-        ``relabel_configs``) and ``extra_targets`` in job se-exporter, plus any ``extra_jobs``, and evaluate
+        ``relabel_configs``) and ``extra_targets`` in job ``job_name``, plus any ``extra_jobs``, and evaluate
         ``rule_file`` every ``interval`` seconds; send alerts to the Alertmanager at ``alertmanager`` (HOST:PORT)."""
         workdir.mkdir(parents=True, exist_ok=True)
         config = workdir / "prometheus.yml"
@@ -45,7 +45,7 @@ class Prometheus:
         groups: list[dict[str, Any]] = [{"targets": [target], "labels": target_labels or {}}]
         if extra_targets:
             groups.append({"targets": extra_targets})
-        job: dict[str, Any] = {"job_name": "se-exporter", "static_configs": groups}
+        job: dict[str, Any] = {"job_name": job_name, "static_configs": groups}
         if relabel_configs:
             job["relabel_configs"] = relabel_configs
         every = f"{round(interval * 1000)}ms"

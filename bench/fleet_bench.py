@@ -1,0 +1,248 @@
+"""`se-exporter fleet` against the bare SDK: the same burst of documents, applied vs merely received.
+
+    python bench/fleet_bench.py           (make bench)  10,000 documents
+    python bench/fleet_bench.py --smoke   a few hundred, to keep the script working (make test)
+
+Two phases, each with its own Event Hubs test server in its own process (4 partitions) and nothing else running:
+first a bare `EventHubConsumerClient.receive_batch` (same batch size and prefetch as `fleet`, no checkpoint store)
+receives a burst of N forwarded documents; then `se-exporter fleet` (Azurite as its checkpoint store) takes the
+same burst: the time until it has applied all N (its own timestamp of the batch that completed them) and the time
+until /metrics reflects them (read every POLL seconds) are measured. Both consumers wait, connected and idle, before
+the burst is enqueued at once, so every time runs from the burst. The phases alternate three times and the best of
+each counts. The fleet's RSS is read before and after: the memory its N VMs cost. Targets are printed beside the
+figures; nothing fails on a missed target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).parent.parent
+sys.path.insert(0, str(ROOT))
+
+from azure.eventhub.aio import EventHubConsumerClient  # noqa: E402 - after the path set-up above
+from proton import Message  # noqa: E402
+
+from tests.eventhubs_server import EventHubsTestServer, Store  # noqa: E402
+from tests.fleet_helpers import Azurite, FleetProcess, envelope_for, fleet_vm  # noqa: E402
+from tests.helpers import free_port, wait_until  # noqa: E402
+
+PARTITIONS = 4
+# /metrics is read every POLL seconds during the burst (a scrape of 10,000 VMs costs the fleet ~35 ms of CPU, which
+# the burst pays too): "reflected" is late by at most POLL; "applied" is exact, from the fleet's own timestamp of
+# the batch that completed the burst.
+POLL = 0.5
+APPLIED = re.compile(rb"^azure_scheduled_fleet_documents_applied_total\{[^}]*\} (\S+)$", re.MULTILINE)
+LAST_APPLIED = re.compile(rb"^azure_scheduled_fleet_last_applied_timestamp_seconds (\S+)$", re.MULTILINE)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    match = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
+    return int(match.group(1)) / 1024 if match else 0.0
+
+
+# ---------------------------------------------------------------- the hub, in its own process
+
+
+def serve_hub(count: int) -> None:
+    """Serve an empty hub; on 'burst' from stdin enqueue ``count`` forwarded documents at once, print the time."""
+    store = Store(partition_count=PARTITIONS)
+    server = EventHubsTestServer(store, port=free_port()).start()
+    installation = str(uuid.uuid4())
+    messages = []
+    for index in range(count):
+        identity, raw = fleet_vm(index)
+        envelope = envelope_for(identity, raw, index + 1, installation)
+        message = Message(body=envelope.body, inferred=True, id=envelope.message_id, content_type="application/json",
+                          properties=dict(envelope.properties))
+        messages.append((store.partition_for(envelope.partition_key), message, envelope.partition_key))
+    print(server.connection_string(), flush=True)
+    for line in sys.stdin:
+        if line.strip() == "burst":
+            started = time.time()
+            for partition_id, message, key in messages:
+                store.append(partition_id, message, key)
+            print(json.dumps({"burst_at": started, "enqueued_in": time.time() - started}), flush=True)
+        elif line.strip() == "stop":
+            break
+    server.stop()
+
+
+class Hub:
+    def __init__(self, count: int) -> None:
+        self.process = subprocess.Popen(  # noqa: S603 - this script, by our own interpreter
+            [sys.executable, __file__, "--serve-hub", str(count)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True)
+        assert self.process.stdout is not None
+        self.connection_string = self.process.stdout.readline().strip()
+
+    def burst(self) -> float:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write("burst\n")
+        self.process.stdin.flush()
+        return float(json.loads(self.process.stdout.readline())["burst_at"])
+
+    def stop(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write("stop\n")
+        self.process.stdin.flush()
+        self.process.wait(30)
+
+
+# ---------------------------------------------------------------- the bare SDK, in its own process
+
+
+def bare_receive(connection_string: str, count: int) -> None:
+    """Receive with the SDK alone; print 'ready' once every partition waits, then the time the count-th arrived."""
+    async def run() -> None:
+        client = EventHubConsumerClient.from_connection_string(connection_string, consumer_group="$Default")
+        received = 0
+        idle: set[str] = set()
+        done = asyncio.Event()
+
+        async def on_batch(context: Any, events: list[Any]) -> None:
+            nonlocal received
+            if not events:
+                if len(idle) < PARTITIONS:
+                    idle.add(context.partition_id)
+                    if len(idle) == PARTITIONS:
+                        print("ready", flush=True)
+                return
+            received += len(events)
+            if received >= count:
+                print(json.dumps({"done_at": time.time()}), flush=True)
+                done.set()
+
+        task = asyncio.create_task(client.receive_batch(on_batch, max_batch_size=300, max_wait_time=1.0,
+                                                        starting_position="-1"))
+        await done.wait()
+        await client.close()
+        task.cancel()
+
+    asyncio.run(run())
+
+
+def bare_phase(count: int) -> dict[str, float]:
+    hub = Hub(count)
+    try:
+        receiver = subprocess.Popen(  # noqa: S603 - this script, by our own interpreter
+            [sys.executable, __file__, "--bare", hub.connection_string, str(count)], stdout=subprocess.PIPE, text=True)
+        assert receiver.stdout is not None
+        assert receiver.stdout.readline().strip() == "ready"
+        cpu = cpu_seconds(receiver.pid)
+        burst_at = hub.burst()
+        done_at = float(json.loads(receiver.stdout.readline())["done_at"])
+        cpu = cpu_seconds(receiver.pid) - cpu
+        receiver.wait(30)
+        return {"received_s": done_at - burst_at, "cpu_s": cpu}
+    finally:
+        hub.stop()
+
+
+# ---------------------------------------------------------------- the fleet consumer
+
+
+def applied(url: str) -> tuple[float, float]:
+    """Documents applied so far, and when the last of them was applied (the fleet's own clock, this machine's)."""
+    with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 - loopback only
+        text = response.read()
+    stamp = LAST_APPLIED.search(text)
+    return sum(float(value) for value in APPLIED.findall(text)), float(stamp.group(1)) if stamp else 0.0
+
+
+def fleet_phase(count: int, work: Path) -> dict[str, float]:
+    hub = Hub(count)
+    azurite = Azurite(work / "azurite")
+    # The default intervals, as in production: the first load-balancing round claims every partition at start.
+    fleet = FleetProcess(hub.connection_string, azurite.connection_string, work / "fleet")
+    try:
+        wait_until(lambda: fleet.value("azure_scheduled_fleet_owned_partitions") == PARTITIONS, timeout=60,
+                   what="the fleet to own every partition")
+        time.sleep(2)  # idle RSS after the claims' one-time allocations, not a wait for a condition
+        idle_rss, cpu = rss_mb(fleet.process.pid), cpu_seconds(fleet.process.pid)
+        burst_at = hub.burst()
+        while (progress := applied(fleet.metrics_url))[0] < count:
+            time.sleep(POLL)
+        reflected = time.time() - burst_at
+        cpu = cpu_seconds(fleet.process.pid) - cpu  # scrapes included: they are part of serving the fleet
+        loaded_rss = rss_mb(fleet.process.pid)
+        return {"applied_s": progress[1] - burst_at, "reflected_s": reflected, "cpu_s": cpu, "idle_rss_mb": idle_rss,
+                "loaded_rss_mb": loaded_rss}
+    finally:
+        fleet.stop()
+        azurite.stop()
+        hub.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="a few hundred documents: checks the script works")
+    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "fleet-bench.json")
+    parser.add_argument("--serve-hub", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--bare", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_hub is not None:
+        serve_hub(args.serve_hub)
+        return 0
+    if args.bare:
+        bare_receive(args.bare[0], int(args.bare[1]))
+        return 0
+    count = 300 if args.smoke else 10_000
+    bares, fleets = [], []
+    for _round in range(1 if args.smoke else 3):  # alternated, best of each: this machine is shared and noisy
+        bares.append(bare_phase(count))
+        with tempfile.TemporaryDirectory() as work:
+            fleets.append(fleet_phase(count, Path(work)))
+    bare = min(run["received_s"] for run in bares)
+    fleet = min(fleets, key=lambda run: run["applied_s"])
+    ratio = bare / fleet["applied_s"]
+    bare_cpu, fleet_cpu = min(run["cpu_s"] for run in bares), min(run["cpu_s"] for run in fleets)
+    per_10k = (fleet["loaded_rss_mb"] - fleet["idle_rss_mb"]) * 10_000 / count
+    figures = [
+        (f"bare SDK: burst of {count:,} received", bare, "s", ""),
+        (f"fleet: burst of {count:,} applied", fleet["applied_s"], "s", ""),
+        (f"fleet: burst of {count:,} reflected on /metrics", min(run["reflected_s"] for run in fleets), "s",
+         f"<= {2 * bare:.2f} s (2x)"),
+        ("fleet applied rate / bare SDK receive rate", ratio, "x", ">= 0.75"),
+        (f"bare SDK: CPU for {count:,}", bare_cpu, "s", ""),
+        (f"fleet: CPU for {count:,} (scrapes included)", fleet_cpu, "s", ""),
+        ("fleet RSS idle, every partition owned", fleet["idle_rss_mb"], "MB", ""),
+        (f"fleet RSS with {count:,} VMs", fleet["loaded_rss_mb"], "MB", ""),
+        ("fleet memory per 10,000 VMs", per_10k, "MB", ""),
+    ]
+    print("rounds: bare " + ", ".join(f"{run['received_s']:.2f}" for run in bares) + " s; fleet applied "
+          + ", ".join(f"{run['applied_s']:.2f}" for run in fleets) + " s", file=sys.stderr)
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    print(f"se-exporter fleet benchmark ({'smoke' if args.smoke else 'full'}) on {machine}")
+    for name, measured, unit, target in figures:
+        print(f"  {name:<48} {measured:10.3f} {unit:<3} {target}")
+    result = {"machine": machine, "mode": "smoke" if args.smoke else "full", "documents": count,
+              "figures": [{"figure": name, "measured": round(measured, 4), "unit": unit, "target": target}
+                          for name, measured, unit, target in figures]}
+    if not args.smoke:
+        args.output.parent.mkdir(exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

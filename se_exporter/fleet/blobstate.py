@@ -1,0 +1,97 @@
+"""Each partition's fleet state as one blob beside the SDK's checkpoint blobs, in the same container.
+
+Why state beside the checkpoints rather than re-reading a window of the hub on start: the state is a
+fold of the partition's events, so a snapshot taken at sequence number P plus the events after P is
+the whole picture, however long ago a quiet VM last spoke and whether or not its sidecar sends
+heartbeats; a restart costs one download per partition and a replay of at most one checkpoint
+interval. A window would have to span the VM expiry (15 minutes of 10,000 VMs' heartbeats by
+default) and would still lose every VM that sent nothing inside it.
+
+Invariant: a checkpoint is written only after a state blob at or past it, so a replica that takes
+the partition over never starts reading after events its state lacks. The blob's sequence number is
+kept in its metadata and only ever moves forward: writes are conditional on the ETag last seen, and
+a write that finds a newer blob (another owner during a hand-over) gives way.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.storage.blob import ContentSettings
+from azure.storage.blob.aio import ContainerClient
+
+from se_exporter.fleet.state import PartitionState, decode
+
+log = logging.getLogger("se_exporter.fleet")
+POSITION_KEY = "sequencenumber"  # the same metadata name the checkpoint store uses for its position
+
+
+def state_blob_name(namespace: str, eventhub_name: str, consumer_group: str, partition_id: str) -> str:
+    """Named like the checkpoint store's own blobs (``<namespace>/<hub>/<group>/checkpoint/<id>``)."""
+    return f"{namespace}/{eventhub_name}/{consumer_group}/fleet-state/{partition_id}".lower()
+
+
+class StateBlobs:
+    """Loads and saves partition states by partition id, once ``name`` says where each one lives."""
+
+    def __init__(self, container: ContainerClient) -> None:
+        self._container = container
+        self._names: dict[str, str] = {}
+        self._etags: dict[str, str | None] = {}
+
+    def name(self, partition_id: str, blob_name: str) -> None:
+        self._names[partition_id] = blob_name
+
+    def _blob(self, partition_id: str) -> Any:
+        return self._container.get_blob_client(self._names[partition_id])
+
+    async def load(self, partition_id: str) -> PartitionState | None:
+        """The stored state, or None when there is none yet (or it cannot be read: then it is logged and will be
+        replaced by the next write). Storage errors propagate: the caller retries."""
+        try:
+            download = await self._blob(partition_id).download_blob()
+            data = await download.readall()
+        except ResourceNotFoundError:
+            self._etags[partition_id] = None
+            return None
+        self._etags[partition_id] = download.properties.etag
+        try:
+            return decode(data)
+        except ValueError as error:
+            log.error("partition %s: the stored fleet state cannot be read (%s); starting from the checkpoint "
+                      "alone, VMs reappear as they send documents", partition_id, error)
+            return None
+
+    async def save(self, partition_id: str, data: bytes, position: int) -> bool:
+        """Write the state at ``position``; False when a newer one is already there (nothing written)."""
+        blob = self._blob(partition_id)
+        for _attempt in range(3):
+            etag = self._etags.get(partition_id)
+            conditions: dict[str, Any] = {"if_match": etag} if etag else {"if_none_match": "*"}
+            try:
+                result = await blob.upload_blob(
+                    data, overwrite=True, metadata={POSITION_KEY: str(position)},
+                    content_settings=ContentSettings(content_type="application/gzip"), **conditions)
+            except ResourceNotFoundError:  # deleted since we read it: write it anew
+                self._etags[partition_id] = None
+                continue
+            except (ResourceModifiedError, ResourceExistsError):
+                try:
+                    properties = await blob.get_blob_properties()
+                except ResourceNotFoundError:
+                    self._etags[partition_id] = None
+                    continue
+                theirs = int((properties.metadata or {}).get(POSITION_KEY, "-1"))
+                if theirs >= position:
+                    return False
+                self._etags[partition_id] = properties.etag  # an older write behind ours: overwrite it
+                continue
+            self._etags[partition_id] = result.get("etag")
+            return True
+        return False
+
+    def forget(self, partition_id: str) -> None:
+        self._etags.pop(partition_id, None)
+        self._names.pop(partition_id, None)

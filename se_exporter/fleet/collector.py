@@ -1,0 +1,188 @@
+"""The fleet's metrics: state families built from the owned partitions on every scrape, plus counters.
+
+As in the sidecar, nothing is ever removed by hand: a VM, an event or a partition that is gone from the
+state is gone from the next scrape. Labels are bounded by what the owned partitions hold right now.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from se_exporter.fleet.state import INVALID_REASONS, VmState
+from se_exporter.model import EVENT_STATUSES, EVENT_TYPES
+
+FLEET = "azure_scheduled_fleet"
+VM_LABELS = ["vm_id", "vm_name", "vmss_name", "location"]
+# What the forwarder's classify() says, plus a partition taken over by another replica and a state blob unread.
+ERROR_REASONS = ("timeout", "auth", "connection", "service", "other", "ownership_lost", "state_read")
+
+
+@dataclass
+class PartitionView:
+    """What the consumer knows about one owned partition besides its VMs."""
+
+    lag_events: float | None = None
+    lag_seconds: float | None = None
+    unsaved_since: float | None = None  # when the first event not yet covered by a checkpoint was handled
+
+
+class FleetMetrics:
+    """Counters of the consumer itself; the state families come from ``FleetCollector``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.consumed = Counter(f"{FLEET}_documents_consumed", "Messages received from Event Hubs.",
+                                registry=registry)
+        self.applied = Counter(f"{FLEET}_documents_applied", "Documents that became a VM's latest, by kind.",
+                               ["kind"], registry=registry)
+        self.duplicates = Counter(f"{FLEET}_duplicate_documents",
+                                  "Documents dropped: a resend of the applied one, or older than it.",
+                                  ["reason"], registry=registry)
+        self.replayed = Counter(f"{FLEET}_replayed_documents",
+                                "Documents read again after a restore that the restored state already held.",
+                                registry=registry)
+        self.invalid = Counter(f"{FLEET}_invalid_messages", "Messages that are not forwarded documents, by reason.",
+                               ["reason"], registry=registry)
+        self.warnings = Counter(f"{FLEET}_message_warnings",
+                                "Tolerated oddities of applied messages (unknown properties, document fields).",
+                                ["reason"], registry=registry)
+        self.expirations = Counter(f"{FLEET}_vm_expirations", "VMs forgotten after --vm-expiry of silence.",
+                                   registry=registry)
+        self.errors = Counter(f"{FLEET}_consumer_errors", "Errors the Event Hubs client reported, by reason.",
+                              ["reason"], registry=registry)
+        self.checkpoints = Counter(f"{FLEET}_checkpoints", "Writes of a partition's state and checkpoint, by outcome.",
+                                   ["outcome"], registry=registry)
+        self.claims = Counter(f"{FLEET}_partition_claims", "Partitions this replica started reading.",
+                              registry=registry)
+        self.releases = Counter(f"{FLEET}_partition_releases", "Partitions this replica stopped reading, by reason.",
+                                ["reason"], registry=registry)
+        self.last_applied = Gauge(f"{FLEET}_last_applied_timestamp_seconds",
+                                  "When this replica last applied a document, as unix time (0: not yet).",
+                                  registry=registry)
+        for kind in ("change", "heartbeat"):
+            self.applied.labels(kind)
+        for reason in ("resend", "older"):
+            self.duplicates.labels(reason)
+        for reason in INVALID_REASONS:
+            self.invalid.labels(reason)
+        for outcome in ("ok", "error", "superseded"):
+            self.checkpoints.labels(outcome)
+        for reason in ERROR_REASONS:
+            self.errors.labels(reason)
+
+
+class PartitionCollector(Collector):
+    """The consumer's per-partition gauges, from what the consumer knows right now; never raises into a scrape."""
+
+    def __init__(self, partitions: Callable[[], Mapping[str, PartitionView]],
+                 hub_partitions: Callable[[], int | None], clock: Callable[[], float] = time.time) -> None:
+        self._partitions = partitions
+        self._hub_partitions = hub_partitions
+        self._clock = clock
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._consumer(self._clock())
+
+    def _consumer(self, now: float) -> Iterator[Metric]:
+        partitions = self._partitions()
+        yield GaugeMetricFamily(f"{FLEET}_owned_partitions", "Partitions this replica reads right now.",
+                                value=len(partitions))
+        total = self._hub_partitions()
+        if total is not None:
+            yield GaugeMetricFamily(f"{FLEET}_hub_partitions", "Partitions of the event hub.", value=total)
+        lag = GaugeMetricFamily(f"{FLEET}_partition_lag_events",
+                                "Events enqueued in the partition after the last one handled, as the SDK last said.",
+                                labels=["partition_id"])
+        lag_seconds = GaugeMetricFamily(f"{FLEET}_partition_lag_seconds",
+                                        "Enqueue time of the partition's last event minus that of the last handled.",
+                                        labels=["partition_id"])
+        age = GaugeMetricFamily(f"{FLEET}_partition_checkpoint_age_seconds",
+                                "How long handled events have waited for a checkpoint (0: all checkpointed).",
+                                labels=["partition_id"])
+        for partition_id, view in sorted(partitions.items()):
+            if view.lag_events is not None:
+                lag.add_metric([partition_id], view.lag_events)
+            if view.lag_seconds is not None:
+                lag_seconds.add_metric([partition_id], view.lag_seconds)
+            age.add_metric([partition_id], max(0.0, now - view.unsaved_since) if view.unsaved_since else 0.0)
+        yield from (lag, lag_seconds, age)
+
+
+# ---------------------------------------------------------------- the per-VM families, written directly
+
+_HEADERS = {
+    "vms": "VMs known in the partitions this replica owns.",
+    "pending_vms": "VMs with a listed event that concerns them, by type and status.",
+    "event_vms": "VMs one event concerns: its blast radius.",
+    "event_info": "1 per VM and event listed in its latest document.",
+    "event_seconds_until_not_before": "NotBefore minus now, at scrape time, per VM and event; negative once passed.",
+    "event_duration_seconds": "DurationInSeconds per VM and event (-1 = unknown, 0 = no impact).",
+    "vm_last_seen_timestamp_seconds": "When Event Hubs enqueued the VM's latest document or heartbeat, as unix time.",
+}
+
+
+def render_fleet(vms: Iterable[VmState], now: float) -> str:
+    """The fleet families in the Prometheus text format, from one consistent list of VMs.
+
+    Written here rather than through prometheus-client's families: with 10,000 VMs its generic writer (label
+    validation and escaping per sample) took 190 ms a scrape, this takes a tenth of it, and a scrape competes
+    with the consumer for the interpreter."""
+    info: list[str] = []
+    until: list[str] = []
+    duration: list[str] = []
+    seen: list[str] = []
+    pending: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
+    blast: Tally[tuple[str, str]] = Tally()
+    count = 0
+    for vm in vms:
+        count += 1
+        identity = (f'vm_id="{_escape(vm.vm_id or vm.key)}",vm_name="{_escape(vm.vm_name)}",'
+                    f'vmss_name="{_escape(vm.vmss_name)}",location="{_escape(vm.location)}"')
+        seen.append(f"{FLEET}_vm_last_seen_timestamp_seconds{{{identity}}} {vm.seen_at!r}")
+        kinds = set()
+        for event in vm.events:
+            info.append(f'{FLEET}_event_info{{{identity},event_id="{_escape(event.event_id)}",'
+                        f'event_type="{_escape(event.event_type)}",event_status="{_escape(event.event_status)}",'
+                        f'event_source="{_escape(event.event_source)}",affects_this_vm="{event.affects_this_vm}"}} 1.0')
+            key = f'vm_id="{_escape(vm.vm_id or vm.key)}",event_id="{_escape(event.event_id)}"'
+            if event.not_before is not None:
+                until.append(f"{FLEET}_event_seconds_until_not_before{{{key}}} {event.not_before - now!r}")
+            if event.duration_seconds is not None:
+                duration.append(f"{FLEET}_event_duration_seconds{{{key}}} {event.duration_seconds!r}")
+            if event.counts_for_vm:
+                kinds.add((event.event_type, event.event_status))
+                blast[(event.event_id, event.event_type)] += 1
+        pending.update(kinds)
+    families = {
+        "vms": [f"{FLEET}_vms {float(count)!r}"],
+        "pending_vms": [f'{FLEET}_pending_vms{{event_type="{_escape(t)}",event_status="{_escape(s)}"}} {float(n)!r}'
+                        for (t, s), n in sorted(pending.items())],
+        "event_vms": [f'{FLEET}_event_vms{{event_id="{_escape(e)}",event_type="{_escape(t)}"}} {float(n)!r}'
+                      for (e, t), n in sorted(blast.items())],
+        "event_info": info, "event_seconds_until_not_before": until, "event_duration_seconds": duration,
+        "vm_last_seen_timestamp_seconds": seen,
+    }
+    parts = []
+    for name, lines in families.items():
+        parts.append(f"# HELP {FLEET}_{name} {_HEADERS[name]}\n# TYPE {FLEET}_{name} gauge\n")
+        if lines:
+            parts.append("\n".join(lines))
+            parts.append("\n")
+    return "".join(parts)
+
+
+def _escape(value: str) -> str:
+    """Label values as the text format wants them: backslash, double quote and newline escaped."""
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return value

@@ -1,0 +1,210 @@
+"""Start-up and shutdown of ``se-exporter fleet``: clients, the HTTP endpoints, signals.
+
+SIGTERM (or SIGINT, SIGHUP) stops the checkpoint task, then closes the consumer client: the SDK closes
+each partition (a last state and checkpoint are written) and releases its ownership, so another
+replica takes over at its next load-balancing round instead of after the ownership expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import logging
+import signal
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, cast
+
+import prometheus_client
+from azure.core.exceptions import ResourceExistsError
+from azure.eventhub.aio import EventHubConsumerClient
+from azure.storage.blob.aio import ContainerClient
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.exposition import gzip_accepted
+
+from se_exporter import __version__, logs
+from se_exporter.app import TEXT_FORMAT, serve
+from se_exporter.consume import starting_position
+from se_exporter.errors import ConfigError
+from se_exporter.fleet.blobstate import StateBlobs
+from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, render_fleet
+from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER, ObservedCheckpointStore, Service, describe
+from se_exporter.fleet.settings import FleetSettings
+from se_exporter.fleet.state import Fleet
+from se_exporter.sinks.eventhubs import connection_options
+
+log = logging.getLogger("se_exporter.fleet")
+CLOSE_TIMEOUT = 8.0  # SIGTERM to exit within 10 s, whatever the peers do
+
+
+def run_fleet(settings: FleetSettings) -> int:
+    logs.setup(settings.log_level, settings.log_format)
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
+    return asyncio.run(_main(settings))
+
+
+def service_credential(client_id: str | None) -> Any:
+    """The VM's managed identity or the pod's workload identity, as the sidecar's forwarder uses; developer
+    tools never. Token requests go to IMDS: never through a proxy from the environment."""
+    from azure.core.pipeline.transport import AioHttpTransport
+    from azure.identity.aio import DefaultAzureCredential
+
+    options: dict[str, Any] = {"managed_identity_client_id": client_id} if client_id else {}
+    return DefaultAzureCredential(
+        exclude_cli_credential=True, exclude_developer_cli_credential=True, exclude_powershell_credential=True,
+        exclude_visual_studio_code_credential=True, exclude_shared_token_cache_credential=True,
+        exclude_interactive_browser_credential=True, transport=AioHttpTransport(use_env_settings=False), **options)
+
+
+def storage_clients(settings: FleetSettings, credential: Callable[[str | None], Any],
+                    ) -> tuple[ContainerClient, ObservedCheckpointStore]:
+    name = settings.checkpoint_container
+    if settings.checkpoint_connection_string:
+        store = ObservedCheckpointStore.from_connection_string(settings.checkpoint_connection_string, name)
+        return (ContainerClient.from_connection_string(settings.checkpoint_connection_string, name),
+                cast(ObservedCheckpointStore, store))  # the classmethod builds cls(...): our subclass
+    url, identity = str(settings.checkpoint_account_url), credential(settings.storage_client_id)
+    return (ContainerClient(url, name, credential=identity),
+            ObservedCheckpointStore(url, name, credential=identity))
+
+
+def consumer_client(settings: FleetSettings, store: ObservedCheckpointStore,
+                    credential: Callable[[str | None], Any]) -> EventHubConsumerClient:
+    options: dict[str, Any] = {
+        "consumer_group": settings.consumer_group, "checkpoint_store": store,
+        "load_balancing_interval": settings.load_balancing_interval,
+        "partition_ownership_expiration_interval": settings.ownership_timeout,
+        **connection_options(settings.eventhub_endpoint, settings.eventhub_ca_file)}
+    if settings.eventhub_connection_string:
+        return EventHubConsumerClient.from_connection_string(
+            settings.eventhub_connection_string, eventhub_name=settings.eventhub_name, **options)
+    return EventHubConsumerClient(
+        fully_qualified_namespace=str(settings.eventhub_namespace), eventhub_name=str(settings.eventhub_name),
+        credential=credential(settings.eventhub_client_id), **options)
+
+
+async def ensure_container(container: ContainerClient, name: str) -> None:
+    """Create the container when it is missing; a container that can be neither found nor made is a
+    configuration error. Storage unreachable at start is not: the SDK retries, /readyz says so."""
+    try:
+        if await asyncio.wait_for(container.exists(), 15):
+            return
+    except Exception as error:
+        log.warning("cannot check the container %s (%s); going on, load balancing retries", name, describe(error))
+        return
+    try:
+        await asyncio.wait_for(container.create_container(), 15)
+        log.info("created the blob container %s", name)
+    except ResourceExistsError:
+        return
+    except Exception as error:
+        raise ConfigError(f"--checkpoint-container {name}: it does not exist and cannot be created "
+                          f"({describe(error)})") from None
+
+
+def make_http_app(registry: CollectorRegistry, fleet: Fleet, service: Service,
+                  clock: Callable[[], float] = time.time) -> Callable[..., Iterable[bytes]]:
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path == "/metrics":
+            body = generate_latest(registry) + render_fleet(fleet.vms(), clock()).encode()
+            headers = [("Content-Type", TEXT_FORMAT)]
+            if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+                # Level 1, as the sidecar: metrics text is so repetitive that it is within 8% of level 9's size.
+                body = gzip.compress(body, compresslevel=1)
+                headers.append(("Content-Encoding", "gzip"))
+            start_response("200 OK", headers)
+            return [body]
+        if path == "/healthz":
+            return _text(start_response, service.healthy, "consumer loop running", "consumer loop stalled")
+        if path == "/readyz":
+            return _text(start_response, service.ready, "partitions balanced and restored",
+                         "waiting for the checkpoint store or a partition's state")
+        if path == "/":
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [b"<html><head><title>se-exporter fleet</title></head><body><h1>se-exporter fleet</h1>"
+                    b"<p><a href='/metrics'>/metrics</a> <a href='/healthz'>/healthz</a> "
+                    b"<a href='/readyz'>/readyz</a></p></body></html>"]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"not found\n"]
+
+    return app
+
+
+def _text(start_response: Callable[..., Any], ok: bool, good: str, bad: str) -> list[bytes]:
+    start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8")])
+    return [((good if ok else bad) + "\n").encode()]
+
+
+async def _count_partitions(client: EventHubConsumerClient, service: Service) -> None:
+    """The hub's partition count, for the 'partitions nobody reads' alert; in the background, so that a hub
+    unreachable at start delays neither start-up nor SIGTERM."""
+    try:
+        service.hub_partitions = len(await asyncio.wait_for(client.get_partition_ids(), 60))
+    except Exception as error:  # the SDK keeps trying while receiving; the gauge stays absent until then
+        log.warning("cannot read the event hub's partitions: %s", describe(error))
+
+
+async def _main(settings: FleetSettings, credential: Callable[[str | None], Any] = service_credential) -> int:
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    fleet, metrics = Fleet(), FleetMetrics(registry)
+    async with contextlib.AsyncExitStack() as cleanup:
+        credentials: dict[str | None, Any] = {}
+
+        def shared(client_id: str | None) -> Any:
+            """One credential per identity, for Event Hubs and storage alike, closed at exit (an HTTP session)."""
+            if client_id not in credentials:
+                credentials[client_id] = credential(client_id)
+                cleanup.push_async_callback(credentials[client_id].close)
+            return credentials[client_id]
+
+        container, store = storage_clients(settings, shared)
+        cleanup.push_async_callback(store.close)  # the consumer client does not close it (aiohttp would warn)
+        cleanup.push_async_callback(container.close)
+        await ensure_container(container, settings.checkpoint_container)
+        client = consumer_client(settings, store, shared)
+        service = Service(settings, fleet, metrics, StateBlobs(container))
+        store.on_listed = lambda: setattr(service, "balanced", True)
+        registry.register(PartitionCollector(lambda: dict(service.views), lambda: service.hub_partitions))
+        try:
+            server = serve(settings.listen, make_http_app(registry, fleet, service))
+        except OSError as error:
+            raise ConfigError(f"--listen {settings.listen}: cannot listen there ({error.strerror or error})") from None
+        cleanup.callback(server.server_close)
+        cleanup.callback(server.shutdown)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(signum, stop.set)
+        helpers = [asyncio.create_task(work(stop)) for work in (service.checkpoints, service.expiry,
+                                                                 service.watchdog)]
+        helpers.append(asyncio.create_task(_count_partitions(client, service)))
+        receiving = asyncio.create_task(client.receive_batch(
+            service.on_batch, max_batch_size=BATCH_SIZE, max_wait_time=EMPTY_BATCH_AFTER,
+            starting_position=starting_position(settings.starting_position),
+            on_error=service.on_error, on_partition_initialize=service.on_initialize,
+            on_partition_close=service.on_close, track_last_enqueued_event_properties=True))
+        port = server.server_port
+        log.info("se-exporter %s fleet consuming %s (consumer group %s); metrics at http://%s:%d/metrics",
+                 __version__, settings.eventhub_namespace or "the event hub of the connection string",
+                 settings.consumer_group, settings.listen.host or "127.0.0.1", port)
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait([receiving, stopping], return_when=asyncio.FIRST_COMPLETED)
+        failed = receiving.done() and not stop.is_set()
+        if failed:
+            log.error("the Event Hubs client stopped unexpectedly: %s", describe(receiving.exception() or
+                                                                                 Exception("no error")))
+        log.info("stopping: releasing %d partitions", len(fleet.owned()))
+        stop.set()
+        for helper in helpers:  # a periodic write stuck on a slow storage must not hold the exit up
+            helper.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
+        try:
+            await asyncio.wait_for(client.close(), CLOSE_TIMEOUT)
+        except asyncio.TimeoutError:
+            log.warning("the Event Hubs client did not close within %gs; exiting anyway", CLOSE_TIMEOUT)
+        receiving.cancel()
+        await asyncio.gather(receiving, stopping, return_exceptions=True)
+    return 1 if failed else 0

@@ -1,0 +1,157 @@
+"""Settings of ``se-exporter fleet``, resolved by the same table and resolver as every other command."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import httpx
+
+from se_exporter.config import (
+    CONSUME_OPTIONS,
+    RUN_OPTIONS,
+    Bounded,
+    Listen,
+    Option,
+    _check_eventhubs,
+    connection_string_parts,
+    parse_listen,
+    parse_name,
+    resolve,
+)
+from se_exporter.consume import starting_position
+from se_exporter.errors import ConfigError
+
+DEFAULT_FLEET_PORT = 10170  # the sidecar's 10169 plus one: both can run on one machine
+DEFAULT_CONTAINER = "se-exporter-fleet"
+DEFAULT_VM_EXPIRY = 900.0  # three missed heartbeats at the Event Hubs default of 300 s
+DEFAULT_CHECKPOINT_INTERVAL = 10.0
+DEFAULT_LISTEN = Listen("", DEFAULT_FLEET_PORT)
+
+CHECKPOINT_INTERVAL = Bounded(0.1, 3600)
+VM_EXPIRY = Bounded(1, 30 * 86400)
+BALANCING_INTERVAL = Bounded(0.1, 3600)
+OWNERSHIP_EXPIRY = Bounded(0.5, 6 * 3600)
+MESSAGE_BYTES = Bounded(1024, 64 * 1024**2, unit="bytes")
+
+
+def parse_storage_connection_string(text: str) -> str:
+    """Validated without ever repeating the string: it carries the AccountKey."""
+    parts = connection_string_parts(text)
+    if parts.get("usedevelopmentstorage", "").lower() == "true":
+        return text.strip()
+    if not ("accountname" in parts or "blobendpoint" in parts):
+        raise ValueError("has no AccountName (or BlobEndpoint); copy it from the storage account's "
+                         "'Access keys' page")
+    if not ("accountkey" in parts or "sharedaccesssignature" in parts):
+        raise ValueError("needs AccountKey (or SharedAccessSignature)")
+    return text.strip()
+
+
+def parse_account_url(text: str) -> str:
+    """An https URL: the storage SDK sends managed-identity tokens over https only."""
+    try:
+        url = httpx.URL(text.strip())
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise ValueError(f"{text!r} is not a URL ({exc})") from None
+    if url.scheme != "https" or not url.host or url.query or url.fragment:
+        raise ValueError(f"{text!r} is not an https URL like https://myaccount.blob.core.windows.net")
+    return text.strip().rstrip("/")
+
+
+def parse_container(text: str) -> str:
+    """Blob container naming rules: 3-63 lowercase letters, digits and single hyphens."""
+    name = text.strip()
+    if not (3 <= len(name) <= 63) or not all(c.islower() or c.isdigit() or c == "-" for c in name) \
+            or name.startswith("-") or name.endswith("-") or "--" in name:
+        raise ValueError(f"{text!r} is not a container name (3-63 lowercase letters, digits and single hyphens)")
+    return name
+
+
+_SHARED = ("eventhub_connection_string", "eventhub_name", "eventhub_namespace", "eventhub_client_id",
+           "eventhub_endpoint", "eventhub_ca_file", "log_level", "log_format")
+FLEET_OPTIONS: tuple[Option, ...] = (
+    *(option for option in RUN_OPTIONS if option.dest in _SHARED),
+    *(option for option in CONSUME_OPTIONS if option.dest == "consumer_group"),
+    Option("listen", "--listen", parse_listen,
+           f"where /metrics, /healthz and /readyz are served (default :{DEFAULT_FLEET_PORT}, all interfaces)",
+           "HOST:PORT", "FLEET_"),
+    Option("checkpoint_connection_string", "--checkpoint-connection-string", parse_storage_connection_string,
+           "storage account connection string for checkpoints and state (prefer the environment variable)",
+           "STRING"),
+    Option("checkpoint_account_url", "--checkpoint-account-url", parse_account_url,
+           "storage account blob URL (https://myaccount.blob.core.windows.net), authenticated with the managed "
+           "identity", "URL"),
+    Option("checkpoint_container", "--checkpoint-container", parse_container,
+           f"blob container for checkpoints, ownership and state; created if missing (default {DEFAULT_CONTAINER})",
+           "NAME"),
+    Option("checkpoint_client_id", "--checkpoint-client-id", parse_name,
+           "client id of a user-assigned managed identity for storage (default: --eventhub-client-id)", "ID"),
+    Option("checkpoint_interval", "--checkpoint-interval", CHECKPOINT_INTERVAL,
+           f"how often each owned partition's state and checkpoint are written (default "
+           f"{DEFAULT_CHECKPOINT_INTERVAL:g})", "SECONDS"),
+    Option("vm_expiry", "--vm-expiry", VM_EXPIRY,
+           f"forget a VM not heard from for this long (default {DEFAULT_VM_EXPIRY:g}: three missed heartbeats)",
+           "SECONDS"),
+    Option("starting_position", "--starting-position", parse_name,
+           "where a partition without a checkpoint is read from: earliest, latest or an ISO 8601 time "
+           "(default earliest)", "POSITION", "FLEET_"),
+    Option("load_balancing_interval", "--load-balancing-interval", BALANCING_INTERVAL,
+           "seconds between the SDK's partition load-balancing rounds (default 30)", "SECONDS"),
+    Option("ownership_expiry", "--ownership-expiry", OWNERSHIP_EXPIRY,
+           "seconds after which a silent replica's partitions are taken over (default 6 x "
+           "--load-balancing-interval)", "SECONDS"),
+    Option("max_message_bytes", "--max-message-bytes", MESSAGE_BYTES,
+           "larger message bodies are counted as invalid and skipped (default 1MiB, the Event Hubs limit)",
+           "BYTES"),
+)
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    eventhub_connection_string: str | None = field(default=None, repr=False)  # secrets: never in repr or logs
+    eventhub_name: str | None = None
+    eventhub_namespace: str | None = None
+    eventhub_client_id: str | None = None
+    eventhub_endpoint: str | None = None
+    eventhub_ca_file: str | None = None
+    consumer_group: str = "$Default"
+    listen: Listen = DEFAULT_LISTEN
+    checkpoint_connection_string: str | None = field(default=None, repr=False)
+    checkpoint_account_url: str | None = None
+    checkpoint_container: str = DEFAULT_CONTAINER
+    checkpoint_client_id: str | None = None
+    checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL
+    vm_expiry: float = DEFAULT_VM_EXPIRY
+    starting_position: str = "earliest"
+    load_balancing_interval: float = 30.0
+    ownership_expiry: float | None = None
+    max_message_bytes: int = 1024 * 1024
+    log_level: str = "info"
+    log_format: str = "text"
+
+    @property
+    def ownership_timeout(self) -> float:
+        return self.ownership_expiry or 6 * self.load_balancing_interval
+
+    @property
+    def storage_client_id(self) -> str | None:
+        return self.checkpoint_client_id or self.eventhub_client_id
+
+
+def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSettings:
+    settings = FleetSettings(**resolve(FLEET_OPTIONS, args, env))
+    if not (settings.eventhub_connection_string or settings.eventhub_namespace):
+        raise ConfigError("--eventhub-connection-string or --eventhub-namespace is required")
+    _check_eventhubs(settings)  # type: ignore[arg-type]  # reads only the eventhub_* fields it shares
+    if bool(settings.checkpoint_connection_string) == bool(settings.checkpoint_account_url):
+        raise ConfigError("give the checkpoint store as --checkpoint-connection-string or --checkpoint-account-url "
+                          "(exactly one)")
+    if settings.checkpoint_client_id and not settings.checkpoint_account_url:
+        raise ConfigError("--checkpoint-client-id needs --checkpoint-account-url (it selects a managed identity)")
+    if settings.ownership_timeout <= settings.load_balancing_interval:
+        raise ConfigError(f"--ownership-expiry {settings.ownership_timeout:g} must be longer than "
+                          f"--load-balancing-interval {settings.load_balancing_interval:g}")
+    starting_position(settings.starting_position)  # raises ConfigError naming the flag
+    return settings

@@ -1,0 +1,342 @@
+"""`se-exporter fleet` for real: the official SDK against the suite's AMQP server, checkpoints and state in Azurite."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from azure.eventhub import EventData
+from azure.storage.blob import ContainerClient
+from azure.storage.blob.aio import ContainerClient as AsyncContainerClient
+
+from se_exporter.fleet.blobstate import StateBlobs, state_blob_name
+from se_exporter.fleet.state import encode
+from tests.conftest import Reliability, SimulatorFactory
+from tests.eventhubs_server import EventHubsTestServer, Store
+from tests.fleet_helpers import (
+    DEV_KEY,
+    EMPTY,
+    Azurite,
+    FleetProcess,
+    envelope_for,
+    event_data,
+    produce,
+    reboot,
+    send,
+    start_producers,
+    vm_identity,
+)
+from tests.helpers import Sidecar, free_port, http_get, value, wait_until
+from tests.integration.test_dashboards import DASHBOARDS, dashboard_expressions, substitute
+from tests.integration.test_prometheus import Prometheus
+
+pytestmark = pytest.mark.integration
+BALANCING = 0.5  # seconds between load-balancing rounds (the SDK's default is 30)
+OWNERSHIP = 3.0  # seconds until a silent replica's partitions may be taken (the default is 180)
+# Kill -9 -> the survivor owns everything: the ownership expires, then the next balancing round (the SDK adds up to
+# 20% jitter) claims it; 2 s more for the claim's round trips to the storage and the survivor's /metrics to say so.
+TAKEOVER = OWNERSHIP + BALANCING * 1.2 + 2.0
+FAST = ("--load-balancing-interval", str(BALANCING), "--ownership-expiry", str(OWNERSHIP),
+        "--checkpoint-interval", "0.5")
+@pytest.fixture(scope="module")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """One emulator for the module; every test uses its own container."""
+    emulator = Azurite(tmp_path_factory.mktemp("azurite"))
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture
+def fleets(azurite: Azurite, tmp_path: Path) -> Iterator[Callable[..., FleetProcess]]:
+    """Start `se-exporter fleet` replicas sharing this test's container."""
+    container = f"fleet-{uuid.uuid4().hex[:12]}"
+    started: list[FleetProcess] = []
+
+    def make(hub: EventHubsTestServer, *args: str) -> FleetProcess:
+        process = FleetProcess(hub.connection_string(), azurite.connection_string, tmp_path / f"fleet{len(started)}",
+                               "--checkpoint-container", container, *FAST, *args)
+        started.append(process)
+        return process
+
+    yield make
+    for process in started:
+        process.stop()
+
+
+LAST_SEEN = re.compile(rb'^azure_scheduled_fleet_vm_last_seen_timestamp_seconds\{[^}]*vm_id="([^"]+)"[^}]*\} (\S+)$',
+                       re.MULTILINE)
+
+
+def container_name(replica: FleetProcess) -> str:
+    return replica.process.args[replica.process.args.index("--checkpoint-container") + 1]  # type: ignore[union-attr]
+
+
+def scrape(replica: FleetProcess) -> bytes:
+    with urllib.request.urlopen(replica.metrics_url, timeout=20) as response:
+        return bytes(response.read())
+
+
+def last_seen(replica: FleetProcess) -> dict[str, float]:
+    """vm_id -> last seen on one replica (a regular expression: the text parser takes seconds for 10,000)."""
+    return {vm_id.decode(): float(value) for vm_id, value in LAST_SEEN.findall(scrape(replica))}
+
+
+def picture(replicas: list[FleetProcess]) -> dict[str, float]:
+    """vm_id -> last seen, over replicas; fails if a VM shows on two."""
+    seen: dict[str, float] = {}
+    for replica in replicas:
+        mine = last_seen(replica)
+        assert not mine.keys() & seen.keys(), f"shown by two replicas: {sorted(mine.keys() & seen.keys())[:5]}"
+        seen.update(mine)
+    return seen
+
+
+def test_ten_thousand_vms_split_over_two_replicas_survive_kill_and_restart(
+        hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess],
+        reliability: Reliability) -> None:
+    """10,000 VMs show across two replicas, each exactly once; kill -9 of one leaves the other owning every
+    partition within ownership expiry + one balancing interval with nothing missing; a restarted replica takes
+    its share back and the two show the same picture as before within a minute."""
+    hub = hubs(Store(partition_count=4))
+    producers = start_producers(hub, 10_000)
+    first, second = fleets(hub), fleets(hub)
+    assert [producer.wait(120) for producer in producers] == [0, 0]
+    wait_until(lambda: len(picture([first, second])) == 10_000, timeout=60, interval=0.5,
+               what="10,000 VMs across the replicas")
+    assert first.value("azure_scheduled_fleet_owned_partitions") == 2
+    assert second.value("azure_scheduled_fleet_owned_partitions") == 2
+    before = picture([first, second])
+    assert set(before) == {vm_identity(index).vm_id for index in range(10_000)}
+    assert 4_000 < len(last_seen(first)) < 6_000  # a split, not one replica doing it all
+    blast = sum(float(match) for replica in (first, second) for match in re.findall(
+        rb'^azure_scheduled_fleet_event_vms\{event_id="REBOOT-ss0",event_type="Reboot"\} (\S+)$', scrape(replica),
+        re.MULTILINE))
+    assert blast == len([i for i in range(10_000) if i % 10 == 0 and i % 7 == 0])  # summed over the replicas
+
+    first.kill()
+    killed_at = time.monotonic()
+    wait_until(lambda: second.value("azure_scheduled_fleet_owned_partitions") == 4,
+               timeout=TAKEOVER + 10, interval=0.2, what="the survivor to own every partition")
+    took_over = time.monotonic() - killed_at
+    wait_until(lambda: picture([second]) == before, timeout=30, interval=0.5, what="the whole picture on the survivor")
+
+    restarted = fleets(hub)
+    started_at = time.monotonic()
+    wait_until(lambda: restarted.value("azure_scheduled_fleet_owned_partitions") == 2
+               and second.value("azure_scheduled_fleet_owned_partitions") == 2
+               and picture([second, restarted]) == before, timeout=60, interval=0.5,
+               what="the restarted replica's share, same picture")
+    rebuilt = time.monotonic() - started_at
+    duplicates = sum(value for replica in (second, restarted) for (name, _), value in replica.samples().items()
+                     if name == "azure_scheduled_fleet_duplicate_documents_total")
+    assert duplicates <= 10_000  # hand-overs may re-read a checkpoint interval; never more than was sent
+    assert took_over < TAKEOVER, f"took over after {took_over:.1f} s"
+    assert rebuilt < 60, f"rebuilt in {rebuilt:.1f} s"
+    reliability("Fleet", f"10,000 VMs over two replicas; kill -9 of one, then a restart (ownership expiry "
+                f"{OWNERSHIP:g} s, balancing every {BALANCING:g} s)",
+                "each VM shown by exactly one replica; the survivor owned every partition within ownership expiry "
+                "+ one balancing interval (+ 2 s to claim), nothing missing; the restarted replica took its share "
+                "back and the two showed the same picture as before within a minute")
+
+
+def test_sigterm_writes_state_releases_ownership_and_a_successor_rebuilds_from_it(
+        hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess], azurite: Azurite,
+        reliability: Reliability) -> None:
+    """SIGTERM ends the replica with exit 0 within 10 s after writing each partition's state and checkpoint and
+    releasing it; a successor owns every partition long before the ownership expiry and shows the same VMs
+    without reading a single event again: the picture comes from the state kept beside the checkpoints."""
+    hub = hubs(Store(partition_count=4))
+    produce(hub.connection_string(), hub.store.partition_count, 40, 0, 1, "installation")
+    first = fleets(hub, "--ownership-expiry", "120")
+    wait_until(lambda: first.value("azure_scheduled_fleet_vms") == 40, timeout=30, what="40 VMs")
+    before = picture([first])
+    first.process.terminate()
+    stopped_at = time.monotonic()
+    code = first.process.wait(10)
+    assert (code, time.monotonic() - stopped_at < 10) == (0, True)
+    assert "released (shutdown)" in first.log()
+    container = ContainerClient.from_connection_string(azurite.connection_string, container_name(first))
+    blobs = {blob.name.split("/", 3)[-1]: blob.metadata for blob in container.list_blobs(include=["metadata"])}
+    assert {name for name in blobs if name.startswith("fleet-state/")} == {f"fleet-state/{p}" for p in "0123"}
+    for partition_id in "0123":
+        assert not blobs[f"ownership/{partition_id}"].get("ownerid")  # released, not left to expire
+        assert blobs[f"checkpoint/{partition_id}"]["sequencenumber"] == \
+            blobs[f"fleet-state/{partition_id}"]["sequencenumber"]  # the state covers the checkpoint exactly
+
+    successor = fleets(hub, "--ownership-expiry", "120")
+    wait_until(lambda: successor.value("azure_scheduled_fleet_owned_partitions") == 4, timeout=30,
+               what="the successor to own every partition")
+    wait_until(lambda: picture([successor]) == before, timeout=15, what="the same picture")
+    assert successor.value("azure_scheduled_fleet_documents_consumed_total") == 0
+    reliability("Fleet", "SIGTERM of a replica, then a successor (ownership expiry 120 s)",
+                "exit 0 within 10 s; state and checkpoint written, ownership released; the successor owned every "
+                "partition at once and showed the same VMs from the stored state, reading no event again")
+
+
+def test_bad_messages_are_counted_and_logged_and_the_consumer_goes_on(
+        hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess],
+        reliability: Reliability) -> None:
+    """Not JSON, JSON that is no document, not our envelope, a body past --max-message-bytes: each is counted
+    under its reason and logged, never fatal; unknown properties are counted and the document applied. Neither
+    key reaches the debug log or /metrics."""
+    hub = hubs(Store(partition_count=1))
+    good = envelope_for(vm_identity(1), EMPTY, 1, "inst")
+    extra = envelope_for(vm_identity(2), EMPTY, 1, "inst2")
+    odd = event_data(extra)
+    odd.properties = {**dict(extra.properties), "shard": "7", "region_group": "emea"}
+    bad_json = event_data(replace(envelope_for(vm_identity(3), EMPTY, 1, "inst3"), body=b"<html>captive</html>"))
+    not_document = event_data(replace(envelope_for(vm_identity(4), EMPTY, 1, "inst4"), body=b'{"hello": 1}'))
+    huge = event_data(envelope_for(vm_identity(5), b'{"Events": [], "Pad": "' + b"x" * 20_000 + b'"}', 1, "inst5"))
+    stranger = EventData(b'{"DocumentIncarnation": 1, "Events": []}')  # no envelope properties, no message id
+    send(hub.connection_string(), [bad_json, not_document, huge, stranger, odd, event_data(good)])
+    fleet = fleets(hub, "--max-message-bytes", "8KiB", "--log-level", "debug")
+    wait_until(lambda: fleet.value("azure_scheduled_fleet_vms") == 2, timeout=30, what="the two good documents")
+    samples = fleet.samples()
+    counts = {reason: value(samples, "azure_scheduled_fleet_invalid_messages_total", reason=reason)
+              for reason in ("not_json", "invalid_document", "too_large", "not_envelope")}
+    assert counts == {"not_json": 1, "invalid_document": 1, "too_large": 1, "not_envelope": 1}
+    assert value(samples, "azure_scheduled_fleet_message_warnings_total", reason="unknown_property") == 1
+    assert value(samples, "azure_scheduled_fleet_documents_consumed_total") == 6
+    log = fleet.log()
+    for reason in counts:
+        assert f"reason={reason}" in log, reason
+    assert "region_group, shard" in log
+    assert http_get(fleet.base_url + "/healthz")[0] == 200
+    metrics = http_get(fleet.metrics_url)[1]
+    for secret in (DEV_KEY, "c2VjcmV0a2V5"):  # the storage account key and the hub's SharedAccessKey
+        assert secret not in log and secret not in metrics
+    send(hub.connection_string(), [event_data(envelope_for(vm_identity(6), EMPTY, 1, "inst6"))])
+    wait_until(lambda: fleet.value("azure_scheduled_fleet_vms") == 3, timeout=15, what="a later good document")
+    reliability("Fleet", "not JSON, JSON that is no document, no envelope, a body past --max-message-bytes, "
+                "unknown properties", "each counted under its reason and logged; unknown properties applied and "
+                "counted; the consumer went on")
+
+
+SIDECAR_FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2", "--eventhub-send-timeout", "1",
+                "--eventhub-retry-max", "0.3")
+# Fleet rule expressions that cannot light up within a test's seconds, and why; promtool's unit tests cover them.
+NEEDS_MINUTES = {"FleetConsumerLagging": "needs a backlog five minutes deep",
+                 "FleetPartitionsUnowned": "needs a partition no replica reads",
+                 "FleetCheckpointsStale": "needs five minutes of failing checkpoint writes"}
+
+
+def fleet_rule_expressions() -> list[tuple[str, str]]:
+    data = yaml.safe_load((DASHBOARDS / "fleet-alerts.yaml").read_text())
+    return [(rule["alert"], rule["expr"]) for group in data["groups"] for rule in group["rules"]]
+
+
+def event_series(process: FleetProcess | Sidecar, name: str) -> list[dict[str, str]]:
+    return [dict(labels) for (sample, labels) in process.samples() if sample == name]
+
+
+def test_round_trip_from_sidecars_to_the_fleet_view_and_its_dashboard(
+        simulator: SimulatorFactory, sidecar: Callable[..., Sidecar], hubs: Callable[..., EventHubsTestServer],
+        fleets: Callable[..., FleetProcess], tmp_path: Path, reliability: Reliability) -> None:
+    """Two sidecars polling the simulator forward through the SDK; `fleet` shows each VM's events with the labels
+    and countdown the sidecar itself shows; VMs that send heartbeats stay while silent ones expire; a completed and
+    a canceled event leave its /metrics. Every expression of the fleet dashboard and rules runs on a real
+    Prometheus scraping the consumer and returns data."""
+    hub = hubs(Store(partition_count=2))
+    sim_a, server_a = simulator("live-migration")  # WestNO_0: a Freeze listing WestNO_0 and WestNO_1
+    sim_b, server_b = simulator("canceled", vm_name="ss_1")  # a Reboot scheduled, then canceled
+    sim_b.vm.update(vmId="5d4b3a29-1c0e-4f8a-9b7d-6e5f4a3b2c1d", vmScaleSetName="ss")
+    env = {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": hub.connection_string()}
+    sidecars = [sidecar("--imds-url", server.url, *SIDECAR_FAST, "--heartbeat-interval", "0.5", env=env)
+                for server in (server_a, server_b)]
+    fleet = fleets(hub, "--vm-expiry", "4")
+    for sim in (sim_a, sim_b):
+        sim.advance(3)  # both events are listed from scenario second 2
+
+    def listed() -> dict[str, dict[str, str]]:
+        return {labels["vm_name"]: labels for labels in event_series(fleet, "azure_scheduled_fleet_event_info")}
+
+    events = wait_until(lambda: len(listed()) == 2 and listed(), timeout=30, what="both VMs' events on the fleet")
+    for process, sim in zip(sidecars, (sim_a, sim_b), strict=True):
+        [own] = event_series(process, "azure_scheduled_event_info")
+        shown = events[sim.vm["name"]]
+        assert shown == {"vm_id": sim.vm["vmId"], "vm_name": sim.vm["name"], "vmss_name": sim.vm["vmScaleSetName"],
+                         "location": sim.vm["location"], "event_id": own["event_id"], "event_type": own["event_type"],
+                         "event_status": own["event_status"], "event_source": own["event_source"],
+                         "affects_this_vm": own["affects_this_vm"]}
+        theirs = process.value("azure_scheduled_event_seconds_until_not_before", event_id=own["event_id"],
+                               event_type=own["event_type"])
+        ours = fleet.value("azure_scheduled_fleet_event_seconds_until_not_before", vm_id=sim.vm["vmId"],
+                           event_id=own["event_id"])
+        assert theirs is not None and ours is not None and abs(theirs - ours) < 5
+    assert fleet.value("azure_scheduled_fleet_event_vms", event_id=events["WestNO_0"]["event_id"],
+                       event_type="Freeze") == 1
+
+    prom = Prometheus(fleet.base_url.removeprefix("http://"), tmp_path / "prometheus",
+                      extra_targets=[f"127.0.0.1:{free_port()}"], rule_file=DASHBOARDS / "fleet-alerts.yaml",
+                      job_name="se-exporter-fleet")
+    try:
+        wait_until(lambda: prom.value("sum(azure_scheduled_fleet_vms)") == 2
+                   and prom.value('count(up{job="se-exporter-fleet"} == 0)') == 1, timeout=30,
+                   what="Prometheus scraping the fleet and the dead replica")
+        # Six VMs of scale set ss with a Reboot, and a message that is not a document: the rules' inputs. They send
+        # no heartbeats, so --vm-expiry forgets them a few seconds later, while the sidecars' VMs stay.
+        send(hub.connection_string(), [event_data(envelope_for(vm_identity(index, "ss"), reboot(index, "ss"), 1,
+                                                               f"inst-{index}")) for index in range(10, 16)]
+             + [EventData(b"not a document")])
+        expressions = dashboard_expressions(fleet_consumer=True) + fleet_rule_expressions()
+        lit: set[str] = set()
+
+        def look() -> None:
+            lit.update(name for name, expr in expressions if prom.query(substitute(expr)))
+
+        wait_until(lambda: prom.value("sum(azure_scheduled_fleet_vms)") == 8
+                   and prom.query("sum(increase(azure_scheduled_fleet_invalid_messages_total[1m])) > 0")
+                   and prom.query("sum(rate(azure_scheduled_fleet_documents_applied_total[10s])) > 0"),
+                   timeout=30, what="Prometheus to see the scale set and the invalid message")
+        look()
+        wait_until(lambda: prom.query("sum(increase(azure_scheduled_fleet_vm_expirations_total[1m])) > 5"),
+                   timeout=30, what="the scale set's silent VMs to expire")
+        look()
+        dark = {name for name, _ in expressions} - lit - set(NEEDS_MINUTES)
+        assert not dark, f"expressions that never returned data: {sorted(dark)}"
+    finally:
+        prom.stop()
+    assert fleet.value("azure_scheduled_fleet_vms") == 2  # the sidecars' VMs stay: their heartbeats keep them
+    assert (fleet.value("azure_scheduled_fleet_documents_applied_total", kind="heartbeat") or 0) > 0
+
+    sim_a.advance(900 + 30 + 5)  # the Freeze starts at NotBefore, lasts its 30 s, and is gone: completed
+    sim_b.advance(300)  # past cancel_at: the Reboot is gone without starting
+    wait_until(lambda: not {"WestNO_0", "ss_1"} & set(listed()), timeout=30, what="both events gone from fleet")
+    assert fleet.value("azure_scheduled_fleet_vms") == 2  # the VMs stay; only their events left
+    reliability("Fleet", "two sidecars on the simulator forwarding through the SDK; an event completed, one canceled",
+                "each VM's events on the fleet view with the sidecar's own labels and countdown; both gone from "
+                "/metrics when they ended; every fleet dashboard and rule expression returned data on Prometheus")
+
+
+def test_the_stored_state_only_moves_forward_between_two_owners(azurite: Azurite) -> None:
+    """During a hand-over two owners may write one partition's state: a write that finds a newer state gives way,
+    one that finds an older state overwrites it, so the stored position never goes back behind a checkpoint."""
+    async def run() -> list[object]:
+        async with AsyncContainerClient.from_connection_string(azurite.connection_string,
+                                                               f"state-{uuid.uuid4().hex[:12]}") as container:
+            await container.create_container()
+            old_owner, new_owner = StateBlobs(container), StateBlobs(container)
+            for owner in (old_owner, new_owner):
+                owner.name("0", state_blob_name("ns", "hub", "$default", "0"))
+            outcomes: list[object] = [await old_owner.load("0"), await old_owner.save("0", encode("0", 5, []), 5)]
+            restored = await new_owner.load("0")
+            outcomes.append(restored.position if restored else None)
+            outcomes += [await old_owner.save("0", encode("0", 7, []), 7),  # the old owner, still reading
+                         await new_owner.save("0", encode("0", 6, []), 6),  # behind the stored 7: gives way
+                         await new_owner.save("0", encode("0", 9, []), 9),  # ahead: overwrites
+                         await old_owner.save("0", encode("0", 8, []), 8)]  # behind the stored 9: gives way
+            reader = StateBlobs(container)
+            reader.name("0", state_blob_name("ns", "hub", "$default", "0"))
+            final = await reader.load("0")
+            outcomes.append(final.position if final else None)
+            return outcomes
+
+    assert asyncio.run(run()) == [None, True, 5, True, False, True, False, 9]

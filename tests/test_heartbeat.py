@@ -1,0 +1,117 @@
+"""Sidecar heartbeats: the current document forwarded again when nothing changed for --heartbeat-interval."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import jsonschema
+import pytest
+from prometheus_client import CollectorRegistry
+
+from se_exporter.cli import build_parser
+from se_exporter.config import ConfigError, run_settings
+from se_exporter.sinks.envelope import Envelope, Sequencer
+from se_exporter.sinks.forward import ForwardMetrics, ForwardSink, file_line
+from tests.helpers import wait_until
+from tests.test_forwarding import RAW, SCHEMA, change
+
+OTHER = b'{"DocumentIncarnation": 4, "Events": []}'
+HUB = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0;EntityPath=hub"
+
+
+class Collecting:
+    name = "collecting"
+
+    def __init__(self) -> None:
+        self.envelopes: list[Envelope] = []
+        self._lock = threading.Lock()
+
+    def accept(self, envelope: Envelope) -> None:
+        with self._lock:
+            self.envelopes.append(envelope)
+
+    def close(self, timeout: float) -> None:
+        """Nothing to release."""
+
+    def heartbeats(self) -> list[Envelope]:
+        with self._lock:
+            return [e for e in self.envelopes if e.properties.get("heartbeat") is True]
+
+
+def sink(tmp_path: Path, interval: float | None) -> tuple[ForwardSink, Collecting]:
+    target = Collecting()
+    return ForwardSink(Sequencer(tmp_path), [target], ForwardMetrics(CollectorRegistry()),
+                       heartbeat_interval=interval), target
+
+
+def test_a_quiet_document_is_forwarded_again_marked_as_a_heartbeat(tmp_path: Path) -> None:
+    """Same body and VM, a new sequence, observed now, heartbeat: true; it validates against the schema."""
+    forward, target = sink(tmp_path, 0.05)
+    try:
+        forward.export(change(RAW))
+        wait_until(lambda: len(target.heartbeats()) >= 2, timeout=5, what="two heartbeats")
+    finally:
+        forward.shutdown()
+    first, beat = target.envelopes[0], target.heartbeats()[0]
+    assert "heartbeat" not in first.properties
+    assert (beat.body, beat.partition_key) == (first.body, first.partition_key)
+    assert beat.sequence > first.sequence and beat.message_id != first.message_id
+    assert beat.observed_at > first.observed_at
+    assert {k: v for k, v in beat.properties.items() if k not in ("sequence", "observed_at", "heartbeat")} == \
+        {k: v for k, v in first.properties.items() if k not in ("sequence", "observed_at")}
+    jsonschema.validate(json.loads(file_line(beat)), SCHEMA)
+    sequences = [e.sequence for e in target.envelopes]
+    assert sequences == sorted(sequences) and len(set(sequences)) == len(sequences)
+
+
+def test_heartbeats_repeat_the_latest_change_and_wait_for_a_first_document(tmp_path: Path) -> None:
+    """Nothing is repeated before a valid document; after a change, heartbeats carry the new one."""
+    forward, target = sink(tmp_path, 0.05)
+    try:
+        stopped = threading.Event()
+        assert not stopped.wait(0.2)  # four intervals with nothing to forward: a window in which nothing may come
+        assert target.envelopes == []
+        forward.export(change(RAW))
+        forward.export(change(OTHER))
+        wait_until(target.heartbeats, timeout=5, what="a heartbeat")
+    finally:
+        forward.shutdown()
+    assert {beat.body for beat in target.heartbeats()} == {OTHER}
+
+
+def test_without_an_interval_nothing_is_repeated_and_shutdown_is_prompt(tmp_path: Path) -> None:
+    """Off means off: no thread, no heartbeat; with one, shutdown ends the heartbeat thread."""
+    forward, target = sink(tmp_path, None)
+    forward.export(change(RAW))
+    forward.shutdown()
+    assert len(target.envelopes) == 1
+    before = {thread for thread in threading.enumerate() if thread.name == "heartbeat"}
+    beating, _ = sink(tmp_path / "b", 3600)
+    assert len({thread for thread in threading.enumerate() if thread.name == "heartbeat"} - before) == 1
+    beating.shutdown(timeout=5)
+    assert {thread for thread in threading.enumerate() if thread.name == "heartbeat"} - before == set()
+
+
+@pytest.mark.parametrize(("argv", "env", "expected"), [
+    ([], {}, None),  # a file target alone: off
+    (["--forward-file", "x.jsonl"], {}, None),
+    ([], {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": HUB}, 300.0),  # Event Hubs: on by default
+    (["--heartbeat-interval", "0"], {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": HUB}, None),
+    (["--heartbeat-interval", "off"], {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": HUB}, None),
+    (["--heartbeat-interval", "60", "--forward-file", "x.jsonl"], {}, 60.0),
+    ([], {"SE_EXPORTER_HEARTBEAT_INTERVAL": "120"}, 120.0),
+])
+def test_heartbeat_defaults_off_for_files_and_five_minutes_for_event_hubs(argv: list[str], env: dict[str, str],
+                                                                          expected: float | None) -> None:
+    """The documented defaults, and 0 or off to turn heartbeats off."""
+    settings = run_settings(build_parser().parse_args(["run", *argv]), env)
+    assert settings.heartbeat_seconds == expected
+
+
+def test_a_bad_heartbeat_interval_names_the_setting() -> None:
+    """Out of range or not a number: one line naming the flag."""
+    for value in ("-1", "0.01", "soon"):
+        with pytest.raises(ConfigError, match="--heartbeat-interval"):
+            run_settings(build_parser().parse_args(["run", "--heartbeat-interval", value]), {})
