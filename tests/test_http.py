@@ -4,7 +4,7 @@ scrapers is queued by the kernel rather than refused."""
 from __future__ import annotations
 
 import contextlib
-import select
+import selectors
 import socket
 import threading
 import time
@@ -42,8 +42,29 @@ def server() -> Iterator[Callable[..., int]]:
         item.server_close()
 
 
+_opened: list[socket.socket] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_client_sockets() -> Iterator[None]:
+    """Every client socket a test opens is closed after it, passed or failed (a leaked one would be reported by
+    the garbage collector in some later test)."""
+    yield
+    while _opened:
+        _opened.pop().close()
+
+
 def connect(port: int, timeout: float = 5.0) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    _opened.append(sock)
+    return sock
+
+
+def readable(sock: socket.socket, timeout: float) -> bool:
+    """select() without its 1024-descriptor limit (the suite's process may hold more)."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(sock, selectors.EVENT_READ)
+        return bool(selector.select(timeout))
 
 
 def answer(sock: socket.socket) -> bytes:
@@ -54,8 +75,7 @@ def answer(sock: socket.socket) -> bytes:
 
 
 def closed_by_server(sock: socket.socket) -> bool:
-    readable, _, _ = select.select([sock], [], [], 0)
-    if not readable:
+    if not readable(sock, 0):
         return False
     try:
         return sock.recv(1) == b""
@@ -75,8 +95,7 @@ def test_a_request_dripped_byte_by_byte_is_cut_off_at_the_deadline(server: Calla
     while time.monotonic() < deadline and not closed:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.send(bytes([next(headers)]))
-        readable, _, _ = select.select([sock], [], [], 0.1)  # the drip's pace
-        closed = bool(readable) and closed_by_server(sock)
+        closed = readable(sock, 0.1) and closed_by_server(sock)  # 0.1 s: the drip's pace
     sock.close()
     assert closed, "the server kept a dripping client connected"
     with connect(port) as fresh:
