@@ -169,7 +169,9 @@ def test_a_user_assigned_identity_is_asked_for_by_client_id(azure: Azure, sideca
     """--eventhub-client-id reaches IMDS' token request as client_id, and the hub is sent that identity's token."""
     process = sidecar(*azure.args("--eventhub-client-id", USER_CLIENT_ID), env=azure.env)
     wait_until(lambda: delivered(azure) == azure.sim.distinct_served(), timeout=30, what="the first document")
-    assert process.value("azure_scheduled_events_forwarded_documents_total", sink="eventhubs") == 1
+    # The hub stores a message before the SDK's send returns and the sidecar counts it: wait for the count.
+    wait_until(lambda: process.value("azure_scheduled_events_forwarded_documents_total", sink="eventhubs") == 1,
+               what="the delivery counted")
     assert azure.token_requests() and all(q["client_id"] == [USER_CLIENT_ID] for q in azure.token_requests())
     assert [t.claims["appid"] for t in azure.hub.cbs_tokens if t.claims] == [USER_CLIENT_ID]
 
