@@ -184,3 +184,26 @@ def test_scrapes_of_one_document_reuse_its_families_but_not_the_countdown() -> N
     state["snapshot"] = _snapshot(_document({**FREEZE, "EventStatus": "Started"}))
     assert registry.get_sample_value("azure_scheduled_event_info", {
         **info, "event_status": "Started", "affects_this_vm": "true"}) == 1.0
+
+
+def test_invented_event_types_cannot_grow_the_cumulative_series() -> None:
+    """Thousands of EventTypes IMDS never documented, scheduled, started and ended: the transition counters and the
+    notice/impact histograms keep to the documented types plus "Other", so no answer can add series for ever."""
+    registry, metrics = _registry(Snapshot())
+    sink = MetricsSink(metrics)
+    invented = [{**FREEZE, "EventId": f"E{i}", "EventType": f"T{i:05d}"} for i in range(2000)]
+    documents = [_document(*invented), _document(*({**e, "EventStatus": "Started", "NotBefore": ""} for e in invented)),
+                 _document()]
+    records: dict = {}  # type: ignore[type-arg]
+    for index, body in enumerate(documents):
+        document = parse_document(body)
+        step = diff(records, document, NOW + index)
+        records = dict(step.records)
+        sink.export(DocumentChange(body, document, step.transitions, step.records, NOW + index, "WestNO_0", None, ""))
+    types = {sample.labels["event_type"] for family in registry.collect() for sample in family.samples
+             if sample.name.startswith(("azure_scheduled_events_transitions", "azure_scheduled_events_notice",
+                                        "azure_scheduled_events_impact"))}
+    assert types == {*EVENT_TYPES, "Other"}
+    get = registry.get_sample_value
+    assert get("azure_scheduled_events_transitions_total", {"event_type": "Other", "transition": "completed"}) == 2000
+    assert get("azure_scheduled_events_impact_seconds_count", {"event_type": "Other"}) == 2000
