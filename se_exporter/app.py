@@ -370,7 +370,10 @@ def serve(listen: Listen, app: Callable[..., Iterable[bytes]], max_connections: 
         _refusing = False
 
         def process_request(self, request: Any, client_address: Any) -> None:
-            if not self._slots.acquire(timeout=slot_wait):
+            # Only the first connection past the limit waits for a thread: while refusing, the accept loop must not
+            # wait slot_wait per queued connection, or a flood of them would delay every answer (a /healthz probe
+            # too) by that much each.
+            if not self._slots.acquire(timeout=0 if self._refusing else slot_wait):
                 self._refuse(request)
                 return
             if self._refusing:

@@ -74,6 +74,11 @@ def answer(sock: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
+def refused_503(sock: socket.socket) -> bool:
+    """The server answered this connection 503 (peeked: the answer stays to be read)."""
+    return readable(sock, 0) and sock.recv(64, socket.MSG_PEEK).startswith(b"HTTP/1.0 503")
+
+
 def closed_by_server(sock: socket.socket) -> bool:
     if not readable(sock, 0):
         return False
@@ -107,16 +112,19 @@ def test_a_request_dripped_byte_by_byte_is_cut_off_at_the_deadline(server: Calla
 
 def test_connections_past_the_limit_are_answered_503_and_threads_stay_bounded(server: Callable[..., int],
                                                                               reliability: Reliability) -> None:
-    """100 clients holding partial headers occupy at most the connection limit in threads; the rest are answered
-    503 at once; when the holders go, scrapes are served again."""
+    """100 clients holding partial headers occupy at most the connection limit in threads; past it, only the first
+    waits (1 s) for a thread and the rest are answered 503 at once (waiting 1 s each made a flood of them delay a
+    /healthz probe by minutes); when the holders go, scrapes are served again."""
     before = threading.active_count()
-    port = server(max_connections=4, request_deadline=30, slot_wait=0.05)
+    port = server(max_connections=4, request_deadline=30, slot_wait=1.0)
     holders = []
     for _ in range(100):
         sock = connect(port)
         sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
         holders.append(sock)
-    with connect(port) as late:
+    wait_until(lambda: sum(refused_503(s) for s in holders) == 96, timeout=10,
+               what="every holder past the limit refused")
+    with connect(port, timeout=0.9) as late:  # less than one slot wait: refused at once, not after a queue of them
         late.sendall(REQUEST)
         refused = answer(late)
     assert refused.startswith(b"HTTP/1.0 503") and b"too many connections" in refused

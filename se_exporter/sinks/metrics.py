@@ -12,7 +12,6 @@ from se_exporter.metrics import Metrics
 from se_exporter.model import EVENT_TYPES
 from se_exporter.sinks import DocumentChange
 
-
 OTHER = "Other"
 _KNOWN = frozenset(EVENT_TYPES)
 
