@@ -11,8 +11,37 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+STATE_FILE_LIMIT = 256 * 1024 * 1024  # far above any state this project writes; a bound on what a read may hold
+
+
+def read_state_file(path: Path, limit: int = STATE_FILE_LIMIT) -> bytes:
+    """The bytes of a state file, which must be a regular file of at most ``limit`` bytes.
+
+    Anything else in its place fails with ``OSError`` (each caller already treats that as it treats an unreadable
+    file): a FIFO there blocked start-up for ever without a line logged, and a link to ``/dev/zero`` read without
+    end (2.5 GB in four seconds). Opened non-blocking, so that opening a FIFO cannot hang either.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if info.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, 1 << 20):
+            size += len(chunk)
+            if size > limit:  # grew while read
+                raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 class Disk:

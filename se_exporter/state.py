@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from se_exporter.files import json_kind, write_atomically
+from se_exporter.files import json_kind, read_state_file, write_atomically
 from se_exporter.lifecycle import EventRecord
 from se_exporter.model import ScheduledEvent
 
@@ -107,7 +107,7 @@ class LifecycleStore:
         if not self.path.exists():
             return {}
         try:
-            data = json.loads(self.path.read_bytes())
+            data = json.loads(read_state_file(self.path))
             if not isinstance(data, dict):
                 raise ValueError(f"a JSON {json_kind(data)}, not an object")
             if data.get("version") != VERSION:

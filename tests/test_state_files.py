@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import re
+import threading
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -210,3 +211,42 @@ def test_ignoring_is_logged_once_not_per_document(tmp_path: Path, caplog: pytest
     store.save({})
     assert caplog.text.count("cannot write the lifecycle state file") == 1
     assert caplog.text.count("lifecycle.json written again") == 1
+
+
+def _in_time(load: Any) -> Any:
+    """Run ``load`` in a thread and fail, instead of hanging the suite, if it has not returned within 10 s."""
+    result: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(load())
+        except BaseException as error:  # handed to the test's thread
+            errors.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "the load blocked"
+    if errors:
+        raise errors[0]
+    return result[0]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero"])
+def test_a_state_file_that_is_not_a_regular_file_is_refused_without_blocking_or_reading_for_ever(
+        tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A FIFO in place of a state file blocked start-up for ever; a link to /dev/zero read 2.5 GB in 4 s. Now the
+    lifecycle and span files are logged and ignored, and the sequence file stops start-up naming the file."""
+    for name in ("lifecycle.json", "spans.json", "forwarding.json"):
+        if kind == "fifo":
+            os.mkfifo(tmp_path / name)
+        else:
+            (tmp_path / name).symlink_to("/dev/zero")
+    assert _in_time(LifecycleStore(tmp_path).load) == {}
+    assert "ignoring the lifecycle state file" in caplog.text and "not a regular file" in caplog.text
+    provider = TracerProvider()
+    _in_time(lambda: SpanSink(provider, EventIdGenerator(), tmp_path))
+    assert "ignoring the span state file" in caplog.text
+    with pytest.raises(Exception, match=re.escape(f"cannot read {tmp_path / 'forwarding.json'} (not a regular file)")):
+        _in_time(lambda: Sequencer(tmp_path))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from se_exporter import __version__
 from se_exporter.errors import ConfigError
-from se_exporter.files import json_kind, write_atomically
+from se_exporter.files import json_kind, read_state_file, write_atomically
 from se_exporter.sinks import DocumentChange
 
 log = logging.getLogger("se_exporter.forward")
@@ -108,7 +108,7 @@ class Sequencer:
         except OSError as exc:
             raise ConfigError(f"--state-dir {state_dir}: cannot use it ({exc.strerror or exc})") from None
         try:
-            text = self._path.read_bytes() if self._path.exists() else None
+            text = read_state_file(self._path) if self._path.exists() else None
         except OSError as exc:
             raise ConfigError(f"--state-dir {state_dir}: cannot read {self._path} ({exc.strerror or exc})") from None
         self.installation_id, self._next = self._parse(text)

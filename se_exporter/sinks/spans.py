@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
-from se_exporter.files import json_kind, write_atomically
+from se_exporter.files import json_kind, read_state_file, write_atomically
 from se_exporter.lifecycle import CANCELED, COMPLETED, STARTED, EventRecord, Transition
 from se_exporter.model import ScheduledEvent, affects_vm, event_key
 from se_exporter.sinks import DocumentChange
@@ -210,7 +210,7 @@ class SpanSink:
         if self._path is None or not self._path.exists():
             return {}
         try:
-            data = json.loads(self._path.read_bytes())
+            data = json.loads(read_state_file(self._path))
             if not isinstance(data, dict):
                 raise ValueError(f"a JSON {json_kind(data)}, not an object")
             return {str(event_id): _Open([_span_event(item) for item in _list(events)][:MAX_SPAN_EVENTS])
