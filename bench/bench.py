@@ -60,7 +60,7 @@ from se_exporter.sinks.spool import Spool  # noqa: E402
 from tests import container  # noqa: E402
 from tests.alerting import ALERTMANAGER_CONFIG, Alertmanager, Webhook, shortened  # noqa: E402
 from tests.eventhubs_server import EventHubsTestServer  # noqa: E402
-from tests.helpers import Sidecar  # noqa: E402
+from tests.helpers import Sidecar, stop_process  # noqa: E402
 from tests.integration.test_prometheus import Prometheus  # noqa: E402
 from tests.otlp_receiver import OtlpReceiver  # noqa: E402
 
@@ -230,7 +230,7 @@ class Field:
                 [sys.executable, str(ROOT / "bench" / "named_threads.py"), "run", "--imds-url", server.url,
                  "--listen", f"127.0.0.1:{port}", "--poll-interval", f"{interval:g}", "--state-dir", str(directory)],
                 stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=ROOT)
-        stack.callback(_stop, process)
+        stack.callback(stop_process, process)
         return Contender(label, process, double, port)
 
     def go_peer(self, stack: ExitStack, interval: float) -> Contender | None:
@@ -246,7 +246,7 @@ class Field:
                 [str(self.peer), f"--bind=127.0.0.1:{port}", f"--scrape-time={round(interval * 1000)}ms",
                  "--api-timeout=3s", f"--api-url={server.url}{SE_PATH}?api-version=2020-07-01"],
                 stdout=subprocess.DEVNULL, stderr=log, env={"PATH": os.environ.get("PATH", "")})
-        stack.callback(_stop, process)
+        stack.callback(stop_process, process)
         return Contender("Go peer", process, double, port, go=True)
 
     def warm(self, contenders: list[Contender], polls: int) -> None:
@@ -266,15 +266,6 @@ class Field:
     def dump_logs(self) -> None:
         for path in self._logs:
             print(f"--- {path.name}\n{path.read_text()[-3000:] if path.exists() else ''}", file=sys.stderr)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def side_by_side(field_: Field, stack: ExitStack, interval: float, windows: int, window_seconds: float,
