@@ -67,7 +67,7 @@ from tests.otlp_receiver import OtlpReceiver  # noqa: E402
 PEER_NAME = "azure-scheduledevents-exporter"
 PEER_CANDIDATES = [ROOT.parent / "shared" / "peers" / PEER_NAME, ROOT.parent.parent / "shared" / "peers" / PEER_NAME]
 BATCH = 100  # documents per Event Hubs batch, for the forwarder and the bare SDK alike
-SPAN_DELAY = 0.5  # the span processor's schedule delay (se_exporter/tracing.py): the floor of span latency
+SPAN_DELAY = 0.5  # the span processor's schedule delay (se_exporter/sinks/tracing.py): the floor of span latency
 ANATOMY_GAP = 0.1  # seconds slept before each measured part of a poll: long enough for the caches to go cold
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -342,7 +342,7 @@ def core_figures(*args: str) -> dict[str, float]:
 METRICS_ONLY_IMPORTS = ["logging", "ssl", "email.parser", "http.client", "httpx", "prometheus_client", "asyncio",
                         "se_exporter.cli"]
 EVERY_SINK_IMPORTS = ["azure.eventhub.aio", "opentelemetry.sdk.trace",
-                      "opentelemetry.exporter.otlp.proto.http.trace_exporter", "se_exporter.tracing"]
+                      "opentelemetry.exporter.otlp.proto.http.trace_exporter", "se_exporter.sinks.tracing"]
 
 
 def import_rss() -> list[tuple[str, float]]:

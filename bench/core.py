@@ -32,15 +32,15 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 import se_exporter.cli  # noqa: F401 - the sidecar's own imports, so the heap is the sidecar's size
-from se_exporter.app import Poller, make_http_app
 from se_exporter.config import Settings
 from se_exporter.imds import ImdsClient, make_transport
 from se_exporter.lifecycle import diff
 from se_exporter.metrics import Metrics, Snapshot
 from se_exporter.model import parse_document
+from se_exporter.poller import Poller, make_http_app
 from se_exporter.sinks import FanOut
-from se_exporter.sinks.logsink import LogSink
-from se_exporter.sinks.metrics import MetricsSink
+from se_exporter.sinks.eventlog import LogSink
+from se_exporter.sinks.transition_metrics import MetricsSink
 from se_exporter.state import LifecycleStore
 
 

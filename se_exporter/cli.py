@@ -21,7 +21,6 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from se_exporter import __version__, demo, logs
-from se_exporter.app import IdentityWatcher, Poller, claim_state, lifecycle_store, make_forwarding, make_http_app, serve
 from se_exporter.config import (
     CONSUME_OPTIONS,
     RUN_OPTIONS,
@@ -40,10 +39,19 @@ from se_exporter.errors import ConfigError
 from se_exporter.fleet.settings import FLEET_OPTIONS, fleet_settings
 from se_exporter.imds import ImdsClient, make_transport
 from se_exporter.metrics import Metrics
+from se_exporter.poller import (
+    IdentityWatcher,
+    Poller,
+    claim_state,
+    lifecycle_store,
+    make_forwarding,
+    make_http_app,
+    serve,
+)
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.sinks import FanOut, Sink
-from se_exporter.sinks.logsink import LogSink
-from se_exporter.sinks.metrics import MetricsSink
+from se_exporter.sinks.eventlog import LogSink
+from se_exporter.sinks.transition_metrics import MetricsSink
 
 if TYPE_CHECKING:
     from se_exporter.simulator.server import Simulator
@@ -160,7 +168,7 @@ def run(settings: Settings) -> int:
         if forward is not None:
             outputs.append(forward)
         if settings.otel_traces_exporter != "none":
-            from se_exporter.tracing import make_tracing
+            from se_exporter.sinks.tracing import make_tracing
 
             outputs.append(make_tracing(settings, store.path.parent if store else None, registry))
         sinks = FanOut(outputs, on_error=lambda name: metrics.sink_errors.labels(name).inc())

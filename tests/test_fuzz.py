@@ -31,9 +31,9 @@ from se_exporter.logs import JsonFormatter, TextFormatter
 from se_exporter.metrics import EVENT, Metrics, Snapshot
 from se_exporter.model import parse_document
 from se_exporter.sinks import DocumentChange, FanOut
-from se_exporter.sinks.logsink import LogSink
-from se_exporter.sinks.metrics import MetricsSink
+from se_exporter.sinks.eventlog import LogSink
 from se_exporter.sinks.spans import EventIdGenerator, SpanSink
+from se_exporter.sinks.transition_metrics import MetricsSink
 from tests.conftest import Reliability
 from tests.test_transport import CLOSE, Drip, ScriptedServer
 

@@ -23,7 +23,7 @@ from se_exporter.model import Document, ScheduledEvent
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.sinks import DocumentChange
 from se_exporter.sinks.spans import EventIdGenerator, SpanSink, span_id_for, trace_id_for
-from se_exporter.tracing import resource_attributes
+from se_exporter.sinks.tracing import resource_attributes
 
 EPOCH = 1_795_000_000.0
 A = "azure.scheduled_event."
@@ -201,11 +201,11 @@ def test_unconfigured_exporters_are_not_imported(exporter: str, protocol: str, a
         "import sys\n"
         "from se_exporter.cli import build_parser\n"
         "from se_exporter.config import run_settings\n"
-        "from se_exporter.app import make_forwarding\n"
+        "from se_exporter.poller import make_forwarding\n"
         f"settings = run_settings(build_parser().parse_args(['run']), {{'OTEL_TRACES_EXPORTER': '{exporter}',"
         f" 'OTEL_EXPORTER_OTLP_PROTOCOL': '{protocol}', 'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://127.0.0.1:9'}})\n"
         "if settings.otel_traces_exporter != 'none':\n"
-        "    from se_exporter.tracing import make_tracing\n"
+        "    from se_exporter.sinks.tracing import make_tracing\n"
         "    from prometheus_client import CollectorRegistry\n"
         "    make_tracing(settings, None, CollectorRegistry())\n"
         "    assert 'requests' in sys.modules or settings.otel_protocol == 'grpc'\n"
