@@ -35,12 +35,13 @@ import se_exporter.cli  # noqa: F401 - the sidecar's own imports, so the heap is
 from se_exporter.config import Settings
 from se_exporter.imds import ImdsClient, make_transport
 from se_exporter.lifecycle import diff
-from se_exporter.metrics import Metrics, Snapshot
+from se_exporter.metrics import Metrics
 from se_exporter.model import parse_document
 from se_exporter.poller import Poller, make_http_app
 from se_exporter.sinks import FanOut
 from se_exporter.sinks.eventlog import LogSink
 from se_exporter.sinks.transition_metrics import MetricsSink
+from se_exporter.snapshot import Snapshot
 from se_exporter.state import LifecycleStore
 
 

@@ -52,7 +52,8 @@ def timeline_line(item: dict[str, Any]) -> str:
     parts = []
     for event in document.events:
         when = f" NotBefore {event.not_before.isoformat()}" if event.not_before else ""
-        mine = {"true": " (this VM)", "false": " (other VMs)"}.get(affects_vm(event, vm), "")
+        affects = affects_vm(event, vm)
+        mine = "" if affects is None else " (this VM)" if affects else " (other VMs)"
         parts.append(f"{event.event_type} {event.event_id} {event.event_status}{when}{mine}")
     return f"{head} incarnation {document.incarnation}: " + "; ".join(parts)
 

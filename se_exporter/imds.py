@@ -21,8 +21,6 @@ from __future__ import annotations
 import email.utils
 import json
 import time
-from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
@@ -35,7 +33,7 @@ from se_exporter.errors import (
     ImdsTimeout,
     InvalidDocument,
 )
-from se_exporter.model import encodable
+from se_exporter.model import VmIdentity
 from se_exporter.transport import TOTAL_TIMEOUT, KeepAliveTransport
 
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
@@ -57,45 +55,6 @@ def make_transport() -> httpx.BaseTransport:
     an ``httpx.MockTransport`` in its place.
     """
     return KeepAliveTransport()
-
-
-@dataclass(frozen=True)
-class VmIdentity:
-    """Who we are, from ``/metadata/instance/compute``; any field may be empty."""
-
-    name: str = ""
-    vm_id: str = ""
-    vmss_name: str = ""
-    location: str = ""
-    resource_group: str = ""
-    subscription_id: str = ""
-    vm_size: str = ""
-    zone: str = ""
-    resource_id: str = ""
-    sku: str = ""
-    os_type: str = ""
-    os_version: str = ""
-
-    @classmethod
-    def from_compute(cls, data: dict[str, Any]) -> VmIdentity:
-        def text(key: str) -> str:  # encodable: these become labels, properties and span attributes
-            value = data.get(key)
-            return encodable(value) if isinstance(value, str) else ""
-
-        return cls(
-            name=text("name"),
-            vm_id=text("vmId"),
-            vmss_name=text("vmScaleSetName"),
-            location=text("location"),
-            resource_group=text("resourceGroupName"),
-            subscription_id=text("subscriptionId"),
-            vm_size=text("vmSize"),
-            zone=text("zone"),
-            resource_id=text("resourceId"),
-            sku=text("sku"),
-            os_type=text("osType"),
-            os_version=text("version"),
-        )
 
 
 class ImdsClient:

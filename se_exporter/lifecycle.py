@@ -30,15 +30,32 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from enum import Enum
 
 from se_exporter.model import Document, ScheduledEvent
 
-SCHEDULED = "scheduled"
-STARTED = "started"
-COMPLETED = "completed"
-CANCELED = "canceled"
-RESCHEDULED = "rescheduled"
-TRANSITIONS = (SCHEDULED, STARTED, COMPLETED, CANCELED, RESCHEDULED)
+
+class TransitionKind(str, Enum):
+    """What happened to an event between two documents: the ``transition`` label, log field and span attribute.
+
+    Lower case, unlike ``EventStatus`` (``Scheduled``): a transition is ours, a status is IMDS'."""
+
+    SCHEDULED = "scheduled"
+    STARTED = "started"
+    COMPLETED = "completed"
+    CANCELED = "canceled"
+    RESCHEDULED = "rescheduled"
+
+    def __str__(self) -> str:  # the value in f-strings, labels and log fields, as on every Python version
+        return self.value
+
+
+SCHEDULED = TransitionKind.SCHEDULED
+STARTED = TransitionKind.STARTED
+COMPLETED = TransitionKind.COMPLETED
+CANCELED = TransitionKind.CANCELED
+RESCHEDULED = TransitionKind.RESCHEDULED
+TRANSITIONS = tuple(TransitionKind)
 # Ended events kept to recognise one listed again; a VM sees a handful of events a month.
 ENDED_MEMORY = 1024
 
@@ -67,7 +84,7 @@ class EventRecord:
 
 @dataclass(frozen=True)
 class Transition:
-    kind: str
+    kind: TransitionKind
     record: EventRecord
     previous_not_before: datetime | None = None
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -21,9 +21,9 @@ from prometheus_client.registry import Collector
 
 from se_exporter import __version__
 from se_exporter.errors import POLL_OUTCOMES
-from se_exporter.imds import VmIdentity
 from se_exporter.lifecycle import TRANSITIONS, EventRecord
-from se_exporter.model import EVENT_STATUSES, EVENT_TYPES, affects_vm
+from se_exporter.model import EVENT_STATUSES, EVENT_TYPES, VmIdentity, affects_label, affects_vm, vm_name
+from se_exporter.snapshot import Snapshot
 
 NAMESPACE = "azure_scheduled_events"
 EVENT = "azure_scheduled_event"
@@ -31,20 +31,6 @@ EVENT = "azure_scheduled_event"
 NOTICE_BUCKETS = (0, 1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400, 259200, 604800)
 IMPACT_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600)
 POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What the exporter believes right now; replaced whole by the poll loop, read by scrapes."""
-
-    records: Mapping[str, EventRecord] = field(default_factory=dict)
-    incarnation: int | None = None
-    up: bool = False
-    has_document: bool = False
-    last_success: float | None = None
-    vm_name: str | None = None
-    identity: VmIdentity | None = None
-    api_version: str = ""
 
 
 class Metrics:
@@ -167,7 +153,7 @@ class _EventFamilies:
             key = [event.event_id, event.event_type]
             counts[(event.event_type, event.event_status)] += 1
             info.add_metric([event.event_id, event.event_type, event.event_status, event.event_source or "unknown",
-                             event.resource_type or "unknown", affects_vm(event, snap.vm_name)], 1.0)
+                             event.resource_type or "unknown", affects_label(affects_vm(event, snap.vm_name))], 1.0)
             first_seen.add_metric(key, record.first_seen)
             if record.started_at is not None:
                 started.add_metric(key, record.started_at)
@@ -192,11 +178,11 @@ class _EventFamilies:
         return family
 
 
-def _vm_info(identity: VmIdentity, vm_name: str | None) -> Metric:
+def _vm_info(identity: VmIdentity, configured: str | None) -> Metric:
     family = GaugeMetricFamily(f"{NAMESPACE}_vm_info", "The VM this exporter runs on, from IMDS compute metadata.",
                                labels=["vm_name", "vm_id", "vmss_name", "location", "resource_group",
                                        "subscription_id", "vm_size", "zone"])
-    family.add_metric([vm_name or identity.name, identity.vm_id, identity.vmss_name, identity.location,
+    family.add_metric([vm_name(configured, identity) or "", identity.vm_id, identity.vmss_name, identity.location,
                        identity.resource_group, identity.subscription_id, identity.vm_size, identity.zone], 1.0)
     return family
 

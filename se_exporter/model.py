@@ -34,14 +34,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
+from enum import Enum
 from typing import Any
 
 from se_exporter.errors import InvalidDocument
 
 EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
-EVENT_STATUSES = ("Scheduled", "Started")
-SCHEDULED = "Scheduled"
-STARTED = "Started"
+
+
+class EventStatus(str, Enum):
+    """The documented ``EventStatus`` values. ``ScheduledEvent.event_status`` stays the string IMDS sent: an
+    undocumented status is shown as it is, not refused."""
+
+    SCHEDULED = "Scheduled"
+    STARTED = "Started"
+
+    def __str__(self) -> str:  # the value in f-strings, labels and log fields, as on every Python version
+        return self.value
+
+
+EVENT_STATUSES = tuple(status.value for status in EventStatus)
 
 _KNOWN_EVENT_FIELDS = frozenset(
     {
@@ -97,7 +109,7 @@ class ScheduledEvent:
 
     @property
     def started(self) -> bool:
-        return self.event_status == STARTED
+        return self.event_status == EventStatus.STARTED
 
 
 @dataclass(frozen=True)
@@ -173,18 +185,22 @@ def document_from_json(obj: object) -> Document:
     return Document(incarnation=incarnation, events=tuple(events), warnings=tuple(warnings), extra=extra)
 
 
-def affects_vm(event: ScheduledEvent, vm_name: str | None) -> str:
-    """Say whether ``vm_name`` is listed in ``Resources``: ``true``, ``false`` or ``unknown``.
+def affects_vm(event: ScheduledEvent, vm_name: str | None) -> bool | None:
+    """Say whether ``vm_name`` is listed in ``Resources``; None when that cannot be told (no name, no Resources).
 
     Events for a whole availability set or placement group reach every VM in it, so this is
     how a VM tells its own maintenance from its neighbours'. Names compare case-insensitively
     (Azure resource names are) and ignore the leading underscore the 2017-03-01 preview added.
     """
     if not vm_name or not event.resources:
-        return "unknown"
+        return None
     own = vm_name.lstrip("_").casefold()
-    listed = any(resource.lstrip("_").casefold() == own for resource in event.resources)
-    return "true" if listed else "false"
+    return any(resource.lstrip("_").casefold() == own for resource in event.resources)
+
+
+def affects_label(affects: bool | None) -> str:
+    """``affects_vm`` as the ``affects_this_vm`` label and log field: ``true``, ``false`` or ``unknown``."""
+    return "unknown" if affects is None else "true" if affects else "false"
 
 
 def parse_not_before(value: str) -> datetime | None:
@@ -378,3 +394,47 @@ def _json_kind(value: object) -> str:
 
 def _snippet(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+@dataclass(frozen=True)
+class VmIdentity:
+    """Who we are, from ``/metadata/instance/compute``; any field may be empty."""
+
+    name: str = ""
+    vm_id: str = ""
+    vmss_name: str = ""
+    location: str = ""
+    resource_group: str = ""
+    subscription_id: str = ""
+    vm_size: str = ""
+    zone: str = ""
+    resource_id: str = ""
+    sku: str = ""
+    os_type: str = ""
+    os_version: str = ""
+
+    @classmethod
+    def from_compute(cls, data: dict[str, Any]) -> VmIdentity:
+        def text(key: str) -> str:  # encodable: these become labels, properties and span attributes
+            value = data.get(key)
+            return encodable(value) if isinstance(value, str) else ""
+
+        return cls(
+            name=text("name"),
+            vm_id=text("vmId"),
+            vmss_name=text("vmScaleSetName"),
+            location=text("location"),
+            resource_group=text("resourceGroupName"),
+            subscription_id=text("subscriptionId"),
+            vm_size=text("vmSize"),
+            zone=text("zone"),
+            resource_id=text("resourceId"),
+            sku=text("sku"),
+            os_type=text("osType"),
+            os_version=text("version"),
+        )
+
+
+def vm_name(configured: str | None, identity: VmIdentity | None) -> str | None:
+    """This VM's name: ``--vm-name`` if given, else the compute metadata's, else None (not known yet)."""
+    return configured or (identity.name if identity is not None else None) or None

@@ -29,15 +29,16 @@ from se_exporter import lifecycle
 from se_exporter.config import Listen, Settings
 from se_exporter.dirlock import UNSUPPORTED, DirectoryBusy, lock_directory
 from se_exporter.errors import ConfigError, ImdsError, ImdsThrottled
-from se_exporter.imds import ImdsClient, VmIdentity
+from se_exporter.imds import ImdsClient
 from se_exporter.logs import fields
-from se_exporter.metrics import Metrics, Snapshot
-from se_exporter.model import event_key, parse_document
+from se_exporter.metrics import Metrics
+from se_exporter.model import VmIdentity, event_key, parse_document, vm_name
 from se_exporter.sinks import DocumentChange, FanOut
 from se_exporter.sinks.envelope import Sequencer
 from se_exporter.sinks.eventhubs import EventHubsTarget, producer_factory
 from se_exporter.sinks.forward import FileTarget, ForwardMetrics, ForwardSink, Target
 from se_exporter.sinks.spool import Spool
+from se_exporter.snapshot import Snapshot
 from se_exporter.state import LifecycleStore
 
 log = logging.getLogger("se_exporter")
@@ -74,7 +75,7 @@ class Poller:
         self.heartbeat_deadline = time.monotonic() + settings.first_timeout + settings.backoff_cap + 10
 
     def set_identity(self, identity: VmIdentity) -> None:
-        self._update(identity=identity, vm_name=self._settings.vm_name or identity.name or None)
+        self._update(identity=identity, vm_name=vm_name(self._settings.vm_name, identity))
 
     def _update(self, **changes: Any) -> Snapshot:
         """Replace fields of the snapshot atomically; readers (scrapes) keep taking it without a lock."""

@@ -17,9 +17,8 @@ from pathlib import Path
 from azure.eventhub import EventData
 from azure.eventhub.aio import EventHubProducerClient
 
-from se_exporter.imds import VmIdentity
 from se_exporter.lifecycle import diff
-from se_exporter.model import parse_document
+from se_exporter.model import VmIdentity, parse_document
 from se_exporter.sinks import DocumentChange
 from se_exporter.sinks.envelope import CONTENT_TYPE, Envelope, build
 from tests.eventhubs_server import EventHubsTestServer, Store

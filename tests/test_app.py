@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.config import Settings
-from se_exporter.imds import ImdsClient, VmIdentity
+from se_exporter.imds import ImdsClient
 from se_exporter.lifecycle import diff
 from se_exporter.metrics import Metrics
-from se_exporter.model import parse_document
+from se_exporter.model import VmIdentity, parse_document
 from se_exporter.poller import IdentityWatcher, Poller, make_http_app
 from se_exporter.sinks import DocumentChange, FanOut
 from se_exporter.state import LifecycleStore

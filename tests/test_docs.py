@@ -8,11 +8,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from se_exporter.config import CONSUME_OPTIONS, RUN_OPTIONS, SIMULATE_OPTIONS
-from se_exporter.imds import VmIdentity
 from se_exporter.lifecycle import diff
-from se_exporter.metrics import Metrics, Snapshot
-from se_exporter.model import parse_document
+from se_exporter.metrics import Metrics
+from se_exporter.model import VmIdentity, parse_document
 from se_exporter.sinks.forward import ForwardMetrics
+from se_exporter.snapshot import Snapshot
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from azure.eventhub import EventData, EventDataBatch
 
-from se_exporter.imds import VmIdentity
+from se_exporter.model import VmIdentity
 from se_exporter.sinks.envelope import build, carriable
 from se_exporter.sinks.forward import file_line
 from tests.test_forwarding import IDENTITY, change

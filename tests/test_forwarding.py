@@ -16,9 +16,8 @@ from azure.eventhub.exceptions import AuthenticationError, ConnectError, EventHu
 
 from se_exporter.cli import build_parser, main
 from se_exporter.config import run_settings
-from se_exporter.imds import VmIdentity
 from se_exporter.lifecycle import diff
-from se_exporter.model import parse_document
+from se_exporter.model import VmIdentity, parse_document
 from se_exporter.sinks import DocumentChange
 from se_exporter.sinks.envelope import Envelope, Sequencer, build
 from se_exporter.sinks.eventhubs import classify, producer_factory

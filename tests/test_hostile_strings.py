@@ -14,9 +14,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from prometheus_client import CollectorRegistry
 
-from se_exporter.imds import VmIdentity
 from se_exporter.lifecycle import diff
-from se_exporter.model import parse_document
+from se_exporter.model import VmIdentity, parse_document
 from se_exporter.sinks import DocumentChange
 from se_exporter.sinks.envelope import Sequencer
 from se_exporter.sinks.forward import FileTarget, ForwardMetrics, ForwardSink

@@ -18,7 +18,8 @@ from se_exporter.errors import (
     ImdsTimeout,
     InvalidDocument,
 )
-from se_exporter.imds import ImdsClient, VmIdentity, make_transport, parse_retry_after
+from se_exporter.imds import ImdsClient, make_transport, parse_retry_after
+from se_exporter.model import VmIdentity
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator, start

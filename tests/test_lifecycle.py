@@ -14,8 +14,10 @@ from se_exporter.lifecycle import (
     RESCHEDULED,
     SCHEDULED,
     STARTED,
+    TRANSITIONS,
     EventRecord,
     Transition,
+    TransitionKind,
     diff,
 )
 from se_exporter.model import Document, parse_document
@@ -176,3 +178,11 @@ def test_the_memory_of_ended_events_is_bounded() -> None:
     assert len(gone.transitions) == ENDED_MEMORY + 10
     assert len(gone.ended) == ENDED_MEMORY
     assert "e0" not in gone.ended and f"e{ENDED_MEMORY + 9}" in gone.ended
+
+
+def test_transition_kinds_read_as_their_published_names() -> None:
+    """A transition kind is its lower-case name wherever it is written: f-strings, %-formatting, str() and JSON."""
+    kind = TransitionKind.RESCHEDULED
+    assert (f"{kind}", "%s" % kind, str(kind), json.dumps(kind)) == (  # noqa: UP031 - the logging module's style
+        "rescheduled", "rescheduled", "rescheduled", '"rescheduled"')
+    assert [str(k) for k in TRANSITIONS] == ["scheduled", "started", "completed", "canceled", "rescheduled"]

@@ -9,7 +9,15 @@ from datetime import datetime, timezone
 import pytest
 
 from se_exporter.errors import InvalidDocument
-from se_exporter.model import ScheduledEvent, affects_vm, parse_document, parse_not_before
+from se_exporter.model import (
+    EVENT_STATUSES,
+    EventStatus,
+    ScheduledEvent,
+    affects_label,
+    affects_vm,
+    parse_document,
+    parse_not_before,
+)
 
 APR_11 = datetime(2022, 4, 11, 22, 26, 58, tzinfo=timezone.utc)
 
@@ -190,17 +198,17 @@ def test_not_before_formats(text: str, expected: datetime | None) -> None:
 
 
 @pytest.mark.parametrize(("resources", "vm_name", "expected"), [
-    (("WestNO_0", "WestNO_1"), "WestNO_0", "true"),
-    (("WestNO_0", "WestNO_1"), "westno_1", "true"),
-    (("_FrontEnd_IN_0",), "FrontEnd_IN_0", "true"),
-    (("WestNO_1",), "WestNO_0", "false"),
-    (("WestNO_1",), None, "unknown"),
-    ((), "WestNO_0", "unknown"),
+    (("WestNO_0", "WestNO_1"), "WestNO_0", True),
+    (("WestNO_0", "WestNO_1"), "westno_1", True),
+    (("_FrontEnd_IN_0",), "FrontEnd_IN_0", True),
+    (("WestNO_1",), "WestNO_0", False),
+    (("WestNO_1",), None, None),
+    ((), "WestNO_0", None),
 ])
-def test_affects_this_vm(resources: tuple[str, ...], vm_name: str | None, expected: str) -> None:
+def test_affects_this_vm(resources: tuple[str, ...], vm_name: str | None, expected: bool | None) -> None:
     """Own name listed in Resources (case-insensitive, preview underscore ignored) decides affects_this_vm."""
     event = ScheduledEvent(event_id="x", event_type="Reboot", event_status="Scheduled", resources=resources)
-    assert affects_vm(event, vm_name) == expected
+    assert affects_vm(event, vm_name) is expected
 
 
 HUGE = "9" * 5000  # past Python's int-string limit (4,300 digits)
@@ -334,3 +342,15 @@ def test_an_escaped_backslash_before_a_pair_is_not_mistaken_for_the_pair() -> No
     document = parse_document(rb'{"Events": [{"EventId": "A\\ud83d\ude00"}]}')
     assert document.events[0].event_id == "A\\ud83d\\ude00"
     document.events[0].event_id.encode("utf-8")
+
+
+@pytest.mark.parametrize(("affects", "label"), [(True, "true"), (False, "false"), (None, "unknown")])
+def test_affects_label(affects: bool | None, label: str) -> None:
+    """The affects_this_vm label and log field say true, false or unknown for what affects_vm decided."""
+    assert affects_label(affects) == label
+
+
+def test_event_status_reads_as_the_documented_value() -> None:
+    """EventStatus members are the strings IMDS sends, so they compare equal to a parsed event's status."""
+    assert EVENT_STATUSES == ("Scheduled", "Started")
+    assert f"{EventStatus.STARTED}" == "Started" == EventStatus.STARTED

@@ -17,9 +17,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from se_exporter.config import Settings
-from se_exporter.imds import VmIdentity
 from se_exporter.lifecycle import EventRecord, diff
-from se_exporter.model import Document, ScheduledEvent
+from se_exporter.model import Document, ScheduledEvent, VmIdentity
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.sinks import DocumentChange
 from se_exporter.sinks.spans import EventIdGenerator, SpanSink, span_id_for, trace_id_for

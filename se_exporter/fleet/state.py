@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from se_exporter.errors import InvalidDocument, SeExporterError
-from se_exporter.model import Document, affects_vm, document_from_json
+from se_exporter.model import Document, affects_label, affects_vm, document_from_json
 
 # The envelope's properties (schemas/forwarded-document.schema.json); anything else is tolerated and counted.
 KNOWN_PROPERTIES = frozenset({
@@ -87,7 +87,7 @@ class Message:
 def fleet_events(document: Document, vm_name: str) -> tuple[FleetEvent, ...]:
     return tuple(
         FleetEvent(event.event_id, event.event_type, event.event_status, event.event_source or "unknown",
-                   affects_vm(event, vm_name or None),
+                   affects_label(affects_vm(event, vm_name or None)),
                    event.not_before.timestamp() if event.not_before is not None else None,
                    float(event.duration_seconds) if event.duration_seconds is not None else None)
         for event in document.events)

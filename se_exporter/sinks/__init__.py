@@ -13,9 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from se_exporter.imds import VmIdentity
 from se_exporter.lifecycle import EventRecord, Transition
-from se_exporter.model import Document
+from se_exporter.model import Document, VmIdentity
 
 log = logging.getLogger("se_exporter.sinks")
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from se_exporter import __version__
 from se_exporter.errors import ConfigError
 from se_exporter.files import json_kind, read_state_file, write_atomically
+from se_exporter.model import vm_name
 from se_exporter.sinks import DocumentChange
 
 log = logging.getLogger("se_exporter.forward")
@@ -65,10 +66,10 @@ def carriable(value: str | int) -> str | int:
 
 def build(change: DocumentChange, sequence: int, installation_id: str) -> Envelope:
     identity = change.identity
-    vm_name = change.vm_name or (identity.name if identity else "")
+    name = vm_name(change.vm_name, identity) or ""
     vm_id = identity.vm_id if identity else ""
     properties: dict[str, str | int] = {
-        "vm_name": vm_name,
+        "vm_name": name,
         "vm_id": vm_id,
         "vmss_name": identity.vmss_name if identity else "",
         "subscription_id": identity.subscription_id if identity else "",
@@ -82,7 +83,7 @@ def build(change: DocumentChange, sequence: int, installation_id: str) -> Envelo
     if change.document.incarnation is not None:
         properties["document_incarnation"] = change.document.incarnation
     return Envelope(sequence=sequence, message_id=f"{installation_id}:{sequence}",
-                    partition_key=str(carriable(vm_id or vm_name or "unknown")),
+                    partition_key=str(carriable(vm_id or name or "unknown")),
                     properties={name: carriable(value) for name, value in properties.items()}, body=change.raw,
                     observed_at=change.observed_at)
 

@@ -6,7 +6,7 @@ import logging
 
 from se_exporter.lifecycle import CANCELED, COMPLETED, RESCHEDULED, SCHEDULED, STARTED, Transition
 from se_exporter.logs import fields
-from se_exporter.model import affects_vm
+from se_exporter.model import affects_label, affects_vm
 from se_exporter.sinks import DocumentChange
 
 log = logging.getLogger("se_exporter.events")
@@ -44,7 +44,7 @@ def _details(transition: Transition, change: DocumentChange) -> dict[str, object
         "event_status": event.event_status,
         "event_source": event.event_source,
         "resources": list(event.resources),
-        "affects_this_vm": affects_vm(event, change.vm_name),
+        "affects_this_vm": affects_label(affects_vm(event, change.vm_name)),
         "document_incarnation": change.document.incarnation,
     }
     if event.not_before is not None:

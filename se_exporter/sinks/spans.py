@@ -90,8 +90,8 @@ def attributes(event: ScheduledEvent, incarnation: int | None, vm_name: str | No
                 "document_incarnation": incarnation}
     values.update({PREFIX + key: value for key, value in optional.items() if value is not None})
     affects = affects_vm(event, vm_name)
-    if affects != "unknown":
-        values[PREFIX + "affects_this_vm"] = affects == "true"
+    if affects is not None:
+        values[PREFIX + "affects_this_vm"] = affects
     return values
 
 
@@ -158,7 +158,7 @@ class SpanSink:
         extra: dict[str, Any] = {}
         if transition.previous_not_before is not None:
             extra[PREFIX + "previous_not_before"] = transition.previous_not_before.isoformat().replace("+00:00", "Z")
-        self._note(record, kind, vm_key, incarnation, change, extra)
+        self._note(record, kind.value, vm_key, incarnation, change, extra)
         event_id = record.event.event_id
         attrs = attributes(record.event, incarnation, change.vm_name)
         if kind == STARTED and record.started_at is not None:
@@ -173,7 +173,7 @@ class SpanSink:
                            attrs)
             opened = self._open.pop(record.event.key, _Open())
             self._span(event_id, vm_key, "scheduled_event", "root", record.first_seen, record.gone_at,
-                       {**attrs, PREFIX + "outcome": kind}, opened.events)
+                       {**attrs, PREFIX + "outcome": kind.value}, opened.events)
 
     def _note(self, record: EventRecord, kind: str, vm_key: str, incarnation: int | None, change: DocumentChange,
               extra: Mapping[str, Any]) -> None:

@@ -29,8 +29,8 @@ from prometheus_client import CollectorRegistry, Counter
 
 from se_exporter import __version__
 from se_exporter.config import Settings
-from se_exporter.imds import VmIdentity
 from se_exporter.metrics import NAMESPACE
+from se_exporter.model import VmIdentity, vm_name
 from se_exporter.sinks import DocumentChange
 from se_exporter.sinks.spans import PREFIX, EventIdGenerator, SpanSink
 
@@ -44,7 +44,8 @@ def resource_attributes(settings: Settings, identity: VmIdentity | None) -> dict
     if identity is not None:
         values.update({
             "cloud.region": identity.location, "cloud.resource_id": identity.resource_id,
-            "host.id": identity.vm_id, "host.name": settings.vm_name or identity.name, "host.type": identity.vm_size,
+            "host.id": identity.vm_id, "host.name": vm_name(settings.vm_name, identity) or "",
+            "host.type": identity.vm_size,
             "os.type": identity.os_type.lower(), "os.version": identity.os_version,
             "service.instance.id": identity.vm_id, "azure.vm.scaleset.name": identity.vmss_name,
             "azure.vm.sku": identity.sku, "cloud.availability_zone": identity.zone,
