@@ -33,11 +33,12 @@ from prometheus_client.registry import Collector
 
 import se_exporter.cli  # noqa: F401 - the sidecar's own imports, so the heap is the sidecar's size
 from se_exporter.config import Settings
+from se_exporter.endpoints import make_http_app
 from se_exporter.imds import ImdsClient, make_transport
 from se_exporter.lifecycle import diff
 from se_exporter.metrics import Metrics
 from se_exporter.model import parse_document
-from se_exporter.poller import Poller, make_http_app
+from se_exporter.poller import Poller
 from se_exporter.sinks import FanOut
 from se_exporter.sinks.eventlog import LogSink
 from se_exporter.sinks.transition_metrics import MetricsSink

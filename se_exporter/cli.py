@@ -6,27 +6,20 @@ Every failure to start is one line on stderr and exit code 2, naming the setting
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
-
-import prometheus_client
-from prometheus_client import CollectorRegistry, ProcessCollector
+from typing import NoReturn
 
 from se_exporter import __version__, demo, logs
 from se_exporter.config import (
     CONSUME_OPTIONS,
     RUN_OPTIONS,
     SIMULATE_OPTIONS,
-    THROTTLED_BELOW,
-    Listen,
     Settings,
     SimulatorSettings,
     add_options,
@@ -35,29 +28,15 @@ from se_exporter.config import (
     run_settings,
     simulator_settings,
 )
-from se_exporter.errors import ConfigError
+from se_exporter.errors import ConfigError, ForwardFileError, SpoolError, StateDirError, StorageError
 from se_exporter.fleet.settings import FLEET_OPTIONS, fleet_settings
-from se_exporter.imds import ImdsClient, make_transport
-from se_exporter.metrics import Metrics
-from se_exporter.poller import (
-    IdentityWatcher,
-    Poller,
-    claim_state,
-    lifecycle_store,
-    make_forwarding,
-    make_http_app,
-    serve,
-)
+from se_exporter.sidecar import Sidecar, bind
 from se_exporter.simulator import scenario as scenarios
-from se_exporter.sinks import FanOut, Sink
-from se_exporter.sinks.eventlog import LogSink
-from se_exporter.sinks.transition_metrics import MetricsSink
-
-if TYPE_CHECKING:
-    from se_exporter.simulator.server import Simulator
 
 log = logging.getLogger("se_exporter")
-_S = TypeVar("_S")
+# The flag that sets the path each storage error is about.
+_FLAGS: dict[type[StorageError], str] = {StateDirError: "--state-dir", SpoolError: "--spool-dir",
+                                         ForwardFileError: "--forward-file"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -121,6 +100,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except ConfigError as error:
         print(f"se-exporter: error: {error}", file=sys.stderr)
         return 2
+    except StorageError as error:
+        print(f"se-exporter: error: {_FLAGS[type(error)]} {error.path}: {error.reason}", file=sys.stderr)
+        return 2
 
 
 def report_crash(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
@@ -137,89 +119,21 @@ def run(settings: Settings) -> int:
     logs.setup(settings.log_level, settings.log_format)
     _install_crash_hooks()
     started = time.monotonic()
-    sim: Simulator | None = None
-    with contextlib.ExitStack() as cleanup:  # whatever was started is stopped, also when start-up fails
-        if settings.simulate is not None:
-            sim, settings = _simulator(settings, cleanup)
-        # Bound first: a taken port stops start-up before anything else is built, and the address is known for
-        # the banner, which comes before any log line. Until the poller exists the server answers 503.
-        http = _Starting()
-        server = _bind(settings.listen, lambda: serve(settings.listen, http))
-        cleanup.callback(server.server_close)
-        cleanup.callback(server.shutdown)
-        metrics_url = f"http://{_display(settings.listen, server.server_port)}/metrics"
+    with Sidecar(settings) as sidecar:  # whatever was started is stopped, also when start-up fails
+        sidecar.listen()
+        sim, settings = sidecar.simulator, sidecar.settings
         if sim is not None:
-            print(demo.banner(settings, settings.imds_url, metrics_url, sim.scenario.name, sim.scenario.description),
-                  flush=True)
-        # *_created series double the output and help nobody here (the function is untyped upstream).
-        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
-        registry = CollectorRegistry()
-        ProcessCollector(registry=registry)
-        transport = make_transport()
-        cleanup.callback(transport.close)
-        imds = ImdsClient(transport, settings.imds_url, settings.api_version, settings.imds_timeout,
-                          settings.first_timeout, settings.max_document_bytes)
-        poller: Poller
-        metrics = Metrics(registry, lambda: poller.snapshot)
-        cleanup.enter_context(claim_state(settings))  # one sidecar per state directory, before any state is read
-        store = lifecycle_store(settings)
-        outputs: list[Sink] = [MetricsSink(metrics), LogSink()]
-        forward = make_forwarding(settings, registry)
-        if forward is not None:
-            outputs.append(forward)
-        if settings.otel_traces_exporter != "none":
-            from se_exporter.sinks.tracing import make_tracing
-
-            outputs.append(make_tracing(settings, store.path.parent if store else None, registry))
-        sinks = FanOut(outputs, on_error=lambda name: metrics.sink_errors.labels(name).inc())
-        cleanup.callback(sinks.shutdown)
-        poller = Poller(imds, metrics, sinks, settings, store=store)
-        http.app = make_http_app(registry, poller)
-
+            print(demo.banner(settings, settings.imds_url, sidecar.metrics_url, sim.scenario.name,
+                              sim.scenario.description), flush=True)
         stop = threading.Event()
+        sidecar.start(stop)
         _on_signals(stop)
-        watcher = IdentityWatcher(imds, poller, metrics)
-        threading.Thread(target=watcher.run, args=(stop,), name="identity", daemon=True).start()
-
-        def poll() -> None:
-            watcher.first_attempt.wait(settings.imds_timeout)  # milliseconds on a VM; bounded if IMDS is slow
-            poller.run(stop)
-
-        threading.Thread(target=poll, name="poll", daemon=True).start()
-        if settings.poll_interval < THROTTLED_BELOW and settings.simulate is None:
-            log.warning("--poll-interval %g is below %g s: IMDS throttles above about 5 requests a second",
-                        settings.poll_interval, THROTTLED_BELOW)
-        log.info("se-exporter %s polling %s every %gs; metrics at %s", __version__, imds.events_url,
-                 settings.poll_interval, metrics_url)
         stop.wait()
         log.info("stopping")
     if sim is not None:  # after the orderly stop: spans flushed, documents written, counts final
-        print(demo.summary(demo.samples(registry), time.monotonic() - started, sim.scenario_time(), settings),
+        print(demo.summary(demo.samples(sidecar.registry), time.monotonic() - started, sim.scenario_time(), settings),
               flush=True)
     return 0
-
-
-def _simulator(settings: Settings, cleanup: contextlib.ExitStack) -> tuple[Simulator, Settings]:
-    """The built-in simulator, started; the settings with its address as the IMDS URL."""
-    from se_exporter.simulator.server import Simulator, start  # only here: the sidecar alone never needs it
-
-    sim = Simulator(scenarios.load(str(settings.simulate)), speed=settings.speed)
-    sim_server = start(sim)
-    cleanup.callback(sim_server.server_close)
-    cleanup.callback(sim_server.shutdown)
-    return sim, replace(settings, imds_url=sim_server.url)
-
-
-class _Starting:
-    """The HTTP app until the poller exists (a few milliseconds after the port is bound): 503, starting."""
-
-    app: Callable[..., Iterable[bytes]] | None = None
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if self.app is not None:
-            return self.app(environ, start_response)
-        start_response("503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8")])
-        return [b"starting\n"]
 
 
 def simulate(settings: SimulatorSettings, list_only: bool = False) -> int:
@@ -233,7 +147,7 @@ def simulate(settings: SimulatorSettings, list_only: bool = False) -> int:
 
     simulator = Simulator(scenarios.load(settings.scenario), speed=settings.speed)
     simulator.inject(*(parse_fault(spec) for spec in settings.faults))
-    server = _bind(settings.listen, lambda: start(simulator, settings.listen.host, settings.listen.port))
+    server = bind(settings.listen, lambda: start(simulator, settings.listen.host, settings.listen.port))
     print(f"IMDS simulator ({simulator.scenario.name}, speed {settings.speed:g}) at {server.url}\n"
           f"Try: curl -H Metadata:true '{server.url}/metadata/scheduledevents?api-version=2020-07-01'", flush=True)
     stop = threading.Event()
@@ -241,13 +155,6 @@ def simulate(settings: SimulatorSettings, list_only: bool = False) -> int:
     stop.wait()
     server.shutdown()
     return 0
-
-
-def _bind(listen: Listen, make: Callable[[], _S]) -> _S:
-    try:
-        return make()
-    except OSError as error:
-        raise ConfigError(f"--listen {listen}: cannot listen there ({error.strerror or error})") from None
 
 
 def _on_signals(stop: threading.Event) -> None:
@@ -259,11 +166,6 @@ def _on_signals(stop: threading.Event) -> None:
     for name in ("SIGTERM", "SIGINT", "SIGHUP"):
         if hasattr(signal, name):  # Windows has no SIGHUP
             signal.signal(getattr(signal, name), handler)
-
-
-def _display(listen: Listen, port: int) -> str:
-    host = listen.host if listen.host not in ("", "0.0.0.0", "::") else "127.0.0.1"  # noqa: S104 - display only
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 if __name__ == "__main__":

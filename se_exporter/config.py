@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -61,9 +62,9 @@ class Settings:
     log_format: str = "text"
     simulate: str | None = None
     speed: float = 1.0
-    state_dir: str | None = None  # None: DEFAULT_STATE_DIR if writable (see state_path)
-    forward_file: str | None = None
-    spool_dir: str | None = None
+    state_dir: Path | None = None  # None: DEFAULT_STATE_DIR if writable (see state_path)
+    forward_file: Path | None = None
+    spool_dir: Path | None = None
     spool_max_bytes: int = 64 * 1024 * 1024
     eventhub_connection_string: str | None = field(default=None, repr=False)  # a secret: never in repr or logs
     eventhub_name: str | None = None
@@ -92,12 +93,12 @@ class Settings:
         return self.heartbeat_interval or None
 
     @property
-    def state_path(self) -> str:
-        return self.state_dir or DEFAULT_STATE_DIR
+    def state_path(self) -> Path:
+        return self.state_dir or Path(DEFAULT_STATE_DIR)
 
     @property
-    def spool_path(self) -> str:
-        return self.spool_dir or f"{self.state_path.rstrip('/')}/spool"
+    def spool_path(self) -> Path:
+        return self.spool_dir or self.state_path / "spool"
 
     @property
     def backoff_cap(self) -> float:
@@ -242,10 +243,10 @@ def parse_name(text: str) -> str:
     return text.strip()
 
 
-def parse_path(text: str) -> str:
+def parse_path(text: str) -> Path:
     if not text.strip():
         raise ValueError("must be a path, not empty")
-    return text
+    return Path(text)
 
 
 def connection_string_parts(text: str) -> dict[str, str]:

@@ -15,12 +15,14 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.config import Settings
+from se_exporter.endpoints import make_http_app
 from se_exporter.imds import ImdsClient
 from se_exporter.lifecycle import diff
 from se_exporter.metrics import Metrics
 from se_exporter.model import VmIdentity, parse_document
-from se_exporter.poller import IdentityWatcher, Poller, make_http_app
+from se_exporter.poller import IdentityWatcher, Poller
 from se_exporter.sinks import DocumentChange, FanOut
+from se_exporter.snapshot import CurrentState, Snapshot
 from se_exporter.state import LifecycleStore
 
 FREEZE = {"EventId": "E1", "EventStatus": "Scheduled", "EventType": "Freeze", "ResourceType": "VirtualMachine",
@@ -67,11 +69,11 @@ def make_poller(script: Iterable[httpx.Response | Exception], store: LifecycleSt
     imds = ImdsClient(httpx.MockTransport(handler), settings.imds_url,
                       settings.api_version, settings.imds_timeout, settings.first_call_timeout, 1024 * 1024)
     registry = CollectorRegistry()
-    poller: Poller
-    metrics = Metrics(registry, lambda: poller.snapshot)
+    state = CurrentState(Snapshot(vm_name=settings.vm_name, api_version=settings.api_version))
+    metrics = Metrics(registry, state.get)
     sink = RecordingSink()
     fan_out = FanOut([BrokenSink(), sink], on_error=lambda name: metrics.sink_errors.labels(name).inc())
-    poller = Poller(imds, metrics, fan_out, settings, clock=iter(range(1000, 2000)).__next__, store=store)
+    poller = Poller(imds, metrics, fan_out, settings, state, clock=iter(range(1000, 2000)).__next__, store=store)
     return poller, registry, sink
 
 
@@ -233,7 +235,7 @@ def test_identity_is_retried_in_the_background_until_read() -> None:
     imds = ImdsClient(httpx.MockTransport(handler), "http://imds.test", "2020-07-01",
                       2.0, 120.0, 1024 * 1024)
     watcher_registry = CollectorRegistry()
-    metrics = Metrics(watcher_registry, lambda: poller.snapshot)
+    metrics = Metrics(watcher_registry, CurrentState(Snapshot()).get)
     IdentityWatcher(imds, poller, metrics, first_wait=0.001, max_wait=0.002).run(threading.Event())
     assert poller.snapshot.identity is not None and poller.snapshot.identity.vm_id == "id-7"
     assert poller.snapshot.vm_name == "vm0"  # --vm-name wins over the name IMDS reports

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from se_exporter.config import Listen
-from se_exporter.poller import serve
+from se_exporter.endpoints import serve
 from tests.conftest import Reliability
 from tests.helpers import wait_until
 

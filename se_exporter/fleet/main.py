@@ -25,13 +25,13 @@ from prometheus_client.exposition import gzip_accepted
 
 from se_exporter import __version__, logs
 from se_exporter.consume import starting_position
+from se_exporter.endpoints import TEXT_FORMAT, serve
 from se_exporter.errors import ConfigError
 from se_exporter.fleet.blobstate import StateBlobs
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, render_fleet
 from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER, ObservedCheckpointStore, Service, describe
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.state import Fleet
-from se_exporter.poller import TEXT_FORMAT, serve
 from se_exporter.sinks.eventhubs import connection_options
 
 log = logging.getLogger("se_exporter.fleet")

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from se_exporter import __version__
-from se_exporter.errors import ConfigError
+from se_exporter.errors import StateDirError
 from se_exporter.files import json_kind, read_state_file, write_atomically
 from se_exporter.model import vm_name
 from se_exporter.sinks import DocumentChange
@@ -107,11 +107,11 @@ class Sequencer:
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ConfigError(f"--state-dir {state_dir}: cannot use it ({exc.strerror or exc})") from None
+            raise StateDirError(state_dir, f"cannot use it ({exc.strerror or exc})") from None
         try:
             text = read_state_file(self._path) if self._path.exists() else None
         except OSError as exc:
-            raise ConfigError(f"--state-dir {state_dir}: cannot read {self._path} ({exc.strerror or exc})") from None
+            raise StateDirError(state_dir, f"cannot read {self._path} ({exc.strerror or exc})") from None
         self.installation_id, self._next = self._parse(text)
         self._save()
 

@@ -28,7 +28,7 @@ from typing import BinaryIO, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from se_exporter.errors import ConfigError
+from se_exporter.errors import ForwardFileError
 from se_exporter.files import DISK, Disk, is_disk_full, write_all
 from se_exporter.metrics import NAMESPACE
 from se_exporter.sinks import DocumentChange
@@ -289,7 +289,7 @@ class FileTarget:
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
             self.last_sequence = self._recover(path)
         except OSError as exc:
-            raise ConfigError(f"--forward-file {path}: cannot open it for appending ({exc.strerror})") from None
+            raise ForwardFileError(path, f"cannot open it for appending ({exc.strerror})") from None
         self.path = path
 
     def accept(self, envelope: Envelope) -> None:

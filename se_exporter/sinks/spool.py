@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from se_exporter.errors import ConfigError
+from se_exporter.errors import SpoolError
 from se_exporter.files import DISK, Disk, fsync_dir, write_all
 from se_exporter.sinks.envelope import Envelope
 
@@ -84,7 +84,7 @@ class Spool:
                 self._load_segment(path, newest=path == segments[-1])
             legacy = sorted(directory.glob("*.env"))
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"--spool-dir {directory}: cannot use it ({exc})") from None
+            raise SpoolError(directory, f"cannot use it ({exc})") from None
         self._import_legacy(legacy)
         if self._index:
             log.info("spool holds %d documents from before the restart", len(self._index))
