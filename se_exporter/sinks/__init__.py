@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from se_exporter.lifecycle import EventRecord, Transition
 from se_exporter.model import Document, VmIdentity
@@ -33,14 +32,21 @@ class DocumentChange:
     api_version: str
 
 
-class Sink(Protocol):
-    name: str
+class Sink:
+    """Base of every output, as OpenTelemetry's ``SpanExporter``: ``export`` is the one method a sink must write;
+    ``force_flush`` and ``shutdown`` do nothing unless a sink holds something to flush or close."""
 
-    def export(self, change: DocumentChange) -> None: ...
+    name: str = "sink"
 
-    def force_flush(self, timeout_millis: int = 30_000) -> bool: ...
+    def export(self, change: DocumentChange) -> None:
+        raise NotImplementedError
 
-    def shutdown(self) -> None: ...
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Deliver whatever is buffered within ``timeout_millis``; True when all of it was."""
+        return True
+
+    def shutdown(self) -> None:
+        """Release what the sink holds; called once, after the last export."""
 
 
 class FanOut:

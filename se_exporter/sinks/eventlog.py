@@ -7,7 +7,7 @@ import logging
 from se_exporter.lifecycle import CANCELED, COMPLETED, RESCHEDULED, SCHEDULED, STARTED, Transition
 from se_exporter.logs import fields
 from se_exporter.model import affects_label, affects_vm
-from se_exporter.sinks import DocumentChange
+from se_exporter.sinks import DocumentChange, Sink
 
 log = logging.getLogger("se_exporter.events")
 
@@ -15,19 +15,13 @@ _LEVELS = {SCHEDULED: logging.WARNING, STARTED: logging.WARNING, RESCHEDULED: lo
            COMPLETED: logging.INFO, CANCELED: logging.INFO}
 
 
-class LogSink:
+class LogSink(Sink):
     name = "log"
 
     def export(self, change: DocumentChange) -> None:
         for transition in change.transitions:
             log.log(_LEVELS.get(transition.kind, logging.INFO), "%s", _headline(transition),
                     extra=fields(**_details(transition, change)))
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        return None
 
 
 def _headline(transition: Transition) -> str:

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from se_exporter.errors import ForwardFileError
 from se_exporter.files import DISK, Disk, is_disk_full, write_all
 from se_exporter.metrics import NAMESPACE
-from se_exporter.sinks import DocumentChange
+from se_exporter.sinks import DocumentChange, Sink
 from se_exporter.sinks.envelope import Envelope, Sequencer, build
 
 log = logging.getLogger("se_exporter.forward")
@@ -101,7 +101,7 @@ def _size(envelope: Envelope) -> int:
     return len(envelope.body) + _ENVELOPE_OVERHEAD
 
 
-class ForwardSink:
+class ForwardSink(Sink):
     """The ``Sink`` that builds envelopes; a refusing target keeps its documents queued, the others go on.
 
     With ``heartbeat_interval`` the current document is forwarded again whenever nothing was forwarded for that
@@ -159,9 +159,6 @@ class ForwardSink:
                 queue.bytes += _size(envelope)
                 self._bound(queue)
             self._drain(queue)
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
 
     def shutdown(self, timeout: float = 8.0) -> None:
         self._stop.set()

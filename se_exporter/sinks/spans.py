@@ -34,7 +34,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 from se_exporter.files import json_kind, read_state_file, write_atomically
 from se_exporter.lifecycle import CANCELED, COMPLETED, STARTED, EventRecord, Transition
 from se_exporter.model import ScheduledEvent, affects_vm, event_key
-from se_exporter.sinks import DocumentChange
+from se_exporter.sinks import DocumentChange, Sink
 
 log = logging.getLogger("se_exporter.spans")
 PREFIX = "azure.scheduled_event."
@@ -123,7 +123,7 @@ def _span_event(item: Any) -> tuple[str, int, dict[str, Any]]:
     return name, timestamp, attrs
 
 
-class SpanSink:
+class SpanSink(Sink):
     name = "spans"
 
     def __init__(self, provider: TracerProvider, ids: EventIdGenerator, state_dir: Path | None) -> None:

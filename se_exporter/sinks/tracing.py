@@ -31,7 +31,7 @@ from se_exporter import __version__
 from se_exporter.config import Settings
 from se_exporter.metrics import NAMESPACE
 from se_exporter.model import VmIdentity, vm_name
-from se_exporter.sinks import DocumentChange
+from se_exporter.sinks import DocumentChange, Sink
 from se_exporter.sinks.spans import PREFIX, EventIdGenerator, SpanSink
 
 log = logging.getLogger("se_exporter.tracing")
@@ -161,7 +161,7 @@ class CountingExporter(SpanExporter):
         return bool(self._inner.force_flush(timeout_millis))
 
 
-class TracingSink:
+class TracingSink(Sink):
     """Builds the provider and the span sink at the first document, then delegates to it."""
 
     name = "spans"

@@ -10,13 +10,13 @@ from __future__ import annotations
 from se_exporter.lifecycle import COMPLETED, STARTED
 from se_exporter.metrics import Metrics
 from se_exporter.model import EVENT_TYPES
-from se_exporter.sinks import DocumentChange
+from se_exporter.sinks import DocumentChange, Sink
 
 OTHER = "Other"
 _KNOWN = frozenset(EVENT_TYPES)
 
 
-class MetricsSink:
+class MetricsSink(Sink):
     name = "metrics"
 
     def __init__(self, metrics: Metrics) -> None:
@@ -31,9 +31,3 @@ class MetricsSink:
                 self._metrics.notice.labels(event_type).observe(max(0.0, record.notice_seconds))
             elif transition.kind == COMPLETED and record.impact_seconds is not None:
                 self._metrics.impact.labels(event_type).observe(max(0.0, record.impact_seconds))
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        return None
