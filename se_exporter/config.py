@@ -41,6 +41,19 @@ class Listen:
 
 
 @dataclass(frozen=True)
+class TracingSettings:
+    """The part of ``Settings`` the span sink is built from (``Settings.tracing``); tracing never sees the rest."""
+
+    otel_traces_exporter: str = "none"
+    otel_endpoint: str | None = None
+    otel_traces_endpoint: str | None = None
+    otel_protocol: str = "http/protobuf"
+    otel_service_name: str = "se-exporter"
+    log_format: str = "text"  # console spans: one short line for people, or the SDK's JSON with --log-format json
+    vm_name: str | None = None  # host.name, when given
+
+
+@dataclass(frozen=True)
 class Settings:
     """Settings of ``se-exporter run``.
 
@@ -99,6 +112,11 @@ class Settings:
     @property
     def spool_path(self) -> Path:
         return self.spool_dir or self.state_path / "spool"
+
+    @property
+    def tracing(self) -> TracingSettings:
+        return TracingSettings(self.otel_traces_exporter, self.otel_endpoint, self.otel_traces_endpoint,
+                               self.otel_protocol, self.otel_service_name, self.log_format, self.vm_name)
 
     @property
     def backoff_cap(self) -> float:

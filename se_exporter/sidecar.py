@@ -98,7 +98,7 @@ class Sidecar:
         if settings.otel_traces_exporter != "none":
             from se_exporter.sinks.tracing import make_tracing  # loads the OpenTelemetry SDK
 
-            outputs.append(make_tracing(settings, state_dir.kept, self.registry))
+            outputs.append(make_tracing(settings.tracing, state_dir.kept, self.registry))
         sinks = FanOut(outputs, on_error=lambda name: metrics.sink_errors.labels(name).inc())
         cleanup.callback(sinks.shutdown)
         poller = Poller(imds, metrics, sinks, settings, state, store=store)

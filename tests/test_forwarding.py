@@ -212,17 +212,6 @@ def test_a_failed_write_leaves_no_half_record(tmp_path: Path, monkeypatch: pytes
     assert [e.sequence for e in Spool(tmp_path, 1 << 20).peek(10)] == [1, 3]
 
 
-def test_a_spool_of_the_one_file_per_document_layout_is_imported(tmp_path: Path) -> None:
-    """Upgrading from 0.1 loses nothing: its <sequence>.env files are moved into a segment, in order."""
-    for sequence in (7, 8):
-        header = json.dumps(envelope(sequence).header()).encode()
-        (tmp_path / f"{sequence:020d}.env").write_bytes(header + b"\n" + RAW)
-    (tmp_path / ".00000000000000000009.env.abc123").write_bytes(b"partial")  # a write 0.1 never finished
-    spool = Spool(tmp_path, 1 << 20)
-    assert spool.peek(10) == [envelope(7), envelope(8)]
-    assert sorted(os.listdir(tmp_path)) == ["00000000000000000007.seg", "acked"]
-
-
 CONN = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=TOPSECRETKEY="
 
 

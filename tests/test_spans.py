@@ -177,7 +177,7 @@ def test_resource_uses_the_azure_detector_keys() -> None:
     """The resource is filled from compute metadata with the keys of opentelemetry-resource-detector-azure."""
     identity = VmIdentity(name="WestNO_0", vm_id="id-1", vmss_name="ss", location="norwayeast", vm_size="D2",
                           resource_id="/subscriptions/s/x", sku="22_04-lts", os_type="Linux", os_version="22.04")
-    attributes = Resource.create(resource_attributes(Settings(), identity)).attributes
+    attributes = Resource.create(resource_attributes(Settings().tracing, identity)).attributes
     assert {key: attributes[key] for key in (
         "service.name", "cloud.provider", "cloud.platform", "cloud.region", "cloud.resource_id", "host.id",
         "host.name", "host.type", "azure.vm.scaleset.name", "azure.vm.sku")} == {
@@ -206,7 +206,7 @@ def test_unconfigured_exporters_are_not_imported(exporter: str, protocol: str, a
         "if settings.otel_traces_exporter != 'none':\n"
         "    from se_exporter.sinks.tracing import make_tracing\n"
         "    from prometheus_client import CollectorRegistry\n"
-        "    make_tracing(settings, None, CollectorRegistry())\n"
+        "    make_tracing(settings.tracing, None, CollectorRegistry())\n"
         "    assert 'requests' in sys.modules or settings.otel_protocol == 'grpc'\n"
         "from se_exporter.imds import make_transport\n"
         "make_transport()\n"

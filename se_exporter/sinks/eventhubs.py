@@ -28,6 +28,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from azure.core.exceptions import (
+    AzureError,
+    ClientAuthenticationError,
+    ServiceRequestTimeoutError,
+    ServiceResponseTimeoutError,
+)
+from azure.eventhub.exceptions import (
+    AuthenticationError,
+    ConnectError,
+    ConnectionLostError,
+    EventHubError,
+    OperationTimeoutError,
+)
+
+from se_exporter.retry import Health, backoff
 from se_exporter.sinks.envelope import CONTENT_TYPE, Envelope, carriable
 from se_exporter.sinks.forward import ForwardMetrics
 from se_exporter.sinks.spool import Spool
@@ -49,47 +64,62 @@ class EventHubsTarget:
         self._watchdog = send_timeout * 1.5 + 1.0
         self._max_retry_wait = max_retry_wait
         self._stop = threading.Event()
-        self._failing: str | None = None
-        self._thread = threading.Thread(target=self._run, name="eventhubs", daemon=True)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._health = Health()
+        # The forwarder's event loop, made by start() before the thread runs it and never replaced: accept() (the
+        # poll thread) and close() reach into it only through call_soon_threadsafe. The forwarder sleeps on the
+        # loop itself, woken by accept(), with no helper thread (waiting through asyncio.to_thread kept two
+        # executor threads and woke twice a second when idle).
+        self._loop = asyncio.new_event_loop()
+        self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        # Set by accept() from the poll thread: the forwarder sleeps on the loop itself, with no helper thread
-        # (waiting through asyncio.to_thread kept two executor threads and woke twice a second when idle).
-        self._wakeup: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        self._task = task = self._loop.create_task(self._main())
+        self._thread = threading.Thread(target=self._run, args=(task,), name="eventhubs", daemon=True)
         self._thread.start()
 
     def accept(self, envelope: Envelope) -> None:
         self._spool.append(envelope)  # fsynced: from here on the document survives anything
-        loop, wakeup = self._loop, self._wakeup
-        if loop is not None and wakeup is not None:
-            with contextlib.suppress(RuntimeError):  # the loop has just ended: the next start drains it
-                loop.call_soon_threadsafe(wakeup.set)
+        with contextlib.suppress(RuntimeError):  # the loop has just ended: the next start drains it
+            self._loop.call_soon_threadsafe(self._wakeup.set)
 
     def close(self, timeout: float) -> None:
         """Stop now: a send in flight is cancelled and, maybe delivered, stays spooled for the next start."""
         self._stop.set()
-        loop, task, wakeup = self._loop, self._task, self._wakeup
+        task, thread = self._task, self._thread
+        if task is None or thread is None:
+            self._loop.close()  # never started
+            return
         with contextlib.suppress(RuntimeError):  # RuntimeError: the loop has ended already
-            if loop is not None and task is not None:
-                loop.call_soon_threadsafe(task.cancel)
-            elif loop is not None and wakeup is not None:
-                loop.call_soon_threadsafe(wakeup.set)  # between start-up steps: the loop sees _stop next
-        self._thread.join(timeout)
+            self._loop.call_soon_threadsafe(task.cancel)
+        thread.join(timeout)
 
-    def _run(self) -> None:
-        async def main() -> None:
-            self._wakeup = wakeup = asyncio.Event()
-            self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+    async def _main(self) -> None:
+        try:
+            await self._drain(self._wakeup)
+        except asyncio.CancelledError:
+            log.info("Event Hubs forwarder stopped; %d documents stay spooled", self._spool.count)
+        finally:
+            await self._close_factory()
+
+    def _run(self, task: asyncio.Task[None]) -> None:
+        """Run the loop until the forwarder ends, then close it as ``asyncio.run`` would."""
+        loop = self._loop
+        asyncio.set_event_loop(loop)  # the SDK looks for the thread's loop
+        try:
+            loop.run_until_complete(task)
+        finally:
             try:
-                await self._drain(wakeup)
-            except asyncio.CancelledError:
-                log.info("Event Hubs forwarder stopped; %d documents stay spooled", self._spool.count)
+                leftovers = asyncio.all_tasks(loop)
+                for leftover in leftovers:
+                    leftover.cancel()
+                loop.run_until_complete(asyncio.gather(*leftovers, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
             finally:
-                await self._close_factory()
-
-        asyncio.run(main())
+                asyncio.set_event_loop(None)
+                loop.close()
 
     async def _drain(self, wakeup: asyncio.Event) -> None:
         producer: Any = None
@@ -110,11 +140,11 @@ class EventHubsTarget:
                     self._failed(error)
                     await self._discard(producer)
                     producer = None
-                    await asyncio.sleep(min(2.0 ** (failures - 1), self._max_retry_wait))  # close() cancels it
+                    await asyncio.sleep(backoff(failures, 1.0, self._max_retry_wait))  # close() cancels it
                     continue
-                if self._failing is not None:  # before the spool shrinks: whoever sees it drained sees this line
+                if self._health.recover():  # before the spool shrinks: whoever sees it drained sees this line
                     log.info("Event Hubs reachable again after %d failed attempts", failures)
-                self._failing, failures = None, 0
+                failures = 0
                 self._spool.remove(envelope.sequence for envelope in (*dropped, *sent))
                 if dropped:
                     self._metrics.errors.labels(self.name, "too_large").inc(len(dropped))
@@ -164,12 +194,13 @@ class EventHubsTarget:
         """Counted every time; logged once per outage (a refused connect may also show up as a timeout)."""
         reason = classify(error)
         self._metrics.errors.labels(self.name, reason).inc()
-        if self._failing is None:
-            log.warning("Event Hubs send failed (%s): %s; %d documents stay spooled and will be retried",
-                        reason, _describe(error), self._spool.count)
-        elif reason != self._failing:
-            log.debug("Event Hubs still failing, now %s: %s", reason, _describe(error))
-        self._failing = reason
+        first = self._health.failing is None
+        if self._health.fail(reason):
+            if first:
+                log.warning("Event Hubs send failed (%s): %s; %d documents stay spooled and will be retried",
+                            reason, _describe(error), self._spool.count)
+            else:
+                log.debug("Event Hubs still failing, now %s: %s", reason, _describe(error))
 
     async def _close_factory(self) -> None:
         closer = getattr(self._make_producer, "aclose", None)
@@ -189,17 +220,24 @@ class EventHubsTarget:
             log.debug("closing the Event Hubs client failed", exc_info=True)
 
 
+_TIMEOUTS = (asyncio.TimeoutError, TimeoutError, OperationTimeoutError, ServiceRequestTimeoutError,
+             ServiceResponseTimeoutError)
+# Event Hubs' own, and azure-core's that every azure-identity credential raises (CredentialUnavailableError too).
+_AUTH = (AuthenticationError, ClientAuthenticationError)
+_CONNECTION = (ConnectError, ConnectionLostError, OSError)
+
+
 def classify(error: BaseException) -> str:
-    """The ``reason`` label of ``forward_errors_total``. A credential's failure reaches us wrapped (an
-    ``EventHubError`` caused by azure-identity's ``ClientAuthenticationError``): the causes are looked at too."""
-    name = type(error).__name__
-    if isinstance(error, (asyncio.TimeoutError, TimeoutError)) or "Timeout" in name:
+    """The ``reason`` label of ``forward_errors_total``, from the SDKs' exception classes. A credential's failure
+    reaches us wrapped (an ``EventHubError`` caused by azure-identity's ``ClientAuthenticationError``): the causes
+    are looked at too."""
+    if isinstance(error, _TIMEOUTS):
         return "timeout"
-    if any("Auth" in type(cause).__name__ or "Credential" in type(cause).__name__ for cause in _causes(error)):
+    if any(isinstance(cause, _AUTH) for cause in _causes(error)):
         return "auth"
-    if "Connect" in name or "Connection" in name or isinstance(error, OSError):
+    if isinstance(error, _CONNECTION):
         return "connection"
-    if name.endswith(("Error", "Exception")) and type(error).__module__.startswith("azure"):
+    if isinstance(error, (EventHubError, AzureError)):
         return "service"
     return "other"
 

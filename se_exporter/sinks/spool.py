@@ -18,7 +18,7 @@ Layout (a segmented log, like Kafka's or Fluent Bit's chunks, rather than a file
   acknowledged or dropped. A torn slot write leaves the other slot, i.e. a slightly older cursor:
   a few documents are sent again with their same message ids, nothing is lost.
 
-Why not one file per document (the 0.1 layout, still read and imported at start-up): removing a
+Why not one file per document: removing a
 file whose blocks were fsynced costs a journal commit and, on a filesystem mounted with ``discard``
 (online TRIM, common on cloud disks), a discard: ~0.9 ms per document on the benchmark machine,
 which made draining 10,000 documents take 12 s. A segment is removed whole once every record in it
@@ -82,10 +82,8 @@ class Spool:
             segments = sorted(directory.glob(f"*{SUFFIX}"))
             for path in segments:
                 self._load_segment(path, newest=path == segments[-1])
-            legacy = sorted(directory.glob("*.env"))
         except (OSError, ValueError) as exc:
             raise SpoolError(directory, f"cannot use it ({exc})") from None
-        self._import_legacy(legacy)
         if self._index:
             log.info("spool holds %d documents from before the restart", len(self._index))
 
@@ -297,21 +295,6 @@ class Spool:
         else:
             path.unlink()
 
-    def _import_legacy(self, paths: list[Path]) -> None:
-        """Spools written by 0.1 (one ``<sequence>.env`` file per document) are moved into segments."""
-        for path in paths:
-            try:
-                envelope = _envelope(path.read_bytes())
-            except (OSError, ValueError, KeyError) as exc:
-                log.error("old spool file %s is unreadable and is dropped: %s", path.name, exc)
-                self._on_drop(1)
-            else:
-                if envelope.sequence > self._cursor and envelope.sequence not in self._index:
-                    self.append(envelope)
-            path.unlink()
-        for leftover in self._dir.glob(".*.env.*"):
-            leftover.unlink()  # a temp file of 0.1 from a write that never completed: never accepted
-
     def _segment_path(self, segment: int) -> Path:
         return self._dir / f"{segment:020d}{SUFFIX}"
 
@@ -327,7 +310,7 @@ def _decode(record: bytes) -> Envelope:
 
 
 def _envelope(payload: bytes) -> Envelope:
-    """``header JSON line`` + ``\\n`` + ``body``: the payload of a record, and the whole of a 0.1 spool file."""
+    """``header JSON line`` + ``\\n`` + ``body``: the payload of a record."""
     header_line, _, body = payload.partition(b"\n")
     header = json.loads(header_line)
     return Envelope(sequence=int(header["sequence"]), message_id=str(header["message_id"]),

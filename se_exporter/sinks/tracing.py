@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from prometheus_client import CollectorRegistry, Counter
 
 from se_exporter import __version__
-from se_exporter.config import Settings
+from se_exporter.config import TracingSettings
 from se_exporter.metrics import NAMESPACE
 from se_exporter.model import VmIdentity, vm_name
 from se_exporter.sinks import DocumentChange, Sink
@@ -38,7 +38,7 @@ log = logging.getLogger("se_exporter.tracing")
 EXPORT_TIMEOUT_SECONDS = 5
 
 
-def resource_attributes(settings: Settings, identity: VmIdentity | None) -> dict[str, str]:
+def resource_attributes(settings: TracingSettings, identity: VmIdentity | None) -> dict[str, str]:
     values = {"service.name": settings.otel_service_name, "service.version": __version__,
               "cloud.provider": "azure", "cloud.platform": "azure_vm"}
     if identity is not None:
@@ -72,7 +72,7 @@ def span_line(span: ReadableSpan) -> str:
     return " ".join(part for part in parts if part) + "\n"
 
 
-def make_exporter(settings: Settings) -> Any:
+def make_exporter(settings: TracingSettings) -> Any:
     if settings.otel_traces_exporter == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -94,10 +94,6 @@ def make_exporter(settings: Settings) -> Any:
             else HttpExporter(timeout=EXPORT_TIMEOUT_SECONDS)
 
 
-# requests' own words when it finds no detector; it then decodes bodies without a charset as UTF-8.
-warnings.filterwarnings("ignore", message="Unable to find acceptable character detection dependency")
-
-
 @contextlib.contextmanager
 def _without_charset_detection() -> Iterator[None]:
     """Import requests (the OTLP/HTTP exporter's HTTP client) without a character-set detector.
@@ -113,7 +109,10 @@ def _without_charset_detection() -> Iterator[None]:
     for name in names:
         sys.modules[name] = None  # type: ignore[assignment]  # "import" now raises ImportError
     try:
-        yield
+        with warnings.catch_warnings():
+            # requests' own words when it finds no detector; it then decodes bodies without a charset as UTF-8.
+            warnings.filterwarnings("ignore", message="Unable to find acceptable character detection dependency")
+            yield
     finally:
         for name in names:
             if sys.modules.get(name, False) is None:
@@ -166,7 +165,7 @@ class TracingSink(Sink):
 
     name = "spans"
 
-    def __init__(self, settings: Settings, state_dir: Path | None, registry: CollectorRegistry) -> None:
+    def __init__(self, settings: TracingSettings, state_dir: Path | None, registry: CollectorRegistry) -> None:
         self._settings = settings
         self._state_dir = state_dir
         self._sink: SpanSink | None = None
@@ -205,6 +204,6 @@ class TracingSink(Sink):
             self._exporter.shutdown()
 
 
-def make_tracing(settings: Settings, state_dir: Path | None, registry: CollectorRegistry) -> TracingSink:
+def make_tracing(settings: TracingSettings, state_dir: Path | None, registry: CollectorRegistry) -> TracingSink:
     """Called only when tracing is on: importing this module is what loads the SDK."""
     return TracingSink(settings, state_dir, registry)
