@@ -24,6 +24,7 @@ from typing import Any
 from se_exporter.files import json_kind, read_state_file, write_atomically
 from se_exporter.lifecycle import EventRecord
 from se_exporter.model import ScheduledEvent
+from se_exporter.retry import Health
 
 log = logging.getLogger("se_exporter.state")
 VERSION = 2
@@ -101,7 +102,7 @@ class LifecycleStore:
         self.path = state_dir / "lifecycle.json"
         self._scope = scope
         self._clock = clock
-        self._save_error: str | None = None
+        self._saving = Health()
 
     def load(self) -> dict[str, EventRecord]:
         if not self.path.exists():
@@ -138,11 +139,10 @@ class LifecycleStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomically(self.path, json.dumps(data, separators=(",", ":")).encode())
         except OSError as exc:
-            if self._save_error is None:
+            if self._saving.failing is None:
                 log.warning("cannot write the lifecycle state file %s: %s; open lifecycles will not survive a "
                             "restart until it can be written again", self.path, exc.strerror or exc)
-            self._save_error = str(exc)
+            self._saving.fail(str(exc))
             return
-        if self._save_error is not None:
+        if self._saving.recover():
             log.info("lifecycle state file %s written again", self.path)
-            self._save_error = None

@@ -28,6 +28,7 @@ from se_exporter import __version__
 from se_exporter.errors import StateDirError
 from se_exporter.files import json_kind, read_state_file, write_atomically
 from se_exporter.model import vm_name
+from se_exporter.retry import Health
 from se_exporter.sinks import DocumentChange
 
 log = logging.getLogger("se_exporter.forward")
@@ -103,7 +104,7 @@ class Sequencer:
     def __init__(self, state_dir: Path) -> None:
         self._path = state_dir / STATE_FILE
         self._lock = threading.Lock()
-        self._save_error: str | None = None
+        self._saving = Health()
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -154,11 +155,10 @@ class Sequencer:
             write_atomically(self._path, json.dumps({"installation_id": self.installation_id,
                                                      "next_sequence": self._next}).encode())
         except OSError as exc:
-            if self._save_error is None:
+            if self._saving.failing is None:
                 log.warning("cannot save %s: %s; sequence numbers go on in memory and are recovered from the spool "
                             "and the forward file after a restart", self._path, exc.strerror or exc)
-            self._save_error = str(exc)
+            self._saving.fail(str(exc))
             return
-        if self._save_error is not None:
+        if self._saving.recover():
             log.info("%s saved again", self._path)
-            self._save_error = None

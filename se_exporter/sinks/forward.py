@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from se_exporter.errors import ForwardFileError
 from se_exporter.files import DISK, Disk, is_disk_full, write_all
 from se_exporter.metrics import NAMESPACE
+from se_exporter.retry import Health, backoff
 from se_exporter.sinks import DocumentChange, Sink
 from se_exporter.sinks.envelope import Envelope, Sequencer, build
 
@@ -87,7 +88,7 @@ class _Queue:
     pending: deque[Envelope] = field(default_factory=deque)
     bytes: int = 0
     in_flight: Envelope | None = None
-    failing: str | None = None
+    health: Health = field(default_factory=Health)  # failing: the reason of the current refusals
     given_up: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     draining: threading.Lock = field(default_factory=threading.Lock)
@@ -224,21 +225,20 @@ class ForwardSink(Sink):
                 queue.in_flight = None
                 queue.pending.popleft()
                 queue.bytes -= _size(envelope)
-        if queue.failing is not None:
+        if queue.health.recover():
             log.info("%s accepts documents again; the refused ones are written%s", queue.target.name,
                      f" ({queue.given_up} given up while it refused)" if queue.given_up else "")
-            queue.failing, queue.given_up = None, 0
+            queue.given_up = 0
         return True
 
     def _refused(self, queue: _Queue, envelope: Envelope, error: Exception) -> None:
         """Counted every time; logged once per change of the target's health, without a traceback."""
         reason = refusal_reason(error)
         self._metrics.errors.labels(queue.target.name, reason).inc()
-        if reason != queue.failing:
+        if queue.health.fail(reason):
             text = (error.strerror if isinstance(error, OSError) else None) or str(error) or type(error).__name__
             log.error("%s refused document %d (%s: %s); it is kept in memory and retried, later documents queue "
                       "behind it", queue.target.name, envelope.sequence, reason, text[:300])
-            queue.failing = reason
         self._start_retrier()
         self._wake.set()
 
@@ -252,11 +252,11 @@ class ForwardSink(Sink):
         while not self._stop.is_set():
             self._wake.wait()
             self._wake.clear()
-            delay = self._retry_first
-            while not self._stop.wait(delay):
+            attempts = 1
+            while not self._stop.wait(backoff(attempts, self._retry_first, self._retry_max)):
                 if all([self._drain(queue) for queue in self._queues]):  # a list: every queue gets its try
                     break
-                delay = min(delay * 2, self._retry_max)
+                attempts += 1
 
 
 def file_line(envelope: Envelope) -> bytes:

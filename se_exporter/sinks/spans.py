@@ -34,6 +34,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 from se_exporter.files import json_kind, read_state_file, write_atomically
 from se_exporter.lifecycle import CANCELED, COMPLETED, STARTED, EventRecord, Transition
 from se_exporter.model import ScheduledEvent, affects_vm, event_key
+from se_exporter.retry import Health
 from se_exporter.sinks import DocumentChange, Sink
 
 log = logging.getLogger("se_exporter.spans")
@@ -131,7 +132,7 @@ class SpanSink(Sink):
         self._tracer = provider.get_tracer("se_exporter")
         self._ids = ids
         self._path = state_dir / "spans.json" if state_dir else None
-        self._save_error: str | None = None
+        self._saving = Health()
         # Keyed by event_key, as the records are (a file written before keys were lower-cased still loads).
         self._open: dict[str, _Open] = {event_key(event_id): opened for event_id, opened in self._load().items()}
         self._last: dict[str, ScheduledEvent] = {}
@@ -226,13 +227,12 @@ class SpanSink(Sink):
         try:
             write_atomically(self._path, json.dumps(data, separators=(",", ":")).encode())
         except OSError as exc:
-            if self._save_error is None:
+            if self._saving.failing is None:
                 log.warning("cannot write the span state file %s: %s", self._path, exc.strerror or exc)
-            self._save_error = str(exc)
+            self._saving.fail(str(exc))
             return
-        if self._save_error is not None:
+        if self._saving.recover():
             log.info("span state file %s written again", self._path)
-            self._save_error = None
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return self._provider.force_flush(timeout_millis)

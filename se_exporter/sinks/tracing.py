@@ -31,6 +31,7 @@ from se_exporter import __version__
 from se_exporter.config import TracingSettings
 from se_exporter.metrics import NAMESPACE
 from se_exporter.model import VmIdentity, vm_name
+from se_exporter.retry import Health
 from se_exporter.sinks import DocumentChange, Sink
 from se_exporter.sinks.spans import PREFIX, EventIdGenerator, SpanSink
 
@@ -128,7 +129,7 @@ class CountingExporter(SpanExporter):
 
     def __init__(self, inner: Any, exported: Any, failed: Any) -> None:
         self._inner, self._exported, self._failed = inner, exported, failed
-        self._failing = False
+        self._health = Health()
 
     def export(self, spans: Any) -> SpanExportResult:
         try:
@@ -138,15 +139,13 @@ class CountingExporter(SpanExporter):
             result = SpanExportResult.FAILURE
         if result == SpanExportResult.SUCCESS:
             self._exported.inc(len(spans))
-            if self._failing:
+            if self._health.recover():
                 log.info("span export recovered")
-            self._failing = False
         else:
             self._failed.inc(len(spans))
-            if not self._failing:
+            if self._health.fail("export"):
                 log.warning("span export failing (%s): spans are dropped until the endpoint answers",
                             self._describe())
-            self._failing = True
         return result
 
     def _describe(self) -> str:
