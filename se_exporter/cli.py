@@ -16,22 +16,14 @@ from types import TracebackType
 from typing import NoReturn
 
 from se_exporter import __version__, demo, logs
-from se_exporter.config import (
-    CONSUME_OPTIONS,
-    RUN_OPTIONS,
-    SIMULATE_OPTIONS,
-    Settings,
-    SimulatorSettings,
-    add_options,
-    consume_settings,
-    process_environment,
-    run_settings,
-    simulator_settings,
-)
+from se_exporter.config import RUN_OPTIONS, Settings, run_settings
+from se_exporter.consume import CONSUME_OPTIONS, consume, consume_settings
 from se_exporter.errors import ConfigError, ForwardFileError, SpoolError, StateDirError, StorageError
 from se_exporter.fleet.settings import FLEET_OPTIONS, fleet_settings
+from se_exporter.options import add_options, process_environment
 from se_exporter.sidecar import Sidecar, bind
 from se_exporter.simulator import scenario as scenarios
+from se_exporter.simulator.settings import SIMULATE_OPTIONS, SimulatorSettings, simulator_settings
 
 log = logging.getLogger("se_exporter")
 # The flag that sets the path each storage error is about.
@@ -88,8 +80,6 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         if args.command == "simulate":
             return simulate(simulator_settings(args, environment), list_only=args.list_scenarios)
         if args.command == "consume":
-            from se_exporter.consume import consume
-
             return consume(consume_settings(args, environment))
         if args.command == "fleet":
             settings = fleet_settings(args, environment)

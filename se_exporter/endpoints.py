@@ -22,7 +22,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer, gzip_accepted
 
-from se_exporter.config import Listen
+from se_exporter.options import Listen
 
 log = logging.getLogger("se_exporter")
 TEXT_FORMAT = "text/plain; version=0.0.4"

@@ -27,11 +27,12 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from se_exporter import __version__
-from se_exporter.config import THROTTLED_BELOW, Listen, Settings
+from se_exporter.config import THROTTLED_BELOW, Settings
 from se_exporter.endpoints import make_http_app, serve
 from se_exporter.errors import ConfigError
 from se_exporter.imds import ImdsClient, make_transport
 from se_exporter.metrics import Metrics
+from se_exporter.options import Listen
 from se_exporter.poller import IdentityWatcher, Poller
 from se_exporter.sinks import FanOut, Sink
 from se_exporter.sinks.eventlog import LogSink

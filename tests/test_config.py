@@ -10,17 +10,8 @@ from pathlib import Path
 import pytest
 
 from se_exporter.cli import build_parser, main
-from se_exporter.config import (
-    DEFAULT_IMDS_URL,
-    RUN_OPTIONS,
-    Bounded,
-    Listen,
-    Settings,
-    parse_bytes,
-    parse_endpoint,
-    parse_listen,
-    run_settings,
-)
+from se_exporter.config import DEFAULT_IMDS_URL, RUN_OPTIONS, Settings, parse_bytes, run_settings
+from se_exporter.options import Bounded, Listen, parse_endpoint, parse_listen
 from tests.conftest import Reliability
 
 

@@ -7,10 +7,12 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from se_exporter.config import CONSUME_OPTIONS, RUN_OPTIONS, SIMULATE_OPTIONS
+from se_exporter.config import RUN_OPTIONS
+from se_exporter.consume import CONSUME_OPTIONS
 from se_exporter.lifecycle import diff
 from se_exporter.metrics import Metrics
 from se_exporter.model import VmIdentity, parse_document
+from se_exporter.simulator.settings import SIMULATE_OPTIONS
 from se_exporter.sinks.forward import ForwardMetrics
 from se_exporter.snapshot import Snapshot
 

@@ -11,7 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from se_exporter.cli import build_parser
-from se_exporter.config import ConfigError, run_settings
+from se_exporter.config import run_settings
+from se_exporter.errors import ConfigError
 from se_exporter.sinks.envelope import Envelope, Sequencer
 from se_exporter.sinks.forward import ForwardMetrics, ForwardSink, file_line
 from tests.helpers import wait_until

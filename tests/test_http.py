@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from se_exporter.config import Listen
 from se_exporter.endpoints import serve
+from se_exporter.options import Listen
 from tests.conftest import Reliability
 from tests.helpers import wait_until
 

@@ -8,20 +8,19 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from se_exporter.config import (
-    CONSUME_OPTIONS,
-    RUN_OPTIONS,
+from se_exporter.config import RUN_OPTIONS
+from se_exporter.consume import CONSUME_OPTIONS, starting_position
+from se_exporter.errors import ConfigError
+from se_exporter.options import (
     Bounded,
     Listen,
     Option,
-    _check_eventhubs,
+    check_eventhubs,
     connection_string_parts,
     parse_listen,
     parse_name,
     resolve,
 )
-from se_exporter.consume import starting_position
-from se_exporter.errors import ConfigError
 
 DEFAULT_FLEET_PORT = 10170  # the sidecar's 10169 plus one: both can run on one machine
 DEFAULT_CONTAINER = "se-exporter-fleet"
@@ -144,7 +143,7 @@ def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSet
     settings = FleetSettings(**resolve(FLEET_OPTIONS, args, env))
     if not (settings.eventhub_connection_string or settings.eventhub_namespace):
         raise ConfigError("--eventhub-connection-string or --eventhub-namespace is required")
-    _check_eventhubs(settings)  # type: ignore[arg-type]  # reads only the eventhub_* fields it shares
+    check_eventhubs(settings)
     if bool(settings.checkpoint_connection_string) == bool(settings.checkpoint_account_url):
         raise ConfigError("give the checkpoint store as --checkpoint-connection-string or --checkpoint-account-url "
                           "(exactly one)")

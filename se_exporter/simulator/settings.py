@@ -1,0 +1,40 @@
+"""Settings of ``se-exporter simulate``: the IMDS double's address, scenario, speed and faults."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from se_exporter.options import ENV_PREFIX, LOG_OPTIONS, SPEED, Listen, Option, parse_listen, parse_name, resolve
+
+
+@dataclass(frozen=True)
+class SimulatorSettings:
+    """Settings of ``se-exporter simulate``."""
+
+    listen: Listen = Listen("127.0.0.1", 8169)  # noqa: RUF009 - Listen is frozen: one shared default is safe
+    scenario: str = "demo"
+    speed: float = 1.0
+    faults: tuple[str, ...] = ()
+    log_level: str = "info"
+    log_format: str = "text"
+
+
+SIMULATE_OPTIONS: tuple[Option, ...] = (
+    Option("listen", "--listen", parse_listen,
+           "where the simulator serves IMDS (default 127.0.0.1:8169)", "HOST:PORT", "SIMULATOR_"),
+    Option("scenario", "--scenario", parse_name,
+           "built-in scenario name or path to a scenario JSON file (default demo)", "SCENARIO", "SIMULATOR_"),
+    Option("speed", "--speed", SPEED,
+           "how many times faster than real time the scenario runs (default 1)", "FACTOR", "SIMULATOR_"),
+    *(Option(o.dest, o.flag, o.parse, o.help, o.metavar, "SIMULATOR_") for o in LOG_OPTIONS),
+)
+
+
+def simulator_settings(args: argparse.Namespace, env: Mapping[str, str]) -> SimulatorSettings:
+    values = resolve(SIMULATE_OPTIONS, args, env)
+    faults = tuple(getattr(args, "faults", None) or ())
+    if not faults and env.get(ENV_PREFIX + "SIMULATOR_FAULTS"):
+        faults = tuple(part for part in env[ENV_PREFIX + "SIMULATOR_FAULTS"].split(";") if part.strip())
+    return SimulatorSettings(**values, faults=faults)
