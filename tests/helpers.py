@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -17,6 +18,8 @@ from typing import Any, TypeVar
 from prometheus_client.parser import text_string_to_metric_families
 
 T = TypeVar("T")
+# The published schema of a forwarded document (the JSON-lines file's lines and the Event Hubs messages).
+FORWARDED_SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "forwarded-document.schema.json").read_text())
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 

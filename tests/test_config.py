@@ -186,3 +186,34 @@ def test_help_explains_every_run_option() -> None:
             assert f"[range {option.parse.describe()}]" in flat, option.flag
     assert "[range 0.05 to 3600 seconds]" in flat
     assert "--simulate" in result.stdout
+
+
+CONN = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=TOPSECRETKEY="
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["--eventhub-connection-string", "Endpoint=sb://ns/;SharedAccessKeyName=k;SharedAccessKey=TOPSECRETKEY="],
+     "--eventhub-name is required: the connection string has no EntityPath"),
+    (["--eventhub-connection-string", "TOPSECRETKEY="], "has no Endpoint=sb://"),
+    (["--eventhub-connection-string", "Endpoint=sb://ns/;SharedAccessKey=TOPSECRETKEY="], "needs SharedAccessKeyName"),
+    (["--eventhub-connection-string", CONN + ";EntityPath=h", "--eventhub-namespace", "ns.servicebus.windows.net"],
+     "exclude each other"),
+    (["--eventhub-namespace", "ns.servicebus.windows.net"], "--eventhub-name is required with --eventhub-namespace"),
+    (["--eventhub-namespace", "not a host", "--eventhub-name", "h"], "is not a namespace host name"),
+    (["--eventhub-client-id", "abc"], "--eventhub-client-id needs --eventhub-namespace"),
+    (["--spool-max-bytes", "tiny"], "--spool-max-bytes"),
+])
+def test_bad_forwarding_configuration(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each mistake is one line naming the setting, and never repeats the key."""
+    assert main(["run", *argv], env={}) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1
+    assert "TOPSECRETKEY" not in err
+
+
+def test_connection_string_is_not_in_the_settings_repr() -> None:
+    """A settings object printed in a traceback does not show the key."""
+    settings = run_settings(build_parser().parse_args(["run"]), {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING":
+                                                                 CONN + ";EntityPath=h"})
+    assert settings.eventhubs_enabled
+    assert "TOPSECRETKEY" not in repr(settings)

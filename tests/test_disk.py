@@ -7,53 +7,21 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import os
-import threading
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from se_exporter.files import Disk
 from se_exporter.sinks.envelope import Envelope, Sequencer
 from se_exporter.sinks.forward import FileTarget, ForwardMetrics, ForwardSink, file_line
 from se_exporter.sinks.spool import Spool
 from tests.conftest import Reliability
+from tests.fakes.disk import FullDisk
+from tests.fakes.documents import change
+from tests.fakes.targets import Refusing
 from tests.helpers import wait_until
-from tests.test_forwarding import change
 
 BODY = b'{"DocumentIncarnation": 3, "Events": []}'
-
-
-class FullDisk(Disk):
-    """A disk with ``room`` bytes left: a write past it is short, the next one fails with ENOSPC, as on a full
-    filesystem. ``fail_sync``/``fail_truncate`` make those calls fail the same way (delayed allocation, EIO)."""
-
-    def __init__(self, room: float = float("inf")) -> None:
-        self.room = room
-        self.fail_sync = False
-        self.fail_truncate = 0  # how many ftruncate calls fail from now on
-        self.lock = threading.Lock()
-
-    def write(self, fd: int, data: memoryview) -> int:
-        with self.lock:
-            if self.room <= 0:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            part = data[: int(min(len(data), self.room))]
-            written = os.write(fd, part)
-            self.room -= written
-            return written
-
-    def fdatasync(self, fd: int) -> None:
-        if self.fail_sync:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        os.fdatasync(fd)
-
-    def ftruncate(self, fd: int, size: int) -> None:
-        if self.fail_truncate:
-            self.fail_truncate -= 1
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        os.ftruncate(fd, size)
 
 
 def envelope(sequence: int, body: bytes = BODY) -> Envelope:
@@ -166,23 +134,6 @@ def test_a_torn_last_line_of_ours_is_cut_at_start_and_the_last_sequence_read(tmp
     shared.accept(envelope(7))
     shared.close(1)
     assert other.read_bytes().splitlines()[1] == file_line(envelope(7)).rstrip(b"\n")
-
-
-class Refusing:
-    """A target on a full disk until ``open`` is set; records what it accepted."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.open = threading.Event()
-        self.accepted: list[int] = []
-
-    def accept(self, envelope: Envelope) -> None:
-        if not self.open.is_set():
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self.accepted.append(envelope.sequence)
-
-    def close(self, timeout: float) -> None:
-        return None
 
 
 def forward_sink(tmp_path: Path, *targets: Refusing | FileTarget,

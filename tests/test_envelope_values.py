@@ -14,7 +14,7 @@ from azure.eventhub import EventData, EventDataBatch
 from se_exporter.model import VmIdentity
 from se_exporter.sinks.envelope import build, carriable
 from se_exporter.sinks.forward import file_line
-from tests.test_forwarding import IDENTITY, change
+from tests.fakes.documents import IDENTITY, change
 
 SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "forwarded-document.schema.json").read_text())
 ODD = VmIdentity(name="West\ud800NO_0\x1b[2J", vm_id="\udcff", vmss_name="\x00", location="norwayeast",

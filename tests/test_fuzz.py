@@ -36,7 +36,7 @@ from se_exporter.sinks.spans import EventIdGenerator, SpanSink
 from se_exporter.sinks.transition_metrics import MetricsSink
 from se_exporter.snapshot import Snapshot
 from tests.conftest import Reliability
-from tests.test_transport import CLOSE, Drip, ScriptedServer
+from tests.fakes.http_server import CLOSE, Drip, ScriptedServer
 
 HUGE_MARK = "<5000 digits>"  # replaced in the JSON text by a 5,000-digit number (past Python's int-string limit)
 DOCUMENTS_PER_EXAMPLE = 20

@@ -13,32 +13,15 @@ from prometheus_client import CollectorRegistry
 from se_exporter.cli import build_parser
 from se_exporter.config import run_settings
 from se_exporter.errors import ConfigError
-from se_exporter.sinks.envelope import Envelope, Sequencer
+from se_exporter.sinks.envelope import Sequencer
 from se_exporter.sinks.forward import ForwardMetrics, ForwardSink, file_line
+from tests.fakes.documents import RAW, change
+from tests.fakes.targets import Collecting
+from tests.helpers import FORWARDED_SCHEMA as SCHEMA
 from tests.helpers import wait_until
-from tests.test_forwarding import RAW, SCHEMA, change
 
 OTHER = b'{"DocumentIncarnation": 4, "Events": []}'
 HUB = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0;EntityPath=hub"
-
-
-class Collecting:
-    name = "collecting"
-
-    def __init__(self) -> None:
-        self.envelopes: list[Envelope] = []
-        self._lock = threading.Lock()
-
-    def accept(self, envelope: Envelope) -> None:
-        with self._lock:
-            self.envelopes.append(envelope)
-
-    def close(self, timeout: float) -> None:
-        """Nothing to release."""
-
-    def heartbeats(self) -> list[Envelope]:
-        with self._lock:
-            return [e for e in self.envelopes if e.properties.get("heartbeat") is True]
 
 
 def sink(tmp_path: Path, interval: float | None) -> tuple[ForwardSink, Collecting]:

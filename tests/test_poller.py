@@ -21,37 +21,15 @@ from se_exporter.lifecycle import diff
 from se_exporter.metrics import Metrics
 from se_exporter.model import VmIdentity, parse_document
 from se_exporter.poller import IdentityWatcher, Poller
-from se_exporter.sinks import DocumentChange, FanOut
+from se_exporter.sinks import FanOut
 from se_exporter.snapshot import CurrentState, Snapshot
 from se_exporter.state import LifecycleStore
+from tests.fakes.sinks import BrokenSink, RecordingSink
 
 FREEZE = {"EventId": "E1", "EventStatus": "Scheduled", "EventType": "Freeze", "ResourceType": "VirtualMachine",
           "Resources": ["vm0"], "NotBefore": "Mon, 11 Apr 2022 22:26:58 GMT", "DurationInSeconds": 5}
 GOOD = json.dumps({"DocumentIncarnation": 2, "Events": [FREEZE]}).encode()
 EMPTY = json.dumps({"DocumentIncarnation": 3, "Events": []}).encode()
-
-
-class RecordingSink:
-    name = "recording"
-
-    def __init__(self) -> None:
-        self.changes: list[DocumentChange] = []
-
-    def export(self, change: DocumentChange) -> None:
-        self.changes.append(change)
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        return None
-
-
-class BrokenSink(RecordingSink):
-    name = "broken"
-
-    def export(self, change: DocumentChange) -> None:
-        raise RuntimeError("boom")
 
 
 def make_poller(script: Iterable[httpx.Response | Exception], store: LifecycleStore | None = None,

@@ -1,83 +1,16 @@
-"""Forwarding without a network: envelope, sequencer, spool, file lines, configuration, client building."""
+"""The durable spool: order, durability, the size limit, the cursor, damaged and incomplete records."""
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 import zlib
 from pathlib import Path
-from typing import Any
 
-import jsonschema
 import pytest
-from azure.core.exceptions import ClientAuthenticationError
-from azure.eventhub.exceptions import AuthenticationError, ConnectError, EventHubError, OperationTimeoutError
 
-from se_exporter.cli import build_parser, main
-from se_exporter.config import run_settings
-from se_exporter.lifecycle import diff
-from se_exporter.model import VmIdentity, parse_document
-from se_exporter.sinks import DocumentChange
-from se_exporter.sinks.envelope import Envelope, Sequencer, build
-from se_exporter.sinks.eventhubs import classify, producer_factory
-from se_exporter.sinks.forward import file_line
 from se_exporter.sinks.spool import Spool
-
-SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "forwarded-document.schema.json").read_text())
-RAW = b'{\r\n  "DocumentIncarnation": 3,\r\n  "Events": [ ]\r\n}'
-IDENTITY = VmIdentity(name="WestNO_0", vm_id="02aab8a4-74ef-476e-8182-f6d2ba4166a6", vmss_name="",
-                      location="norwayeast", resource_group="rg", subscription_id="sub")
-
-
-def change(raw: bytes = RAW, identity: VmIdentity | None = IDENTITY,
-           vm_name: str | None = "WestNO_0") -> DocumentChange:
-    document = parse_document(raw)
-    return DocumentChange(raw, document, (), diff({}, document, 0).records, 1_795_316_668.0245, vm_name, identity,
-                          "2020-07-01")
-
-
-def envelope(sequence: int, body: bytes = RAW, key: str = "vm") -> Envelope:
-    return Envelope(sequence, f"id:{sequence}", key, {"sequence": sequence}, body, 1000.0 + sequence)
-
-
-def test_envelope_properties_and_ids() -> None:
-    """Properties name the VM and the moment; message id and partition key are stable and per VM."""
-    env = build(change(), 7, "0f8fad5b-d9cb-469f-a165-70867728950e")
-    assert env.body == RAW
-    assert env.message_id == "0f8fad5b-d9cb-469f-a165-70867728950e:7"
-    assert env.partition_key == IDENTITY.vm_id
-    assert env.properties == {
-        "vm_name": "WestNO_0", "vm_id": IDENTITY.vm_id, "vmss_name": "", "subscription_id": "sub",
-        "resource_group": "rg", "location": "norwayeast", "document_incarnation": 3,
-        "observed_at": "2026-11-22T03:04:28.024Z", "api_version": "2020-07-01", "exporter_version": "0.1.0",
-        "sequence": 7}
-
-
-def test_partition_key_falls_back_to_the_vm_name() -> None:
-    """Before the identity is known, the VM name keeps documents together; without either, 'unknown'."""
-    assert build(change(identity=None), 1, "i").partition_key == "WestNO_0"
-    assert build(change(identity=None, vm_name=None), 1, "i").partition_key == "unknown"
-
-
-def test_file_line_is_valid_and_carries_the_exact_body() -> None:
-    """A --forward-file line validates against the published schema; its body is the raw text, CRLFs and all."""
-    line = file_line(build(change(), 1, "0f8fad5b-d9cb-469f-a165-70867728950e"))
-    assert line.endswith(b"\n") and line.count(b"\n") == 1
-    record = json.loads(line)
-    jsonschema.validate(record, SCHEMA)
-    assert record["body"].encode() == RAW
-
-
-def test_sequence_survives_restarts(tmp_path: Path) -> None:
-    """Numbers never repeat for an installation, across restarts, and the installation id is kept."""
-    first = Sequencer(tmp_path)
-    assert [first.next(), first.next()] == [1, 2]
-    second = Sequencer(tmp_path)
-    assert second.installation_id == first.installation_id
-    assert second.next() == 3
-    second.advance_past(41)
-    assert Sequencer(tmp_path).next() == 42
+from tests.fakes.documents import envelope
 
 
 def test_spool_keeps_order_across_reopen(tmp_path: Path) -> None:
@@ -210,104 +143,3 @@ def test_a_failed_write_leaves_no_half_record(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(os, "fdatasync", real)
     spool.append(envelope(3))
     assert [e.sequence for e in Spool(tmp_path, 1 << 20).peek(10)] == [1, 3]
-
-
-CONN = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=TOPSECRETKEY="
-
-
-@pytest.mark.parametrize(("argv", "fragment"), [
-    (["--eventhub-connection-string", "Endpoint=sb://ns/;SharedAccessKeyName=k;SharedAccessKey=TOPSECRETKEY="],
-     "--eventhub-name is required: the connection string has no EntityPath"),
-    (["--eventhub-connection-string", "TOPSECRETKEY="], "has no Endpoint=sb://"),
-    (["--eventhub-connection-string", "Endpoint=sb://ns/;SharedAccessKey=TOPSECRETKEY="], "needs SharedAccessKeyName"),
-    (["--eventhub-connection-string", CONN + ";EntityPath=h", "--eventhub-namespace", "ns.servicebus.windows.net"],
-     "exclude each other"),
-    (["--eventhub-namespace", "ns.servicebus.windows.net"], "--eventhub-name is required with --eventhub-namespace"),
-    (["--eventhub-namespace", "not a host", "--eventhub-name", "h"], "is not a namespace host name"),
-    (["--eventhub-client-id", "abc"], "--eventhub-client-id needs --eventhub-namespace"),
-    (["--spool-max-bytes", "tiny"], "--spool-max-bytes"),
-])
-def test_bad_forwarding_configuration(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """Each mistake is one line naming the setting, and never repeats the key."""
-    assert main(["run", *argv], env={}) == 2
-    err = capsys.readouterr().err
-    assert fragment in err and err.count("\n") == 1
-    assert "TOPSECRETKEY" not in err
-
-
-def test_connection_string_is_not_in_the_settings_repr() -> None:
-    """A settings object printed in a traceback does not show the key."""
-    settings = run_settings(build_parser().parse_args(["run"]), {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING":
-                                                                 CONN + ";EntityPath=h"})
-    assert settings.eventhubs_enabled
-    assert "TOPSECRETKEY" not in repr(settings)
-
-
-class FakeCredential:
-    def __init__(self, client_id: str | None) -> None:
-        self.client_id = client_id
-
-    async def get_token(self, *scopes: str, **kwargs: Any) -> Any:
-        raise AssertionError("no token is needed to build the client")
-
-    async def close(self) -> None:
-        return None
-
-
-def test_managed_identity_builds_the_right_client() -> None:
-    """Namespace + name + client id give a producer for that hub, authenticated by that identity."""
-    made: list[FakeCredential] = []
-
-    def credential(client_id: str | None) -> FakeCredential:
-        made.append(FakeCredential(client_id))
-        return made[-1]
-
-    client = producer_factory(None, "maintenance", "ns.servicebus.windows.net", "c0ffee", credential)()
-    assert client._address.hostname == "ns.servicebus.windows.net"
-    assert client.eventhub_name == "maintenance"
-    assert client._credential is made[0] and made[0].client_id == "c0ffee"
-
-
-def test_the_real_credential_chain_builds_without_contacting_anyone() -> None:
-    """Without an injected credential, the client gets azure-identity's chain (managed or workload identity), fully
-    constructible here: its async transport is installed, and nothing is fetched until a token is needed."""
-    client = producer_factory(None, "maintenance", "ns.servicebus.windows.net", "c0ffee")()
-    chain = [type(credential).__name__ for credential in client._credential.credentials]
-    assert "ManagedIdentityCredential" in chain
-    assert not {"AzureCliCredential", "AzurePowerShellCredential", "VisualStudioCodeCredential"} & set(chain)
-
-
-def test_connection_string_builds_the_right_client() -> None:
-    """A connection string with EntityPath gives a producer for that namespace and hub."""
-    client = producer_factory(CONN + ";EntityPath=maintenance", None, None, None)()
-    assert (client._address.hostname, client.eventhub_name) == ("ns.servicebus.windows.net", "maintenance")
-
-
-@pytest.mark.parametrize(("error", "reason"), [
-    (TimeoutError(), "timeout"),
-    (ConnectionRefusedError(), "connection"),
-    (RuntimeError("?"), "other"),
-])
-def test_error_reasons(error: Exception, reason: str) -> None:
-    """Forwarding errors are grouped into a few reasons for the metric label."""
-    assert classify(error) == reason
-
-
-def test_sdk_error_reasons() -> None:
-    """The SDK's own exceptions map to timeout, auth, connection and service."""
-    assert classify(OperationTimeoutError("send timed out")) == "timeout"
-    assert classify(AuthenticationError("no")) == "auth"
-    assert classify(ConnectError("no")) == "connection"
-    assert classify(EventHubError("no")) == "service"
-
-
-def test_a_credential_failure_wrapped_by_the_sdk_is_auth() -> None:
-    """A token that could not be had reaches the forwarder as an EventHubError caused by azure-identity's
-    ClientAuthenticationError (as the SDK raises it from create_batch): counted as auth, not service."""
-    try:
-        try:
-            raise ClientAuthenticationError("DefaultAzureCredential failed to retrieve a token")
-        except ClientAuthenticationError as cause:
-            raise EventHubError("DefaultAzureCredential failed to retrieve a token") from cause
-    except EventHubError as wrapped:
-        assert classify(wrapped) == "auth"

@@ -29,7 +29,7 @@ from se_exporter.sinks.spans import EventIdGenerator, SpanSink
 from se_exporter.sinks.spool import Spool
 from se_exporter.state import LifecycleStore
 from tests.conftest import Reliability
-from tests.test_forwarding import envelope
+from tests.fakes.documents import envelope
 
 EVENT = ScheduledEvent("E1", "Freeze", "Scheduled", "VirtualMachine", ("vm0",),
                        datetime(2022, 4, 11, 22, 26, 58, tzinfo=timezone.utc), "Live migration", "Platform", 5)

@@ -3,15 +3,12 @@ and byte-level faults (truncation at every offset, drip feeds, chunk errors)."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import ipaddress
 import socket
 import ssl
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -22,101 +19,16 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from se_exporter.transport import TOTAL_TIMEOUT, KeepAliveTransport
+from tests.fakes.http_server import CLOSE, HANG, Drip, ScriptedServer
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n"
-CLOSE = object()  # close the connection after this answer
-HANG = object()  # never answer this request
 DOCUMENT = b'{"DocumentIncarnation":50,"Events":[{"EventId":"E1","EventStatus":"Scheduled"}]}'
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
     len(DOCUMENT), DOCUMENT)
 CHUNKED_DOCUMENT = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
                     + b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (DOCUMENT[:30], DOCUMENT[30:]))
                     + b"0\r\n\r\n")
-
-
-@dataclass(frozen=True)
-class Drip:
-    """Send ``head`` at once, then ``data`` one byte every ``interval`` seconds (until the client goes away)."""
-
-    data: bytes
-    interval: float
-    head: bytes = b""
-
-
-@dataclass
-class ScriptedServer:
-    """Answers requests in order from ``script``: bytes to send, optionally followed by CLOSE; HANG never answers;
-    a Drip sends its bytes one at a time. With ``tls``, every connection is wrapped in that server context."""
-
-    script: list[object]
-    tls: ssl.SSLContext | None = None
-    requests: list[bytes] = field(default_factory=list)
-    connections: int = 0
-
-    def __post_init__(self) -> None:
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._open: list[socket.socket] = []
-        self._closed = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            self._open.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with contextlib.suppress(OSError):  # the client closed or reset the connection, as several tests do
-            if self.tls is not None:
-                conn = self.tls.wrap_socket(conn, server_side=True)
-                self._open.append(conn)
-            self._answer(conn)
-
-    def _answer(self, conn: socket.socket) -> None:
-        buffer = b""
-        with conn:
-            while True:
-                while b"\r\n\r\n" not in buffer:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buffer += data
-                head, _, buffer = buffer.partition(b"\r\n\r\n")
-                self.requests.append(head)
-                if not self.script:
-                    return
-                step = self.script.pop(0)
-                if step is HANG:
-                    self._closed.wait()  # until the test is over
-                    return
-                if isinstance(step, Drip):
-                    conn.sendall(step.head)
-                    for index in range(len(step.data)):
-                        conn.sendall(step.data[index:index + 1])
-                        if self._closed.wait(step.interval):
-                            return
-                    continue
-                assert isinstance(step, bytes)
-                conn.sendall(step)
-                if self.script and self.script[0] is CLOSE:
-                    self.script.pop(0)
-                    return
-
-    def close(self) -> None:
-        self._closed.set()
-        self._listener.close()
-        for conn in self._open:
-            conn.close()
 
 
 ServerFactory = Callable[[list[object]], ScriptedServer]
