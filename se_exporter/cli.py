@@ -46,17 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="poll IMDS and serve /metrics (the default command)",
                               description="Poll Scheduled Events and serve /metrics, /healthz and /readyz.")
     add_options(run, RUN_OPTIONS)
-    run.add_argument("--simulate", nargs="?", const="demo", default=None, metavar="SCENARIO",
-                     help="start the built-in IMDS simulator in-process and poll it instead of IMDS "
-                          f"(scenarios: {', '.join(scenarios.builtin_names())}; default demo) "
-                          "[env SE_EXPORTER_SIMULATE]")
     sim = commands.add_parser("simulate", help="serve a simulated IMDS to rehearse responders and dashboards",
                               description="Serve a faithful IMDS double (Scheduled Events, compute metadata, "
                                           "approvals) driven by a scenario, with fault injection.")
     add_options(sim, SIMULATE_OPTIONS)
-    sim.add_argument("--fault", dest="faults", action="append", metavar="SPEC",
-                     help="inject a fault, e.g. throttle,retry_after=2,count=3 (repeatable; see README) "
-                          "[env SE_EXPORTER_SIMULATOR_FAULTS, ';'-separated]")
     sim.add_argument("--list-scenarios", action="store_true", help="print the built-in scenarios and exit")
     consume = commands.add_parser("consume", help="read forwarded documents back from Event Hubs",
                                   description="Read the documents se-exporter forwarded to Event Hubs and print "

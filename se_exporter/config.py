@@ -16,7 +16,6 @@ from typing import Any
 from se_exporter.errors import ConfigError
 from se_exporter.options import (
     DEFAULT_PORT,
-    ENV_PREFIX,
     EVENTHUB_OPTIONS,
     LOG_OPTIONS,
     SPEED,
@@ -31,6 +30,7 @@ from se_exporter.options import (
     parse_url,
     resolve,
 )
+from se_exporter.simulator import scenario as scenarios
 
 DEFAULT_IMDS_URL = "http://169.254.169.254"
 DEFAULT_API_VERSION = "2020-07-01"
@@ -219,15 +219,13 @@ RUN_OPTIONS: tuple[Option, ...] = (
            env_name="OTEL_EXPORTER_OTLP_PROTOCOL"),
     Option("otel_service_name", "--otel-service-name", parse_name,
            "service.name of the spans (default se-exporter)", "NAME", env_name="OTEL_SERVICE_NAME"),
+    Option("simulate", "--simulate", str,
+           "start the built-in IMDS simulator in-process and poll it instead of IMDS "
+           f"(scenarios: {', '.join(scenarios.builtin_names())}; default demo)", "SCENARIO", const="demo"),
 )
 
 def run_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     values = resolve(RUN_OPTIONS, args, env)
-    simulate = getattr(args, "simulate", None)
-    if simulate is None and env.get(ENV_PREFIX + "SIMULATE"):
-        simulate = env[ENV_PREFIX + "SIMULATE"]
-    if simulate is not None:
-        values["simulate"] = simulate
     values.update(_otel_extras(args, env, values))
     settings = Settings(**values)
     check_eventhubs(settings)

@@ -204,6 +204,13 @@ class Option:
     metavar: str = "VALUE"
     env_infix: str = ""
     env_name: str = ""  # a standard variable (OTEL_*) instead of SE_EXPORTER_*
+    const: str | None = None  # the value of the flag given without one (``--simulate`` alone: demo)
+    separator: str | None = None  # a repeatable flag; its environment variable holds the values split by this
+
+    @property
+    def blank_is_unset(self) -> bool:
+        """An empty environment value means "not set" for a flag whose value is optional or repeated."""
+        return self.const is not None or self.separator is not None
 
     @property
     def env(self) -> str:
@@ -239,8 +246,14 @@ def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> N
     """Flags default to None so the resolver can tell 'not given' from 'given'."""
     for option in options:
         bounds = f" [range {option.parse.describe()}]" if isinstance(option.parse, Bounded) else ""
+        split = f", '{option.separator}'-separated" if option.separator else ""
+        shape: dict[str, Any] = {}
+        if option.const is not None:
+            shape.update(nargs="?", const=option.const)
+        if option.separator is not None:
+            shape["action"] = "append"
         parser.add_argument(option.flag, dest=option.dest, default=None, metavar=option.metavar,
-                            help=f"{option.help}{bounds} [env {option.env}]")
+                            help=f"{option.help}{bounds} [env {option.env}{split}]", **shape)
 
 
 def resolve(options: Sequence[Option], args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
@@ -249,12 +262,14 @@ def resolve(options: Sequence[Option], args: argparse.Namespace, env: Mapping[st
     for option in options:
         raw = getattr(args, option.dest, None)
         source = option.flag
-        if raw is None and option.env in env:
+        if raw is None and option.env in env and (env[option.env] or not option.blank_is_unset):
             raw, source = env[option.env], option.env
+            if option.separator is not None:
+                raw = [part for part in raw.split(option.separator) if part.strip()]
         if raw is None:
             continue
         try:
-            values[option.dest] = option.parse(raw)
+            values[option.dest] = tuple(map(option.parse, raw)) if option.separator else option.parse(raw)
         except ValueError as exc:
             raise ConfigError(f"{source}: {exc}") from None
     return values

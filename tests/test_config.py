@@ -12,6 +12,7 @@ import pytest
 from se_exporter.cli import build_parser, main
 from se_exporter.config import DEFAULT_IMDS_URL, RUN_OPTIONS, Settings, parse_bytes, run_settings
 from se_exporter.options import Bounded, Listen, parse_endpoint, parse_listen
+from se_exporter.simulator.settings import simulator_settings
 from tests.conftest import Reliability
 
 
@@ -217,3 +218,29 @@ def test_connection_string_is_not_in_the_settings_repr() -> None:
                                                                  CONN + ";EntityPath=h"})
     assert settings.eventhubs_enabled
     assert "TOPSECRETKEY" not in repr(settings)
+
+
+@pytest.mark.parametrize(("argv", "env", "expected"), [
+    ([], {}, None),
+    (["--simulate"], {}, "demo"),
+    (["--simulate", "host-failure"], {"SE_EXPORTER_SIMULATE": "canceled"}, "host-failure"),
+    ([], {"SE_EXPORTER_SIMULATE": "canceled"}, "canceled"),
+    ([], {"SE_EXPORTER_SIMULATE": ""}, None),
+])
+def test_simulate_comes_from_the_option_table(argv: list[str], env: dict[str, str], expected: str | None) -> None:
+    """--simulate alone means the demo scenario, the flag wins over SE_EXPORTER_SIMULATE, and an empty variable
+    means not set."""
+    assert settings(argv, env).simulate == expected
+
+
+@pytest.mark.parametrize(("argv", "env", "expected"), [
+    ([], {}, ()),
+    (["--fault", "throttle", "--fault", "drip,seconds=1"], {"SE_EXPORTER_SIMULATOR_FAULTS": "timeout"},
+     ("throttle", "drip,seconds=1")),
+    ([], {"SE_EXPORTER_SIMULATOR_FAULTS": "throttle,count=2;;timeout"}, ("throttle,count=2", "timeout")),
+    ([], {"SE_EXPORTER_SIMULATOR_FAULTS": ""}, ()),
+])
+def test_faults_come_from_the_option_table(argv: list[str], env: dict[str, str], expected: tuple[str, ...]) -> None:
+    """--fault repeats; SE_EXPORTER_SIMULATOR_FAULTS holds them ';'-separated (empty parts skipped) unless a flag
+    gives them."""
+    assert simulator_settings(build_parser().parse_args(["simulate", *argv]), env).faults == expected

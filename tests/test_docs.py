@@ -22,7 +22,8 @@ README = (Path(__file__).parent.parent / "README.md").read_text()
 def test_every_setting_is_in_the_readme() -> None:
     """Each flag and its environment variable appear in the configuration tables."""
     for option in (*RUN_OPTIONS, *SIMULATE_OPTIONS, *CONSUME_OPTIONS):
-        assert f"`{option.flag} {option.metavar}`" in README, option.flag
+        metavar = f"[{option.metavar}]" if option.const is not None else option.metavar  # as --help shows it
+        assert f"`{option.flag} {metavar}`" in README, option.flag
         assert f"`{option.env}`" in README, option.env
 
 

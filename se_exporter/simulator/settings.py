@@ -29,12 +29,10 @@ SIMULATE_OPTIONS: tuple[Option, ...] = (
     Option("speed", "--speed", SPEED,
            "how many times faster than real time the scenario runs (default 1)", "FACTOR", "SIMULATOR_"),
     *(Option(o.dest, o.flag, o.parse, o.help, o.metavar, "SIMULATOR_") for o in LOG_OPTIONS),
+    Option("faults", "--fault", str, "inject a fault, e.g. throttle,retry_after=2,count=3 (repeatable; see README)",
+           "SPEC", env_name=ENV_PREFIX + "SIMULATOR_FAULTS", separator=";"),
 )
 
 
 def simulator_settings(args: argparse.Namespace, env: Mapping[str, str]) -> SimulatorSettings:
-    values = resolve(SIMULATE_OPTIONS, args, env)
-    faults = tuple(getattr(args, "faults", None) or ())
-    if not faults and env.get(ENV_PREFIX + "SIMULATOR_FAULTS"):
-        faults = tuple(part for part in env[ENV_PREFIX + "SIMULATOR_FAULTS"].split(";") if part.strip())
-    return SimulatorSettings(**values, faults=faults)
+    return SimulatorSettings(**resolve(SIMULATE_OPTIONS, args, env))
