@@ -438,3 +438,13 @@ class VmIdentity:
 def vm_name(configured: str | None, identity: VmIdentity | None) -> str | None:
     """This VM's name: ``--vm-name`` if given, else the compute metadata's, else None (not known yet)."""
     return configured or (identity.name if identity is not None else None) or None
+
+
+def event_to_json(event: ScheduledEvent) -> dict[str, Any]:
+    """The event under the names of the documented IMDS shape (the ones ``parse_document`` reads), NotBefore in
+    ISO 8601: how saved state keeps an event (``state.event_from_json`` reads it back)."""
+    return {"EventId": event.event_id, "EventType": event.event_type, "EventStatus": event.event_status,
+            "ResourceType": event.resource_type, "Resources": list(event.resources),
+            "NotBefore": event.not_before.isoformat() if event.not_before else None,
+            "Description": event.description, "EventSource": event.event_source,
+            "DurationInSeconds": event.duration_seconds}

@@ -23,7 +23,7 @@ from typing import Any
 
 from se_exporter.files import json_kind, read_state_file, write_atomically
 from se_exporter.lifecycle import EventRecord
-from se_exporter.model import ScheduledEvent
+from se_exporter.model import ScheduledEvent, event_to_json
 from se_exporter.retry import Health
 
 log = logging.getLogger("se_exporter.state")
@@ -31,14 +31,6 @@ VERSION = 2
 # Scheduled Events switches itself off after 24 hours without a request, so older state describes a stream of
 # events that has ended; continuing it would invent transitions.
 MAX_AGE_SECONDS = 24 * 3600
-
-
-def event_to_json(event: ScheduledEvent) -> dict[str, Any]:
-    return {"EventId": event.event_id, "EventType": event.event_type, "EventStatus": event.event_status,
-            "ResourceType": event.resource_type, "Resources": list(event.resources),
-            "NotBefore": event.not_before.isoformat() if event.not_before else None,
-            "Description": event.description, "EventSource": event.event_source,
-            "DurationInSeconds": event.duration_seconds}
 
 
 def event_from_json(data: Any) -> ScheduledEvent:
