@@ -1,6 +1,6 @@
 """Tracing set-up the OpenTelemetry way, importing only what is configured.
 
-This module itself is imported only when tracing is on (``cli.run``), so it may import the SDK.
+This module itself is imported only when tracing is on (``Sidecar.start``), so it may import the SDK.
 
 ``none`` imports nothing from OpenTelemetry at all. ``console`` needs only the SDK. ``otlp`` adds the
 HTTP exporter, or the gRPC one when ``grpc`` is asked for (grpcio alone costs ~28 MB on import).
