@@ -118,11 +118,13 @@ class Settings:
                                self.otel_protocol, self.otel_service_name, self.log_format, self.vm_name)
 
     @property
-    def backoff_cap(self) -> float:
+    def effective_max_backoff(self) -> float:
+        """``--max-backoff`` as used: never below the poll interval (see the class docstring)."""
         return max(self.max_backoff, self.poll_interval)
 
     @property
-    def first_timeout(self) -> float:
+    def effective_first_call_timeout(self) -> float:
+        """``--first-call-timeout`` as used: never below ``--imds-timeout``."""
         return max(self.first_call_timeout, self.imds_timeout)
 
 

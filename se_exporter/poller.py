@@ -52,7 +52,8 @@ class Poller:
         restored = store.load() if store is not None else {}
         self._restored = {event_key(record.event.event_id): record for record in restored.values()}
         self._ended: Mapping[str, lifecycle.EventRecord] = {}  # recently ended events, so none begins twice
-        self.heartbeat_deadline = time.monotonic() + settings.first_timeout + settings.backoff_cap + 10
+        self.heartbeat_deadline = (time.monotonic() + settings.effective_first_call_timeout
+                                   + settings.effective_max_backoff + 10)
 
     @property
     def snapshot(self) -> Snapshot:
@@ -119,7 +120,7 @@ class Poller:
             log.warning("IMDS poll failed: %s (%s)", error, state,
                         extra=fields(imds_state=error.outcome, url=self._imds.events_url))
         self._state.update(up=False)
-        interval, cap = self._settings.poll_interval, self._settings.backoff_cap
+        interval, cap = self._settings.poll_interval, self._settings.effective_max_backoff
         if isinstance(error, ImdsThrottled) and error.retry_after is not None:
             return min(max(interval, error.retry_after), cap)
         return backoff(self._failures, interval, cap)
@@ -129,12 +130,12 @@ class Poller:
         poll's own duration is inside the interval and the rate stays fixed."""
         while not stop.is_set():
             started = time.monotonic()
-            self.heartbeat_deadline = started + self._imds.current_timeout + self._settings.backoff_cap + 10
+            self.heartbeat_deadline = started + self._imds.current_timeout + self._settings.effective_max_backoff + 10
             try:
                 delay = self.poll_once()
             except Exception:  # a bug must not end the loop silently: log it, wait, go on
                 log.exception("unexpected error in the poll loop")
-                delay = self._settings.backoff_cap
+                delay = self._settings.effective_max_backoff
             stop.wait(max(0.0, started + delay - time.monotonic()))
 
     @property

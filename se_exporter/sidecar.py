@@ -85,7 +85,7 @@ class Sidecar:
         transport = make_transport()
         cleanup.callback(transport.close)
         imds = ImdsClient(transport, settings.imds_url, settings.api_version, settings.imds_timeout,
-                          settings.first_timeout, settings.max_document_bytes)
+                          settings.effective_first_call_timeout, settings.max_document_bytes)
         state = CurrentState(Snapshot(vm_name=settings.vm_name, api_version=settings.api_version))
         metrics = Metrics(self.registry, state.get)
         # One sidecar per state directory, claimed before any state is read.

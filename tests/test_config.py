@@ -130,8 +130,8 @@ def test_otel_settings_follow_the_specification() -> None:
 def test_derived_bounds_instead_of_refusals() -> None:
     """--poll-interval 10 alone works: the backoff cap and first-call timeout follow the larger value."""
     s = settings(["--poll-interval", "10", "--imds-timeout", "200"])
-    assert (s.backoff_cap, s.first_timeout) == (10.0, 200.0)
-    assert settings([]).backoff_cap == 5.0 and settings([]).first_timeout == 120.0
+    assert (s.effective_max_backoff, s.effective_first_call_timeout) == (10.0, 200.0)
+    assert settings([]).effective_max_backoff == 5.0 and settings([]).effective_first_call_timeout == 120.0
 
 
 @pytest.mark.parametrize(("text", "expected"), [
