@@ -141,7 +141,8 @@ def make_forwarding(settings: Settings, state_dir: StateDir, registry: Collector
     if not (settings.forward_file or settings.eventhubs_enabled):
         return None
     from se_exporter.sinks.envelope import Sequencer
-    from se_exporter.sinks.forward import FileTarget, ForwardMetrics, ForwardSink, Target
+    from se_exporter.sinks.forward import ForwardMetrics, ForwardSink, Target
+    from se_exporter.sinks.forward_file import FileTarget
 
     metrics = ForwardMetrics(registry)
     sequencer = Sequencer(state_dir.path)

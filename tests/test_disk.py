@@ -13,7 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from se_exporter.sinks.envelope import Envelope, Sequencer
-from se_exporter.sinks.forward import FileTarget, ForwardMetrics, ForwardSink, file_line
+from se_exporter.sinks.forward import ForwardMetrics, ForwardSink
+from se_exporter.sinks.forward_file import FileTarget, file_line
 from se_exporter.sinks.spool import Spool
 from tests.conftest import Reliability
 from tests.fakes.disk import FullDisk

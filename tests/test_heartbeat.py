@@ -14,7 +14,8 @@ from se_exporter.cli import build_parser
 from se_exporter.config import run_settings
 from se_exporter.errors import ConfigError
 from se_exporter.sinks.envelope import Sequencer
-from se_exporter.sinks.forward import ForwardMetrics, ForwardSink, file_line
+from se_exporter.sinks.forward import ForwardMetrics, ForwardSink
+from se_exporter.sinks.forward_file import file_line
 from tests.fakes.documents import RAW, change
 from tests.fakes.targets import Collecting
 from tests.helpers import FORWARDED_SCHEMA as SCHEMA

@@ -18,7 +18,8 @@ from se_exporter.lifecycle import diff
 from se_exporter.model import VmIdentity, parse_document
 from se_exporter.sinks import DocumentChange
 from se_exporter.sinks.envelope import Sequencer
-from se_exporter.sinks.forward import FileTarget, ForwardMetrics, ForwardSink
+from se_exporter.sinks.forward import ForwardMetrics, ForwardSink
+from se_exporter.sinks.forward_file import FileTarget
 from se_exporter.sinks.spans import EventIdGenerator, SpanSink, trace_id_for
 from tests.helpers import wait_until
 from tests.otlp_receiver import OtlpReceiver
