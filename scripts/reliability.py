@@ -1,8 +1,8 @@
 """Render the README's Reliability section from what the test suite proved (build/reliability.json) and
-the last soak run (benchmarks/soak.json), so the table is produced by the suite, never typed by hand.
+the last soak run (docs/measurements/soak.json), so the table is produced by the suite, never typed by hand.
 
-    python tools/reliability.py           # rewrite the section in README.md
-    python tools/reliability.py --check   # exit 1 if README.md differs from what the last run proved
+    python scripts/reliability.py           # rewrite the section in README.md
+    python scripts/reliability.py --check   # exit 1 if README.md differs from what the last run proved
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def render() -> str:
     rows = json.loads((ROOT / "build" / "reliability.json").read_text())
     lines = [START, "", "| area | what was tried | what held |", "|---|---|---|"]
     lines += [f"| {row['area']} | {row['tried']} | {row['held']} |" for row in rows]
-    soak = ROOT / "benchmarks" / "soak.json"
+    soak = ROOT / "docs" / "measurements" / "soak.json"
     if soak.exists():
         figures = json.loads(soak.read_text())
         lines += ["", f"Soak (`make soak`, {figures['machine']}): {figures['polls']:,} polls of a simulator "

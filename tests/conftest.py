@@ -31,7 +31,7 @@ def reliability() -> Reliability:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Write the rows of this run for tools/reliability.py (README section) to render."""
+    """Write the rows of this run for scripts/reliability.py (README section) to render."""
     if not _rows:
         return
     RELIABILITY_FILE.parent.mkdir(exist_ok=True)
