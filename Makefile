@@ -82,7 +82,8 @@ test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installe
 	$(BIN)/pytest
 	$(BIN)/python scripts/reliability.py --check
 
-# Rewrite the README's Reliability section from what the last full test run proved (and the last soak run).
+# Rewrite the README's Reliability section from what the last full test run proved (.test-results/reliability.json;
+# partial runs write none, and it refuses rows no full run wrote) and the last soak run.
 reliability: $(VENV)/.installed
 	$(BIN)/python scripts/reliability.py
 
@@ -105,4 +106,4 @@ soak: $(VENV)/.installed
 	$(BIN)/python scripts/soak.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache $(DEMO_DIR)
+	rm -rf $(VENV) build dist *.egg-info .test-results .pytest_cache .mypy_cache .ruff_cache $(DEMO_DIR)
