@@ -37,7 +37,8 @@ def partial_reason(config: pytest.Config, exitstatus: int, deselected: int) -> s
     whole = {path.resolve() for pattern in config.getini("testpaths") for path in config.rootpath.glob(pattern)}
     asked = {(config.invocation_params.dir / arg).resolve() for arg in config.args if "::" not in arg}
     if len(asked) != len(config.args) or asked != (whole or {config.rootpath.resolve()}):
-        return f"only {' '.join(config.args)} of the suite was asked for"
+        shown = " ".join(config.args[:3]) + (f" and {len(config.args) - 3} more" if len(config.args) > 3 else "")
+        return f"only {shown} of the suite was asked for"
     return None
 
 
