@@ -35,8 +35,10 @@ def partial_reason(config: pytest.Config, exitstatus: int, deselected: int) -> s
     if config.args_source == pytest.Config.ArgsSource.TESTPATHS:
         return None
     whole = {path.resolve() for pattern in config.getini("testpaths") for path in config.rootpath.glob(pattern)}
-    asked = {(config.invocation_params.dir / arg).resolve() for arg in config.args if "::" not in arg}
-    if len(asked) != len(config.args) or asked != (whole or {config.rootpath.resolve()}):
+    asked = [(config.invocation_params.dir / arg).resolve() for arg in config.args if "::" not in arg]
+    covered = all(any(path == folder or folder in path.parents for folder in asked)
+                  for path in whole or {config.rootpath.resolve()})
+    if len(asked) != len(config.args) or not covered:
         shown = " ".join(config.args[:3]) + (f" and {len(config.args) - 3} more" if len(config.args) > 3 else "")
         return f"only {shown} of the suite was asked for"
     return None

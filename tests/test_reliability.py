@@ -58,9 +58,10 @@ def test_a_full_run_records_every_row_marked_as_full(suite: pytest.Pytester) -> 
     assert not (suite.path / "build").exists()
 
 
-def test_naming_the_testpaths_themselves_is_a_full_run(suite: pytest.Pytester) -> None:
-    """`pytest tests` asks for the same tests as `pytest` and records them."""
-    suite.runpytest("tests").assert_outcomes(passed=3)
+@pytest.mark.parametrize("folder", ["tests", "."])
+def test_naming_the_testpaths_or_a_folder_holding_them_is_a_full_run(suite: pytest.Pytester, folder: str) -> None:
+    """`pytest tests` and `pytest .` ask for every test `pytest` runs, and record them."""
+    suite.runpytest(folder).assert_outcomes(passed=3)
 
     assert recorded(suite)["run"] == "full"
 
