@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import NoReturn
 
-from se_exporter import __version__, demo, logs
+from se_exporter import __version__, demo, logs, processwide
 from se_exporter.config import RUN_OPTIONS, Settings, run_settings
 from se_exporter.consume import CONSUME_OPTIONS, consume, consume_settings
 from se_exporter.errors import ConfigError, ForwardFileError, SpoolError, StateDirError, StorageError
@@ -69,6 +69,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         args_list.insert(0, "run")
     args = build_parser().parse_args(args_list)
     environment = process_environment() if env is None else env
+    with processwide.restored():  # handlers, hooks and logging the command installs end with it
+        return _dispatch(args, environment)
+
+
+def _dispatch(args: argparse.Namespace, environment: Mapping[str, str]) -> int:
     try:
         if args.command == "simulate":
             return simulate(simulator_settings(args, environment), list_only=args.list_scenarios)

@@ -88,12 +88,15 @@ class EventHubsTarget:
         """Stop now: a send in flight is cancelled and, maybe delivered, stays spooled for the next start."""
         self._stop.set()
         task, thread = self._task, self._thread
-        if task is None or thread is None:
-            self._loop.close()  # never started
+        if task is None or thread is None:  # never started
+            self._loop.close()
+            self._spool.close()
             return
         with contextlib.suppress(RuntimeError):  # RuntimeError: the loop has ended already
             self._loop.call_soon_threadsafe(task.cancel)
         thread.join(timeout)
+        if not thread.is_alive():  # a send still running after the timeout may yet read the spool
+            self._spool.close()
 
     async def _main(self) -> None:
         try:
