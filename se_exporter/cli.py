@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import signal
 import sys
 import threading
 import time
@@ -40,6 +39,7 @@ from se_exporter.errors import ConfigError
 from se_exporter.fleet.settings import FLEET_OPTIONS, fleet_settings
 from se_exporter.imds import ImdsClient, make_transport
 from se_exporter.metrics import Metrics
+from se_exporter.platform_io import PLATFORM
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.sinks import FanOut, Sink
 from se_exporter.sinks.logsink import LogSink
@@ -243,14 +243,8 @@ def _bind(listen: Listen, make: Callable[[], _S]) -> _S:
 
 
 def _on_signals(stop: threading.Event) -> None:
-    def handler(signum: int, frame: object) -> None:
-        stop.set()
-
-    # SIGHUP too: a closed terminal or `kill -HUP` must not skip the orderly stop (spans flushed, "stopping"
-    # logged). The sidecar has nothing to reload; its settings come from flags and the environment.
-    for name in ("SIGTERM", "SIGINT", "SIGHUP"):
-        if hasattr(signal, name):  # Windows has no SIGHUP
-            signal.signal(getattr(signal, name), handler)
+    """SIGTERM/SIGINT/SIGHUP, or Windows' console control events: the same orderly stop (platform_io)."""
+    PLATFORM.on_stop(stop.set)
 
 
 def _display(listen: Listen, port: int) -> str:
