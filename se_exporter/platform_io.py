@@ -26,6 +26,7 @@ fakes through this same seam; only the end of this module looks at ``sys.platfor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import io
 import os
@@ -62,6 +63,11 @@ class Platform:
 
     def replace(self, source: str, target: str) -> None:
         raise NotImplementedError
+
+    def remove(self, path: str | os.PathLike[str]) -> None:
+        """Delete a file if it is there. On Windows this fails (PermissionError) while any handle holds it open."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         raise NotImplementedError
@@ -107,7 +113,7 @@ class Windows(Platform):
     def __init__(self, msvcrt: _Msvcrt, set_console_ctrl_handler: Callable[[Callable[[int], bool]], None],
                  exclusive_address_option: int, binary_flag: int, replace: Callable[[str, str], None],
                  fsync: Callable[[int], None] = os.fsync, sleep: Callable[[float], None] = time.sleep,
-                 close_grace: float = 20.0) -> None:
+                 unlink: Callable[[str | os.PathLike[str]], None] = os.unlink, close_grace: float = 20.0) -> None:
         self._msvcrt = msvcrt
         self._set_handler = set_console_ctrl_handler
         self._exclusive = exclusive_address_option
@@ -115,6 +121,7 @@ class Windows(Platform):
         self._replace = replace
         self._fsync = fsync
         self._sleep = sleep
+        self._unlink = unlink
         self._close_grace = close_grace
         self._position = threading.Lock()  # seek + read/write must not interleave between threads
         self._handlers: list[Callable[[int], bool]] = []  # kept alive: Windows calls them later
@@ -137,6 +144,10 @@ class Windows(Platform):
                 self._sleep(pause)
                 waited += pause
                 pause = min(pause * 2, 0.25)
+
+    def remove(self, path: str | os.PathLike[str]) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._unlink(path)
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         with self._position:

@@ -247,7 +247,7 @@ class Spool:
         """Remove a fully acknowledged segment; if the OS refuses because it is still open (Windows: ``peek`` in
         another thread, a scanner), it is tried again after the next ``remove`` or ``peek``, never lost track of."""
         try:
-            self._segment_path(segment).unlink(missing_ok=True)
+            PLATFORM.remove(self._segment_path(segment))
         except PermissionError:
             self._undeleted.add(segment)
         else:
