@@ -8,7 +8,8 @@ here, so a VM gets what the suite tested. Each is downloaded for ``win_amd64`` w
 --no-deps``: one with neither a Windows wheel nor a pure-Python one fails, named. Then the same requirements are
 resolved once more for Windows *with* dependencies, constrained to those pins: that adds what only Windows needs
 (requirements behind ``sys_platform == "win32"``, which this Linux virtualenv never installed), so the folder is a
-complete offline wheelhouse, se-exporter's own wheel included. Files already in ``--dest`` are not fetched again.
+complete offline wheelhouse, se-exporter's own wheel included, also zipped beside it (``windows-wheels.zip``, what
+``deploy/windows/install.ps1`` installs from). Files already in ``--dest`` are not fetched again.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
@@ -91,9 +93,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _resolve(target, pins, missing)
         stamp.write_text(wanted)
     pip("wheel", "--no-deps", "--wheel-dir", str(args.dest), str(ROOT))
-    wheels = sorted(path.name for path in args.dest.glob("*.whl"))
+    wheels = sorted(args.dest.glob("*.whl"))
+    archive = args.dest.with_suffix(".zip")
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as bundle:  # wheels are compressed already
+        for wheel in wheels:
+            bundle.write(wheel, wheel.name)
     print(f"{len(pins)} runtime dependencies have win_amd64 or pure-Python wheels; {len(wheels)} wheels in "
-          f"{args.dest}")
+          f"{args.dest} and {archive.name} (for install.ps1)")
     return 0
 
 
