@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,7 @@ from se_exporter.platform_io import (
 )
 from se_exporter.sinks import spool as spool_module
 from se_exporter.sinks.spool import Spool
+from tests.helpers import free_port, http_get, wait_until
 from tests.test_forwarding import envelope
 
 SO_EXCLUSIVEADDRUSE = -5  # winsock2.h: ~SO_REUSEADDR
@@ -407,3 +409,31 @@ def test_without_stderr_logs_go_to_a_file_in_the_state_directory(tmp_path: Path,
 def test_the_module_picks_its_implementation_once() -> None:
     """PLATFORM is one object for the process: everything imports that same object."""
     assert files.PLATFORM is platform_io.PLATFORM is dirlock.PLATFORM is spool_module.PLATFORM
+
+
+def test_a_console_control_event_stops_run_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The whole sidecar with the Windows implementation: Ctrl+C from the service wrapper arrives in a thread of its
+    own, and ``run`` takes the SIGTERM path (serving until then, "stopping" logged, the demo summary, exit 0)."""
+    from se_exporter import cli  # noqa: PLC0415 - the CLI and everything it wires, only for this test
+
+    fake = FakeWindows()
+    monkeypatch.setattr(cli, "PLATFORM", fake.platform)
+    monkeypatch.setattr("sys.excepthook", sys.excepthook)  # run() installs its crash hooks: undone after the test
+    monkeypatch.setattr("threading.excepthook", threading.excepthook)
+    port = free_port()
+    answers: list[int] = []
+
+    def stop_when_serving() -> None:
+        wait_until(lambda: fake.handlers, what="the stop handler")
+        answers.append(wait_until(lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200, what="/healthz"))
+        fake.handlers[0](CTRL_C_EVENT)
+
+    threading.Thread(target=stop_when_serving, daemon=True).start()
+    try:
+        code = cli.main(["run", "--simulate", "demo", "--listen", f"127.0.0.1:{port}", "--state-dir",
+                         str(tmp_path / "state"), "--otel-traces-exporter", "none"])
+    finally:
+        logging.getLogger().handlers[:] = []
+    assert code == 0 and answers == [True]
+    assert "stopping" in capsys.readouterr().err
