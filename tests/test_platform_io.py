@@ -461,3 +461,19 @@ def test_the_http_server_binds_through_the_platform(monkeypatch: pytest.MonkeyPa
     finally:
         linux.shutdown()
         linux.server_close()
+
+
+def test_a_held_acknowledged_segment_does_not_stop_start_up(tmp_path: Path, windows: FakeWindows) -> None:
+    """A segment with nothing left to send that another process holds at start-up (a scanner) is left for later
+    instead of failing the spool: it opens, and the segment goes on the next pass once released."""
+    spool = Spool(tmp_path, 1 << 20, segment_bytes=1)
+    spool.append(envelope(1))
+    spool.append(envelope(2))
+    first = str(spool._segment_path(1))
+    windows.held.add(first)
+    spool.remove([1])
+    reopened = Spool(tmp_path, 1 << 20, segment_bytes=1)
+    assert os.path.exists(first) and [e.sequence for e in reopened.peek(10)] == [2]
+    windows.held.clear()
+    reopened.remove([2])
+    assert not list(tmp_path.glob("*.seg"))

@@ -317,7 +317,7 @@ class Spool:
         if kept:
             self._segments[segment] = kept
         else:
-            path.unlink()
+            self._delete_segment(segment)  # held open elsewhere (Windows): removed on a later pass
 
     def _import_legacy(self, paths: list[Path]) -> None:
         """Spools written by 0.1 (one ``<sequence>.env`` file per document) are moved into segments."""
