@@ -21,6 +21,7 @@ from types import TracebackType
 from se_exporter.platform_io import PLATFORM
 
 LOCK_FILE = "lock"
+PID_WIDTH = 32
 
 
 # What flock answers on a filesystem that has no locks (some NFS and FUSE mounts): not a reason to refuse to run.
@@ -68,8 +69,9 @@ def lock_directory(directory: Path) -> DirectoryLock:
         os.close(fd)
         raise
     try:
-        os.ftruncate(fd, 0)
-        PLATFORM.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # A fixed width overwrites any older pid without truncating: Windows may refuse to cut a file that has a
+        # locked range, and the lock is what matters.
+        PLATFORM.pwrite(fd, f"{os.getpid():<{PID_WIDTH - 1}}\n".encode(), 0)
     except OSError:
         pass  # a full disk: the lock holds all the same, a refused second process just cannot name us
     return DirectoryLock(directory, fd)
@@ -77,7 +79,7 @@ def lock_directory(directory: Path) -> DirectoryLock:
 
 def _holder(fd: int) -> int | None:
     try:
-        text = PLATFORM.pread(fd, 32, 0).decode("ascii").strip()
+        text = PLATFORM.pread(fd, PID_WIDTH, 0).decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
         return None
     return int(text) if text.isdigit() else None

@@ -477,3 +477,12 @@ def test_a_held_acknowledged_segment_does_not_stop_start_up(tmp_path: Path, wind
     windows.held.clear()
     reopened.remove([2])
     assert not list(tmp_path.glob("*.seg"))
+
+
+def test_the_lock_file_names_this_process_over_a_longer_old_pid(tmp_path: Path, windows: FakeWindows) -> None:
+    """The pid is written at a fixed width without truncating the file (Windows may refuse to cut a file with a locked
+    range): a longer pid left by an earlier holder does not garble it."""
+    (tmp_path / dirlock.LOCK_FILE).write_text("4294967295123\n")
+    with dirlock.lock_directory(tmp_path), pytest.raises(dirlock.DirectoryBusy) as busy:
+        dirlock.lock_directory(tmp_path)
+    assert busy.value.pid == os.getpid()
