@@ -13,6 +13,7 @@ The platform part is ``PLATFORM.try_lock`` (platform_io): ``fcntl.flock`` on Lin
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from pathlib import Path
@@ -68,12 +69,10 @@ def lock_directory(directory: Path) -> DirectoryLock:
     except BaseException:
         os.close(fd)
         raise
-    try:
-        # A fixed width overwrites any older pid without truncating: Windows may refuse to cut a file that has a
-        # locked range, and the lock is what matters.
+    # A fixed width overwrites any older pid without truncating: Windows may refuse to cut a file that has a locked
+    # range. On a full disk the write fails and the lock holds all the same; a refused second process cannot name us.
+    with contextlib.suppress(OSError):
         PLATFORM.pwrite(fd, f"{os.getpid():<{PID_WIDTH - 1}}\n".encode(), 0)
-    except OSError:
-        pass  # a full disk: the lock holds all the same, a refused second process just cannot name us
     return DirectoryLock(directory, fd)
 
 
