@@ -39,6 +39,7 @@ from se_exporter.platform_io import (
 )
 from se_exporter.sinks import spool as spool_module
 from se_exporter.sinks.spool import Spool
+from tests.conftest import Reliability
 from tests.helpers import free_port, http_get, wait_until
 from tests.test_forwarding import envelope
 
@@ -323,7 +324,8 @@ def test_spool_works_through_the_windows_implementation(tmp_path: Path, windows:
     assert not windows.sleeps
 
 
-def test_a_segment_held_open_is_deleted_once_released(tmp_path: Path, windows: FakeWindows) -> None:
+def test_a_segment_held_open_is_deleted_once_released(tmp_path: Path, windows: FakeWindows,
+                                                      reliability: Reliability) -> None:
     """Windows refuses to delete a file while a handle is open on it: the acknowledged segment stays known and is
     deleted by a later remove or peek once it is released, and the spool goes on meanwhile."""
     spool = Spool(tmp_path, 1 << 20, segment_bytes=1)  # one record per segment
@@ -338,6 +340,8 @@ def test_a_segment_held_open_is_deleted_once_released(tmp_path: Path, windows: F
     spool.remove([2])
     assert not os.path.exists(first)
     assert sorted(p.name for p in tmp_path.glob("*.seg")) == [f"{3:020d}.seg"]
+    reliability("Windows (on Linux, through the platform seam)", "an acknowledged spool segment held open by another "
+                "process (deletion refused, as on Windows)", "the spool went on; the segment was deleted once released")
 
 
 def test_data_files_are_opened_with_the_platforms_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -412,7 +416,8 @@ def test_the_module_picks_its_implementation_once() -> None:
 
 
 def test_a_console_control_event_stops_run_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    reliability: Reliability) -> None:
     """The whole sidecar with the Windows implementation: Ctrl+C from the service wrapper arrives in a thread of its
     own, and ``run`` takes the SIGTERM path (serving until then, "stopping" logged, the demo summary, exit 0)."""
     from se_exporter import cli  # noqa: PLC0415 - the CLI and everything it wires, only for this test
@@ -437,6 +442,9 @@ def test_a_console_control_event_stops_run_in_order(tmp_path: Path, monkeypatch:
         logging.getLogger().handlers[:] = []
     assert code == 0 and answers == [True]
     assert "stopping" in capsys.readouterr().err
+    reliability("Windows (on Linux, through the platform seam)",
+                "the wrapper's Ctrl+C delivered as a console control event from a thread of its own to a serving sidecar",
+                "run stopped in order: 'stopping' logged, exit 0")
 
 
 def test_the_http_server_binds_through_the_platform(monkeypatch: pytest.MonkeyPatch) -> None:
