@@ -443,7 +443,7 @@ def test_a_console_control_event_stops_run_in_order(tmp_path: Path, monkeypatch:
     assert code == 0 and answers == [True]
     assert "stopping" in capsys.readouterr().err
     reliability("Windows (on Linux, through the platform seam)",
-                "the wrapper's Ctrl+C delivered as a console control event from a thread of its own to a serving sidecar",
+                "the wrapper's Ctrl+C as a console control event, from a thread of its own, to a serving sidecar",
                 "run stopped in order: 'stopping' logged, exit 0")
 
 
