@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from se_exporter import __version__, demo, logs
+from se_exporter import __version__, demo, logs, processwide
 from se_exporter.app import IdentityWatcher, Poller, claim_state, lifecycle_store, make_forwarding, make_http_app, serve
 from se_exporter.config import (
     CONSUME_OPTIONS,
@@ -97,6 +97,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         args_list.insert(0, "run")
     args = build_parser().parse_args(args_list)
     environment = process_environment() if env is None else env
+    with processwide.restored():  # handlers, hooks and logging the command installs end with it
+        return _dispatch(args, environment)
+
+
+def _dispatch(args: argparse.Namespace, environment: Mapping[str, str]) -> int:
     try:
         if args.command == "simulate":
             return simulate(simulator_settings(args, environment), list_only=args.list_scenarios)

@@ -194,12 +194,12 @@ def test_install_script_settings_are_real_options() -> None:
 
 @pytest.mark.skipif(sys.platform == "win32", reason="the wheelhouse check is for building on Linux")
 def test_the_windows_runtime_set_is_read_from_the_virtualenv_without_test_tools() -> None:
-    """tools/windows_wheels.py pins what se-exporter needs at run time on Windows, and none of the test extras."""
-    sys.path.insert(0, str(ROOT / "tools"))
+    """scripts/windows_wheels.py pins what se-exporter needs at run time on Windows, and none of the test extras."""
+    sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        import windows_wheels  # noqa: PLC0415 - a script, importable only once tools/ is on the path
+        import windows_wheels  # noqa: PLC0415 - a script, importable only once scripts/ is on the path
     finally:
-        sys.path.remove(str(ROOT / "tools"))
+        sys.path.remove(str(ROOT / "scripts"))
     pins, _ = windows_wheels.runtime_pins("3.11")
     names = {pin.split("==")[0] for pin in pins}
     assert {"httpx", "prometheus-client", "azure-eventhub", "opentelemetry-sdk"} <= names

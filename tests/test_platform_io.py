@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from se_exporter import dirlock, files, logs, platform_io
+from se_exporter import dirlock, files, logs, platform_io, processwide
 from se_exporter.platform_io import (
     CTRL_BREAK_EVENT,
     CTRL_C_EVENT,
@@ -401,12 +400,12 @@ def test_without_stderr_logs_go_to_a_file_in_the_state_directory(tmp_path: Path,
     dropping them."""
     monkeypatch.setattr("sys.stderr", None)
     monkeypatch.setattr("se_exporter.config.DEFAULT_STATE_DIR", str(tmp_path))
-    logs.setup("info", "text")
-    logging.getLogger("se_exporter").info("stopping à l'heure")
-    handler = logging.getLogger().handlers[0]
-    assert isinstance(handler, logging.StreamHandler)
-    handler.stream.close()
-    logging.getLogger().handlers[:] = []
+    with processwide.restored():  # the logging set-up is put back afterwards
+        logs.setup("info", "text")
+        logging.getLogger("se_exporter").info("stopping à l'heure")
+        (handler,) = logging.getLogger().handlers
+        assert isinstance(handler, logging.StreamHandler)
+        handler.stream.close()
     assert "stopping à l'heure" in (tmp_path / "se-exporter.log").read_text(encoding="utf-8")
 
 
@@ -424,8 +423,6 @@ def test_a_console_control_event_stops_run_in_order(tmp_path: Path, monkeypatch:
 
     fake = FakeWindows()
     monkeypatch.setattr(cli, "PLATFORM", fake.platform)
-    monkeypatch.setattr("sys.excepthook", sys.excepthook)  # run() installs its crash hooks: undone after the test
-    monkeypatch.setattr("threading.excepthook", threading.excepthook)
     port = free_port()
     answers: list[int] = []
 
@@ -435,11 +432,8 @@ def test_a_console_control_event_stops_run_in_order(tmp_path: Path, monkeypatch:
         fake.handlers[0](CTRL_C_EVENT)
 
     threading.Thread(target=stop_when_serving, daemon=True).start()
-    try:
-        code = cli.main(["run", "--simulate", "demo", "--listen", f"127.0.0.1:{port}", "--state-dir",
-                         str(tmp_path / "state"), "--otel-traces-exporter", "none"])
-    finally:
-        logging.getLogger().handlers[:] = []
+    code = cli.main(["run", "--simulate", "demo", "--listen", f"127.0.0.1:{port}", "--state-dir",
+                     str(tmp_path / "state"), "--otel-traces-exporter", "none"])  # puts back hooks and logging
     assert code == 0 and answers == [True]
     assert "stopping" in capsys.readouterr().err
     reliability("Windows (on Linux, through the platform seam)",

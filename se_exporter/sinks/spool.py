@@ -104,6 +104,14 @@ class Spool:
         """The highest sequence ever held, acknowledged ones included, so numbering never goes back."""
         return self._highest
 
+    def close(self) -> None:
+        """Release the spool's open files; what it holds stays on disk for the next ``Spool`` of the directory."""
+        with self._lock:
+            for fd in (self._writer, self._acked_fd):
+                if fd is not None and fd >= 0:
+                    os.close(fd)
+            self._writer, self._acked_fd = None, -1
+
     def append(self, envelope: Envelope) -> None:
         """Accept one envelope: on return it is on disk; on OSError nothing changed (see the module docstring)."""
         header = json.dumps(envelope.header(), separators=(",", ":")).encode()

@@ -1,6 +1,6 @@
 """Prove every runtime dependency installs on Windows (win_amd64), and collect the wheels ``install.ps1`` uses.
 
-    python tools/windows_wheels.py [--dest dist/windows-wheels] [--python-version 3.11]
+    python scripts/windows_wheels.py [--dest dist/windows-wheels] [--python-version 3.11]
 
 The runtime set is read from this virtualenv: se-exporter's own requirements (extras left out: those are the test
 tools) and theirs, recursively, with environment markers evaluated for Windows, pinned at the versions installed
