@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 import time
@@ -21,6 +20,7 @@ from se_exporter.consume import CONSUME_OPTIONS, consume, consume_settings
 from se_exporter.errors import ConfigError, ForwardFileError, SpoolError, StateDirError, StorageError
 from se_exporter.fleet.settings import FLEET_OPTIONS, fleet_settings
 from se_exporter.options import add_options, process_environment
+from se_exporter.platform_io import PLATFORM
 from se_exporter.sidecar import Sidecar, bind
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.settings import SIMULATE_OPTIONS, SimulatorSettings, simulator_settings
@@ -146,14 +146,8 @@ def simulate(settings: SimulatorSettings, list_only: bool = False) -> int:
 
 
 def _on_signals(stop: threading.Event) -> None:
-    def handler(signum: int, frame: object) -> None:
-        stop.set()
-
-    # SIGHUP too: a closed terminal or `kill -HUP` must not skip the orderly stop (spans flushed, "stopping"
-    # logged). The sidecar has nothing to reload; its settings come from flags and the environment.
-    for name in ("SIGTERM", "SIGINT", "SIGHUP"):
-        if hasattr(signal, name):  # Windows has no SIGHUP
-            signal.signal(getattr(signal, name), handler)
+    """SIGTERM/SIGINT/SIGHUP, or Windows' console control events: the same orderly stop (platform_io)."""
+    PLATFORM.on_stop(stop.set)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,11 +31,12 @@ from se_exporter.options import (
     parse_url,
     resolve,
 )
+from se_exporter.platform_io import PLATFORM
 from se_exporter.simulator import scenario as scenarios
 
 DEFAULT_IMDS_URL = "http://169.254.169.254"
 DEFAULT_API_VERSION = "2020-07-01"
-DEFAULT_STATE_DIR = "/var/lib/se-exporter"
+DEFAULT_STATE_DIR = PLATFORM.default_state_dir(os.environ)  # /var/lib/se-exporter; %ProgramData%\se-exporter
 DEFAULT_HEARTBEAT = 300.0  # seconds; with Event Hubs: a quiet VM still reaches `se-exporter fleet` 3 times in 15 min
 _API_VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 

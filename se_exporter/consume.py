@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any, TextIO
 from se_exporter.errors import ConfigError, InvalidDocument
 from se_exporter.model import affects_vm, parse_document
 from se_exporter.options import EVENTHUB_OPTIONS, Bounded, Option, check_eventhubs, choice, parse_name, resolve
+from se_exporter.platform_io import PLATFORM
 
 MAX_EVENTS = Bounded(1, 10**12, unit="", integer=True)
 IDLE_TIMEOUT = Bounded(0.1, 366 * 86400)
@@ -144,8 +144,7 @@ async def _consume(settings: ConsumeSettings, position: Any, out: TextIO) -> int
             done.set()
 
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, done.set)
+    PLATFORM.on_stop_async(loop, done.set)  # SIGINT/SIGTERM/SIGHUP, or Windows' console control events
     receiving = asyncio.create_task(client.receive(on_event, starting_position=position))
     try:
         while not done.is_set():

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer, gzip_accepted
 
 from se_exporter.options import Listen
+from se_exporter.platform_io import PLATFORM
 
 log = logging.getLogger("se_exporter")
 TEXT_FORMAT = "text/plain; version=0.0.4"
@@ -205,8 +206,13 @@ def serve(listen: Listen, app: Callable[..., Iterable[bytes]], max_connections: 
     class Server(_SleepingServerMixIn, ThreadingWSGIServer):
         address_family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
         request_queue_size = LISTEN_BACKLOG
+        allow_reuse_address = PLATFORM.reuse_address  # on Windows it would let a second instance share the port
         _slots = threading.BoundedSemaphore(max_connections)
         _refusing = False
+
+        def server_bind(self) -> None:
+            PLATFORM.prepare_listener(self.socket)  # exclusive address use on Windows; [::] is dual stack
+            super().server_bind()
 
         def process_request(self, request: Any, client_address: Any) -> None:
             # Only the first connection past the limit waits for a thread: while refusing, the accept loop must not

@@ -14,6 +14,7 @@ from typing import BinaryIO
 
 from se_exporter.errors import ForwardFileError
 from se_exporter.files import DISK, Disk, write_all
+from se_exporter.platform_io import PLATFORM
 from se_exporter.sinks.envelope import Envelope
 from se_exporter.sinks.forward import ForwardMetrics
 
@@ -44,7 +45,7 @@ class FileTarget:
         self._torn: int | None = None  # where the file must be cut before the next line (a cut that failed)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | PLATFORM.open_flags, 0o666)
             self.last_sequence = self._recover(path)
         except OSError as exc:
             raise ForwardFileError(path, f"cannot open it for appending ({exc.strerror})") from None
