@@ -26,6 +26,7 @@ from prometheus_client.exposition import gzip_accepted
 from se_exporter import __version__, logs
 from se_exporter.app import TEXT_FORMAT, serve
 from se_exporter.consume import starting_position
+from se_exporter.credential import service_credential
 from se_exporter.errors import ConfigError
 from se_exporter.fleet.blobstate import StateBlobs
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, render_fleet
@@ -44,29 +45,18 @@ def run_fleet(settings: FleetSettings) -> int:
     return asyncio.run(_main(settings))
 
 
-def service_credential(client_id: str | None) -> Any:
-    """The VM's managed identity or the pod's workload identity, as the sidecar's forwarder uses; developer
-    tools never. Token requests go to IMDS: never through a proxy from the environment."""
-    from azure.core.pipeline.transport import AioHttpTransport
-    from azure.identity.aio import DefaultAzureCredential
-
-    options: dict[str, Any] = {"managed_identity_client_id": client_id} if client_id else {}
-    return DefaultAzureCredential(
-        exclude_cli_credential=True, exclude_developer_cli_credential=True, exclude_powershell_credential=True,
-        exclude_visual_studio_code_credential=True, exclude_shared_token_cache_credential=True,
-        exclude_interactive_browser_credential=True, transport=AioHttpTransport(use_env_settings=False), **options)
-
-
 def storage_clients(settings: FleetSettings, credential: Callable[[str | None], Any],
                     ) -> tuple[ContainerClient, ObservedCheckpointStore]:
     name = settings.checkpoint_container
+    # azure-core's aiohttp transport trusts the system's CAs unless given a file (``connection_verify``).
+    tls: dict[str, Any] = {"connection_verify": settings.checkpoint_ca_file} if settings.checkpoint_ca_file else {}
     if settings.checkpoint_connection_string:
-        store = ObservedCheckpointStore.from_connection_string(settings.checkpoint_connection_string, name)
-        return (ContainerClient.from_connection_string(settings.checkpoint_connection_string, name),
+        store = ObservedCheckpointStore.from_connection_string(settings.checkpoint_connection_string, name, **tls)
+        return (ContainerClient.from_connection_string(settings.checkpoint_connection_string, name, **tls),
                 cast(ObservedCheckpointStore, store))  # the classmethod builds cls(...): our subclass
     url, identity = str(settings.checkpoint_account_url), credential(settings.storage_client_id)
-    return (ContainerClient(url, name, credential=identity),
-            ObservedCheckpointStore(url, name, credential=identity))
+    return (ContainerClient(url, name, credential=identity, **tls),
+            ObservedCheckpointStore(url, name, credential=identity, **tls))
 
 
 def consumer_client(settings: FleetSettings, store: ObservedCheckpointStore,

@@ -16,6 +16,7 @@ from se_exporter.config import (
     Option,
     _check_eventhubs,
     connection_string_parts,
+    parse_file,
     parse_listen,
     parse_name,
     resolve,
@@ -86,6 +87,8 @@ FLEET_OPTIONS: tuple[Option, ...] = (
     Option("checkpoint_container", "--checkpoint-container", parse_container,
            f"blob container for checkpoints, ownership and state; created if missing (default {DEFAULT_CONTAINER})",
            "NAME"),
+    Option("checkpoint_ca_file", "--checkpoint-ca-file", parse_file,
+           "PEM file of the CAs that may sign the storage account's TLS certificate (default: the system's)", "PATH"),
     Option("checkpoint_client_id", "--checkpoint-client-id", parse_name,
            "client id of a user-assigned managed identity for storage (default: --eventhub-client-id)", "ID"),
     Option("checkpoint_interval", "--checkpoint-interval", CHECKPOINT_INTERVAL,
@@ -121,6 +124,7 @@ class FleetSettings:
     checkpoint_connection_string: str | None = field(default=None, repr=False)
     checkpoint_account_url: str | None = None
     checkpoint_container: str = DEFAULT_CONTAINER
+    checkpoint_ca_file: str | None = None
     checkpoint_client_id: str | None = None
     checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL
     vm_expiry: float = DEFAULT_VM_EXPIRY

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from se_exporter.credential import service_credential
 from se_exporter.sinks.envelope import CONTENT_TYPE, Envelope, carriable
 from se_exporter.sinks.forward import ForwardMetrics
 from se_exporter.sinks.spool import Spool
@@ -253,24 +255,9 @@ def producer_factory(connection_string: str | None, eventhub_name: str | None, n
                 retry_backoff_factor=RETRY_BACKOFF_FACTOR, retry_backoff_max=RETRY_BACKOFF_MAX, **connection)
         return from_string
     if make_credential is None:
-        from azure.core.pipeline.transport import AioHttpTransport
-        from azure.identity.aio import DefaultAzureCredential
-
-        def make_credential(identity: str | None) -> Any:
-            # The VM's managed identity, or on AKS the pod's workload identity (which a managed identity
-            # credential alone would miss, reaching the node's identity instead); a service principal in the
-            # environment for tests elsewhere. Developer tools (CLI, VS Code, PowerShell) never.
-            options: dict[str, Any] = {"managed_identity_client_id": identity} if identity else {}
-            # Token requests go to IMDS: never through a proxy from the environment.
-            options["transport"] = AioHttpTransport(use_env_settings=False)
-            # One quick retry: the IMDS credential's own policy retries a 5xx for ~25 s, past the send's watchdog
-            # (the failure would then read as a timeout rather than auth); the forwarder retries for ever itself.
-            options["retry_total"] = 1
-            return DefaultAzureCredential(
-                exclude_cli_credential=True, exclude_developer_cli_credential=True,
-                exclude_powershell_credential=True, exclude_visual_studio_code_credential=True,
-                exclude_shared_token_cache_credential=True, exclude_interactive_browser_credential=True, **options)
-
+        # One quick retry: the IMDS credential's own policy retries a 5xx for ~25 s, past the send's watchdog (the
+        # failure would then read as a timeout rather than auth); the forwarder retries for ever itself.
+        make_credential = functools.partial(service_credential, retry_total=1)
     credential = make_credential(client_id)
 
     def from_identity() -> Any:
