@@ -56,6 +56,8 @@ def test_flags_and_environment_like_every_command() -> None:
     (["--starting-position", "yesterday"], BASE, "--starting-position: 'yesterday' is not earliest"),
     (["--vm-expiry", "0"], BASE, "--vm-expiry: '0' must be a positive number"),
     (["--listen", "nowhere"], BASE, "--listen: 'nowhere' is not HOST:PORT"),
+    (["--checkpoint-ca-file", "/nonexistent/ca.pem"], BASE, "--checkpoint-ca-file: '/nonexistent/ca.pem' is not a "
+                                                            "readable file"),
     ([], {**BASE, "SE_EXPORTER_CHECKPOINT_CONNECTION_STRING": "AccountName=acct;Sig=s3cr3tK3y"},
      "SE_EXPORTER_CHECKPOINT_CONNECTION_STRING: needs AccountKey"),
 ])
