@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,7 +22,8 @@ from se_exporter.imds import VmIdentity
 from se_exporter.lifecycle import diff
 from se_exporter.model import parse_document
 from se_exporter.sinks import DocumentChange
-from se_exporter.sinks.envelope import CONTENT_TYPE, Envelope, build
+from se_exporter.sinks.envelope import Envelope, build
+from se_exporter.sinks.eventhubs import event_data
 from tests.eventhubs_server import EventHubsTestServer, Store
 from tests.helpers import Samples, free_port, http_get, parse_samples, stop_process, wait_until
 
@@ -46,9 +48,13 @@ class Azurite:
         data_dir.mkdir(parents=True, exist_ok=True)
         self._log = (data_dir / "azurite.log").open("wb")
         secure = ["--cert", str(tls[0]), "--key", str(tls[1]), "--oauth", "basic"] if tls else []
+        # Its own session keeps a Ctrl-C from stopping it before the tests that use it; so that a test run killed
+        # outright (a timeout, kill -9) leaves no emulator behind either, it gets SIGTERM when its parent dies.
+        orphan_guard = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
         self.process = subprocess.Popen(
-            [str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--location", str(data_dir),
-             "--disableTelemetry", "--skipApiVersionCheck", "--loose", "--silent", *secure],
+            [*orphan_guard, str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
+             "--location", str(data_dir), "--disableTelemetry", "--skipApiVersionCheck", "--loose", "--silent",
+             *secure],
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_until(lambda: self.process.poll() is not None or _listening(self.port), timeout=30,
@@ -144,15 +150,6 @@ def envelope_for(identity: VmIdentity, raw: bytes, sequence: int, installation: 
     change = DocumentChange(raw, document, (), diff({}, document, observed_at).records, observed_at, identity.name,
                             identity, "2020-07-01")
     return build(change, sequence, installation)
-
-
-def event_data(envelope: Envelope) -> EventData:
-    """What the Event Hubs forwarder sends for an envelope: body, content type, message id, properties."""
-    event = EventData(envelope.body)
-    event.content_type = CONTENT_TYPE
-    event.message_id = envelope.message_id
-    event.properties = dict(envelope.properties)
-    return event
 
 
 def send(connection_string: str, events: Iterable[EventData], partition_id: str | None = None) -> None:

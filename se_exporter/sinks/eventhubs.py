@@ -135,8 +135,6 @@ class EventHubsTarget:
         A document too large for a message is dropped (it can never be sent, and must not block the rest);
         it is returned apart so that nobody counts it as delivered.
         """
-        from azure.eventhub import EventData
-
         key = spooled[0].partition_key
         run: list[Envelope] = []
         for envelope in spooled:  # only the oldest run: order per partition key must hold
@@ -146,12 +144,8 @@ class EventHubsTarget:
         batch = await asyncio.wait_for(producer.create_batch(partition_key=str(carriable(key))), self._watchdog)
         added: list[Envelope] = []
         for envelope in run:
-            event = EventData(envelope.body)
-            event.content_type = CONTENT_TYPE
-            event.message_id = envelope.message_id
-            event.properties = {name: carriable(value) for name, value in envelope.properties.items()}
             try:
-                batch.add(event)
+                batch.add(event_data(envelope))
             except ValueError:
                 break  # the batch is full; the rest goes next time
             added.append(envelope)
@@ -189,6 +183,17 @@ class EventHubsTarget:
             await asyncio.wait_for(producer.close(), timeout)
         except Exception:  # a peer that never answers must not block us: abandon the client
             log.debug("closing the Event Hubs client failed", exc_info=True)
+
+
+def event_data(envelope: Envelope) -> Any:
+    """The Event Hubs message of one envelope: its body, content type, message id and properties."""
+    from azure.eventhub import EventData
+
+    event = EventData(envelope.body)
+    event.content_type = CONTENT_TYPE
+    event.message_id = envelope.message_id
+    event.properties = {name: carriable(value) for name, value in envelope.properties.items()}
+    return event
 
 
 def classify(error: BaseException) -> str:

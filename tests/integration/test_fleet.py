@@ -85,6 +85,7 @@ def fleets(azurite: Azurite, container: str, tmp_path: Path) -> Iterator[Callabl
             process.process.terminate()
     for process in started:
         process.stop()
+        assert "Unclosed" not in process.log()  # every client's HTTP session closed: checkpoint store, container
 
 
 def storage(azurite: Azurite, container: str) -> ContainerClient:
