@@ -472,6 +472,7 @@ def test_managed_identity_end_to_end_without_a_key_resuming_from_its_checkpoint(
                  and event.sequence_number > checkpoint]
         assert second.value("azure_scheduled_fleet_documents_consumed_total") == len(after) >= 1
         assert second.value("azure_scheduled_fleet_replayed_documents_total") == 0
+        assert f"partition {partition_id} claimed: 1 VMs restored" in second.log()  # from the state blob
         assert forwarded is not None and forwarded >= 2
     finally:
         hub.stop()
