@@ -4,6 +4,7 @@ process, and forwarded documents produced through the project's own envelope."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -79,6 +80,22 @@ class Azurite:
     def stop(self) -> None:
         stop_process(self.process)  # type: ignore[arg-type]
         self._log.close()
+
+
+def connections(pid: int, port: int) -> int:
+    """Established TCP connections of process ``pid`` to port ``port`` (Linux: its socket inodes in /proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    count = 0
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote, state, inode = fields[2], fields[3], fields[9]
+        count += state == "01" and inode in inodes and int(remote.rsplit(":", 1)[1], 16) == port  # 01: ESTABLISHED
+    return count
 
 
 def _listening(port: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -61,6 +62,16 @@ def parse_account_url(text: str) -> str:
     return text.strip().rstrip("/")
 
 
+def parse_ca_file(text: str) -> str:
+    """A readable file of PEM certificates: checked at start-up, not at the first storage request."""
+    path = parse_file(text)
+    try:
+        ssl.create_default_context(cafile=path)
+    except ssl.SSLError as error:
+        raise ValueError(f"{text!r} holds no PEM certificate ({error.reason or error})") from None
+    return path
+
+
 def parse_container(text: str) -> str:
     """Blob container naming rules: 3-63 lowercase letters, digits and single hyphens."""
     name = text.strip()
@@ -87,7 +98,7 @@ FLEET_OPTIONS: tuple[Option, ...] = (
     Option("checkpoint_container", "--checkpoint-container", parse_container,
            f"blob container for checkpoints, ownership and state; created if missing (default {DEFAULT_CONTAINER})",
            "NAME"),
-    Option("checkpoint_ca_file", "--checkpoint-ca-file", parse_file,
+    Option("checkpoint_ca_file", "--checkpoint-ca-file", parse_ca_file,
            "PEM file of the CAs that may sign the storage account's TLS certificate (default: the system's)", "PATH"),
     Option("checkpoint_client_id", "--checkpoint-client-id", parse_name,
            "client id of a user-assigned managed identity for storage (default: --eventhub-client-id)", "ID"),

@@ -31,6 +31,7 @@ from tests.fleet_helpers import (
     EMPTY,
     Azurite,
     FleetProcess,
+    connections,
     envelope_for,
     event_data,
     produce,
@@ -434,7 +435,8 @@ def test_managed_identity_end_to_end_without_a_key_resuming_from_its_checkpoint(
     hub's CBS takes them over TLS and Azurite takes them over HTTPS; it shows the
     document a sidecar forwarded with its own managed identity, checkpoints into Azurite, and after SIGTERM a new
     replica resumes from that checkpoint (reading only the events after it, the VM's picture rebuilt from the
-    stored state); no token appears in its debug logs or /metrics."""
+    stored state); its storage connections (trusting --checkpoint-ca-file) are reused; no token appears in its
+    debug logs or /metrics."""
     sim, imds = simulator("live-migration")  # WestNO_0: a Freeze listed from scenario second 2, done 900 + 30 s on
     sim.identity.user_assigned[STORAGE_CLIENT_ID] = STORAGE_OBJECT_ID  # a second identity attached to the VM
     cert, key = self_signed_certificate(tmp_path)
@@ -450,6 +452,11 @@ def test_managed_identity_end_to_end_without_a_key_resuming_from_its_checkpoint(
         sim.advance(3)
         wait_until(lambda: [labels["event_type"] for labels in event_series(first, "azure_scheduled_fleet_event_info")]
                    == ["Freeze"], timeout=30, what="the sidecar's Freeze on the fleet")
+        wait_until(lambda: (first.value("azure_scheduled_fleet_checkpoints_total", outcome="ok") or 0) >= 1,
+                   what="a checkpoint")
+        # Storage connections are reused: one per request in flight (two clients, a request per partition at most
+        # each, and one more), where a new TLS context per request opened a connection per request (16 by now).
+        assert connections(first.process.pid, azurite.port) <= 2 * (hub.store.partition_count + 1)
         first.process.terminate()
         assert first.process.wait(10) == 0
         with storage(azurite, container) as blobs:
