@@ -122,8 +122,9 @@ def diff(previous: Mapping[str, EventRecord], document: Document, now: float,
                                                       "previous_not_before": before.event.not_before}))
         records[key] = record
     newly_ended: dict[str, EventRecord] = {}
-    for key, before in previous.items():
-        if key not in records and key not in ended:
+    missing = set() if records.keys() == previous.keys() else previous.keys() - records.keys()  # usually none
+    for key, before in previous.items() if missing else ():
+        if key in missing and key not in ended:
             gone = replace(before, gone_at=now)
             transitions.append(Transition(COMPLETED if before.started_at is not None else CANCELED, gone))
             newly_ended[key] = gone
@@ -137,4 +138,4 @@ def _rescheduled(before: ScheduledEvent, after: ScheduledEvent, record: EventRec
     # Started events lose their NotBefore (it becomes ""); that is not a move.
     if record.started_at is not None or after.not_before is None:
         return False
-    return after.not_before != before.not_before
+    return after.not_before is not before.not_before and after.not_before != before.not_before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from datetime import datetime, timezone
@@ -109,6 +110,25 @@ def test_extra_fields_are_kept_and_never_fatal() -> None:
     assert document.extra == {"Future": {"x": 1}}
     assert document.events[0].extra == {"Impact": "low", "Zones": [1, 2]}
     assert document.warnings == ()
+
+
+@pytest.mark.parametrize("raw", [
+    DOCS_SCHEDULED["Events"][0],
+    {**DOCS_SCHEDULED["Events"][0], "Impact": "low"},
+    {"EventId": " A ", "EventType": "Reboot", "EventStatus": "Started"},
+    {**DOCS_SCHEDULED["Events"][0], "Resources": ["a", 1], "NotBefore": "later", "DurationInSeconds": 2**63},
+    {**DOCS_SCHEDULED["Events"][0], "EventType": None, "Description": 3, "NotBefore": "  "},
+], ids=["complete", "extra field", "older shape", "bad values in the common types", "wrong types"])
+def test_a_parsed_event_is_exactly_what_its_constructor_makes(raw: dict[str, object]) -> None:
+    """Events are built without ``__init__`` for speed: each holds exactly the fields, values and key that
+    ``ScheduledEvent(...)`` would give it, and compares, hashes and prints the same."""
+    event = parse_document(json.dumps({"Events": [raw]}).encode()).events[0]
+    made = ScheduledEvent(**{f.name: getattr(event, f.name) for f in dataclasses.fields(ScheduledEvent)
+                             if f.name != "key"})
+    assert vars(event) == vars(made)
+    assert (event, hash(event), repr(event)) == (made, hash(made), repr(made))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.event_id = "changed"  # type: ignore[misc]  # the point: it is still frozen
 
 
 @pytest.mark.parametrize(("field", "bad", "attribute", "fallback"), [
