@@ -20,7 +20,6 @@ from se_exporter.config import (
     parse_name,
     resolve,
 )
-from se_exporter.consume import starting_position
 from se_exporter.errors import ConfigError
 
 DEFAULT_FLEET_PORT = 10170  # the sidecar's 10169 plus one: both can run on one machine
@@ -153,5 +152,7 @@ def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSet
     if settings.ownership_timeout <= settings.load_balancing_interval:
         raise ConfigError(f"--ownership-expiry {settings.ownership_timeout:g} must be longer than "
                           f"--load-balancing-interval {settings.load_balancing_interval:g}")
+    from se_exporter.consume import starting_position  # here: consume brings asyncio, which `run` never needs
+
     starting_position(settings.starting_position)  # raises ConfigError naming the flag
     return settings
