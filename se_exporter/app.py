@@ -426,7 +426,7 @@ def make_forwarding(settings: Settings, registry: CollectorRegistry) -> ForwardS
     if settings.eventhubs_enabled:
         # Imported here: the Event Hubs sink brings asyncio (~1.8 MB of RSS), which a sidecar not forwarding to
         # Event Hubs never needs.
-        from se_exporter.sinks.eventhubs import EventHubsTarget, producer_factory
+        from se_exporter.sinks.eventhubs import EventHubsTarget, producer_factory  # noqa: PLC0415 - see above
 
         spool = Spool(Path(settings.spool_path), settings.spool_max_bytes, on_drop=metrics.dropped.inc)
         sequencer.advance_past(spool.last_sequence)

@@ -6,8 +6,6 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import httpx
-
 from se_exporter.config import (
     CONSUME_OPTIONS,
     RUN_OPTIONS,
@@ -50,6 +48,8 @@ def parse_storage_connection_string(text: str) -> str:
 
 def parse_account_url(text: str) -> str:
     """An https URL: the storage SDK sends managed-identity tokens over https only."""
+    import httpx  # noqa: PLC0415 - only for the fleet command: the sidecar's `run` never loads httpx
+
     try:
         url = httpx.URL(text.strip())
     except (httpx.InvalidURL, TypeError) as exc:
@@ -152,7 +152,7 @@ def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSet
     if settings.ownership_timeout <= settings.load_balancing_interval:
         raise ConfigError(f"--ownership-expiry {settings.ownership_timeout:g} must be longer than "
                           f"--load-balancing-interval {settings.load_balancing_interval:g}")
-    from se_exporter.consume import starting_position  # here: consume brings asyncio, which `run` never needs
+    from se_exporter.consume import starting_position  # noqa: PLC0415 - it brings asyncio, which `run` never needs
 
     starting_position(settings.starting_position)  # raises ConfigError naming the flag
     return settings
