@@ -46,12 +46,13 @@ def _is_get(call: ast.Call) -> bool:
 
 
 def test_the_imds_client_only_builds_get() -> None:
-    """The one place a request is built names GET; the transport refuses any other method and writes only GET."""
+    """The one place an httpx request is built names GET, and the transport's own way in is a method that can only
+    GET; the transport refuses any other method and writes only GET."""
     source = (PACKAGE / "imds.py").read_text()
     assert source.count("httpx.Request(") == 1
     assert 'httpx.Request(\n                "GET"' in source
-    assert source.count(".handle_request(") == 1
-    assert "self._transport.handle_request(self._request(" in source
+    assert source.count(".handle_request(") == 1 and "transport.handle_request(request)" in source
+    assert source.count("self._transport.get(") == 1
     transport = (PACKAGE / "transport.py").read_text()
     assert 'if request.method != "GET":' in transport
     assert transport.count(".putrequest(") == 1 and '.putrequest("GET", ' in transport
