@@ -117,9 +117,12 @@ def diff(previous: Mapping[str, EventRecord], document: Document, now: float,
             if newly_started:
                 transitions.append(built(Transition, {"kind": STARTED, "record": record,
                                                       "previous_not_before": None}))
-            elif _rescheduled(before.event, event, record):
+            # NotBefore moved while not started (a started event's becomes empty: that is no move). Parsing hands
+            # out one datetime per NotBefore text, so an unchanged one is usually the very same object.
+            elif (started_at is None and (moved := event.not_before) is not None
+                  and moved is not (was := before.event.not_before) and moved != was):
                 transitions.append(built(Transition, {"kind": RESCHEDULED, "record": record,
-                                                      "previous_not_before": before.event.not_before}))
+                                                      "previous_not_before": was}))
         records[key] = record
     newly_ended: dict[str, EventRecord] = {}
     missing = set() if records.keys() == previous.keys() else previous.keys() - records.keys()  # usually none
@@ -132,10 +135,3 @@ def diff(previous: Mapping[str, EventRecord], document: Document, now: float,
         merged = {**ended, **newly_ended}
         ended = dict(list(merged.items())[-ENDED_MEMORY:]) if len(merged) > ENDED_MEMORY else merged
     return Step(records=records, transitions=tuple(transitions), ended=ended)
-
-
-def _rescheduled(before: ScheduledEvent, after: ScheduledEvent, record: EventRecord) -> bool:
-    # Started events lose their NotBefore (it becomes ""); that is not a move.
-    if record.started_at is not None or after.not_before is None:
-        return False
-    return after.not_before is not before.not_before and after.not_before != before.not_before
