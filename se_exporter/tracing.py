@@ -40,7 +40,7 @@ from se_exporter.sinks.spans import PREFIX, EventIdGenerator, SpanSink
 
 log = logging.getLogger("se_exporter.tracing")
 EXPORT_TIMEOUT_SECONDS = 5
-SHUTDOWN_TIMEOUT_SECONDS = 2 * EXPORT_TIMEOUT_SECONDS  # the last export, plus room; the thread is a daemon anyway
+SHUTDOWN_TIMEOUT_SECONDS = EXPORT_TIMEOUT_SECONDS  # for the worker's last export; the thread is a daemon anyway
 
 
 def resource_attributes(settings: Settings, identity: VmIdentity | None) -> dict[str, str]:
@@ -176,7 +176,9 @@ class QuietBatchSpanProcessor(SpanProcessor):
     guarantees as the SDK's: a bounded queue (when full, the oldest span is dropped, counted and logged once per
     run of drops), exports in batches of at most ``max_export_batch_size``, an exporter's exception logged and
     never raised, ``force_flush`` exporting everything queued before it returns, ``shutdown`` exporting what is
-    left, then stopping the thread and the exporter (each bounded: the exporters have their own timeouts).
+    left, then stopping the thread and the exporter. Both are bounded, so SIGTERM stays prompt with a collector
+    that never answers: each export by the exporter's own timeout (5 s), the wait for an export under way by
+    ``force_flush``'s timeout and by one export's time at shutdown.
     """
 
     def __init__(self, exporter: SpanExporter, schedule_delay_millis: float = 500, max_queue_size: int = 2048,
@@ -214,14 +216,20 @@ class QuietBatchSpanProcessor(SpanProcessor):
                 self._wake.notify()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        """Export every span queued so far, in this thread, before returning (the SDK's does the same)."""
+        """Export every span queued so far, in this thread, before returning (as the SDK's does); False if an export
+        already under way did not end within ``timeout_millis`` (the SDK's would wait for it however long)."""
         with self._wake:
             if self._stopping:
                 return False
             self._flushing += 1
             self._wake.notify()
         try:
-            self._export_queued()
+            if not self._export_lock.acquire(timeout=timeout_millis / 1000):
+                return False
+            try:
+                self._export_batches()
+            finally:
+                self._export_lock.release()
         finally:
             with self._wake:
                 self._flushing -= 1
@@ -254,18 +262,21 @@ class QuietBatchSpanProcessor(SpanProcessor):
 
     def _export_queued(self) -> None:
         with self._export_lock:
-            while True:
-                with self._wake:
-                    batch = [self._queue.popleft() for _ in range(min(self._max_batch, len(self._queue)))]
-                if not batch:
-                    return
-                token = attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))  # no spans about exporting spans
-                try:
-                    self._exporter.export(batch)
-                except Exception:  # an exporter's failure is logged; the thread and the caller go on
-                    log.exception("span export raised")
-                finally:
-                    detach(token)
+            self._export_batches()
+
+    def _export_batches(self) -> None:
+        while True:
+            with self._wake:
+                batch = [self._queue.popleft() for _ in range(min(self._max_batch, len(self._queue)))]
+            if not batch:
+                return
+            token = attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))  # no spans about exporting spans
+            try:
+                self._exporter.export(batch)
+            except Exception:  # an exporter's failure is logged; the thread and the caller go on
+                log.exception("span export raised")
+            finally:
+                detach(token)
 
     def _drop(self, count: int, why: str) -> None:
         if self._dropped is not None:

@@ -162,3 +162,17 @@ def test_an_exporter_that_raises_is_logged_and_the_processor_goes_on(
     exporter.fail = False
     end_spans(provider, "kept")
     wait_until(lambda: exporter.names == ["kept"], what="the next span exported")
+
+
+def test_force_flush_gives_up_on_an_export_that_does_not_end(exporter: Recording,
+                                                             made: list[QuietBatchSpanProcessor]) -> None:
+    """A collector that never answers cannot hold force_flush (and so SIGTERM) past its timeout: it returns False."""
+    processor, provider = processor_for(exporter, schedule_delay_millis=0)
+    made.append(processor)
+    exporter.hold.clear()
+    end_spans(provider, "stuck")
+    assert exporter.entered.wait(10)
+    assert processor.force_flush(timeout_millis=50) is False
+    exporter.hold.set()
+    assert processor.force_flush() is True
+    assert exporter.names == ["stuck"]
