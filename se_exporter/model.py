@@ -166,7 +166,7 @@ def document_from_json(obj: object) -> Document:
     events: list[ScheduledEvent] = []
     seen: set[str] = set()
     for index, raw in enumerate(raw_events):
-        event = _event(raw, index, warnings)
+        event = _common_event(raw) or _event(raw, index, warnings)
         if event.key in seen:  # the same GUID, perhaps spelt in another case
             warnings.append(f"Events[{index}]: duplicate EventId {_snippet(repr(event.event_id))} ignored")
             continue
@@ -211,62 +211,66 @@ def _parse_timestamp(text: str) -> datetime:
     return parsed.astimezone(timezone.utc)
 
 
+def _common_event(raw: object) -> ScheduledEvent | None:  # noqa: PLR0911 - one return per way to miss the shape
+    """The event as the current api-version sends it, every field present and of its documented JSON type, read
+    at the cost of a few checks; None for anything else (an older shape, an extra field, any value ``_event``
+    would warn about or refuse), which ``_event`` then reads field by field. For what it accepts, both build the
+    same event (``test_model.py`` proves it); this one is what keeps parsing a 1,000-event document cheap."""
+    if type(raw) is not dict or len(raw) != len(_KNOWN_EVENT_FIELDS):
+        return None
+    try:
+        (event_id, event_type, event_status, resource_type, resources, not_before, description, event_source,
+         duration) = _ALL_EVENT_FIELDS(raw)
+    except KeyError:
+        return None
+    if not (type(event_id) is str and type(event_type) is str and event_type and type(event_status) is str
+            and event_status and type(resources) is list and type(not_before) is str
+            and (resource_type is None or type(resource_type) is str)
+            and (description is None or type(description) is str)
+            and (event_source is None or type(event_source) is str)
+            and (duration is None or (type(duration) is int and _INT64_MIN <= duration <= _INT64_MAX))):
+        return None
+    key = event_id.strip().lower()  # event_key, inline
+    if not key:
+        return None
+    names = tuple(resources)
+    for name in names:
+        if type(name) is not str:
+            return None
+    when = None
+    if not_before:
+        try:
+            when = _parse_timestamp(not_before.strip())
+        except (ValueError, OverflowError):
+            return None
+    made = object.__new__(ScheduledEvent)  # built(), inline: this runs once per event
+    made.__dict__.update({
+        "event_id": event_id, "event_type": event_type, "event_status": event_status, "resource_type": resource_type,
+        "resources": names, "not_before": when, "description": description, "event_source": event_source,
+        "duration_seconds": duration, "extra": {}, "key": key})
+    return made
+
+
 def _event(raw: object, index: int, warnings: list[str]) -> ScheduledEvent:
     # The position is passed down, not a ready "Events[i]" string: it is needed only for warnings.
     if not isinstance(raw, dict):
         raise InvalidDocument(f"Events[{index}] is a JSON {_json_kind(raw)}, not an object")
-    try:  # every field at once, as the current api-version sends them (one call instead of nine)
-        (event_id, event_type, event_status, resource_type, resources, not_before, description, event_source,
-         duration) = _ALL_EVENT_FIELDS(raw)
-        extra: dict[str, Any] = {} if len(raw) == len(_KNOWN_EVENT_FIELDS) else _extra(raw)
-    except KeyError:  # an older api-version, or a field left out
-        get = raw.get
-        event_id, event_type, event_status = get("EventId"), get("EventType"), get("EventStatus")
-        resource_type, resources, not_before = get("ResourceType"), get("Resources"), get("NotBefore")
-        description, event_source, duration = get("Description"), get("EventSource"), get("DurationInSeconds")
-        extra = _extra(raw)
-    key = event_id.strip().lower() if type(event_id) is str else ""  # event_key, inline
-    if not key:
-        if not isinstance(event_id, str) or not event_id.strip():
-            raise InvalidDocument(f"Events[{index}] has no usable EventId (got {_json_kind(event_id)})")
-        key = event_key(event_id)  # a str subclass (not from json)
-    # The common case, checked inline: every field of the type the documents give it (exact JSON types). Anything
-    # else goes through the per-field readers below, which say what they tolerated; both build the same event.
-    when: datetime | None = None
-    if (type(event_type) is str and event_type and type(event_status) is str and event_status
-            and (resource_type is None or type(resource_type) is str)
-            and (description is None or type(description) is str)
-            and (event_source is None or type(event_source) is str)
-            and (duration is None or (type(duration) is int and _INT64_MIN <= duration <= _INT64_MAX))
-            and (resources is None or type(resources) is list)
-            and (not_before is None or type(not_before) is str)):
-        names = () if resources is None else tuple(resources)
-        for name in names:
-            if type(name) is not str:
-                names = _resources(resources, index, warnings)
-                break
-        if not_before:
-            try:
-                when = _parse_timestamp(not_before.strip())
-            except (ValueError, OverflowError):
-                when = _not_before(not_before, index, warnings)  # the warning
-    else:
-        event_type = _label_string(raw, "EventType", index, warnings)
-        event_status = _label_string(raw, "EventStatus", index, warnings)
-        resource_type = _optional_string(raw, "ResourceType", index, warnings)
-        names = _resources(resources, index, warnings)
-        when = _not_before(not_before, index, warnings)
-        description = _optional_string(raw, "Description", index, warnings)
-        event_source = _optional_string(raw, "EventSource", index, warnings)
-        duration = _duration(duration, index, warnings)
-    return built(ScheduledEvent, {
-        "event_id": event_id, "event_type": event_type, "event_status": event_status, "resource_type": resource_type,
-        "resources": names, "not_before": when, "description": description, "event_source": event_source,
-        "duration_seconds": duration, "extra": extra, "key": key})
-
-
-def _extra(raw: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in raw.items() if key not in _KNOWN_EVENT_FIELDS}
+    event_id = raw.get("EventId")
+    if not isinstance(event_id, str) or not event_id.strip():
+        raise InvalidDocument(f"Events[{index}] has no usable EventId (got {_json_kind(event_id)})")
+    return ScheduledEvent(
+        event_id=event_id,
+        key=event_key(event_id),
+        event_type=_label_string(raw, "EventType", index, warnings),
+        event_status=_label_string(raw, "EventStatus", index, warnings),
+        resource_type=_optional_string(raw, "ResourceType", index, warnings),
+        resources=_resources(raw.get("Resources"), index, warnings),
+        not_before=_not_before(raw.get("NotBefore"), index, warnings),
+        description=_optional_string(raw, "Description", index, warnings),
+        event_source=_optional_string(raw, "EventSource", index, warnings),
+        duration_seconds=_duration(raw.get("DurationInSeconds"), index, warnings),
+        extra={key: value for key, value in raw.items() if key not in _KNOWN_EVENT_FIELDS},
+    )
 
 
 _T = TypeVar("_T")
