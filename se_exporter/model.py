@@ -122,7 +122,7 @@ def parse_document(body: bytes | str) -> Document:
             raise InvalidDocument(f"body is not UTF-8 ({exc.reason} at byte {exc.start})") from None
     else:
         text = body
-    if not text.strip():
+    if not text or text.isspace():  # (not text.strip(): that copies the whole body)
         raise InvalidDocument("body is empty")
     try:
         try:
