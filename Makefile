@@ -13,7 +13,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 IMAGE ?= se-exporter:latest
 BASE ?=
 
-.PHONY: demo test lint typecheck unit system-deps clean dashboards reliability soak bench image
+.PHONY: demo test lint typecheck unit system-deps clean dashboards reliability soak bench image windows-wheels
 
 # Regenerate dashboards/*.json from dashboards/generate.py (the suite fails if they differ).
 dashboards: $(VENV)/.installed
@@ -70,39 +70,48 @@ demo: $(VENV)/.installed
 	  --state-dir $(DEMO_DIR)/state --forward-file $(DEMO_DIR)/documents.jsonl $(DEMO_TRACES)
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check se_exporter tests dashboards tools bench
+	$(BIN)/ruff check se_exporter tests dashboards scripts
 
+# Strict on Linux and, as far as the type stubs know what Windows lacks (os.pread, fcntl, signal.SIGHUP), on Windows.
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy
+	$(BIN)/mypy --platform win32
 
 unit: $(VENV)/.installed
 	$(BIN)/pytest -m "not integration"
 
-test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installed tests/azurite/node_modules/.installed lint typecheck
+test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installed tests/azurite/node_modules/.installed lint typecheck windows-wheels
 	$(BIN)/pytest
-	$(BIN)/python tools/reliability.py --check
+	$(BIN)/python scripts/reliability.py --check
 
-# Rewrite the README's Reliability section from what the last full test run proved (and the last soak run).
+# Rewrite the README's Reliability section from what the last full test run proved (.test-results/reliability.json;
+# partial runs write none, and it refuses rows no full run wrote) and the last soak run.
 reliability: $(VENV)/.installed
-	$(BIN)/python tools/reliability.py
+	$(BIN)/python scripts/reliability.py
 
 # The container image (IMAGE=..., BASE=... to replace python:3.11-slim): docker when its daemon answers, buildah
 # otherwise; pip in the build gets this host's package index settings and CA bundle as build secrets.
 image:
-	$(PYTHON) tools/image.py --tag $(IMAGE) $(if $(BASE),--base $(BASE))
+	$(PYTHON) scripts/image.py --tag $(IMAGE) $(if $(BASE),--base $(BASE))
 
 # The sidecar's cost beside the Go peer and other references, measured in one run and reported as ratios against
 # the targets of issue 14, the image size, and IMDS change -> Alertmanager notification against the sum of the
-# intervals that bound it (writes benchmarks/bench.json); about five minutes. Then the fleet consumer against the
-# bare SDK (writes benchmarks/fleet-bench.json); about two minutes.
+# intervals that bound it (writes docs/measurements/bench.json); about five minutes. Then the fleet consumer against the
+# bare SDK (writes docs/measurements/fleet-bench.json); about two minutes.
 bench: $(VENV)/.installed system-deps tests/azurite/node_modules/.installed
-	$(BIN)/python bench/bench.py
-	$(BIN)/python bench/fleet_bench.py
+	$(BIN)/python scripts/bench.py
+	$(BIN)/python scripts/fleet_bench.py
 
 # 20,000 polls at 20 Hz (the fastest --poll-interval allows; about 17 minutes) of a fast-changing simulator;
-# prints RSS, open files and threads (writes benchmarks/soak.json).
+# prints RSS, open files and threads (writes docs/measurements/soak.json).
 soak: $(VENV)/.installed
-	$(BIN)/python bench/soak.py
+	$(BIN)/python scripts/soak.py
+
+# Every runtime dependency has a win_amd64 or pure-Python wheel (fails naming the one that has not), collected with
+# se-exporter's own wheel in dist/windows-wheels: the offline wheelhouse deploy/windows/install.ps1 installs from.
+# Wheels already there are not fetched again (about 10 s then; about a minute the first time).
+windows-wheels: $(VENV)/.installed
+	$(BIN)/python scripts/windows_wheels.py --dest dist/windows-wheels
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache $(DEMO_DIR)
+	rm -rf $(VENV) build dist *.egg-info .test-results .pytest_cache .mypy_cache .ruff_cache $(DEMO_DIR)

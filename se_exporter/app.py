@@ -33,6 +33,7 @@ from se_exporter.imds import ImdsClient, VmIdentity
 from se_exporter.logs import fields
 from se_exporter.metrics import Metrics, Snapshot
 from se_exporter.model import event_key, parse_document
+from se_exporter.platform_io import PLATFORM
 from se_exporter.sinks import DocumentChange, FanOut
 from se_exporter.sinks.envelope import Sequencer
 from se_exporter.sinks.forward import FileTarget, ForwardMetrics, ForwardSink, Target
@@ -365,8 +366,13 @@ def serve(listen: Listen, app: Callable[..., Iterable[bytes]], max_connections: 
     class Server(_SleepingServerMixIn, ThreadingWSGIServer):
         address_family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
         request_queue_size = LISTEN_BACKLOG
+        allow_reuse_address = PLATFORM.reuse_address  # on Windows it would let a second instance share the port
         _slots = threading.BoundedSemaphore(max_connections)
         _refusing = False
+
+        def server_bind(self) -> None:
+            PLATFORM.prepare_listener(self.socket)  # exclusive address use on Windows; [::] is dual stack
+            super().server_bind()
 
         def process_request(self, request: Any, client_address: Any) -> None:
             # Only the first connection past the limit waits for a thread: while refusing, the accept loop must not

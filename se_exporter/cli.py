@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import signal
 import sys
 import threading
 import time
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from se_exporter import __version__, demo, logs
+from se_exporter import __version__, demo, logs, processwide
 from se_exporter.app import IdentityWatcher, Poller, claim_state, lifecycle_store, make_forwarding, make_http_app, serve
 from se_exporter.config import (
     CONSUME_OPTIONS,
@@ -40,6 +39,7 @@ from se_exporter.errors import ConfigError
 from se_exporter.fleet.settings import FLEET_OPTIONS, fleet_settings
 from se_exporter.imds import ImdsClient, make_transport
 from se_exporter.metrics import Metrics
+from se_exporter.platform_io import PLATFORM
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.sinks import FanOut, Sink
 from se_exporter.sinks.logsink import LogSink
@@ -97,6 +97,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         args_list.insert(0, "run")
     args = build_parser().parse_args(args_list)
     environment = process_environment() if env is None else env
+    with processwide.restored():  # handlers, hooks and logging the command installs end with it
+        return _dispatch(args, environment)
+
+
+def _dispatch(args: argparse.Namespace, environment: Mapping[str, str]) -> int:
     try:
         if args.command == "simulate":
             return simulate(simulator_settings(args, environment), list_only=args.list_scenarios)
@@ -243,14 +248,8 @@ def _bind(listen: Listen, make: Callable[[], _S]) -> _S:
 
 
 def _on_signals(stop: threading.Event) -> None:
-    def handler(signum: int, frame: object) -> None:
-        stop.set()
-
-    # SIGHUP too: a closed terminal or `kill -HUP` must not skip the orderly stop (spans flushed, "stopping"
-    # logged). The sidecar has nothing to reload; its settings come from flags and the environment.
-    for name in ("SIGTERM", "SIGINT", "SIGHUP"):
-        if hasattr(signal, name):  # Windows has no SIGHUP
-            signal.signal(getattr(signal, name), handler)
+    """SIGTERM/SIGINT/SIGHUP, or Windows' console control events: the same orderly stop (platform_io)."""
+    PLATFORM.on_stop(stop.set)
 
 
 def _display(listen: Listen, port: int) -> str:

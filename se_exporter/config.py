@@ -17,12 +17,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from se_exporter.errors import ConfigError
+from se_exporter.platform_io import PLATFORM
 
 ENV_PREFIX = "SE_EXPORTER_"
 DEFAULT_PORT = 10169  # above the exhausted 9100-9999 exporter range; "169" as in 169.254.169.254
 DEFAULT_IMDS_URL = "http://169.254.169.254"
 DEFAULT_API_VERSION = "2020-07-01"
-DEFAULT_STATE_DIR = "/var/lib/se-exporter"
+DEFAULT_STATE_DIR = PLATFORM.default_state_dir(os.environ)  # /var/lib/se-exporter; %ProgramData%\se-exporter
 DEFAULT_HEARTBEAT = 300.0  # seconds; with Event Hubs: a quiet VM still reaches `se-exporter fleet` 3 times in 15 min
 _API_VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
@@ -95,7 +96,7 @@ class Settings:
 
     @property
     def spool_path(self) -> str:
-        return self.spool_dir or f"{self.state_path.rstrip('/')}/spool"
+        return self.spool_dir or os.path.join(self.state_path, "spool")
 
     @property
     def backoff_cap(self) -> float:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -17,6 +16,7 @@ from typing import Any, TextIO
 from se_exporter.config import ConsumeSettings
 from se_exporter.errors import ConfigError, InvalidDocument
 from se_exporter.model import affects_vm, parse_document
+from se_exporter.platform_io import PLATFORM
 
 
 def starting_position(text: str) -> Any:
@@ -98,8 +98,7 @@ async def _consume(settings: ConsumeSettings, position: Any, out: TextIO) -> int
             done.set()
 
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, done.set)
+    PLATFORM.on_stop_async(loop, done.set)  # SIGINT/SIGTERM/SIGHUP, or Windows' console control events
     receiving = asyncio.create_task(client.receive(on_event, starting_position=position))
     try:
         while not done.is_set():

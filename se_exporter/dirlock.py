@@ -7,19 +7,22 @@ the lock when the process ends, however it ends (``kill -9`` too), so unlike a p
 stale lock to clean up by hand. The holder writes its pid into the file, only so that the refusal can
 say who holds it.
 
-The platform part is ``_try_lock`` alone: ``fcntl.flock`` on Linux and macOS. A Windows branch
-(``msvcrt.locking`` on a byte past the pid) belongs there and nowhere else.
+The platform part is ``PLATFORM.try_lock`` (platform_io): ``fcntl.flock`` on Linux and macOS,
+``msvcrt.locking`` on a byte past the pid on Windows, where a locked range cannot be read by others.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import fcntl
 import os
 from pathlib import Path
 from types import TracebackType
 
+from se_exporter.platform_io import PLATFORM
+
 LOCK_FILE = "lock"
+PID_WIDTH = 32
 
 
 # What flock answers on a filesystem that has no locks (some NFS and FUSE mounts): not a reason to refuse to run.
@@ -59,34 +62,23 @@ def lock_directory(directory: Path) -> DirectoryLock:
     """Take the directory's lock without waiting; ``DirectoryBusy`` if another process has it, OSError if the
     directory cannot hold a lock file (not writable) or its filesystem has no locks (errno in ``UNSUPPORTED``)."""
     directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | PLATFORM.open_flags, 0o644)
     try:
-        if not _try_lock(fd):
+        if not PLATFORM.try_lock(fd):
             raise DirectoryBusy(directory, _holder(fd))
     except BaseException:
         os.close(fd)
         raise
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except OSError:
-        pass  # a full disk: the lock holds all the same, a refused second process just cannot name us
+    # A fixed width overwrites any older pid without truncating: Windows may refuse to cut a file that has a locked
+    # range. On a full disk the write fails and the lock holds all the same; a refused second process cannot name us.
+    with contextlib.suppress(OSError):
+        PLATFORM.pwrite(fd, f"{os.getpid():<{PID_WIDTH - 1}}\n".encode(), 0)
     return DirectoryLock(directory, fd)
-
-
-def _try_lock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-    return True
 
 
 def _holder(fd: int) -> int | None:
     try:
-        text = os.pread(fd, 32, 0).decode("ascii").strip()
+        text = PLATFORM.pread(fd, PID_WIDTH, 0).decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
         return None
     return int(text) if text.isdigit() else None

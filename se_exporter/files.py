@@ -15,6 +15,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from se_exporter.platform_io import PLATFORM
+
 STATE_FILE_LIMIT = 256 * 1024 * 1024  # far above any state this project writes; a bound on what a read may hold
 
 
@@ -23,9 +25,9 @@ def read_state_file(path: Path, limit: int = STATE_FILE_LIMIT) -> bytes:
 
     Anything else in its place fails with ``OSError`` (each caller already treats that as it treats an unreadable
     file): a FIFO there blocked start-up for ever without a line logged, and a link to ``/dev/zero`` read without
-    end (2.5 GB in four seconds). Opened non-blocking, so that opening a FIFO cannot hang either.
+    end (2.5 GB in four seconds). Opened non-blocking (POSIX), so that opening a FIFO cannot hang either.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0))
+    fd = os.open(path, os.O_RDONLY | PLATFORM.read_flags | PLATFORM.open_flags)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -51,7 +53,7 @@ class Disk:
         return os.write(fd, data)
 
     def fdatasync(self, fd: int) -> None:
-        os.fdatasync(fd)
+        PLATFORM.datasync(fd)
 
     def ftruncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
@@ -84,14 +86,17 @@ def json_kind(value: object) -> str:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Write, fsync, rename, fsync the folder: after a crash the file is old or new, never torn."""
+    """Write, fsync, rename, fsync the folder: after a crash the file is old or new, never torn.
+
+    On Windows the rename is retried for a moment while another process holds the target (see platform_io).
+    """
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temp, path)
+        PLATFORM.replace(temp, str(path))
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
@@ -99,8 +104,5 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 
 def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Make a new or renamed name in ``directory`` durable (on Windows the journal already did)."""
+    PLATFORM.sync_directory(directory)

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TextIO
+
+from se_exporter.platform_io import utf8_stream
 
 _FIELDS = "se_fields"
 # Connection-string keys, SAS signatures and bearer tokens, wherever they might surface (an SDK's
@@ -89,7 +92,8 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    """Log to stderr in UTF-8 whatever its code page (platform_io.utf8_stream); with no stderr at all, to a file."""
+    handler = logging.StreamHandler(utf8_stream(sys.stderr) or fallback_stream())
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -99,6 +103,21 @@ def setup(level: str, fmt: str) -> None:
     logging.getLogger("httpcore").setLevel(logging.WARNING)
     # The Azure SDK narrates every AMQP connection, session and link state change at INFO.
     logging.getLogger("azure").setLevel(logging.WARNING)
+
+
+def fallback_stream(directory: str | None = None) -> TextIO:
+    """``se-exporter.log`` in the default state directory, for a process without stderr (``pythonw.exe``, a service
+    host that hands none; the WinSW service in deploy/windows gives one): lines are kept rather than dropped."""
+    if directory is None:
+        from se_exporter.config import DEFAULT_STATE_DIR  # noqa: PLC0415 - only this rare case needs it
+
+        directory = DEFAULT_STATE_DIR
+    try:
+        os.makedirs(directory, exist_ok=True)
+        return open(os.path.join(directory, "se-exporter.log"), "a", encoding="utf-8",
+                    errors="backslashreplace", buffering=1)
+    except OSError:
+        return open(os.devnull, "w", encoding="utf-8")
 
 
 def _text(value: Any) -> str:

@@ -1,5 +1,5 @@
 """Alerting on loopback: Debian's Alertmanager with the shipped configuration, and a webhook receiver that records
-what a person would be paged with. Used by tests/integration/test_alerting.py and bench/bench.py."""
+what a person would be paged with. Used by tests/integration/test_alerting.py and scripts/bench.py."""
 
 from __future__ import annotations
 

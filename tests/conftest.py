@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,28 +15,9 @@ from tests.helpers import Sidecar, free_port
 
 SimulatorFactory = Callable[..., tuple[Simulator, SimulatorServer]]
 Reliability = Callable[[str, str, str], None]
-RELIABILITY_FILE = Path(__file__).parent.parent / "build" / "reliability.json"
-_rows: list[dict[str, str]] = []
-
-
-@pytest.fixture
-def reliability() -> Reliability:
-    """Record a row of the README's Reliability table: call it at the end of a test, after its assertions,
-    so only what held is recorded."""
-    def record(area: str, tried: str, held: str) -> None:
-        _rows.append({"area": area, "tried": tried, "held": held})
-
-    return record
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Write the rows of this run for tools/reliability.py (README section) to render."""
-    if not _rows:
-        return
-    RELIABILITY_FILE.parent.mkdir(exist_ok=True)
-    rows = sorted({(r["area"], r["tried"], r["held"]) for r in _rows})
-    RELIABILITY_FILE.write_text(json.dumps([dict(zip(("area", "tried", "held"), row, strict=True)) for row in rows],
-                                           indent=1) + "\n")
+# The reliability fixture and the full-run rule behind the README's table (pytester tests that rule); every test
+# leaving the process as it found it.
+pytest_plugins = ["tests.reliability", "tests.process_state", "pytester"]
 
 
 @pytest.fixture

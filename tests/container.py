@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tools import image
+from scripts import image
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "se-exporter" / "image-test"
 # Storage state (mount counts, locks) lives on /run, which a reboot clears together with the mounts it describes.

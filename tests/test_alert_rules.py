@@ -166,6 +166,13 @@ CASES: list[tuple[str, dict[str, str], str, list[tuple[dict[str, str], float]]]]
      {f"azure_scheduled_events_spool_dropped_documents_total{{{BASE}}}": "0 0 3 3 3"}, "3m", [(LABELS, 0)]),
     ("SeExporterDocumentsDropped",
      {f"azure_scheduled_events_spool_dropped_documents_total{{{BASE}}}": "0x20"}, "10m", []),
+    ("SeExporterDocumentsDropped",  # a refused document given up (full disk), per sink: one alert per instance
+     {f"azure_scheduled_events_spool_dropped_documents_total{{{BASE}}}": "0x20",
+      f'azure_scheduled_events_forward_dropped_documents_total{{{BASE}, sink="file"}}': "0 0 2 2 2",
+      f'azure_scheduled_events_forward_dropped_documents_total{{{BASE}, sink="eventhubs"}}': "0 0 1 1 1"}, "3m",
+     [(LABELS, 0)]),
+    ("SeExporterDocumentsDropped",
+     {f'azure_scheduled_events_forward_dropped_documents_total{{{BASE}, sink="file"}}': "4x20"}, "10m", []),
 ]
 
 

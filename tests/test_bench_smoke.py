@@ -14,8 +14,8 @@ ROOT = Path(__file__).parent.parent
 
 
 def test_benchmark_smoke_mode_measures_every_figure() -> None:
-    """bench/bench.py --smoke exits 0 and reports a number for every figure of the table."""
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "bench.py"), "--smoke"], capture_output=True,
+    """scripts/bench.py --smoke exits 0 and reports a number for every figure of the table."""
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--smoke"], capture_output=True,
                             text=True, timeout=300, check=False, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])

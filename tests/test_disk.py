@@ -4,6 +4,7 @@ test_disk.py fills a real tmpfs)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -70,6 +71,29 @@ def record_size(sequence: int) -> int:
     return 8 + len(header) + 1 + len(BODY)
 
 
+def open_files_under(directory: Path) -> list[str]:
+    """What this process holds open under ``directory`` (Linux: /proc/self/fd)."""
+    targets = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the descriptor listdir itself used is gone already
+            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return [target for target in targets if target.startswith(f"{directory}/")]
+
+
+def test_a_closed_spool_holds_no_files_and_keeps_what_it_held(tmp_path: Path) -> None:
+    """close() releases the spool's descriptors (segment and cursor); a spool opened later on the directory holds
+    every document appended before."""
+    spool = Spool(tmp_path, 1 << 20, segment_bytes=1)
+    spool.append(envelope(1))
+    spool.append(envelope(2))
+    assert open_files_under(tmp_path)
+    spool.close()
+    assert open_files_under(tmp_path) == []
+    reopened = Spool(tmp_path, 1 << 20)
+    assert [e.sequence for e in reopened.peek(10)] == [1, 2]
+    reopened.close()
+
+
 @pytest.mark.parametrize("segment_bytes", [1 << 20, 1], ids=["same segment", "new segment"])
 def test_spool_full_at_every_offset_leaves_it_as_it_was(tmp_path: Path, segment_bytes: int,
                                                         reliability: Reliability) -> None:
@@ -93,9 +117,11 @@ def test_spool_full_at_every_offset_leaves_it_as_it_was(tmp_path: Path, segment_
         disk.room, disk.fail_sync = float("inf"), False
         spool.append(envelope(3))  # the same document, retried once there is space
         spool.append(envelope(4))
+        spool.close()  # 333 offsets: unclosed spools held 666 descriptors of the suite's process
         reopened = Spool(folder, 1 << 20, on_drop=dropped.append)
         assert [e.sequence for e in reopened.peek(10)] == [1, 2, 3, 4], f"room {room}"
         assert reopened.peek(10)[2] == envelope(3)
+        reopened.close()
         assert dropped == []
     reliability("Forwarding", f"spool append cut short at every byte of a record ({size + 1} offsets; short write then "
                 "ENOSPC, or a failed fdatasync), in the current segment and in a new one",

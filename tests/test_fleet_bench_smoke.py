@@ -14,8 +14,8 @@ ROOT = Path(__file__).parent.parent
 
 
 def test_fleet_benchmark_smoke_mode_reports_the_ratio_and_memory() -> None:
-    """bench/fleet_bench.py --smoke exits 0 and reports a number for the bare SDK, the fleet, their ratio, memory."""
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "fleet_bench.py"), "--smoke"], capture_output=True,
+    """scripts/fleet_bench.py --smoke exits 0 and reports a number for the bare SDK, the fleet, their ratio, memory."""
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "fleet_bench.py"), "--smoke"], capture_output=True,
                             text=True, timeout=300, check=False, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])

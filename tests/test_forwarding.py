@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import struct
+import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+from azure.core.credentials import AccessToken
 from azure.core.exceptions import ClientAuthenticationError
+from azure.eventhub import EventData
 from azure.eventhub.exceptions import AuthenticationError, ConnectError, EventHubError, OperationTimeoutError
 
 from se_exporter.cli import build_parser, main
@@ -24,6 +29,7 @@ from se_exporter.sinks.envelope import Envelope, Sequencer, build
 from se_exporter.sinks.eventhubs import classify, producer_factory
 from se_exporter.sinks.forward import file_line
 from se_exporter.sinks.spool import Spool
+from tests.eventhubs_server import EventHubsTestServer, Store, self_signed_certificate
 
 SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "forwarded-document.schema.json").read_text())
 RAW = b'{\r\n  "DocumentIncarnation": 3,\r\n  "Events": [ ]\r\n}'
@@ -256,28 +262,53 @@ def test_connection_string_is_not_in_the_settings_repr() -> None:
 
 
 class FakeCredential:
+    """A credential that hands out a fixed token and notes the scopes it was asked for."""
+
     def __init__(self, client_id: str | None) -> None:
         self.client_id = client_id
+        self.scopes: list[tuple[str, ...]] = []
 
-    async def get_token(self, *scopes: str, **kwargs: Any) -> Any:
-        raise AssertionError("no token is needed to build the client")
+    async def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
+        self.scopes.append(scopes)
+        return AccessToken("a-token", int(time.time()) + 3600)
 
     async def close(self) -> None:
         return None
 
 
-def test_managed_identity_builds_the_right_client() -> None:
-    """Namespace + name + client id give a producer for that hub, authenticated by that identity."""
+def send_one(make_producer: Callable[[], Any]) -> None:
+    """One event through a producer the factory builds, as the forwarder sends: a batch."""
+    async def send() -> None:
+        async with make_producer() as producer:
+            batch = await producer.create_batch()
+            batch.add(EventData(b"{}"))
+            await producer.send_batch(batch)
+
+    asyncio.run(send())
+
+
+def test_managed_identity_builds_the_right_client(tmp_path: Path) -> None:
+    """Namespace + name + client id give a producer that sends to that hub with a token from that identity's
+    credential (asked for an Event Hubs token) put on the CBS for sb://<namespace>/<hub>, through a custom
+    endpoint over TLS."""
     made: list[FakeCredential] = []
 
     def credential(client_id: str | None) -> FakeCredential:
         made.append(FakeCredential(client_id))
         return made[-1]
 
-    client = producer_factory(None, "maintenance", "ns.servicebus.windows.net", "c0ffee", credential)()
-    assert client._address.hostname == "ns.servicebus.windows.net"
-    assert client.eventhub_name == "maintenance"
-    assert client._credential is made[0] and made[0].client_id == "c0ffee"
+    cert, key = self_signed_certificate(tmp_path)
+    hub = EventHubsTestServer(Store(hub="maintenance"), tls=(cert, key)).start()
+    try:
+        send_one(producer_factory(None, "maintenance", "ns.servicebus.windows.net", "c0ffee", credential,
+                                  endpoint=f"sb://localhost:{hub.port}", ca_file=str(cert)))
+    finally:
+        hub.stop()
+    assert [event.body for events in hub.store.events.values() for event in events] == [b"{}"]
+    assert [token.name for token in hub.cbs_tokens] == ["sb://ns.servicebus.windows.net/maintenance"]
+    assert [c.client_id for c in made] == ["c0ffee"]
+    assert made[0].scopes and all(len(scopes) == 1 and scopes[0].startswith("https://eventhubs.azure.net/")
+                                  for scopes in made[0].scopes), made[0].scopes
 
 
 def test_the_real_credential_chain_builds_without_contacting_anyone() -> None:
@@ -289,10 +320,12 @@ def test_the_real_credential_chain_builds_without_contacting_anyone() -> None:
     assert not {"AzureCliCredential", "AzurePowerShellCredential", "VisualStudioCodeCredential"} & set(chain)
 
 
-def test_connection_string_builds_the_right_client() -> None:
-    """A connection string with EntityPath gives a producer for that namespace and hub."""
-    client = producer_factory(CONN + ";EntityPath=maintenance", None, None, None)()
-    assert (client._address.hostname, client.eventhub_name) == ("ns.servicebus.windows.net", "maintenance")
+def test_connection_string_builds_the_right_client(hubs: Callable[..., EventHubsTestServer]) -> None:
+    """A connection string with EntityPath gives a producer that sends to that namespace and hub."""
+    hub = hubs(Store(hub="maintenance"))
+    send_one(producer_factory(hub.connection_string(), None, None, None))
+    assert [event.body for events in hub.store.events.values() for event in events] == [b"{}"]
+    assert [token.name for token in hub.cbs_tokens] == [f"sb://127.0.0.1:{hub.port}/maintenance"]
 
 
 @pytest.mark.parametrize(("error", "reason"), [

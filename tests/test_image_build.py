@@ -1,10 +1,10 @@
-"""tools/image.py: what the image build takes from the host's pip configuration, and the build command lines."""
+"""scripts/image.py: what the image build takes from the host's pip configuration, and the build command lines."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tools.image import CA_SECRET, build_command, build_pip_config
+from scripts.image import CA_SECRET, build_command, build_pip_config
 
 
 def test_pip_config_keeps_the_hosts_index_and_mounts_its_ca_bundle(tmp_path: Path) -> None:

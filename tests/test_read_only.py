@@ -6,7 +6,8 @@ import ast
 from pathlib import Path
 
 import se_exporter
-from tests.conftest import Reliability
+from se_exporter.imds import COMPUTE_PATH, SCHEDULED_EVENTS_PATH, USER_AGENT, ImdsClient, make_transport
+from tests.conftest import Reliability, SimulatorFactory
 
 PACKAGE = Path(se_exporter.__file__).parent
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
@@ -45,17 +46,22 @@ def _is_get(call: ast.Call) -> bool:
     return isinstance(method, ast.Constant) and method.value == "GET"
 
 
-def test_the_imds_client_only_builds_get() -> None:
-    """The one place an httpx request is built names GET, and the transport's own way in is a method that can only
-    GET; the transport refuses any other method and writes only GET."""
-    source = (PACKAGE / "imds.py").read_text()
-    assert source.count("httpx.Request(") == 1
-    assert 'httpx.Request(\n                "GET"' in source
-    assert source.count(".handle_request(") == 1 and "transport.handle_request(request)" in source
-    assert source.count("self._transport.get(") == 1
-    transport = (PACKAGE / "transport.py").read_text()
-    assert 'if request.method != "GET":' in transport
-    assert transport.count(".putrequest(") == 1 and '.putrequest("GET", ' in transport
+def test_every_request_the_imds_client_sends_is_a_get(simulator: SimulatorFactory) -> None:
+    """Through the sidecar's own transport to a real socket, the IMDS client's calls (Scheduled Events on its first
+    and later timeouts, compute metadata) reach IMDS as GET and nothing else; the transport refuses any other method
+    before a connection is opened (tests/test_transport.py::test_only_get_is_sent)."""
+    sim, server = simulator("live-migration")
+    transport = make_transport()
+    client = ImdsClient(transport, server.url, "2020-07-01", timeout=5.0, first_call_timeout=10.0,
+                        max_body_bytes=1 << 20)
+    try:
+        client.scheduled_events()
+        client.scheduled_events()
+        client.compute()
+    finally:
+        transport.close()
+    sent = [(request.method, request.path) for request in sim.requests if request.user_agent == USER_AGENT]
+    assert sent == [("GET", SCHEDULED_EVENTS_PATH), ("GET", SCHEDULED_EVENTS_PATH), ("GET", COMPUTE_PATH)]
 
 
 def test_the_scan_would_catch_a_post() -> None:

@@ -6,8 +6,9 @@ import logging
 import re
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -15,6 +16,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from se_exporter.tracing import QuietBatchSpanProcessor
 from tests.helpers import wait_until
+
+T = TypeVar("T")
 
 
 class Recording(SpanExporter):
@@ -56,6 +59,14 @@ def processor_for(exporter: Recording, **options: object) -> tuple[QuietBatchSpa
     return processor, provider
 
 
+def started_thread_of(make: Callable[[], T]) -> tuple[T, threading.Thread]:
+    """What ``make`` returns, and the one thread it started (the processor's worker)."""
+    before = set(threading.enumerate())
+    result = make()
+    (thread,) = set(threading.enumerate()) - before
+    return result, thread
+
+
 @pytest.fixture
 def made() -> Iterator[list[QuietBatchSpanProcessor]]:
     processors: list[QuietBatchSpanProcessor] = []
@@ -82,11 +93,10 @@ def test_the_thread_does_not_wake_while_no_span_is_queued(exporter: Recording,
                                                           made: list[QuietBatchSpanProcessor]) -> None:
     """Over ten schedule delays without a span the worker is not woken once (the SDK's processor wakes every
     delay); a span then wakes it and is exported."""
-    processor, provider = processor_for(exporter, schedule_delay_millis=20)
+    (processor, provider), thread = started_thread_of(lambda: processor_for(exporter, schedule_delay_millis=20))
     made.append(processor)
     end_spans(provider, "first")
     wait_until(lambda: exporter.names == ["first"], what="the first span exported")
-    thread = processor._thread
     assert thread.native_id is not None
     before = voluntary_switches(thread.native_id)
     threading.Event().wait(0.2)  # the window observed: ten schedule delays of 20 ms
@@ -138,11 +148,11 @@ def test_force_flush_exports_at_once(exporter: Recording, made: list[QuietBatchS
 def test_shutdown_exports_what_is_left_and_stops(exporter: Recording) -> None:
     """shutdown does not wait for the schedule delay either: queued spans are exported, then the thread and the
     exporter stop, and later spans are not queued."""
-    processor, provider = processor_for(exporter, schedule_delay_millis=60_000)
+    (processor, provider), thread = started_thread_of(lambda: processor_for(exporter, schedule_delay_millis=60_000))
     end_spans(provider, "a")
     processor.shutdown()
     assert exporter.names == ["a"]
-    assert exporter.shut and not processor._thread.is_alive()
+    assert exporter.shut and not thread.is_alive()
     end_spans(provider, "late")
     assert processor.force_flush() is False
     assert exporter.names == ["a"]

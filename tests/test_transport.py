@@ -59,7 +59,8 @@ class ScriptedServer:
         self.port = self._listener.getsockname()[1]
         self._open: list[socket.socket] = []
         self._closed = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept, daemon=True)
+        self._acceptor.start()
 
     @property
     def url(self) -> str:
@@ -121,7 +122,10 @@ class ScriptedServer:
 
     def close(self) -> None:
         self._closed.set()
+        with contextlib.suppress(OSError):  # close() alone leaves accept() blocked, and its thread, for ever
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
+        self._acceptor.join(timeout=10)
         for conn in self._open:
             conn.close()
 

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import gzip
 import logging
-import signal
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, cast
@@ -32,6 +31,7 @@ from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, render
 from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER, ObservedCheckpointStore, Service, describe
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.state import Fleet
+from se_exporter.platform_io import PLATFORM
 from se_exporter.sinks.eventhubs import connection_options
 
 log = logging.getLogger("se_exporter.fleet")
@@ -176,8 +176,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         cleanup.callback(server.shutdown)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.add_signal_handler(signum, stop.set)
+        PLATFORM.on_stop_async(loop, stop.set)  # SIGTERM/SIGINT/SIGHUP, or Windows' console control events
         helpers = [asyncio.create_task(work(stop)) for work in (service.checkpoints, service.expiry,
                                                                  service.watchdog)]
         helpers.append(asyncio.create_task(_count_partitions(client, service)))

@@ -77,6 +77,8 @@ class EventHubsTarget:
             elif loop is not None and wakeup is not None:
                 loop.call_soon_threadsafe(wakeup.set)  # between start-up steps: the loop sees _stop next
         self._thread.join(timeout)
+        if not self._thread.is_alive():  # a send still running after the timeout may yet read the spool
+            self._spool.close()
 
     def _run(self) -> None:
         async def main() -> None:

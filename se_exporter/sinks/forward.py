@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from se_exporter.errors import ConfigError
 from se_exporter.files import DISK, Disk, is_disk_full, write_all
 from se_exporter.metrics import NAMESPACE
+from se_exporter.platform_io import PLATFORM
 from se_exporter.sinks import DocumentChange
 from se_exporter.sinks.envelope import Envelope, Sequencer, build
 
@@ -286,7 +287,7 @@ class FileTarget:
         self._torn: int | None = None  # where the file must be cut before the next line (a cut that failed)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | PLATFORM.open_flags, 0o666)
             self.last_sequence = self._recover(path)
         except OSError as exc:
             raise ConfigError(f"--forward-file {path}: cannot open it for appending ({exc.strerror})") from None

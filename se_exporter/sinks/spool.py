@@ -39,6 +39,7 @@ from pathlib import Path
 
 from se_exporter.errors import ConfigError
 from se_exporter.files import DISK, Disk, fsync_dir, write_all
+from se_exporter.platform_io import PLATFORM
 from se_exporter.sinks.envelope import Envelope
 
 log = logging.getLogger("se_exporter.spool")
@@ -74,9 +75,10 @@ class Spool:
         self._writer_size = 0
         self._torn = False  # a failed append could not be cut off yet: the writer's tail is beyond _writer_size
         self._cursor_error: str | None = None
+        self._undeleted: set[int] = set()  # acknowledged segments still open somewhere (Windows): removed later
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            self._acked_fd = os.open(directory / ACKED, os.O_RDWR | os.O_CREAT, 0o600)
+            self._acked_fd = os.open(directory / ACKED, os.O_RDWR | os.O_CREAT | PLATFORM.open_flags, 0o600)
             self._cursor, self._slot = self._read_cursor()  # the next write takes the other slot
             self._highest = self._cursor
             segments = sorted(directory.glob(f"*{SUFFIX}"))
@@ -101,6 +103,14 @@ class Spool:
     def last_sequence(self) -> int:
         """The highest sequence ever held, acknowledged ones included, so numbering never goes back."""
         return self._highest
+
+    def close(self) -> None:
+        """Release the spool's open files; what it holds stays on disk for the next ``Spool`` of the directory."""
+        with self._lock:
+            for fd in (self._writer, self._acked_fd):
+                if fd is not None and fd >= 0:
+                    os.close(fd)
+            self._writer, self._acked_fd = None, -1
 
     def append(self, envelope: Envelope) -> None:
         """Accept one envelope: on return it is on disk; on OSError nothing changed (see the module docstring)."""
@@ -142,8 +152,9 @@ class Spool:
                 try:
                     fd = handles.get(location.segment)
                     if fd is None:
-                        fd = handles[location.segment] = os.open(self._segment_path(location.segment), os.O_RDONLY)
-                    envelopes.append(_decode(os.pread(fd, location.size, location.offset)))
+                        fd = handles[location.segment] = os.open(self._segment_path(location.segment),
+                                                                 os.O_RDONLY | PLATFORM.open_flags)
+                    envelopes.append(_decode(PLATFORM.pread(fd, location.size, location.offset)))
                 except FileNotFoundError:
                     continue  # dropped meanwhile
                 except (OSError, ValueError, KeyError) as exc:
@@ -153,6 +164,9 @@ class Spool:
         finally:
             for fd in handles.values():
                 os.close(fd)
+        if self._undeleted:
+            with self._lock:
+                self._delete_segments()
         return envelopes
 
     def remove(self, sequences: Iterable[int]) -> None:
@@ -160,6 +174,7 @@ class Spool:
             for sequence in sequences:
                 self._forget(sequence)
             self._advance_cursor()
+            self._delete_segments()
 
     # --- under the lock ---
 
@@ -171,10 +186,10 @@ class Spool:
             os.close(self._writer)
             self._writer = None
             if self._writer_segment not in self._segments:  # every record in it was acknowledged already
-                self._segment_path(self._writer_segment).unlink(missing_ok=True)
+                self._delete_segment(self._writer_segment)
         if self._writer is None:
             path = self._segment_path(sequence)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | PLATFORM.open_flags, 0o600)
             try:
                 fsync_dir(self._dir)  # the new segment's name is durable before anything in it counts
             except OSError:
@@ -212,7 +227,7 @@ class Spool:
         del self._segments[location.segment]
         if location.segment == self._writer_segment and self._writer is not None:
             return  # still being appended to: removed when it is full and rotated (see _writable)
-        self._segment_path(location.segment).unlink(missing_ok=True)
+        self._delete_segment(location.segment)
 
     def _advance_cursor(self) -> None:
         """Save the cursor; if the disk refuses, the next advance tries again (until then, after a restart,
@@ -223,8 +238,9 @@ class Spool:
             return
         slot = self._slot ^ 1
         try:
-            os.pwrite(self._acked_fd, _SLOT.pack(cursor, zlib.crc32(cursor.to_bytes(8, "big"))), slot * _SLOT.size)
-            os.fdatasync(self._acked_fd)
+            PLATFORM.pwrite(self._acked_fd, _SLOT.pack(cursor, zlib.crc32(cursor.to_bytes(8, "big"))),
+                            slot * _SLOT.size)
+            PLATFORM.datasync(self._acked_fd)
         except OSError as exc:
             if self._cursor_error is None:
                 log.warning("cannot save the spool cursor in %s: %s; acknowledged documents may be sent again "
@@ -234,6 +250,20 @@ class Spool:
         if self._cursor_error is not None:
             log.info("spool cursor saved again in %s", self._dir / ACKED)
         self._cursor, self._slot, self._cursor_error = cursor, slot, None
+
+    def _delete_segment(self, segment: int) -> None:
+        """Remove a fully acknowledged segment; if the OS refuses because it is still open (Windows: ``peek`` in
+        another thread, a scanner), it is tried again after the next ``remove`` or ``peek``, never lost track of."""
+        try:
+            PLATFORM.remove(self._segment_path(segment))
+        except PermissionError:
+            self._undeleted.add(segment)
+        else:
+            self._undeleted.discard(segment)
+
+    def _delete_segments(self) -> None:
+        for segment in sorted(self._undeleted):
+            self._delete_segment(segment)
 
     def _trim(self) -> list[int]:
         """Drop the oldest until within the limit; with more than one record left, never the newest."""
@@ -249,7 +279,7 @@ class Spool:
     # --- start-up ---
 
     def _read_cursor(self) -> tuple[int, int]:
-        data = os.pread(self._acked_fd, 2 * _SLOT.size, 0)
+        data = PLATFORM.pread(self._acked_fd, 2 * _SLOT.size, 0)
         best, best_slot = 0, 1
         for slot in (0, 1):
             chunk = data[slot * _SLOT.size:(slot + 1) * _SLOT.size]
@@ -295,7 +325,7 @@ class Spool:
         if kept:
             self._segments[segment] = kept
         else:
-            path.unlink()
+            self._delete_segment(segment)  # held open elsewhere (Windows): removed on a later pass
 
     def _import_legacy(self, paths: list[Path]) -> None:
         """Spools written by 0.1 (one ``<sequence>.env`` file per document) are moved into segments."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from se_exporter import cli, logs
+from se_exporter import cli, logs, processwide
 from tests.conftest import Reliability, SimulatorFactory
 from tests.eventhubs_server import EventHubsTestServer
 from tests.helpers import Sidecar, http_get, wait_until
@@ -61,17 +61,13 @@ def test_secrets_never_show(simulator: SimulatorFactory, sidecar: Callable[..., 
 def test_crash_output_is_redacted(reliability: Reliability) -> None:
     """An uncaught exception carrying a key or a token is reported through the redacting formatter."""
     stream = io.StringIO()
-    root = logging.getLogger()
-    saved = (root.handlers[:], root.level)
-    try:
+    with processwide.restored():  # logs.setup's handler and logger levels end with the test
         logs.setup("info", "text")
-        root.handlers[0].setStream(stream)  # type: ignore[attr-defined]
+        logging.getLogger().handlers[0].setStream(stream)  # type: ignore[attr-defined]
         try:
             raise RuntimeError(f"boom: Endpoint=sb://x/;SharedAccessKey={KEY}; Authorization: Bearer {TOKEN}")
         except RuntimeError as error:
             cli.report_crash(type(error), error, error.__traceback__)
-    finally:
-        root.handlers[:], root.level = saved[0], saved[1]
     text = stream.getvalue()
     assert "se-exporter crashed" in text and "Traceback" in text
     assert KEY not in text and TOKEN not in text

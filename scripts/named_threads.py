@@ -1,4 +1,4 @@
-"""Run se-exporter (``python bench/named_threads.py run ...``) with each Python thread's name on its OS thread.
+"""Run se-exporter (``python scripts/named_threads.py run ...``) with each Python thread's name on its OS thread.
 
 Python 3.11 leaves every thread of a process with the process's name, so /proc/PID/task/TID cannot say which
 thread is the poll loop and which the HTTP server. The benchmark reads CPU and wake-ups per thread from there;

@@ -1,7 +1,7 @@
-"""The sidecar's cost, each figure beside a reference measured in the same run (writes benchmarks/bench.json).
+"""The sidecar's cost, each figure beside a reference measured in the same run (writes docs/measurements/bench.json).
 
-    python bench/bench.py           (make bench)  full run, about four minutes
-    python bench/bench.py --smoke   tiny windows and sizes, to keep the script working (make test)
+    python scripts/bench.py           (make bench)  full run, about four minutes
+    python scripts/bench.py --smoke   tiny windows and sizes, to keep the script working (make test)
 
 Absolute timings on shared machines differ several-fold from one machine to the next; ratios taken in one run do
 not (issue 14). So every figure is printed with the reference it is divided by, measured at the same time on the
@@ -15,7 +15,7 @@ same machine, and the target is a ratio:
 * ``json.loads`` of a 1,000-event document beside parse + lifecycle diff of the same bytes;
 * the azure-eventhub SDK sending the same documents, in the same batch size, with no spool, beside the spool drain.
 
-The sidecars run through bench/named_threads.py, which only names their OS threads so that the per-thread figures
+The sidecars run through scripts/named_threads.py, which only names their OS threads so that the per-thread figures
 say which thread is which. The simulator, the Event Hubs test server and the OTLP receiver run here, on loopback.
 Nothing fails on a missed target (the machines are noisy); the smoke mode proves the script runs, nothing more.
 """
@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402 - after the path set-up above
 from azure.eventhub import EventData  # noqa: E402 - after the path set-up above
-from core import document  # noqa: E402 - bench/core.py: this script's folder is first on sys.path
+from core import document  # noqa: E402 - scripts/core.py: this script's folder is first on sys.path
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from se_exporter.simulator import scenario as scenarios  # noqa: E402
@@ -230,7 +230,7 @@ class Field:
         self._logs.append(log_path)
         with log_path.open("wb") as log:
             process = subprocess.Popen(  # noqa: S603 - our own launcher with fixed arguments
-                [sys.executable, str(ROOT / "bench" / "named_threads.py"), "run", "--imds-url", server.url,
+                [sys.executable, str(ROOT / "scripts" / "named_threads.py"), "run", "--imds-url", server.url,
                  "--listen", f"127.0.0.1:{port}", "--poll-interval", f"{interval:g}", "--state-dir", str(directory)],
                 stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=ROOT)
         stack.callback(stop_process, process)
@@ -336,8 +336,8 @@ def detection(field_: Field, contender: Contender, changes: int, interval: float
 # ---------------------------------------------------------------------------------------------- in-process
 
 def core_figures(*args: str) -> dict[str, float]:
-    """bench/core.py in a process of its own, so that the garbage collector walks a heap the sidecar's size."""
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "core.py"), *args],  # noqa: S603 - ours
+    """scripts/core.py in a process of its own, so that the garbage collector walks a heap the sidecar's size."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "core.py"), *args],  # noqa: S603 - ours
                           capture_output=True, text=True, check=True, cwd=ROOT)
     return {name: float(figure) for name, figure in json.loads(done.stdout).items()}
 
@@ -362,18 +362,18 @@ def compiled_package(folder: Path) -> Path:
 
 
 def import_rss(package: Path) -> list[tuple[str, float]]:
-    """RSS after each import, in a fresh interpreter (bench/import_rss.py): what the resident memory is made of.
+    """RSS after each import, in a fresh interpreter (scripts/import_rss.py): what the resident memory is made of.
     The standard library and third-party pieces come first, in the order the sidecar's own start-up brings them
     in; the every-sink pieces follow (what forwarding and tracing add)."""
     env = {**os.environ, "PYTHONPATH": str(package)}
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "import_rss.py"),  # noqa: S603 - ours
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "import_rss.py"),  # noqa: S603 - ours
                            *METRICS_ONLY_IMPORTS, *EVERY_SINK_IMPORTS], capture_output=True, text=True, check=True,
                           cwd=ROOT, env=env)
     return [(name, float(rss)) for name, rss in json.loads(done.stdout)]
 
 
 def poll_anatomy(samples: int, gap: float) -> dict[str, float]:
-    """What the CPU of one poll is made of (bench/core.py), against a double of its own."""
+    """What the CPU of one poll is made of (scripts/core.py), against a double of its own."""
     server = start(Simulator(scenarios.load("demo"), speed=0.001))
     try:
         return core_figures("--poll-anatomy", server.url, str(samples), str(gap))
@@ -783,7 +783,7 @@ def rows_of(r: Run) -> list[Row]:
         Row("changed -> span at the OTLP receiver (median)", statistics.median(r.found["span"]), "s", SPAN_DELAY,
             "the span processor's schedule delay"),
     ]
-    soak = ROOT / "benchmarks" / "soak.json"
+    soak = ROOT / "docs" / "measurements" / "soak.json"
     if soak.exists():
         figures = json.loads(soak.read_text())
         rows.append(Row("RSS growth over the soak (make soak, a separate run)", figures["rss_growth_mb"], "MB",
@@ -794,7 +794,7 @@ def rows_of(r: Run) -> list[Row]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the script works, not the numbers")
-    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "bench.json")
+    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "measurements" / "bench.json")
     parser.add_argument("--peer", type=Path, default=next((p for p in PEER_CANDIDATES if p.exists()), None),
                         help=f"the Go peer's binary (default: {PEER_CANDIDATES[0]} if present)")
     args = parser.parse_args()

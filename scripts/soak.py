@@ -1,9 +1,9 @@
 """Soak: 100,000 polls of a fast-changing simulator; print whether memory, open files and threads stay flat.
 
-    python bench/soak.py [--polls 100000]     (make soak)
+    python scripts/soak.py [--polls 100000]     (make soak)
 
 The sidecar runs as its own process with metrics, forwarding (to the suite's Event Hubs test server) and spans
-(console, to /dev/null) on; figures come from /proc. Loopback only. Writes benchmarks/soak.json.
+(console, to /dev/null) on; figures come from /proc. Loopback only. Writes docs/measurements/soak.json.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def metric(url: str, name: str, labels: str = "") -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--polls", type=int, default=20_000)
-    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "soak.json")
+    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "measurements" / "soak.json")
     args = parser.parse_args()
     sim = Simulator(scenarios.load("demo"), speed=600.0)  # the demo's 10-minute cycle every second
     imds = start(sim)

@@ -1,6 +1,6 @@
 """Build the container image with docker when a daemon answers, with buildah otherwise (``make image``).
 
-    python3 tools/image.py [--tag se-exporter:latest] [--base IMAGE] [--engine docker|buildah]
+    python3 scripts/image.py [--tag se-exporter:latest] [--base IMAGE] [--engine docker|buildah]
 
 pip inside the build must use the package index this host uses, and trust the CA bundle this host's pip trusts (a
 mirror, or a proxy that re-signs TLS, is common where images are built). Both are read from the host's pip

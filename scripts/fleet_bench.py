@@ -1,7 +1,7 @@
 """`se-exporter fleet` against the bare SDK: the same burst of documents, applied vs merely received.
 
-    python bench/fleet_bench.py           (make bench)  10,000 documents
-    python bench/fleet_bench.py --smoke   a few hundred, to keep the script working (make test)
+    python scripts/fleet_bench.py           (make bench)  10,000 documents
+    python scripts/fleet_bench.py --smoke   a few hundred, to keep the script working (make test)
 
 Two phases, each with its own Event Hubs test server in its own process (4 partitions) and nothing else running:
 first a bare `EventHubConsumerClient.receive_batch` (same batch size and prefetch as `fleet`, no checkpoint store)
@@ -195,7 +195,7 @@ def fleet_phase(count: int, work: Path) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a few hundred documents: checks the script works")
-    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "fleet-bench.json")
+    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "measurements" / "fleet-bench.json")
     parser.add_argument("--serve-hub", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--bare", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()

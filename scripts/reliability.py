@@ -1,8 +1,10 @@
-"""Render the README's Reliability section from what the test suite proved (build/reliability.json) and
-the last soak run (benchmarks/soak.json), so the table is produced by the suite, never typed by hand.
+"""Render the README's Reliability section from what the last full run of the test suite proved
+(.test-results/reliability.json, written by tests/reliability.py) and the last soak run (docs/measurements/soak.json),
+so the table is produced by the suite, never typed by hand. A partial run (a file, -k, -m, a failure) writes no
+rows, and rows not marked as a full run's are refused: the table never shrinks to what one file proved.
 
-    python tools/reliability.py           # rewrite the section in README.md
-    python tools/reliability.py --check   # exit 1 if README.md differs from what the last run proved
+    python scripts/reliability.py           # rewrite the section in README.md
+    python scripts/reliability.py --check   # exit 1 if README.md differs from what the last run proved
 """
 
 from __future__ import annotations
@@ -14,13 +16,32 @@ from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
 START, END = "<!-- reliability:start -->", "<!-- reliability:end -->"
+RESULTS = ROOT / ".test-results" / "reliability.json"
 
 
-def render() -> str:
-    rows = json.loads((ROOT / "build" / "reliability.json").read_text())
+class NotFullRun(Exception):
+    """The recorded rows are missing or were not written by a full run of the suite."""
+
+
+def full_run_rows(path: Path = RESULTS) -> list[dict[str, str]]:
+    """The rows of the last full test run, or NotFullRun saying what to do instead."""
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    try:
+        recorded = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise NotFullRun(f"no full test run recorded ({shown} is missing): run make test") from None
+    except ValueError:
+        recorded = None
+    if not isinstance(recorded, dict) or recorded.get("run") != "full" or not recorded.get("rows"):
+        raise NotFullRun(f"{shown} was not written by a full test run: run make test")
+    rows: list[dict[str, str]] = recorded["rows"]
+    return rows
+
+
+def render(rows: list[dict[str, str]]) -> str:
     lines = [START, "", "| area | what was tried | what held |", "|---|---|---|"]
     lines += [f"| {row['area']} | {row['tried']} | {row['held']} |" for row in rows]
-    soak = ROOT / "benchmarks" / "soak.json"
+    soak = ROOT / "docs" / "measurements" / "soak.json"
     if soak.exists():
         figures = json.loads(soak.read_text())
         lines += ["", f"Soak (`make soak`, {figures['machine']}): {figures['polls']:,} polls of a simulator "
@@ -45,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     before, rest = readme.split(START, 1)
     _, after = rest.split(END, 1)
-    updated = before + render() + after
+    try:
+        updated = before + render(full_run_rows()) + after
+    except NotFullRun as refused:
+        print(f"reliability: {refused}", file=sys.stderr)
+        return 1
     if args.check:
         if updated != readme:
             print("README.md's Reliability section differs from what the suite proved: run make reliability",

@@ -1,5 +1,5 @@
-"""In-process figures of bench.py, printed as JSON by ``python bench/core.py REPEATS`` (parse, /metrics writer) and
-``python bench/core.py --poll-anatomy IMDS_URL SAMPLES GAP`` (what a poll's CPU is made of).
+"""In-process figures of bench.py, printed as JSON by ``python scripts/core.py REPEATS`` (parse, /metrics writer) and
+``python scripts/core.py --poll-anatomy IMDS_URL SAMPLES GAP`` (what a poll's CPU is made of).
 
 bench.py runs this in a process of its own that imports what the sidecar imports and nothing else (no test
 servers, no SDKs): a full garbage collection walks every tracked object, so in the benchmark's own, larger heap

@@ -1,4 +1,4 @@
-"""What the sidecar's RSS is made of: ``python bench/import_rss.py MODULE...`` imports the modules one after the
+"""What the sidecar's RSS is made of: ``python scripts/import_rss.py MODULE...`` imports the modules one after the
 other in a fresh interpreter and prints, as JSON, the RSS after each (the first entry is the bare interpreter).
 
 An import's share depends on what came before it (a module imported by an earlier one costs nothing later), so
