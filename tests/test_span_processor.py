@@ -13,8 +13,8 @@ from typing import TypeVar
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from se_exporter.sinks.tracing import QuietBatchSpanProcessor
 
+from se_exporter.sinks.tracing import QuietBatchSpanProcessor
 from tests.helpers import wait_until
 
 T = TypeVar("T")
