@@ -7,8 +7,6 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import httpx
-
 from se_exporter.config import (
     CONSUME_OPTIONS,
     RUN_OPTIONS,
@@ -22,7 +20,6 @@ from se_exporter.config import (
     parse_name,
     resolve,
 )
-from se_exporter.consume import starting_position
 from se_exporter.errors import ConfigError
 
 DEFAULT_FLEET_PORT = 10170  # the sidecar's 10169 plus one: both can run on one machine
@@ -53,6 +50,8 @@ def parse_storage_connection_string(text: str) -> str:
 
 def parse_account_url(text: str) -> str:
     """An https URL: the storage SDK sends managed-identity tokens over https only."""
+    import httpx  # noqa: PLC0415 - only for the fleet command: the sidecar's `run` never loads httpx
+
     try:
         url = httpx.URL(text.strip())
     except (httpx.InvalidURL, TypeError) as exc:
@@ -168,5 +167,7 @@ def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSet
     if settings.ownership_timeout <= settings.load_balancing_interval:
         raise ConfigError(f"--ownership-expiry {settings.ownership_timeout:g} must be longer than "
                           f"--load-balancing-interval {settings.load_balancing_interval:g}")
+    from se_exporter.consume import starting_position  # noqa: PLC0415 - it brings asyncio, which `run` never needs
+
     starting_position(settings.starting_position)  # raises ConfigError naming the flag
     return settings
