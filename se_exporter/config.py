@@ -129,6 +129,19 @@ class Settings:
         """``--first-call-timeout`` as used: never below ``--imds-timeout``."""
         return max(self.first_call_timeout, self.imds_timeout)
 
+    @property
+    def raised_bounds(self) -> tuple[str, ...]:
+        """One sentence per bound given below its floor and raised to it, for the start-up log: the sidecar starts
+        (a sidecar that refuses to start watches nothing) but says what it uses instead of what was asked."""
+        notes = []
+        if self.max_backoff < self.poll_interval:
+            notes.append(f"--max-backoff {self.max_backoff:g} is shorter than --poll-interval "
+                         f"{self.poll_interval:g}: using {self.effective_max_backoff:g}")
+        if self.first_call_timeout < self.imds_timeout:
+            notes.append(f"--first-call-timeout {self.first_call_timeout:g} is shorter than --imds-timeout "
+                         f"{self.imds_timeout:g}: using {self.effective_first_call_timeout:g}")
+        return tuple(notes)
+
 
 # ---------------------------------------------------------------- value parsers (str -> value)
 
@@ -157,6 +170,18 @@ def parse_bytes(text: str) -> int:
     return int(DOCUMENT_BYTES(text))
 
 
+def parse_imds_url(text: str) -> str:
+    """IMDS takes no credentials, so a ``user:password@`` part can only leak: it would be printed in the start-up
+    line and in every failed poll's ``url=``. Refused before anything repeats the text."""
+    if re.match(r"[^/]*//[^/?#]*@", text.strip()):
+        raise ValueError("holds a user name or password (user:password@); IMDS takes none: give the URL without it")
+    return parse_url(text)
+
+
+def parse_otlp_url(text: str) -> str:
+    return parse_url(text, example="http://127.0.0.1:4318")
+
+
 def parse_heartbeat(text: str) -> float:
     """Seconds between heartbeats; 0 or 'off' turns them off."""
     if text.strip().lower() in ("0", "off"):
@@ -168,7 +193,7 @@ def parse_heartbeat(text: str) -> float:
 
 
 RUN_OPTIONS: tuple[Option, ...] = (
-    Option("imds_url", "--imds-url", parse_url,
+    Option("imds_url", "--imds-url", parse_imds_url,
            f"IMDS base URL (default {DEFAULT_IMDS_URL}); never reached through a proxy", "URL"),
     Option("api_version", "--api-version", parse_api_version,
            f"Scheduled Events api-version to request (default {DEFAULT_API_VERSION})", "VERSION"),
@@ -215,7 +240,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("otel_traces_exporter", "--otel-traces-exporter", choice("otlp", "console", "none"),
            "where spans go: otlp, console or none (default otlp when an OTLP endpoint is set, else none)",
            "EXPORTER", env_name="OTEL_TRACES_EXPORTER"),
-    Option("otel_endpoint", "--otel-endpoint", parse_url,
+    Option("otel_endpoint", "--otel-endpoint", parse_otlp_url,
            "OTLP endpoint, e.g. http://tempo:4318 (http/protobuf; /v1/traces is added) or http://tempo:4317 (grpc)",
            "URL", env_name="OTEL_EXPORTER_OTLP_ENDPOINT"),
     Option("otel_protocol", "--otel-protocol", choice("http/protobuf", "grpc"),
@@ -233,7 +258,36 @@ def run_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     values.update(_otel_extras(args, env, values))
     settings = Settings(**values)
     check_eventhubs(settings)
+    check_paths(settings)
     return settings
+
+
+def check_paths(settings: Settings) -> None:
+    """The sidecar's own files must not overlap: state saves replace files in the state directory, spool rotation
+    deletes segments in the spool directory, so a forward file inside either is destroyed by the sidecar itself,
+    and a spool directory that is the state directory mixes segments into the state. The spool's default place,
+    STATE_DIR/spool, is the one nesting allowed."""
+    state = _flag_path("--state-dir", settings.state_dir, settings.state_path)
+    spool = _flag_path("--spool-dir", settings.spool_dir, settings.spool_path) if settings.eventhubs_enabled \
+        else None
+    if settings.forward_file is not None:
+        forward = settings.forward_file.resolve()
+        for flag, (shown, directory) in (("--state-dir", state), *((("--spool-dir", spool),) if spool else ())):
+            if forward.is_relative_to(directory):
+                raise ConfigError(f"--forward-file {settings.forward_file} is inside {flag} {shown}: the sidecar "
+                                  "replaces and deletes its own files there; choose a file outside it")
+    if spool is not None:
+        (spool_shown, spool_dir), (state_shown, state_dir) = spool, state
+        if spool_dir == state_dir / "spool":
+            return
+        if spool_dir.is_relative_to(state_dir) or state_dir.is_relative_to(spool_dir):
+            raise ConfigError(f"--spool-dir {spool_shown} and --state-dir {state_shown} overlap: give the spool its "
+                              "own directory (the default is STATE_DIR/spool)")
+
+
+def _flag_path(flag: str, given: Path | None, used: Path) -> tuple[str, Path]:
+    """How an error shows a directory (the path given, or ``(default ...)``) and the directory, resolved."""
+    return (str(given) if given is not None else f"(default {used})"), used.resolve()
 
 
 def _otel_extras(args: argparse.Namespace, env: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, Any]:
@@ -242,7 +296,7 @@ def _otel_extras(args: argparse.Namespace, env: Mapping[str, str], values: Mappi
     traces_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     if traces_endpoint and getattr(args, "otel_endpoint", None) is None:
         try:
-            extras["otel_traces_endpoint"] = parse_url(traces_endpoint)
+            extras["otel_traces_endpoint"] = parse_otlp_url(traces_endpoint)
         except ValueError as exc:
             raise ConfigError(f"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: {exc}") from None
     traces_protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")

@@ -68,7 +68,8 @@ async def _consume(settings: ConsumeSettings, position: Any, out: TextIO) -> int
 
     from se_exporter.sinks.eventhubs import connection_options
 
-    connection = connection_options(settings.eventhub_endpoint, settings.eventhub_ca_file)
+    connection = connection_options(settings.eventhub_endpoint, settings.eventhub_ca_file,
+                                    settings.eventhub_connection_string)
     if settings.eventhub_connection_string:
         client = EventHubConsumerClient.from_connection_string(
             settings.eventhub_connection_string, consumer_group=settings.consumer_group,

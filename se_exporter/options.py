@@ -42,7 +42,7 @@ def process_environment() -> Mapping[str, str]:
 # ---------------------------------------------------------------- value parsers (str -> value)
 
 
-def parse_url(text: str) -> str:
+def parse_url(text: str, example: str = "http://169.254.169.254") -> str:
     # The standard library's urlsplit, not httpx.URL: a sidecar polling IMDS never loads httpx (~1.9 MB).
     if any(char.isspace() or not char.isprintable() for char in text):
         raise ValueError(f"{text!r} is not a URL (it holds a blank or a control character)")
@@ -52,7 +52,7 @@ def parse_url(text: str) -> str:
     except ValueError as exc:
         raise ValueError(f"{text!r} is not a URL ({exc})") from None
     if url.scheme not in ("http", "https") or not url.hostname:
-        raise ValueError(f"{text!r} is not an http(s) URL with a host, e.g. http://169.254.169.254")
+        raise ValueError(f"{text!r} is not an http(s) URL with a host, e.g. {example}")
     if url.query or url.fragment:
         raise ValueError(f"{text!r} must be a base URL without query or fragment")
     return text.rstrip("/")
@@ -92,7 +92,12 @@ class Bounded:
         if self.unit == "bytes":
             return f"{_show_size(self.low)} to {_show_size(self.high)}"
         unit = f" {self.unit}" if self.unit else ""
-        return f"{self.low:g} to {self.high:g}{unit}"
+        return f"{_show_number(self.low)} to {_show_number(self.high)}{unit}"
+
+
+def _show_number(value: float) -> str:
+    """2592000, not ``:g``'s 2.592e+06; fractions as ``:g`` writes them (0.05)."""
+    return str(int(value)) if value == int(value) else f"{value:g}"
 
 
 def _size(text: str) -> int:
@@ -145,16 +150,49 @@ def connection_string_parts(text: str) -> dict[str, str]:
     return parts
 
 
+def repeated_keys(text: str) -> list[str]:
+    """Keys given more than once in a connection string (case-insensitive): the SDK would silently keep one."""
+    keys = [item.partition("=")[0].strip() for item in text.split(";") if "=" in item and item.split("=")[0].strip()]
+    lowered = [key.lower() for key in keys]
+    return sorted({key for key in keys if lowered.count(key.lower()) > 1}, key=str.lower)
+
+
 def parse_connection_string(text: str) -> str:
-    """Validated without ever repeating the string: it carries the SharedAccessKey."""
+    """Validated without ever repeating the string: it carries the SharedAccessKey. Only key names and the
+    Endpoint (a host name, no secret) appear in an error."""
     parts = connection_string_parts(text)
     endpoint = parts.get("endpoint", "")
     if not endpoint.startswith("sb://"):
         raise ValueError("has no Endpoint=sb://<namespace>/ part; copy it from the portal's "
                          "'Shared access policies' page")
+    if repeated := repeated_keys(text):
+        raise ValueError(f"gives {', '.join(repeated)} more than once; keep one of each")
+    try:
+        url = urlsplit(endpoint)
+        url.port  # noqa: B018 - read for its check: ValueError unless a number in 0-65535
+    except ValueError as exc:
+        raise ValueError(f"has an Endpoint that is not a URL ({endpoint!r}: {exc})") from None
+    if not url.hostname:
+        raise ValueError(f"has an Endpoint without a host ({endpoint!r}); expected sb://<namespace>/")
+    if "entitypath" in parts and not parts["entitypath"]:
+        raise ValueError("has an empty EntityPath=; name the event hub there or leave EntityPath out and use "
+                         "--eventhub-name")
     if not (("sharedaccesskeyname" in parts and "sharedaccesskey" in parts) or "sharedaccesssignature" in parts):
         raise ValueError("needs SharedAccessKeyName and SharedAccessKey (or SharedAccessSignature)")
     return text.strip()
+
+
+def connection_string_address(text: str) -> str | None:
+    """``sb://HOST:PORT`` when the connection string's Endpoint names a port, else None. azure-eventhub reads only
+    the host from Endpoint and always dials 5671, so a port there is honoured by handing it to the SDK as its
+    ``custom_endpoint_address`` (what ``--eventhub-endpoint`` does), unless that flag is given. The SDK's
+    development-emulator mode (``UseDevelopmentEmulator=true``: plain AMQP) dials the Endpoint's port itself."""
+    parts = connection_string_parts(text)
+    url = urlsplit(parts.get("endpoint", ""))
+    if not url.port or not url.hostname or parts.get("usedevelopmentemulator", "").lower() == "true":
+        return None
+    host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
+    return f"sb://{host}:{url.port}"
 
 
 def parse_namespace(text: str) -> str:
@@ -179,9 +217,26 @@ def parse_endpoint(text: str) -> str:
 
 
 def parse_file(text: str) -> str:
+    if os.path.exists(text) and not os.path.isfile(text):
+        raise ValueError(f"{text!r} is not a regular file (a directory, device or pipe)")
     if not os.path.isfile(text):
         raise ValueError(f"{text!r} is not a readable file")
     return text
+
+
+def parse_ca_file(text: str) -> str:
+    """A readable file of PEM certificates: checked at start-up, not at the first connection (where every send
+    would fail with NO_CERTIFICATE_OR_CRL_FOUND). One check for --eventhub-ca-file and --checkpoint-ca-file."""
+    import ssl  # noqa: PLC0415 - only with a CA file: a sidecar polling IMDS over http never loads ssl here
+
+    path = parse_file(text)
+    try:
+        ssl.create_default_context(cafile=path)
+    except ssl.SSLError as error:
+        raise ValueError(f"{text!r} holds no PEM certificate ({error.reason or error})") from None
+    except OSError as error:
+        raise ValueError(f"{text!r} is not a readable file ({error.strerror or error})") from None
+    return path
 
 
 def choice(*values: str) -> Callable[[str], str]:
@@ -208,11 +263,14 @@ class Option:
     env_name: str = ""  # a standard variable (OTEL_*) instead of SE_EXPORTER_*
     const: str | None = None  # the value of the flag given without one (``--simulate`` alone: demo)
     separator: str | None = None  # a repeatable flag; its environment variable holds the values split by this
+    splitter: Callable[[str], list[str]] | None = None  # splits that variable instead, when a value may hold one
 
     @property
     def blank_is_unset(self) -> bool:
-        """An empty environment value means "not set" for a flag whose value is optional or repeated."""
-        return self.const is not None or self.separator is not None
+        """An empty environment value means "not set" for a flag whose value is optional or repeated, and for
+        every standard OTEL_* variable: the OpenTelemetry specification says an empty value is treated as unset
+        (Kubernetes and Helm often write ``value: ""``)."""
+        return self.const is not None or self.separator is not None or self.env_name.startswith("OTEL_")
 
     @property
     def env(self) -> str:
@@ -239,7 +297,7 @@ EVENTHUB_OPTIONS: tuple[Option, ...] = (
     Option("eventhub_endpoint", "--eventhub-endpoint", parse_endpoint,
            "connect to this address instead of the namespace's own (AMQP over TLS; port 5671 unless given), "
            "e.g. a private endpoint's IP or an application gateway: sb://HOST[:PORT]", "ADDRESS"),
-    Option("eventhub_ca_file", "--eventhub-ca-file", parse_file,
+    Option("eventhub_ca_file", "--eventhub-ca-file", parse_ca_file,
            "PEM file of the CAs that may sign the Event Hubs TLS certificate (default: the certifi bundle)", "PATH"),
 )
 
@@ -267,7 +325,8 @@ def resolve(options: Sequence[Option], args: argparse.Namespace, env: Mapping[st
         if raw is None and option.env in env and (env[option.env] or not option.blank_is_unset):
             raw, source = env[option.env], option.env
             if option.separator is not None:
-                raw = [part for part in raw.split(option.separator) if part.strip()]
+                split = option.splitter(raw) if option.splitter else raw.split(option.separator)
+                raw = [part for part in split if part.strip()]
         if raw is None:
             continue
         try:

@@ -103,7 +103,8 @@ class Poller:
         self._metrics.document_changes.inc()
         if document.warnings:
             self._metrics.document_warnings.inc(len(document.warnings))
-            log.warning("document %s parsed with %d warnings: %s", document.incarnation, len(document.warnings),
+            which = "without a DocumentIncarnation" if document.incarnation is None else str(document.incarnation)
+            log.warning("document %s parsed with %d warnings: %s", which, len(document.warnings),
                         "; ".join(document.warnings[:5]), extra=fields(warnings=list(document.warnings[:50])))
         if first:
             log.info("first document read", extra=fields(document_incarnation=document.incarnation,

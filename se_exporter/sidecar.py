@@ -116,6 +116,8 @@ class Sidecar:
         if settings.poll_interval < THROTTLED_BELOW and settings.simulate is None:
             log.warning("--poll-interval %g is below %g s: IMDS throttles above about 5 requests a second",
                         settings.poll_interval, THROTTLED_BELOW)
+        for note in settings.raised_bounds:
+            log.warning("%s", note)
         log.info("se-exporter %s polling %s every %gs; metrics at %s", __version__, imds.events_url,
                  settings.poll_interval, self.metrics_url)
 

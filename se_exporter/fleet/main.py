@@ -83,7 +83,8 @@ def consumer_client(settings: FleetSettings, store: ObservedCheckpointStore,
         "consumer_group": settings.consumer_group, "checkpoint_store": store,
         "load_balancing_interval": settings.load_balancing_interval,
         "partition_ownership_expiration_interval": settings.ownership_timeout,
-        **connection_options(settings.eventhub_endpoint, settings.eventhub_ca_file)}
+        **connection_options(settings.eventhub_endpoint, settings.eventhub_ca_file,
+                             settings.eventhub_connection_string)}
     if settings.eventhub_connection_string:
         return EventHubConsumerClient.from_connection_string(
             settings.eventhub_connection_string, eventhub_name=settings.eventhub_name, **options)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -16,7 +15,7 @@ from se_exporter.options import (
     Option,
     check_eventhubs,
     connection_string_parts,
-    parse_file,
+    parse_ca_file,
     parse_listen,
     parse_name,
     resolve,
@@ -59,16 +58,6 @@ def parse_account_url(text: str) -> str:
     if url.scheme != "https" or not url.host or url.query or url.fragment:
         raise ValueError(f"{text!r} is not an https URL like https://myaccount.blob.core.windows.net")
     return text.strip().rstrip("/")
-
-
-def parse_ca_file(text: str) -> str:
-    """A readable file of PEM certificates: checked at start-up, not at the first storage request."""
-    path = parse_file(text)
-    try:
-        ssl.create_default_context(cafile=path)
-    except ssl.SSLError as error:
-        raise ValueError(f"{text!r} holds no PEM certificate ({error.reason or error})") from None
-    return path
 
 
 def parse_container(text: str) -> str:

@@ -34,6 +34,7 @@ HTTP 400 with the reason) and never reaches a request.
 
 from __future__ import annotations
 
+import email.utils
 import math
 import re
 from dataclasses import dataclass
@@ -84,6 +85,9 @@ class Fault:
                                       or not _HEADER_VALUE.fullmatch(value)):
                 raise ConfigError(f"fault {name} must be printable ASCII text of at most 2048 characters "
                                   f"(it is sent as a header), not {value!r}")
+        if self.retry_after is not None and not _retry_after_ok(self.retry_after):
+            raise ConfigError(f"fault retry_after must be whole seconds (0 or more) or an HTTP date, "
+                              f"not {self.retry_after!r}")
         if not isinstance(self.text, str):
             raise ConfigError(f"fault text must be a string, not {self.text!r}")
         try:
@@ -98,9 +102,31 @@ class Fault:
         return self.size if self.size is not None else _DEFAULT_SIZE.get(self.kind, default)
 
 
+def _retry_after_ok(value: object) -> bool:
+    """A Retry-After value as RFC 9110 10.2.3 defines it: delay-seconds (digits) or an HTTP date."""
+    if not isinstance(value, str):
+        return False
+    if value.isascii() and value.isdigit():
+        return True
+    try:
+        return email.utils.parsedate_to_datetime(value) is not None
+    except (TypeError, ValueError):
+        return False
+
+
 def _integer(name: str, value: object, low: int, high: int, hint: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ConfigError(f"fault {name} must be an integer from {low} to {high}{hint}, not {value!r}")
+
+
+def split_specs(text: str) -> list[str]:
+    """``SE_EXPORTER_SIMULATOR_FAULTS`` as specs: split on ``;`` up to the first ``text=``, which takes the rest of
+    the variable, semicolons included (so a body fault, if any, comes last)."""
+    head, sep, rest = text.partition(",text=")
+    specs = head.split(";")
+    if sep:
+        specs[-1] += sep + rest
+    return specs
 
 
 def parse_fault(spec: str) -> Fault:

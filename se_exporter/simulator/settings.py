@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from se_exporter.options import ENV_PREFIX, LOG_OPTIONS, SPEED, Listen, Option, parse_listen, parse_name, resolve
+from se_exporter.simulator.faults import split_specs
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ SIMULATE_OPTIONS: tuple[Option, ...] = (
            "how many times faster than real time the scenario runs (default 1)", "FACTOR", "SIMULATOR_"),
     *(Option(o.dest, o.flag, o.parse, o.help, o.metavar, "SIMULATOR_") for o in LOG_OPTIONS),
     Option("faults", "--fault", str, "inject a fault, e.g. throttle,retry_after=2,count=3 (repeatable; see README)",
-           "SPEC", env_name=ENV_PREFIX + "SIMULATOR_FAULTS", separator=";"),
+           "SPEC", env_name=ENV_PREFIX + "SIMULATOR_FAULTS", separator=";", splitter=split_specs),
 )
 
 

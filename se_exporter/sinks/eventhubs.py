@@ -44,6 +44,7 @@ from azure.eventhub.exceptions import (
 )
 
 from se_exporter.credential import service_credential
+from se_exporter.options import connection_string_address
 from se_exporter.retry import Health, backoff
 from se_exporter.sinks.envelope import CONTENT_TYPE, Envelope, carriable
 from se_exporter.sinks.forward import ForwardMetrics
@@ -270,13 +271,16 @@ def _describe(error: BaseException) -> str:
 RETRY_TOTAL, RETRY_BACKOFF_FACTOR, RETRY_BACKOFF_MAX = 1, 0.5, 2.0
 
 
-def connection_options(endpoint: str | None, ca_file: str | None) -> dict[str, Any]:
+def connection_options(endpoint: str | None, ca_file: str | None,
+                       connection_string: str | None = None) -> dict[str, Any]:
     """The SDK's documented options for reaching the namespace elsewhere (``--eventhub-endpoint``: a private
     endpoint, an application gateway) and for trusting another CA (``--eventhub-ca-file``). A custom endpoint
-    would default to AMQP over WebSockets on 443; the sidecar keeps AMQP over TLS (5671 unless given)."""
+    would default to AMQP over WebSockets on 443; the sidecar keeps AMQP over TLS (5671 unless given).
+    A port in the connection string's Endpoint is honoured the same way (the SDK itself would dial 5671)."""
     from azure.eventhub import TransportType
 
     options: dict[str, Any] = {}
+    endpoint = endpoint or (connection_string_address(connection_string) if connection_string else None)
     if endpoint:
         options.update(custom_endpoint_address=endpoint, transport_type=TransportType.Amqp)
     if ca_file:
@@ -293,7 +297,7 @@ def producer_factory(connection_string: str | None, eventhub_name: str | None, n
     """
     from azure.eventhub.aio import EventHubProducerClient
 
-    connection = connection_options(endpoint, ca_file)
+    connection = connection_options(endpoint, ca_file, connection_string)
     if connection_string:
         def from_string() -> Any:
             return EventHubProducerClient.from_connection_string(

@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from se_exporter import __version__
 from se_exporter.config import TracingSettings
+from se_exporter.logs import escape
 from se_exporter.metrics import NAMESPACE
 from se_exporter.model import VmIdentity, vm_name
 from se_exporter.retry import Health
@@ -64,6 +65,9 @@ def span_line(span: ReadableSpan) -> str:
     event, what happened, how long it lasted, and the trace id to look it up by, e.g.
 
     ``2026-11-22T03:10:46.262Z span scheduled_event.update  Freeze C7061BAC-... started  trace c9f28525...``
+
+    Event strings come from IMDS, so they are escaped the way log lines are (``logs.escape``): a newline, an
+    ANSI escape or U+2028 in an EventId shows as ``\\n``, ``\\x1b``, ``\\u2028`` and cannot forge a line.
     """
     attributes = span.attributes or {}
     end = (span.end_time or span.start_time or 0) / 1e9
@@ -75,7 +79,7 @@ def span_line(span: ReadableSpan) -> str:
     trace_id = f"{span.context.trace_id:032x}" if span.context is not None else ""
     parts = [stamp, "span", f"{span.name:<24}", str(attributes.get(PREFIX + "type", "")),
              str(attributes.get(PREFIX + "id", "")), str(what), duration, f"trace {trace_id}"]
-    return " ".join(part for part in parts if part) + "\n"
+    return escape(" ".join(part for part in parts if part)) + "\n"
 
 
 def make_exporter(settings: TracingSettings) -> Any:
