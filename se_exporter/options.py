@@ -152,9 +152,15 @@ def connection_string_parts(text: str) -> dict[str, str]:
 
 def repeated_keys(text: str) -> list[str]:
     """Keys given more than once in a connection string (case-insensitive): the SDK would silently keep one."""
-    keys = [item.partition("=")[0].strip() for item in text.split(";") if "=" in item and item.split("=")[0].strip()]
-    lowered = [key.lower() for key in keys]
-    return sorted({key for key in keys if lowered.count(key.lower()) > 1}, key=str.lower)
+    first: dict[str, str] = {}
+    repeated: dict[str, str] = {}
+    for item in text.split(";"):
+        key = item.partition("=")[0].strip()
+        if "=" in item and key:
+            if key.lower() in first:
+                repeated[key.lower()] = first[key.lower()]
+            first.setdefault(key.lower(), key)
+    return list(repeated.values())
 
 
 def parse_connection_string(text: str) -> str:

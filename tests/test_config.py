@@ -78,6 +78,11 @@ BAD_CONFIGURATION = [
     (["--eventhub-endpoint", "https://gw.internal/eh"], {}, "--eventhub-endpoint: 'https://gw.internal/eh' is not an"),
     (["--eventhub-ca-file", "/no/such/ca.pem"], {}, "--eventhub-ca-file: '/no/such/ca.pem' is not a readable file"),
     (["--eventhub-endpoint", "sb://10.1.2.3"], {}, "--eventhub-endpoint needs --eventhub-namespace or"),
+    (["--imds-url", "http://user:pw@127.0.0.1:9"], {}, "--imds-url: holds a user name or password"),
+    (["--otel-endpoint", "tempo"], {}, "--otel-endpoint: 'tempo' is not an http(s) URL with a host, e.g. http://127"),
+    ([], {"OTEL_EXPORTER_OTLP_ENDPOINT": "tempo"}, "e.g. http://127.0.0.1:4318"),
+    (["--eventhub-connection-string", "Endpoint=sb://ns/;SharedAccessKeyName=k;SharedAccessKey=s;EntityPath=h",
+      "--eventhub-ca-file", "/dev/null"], {}, "--eventhub-ca-file: '/dev/null' is not a regular file"),
 ]
 
 
@@ -167,7 +172,7 @@ def test_parse_bytes() -> None:
 
 
 @pytest.mark.parametrize(("argv", "fragment"), [
-    (["--max-events", "0.5"], "--max-events: '0.5' is out of range: 1 to 1e+12"),
+    (["--max-events", "0.5"], "--max-events: '0.5' is out of range: 1 to 1000000000000"),
     (["--max-events", "2.5"], "--max-events: '2.5' is not a whole number"),
     (["--idle-timeout", "1e400"], "--idle-timeout: '1e400' is out of range"),
 ])
@@ -206,6 +211,19 @@ CONN = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;Shared
     (["--eventhub-namespace", "not a host", "--eventhub-name", "h"], "is not a namespace host name"),
     (["--eventhub-client-id", "abc"], "--eventhub-client-id needs --eventhub-namespace"),
     (["--spool-max-bytes", "tiny"], "--spool-max-bytes"),
+    (["--eventhub-connection-string", CONN + ";SharedAccessKey=TOPSECRETKEY2=;EntityPath=h"],
+     "gives SharedAccessKey more than once"),
+    (["--eventhub-connection-string", CONN + ";EntityPath=h;entitypath=h"], "gives EntityPath more than once"),
+    (["--eventhub-connection-string", CONN + ";EntityPath="], "has an empty EntityPath="),
+    (["--eventhub-connection-string", CONN + ";EntityPath= "], "has an empty EntityPath="),
+    (["--eventhub-connection-string", "Endpoint=sb://[::1/;SharedAccessKeyName=k;SharedAccessKey=TOPSECRETKEY="],
+     "has an Endpoint that is not a URL ('sb://[::1/'"),
+    (["--eventhub-connection-string", "Endpoint=sb://ns:port/;SharedAccessKeyName=k;SharedAccessKey=TOPSECRETKEY="],
+     "has an Endpoint that is not a URL ('sb://ns:port/'"),
+    (["--eventhub-connection-string", "Endpoint=sb://ns:70000/;SharedAccessKeyName=k;SharedAccessKey=TOPSECRETKEY="],
+     "has an Endpoint that is not a URL"),
+    (["--eventhub-connection-string", "Endpoint=sb:///;SharedAccessKeyName=k;SharedAccessKey=TOPSECRETKEY="],
+     "has an Endpoint without a host"),
 ])
 def test_bad_forwarding_configuration(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Each mistake is one line naming the setting, and never repeats the key."""
@@ -247,3 +265,82 @@ def test_faults_come_from_the_option_table(argv: list[str], env: dict[str, str],
     """--fault repeats; SE_EXPORTER_SIMULATOR_FAULTS holds them ';'-separated (empty parts skipped) unless a flag
     gives them."""
     assert simulator_settings(build_parser().parse_args(["simulate", *argv]), env).faults == expected
+
+
+@pytest.mark.parametrize("url", ["http://user:s3cretpw@127.0.0.1:9", "http://:s3cretpw@127.0.0.1:9/x?q=1",
+                                 "https://s3cretpw@[::1"])
+def test_a_password_in_the_imds_url_stops_start_up_without_being_repeated(
+        url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """IMDS takes no credentials: a user:password@ part is refused with one line that never shows it, even when
+    the URL is wrong in other ways too."""
+    assert main(["run", "--imds-url", url], env={}) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--imds-url: holds a user name or password" in err, err
+    assert "s3cretpw" not in err
+
+
+def test_empty_otel_variables_count_as_unset() -> None:
+    """The OpenTelemetry specification: an empty OTEL_* value is treated as unset (Helm writes value: "")."""
+    env = {name: "" for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_PROTOCOL",
+                                 "OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                                 "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")}
+    assert settings([], env).tracing == settings([]).tracing
+    assert settings([], {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}).otel_traces_exporter == "otlp"
+
+
+def test_bounds_given_below_their_floor_are_raised_and_said() -> None:
+    """--max-backoff below --poll-interval and --first-call-timeout below --imds-timeout start (a sidecar that
+    refuses to start watches nothing) with the larger value, and say so in one sentence each."""
+    raised = settings(["--poll-interval", "10", "--max-backoff", "1", "--imds-timeout", "10",
+                       "--first-call-timeout", "1"])
+    assert (raised.effective_max_backoff, raised.effective_first_call_timeout) == (10, 10)
+    assert raised.raised_bounds == ("--max-backoff 1 is shorter than --poll-interval 10: using 10",
+                                    "--first-call-timeout 1 is shorter than --imds-timeout 10: using 10")
+    assert settings(["--poll-interval", "2", "--max-backoff", "2"]).raised_bounds == ()
+
+
+def test_ranges_are_written_as_plain_numbers() -> None:
+    """A range in an error or --help reads 2592000, not 2.592e+06."""
+    assert Bounded(1, 30 * 86400).describe() == "1 to 2592000 seconds"
+    assert Bounded(0.05, 3600).describe() == "0.05 to 3600 seconds"
+
+
+OVERLAPS = [
+    (["--state-dir", "{d}", "--forward-file", "{d}/lifecycle.json"], "--forward-file {d}/lifecycle.json is inside "
+     "--state-dir {d}"),
+    (["--state-dir", "{d}", "--forward-file", "{d}/deeper/out.jsonl"], "is inside --state-dir {d}"),
+    (["--state-dir", "{d}/state", "--spool-dir", "{d}/spool", "--forward-file", "{d}/spool/seg.jsonl", "--hub"],
+     "--forward-file {d}/spool/seg.jsonl is inside --spool-dir {d}/spool"),
+    (["--state-dir", "{d}", "--forward-file", "{d}/spool/x.jsonl", "--hub"], "is inside --state-dir {d}"),
+    (["--state-dir", "{d}", "--spool-dir", "{d}", "--hub"], "--spool-dir {d} and --state-dir {d} overlap"),
+    (["--state-dir", "{d}", "--spool-dir", "{d}/queue", "--hub"], "--spool-dir {d}/queue and --state-dir {d} overlap"),
+    (["--state-dir", "{d}/spool/state", "--spool-dir", "{d}/spool", "--hub"], "overlap"),
+    (["--state-dir", "{d}", "--spool-dir", "{d}/./", "--hub"], "overlap"),
+]
+
+
+@pytest.mark.parametrize(("argv", "fragment"), OVERLAPS)
+def test_files_the_sidecar_would_destroy_stop_start_up(argv: list[str], fragment: str, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str],
+                                                       reliability: Reliability) -> None:
+    """A forward file inside the state or spool directory (replaced by state saves, deleted at spool rotation) and
+    a spool directory overlapping the state directory stop start-up with one line naming both flags."""
+    hub = ["--eventhub-connection-string", CONN + ";EntityPath=h"]
+    args = [part.format(d=tmp_path) for arg in argv for part in ([arg] if arg != "--hub" else hub)]
+    assert main(["run", *args], env={}) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment.format(d=tmp_path) in err, err
+    reliability("Configuration", f"{len(OVERLAPS)} overlaps of --forward-file, --spool-dir and --state-dir",
+                "exit 2 with one line naming both flags; nothing written")
+
+
+def test_the_default_layout_and_separate_places_are_accepted(tmp_path: Path) -> None:
+    """STATE_DIR/spool is the spool's default place and stays allowed, given or not; separate places are fine."""
+    hub = ["--eventhub-connection-string", CONN + ";EntityPath=h"]
+    state = tmp_path / "state"
+    assert settings(["--state-dir", str(state), *hub]).spool_path == state / "spool"
+    settings(["--state-dir", str(state), "--spool-dir", str(state / "spool"), *hub])
+    settings(["--state-dir", str(state), "--spool-dir", str(tmp_path / "q"), "--forward-file",
+              str(tmp_path / "out.jsonl"), *hub])
+    settings(["--state-dir", str(state), "--forward-file", str(tmp_path / "state-docs.jsonl")])
+    settings(["--state-dir", str(state), "--spool-dir", str(state), "--forward-file", str(tmp_path / "o.jsonl")])
