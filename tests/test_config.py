@@ -260,10 +260,12 @@ def test_simulate_comes_from_the_option_table(argv: list[str], env: dict[str, st
      ("throttle", "drip,seconds=1")),
     ([], {"SE_EXPORTER_SIMULATOR_FAULTS": "throttle,count=2;;timeout"}, ("throttle,count=2", "timeout")),
     ([], {"SE_EXPORTER_SIMULATOR_FAULTS": ""}, ()),
+    ([], {"SE_EXPORTER_SIMULATOR_FAULTS": 'throttle;body,count=2,text={"X":"a;b"};c'},
+     ("throttle", 'body,count=2,text={"X":"a;b"};c')),
 ])
 def test_faults_come_from_the_option_table(argv: list[str], env: dict[str, str], expected: tuple[str, ...]) -> None:
     """--fault repeats; SE_EXPORTER_SIMULATOR_FAULTS holds them ';'-separated (empty parts skipped) unless a flag
-    gives them."""
+    gives them; text= takes the rest of the variable, semicolons included (README: it "takes the rest")."""
     assert simulator_settings(build_parser().parse_args(["simulate", *argv]), env).faults == expected
 
 

@@ -4,6 +4,7 @@ scrapers is queued by the kernel rather than refused."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import selectors
 import socket
 import threading
@@ -13,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, Gauge
 
-from se_exporter.endpoints import serve
+from se_exporter.endpoints import make_http_app, serve
 from se_exporter.options import Listen
 from tests.conftest import Reliability
 from tests.helpers import wait_until
@@ -200,3 +202,53 @@ def test_shutdown_of_an_idle_server_returns_and_ends_its_thread() -> None:
     served.server_close()
     with pytest.raises(ConnectionRefusedError):
         connect(port)
+
+
+class _Up:
+    healthy = True
+    ready = False
+
+
+@pytest.fixture
+def sidecar_app() -> Iterator[int]:
+    """The sidecar's own endpoints (make_http_app) in its own server, with one gauge; returns the port."""
+    registry = CollectorRegistry()
+    Gauge("hostile_probe", "a gauge", registry=registry).set(1)
+    running = serve(Listen("127.0.0.1", 0), make_http_app(registry, _Up()))
+    yield int(running.server_port)
+    running.shutdown()
+    running.server_close()
+
+
+def fetch(port: int, method: str, path: str, headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    connection.request(method, path, headers=headers or {})
+    response = connection.getresponse()
+    response.read()
+    connection.close()
+    return response
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/healthz", "/readyz", "/", "/nowhere"])
+def test_head_answers_like_get_without_a_body(sidecar_app: int, path: str) -> None:
+    """HEAD gets GET's status and headers, the body's Content-Length included, and no body (prometheus-client's
+    own app answers HEAD /metrics with 405)."""
+    get, head = fetch(sidecar_app, "GET", path), fetch(sidecar_app, "HEAD", path)
+    assert head.status == get.status
+    assert head.getheader("Content-Type") == get.getheader("Content-Type")
+    assert head.getheader("Content-Length") == get.getheader("Content-Length") is not None
+    with socket.create_connection(("127.0.0.1", sidecar_app), timeout=5) as sock:  # http.client skips a HEAD body
+        sock.sendall(f"HEAD {path} HTTP/1.0\r\nHost: sidecar\r\n\r\n".encode())
+        raw = answer(sock)
+    assert raw.endswith(b"\r\n\r\n"), raw
+
+
+@pytest.mark.parametrize(("accept_encoding", "gzipped"), [
+    ("gzip", True), ("gzip;q=0.5", True), ("identity, GZIP ; q=1", True), ("gzip;q=0", False),
+    ("gzip; q=0.000", False), ("gzip;q=nonsense", False), ("deflate", False), ("", False)])
+def test_gzip_only_when_asked_for_with_a_quality_above_zero(sidecar_app: int, accept_encoding: str,
+                                                            gzipped: bool) -> None:
+    """Accept-Encoding: gzip;q=0 means "not gzip" (RFC 9110 12.5.3); a positive quality means gzip."""
+    response = fetch(sidecar_app, "GET", "/metrics", {"Accept-Encoding": accept_encoding})
+    assert response.status == 200
+    assert (response.getheader("Content-Encoding") == "gzip") is gzipped

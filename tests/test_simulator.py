@@ -385,6 +385,16 @@ def test_a_body_spec_takes_json_with_commas() -> None:
         "body", count=0, text='{"DocumentIncarnation": 1, "Events": []}')
 
 
+def test_retry_after_is_seconds_or_an_http_date() -> None:
+    """Retry-After as RFC 9110 defines it: delay-seconds, or an HTTP date (the client reads both; a date, which
+    holds a comma, goes through the JSON API)."""
+    assert parse_fault("throttle,retry_after=0").retry_after == "0"
+    assert from_json({"kind": "throttle", "retry_after": "Wed, 21 Oct 2026 07:28:00 GMT"}).retry_after
+    assert from_json({"kind": "throttle", "retry_after": 7}).retry_after == "7"
+    with pytest.raises(ConfigError, match="retry_after must be whole seconds"):
+        from_json({"kind": "throttle", "retry_after": -5})
+
+
 def test_bytes_is_the_size_key_everywhere() -> None:
     """'bytes' in a spec string and in JSON, as the README says; both make the same fault."""
     assert parse_fault("huge,bytes=300") == from_json({"kind": "huge", "bytes": 300}) == Fault("huge", size=300)
@@ -395,6 +405,8 @@ def test_bytes_is_the_size_key_everywhere() -> None:
     ("status,status=abc", "invalid literal"), ("status,status=99999", "from 100 to 599"),
     ("delay,seconds=-1", "from 0 to 3600"), ("delay,seconds=nan", "from 0 to 3600"),
     ("chunked,error=maybe", "is not one of"), ("huge,size=5", "unknown keys size"),
+    ("throttle,retry_after=-5", "retry_after must be whole seconds"), ("throttle,retry_after=1.5", "whole seconds"),
+    ("throttle,retry_after=soon", "or an HTTP date"),
 ])
 def test_bad_fault_specs_are_refused_with_a_reason(spec: str, reason: str) -> None:
     """The CLI's --fault gets the same checks: one clear error instead of a crash at the next request."""
