@@ -391,7 +391,7 @@ def test_retry_after_is_seconds_or_an_http_date() -> None:
     assert parse_fault("throttle,retry_after=0").retry_after == "0"
     assert from_json({"kind": "throttle", "retry_after": "Wed, 21 Oct 2026 07:28:00 GMT"}).retry_after
     assert from_json({"kind": "throttle", "retry_after": 7}).retry_after == "7"
-    with pytest.raises(ConfigError, match="retry_after must be whole seconds"):
+    with pytest.raises(ConfigError, match="retry_after must be"):
         from_json({"kind": "throttle", "retry_after": -5})
 
 
