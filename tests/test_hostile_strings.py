@@ -4,6 +4,7 @@ two in test_logs.py and test_app.py). The model hands out encodable strings; the
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 from prometheus_client import CollectorRegistry
 
 from se_exporter.lifecycle import diff
@@ -21,6 +22,8 @@ from se_exporter.sinks.envelope import Sequencer
 from se_exporter.sinks.forward import ForwardMetrics, ForwardSink
 from se_exporter.sinks.forward_file import FileTarget
 from se_exporter.sinks.spans import EventIdGenerator, SpanSink, trace_id_for
+from se_exporter.sinks.tracing import span_line
+from tests.conftest import Reliability
 from tests.helpers import wait_until
 from tests.otlp_receiver import OtlpReceiver
 
@@ -75,3 +78,26 @@ def test_the_forward_file_carries_the_exact_bytes_and_encodable_properties(tmp_p
     assert record["properties"]["vm_name"] == "vm\\ud800"
     assert record["properties"]["vm_id"] == "id-\\udfff"
     assert record["partition_key"] == "id-\\udfff"
+
+
+FORGING = (b'{"DocumentIncarnation": 5, "Events": [{"EventId": "E1\\n2026-01-01T00:00:00.000Z span forged\\u001b[31m'
+           b'\\u2028\\u0085\\u202e", "EventType": "Freeze\\r", "EventStatus": "Scheduled", "Resources": ["vm0"]}]}')
+
+
+def test_console_span_lines_stay_one_line_and_show_escapes(reliability: Reliability) -> None:
+    """The SDK's ConsoleSpanExporter with the sidecar's text formatter writes each span of an event whose EventId
+    holds a newline, an ANSI escape, U+2028, NEL and a bidi override as one line, the characters written as visible
+    escapes as log lines are (README 'Log lines stay lines'): nothing forged, nothing sent to the terminal."""
+    out = io.StringIO()
+    provider = TracerProvider(id_generator=(ids := EventIdGenerator()))
+    provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=out, formatter=span_line)))
+    SpanSink(provider, ids, None).export(change(1_795_000_000.0, FORGING))
+    provider.shutdown()
+    lines = out.getvalue().split("\n")
+    assert lines[-1] == "" and len(lines) > 1
+    for line in lines[:-1]:
+        assert " span " in line and not set(line) & set("\r\x1b\u2028\x85\u202e"), repr(line)
+    assert "E1\\n2026-01-01T00:00:00.000Z span forged\\x1b[31m\\u2028\\x85\\u202e" in out.getvalue()
+    assert "Freeze\\r" in out.getvalue()
+    reliability("Security", "newline, CR, ANSI escape, U+2028, NEL and a bidi override in an EventId and EventType, "
+                "printed by --otel-traces-exporter console", "each span one line, the characters shown as escapes")
