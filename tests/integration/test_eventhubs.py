@@ -18,7 +18,7 @@ import pytest
 from azure.eventhub.aio import EventHubConsumerClient
 
 from tests.conftest import Reliability, SimulatorFactory
-from tests.eventhubs_server import EventHubsTestServer, SilentPeer, StoredEvent
+from tests.eventhubs_server import EventHubsTestServer, SilentPeer, StoredEvent, self_signed_certificate
 from tests.helpers import Sidecar, step_through, wait_until
 
 pytestmark = pytest.mark.integration
@@ -288,3 +288,23 @@ def test_consume_command_prints_the_documents(simulator: SimulatorFactory, sidec
     assert "(this VM)" in lines[1]
     assert lines[3].endswith("no events")
     assert hub.connection_string().split("SharedAccessKey=")[1].split(";")[0] not in as_json.stderr + timeline.stderr
+
+
+def test_a_port_in_the_connection_strings_endpoint_is_the_port_dialled(simulator: SimulatorFactory,
+                                                                       sidecar: Callable[..., Sidecar],
+                                                                       tmp_path: Path) -> None:
+    """Endpoint=sb://HOST:PORT/ in a connection string (no emulator flag: AMQP over TLS, as against Azure) reaches
+    that port: the official SDK alone would dial 5671 and fail every send."""
+    _, server = simulator("live-migration")
+    cert, key = self_signed_certificate(tmp_path)
+    hub = EventHubsTestServer(tls=(cert, key)).start()
+    try:
+        connection_string = (f"Endpoint=sb://localhost:{hub.port}/;SharedAccessKeyName=k;"
+                             f"SharedAccessKey=c2VjcmV0a2V5;EntityPath={hub.store.hub}")
+        process = forwarding(sidecar, server.url, tmp_path / "state", connection_string,
+                             "--eventhub-ca-file", str(cert))
+        wait_until(lambda: process.value("azure_scheduled_events_forwarded_documents_total", sink="eventhubs"),
+                   what="a document sent to the port in Endpoint")
+        assert hub.store.all()
+    finally:
+        hub.stop()
