@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -82,3 +83,17 @@ def test_storage_errors_stop_start_up_with_one_line_naming_the_flag(tmp_path: Pa
     path = next(arg for arg in argv if arg.startswith(str(blocker)))
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith(f"se-exporter: error: {flag} {path}: {reason} ("), done.stderr
+
+
+def test_bounds_raised_to_their_floor_are_logged_once_at_start_up(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """--max-backoff below --poll-interval starts (with the poll interval as the cap) and says so in one warning."""
+    settings = Settings(imds_url="http://127.0.0.1:9", listen=Listen("127.0.0.1", 0), state_dir=tmp_path / "state",
+                        poll_interval=10, max_backoff=1)
+    stopped = threading.Event()
+    stopped.set()
+    with caplog.at_level(logging.WARNING), Sidecar(settings) as sidecar:
+        sidecar.listen()
+        sidecar.start(stopped)
+    said = [r.getMessage() for r in caplog.records if "--max-backoff" in r.getMessage()]
+    assert said == ["--max-backoff 1 is shorter than --poll-interval 10: using 10"]
