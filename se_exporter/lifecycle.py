@@ -32,7 +32,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import Enum
 
-from se_exporter.model import Document, ScheduledEvent
+from se_exporter import model
+from se_exporter.model import Document, ScheduledEvent, built
 
 
 class TransitionKind(str, Enum):
@@ -110,6 +111,8 @@ def diff(previous: Mapping[str, EventRecord], document: Document, now: float,
     ended = {} if ended is None else ended
     records: dict[str, EventRecord] = {}
     transitions: list[Transition] = []
+    # Records and transitions are made with model.built rather than __init__/replace: a 1,000-event document
+    # makes a thousand of each, and that was most of the diff's cost.
     for event in document.events:
         key = event.key
         before = previous.get(key)
@@ -117,19 +120,31 @@ def diff(previous: Mapping[str, EventRecord], document: Document, now: float,
             records[key] = replace(before or ended[key], event=event, gone_at=None)
             continue
         if before is None:
-            record = EventRecord(event=event, first_seen=now, started_at=now if event.started else None)
-            transitions.append(Transition(STARTED if event.started else SCHEDULED, record))
+            started = event.event_status == model.STARTED
+            record = built(EventRecord, {"event": event, "first_seen": now, "started_at": now if started else None,
+                                         "gone_at": None})
+            transitions.append(built(Transition, {"kind": STARTED if started else SCHEDULED, "record": record,
+                                                  "previous_not_before": None}))
         else:
-            record = replace(before, event=event)
-            if event.started and before.started_at is None:
-                record = replace(record, started_at=now)
-                transitions.append(Transition(STARTED, record))
-            elif _rescheduled(before.event, event, record):
-                transitions.append(Transition(RESCHEDULED, record, before.event.not_before))
+            started_at = before.started_at
+            newly_started = started_at is None and event.event_status == model.STARTED
+            record = built(EventRecord, {"event": event, "first_seen": before.first_seen,
+                                         "started_at": now if newly_started else started_at,
+                                         "gone_at": before.gone_at})
+            if newly_started:
+                transitions.append(built(Transition, {"kind": STARTED, "record": record,
+                                                      "previous_not_before": None}))
+            # NotBefore moved while not started (a started event's becomes empty: that is no move). Parsing hands
+            # out one datetime per NotBefore text, so an unchanged one is usually the very same object.
+            elif (started_at is None and (moved := event.not_before) is not None
+                  and moved is not (was := before.event.not_before) and moved != was):
+                transitions.append(built(Transition, {"kind": RESCHEDULED, "record": record,
+                                                      "previous_not_before": was}))
         records[key] = record
     newly_ended: dict[str, EventRecord] = {}
-    for key, before in previous.items():
-        if key not in records and key not in ended:
+    missing = set() if records.keys() == previous.keys() else previous.keys() - records.keys()  # usually none
+    for key, before in previous.items() if missing else ():
+        if key in missing and key not in ended:
             gone = replace(before, gone_at=now)
             transitions.append(Transition(COMPLETED if before.started_at is not None else CANCELED, gone))
             newly_ended[key] = gone
@@ -137,10 +152,3 @@ def diff(previous: Mapping[str, EventRecord], document: Document, now: float,
         merged = {**ended, **newly_ended}
         ended = dict(list(merged.items())[-ENDED_MEMORY:]) if len(merged) > ENDED_MEMORY else merged
     return Step(records=records, transitions=tuple(transitions), ended=ended)
-
-
-def _rescheduled(before: ScheduledEvent, after: ScheduledEvent, record: EventRecord) -> bool:
-    # Started events lose their NotBefore (it becomes ""); that is not a move.
-    if record.started_at is not None or after.not_before is None:
-        return False
-    return after.not_before != before.not_before
