@@ -50,7 +50,8 @@ def document(events: int, prefix: str = "E") -> bytes:
     return json.dumps({"DocumentIncarnation": 7, "Events": [
         {"EventId": f"{prefix}{i:05d}", "EventType": "Reboot", "EventStatus": "Scheduled",
          "ResourceType": "VirtualMachine", "Resources": [f"vm{i % 50}", f"vm{(i + 1) % 50}"],
-         "NotBefore": "Mon, 11 Apr 2022 22:26:58 GMT", "Description": "Host update", "EventSource": "Platform", "DurationInSeconds": -1}
+         "NotBefore": "Mon, 11 Apr 2022 22:26:58 GMT", "Description": "Host update", "EventSource": "Platform",
+         "DurationInSeconds": -1}
         for i in range(events)]}).encode()
 
 
