@@ -172,8 +172,9 @@ def fleet_phase(count: int, work: Path) -> dict[str, float]:
     hub = Hub(count)
     azurite = Azurite(work / "azurite")
     # The default intervals, as in production: the first load-balancing round claims every partition at start.
-    fleet = FleetProcess(hub.connection_string, azurite.connection_string, work / "fleet")
+    fleet: FleetProcess | None = None
     try:
+        fleet = FleetProcess(hub.connection_string, azurite.connection_string, work / "fleet")
         wait_until(lambda: fleet.value("azure_scheduled_fleet_owned_partitions") == PARTITIONS, timeout=60,
                    what="the fleet to own every partition")
         time.sleep(2)  # idle RSS after the claims' one-time allocations, not a wait for a condition
@@ -186,8 +187,9 @@ def fleet_phase(count: int, work: Path) -> dict[str, float]:
         loaded_rss = rss_mb(fleet.process.pid)
         return {"applied_s": progress[1] - burst_at, "reflected_s": reflected, "cpu_s": cpu, "idle_rss_mb": idle_rss,
                 "loaded_rss_mb": loaded_rss}
-    finally:
-        fleet.stop()
+    finally:  # also when the fleet could not start: no emulator left behind
+        if fleet is not None:
+            fleet.stop()
         azurite.stop()
         hub.stop()
 

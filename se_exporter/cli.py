@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from se_exporter import __version__, demo, logs, processwide
 from se_exporter.config import RUN_OPTIONS, Settings, run_settings
-from se_exporter.consume import CONSUME_OPTIONS, consume, consume_settings
+from se_exporter.consume_settings import CONSUME_OPTIONS, consume_settings
 from se_exporter.errors import ConfigError, ForwardFileError, SpoolError, StateDirError, StorageError
 from se_exporter.fleet.settings import FLEET_OPTIONS, fleet_settings
 from se_exporter.options import add_options, process_environment
@@ -78,6 +78,8 @@ def _dispatch(args: argparse.Namespace, environment: Mapping[str, str]) -> int:
         if args.command == "simulate":
             return simulate(simulator_settings(args, environment), list_only=args.list_scenarios)
         if args.command == "consume":
+            from se_exporter.consume import consume  # the consumer brings asyncio: imported only when asked for
+
             return consume(consume_settings(args, environment))
         if args.command == "fleet":
             settings = fleet_settings(args, environment)

@@ -6,62 +6,17 @@ Uses the SDK's async consumer (it can be stopped cleanly) and prints each docume
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TextIO
 
+from se_exporter.consume_settings import ConsumeSettings
 from se_exporter.errors import ConfigError, InvalidDocument
 from se_exporter.model import affects_vm, parse_document
-from se_exporter.options import EVENTHUB_OPTIONS, Bounded, Option, check_eventhubs, choice, parse_name, resolve
 from se_exporter.platform_io import PLATFORM
-
-MAX_EVENTS = Bounded(1, 10**12, unit="", integer=True)
-IDLE_TIMEOUT = Bounded(0.1, 366 * 86400)
-CONSUME_OPTIONS: tuple[Option, ...] = (
-    *EVENTHUB_OPTIONS,
-    Option("consumer_group", "--consumer-group", parse_name, "consumer group to read with (default $Default)",
-           "GROUP"),
-    Option("starting_position", "--starting-position", parse_name,
-           "earliest, latest, or an ISO 8601 time to read from (default earliest)", "POSITION"),
-    Option("output_format", "--format", choice("timeline", "json"),
-           "timeline (one line per document, per VM) or json (one object per line) (default timeline)", "FORMAT"),
-    Option("max_events", "--max-events", MAX_EVENTS,
-           "stop after this many documents (default: run until interrupted)", "N"),
-    Option("idle_timeout", "--idle-timeout", IDLE_TIMEOUT,
-           "stop when no document arrived for this long (default: never)", "SECONDS"),
-)
-
-
-@dataclass(frozen=True)
-class ConsumeSettings:
-    """Settings of ``se-exporter consume``."""
-
-    eventhub_connection_string: str | None = field(default=None, repr=False)
-    eventhub_name: str | None = None
-    eventhub_namespace: str | None = None
-    eventhub_client_id: str | None = None
-    eventhub_endpoint: str | None = None
-    eventhub_ca_file: str | None = None
-    consumer_group: str = "$Default"
-    starting_position: str = "earliest"
-    output_format: str = "timeline"
-    max_events: int | None = None
-    idle_timeout: float | None = None
-
-
-def consume_settings(args: argparse.Namespace, env: Mapping[str, str]) -> ConsumeSettings:
-    settings = ConsumeSettings(**resolve(CONSUME_OPTIONS, args, env))
-    if not (settings.eventhub_connection_string or settings.eventhub_namespace):
-        raise ConfigError("--eventhub-connection-string or --eventhub-namespace is required to consume")
-    check_eventhubs(settings)
-    return settings
-
-
 
 
 def starting_position(text: str) -> Any:

@@ -21,10 +21,11 @@ from __future__ import annotations
 import email.utils
 import json
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlencode, urlsplit
 
-import httpx
-
-from se_exporter import __version__
+from se_exporter import __version__, transport
 from se_exporter.errors import (
     ImdsConnectionError,
     ImdsError,
@@ -34,7 +35,10 @@ from se_exporter.errors import (
     InvalidDocument,
 )
 from se_exporter.model import VmIdentity
-from se_exporter.transport import TOTAL_TIMEOUT, KeepAliveTransport
+from se_exporter.transport import TOTAL_TIMEOUT, KeepAliveTransport, TimeoutException, TransportError
+
+if TYPE_CHECKING:
+    import httpx
 
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 COMPUTE_PATH = "/metadata/instance/compute"
@@ -46,13 +50,14 @@ USER_AGENT = f"se-exporter/{__version__}"
 HEADERS = {"Metadata": "true", "User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
 
 
-def make_transport() -> httpx.BaseTransport:
+def make_transport() -> KeepAliveTransport:
     """The one way to build what IMDS requests go through: GET only, no proxy, no redirects, keep-alive.
 
-    ``ImdsClient`` hands pre-built ``httpx.Request`` objects straight to a transport rather than through
-    ``httpx.Client.send``: the client's per-request machinery (auth and redirect flows, cookies, hooks,
-    header merging) does nothing for one fixed GET and cost ~100 us of a ~0.45 ms poll at 20 Hz. Tests pass
-    an ``httpx.MockTransport`` in its place.
+    ``ImdsClient`` asks it with plain values (``KeepAliveTransport.get``), the origin, target and headers worked
+    out once: no client's per-request machinery (httpx's auth and redirect flows, cookies, hooks and header
+    merging did nothing for one fixed GET and cost ~100 us of a ~0.45 ms poll at 20 Hz), and no httpx in the
+    process at all (~1.9 MB of RSS). Tests pass an ``httpx.MockTransport`` in its place: ``ImdsClient`` then
+    sends it the same GET as an ``httpx.Request``.
     """
     return KeepAliveTransport()
 
@@ -62,7 +67,7 @@ class ImdsClient:
 
     def __init__(
         self,
-        transport: httpx.BaseTransport,
+        transport: KeepAliveTransport | httpx.BaseTransport,
         base_url: str,
         api_version: str,
         timeout: float,
@@ -71,20 +76,23 @@ class ImdsClient:
     ) -> None:
         self._transport = transport
         base = base_url.rstrip("/")
-        # Pre-built once: the URL never changes, and the hot path should not rebuild it per poll.
-        self._events_url = httpx.URL(base + SCHEDULED_EVENTS_PATH, params={"api-version": api_version})
-        self._compute_url = httpx.URL(base + COMPUTE_PATH, params={"api-version": COMPUTE_API_VERSION})
+        # Worked out once: the URLs never change, and the hot path should not rebuild them per poll.
+        self._events_url = f"{base}{SCHEDULED_EVENTS_PATH}?{urlencode({'api-version': api_version})}"
+        self._compute_url = f"{base}{COMPUTE_PATH}?{urlencode({'api-version': COMPUTE_API_VERSION})}"
+        parts = urlsplit(base)
+        self._origin = (parts.scheme, parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+        self._targets = {url: url[len(base) - len(parts.path):] for url in (self._events_url, self._compute_url)}
+        self._headers = [("Host", parts.netloc.rpartition("@")[2]), *HEADERS.items()]
         self._timeout = timeout
         self._first_call_timeout = first_call_timeout
         self._max_body_bytes = max_body_bytes
         self._answered = False
-        # Requests are built once per (URL, timeout) and re-sent: building one per poll was a measurable share
-        # of a poll's CPU. A GET has no body, so a request can be re-sent as is.
+        # For an httpx transport: requests are built once per (URL, timeout) and re-sent (a GET has no body).
         self._requests: dict[tuple[str, float], httpx.Request] = {}
 
     @property
     def events_url(self) -> str:
-        return str(self._events_url)
+        return self._events_url
 
     @property
     def current_timeout(self) -> float:
@@ -107,45 +115,49 @@ class ImdsClient:
             raise InvalidDocument("compute metadata is not a JSON object")
         return VmIdentity.from_compute(data)
 
-    def _request(self, url: httpx.URL, timeout: float) -> httpx.Request:
-        key = (str(url), timeout)
+    def _open(self, url: str, timeout: float) -> _Answer:
+        # The timeout bounds each step (connect, every read) and, as the total, the whole exchange. Straight to the
+        # transport, which never follows a redirect (see make_transport).
+        if isinstance(self._transport, KeepAliveTransport):
+            return self._transport.get(self._origin, self._targets[url], self._headers, timeout, total=timeout)
+        key = (url, timeout)
         request = self._requests.get(key)
         if request is None:
-            # The timeout bounds each step (httpx's meaning) and, through TOTAL_TIMEOUT, the whole exchange.
+            import httpx  # noqa: PLC0415 - only with an httpx transport (tests); polling IMDS never needs it
+
             request = self._requests[key] = httpx.Request(
                 "GET", url, headers=HEADERS,
                 extensions={"timeout": httpx.Timeout(timeout).as_dict(), TOTAL_TIMEOUT: timeout})
-        return request
+        return _HttpxAnswer(self._transport, request)
 
-    def _get(self, url: httpx.URL, timeout: float) -> bytes:
+    def _get(self, url: str, timeout: float) -> bytes:
         try:
-            # Straight to the transport, which never follows a redirect (see make_transport).
-            response = self._transport.handle_request(self._request(url, timeout))
+            answer = self._open(url, timeout)
             try:
                 if url is self._events_url:
                     self._answered = True
-                if response.status_code != 200:
-                    raise _status_error(response)
-                return self._read_bounded(response)
+                if answer.status != 200:
+                    raise _status_error(answer)
+                return self._read_bounded(answer)
             finally:
-                response.close()
-        except httpx.TimeoutException as exc:
+                answer.close()
+        except TimeoutException as exc:
             raise ImdsTimeout(f"no complete answer within {timeout:g} s ({type(exc).__name__})") from None
-        except httpx.TransportError as exc:
+        except TransportError as exc:
             raise ImdsConnectionError(f"{type(exc).__name__}: {exc or 'connection failed'}") from None
 
-    def _read_bounded(self, response: httpx.Response) -> bytes:
+    def _read_bounded(self, answer: _Answer) -> bytes:
         # A captive portal or a broken proxy can answer anything; never hold more than the cap.
-        encoding = response.headers.get("content-encoding")
+        encoding = answer.header("content-encoding")
         if encoding is not None and encoding.strip().lower() not in ("", "identity"):
             raise InvalidDocument(f"body is {_printable(encoding)}-encoded although identity was asked for; "
                                   "refused unread (a compressed body is not the document IMDS serves)")
-        declared = response.headers.get("content-length")
+        declared = answer.header("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self._max_body_bytes:
             raise InvalidDocument(f"body of {int(declared)} bytes exceeds the {self._max_body_bytes}-byte cap")
         chunks: list[bytes] = []
         size = 0
-        for chunk in response.iter_bytes():  # identity only (checked above), so these are the bytes as sent
+        for chunk in answer:  # identity only (checked above), so these are the bytes as sent
             size += len(chunk)
             if size > self._max_body_bytes:
                 raise InvalidDocument(f"body exceeds the {self._max_body_bytes}-byte cap")
@@ -153,16 +165,64 @@ class ImdsClient:
         return b"".join(chunks)
 
 
-def _status_error(response: httpx.Response) -> ImdsError:
-    status = response.status_code
+class _Answer(Protocol):
+    """What ``ImdsClient`` reads of an answer: the transport's ``Answer``, or an httpx response seen as one."""
+
+    status: int
+    reason: str
+
+    def header(self, name: str) -> str | None: ...
+
+    def __iter__(self) -> Iterator[bytes]: ...
+
+    def close(self) -> None: ...
+
+
+class _HttpxAnswer:
+    """An httpx transport's answer (tests pass ``httpx.MockTransport``) as the transport's ``Answer``: httpx's
+    exceptions become the transport's of the same name, so both ways are classified and worded alike."""
+
+    def __init__(self, transport: httpx.BaseTransport, request: httpx.Request) -> None:
+        import httpx  # noqa: PLC0415 - only with an httpx transport (tests); polling IMDS never needs it
+
+        self._httpx = httpx
+        try:
+            self._response = transport.handle_request(request)
+        except httpx.TransportError as exc:
+            raise _from_httpx(exc) from None
+        self.status, self.reason = self._response.status_code, self._response.reason_phrase
+
+    def header(self, name: str) -> str | None:
+        value: str | None = self._response.headers.get(name)
+        return value
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._response.iter_bytes()
+        except self._httpx.TransportError as exc:
+            raise _from_httpx(exc) from None
+
+    def close(self) -> None:
+        self._response.close()
+
+
+def _from_httpx(exc: Exception) -> TransportError:
+    kind = getattr(transport, type(exc).__name__, None)  # the twin of the same name
+    if not (isinstance(kind, type) and issubclass(kind, TransportError)):
+        kind = TimeoutException if "Timeout" in type(exc).__name__ else TransportError
+    return kind(str(exc))
+
+
+def _status_error(response: _Answer) -> ImdsError:
+    status = response.status
     if status == 429:
-        retry_after = parse_retry_after(response.headers.get("retry-after"), now=time.time())
+        retry_after = parse_retry_after(response.header("retry-after"), now=time.time())
         hint = "" if retry_after is None else f", Retry-After {retry_after:g} s"
         return ImdsThrottled(f"HTTP 429 Too Many Requests{hint}", retry_after)
     if 300 <= status < 400:
-        location = _printable(response.headers.get("location", "?"), 200)
+        location = _printable(response.header("location") or "?", 200)
         return ImdsHttpError(f"HTTP {status} redirect to {location} not followed", status)
-    reason = _printable(response.reason_phrase or "error")
+    reason = _printable(response.reason or "error")
     return ImdsHttpError(f"HTTP {status} {reason}", status)
 
 

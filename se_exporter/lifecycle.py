@@ -120,18 +120,18 @@ def diff(previous: Mapping[str, EventRecord], document: Document, now: float,
             records[key] = replace(before or ended[key], event=event, gone_at=None)
             continue
         if before is None:
-            started = event.event_status == model.STARTED
+            started = event.event_status == model.STATUS_STARTED
             record = built(EventRecord, {"event": event, "first_seen": now, "started_at": now if started else None,
                                          "gone_at": None})
             transitions.append(built(Transition, {"kind": STARTED if started else SCHEDULED, "record": record,
                                                   "previous_not_before": None}))
-        elif before.event is event and (before.started_at is not None or event.event_status != model.STARTED):
+        elif before.event is event and (before.started_at is not None or event.event_status != model.STATUS_STARTED):
             # The very event of the last document (parsing hands out the same object for an unchanged event): no
             # transition, and the record stays as it is.
             record = before
         else:
             started_at = before.started_at
-            newly_started = started_at is None and event.event_status == model.STARTED
+            newly_started = started_at is None and event.event_status == model.STATUS_STARTED
             record = built(EventRecord, {"event": event, "first_seen": before.first_seen,
                                          "started_at": now if newly_started else started_at,
                                          "gone_at": before.gone_at})

@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-import httpx
-
 from se_exporter.errors import ConfigError
 
 ENV_PREFIX = "SE_EXPORTER_"
@@ -45,11 +43,15 @@ def process_environment() -> Mapping[str, str]:
 
 
 def parse_url(text: str) -> str:
+    # The standard library's urlsplit, not httpx.URL: a sidecar polling IMDS never loads httpx (~1.9 MB).
+    if any(char.isspace() or not char.isprintable() for char in text):
+        raise ValueError(f"{text!r} is not a URL (it holds a blank or a control character)")
     try:
-        url = httpx.URL(text)
-    except (httpx.InvalidURL, TypeError) as exc:
+        url = urlsplit(text)
+        url.port  # noqa: B018 - read for its check: ValueError unless a number in 0-65535
+    except ValueError as exc:
         raise ValueError(f"{text!r} is not a URL ({exc})") from None
-    if url.scheme not in ("http", "https") or not url.host:
+    if url.scheme not in ("http", "https") or not url.hostname:
         raise ValueError(f"{text!r} is not an http(s) URL with a host, e.g. http://169.254.169.254")
     if url.query or url.fragment:
         raise ValueError(f"{text!r} must be a base URL without query or fragment")

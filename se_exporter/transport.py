@@ -3,10 +3,14 @@
 Why not httpx's own transport (httpcore + h11): a poll of an unchanged document is one small GET
 on a kept-alive loopback-like connection, and at 20 Hz its cost is mostly the client's. Measured on
 the benchmark machine (thread CPU per GET, warm): httpx's default transport 200 us, a bare httpcore
-pool 138 us, ``http.client`` with keep-alive 73 us. So the client API stays httpx (``httpx.Client``,
-``httpx.Request``/``Response``, httpx's exception types, ``MockTransport`` in tests), and only the
-bytes on the wire go through ``http.client``, whose C-accelerated parsing is the cheapest robust
-HTTP/1.1 client at hand.
+pool 138 us, ``http.client`` with keep-alive 73 us. The bytes on the wire go through ``http.client``,
+whose C-accelerated parsing is the cheapest robust HTTP/1.1 client at hand.
+
+Two ways in: ``get`` (what ``ImdsClient`` uses) takes and returns plain values and imports nothing but the
+standard library, so a sidecar that polls IMDS never loads httpx (~1.9 MB of RSS); ``handle_request`` is the
+same exchange as an httpx transport (``httpx.Request`` in, ``httpx.Response`` out, httpx's exceptions), for
+callers that speak httpx; httpx is imported at its first call. Failures of ``get`` are this module's
+``TransportError`` classes, named as httpx names the same failures.
 
 What this transport does and does not do, on purpose:
 
@@ -25,23 +29,24 @@ What this transport does and does not do, on purpose:
   ``_Response`` and ``_Body`` check that each ended where it says (a line break, the blank line, the
   ``Content-Length``; a chunked body must reach its last chunk), and a ``Content-Length`` that is not one
   plain number is refused (a body of unknown length cannot be told from a cut one);
-* every failure is raised as the httpx exception httpcore would raise, so callers classify one way.
+* every failure is raised as the exception httpcore would raise (this module's twin of it from ``get``), so
+  callers classify one way.
 """
 
 from __future__ import annotations
 
+import functools
 import http.client
 import math
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import httpx
-
 if TYPE_CHECKING:
+    import httpx
     from _typeshed import ReadableBuffer, WriteableBuffer
 
 # Errors meaning "the idle connection was closed by the server before our request reached it".
@@ -52,11 +57,47 @@ TOTAL_TIMEOUT = "total_timeout"  # the request extension that bounds the whole e
 REARM_AFTER = 0.01  # seconds: how stale a socket timeout may be (so how far past the deadline a request may end)
 
 
-class KeepAliveTransport(httpx.BaseTransport):
+class TransportError(Exception):
+    """A request that failed below HTTP. The subclasses bear the names of httpx's exceptions for the same
+    failures (``handle_request`` raises those), so a message reads the same whichever way the request went."""
+
+
+class TimeoutException(TransportError):
+    pass
+
+
+class ConnectTimeout(TimeoutException):
+    pass
+
+
+class ReadTimeout(TimeoutException):
+    pass
+
+
+class ConnectError(TransportError):
+    pass
+
+
+class ReadError(TransportError):
+    pass
+
+
+class RemoteProtocolError(TransportError):
+    pass
+
+
+class UnsupportedProtocol(TransportError):
+    pass
+
+
+Origin = tuple[str, str, int]  # scheme, host, port
+
+
+class KeepAliveTransport:
     """``tls``: the context for https origins (default: the system's trust store); its socket class is replaced."""
 
     def __init__(self, max_idle_per_origin: int = 2, tls: ssl.SSLContext | None = None) -> None:
-        self._idle: dict[tuple[str, str, int], list[http.client.HTTPConnection]] = {}
+        self._idle: dict[Origin, list[http.client.HTTPConnection]] = {}
         self._max_idle = max_idle_per_origin
         self._lock = threading.Lock()
         self._closed = False
@@ -64,7 +105,19 @@ class KeepAliveTransport(httpx.BaseTransport):
         if tls is not None:
             tls.sslsocket_class = _DeadlineTLSSocket  # the deadline survives the TLS wrapping
 
+    def get(self, origin: Origin, target: str, headers: Sequence[tuple[str, str]], timeout: float | None,
+            total: float | None = None) -> Answer:
+        """GET ``target`` (path and query) from ``origin`` with exactly ``headers`` (Host included): the answer
+        with its body still to read. ``timeout`` bounds connecting and each read, ``total`` the whole exchange."""
+        if origin[0] not in ("http", "https"):
+            raise UnsupportedProtocol(f"unsupported URL scheme {origin[0]!r}")
+        limits = _Limits(timeout, timeout, None if total is None else time.monotonic() + total)
+        return self._get(origin, target, headers, limits)
+
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """The same GET as an httpx transport (``httpx.BaseTransport``'s one method)."""
+        import httpx  # noqa: PLC0415 - here, not at the top: polling IMDS never needs httpx (~1.9 MB)
+
         url = request.url
         if request.method != "GET":  # read-only by construction: nothing here can approve an event
             raise httpx.UnsupportedProtocol(f"this transport sends GET only, not {request.method}", request=request)
@@ -75,27 +128,31 @@ class KeepAliveTransport(httpx.BaseTransport):
         total = request.extensions.get(TOTAL_TIMEOUT)
         limits = _Limits(timeout.get("connect"), timeout.get("read"),
                          None if total is None else time.monotonic() + total)
-        target = url.raw_path.decode("ascii")
         headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in request.headers.raw]
+        try:
+            answer = self._get(origin, url.raw_path.decode("ascii"), headers, limits)
+        except TransportError as exc:
+            raise _as_httpx(exc, request) from exc
+        return httpx.Response(
+            status_code=answer.status, headers=[(n.encode("latin-1"), v.encode("latin-1")) for n, v in answer.headers],
+            stream=_httpx_stream(answer, request),
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": answer.reason.encode("latin-1")})
+
+    def _get(self, origin: Origin, target: str, headers: Sequence[tuple[str, str]], limits: _Limits) -> Answer:
         connection, reused = self._acquire(origin)
         try:
             try:
-                response = _exchange(connection, request, target, headers, limits)
+                response = _exchange(connection, target, headers, limits)
             except _STALE:
                 if not reused:
                     raise
                 connection.close()  # the server closed it while idle: one more try on a new connection
                 connection, reused = self._acquire(origin, fresh=True)
-                response = _exchange(connection, request, target, headers, limits)
+                response = _exchange(connection, target, headers, limits)
         except Exception as exc:
             connection.close()
-            _raise_as_httpx(exc, request)
-        return httpx.Response(
-            status_code=response.status,
-            headers=[(name.encode("latin-1"), value.encode("latin-1")) for name, value in response.getheaders()],
-            stream=_Body(self, origin, connection, response, request),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": response.reason.encode("latin-1")},
-        )
+            _raise_as_transport_error(exc)
+        return Answer(self, origin, connection, response)
 
     def close(self) -> None:
         with self._lock:
@@ -105,7 +162,7 @@ class KeepAliveTransport(httpx.BaseTransport):
         for connection in idle:
             connection.close()
 
-    def _acquire(self, origin: tuple[str, str, int], fresh: bool = False) -> tuple[http.client.HTTPConnection, bool]:
+    def _acquire(self, origin: Origin, fresh: bool = False) -> tuple[http.client.HTTPConnection, bool]:
         if not fresh:
             with self._lock:
                 pool = self._idle.get(origin)
@@ -125,7 +182,7 @@ class KeepAliveTransport(httpx.BaseTransport):
         connection.response_class = _Response
         return connection, False
 
-    def _release(self, origin: tuple[str, str, int], connection: http.client.HTTPConnection) -> None:
+    def _release(self, origin: Origin, connection: http.client.HTTPConnection) -> None:
         with self._lock:
             pool = self._idle.setdefault(origin, [])
             if not self._closed and len(pool) < self._max_idle:
@@ -152,16 +209,16 @@ class _Limits:
         return remaining if step is None or remaining < step else step
 
 
-def _exchange(connection: http.client.HTTPConnection, request: httpx.Request, target: str,
-              headers: list[tuple[str, str]], limits: _Limits) -> http.client.HTTPResponse:
+def _exchange(connection: http.client.HTTPConnection, target: str, headers: Sequence[tuple[str, str]],
+              limits: _Limits) -> http.client.HTTPResponse:
     if connection.sock is None:
         try:
             connection.timeout = limits.left(limits.connect)
             connection.connect()
         except TimeoutError as exc:
-            raise httpx.ConnectTimeout(str(exc) or "connect timed out", request=request) from exc
+            raise ConnectTimeout(str(exc) or "connect timed out") from exc
         except OSError as exc:
-            raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
+            raise ConnectError(str(exc) or type(exc).__name__) from exc
     sock = connection.sock
     if limits.deadline is not None and isinstance(sock, (_DeadlineSocket, _DeadlineTLSSocket)):
         sock.limits, sock.armed_at = limits, -math.inf
@@ -169,7 +226,7 @@ def _exchange(connection: http.client.HTTPConnection, request: httpx.Request, ta
         if isinstance(sock, (_DeadlineSocket, _DeadlineTLSSocket)):
             sock.limits = None
         sock.settimeout(limits.read)
-    # skip_host: httpx.Request put Host in the headers. skip_accept_encoding: the caller says what it accepts
+    # skip_host: the caller's headers hold Host. skip_accept_encoding: the caller says what it accepts
     # (ImdsClient asks for identity, so the bytes read are the document and the body cap counts what is on the wire).
     connection.putrequest("GET", target, skip_host=True, skip_accept_encoding=True)
     for name, value in headers:
@@ -215,16 +272,23 @@ class _HeadReader:
         self.inner.close()
 
 
-class _Body(httpx.SyncByteStream):
-    """The response body, read as the caller iterates; the connection goes back to the pool only when the
-    body was read to its end (otherwise the bytes left on it would be read as the next response)."""
+class Answer:
+    """An answer whose body is still to be read: ``status``, ``reason``, ``headers`` as received, and the body as
+    one iterates it. The connection goes back to the pool only when the body was read to its end (otherwise the
+    bytes left on it would be read as the next response); ``close`` says when the caller is done."""
 
-    def __init__(self, transport: KeepAliveTransport, origin: tuple[str, str, int],
-                 connection: http.client.HTTPConnection, response: http.client.HTTPResponse,
-                 request: httpx.Request) -> None:
+    def __init__(self, transport: KeepAliveTransport, origin: Origin, connection: http.client.HTTPConnection,
+                 response: http.client.HTTPResponse) -> None:
         self._transport, self._origin = transport, origin
-        self._connection, self._response, self._request = connection, response, request
+        self._connection, self._response = connection, response
+        self.status, self.reason = response.status, response.reason
+        self.headers: list[tuple[str, str]] = response.getheaders()
         self._done = False
+
+    def header(self, name: str) -> str | None:
+        """The value of header ``name`` (any case), several joined by ", " as httpx joins them; None if absent."""
+        values = self._response.headers.get_all(name)
+        return None if values is None else ", ".join(values)
 
     def __iter__(self) -> Iterator[bytes]:
         received = 0
@@ -234,11 +298,10 @@ class _Body(httpx.SyncByteStream):
                 yield chunk
             if self._response.length:  # http.client ends quietly when the peer closes before Content-Length
                 declared = received + self._response.length
-                raise httpx.RemoteProtocolError(f"body ended after {received} of its {declared} bytes",
-                                                request=self._request)
+                raise RemoteProtocolError(f"body ended after {received} of its {declared} bytes")
         except Exception as exc:
             self._finish(reusable=False)
-            _raise_as_httpx(exc, self._request)
+            _raise_as_transport_error(exc)
         self._finish(reusable=not self._response.will_close)
 
     def close(self) -> None:
@@ -253,6 +316,33 @@ class _Body(httpx.SyncByteStream):
         else:
             self._response.close()
             self._connection.close()
+
+
+def _httpx_stream(answer: Answer, request: httpx.Request) -> httpx.SyncByteStream:
+    """The answer's body as httpx's stream."""
+    stream: httpx.SyncByteStream = _httpx_stream_class()(answer, request)
+    return stream
+
+
+@functools.cache
+def _httpx_stream_class() -> Any:
+    """Made at the first call, when httpx is imported (a subclass needs its base at hand)."""
+    import httpx  # noqa: PLC0415 - only for handle_request's callers; polling IMDS never needs httpx
+
+    class Stream(httpx.SyncByteStream):
+        def __init__(self, answer: Answer, request: httpx.Request) -> None:
+            self._answer, self._request = answer, request
+
+        def __iter__(self) -> Iterator[bytes]:
+            try:
+                yield from self._answer
+            except TransportError as exc:
+                raise _as_httpx(exc, self._request) from exc
+
+        def close(self) -> None:
+            self._answer.close()
+
+    return Stream
 
 
 def _arm(sock: _DeadlineSocket | _DeadlineTLSSocket) -> None:
@@ -310,14 +400,22 @@ def _connect(address: tuple[str, int], timeout: Any = None, source_address: Any 
     return sock
 
 
-def _raise_as_httpx(exc: Exception, request: httpx.Request) -> NoReturn:
-    """Raise the httpx exception for a failure of the standard library, so callers handle one family."""
-    if isinstance(exc, httpx.HTTPError):
+def _raise_as_transport_error(exc: Exception) -> NoReturn:
+    """Raise the ``TransportError`` for a failure of the standard library, so callers handle one family."""
+    if isinstance(exc, TransportError):
         raise exc
     if isinstance(exc, TimeoutError):
-        raise httpx.ReadTimeout(str(exc) or "timed out", request=request) from exc
+        raise ReadTimeout(str(exc) or "timed out") from exc
     if isinstance(exc, http.client.HTTPException):
-        raise httpx.RemoteProtocolError(f"{type(exc).__name__}: {exc}", request=request) from exc
+        raise RemoteProtocolError(f"{type(exc).__name__}: {exc}") from exc
     if isinstance(exc, OSError):
-        raise httpx.ReadError(str(exc) or type(exc).__name__, request=request) from exc
+        raise ReadError(str(exc) or type(exc).__name__) from exc
     raise exc
+
+
+def _as_httpx(exc: TransportError, request: httpx.Request) -> httpx.HTTPError:
+    """httpx's exception of the same name as ``exc`` (``handle_request`` speaks httpx)."""
+    import httpx  # noqa: PLC0415 - only for handle_request's callers; polling IMDS never needs httpx
+
+    kind: type[httpx.TransportError] = getattr(httpx, type(exc).__name__)
+    return kind(str(exc), request=request)

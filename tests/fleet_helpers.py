@@ -4,8 +4,10 @@ process, and forwarded documents produced through the project's own envelope."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,7 +22,8 @@ from azure.eventhub.aio import EventHubProducerClient
 from se_exporter.lifecycle import diff
 from se_exporter.model import VmIdentity, parse_document
 from se_exporter.sinks import DocumentChange
-from se_exporter.sinks.envelope import CONTENT_TYPE, Envelope, build
+from se_exporter.sinks.envelope import Envelope, build
+from se_exporter.sinks.eventhubs import event_data
 from tests.eventhubs_server import EventHubsTestServer, Store
 from tests.helpers import Samples, free_port, http_get, parse_samples, stop_process, wait_until
 
@@ -31,31 +34,67 @@ DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFP
 
 
 class Azurite:
-    """azurite-blob on 127.0.0.1:<free port>, its data in ``data_dir``, telemetry off."""
+    """azurite-blob on 127.0.0.1:<free port>, its data in ``data_dir``, telemetry off.
 
-    def __init__(self, data_dir: Path) -> None:
+    With ``tls`` (a certificate and its key) it serves HTTPS and takes OAuth bearer tokens besides the account key
+    (``--oauth basic``: it checks a token's issuer, audience and lifetime, not its signature); ``ca_file`` is then
+    the file a client must trust."""
+
+    def __init__(self, data_dir: Path, tls: tuple[Path, Path] | None = None) -> None:
         if not AZURITE.exists():
             raise AssertionError("tests/azurite/node_modules is missing: `make test` runs npm ci there")
         self.port = free_port()
+        self.ca_file = tls[0] if tls else None
         data_dir.mkdir(parents=True, exist_ok=True)
         self._log = (data_dir / "azurite.log").open("wb")
+        secure = ["--cert", str(tls[0]), "--key", str(tls[1]), "--oauth", "basic"] if tls else []
+        # Its own session keeps a Ctrl-C from stopping it before the tests that use it; so that a test run killed
+        # outright (a timeout, kill -9) leaves no emulator behind either, it gets SIGTERM when its parent dies.
+        orphan_guard = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
         self.process = subprocess.Popen(
-            [str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--location", str(data_dir),
-             "--disableTelemetry", "--skipApiVersionCheck", "--loose", "--silent"],
+            [*orphan_guard, str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
+             "--location", str(data_dir), "--disableTelemetry", "--skipApiVersionCheck", "--loose", "--silent",
+             *secure],
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_until(lambda: self.process.poll() is not None or _listening(self.port), timeout=30,
-                   what="Azurite to listen")
+        try:
+            wait_until(lambda: self.process.poll() is not None or _listening(self.port), timeout=30,
+                       what="Azurite to listen")
+        except BaseException:  # never leave an emulator behind
+            self.stop()
+            raise
         if self.process.poll() is not None:
+            self._log.close()
             raise AssertionError(f"Azurite exited: {(data_dir / 'azurite.log').read_text()}")
 
     @property
+    def account_url(self) -> str:
+        """The blob endpoint, path-style as for every emulator: ``<scheme>://127.0.0.1:<port>/<account>``."""
+        return f"{'https' if self.ca_file else 'http'}://127.0.0.1:{self.port}/{DEV_ACCOUNT}"
+
+    @property
     def connection_string(self) -> str:
-        return (f"DefaultEndpointsProtocol=http;AccountName={DEV_ACCOUNT};AccountKey={DEV_KEY};"
-                f"BlobEndpoint=http://127.0.0.1:{self.port}/{DEV_ACCOUNT};")
+        return (f"DefaultEndpointsProtocol={'https' if self.ca_file else 'http'};AccountName={DEV_ACCOUNT};"
+                f"AccountKey={DEV_KEY};BlobEndpoint={self.account_url};")
 
     def stop(self) -> None:
         stop_process(self.process)  # type: ignore[arg-type]
         self._log.close()
+
+
+def connections(pid: int, port: int) -> int:
+    """Established TCP connections of process ``pid`` to port ``port`` (Linux: its socket inodes in /proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    count = 0
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote, state, inode = fields[2], fields[3], fields[9]
+        count += state == "01" and inode in inodes and int(remote.rsplit(":", 1)[1], 16) == port  # 01: ESTABLISHED
+    return count
 
 
 def _listening(port: int) -> bool:
@@ -67,13 +106,18 @@ def _listening(port: int) -> bool:
 
 
 class FleetProcess:
-    """``se-exporter fleet`` as a child process; secrets by environment, as the README advises."""
+    """``se-exporter fleet`` as a child process; secrets by environment, as the README advises (none at all with a
+    managed identity: then the arguments name the namespace and the account URL)."""
 
-    def __init__(self, hub_connection: str, storage_connection: str, log_dir: Path, *args: str,
+    def __init__(self, hub_connection: str | None, storage_connection: str | None, log_dir: Path, *args: str,
                  env: Mapping[str, str] | None = None) -> None:
-        clean = {k: v for k, v in os.environ.items() if not k.startswith("SE_EXPORTER_")}
-        clean.update({"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": hub_connection,
-                      "SE_EXPORTER_CHECKPOINT_CONNECTION_STRING": storage_connection, **(env or {})})
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("SE_EXPORTER_")
+                 and k.upper() not in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")}  # loopback only
+        if hub_connection:
+            clean["SE_EXPORTER_EVENTHUB_CONNECTION_STRING"] = hub_connection
+        if storage_connection:
+            clean["SE_EXPORTER_CHECKPOINT_CONNECTION_STRING"] = storage_connection
+        clean.update(env or {})
         log_dir.mkdir(parents=True, exist_ok=True)
         self.stderr_path = log_dir / "fleet.stderr"
         self._stderr = self.stderr_path.open("wb")
@@ -122,15 +166,6 @@ def envelope_for(identity: VmIdentity, raw: bytes, sequence: int, installation: 
     change = DocumentChange(raw, document, (), diff({}, document, observed_at).records, observed_at, identity.name,
                             identity, "2020-07-01")
     return build(change, sequence, installation)
-
-
-def event_data(envelope: Envelope) -> EventData:
-    """What the Event Hubs forwarder sends for an envelope: body, content type, message id, properties."""
-    event = EventData(envelope.body)
-    event.content_type = CONTENT_TYPE
-    event.message_id = envelope.message_id
-    event.properties = dict(envelope.properties)
-    return event
 
 
 def send(connection_string: str, events: Iterable[EventData], partition_id: str | None = None) -> None:

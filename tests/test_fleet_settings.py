@@ -45,6 +45,15 @@ def test_flags_and_environment_like_every_command() -> None:
     assert (s.vm_expiry, s.listen, s.ownership_timeout, s.consumer_group) == (120.0, Listen("", 9999), 30.0, "fleet")
 
 
+def test_a_ca_file_without_certificates_is_refused_at_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--checkpoint-ca-file is read at start-up: a file that holds no PEM certificate is one line naming the flag."""
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate\n")
+    assert main(["fleet", "--checkpoint-ca-file", str(not_pem)], env=BASE) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--checkpoint-ca-file: '{not_pem}' holds no PEM certificate" in err, err
+
+
 @pytest.mark.parametrize(("argv", "env", "message"), [
     ([], {"SE_EXPORTER_CHECKPOINT_CONNECTION_STRING": STORAGE}, "--eventhub-connection-string or --eventhub-namespace"),
     ([], {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": HUB}, "--checkpoint-connection-string or --checkpoint-account-url"),
@@ -56,6 +65,8 @@ def test_flags_and_environment_like_every_command() -> None:
     (["--starting-position", "yesterday"], BASE, "--starting-position: 'yesterday' is not earliest"),
     (["--vm-expiry", "0"], BASE, "--vm-expiry: '0' must be a positive number"),
     (["--listen", "nowhere"], BASE, "--listen: 'nowhere' is not HOST:PORT"),
+    (["--checkpoint-ca-file", "/nonexistent/ca.pem"], BASE, "--checkpoint-ca-file: '/nonexistent/ca.pem' is not a "
+                                                            "readable file"),
     ([], {**BASE, "SE_EXPORTER_CHECKPOINT_CONNECTION_STRING": "AccountName=acct;Sig=s3cr3tK3y"},
      "SE_EXPORTER_CHECKPOINT_CONNECTION_STRING: needs AccountKey"),
 ])

@@ -11,12 +11,15 @@ import asyncio
 import contextlib
 import gzip
 import logging
+import ssl
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
+import aiohttp
 import prometheus_client
 from azure.core.exceptions import ResourceExistsError
+from azure.core.pipeline.transport import AioHttpTransport
 from azure.eventhub.aio import EventHubConsumerClient
 from azure.storage.blob.aio import ContainerClient
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
@@ -24,6 +27,7 @@ from prometheus_client.exposition import gzip_accepted
 
 from se_exporter import __version__, logs
 from se_exporter.consume import starting_position
+from se_exporter.credential import service_credential
 from se_exporter.endpoints import TEXT_FORMAT, serve
 from se_exporter.errors import ConfigError
 from se_exporter.fleet.blobstate import StateBlobs
@@ -44,29 +48,33 @@ def run_fleet(settings: FleetSettings) -> int:
     return asyncio.run(_main(settings))
 
 
-def service_credential(client_id: str | None) -> Any:
-    """The VM's managed identity or the pod's workload identity, as the sidecar's forwarder uses; developer
-    tools never. Token requests go to IMDS: never through a proxy from the environment."""
-    from azure.core.pipeline.transport import AioHttpTransport
-    from azure.identity.aio import DefaultAzureCredential
-
-    options: dict[str, Any] = {"managed_identity_client_id": client_id} if client_id else {}
-    return DefaultAzureCredential(
-        exclude_cli_credential=True, exclude_developer_cli_credential=True, exclude_powershell_credential=True,
-        exclude_visual_studio_code_credential=True, exclude_shared_token_cache_credential=True,
-        exclude_interactive_browser_credential=True, transport=AioHttpTransport(use_env_settings=False), **options)
-
-
 def storage_clients(settings: FleetSettings, credential: Callable[[str | None], Any],
                     ) -> tuple[ContainerClient, ObservedCheckpointStore]:
     name = settings.checkpoint_container
     if settings.checkpoint_connection_string:
-        store = ObservedCheckpointStore.from_connection_string(settings.checkpoint_connection_string, name)
-        return (ContainerClient.from_connection_string(settings.checkpoint_connection_string, name),
+        text = settings.checkpoint_connection_string
+        store = ObservedCheckpointStore.from_connection_string(text, name, **trusting(settings.checkpoint_ca_file))
+        return (ContainerClient.from_connection_string(text, name, **trusting(settings.checkpoint_ca_file)),
                 cast(ObservedCheckpointStore, store))  # the classmethod builds cls(...): our subclass
     url, identity = str(settings.checkpoint_account_url), credential(settings.storage_client_id)
-    return (ContainerClient(url, name, credential=identity),
-            ObservedCheckpointStore(url, name, credential=identity))
+    return (ContainerClient(url, name, credential=identity, **trusting(settings.checkpoint_ca_file)),
+            ObservedCheckpointStore(url, name, credential=identity, **trusting(settings.checkpoint_ca_file)))
+
+
+def trusting(ca_file: str | None) -> dict[str, Any]:
+    """A storage client's transport trusting the CAs of ``ca_file`` (the system's when None).
+
+    Not azure-core's ``connection_verify=<path>``: its aiohttp transport then builds a new SSL context for every
+    request, and aiohttp pools connections by context, so every request opened (and kept) a TLS connection of its
+    own: 100 requests, 101 connections. One context on the session's connector keeps one connection in use. The
+    session is made as azure-core makes its own (proxy settings from the environment, no cookies, no automatic
+    decompression) and is closed with the client."""
+    if not ca_file:
+        return {}
+    connector = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=ca_file))
+    session = aiohttp.ClientSession(connector=connector, trust_env=True, cookie_jar=aiohttp.DummyCookieJar(),
+                                    auto_decompress=False)
+    return {"transport": AioHttpTransport(session=session, session_owner=True)}
 
 
 def consumer_client(settings: FleetSettings, store: ObservedCheckpointStore,

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import httpx
-
 from se_exporter.config import RUN_OPTIONS
-from se_exporter.consume import CONSUME_OPTIONS, starting_position
+from se_exporter.consume_settings import CONSUME_OPTIONS
 from se_exporter.errors import ConfigError
 from se_exporter.options import (
     Bounded,
@@ -17,6 +16,7 @@ from se_exporter.options import (
     Option,
     check_eventhubs,
     connection_string_parts,
+    parse_file,
     parse_listen,
     parse_name,
     resolve,
@@ -50,6 +50,8 @@ def parse_storage_connection_string(text: str) -> str:
 
 def parse_account_url(text: str) -> str:
     """An https URL: the storage SDK sends managed-identity tokens over https only."""
+    import httpx  # noqa: PLC0415 - only for the fleet command: the sidecar's `run` never loads httpx
+
     try:
         url = httpx.URL(text.strip())
     except (httpx.InvalidURL, TypeError) as exc:
@@ -57,6 +59,16 @@ def parse_account_url(text: str) -> str:
     if url.scheme != "https" or not url.host or url.query or url.fragment:
         raise ValueError(f"{text!r} is not an https URL like https://myaccount.blob.core.windows.net")
     return text.strip().rstrip("/")
+
+
+def parse_ca_file(text: str) -> str:
+    """A readable file of PEM certificates: checked at start-up, not at the first storage request."""
+    path = parse_file(text)
+    try:
+        ssl.create_default_context(cafile=path)
+    except ssl.SSLError as error:
+        raise ValueError(f"{text!r} holds no PEM certificate ({error.reason or error})") from None
+    return path
 
 
 def parse_container(text: str) -> str:
@@ -85,6 +97,8 @@ FLEET_OPTIONS: tuple[Option, ...] = (
     Option("checkpoint_container", "--checkpoint-container", parse_container,
            f"blob container for checkpoints, ownership and state; created if missing (default {DEFAULT_CONTAINER})",
            "NAME"),
+    Option("checkpoint_ca_file", "--checkpoint-ca-file", parse_ca_file,
+           "PEM file of the CAs that may sign the storage account's TLS certificate (default: the system's)", "PATH"),
     Option("checkpoint_client_id", "--checkpoint-client-id", parse_name,
            "client id of a user-assigned managed identity for storage (default: --eventhub-client-id)", "ID"),
     Option("checkpoint_interval", "--checkpoint-interval", CHECKPOINT_INTERVAL,
@@ -120,6 +134,7 @@ class FleetSettings:
     checkpoint_connection_string: str | None = field(default=None, repr=False)
     checkpoint_account_url: str | None = None
     checkpoint_container: str = DEFAULT_CONTAINER
+    checkpoint_ca_file: str | None = None
     checkpoint_client_id: str | None = None
     checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL
     vm_expiry: float = DEFAULT_VM_EXPIRY
@@ -152,5 +167,7 @@ def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSet
     if settings.ownership_timeout <= settings.load_balancing_interval:
         raise ConfigError(f"--ownership-expiry {settings.ownership_timeout:g} must be longer than "
                           f"--load-balancing-interval {settings.load_balancing_interval:g}")
+    from se_exporter.consume import starting_position  # noqa: PLC0415 - it brings asyncio, which `run` never needs
+
     starting_position(settings.starting_position)  # raises ConfigError naming the flag
     return settings

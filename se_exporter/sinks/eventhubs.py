@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -42,6 +43,7 @@ from azure.eventhub.exceptions import (
     OperationTimeoutError,
 )
 
+from se_exporter.credential import service_credential
 from se_exporter.retry import Health, backoff
 from se_exporter.sinks.envelope import CONTENT_TYPE, Envelope, carriable
 from se_exporter.sinks.forward import ForwardMetrics
@@ -166,8 +168,6 @@ class EventHubsTarget:
         A document too large for a message is dropped (it can never be sent, and must not block the rest);
         it is returned apart so that nobody counts it as delivered.
         """
-        from azure.eventhub import EventData
-
         key = spooled[0].partition_key
         run: list[Envelope] = []
         for envelope in spooled:  # only the oldest run: order per partition key must hold
@@ -177,12 +177,8 @@ class EventHubsTarget:
         batch = await asyncio.wait_for(producer.create_batch(partition_key=str(carriable(key))), self._watchdog)
         added: list[Envelope] = []
         for envelope in run:
-            event = EventData(envelope.body)
-            event.content_type = CONTENT_TYPE
-            event.message_id = envelope.message_id
-            event.properties = {name: carriable(value) for name, value in envelope.properties.items()}
             try:
-                batch.add(event)
+                batch.add(event_data(envelope))
             except ValueError:
                 break  # the batch is full; the rest goes next time
             added.append(envelope)
@@ -228,6 +224,17 @@ _TIMEOUTS = (asyncio.TimeoutError, TimeoutError, OperationTimeoutError, ServiceR
 # Event Hubs' own, and azure-core's that every azure-identity credential raises (CredentialUnavailableError too).
 _AUTH = (AuthenticationError, ClientAuthenticationError)
 _CONNECTION = (ConnectError, ConnectionLostError, OSError)
+
+
+def event_data(envelope: Envelope) -> Any:
+    """The Event Hubs message of one envelope: its body, content type, message id and properties."""
+    from azure.eventhub import EventData
+
+    event = EventData(envelope.body)
+    event.content_type = CONTENT_TYPE
+    event.message_id = envelope.message_id
+    event.properties = {name: carriable(value) for name, value in envelope.properties.items()}
+    return event
 
 
 def classify(error: BaseException) -> str:
@@ -294,24 +301,9 @@ def producer_factory(connection_string: str | None, eventhub_name: str | None, n
                 retry_backoff_factor=RETRY_BACKOFF_FACTOR, retry_backoff_max=RETRY_BACKOFF_MAX, **connection)
         return from_string
     if make_credential is None:
-        from azure.core.pipeline.transport import AioHttpTransport
-        from azure.identity.aio import DefaultAzureCredential
-
-        def make_credential(identity: str | None) -> Any:
-            # The VM's managed identity, or on AKS the pod's workload identity (which a managed identity
-            # credential alone would miss, reaching the node's identity instead); a service principal in the
-            # environment for tests elsewhere. Developer tools (CLI, VS Code, PowerShell) never.
-            options: dict[str, Any] = {"managed_identity_client_id": identity} if identity else {}
-            # Token requests go to IMDS: never through a proxy from the environment.
-            options["transport"] = AioHttpTransport(use_env_settings=False)
-            # One quick retry: the IMDS credential's own policy retries a 5xx for ~25 s, past the send's watchdog
-            # (the failure would then read as a timeout rather than auth); the forwarder retries for ever itself.
-            options["retry_total"] = 1
-            return DefaultAzureCredential(
-                exclude_cli_credential=True, exclude_developer_cli_credential=True,
-                exclude_powershell_credential=True, exclude_visual_studio_code_credential=True,
-                exclude_shared_token_cache_credential=True, exclude_interactive_browser_credential=True, **options)
-
+        # One quick retry: the IMDS credential's own policy retries a 5xx for ~25 s, past the send's watchdog (the
+        # failure would then read as a timeout rather than auth); the forwarder retries for ever itself.
+        make_credential = functools.partial(service_credential, retry_total=1)
     credential = make_credential(client_id)
 
     def from_identity() -> Any:

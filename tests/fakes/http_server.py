@@ -75,6 +75,12 @@ class ScriptedServer:
                 if not self.script:
                     return
                 step = self.script.pop(0)
+                # Taken with its step, before the answer is sent: once the client has the answer it may send its
+                # next request on a new connection at once, and that connection's thread must not find CLOSE
+                # first (it did: an AssertionError in the server, seen by the client as RemoteDisconnected).
+                close_after = bool(self.script) and self.script[0] is CLOSE
+                if close_after:
+                    self.script.pop(0)
                 if step is HANG:
                     self._closed.wait()  # until the test is over
                     return
@@ -84,11 +90,12 @@ class ScriptedServer:
                         conn.sendall(step.data[index:index + 1])
                         if self._closed.wait(step.interval):
                             return
+                    if close_after:
+                        return
                     continue
                 assert isinstance(step, bytes)
                 conn.sendall(step)
-                if self.script and self.script[0] is CLOSE:
-                    self.script.pop(0)
+                if close_after:
                     return
 
     def close(self) -> None:

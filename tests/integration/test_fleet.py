@@ -10,22 +10,28 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
 
 import pytest
 import yaml
+from azure.core.exceptions import HttpResponseError
 from azure.eventhub import EventData
+from azure.identity.aio import ManagedIdentityCredential
 from azure.storage.blob import ContainerClient
 from azure.storage.blob.aio import ContainerClient as AsyncContainerClient
 
 from se_exporter.fleet.blobstate import StateBlobs, state_blob_name
 from se_exporter.fleet.state import encode
+from se_exporter.simulator.identity import SYSTEM_ASSIGNED, TOKEN_PATH, USER_ASSIGNED
 from tests.conftest import Reliability, SimulatorFactory
-from tests.eventhubs_server import EventHubsTestServer, Store
+from tests.eventhubs_server import EventHubsTestServer, Store, self_signed_certificate
 from tests.fleet_helpers import (
     DEV_KEY,
     EMPTY,
     Azurite,
     FleetProcess,
+    connections,
     envelope_for,
     event_data,
     produce,
@@ -42,33 +48,51 @@ pytestmark = pytest.mark.integration
 BALANCING = 0.5  # seconds between load-balancing rounds (the SDK's default is 30)
 OWNERSHIP = 3.0  # seconds until a silent replica's partitions may be taken (the default is 180)
 # Kill -9 -> the survivor owns everything: the ownership expires, then the next balancing round (the SDK adds up to
-# 20% jitter) claims it; 2 s more for the claim's round trips to the storage and the survivor's /metrics to say so.
+# 20% jitter) claims it; 2 s more for the claim's round trips to the storage and the test's reading them.
 TAKEOVER = OWNERSHIP + BALANCING * 1.2 + 2.0
 FAST = ("--load-balancing-interval", str(BALANCING), "--ownership-expiry", str(OWNERSHIP),
         "--checkpoint-interval", "0.5")
 @pytest.fixture(scope="module")
 def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
-    """One emulator for the module; every test uses its own container."""
-    emulator = Azurite(tmp_path_factory.mktemp("azurite"))
+    """One emulator for the module, over HTTPS and taking OAuth tokens as well as the account key (as a storage
+    account does); every test uses its own container."""
+    certificates = tmp_path_factory.mktemp("azurite-tls")
+    emulator = Azurite(tmp_path_factory.mktemp("azurite"), tls=self_signed_certificate(certificates, "127.0.0.1"))
     yield emulator
     emulator.stop()
 
 
 @pytest.fixture
-def fleets(azurite: Azurite, tmp_path: Path) -> Iterator[Callable[..., FleetProcess]]:
-    """Start `se-exporter fleet` replicas sharing this test's container."""
-    container = f"fleet-{uuid.uuid4().hex[:12]}"
+def container(azurite: Azurite) -> str:
+    return f"fleet-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def fleets(azurite: Azurite, container: str, tmp_path: Path) -> Iterator[Callable[..., FleetProcess]]:
+    """Start `se-exporter fleet` replicas sharing this test's container: ``fleets(hub, *args)`` with connection
+    strings, or ``fleets(None, *args, env=...)`` with the arguments naming the hub and the storage account."""
     started: list[FleetProcess] = []
 
-    def make(hub: EventHubsTestServer, *args: str) -> FleetProcess:
-        process = FleetProcess(hub.connection_string(), azurite.connection_string, tmp_path / f"fleet{len(started)}",
-                               "--checkpoint-container", container, *FAST, *args)
+    def make(hub: EventHubsTestServer | None, *args: str, env: dict[str, str] | None = None) -> FleetProcess:
+        process = FleetProcess(hub.connection_string() if hub else None, azurite.connection_string if hub else None,
+                               tmp_path / f"fleet{len(started)}", "--checkpoint-container", container,
+                               "--checkpoint-ca-file", str(azurite.ca_file), *FAST, *args, env=env)
         started.append(process)
         return process
 
     yield make
+    for process in started:  # all at once: each takes a second or two to release its partitions
+        if process.process.poll() is None:
+            process.process.terminate()
     for process in started:
         process.stop()
+        assert "Unclosed" not in process.log()  # every client's HTTP session closed: checkpoint store, container
+
+
+def storage(azurite: Azurite, container: str) -> ContainerClient:
+    """The test's own view of a container, with the account key."""
+    return ContainerClient.from_connection_string(azurite.connection_string, container,
+                                                  connection_verify=str(azurite.ca_file))
 
 
 LAST_SEEN = re.compile(rb'^azure_scheduled_fleet_vm_last_seen_timestamp_seconds\{[^}]*vm_id="([^"]+)"[^}]*\} (\S+)$',
@@ -99,9 +123,16 @@ def picture(replicas: list[FleetProcess]) -> dict[str, float]:
     return seen
 
 
+def owners(azurite: Azurite, container: str) -> dict[str, str]:
+    """partition id -> the owner id the SDK's load balancing wrote into the checkpoint store."""
+    with storage(azurite, container) as blobs:
+        return {blob.name.rsplit("/", 1)[-1]: (blob.metadata or {}).get("ownerid", "")
+                for blob in blobs.list_blobs(include=["metadata"]) if "/ownership/" in blob.name}
+
+
 def test_ten_thousand_vms_split_over_two_replicas_survive_kill_and_restart(
-        hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess],
-        reliability: Reliability) -> None:
+        hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess], azurite: Azurite,
+        container: str, reliability: Reliability) -> None:
     """10,000 VMs show across two replicas, each exactly once; kill -9 of one leaves the other owning every
     partition within ownership expiry + one balancing interval with nothing missing; a restarted replica takes
     its share back and the two show the same picture as before within a minute."""
@@ -121,11 +152,16 @@ def test_ten_thousand_vms_split_over_two_replicas_survive_kill_and_restart(
         re.MULTILINE))
     assert blast == len([i for i in range(10_000) if i % 10 == 0 and i % 7 == 0])  # summed over the replicas
 
+    assert len(set(owners(azurite, container).values())) == 2
     first.kill()
     killed_at = time.monotonic()
-    wait_until(lambda: second.value("azure_scheduled_fleet_owned_partitions") == 4,
-               timeout=TAKEOVER + 10, interval=0.2, what="the survivor to own every partition")
+    # Owning is claiming in the checkpoint store (the SDK's load balancing); /metrics counts a partition once its
+    # state is restored too, which on a loaded machine takes its own seconds, so it is waited for apart.
+    wait_until(lambda: len(set(owners(azurite, container).values())) == 1, timeout=TAKEOVER + 10, interval=0.2,
+               what="the survivor to claim every partition")
     took_over = time.monotonic() - killed_at
+    wait_until(lambda: second.value("azure_scheduled_fleet_owned_partitions") == 4, timeout=30,
+               what="the survivor to read every partition")
     wait_until(lambda: picture([second]) == before, timeout=30, interval=0.5, what="the whole picture on the survivor")
 
     restarted = fleets(hub)
@@ -163,8 +199,8 @@ def test_sigterm_writes_state_releases_ownership_and_a_successor_rebuilds_from_i
     code = first.process.wait(10)
     assert (code, time.monotonic() - stopped_at < 10) == (0, True)
     assert "released (shutdown)" in first.log()
-    container = ContainerClient.from_connection_string(azurite.connection_string, container_name(first))
-    blobs = {blob.name.split("/", 3)[-1]: blob.metadata for blob in container.list_blobs(include=["metadata"])}
+    with storage(azurite, container_name(first)) as container:
+        blobs = {blob.name.split("/", 3)[-1]: blob.metadata for blob in container.list_blobs(include=["metadata"])}
     assert {name for name in blobs if name.startswith("fleet-state/")} == {f"fleet-state/{p}" for p in "0123"}
     for partition_id in "0123":
         assert not blobs[f"ownership/{partition_id}"].get("ownerid")  # released, not left to expire
@@ -320,8 +356,9 @@ def test_the_stored_state_only_moves_forward_between_two_owners(azurite: Azurite
     """During a hand-over two owners may write one partition's state: a write that finds a newer state gives way,
     one that finds an older state overwrites it, so the stored position never goes back behind a checkpoint."""
     async def run() -> list[object]:
-        async with AsyncContainerClient.from_connection_string(azurite.connection_string,
-                                                               f"state-{uuid.uuid4().hex[:12]}") as container:
+        async with AsyncContainerClient.from_connection_string(
+                azurite.connection_string, f"state-{uuid.uuid4().hex[:12]}",
+                connection_verify=str(azurite.ca_file)) as container:
             await container.create_container()
             old_owner, new_owner = StateBlobs(container), StateBlobs(container)
             for owner in (old_owner, new_owner):
@@ -340,3 +377,133 @@ def test_the_stored_state_only_moves_forward_between_two_owners(azurite: Azurite
             return outcomes
 
     assert asyncio.run(run()) == [None, True, 5, True, False, True, False, 9]
+
+
+NAMESPACE = "myns.servicebus.windows.net"
+STORAGE_AUDIENCE = "https://storage.azure.com"  # the storage SDK asks for https://storage.azure.com/.default
+EVENTHUBS_AUDIENCE = "https://eventhubs.azure.net/"
+HUB_CLIENT_ID = next(iter(USER_ASSIGNED))  # a user-assigned identity of the simulated VM
+STORAGE_CLIENT_ID, STORAGE_OBJECT_ID = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d", "1b2c3d4e-5f6a-4b7c-8d9e-0f1a2b3c4d5e"
+
+
+def test_azurite_takes_a_storage_token_and_refuses_no_token_or_another_audience(
+        simulator: SimulatorFactory, azurite: Azurite) -> None:
+    """The emulator the managed-identity test relies on checks bearer tokens: a token from the simulator's IMDS for
+    the storage audience is taken, a request without credentials and one with an Event Hubs token are refused."""
+    _sim, imds = simulator("live-migration")
+
+    class ForResource:
+        """A managed-identity token for ``resource``, whatever scope the storage SDK asks for."""
+
+        def __init__(self, resource: str) -> None:
+            self.resource, self.inner = resource, ManagedIdentityCredential()
+
+        async def get_token(self, *scopes: str, **kwargs: Any) -> Any:
+            return await self.inner.get_token(self.resource + "/.default")
+
+        async def close(self) -> None:
+            await self.inner.close()
+
+    async def create(name: str, resource: str | None) -> str:
+        credential = ForResource(resource) if resource else None
+        try:
+            async with AsyncContainerClient(azurite.account_url, name, credential=credential,
+                                            connection_verify=str(azurite.ca_file)) as client:
+                await client.create_container()
+            return "created"
+        except HttpResponseError as error:
+            detail = re.search(r"<AuthenticationErrorDetail>(.*)</AuthenticationErrorDetail>", error.response.text())
+            code = getattr(error.error_code, "value", error.error_code)  # a StorageErrorCode: a str enum
+            return f"refused {error.status_code} {code}" + (f": {detail.group(1)}" if detail else "")
+        finally:
+            if credential:
+                await credential.close()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", imds.url)
+        outcomes = [asyncio.run(create(f"{name}-{uuid.uuid4().hex[:8]}", resource)) for name, resource in
+                    (("storage", STORAGE_AUDIENCE), ("anonymous", None), ("eventhubs", EVENTHUBS_AUDIENCE))]
+    assert outcomes == ["created", "refused 403 AuthorizationFailure",
+                        "refused 403 AuthenticationFailed: Invalid token audience."]
+
+
+def test_managed_identity_end_to_end_without_a_key_resuming_from_its_checkpoint(
+        simulator: SimulatorFactory, sidecar: Callable[..., Sidecar], fleets: Callable[..., FleetProcess],
+        azurite: Azurite, container: str, tmp_path: Path, reliability: Reliability) -> None:
+    """`fleet --eventhub-namespace --checkpoint-account-url`, given no connection string and no key: its tokens come
+    from the simulator's IMDS (for Event Hubs as --eventhub-client-id, for storage as --checkpoint-client-id), the
+    hub's CBS takes them over TLS and Azurite takes them over HTTPS; it shows the
+    document a sidecar forwarded with its own managed identity, checkpoints into Azurite, and after SIGTERM a new
+    replica resumes from that checkpoint (reading only the events after it, the VM's picture rebuilt from the
+    stored state); its storage connections (trusting --checkpoint-ca-file) are reused; no token appears in its
+    debug logs or /metrics."""
+    sim, imds = simulator("live-migration")  # WestNO_0: a Freeze listed from scenario second 2, done 900 + 30 s on
+    sim.identity.user_assigned[STORAGE_CLIENT_ID] = STORAGE_OBJECT_ID  # a second identity attached to the VM
+    cert, key = self_signed_certificate(tmp_path)
+    hub = EventHubsTestServer(Store(partition_count=2), token_key=sim.identity.key, tls=(cert, key)).start()
+    identity = {"AZURE_POD_IDENTITY_AUTHORITY_HOST": imds.url}  # azure-identity's documented IMDS override
+    endpoint = ("--eventhub-namespace", NAMESPACE, "--eventhub-name", hub.store.hub,
+                "--eventhub-endpoint", f"sb://localhost:{hub.port}", "--eventhub-ca-file", str(cert))
+    keyless = (*endpoint, "--eventhub-client-id", HUB_CLIENT_ID, "--checkpoint-account-url", azurite.account_url,
+               "--checkpoint-client-id", STORAGE_CLIENT_ID, "--log-level", "debug", "--log-format", "json")
+    try:
+        forwarder = sidecar("--imds-url", imds.url, *SIDECAR_FAST, *endpoint, env=identity)
+        first = fleets(None, *keyless, env=identity)
+        sim.advance(3)
+        wait_until(lambda: [labels["event_type"] for labels in event_series(first, "azure_scheduled_fleet_event_info")]
+                   == ["Freeze"], timeout=30, what="the sidecar's Freeze on the fleet")
+        wait_until(lambda: (first.value("azure_scheduled_fleet_checkpoints_total", outcome="ok") or 0) >= 1,
+                   what="a checkpoint")
+        # Storage connections are reused: one per request in flight (two clients, a request per partition at most
+        # each, and one more), where a new TLS context per request opened a connection per request (16 by now).
+        assert connections(first.process.pid, azurite.port) <= 2 * (hub.store.partition_count + 1)
+        first.process.terminate()
+        assert first.process.wait(10) == 0
+        with storage(azurite, container) as blobs:
+            checkpoints = {blob.name.rsplit("/", 1)[-1]: int(blob.metadata["sequencenumber"]) for blob in
+                           blobs.list_blobs(name_starts_with=f"{NAMESPACE}/{hub.store.hub}/$default/checkpoint/",
+                                            include=["metadata"])}
+        [(partition_id, checkpoint)] = checkpoints.items()  # the one VM's partition; the other stayed empty
+        last = hub.store.last(partition_id)
+        assert last is not None and checkpoint == last.sequence_number  # everything read was checkpointed
+
+        sim.advance(900 + 30 + 5)  # the Freeze has run and is gone: the sidecar forwards an empty document
+        wait_until(lambda: (hub.store.last(partition_id) or last).sequence_number > checkpoint,
+                   timeout=30, what="the sidecar's next document")
+        forwarded = forwarder.value("azure_scheduled_events_forwarded_documents_total", sink="eventhubs")
+        second = fleets(None, *keyless, env=identity)
+        wait_until(lambda: second.value("azure_scheduled_fleet_vms") == 1
+                   and not event_series(second, "azure_scheduled_fleet_event_info"), timeout=30,
+                   what="the resumed replica to show the VM without its finished event")
+        after = [event for event in hub.store.all() if event.partition_id == partition_id
+                 and event.sequence_number > checkpoint]
+        assert second.value("azure_scheduled_fleet_documents_consumed_total") == len(after) >= 1
+        assert second.value("azure_scheduled_fleet_replayed_documents_total") == 0
+        assert f"partition {partition_id} claimed: 1 VMs restored" in second.log()  # from the state blob
+        assert forwarded is not None and forwarded >= 2
+    finally:
+        hub.stop()
+
+    assert all(token.accepted and token.token_type == "jwt" for token in hub.cbs_tokens)  # noqa: S105 - a type name
+    assert {token.claims["appid"] for token in hub.cbs_tokens if token.claims} == {SYSTEM_ASSIGNED[0], HUB_CLIENT_ID}
+    requested = {(query["resource"][0], query.get("client_id", [None])[0]) for query in
+                 (parse_qs(r.query) for r in list(sim.requests) if r.path == TOKEN_PATH)}
+    assert requested == {(EVENTHUBS_AUDIENCE, None),  # the sidecar's own, system-assigned
+                         (EVENTHUBS_AUDIENCE, HUB_CLIENT_ID), (STORAGE_AUDIENCE, STORAGE_CLIENT_ID)}  # the fleet's
+    logs, metrics = [], []
+    for replica in (first, second):
+        if replica.process.poll() is None:
+            metrics.append(http_get(replica.metrics_url)[1])
+        replica.stop()
+        logs.append(replica.log())
+        assert "Unclosed" not in logs[-1]  # the credentials', the checkpoint store's and the container's sessions
+        command = " ".join(replica.process.args)  # type: ignore[arg-type]
+        assert "AccountKey" not in command and "SharedAccess" not in command
+    assert metrics and all('"level": "debug"' in log or '"level":"debug"' in log for log in logs), logs[0][:500]
+    for token in sim.identity.issued:
+        signature = token.rsplit(".", 1)[1]
+        assert not any(signature in text for text in logs + metrics), "a token leaked"
+    reliability("Fleet", "managed identity for Event Hubs (TLS, CBS) and the checkpoint store (Azurite over HTTPS "
+                "with OAuth), no key anywhere; SIGTERM, then a new replica",
+                "tokens from IMDS for each audience and identity; checkpointed into Azurite; the new replica read "
+                "only the events after the checkpoint; no token in debug logs or /metrics")

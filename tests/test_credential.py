@@ -1,0 +1,73 @@
+"""The one credential builder of the sidecar's forwarder and of fleet, against the simulator's IMDS token endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import parse_qs
+
+import pytest
+from azure.core.exceptions import ClientAuthenticationError
+
+from se_exporter.credential import service_credential
+from se_exporter.simulator.identity import TOKEN_PATH, USER_ASSIGNED
+from se_exporter.simulator.server import Simulator
+from tests.conftest import SimulatorFactory
+from tests.helpers import free_port
+
+STORAGE = "https://storage.azure.com/.default"
+
+
+@pytest.fixture
+def imds(simulator: SimulatorFactory, monkeypatch: pytest.MonkeyPatch) -> Simulator:
+    """The simulator as IMDS (azure-identity's documented override) and a proxy in the environment that nothing
+    listens on: a request sent through it would fail."""
+    sim, server = simulator("live-migration")
+    monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", server.url)
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{free_port()}")
+    for name in ("NO_PROXY", "no_proxy", "AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_CLIENT_SECRET",
+                 "AZURE_FEDERATED_TOKEN_FILE", "IDENTITY_ENDPOINT", "MSI_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    return sim
+
+
+def token_queries(sim: Simulator) -> list[dict[str, list[str]]]:
+    return [parse_qs(r.query) for r in list(sim.requests) if r.path == TOKEN_PATH]
+
+
+def test_the_managed_identity_token_comes_from_imds_directly_for_the_chosen_identity(imds: Simulator) -> None:
+    """A token for the asked resource comes from IMDS itself, not through the proxy the environment names, for the
+    user-assigned identity given by client id; the developer credentials are not in the chain."""
+    client_id = next(iter(USER_ASSIGNED))
+
+    async def run() -> tuple[str, list[str]]:
+        credential = service_credential(client_id)
+        try:
+            token = await credential.get_token(STORAGE)
+            return token.token, [type(member).__name__ for member in credential.credentials]
+        finally:
+            await credential.close()
+
+    token, chain = asyncio.run(run())
+    assert token in imds.identity.issued
+    assert [(q["resource"], q["client_id"]) for q in token_queries(imds)] == [(["https://storage.azure.com"],
+                                                                                [client_id])]
+    assert not {"AzureCliCredential", "AzureDeveloperCliCredential", "AzurePowerShellCredential",
+                "VisualStudioCodeCredential", "SharedTokenCacheCredential"} & set(chain)
+
+
+def test_retry_total_bounds_the_token_requests_on_a_failing_endpoint(imds: Simulator) -> None:
+    """With retry_total=1 (the sidecar's forwarder) a token endpoint answering 500 costs two requests, then the
+    failure reaches the caller as an authentication error, for the forwarder's own retry loop to count."""
+    imds.configure_identity(fail=100, status=500)
+
+    async def run() -> None:
+        credential = service_credential(None, retry_total=1)
+        try:
+            await credential.get_token(STORAGE)
+        finally:
+            await credential.close()
+
+    with pytest.raises(ClientAuthenticationError):
+        asyncio.run(run())
+    assert len(token_queries(imds)) == 2
