@@ -345,7 +345,10 @@ def core_figures(*args: str) -> dict[str, float]:
 
 METRICS_ONLY_IMPORTS = ["logging", "ssl", "email.parser", "http.server", "urllib.request", "prometheus_client",
                         "se_exporter.cli"]
+# requests (which the OTLP/HTTP exporter sends with) and the exporter's protobuf messages apart from the exporter
 EVERY_SINK_IMPORTS = ["asyncio", "azure.eventhub.aio", "se_exporter.sinks.eventhubs", "opentelemetry.sdk.trace",
+                      "urllib3", "charset_normalizer", "requests",
+                      "opentelemetry.exporter.otlp.proto.common.trace_encoder",
                       "opentelemetry.exporter.otlp.proto.http.trace_exporter", "se_exporter.sinks.tracing"]
 
 
@@ -362,13 +365,13 @@ def compiled_package(folder: Path) -> Path:
     return folder
 
 
-def import_rss(package: Path) -> list[tuple[str, float]]:
+def import_rss(package: Path, modules: list[str]) -> list[tuple[str, float]]:
     """RSS after each import, in a fresh interpreter (scripts/import_rss.py): what the resident memory is made of.
     The standard library and third-party pieces come first, in the order the sidecar's own start-up brings them
     in; the every-sink pieces follow (what forwarding and tracing add)."""
     env = {**os.environ, "PYTHONPATH": str(package)}
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "import_rss.py"),  # noqa: S603 - ours
-                           *METRICS_ONLY_IMPORTS, *EVERY_SINK_IMPORTS], capture_output=True, text=True, check=True,
+                           *modules], capture_output=True, text=True, check=True,
                           cwd=ROOT, env=env)
     return [(name, float(rss)) for name, rss in json.loads(done.stdout)]
 
@@ -736,6 +739,7 @@ class Run:
     drain: float
     bare_runs: list[float] = field(default_factory=list)
     drain_runs: list[float] = field(default_factory=list)
+    floor_rss: float = 0.0  # MB: a fresh interpreter that has imported prometheus-client alone
 
 
 def run(smoke: bool, peer: Path | None) -> Run:
@@ -764,13 +768,15 @@ def run(smoke: bool, peer: Path | None) -> Run:
     with announced("json.loads beside parse + diff; the /metrics writer; the anatomy of a poll"):
         core = core_figures(str(5 if smoke else 60))
         anatomy = poll_anatomy(3 if smoke else 40, ANATOMY_GAP)
-        imports = import_rss(package)
+        imports = import_rss(package, [*METRICS_ONLY_IMPORTS, *EVERY_SINK_IMPORTS])
+        # The floor under the metrics-only RSS: an interpreter that imports prometheus-client and nothing else.
+        floor_rss = import_rss(package, ["prometheus_client"])[-1][1]
         package_dir.cleanup()  # (on an error earlier, the interpreter removes it at exit)
     with announced(f"{drained:,} documents: the SDK bare and the spool drain, alternated"):
         bare_runs, drain_runs, single_trip = drain_beside_bare(drained, 2 if smoke else 5, 5 if smoke else 20)
         bare, drain = statistics.median(bare_runs), statistics.median(drain_runs)
     return Run(smoke, slow_parts, slow_total, slow_rss, scrape_ms, fast_parts, fast_total, found, core, anatomy,
-               imports, drained, bare, single_trip, drain, bare_runs, drain_runs)
+               imports, drained, bare, single_trip, drain, bare_runs, drain_runs, floor_rss)
 
 
 def rows_of(r: Run) -> list[Row]:
@@ -810,6 +816,8 @@ def rows_of(r: Run) -> list[Row]:
             spread(r.fast_parts, "every sink", go, cpu_per_poll)),
         Row("RSS at 1 Hz, metrics only", r.slow_rss["metrics only"], "MB", r.slow_rss.get(go), same_time, 2.0),
         Row("RSS at 1 Hz, every sink on", r.slow_rss["every sink"], "MB", r.slow_rss.get(go), same_time, 3.5),
+        Row("RSS of an interpreter that imported prometheus-client alone", r.floor_rss, "MB", r.slow_rss.get(go),
+            same_time),
         Row("wake-ups per second at 1 Hz, metrics only, whole process", wakeups("metrics only"), "/s", go_wakeups,
             same_time, 3.0, absolute=True),
         Row("wake-ups per second at 1 Hz, every sink on", wakeups("every sink"), "/s", go_wakeups, same_time),
@@ -878,6 +886,9 @@ def main() -> int:
     core = measured.core
     print(f"Parse + diff of 1,000 events apart: parse_document {core['parse_1000_ms']:.2f} ms, lifecycle diff "
           f"{core['diff_1000_ms']:.2f} ms (json.loads {core['json_loads_1000_ms']:.2f} ms)")
+    print("Drain beside bare, each round (s): " + "; ".join(
+        f"bare {bare:.2f}, drain {drain:.2f} ({drain / bare:.2f}x)"
+        for bare, drain in zip(measured.bare_runs, measured.drain_runs, strict=True)))
     a = measured.anatomy
     print(f"Anatomy of a poll (thread CPU, median, each part after sleeping {ANATOMY_GAP:g} s as between polls): "
           f"poll_once {a['poll_once_ms']:.3f} ms, of which the GET through ImdsClient {a['get_imds_client_ms']:.3f} ms "
