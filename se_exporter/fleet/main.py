@@ -14,7 +14,7 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, cast
 
 import aiohttp
@@ -24,7 +24,7 @@ from azure.core.pipeline.transport import AioHttpTransport
 from azure.eventhub.aio import EventHubConsumerClient
 from azure.storage.blob.aio import ContainerClient
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.exposition import gzip_accepted
+from prometheus_client.exposition import ThreadingWSGIServer, gzip_accepted
 
 from se_exporter import __version__, logs
 from se_exporter.consume import starting_position
@@ -97,11 +97,12 @@ CHECK_TIMEOUT = 10.0  # one container check; the storage SDK's own retries are o
 CHECK_BACKOFF = (1.0, 30.0)  # seconds between checks while the storage is unreachable: first, most
 
 
-async def ensure_container(container: ContainerClient, name: str, service: Service,
+async def ensure_container(container: ContainerClient, name: str, report: Callable[[str | None], None],
                            sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
     """Create the container when it is missing; a container that can be neither found nor made is a
     configuration error. Storage unreachable is not: checked again (1 s, doubling up to 30 s) until it answers,
-    the cause logged when it changes and shown by /readyz; the SDK's load balancing retries meanwhile.
+    the cause logged when it changes and given to ``report`` (None once it answers: /readyz shows it); the SDK's
+    load balancing retries meanwhile.
 
     In the background, after the endpoints listen and the signal handlers are set: an unreachable storage
     account delays neither liveness nor SIGTERM. One request per check, without the SDK's retries: its last
@@ -113,14 +114,14 @@ async def ensure_container(container: ContainerClient, name: str, service: Servi
             break
         except Exception as error:
             cause = storage_cause(error)
-        service.storage_problem = cause
+        report(cause)
         if cause != last:
             log.warning("cannot check the blob container %s: %s; checking again, load balancing retries",
                         name, cause)
             last = cause
         await sleep(delay)
         delay = min(delay * 2, CHECK_BACKOFF[1])
-    service.storage_problem = None
+    report(None)
     if last:
         log.info("the storage account answers again: blob container %s %s", name,
                  "found" if exists else "missing")
@@ -141,23 +142,28 @@ def storage_cause(error: BaseException) -> str:
     (connection refused, host not found), "no answer within N s" for a timeout, else the error's first line."""
     if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
         return f"no answer within {CHECK_TIMEOUT:g} s (timeout)"
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
+    for cause in _causes(error):
         if isinstance(cause, ConnectionRefusedError):
             return "connection refused"
         if isinstance(cause, socket.gaierror):
             return f"host not found ({describe(cause)})"
-        os_error = getattr(cause, "os_error", None)  # aiohttp's ClientConnectorError keeps the OS error apart
-        if isinstance(os_error, ConnectionRefusedError):
-            return "connection refused"
-        if isinstance(os_error, socket.gaierror):
-            return f"host not found ({describe(os_error)})"
-        if isinstance(os_error, TimeoutError) or isinstance(cause, TimeoutError):
+        if isinstance(cause, TimeoutError):
             return "connection timed out"
-        cause = getattr(cause, "inner_exception", None) or cause.__cause__ or cause.__context__
     return describe(error)
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and what it wraps: azure-core's ``inner_exception``, aiohttp's ``os_error``, Python's chain."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        cause = todo.pop()
+        if id(cause) in seen:
+            continue
+        seen.add(id(cause))
+        yield cause
+        todo.extend(c for c in (cause.__context__, cause.__cause__, getattr(cause, "inner_exception", None),
+                                getattr(cause, "os_error", None)) if isinstance(c, BaseException))
 
 
 def make_http_app(registry: CollectorRegistry, fleet: Fleet, service: Service,
@@ -204,6 +210,29 @@ async def _count_partitions(client: EventHubConsumerClient, service: Service) ->
         log.warning("cannot read the event hub's partitions: %s", describe(error))
 
 
+def _listen(settings: FleetSettings, app: Callable[..., Iterable[bytes]]) -> ThreadingWSGIServer:
+    try:
+        server = serve(settings.listen, app)
+    except OSError as error:
+        raise ConfigError(f"--listen {settings.listen}: cannot listen there ({error.strerror or error})") from None
+    log.info("se-exporter %s fleet consuming %s (consumer group %s); metrics at http://%s:%d/metrics",
+             __version__, settings.eventhub_namespace or "the event hub of the connection string",
+             settings.consumer_group, settings.listen.host or "127.0.0.1", server.server_port)
+    return server
+
+
+async def _until_stopped(receiving: asyncio.Task[Any], stopping: asyncio.Task[Any],
+                         checking: asyncio.Task[None]) -> BaseException | None:
+    """Wait for a stop signal or the end of receiving; the container check's error when that comes first (a
+    container that can be neither found nor made: bad configuration)."""
+    waiting: set[asyncio.Task[Any]] = {receiving, stopping, checking}
+    while stopping in waiting and receiving in waiting:
+        done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if checking in done and checking.exception() is not None:
+            return checking.exception()
+    return None
+
+
 async def _main(settings: FleetSettings, credential: Callable[[str | None], Any] = service_credential) -> int:
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
@@ -228,34 +257,23 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         store.on_listed = lambda: setattr(service, "balanced", True)
         # Listening (and the signal handlers above) before any contact with the storage or Event Hubs: a busy
         # port fails at once, /healthz answers and SIGTERM works while they are unreachable.
-        try:
-            server = serve(settings.listen, make_http_app(registry, fleet, service))
-        except OSError as error:
-            raise ConfigError(f"--listen {settings.listen}: cannot listen there ({error.strerror or error})") from None
+        server = _listen(settings, make_http_app(registry, fleet, service))
         cleanup.callback(server.server_close)
         cleanup.callback(server.shutdown)
-        port = server.server_port
-        log.info("se-exporter %s fleet consuming %s (consumer group %s); metrics at http://%s:%d/metrics",
-                 __version__, settings.eventhub_namespace or "the event hub of the connection string",
-                 settings.consumer_group, settings.listen.host or "127.0.0.1", port)
         client = consumer_client(settings, store, shared)
         registry.register(PartitionCollector(lambda: dict(service.views), lambda: service.hub_partitions))
         helpers = [asyncio.create_task(work(stop)) for work in (service.checkpoints, service.expiry,
                                                                  service.watchdog)]
         helpers.append(asyncio.create_task(_count_partitions(client, service)))
-        checking = asyncio.create_task(ensure_container(container, settings.checkpoint_container, service))
+        checking = asyncio.create_task(ensure_container(
+            container, settings.checkpoint_container, lambda cause: setattr(service, "storage_problem", cause)))
         receiving = asyncio.create_task(client.receive_batch(
             service.on_batch, max_batch_size=BATCH_SIZE, max_wait_time=EMPTY_BATCH_AFTER,
             starting_position=starting_position(settings.starting_position),
             on_error=service.on_error, on_partition_initialize=service.on_initialize,
             on_partition_close=service.on_close, track_last_enqueued_event_properties=True))
         stopping = asyncio.create_task(stop.wait())
-        unusable: BaseException | None = None  # the container can be neither found nor made: bad configuration
-        waiting: set[asyncio.Task[Any]] = {receiving, stopping, checking}
-        while stopping in waiting and receiving in waiting and unusable is None:
-            done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if checking in done:
-                unusable = checking.exception()
+        unusable = await _until_stopped(receiving, stopping, checking)
         if unusable is not None:
             stop.set()
         failed = receiving.done() and not stop.is_set()
