@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 from azure.storage.blob.aio import ContainerClient
 
+from se_exporter.errors import ConfigError
 from se_exporter.fleet import main
 from se_exporter.fleet.main import ensure_container
 from tests.eventhubs_server import EventHubsTestServer
+from tests.fakes.http_server import ScriptedServer
 from tests.fleet_helpers import DEV_ACCOUNT, DEV_KEY, FleetProcess
 from tests.helpers import free_port, http_get, wait_until
 
@@ -66,6 +68,30 @@ def test_a_storage_that_never_answers_is_reported_as_a_timeout(
     monkeypatch.setattr(main, "CHECK_TIMEOUT", 0.5)
     reports = asyncio.run(first_problem(f"http://127.0.0.1:{silent_listener}/{DEV_ACCOUNT}"))
     assert reports == ["no answer within 0.5 s (timeout)"]
+
+
+def test_a_missing_container_that_cannot_be_created_is_a_configuration_error() -> None:
+    """A storage account that answers "no such container" and then refuses to create it stops start-up with one
+    line naming --checkpoint-container (the check is in the background now, its verdict is not lost)."""
+    def answer(status: str) -> bytes:
+        return (f"HTTP/1.1 {status}\r\nContent-Length: 0\r\nx-ms-error-code: ContainerNotFound\r\n\r\n"
+                if status.startswith("404") else
+                f"HTTP/1.1 {status}\r\nContent-Length: 0\r\nx-ms-error-code: AuthorizationFailure\r\n\r\n").encode()
+
+    server = ScriptedServer([answer("404 The specified container does not exist."),
+                             answer("403 This request is not authorized to perform this operation.")])
+    reports: list[str | None] = []
+
+    async def check() -> None:
+        async with ContainerClient(f"{server.url}/{DEV_ACCOUNT}", "fleet", credential=None) as container:
+            await ensure_container(container, "fleet", reports.append)
+    try:
+        with pytest.raises(ConfigError, match="^--checkpoint-container fleet: it does not exist and cannot be created"):
+            asyncio.run(check())
+    finally:
+        server.close()
+    assert reports == [None]
+    assert [request.split(b" ", 1)[0] for request in server.requests] == [b"GET", b"PUT"]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
