@@ -86,7 +86,7 @@ def test_a_missing_container_that_cannot_be_created_is_a_configuration_error() -
         async with ContainerClient(f"{server.url}/{DEV_ACCOUNT}", "fleet", credential=None) as container:
             await ensure_container(container, "fleet", reports.append)
     try:
-        with pytest.raises(ConfigError, match=r"^--checkpoint-container fleet: it does not exist and cannot be created"):
+        with pytest.raises(ConfigError, match=r"^--checkpoint-container fleet: it does not exist and cannot be"):
             asyncio.run(check())
     finally:
         server.close()
