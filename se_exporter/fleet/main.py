@@ -101,8 +101,8 @@ async def ensure_container(container: ContainerClient, name: str, report: Callab
                            sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
     """Create the container when it is missing; a container that can be neither found nor made is a
     configuration error. Storage unreachable is not: checked again (1 s, doubling up to 30 s) until it answers,
-    the cause logged when it changes and given to ``report`` (None once it answers: /readyz shows it); the SDK's
-    load balancing retries meanwhile.
+    the cause logged when it changes and given to ``report`` (None once it answers: /readyz shows it); receiving
+    starts once it is done.
 
     In the background, after the endpoints listen and the signal handlers are set: an unreachable storage
     account delays neither liveness nor SIGTERM. One request per check, without the SDK's retries: its last
@@ -116,7 +116,7 @@ async def ensure_container(container: ContainerClient, name: str, report: Callab
             cause = storage_cause(error)
         report(cause)
         if cause != last:
-            log.warning("cannot check the blob container %s: %s; checking again, load balancing retries",
+            log.warning("cannot check the blob container %s: %s; checking again",
                         name, cause)
             last = cause
         await sleep(delay)
@@ -221,6 +221,18 @@ def _listen(settings: FleetSettings, app: Callable[..., Iterable[bytes]]) -> Thr
     return server
 
 
+async def _receive(settings: FleetSettings, client: EventHubConsumerClient, service: Service,
+                   checking: asyncio.Task[None]) -> None:
+    """Receive once the container is there: the SDK's first load-balancing round would otherwise fail on a
+    container still being made and wait a whole --load-balancing-interval before it tries again."""
+    await checking
+    await client.receive_batch(
+        service.on_batch, max_batch_size=BATCH_SIZE, max_wait_time=EMPTY_BATCH_AFTER,
+        starting_position=starting_position(settings.starting_position),
+        on_error=service.on_error, on_partition_initialize=service.on_initialize,
+        on_partition_close=service.on_close, track_last_enqueued_event_properties=True)
+
+
 async def _until_stopped(receiving: asyncio.Task[Any], stopping: asyncio.Task[Any],
                          checking: asyncio.Task[None]) -> BaseException | None:
     """Wait for a stop signal or the end of receiving; the container check's error when that comes first (a
@@ -267,11 +279,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         helpers.append(asyncio.create_task(_count_partitions(client, service)))
         checking = asyncio.create_task(ensure_container(
             container, settings.checkpoint_container, lambda cause: setattr(service, "storage_problem", cause)))
-        receiving = asyncio.create_task(client.receive_batch(
-            service.on_batch, max_batch_size=BATCH_SIZE, max_wait_time=EMPTY_BATCH_AFTER,
-            starting_position=starting_position(settings.starting_position),
-            on_error=service.on_error, on_partition_initialize=service.on_initialize,
-            on_partition_close=service.on_close, track_last_enqueued_event_properties=True))
+        receiving = asyncio.create_task(_receive(settings, client, service, checking))
         stopping = asyncio.create_task(stop.wait())
         unusable = await _until_stopped(receiving, stopping, checking)
         if unusable is not None:
