@@ -116,8 +116,7 @@ async def ensure_container(container: ContainerClient, name: str, report: Callab
             cause = storage_cause(error)
         report(cause)
         if cause != last:
-            log.warning("cannot check the blob container %s: %s; checking again",
-                        name, cause)
+            log.warning("cannot check the blob container %s: %s; checking again", name, cause)
             last = cause
         await sleep(delay)
         delay = min(delay * 2, CHECK_BACKOFF[1])
