@@ -37,9 +37,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -344,7 +345,10 @@ def core_figures(*args: str) -> dict[str, float]:
 
 METRICS_ONLY_IMPORTS = ["logging", "ssl", "email.parser", "http.server", "urllib.request", "prometheus_client",
                         "se_exporter.cli"]
+# requests (which the OTLP/HTTP exporter sends with) and the exporter's protobuf messages apart from the exporter
 EVERY_SINK_IMPORTS = ["asyncio", "azure.eventhub.aio", "se_exporter.sinks.eventhubs", "opentelemetry.sdk.trace",
+                      "urllib3", "charset_normalizer", "requests",
+                      "opentelemetry.exporter.otlp.proto.common.trace_encoder",
                       "opentelemetry.exporter.otlp.proto.http.trace_exporter", "se_exporter.sinks.tracing"]
 
 
@@ -361,13 +365,13 @@ def compiled_package(folder: Path) -> Path:
     return folder
 
 
-def import_rss(package: Path) -> list[tuple[str, float]]:
+def import_rss(package: Path, modules: list[str]) -> list[tuple[str, float]]:
     """RSS after each import, in a fresh interpreter (scripts/import_rss.py): what the resident memory is made of.
     The standard library and third-party pieces come first, in the order the sidecar's own start-up brings them
     in; the every-sink pieces follow (what forwarding and tracing add)."""
     env = {**os.environ, "PYTHONPATH": str(package)}
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "import_rss.py"),  # noqa: S603 - ours
-                           *METRICS_ONLY_IMPORTS, *EVERY_SINK_IMPORTS], capture_output=True, text=True, check=True,
+                           *modules], capture_output=True, text=True, check=True,
                           cwd=ROOT, env=env)
     return [(name, float(rss)) for name, rss in json.loads(done.stdout)]
 
@@ -394,19 +398,35 @@ def envelopes(count: int) -> Iterator[Envelope]:
         yield Envelope(sequence, f"bench:{sequence}", "vm-1", {**PROPERTIES, "sequence": sequence}, body, time.time())
 
 
+class WatchedSpool(Spool):
+    """A spool that says when it has been emptied: the drain's end is waited for on an event, not by polling
+    ``count`` every few milliseconds from another thread (that loop took the GIL from the forwarder it timed)."""
+
+    def __init__(self, directory: Path, max_bytes: int) -> None:
+        super().__init__(directory, max_bytes)
+        self.emptied = threading.Event()
+
+    def remove(self, sequences: Iterable[int]) -> None:
+        super().remove(sequences)
+        if self.count == 0:
+            self.emptied.set()
+
+
 def drain_seconds(documents: int) -> float:
-    """The forwarder draining ``documents`` spooled envelopes into a fresh Event Hubs test server."""
+    """The forwarder draining ``documents`` spooled envelopes into a fresh Event Hubs test server: from start()
+    (its new client connects first, as the bare send's does) to the last acknowledged batch leaving the spool."""
     hub = EventHubsTestServer().start()
     try:
         with tempfile.TemporaryDirectory() as folder:
-            spool = Spool(Path(folder), 1 << 30)
+            spool = WatchedSpool(Path(folder), 1 << 30)
             for envelope in envelopes(documents):
                 spool.append(envelope)
             target = EventHubsTarget(spool, producer_factory(hub.connection_string(), None, None, None),
                                      ForwardMetrics(CollectorRegistry()), batch_size=BATCH)
             started = time.perf_counter()
             target.start()
-            wait(lambda: spool.count == 0, timeout=600, every=0.005)
+            if not spool.emptied.wait(600):
+                raise TimeoutError(f"the forwarder left {spool.count} documents spooled")
             elapsed = time.perf_counter() - started
             target.close(5)
             return elapsed
@@ -414,19 +434,20 @@ def drain_seconds(documents: int) -> float:
         hub.stop()
 
 
-def bare_send(documents: int, singles: int) -> tuple[float, float]:
-    """The same SDK client (async, as the forwarder uses it) sending the same documents in the same batches with no
-    spool: seconds for all of them (a new client, as the drain starts with), and the median round trip of a batch
-    of one. A first untimed send pays the SDK's lazy imports, which the drain, measured after, does not."""
+def event_of(envelope: Envelope) -> EventData:
+    event = EventData(envelope.body)
+    event.content_type = CONTENT_TYPE
+    event.message_id = envelope.message_id
+    event.properties = dict(envelope.properties)  # type: ignore[assignment]  # SDK: dict[str | bytes, Any]
+    return event
+
+
+def bare_seconds(documents: int) -> float:
+    """The same SDK client (async, as the forwarder uses it) sending the same documents in the same batches, with
+    no spool, into a fresh Event Hubs test server: from a new client (connecting first, as the drain's does) to the
+    last batch acknowledged."""
     hub = EventHubsTestServer().start()
     make_producer = producer_factory(hub.connection_string(), None, None, None)
-
-    def event_of(envelope: Envelope) -> EventData:
-        event = EventData(envelope.body)
-        event.content_type = CONTENT_TYPE
-        event.message_id = envelope.message_id
-        event.properties = dict(envelope.properties)  # type: ignore[assignment]  # SDK: dict[str | bytes, Any]
-        return event
 
     async def send(pending: list[Envelope]) -> float:
         started = time.perf_counter()
@@ -441,6 +462,17 @@ def bare_send(documents: int, singles: int) -> tuple[float, float]:
         await producer.close()
         return elapsed
 
+    try:
+        return asyncio.run(send(list(envelopes(documents))))
+    finally:
+        hub.stop()
+
+
+def one_document_trip(singles: int) -> float:
+    """The median round trip of a batch of one, on one client."""
+    hub = EventHubsTestServer().start()
+    make_producer = producer_factory(hub.connection_string(), None, None, None)
+
     async def round_trips() -> float:
         producer = make_producer()
         trips = []
@@ -454,10 +486,25 @@ def bare_send(documents: int, singles: int) -> tuple[float, float]:
         return statistics.median(trips)
 
     try:
-        asyncio.run(send(list(envelopes(1))))
-        return asyncio.run(send(list(envelopes(documents)))), asyncio.run(round_trips())
+        return asyncio.run(round_trips())
     finally:
         hub.stop()
+
+
+def drain_beside_bare(documents: int, rounds: int, singles: int) -> tuple[list[float], list[float], float]:
+    """Seconds of ``rounds`` bare sends and ``rounds`` drains, alternated (bare first, then drain first, ...) so that
+    both see the same moments of a noisy machine, each on a fresh server and a fresh client; and the median round
+    trip of one document. A first untimed send pays the SDK's lazy imports for both."""
+    bare_seconds(1)
+    bare, drain = [], []
+    for index in range(rounds):
+        if index % 2 == 0:
+            bare.append(bare_seconds(documents))
+            drain.append(drain_seconds(documents))
+        else:
+            drain.append(drain_seconds(documents))
+            bare.append(bare_seconds(documents))
+    return bare, drain, one_document_trip(singles)
 
 
 # ---------------------------------------------------------------------------------------------- small helpers
@@ -690,6 +737,9 @@ class Run:
     bare: float
     single_trip: float
     drain: float
+    bare_runs: list[float] = field(default_factory=list)
+    drain_runs: list[float] = field(default_factory=list)
+    floor_rss: float = 0.0  # MB: a fresh interpreter that has imported prometheus-client alone
 
 
 def run(smoke: bool, peer: Path | None) -> Run:
@@ -718,16 +768,19 @@ def run(smoke: bool, peer: Path | None) -> Run:
     with announced("json.loads beside parse + diff; the /metrics writer; the anatomy of a poll"):
         core = core_figures(str(5 if smoke else 60))
         anatomy = poll_anatomy(3 if smoke else 40, ANATOMY_GAP)
-        imports = import_rss(package)
+        imports = import_rss(package, [*METRICS_ONLY_IMPORTS, *EVERY_SINK_IMPORTS])
+        # The floor under the metrics-only RSS: an interpreter that imports prometheus-client and nothing else.
+        floor_rss = import_rss(package, ["prometheus_client"])[-1][1]
         package_dir.cleanup()  # (on an error earlier, the interpreter removes it at exit)
-    with announced(f"{drained:,} documents: the SDK bare, then the spool drain"):
-        bare, single_trip = bare_send(drained, 5 if smoke else 20)
-        drain = drain_seconds(drained)
+    with announced(f"{drained:,} documents: the SDK bare and the spool drain, alternated"):
+        bare_runs, drain_runs, single_trip = drain_beside_bare(drained, 2 if smoke else 5, 5 if smoke else 20)
+        bare, drain = statistics.median(bare_runs), statistics.median(drain_runs)
     return Run(smoke, slow_parts, slow_total, slow_rss, scrape_ms, fast_parts, fast_total, found, core, anatomy,
-               imports, drained, bare, single_trip, drain)
+               imports, drained, bare, single_trip, drain, bare_runs, drain_runs, floor_rss)
 
 
 def rows_of(r: Run) -> list[Row]:
+    rounds = [drain / bare for drain, bare in zip(r.drain_runs, r.bare_runs, strict=True)]  # each round's own ratio
     go = "Go peer"
     has_go = go in r.slow_total
 
@@ -763,6 +816,8 @@ def rows_of(r: Run) -> list[Row]:
             spread(r.fast_parts, "every sink", go, cpu_per_poll)),
         Row("RSS at 1 Hz, metrics only", r.slow_rss["metrics only"], "MB", r.slow_rss.get(go), same_time, 2.0),
         Row("RSS at 1 Hz, every sink on", r.slow_rss["every sink"], "MB", r.slow_rss.get(go), same_time, 3.5),
+        Row("RSS of an interpreter that imported prometheus-client alone", r.floor_rss, "MB", r.slow_rss.get(go),
+            same_time),
         Row("wake-ups per second at 1 Hz, metrics only, whole process", wakeups("metrics only"), "/s", go_wakeups,
             same_time, 3.0, absolute=True),
         Row("wake-ups per second at 1 Hz, every sink on", wakeups("every sink"), "/s", go_wakeups, same_time),
@@ -770,10 +825,13 @@ def rows_of(r: Run) -> list[Row]:
             same_time),
         Row("parse + lifecycle diff of a 1,000-event document", r.core["parse_diff_1000_ms"], "ms",
             r.core["json_loads_1000_ms"], "json.loads of the same bytes", 2.5),
+        Row("parse + lifecycle diff of 1,000 events never seen before", r.core["parse_diff_unseen_1000_ms"], "ms",
+            r.core["json_loads_unseen_1000_ms"], "json.loads of the same bytes", None),
         Row("/metrics with 1,000 listed events (gzip)", r.core["scrape_1000_ms"], "ms", r.core["scrape_floor_1000_ms"],
             "prometheus-client writing the same families"),
-        Row(f"{r.drained:,} spooled documents drained to Event Hubs", r.drain, "s", r.bare,
-            f"the SDK sending them bare, batches of {BATCH}", 1.3),
+        Row(f"{r.drained:,} spooled documents drained to Event Hubs (median of {len(r.drain_runs)})", r.drain, "s",
+            r.bare, f"the SDK sending them bare, batches of {BATCH} (median of {len(r.bare_runs)})", 1.3,
+            (min(rounds), max(rounds)) if rounds else None),
         Row("detection: changed -> on /metrics, 20 Hz, median", statistics.median(r.found["detection"]) * 1000, "ms",
             interval, "the poll interval", interval + 10.0, absolute=True),
         Row("detection, worst of the run", max(r.found["detection"]) * 1000, "ms", interval, "the poll interval",
@@ -828,6 +886,9 @@ def main() -> int:
     core = measured.core
     print(f"Parse + diff of 1,000 events apart: parse_document {core['parse_1000_ms']:.2f} ms, lifecycle diff "
           f"{core['diff_1000_ms']:.2f} ms (json.loads {core['json_loads_1000_ms']:.2f} ms)")
+    print("Drain beside bare, each round (s): " + "; ".join(
+        f"bare {bare:.2f}, drain {drain:.2f} ({drain / bare:.2f}x)"
+        for bare, drain in zip(measured.bare_runs, measured.drain_runs, strict=True)))
     a = measured.anatomy
     print(f"Anatomy of a poll (thread CPU, median, each part after sleeping {ANATOMY_GAP:g} s as between polls): "
           f"poll_once {a['poll_once_ms']:.3f} ms, of which the GET through ImdsClient {a['get_imds_client_ms']:.3f} ms "
@@ -852,6 +913,8 @@ def main() -> int:
               "detection_ms": [round(x * 1000, 2) for x in measured.found["detection"]],
               "detection_next_poll_ms": [round(x * 1000, 2) for x in measured.found["next_poll"]],
               "eventhubs_one_document_send_ms": round(measured.single_trip * 1000, 3),
+              "drain_s": [round(x, 3) for x in measured.drain_runs],
+              "bare_send_s": [round(x, 3) for x in measured.bare_runs],
               "poll_anatomy_ms": {name: round(figure, 4) for name, figure in measured.anatomy.items()},
               "rss_by_import_mb": [[name, round(rss, 2)] for name, rss in measured.imports],
               "parse_and_diff_apart_ms": {"parse": round(measured.core["parse_1000_ms"], 3),

@@ -125,6 +125,10 @@ def diff(previous: Mapping[str, EventRecord], document: Document, now: float,
                                          "gone_at": None})
             transitions.append(built(Transition, {"kind": STARTED if started else SCHEDULED, "record": record,
                                                   "previous_not_before": None}))
+        elif before.event is event and (before.started_at is not None or event.event_status != model.STATUS_STARTED):
+            # The very event of the last document (parsing hands out the same object for an unchanged event): no
+            # transition, and the record stays as it is.
+            record = before
         else:
             started_at = before.started_at
             newly_started = started_at is None and event.event_status == model.STATUS_STARTED

@@ -132,6 +132,19 @@ def test_records_and_transitions_are_exactly_what_their_constructors_make() -> N
             assert (vars(transition), transition, repr(transition)) == (vars(made_t), made_t, repr(made_t))
 
 
+def test_an_unchanged_event_keeps_its_record() -> None:
+    """An event the next document lists unchanged (parsing hands out the same object) keeps its very record and makes
+    no transition, beside one that changed; the same event object found Started beside a record not yet started
+    still starts (the identity is no shortcut past a transition)."""
+    first = diff({}, doc(1, event("A"), event("B")), 1.0)
+    second = diff(first.records, doc(2, event("A"), event("B", status="Started")), 2.0)
+    assert second.records["a"] is first.records["a"]
+    assert [(t.kind, t.event.event_id) for t in second.transitions] == [(STARTED, "B")]
+    started = doc(3, event("C", status="Started"))
+    not_yet = {"c": EventRecord(started.events[0], first_seen=1.0)}
+    assert [t.kind for t in diff(not_yet, started, 3.0).transitions] == [STARTED]
+
+
 def test_diff_does_not_mutate_its_input() -> None:
     """The core is pure: the previous records are left as they were."""
     step = diff({}, doc(1, event()), 1.0)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from se_exporter import model
 from se_exporter.errors import InvalidDocument
 from se_exporter.model import (
     EVENT_STATUSES,
@@ -20,6 +21,7 @@ from se_exporter.model import (
     _event,
     affects_label,
     affects_vm,
+    document_from_json,
     parse_document,
     parse_not_before,
 )
@@ -173,6 +175,59 @@ def test_the_quick_reader_builds_what_the_field_by_field_reader_builds(valid: di
 def test_the_quick_reader_takes_the_common_shape() -> None:
     """The documented example is read by the quick reader (so the benchmark's 1,000 events are)."""
     assert _common_event(dict(DOCS_SCHEDULED["Events"][0])) is not None
+
+
+def _outcome(body: bytes) -> object:
+    """The events' fields and the warnings parse_document makes of ``body``, or its refusal."""
+    try:
+        document = parse_document(body)
+    except InvalidDocument as exc:
+        return str(exc)
+    return [vars(event) for event in document.events], document.warnings
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.fixed_dictionaries(_VALID), st.dictionaries(st.sampled_from(list(_VALID)), _ANY, max_size=2),
+       st.dictionaries(st.sampled_from(list(_VALID)), _ANY, max_size=2), st.booleans())
+def test_a_document_read_after_another_is_read_as_if_alone(valid: dict[str, object], first: dict[str, object],
+                                                           second: dict[str, object], twice: bool) -> None:
+    """Whatever the document read before (the same event, or one differing in any field by any value, 1 against
+    1.0 and true included), parsing builds exactly the events and warnings it builds with nothing remembered: the
+    memo of the last document's events changes no result."""
+    before = json.dumps({"Events": [{**valid, **first}]}).encode()
+    body = json.dumps({"Events": [{**valid, **second}] * (2 if twice else 1)}).encode()
+    model._last_read = {}
+    alone = _outcome(body)
+    model._last_read = {}
+    _outcome(before)
+    assert _outcome(body) == alone
+
+
+def test_an_unchanged_event_is_handed_out_again() -> None:
+    """An event listed unchanged in the next document is the very object read before (what lets the lifecycle
+    diff keep its record by identity); a changed one, or one whose duration turns from 5 into 5.0, is read afresh."""
+    event = DOCS_SCHEDULED["Events"][0]
+    first = parse_document(json.dumps({"Events": [event]}).encode()).events[0]
+    again = parse_document(json.dumps({"DocumentIncarnation": 2, "Events": [event]}).encode()).events[0]
+    assert again is first
+    changed = parse_document(json.dumps({"Events": [{**event, "EventStatus": "Started"}]}).encode()).events[0]
+    assert changed is not first and changed.event_status == "Started"
+    for number, twin in ((5, 5.0), (1, True), (0, False), (0, -0.0)):  # equal in Python, not the same JSON
+        model._last_read = {}
+        alone = _outcome(json.dumps({"Events": [{**event, "DurationInSeconds": twin}]}).encode())
+        model._last_read = {}
+        _outcome(json.dumps({"Events": [{**event, "DurationInSeconds": number}]}).encode())
+        assert _outcome(json.dumps({"Events": [{**event, "DurationInSeconds": twin}]}).encode()) == alone, twin
+
+
+def test_document_from_json_remembers_nothing() -> None:
+    """JSON handed in by a caller (which may change it afterwards) is neither remembered nor answered from memory."""
+    event = dict(DOCS_SCHEDULED["Events"][0])
+    parsed = parse_document(json.dumps({"Events": [event]}).encode()).events[0]
+    assert document_from_json({"Events": [event]}).events[0] is not parsed
+    remembered = dict(model._last_read)
+    document_from_json({"Events": [{**event, "EventId": "other"}]})
+    assert model._last_read == remembered
 
 
 @pytest.mark.parametrize(("field", "bad", "attribute", "fallback"), [
