@@ -37,7 +37,6 @@ system-deps:
 	command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null || \
 	  missing="$$missing prometheus-alertmanager"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
-	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
 	command -v buildah >/dev/null || missing="$$missing buildah"; \
 	command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
 	if [ -n "$$missing" ]; then \

@@ -16,8 +16,8 @@ from tests.helpers import Sidecar, free_port
 SimulatorFactory = Callable[..., tuple[Simulator, SimulatorServer]]
 Reliability = Callable[[str, str, str], None]
 # The reliability fixture and the full-run rule behind the README's table (pytester tests that rule); every test
-# leaving the process as it found it.
-pytest_plugins = ["tests.reliability", "tests.process_state", "pytester"]
+# leaving the process as it found it; loopback only (tests/loopback.py).
+pytest_plugins = ["tests.reliability", "tests.process_state", "tests.loopback", "pytester"]
 
 
 @pytest.fixture

@@ -86,7 +86,6 @@ def test_malformed_eventhub_connection_string_is_refused(connection_string: str)
         run([], {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": connection_string})
 
 
-@pytest.mark.xfail(strict=True, reason="fleet: a bad BlobEndpoint crashes with a ValueError traceback after settings")
 @pytest.mark.parametrize("storage", [
     "AccountName=a;AccountKey=c2VjcmV0;BlobEndpoint=http://[::1/x",
     "AccountName=a;AccountKey=c2VjcmV0;BlobEndpoint=ftp://127.0.0.1:1/x",

@@ -70,6 +70,7 @@ class Service:
         self.alive = time.monotonic()
         self.balanced = False
         self.hub_partitions: int | None = None
+        self.storage_problem: str | None = None  # why the storage account is not reachable, while it is not
 
     # ------------------------------------------------------------------ SDK callbacks
 

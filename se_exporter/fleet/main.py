@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 import gzip
 import logging
+import socket
 import ssl
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, cast
 
 import aiohttp
@@ -23,7 +24,7 @@ from azure.core.pipeline.transport import AioHttpTransport
 from azure.eventhub.aio import EventHubConsumerClient
 from azure.storage.blob.aio import ContainerClient
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.exposition import gzip_accepted
+from prometheus_client.exposition import ThreadingWSGIServer, gzip_accepted
 
 from se_exporter import __version__, logs
 from se_exporter.consume import starting_position
@@ -93,14 +94,38 @@ def consumer_client(settings: FleetSettings, store: ObservedCheckpointStore,
         credential=credential(settings.eventhub_client_id), **options)
 
 
-async def ensure_container(container: ContainerClient, name: str) -> None:
+CHECK_TIMEOUT = 10.0  # one container check; the storage SDK's own retries are off, so its error is the real one
+CHECK_BACKOFF = (1.0, 30.0)  # seconds between checks while the storage is unreachable: first, most
+
+
+async def ensure_container(container: ContainerClient, name: str, report: Callable[[str | None], None],
+                           sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
     """Create the container when it is missing; a container that can be neither found nor made is a
-    configuration error. Storage unreachable at start is not: the SDK retries, /readyz says so."""
-    try:
-        if await asyncio.wait_for(container.exists(), 15):
-            return
-    except Exception as error:
-        log.warning("cannot check the container %s (%s); going on, load balancing retries", name, describe(error))
+    configuration error. Storage unreachable is not: checked again (1 s, doubling up to 30 s) until it answers,
+    the cause logged when it changes and given to ``report`` (None once it answers: /readyz shows it); receiving
+    starts once it is done.
+
+    In the background, after the endpoints listen and the signal handlers are set: an unreachable storage
+    account delays neither liveness nor SIGTERM. One request per check, without the SDK's retries: its last
+    error then names the cause (connection refused, no answer) instead of a timeout around its retries."""
+    delay, last = CHECK_BACKOFF[0], ""
+    while True:
+        try:
+            exists = await asyncio.wait_for(container.exists(retry_total=0), CHECK_TIMEOUT)
+            break
+        except Exception as error:
+            cause = storage_cause(error)
+        report(cause)
+        if cause != last:
+            log.warning("cannot check the blob container %s: %s; checking again", name, cause)
+            last = cause
+        await sleep(delay)
+        delay = min(delay * 2, CHECK_BACKOFF[1])
+    report(None)
+    if last:
+        log.info("the storage account answers again: blob container %s %s", name,
+                 "found" if exists else "missing")
+    if exists:
         return
     try:
         await asyncio.wait_for(container.create_container(), 15)
@@ -110,6 +135,35 @@ async def ensure_container(container: ContainerClient, name: str) -> None:
     except Exception as error:
         raise ConfigError(f"--checkpoint-container {name}: it does not exist and cannot be created "
                           f"({describe(error)})") from None
+
+
+def storage_cause(error: BaseException) -> str:
+    """What went wrong in words an operator can act on: the OS error under the SDK's wrappers when there is one
+    (connection refused, host not found), "no answer within N s" for a timeout, else the error's first line."""
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
+        return f"no answer within {CHECK_TIMEOUT:g} s (timeout)"
+    for cause in _causes(error):
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(cause, socket.gaierror):
+            return f"host not found ({describe(cause)})"
+        if isinstance(cause, TimeoutError):
+            return "connection timed out"
+    return describe(error)
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and what it wraps: azure-core's ``inner_exception``, aiohttp's ``os_error``, Python's chain."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        cause = todo.pop()
+        if id(cause) in seen:
+            continue
+        seen.add(id(cause))
+        yield cause
+        todo.extend(c for c in (cause.__context__, cause.__cause__, getattr(cause, "inner_exception", None),
+                                getattr(cause, "os_error", None)) if isinstance(c, BaseException))
 
 
 def make_http_app(registry: CollectorRegistry, fleet: Fleet, service: Service,
@@ -128,8 +182,9 @@ def make_http_app(registry: CollectorRegistry, fleet: Fleet, service: Service,
         if path == "/healthz":
             return _text(start_response, service.healthy, "consumer loop running", "consumer loop stalled")
         if path == "/readyz":
-            return _text(start_response, service.ready, "partitions balanced and restored",
-                         "waiting for the checkpoint store or a partition's state")
+            waiting = (f"the storage account is unreachable: {service.storage_problem}" if service.storage_problem
+                       else "waiting for the checkpoint store or a partition's state")
+            return _text(start_response, service.ready, "partitions balanced and restored", waiting)
         if path == "/":
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
             return [b"<html><head><title>se-exporter fleet</title></head><body><h1>se-exporter fleet</h1>"
@@ -155,6 +210,41 @@ async def _count_partitions(client: EventHubConsumerClient, service: Service) ->
         log.warning("cannot read the event hub's partitions: %s", describe(error))
 
 
+def _listen(settings: FleetSettings, app: Callable[..., Iterable[bytes]]) -> ThreadingWSGIServer:
+    try:
+        server = serve(settings.listen, app)
+    except OSError as error:
+        raise ConfigError(f"--listen {settings.listen}: cannot listen there ({error.strerror or error})") from None
+    log.info("se-exporter %s fleet consuming %s (consumer group %s); metrics at http://%s:%d/metrics",
+             __version__, settings.eventhub_namespace or "the event hub of the connection string",
+             settings.consumer_group, settings.listen.host or "127.0.0.1", server.server_port)
+    return server
+
+
+async def _receive(settings: FleetSettings, client: EventHubConsumerClient, service: Service,
+                   checking: asyncio.Task[None]) -> None:
+    """Receive once the container is there: the SDK's first load-balancing round would otherwise fail on a
+    container still being made and wait a whole --load-balancing-interval before it tries again."""
+    await checking
+    await client.receive_batch(
+        service.on_batch, max_batch_size=BATCH_SIZE, max_wait_time=EMPTY_BATCH_AFTER,
+        starting_position=starting_position(settings.starting_position),
+        on_error=service.on_error, on_partition_initialize=service.on_initialize,
+        on_partition_close=service.on_close, track_last_enqueued_event_properties=True)
+
+
+async def _until_stopped(receiving: asyncio.Task[Any], stopping: asyncio.Task[Any],
+                         checking: asyncio.Task[None]) -> BaseException | None:
+    """Wait for a stop signal or the end of receiving; the container check's error when that comes first (a
+    container that can be neither found nor made: bad configuration)."""
+    waiting: set[asyncio.Task[Any]] = {receiving, stopping, checking}
+    while stopping in waiting and receiving in waiting:
+        done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if checking in done and checking.exception() is not None:
+            return checking.exception()
+    return None
+
+
 async def _main(settings: FleetSettings, credential: Callable[[str | None], Any] = service_credential) -> int:
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
@@ -169,37 +259,31 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
                 cleanup.push_async_callback(credentials[client_id].close)
             return credentials[client_id]
 
-        container, store = storage_clients(settings, shared)
-        cleanup.push_async_callback(store.close)  # the consumer client does not close it (aiohttp would warn)
-        cleanup.push_async_callback(container.close)
-        await ensure_container(container, settings.checkpoint_container)
-        client = consumer_client(settings, store, shared)
-        service = Service(settings, fleet, metrics, StateBlobs(container))
-        store.on_listed = lambda: setattr(service, "balanced", True)
-        registry.register(PartitionCollector(lambda: dict(service.views), lambda: service.hub_partitions))
-        try:
-            server = serve(settings.listen, make_http_app(registry, fleet, service))
-        except OSError as error:
-            raise ConfigError(f"--listen {settings.listen}: cannot listen there ({error.strerror or error})") from None
-        cleanup.callback(server.server_close)
-        cleanup.callback(server.shutdown)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         PLATFORM.on_stop_async(loop, stop.set)  # SIGTERM/SIGINT/SIGHUP, or Windows' console control events
+        container, store = storage_clients(settings, shared)
+        cleanup.push_async_callback(store.close)  # the consumer client does not close it (aiohttp would warn)
+        cleanup.push_async_callback(container.close)
+        service = Service(settings, fleet, metrics, StateBlobs(container))
+        store.on_listed = lambda: setattr(service, "balanced", True)
+        # Listening (and the signal handlers above) before any contact with the storage or Event Hubs: a busy
+        # port fails at once, /healthz answers and SIGTERM works while they are unreachable.
+        server = _listen(settings, make_http_app(registry, fleet, service))
+        cleanup.callback(server.server_close)
+        cleanup.callback(server.shutdown)
+        client = consumer_client(settings, store, shared)
+        registry.register(PartitionCollector(lambda: dict(service.views), lambda: service.hub_partitions))
         helpers = [asyncio.create_task(work(stop)) for work in (service.checkpoints, service.expiry,
                                                                  service.watchdog)]
         helpers.append(asyncio.create_task(_count_partitions(client, service)))
-        receiving = asyncio.create_task(client.receive_batch(
-            service.on_batch, max_batch_size=BATCH_SIZE, max_wait_time=EMPTY_BATCH_AFTER,
-            starting_position=starting_position(settings.starting_position),
-            on_error=service.on_error, on_partition_initialize=service.on_initialize,
-            on_partition_close=service.on_close, track_last_enqueued_event_properties=True))
-        port = server.server_port
-        log.info("se-exporter %s fleet consuming %s (consumer group %s); metrics at http://%s:%d/metrics",
-                 __version__, settings.eventhub_namespace or "the event hub of the connection string",
-                 settings.consumer_group, settings.listen.host or "127.0.0.1", port)
+        checking = asyncio.create_task(ensure_container(
+            container, settings.checkpoint_container, lambda cause: setattr(service, "storage_problem", cause)))
+        receiving = asyncio.create_task(_receive(settings, client, service, checking))
         stopping = asyncio.create_task(stop.wait())
-        await asyncio.wait([receiving, stopping], return_when=asyncio.FIRST_COMPLETED)
+        unusable = await _until_stopped(receiving, stopping, checking)
+        if unusable is not None:
+            stop.set()
         failed = receiving.done() and not stop.is_set()
         if failed:
             log.error("the Event Hubs client stopped unexpectedly: %s", describe(receiving.exception() or
@@ -214,5 +298,8 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         except asyncio.TimeoutError:
             log.warning("the Event Hubs client did not close within %gs; exiting anyway", CLOSE_TIMEOUT)
         receiving.cancel()
-        await asyncio.gather(receiving, stopping, return_exceptions=True)
+        checking.cancel()
+        await asyncio.gather(receiving, stopping, checking, return_exceptions=True)
+    if unusable is not None:
+        raise unusable
     return 1 if failed else 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import base64
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -44,7 +46,29 @@ def parse_storage_connection_string(text: str) -> str:
                          "'Access keys' page")
     if not ("accountkey" in parts or "sharedaccesssignature" in parts):
         raise ValueError("needs AccountKey (or SharedAccessSignature)")
+    if "blobendpoint" in parts:
+        _check_blob_endpoint(parts["blobendpoint"])
+    if "accountkey" in parts:
+        try:  # the SDK decodes it only to sign the first request: a typo would fail every request, forever
+            base64.b64decode(parts["accountkey"], validate=True)
+        except ValueError:
+            raise ValueError("has an AccountKey that is not base64; copy it again from the storage account's "
+                             "'Access keys' page") from None
     return text.strip()
+
+
+def _check_blob_endpoint(text: str) -> None:
+    """An http(s) URL with a host (and a port in range): the storage SDK would otherwise fail at the first request
+    with a traceback, or keep failing every request (ftp://). Named as "BlobEndpoint", not repeated: the URL may
+    carry a SAS token."""
+    try:
+        url = urllib.parse.urlsplit(text.strip())
+        url.port  # noqa: B018 - read for its check: ValueError when out of range or not a number
+    except ValueError as error:
+        raise ValueError(f"has a BlobEndpoint that is not a URL ({error})") from None
+    if url.scheme.lower() not in ("http", "https") or not url.hostname:
+        raise ValueError("has a BlobEndpoint that is not an http(s) URL like "
+                         "https://myaccount.blob.core.windows.net")
 
 
 def parse_account_url(text: str) -> str:
