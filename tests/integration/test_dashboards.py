@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -172,7 +173,11 @@ def test_every_expression_runs_on_prometheus_and_lights_up(simulator: SimulatorF
                       env={"SE_EXPORTER_EVENTHUB_CONNECTION_STRING":
                            f"Endpoint=sb://127.0.0.1:{free_port()};SharedAccessKeyName=k;SharedAccessKey=a2V5;"
                            "UseDevelopmentEmulator=true;EntityPath=hub"})
-    dead = f"127.0.0.1:{free_port()}"  # an exporter that is down, for the 'exporters down' panels and rule
+    # An exporter that is down, for the 'exporters down' panels and rule: a port held bound but not listening, so
+    # that connecting is refused and nobody else (Prometheus' own free port, say) can take it meanwhile.
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    dead = f"127.0.0.1:{held.getsockname()[1]}"
     kube_state_metrics.body = node_conditions({(NODE, "VMEventScheduled"): "true", (NODE, "Ready"): "true",
                                                (OTHER_NODE, "PreemptScheduled"): "true"})
     prom = Prometheus(process.base_url.removeprefix("http://"), tmp_path / "prometheus", extra_targets=[dead],
@@ -211,6 +216,7 @@ def test_every_expression_runs_on_prometheus_and_lights_up(simulator: SimulatorF
                 assert metric in exposed, f"{name}: {metric} is not exposed by the sidecar"
     finally:
         prom.stop()
+        held.close()
 
 
 
