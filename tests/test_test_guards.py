@@ -34,7 +34,7 @@ def test_a_hung_test_fails_at_the_time_limit_and_the_run_goes_on(pytester: pytes
 
 
 def test_a_connection_to_the_metadata_address_is_refused_before_anything_is_sent() -> None:
-    """TCP and UDP connects, a UDP datagram and a name lookup for 169.254.169.254 all raise before reaching the OS:
+    """TCP and UDP connects, a UDP datagram and a name lookup for the IMDS address all raise before reaching the OS:
     the UDP socket is left without a peer (a connect that reached the kernel would have set one, sending nothing)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         with pytest.raises(loopback.NonLoopbackError):
