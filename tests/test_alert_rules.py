@@ -4,56 +4,18 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-import yaml
+from tests import promtool
 
 RULES = Path(__file__).parent.parent / "dashboards" / "alerts.yaml"
 BASE = 'job="se-exporter", instance="vm0:10169"'
 LABELS = {"job": "se-exporter", "instance": "vm0:10169"}
 
 
-def _promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail("promtool not found: `make test` installs Debian's prometheus package")
-    return path
-
-
-def humanize_duration(value: float) -> str:
-    """Prometheus' humanizeDuration for whole seconds >= 60 (what these cases use)."""
-    seconds = int(value)
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h {minutes}m {secs}s"
-    if hours:
-        return f"{hours}h {minutes}m {secs}s"
-    return f"{minutes}m {secs}s"
-
-
-def render(template: str, labels: dict[str, str], value: float) -> str:
-    """A small independent renderer for the constructs the rules use; promtool compares it with Prometheus'."""
-    text = re.sub(r"\{\{\s*\$value\s*\|\s*humanizeDuration\s*\}\}", humanize_duration(value), template)
-    text = re.sub(r"\{\{\s*\$value\s*\}\}", f"{value:g}", text)
-    return re.sub(r"\{\{\s*\$labels\.(\w+)\s*\}\}", lambda m: labels.get(m.group(1), ""), text)
-
-
 def rules() -> dict[str, dict[str, Any]]:
-    data = yaml.safe_load(RULES.read_text())
-    return {rule["alert"]: rule for group in data["groups"] for rule in group["rules"]}
-
-
-def expected(alert: str, labels: dict[str, str], value: float) -> dict[str, Any]:
-    rule = rules()[alert]
-    all_labels = {**labels, **rule.get("labels", {})}
-    return {"exp_labels": all_labels,
-            "exp_annotations": {k: render(v, all_labels, value) for k, v in rule["annotations"].items()}}
+    return promtool.rules(RULES)
 
 
 def info(event_id: str, event_type: str, status: str, affects: str = "true") -> str:
@@ -183,34 +145,14 @@ def test_every_alert_has_a_firing_and_a_silent_case() -> None:
     assert firing == silent == set(rules())
 
 
-def check_rules(path: Path) -> None:
-    """promtool check rules on a rule file (the sidecar's and the fleet's)."""
-    result = subprocess.run([_promtool(), "check", "rules", str(path)], capture_output=True, text=True,
-                            timeout=60, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
 def test_rules_pass_promtool_check() -> None:
     """promtool check rules finds the file valid."""
-    check_rules(RULES)
+    promtool.check_rules(RULES)
 
 
 def test_rules_pass_promtool_unit_tests(tmp_path: Path) -> None:
     """Every case fires exactly the expected alerts, with labels and rendered annotations."""
-    tests = []
-    for alert, series, eval_time, alerts in CASES:
-        tests.append({
-            "interval": "1m",
-            "input_series": [{"series": name, "values": values} for name, values in series.items()],
-            "alert_rule_test": [{"eval_time": eval_time, "alertname": alert,
-                                 "exp_alerts": [expected(alert, labels, value) for labels, value in alerts]}],
-        })
-    shutil.copy(RULES, tmp_path / "alerts.yaml")
-    (tmp_path / "alerts_test.yaml").write_text(yaml.safe_dump(
-        {"rule_files": ["alerts.yaml"], "evaluation_interval": "1m", "tests": tests}, sort_keys=False))
-    result = subprocess.run([_promtool(), "test", "rules", "alerts_test.yaml"], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
+    promtool.run_rule_tests(RULES, CASES, tmp_path)
 
 
 def test_the_npd_rule_and_the_vm_panel_select_the_same_node_conditions() -> None:

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from tests.test_alert_rules import _promtool, check_rules, render
+from tests import promtool
 
 RULES = Path(__file__).parent.parent / "dashboards" / "fleet-alerts.yaml"
 JOB = {"job": "se-exporter-fleet"}
@@ -72,15 +68,7 @@ CASES: list[tuple[str, dict[str, str], str, list[tuple[dict[str, str], float]]]]
 
 
 def rules() -> dict[str, dict[str, Any]]:
-    data = yaml.safe_load(RULES.read_text())
-    return {rule["alert"]: rule for group in data["groups"] for rule in group["rules"]}
-
-
-def expected(alert: str, labels: dict[str, str], value: float) -> dict[str, Any]:
-    rule = rules()[alert]
-    all_labels = {**labels, **rule.get("labels", {})}
-    return {"exp_labels": all_labels,
-            "exp_annotations": {k: render(v, all_labels, value) for k, v in rule["annotations"].items()}}
+    return promtool.rules(RULES)
 
 
 def test_every_fleet_alert_has_a_firing_and_a_silent_case() -> None:
@@ -92,19 +80,9 @@ def test_every_fleet_alert_has_a_firing_and_a_silent_case() -> None:
 
 def test_fleet_rules_pass_promtool_check() -> None:
     """promtool check rules finds the file valid."""
-    check_rules(RULES)
+    promtool.check_rules(RULES)
 
 
 def test_fleet_rules_pass_promtool_unit_tests(tmp_path: Path) -> None:
     """Every case fires exactly the expected alerts, with labels and rendered annotations."""
-    tests = [{"interval": "1m",
-              "input_series": [{"series": name, "values": values} for name, values in series.items()],
-              "alert_rule_test": [{"eval_time": eval_time, "alertname": alert,
-                                   "exp_alerts": [expected(alert, labels, value) for labels, value in alerts]}]}
-             for alert, series, eval_time, alerts in CASES]
-    shutil.copy(RULES, tmp_path / "fleet-alerts.yaml")
-    (tmp_path / "fleet_alerts_test.yaml").write_text(yaml.safe_dump(
-        {"rule_files": ["fleet-alerts.yaml"], "evaluation_interval": "1m", "tests": tests}, sort_keys=False))
-    result = subprocess.run([_promtool(), "test", "rules", "fleet_alerts_test.yaml"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
+    promtool.run_rule_tests(RULES, CASES, tmp_path)

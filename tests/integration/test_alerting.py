@@ -23,7 +23,8 @@ from tests.alerting import ALERTMANAGER_CONFIG, Alertmanager, Notification, Webh
 from tests.conftest import Reliability
 from tests.helpers import Sidecar, http_get, wait_until
 from tests.integration.test_prometheus import Prometheus
-from tests.test_alert_rules import render, rules
+from tests.promtool import render
+from tests.promtool import rules as rules_of
 
 pytestmark = pytest.mark.integration
 RULES = Path(__file__).parent.parent.parent / "dashboards" / "alerts.yaml"
@@ -136,7 +137,7 @@ def test_impactful_event_pages_once_and_a_cancellation_resolves_it(pipeline: Pip
     assert alert["labels"] == labels
     seconds = countdown(alert["annotations"]["description"])
     assert 700 < seconds <= 900, alert["annotations"]["description"]
-    rule = rules()["AzureImpactfulMaintenanceScheduled"]
+    rule = rules_of(RULES)["AzureImpactfulMaintenanceScheduled"]
     assert alert["annotations"] == {key: render(template, labels, seconds)
                                     for key, template in rule["annotations"].items()}
     assert alert["annotations"]["summary"] == f"Reboot scheduled for {vm.instance}"
@@ -237,7 +238,7 @@ def test_shipped_alertmanager_configuration(tmp_path: Path) -> None:
     assert route["group_by"] == ["alertname", "job", "instance"]
     [maintenance] = route["routes"]
     assert maintenance["group_by"] == ["alertname", "event_id"] and maintenance["receiver"] == "vm-owners"
-    defined = set(rules())
+    defined = set(rules_of(RULES))
     named: set[str] = set()
     for inhibit in config["inhibit_rules"]:
         for matcher in inhibit["source_matchers"] + inhibit["target_matchers"]:

@@ -1,0 +1,78 @@
+"""Alert rules under promtool, shared by the sidecar's and the fleet's rule tests: read a rule file, render the
+annotations an alert should carry, `promtool check rules`, and `promtool test rules` over a table of cases."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+# (alert, {series: values}, eval_time, [(labels, value), ...]): the alerts expected at eval_time; [] for silence.
+Case = tuple[str, dict[str, str], str, list[tuple[dict[str, str], float]]]
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail("promtool not found: `make test` installs Debian's prometheus package")
+    return path
+
+
+def humanize_duration(value: float) -> str:
+    """Prometheus' humanizeDuration for whole seconds >= 60 (what these cases use)."""
+    seconds = int(value)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h {minutes}m {secs}s"
+    if hours:
+        return f"{hours}h {minutes}m {secs}s"
+    return f"{minutes}m {secs}s"
+
+
+def render(template: str, labels: dict[str, str], value: float) -> str:
+    """A small independent renderer for the constructs the rules use; promtool compares it with Prometheus'."""
+    text = re.sub(r"\{\{\s*\$value\s*\|\s*humanizeDuration\s*\}\}", humanize_duration(value), template)
+    text = re.sub(r"\{\{\s*\$value\s*\}\}", f"{value:g}", text)
+    return re.sub(r"\{\{\s*\$labels\.(\w+)\s*\}\}", lambda m: labels.get(m.group(1), ""), text)
+
+
+def rules(path: Path) -> dict[str, dict[str, Any]]:
+    data = yaml.safe_load(path.read_text())
+    return {rule["alert"]: rule for group in data["groups"] for rule in group["rules"]}
+
+
+def expected(path: Path, alert: str, labels: dict[str, str], value: float) -> dict[str, Any]:
+    rule = rules(path)[alert]
+    all_labels = {**labels, **rule.get("labels", {})}
+    return {"exp_labels": all_labels,
+            "exp_annotations": {k: render(v, all_labels, value) for k, v in rule["annotations"].items()}}
+
+
+def check_rules(path: Path) -> None:
+    """promtool check rules on a rule file."""
+    result = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def run_rule_tests(path: Path, cases: list[Case], workdir: Path) -> None:
+    """promtool test rules: every case fires exactly its alerts, with labels and rendered annotations."""
+    tests = [{"interval": "1m",
+              "input_series": [{"series": name, "values": values} for name, values in series.items()],
+              "alert_rule_test": [{"eval_time": eval_time, "alertname": alert,
+                                   "exp_alerts": [expected(path, alert, labels, value) for labels, value in alerts]}]}
+             for alert, series, eval_time, alerts in cases]
+    shutil.copy(path, workdir / path.name)
+    (workdir / "rules_test.yaml").write_text(yaml.safe_dump(
+        {"rule_files": [path.name], "evaluation_interval": "1m", "tests": tests}, sort_keys=False))
+    result = subprocess.run([promtool(), "test", "rules", "rules_test.yaml"], cwd=workdir, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
