@@ -303,7 +303,9 @@ def _known_event(raw: object, known: dict[str, tuple[dict[str, Any], ScheduledEv
     same in ``_common_event`` except integers against their float and boolean twins (``1 == 1.0 == True``): the
     remembered object holds only strings, None, a list of strings and an int or None duration, so the duration's
     type is the one thing left to check. Handing out the same object also lets the lifecycle diff tell an
-    unchanged event by identity. Bounded by one document (the last one parse_document read); no I/O.
+    unchanged event by identity. Bounded by one document (the last one parse_document read); no I/O. Concurrent
+    readers are safe: each takes the memo it found and replaces it whole, so a race costs a miss, never a wrong
+    event (an entry is used only when its JSON object equals the one being read).
     """
     if type(raw) is not dict:
         return None
