@@ -126,11 +126,16 @@ bench: $(VENV)/.installed system-deps tests/azurite/node_modules/.installed
 soak: $(VENV)/.installed
 	$(BIN)/python scripts/soak.py
 
-# Every runtime dependency has a win_amd64 or pure-Python wheel (fails naming the one that has not), collected with
-# se-exporter's own wheel in dist/windows-wheels: the offline wheelhouse deploy/windows/install.ps1 installs from.
-# Wheels already there are not fetched again (about 10 s then; about a minute the first time).
+# The offline wheelhouses (scripts/wheelhouse.py): every dependency of requirements/runtime.txt as a wheel for the
+# target (one without fails named), se-exporter's own wheel, and requirements.txt naming each by hash.
+# Windows: win_amd64, CPython 3.10-3.12, dist/windows-wheels(.zip), what deploy/windows/install.ps1 installs from.
+# Linux: manylinux x86_64 and aarch64, CPython 3.10-3.12, dist/linux-wheels(.tar.gz), for deploy/systemd/install.sh.
+# Wheels already there (hash-checked) are not fetched again.
 windows-wheels: $(VENV)/.installed
 	$(BIN)/python scripts/windows_wheels.py --dest dist/windows-wheels
+
+linux-wheels: $(VENV)/.installed
+	$(BIN)/python scripts/linux_wheels.py --dest dist/linux-wheels
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .test-results .pytest_cache .mypy_cache .ruff_cache $(DEMO_DIR)

@@ -7,11 +7,9 @@ from __future__ import annotations
 import ntpath
 import re
 import shlex
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import pytest
 import tree_sitter_powershell
 from tree_sitter import Language, Node, Parser
 
@@ -192,15 +190,11 @@ def test_install_script_settings_are_real_options() -> None:
     assert names and names <= {option.env for option in RUN_OPTIONS} | {"OTEL_EXPORTER_OTLP_ENDPOINT"}
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="the wheelhouse check is for building on Linux")
-def test_the_windows_runtime_set_is_read_from_the_virtualenv_without_test_tools() -> None:
-    """scripts/windows_wheels.py pins what se-exporter needs at run time on Windows, and none of the test extras."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import windows_wheels  # noqa: PLC0415 - a script, importable only once scripts/ is on the path
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    pins, _ = windows_wheels.runtime_pins("3.11")
-    names = {pin.split("==")[0] for pin in pins}
+def test_the_windows_runtime_set_is_the_locked_one_without_test_tools() -> None:
+    """The Windows wheelhouse installs what requirements/runtime.txt locks for Windows: se-exporter's runtime
+    dependencies, what only Windows needs, and none of the test tools."""
+    from scripts import lockfile  # noqa: PLC0415 - a script module, imported only here
+
+    names = {pin.name for pin in lockfile.select(lockfile.read(lockfile.RUNTIME), "win-amd64", "3.11")}
     assert {"httpx", "prometheus-client", "azure-eventhub", "opentelemetry-sdk"} <= names
-    assert not names & {"pytest", "mypy", "ruff", "hypothesis", "tree-sitter", "respx"}
+    assert not names & {"pytest", "mypy", "ruff", "hypothesis", "tree-sitter", "respx", "uv"}

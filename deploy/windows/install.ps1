@@ -85,9 +85,11 @@ function Install-Virtualenv {
     New-Item -ItemType Directory -Force -Path $InstallDir | Out-Null
     $venv = Join-Path $InstallDir 'venv'
     Invoke-Checked $PythonExe @('-m', 'venv', '--clear', $venv)
-    # Offline, from the wheelhouse only: the exact versions the suite tested, nothing fetched at install time.
+    # Offline, from the wheelhouse only: the exact versions the suite tested (requirements/runtime.txt), each wheel
+    # checked against the hash its requirements.txt names, nothing fetched at install time.
     Invoke-Checked (Join-Path $venv 'Scripts\python.exe') @(
-        '-m', 'pip', 'install', '--no-index', '--find-links', $source, '--disable-pip-version-check', 'se-exporter')
+        '-m', 'pip', 'install', '--no-index', '--find-links', $source, '--disable-pip-version-check',
+        '--require-hashes', '-r', (Join-Path $source 'requirements.txt'))
 }
 
 function Set-StateFolderAcl {
