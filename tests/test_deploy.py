@@ -94,6 +94,18 @@ def test_cloud_init_carries_the_same_unit() -> None:
     assert files["/etc/systemd/system/se-exporter.service"] == (SYSTEMD / "se-exporter.service").read_text()
 
 
+def test_vm_installs_are_offline_with_hashes_required() -> None:
+    """install.sh and the scale-set custom data install se-exporter only from the wheelhouse's requirements.txt,
+    with no package index and every hash required (tests/test_wheelhouses.py runs install.sh's command)."""
+    data = yaml.safe_load((SYSTEMD / "cloud-init.yaml").read_text())
+    script = (SYSTEMD / "install.sh").read_text().replace("\\\n", " ")
+    steps = [c for c in data["runcmd"] if "pip install" in c]
+    steps += [line for line in script.splitlines() if "pip install" in line]
+    assert len(steps) == 2
+    for step in steps:
+        assert {"--no-index", "--require-hashes", "-r"} <= set(step.split()), step
+
+
 def test_environment_example_names_only_real_settings() -> None:
     """Every variable in the env file example is one se-exporter (or OpenTelemetry) reads."""
     known = {option.env for option in RUN_OPTIONS}
