@@ -1,7 +1,8 @@
 """CycloneDX SBOMs of what se-exporter ships (``make sbom``), written by cyclonedx-py (the CycloneDX project's
 generator) and completed here with the sha256 of each wheel that is really shipped.
 
-    python scripts/sbom.py                      # dist/linux-wheels.cdx.json and dist/windows-wheels.cdx.json
+    python scripts/sbom.py [--image TAG]        # dist/linux-wheels.cdx.json, dist/windows-wheels.cdx.json and,
+                                                # when TAG is built here, dist/image.cdx.json (copied out of it)
     python scripts/sbom.py add-hashes SBOM DIR  # inside the image build: hashes of the wheels pip installed
 
 Wheelhouses: ``cyclonedx-py requirements`` reads the wheelhouse's requirements.txt (the runtime lock plus
@@ -70,14 +71,55 @@ def wheelhouse_sbom(house: Path, out: Path) -> None:
     add_hashes(out, house)
 
 
+def image_sbom(tag: str, out: Path) -> bool:
+    """Copy the SBOM the image carries out of it (docker when its daemon answers, buildah otherwise); False when
+    no such image is built here."""
+    import shutil  # noqa: PLC0415 - only for the host side; add-hashes runs in the image with the stdlib
+
+    if shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True, timeout=20,  # noqa: S607
+                                                 check=False).returncode == 0:
+        made = subprocess.run(["docker", "create", tag], capture_output=True, text=True, timeout=60,  # noqa: S603, S607
+                              check=False)
+        if made.returncode:
+            return False
+        name = made.stdout.strip()
+        try:
+            subprocess.run(["docker", "cp", f"{name}:{IMAGE_PATH}", str(out)], check=True, timeout=60)  # noqa: S603, S607
+        finally:
+            subprocess.run(["docker", "rm", name], capture_output=True, timeout=60, check=False)  # noqa: S603, S607
+        return True
+    made = subprocess.run(["buildah", "from", "--pull=never", tag], capture_output=True, text=True,  # noqa: S603, S607
+                          timeout=60, check=False)
+    if made.returncode:
+        return False
+    name = made.stdout.strip()
+    try:
+        root = subprocess.run(["buildah", "mount", name], capture_output=True, text=True, timeout=60,  # noqa: S603, S607
+                              check=True).stdout.strip()
+        shutil.copyfile(Path(root) / IMAGE_PATH.lstrip("/"), out)
+    finally:
+        subprocess.run(["buildah", "rm", name], capture_output=True, timeout=60, check=False)  # noqa: S603, S607
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["add-hashes"] and len(args) == 3:
         count = add_hashes(Path(args[1]), Path(args[2]))
         print(f"{args[1]}: sha256 of the installed wheels added to {count} components")
         return 0
-    if args:
+    image = None
+    if args[:1] == ["--image"] and len(args) == 2:
+        image = args[1]
+    elif args:
         raise SystemExit(__doc__)
+    if image:
+        out = ROOT / "dist" / "image.cdx.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if image_sbom(image, out):
+            print(f"{out.relative_to(ROOT)}: copied from {image}:{IMAGE_PATH}")
+        else:
+            print(f"no image {image} here (make image builds it): its SBOM not copied")
     for kind in ("linux-wheels", "windows-wheels"):
         out = ROOT / "dist" / f"{kind}.cdx.json"
         wheelhouse_sbom(ROOT / "dist" / kind, out)

@@ -56,3 +56,19 @@ def test_build_commands_for_both_engines(tmp_path: Path) -> None:
     assert f"--secret=id=pip.conf,src={conf}" in docker
     assert not [a for a in docker if a.startswith(("BASE=", "--secret=id=ca-bundle"))]
     assert docker[-5:-3] == ["--tag", "se-exporter:t"]
+
+
+def test_dockerfile_installs_the_lock_with_hashes_and_no_index() -> None:
+    """The build stage downloads requirements/runtime.txt with hashes required and wheels only; the runtime stage
+    installs it with no index and hashes required, se-exporter's own wheel alone (--no-deps); the final image gets
+    the SBOM file and the label naming it."""
+    text = (Path(__file__).parent.parent / "Dockerfile").read_text().replace("\\\n", " ")
+    steps = [" ".join(line.split()) for line in text.splitlines()]
+    assert any("pip download" in s and "--require-hashes --only-binary=:all:" in s
+               and "-r requirements/runtime.txt" in s for s in steps)
+    installs = [s for s in steps if "pip install" in s]
+    assert any("--no-index" in s and "--require-hashes -r /tmp/requirements/runtime.txt" in s for s in installs)
+    assert any("--no-index --no-deps /tmp/wheels/own/*.whl" in s for s in installs)
+    assert all("--no-index" in s for s in installs)
+    assert 'org.opencontainers.image.sbom="/usr/share/doc/se-exporter/sbom.cdx.json"' in text
+    assert "COPY --from=sbom /tmp/sbom.cdx.json /usr/share/doc/se-exporter/sbom.cdx.json" in text
