@@ -51,7 +51,8 @@ def errors(document: dict[str, Any], version: str) -> list[str]:
     """What is wrong with one object on one Kubernetes version ([] when it is valid)."""
     if document.get("kind") in OPERATOR_KINDS:
         validator = _operator_validator(document["kind"])
-        return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document)]
+        found = [jsonschema.exceptions.best_match([e]) or e for e in validator.iter_errors(document)]
+        return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in found]
     try:
         kubernetes_validate.validate(document, version, strict=True)
     except kubernetes_validate.ValidationError as invalid:
