@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import Reliability
 from tests.kube_schemas import (
     BASE,
     KUBERNETES_VERSIONS,
@@ -105,7 +106,7 @@ def test_overlays_add_what_they_are_named_for() -> None:
 
 
 @pytest.mark.parametrize("broken", list(BROKEN), ids=_id)
-def test_a_broken_file_fails_the_kustomize_check(broken: Path, tmp_path: Path) -> None:
+def test_a_broken_file_fails_the_kustomize_check(broken: Path, tmp_path: Path, reliability: Reliability) -> None:
     """With one file of a copy of deploy/ broken, building and checking some kustomization fails: kustomize rejects
     the file, or an object it builds fails the schema check."""
     copy = tmp_path / "deploy"
@@ -122,3 +123,7 @@ def test_a_broken_file_fails_the_kustomize_check(broken: Path, tmp_path: Path) -
             continue
         failures += [e for d in built for e in errors(d, KUBERNETES_VERSIONS[-1])]
     assert failures
+    reliability("Kubernetes", "a misspelt field in each file of deploy/kubernetes and its overlays (hostNetwrok, "
+                "relabellings, patchs...), built with kubectl kustomize",
+                "each rejected by kustomize or by the strict schema check (Kubernetes 1.32-1.35 OpenAPI, Prometheus "
+                "Operator CRDs)")

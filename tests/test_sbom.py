@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from scripts import lockfile, sbom, wheelhouse
+from tests.conftest import Reliability
 
 ROOT = Path(__file__).parent.parent
 
@@ -47,11 +48,14 @@ def disagreements(document: dict[str, Any], pins: list[lockfile.Pin], house: Pat
 
 
 @pytest.mark.parametrize("kind", ["linux-wheels", "windows-wheels"])
-def test_sbom_lists_exactly_the_locked_runtime_packages(kind: str) -> None:
+def test_sbom_lists_exactly_the_locked_runtime_packages(kind: str, reliability: Reliability) -> None:
     """Every component is a pin of requirements/runtime.txt (or se-exporter), every pin is a component, with the
     lock's hashes, and each carries the sha256 of the wheels of it in the wheelhouse."""
     assert disagreements(load(kind), lockfile.read(lockfile.RUNTIME), ROOT / "dist" / kind) == []
     assert load(kind)["bomFormat"] == "CycloneDX"
+    reliability("Supply chain", f"the SBOM of the {kind.split('-', maxsplit=1)[0].title()} wheelhouse (make sbom)",
+                "CycloneDX; exactly the locked runtime packages and se-exporter, the lock's hashes and the shipped "
+                "wheels' sha256")
 
 
 def test_the_sbom_check_sees_a_missing_an_extra_and_a_changed_package() -> None:

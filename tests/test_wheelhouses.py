@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from scripts import lockfile, wheelhouse
+from tests.conftest import Reliability
 
 ROOT = Path(__file__).parent.parent
 HOUSES = {"linux": ROOT / "dist" / "linux-wheels", "windows": ROOT / "dist" / "windows-wheels"}
@@ -56,7 +57,7 @@ def _install_command(python: Path, house: Path, requirements: Path) -> list[str]
 
 
 @pytest.mark.integration
-def test_linux_wheelhouse_installs_offline_with_hashes_required(tmp_path: Path) -> None:
+def test_linux_wheelhouse_installs_offline_with_hashes_required(tmp_path: Path, reliability: Reliability) -> None:
     """The wheelhouse installs into a new virtualenv with no index, every hash checked, and the console script
     starts; the installed versions are the locked ones."""
     house = _house("linux")
@@ -74,10 +75,12 @@ def test_linux_wheelhouse_installs_offline_with_hashes_required(tmp_path: Path) 
                  for line in frozen.split() if "==" in line}
     for pin in lockfile.select(lockfile.read(lockfile.RUNTIME), "linux-x86_64", version):
         assert installed.get(pin.name) == pin.version, pin.name
+    reliability("Supply chain", "the Linux wheelhouse installed as install.sh installs it, into a new virtualenv",
+                "offline (--no-index), every hash checked; exactly the locked versions; se-exporter starts")
 
 
 @pytest.mark.integration
-def test_a_wheel_that_is_not_the_locked_one_stops_the_install(tmp_path: Path) -> None:
+def test_a_wheel_that_is_not_the_locked_one_stops_the_install(tmp_path: Path, reliability: Reliability) -> None:
     """One wheel replaced by other bytes under its name: pip refuses it (hash mismatch) and installs nothing."""
     house = _house("linux")
     copy = tmp_path / "house"
@@ -91,3 +94,5 @@ def test_a_wheel_that_is_not_the_locked_one_stops_the_install(tmp_path: Path) ->
     assert result.returncode != 0
     assert "THESE PACKAGES DO NOT MATCH THE HASHES" in result.stderr
     assert not list((tmp_path / "venv").glob("lib/python*/site-packages/idna"))
+    reliability("Supply chain", "one wheel of the wheelhouse changed by a byte", "pip refused it (hash mismatch); "
+                "nothing installed")
