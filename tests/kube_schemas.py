@@ -4,14 +4,16 @@ build of deploy/kubernetes and its overlays (tests/test_deploy_schemas.py).
 Built-in kinds: the OpenAPI schemas of each Kubernetes version in KUBERNETES_VERSIONS, as kubernetes-validate ships
 them (its ``-strict`` variants: additionalProperties false, as the API server's strict field validation).
 Prometheus Operator kinds: the operator's CRD schemas as the cloudcoil.models.prometheus_operator package ships
-them (generated from the operator's CRDs; the package's version is the operator's), turned into JSON Schema with
-every object closed to unknown fields, the way a structural CRD schema prunes or (with strict field validation)
-rejects them.
+them (generated from the operator's CRDs; the package's version is the operator's), vendored as JSON Schema in
+tests/schemas/prometheus-operator/ with their licence and version (scripts/operator_schemas.py, `make
+operator-schemas`), every object closed to unknown fields, the way a structural CRD schema prunes or (with strict
+field validation) rejects them.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -31,6 +33,7 @@ OVERLAYS = ROOT / "deploy" / "kubernetes-overlays"
 # current one): a manifest must be valid on each, as clusters upgrade one minor version at a time.
 KUBERNETES_VERSIONS = ("1.32.0", "1.33.0", "1.34.0", "1.35.0")
 OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+OPERATOR_SCHEMAS = ROOT / "tests" / "schemas" / "prometheus-operator"
 KUSTOMIZATION = "kustomization.yaml"
 
 
@@ -64,23 +67,8 @@ def errors(document: dict[str, Any], version: str) -> list[str]:
 
 @functools.cache
 def _operator_validator(kind: str) -> jsonschema.protocols.Validator:
-    import cloudcoil.models.prometheus_operator.v1 as operator  # noqa: PLC0415 - pydantic models: slow to import
-
-    schema = getattr(operator, kind).model_json_schema(by_alias=True, mode="validation")
-    return jsonschema.Draft202012Validator(_closed(schema))
-
-
-def _closed(schema: Any) -> Any:
-    """The schema with every object that lists its properties closed to any other (maps keep theirs open)."""
-    if isinstance(schema, dict):
-        if "properties" in schema and "additionalProperties" not in schema:
-            schema["additionalProperties"] = False
-        for value in schema.values():
-            _closed(value)
-    elif isinstance(schema, list):
-        for value in schema:
-            _closed(value)
-    return schema
+    schema = json.loads((OPERATOR_SCHEMAS / f"{kind}.json").read_text())
+    return jsonschema.Draft202012Validator(schema)
 
 
 def kubectl() -> str:

@@ -76,6 +76,9 @@ def test_operator_objects_are_checked_against_the_crd_schemas() -> None:
     """The ServiceMonitor, PodMonitor and PrometheusRule are each checked (none is skipped as an unknown kind)."""
     kinds = {d["kind"] for path in OBJECT_FILES for d in documents(path)}
     assert kinds >= OPERATOR_KINDS
+    vendored = ROOT / "tests" / "schemas" / "prometheus-operator"
+    assert (vendored / "LICENSE").read_text().lstrip().startswith("Apache License")
+    assert (vendored / "VERSION").read_text().startswith("cloudcoil.models.prometheus_operator==")
 
 
 @pytest.mark.parametrize("directory", list(kustomizations()), ids=_id)
