@@ -156,12 +156,14 @@ def commands(tree: Node) -> list[str]:
 
 
 def test_install_script_installs_offline_and_locks_down_the_state_folder() -> None:
-    """pip installs from the wheelhouse only; the state folder loses inherited entries and gets SYSTEM and
+    """pip installs from the wheelhouse only, every wheel checked against the hash its requirements.txt names (the
+    lock's); the state folder loses inherited entries and gets SYSTEM and
     Administrators full control and the service account (LocalService, as in the XML) Modify."""
     source = (WINDOWS / "install.ps1").read_text()
     tree = script()
     assert re.search(r"'-m', 'venv'", source)
     assert re.search(r"'pip', 'install', '--no-index', '--find-links', \$source", source)
+    assert re.search(r"'--require-hashes', '-r', \(Join-Path \$source 'requirements.txt'\)", source)
     assert "SetAccessRuleProtection($true, $false)" in source
     for sid in ("S-1-5-18", "S-1-5-32-544", LOCAL_SERVICE_SID):
         assert f"'{sid}'" in source
