@@ -88,6 +88,8 @@ def image_sbom(tag: str, out: Path) -> bool:
         finally:
             subprocess.run(["docker", "rm", name], capture_output=True, timeout=60, check=False)  # noqa: S603, S607
         return True
+    if shutil.which("buildah") is None:
+        return False
     made = subprocess.run(["buildah", "from", "--pull=never", tag], capture_output=True, text=True,  # noqa: S603, S607
                           timeout=60, check=False)
     if made.returncode:
