@@ -34,7 +34,7 @@ class Scrape:
 
 def add(fleet: Fleet, partition_id: str, body: bytes, vm_id: str, vm_name: str, vmss: str = "") -> None:
     properties = {**props(), b"vm_id": vm_id.encode(), b"vm_name": vm_name.encode(), b"vmss_name": vmss.encode()}
-    assert fleet.apply(partition_id, read_message(body, properties, f"{vm_id}:1".encode(), None, 1500.0,
+    assert fleet.apply(partition_id, read_message(body, properties, f"{vm_id}:1".encode(), vm_id.encode(), 1500.0,
                                                   1 << 20)) == "applied"
 
 
@@ -84,7 +84,7 @@ def test_series_vanish_with_their_event_their_vm_and_their_partition() -> None:
     """A completed event, then a released partition, leave /metrics without any bookkeeping."""
     fleet = fleet_of_three()
     properties = {**props(sequence=2), b"vm_id": b"id0", b"vm_name": b"WestNO_0"}
-    fleet.apply("0", read_message(EMPTY, properties, b"id0:2", None, 1600.0, 1 << 20))
+    fleet.apply("0", read_message(EMPTY, properties, b"id0:2", properties[b"vm_id"], 1600.0, 1 << 20))
     scrape = Scrape(fleet)
     assert scrape.get("azure_scheduled_fleet_vm_last_seen_timestamp_seconds", {
         "vm_id": "id0", "vm_name": "WestNO_0", "vmss_name": "", "location": "norwayeast"}) == 1600.0
