@@ -135,17 +135,18 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
         raise InvalidMessage("not_envelope", "not a forwarded document: needs a message id "
                              "'<installation>:<sequence>' and an integer 'sequence' property")
     sequence = _sequence(raw_sequence)
-    vm_id, vm_name, vmss_name, location = (_label(properties, name)
-                                           for name in ("vm_id", "vm_name", "vmss_name", "location"))
+    vm_id, vm_name = _label(properties, "vm_id"), _label(properties, "vm_name")
+    vmss_name, location = _label(properties, "vmss_name"), _label(properties, "location")
     key = vm_id or vm_name or "unknown"  # as the sidecar keys a VM that knows neither yet
     sent_key = _bounded_text("partition key", partition_key, MAX_TEXT) if partition_key is not None else None
     if sent_key != key:
         raise InvalidMessage("wrong_partition_key", f"partition key {_quote(sent_key)} is not the document's "
                              f"vm_id or vm_name {_quote(key)}: a VM's documents are sent with its own key")
-    imds = Imds(_time(properties, "observed_at"), _time(properties, "imds_last_success"),
-                _flag(properties, "imds_failing"))
-    if imds.last_success is None and imds.failing is None:
+    last_success, failing = _time(properties, "imds_last_success"), _flag(properties, "imds_failing")
+    if last_success is None and failing is None:
         imds = NO_IMDS  # an older sidecar: unknown, and shared by most of a fleet until sidecars are upgraded
+    else:  # observed_at is used only beside imds_last_success (see state.imds_unreachable)
+        imds = Imds(_time(properties, "observed_at") if last_success is not None else None, last_success, failing)
     heartbeat = _flag(properties, "heartbeat") is True
     body = bytes(body)
     events, warnings, hit = read_events(body, vm_name, bounds)
@@ -264,6 +265,8 @@ def _label(properties: Mapping[Any, Any], name: str) -> str:
 def _bounded_text(what: str, value: Any, limit: int) -> str:
     """Text that UTF-8 can carry (bytes decoded with replacement, unpaired surrogates spelt out) of at most
     ``limit`` characters."""
+    if type(value) is bytes and len(value) <= limit:  # the SDK's usual case: no character count needed
+        return value.decode("utf-8", "replace")
     if isinstance(value, (bytes, bytearray)):
         if len(value) > 4 * limit:
             raise InvalidMessage("bad_property", f"{what} is {len(value)} bytes long (at most {limit} characters)")
