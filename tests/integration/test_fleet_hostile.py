@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -121,3 +122,40 @@ def test_damaged_and_newer_state_blobs_neither_stall_nor_get_overwritten(
                 "the damaged one counted (state_damaged_total), its partition read from the hub at once and its "
                 "state written anew; the newer one left byte for byte, its partition read, neither state nor "
                 "checkpoint written over it")
+
+
+def test_a_state_blob_with_bad_rows_and_an_impossible_position_is_repaired(
+        hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess], azurite: object,
+        container: str) -> None:
+    """A state blob claiming sequence number 10**15, with rows whose vm_id is a number or whose seen_at is NaN
+    beside a good one: the good row is restored, the bad rows are dropped and never written back, and the
+    partition's events are applied rather than taken for replays."""
+    hub = hubs(Store(partition_count=1))
+    send(hub.connection_string(), [event_data(envelope_for(vm_identity(index), EMPTY, 1, f"inst-{index}"))
+                                   for index in range(5)])
+    quiet = vm_identity(50)
+    good = [quiet.vm_id, quiet.vm_id, quiet.name, "", "westeurope", "inst-q", 3, time.time() - 10, EMPTY.decode()]
+    rows = [good, [5, 5, "vm-5", "", "westeurope", "inst-5", 1, time.time(), EMPTY.decode()],
+            ["nan-vm", "nan-vm", "nan", "", "westeurope", "inst-n", 1, float("nan"), EMPTY.decode()]]
+    blob = gzip.compress(json.dumps({"format": 1, "partition_id": "0", "sequence_number": 10**15,
+                                     "vms": rows}).encode())
+    name = state_blob_name(f"127.0.0.1:{hub.port}", hub.store.hub, "$Default", "0")
+    with storage(azurite, container) as blobs:  # type: ignore[arg-type]
+        blobs.create_container()
+        blobs.upload_blob(name, blob, metadata={"sequencenumber": str(10**15)})
+    fleet = fleets(hub)
+    wait_until(lambda: fleet.value("azure_scheduled_fleet_vms") == 6, timeout=30,
+               what="the five VMs of the partition and the quiet one restored")
+    assert fleet.value("azure_scheduled_fleet_replayed_documents_total") == 0
+    assert fleet.value("azure_scheduled_fleet_state_damaged_total", reason="row") == 2
+    assert fleet.value("azure_scheduled_fleet_state_damaged_total", reason="position") == 1
+
+    def stored() -> dict[str, object]:
+        with storage(azurite, container) as blobs:  # type: ignore[arg-type]
+            data: dict[str, object] = json.loads(gzip.decompress(blobs.download_blob(name).readall()))
+            return data
+
+    saved = wait_until(lambda: (state := stored())["sequence_number"] == 4 and state, timeout=30,
+                       what="the repaired state written")
+    assert sorted(row[0] for row in saved["vms"]) == sorted(  # type: ignore[attr-defined]
+        [quiet.vm_id] + [vm_identity(index).vm_id for index in range(5)])
