@@ -225,7 +225,7 @@ class Service:
         outcome = self._fleet.apply(partition_id, message, sequence_number)
         if message.unknown_properties:
             self._metrics.warnings.labels("unknown_property").inc()
-            self._log_once(f"unknown:{','.join(message.unknown_properties)}", logging.INFO,
+            self._log_once("unknown_property", logging.INFO,  # one key: names are the sender's to choose
                            "message with properties this version does not know, applied: %s",
                            ", ".join(message.unknown_properties[:10]))
         if message.document_warnings:
