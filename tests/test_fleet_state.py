@@ -381,6 +381,7 @@ def test_imds_health_is_read_kept_and_restored_and_older_sidecars_are_unknown() 
     fine = message(imds_last_success="2026-11-22T03:04:28.000Z", imds_failing=False, observed_at=observed,
                    installation="c")
     old = message(installation="d")
+    assert message(imds_last_success="", installation="e").vm.imds.last_success is None
     assert failing.vm.imds.failing is True
     assert failing.vm.imds.last_success == datetime(2026, 11, 22, 3, 0, tzinfo=timezone.utc).timestamp()
     assert [imds_unreachable(m.vm) for m in (failing, stale, fine, old)] == [True, True, False, False]

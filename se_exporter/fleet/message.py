@@ -283,7 +283,7 @@ def _bounded_text(what: str, value: Any, limit: int) -> str:
 def _time(properties: Mapping[Any, Any], name: str) -> float | None:
     """An RFC 3339 time (``observed_at``, ``imds_last_success``) as unix time; absent is None."""
     value = _property(properties, name)
-    if value is None:
+    if value is None or value in ("", b""):  # empty: not known (a VM that has not read IMDS yet)
         return None
     if isinstance(value, (str, bytes, bytearray)) and len(value) <= MAX_TIME_TEXT:
         text = value if isinstance(value, str) else bytes(value).decode("ascii", "replace")
