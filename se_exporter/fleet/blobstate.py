@@ -33,6 +33,7 @@ from se_exporter.fleet.state import PartitionState
 from se_exporter.fleet.stateformat import DamagedState, NewerState, decode
 
 log = logging.getLogger("se_exporter.fleet")
+MAX_STATE_BLOB_BYTES = 128 * 1024**2  # gzip'd; 100,000 VMs of ordinary documents are a few MB
 POSITION_KEY = "sequencenumber"  # the same metadata name the checkpoint store uses for its position
 
 
@@ -77,6 +78,10 @@ class StateBlobs:
         the caller retries; whatever the blob holds does not."""
         try:
             download = await self._blob(partition_id).download_blob()
+            if download.size > MAX_STATE_BLOB_BYTES:  # never read: damaged, replaced by the next write
+                self._etags[partition_id] = download.properties.etag
+                return Restored(damaged="unreadable", problem=f"the state blob is {download.size} bytes, more than "
+                                f"{MAX_STATE_BLOB_BYTES} (gzip'd)")
             data = await download.readall()
         except ResourceNotFoundError:
             self._etags[partition_id] = None
