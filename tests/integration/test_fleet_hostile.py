@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
-from proton import Message, char, decimal64
+from proton import Message, char, decimal32, decimal64
 
 from se_exporter.fleet.blobstate import state_blob_name
 from tests.conftest import Reliability
@@ -40,10 +40,10 @@ def proton_message(envelope_properties: dict[str, object], message_id: str, key:
 def test_hostile_messages_are_skipped_and_the_partition_goes_on(
         hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess],
         reliability: Reliability) -> None:
-    """A surrogate EventId (shown escaped, /metrics 200), a 5,000-digit sequence, AMQP char and decimal64 property
-    values (which azure-eventhub cannot decode by itself) and a forged vm_id under another partition key: each is
-    skipped or applied as it should be, and the documents after them in the same partition are applied, with the
-    partition claimed once and no client error."""
+    """A surrogate EventId (shown escaped, /metrics 200), a 5,000-digit sequence, AMQP char, decimal32 and decimal64
+    property values (which azure-eventhub cannot decode by itself) and a forged vm_id under another partition key:
+    each is skipped or applied as it should be, and the documents after them in the same partition are applied,
+    with the partition claimed once and no client error."""
     hub = hubs(Store(partition_count=1))
     victim = envelope_for(vm_identity(1), SURROGATE, 1, "victim")
     digits = envelope_for(vm_identity(2), EMPTY, 1, "digits")
@@ -55,7 +55,7 @@ def test_hostile_messages_are_skipped_and_the_partition_goes_on(
     third, fifth = envelope_for(vm_identity(3), EMPTY, 1, "amqp"), envelope_for(vm_identity(5), EMPTY, 1, "char")
     hub.store.append("0", proton_message({**third.properties, "sequence": decimal64(0x31C000000000007B)},
                                          third.message_id, third.partition_key), third.partition_key)
-    hub.store.append("0", proton_message({**fifth.properties, "shard": char("a")}, fifth.message_id,
+    hub.store.append("0", proton_message({**fifth.properties, "shard": char("a"), "weight": decimal32(0x3280007B)}, fifth.message_id,
                                          fifth.partition_key), fifth.partition_key)
     send(hub.connection_string(), [event_data(envelope_for(vm_identity(4), EMPTY, 1, "after"))])
 
@@ -76,8 +76,8 @@ def test_hostile_messages_are_skipped_and_the_partition_goes_on(
     assert fleet.value("azure_scheduled_fleet_partition_claims_total") == 1
     assert fleet.value("azure_scheduled_fleet_consumer_errors_total", reason="service") == 0
     assert "bad_property" in fleet.log() and "wrong_partition_key" in fleet.log()
-    reliability("Fleet", "hostile documents: a lone-surrogate EventId, a 5,000-digit sequence, AMQP char and "
-                "decimal64 property values, a forged vm_id under another partition key",
+    reliability("Fleet", "hostile documents: a lone-surrogate EventId, a 5,000-digit sequence, AMQP char, "
+                "decimal32 and decimal64 property values, a forged vm_id under another partition key",
                 "/metrics answered 200 with the EventId spelt out; each bad one counted (bad_property, "
                 "wrong_partition_key) and skipped; the documents after them applied; the partition claimed once, "
                 "no client error; the forger's event never shown for the victim")
