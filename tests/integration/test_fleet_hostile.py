@@ -55,8 +55,8 @@ def test_hostile_messages_are_skipped_and_the_partition_goes_on(
     third, fifth = envelope_for(vm_identity(3), EMPTY, 1, "amqp"), envelope_for(vm_identity(5), EMPTY, 1, "char")
     hub.store.append("0", proton_message({**third.properties, "sequence": decimal64(0x31C000000000007B)},
                                          third.message_id, third.partition_key), third.partition_key)
-    hub.store.append("0", proton_message({**fifth.properties, "shard": char("a"), "weight": decimal32(0x3280007B)}, fifth.message_id,
-                                         fifth.partition_key), fifth.partition_key)
+    odd = {**fifth.properties, "shard": char("a"), "weight": decimal32(0x3280007B)}
+    hub.store.append("0", proton_message(odd, fifth.message_id, fifth.partition_key), fifth.partition_key)
     send(hub.connection_string(), [event_data(envelope_for(vm_identity(4), EMPTY, 1, "after"))])
 
     fleet = fleets(hub)
