@@ -1,16 +1,18 @@
 """Decoders for the AMQP types azure-eventhub's own decoder lacks: char, decimal32, decimal64.
 
-Why: the SDK's pure-Python AMQP decoder (``azure.eventhub._pyamqp._decode``, azure-eventhub 5.11 to 5.15.1 at
-least) looks every value's constructor byte up in a 256-entry table, and the entries of three AMQP 1.0 primitive
-types are empty: 0x73 char, 0x74 decimal32, 0x84 decimal64. A message carrying one of them as an application
-property (any producer may send one) makes the receive link fail with ``TypeError: 'NoneType' object is not
-callable`` before the fleet sees the message; the SDK reconnects at the same position and fails again, for ever:
-the partition stops. Filling the three entries lets the message through, where the fleet checks its properties
-like any other (a known property of the wrong type is an invalid message; an unknown one is tolerated).
+Why: the SDK's pure-Python AMQP decoder (``azure.eventhub._pyamqp._decode``; seen in azure-eventhub 5.15.1, the
+version this project tests with; pyproject allows >=5.12,<6) looks every value's constructor byte up in a
+256-entry table, and the entries of three AMQP 1.0 primitive types are empty: 0x73 char, 0x74 decimal32, 0x84
+decimal64. A message carrying one of them as an application property (any producer may send one) makes the
+receive link fail with ``TypeError: 'NoneType' object is not callable`` before the fleet sees the message; the SDK
+reconnects at the same position and fails again, for ever: the partition stops. Filling the three entries lets the
+message through, where the fleet checks its properties like any other (a known property of the wrong type is an
+invalid message; an unknown one is tolerated).
 
-A workaround, reported upstream: ``install`` fills only entries that are still empty, so an SDK that fixes this
-keeps its own decoders; values are decoded per the AMQP 1.0 types specification (section 1.6): char as the UTF-32
-code point, decimals as IEEE 754-2008 with the binary integer significand.
+A workaround, to be reported upstream, pinned to that version range: ``install`` fills only entries that are still
+empty, so an SDK that fixes this keeps its own decoders, and an SDK without that table leaves it a no-op. Values
+are decoded per the AMQP 1.0 types specification (section 1.6): char as the UTF-32 code point, decimals as IEEE
+754-2008 with the binary integer significand.
 """
 
 from __future__ import annotations
@@ -25,9 +27,13 @@ _U32, _U64 = struct.Struct(">I"), struct.Struct(">Q")
 
 def install() -> list[int]:
     """Fill the SDK decoder table's empty entries for char, decimal32 and decimal64; the constructors filled."""
-    from azure.eventhub._pyamqp import _decode  # noqa: PLC0415 - the fleet's receive path only; private by necessity
-
-    table: list[Any] = _decode._DECODE_BY_CONSTRUCTOR  # the one table the decoder reads
+    try:
+        from azure.eventhub._pyamqp import _decode  # noqa: PLC0415 - the fleet's receive path only; private by necessity
+    except ImportError:
+        return []
+    table: list[Any] | None = getattr(_decode, "_DECODE_BY_CONSTRUCTOR", None)  # the one table the decoder reads
+    if not isinstance(table, list) or len(table) != 256:
+        return []
     filled = []
     for constructor, decoder in ((CHAR, decode_char), (DECIMAL32, decode_decimal32), (DECIMAL64, decode_decimal64)):
         if table[constructor] is None:
