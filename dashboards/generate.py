@@ -289,6 +289,18 @@ def fleet_events_dashboard() -> Any:
     d = d.with_panel(panel(timeseries, ids, "Pending VMs by type and status", "",
                            [Q(f"sum by (event_type, event_status) (azure_scheduled_fleet_pending_vms{{{FLEET}}}) > 0",
                               legend="{{event_type}} {{event_status}}")], width=24))
+    d = d.with_panel(panel(stat, ids, "VMs that cannot read IMDS", "Sidecars still reporting whose latest IMDS poll "
+                           "failed, or whose last successful read is over 2 minutes older than what they sent: their "
+                           "maintenance goes unseen. Older sidecars do not report it.",
+                           [Q(f"sum(azure_scheduled_fleet_imds_unreachable_vms{{{FLEET}}}) or vector(0)")],
+                           width=6))
+    d = d.with_panel(panel(table, ids, "VMs that cannot read IMDS: time since their last successful read",
+                           "Per VM counted beside; a VM that never read IMDS shows the time since 1970.",
+                           [Q(f"sort_desc(time() - azure_scheduled_fleet_vm_imds_unreachable_since_timestamp_seconds"
+                              f"{{{FLEET}}})", instant=True, table=True)], width=18, unit="s")
+                     .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
+                         "excludeByName": {"Time": True, "__name__": True, "job": True, "instance": True},
+                         "renameByName": {"Value": "seconds since the last IMDS read"}})))
     d = d.with_row(db.Row("Consumer").id(ids.take()))
     d = d.with_panel(panel(timeseries, ids, "Documents applied", "Per second, changes and heartbeats.",
                            [Q(f"sum by (kind) (rate(azure_scheduled_fleet_documents_applied_total{{{FLEET}}}"
@@ -314,6 +326,14 @@ def fleet_events_dashboard() -> Any:
     d = d.with_panel(panel(timeseries, ids, "Client errors", "Errors the Event Hubs client reported, by reason.",
                            [Q(f"sum by (reason) (rate(azure_scheduled_fleet_consumer_errors_total{{{FLEET}}}"
                               "[$__rate_interval]))", legend="{{reason}}")], width=8, unit="reqps"))
+    d = d.with_panel(panel(timeseries, ids, "Damaged state and bounds reached", "State blobs (or rows) not used, "
+                           "by reason, and bounds on what the consumer keeps reached, by bound.",
+                           [Q(f"sum by (reason) (increase(azure_scheduled_fleet_state_damaged_total{{{FLEET}}}"
+                              "[$__rate_interval]))", legend="damaged {{reason}}"),
+                            Q(f"sum by (bound) (increase(azure_scheduled_fleet_bound_hits_total{{{FLEET}}}"
+                              "[$__rate_interval]))", legend="bound {{bound}}"),
+                            Q(f"sum(azure_scheduled_fleet_state_newer_format_partitions{{{FLEET}}})",
+                              legend="partitions with a newer release's state")], width=24))
     return d.build()
 
 

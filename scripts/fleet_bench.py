@@ -70,7 +70,7 @@ def serve_hub(count: int) -> None:
     messages = []
     for index in range(count):
         identity, raw = fleet_vm(index)
-        envelope = envelope_for(identity, raw, index + 1, installation)
+        envelope = envelope_for(identity, raw, index + 1, f"{installation}-{index}")  # one sidecar per VM
         message = Message(body=envelope.body, inferred=True, id=envelope.message_id, content_type="application/json",
                           properties=dict(envelope.properties))
         messages.append((store.partition_for(envelope.partition_key), message, envelope.partition_key))

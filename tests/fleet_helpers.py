@@ -23,7 +23,7 @@ from se_exporter.lifecycle import diff
 from se_exporter.model import VmIdentity, parse_document
 from se_exporter.sinks import DocumentChange
 from se_exporter.sinks.envelope import Envelope, build
-from se_exporter.sinks.eventhubs import event_data
+from se_exporter.sinks.eventhubs import event_data as unkeyed_event_data
 from tests.eventhubs_server import EventHubsTestServer, Store
 from tests.helpers import Samples, free_port, http_get, parse_samples, stop_process, wait_until
 
@@ -168,6 +168,14 @@ def envelope_for(identity: VmIdentity, raw: bytes, sequence: int, installation: 
     return build(change, sequence, installation)
 
 
+def event_data(envelope: Envelope) -> EventData:
+    """The sidecar's message of one envelope, with its partition key, as the sidecar's keyed batches carry it (the
+    fleet accepts a document only under its own key); sent in one batch with other VMs' documents."""
+    event: EventData = unkeyed_event_data(envelope)
+    event.raw_amqp_message.annotations[b"x-opt-partition-key"] = envelope.partition_key
+    return event
+
+
 def send(connection_string: str, events: Iterable[EventData], partition_id: str | None = None) -> None:
     """Send with the official producer, in as few batches as fit (one round trip per ~1 MB)."""
     send_partitions(connection_string, {partition_id: list(events)})
@@ -216,7 +224,7 @@ def produce(connection_string: str, partition_count: int, count: int, share: int
     by_partition: dict[str | None, list[EventData]] = {}
     for index in range(count):
         identity, raw = fleet_vm(index)
-        envelope = envelope_for(identity, raw, index + 1, installation)
+        envelope = envelope_for(identity, raw, index + 1, f"{installation}-{index}")  # one sidecar per VM
         partition_id = store.partition_for(envelope.partition_key)
         if int(partition_id) % shares == share:
             by_partition.setdefault(partition_id, []).append(event_data(envelope))

@@ -62,6 +62,11 @@ CASES: list[tuple[str, dict[str, str], str, list[tuple[dict[str, str], float]]]]
                               "0 0 2 2"}, "3m", [({**JOB, "reason": "not_json"}, 2)]),
     ("FleetInvalidMessages", {f'azure_scheduled_fleet_invalid_messages_total{selector({**A, "reason": "not_json"})}':
                               "0x30"}, "20m", []),
+    ("FleetVmsCannotReadImds", {f"azure_scheduled_fleet_imds_unreachable_vms{selector(A)}": "1x10",
+                                f"azure_scheduled_fleet_imds_unreachable_vms{selector(B)}": "2x10"}, "7m", [(JOB, 3)]),
+    ("FleetVmsCannotReadImds", {f"azure_scheduled_fleet_imds_unreachable_vms{selector(A)}": "0x10"}, "7m", []),
+    ("FleetVmsCannotReadImds", {f"azure_scheduled_fleet_imds_unreachable_vms{selector(A)}": "1 1 1 0 1 1 1 0 1 1"},
+     "9m", []),  # a VM failing for a few polls at a time is not held for 5 minutes
     ("FleetConsumerDown", {f"up{selector(A)}": "0 0 0 0"}, "3m", [(A, 0)]),
     ("FleetConsumerDown", {f"up{selector(A)}": "1 1 1 1"}, "3m", []),
 ]

@@ -34,7 +34,7 @@ class Scrape:
 
 def add(fleet: Fleet, partition_id: str, body: bytes, vm_id: str, vm_name: str, vmss: str = "") -> None:
     properties = {**props(), b"vm_id": vm_id.encode(), b"vm_name": vm_name.encode(), b"vmss_name": vmss.encode()}
-    assert fleet.apply(partition_id, read_message(body, properties, f"{vm_id}:1".encode(), None, 1500.0,
+    assert fleet.apply(partition_id, read_message(body, properties, f"{vm_id}:1".encode(), vm_id.encode(), 1500.0,
                                                   1 << 20)) == "applied"
 
 
@@ -84,7 +84,7 @@ def test_series_vanish_with_their_event_their_vm_and_their_partition() -> None:
     """A completed event, then a released partition, leave /metrics without any bookkeeping."""
     fleet = fleet_of_three()
     properties = {**props(sequence=2), b"vm_id": b"id0", b"vm_name": b"WestNO_0"}
-    fleet.apply("0", read_message(EMPTY, properties, b"id0:2", None, 1600.0, 1 << 20))
+    fleet.apply("0", read_message(EMPTY, properties, b"id0:2", properties[b"vm_id"], 1600.0, 1 << 20))
     scrape = Scrape(fleet)
     assert scrape.get("azure_scheduled_fleet_vm_last_seen_timestamp_seconds", {
         "vm_id": "id0", "vm_name": "WestNO_0", "vmss_name": "", "location": "norwayeast"}) == 1600.0
@@ -139,3 +139,48 @@ def test_every_family_has_help_and_type_even_when_empty() -> None:
         assert f"# TYPE azure_scheduled_fleet_{name} gauge" in text
     assert "azure_scheduled_fleet_vms 0.0" in text
     assert generate_latest(registry_for()).decode().count("# TYPE") >= 10
+
+
+def test_vms_that_cannot_read_imds_are_counted_and_listed_older_sidecars_are_not() -> None:
+    """imds_unreachable_vms counts VMs whose sidecar says its poll fails (or whose last read is stale); each is
+    listed with its last successful read; a VM without the properties (an older sidecar) is neither."""
+    fleet = Fleet()
+    fleet.claim("0")
+    observed = "2026-11-22T03:04:28.024Z"
+    for vm_id, extra in (("blind", {"imds_failing": True, "imds_last_success": "2026-11-22T03:00:00.000Z"}),
+                         ("never", {"imds_failing": True}),
+                         ("fine", {"imds_failing": False, "imds_last_success": observed}),
+                         ("old", {})):
+        properties = {**props(observed_at=observed, **extra), b"vm_id": vm_id.encode(), b"vm_name": vm_id.encode()}
+        fleet.apply("0", read_message(EMPTY, properties, f"{vm_id}:1".encode(), vm_id.encode(), 1500.0, 1 << 20))
+    get = Scrape(fleet).get
+    assert get("azure_scheduled_fleet_imds_unreachable_vms") == 2
+    since = "azure_scheduled_fleet_vm_imds_unreachable_since_timestamp_seconds"
+    labels = {"vmss_name": "", "location": "norwayeast"}
+    assert get(since, {"vm_id": "blind", "vm_name": "blind", **labels}) == 1795316400.0
+    assert get(since, {"vm_id": "never", "vm_name": "never", **labels}) == 0
+    assert get(since, {"vm_id": "fine", "vm_name": "fine", **labels}) is None
+    assert get(since, {"vm_id": "old", "vm_name": "old", **labels}) is None
+    assert "# TYPE azure_scheduled_fleet_imds_unreachable_vms gauge" in Scrape(Fleet()).text
+
+
+def test_a_surrogate_event_id_renders_as_utf8() -> None:
+    """An EventId that is an unpaired surrogate in the JSON is shown spelt out, and the exposition encodes."""
+    fleet = Fleet()
+    fleet.claim("0")
+    add(fleet, "0", FREEZE.replace(b'"E1"', b'"\\udc00"'), "id1", "WestNO_0")
+    text = render_fleet(fleet.vms(), NOW)
+    text.encode("utf-8")
+    assert 'event_id="\\\\udc00"' in text
+
+
+def test_state_and_bound_counters_exist_at_zero_and_newer_format_partitions_are_counted() -> None:
+    """Damaged state and bounds reached are counted from zero; a partition with a newer release's state shows."""
+    get = registry_for({"0": PartitionView(newer_format=True), "1": PartitionView()}).get_sample_value
+    for reason in ("unreadable", "wrong_shape", "format", "row", "position"):
+        assert get("azure_scheduled_fleet_state_damaged_total", {"reason": reason}) == 0
+    for bound in ("vms_per_partition", "vms_per_installation", "events_per_vm", "body_bytes", "label_length"):
+        assert get("azure_scheduled_fleet_bound_hits_total", {"bound": bound}) == 0
+    for reason in ("bad_property", "wrong_partition_key", "internal_error"):
+        assert get("azure_scheduled_fleet_invalid_messages_total", {"reason": reason}) == 0
+    assert get("azure_scheduled_fleet_state_newer_format_partitions") == 1

@@ -9,7 +9,18 @@ from typing import Any
 
 import pytest
 
-from se_exporter.fleet.state import Fleet, InvalidMessage, Message, PartitionState, decode, encode, read_message
+from se_exporter.fleet.state import (
+    Bounds,
+    Fleet,
+    InvalidMessage,
+    Message,
+    PartitionState,
+    decode,
+    encode,
+    imds_unreachable,
+    read_message,
+)
+from se_exporter.fleet.stateformat import DamagedState, NewerState
 
 VM_ID = "02aab8a4-74ef-476e-8182-f6d2ba4166a6"
 FREEZE = (b'{"DocumentIncarnation": 2, "Events": [{"EventId": "E1", "EventType": "Freeze", "ResourceType": '
@@ -17,6 +28,11 @@ FREEZE = (b'{"DocumentIncarnation": 2, "Events": [{"EventId": "E1", "EventType":
           b'"Mon, 19 Sep 2050 18:29:47 GMT", "EventSource": "Platform", "DurationInSeconds": 5}]}')
 NEIGHBOUR = FREEZE.replace(b'"WestNO_0", ', b"")
 EMPTY = b'{"DocumentIncarnation": 3, "Events": []}'
+NOW = 1_800_000_000.0
+
+
+def state_json(obj: object) -> bytes:
+    return gzip.compress(json.dumps(obj).encode())
 
 
 def props(sequence: Any = 1, **extra: Any) -> dict[Any, Any]:
@@ -71,32 +87,35 @@ def test_heartbeat_flag_and_unknown_properties_are_read_not_refused() -> None:
     (EMPTY, props(), None, "not_envelope"),
     (EMPTY, props(), b"no-colon", "not_envelope"),
     (EMPTY, {b"vm_id": b"x"}, b"i:1", "not_envelope"),
-    (EMPTY, props(sequence="seven"), b"i:1", "not_envelope"),
-    (EMPTY, props(sequence=0), b"i:1", "not_envelope"),
-    (EMPTY, props(sequence=True), b"i:1", "not_envelope"),
-    (EMPTY, {**props(), b"vm_name": 7}, b"i:1", "not_envelope"),
+    (EMPTY, props(sequence="seven"), b"i:1", "bad_property"),
+    (EMPTY, props(sequence=0), b"i:1", "bad_property"),
+    (EMPTY, props(sequence=True), b"i:1", "bad_property"),
+    (EMPTY, {**props(), b"vm_name": 7}, b"i:1", "bad_property"),
 ])
 def test_what_is_not_a_forwarded_document_is_refused_with_a_reason(body: bytes, properties: dict[Any, Any],
                                                                    message_id: bytes | None, reason: str) -> None:
     """Every kind of bad message gets the reason it is counted under."""
     with pytest.raises(InvalidMessage) as caught:
-        read_message(body, properties, message_id, None, 1.0, 1024)
+        read_message(body, properties, message_id, VM_ID.encode(), 1.0, 1024)
     assert caught.value.reason == reason
 
 
-def test_a_message_without_any_vm_name_is_refused() -> None:
-    """No vm_id, no partition key and no vm_name: nothing to keep it under."""
+def test_a_vm_without_vm_id_or_name_is_kept_under_the_sidecars_own_key() -> None:
+    """A sidecar that knows neither its vm_id nor its name sends with the key 'unknown'; nothing else is accepted."""
     properties = {**props(), b"vm_id": b"", b"vm_name": b""}
-    with pytest.raises(InvalidMessage, match="no vm_id"):
+    assert read_message(EMPTY, properties, b"i:1", b"unknown", 1.0, 1024).vm.key == "unknown"
+    with pytest.raises(InvalidMessage) as caught:
         read_message(EMPTY, properties, b"i:1", None, 1.0, 1024)
+    assert caught.value.reason == "wrong_partition_key"
 
 
-def test_the_key_falls_back_to_the_partition_key_then_the_name() -> None:
-    """Before the sidecar knew its vm_id, its partition key (or name) keeps its documents together."""
-    read = read_message(EMPTY, {**props(), b"vm_id": b""}, b"i:1", b"WestNO_0-key", 1.0, 1024)
-    assert read.vm.key == "WestNO_0-key"
-    read = read_message(EMPTY, {**props(), b"vm_id": b""}, b"i:1", None, 1.0, 1024)
+def test_the_key_is_the_vm_id_else_the_name_and_must_be_the_partition_key() -> None:
+    """Before the sidecar knew its vm_id, its name is the key, as it is the partition key it sends with."""
+    read = read_message(EMPTY, {**props(), b"vm_id": b""}, b"i:1", b"WestNO_0", 1.0, 1024)
     assert read.vm.key == "WestNO_0"
+    with pytest.raises(InvalidMessage) as caught:
+        read_message(EMPTY, {**props(), b"vm_id": b""}, b"i:1", b"WestNO_0-key", 1.0, 1024)
+    assert caught.value.reason == "wrong_partition_key"
 
 
 def test_newer_applies_a_resend_or_an_older_one_does_not() -> None:
@@ -153,7 +172,7 @@ def test_expiry_forgets_only_vms_silent_past_their_partitions_cutoff() -> None:
         fleet.claim(partition_id)
     fleet.apply("0", message(seen_at=100.0, installation="a"))
     fleet.apply("1", message(seen_at=100.0, installation="b"))
-    fleet.apply("1", read_message(EMPTY, {**props(), b"vm_id": b"other"}, b"c:1", None, 300.0, 1024))
+    fleet.apply("1", read_message(EMPTY, {**props(), b"vm_id": b"other"}, b"c:1", b"other", 300.0, 1024))
     gone = fleet.expire({"1": 200.0})
     assert [(vm.installation, vm.seen_at) for vm in gone] == [("b", 100.0)]
     assert sorted(vm.installation for vm in fleet.vms()) == ["a", "c"]
@@ -166,20 +185,208 @@ def test_state_bytes_round_trip_and_restore_as_already_applied() -> None:
     assert fleet.dump("3") is None  # nothing handled yet: nothing to write
     fleet.apply("3", message(FREEZE, sequence=7))
     fleet.apply("3", read_message(EMPTY, {**props(), b"vm_id": b"v2", b"vm_name": b"ss_1", b"vmss_name": b"ss"},
-                                  b"j:2", None, 5.5, 1024))
+                                  b"j:2", b"v2", 5.5, 1024))
     fleet.handled("3", 17)
     dumped = fleet.dump("3")
     assert dumped is not None
     data, position = dumped
     assert position == 17
-    restored = decode(data)
-    assert restored.position == restored.restored_position == 17
+    restored = decode(data, "3", NOW)
+    assert restored.position == 17 and not restored.dropped
     assert restored.vms == {vm.key: vm for vm in fleet.vms()}
 
 
-@pytest.mark.parametrize("data", [b"", b"not gzip", encode("0", 1, [])[:-4],
-                                  gzip.compress(json.dumps({"format": 99}).encode())])
-def test_unreadable_state_is_an_error_not_an_empty_fleet(data: bytes) -> None:
-    """A damaged or foreign state blob raises instead of restoring as if the partition had no VMs."""
-    with pytest.raises(ValueError, match="unreadable fleet state"):
-        decode(data)
+@pytest.mark.parametrize(("data", "reason"), [
+    (b"", "unreadable"), (b"not gzip", "unreadable"), (encode("0", 1, [])[:-4], "unreadable"),
+    (gzip.compress(b"[]"), "wrong_shape"), (gzip.compress(b'"text"'), "wrong_shape"),
+    (state_json({"format": 0}), "format"), (state_json({"format": "1"}), "format"), (state_json({}), "format"),
+    (state_json({"format": 1, "sequence_number": "7", "vms": []}), "wrong_shape"),
+    (state_json({"format": 1, "sequence_number": 7, "vms": {}}), "wrong_shape"),
+    (state_json({"format": 1, "sequence_number": 10**20, "vms": []}), "wrong_shape"),
+    (state_json({"format": 1, "partition_id": "5", "sequence_number": 7, "vms": []}), "wrong_shape"),
+    (gzip.compress(b"{" * 100_000), "unreadable"),
+])
+def test_a_damaged_state_is_refused_with_a_reason_never_another_error(data: bytes, reason: str) -> None:
+    """Garbage, valid gzip'd JSON of the wrong shape and an older or unknown format are all damage, with a reason:
+    never an exception the caller would take for a storage outage and retry for ever."""
+    with pytest.raises(DamagedState) as caught:
+        decode(data, "0", NOW)
+    assert caught.value.reason == reason
+
+
+def test_a_newer_format_is_told_apart_from_damage() -> None:
+    """A newer release's state is not damage: the caller must leave it in place."""
+    with pytest.raises(NewerState) as caught:
+        decode(state_json({"format": 2, "anything": "new"}), "0", NOW)
+    assert caught.value.format == 2
+
+
+GOOD_ROW = [VM_ID, VM_ID, "WestNO_0", "", "norwayeast", "inst", 3, 1000.0, EMPTY.decode()]
+
+
+@pytest.mark.parametrize("row", [
+    [5, 5, "WestNO_0", "", "norwayeast", "inst", 3, 1000.0, EMPTY.decode()],  # vm_id a number
+    [*GOOD_ROW[:8], {"Events": []}],  # body not a string
+    [*GOOD_ROW[:8], "not json"],
+    [*GOOD_ROW[:7], "nan", GOOD_ROW[8]], [*GOOD_ROW[:7], float("nan"), GOOD_ROW[8]],
+    [*GOOD_ROW[:7], float("inf"), GOOD_ROW[8]], [*GOOD_ROW[:7], NOW + 86400, GOOD_ROW[8]],
+    [*GOOD_ROW[:6], 0, *GOOD_ROW[7:]], [*GOOD_ROW[:6], 2**64, *GOOD_ROW[7:]], [*GOOD_ROW[:6], True, *GOOD_ROW[7:]],
+    [*GOOD_ROW[:5], "", *GOOD_ROW[6:]],
+    ["someone-else", *GOOD_ROW[1:]],  # a key that is not the row's vm_id: against the partition-key rule
+    ["\ud800", "\ud800", *GOOD_ROW[2:]],  # an unpaired surrogate (json.dumps writes it as an escape)
+    [VM_ID, VM_ID, "x" * 300, *GOOD_ROW[3:]],
+    GOOD_ROW[:8], [*GOOD_ROW, "extra"], "row", None,
+])
+def test_rows_out_of_type_or_range_are_left_out_and_counted(row: Any) -> None:
+    """Each field of a row is checked by type and range; a bad row is dropped (and so never written back), the
+    good rows beside it are restored."""
+    other = ["v2", "v2", "ss_1", "ss", "westeurope", "inst2", 1, 999.0, EMPTY.decode()]
+    text = json.dumps({"format": 1, "partition_id": "0", "sequence_number": 9, "vms": [row, other]})
+    decoded = decode(gzip.compress(text.encode()), "0", NOW)
+    assert list(decoded.vms) == ["v2"] and decoded.dropped == {"row": 1}
+    assert decoded.vms["v2"].seen_at == 999.0
+    assert json.loads(gzip.decompress(encode("0", 9, decoded.vms.values())))["vms"] == [other]
+
+
+def test_a_surrogate_event_id_is_escaped_before_it_is_kept_or_shown() -> None:
+    """The sidecar's parser reads the body: an EventId that is an unpaired surrogate is spelt out as text, so
+    labels and the state blob stay UTF-8."""
+    body = b'{"DocumentIncarnation": 1, "Events": [{"EventId": "\\ud800", "EventType": "Reboot", ' \
+           b'"EventStatus": "Scheduled", "Resources": ["WestNO_0"], "NotBefore": ""}]}'
+    read = message(body)
+    [event] = read.vm.events
+    assert event.event_id == "\\ud800"
+    event.event_id.encode("utf-8")
+    fleet = Fleet()
+    fleet.claim("0")
+    fleet.apply("0", read, 1)
+    dumped = fleet.dump("0")
+    assert dumped is not None
+    [vm] = decode(dumped[0], "0", NOW).vms.values()
+    assert vm.events == read.vm.events
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("sequence", "9" * 5000), ("sequence", "9" * 21), ("sequence", 2**63), ("sequence", -1), ("sequence", 1.5),
+    ("sequence", "١٢"), ("sequence", b"\xff"), ("vm_name", "x" * 257), ("vm_id", b"v" * 2000),
+    ("location", ["westeurope"]), ("vmss_name", 7), ("heartbeat", "yes"), ("imds_failing", 1),
+    ("imds_last_success", "yesterday"), ("observed_at", 1795316668), ("imds_last_success", "9" * 100),
+])
+def test_a_bad_property_is_refused_with_its_own_reason(name: str, value: Any) -> None:
+    """Every property the fleet uses is checked by type, range and length; a bad one is an invalid message with
+    the reason bad_property, never another exception (which would close the partition in the SDK's handler)."""
+    properties = {**props(), name.encode(): value}
+    if name == "observed_at":  # read only beside imds_last_success, the one thing it is used for
+        properties[b"imds_last_success"] = b"2026-11-22T03:00:00.000Z"
+    partition_key = b"v" * 2000 if name == "vm_id" else VM_ID.encode()
+    with pytest.raises(InvalidMessage) as caught:
+        read_message(EMPTY, properties, b"i:1", partition_key, 1.0, 1024)
+    assert caught.value.reason == "bad_property"
+
+
+def test_a_sequence_sent_as_digits_is_read_as_the_number() -> None:
+    """The envelope sends sequence numbers past 32 bits as their decimal digits."""
+    assert read_message(EMPTY, props(sequence=str(2**40)), b"i:1", VM_ID.encode(), 1.0, 1024).vm.sequence == 2**40
+
+
+def test_a_forged_vm_id_under_another_partition_key_is_refused() -> None:
+    """A document naming a VM it was not sent as (its partition key is another VM's) cannot change that VM."""
+    with pytest.raises(InvalidMessage) as caught:
+        read_message(FREEZE, props(), b"forger:1", b"forgers-own-vm-id", 1.0, 1 << 20)
+    assert caught.value.reason == "wrong_partition_key"
+
+
+def test_one_vm_held_by_two_partitions_is_shown_once_the_newest() -> None:
+    """After a partition-count change (or a hand-over) one VM may sit in two owned partitions: shown once."""
+    fleet = Fleet()
+    fleet.claim("0")
+    fleet.claim("1")
+    fleet.apply("0", message(FREEZE, seen_at=100.0))
+    fleet.apply("1", message(EMPTY, seen_at=200.0, installation="b"))
+    [vm] = fleet.vms()
+    assert vm.body == EMPTY
+
+
+def test_a_forged_huge_sequence_under_the_victims_installation_does_not_silence_it() -> None:
+    """A sequence of 2**62 under the victim's own installation id is applied once; the victim's next real
+    document is applied again, not counted as older."""
+    fleet = Fleet()
+    fleet.claim("0")
+    assert fleet.apply("0", message(EMPTY, sequence=500, installation="victim")) == "applied"
+    assert fleet.apply("0", message(FREEZE, sequence=2**62, installation="victim")) == "applied"
+    assert fleet.apply("0", message(EMPTY, sequence=501, installation="victim")) == "applied"
+    assert [vm.body for vm in fleet.vms()] == [EMPTY]
+    assert fleet.apply("0", message(EMPTY, sequence=499, installation="victim")) == "older"
+
+
+def test_a_restored_position_past_the_partitions_newest_event_is_forgotten() -> None:
+    """A state claiming sequence number 10**15 in a partition whose newest event is 50 cannot make new events
+    count as replayed."""
+    fleet = Fleet()
+    fleet.claim("0", PartitionState(position=10**15, restored_position=10**15))
+    assert fleet.already_applied("0", 42)
+    assert fleet.check_restored("0", 50) == 10**15
+    assert not fleet.already_applied("0", 42)
+    fleet.handled("0", 42)
+    assert fleet.position("0") == 42
+    assert fleet.check_restored("0", 50) is None
+
+
+def test_vms_per_partition_and_per_installation_are_bounded() -> None:
+    """A partition keeps at most its bound of VMs, one installation id at most its bound: further VMs are refused
+    with the bound's name; known VMs still update."""
+    fleet = Fleet(Bounds(vms_per_partition=3, vms_per_installation=2))
+    fleet.claim("0")
+
+    def vm(number: int, installation: str) -> Message:
+        key = f"vm-{number}"
+        return read_message(EMPTY, {**props(), b"vm_id": key.encode()}, f"{installation}:1".encode(), key.encode(),
+                            1.0, 1024)
+
+    assert [fleet.apply("0", vm(n, "a")) for n in (1, 2, 3)] == ["applied", "applied", "vms_per_installation"]
+    assert fleet.apply("0", vm(3, "b")) == "applied"
+    assert fleet.apply("0", vm(4, "c")) == "vms_per_partition"
+    assert fleet.expire({"0": 2.0}) and fleet.apply("0", vm(4, "c")) == "applied"
+
+
+def test_events_per_vm_label_length_and_kept_body_are_bounded() -> None:
+    """A document with more events than the bound keeps the first ones; an event with a field longer than a label
+    is left out; a body past the kept-bytes bound is kept as what the fleet shows of it, which restores the same."""
+    listed = [{"EventId": f"E{n}", "EventType": "Freeze", "EventStatus": "Scheduled", "Resources": ["WestNO_0"],
+               "NotBefore": "Mon, 19 Sep 2050 18:29:47 GMT", "DurationInSeconds": 5, "Description": "d" * 2000}
+              for n in range(100)]
+    listed.append({"EventId": "x" * 300, "EventType": "Freeze", "EventStatus": "Scheduled"})
+    body = json.dumps({"DocumentIncarnation": 1, "Events": listed}).encode()
+    read = read_message(body, props(), b"i:1", VM_ID.encode(), 1.0, 1 << 20, Bounds(events_per_vm=64))
+    assert len(read.vm.events) == 64 and set(read.bounds) == {"events_per_vm", "body_bytes"}
+    assert len(read.vm.body) < 64 * 1024 < len(body)
+    fleet = Fleet()
+    fleet.claim("0")
+    fleet.apply("0", read, 1)
+    dumped = fleet.dump("0")
+    assert dumped is not None
+    [vm] = decode(dumped[0], "0", NOW).vms.values()
+    assert vm.events == read.vm.events
+    short = json.dumps({"Events": [listed[0], listed[-1]]}).encode()
+    assert message(short).bounds == ("label_length",) and len(message(short).vm.events) == 1
+
+
+def test_imds_health_is_read_kept_and_restored_and_older_sidecars_are_unknown() -> None:
+    """imds_last_success and imds_failing are read (RFC 3339, bool), survive the state blob, and define
+    unreachable: failing, or the last success over 120 s older than observed_at; without them, unknown."""
+    observed = "2026-11-22T03:04:28.024Z"
+    failing = message(imds_last_success="2026-11-22T03:00:00.000Z", imds_failing=True, observed_at=observed)
+    stale = message(imds_last_success="2026-11-22T03:00:00.000Z", imds_failing=False, observed_at=observed,
+                    installation="b")
+    fine = message(imds_last_success="2026-11-22T03:04:28.000Z", imds_failing=False, observed_at=observed,
+                   installation="c")
+    old = message(installation="d")
+    assert message(imds_last_success="", installation="e").vm.imds.last_success is None
+    assert failing.vm.imds.failing is True
+    assert failing.vm.imds.last_success == datetime(2026, 11, 22, 3, 0, tzinfo=timezone.utc).timestamp()
+    assert [imds_unreachable(m.vm) for m in (failing, stale, fine, old)] == [True, True, False, False]
+    text = gzip.compress(json.dumps({"format": 1, "sequence_number": 1, "vms": []}).encode())
+    assert decode(text, "0", NOW).vms == {}
+    data = encode("0", 1, [failing.vm])
+    [vm] = decode(data, "0", NOW).vms.values()
+    assert vm.imds == failing.vm.imds

@@ -16,13 +16,17 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from se_exporter.fleet.state import INVALID_REASONS, VmState
+from se_exporter.fleet.message import BOUND_NAMES, INVALID_REASONS, NO_IMDS, VmState
+from se_exporter.fleet.state import imds_unreachable
 from se_exporter.model import EVENT_STATUSES, EVENT_TYPES
 
 FLEET = "azure_scheduled_fleet"
 VM_LABELS = ["vm_id", "vm_name", "vmss_name", "location"]
 # What the forwarder's classify() says, plus a partition taken over by another replica and a state blob unread.
 ERROR_REASONS = ("timeout", "auth", "connection", "service", "other", "ownership_lost", "state_read")
+# Why a state blob (or part of it) was not used: not gzip'd JSON, JSON of another shape, an older or unknown format,
+# rows out of type or range, a position past the partition's newest event.
+DAMAGE_REASONS = ("unreadable", "wrong_shape", "format", "row", "position")
 
 
 @dataclass
@@ -32,6 +36,7 @@ class PartitionView:
     lag_events: float | None = None
     lag_seconds: float | None = None
     unsaved_since: float | None = None  # when the first event not yet covered by a checkpoint was handled
+    newer_format: bool = False  # its state blob is a newer release's: neither state nor checkpoint written
 
 
 class FleetMetrics:
@@ -63,6 +68,11 @@ class FleetMetrics:
                               registry=registry)
         self.releases = Counter(f"{FLEET}_partition_releases", "Partitions this replica stopped reading, by reason.",
                                 ["reason"], registry=registry)
+        self.state_damaged = Counter(f"{FLEET}_state_damaged",
+                                     "State blobs, or rows of them, not used because they are damaged, by reason.",
+                                     ["reason"], registry=registry)
+        self.bound_hits = Counter(f"{FLEET}_bound_hits", "Times a bound on what the fleet keeps was reached, by bound.",
+                                  ["bound"], registry=registry)
         self.last_applied = Gauge(f"{FLEET}_last_applied_timestamp_seconds",
                                   "When this replica last applied a document, as unix time (0: not yet).",
                                   registry=registry)
@@ -70,8 +80,12 @@ class FleetMetrics:
             self.applied.labels(kind)
         for reason in ("resend", "older"):
             self.duplicates.labels(reason)
-        for reason in INVALID_REASONS:
+        for reason in (*INVALID_REASONS, "internal_error"):
             self.invalid.labels(reason)
+        for reason in DAMAGE_REASONS:
+            self.state_damaged.labels(reason)
+        for bound in BOUND_NAMES:
+            self.bound_hits.labels(bound)
         for outcome in ("ok", "error", "superseded"):
             self.checkpoints.labels(outcome)
         for reason in ERROR_REASONS:
@@ -97,6 +111,10 @@ class PartitionCollector(Collector):
         partitions = self._partitions()
         yield GaugeMetricFamily(f"{FLEET}_owned_partitions", "Partitions this replica reads right now.",
                                 value=len(partitions))
+        yield GaugeMetricFamily(f"{FLEET}_state_newer_format_partitions",
+                                "Owned partitions whose state blob is a newer release's: read, but neither state nor "
+                                "checkpoint written by this replica.",
+                                value=sum(view.newer_format for view in partitions.values()))
         total = self._hub_partitions()
         if total is not None:
             yield GaugeMetricFamily(f"{FLEET}_hub_partitions", "Partitions of the event hub.", value=total)
@@ -128,6 +146,10 @@ _HEADERS = {
     "event_seconds_until_not_before": "NotBefore minus now, at scrape time, per VM and event; negative once passed.",
     "event_duration_seconds": "DurationInSeconds per VM and event (-1 = unknown, 0 = no impact).",
     "vm_last_seen_timestamp_seconds": "When Event Hubs enqueued the VM's latest document or heartbeat, as unix time.",
+    "imds_unreachable_vms": "VMs whose sidecar is alive but cannot read IMDS (its latest poll failed, or its last "
+                            "successful read is over 120 s older than the document).",
+    "vm_imds_unreachable_since_timestamp_seconds": "Per VM that cannot read IMDS: its last successful IMDS read, as "
+                                                   "unix time (0: none reported).",
 }
 
 
@@ -141,6 +163,7 @@ def render_fleet(vms: Iterable[VmState], now: float) -> str:
     until: list[str] = []
     duration: list[str] = []
     seen: list[str] = []
+    unreachable: list[str] = []
     pending: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
     blast: Tally[tuple[str, str]] = Tally()
     count = 0
@@ -149,6 +172,9 @@ def render_fleet(vms: Iterable[VmState], now: float) -> str:
         identity = (f'vm_id="{_escape(vm.vm_id or vm.key)}",vm_name="{_escape(vm.vm_name)}",'
                     f'vmss_name="{_escape(vm.vmss_name)}",location="{_escape(vm.location)}"')
         seen.append(f"{FLEET}_vm_last_seen_timestamp_seconds{{{identity}}} {vm.seen_at!r}")
+        if vm.imds is not NO_IMDS and imds_unreachable(vm):
+            unreachable.append(f"{FLEET}_vm_imds_unreachable_since_timestamp_seconds{{{identity}}} "
+                               f"{float(vm.imds.last_success or 0.0)!r}")
         kinds = set()
         for event in vm.events:
             info.append(f'{FLEET}_event_info{{{identity},event_id="{_escape(event.event_id)}",'
@@ -171,6 +197,8 @@ def render_fleet(vms: Iterable[VmState], now: float) -> str:
                       for (e, t), n in sorted(blast.items())],
         "event_info": info, "event_seconds_until_not_before": until, "event_duration_seconds": duration,
         "vm_last_seen_timestamp_seconds": seen,
+        "imds_unreachable_vms": [f"{FLEET}_imds_unreachable_vms {float(len(unreachable))!r}"],
+        "vm_imds_unreachable_since_timestamp_seconds": unreachable,
     }
     parts = []
     for name, lines in families.items():

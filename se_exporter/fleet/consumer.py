@@ -33,10 +33,11 @@ from azure.eventhub.amqp import AmqpMessageBodyType
 from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
 
 from se_exporter import logs
-from se_exporter.fleet.blobstate import StateBlobs, state_blob_name
+from se_exporter.fleet.blobstate import Restored, StateBlobs, state_blob_name
 from se_exporter.fleet.collector import FleetMetrics, PartitionView
+from se_exporter.fleet.message import BOUND_NAMES, InvalidMessage, VmState, read_message
 from se_exporter.fleet.settings import FleetSettings
-from se_exporter.fleet.state import Fleet, InvalidMessage, PartitionState, VmState, read_message
+from se_exporter.fleet.state import Fleet
 from se_exporter.logs import fields
 from se_exporter.sinks.eventhubs import classify
 
@@ -45,6 +46,14 @@ BATCH_SIZE = 300  # the SDK's default prefetch: one batch drains what one link f
 EMPTY_BATCH_AFTER = 1.0  # seconds without events before the SDK says so: the partition is caught up
 LOG_EVERY = 60.0  # seconds between repeated log lines of one kind of invalid message or error
 RESTORE_RETRY_MAX = 30.0
+BOUND_HELP = {
+    "vms_per_partition": "a partition holds the most VMs one replica keeps for it; documents of further VMs skipped",
+    "vms_per_installation": "one sidecar installation id sent documents for more VMs than one sidecar has; "
+                            "documents of further VMs skipped",
+    "events_per_vm": "a document lists more events than the fleet shows per VM; the rest left out",
+    "body_bytes": "a document larger than the fleet keeps per VM; what it shows of it kept instead",
+    "label_length": "an event field longer than a label may be; that event left out",
+}
 
 
 class Service:
@@ -80,11 +89,12 @@ class Service:
                                                        context.consumer_group, partition_id))
         self.restoring.add(partition_id)
         try:
-            state = await self._restore(partition_id)
+            restored = await self._restore(partition_id)
         finally:
             self.restoring.discard(partition_id)
+        state = restored.state
         self._fleet.claim(partition_id, state)
-        self.views[partition_id] = PartitionView()
+        self.views[partition_id] = PartitionView(newer_format=restored.newer_format is not None)
         self._contexts[partition_id] = context
         self._saved[partition_id] = state.position if state else None
         self._saving[partition_id] = asyncio.Lock()
@@ -92,13 +102,15 @@ class Service:
         log.info("partition %s claimed: %d VMs restored", partition_id, len(state.vms) if state else 0,
                  extra=fields(partition_id=partition_id, state_sequence_number=state.position if state else None))
 
-    async def _restore(self, partition_id: str) -> PartitionState | None:
+    async def _restore(self, partition_id: str) -> Restored:
         """Until the state is read the partition is not read either: a partition read without its state would
-        show (and then checkpoint) a fleet missing every VM that was quiet since."""
+        show (and then checkpoint) a fleet missing every VM that was quiet since. Only the storage's refusals are
+        retried: whatever the blob holds is an answer (``Restored`` says what was wrong with it)."""
         wait = 1.0
         while True:
             try:
-                return await self._blobs.load(partition_id)
+                restored = await self._blobs.load(partition_id, self._clock())
+                break
             except Exception as error:  # storage unreachable or refusing: retried until it answers
                 self._metrics.errors.labels("state_read").inc()
                 self._log_once(f"restore:{partition_id}", logging.WARNING,
@@ -106,6 +118,27 @@ class Service:
                                partition_id, describe(error))
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, RESTORE_RETRY_MAX)
+        if restored.damaged is not None:
+            self._metrics.state_damaged.labels(restored.damaged).inc()
+            self._log_once(f"damaged:{partition_id}", logging.ERROR,
+                           "partition %s: the stored fleet state is damaged (%s); reading the partition from its "
+                           "checkpoint alone, VMs reappear as they send documents; the next write replaces it",
+                           partition_id, restored.problem, extra=fields(partition_id=partition_id,
+                                                                        reason=restored.damaged))
+        if restored.newer_format is not None:
+            self._log_once(f"newer:{partition_id}", logging.WARNING,
+                           "partition %s: %s; left in place for that release: reading the partition from its "
+                           "checkpoint alone and writing neither its state nor its checkpoint", partition_id,
+                           restored.problem, extra=fields(partition_id=partition_id))
+        for reason, count in restored.dropped.items():
+            if reason in BOUND_NAMES:
+                self._bound_hit(reason, count)
+            else:
+                self._metrics.state_damaged.labels(reason).inc(count)
+                self._log_once(f"rows:{partition_id}", logging.WARNING,
+                               "partition %s: %d rows of the stored fleet state left out (wrong types or out of "
+                               "range); the rest restored", partition_id, count)
+        return restored
 
     async def on_batch(self, context: PartitionContext, events: list[EventData]) -> None:
         partition_id = context.partition_id
@@ -116,9 +149,19 @@ class Service:
             self._caught_up.add(partition_id)
             view.lag_events, view.lag_seconds = 0.0, 0.0
             return
+        self._check_restored(context)
         outcomes: Tally[str] = Tally()
         for event in events:
-            outcomes[self._handle(partition_id, event)] += 1
+            try:
+                outcome = self._handle(partition_id, event)
+            except Exception as error:  # never out of the batch handler: the SDK would close the partition
+                self._fleet.handled(partition_id, event.sequence_number or 0)
+                self._metrics.invalid.labels("internal_error").inc()
+                self._log_once("invalid:internal_error", logging.ERROR, "message skipped after an unexpected error "
+                               "(partition %s, sequence number %s): %s", partition_id, event.sequence_number,
+                               describe(error), extra=fields(reason="internal_error", partition_id=partition_id))
+                outcome = "invalid"
+            outcomes[outcome] += 1
         self._count(len(events), outcomes)
         last = events[-1]
         self._last_events[partition_id] = last
@@ -138,6 +181,26 @@ class Service:
                 self._metrics.duplicates.labels(outcome).inc(count)
             elif outcome == "replayed":
                 self._metrics.replayed.inc(count)
+            elif outcome in BOUND_NAMES:
+                self._bound_hit(outcome, count)
+
+    def _bound_hit(self, bound: str, count: int = 1) -> None:
+        self._metrics.bound_hits.labels(bound).inc(count)
+        self._log_once(f"bound:{bound}", logging.WARNING, "bound %s reached (%d times): %s", bound, count,
+                       BOUND_HELP.get(bound, ""), extra=fields(bound=bound))
+
+    def _check_restored(self, context: PartitionContext) -> None:
+        """A restored position past the partition's newest event is damage (see ``Fleet.check_restored``)."""
+        properties = context.last_enqueued_event_properties
+        newest = properties.get("sequence_number") if properties else None
+        if newest is None:
+            return
+        bogus = self._fleet.check_restored(context.partition_id, int(newest))
+        if bogus is not None:
+            self._metrics.state_damaged.labels("position").inc()
+            log.error("partition %s: the stored fleet state claims sequence number %d, past the partition's newest "
+                      "event %d; its position is ignored and every event from the checkpoint on is applied",
+                      context.partition_id, bogus, int(newest), extra=fields(partition_id=context.partition_id))
 
     def _handle(self, partition_id: str, event: EventData) -> str:
         """Read, check and fold one event; what became of it."""
@@ -162,11 +225,13 @@ class Service:
         outcome = self._fleet.apply(partition_id, message, sequence_number)
         if message.unknown_properties:
             self._metrics.warnings.labels("unknown_property").inc()
-            self._log_once(f"unknown:{','.join(message.unknown_properties)}", logging.INFO,
+            self._log_once("unknown_property", logging.INFO,  # one key: names are the sender's to choose
                            "message with properties this version does not know, applied: %s",
                            ", ".join(message.unknown_properties[:10]))
         if message.document_warnings:
             self._metrics.warnings.labels("document").inc(message.document_warnings)
+        for bound in message.bounds:
+            self._bound_hit(bound)
         if outcome == "applied":
             return "heartbeat" if message.heartbeat else "change"
         return outcome
@@ -217,6 +282,8 @@ class Service:
         if lock is None:
             return
         async with lock:
+            if self._blobs.frozen(partition_id):
+                return  # a newer release's state: neither it nor (without it) the checkpoint is ours to write
             if self._fleet.position(partition_id) == self._saved.get(partition_id):
                 return  # nothing new since the last write: no encoding (10,000 VMs: ~30 ms of CPU each time)
             dumped = self._fleet.dump(partition_id)

@@ -31,6 +31,7 @@ from se_exporter.consume import starting_position
 from se_exporter.credential import service_credential
 from se_exporter.endpoints import TEXT_FORMAT, serve
 from se_exporter.errors import ConfigError
+from se_exporter.fleet import amqp_types
 from se_exporter.fleet.blobstate import StateBlobs
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, render_fleet
 from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER, ObservedCheckpointStore, Service, describe
@@ -246,6 +247,9 @@ async def _until_stopped(receiving: asyncio.Task[Any], stopping: asyncio.Task[An
 
 
 async def _main(settings: FleetSettings, credential: Callable[[str | None], Any] = service_credential) -> int:
+    filled = amqp_types.install()  # else one message with an AMQP char property stops its partition for good
+    if filled:
+        log.debug("AMQP decoders added to the Event Hubs SDK for constructors %s", ", ".join(map(hex, filled)))
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     fleet, metrics = Fleet(), FleetMetrics(registry)

@@ -319,16 +319,20 @@ def test_round_trip_from_sidecars_to_the_fleet_view_and_its_dashboard(
                    what="Prometheus scraping the fleet and the dead replica")
         # Six VMs of scale set ss with a Reboot, and a message that is not a document: the rules' inputs. They send
         # no heartbeats, so --vm-expiry forgets them a few seconds later, while the sidecars' VMs stay.
+        # And one VM whose sidecar reports that it cannot read IMDS (the imds_* properties of newer sidecars).
+        blind = envelope_for(vm_identity(20), EMPTY, 1, "inst-blind")
+        blind = replace(blind, properties={**blind.properties, "imds_failing": True,
+                                           "imds_last_success": "2026-11-22T03:00:00.000Z"})
         send(hub.connection_string(), [event_data(envelope_for(vm_identity(index, "ss"), reboot(index, "ss"), 1,
                                                                f"inst-{index}")) for index in range(10, 16)]
-             + [EventData(b"not a document")])
+             + [event_data(blind), EventData(b"not a document")])
         expressions = dashboard_expressions(fleet_consumer=True) + fleet_rule_expressions()
         lit: set[str] = set()
 
         def look() -> None:
             lit.update(name for name, expr in expressions if prom.query(substitute(expr)))
 
-        wait_until(lambda: prom.value("sum(azure_scheduled_fleet_vms)") == 8
+        wait_until(lambda: prom.value("sum(azure_scheduled_fleet_vms)") == 9
                    and prom.query("sum(increase(azure_scheduled_fleet_invalid_messages_total[1m])) > 0")
                    and prom.query("sum(rate(azure_scheduled_fleet_documents_applied_total[10s])) > 0"),
                    timeout=30, what="Prometheus to see the scale set and the invalid message")
@@ -352,6 +356,9 @@ def test_round_trip_from_sidecars_to_the_fleet_view_and_its_dashboard(
                 "/metrics when they ended; every fleet dashboard and rule expression returned data on Prometheus")
 
 
+NOW = 1_800_000_000.0
+
+
 def test_the_stored_state_only_moves_forward_between_two_owners(azurite: Azurite) -> None:
     """During a hand-over two owners may write one partition's state: a write that finds a newer state gives way,
     one that finds an older state overwrites it, so the stored position never goes back behind a checkpoint."""
@@ -363,8 +370,9 @@ def test_the_stored_state_only_moves_forward_between_two_owners(azurite: Azurite
             old_owner, new_owner = StateBlobs(container), StateBlobs(container)
             for owner in (old_owner, new_owner):
                 owner.name("0", state_blob_name("ns", "hub", "$default", "0"))
-            outcomes: list[object] = [await old_owner.load("0"), await old_owner.save("0", encode("0", 5, []), 5)]
-            restored = await new_owner.load("0")
+            outcomes: list[object] = [(await old_owner.load("0", NOW)).state,
+                                      await old_owner.save("0", encode("0", 5, []), 5)]
+            restored = (await new_owner.load("0", NOW)).state
             outcomes.append(restored.position if restored else None)
             outcomes += [await old_owner.save("0", encode("0", 7, []), 7),  # the old owner, still reading
                          await new_owner.save("0", encode("0", 6, []), 6),  # behind the stored 7: gives way
@@ -372,7 +380,7 @@ def test_the_stored_state_only_moves_forward_between_two_owners(azurite: Azurite
                          await old_owner.save("0", encode("0", 8, []), 8)]  # behind the stored 9: gives way
             reader = StateBlobs(container)
             reader.name("0", state_blob_name("ns", "hub", "$default", "0"))
-            final = await reader.load("0")
+            final = (await reader.load("0", NOW)).state
             outcomes.append(final.position if final else None)
             return outcomes
 

@@ -1,0 +1,326 @@
+"""A forwarded message read and checked: every property by type and range, the body by the sidecar's parser.
+
+Nothing a VM sends is trusted. The body goes through ``parse_document`` (the sidecar's own parser: unpaired
+surrogates spelt out as text, integers past 64 bits dropped), every application property the fleet uses is
+checked by type, range and length before use, and what the fleet keeps per VM is bounded (``Bounds``). A bad
+message raises ``InvalidMessage`` with the reason it is counted under; nothing else ever leaves ``read_message``
+(an exception in the SDK's batch handler closes the partition, which is then claimed again and fails again).
+
+The partition-key rule (a document changes only its own VM's picture): the sidecar always sends with the partition
+key ``vm_id or vm_name`` (``sinks/envelope.py``), so a document is accepted only when its partition key is exactly
+that. A forged ``vm_id`` sent with another key is refused (``wrong_partition_key``): a VM's documents all land on
+the one partition its key hashes to, and no other producer's document can appear there under its name unless sent
+with its key, which is then the same as sending as that VM (Event Hubs has no per-sender identity to check).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from se_exporter.errors import InvalidDocument, SeExporterError
+from se_exporter.model import Document, affects_label, affects_vm, encodable, parse_document
+
+# The envelope's properties (schemas/forwarded-document.schema.json); anything else is tolerated and counted.
+KNOWN_PROPERTIES = frozenset({
+    "vm_name", "vm_id", "vmss_name", "subscription_id", "resource_group", "location", "observed_at",
+    "api_version", "exporter_version", "sequence", "document_incarnation", "heartbeat", "imds_last_success",
+    "imds_failing"})
+INVALID_REASONS = ("too_large", "not_json", "invalid_document", "not_envelope", "bad_property",
+                   "wrong_partition_key")
+MAX_SEQUENCE = 2**63 - 1  # the sidecar's numbering stays below 2**53; anything past a signed 64-bit value is forged
+MAX_SEQUENCE_DIGITS = 20
+MAX_TEXT = 256  # characters of a property or event field shown as a label (an Azure VM name has at most 64)
+MAX_MESSAGE_ID = 300  # '<installation uuid>:<sequence>' is 57
+MAX_TIME_TEXT = 40  # '2026-11-22T03:04:28.024Z' is 24
+MAX_UNKNOWN_LISTED = 10
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What one replica keeps at most; each limit reached is counted (``bound_hits_total{bound}``) and logged once.
+
+    The defaults hold a 100,000-VM fleet on one partition with room to spare; a real Scheduled Events document
+    lists a handful of events in well under a kilobyte."""
+
+    vms_per_partition: int = 100_000
+    vms_per_installation: int = 4  # one sidecar installation is one VM (known first by name, then by vm_id)
+    events_per_vm: int = 64
+    body_bytes: int = 64 * 1024  # a larger body is kept as the fleet's own reduction of it (what it shows)
+
+
+DEFAULT_BOUNDS = Bounds()
+BOUND_NAMES = ("vms_per_partition", "vms_per_installation", "events_per_vm", "body_bytes", "label_length")
+
+
+class InvalidMessage(SeExporterError):
+    """A message that is not a forwarded document; ``reason`` is the label it is counted under."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class FleetEvent:
+    """One listed event, reduced to what the fleet shows (Resources reduced to affects_this_vm)."""
+
+    event_id: str
+    event_type: str
+    event_status: str
+    event_source: str
+    affects_this_vm: str
+    not_before: float | None
+    duration_seconds: float | None
+
+    @property
+    def counts_for_vm(self) -> bool:
+        """A neighbour's event listed in this VM's document does not make this VM pending."""
+        return self.affects_this_vm != "false"
+
+
+@dataclass(frozen=True, slots=True)
+class Imds:
+    """The VM's IMDS health as its sidecar last reported it; None where an older sidecar said nothing."""
+
+    observed_at: float | None = None
+    last_success: float | None = None
+    failing: bool | None = None
+
+
+NO_IMDS = Imds()
+
+
+@dataclass(frozen=True, slots=True)
+class VmState:
+    """The latest document of one VM and where it came from."""
+
+    key: str
+    vm_id: str
+    vm_name: str
+    vmss_name: str
+    location: str
+    installation: str
+    sequence: int
+    seen_at: float  # when Event Hubs enqueued it: the same on every replica and after a replay
+    body: bytes
+    events: tuple[FleetEvent, ...]
+    imds: Imds = NO_IMDS
+
+
+@dataclass(frozen=True)
+class Message:
+    """A forwarded document as read from Event Hubs; ``bounds`` names the limits its reading reached."""
+
+    vm: VmState
+    message_id: str
+    heartbeat: bool
+    unknown_properties: tuple[str, ...] = ()
+    document_warnings: int = 0
+    bounds: tuple[str, ...] = ()
+
+
+def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, partition_key: Any,
+                 enqueued_at: float, max_bytes: int, bounds: Bounds = DEFAULT_BOUNDS) -> Message:
+    """Check one received event against the envelope and parse its document; raise ``InvalidMessage``."""
+    if len(body) > max_bytes:
+        raise InvalidMessage("too_large", f"body of {len(body)} bytes is larger than --max-message-bytes {max_bytes}")
+    message_text = _bounded_text("message id", message_id, MAX_MESSAGE_ID) if message_id is not None else ""
+    installation, colon, _number = message_text.rpartition(":")
+    raw_sequence = _property(properties, "sequence")
+    if not colon or not installation or raw_sequence is None:
+        raise InvalidMessage("not_envelope", "not a forwarded document: needs a message id "
+                             "'<installation>:<sequence>' and an integer 'sequence' property")
+    sequence = _sequence(raw_sequence)
+    vm_id, vm_name = _label(properties, "vm_id"), _label(properties, "vm_name")
+    vmss_name, location = _label(properties, "vmss_name"), _label(properties, "location")
+    key = vm_id or vm_name or "unknown"  # as the sidecar keys a VM that knows neither yet
+    sent_key = _bounded_text("partition key", partition_key, MAX_TEXT) if partition_key is not None else None
+    if sent_key != key:
+        raise InvalidMessage("wrong_partition_key", f"partition key {_quote(sent_key)} is not the document's "
+                             f"vm_id or vm_name {_quote(key)}: a VM's documents are sent with its own key")
+    last_success, failing = _time(properties, "imds_last_success"), _flag(properties, "imds_failing")
+    if last_success is None and failing is None:
+        imds = NO_IMDS  # an older sidecar: unknown, and shared by most of a fleet until sidecars are upgraded
+    else:  # observed_at is used only beside imds_last_success (see state.imds_unreachable)
+        imds = Imds(_time(properties, "observed_at") if last_success is not None else None, last_success, failing)
+    heartbeat = _flag(properties, "heartbeat") is True
+    body = bytes(body)
+    events, warnings, hit = read_events(body, vm_name, bounds)
+    kept = body if len(body) <= bounds.body_bytes else reduced_body(events, vm_name)
+    if kept is not body:
+        hit = (*hit, "body_bytes")
+    vm = VmState(key, vm_id, vm_name, vmss_name, location, installation, sequence, enqueued_at, kept, events, imds)
+    unknown = [name for name in properties if name not in _KNOWN_KEYS]
+    listed = tuple(sorted(_bounded_name(name) for name in unknown))[:MAX_UNKNOWN_LISTED] if unknown else ()
+    return Message(vm, message_text, heartbeat, listed, warnings, hit)
+
+
+def read_events(body: bytes, vm_name: str, bounds: Bounds = DEFAULT_BOUNDS,
+                ) -> tuple[tuple[FleetEvent, ...], int, tuple[str, ...]]:
+    """The document's events for this VM (at most ``bounds.events_per_vm``; an event with a field longer than a
+    label may be is left out), how many warnings parsing gave, and the bounds reached."""
+    if body in _QUIET:  # most of a fleet, most of the time: parsed once, the same for every VM
+        return (), 0, ()
+    document = parse_body(body)
+    events, hit = fleet_events(document, vm_name, bounds)
+    warnings = len(document.warnings)
+    if not events and not warnings and not hit and len(body) <= 256:
+        if len(_QUIET) >= QUIET_BODIES:
+            _QUIET.clear()
+        _QUIET.add(body)
+    return events, warnings, hit
+
+
+# Bodies of valid documents that list no event ({"DocumentIncarnation": 7, "Events": []} and its variants): a
+# quiet fleet sends few distinct ones, so each is parsed once. Bounded: cleared when full.
+_QUIET: set[bytes] = set()
+QUIET_BODIES = 4096
+
+
+def parse_body(body: bytes) -> Document:
+    """The sidecar's parser; its refusals split into the two reasons the fleet has always counted."""
+    try:
+        return parse_document(body)
+    except InvalidDocument as exc:
+        text = str(exc)
+        reason = "not_json" if text.startswith(_NOT_JSON) else "invalid_document"
+        what = "UTF-8 JSON" if reason == "not_json" else "a Scheduled Events document"
+        raise InvalidMessage(reason, f"body is not {what} ({_short(text)})") from None
+
+
+# How parse_document words a body that is not JSON at all (tests/test_fleet_state.py pins each reason).
+_NOT_JSON = ("body is not UTF-8", "body is empty", "body is not JSON", "body is JSON nested too deeply")
+
+
+def fleet_events(document: Document, vm_name: str, bounds: Bounds = DEFAULT_BOUNDS,
+                 ) -> tuple[tuple[FleetEvent, ...], tuple[str, ...]]:
+    events: list[FleetEvent] = []
+    hit: list[str] = []
+    for event in document.events:
+        fields = (event.event_id, event.event_type, event.event_status, event.event_source or "unknown")
+        if any(len(text) > MAX_TEXT for text in fields):
+            hit.append("label_length")
+            continue
+        if len(events) >= bounds.events_per_vm:
+            hit.append("events_per_vm")
+            break
+        events.append(FleetEvent(*fields, affects_label(affects_vm(event, vm_name or None)),
+                                 event.not_before.timestamp() if event.not_before is not None else None,
+                                 float(event.duration_seconds) if event.duration_seconds is not None else None))
+    return tuple(events), tuple(dict.fromkeys(hit))
+
+
+def reduced_body(events: tuple[FleetEvent, ...], vm_name: str) -> bytes:
+    """A document holding only what the fleet shows of ``events``: parsed again (after a restore) it gives the same
+    events. Resources keep only whether the event lists this VM."""
+    import json  # noqa: PLC0415 - only for bodies past the kept-bytes bound
+
+    def resources(affects: str) -> list[str]:
+        return [vm_name] if affects == "true" else ["_"] if affects == "false" else []
+
+    listed = [{"EventId": e.event_id, "EventType": e.event_type, "EventStatus": e.event_status,
+               "EventSource": e.event_source, "Resources": resources(e.affects_this_vm),
+               "NotBefore": "" if e.not_before is None else
+               datetime.fromtimestamp(e.not_before, timezone.utc).isoformat(),
+               **({} if e.duration_seconds is None else {"DurationInSeconds": int(e.duration_seconds)})}
+              for e in events]
+    return json.dumps({"Events": listed}, separators=(",", ":")).encode()
+
+
+def _property(properties: Mapping[Any, Any], name: str) -> Any:
+    value = properties.get(_KEYS[name])
+    return properties.get(name) if value is None else value
+
+
+_KEYS = {name: name.encode() for name in KNOWN_PROPERTIES}  # the SDK hands property names over as bytes
+_KNOWN_KEYS = frozenset(KNOWN_PROPERTIES) | frozenset(_KEYS.values())
+
+
+def _sequence(value: Any) -> int:
+    """An int from 1 to 2**63-1, or its ASCII digits (the envelope sends numbers past 32 bits as text)."""
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("ascii", "replace")
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= MAX_SEQUENCE_DIGITS:
+        value = int(value)
+    if type(value) is not int or not 1 <= value <= MAX_SEQUENCE:
+        raise InvalidMessage("bad_property", f"property 'sequence' is not an integer from 1 to 2**63-1 "
+                             f"({_describe(value)})")
+    return value
+
+
+def _label(properties: Mapping[Any, Any], name: str) -> str:
+    """A string property shown as a label: absent is empty; anything but text (or longer than a label) refused."""
+    value = _property(properties, name)
+    if value is None:
+        return ""
+    if not isinstance(value, (str, bytes, bytearray)):
+        raise InvalidMessage("bad_property", f"property {name!r} is not a string ({_describe(value)})")
+    return _bounded_text(f"property {name!r}", value, MAX_TEXT)
+
+
+def _bounded_text(what: str, value: Any, limit: int) -> str:
+    """Text that UTF-8 can carry (bytes decoded with replacement, unpaired surrogates spelt out) of at most
+    ``limit`` characters."""
+    if type(value) is bytes and len(value) <= limit:  # the SDK's usual case: no character count needed
+        return value.decode("utf-8", "replace")
+    if isinstance(value, (bytes, bytearray)):
+        if len(value) > 4 * limit:
+            raise InvalidMessage("bad_property", f"{what} is {len(value)} bytes long (at most {limit} characters)")
+        text = bytes(value).decode("utf-8", "replace")
+    elif isinstance(value, str):
+        text = encodable(value)
+    else:
+        text = str(value)[: limit + 1]
+    if len(text) > limit:
+        raise InvalidMessage("bad_property", f"{what} is longer than {limit} characters")
+    return text
+
+
+def _time(properties: Mapping[Any, Any], name: str) -> float | None:
+    """An RFC 3339 time (``observed_at``, ``imds_last_success``) as unix time; absent is None."""
+    value = _property(properties, name)
+    if value is None or value in ("", b""):  # empty: not known (a VM that has not read IMDS yet)
+        return None
+    if isinstance(value, (str, bytes, bytearray)) and len(value) <= MAX_TIME_TEXT:
+        text = value if isinstance(value, str) else bytes(value).decode("ascii", "replace")
+        try:
+            parsed = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+        except ValueError:
+            pass
+        else:
+            unix = (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).timestamp()
+            if math.isfinite(unix):
+                return unix
+    raise InvalidMessage("bad_property", f"property {name!r} is not an RFC 3339 time ({_describe(value)})")
+
+
+def _flag(properties: Mapping[Any, Any], name: str) -> bool | None:
+    value = _property(properties, name)
+    if value is None or isinstance(value, bool):
+        return value
+    raise InvalidMessage("bad_property", f"property {name!r} is not a boolean ({_describe(value)})")
+
+
+def _bounded_name(name: Any) -> str:
+    text = name.decode("utf-8", "replace") if isinstance(name, (bytes, bytearray)) else encodable(str(name))
+    return text if len(text) <= 64 else text[:64] + "..."
+
+
+def _describe(value: Any) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int past the int-string limit
+        text = "..."
+    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
+
+
+def _quote(text: str | None) -> str:
+    return "none" if text is None else repr(text[:80])
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 200 else text[:200] + "..."

@@ -1,0 +1,177 @@
+"""A partition's state as bytes and back: gzip'd JSON, every field checked on the way in.
+
+The format (1)::
+
+    {"format": 1, "partition_id": "3", "sequence_number": 4711,
+     "vms": [[key, vm_id, vm_name, vmss_name, location, installation, sequence, seen_at, body], ...],
+     "imds": {key: [observed_at, imds_last_success, imds_failing], ...}}
+
+``imds`` was added within format 1: a reader that does not know it ignores it, one that does treats a VM without
+it as unknown. A blob is read in three ways:
+
+* whole: every row checked by type and range (the key is the row's ``vm_id or vm_name``, names and ids bounded
+  strings UTF-8 can carry, the sequence a positive 64-bit integer, ``seen_at`` a finite time not past now plus
+  ``MAX_SKEW``, the body a Scheduled Events document); a row that fails is left out and counted, never written back;
+* ``NewerState``: a format above 1, written by a newer release: left in place for it, never overwritten;
+* ``DamagedState``: not gzip, not JSON, not the object above, an older or unknown format: counted, and the
+  partition is read from its checkpoint alone (the next write replaces the blob).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import zlib
+from collections import Counter as Tally
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from se_exporter.fleet.message import (
+    DEFAULT_BOUNDS,
+    MAX_MESSAGE_ID,
+    MAX_SEQUENCE,
+    MAX_TEXT,
+    NO_IMDS,
+    Bounds,
+    Imds,
+    InvalidMessage,
+    VmState,
+    read_events,
+    reduced_body,
+)
+
+STATE_FORMAT = 1
+MAX_SKEW = 600.0  # seconds a row's seen_at may lie past this replica's clock (Event Hubs' clock, not ours)
+MAX_STATE_BYTES = 512 * 1024**2  # decompressed: 100,000 VMs of 64 KiB bodies would be 6.4 GB; real ones are ~30 MB
+MAX_ROW_BODY = 1024 * 1024  # older releases kept whole bodies up to the Event Hubs limit
+
+
+class DamagedState(ValueError):
+    """A state blob that is not a state this release can read; ``reason`` is the label it is counted under."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class NewerState(ValueError):
+    """A state blob of a format newer than this release's: it must be left for the release that wrote it."""
+
+    def __init__(self, found: int) -> None:
+        super().__init__(f"state format {found} is newer than this release's {STATE_FORMAT}")
+        self.format = found
+
+
+@dataclass
+class Decoded:
+    """A state read back: its VMs, the position they reflect, and the rows left out, by reason."""
+
+    vms: dict[str, VmState]
+    position: int
+    dropped: Tally[str] = field(default_factory=Tally)
+
+
+def encode(partition_id: str, position: int, vms: Iterable[VmState]) -> bytes:
+    """gzip'd JSON: the documents as forwarded, plus what ordering needs (installation, sequence, seen_at)."""
+    rows, imds = [], {}
+    for vm in vms:
+        rows.append([vm.key, vm.vm_id, vm.vm_name, vm.vmss_name, vm.location, vm.installation, vm.sequence,
+                     vm.seen_at, vm.body.decode("utf-8", "replace")])
+        if vm.imds is not NO_IMDS:
+            imds[vm.key] = [vm.imds.observed_at, vm.imds.last_success, vm.imds.failing]
+    text = json.dumps({"format": STATE_FORMAT, "partition_id": partition_id, "sequence_number": position,
+                       "vms": rows, "imds": imds}, ensure_ascii=False, separators=(",", ":"))
+    return gzip.compress(text.encode("utf-8", "backslashreplace"), compresslevel=1)
+
+
+def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_BOUNDS) -> Decoded:
+    """The inverse of ``encode``; raise ``DamagedState`` or ``NewerState`` (see the module docstring)."""
+    obj = _load(data)
+    if not isinstance(obj, dict):
+        raise DamagedState("wrong_shape", f"the state is a JSON {type(obj).__name__}, not an object")
+    found = obj.get("format")
+    if type(found) is int and found > STATE_FORMAT:
+        raise NewerState(found)
+    if found != STATE_FORMAT or type(found) is not int:
+        raise DamagedState("format", f"unknown state format {str(found)[:40]!r}")
+    if obj.get("partition_id", partition_id) != partition_id:
+        raise DamagedState("wrong_shape", f"the state is partition {str(obj.get('partition_id'))[:40]!r}'s")
+    position, rows, imds = obj.get("sequence_number"), obj.get("vms"), obj.get("imds", {})
+    if type(position) is not int or not -1 <= position <= MAX_SEQUENCE:
+        raise DamagedState("wrong_shape", f"sequence_number {str(position)[:40]!r} is not an Event Hubs sequence "
+                           "number")
+    if not isinstance(rows, list) or not isinstance(imds, dict):
+        raise DamagedState("wrong_shape", "'vms' is not a list (or 'imds' not an object)")
+    decoded = Decoded({}, position)
+    for row in rows:
+        if len(decoded.vms) >= bounds.vms_per_partition:
+            decoded.dropped["vms_per_partition"] += len(rows) - len(decoded.vms)
+            break
+        vm = _row(row, imds, now, bounds)
+        if vm is None or vm.key in decoded.vms:
+            decoded.dropped["row"] += 1
+            continue
+        decoded.vms[vm.key] = vm
+    return decoded
+
+
+def _load(data: bytes) -> Any:
+    try:
+        inflate = zlib.decompressobj(wbits=31)  # gzip, bounded: a small blob must not inflate to gigabytes
+        text = inflate.decompress(data, MAX_STATE_BYTES)
+        if inflate.unconsumed_tail:
+            raise DamagedState("unreadable", f"the state inflates past {MAX_STATE_BYTES} bytes")
+        if not inflate.eof:
+            raise DamagedState("unreadable", "the state is truncated gzip")
+        return json.loads(text)
+    except (zlib.error, ValueError, RecursionError) as exc:
+        if isinstance(exc, DamagedState):
+            raise
+        raise DamagedState("unreadable", f"not gzip'd JSON ({str(exc)[:200] or type(exc).__name__})") from None
+
+
+def _row(row: Any, imds: dict[str, Any], now: float, bounds: Bounds) -> VmState | None:
+    """One VM of a state blob, or None when any field is out of type or range."""
+    if not isinstance(row, list) or len(row) != 9:
+        return None
+    key, vm_id, vm_name, vmss_name, location, installation, sequence, seen_at, body = row
+    valid = (all(_text(value, MAX_TEXT) for value in (vm_id, vm_name, vmss_name, location))
+             and key == (vm_id or vm_name or "unknown") and _text(installation, MAX_MESSAGE_ID) and installation != ""
+             and type(sequence) is int and 1 <= sequence <= MAX_SEQUENCE
+             and type(seen_at) in (int, float) and math.isfinite(seen_at) and 0 <= seen_at <= now + MAX_SKEW
+             and isinstance(body, str) and len(body) <= MAX_ROW_BODY)
+    if not valid:
+        return None
+    try:
+        raw = body.encode("utf-8")
+        events, _warnings, _bounds = read_events(raw, vm_name, bounds)
+    except (UnicodeEncodeError, InvalidMessage):
+        return None
+    if len(raw) > bounds.body_bytes:
+        raw = reduced_body(events, vm_name)
+    return VmState(key, vm_id, vm_name, vmss_name, location, installation, sequence, float(seen_at), raw, events,
+                   _imds(imds.get(key)))
+
+
+def _text(value: Any, limit: int) -> bool:
+    """A string a label can carry: bounded, and no unpaired surrogate (JSON can spell one, UTF-8 cannot)."""
+    if not isinstance(value, str) or len(value) > limit:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _imds(entry: Any) -> Imds:
+    """A VM's IMDS health from the state; anything out of shape is unknown (as from an older sidecar)."""
+    if not isinstance(entry, list) or len(entry) != 3:
+        return NO_IMDS
+    observed_at, last_success, failing = entry
+    times = [value if type(value) in (int, float) and math.isfinite(value) else None
+             for value in (observed_at, last_success)]
+    flag = failing if isinstance(failing, bool) else None
+    return NO_IMDS if times[1] is None and flag is None else Imds(times[0], times[1], flag)

@@ -1,0 +1,161 @@
+"""`se-exporter fleet` against hostile producers, for real: the official SDK against the suite's AMQP server,
+state in Azurite. What one VM (or anyone with Send rights) puts on the hub never stops a partition, never breaks
+/metrics and never changes another VM's picture."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+from proton import Message, char, decimal32, decimal64
+
+from se_exporter.fleet.blobstate import state_blob_name
+from tests.conftest import Reliability
+from tests.eventhubs_server import EventHubsTestServer, Store
+from tests.fleet_helpers import EMPTY, FleetProcess, envelope_for, event_data, send, vm_identity
+from tests.helpers import http_get, wait_until
+from tests.integration import test_fleet
+from tests.integration.test_fleet import storage
+
+azurite, container, fleets = test_fleet.azurite, test_fleet.container, test_fleet.fleets  # that module's fixtures
+
+pytestmark = pytest.mark.integration
+SURROGATE = (b'{"DocumentIncarnation": 2, "Events": [{"EventId": "\\ud800", "EventType": "Reboot", "Resources": '
+             b'["vm-1"], "EventStatus": "Scheduled", "NotBefore": "Mon, 19 Sep 2050 18:29:47 GMT"}]}')
+FORGED = (b'{"DocumentIncarnation": 9, "Events": [{"EventId": "FORGED", "EventType": "Redeploy", "Resources": '
+          b'["vm-1"], "EventStatus": "Scheduled", "NotBefore": "Mon, 19 Sep 2050 18:29:47 GMT"}]}')
+
+
+def proton_message(envelope_properties: dict[str, object], message_id: str, key: str) -> Message:
+    """A message as any AMQP client may send it, with property types the SDK's producer never writes."""
+    message = Message(body=EMPTY, id=message_id, properties=envelope_properties)
+    message.annotations = {"x-opt-partition-key": key}
+    return message
+
+
+def test_hostile_messages_are_skipped_and_the_partition_goes_on(
+        hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess],
+        reliability: Reliability) -> None:
+    """A surrogate EventId (shown escaped, /metrics 200), a 5,000-digit sequence, AMQP char, decimal32 and decimal64
+    property values (which azure-eventhub cannot decode by itself) and a forged vm_id under another partition key:
+    each is skipped or applied as it should be, and the documents after them in the same partition are applied,
+    with the partition claimed once and no client error."""
+    hub = hubs(Store(partition_count=1))
+    victim = envelope_for(vm_identity(1), SURROGATE, 1, "victim")
+    digits = envelope_for(vm_identity(2), EMPTY, 1, "digits")
+    digits = replace(digits, properties={**digits.properties, "sequence": "9" * 5000})
+    forged = envelope_for(vm_identity(1), FORGED, 2, "forger")
+    forged_event = event_data(forged)
+    forged_event.raw_amqp_message.annotations[b"x-opt-partition-key"] = "the-forgers-own-key"
+    send(hub.connection_string(), [event_data(victim), event_data(digits), forged_event])
+    third, fifth = envelope_for(vm_identity(3), EMPTY, 1, "amqp"), envelope_for(vm_identity(5), EMPTY, 1, "char")
+    hub.store.append("0", proton_message({**third.properties, "sequence": decimal64(0x31C000000000007B)},
+                                         third.message_id, third.partition_key), third.partition_key)
+    odd = {**fifth.properties, "shard": char("a"), "weight": decimal32(0x3280007B)}
+    hub.store.append("0", proton_message(odd, fifth.message_id, fifth.partition_key), fifth.partition_key)
+    send(hub.connection_string(), [event_data(envelope_for(vm_identity(4), EMPTY, 1, "after"))])
+
+    fleet = fleets(hub)
+    wait_until(lambda: fleet.value("azure_scheduled_fleet_vms") == 3, timeout=30,
+               what="the victim, the char VM and the VM after the bad messages")
+    status, _text = http_get(fleet.metrics_url)
+    assert status == 200
+    samples = fleet.samples()
+    invalid = {reason: samples.get(("azure_scheduled_fleet_invalid_messages_total",
+                                    frozenset({("reason", reason)})))
+               for reason in ("bad_property", "wrong_partition_key")}
+    assert invalid == {"bad_property": 2, "wrong_partition_key": 1}
+    assert fleet.value("azure_scheduled_fleet_message_warnings_total", reason="unknown_property") == 1
+    events = [dict(labels) for (name, labels) in samples if name == "azure_scheduled_fleet_event_info"]
+    assert [(e["vm_id"], e["event_id"], e["affects_this_vm"]) for e in events] == [
+        (str(vm_identity(1).vm_id), "\\ud800", "true")]  # the forger's Redeploy never shows for the victim
+    assert fleet.value("azure_scheduled_fleet_partition_claims_total") == 1
+    assert fleet.value("azure_scheduled_fleet_consumer_errors_total", reason="service") == 0
+    assert "bad_property" in fleet.log() and "wrong_partition_key" in fleet.log()
+    reliability("Fleet", "hostile documents: a lone-surrogate EventId, a 5,000-digit sequence, AMQP char, "
+                "decimal32 and decimal64 property values, a forged vm_id under another partition key",
+                "/metrics answered 200 with the EventId spelt out; each bad one counted (bad_property, "
+                "wrong_partition_key) and skipped; the documents after them applied; the partition claimed once, "
+                "no client error; the forger's event never shown for the victim")
+
+
+def test_damaged_and_newer_state_blobs_neither_stall_nor_get_overwritten(
+        hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess], azurite: object,
+        container: str, reliability: Reliability) -> None:
+    """Partition 0's state blob is valid gzip'd JSON of the wrong shape: counted as damaged and the partition read
+    from the hub anyway. Partition 1's is a newer format: left exactly as it was, the partition read, and neither
+    its state nor its checkpoint written by this older replica."""
+    hub = hubs(Store(partition_count=2))
+    by_partition: dict[str, list[str]] = {"0": [], "1": []}
+    envelopes = []
+    for index in range(12):
+        envelope = envelope_for(vm_identity(index), EMPTY, 1, f"inst-{index}")
+        by_partition[hub.store.partition_for(envelope.partition_key)].append(envelope.partition_key)
+        envelopes.append(envelope)
+    assert by_partition["0"] and by_partition["1"]
+    send(hub.connection_string(), [event_data(envelope) for envelope in envelopes])
+    newer = gzip.compress(json.dumps({"format": 2, "partition_id": "1", "whatever": "a newer release"}).encode())
+    prefix = state_blob_name(f"127.0.0.1:{hub.port}", hub.store.hub, "$Default", "")  # the SDK's namespace: host:port
+    with storage(azurite, container) as blobs:  # type: ignore[arg-type]
+        blobs.create_container()
+        blobs.upload_blob(prefix + "0", gzip.compress(b"[]"))
+        blobs.upload_blob(prefix + "1", newer, metadata={"sequencenumber": "3"})
+    fleet = fleets(hub)
+    wait_until(lambda: fleet.value("azure_scheduled_fleet_vms") == 12, timeout=30, what="every VM, both partitions")
+    assert fleet.value("azure_scheduled_fleet_state_damaged_total", reason="wrong_shape") == 1
+    assert fleet.value("azure_scheduled_fleet_state_newer_format_partitions") == 1
+    wait_until(lambda: (fleet.value("azure_scheduled_fleet_checkpoints_total", outcome="ok") or 0) >= 1,
+               timeout=30, what="partition 0's state and checkpoint written")
+    with storage(azurite, container) as blobs:  # type: ignore[arg-type]
+        assert blobs.download_blob(prefix + "1").readall() == newer
+        names = {blob.name.split("/", 3)[-1] for blob in blobs.list_blobs()}
+        assert "checkpoint/0" in names and "checkpoint/1" not in names
+        zero = json.loads(gzip.decompress(blobs.download_blob(prefix + "0").readall()))
+    assert zero["format"] == 1 and len(zero["vms"]) == len(by_partition["0"])
+    log = fleet.log()
+    assert "damaged" in log and "newer" in log and "retrying" not in log
+    reliability("Fleet", "a state blob of valid gzip'd JSON in the wrong shape; one of a newer format",
+                "the damaged one counted (state_damaged_total), its partition read from the hub at once and its "
+                "state written anew; the newer one left byte for byte, its partition read, neither state nor "
+                "checkpoint written over it")
+
+
+def test_a_state_blob_with_bad_rows_and_an_impossible_position_is_repaired(
+        hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess], azurite: object,
+        container: str) -> None:
+    """A state blob claiming sequence number 10**15, with rows whose vm_id is a number or whose seen_at is NaN
+    beside a good one: the good row is restored, the bad rows are dropped and never written back, and the
+    partition's events are applied rather than taken for replays."""
+    hub = hubs(Store(partition_count=1))
+    send(hub.connection_string(), [event_data(envelope_for(vm_identity(index), EMPTY, 1, f"inst-{index}"))
+                                   for index in range(5)])
+    quiet = vm_identity(50)
+    good = [quiet.vm_id, quiet.vm_id, quiet.name, "", "westeurope", "inst-q", 3, time.time() - 10, EMPTY.decode()]
+    rows = [good, [5, 5, "vm-5", "", "westeurope", "inst-5", 1, time.time(), EMPTY.decode()],
+            ["nan-vm", "nan-vm", "nan", "", "westeurope", "inst-n", 1, float("nan"), EMPTY.decode()]]
+    blob = gzip.compress(json.dumps({"format": 1, "partition_id": "0", "sequence_number": 10**15,
+                                     "vms": rows}).encode())
+    name = state_blob_name(f"127.0.0.1:{hub.port}", hub.store.hub, "$Default", "0")
+    with storage(azurite, container) as blobs:  # type: ignore[arg-type]
+        blobs.create_container()
+        blobs.upload_blob(name, blob, metadata={"sequencenumber": str(10**15)})
+    fleet = fleets(hub)
+    wait_until(lambda: fleet.value("azure_scheduled_fleet_vms") == 6, timeout=30,
+               what="the five VMs of the partition and the quiet one restored")
+    assert fleet.value("azure_scheduled_fleet_replayed_documents_total") == 0
+    assert fleet.value("azure_scheduled_fleet_state_damaged_total", reason="row") == 2
+    assert fleet.value("azure_scheduled_fleet_state_damaged_total", reason="position") == 1
+
+    def stored() -> dict[str, object]:
+        with storage(azurite, container) as blobs:  # type: ignore[arg-type]
+            data: dict[str, object] = json.loads(gzip.decompress(blobs.download_blob(name).readall()))
+            return data
+
+    saved = wait_until(lambda: (state := stored())["sequence_number"] == 4 and state, timeout=30,
+                       what="the repaired state written")
+    assert sorted(row[0] for row in saved["vms"]) == sorted(  # type: ignore[attr-defined]
+        [quiet.vm_id] + [vm_identity(index).vm_id for index in range(5)])
