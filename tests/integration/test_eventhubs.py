@@ -73,7 +73,7 @@ def test_round_trip_through_the_sdk(simulator: SimulatorFactory, sidecar: Callab
                                     hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
                                     reliability: Reliability) -> None:
     """Every distinct document reaches Event Hubs once, byte-identical, in order, with properties and key."""
-    sim, server = simulator("live-migration")
+    sim, server = simulator("live-migration", held=True)
     hub = hubs()
     out = tmp_path / "documents.jsonl"
     process = forwarding(sidecar, server.url, tmp_path / "state", hub.connection_string(), "--forward-file", str(out))
@@ -265,7 +265,7 @@ def test_full_spool_drops_oldest_visibly(simulator: SimulatorFactory, sidecar: C
 def test_consume_command_prints_the_documents(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
                                               hubs: Callable[..., EventHubsTestServer], tmp_path: Path) -> None:
     """`se-exporter consume` reads the pipeline back: JSON lines with properties, and a readable timeline."""
-    sim, server = simulator("live-migration")
+    sim, server = simulator("live-migration", held=True)
     hub = hubs()
     process = forwarding(sidecar, server.url, tmp_path / "state", hub.connection_string())
     step_through(sim, process)
