@@ -146,7 +146,7 @@ def test_stopped_mid_stream_and_restarted(simulator: SimulatorFactory, sidecar: 
                                           hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
                                           reliability: Reliability) -> None:
     """Documents before, during and after an outage all arrive, in order, duplicates only by message id."""
-    sim, server = simulator("demo")
+    sim, server = simulator("demo", held=True)
     hub = hubs()
     process = forwarding(sidecar, server.url, tmp_path / "state", hub.connection_string())
     step_through(sim, process, until=5)
@@ -220,7 +220,7 @@ def test_sigkill_during_an_outage_loses_nothing(simulator: SimulatorFactory, sid
                                                 hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
                                                 reliability: Reliability) -> None:
     """kill -9 while Event Hubs is down; after restart every accepted document arrives and sequences go on."""
-    sim, server = simulator("demo")
+    sim, server = simulator("demo", held=True)
     hub = hubs(start=False)
     process = forwarding(sidecar, server.url, tmp_path / "state", hub.connection_string())
     step_through(sim, process, until=200)
@@ -245,7 +245,7 @@ def test_full_spool_drops_oldest_visibly(simulator: SimulatorFactory, sidecar: C
                                          hubs: Callable[..., EventHubsTestServer], tmp_path: Path,
                                          reliability: Reliability) -> None:
     """A small spool during an outage drops the oldest documents, counted and logged; the newest arrive."""
-    sim, server = simulator("demo")
+    sim, server = simulator("demo", held=True)
     hub = hubs(start=False)
     process = forwarding(sidecar, server.url, tmp_path / "state", hub.connection_string(), "--spool-max-bytes", "4KiB")
     step_through(sim, process)
