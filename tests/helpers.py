@@ -135,8 +135,8 @@ def stop_process(process: subprocess.Popen[bytes]) -> int:
 def step_through(sim: Any, process: Sidecar, until: float | None = None) -> None:
     """Walk a simulator's scenario changes; before the first and after each, wait until the sidecar has read the
     document the simulator serves then. Without the first wait, a change made before the sidecar's first poll
-    (under load its first poll comes up to a second after it reports its metrics URL) hides the document it
-    replaced: the sidecar never reads it and a test expecting it waits for ever."""
+    (under load that poll comes well after the sidecar reports its metrics URL) hides the document it replaced:
+    the sidecar never reads it, and a test expecting it waits for ever."""
     caught_up(sim, process)
     for key_time in sim.scenario.key_times():
         if until is not None and key_time > until:
