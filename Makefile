@@ -13,8 +13,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 IMAGE ?= se-exporter:latest
 BASE ?=
 
-.PHONY: demo test lint typecheck unit system-deps clean dashboards reliability soak bench image windows-wheels \
-	lock linux-wheels sbom operator-schemas
+LOOPS ?= 2
+
+.PHONY: demo test test-contended lint typecheck unit system-deps clean dashboards reliability soak bench image \
+	windows-wheels lock linux-wheels sbom operator-schemas
 
 # Regenerate dashboards/*.json from dashboards/generate.py (the suite fails if they differ).
 dashboards: $(VENV)/.installed
@@ -116,6 +118,11 @@ test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installe
 	linux-wheels sbom $(BIN)/kubectl
 	$(BIN)/pytest
 	$(BIN)/python scripts/reliability.py --check
+
+# `make test` with LOOPS (2) busy loops beside it: the contention the suite must pass under. scripts/contended.py
+# stops the loops however the run ends (a failure, Ctrl-C, SIGTERM; with setpriv, even kill -9 of the wrapper).
+test-contended:
+	$(PYTHON) scripts/contended.py --loops $(LOOPS) -- $(MAKE) --no-print-directory test
 
 # Rewrite the README's Reliability section from what the last full test run proved (.test-results/reliability.json;
 # partial runs write none, and it refuses rows no full run wrote) and the last soak run.

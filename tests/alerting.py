@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from tests.child_logs import attach
 from tests.helpers import free_port, http_get, stop_process, wait_until
 
 ROOT = Path(__file__).parent.parent
@@ -129,6 +130,7 @@ class Alertmanager:
                      f"--web.listen-address={self.address}", f"--web.external-url={self.url}",
                      "--cluster.listen-address=", "--log.level=warn"],
                     stdout=log, stderr=subprocess.STDOUT)
+            attach(f"Alertmanager (pid {self.process.pid})", self.log, lambda: self.process.poll() is None)
             ready = wait_until(lambda: self.process.poll() is not None or http_get(self.url + "/-/ready")[0] == 200,
                                timeout=30, what="Alertmanager to be ready")
             if self.process.poll() is None and ready:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,8 +18,9 @@ from tests.helpers import Sidecar, free_port
 SimulatorFactory = Callable[..., tuple[Simulator, SimulatorServer]]
 Reliability = Callable[[str, str, str], None]
 # The reliability fixture and the full-run rule behind the README's table (pytester tests that rule); every test
-# leaving the process as it found it; loopback only (tests/loopback.py).
-pytest_plugins = ["tests.reliability", "tests.process_state", "tests.loopback", "pytester"]
+# leaving the process as it found it; loopback only (tests/loopback.py); a failing test showing the logs of the
+# processes it started (tests/process_logs.py).
+pytest_plugins = ["tests.reliability", "tests.process_state", "tests.loopback", "tests.process_logs", "pytester"]
 
 
 @pytest.fixture
@@ -25,8 +28,12 @@ def simulator() -> Iterator[SimulatorFactory]:
     """Start simulators on 127.0.0.1:<free port>; on teardown, prove none received a POST from se-exporter."""
     started: list[tuple[Simulator, SimulatorServer]] = []
 
-    def make(scenario: str = "live-migration", speed: float = 1.0,
+    def make(scenario: str = "live-migration", speed: float = 1.0, held: bool = False,
              **kwargs: object) -> tuple[Simulator, SimulatorServer]:
+        """``held``: scenario time moves only when the test advances it (``step_through``), not with the wall
+        clock, so a sidecar slow to start on a busy machine still reads the scenario's first document."""
+        if held:
+            kwargs["clock"] = functools.partial(float, time.time())  # its wall clock stands at the start too
         sim = Simulator(scenarios.load(scenario), speed=speed, **kwargs)  # type: ignore[arg-type]
         server = start(sim, "127.0.0.1", 0)
         started.append((sim, server))

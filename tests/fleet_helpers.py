@@ -24,6 +24,7 @@ from se_exporter.model import VmIdentity, parse_document
 from se_exporter.sinks import DocumentChange
 from se_exporter.sinks.envelope import Envelope, build
 from se_exporter.sinks.eventhubs import event_data as unkeyed_event_data
+from tests.child_logs import attach
 from tests.eventhubs_server import EventHubsTestServer, Store
 from tests.helpers import Samples, free_port, http_get, parse_samples, stop_process, wait_until
 
@@ -56,6 +57,7 @@ class Azurite:
              "--location", str(data_dir), "--disableTelemetry", "--skipApiVersionCheck", "--loose", "--silent",
              *secure],
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        attach(f"Azurite (pid {self.process.pid})", data_dir / "azurite.log", lambda: self.process.poll() is None)
         try:
             wait_until(lambda: self.process.poll() is not None or _listening(self.port), timeout=30,
                        what="Azurite to listen")
@@ -124,6 +126,8 @@ class FleetProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "se_exporter", "fleet", "--listen", "127.0.0.1:0", *args],
             stdout=subprocess.DEVNULL, stderr=self._stderr, env=clean)
+        attach(f"{log_dir.name} (se-exporter fleet, pid {self.process.pid})", self.stderr_path,
+               lambda: self.process.poll() is None)
         match = wait_until(lambda: self.process.poll() is not None
                            or re.search(r"metrics at (http://\S+/metrics)", self.log()),
                            timeout=30, what="fleet to report its metrics URL")

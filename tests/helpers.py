@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.child_logs import attach
+
 T = TypeVar("T")
 # The published schema of a forwarded document (the JSON-lines file's lines and the Event Hubs messages).
 FORWARDED_SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "forwarded-document.schema.json").read_text())
@@ -87,6 +89,7 @@ class Sidecar:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "se_exporter", "run", "--listen", "127.0.0.1:0", *args],
             stdout=subprocess.DEVNULL, stderr=self._stderr, env=clean, cwd=cwd)
+        attach(f"{log_dir.name} (se-exporter run, pid {self.process.pid})", self.stderr_path, self._running)
         match = wait_until(lambda: self._exited() or re.search(r"metrics at (http://\S+/metrics)", self.log()),
                            timeout=20, what="the sidecar to report its metrics URL")
         if match is True:
@@ -96,6 +99,9 @@ class Sidecar:
 
     def _exited(self) -> bool:
         return self.process.poll() is not None
+
+    def _running(self) -> bool:
+        return self.process.poll() is None
 
     def log(self) -> str:
         return self.stderr_path.read_text(errors="replace")
@@ -127,11 +133,23 @@ def stop_process(process: subprocess.Popen[bytes]) -> int:
 
 
 def step_through(sim: Any, process: Sidecar, until: float | None = None) -> None:
-    """Walk a simulator's scenario changes; after each, wait until the sidecar has read that document."""
+    """Walk a simulator's scenario changes; before the first and after each, wait until the sidecar has read the
+    document the simulator serves then. Without the first wait, a change made before the sidecar's first poll
+    (under load that poll comes well after the sidecar reports its metrics URL) hides the document it replaced:
+    the sidecar never reads it, and a test expecting it waits for ever."""
+    caught_up(sim, process)
     for key_time in sim.scenario.key_times():
         if until is not None and key_time > until:
             break
         sim.advance(max(0.0, key_time + 0.01 - sim.scenario_time()))
-        incarnation = sim.document()["DocumentIncarnation"]
-        wait_until(lambda wanted=incarnation: process.value("azure_scheduled_events_document_incarnation") == wanted,
-                   what=f"incarnation {incarnation}")
+        caught_up(sim, process)
+
+
+def caught_up(sim: Any, process: Sidecar) -> None:
+    """Wait until the sidecar shows the incarnation the simulator serves now (a running scenario clock may move
+    on meanwhile: then the newer one)."""
+    def current() -> Any:
+        return sim.document()["DocumentIncarnation"]
+
+    wait_until(lambda: process.value("azure_scheduled_events_document_incarnation") == current(),
+               what=f"the sidecar to read incarnation {current()}")

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from se_exporter.simulator.faults import Fault
+from tests.child_logs import attach
 from tests.conftest import SimulatorFactory
 from tests.helpers import Sidecar, free_port, http_get, parse_samples, step_through, stop_process, wait_until
 from tests.integration.test_prometheus import Prometheus
@@ -275,6 +276,7 @@ def test_readme_inhibition_recipe_mutes_the_node_alert_of_the_same_node_only(tmp
         process = subprocess.Popen([binary, f"--config.file={tmp_path / 'alertmanager.yml'}",
                                     f"--storage.path={tmp_path / 'data'}", f"--web.listen-address={url[7:]}",
                                     "--cluster.listen-address=", "--log.level=warn"], stdout=log, stderr=log)
+    attach(f"Alertmanager (pid {process.pid})", tmp_path / "alertmanager.log", lambda: process.poll() is None)
     try:
         wait_until(lambda: http_get(f"{url}/-/ready")[0] == 200, timeout=30, what="Alertmanager ready")
         alerts = [{"labels": {"alertname": "AzureImpactfulMaintenanceScheduled", "node": NODE, "event_type": "Reboot"}},

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.child_logs import attach
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -32,6 +33,7 @@ def run_demo(demo_dir: Path, screen: Path) -> str:
         child = subprocess.Popen([make, "--no-print-directory", "demo", f"DEMO_DIR={demo_dir}", "SPEED=50", "PORT=0",
                                   f"PYTHON={sys.executable}"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                  start_new_session=True, env=env)
+        attach(f"make demo (pid {child.pid})", screen, lambda: child.poll() is None)
         try:
             documents = demo_dir / "documents.jsonl"
             wait_until(lambda: documents.exists() and len(documents.read_text().splitlines()) >= 3

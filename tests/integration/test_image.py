@@ -20,6 +20,7 @@ from packaging.utils import canonicalize_name
 
 from scripts import lockfile
 from tests import container
+from tests.child_logs import attach
 from tests.conftest import Reliability, SimulatorFactory
 from tests.helpers import free_port, http_get, parse_samples, series, wait_until
 
@@ -144,6 +145,7 @@ def test_image_runs_unprivileged_writes_only_its_volume_and_stops_on_sigterm(
         process = subprocess.Popen([*RUN, "--volume", f"{state}:/{STATE}", name, "--", *config["Entrypoint"],
                                     *config["Cmd"], "--imds-url", server.url, "--poll-interval", "0.1"],
                                    stdout=log, stderr=subprocess.STDOUT)
+    attach(f"the container (pid {process.pid})", log_path, lambda: process.poll() is None)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: http_get(f"{url}/healthz")[0] == 200, timeout=60, what="/healthz 200")

@@ -15,6 +15,7 @@ import yaml
 
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator
+from tests.child_logs import attach
 from tests.conftest import SimulatorFactory
 from tests.helpers import Sidecar, free_port, http_get, stop_process, wait_until
 
@@ -65,6 +66,7 @@ class Prometheus:
                     [_tool("prometheus"), f"--config.file={config}", f"--web.listen-address=127.0.0.1:{port}",
                      f"--storage.tsdb.path={workdir / 'data'}", "--log.level=warn"],
                     stdout=log, stderr=subprocess.STDOUT)
+            attach(f"Prometheus (pid {self.process.pid})", self.log, lambda: self.process.poll() is None)
             ready = wait_until(lambda: self.process.poll() is not None or http_get(self.url + "/-/ready")[0] == 200,
                                timeout=30, what="Prometheus to be ready")
             if self.process.poll() is None and ready:

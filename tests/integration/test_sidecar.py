@@ -19,6 +19,7 @@ from se_exporter.model import EVENT_TYPES
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator
+from tests.child_logs import attach
 from tests.conftest import Reliability, SimulatorFactory
 from tests.helpers import Sidecar, free_port, http_get, series, stop_process, wait_until
 
@@ -61,7 +62,7 @@ def _listed(process: Sidecar) -> dict[str, str]:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_scenario_end_to_end(name: str, simulator: SimulatorFactory, sidecar: Callable[..., Sidecar]) -> None:
     """Stepping through every change of the scenario, /metrics mirrors the document and counts the transitions."""
-    sim, server = simulator(name)
+    sim, server = simulator(name, held=True)  # the demo's own clock would change it 2 s after a step, unread
     process = sidecar("--imds-url", server.url, *FAST)
     wait_until(lambda: process.value("azure_scheduled_events_vm_info", **_vm_labels(sim)), what="VM identity")
     for key_time in sim.scenario.key_times():
@@ -218,6 +219,7 @@ def test_simulate_command_serves_faults_from_flags(tmp_path: Path) -> None:
         child = subprocess.Popen([sys.executable, "-m", "se_exporter", "simulate", "--listen", "127.0.0.1:0",
                                   "--scenario", "host-failure", "--fault", "throttle,retry_after=3"],
                                  stdout=stdout, stderr=subprocess.STDOUT)
+    attach(f"se-exporter simulate (pid {child.pid})", out, lambda: child.poll() is None)
     try:
         url = wait_until(lambda: re.search(r"at (http://127\.0\.0\.1:\d+)", out.read_text()), timeout=20,
                          what="the simulator URL").group(1)
