@@ -174,12 +174,9 @@ class KeepAliveTransport:
             if self._tls is None:
                 self._tls = ssl.create_default_context()
                 self._tls.sslsocket_class = _DeadlineTLSSocket  # the deadline survives the TLS wrapping
-            connection = http.client.HTTPSConnection(host, port, context=self._tls)
+            connection = _TLSConnection(host, port, context=self._tls)
         else:
-            connection = http.client.HTTPConnection(host, port)
-        # http.client makes its socket through this attribute (set in __init__; not in typeshed): ours keeps deadlines
-        connection._create_connection = _connect  # type: ignore[attr-defined]
-        connection.response_class = _Response
+            connection = _Connection(host, port)
         return connection, False
 
     def _release(self, origin: Origin, connection: http.client.HTTPConnection) -> None:
@@ -392,12 +389,25 @@ class _DeadlineTLSSocket(ssl.SSLSocket):
         super().sendall(data, flags)
 
 
-def _connect(address: tuple[str, int], timeout: Any = None, source_address: Any = None) -> socket.socket:
-    """``http.client``'s ``_create_connection``: ``socket.create_connection`` returning a ``_DeadlineSocket``."""
-    plain = socket.create_connection(address, timeout, source_address)
-    sock = _DeadlineSocket(plain.family, plain.type, plain.proto, plain.detach())
-    sock.settimeout(timeout)
-    return sock
+class _Connection(http.client.HTTPConnection):
+    """``http.client``'s connection through its public ``connect``: the socket is a ``_DeadlineSocket`` (what
+    ``HTTPConnection.connect`` does otherwise: connect, no Nagle; we never tunnel) and answers are ``_Response``."""
+
+    response_class = _Response
+
+    def connect(self) -> None:
+        plain = socket.create_connection((self.host, self.port), self.timeout)  # no source_address: never given
+        sock = _DeadlineSocket(plain.family, plain.type, plain.proto, plain.detach())
+        sock.settimeout(self.timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+
+
+class _TLSConnection(http.client.HTTPSConnection, _Connection):
+    """The same for https: ``HTTPSConnection.connect`` calls ``_Connection.connect`` (next in line), then wraps the
+    socket with its context, whose ``sslsocket_class`` (public, meant to be replaced) is ``_DeadlineTLSSocket``."""
+
+    response_class = _Response
 
 
 def _raise_as_transport_error(exc: Exception) -> NoReturn:
