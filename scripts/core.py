@@ -34,7 +34,7 @@ from prometheus_client.registry import Collector
 import se_exporter.cli  # noqa: F401 - the sidecar's own imports, so the heap is the sidecar's size
 from se_exporter.config import Settings
 from se_exporter.endpoints import routes
-from se_exporter.http_server import Request
+from se_exporter.http_server import HttpRequest
 from se_exporter.imds import ImdsClient, make_transport
 from se_exporter.lifecycle import diff
 from se_exporter.metrics import Metrics
@@ -100,7 +100,7 @@ def core_figures(repeats: int) -> dict[str, float]:
     Metrics(registry, lambda: snapshot)
     # Through the sidecar's own /metrics app, asked the way Prometheus asks (OpenMetrics preferred, gzip) ...
     page = routes(registry, SimpleNamespace(healthy=True, ready=True))["/metrics"]
-    request = Request("GET", "/metrics", "", (
+    request = HttpRequest("GET", "/metrics", "", (
         ("accept-encoding", "gzip"), ("accept", "application/openmetrics-text;version=1.0.0,application/openmetrics-"
                                                 "text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")))
     # ... beside prometheus-client writing the very same families, built beforehand, gzipped the same way.

@@ -23,7 +23,8 @@ Bounds (``Bounds``; the README's "HTTP endpoints" lists them), each counted by `
 * ``write_deadline``: a client that does not read its answer for 10 s is disconnected.
 
 A kept-alive connection idle for 60 s is closed (not counted: that is ordinary). Connections are accepted one per
-loop turn, so the requests already accepted are read before the next accept can evict them.
+loop turn and what came with one is read at once; a connection whose head has come (read, or still unread in the
+kernel: peeked) no longer counts as waiting, so it is never the one closed to make room.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Bounds:
 
 
 @dataclass(frozen=True)
-class Request:
+class HttpRequest:
     method: str
     path: str
     query: str
@@ -94,10 +95,10 @@ class Response:
     close: bool = False  # close the connection after this answer
 
 
-# A handler's answer: a Response, or None when it wrote its answer itself (``Request.raw``) or wants the
+# A handler's answer: a Response, or None when it wrote its answer itself (``HttpRequest.raw``) or wants the
 # connection closed without one; either way the connection is then closed.
-Handler = Callable[[Request], Awaitable["Response | None"]]
-Page = Callable[[Request], Response]
+Handler = Callable[[HttpRequest], Awaitable["Response | None"]]
+Page = Callable[[HttpRequest], Response]
 
 
 class RawWriter:
@@ -122,7 +123,7 @@ class RawWriter:
 def pages(routes: Mapping[str, Page]) -> Handler:
     """A handler serving ``routes`` to GET and HEAD (405 with Allow otherwise), 404 elsewhere."""
 
-    async def handle(request: Request) -> Response:
+    async def handle(request: HttpRequest) -> Response:
         page = routes.get(request.path)
         if page is None:
             return Response(404, b"not found\n")
@@ -148,7 +149,7 @@ def html_index(title: str) -> Response:
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def metrics(request: Request, body: bytes) -> Response:
+def metrics(request: HttpRequest, body: bytes) -> Response:
     """The Prometheus text ``body``, gzipped when the request asks for gzip with a quality above zero.
 
     Level 1, not prometheus-client's 9: metrics text is so repetitive that level 1 is within 8% of the size
@@ -257,6 +258,7 @@ class Server:
             for task in list(self._tasks):
                 task.cancel()
             self._loop.run_until_complete(asyncio.gather(accepting, *self._tasks, return_exceptions=True))
+            self._loop.run_until_complete(asyncio.sleep(0))  # the aborted transports' last callbacks
             for sock in self._accepted:  # those of tasks cancelled early, of transports still flushing
                 sock.close()
             self._loop.close()
@@ -320,8 +322,9 @@ class Server:
         try:
             await _refuse(reader, writer, _Refused(503, "connections", "every connection is busy answering"),
                           self._limits.bounds, (("Retry-After", "1"),))
+            await _close(writer, self._limits.bounds.write_timeout)
         finally:
-            writer.transport.close()
+            writer.transport.abort()
             self._refusing.discard(sock)
 
     def shutdown(self) -> None:
@@ -391,6 +394,10 @@ async def _streams(sock: socket.socket, connection: _Connection | None = None,
     reader = asyncio.StreamReader(limit=READ_CHUNK)
     protocol = _Protocol(reader, connection)
     transport, _ = await loop.connect_accepted_socket(lambda: protocol, sock)
+    if hasattr(transport, "max_size"):
+        # asyncio's selector transport reads up to 256 KiB per recv() before the reader can pause it: with many
+        # clients sending huge heads at once that was 8 MB for 32 of them. READ_CHUNK bounds each read.
+        transport.max_size = READ_CHUNK
     return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
@@ -418,23 +425,32 @@ async def _serve(sock: socket.socket, first: bytes, connection: _Connection, han
     if connection.evicted:
         transport.abort()
     try:
-        await _converse(reader, writer, first, connection, handler, limits)
-    except _Refused as refused:
-        limits.reject(refused.reason)
-        await _refuse(reader, writer, refused, bounds)
-    except (_Evicted, ConnectionError, asyncio.IncompleteReadError):
-        pass
-    except asyncio.CancelledError:
+        try:
+            await _converse(reader, writer, first, connection, handler, limits)
+        except _Refused as refused:
+            limits.reject(refused.reason)
+            await _refuse(reader, writer, refused, bounds)
+        except (_Evicted, ConnectionError, asyncio.IncompleteReadError):
+            connection.evicted = True  # nothing more to send: close at once
+        except Exception:
+            log.exception("HTTP request failed")
+        finally:
+            limits.connections.discard(connection)
+        await _close(writer, 0.0 if connection.evicted else bounds.write_timeout)
+    except BaseException:  # cancelled: the server is stopping
         transport.abort()
         raise
-    except Exception:
-        log.exception("HTTP request failed")
+
+
+async def _close(writer: asyncio.StreamWriter, flush_timeout: float) -> None:
+    """Close after what is still buffered has gone out, or at once when the client does not take it in time."""
+    try:
+        if flush_timeout > 0:
+            writer.close()
+            with contextlib.suppress(OSError, asyncio.TimeoutError):
+                await asyncio.wait_for(writer.wait_closed(), flush_timeout)
     finally:
-        limits.connections.discard(connection)
-        if connection.evicted:
-            transport.abort()
-        else:
-            transport.close()
+        writer.transport.abort()  # no-op once closed
 
 
 async def _converse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, first: bytes,
@@ -470,7 +486,7 @@ async def _converse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
         target = event.target.decode("latin-1")
         path, _, query = target.partition("?")
         method = event.method.decode("latin-1")
-        request = Request(method, path, query,
+        request = HttpRequest(method, path, query,
                           tuple((name.decode("latin-1"), value.decode("latin-1")) for name, value in event.headers),
                           body, RawWriter(writer, bounds.write_timeout))
         response = await handler(request)

@@ -192,7 +192,7 @@ class _Starting:
 
     app: http_server.Handler | None = None
 
-    async def __call__(self, request: http_server.Request) -> http_server.Response | None:
+    async def __call__(self, request: http_server.HttpRequest) -> http_server.Response | None:
         if self.app is not None:
             return await self.app(request)
         return http_server.Response(503, b"starting\n")

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.config import Settings
 from se_exporter.endpoints import routes
-from se_exporter.http_server import Request
+from se_exporter.http_server import HttpRequest
 from se_exporter.imds import ImdsClient
 from se_exporter.lifecycle import diff
 from se_exporter.metrics import Metrics
@@ -165,7 +165,7 @@ def test_readyz_turns_green_with_the_first_valid_document() -> None:
     pages = routes(registry, poller)
 
     def get(path: str) -> int:
-        return pages[path](Request("GET", path, "")).status
+        return pages[path](HttpRequest("GET", path, "")).status
 
     poller.poll_once()
     assert get("/readyz") == 503
@@ -184,7 +184,7 @@ def test_metrics_are_served_in_the_text_format_even_when_openmetrics_is_preferre
     accept = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
               "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
     answer = routes(registry, poller)["/metrics"](
-        Request("GET", "/metrics", "", (("accept", accept), ("accept-encoding", "gzip"))))
+        HttpRequest("GET", "/metrics", "", (("accept", accept), ("accept-encoding", "gzip"))))
     assert answer.content_type is not None and answer.content_type.startswith("text/plain; version=0.0.4")
     assert dict(answer.headers)["Content-Encoding"] == "gzip"
     text = gzip.decompress(answer.body).decode()
@@ -342,7 +342,7 @@ def test_a_scrape_survives_any_string_from_imds() -> None:
     poller, registry, _ = make_poller([httpx.Response(200, content=hostile_document())])
     poller.poll_once()
     poller.set_identity(VmIdentity.from_compute({"name": "vm\ud800", "vmId": "id\n1", "location": "x\x1b[2J"}))
-    answer = routes(registry, poller)["/metrics"](Request("GET", "/metrics", ""))
+    answer = routes(registry, poller)["/metrics"](HttpRequest("GET", "/metrics", ""))
     body = answer.body
     assert answer.status == 200
     ids = sorted(sample.labels["event_id"] for family in text_string_to_metric_families(body.decode("utf-8"))

@@ -167,18 +167,18 @@ def make_http_app(registry: CollectorRegistry, fleet: Fleet, service: Service,
                   clock: Callable[[], float] = time.time) -> http_server.Handler:
     """/metrics (the registry and the fleet's per-VM series), /healthz, /readyz and /, GET and HEAD only."""
 
-    def metrics(request: http_server.Request) -> http_server.Response:
+    def metrics(request: http_server.HttpRequest) -> http_server.Response:
         return http_server.metrics(request, generate_latest(registry) + render_fleet(fleet.vms(), clock()).encode())
 
-    def healthz(request: http_server.Request) -> http_server.Response:
+    def healthz(request: http_server.HttpRequest) -> http_server.Response:
         return http_server.text(service.healthy, "consumer loop running", "consumer loop stalled")
 
-    def readyz(request: http_server.Request) -> http_server.Response:
+    def readyz(request: http_server.HttpRequest) -> http_server.Response:
         waiting = (f"the storage account is unreachable: {service.storage_problem}" if service.storage_problem
                    else "waiting for the checkpoint store or a partition's state")
         return http_server.text(service.ready, "partitions balanced and restored", waiting)
 
-    def index(request: http_server.Request) -> http_server.Response:
+    def index(request: http_server.HttpRequest) -> http_server.Response:
         return http_server.html_index("se-exporter fleet")
 
     return http_server.pages({"/metrics": metrics, "/healthz": healthz, "/readyz": readyz, "/": index})

@@ -38,7 +38,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from se_exporter.errors import ConfigError
-from se_exporter.http_server import Bounds, RawWriter, Request, Response, Server
+from se_exporter.http_server import Bounds, HttpRequest, RawWriter, Response, Server
 from se_exporter.options import Listen
 from se_exporter.simulator import faults as faults_module
 from se_exporter.simulator.faults import Fault
@@ -267,7 +267,7 @@ class _Imds:
     def __init__(self, simulator: Simulator) -> None:
         self.simulator = simulator
 
-    async def __call__(self, request: Request) -> Response | None:
+    async def __call__(self, request: HttpRequest) -> Response | None:
         sim = self.simulator
         sim.record(RecordedRequest(time.time(), request.method, request.path, request.query,
                                    request.header("user-agent"),
@@ -296,7 +296,7 @@ class _Imds:
             return _json(200, compute if path == COMPUTE_PATH else {"compute": compute, "network": {}})
         return _json(404, {"error": "Not found"})
 
-    async def _scheduled_events(self, request: Request, api_version: str) -> Response | None:
+    async def _scheduled_events(self, request: HttpRequest, api_version: str) -> Response | None:
         sim = self.simulator
         if api_version not in SCHEDULED_EVENTS_VERSIONS:
             return _bad_version(SCHEDULED_EVENTS_VERSIONS)
@@ -326,7 +326,7 @@ class _Imds:
             return _json(400, {"error": f"Bad request. Unknown EventId {', '.join(unknown)}"})
         return _json(200, {})
 
-    async def _apply(self, fault: Fault, api_version: str, request: Request) -> tuple[bool, Response | None]:
+    async def _apply(self, fault: Fault, api_version: str, request: HttpRequest) -> tuple[bool, Response | None]:
         """Serve the fault: (True, None) when it only delays a normal answer, else (False, its answer; None when
         it wrote the answer itself or closes the connection without one)."""
         kind = fault.kind
