@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -327,3 +328,33 @@ def test_refusals_are_counted_by_reason_on_the_registry() -> None:
     count("header_bytes")
     assert registry.get_sample_value("azure_scheduled_events_http_rejected_total", {"reason": "header_bytes"}) == 1
     assert {s.labels["reason"] for m in registry.collect() for s in m.samples} == set(http_server.REASONS)
+
+
+@pytest.fixture
+def fleet_app() -> Iterator[int]:
+    """The fleet's own endpoints (fleet.main.make_http_app) with an empty fleet, healthy, not ready."""
+    from se_exporter.fleet.main import make_http_app as fleet_http_app  # noqa: PLC0415 - brings the Azure SDKs
+    from se_exporter.fleet.state import Fleet  # noqa: PLC0415
+
+    registry = CollectorRegistry()
+    Gauge("fleet_probe", "a gauge", registry=registry).set(1)
+    service = SimpleNamespace(healthy=True, ready=False, storage_problem=None)
+    running = serve(Listen("127.0.0.1", 0), fleet_http_app(registry, Fleet(), service))  # type: ignore[arg-type]
+    yield int(running.server_port)
+    running.server_close()
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/healthz", "/readyz", "/"])
+def test_the_fleet_pages_answer_get_and_head_only(fleet_app: int, path: str) -> None:
+    """The fleet serves its pages as the sidecar does: 405 with Allow to any method but GET and HEAD."""
+    assert fetch(fleet_app, "GET", path).status in (200, 503)
+    response = fetch(fleet_app, "DELETE", path)
+    assert (response.status, response.getheader("Allow")) == (405, "GET, HEAD")
+
+
+@pytest.mark.parametrize(("accept_encoding", "gzipped"), [("gzip", True), ("gzip;q=0", False), ("", False)])
+def test_the_fleet_gzips_by_the_same_rule(fleet_app: int, accept_encoding: str, gzipped: bool) -> None:
+    """The fleet's /metrics follows the sidecar's gzip rule: ``gzip;q=0`` means not gzip."""
+    response = fetch(fleet_app, "GET", "/metrics", {"Accept-Encoding": accept_encoding})
+    assert (response.getheader("Content-Encoding") == "gzip") is gzipped
+    assert fetch(fleet_app, "GET", "/readyz").status == 503
