@@ -569,3 +569,19 @@ def test_identity_settings_are_validated(served: tuple[Simulator, SimulatorServe
         answer = http.post(f"{server.url}/_simulator/identity", json=settings)
     assert answer.status_code == 400
     assert (sim.identity.lifetime, sim.identity.failures, sim.identity.failure_status) == (3599, 0, 500)
+
+
+@pytest.mark.parametrize("status", [100, 103, 204, 304, 418, 599])
+def test_a_status_fault_sends_that_status_with_its_body(served: tuple[Simulator, SimulatorServer, FakeClock],
+                                                        status: int) -> None:
+    """Any status from 100 to 599 goes out as asked, with its JSON body, even those HTTP frames without one."""
+    sim, server, _ = served
+    sim.inject(Fault("status", status=status))
+    with socket.create_connection(("127.0.0.1", server.server_port), timeout=5) as conn:
+        conn.sendall(f"GET {SE}?api-version=2020-07-01 HTTP/1.1\r\nHost: x\r\nMetadata: true\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 %d " % status)
+    assert answer.endswith(b'{"error": "simulated HTTP %d"}' % status)

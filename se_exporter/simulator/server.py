@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from email.utils import format_datetime
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -348,7 +349,12 @@ class _Imds:
             return False, None
         if kind in ("throttle", "status"):
             headers = (("Retry-After", fault.retry_after),) if fault.retry_after is not None else ()
-            return False, _json(fault.status, {"error": f"simulated HTTP {fault.status}"}, headers)
+            answer = _json(fault.status, {"error": f"simulated HTTP {fault.status}"}, headers)
+            if fault.status < 200 or fault.status in (204, 304):  # h11 frames these without a body: sent as is
+                assert request.raw is not None
+                await request.raw.write(_as_bytes(answer))
+                return False, None
+            return False, answer
         answers = {
             "redirect": Response(302, b"", "text/plain", (("Location", fault.location),)),
             "malformed": Response(200, b'{"DocumentIncarnation": 7, "Events": [{"EventId": "', "application/json"),
@@ -444,6 +450,17 @@ def _bad_version(versions: tuple[str, ...]) -> Response:
     return _json(400, {"error": "Bad request. api-version is invalid or was not specified in the request. "
                                 "For more information refer to aka.ms/azureimds",
                        "newest-versions": list(reversed(versions[-3:]))})
+
+
+def _as_bytes(answer: Response) -> bytes:
+    """An answer written out by hand, body and all, whatever its status (the faults' 1xx, 204 and 304)."""
+    try:
+        phrase = HTTPStatus(answer.status).phrase
+    except ValueError:
+        phrase = ""
+    head = [f"HTTP/1.1 {answer.status} {phrase}", f"Content-Type: {answer.content_type}",
+            f"Content-Length: {len(answer.body)}", *(f"{name}: {value}" for name, value in answer.headers)]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + answer.body
 
 
 def _json(status: int, payload: object, headers: tuple[tuple[str, str], ...] = ()) -> Response:
