@@ -210,6 +210,37 @@ def test_a_body_over_the_cap_is_refused_413_unread(server: Callable[..., tuple[i
     assert rejected == ["body_bytes"]
 
 
+def test_an_idle_kept_alive_connection_is_closed_after_the_idle_timeout(
+        server: Callable[..., tuple[int, list[str]]]) -> None:
+    """After an answer, a kept-alive connection with nothing more to say is closed once the idle timeout passes,
+    without counting it as a refusal."""
+    port, rejected = server(idle_timeout=0.3)
+    sock = connect(port)
+    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: sidecar\r\n\r\n")
+    assert readable(sock, 5) and sock.recv(65536).startswith(b"HTTP/1.1 200")
+    wait_until(lambda: closed_by_server(sock), timeout=5, what="the idle connection closed")
+    assert rejected == []
+
+
+def test_a_client_that_does_not_read_its_answer_is_cut_off(reliability: Reliability) -> None:
+    """A client that asks for a large answer and never reads it is disconnected at the write deadline, counted."""
+
+    async def large(request: HttpRequest) -> Response:
+        return Response(200, b"x" * 64 * 1024 * 1024)
+
+    rejected: list[str] = []
+    running = serve(Listen("127.0.0.1", 0), large, Bounds(write_timeout=0.5), rejected.append)
+    try:
+        sock = connect(running.server_port)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(REQUEST)
+        wait_until(lambda: rejected == ["write_deadline"], timeout=10, what="the write deadline")
+    finally:
+        running.server_close()
+    reliability("HTTP server", "a client that asks for an answer and never reads it",
+                "disconnected at the 10 s write deadline, counted")
+
+
 def voluntary_switches(native_id: int) -> int:
     """How many times the thread has gone to sleep and been woken since it started (Linux)."""
     status = Path(f"/proc/self/task/{native_id}/status").read_text()
