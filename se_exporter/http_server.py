@@ -50,7 +50,7 @@ log = logging.getLogger("se_exporter")
 
 REASONS = ("header_bytes", "deadline", "body_bytes", "connections", "malformed", "write_deadline")
 LISTEN_BACKLOG = 512  # connections the kernel queues during a burst (the kernel may lower it: net.core.somaxconn)
-READ_CHUNK = 8192  # bytes read at a time: with the 16 KiB head cap, what one connection buffers stays under 32 KiB
+READ_CHUNK = 8192  # bytes read at a time: what one connection buffers stays near 40 KiB (16 KiB head cap included)
 LINGER_SECONDS = 1.0  # after an error answer, how long unread request bytes are drained so the client can read it
 LINGER_BYTES = 256 * 1024
 
