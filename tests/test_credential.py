@@ -105,7 +105,7 @@ class _Flood(http.server.BaseHTTPRequestHandler):
 
     declared = True
 
-    def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+    def do_GET(self) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         if self.declared:
@@ -116,7 +116,7 @@ class _Flood(http.server.BaseHTTPRequestHandler):
             while True:
                 self.wfile.write(block)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the standard library's name
+    def log_message(self, format: str, *args: object) -> None:
         return None
 
 
