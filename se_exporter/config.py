@@ -25,6 +25,7 @@ from se_exporter.options import (
     Option,
     check_eventhubs,
     choice,
+    given,
     parse_listen,
     parse_name,
     parse_path,
@@ -38,7 +39,7 @@ DEFAULT_IMDS_URL = "http://169.254.169.254"
 DEFAULT_API_VERSION = "2020-07-01"
 DEFAULT_STATE_DIR = PLATFORM.default_state_dir(os.environ)  # /var/lib/se-exporter; %ProgramData%\se-exporter
 DEFAULT_HEARTBEAT = 300.0  # seconds; with Event Hubs: a quiet VM still reaches `se-exporter fleet` 3 times in 15 min
-_API_VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_API_VERSION = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
 
 @dataclass(frozen=True)
@@ -258,8 +259,32 @@ def run_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     values.update(_otel_extras(args, env, values))
     settings = Settings(**values)
     check_eventhubs(settings)
+    check_orphans(settings, given(RUN_OPTIONS, args, env))
     check_paths(settings)
     return settings
+
+
+# Settings that only mean something beside another: (the setting, what it needs, the hint of the error).
+_EVENTHUB_ONLY = ("spool_dir", "spool_max_bytes", "eventhub_send_timeout", "eventhub_retry_max")
+
+
+def check_orphans(settings: Settings, sources: Mapping[str, str]) -> None:
+    """A setting that would be ignored, or two that contradict each other, stop start-up with one line naming
+    what was written (the flag or the environment variable) and what to do; nothing is ignored silently."""
+    def named(dest: str) -> str:
+        return sources.get(dest, "--" + dest.replace("_", "-"))
+
+    if "speed" in sources and settings.simulate is None:
+        raise ConfigError(f"{named('speed')} needs --simulate (it sets how fast the simulated scenario runs); "
+                          "leave it out when polling IMDS")
+    if "imds_url" in sources and settings.simulate is not None:
+        raise ConfigError(f"{named('imds_url')} and {named('simulate')} exclude each other: --simulate polls its "
+                          "own in-process IMDS; give one of them")
+    if not settings.eventhubs_enabled:
+        for dest in _EVENTHUB_ONLY:
+            if dest in sources:
+                raise ConfigError(f"{named(dest)} is only used with Event Hubs: give --eventhub-connection-string or "
+                                  f"--eventhub-namespace, or leave {named(dest)} out")
 
 
 def check_paths(settings: Settings) -> None:
