@@ -296,7 +296,7 @@ def check_paths(settings: Settings) -> None:
     spool = _flag_path("--spool-dir", settings.spool_dir, settings.spool_path) if settings.eventhubs_enabled \
         else None
     if settings.forward_file is not None:
-        forward = settings.forward_file.resolve()
+        forward = followable("--forward-file", settings.forward_file, file=True)
         for flag, (shown, directory) in (("--state-dir", state), *((("--spool-dir", spool),) if spool else ())):
             if forward.is_relative_to(directory):
                 raise ConfigError(f"--forward-file {settings.forward_file} is inside {flag} {shown}: the sidecar "
@@ -312,7 +312,28 @@ def check_paths(settings: Settings) -> None:
 
 def _flag_path(flag: str, given: Path | None, used: Path) -> tuple[str, Path]:
     """How an error shows a directory (the path given, or ``(default ...)``) and the directory, resolved."""
-    return (str(given) if given is not None else f"(default {used})"), used.resolve()
+    return (str(given) if given is not None else f"(default {used})"), followable(flag, used)
+
+
+def followable(flag: str, path: Path, file: bool = False) -> Path:
+    """``path`` resolved, or a ``ConfigError`` saying why it cannot be: a loop of symbolic links (``resolve`` raises
+    RuntimeError on Python 3.11, OSError later), or a symbolic link to nothing on the way to it, or as the directory
+    itself (making it would otherwise fail with a bare "File exists"). A ``file``'s own link may point at a file yet
+    to be made: appending creates it."""
+    try:
+        resolved = path.resolve()
+    except (RuntimeError, OSError) as error:
+        raise ConfigError(f"{flag} {path}: symbolic links there form a loop and cannot be followed ({error}); "
+                          "give a path that leads to a real directory or file") from None
+    for step in (*(() if file else (path,)), *path.parents):
+        if step.is_symlink() and not step.exists():
+            try:
+                target = os.readlink(step)
+            except OSError:
+                target = "?"
+            raise ConfigError(f"{flag} {path}: {step} is a symbolic link to {target}, which does not exist; create "
+                              "it, or give another path")
+    return resolved
 
 
 def _otel_extras(args: argparse.Namespace, env: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, Any]:

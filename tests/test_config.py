@@ -385,3 +385,33 @@ def test_non_ascii_numbers_and_orphan_or_conflicting_settings_stop_start_up(
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert err.startswith("se-exporter: error: ") and fragment in err, err
+
+
+@pytest.mark.parametrize(("flag", "hub", "fragment"), [
+    ("--state-dir", False, "symbolic links there form a loop"),
+    ("--forward-file", False, "symbolic links there form a loop"),
+    ("--spool-dir", True, "symbolic links there form a loop"),
+])
+def test_a_symlink_loop_as_a_path_stops_start_up_with_one_line(tmp_path: Path, flag: str, hub: bool, fragment: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A path option that is a loop of symbolic links (a -> b -> a) is one line naming the flag, not a traceback."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    argv = [flag, str(tmp_path / "a")]
+    if flag != "--state-dir":
+        argv += ["--state-dir", str(tmp_path / "state")]
+    if hub:
+        argv += ["--eventhub-connection-string", CONN + ";EntityPath=h"]
+    assert main(["run", *argv], env={}) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag} {tmp_path / 'a'}: {fragment}" in err, err
+
+
+def test_a_dangling_symlink_as_state_dir_says_where_it_points(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A state directory that is a symbolic link to nothing is named as such, not as "File exists"."""
+    (tmp_path / "state").symlink_to(tmp_path / "gone")
+    assert main(["run", "--state-dir", str(tmp_path / "state")], env={}) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"is a symbolic link to {tmp_path / 'gone'}, which does not exist" in err and "File exists" not in err
