@@ -26,7 +26,8 @@ from se_exporter.model import Document, affects_label, affects_vm, document_from
 # The envelope's properties (schemas/forwarded-document.schema.json); anything else is tolerated and counted.
 KNOWN_PROPERTIES = frozenset({
     "vm_name", "vm_id", "vmss_name", "subscription_id", "resource_group", "location", "observed_at",
-    "api_version", "exporter_version", "sequence", "document_incarnation", "heartbeat"})
+    "api_version", "exporter_version", "sequence", "document_incarnation", "heartbeat",
+    "imds_last_success", "imds_failing"})
 INVALID_REASONS = ("too_large", "not_json", "invalid_document", "not_envelope")
 STATE_FORMAT = 1
 
