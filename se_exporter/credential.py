@@ -21,19 +21,23 @@ holds it by building the credential anew: the next attempt asks the endpoint aga
 such an answer says nothing true about the token, and using it until a clamped expiry would hide a broken endpoint.
 
 Each token request is bounded in time by azure-core's transport timeouts (``TOKEN_CONNECT_TIMEOUT``, and
-``TOKEN_READ_TIMEOUT`` per read) and, for the whole exchange, by the caller's deadline (the forwarder's send
-watchdog); in bytes by ``MAX_TOKEN_RESPONSE_BYTES``: azure-identity reads the answer whole, so the session it is
-given reads at most that much and fails the request past it (a token answer is a few kilobytes).
+``TOKEN_READ_TIMEOUT`` per read) and, for the whole exchange, retries included, by ``TOKEN_DEADLINE`` (an answer
+dripped a byte at a time never trips a per-read timeout); in bytes by ``MAX_TOKEN_RESPONSE_BYTES``: azure-identity
+reads the answer whole, so the session it is given reads at most that much and fails the request past it (a token
+answer is a few kilobytes). Both failures are ``ClientAuthenticationError``s, counted as ``auth``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
+
+from azure.core.exceptions import ClientAuthenticationError
 
 if TYPE_CHECKING:
     from azure.core.credentials import AccessToken
@@ -44,6 +48,7 @@ log = logging.getLogger("se_exporter.credential")
 MAX_TOKEN_LIFETIME = 48 * 3600.0
 TOKEN_CONNECT_TIMEOUT, TOKEN_READ_TIMEOUT = 5.0, 10.0
 MAX_TOKEN_RESPONSE_BYTES = 64 * 1024
+TOKEN_DEADLINE = 60.0  # seconds for one get_token, its retries included (the IMDS credential's own last ~25 s)
 
 
 class CheckedCredential:
@@ -53,8 +58,9 @@ class CheckedCredential:
     ``AsyncTokenCredential``, which is all the Event Hubs and Blob Storage SDKs ask of a credential.
     """
 
-    def __init__(self, make: Callable[[], Any], clock: Callable[[], float] = time.time) -> None:
-        self._make, self._clock = make, clock
+    def __init__(self, make: Callable[[], Any], clock: Callable[[], float] = time.time,
+                 deadline: float = TOKEN_DEADLINE) -> None:
+        self._make, self._clock, self._deadline = make, clock, deadline
         self._inner = make()
 
     @property
@@ -62,13 +68,15 @@ class CheckedCredential:
         return self._inner
 
     async def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
-        token: AccessToken = await self._inner.get_token(*scopes, **kwargs)
+        try:
+            token: AccessToken = await asyncio.wait_for(self._inner.get_token(*scopes, **kwargs), self._deadline)
+        except asyncio.TimeoutError:
+            raise ClientAuthenticationError(
+                f"the token endpoint did not answer within {self._deadline:g} s") from None
         expires_on = token.expires_on
         lifetime = expires_on - self._clock() if isinstance(expires_on, (int, float)) else math.nan
         if math.isfinite(lifetime) and abs(lifetime) <= MAX_TOKEN_LIFETIME:
             return token
-        from azure.core.exceptions import ClientAuthenticationError
-
         stale, self._inner = self._inner, self._make()  # the new one has an empty cache: the next call asks again
         try:
             await stale.close()
@@ -90,11 +98,12 @@ class CheckedCredential:
         await self.close()
 
 
-def service_credential(client_id: str | None, retry_total: int | None = None) -> CheckedCredential:
+def service_credential(client_id: str | None, retry_total: int | None = None,
+                       deadline: float = TOKEN_DEADLINE) -> CheckedCredential:
     """``client_id`` selects a user-assigned managed identity; ``retry_total`` bounds the IMDS credential's own
-    retries (by default it retries a 5xx for ~25 s). Imported here, only when a managed identity is configured.
-    The caller closes it: it holds an HTTP session."""
-    return CheckedCredential(lambda: _default_credential(client_id, retry_total))
+    retries (by default it retries a 5xx for ~25 s); ``deadline`` each whole token request. Imported here, only
+    when a managed identity is configured. The caller closes it: it holds an HTTP session."""
+    return CheckedCredential(lambda: _default_credential(client_id, retry_total), deadline=deadline)
 
 
 def _default_credential(client_id: str | None, retry_total: int | None) -> DefaultAzureCredential:

@@ -148,3 +148,48 @@ def test_a_token_endpoint_that_floods_is_read_no_further_than_the_cap(monkeypatc
         server.shutdown()
         server.server_close()
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB: well under 64 MiB
+
+
+class _Drip(http.server.BaseHTTPRequestHandler):
+    """A token endpoint answering 200 and then a byte every 0.1 s: no read ever times out."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "60000")
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            for _ in range(60000):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.1)  # the endpoint's pace, a byte at a time: the behaviour under test
+
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+
+def test_a_dripping_token_endpoint_is_cut_at_the_whole_requests_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token answer dripped a byte at a time (each read well inside the read timeout) fails as an authentication
+    error at the deadline of the whole token request."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Drip)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", f"http://127.0.0.1:{server.server_port}")
+    for name in ("IDENTITY_ENDPOINT", "MSI_ENDPOINT", "AZURE_CLIENT_ID", "AZURE_FEDERATED_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+
+    async def run() -> None:
+        credential = service_credential(None, retry_total=0, deadline=1.0)
+        try:
+            await credential.get_token(STORAGE)
+        finally:
+            await credential.close()
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(ClientAuthenticationError, match="did not answer within 1 s"):
+            asyncio.run(run())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert time.monotonic() - started < 5
