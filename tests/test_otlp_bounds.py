@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import resource
-import socketserver
-import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent import futures
+from collections.abc import Callable
 from typing import Any
 
-import grpc
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExportResult
 from prometheus_client import CollectorRegistry, Counter
@@ -23,55 +17,17 @@ from prometheus_client import CollectorRegistry, Counter
 from se_exporter.config import TracingSettings
 from se_exporter.sinks.otlp_http import BoundedSession
 from se_exporter.sinks.tracing import EXPORT_TIMEOUT_SECONDS, MAX_RESPONSE_BYTES, CountingExporter, make_exporter
+from tests.otlp_receiver import (
+    drip_body,
+    drip_headers,
+    flood_declared,
+    flood_undeclared,
+    hostile_collector,
+    hostile_grpc_collector,
+)
 
 DEADLINE = 1.0  # seconds: the exporters' timeout in these tests (the sidecar's is EXPORT_TIMEOUT_SECONDS)
 SLACK = 2.0  # seconds past the deadline an export may take on a contended machine
-
-
-def _flood_declared(send: Callable[[bytes], None]) -> None:
-    send(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 4000000000\r\n\r\n")
-    while True:
-        send(b"\0" * 65536)
-
-
-def _flood_undeclared(send: Callable[[bytes], None]) -> None:
-    send(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nConnection: close\r\n\r\n")
-    while True:
-        send(b"\0" * 65536)
-
-
-def _drip_status_line(send: Callable[[bytes], None]) -> None:
-    for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 10_000:
-        send(bytes([byte]))
-        time.sleep(0.1)  # the collector's pace, one byte at a time: the behaviour under test
-
-
-def _drip_body(send: Callable[[bytes], None]) -> None:
-    send(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\n")
-    for _ in range(100_000):
-        send(b"\0")
-        time.sleep(0.1)  # the collector's pace, one byte at a time: the behaviour under test
-
-
-@contextlib.contextmanager
-def hostile_collector(answer: Callable[[Callable[[bytes], None]], None]) -> Iterator[str]:
-    """A loopback collector that reads the request's headers and then answers with ``answer``; the endpoint URL."""
-
-    class Handler(socketserver.StreamRequestHandler):
-        def handle(self) -> None:
-            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                pass
-            with contextlib.suppress(OSError):
-                answer(self.wfile.write)
-
-    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def spans() -> list[ReadableSpan]:
@@ -93,7 +49,7 @@ def counting(inner: Any) -> tuple[CountingExporter, CollectorRegistry]:
                             Counter("failed", "", registry=registry)), registry
 
 
-@pytest.mark.parametrize("answer", [_flood_declared, _flood_undeclared, _drip_status_line, _drip_body])
+@pytest.mark.parametrize("answer", [flood_declared, flood_undeclared, drip_headers, drip_body])
 def test_an_otlp_http_export_ends_by_its_deadline_reading_a_bounded_answer(
         answer: Callable[[Callable[[bytes], None]], None], caplog: pytest.LogCaptureFixture) -> None:
     """A collector answering 200 with an endless body (4 GB declared, or none) or dripping a byte at a time: the
@@ -112,7 +68,7 @@ def test_an_otlp_http_export_ends_by_its_deadline_reading_a_bounded_answer(
     assert registry.get_sample_value("failed_total") == 2 and registry.get_sample_value("exported_total") == 0
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
         f"span export failing ({endpoint}: {why(caplog)}): spans are dropped until the endpoint answers"]
-    assert ("deadline" if answer.__name__.startswith("_drip") else "bytes") in why(caplog)
+    assert ("deadline" if answer.__name__.startswith("drip") else "bytes") in why(caplog)
     assert grown_kib < 16 * 1024  # peak RSS grew by less than 16 MiB
 
 
@@ -130,30 +86,6 @@ def test_the_sidecars_exporters_are_built_bounded() -> None:
     finally:
         http.shutdown()
         grpc.shutdown()
-
-
-@contextlib.contextmanager
-def hostile_grpc_collector(delay: float, message_bytes: int) -> Iterator[str]:
-    """A loopback OTLP/gRPC collector that answers after ``delay`` seconds with a partial-success message of
-    ``message_bytes`` bytes."""
-    stop = threading.Event()
-
-    class Service(trace_service_pb2_grpc.TraceServiceServicer):
-        def Export(self, request: Any, context: Any) -> Any:
-            stop.wait(delay)  # the collector's pace: the behaviour under test
-            reply = trace_service_pb2.ExportTraceServiceResponse()
-            reply.partial_success.error_message = "x" * message_bytes
-            return reply
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop.set()
-        server.stop(0)
 
 
 @pytest.mark.parametrize(("delay", "message_bytes"), [(30.0, 0), (0.0, 1024 * 1024)])

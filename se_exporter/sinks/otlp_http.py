@@ -138,6 +138,11 @@ class BoundedSession(requests.Session):
                     raise self._fail(f"no answer within the {seconds:.1f} s deadline") from None
                 raise
             self._read(response, seconds, deadline)
+            # Whatever ended after the watchdog fired was cut by it (headers ended by the shut socket look complete
+            # to http.client, and a body without a length ends there too): not an answer.
+            if deadline.expired:
+                response.close()
+                raise self._fail(f"no complete answer within the {seconds:.1f} s deadline")
             return response
         finally:
             deadline.cancel()
