@@ -76,20 +76,33 @@ def _shut(connection: HTTPConnection) -> None:
             sock.shutdown(socket.SHUT_RDWR)
 
 
+def _watch(connection: HTTPConnection) -> None:
+    deadline: _Deadline | None = getattr(_current, "deadline", None)
+    if deadline is not None:
+        deadline.watch(connection)
+
+
 class _WatchedHTTPConnection(HTTPConnection):
-    def request(self, *args: Any, **kwargs: Any) -> None:
-        deadline: _Deadline | None = getattr(_current, "deadline", None)
-        if deadline is not None:
-            deadline.watch(self)
-        super().request(*args, **kwargs)
+    """Watched from its connect (a new connection) and from the wait for the answer (every exchange, a reused
+    connection too): sending is bounded by the socket timeout, which covers a whole ``sendall``."""
+
+    def connect(self) -> None:
+        _watch(self)
+        super().connect()
+
+    def getresponse(self) -> Any:
+        _watch(self)
+        return super().getresponse()
 
 
 class _WatchedHTTPSConnection(HTTPSConnection):
-    def request(self, *args: Any, **kwargs: Any) -> None:
-        deadline: _Deadline | None = getattr(_current, "deadline", None)
-        if deadline is not None:
-            deadline.watch(self)
-        super().request(*args, **kwargs)
+    def connect(self) -> None:
+        _watch(self)
+        super().connect()
+
+    def getresponse(self) -> Any:
+        _watch(self)
+        return super().getresponse()
 
 
 class _WatchedPool(HTTPConnectionPool):
@@ -156,7 +169,7 @@ class BoundedSession(requests.Session):
             raise self._fail(f"the answer declares {declared.strip()} bytes, more than the {self._max} read")
         body = bytearray()
         try:
-            for chunk in response.raw.stream(_CHUNK, decode_content=True):
+            while chunk := response.raw.read(_CHUNK, decode_content=True):
                 body += chunk
                 if len(body) > self._max:
                     response.close()
