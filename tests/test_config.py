@@ -378,13 +378,17 @@ NOT_ASCII_OR_ORPHAN = [
 
 @pytest.mark.parametrize(("argv", "env", "fragment"), NOT_ASCII_OR_ORPHAN)
 def test_non_ascii_numbers_and_orphan_or_conflicting_settings_stop_start_up(
-        argv: list[str], env: dict[str, str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+        argv: list[str], env: dict[str, str], fragment: str, capsys: pytest.CaptureFixture[str],
+        reliability: Reliability) -> None:
     """Numbers take ASCII digits only; a setting that would be ignored, or two that contradict each other, stop
     start-up with exit 2 and one line naming what was written (flag or environment variable) and what to do."""
     assert main(["run", *argv], env=env) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert err.startswith("se-exporter: error: ") and fragment in err, err
+    reliability("Configuration", f"{len(NOT_ASCII_OR_ORPHAN)} numbers in non-ASCII digits, orphan settings and "
+                                 "conflicting ones, as flags and as environment variables",
+                "exit 2 with one line naming what was written and what to do")
 
 
 @pytest.mark.parametrize(("flag", "hub", "fragment"), [
@@ -393,7 +397,8 @@ def test_non_ascii_numbers_and_orphan_or_conflicting_settings_stop_start_up(
     ("--spool-dir", True, "symbolic links there form a loop"),
 ])
 def test_a_symlink_loop_as_a_path_stops_start_up_with_one_line(tmp_path: Path, flag: str, hub: bool, fragment: str,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+                                                               capsys: pytest.CaptureFixture[str],
+                                                               reliability: Reliability) -> None:
     """A path option that is a loop of symbolic links (a -> b -> a) is one line naming the flag, not a traceback."""
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
@@ -405,6 +410,8 @@ def test_a_symlink_loop_as_a_path_stops_start_up_with_one_line(tmp_path: Path, f
     assert main(["run", *argv], env={}) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{flag} {tmp_path / 'a'}: {fragment}" in err, err
+    reliability("Configuration", "a loop of symbolic links as --state-dir, --spool-dir or --forward-file",
+                "exit 2 with one line naming the flag, not a traceback")
 
 
 def test_a_dangling_symlink_as_state_dir_says_where_it_points(tmp_path: Path,

@@ -20,6 +20,7 @@ from se_exporter.simulator.faults import Fault
 from se_exporter.sinks.envelope import Sequencer
 from se_exporter.sinks.forward import ForwardMetrics, ForwardSink
 from se_exporter.sinks.forward_file import file_line
+from tests.conftest import Reliability
 from tests.fakes.documents import RAW, change
 from tests.fakes.targets import Collecting
 from tests.helpers import FORWARDED_SCHEMA as SCHEMA
@@ -122,7 +123,8 @@ def _beats(path: Path, failing: bool) -> list[dict[str, Any]]:
             if line["properties"].get("heartbeat") and line["properties"].get("imds_failing") is failing]
 
 
-def test_heartbeats_during_an_imds_outage_say_so_and_recovery_clears_it(tmp_path: Path) -> None:
+def test_heartbeats_during_an_imds_outage_say_so_and_recovery_clears_it(tmp_path: Path,
+                                                                       reliability: Reliability) -> None:
     """While IMDS answers 500, heartbeats carry imds_failing true and an imds_last_success that no longer moves;
     once IMDS answers again they carry imds_failing false and a later imds_last_success."""
     forward_file = tmp_path / "documents.jsonl"
@@ -150,3 +152,6 @@ def test_heartbeats_during_an_imds_outage_say_so_and_recovery_clears_it(tmp_path
         stop.set()
     for line in _forwarded(forward_file):
         jsonschema.validate(line, SCHEMA)
+    reliability("Forwarding", "IMDS answering 500 while heartbeats run, then answering again",
+                "heartbeats carried imds_failing true and an imds_last_success frozen at the last good read; the "
+                "first heartbeat after recovery carried imds_failing false and a later imds_last_success")

@@ -160,7 +160,7 @@ def _rss_kib(pid: int) -> int:
                          ids=lambda answer: answer.__name__)
 def test_a_hostile_collector_costs_failed_exports_not_memory_or_polling(
         answer: Callable[[Callable[[bytes], None]], None], simulator: SimulatorFactory,
-        sidecar: Callable[..., Sidecar]) -> None:
+        sidecar: Callable[..., Sidecar], reliability: Reliability) -> None:
     """A collector answering 200 with an endless body (4 GB declared, or none) or dripping a byte at a time: each
     export fails by its deadline and is counted, one log line says why, polling goes on, RSS does not grow with it,
     and SIGTERM still stops the sidecar at once."""
@@ -183,3 +183,7 @@ def test_a_hostile_collector_costs_failed_exports_not_memory_or_polling(
         started = time.monotonic()
         assert process.stop() == 0
         assert time.monotonic() - started < 10
+    reliability("Traces", "an OTLP/HTTP collector answering 200 with an endless body (4 GB declared, or none), or "
+                          "dripping its headers or body a byte at a time",
+                "each export failed by its 5 s deadline and was counted; one log line saying why; polling went on; "
+                "RSS grew less than 8 MiB; SIGTERM stopped it within 10 s")
