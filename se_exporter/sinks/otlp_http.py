@@ -164,7 +164,7 @@ class BoundedSession(requests.Session):
     def _read(self, response: requests.Response, seconds: float, deadline: _Deadline) -> None:
         """Read the answer into ``response`` (as requests does without ``stream``), at most ``self._max`` bytes."""
         declared = response.headers.get("Content-Length", "")
-        if declared.strip().isdigit() and int(declared) > self._max:
+        if declared.strip().isascii() and declared.strip().isdigit() and int(declared) > self._max:
             response.close()
             raise self._fail(f"the answer declares {declared.strip()} bytes, more than the {self._max} read")
         body = bytearray()
