@@ -280,6 +280,9 @@ def check_orphans(settings: Settings, sources: Mapping[str, str]) -> None:
     if "imds_url" in sources and settings.simulate is not None:
         raise ConfigError(f"{named('imds_url')} and {named('simulate')} exclude each other: --simulate polls its "
                           "own in-process IMDS; give one of them")
+    if settings.heartbeat_interval and not (settings.forward_file or settings.eventhubs_enabled):
+        raise ConfigError(f"{named('heartbeat_interval')} needs a forwarding target (--forward-file, or Event Hubs): "
+                          "heartbeats are forwarded documents; give one, or leave it out")
     if not settings.eventhubs_enabled:
         for dest in _EVENTHUB_ONLY:
             if dest in sources:

@@ -368,6 +368,8 @@ NOT_ASCII_OR_ORPHAN = [
     (["--spool-max-bytes", "1MiB"], {}, "--spool-max-bytes is only used with Event Hubs"),
     (["--eventhub-send-timeout", "5"], {}, "--eventhub-send-timeout is only used with Event Hubs"),
     ([], {"SE_EXPORTER_EVENTHUB_RETRY_MAX": "5"}, "SE_EXPORTER_EVENTHUB_RETRY_MAX is only used with Event Hubs"),
+    (["--heartbeat-interval", "60"], {}, "--heartbeat-interval needs a forwarding target"),
+    ([], {"SE_EXPORTER_HEARTBEAT_INTERVAL": "60"}, "SE_EXPORTER_HEARTBEAT_INTERVAL needs a forwarding target"),
     (["--speed", "10"], {}, "--speed needs --simulate"),
     ([], {"SE_EXPORTER_SPEED": "10"}, "SE_EXPORTER_SPEED needs --simulate"),
     (["--simulate", "--imds-url", "http://127.0.0.1:9"], {}, "--imds-url and --simulate exclude each other"),

@@ -96,7 +96,8 @@ def test_without_an_interval_nothing_is_repeated_and_shutdown_is_prompt(tmp_path
     (["--heartbeat-interval", "0"], {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": HUB}, None),
     (["--heartbeat-interval", "off"], {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": HUB}, None),
     (["--heartbeat-interval", "60", "--forward-file", "x.jsonl"], {}, 60.0),
-    ([], {"SE_EXPORTER_HEARTBEAT_INTERVAL": "120"}, 120.0),
+    (["--forward-file", "x.jsonl"], {"SE_EXPORTER_HEARTBEAT_INTERVAL": "120"}, 120.0),
+    (["--heartbeat-interval", "off"], {}, None),  # turning off what is off is no contradiction
 ])
 def test_heartbeat_defaults_off_for_files_and_five_minutes_for_event_hubs(argv: list[str], env: dict[str, str],
                                                                           expected: float | None) -> None:
