@@ -34,7 +34,7 @@ from se_exporter.imds import ImdsClient, make_transport
 from se_exporter.metrics import NAMESPACE, Metrics
 from se_exporter.options import Listen
 from se_exporter.poller import IdentityWatcher, Poller
-from se_exporter.sinks import FanOut, Sink
+from se_exporter.sinks import FanOut, ImdsHealth, Sink
 from se_exporter.sinks.eventlog import LogSink
 from se_exporter.sinks.transition_metrics import MetricsSink
 from se_exporter.snapshot import CurrentState, Snapshot
@@ -93,7 +93,7 @@ class Sidecar:
                                    settings.spool_path if settings.eventhubs_enabled else None, cleanup)
         store = state_dir.lifecycle_store(settings.imds_url)
         outputs: list[Sink] = [MetricsSink(metrics), LogSink()]
-        forward = make_forwarding(settings, state_dir, self.registry)
+        forward = make_forwarding(settings, state_dir, self.registry, imds_health=lambda: imds_health(state.get()))
         if forward is not None:
             outputs.append(forward)
         if settings.otel_traces_exporter != "none":
@@ -136,8 +136,15 @@ class Sidecar:
         self.settings = replace(self.settings, imds_url=sim_server.url)
 
 
-def make_forwarding(settings: Settings, state_dir: StateDir, registry: CollectorRegistry) -> ForwardSink | None:
-    """The forwarding sink with its targets (file, Event Hubs), or None when nothing is configured.
+def imds_health(snapshot: Snapshot) -> ImdsHealth:
+    """What heartbeats say of IMDS: the poll loop keeps both in the snapshot (``up`` is the latest poll's outcome)."""
+    return ImdsHealth(snapshot.last_success, failing=not snapshot.up)
+
+
+def make_forwarding(settings: Settings, state_dir: StateDir, registry: CollectorRegistry,
+                    imds_health: Callable[[], ImdsHealth] | None = None) -> ForwardSink | None:
+    """The forwarding sink with its targets (file, Event Hubs), or None when nothing is configured; heartbeats
+    carry ``imds_health()``.
 
     Imported only when forwarding is on: the Event Hubs target brings asyncio, its SDK comes only with it."""
     if not (settings.forward_file or settings.eventhubs_enabled):
@@ -176,7 +183,8 @@ def make_forwarding(settings: Settings, state_dir: StateDir, registry: Collector
     if settings.heartbeat_seconds:
         log.info("forwarding the current document again after %gs without a change (heartbeat)",
                  settings.heartbeat_seconds)
-    return ForwardSink(sequencer, targets, metrics, heartbeat_interval=settings.heartbeat_seconds)
+    return ForwardSink(sequencer, targets, metrics, heartbeat_interval=settings.heartbeat_seconds,
+                       imds_health=imds_health)
 
 
 def bind(listen: Listen, make: Callable[[], _S]) -> _S:

@@ -39,6 +39,7 @@ from se_exporter.sinks.eventhubs import connection_options
 
 log = logging.getLogger("se_exporter.fleet")
 CLOSE_TIMEOUT = 8.0  # SIGTERM to exit within 10 s, whatever the peers do
+STORAGE_CONNECTION_TIMEOUT, STORAGE_READ_TIMEOUT = 20.0, 60.0  # azure-storage-blob's defaults (see trusting)
 
 
 def run_fleet(settings: FleetSettings) -> int:
@@ -67,13 +68,16 @@ def trusting(ca_file: str | None) -> dict[str, Any]:
     request, and aiohttp pools connections by context, so every request opened (and kept) a TLS connection of its
     own: 100 requests, 101 connections. One context on the session's connector keeps one connection in use. The
     session is made as azure-core makes its own (proxy settings from the environment, no cookies, no automatic
-    decompression) and is closed with the client."""
+    decompression) and is closed with the client. Its timeouts are the storage SDK's own defaults (connect 20 s,
+    each read 60 s), which it applies only to a transport it builds itself: azure-core's would be 300 s each."""
     if not ca_file:
         return {}
     connector = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=ca_file))
     session = aiohttp.ClientSession(connector=connector, trust_env=True, cookie_jar=aiohttp.DummyCookieJar(),
                                     auto_decompress=False)
-    return {"transport": AioHttpTransport(session=session, session_owner=True)}
+    return {"transport": AioHttpTransport(session=session, session_owner=True,
+                                          connection_timeout=STORAGE_CONNECTION_TIMEOUT,
+                                          read_timeout=STORAGE_READ_TIMEOUT)}
 
 
 def consumer_client(settings: FleetSettings, store: ObservedCheckpointStore,
