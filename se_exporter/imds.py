@@ -50,8 +50,8 @@ def make_transport() -> KeepAliveTransport:
 
     ``ImdsClient`` asks it with plain values (``KeepAliveTransport.get``), the origin, target and headers worked
     out once: no client's per-request machinery (httpx's auth and redirect flows, cookies, hooks and header
-    merging did nothing for one fixed GET and cost ~100 us of a ~0.45 ms poll at 20 Hz), and no httpx in the
-    process at all. It is the only way in: tests drive this same transport against loopback servers and
+    merging do nothing for one fixed GET and were a fair share of a poll's CPU), and no httpx in the process at
+    all. It is the only way in: tests drive this same transport against loopback servers and
     byte-level doubles (``tests/fakes/``), so what they prove is what the sidecar runs.
     """
     return KeepAliveTransport()
