@@ -10,11 +10,13 @@ from collections.abc import Iterator, Sequence
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from prometheus_client import CollectorRegistry, Counter
 
 from se_exporter.cli import build_parser
 from se_exporter.config import SpanBatching, run_settings
 from se_exporter.errors import ConfigError
-from se_exporter.sinks.tracing import _QueueDrops
+from se_exporter.sinks.tracing import CountingExporter, _QueueDrops
+from tests.helpers import wait_until
 
 TRACING_ON = {"OTEL_TRACES_EXPORTER": "console"}
 
@@ -114,3 +116,41 @@ def test_a_full_queue_drops_the_oldest_counted_and_logged_once(
     exporter.hold.set()
     assert made.force_flush() is True
     assert exporter.names == ["held", "c", "d", "e"]
+
+
+class Refusing(SpanExporter):
+    """A collector that is down: every export fails (as after the exporter's timeout)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.calls += 1
+        return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        return None
+
+
+def test_while_stopping_batches_after_a_failed_export_fail_at_once() -> None:
+    """At SIGTERM the SDK's force_flush exports every queued batch whatever its timeout: once one has failed, the
+    rest are failed and counted without reaching the exporter, so stopping waits for one export's timeout at most;
+    outside a stop, every batch is tried."""
+    inner, registry = Refusing(), CollectorRegistry()
+    exporter = CountingExporter(inner, Counter("ok_spans", "", registry=registry),
+                                Counter("failed_spans", "", registry=registry))
+    made = BatchSpanProcessor(exporter, max_queue_size=16, schedule_delay_millis=60_000, max_export_batch_size=2)
+    provider = TracerProvider()
+    provider.add_span_processor(made)
+    try:
+        end_spans(provider, *"ab")  # one full batch: the worker exports it at once (and fails)
+        wait_until(lambda: inner.calls == 1, what="the first batch tried")
+        with exporter.failing_fast():
+            end_spans(provider, *"cdef")
+            made.force_flush()
+        assert (inner.calls, registry.get_sample_value("failed_spans_total")) == (1, 6)
+        end_spans(provider, "g")
+        made.force_flush()
+        assert inner.calls == 2
+    finally:
+        made.shutdown()

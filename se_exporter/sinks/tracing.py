@@ -13,8 +13,9 @@ at the first document, when the identity is known (or known to be unavailable).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -139,12 +140,16 @@ class CountingExporter(SpanExporter):
         self._inner, self._exported, self._failed = inner, exported, failed
         self._on_export = on_export
         self._health = Health()
+        self._fail_fast = False
         _REASONS.install()
 
     def export(self, spans: Any) -> SpanExportResult:
         _REASONS.last = None
         if self._on_export is not None:
             self._on_export()
+        if self._fail_fast and self._health.failing is not None:  # stopping: one export's timeout is enough
+            self._failed.inc(len(spans))
+            return SpanExportResult.FAILURE
         try:
             result: SpanExportResult = self._inner.export(spans)
         except Exception as error:  # an exporter bug must not kill the batch thread
@@ -160,6 +165,17 @@ class CountingExporter(SpanExporter):
                 log.warning("span export failing (%s): spans are dropped until the endpoint answers",
                             self._describe())
         return result
+
+    @contextlib.contextmanager
+    def failing_fast(self) -> Iterator[None]:
+        """While stopping: once an export has failed, the batches after it fail at once, counted, instead of each
+        waiting out the exporter's timeout. The SDK's ``force_flush`` exports every queued batch whatever its
+        timeout says, so this is what keeps SIGTERM prompt with a collector that never answers."""
+        self._fail_fast = True
+        try:
+            yield
+        finally:
+            self._fail_fast = False
 
     def _describe(self) -> str:
         endpoint = getattr(self._inner, "_endpoint", None)
@@ -245,13 +261,18 @@ class TracingSink(Sink):
         return SpanSink(provider, ids, self._state_dir)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return bool(self._sink.force_flush(min(timeout_millis, 3000))) if self._sink is not None else True
+        """Called when stopping (``FanOut.shutdown``): bounded by one export's timeout (``failing_fast``)."""
+        if self._sink is None:
+            return True
+        with self._exporter.failing_fast():
+            return bool(self._sink.force_flush(min(timeout_millis, 3000)))
 
     def shutdown(self) -> None:
-        if self._sink is not None:
-            self._sink.shutdown()
-        else:
-            self._exporter.shutdown()
+        with self._exporter.failing_fast():
+            if self._sink is not None:
+                self._sink.shutdown()
+            else:
+                self._exporter.shutdown()
 
 
 def make_tracing(settings: TracingSettings, state_dir: Path | None, registry: CollectorRegistry) -> TracingSink:
