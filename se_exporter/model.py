@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from se_exporter.errors import InvalidDocument
 
@@ -279,8 +279,12 @@ def _common_event(raw: object) -> ScheduledEvent | None:  # noqa: PLR0911 - one 
             when = _parse_timestamp(not_before.strip())
         except (ValueError, OverflowError):
             return None
-    return ScheduledEvent(event_id, event_type, event_status, resource_type, names, when, description, event_source,
-                          duration, {}, key)
+    made = object.__new__(ScheduledEvent)  # built(), inline: this runs once per event
+    made.__dict__.update({
+        "event_id": event_id, "event_type": event_type, "event_status": event_status, "resource_type": resource_type,
+        "resources": names, "not_before": when, "description": description, "event_source": event_source,
+        "duration_seconds": duration, "extra": {}, "key": key})
+    return made
 
 
 _Remembered = dict[str, tuple[dict[str, Any], ScheduledEvent]]
@@ -344,6 +348,23 @@ def _event(raw: object, index: int, warnings: list[str]) -> ScheduledEvent:
         duration_seconds=_duration(raw.get("DurationInSeconds"), index, warnings),
         extra={key: value for key, value in raw.items() if key not in _KNOWN_EVENT_FIELDS},
     )
+
+
+_T = TypeVar("_T")
+
+
+def built(cls: type[_T], values: dict[str, Any]) -> _T:
+    """An instance of the frozen dataclass ``cls`` holding ``values`` (every field, by name), made without its
+    ``__init__``: that one sets each field through ``object.__setattr__``, one call per field, which is most of
+    the cost of building events (here) and records and transitions (the lifecycle diff). Kept, against "ordinary
+    dataclasses", for the figure it guards: ``make bench``'s "parse + lifecycle diff of a 1,000-event document",
+    target 2.5x ``json.loads`` (issue 25 measured it without this, side by side: it missed). Only for the hot
+    paths, with values of the right types and every field given (no defaults are applied, no ``__post_init__``
+    runs); the tests prove the results equal to what ``__init__`` makes (``test_model.py``,
+    ``test_lifecycle.py``)."""
+    made = object.__new__(cls)
+    made.__dict__.update(values)  # the frozen __setattr__ is not involved: the instance's dict is filled directly
+    return made
 
 
 def _incarnation(value: object, warnings: list[str]) -> int | None:

@@ -116,6 +116,22 @@ def test_first_seen_survives_updates() -> None:
     assert records["e1"].event.not_before is not None and records["e1"].event.not_before.day == 12
 
 
+def test_records_and_transitions_are_exactly_what_their_constructors_make() -> None:
+    """The diff builds records and transitions without ``__init__`` for speed: each holds exactly the fields and
+    values that the constructor would give it, and compares and prints the same."""
+    steps = [diff({}, doc(1, event("A"), event("B")), 1.0)]
+    steps.append(diff(steps[0].records, doc(2, event("A", status="Started"),
+                                             event("B", not_before="Tue, 12 Apr 2022 01:00:00 GMT")), 2.0))
+    assert [t.kind for step in steps for t in step.transitions] == [SCHEDULED, SCHEDULED, STARTED, RESCHEDULED]
+    for step in steps:
+        for record in [*step.records.values(), *(t.record for t in step.transitions)]:
+            made = EventRecord(record.event, record.first_seen, record.started_at, record.gone_at)
+            assert (vars(record), record, repr(record)) == (vars(made), made, repr(made))
+        for transition in step.transitions:
+            made_t = Transition(transition.kind, transition.record, transition.previous_not_before)
+            assert (vars(transition), transition, repr(transition)) == (vars(made_t), made_t, repr(made_t))
+
+
 def test_an_unchanged_event_keeps_its_record() -> None:
     """An event the next document lists unchanged (parsing hands out the same object) keeps its very record and makes
     no transition, beside one that changed; the same event object found Started beside a record not yet started

@@ -135,8 +135,8 @@ def test_extra_fields_are_kept_and_never_fatal() -> None:
     {**DOCS_SCHEDULED["Events"][0], "EventType": None, "Description": 3, "NotBefore": "  "},
 ], ids=["complete", "started", "extra field", "older shape", "bad values in the common types", "wrong types"])
 def test_a_parsed_event_is_exactly_what_its_constructor_makes(raw: dict[str, object]) -> None:
-    """Events of the common shape, read the quick way, hold exactly the fields, values and key that
-    ``ScheduledEvent(...)`` gives them from their fields, and compare, hash and print the same."""
+    """Events of the common shape are built without ``__init__`` for speed: each holds exactly the fields, values
+    and key that ``ScheduledEvent(...)`` would give it, and compares, hashes and prints the same."""
     event = parse_document(json.dumps({"Events": [raw]}).encode()).events[0]
     made = ScheduledEvent(**{f.name: getattr(event, f.name) for f in dataclasses.fields(ScheduledEvent)
                              if f.name != "key"})
