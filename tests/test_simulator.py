@@ -17,7 +17,14 @@ from se_exporter.http_server import Bounds
 from se_exporter.model import parse_document
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault, from_json, parse_fault
-from se_exporter.simulator.server import HISTORY, SCHEDULED_EVENTS_VERSIONS, Simulator, SimulatorServer, start
+from se_exporter.simulator.server import (
+    HISTORY,
+    SCHEDULED_EVENTS_VERSIONS,
+    RecordedRequest,
+    Simulator,
+    SimulatorServer,
+    start,
+)
 from tests.helpers import wait_until
 
 SE = "/metadata/scheduledevents"
@@ -533,8 +540,31 @@ def test_a_body_over_64_kib_is_refused_413_and_not_kept(served: tuple[Simulator,
 def test_request_history_is_bounded() -> None:
     """The simulator remembers the last 1,000 requests (and 1,000 changes of the served document), no more."""
     sim = Simulator(scenarios.load("live-migration"))
-    assert sim.requests.maxlen == HISTORY == 1000
-    assert sim.served.maxlen == HISTORY
+    for number in range(HISTORY + 500):
+        sim.record(RecordedRequest(0.0, "GET", f"/{number}", "", "t", "true", b""))
+        sim.record_served(str(number).encode())
+    assert HISTORY == 1000
+    assert [r.path for r in sim.requests] == [f"/{number}" for number in range(500, HISTORY + 500)]
+    assert sim.served == [str(number).encode() for number in range(500, HISTORY + 500)]
+
+
+def test_the_request_history_reads_safely_while_the_server_records() -> None:
+    """Iterating ``requests`` while another thread records never fails: readers get a copy."""
+    sim = Simulator(scenarios.load("live-migration"))
+    stop = threading.Event()
+
+    def record() -> None:
+        while not stop.is_set():
+            sim.record(RecordedRequest(0.0, "GET", "/", "", "t", "true", b""))
+
+    writer = threading.Thread(target=record)
+    writer.start()
+    try:
+        for _ in range(200):
+            assert all(r.method == "GET" for r in sim.requests)
+    finally:
+        stop.set()
+        writer.join()
 
 
 @pytest.mark.parametrize("action", ["faults", "identity", "advance"])

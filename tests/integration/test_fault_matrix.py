@@ -80,7 +80,7 @@ def test_redirect_to_another_port(simulator: SimulatorFactory, sidecar: Callable
     wait_until(lambda: (process.value("azure_scheduled_events_polls_total", outcome="http_error") or 0) >= 3,
                what="redirects counted")
     assert len(re.findall(r"IMDS poll failed: HTTP 302 redirect to", process.log())) == 1
-    assert list(other.requests) == []
+    assert other.requests == []
     sim.clear_faults()
     wait_until(lambda: process.value("azure_scheduled_events_up") == 1, what="recovery")
     reliability("IMDS", "302 redirect to another port", "not followed (the target saw no request); "

@@ -495,7 +495,7 @@ def test_managed_identity_end_to_end_without_a_key_resuming_from_its_checkpoint(
     assert all(token.accepted and token.token_type == "jwt" for token in hub.cbs_tokens)  # noqa: S105 - a type name
     assert {token.claims["appid"] for token in hub.cbs_tokens if token.claims} == {SYSTEM_ASSIGNED[0], HUB_CLIENT_ID}
     requested = {(query["resource"][0], query.get("client_id", [None])[0]) for query in
-                 (parse_qs(r.query) for r in list(sim.requests) if r.path == TOKEN_PATH)}
+                 (parse_qs(r.query) for r in sim.requests if r.path == TOKEN_PATH)}
     assert requested == {(EVENTHUBS_AUDIENCE, None),  # the sidecar's own, system-assigned
                          (EVENTHUBS_AUDIENCE, HUB_CLIENT_ID), (STORAGE_AUDIENCE, STORAGE_CLIENT_ID)}  # the fleet's
     logs, metrics = [], []
