@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import socket
+import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -558,6 +559,8 @@ def test_the_request_history_reads_safely_while_the_server_records() -> None:
             sim.record(RecordedRequest(0.0, "GET", "/", "", "t", "true", b""))
 
     writer = threading.Thread(target=record)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as CPython allows, so a live view would be caught mid-walk
     writer.start()
     try:
         for _ in range(200):
@@ -565,6 +568,7 @@ def test_the_request_history_reads_safely_while_the_server_records() -> None:
     finally:
         stop.set()
         writer.join()
+        sys.setswitchinterval(switch)
 
 
 @pytest.mark.parametrize("action", ["faults", "identity", "advance"])
