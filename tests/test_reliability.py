@@ -1,5 +1,5 @@
-"""The Reliability table (docs/reliability.md) comes from a full run only: partial runs never rewrite its rows, and the renderer
-refuses rows no full run wrote."""
+"""The Reliability table (docs/reliability.md) comes from a full run only: partial runs never rewrite its rows, and
+the renderer refuses rows no full run wrote."""
 
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ def test_the_table_lives_in_docs_reliability_md() -> None:
     page = renderer.ROOT / "docs" / "reliability.md"
     text = page.read_text()
 
-    assert renderer.PAGE == page
+    assert page == renderer.PAGE
     assert text.count(renderer.START) == 1 and text.count(renderer.END) == 1
     assert text.index(renderer.START) < text.index(renderer.END)
     readme = (renderer.ROOT / "README.md").read_text()
