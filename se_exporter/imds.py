@@ -55,9 +55,9 @@ def make_transport() -> KeepAliveTransport:
 
     ``ImdsClient`` asks it with plain values (``KeepAliveTransport.get``), the origin, target and headers worked
     out once: no client's per-request machinery (httpx's auth and redirect flows, cookies, hooks and header
-    merging did nothing for one fixed GET and cost ~100 us of a ~0.45 ms poll at 20 Hz), and no httpx in the
-    process at all (~1.9 MB of RSS). Tests pass an ``httpx.MockTransport`` in its place: ``ImdsClient`` then
-    sends it the same GET as an ``httpx.Request``.
+    merging did nothing for one fixed GET and cost a noticeable share of a poll), and no httpx in the process
+    at all (its memory saved; figures: docs/performance.md). Tests pass an ``httpx.MockTransport`` in its
+    place: ``ImdsClient`` then sends it the same GET as an ``httpx.Request``.
     """
     return KeepAliveTransport()
 

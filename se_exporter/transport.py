@@ -1,13 +1,13 @@
 """An httpx transport on the standard library's ``http.client``: the IMDS hot path.
 
 Why not httpx's own transport (httpcore + h11): a poll of an unchanged document is one small GET
-on a kept-alive loopback-like connection, and at 20 Hz its cost is mostly the client's. Measured on
-the benchmark machine (thread CPU per GET, warm): httpx's default transport 200 us, a bare httpcore
-pool 138 us, ``http.client`` with keep-alive 73 us. The bytes on the wire go through ``http.client``,
+on a kept-alive loopback-like connection, and at 20 Hz its cost is mostly the client's: ``http.client``
+with keep-alive costs a fraction of the CPU per GET of httpx's default transport or a bare httpcore pool
+(figures: docs/performance.md, "Poll"). The bytes on the wire go through ``http.client``,
 whose C-accelerated parsing is the cheapest robust HTTP/1.1 client at hand.
 
 Two ways in: ``get`` (what ``ImdsClient`` uses) takes and returns plain values and imports nothing but the
-standard library, so a sidecar that polls IMDS never loads httpx (~1.9 MB of RSS); ``handle_request`` is the
+standard library, so a sidecar that polls IMDS never loads httpx (nor its memory); ``handle_request`` is the
 same exchange as an httpx transport (``httpx.Request`` in, ``httpx.Response`` out, httpx's exceptions), for
 callers that speak httpx; httpx is imported at its first call. Failures of ``get`` are this module's
 ``TransportError`` classes, named as httpx names the same failures.

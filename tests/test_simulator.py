@@ -407,7 +407,7 @@ def test_retry_after_is_seconds_or_an_http_date() -> None:
 
 
 def test_bytes_is_the_size_key_everywhere() -> None:
-    """'bytes' in a spec string and in JSON, as the README says; both make the same fault."""
+    """'bytes' in a spec string and in JSON, as docs/simulator.md says; both make the same fault."""
     assert parse_fault("huge,bytes=300") == from_json({"kind": "huge", "bytes": 300}) == Fault("huge", size=300)
     assert parse_fault("truncate,bytes=10,count=0") == Fault("truncate", size=10, count=0)
 

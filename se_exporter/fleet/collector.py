@@ -157,8 +157,8 @@ def render_fleet(vms: Iterable[VmState], now: float) -> str:
     """The fleet families in the Prometheus text format, from one consistent list of VMs.
 
     Written here rather than through prometheus-client's families: with 10,000 VMs its generic writer (label
-    validation and escaping per sample) took 190 ms a scrape, this takes a tenth of it, and a scrape competes
-    with the consumer for the interpreter."""
+    validation and escaping per sample) took several times as long a scrape (figures: docs/performance.md, "The
+    fleet consumer"), and a scrape competes with the consumer for the interpreter."""
     info: list[str] = []
     until: list[str] = []
     duration: list[str] = []

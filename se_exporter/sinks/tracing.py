@@ -3,7 +3,7 @@
 This module itself is imported only when tracing is on (``Sidecar.start``), so it may import the SDK.
 
 ``none`` imports nothing from OpenTelemetry at all. ``console`` needs only the SDK. ``otlp`` adds the
-HTTP exporter, or the gRPC one when ``grpc`` is asked for (grpcio alone costs ~28 MB on import).
+HTTP exporter, or the gRPC one when ``grpc`` is asked for (grpcio alone is heavy to import: docs/performance.md).
 Standard variables the exporters read themselves (headers, certificates, compression) keep working.
 
 The resource is built from the compute metadata the sidecar already read through its own IMDS
@@ -118,8 +118,8 @@ def _without_charset_detection() -> Iterator[None]:
 
     requests loads charset_normalizer (and with it every CJK codec) only to guess the encoding of a
     body that names no charset: for the exporter, an error body it logs. Since requests 2.32 the
-    detector is optional (the guess becomes UTF-8). Leaving it out saves ~2.9 MB of the sidecar's RSS,
-    a tenth of its Python heap. Only requests' first import is affected: the names are put back at
+    detector is optional (the guess becomes UTF-8). Leaving it out saves a noticeable share of the sidecar's
+    RSS (figures: docs/performance.md, "Memory"). Only requests' first import is affected: the names are put back at
     once, so any other library can still import the detector if it needs it.
     """
     names = [] if "requests" in sys.modules else [
@@ -208,8 +208,8 @@ class QuietBatchSpanProcessor(SpanProcessor):
     """Batches ended spans to an exporter, like OpenTelemetry's ``BatchSpanProcessor``, but its thread sleeps until
     a span is queued.
 
-    The SDK's processor wakes every schedule delay to look for spans whether there are any or not: 2 wake-ups and
-    ~0.2 ms of CPU a second at our 0.5 s, in a sidecar that otherwise sleeps between polls (issue 14). Here the
+    The SDK's processor wakes every schedule delay to look for spans whether there are any or not (its cost:
+    docs/performance.md), in a sidecar that otherwise sleeps between polls (issue 14). Here the
     thread waits on a condition with no timeout; the first span queued wakes it, it then lets a batch gather for
     the schedule delay (or until a batch is full, a flush or shutdown), exports, and sleeps again. The same
     guarantees as the SDK's: a bounded queue (when full, the oldest span is dropped, counted and logged once per

@@ -1,5 +1,5 @@
 """The fault matrix: for every fault, the process lives, the fault shows in a metric and in one log line, and
-the sidecar recovers on the next good poll. Each proven row lands in the README's Reliability table."""
+the sidecar recovers on the next good poll. Each proven row lands in the Reliability table (docs/reliability.md)."""
 
 from __future__ import annotations
 
