@@ -344,7 +344,7 @@ def core_figures(*args: str) -> dict[str, float]:
 
 
 METRICS_ONLY_IMPORTS = ["logging", "ssl", "email.parser", "http.server", "urllib.request", "prometheus_client",
-                        "se_exporter.cli"]
+                        "asyncio", "h11", "se_exporter.cli"]
 # requests (which the OTLP/HTTP exporter sends with) and the exporter's protobuf messages apart from the exporter
 EVERY_SINK_IMPORTS = ["asyncio", "azure.eventhub.aio", "se_exporter.sinks.eventhubs", "opentelemetry.sdk.trace",
                       "urllib3", "charset_normalizer", "requests",

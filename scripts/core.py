@@ -33,7 +33,8 @@ from prometheus_client.registry import Collector
 
 import se_exporter.cli  # noqa: F401 - the sidecar's own imports, so the heap is the sidecar's size
 from se_exporter.config import Settings
-from se_exporter.endpoints import make_http_app
+from se_exporter.endpoints import routes
+from se_exporter.http_server import HttpRequest
 from se_exporter.imds import ImdsClient, make_transport
 from se_exporter.lifecycle import diff
 from se_exporter.metrics import Metrics
@@ -98,16 +99,16 @@ def core_figures(repeats: int) -> dict[str, float]:
     registry = CollectorRegistry()
     Metrics(registry, lambda: snapshot)
     # Through the sidecar's own /metrics app, asked the way Prometheus asks (OpenMetrics preferred, gzip) ...
-    app = make_http_app(registry, SimpleNamespace(healthy=True, snapshot=snapshot))  # type: ignore[arg-type]
-    environ = {"PATH_INFO": "/metrics", "REQUEST_METHOD": "GET", "QUERY_STRING": "", "HTTP_ACCEPT_ENCODING": "gzip",
-               "HTTP_ACCEPT": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
-                              "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"}
+    page = routes(registry, SimpleNamespace(healthy=True, ready=True))["/metrics"]
+    request = HttpRequest("GET", "/metrics", "", (
+        ("accept-encoding", "gzip"), ("accept", "application/openmetrics-text;version=1.0.0,application/openmetrics-"
+                                                "text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")))
     # ... beside prometheus-client writing the very same families, built beforehand, gzipped the same way.
     static = CollectorRegistry()
     static.register(Prebuilt(list(registry.collect())))
     ours, floor = [], []
     for _ in range(repeats):
-        ours.append(timed(lambda: b"".join(app(dict(environ), lambda status, headers: None)))[0])
+        ours.append(timed(lambda: page(request).body)[0])
         floor.append(timed(lambda: gzip.compress(generate_latest(static), compresslevel=1))[0])
     return {"json_loads_1000_ms": statistics.median(loads) * 1000,
             "parse_diff_1000_ms": statistics.median(parse_diff) * 1000,

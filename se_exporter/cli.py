@@ -143,7 +143,7 @@ def simulate(settings: SimulatorSettings, list_only: bool = False) -> int:
     stop = threading.Event()
     _on_signals(stop)
     stop.wait()
-    server.shutdown()
+    server.server_close()
     return 0
 
 

@@ -25,6 +25,7 @@ from se_exporter.options import (
     Option,
     check_eventhubs,
     choice,
+    given,
     parse_listen,
     parse_name,
     parse_path,
@@ -38,7 +39,7 @@ DEFAULT_IMDS_URL = "http://169.254.169.254"
 DEFAULT_API_VERSION = "2020-07-01"
 DEFAULT_STATE_DIR = PLATFORM.default_state_dir(os.environ)  # /var/lib/se-exporter; %ProgramData%\se-exporter
 DEFAULT_HEARTBEAT = 300.0  # seconds; with Event Hubs: a quiet VM still reaches `se-exporter fleet` 3 times in 15 min
-_API_VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_API_VERSION = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
 
 @dataclass(frozen=True)
@@ -258,8 +259,35 @@ def run_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     values.update(_otel_extras(args, env, values))
     settings = Settings(**values)
     check_eventhubs(settings)
+    check_orphans(settings, given(RUN_OPTIONS, args, env))
     check_paths(settings)
     return settings
+
+
+# Settings that only mean something beside another: (the setting, what it needs, the hint of the error).
+_EVENTHUB_ONLY = ("spool_dir", "spool_max_bytes", "eventhub_send_timeout", "eventhub_retry_max")
+
+
+def check_orphans(settings: Settings, sources: Mapping[str, str]) -> None:
+    """A setting that would be ignored, or two that contradict each other, stop start-up with one line naming
+    what was written (the flag or the environment variable) and what to do; nothing is ignored silently."""
+    def named(dest: str) -> str:
+        return sources.get(dest, "--" + dest.replace("_", "-"))
+
+    if "speed" in sources and settings.simulate is None:
+        raise ConfigError(f"{named('speed')} needs --simulate (it sets how fast the simulated scenario runs); "
+                          "leave it out when polling IMDS")
+    if "imds_url" in sources and settings.simulate is not None:
+        raise ConfigError(f"{named('imds_url')} and {named('simulate')} exclude each other: --simulate polls its "
+                          "own in-process IMDS; give one of them")
+    if settings.heartbeat_interval and not (settings.forward_file or settings.eventhubs_enabled):
+        raise ConfigError(f"{named('heartbeat_interval')} needs a forwarding target (--forward-file, or Event Hubs): "
+                          "heartbeats are forwarded documents; give one, or leave it out")
+    if not settings.eventhubs_enabled:
+        for dest in _EVENTHUB_ONLY:
+            if dest in sources:
+                raise ConfigError(f"{named(dest)} is only used with Event Hubs: give --eventhub-connection-string or "
+                                  f"--eventhub-namespace, or leave {named(dest)} out")
 
 
 def check_paths(settings: Settings) -> None:
@@ -271,7 +299,7 @@ def check_paths(settings: Settings) -> None:
     spool = _flag_path("--spool-dir", settings.spool_dir, settings.spool_path) if settings.eventhubs_enabled \
         else None
     if settings.forward_file is not None:
-        forward = settings.forward_file.resolve()
+        forward = followable("--forward-file", settings.forward_file, file=True)
         for flag, (shown, directory) in (("--state-dir", state), *((("--spool-dir", spool),) if spool else ())):
             if forward.is_relative_to(directory):
                 raise ConfigError(f"--forward-file {settings.forward_file} is inside {flag} {shown}: the sidecar "
@@ -287,7 +315,28 @@ def check_paths(settings: Settings) -> None:
 
 def _flag_path(flag: str, given: Path | None, used: Path) -> tuple[str, Path]:
     """How an error shows a directory (the path given, or ``(default ...)``) and the directory, resolved."""
-    return (str(given) if given is not None else f"(default {used})"), used.resolve()
+    return (str(given) if given is not None else f"(default {used})"), followable(flag, used)
+
+
+def followable(flag: str, path: Path, file: bool = False) -> Path:
+    """``path`` resolved, or a ``ConfigError`` saying why it cannot be: a loop of symbolic links (``resolve`` raises
+    RuntimeError on Python 3.11, OSError later), or a symbolic link to nothing on the way to it, or as the directory
+    itself (making it would otherwise fail with a bare "File exists"). A ``file``'s own link may point at a file yet
+    to be made: appending creates it."""
+    try:
+        resolved = path.resolve()
+    except (RuntimeError, OSError) as error:
+        raise ConfigError(f"{flag} {path}: symbolic links there form a loop and cannot be followed ({error}); "
+                          "give a path that leads to a real directory or file") from None
+    for step in (*(() if file else (path,)), *path.parents):
+        if step.is_symlink() and not step.exists():
+            try:
+                target = os.readlink(step)
+            except OSError:
+                target = "?"
+            raise ConfigError(f"{flag} {path}: {step} is a symbolic link to {target}, which does not exist; create "
+                              "it, or give another path")
+    return resolved
 
 
 def _otel_extras(args: argparse.Namespace, env: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, Any]:

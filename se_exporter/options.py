@@ -75,11 +75,11 @@ class Bounded:
         if self.unit == "bytes":
             value: float = _size(text)
         else:
-            try:
-                value = float(text)
-            except ValueError:
+            # ASCII digits only: float() also takes Arabic-Indic or full-width digits and '1_0', meant by nobody.
+            if not _NUMBER.fullmatch(text):
                 what = "a number of seconds, e.g. 1 or 0.5" if self.unit == "seconds" else "a number"
-                raise ValueError(f"{text!r} is not {what}") from None
+                raise ValueError(f"{text!r} is not {what} (ASCII digits, an optional '.' and exponent)")
+            value = float(text)
         if not value > 0:  # NaN too
             raise ValueError(f"{text!r} must be a positive number ({self.describe()})")
         if not self.low <= value <= self.high:
@@ -95,13 +95,18 @@ class Bounded:
         return f"{_show_number(self.low)} to {_show_number(self.high)}{unit}"
 
 
+# What float() reads, in ASCII only (nan and inf are then refused by the range, with their own words).
+_NUMBER = re.compile(r"\s*[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[+-]?[0-9]+)?|nan|inf(?:inity)?)\s*",
+                     flags=re.ASCII | re.IGNORECASE)
+
+
 def _show_number(value: float) -> str:
     """2592000, not ``:g``'s 2.592e+06; fractions as ``:g`` writes them (0.05)."""
     return str(int(value)) if value == int(value) else f"{value:g}"
 
 
 def _size(text: str) -> int:
-    match = re.fullmatch(r"\s*(\d{1,15})\s*([KMGT]i?B?|B)?\s*", text, flags=re.IGNORECASE)
+    match = re.fullmatch(r"\s*([0-9]{1,15})\s*([KMGT]i?B?|B)?\s*", text, flags=re.IGNORECASE | re.ASCII)
     if not match:
         raise ValueError(f"{text!r} is not a size, e.g. 4194304 or 4MiB")
     units = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -119,7 +124,7 @@ SPEED = Bounded(0.001, 100_000, unit="")
 
 
 def parse_listen(text: str) -> Listen:
-    match = re.fullmatch(r"(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})", text.strip())
+    match = re.fullmatch(r"(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:\[\]]*)):(?P<port>[0-9]{1,5})", text.strip())
     if not match:
         raise ValueError(f"{text!r} is not HOST:PORT, e.g. :{DEFAULT_PORT} or 127.0.0.1:{DEFAULT_PORT}")
     port = int(match.group("port"))
@@ -203,7 +208,7 @@ def connection_string_address(text: str) -> str | None:
 
 def parse_namespace(text: str) -> str:
     host = text.strip().removeprefix("sb://").rstrip("/")
-    if not re.fullmatch(r"[A-Za-z0-9.-]+(:\d+)?", host) or "." not in host:
+    if not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?", host) or "." not in host:
         raise ValueError(f"{text!r} is not a namespace host name like myns.servicebus.windows.net")
     return host
 
@@ -342,6 +347,18 @@ def resolve(options: Sequence[Option], args: argparse.Namespace, env: Mapping[st
     return values
 
 
+def given(options: Sequence[Option], args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, str]:
+    """Where each setting that was given came from, as ``resolve`` reads it: its flag, or its environment
+    variable. Rules between settings name what the user wrote (``--speed`` or ``SE_EXPORTER_SPEED``)."""
+    sources: dict[str, str] = {}
+    for option in options:
+        if getattr(args, option.dest, None) is not None:
+            sources[option.dest] = option.flag
+        elif option.env in env and (env[option.env] or not option.blank_is_unset):
+            sources[option.dest] = option.env
+    return sources
+
+
 class EventHubsSettings(Protocol):
     """The Event Hubs fields run, consume and fleet settings share."""
 
@@ -376,6 +393,9 @@ def check_eventhubs(settings: EventHubsSettings) -> None:
             raise ConfigError("--eventhub-name is required: the connection string has no EntityPath")
     elif settings.eventhub_namespace and not settings.eventhub_name:
         raise ConfigError("--eventhub-name is required with --eventhub-namespace")
+    if settings.eventhub_name and not (settings.eventhub_connection_string or settings.eventhub_namespace):
+        raise ConfigError("--eventhub-name needs --eventhub-connection-string or --eventhub-namespace (it names the "
+                          "event hub in that namespace); give one of them, or leave --eventhub-name out")
     if settings.eventhub_client_id and not settings.eventhub_namespace:
         raise ConfigError("--eventhub-client-id needs --eventhub-namespace (it selects a managed identity)")
     for given, flag in ((settings.eventhub_endpoint, "--eventhub-endpoint"),

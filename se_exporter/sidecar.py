@@ -18,23 +18,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from se_exporter import __version__
+from se_exporter import __version__, http_server
 from se_exporter.config import THROTTLED_BELOW, Settings
-from se_exporter.endpoints import make_http_app, serve
+from se_exporter.endpoints import make_http_app
 from se_exporter.errors import ConfigError
 from se_exporter.imds import ImdsClient, make_transport
-from se_exporter.metrics import Metrics
+from se_exporter.metrics import NAMESPACE, Metrics
 from se_exporter.options import Listen
 from se_exporter.poller import IdentityWatcher, Poller
-from se_exporter.sinks import FanOut, Sink
+from se_exporter.sinks import FanOut, ImdsHealth, Sink
 from se_exporter.sinks.eventlog import LogSink
 from se_exporter.sinks.transition_metrics import MetricsSink
 from se_exporter.snapshot import CurrentState, Snapshot
@@ -71,9 +71,9 @@ class Sidecar:
         if self.settings.simulate is not None:
             self._start_simulator()
         listen = self.settings.listen
-        server = bind(listen, lambda: serve(listen, self._http))
+        rejected = http_server.rejection_counter(self.registry, NAMESPACE)
+        server = bind(listen, lambda: http_server.serve(listen, self._http, on_reject=rejected))
         self._cleanup.callback(server.server_close)
-        self._cleanup.callback(server.shutdown)
         self.metrics_url = f"http://{_display(listen, server.server_port)}/metrics"
 
     def start(self, stop: threading.Event) -> None:
@@ -93,7 +93,7 @@ class Sidecar:
                                    settings.spool_path if settings.eventhubs_enabled else None, cleanup)
         store = state_dir.lifecycle_store(settings.imds_url)
         outputs: list[Sink] = [MetricsSink(metrics), LogSink()]
-        forward = make_forwarding(settings, state_dir, self.registry)
+        forward = make_forwarding(settings, state_dir, self.registry, imds_health=lambda: imds_health(state.get()))
         if forward is not None:
             outputs.append(forward)
         if settings.otel_traces_exporter != "none":
@@ -136,8 +136,15 @@ class Sidecar:
         self.settings = replace(self.settings, imds_url=sim_server.url)
 
 
-def make_forwarding(settings: Settings, state_dir: StateDir, registry: CollectorRegistry) -> ForwardSink | None:
-    """The forwarding sink with its targets (file, Event Hubs), or None when nothing is configured.
+def imds_health(snapshot: Snapshot) -> ImdsHealth:
+    """What heartbeats say of IMDS: the poll loop keeps both in the snapshot (``up`` is the latest poll's outcome)."""
+    return ImdsHealth(snapshot.last_success, failing=not snapshot.up)
+
+
+def make_forwarding(settings: Settings, state_dir: StateDir, registry: CollectorRegistry,
+                    imds_health: Callable[[], ImdsHealth] | None = None) -> ForwardSink | None:
+    """The forwarding sink with its targets (file, Event Hubs), or None when nothing is configured; heartbeats
+    carry ``imds_health()``.
 
     Imported only when forwarding is on: the Event Hubs target brings asyncio, its SDK comes only with it."""
     if not (settings.forward_file or settings.eventhubs_enabled):
@@ -176,7 +183,8 @@ def make_forwarding(settings: Settings, state_dir: StateDir, registry: Collector
     if settings.heartbeat_seconds:
         log.info("forwarding the current document again after %gs without a change (heartbeat)",
                  settings.heartbeat_seconds)
-    return ForwardSink(sequencer, targets, metrics, heartbeat_interval=settings.heartbeat_seconds)
+    return ForwardSink(sequencer, targets, metrics, heartbeat_interval=settings.heartbeat_seconds,
+                       imds_health=imds_health)
 
 
 def bind(listen: Listen, make: Callable[[], _S]) -> _S:
@@ -190,13 +198,12 @@ def bind(listen: Listen, make: Callable[[], _S]) -> _S:
 class _Starting:
     """The HTTP app until the poller exists (a few milliseconds after the port is bound): 503, starting."""
 
-    app: Callable[..., Iterable[bytes]] | None = None
+    app: http_server.Handler | None = None
 
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    async def __call__(self, request: http_server.HttpRequest) -> http_server.Response | None:
         if self.app is not None:
-            return self.app(environ, start_response)
-        start_response("503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8")])
-        return [b"starting\n"]
+            return await self.app(request)
+        return http_server.Response(503, b"starting\n")
 
 
 def _display(listen: Listen, port: int) -> str:

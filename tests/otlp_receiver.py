@@ -1,11 +1,16 @@
 """A small OTLP trace receiver for the tests: OTLP/HTTP (protobuf) and OTLP/gRPC, on loopback.
 
-Built on opentelemetry-proto; the official exporters deliver to it as to a collector.
+Built on opentelemetry-proto; the official exporters deliver to it as to a collector. Beside it, hostile
+collectors on loopback: ones that flood an endless answer, drip it a byte at a time, or answer gRPC late or large.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socketserver
 import threading
+import time
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -108,3 +113,77 @@ class OtlpReceiver:
         self._http.shutdown()
         self._http.server_close()
         self._grpc.stop(0)
+
+
+# ---------------------------------------------------------------- hostile collectors
+
+
+def flood_declared(send: Callable[[bytes], None]) -> None:
+    send(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 4000000000\r\n\r\n")
+    while True:
+        send(b"\0" * 65536)
+
+
+def flood_undeclared(send: Callable[[bytes], None]) -> None:
+    send(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nConnection: close\r\n\r\n")
+    while True:
+        send(b"\0" * 65536)
+
+
+def drip_headers(send: Callable[[bytes], None]) -> None:
+    send(b"HTTP/1.1 200 OK\r\n")
+    for byte in b"X-Slow: " + b"a" * 10_000:
+        send(bytes([byte]))
+        time.sleep(0.1)  # the collector's pace, one byte at a time: the behaviour under test
+
+
+def drip_body(send: Callable[[bytes], None]) -> None:
+    send(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\n")
+    for _ in range(100_000):
+        send(b"\0")
+        time.sleep(0.1)  # the collector's pace, one byte at a time: the behaviour under test
+
+
+@contextlib.contextmanager
+def hostile_collector(answer: Callable[[Callable[[bytes], None]], None]) -> Iterator[str]:
+    """A loopback collector that reads the request's headers and then answers with ``answer``; the endpoint URL."""
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass
+            with contextlib.suppress(OSError):
+                answer(self.wfile.write)
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def hostile_grpc_collector(delay: float, message_bytes: int) -> Iterator[str]:
+    """A loopback OTLP/gRPC collector that answers after ``delay`` seconds with a partial-success message of
+    ``message_bytes`` bytes."""
+    stop = threading.Event()
+
+    class Service(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request: Any, context: Any) -> Any:
+            stop.wait(delay)  # the collector's pace: the behaviour under test
+            reply = trace_service_pb2.ExportTraceServiceResponse()
+            reply.partial_success.error_message = "x" * message_bytes
+            return reply
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop.set()
+        server.stop(0)

@@ -11,6 +11,7 @@ import pytest
 
 from se_exporter.cli import build_parser, main
 from se_exporter.config import DEFAULT_IMDS_URL, RUN_OPTIONS, Settings, parse_bytes, run_settings
+from se_exporter.errors import ConfigError
 from se_exporter.options import Bounded, Listen, parse_endpoint, parse_listen
 from se_exporter.simulator.settings import simulator_settings
 from tests.conftest import Reliability
@@ -345,4 +346,81 @@ def test_the_default_layout_and_separate_places_are_accepted(tmp_path: Path) -> 
     settings(["--state-dir", str(state), "--spool-dir", str(tmp_path / "q"), "--forward-file",
               str(tmp_path / "out.jsonl"), *hub])
     settings(["--state-dir", str(state), "--forward-file", str(tmp_path / "state-docs.jsonl")])
-    settings(["--state-dir", str(state), "--spool-dir", str(state), "--forward-file", str(tmp_path / "o.jsonl")])
+    with pytest.raises(ConfigError, match="only used with Event Hubs"):  # no spool without Event Hubs: no overlap
+        settings(["--state-dir", str(state), "--spool-dir", str(state), "--forward-file", str(tmp_path / "o.jsonl")])
+
+
+NOT_ASCII_OR_ORPHAN = [
+    (["--listen", "127.0.0.1:\uff11\uff18\uff13\uff11\uff10"], {}, "--listen: '127.0.0.1:"),  # full-width digits
+    (["--poll-interval", "\u0663"], {}, "--poll-interval: '\u0663' is not a number of seconds"),  # Arabic-Indic 3
+    (["--poll-interval", "1_0"], {}, "--poll-interval: '1_0' is not a number of seconds"),
+    ([], {"SE_EXPORTER_IMDS_TIMEOUT": "\uff12"}, "SE_EXPORTER_IMDS_TIMEOUT: '\uff12' is not a number"),
+    (["--poll-interval", "1\u00a0"], {}, "--poll-interval"),  # a no-break space is not ASCII blank
+    (["--max-document-bytes", "\uff14MiB"], {}, "--max-document-bytes: '\uff14MiB' is not a size"),
+    ([], {"SE_EXPORTER_SPOOL_MAX_BYTES": "6_4MiB"}, "SE_EXPORTER_SPOOL_MAX_BYTES: '6_4MiB' is not a size"),
+    (["--api-version", "\uff12020-07-01"], {}, "--api-version"),
+    (["--eventhub-namespace", "ns.servicebus.windows.net:\u0665671", "--eventhub-name", "h"], {},
+     "--eventhub-namespace"),
+    (["--eventhub-name", "hub"], {}, "--eventhub-name needs --eventhub-connection-string or --eventhub-namespace"),
+    ([], {"SE_EXPORTER_EVENTHUB_NAME": "hub"}, "--eventhub-name needs"),
+    (["--spool-dir", "spool"], {}, "--spool-dir is only used with Event Hubs"),
+    ([], {"SE_EXPORTER_SPOOL_DIR": "spool"}, "SE_EXPORTER_SPOOL_DIR is only used with Event Hubs"),
+    (["--spool-max-bytes", "1MiB"], {}, "--spool-max-bytes is only used with Event Hubs"),
+    (["--eventhub-send-timeout", "5"], {}, "--eventhub-send-timeout is only used with Event Hubs"),
+    ([], {"SE_EXPORTER_EVENTHUB_RETRY_MAX": "5"}, "SE_EXPORTER_EVENTHUB_RETRY_MAX is only used with Event Hubs"),
+    (["--heartbeat-interval", "60"], {}, "--heartbeat-interval needs a forwarding target"),
+    ([], {"SE_EXPORTER_HEARTBEAT_INTERVAL": "60"}, "SE_EXPORTER_HEARTBEAT_INTERVAL needs a forwarding target"),
+    (["--speed", "10"], {}, "--speed needs --simulate"),
+    ([], {"SE_EXPORTER_SPEED": "10"}, "SE_EXPORTER_SPEED needs --simulate"),
+    (["--simulate", "--imds-url", "http://127.0.0.1:9"], {}, "--imds-url and --simulate exclude each other"),
+    (["--imds-url", "http://127.0.0.1:9"], {"SE_EXPORTER_SIMULATE": "demo"},
+     "--imds-url and SE_EXPORTER_SIMULATE exclude each other"),
+]
+
+
+@pytest.mark.parametrize(("argv", "env", "fragment"), NOT_ASCII_OR_ORPHAN)
+def test_non_ascii_numbers_and_orphan_or_conflicting_settings_stop_start_up(
+        argv: list[str], env: dict[str, str], fragment: str, capsys: pytest.CaptureFixture[str],
+        reliability: Reliability) -> None:
+    """Numbers take ASCII digits only; a setting that would be ignored, or two that contradict each other, stop
+    start-up with exit 2 and one line naming what was written (flag or environment variable) and what to do."""
+    assert main(["run", *argv], env=env) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("se-exporter: error: ") and fragment in err, err
+    reliability("Configuration", f"{len(NOT_ASCII_OR_ORPHAN)} numbers in non-ASCII digits, orphan settings and "
+                                 "conflicting ones, as flags and as environment variables",
+                "exit 2 with one line naming what was written and what to do")
+
+
+@pytest.mark.parametrize(("flag", "hub", "fragment"), [
+    ("--state-dir", False, "symbolic links there form a loop"),
+    ("--forward-file", False, "symbolic links there form a loop"),
+    ("--spool-dir", True, "symbolic links there form a loop"),
+])
+def test_a_symlink_loop_as_a_path_stops_start_up_with_one_line(tmp_path: Path, flag: str, hub: bool, fragment: str,
+                                                               capsys: pytest.CaptureFixture[str],
+                                                               reliability: Reliability) -> None:
+    """A path option that is a loop of symbolic links (a -> b -> a) is one line naming the flag, not a traceback."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    argv = [flag, str(tmp_path / "a")]
+    if flag != "--state-dir":
+        argv += ["--state-dir", str(tmp_path / "state")]
+    if hub:
+        argv += ["--eventhub-connection-string", CONN + ";EntityPath=h"]
+    assert main(["run", *argv], env={}) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag} {tmp_path / 'a'}: {fragment}" in err, err
+    reliability("Configuration", "a loop of symbolic links as --state-dir, --spool-dir or --forward-file",
+                "exit 2 with one line naming the flag, not a traceback")
+
+
+def test_a_dangling_symlink_as_state_dir_says_where_it_points(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A state directory that is a symbolic link to nothing is named as such, not as "File exists"."""
+    (tmp_path / "state").symlink_to(tmp_path / "gone")
+    assert main(["run", "--state-dir", str(tmp_path / "state")], env={}) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"is a symbolic link to {tmp_path / 'gone'}, which does not exist" in err and "File exists" not in err

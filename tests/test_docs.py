@@ -7,11 +7,11 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from se_exporter import processwide
+from se_exporter import http_server, processwide
 from se_exporter.config import RUN_OPTIONS, Settings
 from se_exporter.consume_settings import CONSUME_OPTIONS
 from se_exporter.lifecycle import diff
-from se_exporter.metrics import Metrics
+from se_exporter.metrics import NAMESPACE, Metrics
 from se_exporter.model import VmIdentity, parse_document
 from se_exporter.simulator.settings import SIMULATE_OPTIONS
 from se_exporter.sinks.forward import ForwardMetrics
@@ -39,6 +39,7 @@ def test_every_metric_is_in_the_readme() -> None:
     registry = CollectorRegistry()
     Metrics(registry, lambda: snapshot)
     ForwardMetrics(registry)
+    http_server.rejection_counter(registry, NAMESPACE)
     with processwide.restored():  # the sink turns the exporters' loggers down; the test leaves them as they were
         TracingSink(Settings(otel_traces_exporter="console"), None, registry).shutdown()
     names = {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}

@@ -23,7 +23,7 @@ def test_envelope_properties_and_ids() -> None:
         "vm_name": "WestNO_0", "vm_id": IDENTITY.vm_id, "vmss_name": "", "subscription_id": "sub",
         "resource_group": "rg", "location": "norwayeast", "document_incarnation": 3,
         "observed_at": "2026-11-22T03:04:28.024Z", "api_version": "2020-07-01", "exporter_version": "0.1.0",
-        "sequence": 7}
+        "sequence": 7, "imds_last_success": "2026-11-22T03:04:28.024Z", "imds_failing": False}
 
 
 def test_partition_key_falls_back_to_the_vm_name() -> None:

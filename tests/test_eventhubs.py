@@ -72,7 +72,7 @@ def test_the_real_credential_chain_builds_without_contacting_anyone() -> None:
     """Without an injected credential, the client gets azure-identity's chain (managed or workload identity), fully
     constructible here: its async transport is installed, and nothing is fetched until a token is needed."""
     client = producer_factory(None, "maintenance", "ns.servicebus.windows.net", "c0ffee")()
-    chain = [type(credential).__name__ for credential in client._credential.credentials]
+    chain = [type(credential).__name__ for credential in client._credential.inner.credentials]
     assert "ManagedIdentityCredential" in chain
     assert not {"AzureCliCredential", "AzurePowerShellCredential", "VisualStudioCodeCredential"} & set(chain)
 

@@ -5,17 +5,22 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
 from prometheus_client import CollectorRegistry
 
 from se_exporter.cli import build_parser
-from se_exporter.config import run_settings
+from se_exporter.config import Settings, run_settings
 from se_exporter.errors import ConfigError
+from se_exporter.options import Listen
+from se_exporter.sidecar import Sidecar
+from se_exporter.simulator.faults import Fault
 from se_exporter.sinks.envelope import Sequencer
 from se_exporter.sinks.forward import ForwardMetrics, ForwardSink
 from se_exporter.sinks.forward_file import file_line
+from tests.conftest import Reliability
 from tests.fakes.documents import RAW, change
 from tests.fakes.targets import Collecting
 from tests.helpers import FORWARDED_SCHEMA as SCHEMA
@@ -91,7 +96,8 @@ def test_without_an_interval_nothing_is_repeated_and_shutdown_is_prompt(tmp_path
     (["--heartbeat-interval", "0"], {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": HUB}, None),
     (["--heartbeat-interval", "off"], {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": HUB}, None),
     (["--heartbeat-interval", "60", "--forward-file", "x.jsonl"], {}, 60.0),
-    ([], {"SE_EXPORTER_HEARTBEAT_INTERVAL": "120"}, 120.0),
+    (["--forward-file", "x.jsonl"], {"SE_EXPORTER_HEARTBEAT_INTERVAL": "120"}, 120.0),
+    (["--heartbeat-interval", "off"], {}, None),  # turning off what is off is no contradiction
 ])
 def test_heartbeat_defaults_off_for_files_and_five_minutes_for_event_hubs(argv: list[str], env: dict[str, str],
                                                                           expected: float | None) -> None:
@@ -105,3 +111,48 @@ def test_a_bad_heartbeat_interval_names_the_setting() -> None:
     for value in ("-1", "0.01", "soon"):
         with pytest.raises(ConfigError, match="--heartbeat-interval"):
             run_settings(build_parser().parse_args(["run", "--heartbeat-interval", value]), {})
+
+
+def _forwarded(path: Path) -> list[dict[str, Any]]:
+    """The forward file's complete lines (a line being written is left for the next look)."""
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+
+def _beats(path: Path, failing: bool) -> list[dict[str, Any]]:
+    return [line["properties"] for line in _forwarded(path)
+            if line["properties"].get("heartbeat") and line["properties"].get("imds_failing") is failing]
+
+
+def test_heartbeats_during_an_imds_outage_say_so_and_recovery_clears_it(tmp_path: Path,
+                                                                       reliability: Reliability) -> None:
+    """While IMDS answers 500, heartbeats carry imds_failing true and an imds_last_success that no longer moves;
+    once IMDS answers again they carry imds_failing false and a later imds_last_success."""
+    forward_file = tmp_path / "documents.jsonl"
+    settings = Settings(simulate="degraded-hardware", listen=Listen("127.0.0.1", 0), state_dir=tmp_path / "state",
+                        poll_interval=0.05, max_backoff=0.1, forward_file=forward_file, heartbeat_interval=0.2)
+    stop = threading.Event()
+    with Sidecar(settings) as sidecar:
+        sidecar.listen()
+        sim = sidecar.simulator
+        assert sim is not None
+        sidecar.start(stop)
+        wait_until(lambda: _beats(forward_file, False), timeout=10, what="a heartbeat while IMDS answers")
+        first = _forwarded(forward_file)[0]["properties"]
+        assert first["imds_failing"] is False and first["imds_last_success"] == first["observed_at"]
+        sim.inject(Fault("status", status=500, count=0))
+        failing = wait_until(lambda: _beats(forward_file, True)[2:], timeout=10, what="three failing heartbeats")
+        assert len({beat["imds_last_success"] for beat in failing}) == 1  # frozen at the last good read
+        assert all(beat["observed_at"] > beat["imds_last_success"] for beat in failing)
+        frozen = failing[0]["imds_last_success"]
+        seen = len(_beats(forward_file, False))
+        sim.clear_faults()
+        recovered = wait_until(lambda: _beats(forward_file, False)[seen:], timeout=10,
+                               what="a heartbeat after recovery")
+        assert recovered[0]["imds_last_success"] > frozen
+        stop.set()
+    for line in _forwarded(forward_file):
+        jsonschema.validate(line, SCHEMA)
+    reliability("Forwarding", "IMDS answering 500 while heartbeats run, then answering again",
+                "heartbeats carried imds_failing true and an imds_last_success frozen at the last good read; the "
+                "first heartbeat after recovery carried imds_failing false and a later imds_last_success")

@@ -444,12 +444,12 @@ def test_a_console_control_event_stops_run_in_order(tmp_path: Path, monkeypatch:
 def test_the_http_server_binds_through_the_platform(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the Windows implementation the HTTP server's socket gets the exclusive-use option before bind and no
     SO_REUSEADDR (shown with SO_KEEPALIVE standing in for SO_EXCLUSIVEADDRUSE, which Linux does not know)."""
-    from se_exporter import endpoints as app  # noqa: PLC0415 - the HTTP server, only for this test
+    from se_exporter import http_server as app  # noqa: PLC0415 - the HTTP server, only for this test
     from se_exporter.options import Listen  # noqa: PLC0415
 
     platform = Windows(FakeMsvcrt(), lambda handler: None, socket.SO_KEEPALIVE, 0, os.replace)
     monkeypatch.setattr(app, "PLATFORM", platform)
-    server = app.serve(Listen("127.0.0.1", 0), lambda environ, start_response: [])
+    server = app.serve(Listen("127.0.0.1", 0), app.pages({}))
     try:
         assert server.socket.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
         assert server.socket.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 0
@@ -457,7 +457,7 @@ def test_the_http_server_binds_through_the_platform(monkeypatch: pytest.MonkeyPa
         server.shutdown()
         server.server_close()
     monkeypatch.undo()
-    linux = app.serve(Listen("127.0.0.1", 0), lambda environ, start_response: [])
+    linux = app.serve(Listen("127.0.0.1", 0), app.pages({}))
     try:
         assert linux.socket.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 1  # the POSIX default is kept
     finally:

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.config import Settings
-from se_exporter.endpoints import make_http_app
+from se_exporter.endpoints import routes
+from se_exporter.http_server import HttpRequest
 from se_exporter.imds import ImdsClient
 from se_exporter.lifecycle import diff
 from se_exporter.metrics import Metrics
@@ -161,21 +162,18 @@ def test_document_warnings_are_counted_and_logged(caplog: pytest.LogCaptureFixtu
 def test_readyz_turns_green_with_the_first_valid_document() -> None:
     """/readyz is 503 before a valid document, 200 after; /healthz is 200 while the loop is on schedule."""
     poller, registry, _ = make_poller([httpx.Response(500), httpx.Response(200, content=GOOD)])
-    app = make_http_app(registry, poller)
+    pages = routes(registry, poller)
 
-    def get(path: str) -> str:
-        status: list[str] = []
-        app({"PATH_INFO": path, "REQUEST_METHOD": "GET"}, lambda s, h: status.append(s))
-        return status[0]
+    def get(path: str) -> int:
+        return pages[path](HttpRequest("GET", path, "")).status
 
     poller.poll_once()
-    assert get("/readyz").startswith("503")
-    assert get("/healthz").startswith("200")
+    assert get("/readyz") == 503
+    assert get("/healthz") == 200
     poller.poll_once()
-    assert get("/readyz").startswith("200")
+    assert get("/readyz") == 200
     poller.heartbeat_deadline = 0.0  # as if the loop had not come round for a long time
-    assert get("/healthz").startswith("503")
-    assert get("/nope").startswith("404")
+    assert get("/healthz") == 503
 
 
 def test_metrics_are_served_in_the_text_format_even_when_openmetrics_is_preferred() -> None:
@@ -183,17 +181,13 @@ def test_metrics_are_served_in_the_text_format_even_when_openmetrics_is_preferre
     (gzipped when asked), which Prometheus accepts and which costs half as much to write."""
     poller, registry, _ = make_poller([httpx.Response(200, content=GOOD)])
     poller.poll_once()
-    app = make_http_app(registry, poller)
-    headers: list[list[tuple[str, str]]] = []
     accept = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
               "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
-    body = b"".join(app({"PATH_INFO": "/metrics", "REQUEST_METHOD": "GET", "QUERY_STRING": "",
-                         "HTTP_ACCEPT": accept, "HTTP_ACCEPT_ENCODING": "gzip"},
-                        lambda s, h: headers.append(h)))
-    sent = dict(headers[0])
-    assert sent["Content-Type"].startswith("text/plain; version=0.0.4")
-    assert sent["Content-Encoding"] == "gzip"
-    text = gzip.decompress(body).decode()
+    answer = routes(registry, poller)["/metrics"](
+        HttpRequest("GET", "/metrics", "", (("accept", accept), ("accept-encoding", "gzip"))))
+    assert answer.content_type is not None and answer.content_type.startswith("text/plain; version=0.0.4")
+    assert dict(answer.headers)["Content-Encoding"] == "gzip"
+    text = gzip.decompress(answer.body).decode()
     assert 'azure_scheduled_events_polls_total{outcome="ok"} 1.0' in text and "# EOF" not in text
 
 
@@ -348,11 +342,9 @@ def test_a_scrape_survives_any_string_from_imds() -> None:
     poller, registry, _ = make_poller([httpx.Response(200, content=hostile_document())])
     poller.poll_once()
     poller.set_identity(VmIdentity.from_compute({"name": "vm\ud800", "vmId": "id\n1", "location": "x\x1b[2J"}))
-    app = make_http_app(registry, poller)
-    status: list[str] = []
-    body = b"".join(app({"PATH_INFO": "/metrics", "REQUEST_METHOD": "GET", "QUERY_STRING": ""},
-                        lambda s, h: status.append(s)))
-    assert status == ["200 OK"]
+    answer = routes(registry, poller)["/metrics"](HttpRequest("GET", "/metrics", ""))
+    body = answer.body
+    assert answer.status == 200
     ids = sorted(sample.labels["event_id"] for family in text_string_to_metric_families(body.decode("utf-8"))
                  for sample in family.samples if sample.name == "azure_scheduled_event_info")
     assert ids == sorted(["LLLL-\\ud800", "X\n2026-11-22T02:55:46.262Z critical \x1b[31mforged\x1b[0m", 'Q\\"=\u2028'])

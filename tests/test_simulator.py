@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import socket
+import threading
 import urllib.request
 from collections.abc import Iterator
 
@@ -12,10 +13,12 @@ import httpx
 import pytest
 
 from se_exporter.errors import ConfigError
+from se_exporter.http_server import Bounds
 from se_exporter.model import parse_document
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault, from_json, parse_fault
-from se_exporter.simulator.server import SCHEDULED_EVENTS_VERSIONS, Simulator, SimulatorServer, start
+from se_exporter.simulator.server import HISTORY, SCHEDULED_EVENTS_VERSIONS, Simulator, SimulatorServer, start
+from tests.helpers import wait_until
 
 SE = "/metadata/scheduledevents"
 
@@ -487,3 +490,98 @@ def test_gzip_bomb_inflates_to_blanks_then_the_document(served: tuple[Simulator,
     inflated = gzip.decompress(body)
     assert len(inflated) == 8 * 1024 * 1024 + len(json.dumps(sim.document()))
     assert json.loads(inflated) == sim.document()
+
+
+# ---------------------------------------------------------------- the double under abuse (issue 24, finding 11)
+
+
+def test_idle_connections_hold_no_thread_and_are_capped_and_timed_out() -> None:
+    """300 idle connections add no thread; past the cap (here 50) the longest-waiting ones are closed, the rest
+    when the head deadline passes, and a normal GET is answered meanwhile."""
+    sim = Simulator(scenarios.load("live-migration"))
+    server = start(sim, bounds=Bounds(connections=50, head_timeout=1.0))
+    threads = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", server.server_port), timeout=5) for _ in range(300)]
+    try:
+        assert threading.active_count() == threads
+        assert get(server).status_code == 200
+
+        def closed(sock: socket.socket) -> bool:
+            try:
+                return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) in (b"", b"H")  # closed, or 408
+            except BlockingIOError:
+                return False
+            except OSError:
+                return True
+
+        wait_until(lambda: all(closed(sock) for sock in idle), timeout=10, what="every idle connection closed")
+    finally:
+        for sock in idle:
+            sock.close()
+        server.server_close()
+
+
+def test_a_body_over_64_kib_is_refused_413_and_not_kept(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """A 1 MiB approval body is answered 413 without being read, and nothing of it is recorded."""
+    sim, server, _ = served
+    before = len(sim.requests)
+    answer = post(server, b"x" * 1024 * 1024)
+    assert answer.status_code == 413
+    assert len(sim.requests) == before
+
+
+def test_request_history_is_bounded() -> None:
+    """The simulator remembers the last 1,000 requests (and 1,000 changes of the served document), no more."""
+    sim = Simulator(scenarios.load("live-migration"))
+    assert sim.requests.maxlen == HISTORY == 1000
+    assert sim.served.maxlen == HISTORY
+
+
+@pytest.mark.parametrize("action", ["faults", "identity", "advance"])
+@pytest.mark.parametrize("body", [b"[]", b'{"lifetime": 1e400}', b"[" * 60_000, b"[" * 100_000, b"not json",
+                                  b"\xff\xfe", b'{"seconds": NaN}'])
+def test_bad_control_bodies_get_400_with_a_one_line_reason(served: tuple[Simulator, SimulatorServer, FakeClock],
+                                                           action: str, body: bytes) -> None:
+    """Whatever the body, the control API answers (400 when it cannot use it, 413 past 64 KiB) with a one-line
+    reason."""
+    _, server, _ = served
+    with httpx.Client(trust_env=False) as http:
+        answer = http.post(f"{server.url}/_simulator/{action}", content=body)
+    if action == "faults" and body == b"[]":
+        assert answer.status_code == 200  # no faults: nothing to do
+        return
+    if len(body) > 64 * 1024:
+        assert answer.status_code == 413
+        assert answer.text.count("\n") == 1
+        return
+    assert answer.status_code == 400, answer.text
+    reason = answer.json()["error"]
+    assert reason and "\n" not in reason and "Traceback" not in reason and len(reason) <= 300
+
+
+@pytest.mark.parametrize("settings", [{"status": 99999}, {"status": 99}, {"status": "500"}, {"lifetime": -1},
+                                      {"lifetime": 10**12}, {"fail": -1}, {"colour": "red"}])
+def test_identity_settings_are_validated(served: tuple[Simulator, SimulatorServer, FakeClock],
+                                         settings: dict[str, object]) -> None:
+    """/_simulator/identity takes a status from 100 to 599, a finite lifetime from 0 to ten years, a count."""
+    sim, server, _ = served
+    with httpx.Client(trust_env=False) as http:
+        answer = http.post(f"{server.url}/_simulator/identity", json=settings)
+    assert answer.status_code == 400
+    assert (sim.identity.lifetime, sim.identity.failures, sim.identity.failure_status) == (3599, 0, 500)
+
+
+@pytest.mark.parametrize("status", [100, 103, 204, 304, 418, 599])
+def test_a_status_fault_sends_that_status_with_its_body(served: tuple[Simulator, SimulatorServer, FakeClock],
+                                                        status: int) -> None:
+    """Any status from 100 to 599 goes out as asked, with its JSON body, even those HTTP frames without one."""
+    sim, server, _ = served
+    sim.inject(Fault("status", status=status))
+    with socket.create_connection(("127.0.0.1", server.server_port), timeout=5) as conn:
+        conn.sendall(f"GET {SE}?api-version=2020-07-01 HTTP/1.1\r\nHost: x\r\nMetadata: true\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 %d " % status)
+    assert answer.endswith(b'{"error": "simulated HTTP %d"}' % status)

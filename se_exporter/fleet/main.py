@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gzip
 import logging
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, cast
 
 import aiohttp
@@ -24,12 +23,10 @@ from azure.core.pipeline.transport import AioHttpTransport
 from azure.eventhub.aio import EventHubConsumerClient
 from azure.storage.blob.aio import ContainerClient
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.exposition import ThreadingWSGIServer, gzip_accepted
 
-from se_exporter import __version__, logs
+from se_exporter import __version__, http_server, logs
 from se_exporter.consume import starting_position
 from se_exporter.credential import service_credential
-from se_exporter.endpoints import TEXT_FORMAT, serve
 from se_exporter.errors import ConfigError
 from se_exporter.fleet import amqp_types
 from se_exporter.fleet.blobstate import StateBlobs
@@ -42,6 +39,7 @@ from se_exporter.sinks.eventhubs import connection_options
 
 log = logging.getLogger("se_exporter.fleet")
 CLOSE_TIMEOUT = 8.0  # SIGTERM to exit within 10 s, whatever the peers do
+STORAGE_CONNECTION_TIMEOUT, STORAGE_READ_TIMEOUT = 20.0, 60.0  # azure-storage-blob's defaults (see trusting)
 
 
 def run_fleet(settings: FleetSettings) -> int:
@@ -70,13 +68,16 @@ def trusting(ca_file: str | None) -> dict[str, Any]:
     request, and aiohttp pools connections by context, so every request opened (and kept) a TLS connection of its
     own: 100 requests, 101 connections. One context on the session's connector keeps one connection in use. The
     session is made as azure-core makes its own (proxy settings from the environment, no cookies, no automatic
-    decompression) and is closed with the client."""
+    decompression) and is closed with the client. Its timeouts are the storage SDK's own defaults (connect 20 s,
+    each read 60 s), which it applies only to a transport it builds itself: azure-core's would be 300 s each."""
     if not ca_file:
         return {}
     connector = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=ca_file))
     session = aiohttp.ClientSession(connector=connector, trust_env=True, cookie_jar=aiohttp.DummyCookieJar(),
                                     auto_decompress=False)
-    return {"transport": AioHttpTransport(session=session, session_owner=True)}
+    return {"transport": AioHttpTransport(session=session, session_owner=True,
+                                          connection_timeout=STORAGE_CONNECTION_TIMEOUT,
+                                          read_timeout=STORAGE_READ_TIMEOUT)}
 
 
 def consumer_client(settings: FleetSettings, store: ObservedCheckpointStore,
@@ -168,38 +169,24 @@ def _causes(error: BaseException) -> Iterator[BaseException]:
 
 
 def make_http_app(registry: CollectorRegistry, fleet: Fleet, service: Service,
-                  clock: Callable[[], float] = time.time) -> Callable[..., Iterable[bytes]]:
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "/")
-        if path == "/metrics":
-            body = generate_latest(registry) + render_fleet(fleet.vms(), clock()).encode()
-            headers = [("Content-Type", TEXT_FORMAT)]
-            if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
-                # Level 1, as the sidecar: metrics text is so repetitive that it is within 8% of level 9's size.
-                body = gzip.compress(body, compresslevel=1)
-                headers.append(("Content-Encoding", "gzip"))
-            start_response("200 OK", headers)
-            return [body]
-        if path == "/healthz":
-            return _text(start_response, service.healthy, "consumer loop running", "consumer loop stalled")
-        if path == "/readyz":
-            waiting = (f"the storage account is unreachable: {service.storage_problem}" if service.storage_problem
-                       else "waiting for the checkpoint store or a partition's state")
-            return _text(start_response, service.ready, "partitions balanced and restored", waiting)
-        if path == "/":
-            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-            return [b"<html><head><title>se-exporter fleet</title></head><body><h1>se-exporter fleet</h1>"
-                    b"<p><a href='/metrics'>/metrics</a> <a href='/healthz'>/healthz</a> "
-                    b"<a href='/readyz'>/readyz</a></p></body></html>"]
-        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-        return [b"not found\n"]
+                  clock: Callable[[], float] = time.time) -> http_server.Handler:
+    """/metrics (the registry and the fleet's per-VM series), /healthz, /readyz and /, GET and HEAD only."""
 
-    return app
+    def metrics(request: http_server.HttpRequest) -> http_server.Response:
+        return http_server.metrics(request, generate_latest(registry) + render_fleet(fleet.vms(), clock()).encode())
 
+    def healthz(request: http_server.HttpRequest) -> http_server.Response:
+        return http_server.text(service.healthy, "consumer loop running", "consumer loop stalled")
 
-def _text(start_response: Callable[..., Any], ok: bool, good: str, bad: str) -> list[bytes]:
-    start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8")])
-    return [((good if ok else bad) + "\n").encode()]
+    def readyz(request: http_server.HttpRequest) -> http_server.Response:
+        waiting = (f"the storage account is unreachable: {service.storage_problem}" if service.storage_problem
+                   else "waiting for the checkpoint store or a partition's state")
+        return http_server.text(service.ready, "partitions balanced and restored", waiting)
+
+    def index(request: http_server.HttpRequest) -> http_server.Response:
+        return http_server.html_index("se-exporter fleet")
+
+    return http_server.pages({"/metrics": metrics, "/healthz": healthz, "/readyz": readyz, "/": index})
 
 
 async def _count_partitions(client: EventHubConsumerClient, service: Service) -> None:
@@ -211,9 +198,10 @@ async def _count_partitions(client: EventHubConsumerClient, service: Service) ->
         log.warning("cannot read the event hub's partitions: %s", describe(error))
 
 
-def _listen(settings: FleetSettings, app: Callable[..., Iterable[bytes]]) -> ThreadingWSGIServer:
+def _listen(settings: FleetSettings, app: http_server.Handler, registry: CollectorRegistry) -> http_server.Server:
     try:
-        server = serve(settings.listen, app)
+        server = http_server.serve(settings.listen, app,
+                                   on_reject=http_server.rejection_counter(registry, "azure_scheduled_fleet"))
     except OSError as error:
         raise ConfigError(f"--listen {settings.listen}: cannot listen there ({error.strerror or error})") from None
     log.info("se-exporter %s fleet consuming %s (consumer group %s); metrics at http://%s:%d/metrics",
@@ -273,9 +261,8 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         store.on_listed = lambda: setattr(service, "balanced", True)
         # Listening (and the signal handlers above) before any contact with the storage or Event Hubs: a busy
         # port fails at once, /healthz answers and SIGTERM works while they are unreachable.
-        server = _listen(settings, make_http_app(registry, fleet, service))
+        server = _listen(settings, make_http_app(registry, fleet, service), registry)
         cleanup.callback(server.server_close)
-        cleanup.callback(server.shutdown)
         client = consumer_client(settings, store, shared)
         registry.register(PartitionCollector(lambda: dict(service.views), lambda: service.hub_partitions))
         helpers = [asyncio.create_task(work(stop)) for work in (service.checkpoints, service.expiry,

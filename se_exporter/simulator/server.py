@@ -21,11 +21,11 @@ the tokens issued from now on, ``{"fail": N, "status": CODE}`` for the next N to
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
 import math
-import sys
 import threading
 import time
 import zlib
@@ -34,11 +34,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from email.utils import format_datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http import HTTPStatus
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 from se_exporter.errors import ConfigError
+from se_exporter.http_server import Bounds, HttpRequest, RawWriter, Response, Server
+from se_exporter.options import Listen
 from se_exporter.simulator import faults as faults_module
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.identity import IDENTITY_VERSIONS, TOKEN_PATH, IdentityService, TokenError
@@ -60,7 +62,8 @@ _PREVIEW = "2017-03-01"
 SE_PATH = "/metadata/scheduledevents"
 COMPUTE_PATH = "/metadata/instance/compute"
 INSTANCE_PATH = "/metadata/instance"
-MAX_REQUEST_BYTES = 1024 * 1024
+HISTORY = 1_000  # requests remembered (GET /_simulator/requests), and changes of the served document
+RECORDED_BODY_BYTES = 1024  # of each request's body (the server refuses bodies over 64 KiB unread: 413)
 CAPTIVE_PORTAL = b"<html><head><title>Sign in</title></head><body>Please sign in to continue.</body></html>"
 
 
@@ -79,7 +82,7 @@ class Simulator:
     """The simulated IMDS state; thread-safe, with an injectable clock for tests."""
 
     def __init__(self, scenario: Scenario, speed: float = 1.0, clock: Callable[[], float] = time.time,
-                 vm_name: str | None = None, history: int = 100_000) -> None:
+                 vm_name: str | None = None, history: int = HISTORY) -> None:
         self.scenario = scenario
         self.speed = speed
         self._clock = clock
@@ -94,7 +97,8 @@ class Simulator:
         self._first_request_seen = False
         self.vm = dict(scenario.vm, **({"name": vm_name} if vm_name else {}))
         self.requests: deque[RecordedRequest] = deque(maxlen=history)
-        self.served: deque[bytes] = deque(maxlen=history)  # exact 200 bodies of Scheduled Events, in order
+        # Exact 200 bodies of Scheduled Events, in order, consecutive repeats kept once: the last ``history`` changes.
+        self.served: deque[bytes] = deque(maxlen=history)
         self.request_counts: Counter[tuple[str, str]] = Counter()
         self.identity = IdentityService()
 
@@ -197,7 +201,8 @@ class Simulator:
 
     def record_served(self, body: bytes) -> None:
         with self._lock:
-            self.served.append(body)
+            if not self.served or self.served[-1] != body:
+                self.served.append(body)
 
     def distinct_served(self) -> list[bytes]:
         """Served bodies with consecutive repeats removed: what a forwarder must have sent, in order."""
@@ -257,221 +262,244 @@ def _shape(event: dict[str, Any], api_version: str) -> dict[str, Any] | None:
 # ---------------------------------------------------------------------- HTTP
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as IMDS does
-    # Headers and body go out in separate writes; with Nagle on, a keep-alive client's delayed ACK stalls each
-    # answer by ~40 ms. TCP_NODELAY keeps the simulator as fast as the service it imitates.
-    disable_nagle_algorithm = True
-    server: SimulatorServer
+class _Imds:
+    """The HTTP side of the simulator, served by ``http_server``: IMDS' paths, the control API, the faults."""
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+    def __init__(self, simulator: Simulator) -> None:
+        self.simulator = simulator
 
-    def do_GET(self) -> None:
-        self._handle("GET")
-
-    def do_POST(self) -> None:
-        self._handle("POST")
-
-    def do_PUT(self) -> None:
-        self._handle("PUT")
-
-    def do_DELETE(self) -> None:
-        self._handle("DELETE")
-
-    def _handle(self, method: str) -> None:
-        sim = self.server.simulator
-        declared = self.headers.get("Content-Length") or "0"
-        if not declared.isdigit() or int(declared) > MAX_REQUEST_BYTES:
-            self.close_connection = True
-            return self._json(400, {"error": f"Bad request. Content-Length {declared[:20]!r} is not a size we take"})
-        length = int(declared)
-        body = self.rfile.read(length) if length else b""
-        url = urlsplit(self.path)
-        sim.record(RecordedRequest(time.time(), method, url.path, url.query, self.headers.get("User-Agent", ""),
-                                   self.headers.get("Metadata"), body))
-        if url.path.startswith("/_simulator/"):
-            return self._control(method, url.path, body)
-        query = parse_qs(url.query)
+    async def __call__(self, request: HttpRequest) -> Response | None:
+        sim = self.simulator
+        sim.record(RecordedRequest(time.time(), request.method, request.path, request.query,
+                                   request.header("user-agent"),
+                                   next((value for name, value in request.headers if name == "metadata"), None),
+                                   request.body[:RECORDED_BODY_BYTES]))
+        if request.path.startswith("/_simulator/"):
+            return self._control(request.method, request.path, request.body)
+        query = parse_qs(request.query)
         api_version = (query.get("api-version") or [""])[0]
-        if self.headers.get("Metadata", "").lower() != "true":
-            return self._json(400, {"error": "Bad request. Required metadata header not specified"})
-        if "X-Forwarded-For" in self.headers:
-            return self._json(400, {"error": "Bad request. Proxied requests are not allowed"})
-        path = url.path.rstrip("/")
+        if request.header("metadata").lower() != "true":
+            return _json(400, {"error": "Bad request. Required metadata header not specified"})
+        if any(name == "x-forwarded-for" for name, _ in request.headers):
+            return _json(400, {"error": "Bad request. Proxied requests are not allowed"})
+        path = request.path.rstrip("/")
         if path == SE_PATH:
-            return self._scheduled_events(method, api_version, body)
-        if path == TOKEN_PATH and method == "GET":
+            return await self._scheduled_events(request, api_version)
+        if path == TOKEN_PATH and request.method == "GET":
             if api_version not in IDENTITY_VERSIONS:
-                return self._bad_version(IDENTITY_VERSIONS)
+                return _bad_version(IDENTITY_VERSIONS)
             status, answer = sim.token({key: values[0] for key, values in query.items()})
-            return self._json(status, answer)
-        if path in (COMPUTE_PATH, INSTANCE_PATH) and method == "GET":
+            return _json(status, answer)
+        if path in (COMPUTE_PATH, INSTANCE_PATH) and request.method == "GET":
             if api_version not in INSTANCE_VERSIONS:
-                return self._bad_version(INSTANCE_VERSIONS)
+                return _bad_version(INSTANCE_VERSIONS)
             compute = sim.vm
-            return self._json(200, compute if path == COMPUTE_PATH else {"compute": compute, "network": {}})
-        return self._json(404, {"error": "Not found"})
+            return _json(200, compute if path == COMPUTE_PATH else {"compute": compute, "network": {}})
+        return _json(404, {"error": "Not found"})
 
-    def _scheduled_events(self, method: str, api_version: str, body: bytes) -> None:
-        sim = self.server.simulator
+    async def _scheduled_events(self, request: HttpRequest, api_version: str) -> Response | None:
+        sim = self.simulator
         if api_version not in SCHEDULED_EVENTS_VERSIONS:
-            return self._bad_version(SCHEDULED_EVENTS_VERSIONS)
-        if method == "POST":
-            return self._approve(body)
-        if method != "GET":
-            return self._json(405, {"error": "Method not allowed"})
+            return _bad_version(SCHEDULED_EVENTS_VERSIONS)
+        if request.method == "POST":
+            return self._approve(request.body)
+        if request.method != "GET":
+            return _json(405, {"error": "Method not allowed"})
         fault = sim.take_fault()
-        if fault is not None and self._apply(fault, api_version):
-            return None
+        if fault is not None:
+            delayed, answer = await self._apply(fault, api_version, request)
+            if not delayed:
+                return answer
         body = json.dumps(sim.document(api_version)).encode()
         sim.record_served(body)
-        return self._raw(200, body, "application/json; charset=utf-8")
+        return Response(200, body, "application/json; charset=utf-8")
 
-    def _approve(self, body: bytes) -> None:
+    def _approve(self, body: bytes) -> Response:
         try:
             requests = json.loads(body)["StartRequests"]
             ids = [item["EventId"] for item in requests]
             if not ids or not all(isinstance(i, str) for i in ids):
                 raise ValueError
-        except (ValueError, KeyError, TypeError):
-            return self._json(400, {"error": "Bad request. StartRequests must list objects with an EventId"})
-        unknown = self.server.simulator.approve(ids)
+        except (ValueError, KeyError, TypeError, RecursionError):
+            return _json(400, {"error": "Bad request. StartRequests must list objects with an EventId"})
+        unknown = self.simulator.approve(ids)
         if unknown:
-            return self._json(400, {"error": f"Bad request. Unknown EventId {', '.join(unknown)}"})
-        return self._json(200, {})
+            return _json(400, {"error": f"Bad request. Unknown EventId {', '.join(unknown)}"})
+        return _json(200, {})
 
-    def _apply(self, fault: Fault, api_version: str) -> bool:
-        """Serve the fault; False when the fault only delays a normal answer."""
+    async def _apply(self, fault: Fault, api_version: str, request: HttpRequest) -> tuple[bool, Response | None]:
+        """Serve the fault: (True, None) when it only delays a normal answer, else (False, its answer; None when
+        it wrote the answer itself or closes the connection without one)."""
         kind = fault.kind
         if kind in ("truncate", "drip", "chunked", "gzip"):  # the document itself, delivered wrongly
-            self._deliver_badly(fault, json.dumps(self.server.simulator.document(api_version)).encode())
-            self.close_connection = True
-            return True
+            assert request.raw is not None
+            await _deliver_badly(request.raw, fault, json.dumps(self.simulator.document(api_version)).encode())
+            return False, None
         if kind in ("delay", "first_call_delay"):
-            time.sleep(fault.seconds)
-            return False
+            await asyncio.sleep(fault.seconds)
+            return True, None
         if kind == "hang":
-            time.sleep(fault.seconds)
-            self.close_connection = True
-            return True
+            await asyncio.sleep(fault.seconds)
+            return False, None
         if kind == "reset":
-            self.close_connection = True
-            return True
+            return False, None
+        if kind == "huge":
+            assert request.raw is not None
+            await _huge(request.raw, fault.size_or(0))
+            return False, None
         if kind in ("throttle", "status"):
-            headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
-            self._json(fault.status, {"error": f"simulated HTTP {fault.status}"}, headers)
-        elif kind == "redirect":
-            self._raw(302, b"", "text/plain", {"Location": fault.location})
-        elif kind == "malformed":
-            self._raw(200, b'{"DocumentIncarnation": 7, "Events": [{"EventId": "', "application/json")
-        elif kind == "non_json":
-            self._raw(200, CAPTIVE_PORTAL, "text/html")
-        elif kind == "invalid":
-            self._raw(200, b'{"DocumentIncarnation": 7, "Events": "none"}', "application/json")
-        elif kind == "empty":
-            self._raw(200, b"", "application/json")
-        elif kind == "huge":
-            self._huge(fault.size_or(0))
-        elif kind == "body":
-            self._raw(200, fault.text.encode(), "application/json")
-        return True
+            headers = (("Retry-After", fault.retry_after),) if fault.retry_after is not None else ()
+            answer = _json(fault.status, {"error": f"simulated HTTP {fault.status}"}, headers)
+            if fault.status < 200 or fault.status in (204, 304):  # h11 frames these without a body: sent as is
+                assert request.raw is not None
+                await request.raw.write(_as_bytes(answer))
+                return False, None
+            return False, answer
+        answers = {
+            "redirect": Response(302, b"", "text/plain", (("Location", fault.location),)),
+            "malformed": Response(200, b'{"DocumentIncarnation": 7, "Events": [{"EventId": "', "application/json"),
+            "non_json": Response(200, CAPTIVE_PORTAL, "text/html"),
+            "invalid": Response(200, b'{"DocumentIncarnation": 7, "Events": "none"}', "application/json"),
+            "empty": Response(200, b"", "application/json"),
+        }
+        if kind == "body":
+            return False, Response(200, fault.text.encode(), "application/json")
+        return False, answers[kind]
 
-    def _huge(self, size: int) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(size))
-        self.end_headers()
-        chunk = b" " * 65536
-        try:
-            for offset in range(0, size, len(chunk)):
-                self.wfile.write(chunk[: min(len(chunk), size - offset)])
-        except OSError:
-            pass  # the client is allowed to hang up: that is the point
-        self.close_connection = True
-
-    def _deliver_badly(self, fault: Fault, document: bytes) -> None:
-        """The byte-level faults: the answer is the real document, but cut, dripped, mis-chunked or compressed."""
-        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
-        if fault.kind == "truncate":
-            sent = min(fault.size_or(len(document) // 2), max(0, len(document) - 1))
-            self._send_raw(head + b"Content-Length: %d\r\n\r\n" % len(document) + document[:sent])
-        elif fault.kind == "drip":
-            answer = head + b"Content-Length: %d\r\n\r\n" % len(document) + document
-            for index in range(len(answer)):
-                if not self._send_raw(answer[index:index + 1]):
-                    return  # the client gave up: that is the point
-                time.sleep(fault.seconds)
-        elif fault.kind == "chunked":
-            third = max(1, len(document) // 3)
-            parts = [document[i:i + third] for i in range(0, len(document), third)]
-            chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts)
-            if fault.error == "bad_size":
-                chunks = b"%x\r\n%s\r\nzz\r\n" % (len(parts[0]), parts[0])
-            ending = b"" if fault.error in ("missing_last", "bad_size") else b"0\r\n\r\n"
-            self._send_raw(head + b"Transfer-Encoding: chunked\r\n\r\n" + chunks + ending)
-        else:  # gzip
-            body = _gzipped(document, fault.size_or(0))
-            self._send_raw(head + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-
-    def _send_raw(self, data: bytes) -> bool:
-        """Write bytes as they are, bypassing http.server's framing; False once the client has gone."""
-        try:
-            self.wfile.write(data)
-            self.wfile.flush()
-        except OSError:
-            return False
-        return True
-
-    def _control(self, method: str, path: str, body: bytes) -> None:
-        sim = self.server.simulator
+    def _control(self, method: str, path: str, body: bytes) -> Response:
+        sim = self.simulator
         action = path[len("/_simulator/"):]
         try:
             if method == "GET" and action == "requests":
-                return self._json(200, [
+                return _json(200, [
                     {"time": r.time, "method": r.method, "path": r.path, "query": r.query,
                      "user_agent": r.user_agent, "metadata": r.metadata_header} for r in list(sim.requests)])
             if method == "GET" and action == "state":
-                return self._json(200, sim.state())
+                return _json(200, sim.state())
             if method == "POST" and action == "faults":
-                data = json.loads(body or b"[]")
+                data = _json_body(body, [])
                 sim.inject(*(faults_module.from_json(item) for item in (data if isinstance(data, list) else [data])))
-                return self._json(200, {})
+                return _json(200, {})
             if method == "POST" and action == "clear-faults":
                 sim.clear_faults()
-                return self._json(200, {})
+                return _json(200, {})
             if method == "POST" and action == "identity":
-                settings = json.loads(body or b"{}")
-                sim.configure_identity(lifetime=settings.get("lifetime"), fail=int(settings.get("fail", 0)),
-                                       status=int(settings.get("status", 500)))
-                return self._json(200, {})
+                lifetime, fail, status = _identity_settings(_json_body(body, {}))
+                sim.configure_identity(lifetime=lifetime, fail=fail, status=status)
+                return _json(200, {})
             if method == "POST" and action == "advance":
-                seconds = json.loads(body)["seconds"]
+                data = _json_body(body, None)
+                seconds = data.get("seconds") if isinstance(data, dict) else None
                 if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
                         or seconds < 0:
                     raise ValueError(f"'seconds' must be a number >= 0 (time only moves forward), not {seconds!r}")
                 sim.advance(float(seconds))
-                return self._json(200, {"scenario_time": sim.scenario_time()})
-        except (ValueError, KeyError, TypeError, ConfigError) as exc:
-            return self._json(400, {"error": str(exc)})
-        return self._json(404, {"error": "Not found"})
+                return _json(200, {"scenario_time": sim.scenario_time()})
+        except (ValueError, ConfigError) as exc:
+            return _json(400, {"error": _one_line(str(exc))})
+        return _json(404, {"error": "Not found"})
 
-    def _bad_version(self, versions: tuple[str, ...]) -> None:
-        self._json(400, {"error": "Bad request. api-version is invalid or was not specified in the request. "
-                                  "For more information refer to aka.ms/azureimds",
-                         "newest-versions": list(reversed(versions[-3:]))})
 
-    def _json(self, status: int, payload: object, headers: dict[str, str] | None = None) -> None:
-        self._raw(status, json.dumps(payload).encode(), "application/json; charset=utf-8", headers)
+MAX_LIFETIME = 10 * 365 * 86400  # seconds: ten years, far past any token a test needs, far below a date overflow
 
-    def _raw(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(body)
+
+def _json_body(body: bytes, empty: object) -> Any:
+    """The control API's JSON body (``empty`` when there is none); ValueError with a one-line reason."""
+    if not body.strip():
+        return empty
+    try:
+        return json.loads(body, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("the body is nested too deeply to be read") from None
+    except UnicodeDecodeError:
+        raise ValueError("the body is not UTF-8 JSON") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"the body is not JSON: {error.msg} at character {error.pos}") from None
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"the body is not JSON: {name} is not a JSON number")
+
+
+def _identity_settings(data: object) -> tuple[float | None, int, int]:
+    """``POST /_simulator/identity``'s body checked: lifetime finite and from 0 to ten years, fail a count,
+    status an HTTP status (100-599)."""
+    if not isinstance(data, dict):
+        raise ValueError('the body must be a JSON object such as {"lifetime": 3599} or {"fail": 2, "status": 500}')
+    unknown = set(data) - {"lifetime", "fail", "status"}
+    if unknown:
+        raise ValueError(f"unknown keys {', '.join(sorted(unknown))} (lifetime, fail, status)")
+    lifetime = data.get("lifetime")
+    if lifetime is not None and (isinstance(lifetime, bool) or not isinstance(lifetime, (int, float))
+                                 or not math.isfinite(lifetime) or not 0 <= lifetime <= MAX_LIFETIME):
+        raise ValueError(f"'lifetime' must be a number of seconds from 0 to {MAX_LIFETIME}, not {lifetime!r}")
+    fail, status = data.get("fail", 0), data.get("status", 500)
+    if isinstance(fail, bool) or not isinstance(fail, int) or not 0 <= fail <= faults_module.MAX_COUNT:
+        raise ValueError(f"'fail' must be a whole number from 0 to {faults_module.MAX_COUNT}, not {fail!r}")
+    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+        raise ValueError(f"'status' must be an HTTP status from 100 to 599, not {status!r}")
+    return lifetime, fail, status
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def _bad_version(versions: tuple[str, ...]) -> Response:
+    return _json(400, {"error": "Bad request. api-version is invalid or was not specified in the request. "
+                                "For more information refer to aka.ms/azureimds",
+                       "newest-versions": list(reversed(versions[-3:]))})
+
+
+def _as_bytes(answer: Response) -> bytes:
+    """An answer written out by hand, body and all, whatever its status (the faults' 1xx, 204 and 304)."""
+    try:
+        phrase = HTTPStatus(answer.status).phrase
+    except ValueError:
+        phrase = ""
+    head = [f"HTTP/1.1 {answer.status} {phrase}", f"Content-Type: {answer.content_type}",
+            f"Content-Length: {len(answer.body)}", *(f"{name}: {value}" for name, value in answer.headers)]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + answer.body
+
+
+def _json(status: int, payload: object, headers: tuple[tuple[str, str], ...] = ()) -> Response:
+    return Response(status, json.dumps(payload).encode(), "application/json; charset=utf-8", headers)
+
+
+async def _huge(raw: RawWriter, size: int) -> None:
+    """A 200 body of ``size`` blanks, written as the client reads it (the client is allowed to hang up)."""
+    if not await raw.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % size):
+        return
+    chunk = b" " * 65536
+    for offset in range(0, size, len(chunk)):
+        if not await raw.write(chunk[: min(len(chunk), size - offset)]):
+            return
+
+
+async def _deliver_badly(raw: RawWriter, fault: Fault, document: bytes) -> None:
+    """The byte-level faults: the answer is the real document, but cut, dripped, mis-chunked or compressed."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
+    if fault.kind == "truncate":
+        sent = min(fault.size_or(len(document) // 2), max(0, len(document) - 1))
+        await raw.write(head + b"Content-Length: %d\r\n\r\n" % len(document) + document[:sent])
+    elif fault.kind == "drip":
+        answer = head + b"Content-Length: %d\r\n\r\n" % len(document) + document
+        for index in range(len(answer)):
+            if not await raw.write(answer[index:index + 1]):
+                return  # the client gave up: that is the point
+            await asyncio.sleep(fault.seconds)
+    elif fault.kind == "chunked":
+        third = max(1, len(document) // 3)
+        parts = [document[i:i + third] for i in range(0, len(document), third)]
+        chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts)
+        if fault.error == "bad_size":
+            chunks = b"%x\r\n%s\r\nzz\r\n" % (len(parts[0]), parts[0])
+        ending = b"" if fault.error in ("missing_last", "bad_size") else b"0\r\n\r\n"
+        await raw.write(head + b"Transfer-Encoding: chunked\r\n\r\n" + chunks + ending)
+    else:  # gzip
+        body = _gzipped(document, fault.size_or(0))
+        await raw.write(head + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 
 
 @functools.lru_cache(maxsize=2)
@@ -495,20 +523,12 @@ def _gzipped(document: bytes, blanks: int) -> bytes:
     return body
 
 
-class SimulatorServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class SimulatorServer(Server):
+    """The simulator on ``http_server``: bounded as every server of the project (``Bounds``)."""
 
-    def __init__(self, address: tuple[str, int], simulator: Simulator) -> None:
+    def __init__(self, address: tuple[str, int], simulator: Simulator, bounds: Bounds | None = None) -> None:
         self.simulator = simulator
-        super().__init__(address, _Handler)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client hanging up mid-conversation is normal (timeouts, shutdowns); anything else is logged."""
-        error = sys.exc_info()[1]
-        if isinstance(error, (ConnectionResetError, BrokenPipeError, TimeoutError)):
-            return
-        log.exception("simulator request from %s failed", client_address)
+        super().__init__(Listen(*address), _Imds(simulator), bounds or Bounds(), _count, "imds-simulator")
 
     @property
     def url(self) -> str:
@@ -517,8 +537,11 @@ class SimulatorServer(ThreadingHTTPServer):
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def start(simulator: Simulator, host: str = "127.0.0.1", port: int = 0) -> SimulatorServer:
+def _count(reason: str) -> None:
+    log.debug("refused an HTTP request or connection: %s (the README's HTTP server bounds)", reason)
+
+
+def start(simulator: Simulator, host: str = "127.0.0.1", port: int = 0, bounds: Bounds | None = None,
+          ) -> SimulatorServer:
     """Serve ``simulator`` in a daemon thread; port 0 picks a free port (see ``.url``)."""
-    server = SimulatorServer((host, port), simulator)
-    threading.Thread(target=server.serve_forever, args=(0.05,), name="imds-simulator", daemon=True).start()
-    return server
+    return SimulatorServer((host, port), simulator, bounds)

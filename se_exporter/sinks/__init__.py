@@ -32,6 +32,20 @@ class DocumentChange:
     api_version: str
 
 
+@dataclass(frozen=True)
+class ImdsHealth:
+    """How the VM's reads of IMDS are going, as of now: what a heartbeat says besides the document it repeats.
+
+    ``last_success`` is when the sidecar last read a valid document (unix seconds; None before the first),
+    ``failing`` whether the latest poll failed. The poll loop keeps both in the snapshot; the forwarding sink reads
+    them through a callable it is given (``ForwardSink(imds_health=...)``), so that during an IMDS outage a heartbeat
+    says so instead of passing the last document off as freshly read.
+    """
+
+    last_success: float | None
+    failing: bool
+
+
 class Sink:
     """Base of every output, as OpenTelemetry's ``SpanExporter``: ``export`` is the one method a sink must write;
     ``force_flush`` and ``shutdown`` do nothing unless a sink holds something to flush or close."""

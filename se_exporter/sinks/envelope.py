@@ -29,7 +29,7 @@ from se_exporter.errors import StateDirError
 from se_exporter.files import json_kind, read_state_file, write_atomically
 from se_exporter.model import vm_name
 from se_exporter.retry import Health
-from se_exporter.sinks import DocumentChange
+from se_exporter.sinks import DocumentChange, ImdsHealth
 
 log = logging.getLogger("se_exporter.forward")
 CONTENT_TYPE = "application/json"
@@ -65,7 +65,11 @@ def carriable(value: str | int) -> str | int:
     return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def build(change: DocumentChange, sequence: int, installation_id: str) -> Envelope:
+def build(change: DocumentChange, sequence: int, installation_id: str, imds: ImdsHealth | None = None) -> Envelope:
+    """The envelope of ``change``. ``imds`` is the VM's IMDS health for a heartbeat; a change is itself a
+    successful read at ``observed_at``, so it is what a change carries when ``imds`` is not given."""
+    last_success = imds.last_success if imds is not None and imds.last_success is not None else change.observed_at
+    failing = imds.failing if imds is not None else False
     identity = change.identity
     name = vm_name(change.vm_name, identity) or ""
     vm_id = identity.vm_id if identity else ""
@@ -80,6 +84,8 @@ def build(change: DocumentChange, sequence: int, installation_id: str) -> Envelo
         "api_version": change.api_version,
         "exporter_version": __version__,
         "sequence": sequence,
+        "imds_last_success": rfc3339_millis(last_success),
+        "imds_failing": failing,
     }
     if change.document.incarnation is not None:
         properties["document_incarnation"] = change.document.incarnation

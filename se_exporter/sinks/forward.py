@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from se_exporter.files import is_disk_full
 from se_exporter.metrics import NAMESPACE
 from se_exporter.retry import Health, backoff
-from se_exporter.sinks import DocumentChange, Sink
+from se_exporter.sinks import DocumentChange, ImdsHealth, Sink
 from se_exporter.sinks.envelope import Envelope, Sequencer, build
 
 log = logging.getLogger("se_exporter.forward")
@@ -104,14 +104,20 @@ class ForwardSink(Sink):
     With ``heartbeat_interval`` the current document is forwarded again whenever nothing was forwarded for that
     long: a quiet VM stays visible to consumers (``se-exporter fleet`` expires silent ones). A heartbeat is the
     same envelope with a new sequence, ``observed_at`` now, and the property ``heartbeat: true``.
+
+    Every envelope carries the VM's IMDS health (``imds_last_success``, ``imds_failing``): a change is a successful
+    read itself; a heartbeat asks ``imds_health`` (the poll loop's view, passed in by the assembly), so a heartbeat
+    sent during an IMDS outage says that the document it repeats is as of the last successful read.
     """
 
     name = "forward"
 
     def __init__(self, sequencer: Sequencer, targets: Sequence[Target], metrics: ForwardMetrics,
                  max_pending_bytes: int = MAX_PENDING_BYTES, retry_first: float = RETRY_FIRST,
-                 retry_max: float = RETRY_MAX, heartbeat_interval: float | None = None) -> None:
+                 retry_max: float = RETRY_MAX, heartbeat_interval: float | None = None,
+                 imds_health: Callable[[], ImdsHealth] | None = None) -> None:
         self._sequencer = sequencer
+        self._imds_health = imds_health
         self._queues = tuple(_Queue(target) for target in targets)
         self._metrics = metrics
         self._max_pending_bytes = max_pending_bytes
@@ -144,10 +150,13 @@ class ForwardSink(Sink):
                     continue  # a change was forwarded meanwhile: the next heartbeat is due an interval after it
                 self._forwarded_at = time.monotonic()
                 if self._last is not None:  # before the first valid document there is nothing to repeat
-                    self._forward(replace(self._last, observed_at=time.time()), heartbeat=True)
+                    # Without the poll loop's view (a sink built alone), the last change is the last read known.
+                    health = self._imds_health() if self._imds_health is not None \
+                        else ImdsHealth(self._last.observed_at, failing=False)
+                    self._forward(replace(self._last, observed_at=time.time()), heartbeat=True, health=health)
 
-    def _forward(self, change: DocumentChange, heartbeat: bool) -> None:
-        envelope = build(change, self._sequencer.next(), self._sequencer.installation_id)
+    def _forward(self, change: DocumentChange, heartbeat: bool, health: ImdsHealth | None = None) -> None:
+        envelope = build(change, self._sequencer.next(), self._sequencer.installation_id, health)
         if heartbeat:
             envelope = replace(envelope, properties={**envelope.properties, "heartbeat": True})
         for queue in self._queues:

@@ -41,7 +41,8 @@ from se_exporter.sinks import DocumentChange, Sink
 from se_exporter.sinks.spans import PREFIX, EventIdGenerator, SpanSink
 
 log = logging.getLogger("se_exporter.tracing")
-EXPORT_TIMEOUT_SECONDS = 5
+EXPORT_TIMEOUT_SECONDS = 5  # a deadline for each whole export, retries included (both exporters count from its start)
+MAX_RESPONSE_BYTES = 64 * 1024  # of a collector's answer, read by either exporter (see otlp_http.py)
 SHUTDOWN_TIMEOUT_SECONDS = EXPORT_TIMEOUT_SECONDS  # for the worker's last export; the thread is a daemon anyway
 
 
@@ -93,15 +94,22 @@ def make_exporter(settings: TracingSettings) -> Any:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
         endpoint = settings.otel_traces_endpoint or settings.otel_endpoint
-        return GrpcExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_SECONDS) if endpoint \
-            else GrpcExporter(timeout=EXPORT_TIMEOUT_SECONDS)
+        # gRPC's timeout is a deadline for the whole call; the answer is capped by the channel, like HTTP's below.
+        options: dict[str, Any] = {
+            "timeout": EXPORT_TIMEOUT_SECONDS,
+            "channel_options": (("grpc.max_receive_message_length", MAX_RESPONSE_BYTES),)}
+        return GrpcExporter(endpoint=endpoint, **options) if endpoint else GrpcExporter(**options)
     with _without_charset_detection():
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
+        from se_exporter.sinks.otlp_http import BoundedSession
+
         endpoint = settings.otel_traces_endpoint or (
             settings.otel_endpoint.rstrip("/") + "/v1/traces" if settings.otel_endpoint else None)
-        return HttpExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_SECONDS) if endpoint \
-            else HttpExporter(timeout=EXPORT_TIMEOUT_SECONDS)
+        # The session bounds the whole exchange by the timeout and the answer's bytes (otlp_http.py).
+        session = BoundedSession()
+        return HttpExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_SECONDS, session=session) if endpoint \
+            else HttpExporter(timeout=EXPORT_TIMEOUT_SECONDS, session=session)
 
 
 @contextlib.contextmanager
@@ -129,18 +137,45 @@ def _without_charset_detection() -> Iterator[None]:
                 del sys.modules[name]
 
 
-class CountingExporter(SpanExporter):
-    """Wraps the real exporter: counts exported and failed spans, logs once per change of health.
+class _ExporterReasons(logging.Filter):
+    """Keeps the OTLP exporters' own log lines out of the log, remembering the latest: why an export failed.
 
-    The OTLP exporters log every failed batch themselves; one line when export starts failing and one when it
-    recovers is what an operator needs, so their own loggers are turned down to errors at set-up.
-    """
+    The exporters log every failed batch (and every retry); one line when export starts failing, saying why, and
+    one when it recovers is what an operator needs (``CountingExporter``)."""
+
+    LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+               "opentelemetry.exporter.otlp.proto.grpc.exporter", "opentelemetry.exporter.otlp.common.http")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            self.last = escape(record.getMessage())[:300]
+        return False
+
+    def install(self) -> None:
+        for name in self.LOGGERS:
+            logger = logging.getLogger(name)
+            if self not in logger.filters:
+                logger.addFilter(self)
+
+
+_REASONS = _ExporterReasons()  # loggers are process-wide: one filter on them, whichever sink installed it
+
+
+class CountingExporter(SpanExporter):
+    """Wraps the real exporter: counts exported and failed spans, logs once per change of health, saying why
+    (the exporter's own words, which ``_ExporterReasons`` keeps out of the log)."""
 
     def __init__(self, inner: Any, exported: Any, failed: Any) -> None:
         self._inner, self._exported, self._failed = inner, exported, failed
         self._health = Health()
+        _REASONS.install()
 
     def export(self, spans: Any) -> SpanExportResult:
+        _REASONS.last = None
         try:
             result: SpanExportResult = self._inner.export(spans)
         except Exception as error:  # an exporter bug must not kill the batch thread
@@ -159,7 +194,8 @@ class CountingExporter(SpanExporter):
 
     def _describe(self) -> str:
         endpoint = getattr(self._inner, "_endpoint", None)
-        return str(endpoint) if endpoint else type(self._inner).__name__
+        where = str(endpoint) if endpoint else type(self._inner).__name__
+        return f"{where}: {_REASONS.last}" if _REASONS.last else where
 
     def shutdown(self) -> None:
         self._inner.shutdown()
@@ -303,9 +339,7 @@ class TracingSink(Sink):
                          registry=registry)
         self._spans_dropped = Counter(f"{NAMESPACE}_spans_dropped", "Spans dropped before export because the span "
                                       "queue was full (2,048 spans).", registry=registry)
-        for name in ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
-                     "opentelemetry.exporter.otlp.proto.grpc.exporter", "opentelemetry.sdk.trace.export"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger("opentelemetry.sdk.trace.export").setLevel(logging.ERROR)
         # Built at start-up, so a bad exporter setting fails there and not at the first event.
         self._exporter = CountingExporter(make_exporter(settings), exported, failed)
 

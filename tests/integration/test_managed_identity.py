@@ -241,3 +241,25 @@ def test_the_hub_takes_the_identity_token_for_its_audience_and_refuses_another(a
     assert not refused.accepted and "InvalidAudience" in refused.description
     assert refused.claims is not None and refused.claims["aud"] == "https://storage.azure.com"
     assert [event.body for event in azure.hub.store.all()] == [AUDIENCE.encode()]
+
+
+@pytest.mark.parametrize("lifetime", [10**12, -(10**12)])
+def test_an_absurd_token_lifetime_is_refused_as_auth_and_forwarding_resumes(
+        azure: Azure, sidecar: Callable[..., Sidecar], lifetime: int, reliability: Reliability) -> None:
+    """A token answer whose expires_in is 10^12 seconds (or as far in the past) is refused, counted as
+    reason="auth" (not "service"), and forgotten: once the endpoint answers sanely a token is fetched again and
+    every document is delivered, without a restart."""
+    azure.sim.configure_identity(lifetime=lifetime)
+    process = sidecar(*azure.args(), env=azure.env)
+    wait_until(lambda: forward_errors(process).get("auth", 0) >= 2, timeout=30, what="auth errors")
+    asked = len(azure.token_requests())
+    assert asked >= 2  # asked again after the refusal: the absurd token was not kept
+    assert delivered(azure) == []
+    assert set(forward_errors(process)) == {"auth"}
+    azure.sim.configure_identity(lifetime=3600)
+    wait_until(lambda: delivered(azure) and delivered(azure) == azure.sim.distinct_served(), timeout=30,
+               what="every document")
+    assert "refused" in process.log() and process.log().count("Event Hubs send failed") == 1
+    reliability("Event Hubs", "managed identity token answers with expires_in 10^12 s, or as far in the past",
+                'refused and forgotten, counted as `reason="auth"`, asked for again; every document delivered once '
+                "the endpoint answered sanely, without a restart; one log line")

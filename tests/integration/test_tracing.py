@@ -13,7 +13,14 @@ import pytest
 from se_exporter.sinks.spans import trace_id_for
 from tests.conftest import Reliability, SimulatorFactory
 from tests.helpers import Sidecar, wait_until
-from tests.otlp_receiver import OtlpReceiver
+from tests.otlp_receiver import (
+    OtlpReceiver,
+    drip_body,
+    drip_headers,
+    flood_declared,
+    flood_undeclared,
+    hostile_collector,
+)
 
 pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")
@@ -140,3 +147,43 @@ def test_a_stop_signal_flushes_spans_and_exits_quickly(signum: int, simulator: S
     assert "stopping" in process.log()
     reliability("Shutdown", f"{signal.Signals(signum).name} right after an event completed",
                 "spans flushed, \"stopping\" logged, exit 0 within 10 s")
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.parametrize("answer", [flood_declared, flood_undeclared, drip_headers, drip_body],
+                         ids=lambda answer: answer.__name__)
+def test_a_hostile_collector_costs_failed_exports_not_memory_or_polling(
+        answer: Callable[[Callable[[bytes], None]], None], simulator: SimulatorFactory,
+        sidecar: Callable[..., Sidecar], reliability: Reliability) -> None:
+    """A collector answering 200 with an endless body (4 GB declared, or none) or dripping a byte at a time: each
+    export fails by its deadline and is counted, one log line says why, polling goes on, RSS does not grow with it,
+    and SIGTERM still stops the sidecar at once."""
+    sim, server = simulator("live-migration")
+    with hostile_collector(answer) as endpoint:
+        process = sidecar("--imds-url", server.url, *FAST,
+                          env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint.removesuffix("/v1/traces")})
+        wait_until(lambda: process.value("azure_scheduled_events_up") == 1, what="the first poll")
+        before = _rss_kib(process.process.pid)
+        advance_to(sim, process, 3)  # a Scheduled event: an update span to export
+        wait_until(lambda: (process.value("azure_scheduled_events_span_export_errors_total") or 0) >= 1, timeout=15,
+                   what="a failed export")
+        advance_to(sim, process, 903)  # polling went on meanwhile
+        wait_until(lambda: (process.value("azure_scheduled_events_span_export_errors_total") or 0) >= 2, timeout=15,
+                   what="a second failed export")
+        grown = _rss_kib(process.process.pid) - before
+        assert process.value("azure_scheduled_events_spans_exported_total") == 0
+        assert process.log().count("span export failing") == 1
+        assert grown < 8 * 1024, f"RSS grew by {grown} KiB"
+        started = time.monotonic()
+        assert process.stop() == 0
+        assert time.monotonic() - started < 10
+    reliability("Traces", "an OTLP/HTTP collector answering 200 with an endless body (4 GB declared, or none), or "
+                          "dripping its headers or body a byte at a time",
+                "each export failed by its 5 s deadline and was counted; one log line saying why; polling went on; "
+                "RSS grew less than 8 MiB; SIGTERM stopped it within 10 s")
