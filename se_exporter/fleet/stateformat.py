@@ -7,10 +7,13 @@ Format 2 (named fields; what ``--state-format 2`` writes)::
               "sequence": ..., "seen_at": ..., "body": ..., "imds": {"observed_at": ..., "last_success": ...,
               "failing": ...}}, ...]}
 
-Within format 2 a field may be added that an older format-2 reader can do without: it ignores fields it does not
-know (and drops them when it writes the state again). A change such a reader must not ignore takes format 3.
+The migration rule: a release writes a format by default only if the release before it reads that format (so
+format 1 stays the default while releases that read only format 1 may run beside this one; see the README's
+"Upgrades"). Within format 2 a field may be added that an older format-2 reader can do without: it ignores fields
+it does not know (and drops them when it writes the state again). A change such a reader must not ignore takes
+format 3.
 
-Format 1 (positional rows; what every release writes by default, and the only one releases before format 2 read)::
+Format 1 (positional rows; written by default, and the only format releases before format 2 read)::
 
     {"format": 1, "partition_id": "3", "sequence_number": 4711,
      "vms": [[key, vm_id, vm_name, vmss_name, location, installation, sequence, seen_at, body], ...],
