@@ -20,13 +20,12 @@ from azure.eventhub.aio._eventprocessor.in_memory_checkpoint_store import (  # t
 from azure.eventhub.amqp import AmqpMessageBodyType
 from prometheus_client import CollectorRegistry
 
-from se_exporter.fleet.blobstate import state_blob_name
 from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.consumer import Service
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.state import Fleet, read_message
 from se_exporter.fleet.stateformat import decode, encode
-from se_exporter.fleet.statestore import MemoryStateStore, Stored
+from se_exporter.fleet.statestore import MemoryStateStore, Stored, state_blob_name
 from tests.test_fleet_state import EMPTY, NOW, props
 
 T = TypeVar("T")

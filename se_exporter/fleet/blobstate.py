@@ -26,16 +26,11 @@ from azure.storage.blob.aio import ContainerClient
 
 from se_exporter.fleet.message import DEFAULT_BOUNDS, Bounds
 from se_exporter.fleet.stateformat import DamagedState
-from se_exporter.fleet.statestore import Restored, StateStore
+from se_exporter.fleet.statestore import Restored, StateStore, state_blob_name
 
 __all__ = ["MAX_STATE_BLOB_BYTES", "POSITION_KEY", "Restored", "StateBlobs", "state_blob_name"]
 MAX_STATE_BLOB_BYTES = 128 * 1024**2  # gzip'd; 100,000 VMs of ordinary documents are a few MB
 POSITION_KEY = "sequencenumber"  # the same metadata name the checkpoint store uses for its position
-
-
-def state_blob_name(namespace: str, eventhub_name: str, consumer_group: str, partition_id: str) -> str:
-    """Named like the checkpoint store's own blobs (``<namespace>/<hub>/<group>/checkpoint/<id>``)."""
-    return f"{namespace}/{eventhub_name}/{consumer_group}/fleet-state/{partition_id}".lower()
 
 
 class StateBlobs(StateStore):

@@ -34,7 +34,6 @@ from azure.eventhub.aio import PartitionContext
 from azure.eventhub.amqp import AmqpMessageBodyType
 from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
 
-from se_exporter.fleet.blobstate import state_blob_name
 from se_exporter.fleet.collector import FleetMetrics, PartitionView
 from se_exporter.fleet.message import BOUND_NAMES, InvalidMessage, VmState, read_message
 from se_exporter.fleet.partition import Partition
@@ -42,7 +41,7 @@ from se_exporter.fleet.persistence import Keeper
 from se_exporter.fleet.report import Report, describe
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.state import Fleet
-from se_exporter.fleet.statestore import StateStore
+from se_exporter.fleet.statestore import StateStore, state_blob_name
 from se_exporter.logs import fields
 from se_exporter.sinks.eventhubs import classify
 

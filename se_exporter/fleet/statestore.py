@@ -20,6 +20,12 @@ from se_exporter.fleet.state import PartitionState
 from se_exporter.fleet.stateformat import DamagedState, NewerState, decode
 
 
+def state_blob_name(namespace: str, eventhub_name: str, consumer_group: str, partition_id: str) -> str:
+    """Where a partition's state lives, named like the checkpoint store's own blobs
+    (``<namespace>/<hub>/<group>/checkpoint/<id>``): the blob's name in Blob Storage, the key in any other store."""
+    return f"{namespace}/{eventhub_name}/{consumer_group}/fleet-state/{partition_id}".lower()
+
+
 @dataclass
 class Restored:
     """What a partition's stored state gave: the state (None: start from the checkpoint alone), and what was wrong."""
