@@ -250,3 +250,16 @@ def test_a_state_in_another_format_is_rewritten_in_this_replicas_without_new_eve
     run(older.service.save("0"))
     assert json.loads(gzip.decompress(states[NAME].data))["format"] == 1
     assert sorted(decode(states[NAME].data, "0", NOW).vms) == ["vm-a", "vm-q"]
+
+
+def test_a_failed_write_keeps_the_state_in_memory_and_the_next_round_writes_it() -> None:
+    """The store refusing a write: counted as an error, no checkpoint; the next save writes state then checkpoint."""
+    replica = Replica()
+    run(replica.claim())
+    run(replica.read(Event(1, "vm-a")))
+    replica.store.failures = [OSError("connection reset")]
+    run(replica.service.save("0"))
+    assert replica.value("azure_scheduled_fleet_checkpoints_total", outcome="error") == 1
+    assert replica.checkpoints.written == [] and NAME not in replica.states
+    run(replica.service.save("0"))
+    assert replica.checkpoints.written == [(1, 1)]
