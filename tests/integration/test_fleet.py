@@ -70,13 +70,15 @@ def container(azurite: Azurite) -> str:
 @pytest.fixture
 def fleets(azurite: Azurite, container: str, tmp_path: Path) -> Iterator[Callable[..., FleetProcess]]:
     """Start `se-exporter fleet` replicas sharing this test's container: ``fleets(hub, *args)`` with connection
-    strings, or ``fleets(None, *args, env=...)`` with the arguments naming the hub and the storage account."""
+    strings, or ``fleets(None, *args, env=...)`` with the arguments naming the hub and the storage account;
+    ``module`` runs another entry point (``tests.fleet_format1``: a replica of the previous release's state format)."""
     started: list[FleetProcess] = []
 
-    def make(hub: EventHubsTestServer | None, *args: str, env: dict[str, str] | None = None) -> FleetProcess:
+    def make(hub: EventHubsTestServer | None, *args: str, env: dict[str, str] | None = None,
+             module: str = "se_exporter") -> FleetProcess:
         process = FleetProcess(hub.connection_string() if hub else None, azurite.connection_string if hub else None,
                                tmp_path / f"fleet{len(started)}", "--checkpoint-container", container,
-                               "--checkpoint-ca-file", str(azurite.ca_file), *FAST, *args, env=env)
+                               "--checkpoint-ca-file", str(azurite.ca_file), *FAST, *args, env=env, module=module)
         started.append(process)
         return process
 
