@@ -4,7 +4,8 @@ Hand-built on purpose, the one such client kept: a poll of an unchanged document
 connection, and its cost is mostly the client's. ``http.client``'s C-accelerated parsing under this thin layer is
 what keeps a poll under the Go peer's CPU (the figure it guards: ``make bench``'s "CPU time per poll at 20 Hz,
 metrics only", target 1.0x the peer); httpx's own transport, or a bare httpcore pool, costs several times as much
-per GET. It uses ``http.client``'s public API only (its connections override ``connect``).
+per GET (figures: docs/performance.md, "Poll"). It uses ``http.client``'s public API only (its connections
+override ``connect``).
 
 One way in, ``get``, for the sidecar and its tests alike: it takes and returns plain values and imports nothing but
 the standard library, so a sidecar that polls IMDS never loads httpx. Its failures are this module's

@@ -3,7 +3,7 @@
 This module itself is imported only when tracing is on (``Sidecar.start``), so it may import the SDK.
 
 ``none`` imports nothing from OpenTelemetry at all. ``console`` needs only the SDK. ``otlp`` adds the
-HTTP exporter, or the gRPC one when ``grpc`` is asked for (grpcio alone costs ~28 MB on import).
+HTTP exporter, or the gRPC one when ``grpc`` is asked for (grpcio alone is heavy to import: docs/performance.md).
 Standard variables the exporters read themselves (headers, certificates, compression) keep working.
 
 The resource is built from the compute metadata the sidecar already read through its own IMDS
