@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from se_exporter.fleet import stateformat
 from se_exporter.fleet.state import (
     Bounds,
     Fleet,
@@ -214,6 +215,37 @@ def test_a_damaged_state_is_refused_with_a_reason_never_another_error(data: byte
     assert caught.value.reason == reason
 
 
+@pytest.mark.parametrize("bomb", [b"[],", b"{},", b"1.5,", b'"",'])
+@pytest.mark.parametrize("where", ["rows", "one_row", "imds"])
+def test_a_state_of_more_values_than_its_vms_need_is_refused_before_it_is_parsed(bomb: bytes, where: str) -> None:
+    """A few KB of gzip inflating to millions of tiny JSON values (20 million empty rows took a replica to 1.5 GB):
+    more values than the VMs a partition keeps need is damage, refused without building them."""
+    bounds = Bounds(vms_per_partition=10)
+    many = bomb * (10 * stateformat.MAX_VALUES_PER_VM + stateformat.MAX_VALUES_TOP) + b"0"
+    vms = {"rows": b"[" + many + b"]", "one_row": b"[[" + many + b"]]", "imds": b"[]"}[where]
+    imds = b'{"k": [' + many + b"]}" if where == "imds" else b"{}"
+    text = b'{"format": 1, "partition_id": "0", "sequence_number": 9, "vms": ' + vms + b', "imds": ' + imds + b"}"
+    with pytest.raises(DamagedState) as caught:
+        decode(gzip.compress(text), "0", NOW, bounds)
+    assert caught.value.reason == "unreadable" and "JSON values" in str(caught.value)
+
+
+@pytest.mark.parametrize("state_format", [1, 2])
+def test_a_state_at_the_vm_bound_is_read_whatever_its_bodies_hold(state_format: int) -> None:
+    """The value count leaves strings out: VMs up to the bound whose bodies are full of commas, colons and brackets
+    are read whole."""
+    bounds = Bounds(vms_per_partition=10)
+    noisy = json.dumps({"DocumentIncarnation": 1, "Events": [], "Padding": [[1, {"a": 2}]] * 2000}).encode()
+    fleet = Fleet(bounds)
+    fleet.claim("0")
+    for n in range(10):
+        read = read_message(noisy, props(1, vm_id=f"vm-{n}", vm_name=f"vm{n}"), f"inst-{n}:1".encode(),
+                            f"vm-{n}".encode(), 1000.0, 1024**2, bounds)
+        assert fleet.apply("0", read) == "applied"
+    data = encode("0", 9, fleet.vms(), state_format)
+    assert sorted(decode(data, "0", NOW, bounds).vms) == sorted(vm.key for vm in fleet.vms())
+
+
 def test_a_newer_format_is_told_apart_from_damage() -> None:
     """A newer release's state is not damage: the caller must leave it in place."""
     with pytest.raises(NewerState) as caught:
@@ -271,6 +303,8 @@ def test_a_surrogate_event_id_is_escaped_before_it_is_kept_or_shown() -> None:
     ("sequence", "١٢"), ("sequence", b"\xff"), ("vm_name", "x" * 257), ("vm_id", b"v" * 2000),
     ("location", ["westeurope"]), ("vmss_name", 7), ("heartbeat", "yes"), ("imds_failing", 1),
     ("imds_last_success", "yesterday"), ("observed_at", 1795316668), ("imds_last_success", "9" * 100),
+    ("imds_last_success", "0001-01-01T00:00:00Z"), ("imds_last_success", "1999-12-31T23:59:59Z"),
+    ("imds_last_success", "9999-12-31T23:59:59Z"),
 ])
 def test_a_bad_property_is_refused_with_its_own_reason(name: str, value: Any) -> None:
     """Every property the fleet uses is checked by type, range and length; a bad one is an invalid message with
@@ -390,3 +424,21 @@ def test_imds_health_is_read_kept_and_restored_and_older_sidecars_are_unknown() 
     data = encode("0", 1, [failing.vm])
     [vm] = decode(data, "0", NOW).vms.values()
     assert vm.imds == failing.vm.imds
+
+
+def test_control_characters_a_vm_sends_are_spelt_out_in_labels() -> None:
+    """NUL and CR in a property or an event field never reach a label raw: spelt out as \\xNN, the same when the
+    state is read back."""
+    body = json.dumps({"DocumentIncarnation": 1, "Events": [
+        {"EventId": "E\x001", "EventType": "Reboot", "EventStatus": "Scheduled\r", "Resources": ["vm\r\n0"],
+         "NotBefore": "", "EventSource": "Platform\x7f"}]}).encode()
+    read = read_message(body, props(1, vm_name="vm\r\n0", vm_id="id\x00x", location=b"west\reurope"),
+                        b"inst:1", b"id\x00x", 1000.0, 1024**2)
+    vm = read.vm
+    assert (vm.vm_name, vm.vm_id, vm.location, vm.key) == ("vm\\x0d\n0", "id\\x00x", "west\\x0deurope", "id\\x00x")
+    [event] = vm.events
+    assert (event.event_id, event.event_status, event.event_source) == ("E\\x001", "Scheduled\\x0d", "Platform\\x7f")
+    fleet = Fleet()
+    fleet.claim("0")
+    assert fleet.apply("0", read) == "applied"
+    assert decode(encode("0", 9, fleet.vms(), 2), "0", NOW).vms == {vm.key: vm}

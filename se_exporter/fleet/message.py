@@ -16,6 +16,7 @@ with its key, which is then the same as sending as that VM (Event Hubs has no pe
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -36,6 +37,8 @@ MAX_SEQUENCE_DIGITS = 20
 MAX_TEXT = 256  # characters of a property or event field shown as a label (an Azure VM name has at most 64)
 MAX_MESSAGE_ID = 300  # '<installation uuid>:<sequence>' is 57
 MAX_TIME_TEXT = 40  # '2026-11-22T03:04:28.024Z' is 24
+MIN_TIME = 946_684_800.0  # 2000-01-01T00:00:00Z: no sidecar read IMDS before (0001-01-01 became a -62135596800 gauge)
+MAX_TIME = 7_258_118_400.0  # 2200-01-01T00:00:00Z: far past any real time, and still a plain gauge value
 MAX_UNKNOWN_LISTED = 10
 
 
@@ -143,6 +146,9 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
         raise InvalidMessage("wrong_partition_key", f"partition key {_quote(sent_key)} is not the document's "
                              f"vm_id or vm_name {_quote(key)}: a VM's documents are sent with its own key")
     last_success, failing = _time(properties, "imds_last_success"), _flag(properties, "imds_failing")
+    if last_success is not None and not MIN_TIME <= last_success < MAX_TIME:
+        raise InvalidMessage("bad_property", f"property 'imds_last_success' is {last_success:.0f}, not a time "
+                             "from 2000 to 2199")
     if last_success is None and failing is None:
         imds = NO_IMDS  # an older sidecar: unknown, and shared by most of a fleet until sidecars are upgraded
     else:  # observed_at is used only beside imds_last_success (see state.imds_unreachable)
@@ -201,7 +207,8 @@ def fleet_events(document: Document, vm_name: str, bounds: Bounds = DEFAULT_BOUN
     events: list[FleetEvent] = []
     hit: list[str] = []
     for event in document.events:
-        fields = (event.event_id, event.event_type, event.event_status, event.event_source or "unknown")
+        fields = (printable(event.event_id), printable(event.event_type), printable(event.event_status),
+                  printable(event.event_source or "unknown"))
         if any(len(text) > MAX_TEXT for text in fields):
             hit.append("label_length")
             continue
@@ -266,8 +273,10 @@ def _bounded_text(what: str, value: Any, limit: int) -> str:
     """Text that UTF-8 can carry (bytes decoded with replacement, unpaired surrogates spelt out) of at most
     ``limit`` characters."""
     if type(value) is bytes and len(value) <= limit:  # the SDK's usual case: no character count needed
-        return value.decode("utf-8", "replace")
-    if isinstance(value, (bytes, bytearray)):
+        text = value.decode("utf-8", "replace")
+        if not _CONTROL.search(text):
+            return text
+    elif isinstance(value, (bytes, bytearray)):
         if len(value) > 4 * limit:
             raise InvalidMessage("bad_property", f"{what} is {len(value)} bytes long (at most {limit} characters)")
         text = bytes(value).decode("utf-8", "replace")
@@ -275,9 +284,20 @@ def _bounded_text(what: str, value: Any, limit: int) -> str:
         text = encodable(value)
     else:
         text = str(value)[: limit + 1]
+    text = printable(text)
     if len(text) > limit:
         raise InvalidMessage("bad_property", f"{what} is longer than {limit} characters")
     return text
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # tab and newline are not: the exposition escapes newline
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters but tab and newline (NUL, CR, ...) spelt out as ``\\xNN``: labels, logs
+    and the state carry what a VM sent visibly, never raw (nothing a VM sends is trusted). Idempotent, so a state
+    read back is equal."""
+    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text) if _CONTROL.search(text) else text
 
 
 def _time(properties: Mapping[Any, Any], name: str) -> float | None:
