@@ -14,14 +14,16 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import NoReturn
 
-from se_exporter import __version__, demo, logs, processwide
-from se_exporter.config import RUN_OPTIONS, Settings, run_settings
-from se_exporter.consume_settings import CONSUME_OPTIONS, consume_settings
-from se_exporter.errors import ConfigError, ForwardFileError, SpoolError, StateDirError, StorageError
+from se_exporter import __version__
+from se_exporter.consume.settings import CONSUME_OPTIONS, consume_settings
+from se_exporter.core.errors import ConfigError, ForwardFileError, SpoolError, StateDirError, StorageError
 from se_exporter.fleet.settings import FLEET_OPTIONS, fleet_settings
-from se_exporter.options import add_options, process_environment
-from se_exporter.platform_io import PLATFORM
-from se_exporter.sidecar import Sidecar, bind
+from se_exporter.infra import logs, processwide
+from se_exporter.infra.options import add_options, process_environment
+from se_exporter.infra.platform_io import PLATFORM
+from se_exporter.sidecar import demo
+from se_exporter.sidecar.assembly import Sidecar, bind
+from se_exporter.sidecar.settings import RUN_OPTIONS, Settings, run_settings
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.settings import SIMULATE_OPTIONS, SimulatorSettings, simulator_settings
 
@@ -78,7 +80,7 @@ def _dispatch(args: argparse.Namespace, environment: Mapping[str, str]) -> int:
         if args.command == "simulate":
             return simulate(simulator_settings(args, environment), list_only=args.list_scenarios)
         if args.command == "consume":
-            from se_exporter.consume import consume  # the consumer brings asyncio: imported only when asked for
+            from se_exporter.consume.main import consume  # the consumer brings asyncio: imported only when asked for
 
             return consume(consume_settings(args, environment))
         if args.command == "fleet":

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from se_exporter.imds import USER_AGENT
+from se_exporter.sidecar.imds import USER_AGENT
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.server import Simulator, SimulatorServer, start
 from tests.eventhubs_server import EventHubsTestServer, Store

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from se_exporter.processwide import SIGNALS
+from se_exporter.infra.processwide import SIGNALS
 
 
 def snapshot() -> dict[str, Any]:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from se_exporter.cli import build_parser, main
-from se_exporter.config import DEFAULT_IMDS_URL, RUN_OPTIONS, Settings, parse_bytes, run_settings
-from se_exporter.errors import ConfigError
-from se_exporter.options import Bounded, Listen, parse_endpoint, parse_listen
+from se_exporter.core.errors import ConfigError
+from se_exporter.infra.options import Bounded, Listen, parse_endpoint, parse_listen
+from se_exporter.sidecar.settings import DEFAULT_IMDS_URL, RUN_OPTIONS, Settings, parse_bytes, run_settings
 from se_exporter.simulator.settings import simulator_settings
 from tests.conftest import Reliability
 

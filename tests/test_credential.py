@@ -13,7 +13,7 @@ from urllib.parse import parse_qs
 import pytest
 from azure.core.exceptions import ClientAuthenticationError
 
-from se_exporter.credential import service_credential
+from se_exporter.infra.azure.credential import service_credential
 from se_exporter.simulator.identity import TOKEN_PATH, USER_ASSIGNED
 from se_exporter.simulator.server import Simulator
 from tests.conftest import SimulatorFactory

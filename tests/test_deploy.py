@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from se_exporter.config import DEFAULT_IMDS_URL, RUN_OPTIONS
-from se_exporter.options import DEFAULT_PORT
+from se_exporter.infra.options import DEFAULT_PORT
+from se_exporter.sidecar.settings import DEFAULT_IMDS_URL, RUN_OPTIONS
 
 ROOT = Path(__file__).parent.parent
 SYSTEMD = ROOT / "deploy" / "systemd"

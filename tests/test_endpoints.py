@@ -1,4 +1,4 @@
-"""The HTTP server's bounds (se_exporter/http_server.py): a client cannot hold a connection for ever, nor crowd
+"""The HTTP server's bounds (se_exporter/infra/http_server.py): a client cannot hold a connection for ever, nor crowd
 out a scrape, nor make the process buffer a huge head; and the sidecar's endpoints answer what they serve."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from se_exporter import http_server
-from se_exporter.endpoints import make_http_app
-from se_exporter.http_server import Bounds, HttpRequest, Response, serve
-from se_exporter.options import Listen
+from se_exporter.infra import http_server
+from se_exporter.infra.http_server import Bounds, HttpRequest, Response, serve
+from se_exporter.infra.options import Listen
+from se_exporter.sidecar.endpoints import make_http_app
 from tests.conftest import Reliability
 from tests.helpers import wait_until
 from tests.slow_clients import Drippers, scrape
@@ -365,7 +365,7 @@ def test_refusals_are_counted_by_reason_on_the_registry() -> None:
 def fleet_app() -> Iterator[int]:
     """The fleet's own endpoints (fleet.main.make_http_app) with an empty fleet, healthy, not ready."""
     from se_exporter.fleet.main import make_http_app as fleet_http_app  # noqa: PLC0415 - brings the Azure SDKs
-    from se_exporter.fleet.state import Fleet  # noqa: PLC0415
+    from se_exporter.fleet.picture import Fleet  # noqa: PLC0415
 
     registry = CollectorRegistry()
     Gauge("fleet_probe", "a gauge", registry=registry).set(1)

@@ -11,9 +11,9 @@ import jsonschema
 import pytest
 from azure.eventhub import EventData, EventDataBatch
 
-from se_exporter.model import VmIdentity
-from se_exporter.sinks.envelope import build, carriable
-from se_exporter.sinks.forward_file import file_line
+from se_exporter.core.model import VmIdentity
+from se_exporter.sidecar.sinks.envelope import build, carriable
+from se_exporter.sidecar.sinks.forward_file import file_line
 from tests.fakes.documents import IDENTITY, change
 
 SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "forwarded-document.schema.json").read_text())

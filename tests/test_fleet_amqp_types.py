@@ -8,7 +8,7 @@ import pytest
 from azure.eventhub._pyamqp import _decode
 from proton import Message, char, decimal32, decimal64
 
-from se_exporter.fleet import amqp_types
+from se_exporter.infra.azure import amqp_types
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView, render_fleet
-from se_exporter.fleet.state import Fleet, read_message
+from se_exporter.fleet.picture import Fleet, read_message
 from tests.helpers import Samples, parse_samples
 from tests.test_fleet_state import EMPTY, FREEZE, NEIGHBOUR, props
 

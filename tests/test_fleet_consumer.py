@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 from se_exporter.fleet.blobstate import StateBlobs
 from se_exporter.fleet.collector import FleetMetrics, PartitionView
 from se_exporter.fleet.consumer import Service
+from se_exporter.fleet.picture import Fleet, PartitionState
 from se_exporter.fleet.settings import FleetSettings
-from se_exporter.fleet.state import Fleet, PartitionState
 from tests.test_fleet_state import EMPTY, VM_ID, props
 
 

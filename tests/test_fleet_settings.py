@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from se_exporter.cli import build_parser, main
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView, render_fleet
 from se_exporter.fleet.settings import FLEET_OPTIONS, FleetSettings, fleet_settings
-from se_exporter.options import Listen
+from se_exporter.infra.options import Listen
 
 HUB = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=listen;SharedAccessKey=c2VjcmV0;EntityPath=hub"
 STORAGE = "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=c3RvcmFnZXNlY3JldA==;EndpointSuffix=core.net"

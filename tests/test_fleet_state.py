@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from se_exporter.fleet.state import (
+from se_exporter.fleet.picture import (
     Bounds,
     Fleet,
     InvalidMessage,

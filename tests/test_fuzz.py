@@ -24,17 +24,17 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from se_exporter.errors import ImdsError, ImdsTimeout, InvalidDocument
-from se_exporter.imds import ImdsClient, make_transport
-from se_exporter.lifecycle import CANCELED, COMPLETED, SCHEDULED, STARTED, EventRecord, diff
-from se_exporter.logs import JsonFormatter, TextFormatter
-from se_exporter.metrics import EVENT, Metrics
-from se_exporter.model import VmIdentity, parse_document
-from se_exporter.sinks import DocumentChange, FanOut
-from se_exporter.sinks.eventlog import LogSink
-from se_exporter.sinks.spans import EventIdGenerator, SpanSink
-from se_exporter.sinks.transition_metrics import MetricsSink
-from se_exporter.snapshot import Snapshot
+from se_exporter.core.errors import ImdsError, ImdsTimeout, InvalidDocument
+from se_exporter.core.lifecycle import CANCELED, COMPLETED, SCHEDULED, STARTED, EventRecord, diff
+from se_exporter.core.model import VmIdentity, parse_document
+from se_exporter.infra.logs import JsonFormatter, TextFormatter
+from se_exporter.sidecar.imds import ImdsClient, make_transport
+from se_exporter.sidecar.metrics import EVENT, Metrics
+from se_exporter.sidecar.sinks import DocumentChange, FanOut
+from se_exporter.sidecar.sinks.eventlog import LogSink
+from se_exporter.sidecar.sinks.spans import EventIdGenerator, SpanSink
+from se_exporter.sidecar.sinks.transition_metrics import MetricsSink
+from se_exporter.sidecar.snapshot import Snapshot
 from tests.conftest import Reliability
 from tests.fakes.http_server import CLOSE, Drip, ScriptedServer
 

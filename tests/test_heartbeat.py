@@ -12,14 +12,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from se_exporter.cli import build_parser
-from se_exporter.config import Settings, run_settings
-from se_exporter.errors import ConfigError
-from se_exporter.options import Listen
-from se_exporter.sidecar import Sidecar
+from se_exporter.core.errors import ConfigError
+from se_exporter.infra.options import Listen
+from se_exporter.sidecar.assembly import Sidecar
+from se_exporter.sidecar.settings import Settings, run_settings
+from se_exporter.sidecar.sinks.envelope import Sequencer
+from se_exporter.sidecar.sinks.forward import ForwardMetrics, ForwardSink
+from se_exporter.sidecar.sinks.forward_file import file_line
 from se_exporter.simulator.faults import Fault
-from se_exporter.sinks.envelope import Sequencer
-from se_exporter.sinks.forward import ForwardMetrics, ForwardSink
-from se_exporter.sinks.forward_file import file_line
 from tests.conftest import Reliability
 from tests.fakes.documents import RAW, change
 from tests.fakes.targets import Collecting

@@ -14,11 +14,11 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from se_exporter.cli import build_parser
-from se_exporter.config import run_settings
-from se_exporter.errors import ConfigError
+from se_exporter.core.errors import ConfigError
 from se_exporter.fleet.settings import fleet_settings
-from se_exporter.sinks.spans import PREFIX
-from se_exporter.sinks.tracing import span_line
+from se_exporter.sidecar.settings import run_settings
+from se_exporter.sidecar.sinks.spans import PREFIX
+from se_exporter.sidecar.sinks.tracing import span_line
 
 HUB = "Endpoint=sb://localhost/;SharedAccessKeyName=s;SharedAccessKey=c2VjcmV0;EntityPath=hub"
 STORAGE = ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=c2VjcmV0;"

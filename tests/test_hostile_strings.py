@@ -15,14 +15,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 from prometheus_client import CollectorRegistry
 
-from se_exporter.lifecycle import diff
-from se_exporter.model import VmIdentity, parse_document
-from se_exporter.sinks import DocumentChange
-from se_exporter.sinks.envelope import Sequencer
-from se_exporter.sinks.forward import ForwardMetrics, ForwardSink
-from se_exporter.sinks.forward_file import FileTarget
-from se_exporter.sinks.spans import EventIdGenerator, SpanSink, trace_id_for
-from se_exporter.sinks.tracing import span_line
+from se_exporter.core.lifecycle import diff
+from se_exporter.core.model import VmIdentity, parse_document
+from se_exporter.sidecar.sinks import DocumentChange
+from se_exporter.sidecar.sinks.envelope import Sequencer
+from se_exporter.sidecar.sinks.forward import ForwardMetrics, ForwardSink
+from se_exporter.sidecar.sinks.forward_file import FileTarget
+from se_exporter.sidecar.sinks.spans import EventIdGenerator, SpanSink, trace_id_for
+from se_exporter.sidecar.sinks.tracing import span_line
 from tests.conftest import Reliability
 from tests.helpers import wait_until
 from tests.otlp_receiver import OtlpReceiver

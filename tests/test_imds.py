@@ -11,19 +11,19 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from se_exporter.errors import (
+from se_exporter.core.errors import (
     ImdsConnectionError,
     ImdsHttpError,
     ImdsThrottled,
     ImdsTimeout,
     InvalidDocument,
 )
-from se_exporter.imds import ImdsClient, make_transport, parse_retry_after
-from se_exporter.model import VmIdentity
+from se_exporter.core.model import VmIdentity
+from se_exporter.sidecar.imds import ImdsClient, make_transport, parse_retry_after
+from se_exporter.sidecar.transport import TOTAL_TIMEOUT
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator, start
-from se_exporter.transport import TOTAL_TIMEOUT
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

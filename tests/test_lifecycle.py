@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from se_exporter.lifecycle import (
+from se_exporter.core.lifecycle import (
     CANCELED,
     COMPLETED,
     ENDED_MEMORY,
@@ -20,7 +20,7 @@ from se_exporter.lifecycle import (
     TransitionKind,
     diff,
 )
-from se_exporter.model import Document, parse_document
+from se_exporter.core.model import Document, parse_document
 
 
 def doc(incarnation: int, *events: Mapping[str, object]) -> Document:

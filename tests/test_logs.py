@@ -9,11 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from se_exporter.lifecycle import diff
-from se_exporter.logs import JsonFormatter, TextFormatter, escape, fields
-from se_exporter.model import parse_document
-from se_exporter.sinks import DocumentChange
-from se_exporter.sinks.eventlog import LogSink
+from se_exporter.core.lifecycle import diff
+from se_exporter.core.model import parse_document
+from se_exporter.infra.logs import JsonFormatter, TextFormatter, escape, fields
+from se_exporter.sidecar.sinks import DocumentChange
+from se_exporter.sidecar.sinks.eventlog import LogSink
 
 # A newline, a fake timestamp and level, ANSI colour, a C1 CSI, a Unicode line separator, a bidi override and a
 # lone surrogate: the EventId, a resource name and the description each try to forge or disguise a record.

@@ -7,12 +7,12 @@ from dataclasses import replace
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from se_exporter.lifecycle import diff
-from se_exporter.metrics import Metrics
-from se_exporter.model import EVENT_STATUSES, EVENT_TYPES, VmIdentity, parse_document
-from se_exporter.sinks import DocumentChange
-from se_exporter.sinks.transition_metrics import MetricsSink
-from se_exporter.snapshot import Snapshot
+from se_exporter.core.lifecycle import diff
+from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES, VmIdentity, parse_document
+from se_exporter.sidecar.metrics import Metrics
+from se_exporter.sidecar.sinks import DocumentChange
+from se_exporter.sidecar.sinks.transition_metrics import MetricsSink
+from se_exporter.sidecar.snapshot import Snapshot
 
 NOW = 1_649_715_000.0  # 1018 s before the NotBefore below
 NOT_BEFORE = 1_649_716_018.0  # Mon, 11 Apr 2022 22:26:58 GMT

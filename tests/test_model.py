@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from se_exporter import model
-from se_exporter.errors import InvalidDocument
-from se_exporter.model import (
+from se_exporter.core import model
+from se_exporter.core.errors import InvalidDocument
+from se_exporter.core.model import (
     EVENT_STATUSES,
     EventStatus,
     ScheduledEvent,

@@ -14,9 +14,14 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExportResult
 from prometheus_client import CollectorRegistry, Counter
 
-from se_exporter.config import TracingSettings
-from se_exporter.sinks.otlp_http import BoundedSession
-from se_exporter.sinks.tracing import EXPORT_TIMEOUT_SECONDS, MAX_RESPONSE_BYTES, CountingExporter, make_exporter
+from se_exporter.sidecar.settings import TracingSettings
+from se_exporter.sidecar.sinks.otlp_http import BoundedSession
+from se_exporter.sidecar.sinks.tracing import (
+    EXPORT_TIMEOUT_SECONDS,
+    MAX_RESPONSE_BYTES,
+    CountingExporter,
+    make_exporter,
+)
 from tests.otlp_receiver import (
     drip_body,
     drip_headers,

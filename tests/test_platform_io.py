@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from se_exporter import dirlock, files, logs, platform_io, processwide
-from se_exporter.platform_io import (
+from se_exporter.infra import dirlock, files, logs, platform_io, processwide
+from se_exporter.infra.platform_io import (
     CTRL_BREAK_EVENT,
     CTRL_C_EVENT,
     CTRL_CLOSE_EVENT,
@@ -36,8 +36,8 @@ from se_exporter.platform_io import (
     Windows,
     utf8_stream,
 )
-from se_exporter.sinks import spool as spool_module
-from se_exporter.sinks.spool import Spool
+from se_exporter.sidecar.sinks import spool as spool_module
+from se_exporter.sidecar.sinks.spool import Spool
 from tests.conftest import Reliability
 from tests.fakes.documents import envelope
 from tests.helpers import free_port, http_get, wait_until
@@ -399,7 +399,7 @@ def test_without_stderr_logs_go_to_a_file_in_the_state_directory(tmp_path: Path,
     """A process with no stderr (pythonw.exe, some service hosts) writes its log lines to se-exporter.log instead of
     dropping them."""
     monkeypatch.setattr("sys.stderr", None)
-    monkeypatch.setattr("se_exporter.config.DEFAULT_STATE_DIR", str(tmp_path))
+    monkeypatch.setattr("se_exporter.sidecar.settings.DEFAULT_STATE_DIR", str(tmp_path))
     with processwide.restored():  # the logging set-up is put back afterwards
         logs.setup("info", "text")
         logging.getLogger("se_exporter").info("stopping à l'heure")
@@ -444,8 +444,8 @@ def test_a_console_control_event_stops_run_in_order(tmp_path: Path, monkeypatch:
 def test_the_http_server_binds_through_the_platform(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the Windows implementation the HTTP server's socket gets the exclusive-use option before bind and no
     SO_REUSEADDR (shown with SO_KEEPALIVE standing in for SO_EXCLUSIVEADDRUSE, which Linux does not know)."""
-    from se_exporter import http_server as app  # noqa: PLC0415 - the HTTP server, only for this test
-    from se_exporter.options import Listen  # noqa: PLC0415
+    from se_exporter.infra import http_server as app  # noqa: PLC0415 - the HTTP server, only for this test
+    from se_exporter.infra.options import Listen  # noqa: PLC0415
 
     platform = Windows(FakeMsvcrt(), lambda handler: None, socket.SO_KEEPALIVE, 0, os.replace)
     monkeypatch.setattr(app, "PLATFORM", platform)

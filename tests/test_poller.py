@@ -14,17 +14,17 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from se_exporter.config import Settings
-from se_exporter.endpoints import routes
-from se_exporter.http_server import HttpRequest
-from se_exporter.imds import ImdsClient
-from se_exporter.lifecycle import diff
-from se_exporter.metrics import Metrics
-from se_exporter.model import VmIdentity, parse_document
-from se_exporter.poller import IdentityWatcher, Poller
-from se_exporter.sinks import FanOut
-from se_exporter.snapshot import CurrentState, Snapshot
-from se_exporter.state import LifecycleStore
+from se_exporter.core.lifecycle import diff
+from se_exporter.core.model import VmIdentity, parse_document
+from se_exporter.infra.http_server import HttpRequest
+from se_exporter.sidecar.endpoints import routes
+from se_exporter.sidecar.imds import ImdsClient
+from se_exporter.sidecar.lifecycle_store import LifecycleStore
+from se_exporter.sidecar.metrics import Metrics
+from se_exporter.sidecar.poller import IdentityWatcher, Poller
+from se_exporter.sidecar.settings import Settings
+from se_exporter.sidecar.sinks import FanOut
+from se_exporter.sidecar.snapshot import CurrentState, Snapshot
 from tests.fakes.sinks import BrokenSink, RecordingSink
 
 FREEZE = {"EventId": "E1", "EventStatus": "Scheduled", "EventType": "Freeze", "ResourceType": "VirtualMachine",

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from se_exporter import processwide
 from se_exporter.cli import main
+from se_exporter.infra import processwide
 from tests.helpers import wait_until
 from tests.process_state import snapshot
 

@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 import se_exporter
-from se_exporter.imds import COMPUTE_PATH, SCHEDULED_EVENTS_PATH, USER_AGENT, ImdsClient, make_transport
+from se_exporter.sidecar.imds import COMPUTE_PATH, SCHEDULED_EVENTS_PATH, USER_AGENT, ImdsClient, make_transport
 from tests.conftest import Reliability, SimulatorFactory
 
 PACKAGE = Path(se_exporter.__file__).parent

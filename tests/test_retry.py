@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from se_exporter.retry import Health, backoff
+from se_exporter.core.retry import Health, backoff
 
 
 def test_backoff_doubles_from_the_first_wait_up_to_the_cap() -> None:

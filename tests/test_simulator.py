@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from se_exporter.errors import ConfigError
-from se_exporter.http_server import Bounds
-from se_exporter.model import parse_document
+from se_exporter.core.errors import ConfigError
+from se_exporter.core.model import parse_document
+from se_exporter.infra.http_server import Bounds
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault, from_json, parse_fault
 from se_exporter.simulator.server import HISTORY, SCHEDULED_EVENTS_VERSIONS, Simulator, SimulatorServer, start

@@ -14,7 +14,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from se_exporter.sinks.tracing import QuietBatchSpanProcessor
+from se_exporter.sidecar.sinks.tracing import QuietBatchSpanProcessor
 from tests.helpers import wait_until
 
 T = TypeVar("T")

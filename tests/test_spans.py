@@ -16,13 +16,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from se_exporter.config import Settings
-from se_exporter.lifecycle import EventRecord, diff
-from se_exporter.model import Document, ScheduledEvent, VmIdentity
+from se_exporter.core.lifecycle import EventRecord, diff
+from se_exporter.core.model import Document, ScheduledEvent, VmIdentity
+from se_exporter.sidecar.settings import Settings
+from se_exporter.sidecar.sinks import DocumentChange
+from se_exporter.sidecar.sinks.spans import EventIdGenerator, SpanSink, span_id_for, trace_id_for
+from se_exporter.sidecar.sinks.tracing import resource_attributes
 from se_exporter.simulator import scenario as scenarios
-from se_exporter.sinks import DocumentChange
-from se_exporter.sinks.spans import EventIdGenerator, SpanSink, span_id_for, trace_id_for
-from se_exporter.sinks.tracing import resource_attributes
 
 EPOCH = 1_795_000_000.0
 A = "azure.scheduled_event."
@@ -192,7 +192,7 @@ def test_resource_uses_the_azure_detector_keys() -> None:
     ("otlp", "http/protobuf", "charset_normalizer"),  # requests (the exporter's client) loads without it
     ("otlp", "http/protobuf", "httpcore"),  # IMDS goes through our http.client transport
     ("none", "http/protobuf", "httpx"),  # ... asked with plain values: httpx is for callers that speak it (tests)
-    ("none", "http/protobuf", "aiohttp"),  # the HTTP server is h11 on asyncio (se_exporter/http_server.py)
+    ("none", "http/protobuf", "aiohttp"),  # the HTTP server is h11 on asyncio (se_exporter/infra/http_server.py)
     ("otlp", "http/protobuf", "se_exporter.simulator.server"),
 ])
 def test_unconfigured_exporters_are_not_imported(exporter: str, protocol: str, absent: str) -> None:
@@ -201,16 +201,16 @@ def test_unconfigured_exporters_are_not_imported(exporter: str, protocol: str, a
     script = (
         "import sys\n"
         "from se_exporter.cli import build_parser\n"
-        "from se_exporter.config import run_settings\n"
-        "from se_exporter.sidecar import make_forwarding\n"
+        "from se_exporter.sidecar.settings import run_settings\n"
+        "from se_exporter.sidecar.assembly import make_forwarding\n"
         f"settings = run_settings(build_parser().parse_args(['run']), {{'OTEL_TRACES_EXPORTER': '{exporter}',"
         f" 'OTEL_EXPORTER_OTLP_PROTOCOL': '{protocol}', 'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://127.0.0.1:9'}})\n"
         "if settings.otel_traces_exporter != 'none':\n"
-        "    from se_exporter.sinks.tracing import make_tracing\n"
+        "    from se_exporter.sidecar.sinks.tracing import make_tracing\n"
         "    from prometheus_client import CollectorRegistry\n"
         "    make_tracing(settings.tracing, None, CollectorRegistry())\n"
         "    assert 'requests' in sys.modules or settings.otel_protocol == 'grpc'\n"
-        "from se_exporter.imds import make_transport\n"
+        "from se_exporter.sidecar.imds import make_transport\n"
         "make_transport()\n"
         f"loaded = sorted(m for m in sys.modules if m == '{absent}' or m.startswith('{absent}.'))\n"
         "print(loaded)\n"

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from se_exporter.lifecycle import EventRecord
-from se_exporter.model import ScheduledEvent
-from se_exporter.sinks.spans import EventIdGenerator, SpanSink
-from se_exporter.state import LifecycleStore
+from se_exporter.core.lifecycle import EventRecord
+from se_exporter.core.model import ScheduledEvent
+from se_exporter.sidecar.lifecycle_store import LifecycleStore
+from se_exporter.sidecar.sinks.spans import EventIdGenerator, SpanSink
 
 EVENT = ScheduledEvent("E1", "Freeze", "Scheduled", "VirtualMachine", ("vm0", "vm1"),
                        datetime(2022, 4, 11, 22, 26, 58, tzinfo=timezone.utc), "Live migration", "Platform", 5)

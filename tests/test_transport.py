@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from se_exporter.transport import TOTAL_TIMEOUT, KeepAliveTransport
+from se_exporter.sidecar.transport import TOTAL_TIMEOUT, KeepAliveTransport
 from tests.fakes.http_server import CLOSE, HANG, Drip, ScriptedServer
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"

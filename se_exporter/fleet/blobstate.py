@@ -29,7 +29,7 @@ from azure.storage.blob import ContentSettings
 from azure.storage.blob.aio import ContainerClient
 
 from se_exporter.fleet.message import DEFAULT_BOUNDS, Bounds
-from se_exporter.fleet.state import PartitionState
+from se_exporter.fleet.picture import PartitionState
 from se_exporter.fleet.stateformat import DamagedState, NewerState, decode
 
 log = logging.getLogger("se_exporter.fleet")

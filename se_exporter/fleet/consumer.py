@@ -32,14 +32,14 @@ from azure.eventhub.aio import PartitionContext
 from azure.eventhub.amqp import AmqpMessageBodyType
 from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
 
-from se_exporter import logs
 from se_exporter.fleet.blobstate import Restored, StateBlobs, state_blob_name
 from se_exporter.fleet.collector import FleetMetrics, PartitionView
 from se_exporter.fleet.message import BOUND_NAMES, InvalidMessage, VmState, read_message
+from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.settings import FleetSettings
-from se_exporter.fleet.state import Fleet
-from se_exporter.logs import fields
-from se_exporter.sinks.eventhubs import classify
+from se_exporter.infra import logs
+from se_exporter.infra.logs import fields
+from se_exporter.sidecar.sinks.eventhubs import classify
 
 log = logging.getLogger("se_exporter.fleet")
 BATCH_SIZE = 300  # the SDK's default prefetch: one batch drains what one link fetches

@@ -24,18 +24,19 @@ from azure.eventhub.aio import EventHubConsumerClient
 from azure.storage.blob.aio import ContainerClient
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
-from se_exporter import __version__, http_server, logs
-from se_exporter.consume import starting_position
-from se_exporter.credential import service_credential
-from se_exporter.errors import ConfigError
-from se_exporter.fleet import amqp_types
+from se_exporter import __version__
+from se_exporter.consume.main import starting_position
+from se_exporter.core.errors import ConfigError
 from se_exporter.fleet.blobstate import StateBlobs
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, render_fleet
 from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER, ObservedCheckpointStore, Service, describe
+from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.settings import FleetSettings
-from se_exporter.fleet.state import Fleet
-from se_exporter.platform_io import PLATFORM
-from se_exporter.sinks.eventhubs import connection_options
+from se_exporter.infra import http_server, logs
+from se_exporter.infra.azure import amqp_types
+from se_exporter.infra.azure.credential import service_credential
+from se_exporter.infra.platform_io import PLATFORM
+from se_exporter.sidecar.sinks.eventhubs import connection_options
 
 log = logging.getLogger("se_exporter.fleet")
 CLOSE_TIMEOUT = 8.0  # SIGTERM to exit within 10 s, whatever the peers do

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from se_exporter.errors import InvalidDocument, SeExporterError
-from se_exporter.model import Document, affects_label, affects_vm, encodable, parse_document
+from se_exporter.core.errors import InvalidDocument, SeExporterError
+from se_exporter.core.model import Document, affects_label, affects_vm, encodable, parse_document
 
 # The envelope's properties (schemas/forwarded-document.schema.json); anything else is tolerated and counted.
 KNOWN_PROPERTIES = frozenset({

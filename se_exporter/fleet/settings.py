@@ -8,10 +8,9 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from se_exporter.config import RUN_OPTIONS
-from se_exporter.consume_settings import CONSUME_OPTIONS
-from se_exporter.errors import ConfigError
-from se_exporter.options import (
+from se_exporter.consume.settings import CONSUME_OPTIONS
+from se_exporter.core.errors import ConfigError
+from se_exporter.infra.options import (
     Bounded,
     Listen,
     Option,
@@ -22,6 +21,7 @@ from se_exporter.options import (
     parse_name,
     resolve,
 )
+from se_exporter.sidecar.settings import RUN_OPTIONS
 
 DEFAULT_FLEET_PORT = 10170  # the sidecar's 10169 plus one: both can run on one machine
 DEFAULT_CONTAINER = "se-exporter-fleet"
@@ -180,7 +180,7 @@ def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSet
     if settings.ownership_timeout <= settings.load_balancing_interval:
         raise ConfigError(f"--ownership-expiry {settings.ownership_timeout:g} must be longer than "
                           f"--load-balancing-interval {settings.load_balancing_interval:g}")
-    from se_exporter.consume import starting_position  # noqa: PLC0415 - it brings asyncio, which `run` never needs
+    from se_exporter.consume.main import starting_position  # noqa: PLC0415 - it brings asyncio, which `run` never needs
 
     starting_position(settings.starting_position)  # raises ConfigError naming the flag
     return settings
