@@ -192,7 +192,7 @@ def parse_body(body: bytes) -> Document:
         raise InvalidMessage(reason, f"body is not {what} ({_short(text)})") from None
 
 
-# How parse_document words a body that is not JSON at all (tests/test_fleet_state.py pins each reason).
+# How parse_document words a body that is not JSON at all (tests/fleet/test_picture.py pins each reason).
 _NOT_JSON = ("body is not UTF-8", "body is empty", "body is not JSON", "body is JSON nested too deeply")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from se_exporter.sidecar.demo import summary
 from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks.tracing import span_line
-from tests.test_spans import run
+from tests.sidecar.test_spans import run
 
 FREEZE = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
 

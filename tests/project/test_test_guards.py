@@ -10,7 +10,7 @@ import tomllib
 
 from tests import loopback
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 METADATA = "169.254.169.254"  # IMDS: the address the suite must never reach
 
 

@@ -17,7 +17,7 @@ import pytest
 from scripts import lockfile, wheelhouse
 from tests.conftest import Reliability
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parent.parent.parent
 HOUSES = {"linux": ROOT / "dist" / "linux-wheels", "windows": ROOT / "dist" / "windows-wheels"}
 
 

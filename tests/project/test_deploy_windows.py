@@ -17,7 +17,7 @@ from se_exporter.cli import build_parser
 from se_exporter.infra.platform_io import Windows
 from se_exporter.sidecar.settings import DEFAULT_PORT, RUN_OPTIONS, run_settings
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parent.parent.parent
 WINDOWS = ROOT / "deploy" / "windows"
 PROGRAM_DATA = r"C:\ProgramData"
 LOCAL_SERVICE_SID = "S-1-5-19"  # NT AUTHORITY\LocalService

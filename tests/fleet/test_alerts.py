@@ -7,7 +7,7 @@ from typing import Any
 
 from tests import promtool
 
-RULES = Path(__file__).parent.parent / "dashboards" / "fleet-alerts.yaml"
+RULES = Path(__file__).parent.parent.parent / "dashboards" / "fleet-alerts.yaml"
 JOB = {"job": "se-exporter-fleet"}
 A = {**JOB, "instance": "fleet-0:10170"}
 B = {**JOB, "instance": "fleet-1:10170"}

@@ -16,7 +16,7 @@ from se_exporter.fleet.collector import FleetMetrics, PartitionView
 from se_exporter.fleet.consumer import Service
 from se_exporter.fleet.picture import Fleet, PartitionState
 from se_exporter.fleet.settings import FleetSettings
-from tests.test_fleet_state import EMPTY, VM_ID, props
+from tests.fleet.test_picture import EMPTY, VM_ID, props
 
 
 class Exploding(dict[Any, Any]):

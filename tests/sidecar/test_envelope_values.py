@@ -16,7 +16,7 @@ from se_exporter.sidecar.sinks.envelope import build, carriable
 from se_exporter.sidecar.sinks.forward_file import file_line
 from tests.fakes.documents import IDENTITY, change
 
-SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "forwarded-document.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).parent.parent.parent / "schemas" / "forwarded-document.schema.json").read_text())
 ODD = VmIdentity(name="West\ud800NO_0\x1b[2J", vm_id="\udcff", vmss_name="\x00", location="norwayeast",
                  resource_group="rg", subscription_id="sub")
 

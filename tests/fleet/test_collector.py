@@ -6,8 +6,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView, render_fleet
 from se_exporter.fleet.picture import Fleet, read_message
+from tests.fleet.test_picture import EMPTY, FREEZE, NEIGHBOUR, props
 from tests.helpers import Samples, parse_samples
-from tests.test_fleet_state import EMPTY, FREEZE, NEIGHBOUR, props
 
 NOW = 2_000_000_000.0
 REBOOT = (b'{"DocumentIncarnation": 9, "Events": [{"EventId": "R1", "EventType": "Reboot", "Resources": ["ss_2"], '

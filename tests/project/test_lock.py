@@ -19,7 +19,7 @@ from packaging.utils import canonicalize_name
 from scripts import lockfile
 from tests.conftest import Reliability
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parent.parent.parent
 PROJECT = canonicalize_name("se-exporter")
 TARGETS = [(platform, python) for platform in lockfile.PLATFORMS for python in lockfile.PYTHONS]
 

@@ -62,7 +62,7 @@ def test_dockerfile_installs_the_lock_with_hashes_and_no_index() -> None:
     """The build stage downloads requirements/runtime.txt with hashes required and wheels only; the runtime stage
     installs it with no index and hashes required, se-exporter's own wheel alone (--no-deps); the final image gets
     the SBOM file and the label naming it."""
-    text = (Path(__file__).parent.parent / "Dockerfile").read_text().replace("\\\n", " ")
+    text = (Path(__file__).parent.parent.parent / "Dockerfile").read_text().replace("\\\n", " ")
     steps = [" ".join(line.split()) for line in text.splitlines()]
     assert any("pip download" in s and "--require-hashes --only-binary=:all:" in s
                and "-r requirements/runtime.txt" in s for s in steps)

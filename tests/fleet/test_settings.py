@@ -82,7 +82,7 @@ def test_bad_configuration_is_one_line_naming_the_setting(argv: list[str], env: 
 
 def test_every_fleet_setting_and_metric_is_in_the_readme() -> None:
     """Each flag and variable of `fleet`, and each metric family it can expose, has its place in the README."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parent.parent.parent / "README.md").read_text()
     for option in FLEET_OPTIONS:
         assert f"`{option.flag} {option.metavar}`" in readme, option.flag
         assert f"`{option.env}`" in readme or option.dest.startswith(("eventhub_", "log_")), option.env

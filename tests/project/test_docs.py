@@ -18,7 +18,7 @@ from se_exporter.sidecar.sinks.tracing import TracingSink
 from se_exporter.sidecar.snapshot import Snapshot
 from se_exporter.simulator.settings import SIMULATE_OPTIONS
 
-README = (Path(__file__).parent.parent / "README.md").read_text()
+README = (Path(__file__).parent.parent.parent / "README.md").read_text()
 
 
 def test_every_setting_is_in_the_readme() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parent.parent
-TOOLS = Path(__file__).parent / "grafana_schema"
+ROOT = Path(__file__).parent.parent.parent
+TOOLS = Path(__file__).parent.parent / "grafana_schema"
 HEADER = """import type { Dashboard, VariableModel } from "@grafana/schema";
 // The SDK writes the interval-variable fields auto, auto_count and auto_min on every variable.
 type SdkVariable = VariableModel & { auto?: boolean; auto_count?: number; auto_min?: string };

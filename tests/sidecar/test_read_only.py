@@ -49,7 +49,7 @@ def _is_get(call: ast.Call) -> bool:
 def test_every_request_the_imds_client_sends_is_a_get(simulator: SimulatorFactory) -> None:
     """Through the sidecar's own transport to a real socket, the IMDS client's calls (Scheduled Events on its first
     and later timeouts, compute metadata) reach IMDS as GET and nothing else; the transport refuses any other method
-    before a connection is opened (tests/test_transport.py::test_only_get_is_sent)."""
+    before a connection is opened (tests/sidecar/test_transport.py::test_only_get_is_sent)."""
     sim, server = simulator("live-migration")
     transport = make_transport()
     client = ImdsClient(transport, server.url, "2020-07-01", timeout=5.0, first_call_timeout=10.0,

@@ -13,7 +13,7 @@ import pytest
 from scripts import lockfile, sbom, wheelhouse
 from tests.conftest import Reliability
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parent.parent.parent
 
 
 def load(kind: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import yaml
 from se_exporter.infra.options import DEFAULT_PORT
 from se_exporter.sidecar.settings import DEFAULT_IMDS_URL, RUN_OPTIONS
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parent.parent.parent
 SYSTEMD = ROOT / "deploy" / "systemd"
 KUBE = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ROOT / "deploy" / "kubernetes-overlays"
@@ -96,7 +96,7 @@ def test_cloud_init_carries_the_same_unit() -> None:
 
 def test_vm_installs_are_offline_with_hashes_required() -> None:
     """install.sh and the scale-set custom data install se-exporter only from the wheelhouse's requirements.txt,
-    with no package index and every hash required (tests/test_wheelhouses.py runs install.sh's command)."""
+    with no package index and every hash required (tests/project/test_wheelhouses.py runs install.sh's command)."""
     data = yaml.safe_load((SYSTEMD / "cloud-init.yaml").read_text())
     script = (SYSTEMD / "install.sh").read_text().replace("\\\n", " ")
     steps = [c for c in data["runcmd"] if "pip install" in c]

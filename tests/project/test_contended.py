@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import wait_until
 
-SCRIPT = Path(__file__).parent.parent / "scripts" / "contended.py"
+SCRIPT = Path(__file__).parent.parent.parent / "scripts" / "contended.py"
 
 
 def start(*command: str, loops: int = 2) -> tuple[subprocess.Popen[str], list[int]]:

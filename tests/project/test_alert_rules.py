@@ -9,7 +9,7 @@ from typing import Any
 
 from tests import promtool
 
-RULES = Path(__file__).parent.parent / "dashboards" / "alerts.yaml"
+RULES = Path(__file__).parent.parent.parent / "dashboards" / "alerts.yaml"
 BASE = 'job="se-exporter", instance="vm0:10169"'
 LABELS = {"job": "se-exporter", "instance": "vm0:10169"}
 
