@@ -10,24 +10,13 @@ import asyncio
 import json
 import sys
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any, TextIO
 
 from se_exporter.consume.settings import ConsumeSettings
-from se_exporter.core.errors import ConfigError, InvalidDocument
+from se_exporter.core.errors import InvalidDocument
 from se_exporter.core.model import affects_vm, parse_document
+from se_exporter.infra.options import starting_position
 from se_exporter.infra.platform_io import PLATFORM
-
-
-def starting_position(text: str) -> Any:
-    if text == "earliest":
-        return "-1"
-    if text == "latest":
-        return "@latest"
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ConfigError(f"--starting-position: {text!r} is not earliest, latest or an ISO 8601 time") from None
 
 
 def record(partition_id: str, event: Any) -> dict[str, Any]:
@@ -66,7 +55,7 @@ def consume(settings: ConsumeSettings, out: TextIO = sys.stdout) -> int:
 async def _consume(settings: ConsumeSettings, position: Any, out: TextIO) -> int:
     from azure.eventhub.aio import EventHubConsumerClient
 
-    from se_exporter.sidecar.sinks.eventhubs import connection_options
+    from se_exporter.infra.azure.clients import connection_options
 
     connection = connection_options(settings.eventhub_endpoint, settings.eventhub_ca_file,
                                     settings.eventhub_connection_string)

@@ -8,14 +8,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from se_exporter.core.errors import ConfigError
-from se_exporter.infra.options import EVENTHUB_OPTIONS, Bounded, Option, check_eventhubs, choice, parse_name, resolve
+from se_exporter.infra.options import (
+    CONSUMER_GROUP_OPTION,
+    EVENTHUB_OPTIONS,
+    Bounded,
+    Option,
+    check_eventhubs,
+    choice,
+    parse_name,
+    resolve,
+)
 
 MAX_EVENTS = Bounded(1, 10**12, unit="", integer=True)
 IDLE_TIMEOUT = Bounded(0.1, 366 * 86400)
 CONSUME_OPTIONS: tuple[Option, ...] = (
     *EVENTHUB_OPTIONS,
-    Option("consumer_group", "--consumer-group", parse_name, "consumer group to read with (default $Default)",
-           "GROUP"),
+    CONSUMER_GROUP_OPTION,
     Option("starting_position", "--starting-position", parse_name,
            "earliest, latest, or an ISO 8601 time to read from (default earliest)", "POSITION"),
     Option("output_format", "--format", choice("timeline", "json"),

@@ -37,9 +37,8 @@ from se_exporter.fleet.collector import FleetMetrics, PartitionView
 from se_exporter.fleet.message import BOUND_NAMES, InvalidMessage, VmState, read_message
 from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.settings import FleetSettings
-from se_exporter.infra import logs
+from se_exporter.infra.azure.clients import classify, describe
 from se_exporter.infra.logs import fields
-from se_exporter.sidecar.sinks.eventhubs import classify
 
 log = logging.getLogger("se_exporter.fleet")
 BATCH_SIZE = 300  # the SDK's default prefetch: one batch drains what one link fetches
@@ -388,6 +387,3 @@ async def _stopped(stop: asyncio.Event, seconds: float) -> bool:
         await asyncio.wait_for(stop.wait(), seconds)
     return stop.is_set()
 
-
-def describe(error: BaseException) -> str:
-    return logs.redact((str(error) or type(error).__name__).splitlines()[0][:300])

@@ -13,7 +13,7 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import aiohttp
@@ -25,18 +25,18 @@ from azure.storage.blob.aio import ContainerClient
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
 from se_exporter import __version__
-from se_exporter.consume.main import starting_position
 from se_exporter.core.errors import ConfigError
 from se_exporter.fleet.blobstate import StateBlobs
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, render_fleet
-from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER, ObservedCheckpointStore, Service, describe
+from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER, ObservedCheckpointStore, Service
 from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.infra import http_server, logs
 from se_exporter.infra.azure import amqp_types
+from se_exporter.infra.azure.clients import causes, connection_options, describe
 from se_exporter.infra.azure.credential import service_credential
+from se_exporter.infra.options import starting_position
 from se_exporter.infra.platform_io import PLATFORM
-from se_exporter.sidecar.sinks.eventhubs import connection_options
 
 log = logging.getLogger("se_exporter.fleet")
 CLOSE_TIMEOUT = 8.0  # SIGTERM to exit within 10 s, whatever the peers do
@@ -145,7 +145,7 @@ def storage_cause(error: BaseException) -> str:
     (connection refused, host not found), "no answer within N s" for a timeout, else the error's first line."""
     if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
         return f"no answer within {CHECK_TIMEOUT:g} s (timeout)"
-    for cause in _causes(error):
+    for cause in causes(error):
         if isinstance(cause, ConnectionRefusedError):
             return "connection refused"
         if isinstance(cause, socket.gaierror):
@@ -153,20 +153,6 @@ def storage_cause(error: BaseException) -> str:
         if isinstance(cause, TimeoutError):
             return "connection timed out"
     return describe(error)
-
-
-def _causes(error: BaseException) -> Iterator[BaseException]:
-    """``error`` and what it wraps: azure-core's ``inner_exception``, aiohttp's ``os_error``, Python's chain."""
-    seen: set[int] = set()
-    todo = [error]
-    while todo:
-        cause = todo.pop()
-        if id(cause) in seen:
-            continue
-        seen.add(id(cause))
-        yield cause
-        todo.extend(c for c in (cause.__context__, cause.__cause__, getattr(cause, "inner_exception", None),
-                                getattr(cause, "os_error", None)) if isinstance(c, BaseException))
 
 
 def make_http_app(registry: CollectorRegistry, fleet: Fleet, service: Service,

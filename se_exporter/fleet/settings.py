@@ -8,9 +8,11 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from se_exporter.consume.settings import CONSUME_OPTIONS
 from se_exporter.core.errors import ConfigError
 from se_exporter.infra.options import (
+    CONSUMER_GROUP_OPTION,
+    EVENTHUB_OPTIONS,
+    LOG_OPTIONS,
     Bounded,
     Listen,
     Option,
@@ -20,8 +22,8 @@ from se_exporter.infra.options import (
     parse_listen,
     parse_name,
     resolve,
+    starting_position,
 )
-from se_exporter.sidecar.settings import RUN_OPTIONS
 
 DEFAULT_FLEET_PORT = 10170  # the sidecar's 10169 plus one: both can run on one machine
 DEFAULT_CONTAINER = "se-exporter-fleet"
@@ -93,11 +95,10 @@ def parse_container(text: str) -> str:
     return name
 
 
-_SHARED = ("eventhub_connection_string", "eventhub_name", "eventhub_namespace", "eventhub_client_id",
-           "eventhub_endpoint", "eventhub_ca_file", "log_level", "log_format")
 FLEET_OPTIONS: tuple[Option, ...] = (
-    *(option for option in RUN_OPTIONS if option.dest in _SHARED),
-    *(option for option in CONSUME_OPTIONS if option.dest == "consumer_group"),
+    *LOG_OPTIONS,  # the options every command shares, from infra.options
+    *EVENTHUB_OPTIONS,
+    CONSUMER_GROUP_OPTION,
     Option("listen", "--listen", parse_listen,
            f"where /metrics, /healthz and /readyz are served (default :{DEFAULT_FLEET_PORT}, all interfaces)",
            "HOST:PORT", "FLEET_"),
@@ -180,7 +181,5 @@ def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSet
     if settings.ownership_timeout <= settings.load_balancing_interval:
         raise ConfigError(f"--ownership-expiry {settings.ownership_timeout:g} must be longer than "
                           f"--load-balancing-interval {settings.load_balancing_interval:g}")
-    from se_exporter.consume.main import starting_position  # noqa: PLC0415 - it brings asyncio, which `run` never needs
-
     starting_position(settings.starting_position)  # raises ConfigError naming the flag
     return settings

@@ -22,6 +22,7 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+from se_exporter.infra import platform_io
 from se_exporter.infra.platform_io import utf8_stream
 
 _FIELDS = "se_fields"
@@ -43,6 +44,11 @@ _BARE = re.compile(r"[^\s\"]+")
 
 def redact(text: str) -> str:
     return _SECRETS.sub(lambda match: match.group(1) + "<redacted>", text)
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, "..." saying it was: the one shortener of what peers say."""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def escape(text: str) -> str:
@@ -109,9 +115,7 @@ def fallback_stream(directory: str | None = None) -> TextIO:
     """``se-exporter.log`` in the default state directory, for a process without stderr (``pythonw.exe``, a service
     host that hands none; the WinSW service in deploy/windows gives one): lines are kept rather than dropped."""
     if directory is None:
-        from se_exporter.sidecar.settings import DEFAULT_STATE_DIR  # noqa: PLC0415 - only this rare case needs it
-
-        directory = DEFAULT_STATE_DIR
+        directory = platform_io.DEFAULT_STATE_DIR  # read when needed: tests point it elsewhere
     try:
         os.makedirs(directory, exist_ok=True)
         return open(os.path.join(directory, "se-exporter.log"), "a", encoding="utf-8",

@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -312,6 +313,10 @@ EVENTHUB_OPTIONS: tuple[Option, ...] = (
            "PEM file of the CAs that may sign the Event Hubs TLS certificate (default: the certifi bundle)", "PATH"),
 )
 
+# The consumer group every reader of the hub (``consume``, ``fleet``) takes.
+CONSUMER_GROUP_OPTION = Option("consumer_group", "--consumer-group", parse_name,
+                               "consumer group to read with (default $Default)", "GROUP")
+
 
 def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
     """Flags default to None so the resolver can tell 'not given' from 'given'."""
@@ -402,3 +407,16 @@ def check_eventhubs(settings: EventHubsSettings) -> None:
                         (settings.eventhub_ca_file, "--eventhub-ca-file")):
         if given and not (settings.eventhub_connection_string or settings.eventhub_namespace):
             raise ConfigError(f"{flag} needs --eventhub-namespace or --eventhub-connection-string")
+
+
+def starting_position(text: str) -> Any:
+    """``--starting-position`` (``consume``, ``fleet``) as the Event Hubs SDK takes it: earliest, latest, or an
+    ISO 8601 time."""
+    if text == "earliest":
+        return "-1"
+    if text == "latest":
+        return "@latest"
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"--starting-position: {text!r} is not earliest, latest or an ISO 8601 time") from None

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
     import asyncio  # annotations only: importing it costs a sidecar without Event Hubs ~1.7 MB of RSS
 
 StopCallback = Callable[[], None]
+# The signals that ask for the orderly stop, where the platform has them (Windows: SIGINT and SIGTERM only, and its
+# console control events below): one list for the command's handlers, the early ones in __main__ and processwide.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
 # Windows console control events (wincon.h).
 CTRL_C_EVENT, CTRL_BREAK_EVENT, CTRL_CLOSE_EVENT, CTRL_LOGOFF_EVENT, CTRL_SHUTDOWN_EVENT = 0, 1, 2, 5, 6
 # The Windows lock is taken on this byte of the lock file: far past the pid written at its start.
@@ -298,14 +301,16 @@ else:
         def on_stop(self, callback: StopCallback) -> None:
             # SIGHUP too: a closed terminal or `kill -HUP` must not skip the orderly stop (spans flushed,
             # "stopping" logged). Nothing is reloaded: the settings come from flags and the environment.
-            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for signum in STOP_SIGNALS:
                 signal.signal(signum, lambda number, frame: callback())
 
         def on_stop_async(self, loop: asyncio.AbstractEventLoop, callback: StopCallback) -> None:
-            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for signum in STOP_SIGNALS:
                 loop.add_signal_handler(signum, callback)
 
         def default_state_dir(self, environ: Mapping[str, str]) -> str:
             return "/var/lib/se-exporter"
 
     PLATFORM = Posix()
+
+DEFAULT_STATE_DIR = PLATFORM.default_state_dir(os.environ)  # read once, where the platform is known

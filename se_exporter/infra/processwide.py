@@ -18,13 +18,13 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
+from se_exporter.infra.platform_io import STOP_SIGNALS
 
 
 @contextmanager
 def restored() -> Iterator[None]:
     """Run the body, then put back signal handlers, excepthooks, logging and warnings filters as they were."""
-    handlers = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     excepthook, thread_excepthook = sys.excepthook, threading.excepthook
     root = logging.getLogger()
     root_handlers, levels = root.handlers[:], _levels()

@@ -2,7 +2,8 @@
 
 Order matters and is kept here alone:
 
-1. ``listen``: the built-in simulator (``--simulate``), then the HTTP port. A taken port stops start-up before
+1. ``listen``: the built-in simulator (``--simulate``: started by the factory the CLI hands in, so the sidecar
+   never imports the simulator), then the HTTP port. A taken port stops start-up before
    anything else is built, and the address is known for the demo banner, which comes before any log line. Until
    ``start`` has built the poller the server answers 503 ``starting``.
 2. ``start``: the registry's collectors, the IMDS client, the snapshot's owner (``CurrentState``), which the
@@ -21,7 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -43,19 +44,27 @@ from se_exporter.sidecar.statedir import StateDir
 
 if TYPE_CHECKING:
     from se_exporter.sidecar.sinks.forward import ForwardSink
-    from se_exporter.simulator.server import Simulator
 
 log = logging.getLogger("se_exporter")
 _S = TypeVar("_S")
 
 
+class SimulatedImds(Protocol):
+    """An IMDS double started for ``run --simulate`` (the CLI's ``SimulatedImds``): where it listens, how to stop it."""
+
+    url: str
+
+    def close(self) -> None: ...
+
+
 class Sidecar:
     """Everything ``se-exporter run`` runs. ``settings`` is final once ``listen`` has run (the simulator's URL)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, simulate: Callable[[Settings], SimulatedImds] | None = None) -> None:
         self.settings = settings
         self.registry = CollectorRegistry()
-        self.simulator: Simulator | None = None
+        self.simulated: SimulatedImds | None = None
+        self._simulate = simulate
         self.metrics_url = ""
         self._http = _Starting()
         self._cleanup = contextlib.ExitStack()
@@ -127,14 +136,11 @@ class Sidecar:
         self._cleanup.close()
 
     def _start_simulator(self) -> None:
-        from se_exporter.simulator import scenario as scenarios
-        from se_exporter.simulator.server import Simulator, start  # only here: the sidecar alone never needs it
-
-        self.simulator = Simulator(scenarios.load(str(self.settings.simulate)), speed=self.settings.speed)
-        sim_server = start(self.simulator)
-        self._cleanup.callback(sim_server.server_close)
-        self._cleanup.callback(sim_server.shutdown)
-        self.settings = replace(self.settings, imds_url=sim_server.url)
+        if self._simulate is None:
+            raise ValueError("--simulate needs the simulator factory (the CLI's SimulatedImds)")
+        self.simulated = self._simulate(self.settings)
+        self._cleanup.callback(self.simulated.close)
+        self.settings = replace(self.settings, imds_url=self.simulated.url)
 
 
 def imds_health(snapshot: Snapshot) -> ImdsHealth:

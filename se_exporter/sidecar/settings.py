@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +32,10 @@ from se_exporter.infra.options import (
     parse_url,
     resolve,
 )
-from se_exporter.infra.platform_io import PLATFORM
-from se_exporter.simulator import scenario as scenarios
+from se_exporter.infra.platform_io import DEFAULT_STATE_DIR
 
 DEFAULT_IMDS_URL = "http://169.254.169.254"
 DEFAULT_API_VERSION = "2020-07-01"
-DEFAULT_STATE_DIR = PLATFORM.default_state_dir(os.environ)  # /var/lib/se-exporter; %ProgramData%\se-exporter
 DEFAULT_HEARTBEAT = 300.0  # seconds; with Event Hubs: a quiet VM still reaches `se-exporter fleet` 3 times in 15 min
 _API_VERSION = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
@@ -251,8 +249,15 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "service.name of the spans (default se-exporter)", "NAME", env_name="OTEL_SERVICE_NAME"),
     Option("simulate", "--simulate", str,
            "start the built-in IMDS simulator in-process and poll it instead of IMDS "
-           f"(scenarios: {', '.join(scenarios.builtin_names())}; default demo)", "SCENARIO", const="demo"),
+           "(scenarios: {scenarios}; default demo)", "SCENARIO", const="demo"),
 )
+
+
+def run_options(scenarios: Sequence[str]) -> tuple[Option, ...]:
+    """RUN_OPTIONS with the simulator's scenarios named in --simulate's help: the CLI, which knows both programs,
+    hands them in (the sidecar does not import the simulator)."""
+    return tuple(replace(option, help=option.help.replace("{scenarios}", ", ".join(scenarios)))
+                 if option.dest == "simulate" else option for option in RUN_OPTIONS)
 
 def run_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     values = resolve(RUN_OPTIONS, args, env)

@@ -399,7 +399,7 @@ def test_without_stderr_logs_go_to_a_file_in_the_state_directory(tmp_path: Path,
     """A process with no stderr (pythonw.exe, some service hosts) writes its log lines to se-exporter.log instead of
     dropping them."""
     monkeypatch.setattr("sys.stderr", None)
-    monkeypatch.setattr("se_exporter.sidecar.settings.DEFAULT_STATE_DIR", str(tmp_path))
+    monkeypatch.setattr("se_exporter.infra.platform_io.DEFAULT_STATE_DIR", str(tmp_path))
     with processwide.restored():  # the logging set-up is put back afterwards
         logs.setup("info", "text")
         logging.getLogger("se_exporter").info("stopping à l'heure")

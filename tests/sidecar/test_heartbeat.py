@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from prometheus_client import CollectorRegistry
 
-from se_exporter.cli import build_parser
+from se_exporter.cli import SimulatedImds, build_parser
 from se_exporter.core.errors import ConfigError
 from se_exporter.infra.options import Listen
 from se_exporter.sidecar.assembly import Sidecar
@@ -132,10 +132,10 @@ def test_heartbeats_during_an_imds_outage_say_so_and_recovery_clears_it(tmp_path
     settings = Settings(simulate="degraded-hardware", listen=Listen("127.0.0.1", 0), state_dir=tmp_path / "state",
                         poll_interval=0.05, max_backoff=0.1, forward_file=forward_file, heartbeat_interval=0.2)
     stop = threading.Event()
-    with Sidecar(settings) as sidecar:
+    with Sidecar(settings, simulate=SimulatedImds) as sidecar:
         sidecar.listen()
-        sim = sidecar.simulator
-        assert sim is not None
+        assert isinstance(sidecar.simulated, SimulatedImds)
+        sim = sidecar.simulated.simulator
         sidecar.start(stop)
         wait_until(lambda: _beats(forward_file, False), timeout=10, what="a heartbeat while IMDS answers")
         first = _forwarded(forward_file)[0]["properties"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from se_exporter.cli import SimulatedImds
 from se_exporter.core.errors import ForwardFileError
 from se_exporter.infra.options import Listen
 from se_exporter.sidecar.assembly import Sidecar
@@ -27,9 +28,9 @@ def test_the_sidecar_serves_what_it_polled_and_closes_its_port_when_stopped(tmp_
     settings = Settings(simulate="demo", listen=Listen("127.0.0.1", 0), state_dir=tmp_path / "state",
                         poll_interval=0.05)
     stop = threading.Event()
-    with Sidecar(settings) as sidecar:
+    with Sidecar(settings, simulate=SimulatedImds) as sidecar:
         sidecar.listen()
-        assert sidecar.simulator is not None and sidecar.settings.imds_url.startswith("http://127.0.0.1:")
+        assert sidecar.simulated is not None and sidecar.settings.imds_url.startswith("http://127.0.0.1:")
         sidecar.start(stop)
         base = sidecar.metrics_url.removesuffix("/metrics")
         wait_until(lambda: http_get(base + "/readyz")[0] == 200, what="the first document")

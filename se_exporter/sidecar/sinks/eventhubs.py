@@ -29,23 +29,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from azure.core.exceptions import (
-    AzureError,
-    ClientAuthenticationError,
-    ServiceRequestTimeoutError,
-    ServiceResponseTimeoutError,
-)
-from azure.eventhub.exceptions import (
-    AuthenticationError,
-    ConnectError,
-    ConnectionLostError,
-    EventHubError,
-    OperationTimeoutError,
-)
-
 from se_exporter.core.retry import Health, backoff
+from se_exporter.infra.azure.clients import classify, connection_options, describe
 from se_exporter.infra.azure.credential import service_credential
-from se_exporter.infra.options import connection_string_address
 from se_exporter.sidecar.sinks.envelope import CONTENT_TYPE, Envelope, carriable
 from se_exporter.sidecar.sinks.forward import ForwardMetrics
 from se_exporter.sidecar.sinks.spool import Spool
@@ -198,9 +184,9 @@ class EventHubsTarget:
         if self._health.fail(reason):
             if first:
                 log.warning("Event Hubs send failed (%s): %s; %d documents stay spooled and will be retried",
-                            reason, _describe(error), self._spool.count)
+                            reason, describe(error), self._spool.count)
             else:
-                log.debug("Event Hubs still failing, now %s: %s", reason, _describe(error))
+                log.debug("Event Hubs still failing, now %s: %s", reason, describe(error))
 
     async def _close_factory(self) -> None:
         closer = getattr(self._make_producer, "aclose", None)
@@ -220,13 +206,6 @@ class EventHubsTarget:
             log.debug("closing the Event Hubs client failed", exc_info=True)
 
 
-_TIMEOUTS = (asyncio.TimeoutError, TimeoutError, OperationTimeoutError, ServiceRequestTimeoutError,
-             ServiceResponseTimeoutError)
-# Event Hubs' own, and azure-core's that every azure-identity credential raises (CredentialUnavailableError too).
-_AUTH = (AuthenticationError, ClientAuthenticationError)
-_CONNECTION = (ConnectError, ConnectionLostError, OSError)
-
-
 def event_data(envelope: Envelope) -> Any:
     """The Event Hubs message of one envelope: its body, content type, message id and properties."""
     from azure.eventhub import EventData
@@ -238,54 +217,8 @@ def event_data(envelope: Envelope) -> Any:
     return event
 
 
-def classify(error: BaseException) -> str:
-    """The ``reason`` label of ``forward_errors_total``, from the SDKs' exception classes. A credential's failure
-    reaches us wrapped (an ``EventHubError`` caused by azure-identity's ``ClientAuthenticationError``): the causes
-    are looked at too."""
-    if isinstance(error, _TIMEOUTS):
-        return "timeout"
-    if any(isinstance(cause, _AUTH) for cause in _causes(error)):
-        return "auth"
-    if isinstance(error, _CONNECTION):
-        return "connection"
-    if isinstance(error, (EventHubError, AzureError)):
-        return "service"
-    return "other"
-
-
-def _causes(error: BaseException) -> list[BaseException]:
-    chain: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and current not in chain and len(chain) < 10:
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    return chain
-
-
-def _describe(error: BaseException) -> str:
-    text = str(error) or type(error).__name__
-    return text if len(text) < 300 else text[:300] + "..."
-
-
 # Our loop retries for ever with its own backoff; the SDK only gets one quick retry per call.
 RETRY_TOTAL, RETRY_BACKOFF_FACTOR, RETRY_BACKOFF_MAX = 1, 0.5, 2.0
-
-
-def connection_options(endpoint: str | None, ca_file: str | None,
-                       connection_string: str | None = None) -> dict[str, Any]:
-    """The SDK's documented options for reaching the namespace elsewhere (``--eventhub-endpoint``: a private
-    endpoint, an application gateway) and for trusting another CA (``--eventhub-ca-file``). A custom endpoint
-    would default to AMQP over WebSockets on 443; the sidecar keeps AMQP over TLS (5671 unless given).
-    A port in the connection string's Endpoint is honoured the same way (the SDK itself would dial 5671)."""
-    from azure.eventhub import TransportType
-
-    options: dict[str, Any] = {}
-    endpoint = endpoint or (connection_string_address(connection_string) if connection_string else None)
-    if endpoint:
-        options.update(custom_endpoint_address=endpoint, transport_type=TransportType.Amqp)
-    if ca_file:
-        options["connection_verify"] = ca_file
-    return options
 
 
 def producer_factory(connection_string: str | None, eventhub_name: str | None, namespace: str | None,
