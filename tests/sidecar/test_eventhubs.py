@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from azure.core.credentials import AccessToken
@@ -16,7 +16,10 @@ from azure.eventhub.exceptions import AuthenticationError, ConnectError, EventHu
 
 from se_exporter.infra.azure.clients import classify
 from se_exporter.sidecar.sinks.eventhubs import producer_factory
-from tests.eventhubs_server import EventHubsTestServer, Store, self_signed_certificate
+from tests.certs import self_signed_certificate
+
+if TYPE_CHECKING:
+    from tests.eventhubs_server import EventHubsTestServer
 
 
 class FakeCredential:
@@ -45,10 +48,13 @@ def send_one(make_producer: Callable[[], Any]) -> None:
     asyncio.run(send())
 
 
+@pytest.mark.integration  # the AMQP test server (python-qpid-proton)
 def test_managed_identity_builds_the_right_client(tmp_path: Path) -> None:
     """Namespace + name + client id give a producer that sends to that hub with a token from that identity's
     credential (asked for an Event Hubs token) put on the CBS for sb://<namespace>/<hub>, through a custom
     endpoint over TLS."""
+    from tests.eventhubs_server import EventHubsTestServer, Store  # noqa: PLC0415 - an integration dependency
+
     made: list[FakeCredential] = []
 
     def credential(client_id: str | None) -> FakeCredential:
@@ -78,8 +84,11 @@ def test_the_real_credential_chain_builds_without_contacting_anyone() -> None:
     assert not {"AzureCliCredential", "AzurePowerShellCredential", "VisualStudioCodeCredential"} & set(chain)
 
 
+@pytest.mark.integration  # the AMQP test server (python-qpid-proton)
 def test_connection_string_builds_the_right_client(hubs: Callable[..., EventHubsTestServer]) -> None:
     """A connection string with EntityPath gives a producer that sends to that namespace and hub."""
+    from tests.eventhubs_server import Store  # noqa: PLC0415 - an integration dependency: unit runs go without it
+
     hub = hubs(Store(hub="maintenance"))
     send_one(producer_factory(hub.connection_string(), None, None, None))
     assert [event.body for events in hub.store.events.values() for event in events] == [b"{}"]
