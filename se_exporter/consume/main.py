@@ -20,11 +20,11 @@ from se_exporter.infra.platform_io import PLATFORM
 
 
 def record(partition_id: str, event: Any) -> dict[str, Any]:
-    properties = {_text(k): _text(v) if isinstance(v, bytes) else v for k, v in (event.properties or {}).items()}
+    properties = {_decoded(k): _decoded(v) if isinstance(v, bytes) else v for k, v in (event.properties or {}).items()}
     key = event.partition_key
     return {"partition_id": partition_id, "sequence_number": event.sequence_number,
             "enqueued_time": event.enqueued_time.isoformat() if event.enqueued_time else None,
-            "partition_key": _text(key) if key is not None else None, "message_id": event.message_id,
+            "partition_key": _decoded(key) if key is not None else None, "message_id": event.message_id,
             "properties": properties, "body": event.body_as_str(encoding="utf-8")}
 
 
@@ -55,7 +55,10 @@ def consume(settings: ConsumeSettings, out: TextIO = sys.stdout) -> int:
 async def _consume(settings: ConsumeSettings, position: Any, out: TextIO) -> int:
     from azure.eventhub.aio import EventHubConsumerClient
 
+    from se_exporter.infra.azure import amqp_types
     from se_exporter.infra.azure.clients import connection_options
+
+    amqp_types.install()  # else one message with an AMQP char property stops the reading for good (as in the fleet)
 
     connection = connection_options(settings.eventhub_endpoint, settings.eventhub_ca_file,
                                     settings.eventhub_connection_string)
@@ -76,7 +79,8 @@ async def _consume(settings: ConsumeSettings, position: Any, out: TextIO) -> int
     arrived = asyncio.Event()
     count = 0
     render: Callable[[dict[str, Any]], str] = (
-        (lambda item: json.dumps(item, ensure_ascii=False)) if settings.output_format == "json" else timeline_line)
+        (lambda item: json.dumps(item, ensure_ascii=False, default=str))  # default: AMQP decimals arrive as Decimal
+        if settings.output_format == "json" else timeline_line)
 
     async def on_event(context: Any, event: Any) -> None:
         nonlocal count
@@ -107,5 +111,5 @@ async def _consume(settings: ConsumeSettings, position: Any, out: TextIO) -> int
     return 0
 
 
-def _text(value: Any) -> str:
+def _decoded(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
