@@ -18,11 +18,11 @@ from se_exporter import __version__
 from se_exporter.consume.settings import CONSUME_OPTIONS, consume_settings
 from se_exporter.core.errors import ConfigError, ForwardFileError, SpoolError, StateDirError, StorageError
 from se_exporter.fleet.settings import FLEET_OPTIONS, fleet_settings
-from se_exporter.infra import logs, processwide
+from se_exporter.infra import http_server, logs, processwide
 from se_exporter.infra.options import add_options, process_environment
 from se_exporter.infra.platform_io import PLATFORM
 from se_exporter.sidecar import demo
-from se_exporter.sidecar.assembly import Sidecar, bind
+from se_exporter.sidecar.assembly import Sidecar
 from se_exporter.sidecar.settings import Settings, run_options, run_settings
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.settings import SIMULATE_OPTIONS, SimulatorSettings, simulator_settings
@@ -159,7 +159,7 @@ def simulate(settings: SimulatorSettings, list_only: bool = False) -> int:
 
     simulator = Simulator(scenarios.load(settings.scenario), speed=settings.speed)
     simulator.inject(*(parse_fault(spec) for spec in settings.faults))
-    server = bind(settings.listen, lambda: start(simulator, settings.listen.host, settings.listen.port))
+    server = http_server.bind(settings.listen, lambda: start(simulator, settings.listen.host, settings.listen.port))
     print(f"IMDS simulator ({simulator.scenario.name}, speed {settings.speed:g}) at {server.url}\n"
           f"Try: curl -H Metadata:true '{server.url}/metadata/scheduledevents?api-version=2020-07-01'", flush=True)
     stop = threading.Event()

@@ -32,13 +32,14 @@ from azure.eventhub.aio import PartitionContext
 from azure.eventhub.amqp import AmqpMessageBodyType
 from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
 
+from se_exporter.core.retry import backoff
 from se_exporter.fleet.blobstate import Restored, StateBlobs, state_blob_name
 from se_exporter.fleet.collector import FleetMetrics, PartitionView
 from se_exporter.fleet.message import BOUND_NAMES, InvalidMessage, VmState, read_message
 from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.infra.azure.clients import classify, describe
-from se_exporter.infra.logs import fields
+from se_exporter.infra.logs import Throttle, fields
 
 log = logging.getLogger("se_exporter.fleet")
 BATCH_SIZE = 300  # the SDK's default prefetch: one batch drains what one link fetches
@@ -74,7 +75,7 @@ class Service:
         self._checkpointed: dict[str, int] = {}
         self._saving: dict[str, asyncio.Lock] = {}
         self.restoring: set[str] = set()
-        self._logged: dict[str, float] = {}
+        self._logged = Throttle(LOG_EVERY)
         self.alive = time.monotonic()
         self.balanced = False
         self.hub_partitions: int | None = None
@@ -105,7 +106,7 @@ class Service:
         """Until the state is read the partition is not read either: a partition read without its state would
         show (and then checkpoint) a fleet missing every VM that was quiet since. Only the storage's refusals are
         retried: whatever the blob holds is an answer (``Restored`` says what was wrong with it)."""
-        wait = 1.0
+        failures = 0
         while True:
             try:
                 restored = await self._blobs.load(partition_id, self._clock())
@@ -115,8 +116,8 @@ class Service:
                 self._log_once(f"restore:{partition_id}", logging.WARNING,
                                "partition %s: cannot read its fleet state (%s); retrying before reading it",
                                partition_id, describe(error))
-                await asyncio.sleep(wait)
-                wait = min(wait * 2, RESTORE_RETRY_MAX)
+                failures += 1
+                await asyncio.sleep(backoff(failures, 1.0, RESTORE_RETRY_MAX))
         if restored.damaged is not None:
             self._metrics.state_damaged.labels(restored.damaged).inc()
             self._log_once(f"damaged:{partition_id}", logging.ERROR,
@@ -356,9 +357,7 @@ class Service:
         return self.balanced and not self.restoring
 
     def _log_once(self, key: str, level: int, message: str, *args: Any, extra: dict[str, Any] | None = None) -> None:
-        now = time.monotonic()
-        if now - self._logged.get(key, -LOG_EVERY) >= LOG_EVERY:
-            self._logged[key] = now
+        if self._logged.due(key, time.monotonic()):
             log.log(level, message, *args, extra=extra)
 
 

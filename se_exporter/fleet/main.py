@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 
 from se_exporter import __version__
 from se_exporter.core.errors import ConfigError
+from se_exporter.core.retry import backoff
 from se_exporter.fleet.blobstate import StateBlobs
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, render_fleet
 from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER, ObservedCheckpointStore, Service
@@ -111,7 +112,7 @@ async def ensure_container(container: ContainerClient, name: str, report: Callab
     In the background, after the endpoints listen and the signal handlers are set: an unreachable storage
     account delays neither liveness nor SIGTERM. One request per check, without the SDK's retries: its last
     error then names the cause (connection refused, no answer) instead of a timeout around its retries."""
-    delay, last = CHECK_BACKOFF[0], ""
+    failures, last = 0, ""
     while True:
         try:
             exists = await asyncio.wait_for(container.exists(retry_total=0), CHECK_TIMEOUT)
@@ -122,8 +123,8 @@ async def ensure_container(container: ContainerClient, name: str, report: Callab
         if cause != last:
             log.warning("cannot check the blob container %s: %s; checking again", name, cause)
             last = cause
-        await sleep(delay)
-        delay = min(delay * 2, CHECK_BACKOFF[1])
+        failures += 1
+        await sleep(backoff(failures, *CHECK_BACKOFF))
     report(None)
     if last:
         log.info("the storage account answers again: blob container %s %s", name,
@@ -186,11 +187,8 @@ async def _count_partitions(client: EventHubConsumerClient, service: Service) ->
 
 
 def _listen(settings: FleetSettings, app: http_server.Handler, registry: CollectorRegistry) -> http_server.Server:
-    try:
-        server = http_server.serve(settings.listen, app,
-                                   on_reject=http_server.rejection_counter(registry, "azure_scheduled_fleet"))
-    except OSError as error:
-        raise ConfigError(f"--listen {settings.listen}: cannot listen there ({error.strerror or error})") from None
+    server = http_server.bind(settings.listen, lambda: http_server.serve(
+        settings.listen, app, on_reject=http_server.rejection_counter(registry, "azure_scheduled_fleet")))
     log.info("se-exporter %s fleet consuming %s (consumer group %s); metrics at http://%s:%d/metrics",
              __version__, settings.eventhub_namespace or "the event hub of the connection string",
              settings.consumer_group, settings.listen.host or "127.0.0.1", server.server_port)

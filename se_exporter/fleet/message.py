@@ -23,6 +23,7 @@ from typing import Any
 
 from se_exporter.core.errors import InvalidDocument, SeExporterError
 from se_exporter.core.model import Document, affects_label, affects_vm, encodable, parse_document
+from se_exporter.infra.logs import shorten
 
 # The envelope's properties (schemas/forwarded-document.schema.json); anything else is tolerated and counted.
 KNOWN_PROPERTIES = frozenset({
@@ -189,7 +190,7 @@ def parse_body(body: bytes) -> Document:
         text = str(exc)
         reason = "not_json" if text.startswith(_NOT_JSON) else "invalid_document"
         what = "UTF-8 JSON" if reason == "not_json" else "a Scheduled Events document"
-        raise InvalidMessage(reason, f"body is not {what} ({_short(text)})") from None
+        raise InvalidMessage(reason, f"body is not {what} ({shorten(text, 200)})") from None
 
 
 # How parse_document words a body that is not JSON at all (tests/fleet/test_picture.py pins each reason).
@@ -321,6 +322,3 @@ def _describe(value: Any) -> str:
 def _quote(text: str | None) -> str:
     return "none" if text is None else repr(text[:80])
 
-
-def _short(text: str) -> str:
-    return text if len(text) <= 200 else text[:200] + "..."

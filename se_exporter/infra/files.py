@@ -10,11 +10,13 @@ a caller that does not loop on the count loses the tail of its record without no
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 import tempfile
 from pathlib import Path
 
+from se_exporter.core.retry import Health
 from se_exporter.infra.platform_io import PLATFORM
 
 STATE_FILE_LIMIT = 256 * 1024 * 1024  # far above any state this project writes; a bound on what a read may hold
@@ -101,6 +103,32 @@ def write_atomically(path: Path, data: bytes) -> None:
         Path(temp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+class StateFile:
+    """A state file rewritten whole (``write_atomically``) after each change. While writes fail the process goes
+    on from memory: one warning when they start failing, one info line when one succeeds again, never a line per
+    attempt (``retry.Health``). ``failing`` and ``recovered`` are the two lines, with the path (and the error)."""
+
+    def __init__(self, path: Path, log: logging.Logger, failing: str, recovered: str) -> None:
+        self.path = path
+        self._log, self._failing, self._recovered = log, failing, recovered
+        self._health = Health()
+
+    def save(self, data: bytes, make_parent: bool = False) -> bool:
+        """Write ``data``; False (logged once) when it could not be written."""
+        try:
+            if make_parent:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(self.path, data)
+        except OSError as exc:
+            if self._health.failing is None:
+                self._log.warning(self._failing, self.path, exc.strerror or exc)
+            self._health.fail(str(exc))
+            return False
+        if self._health.recover():
+            self._log.info(self._recovered, self.path)
+        return True
 
 
 def fsync_dir(directory: Path) -> None:

@@ -38,11 +38,12 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
 import h11
 from prometheus_client import CollectorRegistry, Counter
 
+from se_exporter.core.errors import ConfigError
 from se_exporter.infra.options import Listen
 from se_exporter.infra.platform_io import PLATFORM
 
@@ -338,6 +339,18 @@ class Server:
         """Close the listening socket (after ``shutdown``)."""
         self.shutdown()
         self.socket.close()
+
+
+_S = TypeVar("_S")
+
+
+def bind(listen: Listen, make: Callable[[], _S]) -> _S:
+    """``make()``, a server bound to ``listen``; a port that cannot be had is a configuration error (one line naming
+    --listen), for every program."""
+    try:
+        return make()
+    except OSError as error:
+        raise ConfigError(f"--listen {listen}: cannot listen there ({error.strerror or error})") from None
 
 
 def serve(listen: Listen, handler: Handler, bounds: Bounds | None = None,

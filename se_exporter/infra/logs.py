@@ -51,6 +51,23 @@ def shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+class Throttle:
+    """The one policy for a line that may repeat without end (invalid messages, a partition's storage errors): at
+    most one per ``key`` per ``every`` seconds; the counters count every occurrence. A peer that fails and
+    recovers is logged by ``retry.Health`` instead: once when it starts failing, once when it recovers."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self._last: dict[str, float] = {}
+
+    def due(self, key: str, now: float) -> bool:
+        """True when a line about ``key`` may be logged at ``now`` (monotonic seconds); it then counts as logged."""
+        if now - self._last.get(key, -self.every) < self.every:
+            return False
+        self._last[key] = now
+        return True
+
+
 def escape(text: str) -> str:
     """``text`` with every character in ``_UNSAFE`` written as a visible escape: one line, shown as it is."""
     return _UNSAFE.sub(_escaped, text) if _UNSAFE.search(text) else text

@@ -28,7 +28,6 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from se_exporter import __version__
-from se_exporter.core.errors import ConfigError
 from se_exporter.infra import http_server
 from se_exporter.infra.options import Listen
 from se_exporter.sidecar.endpoints import make_http_app
@@ -82,7 +81,7 @@ class Sidecar:
             self._start_simulator()
         listen = self.settings.listen
         rejected = http_server.rejection_counter(self.registry, NAMESPACE)
-        server = bind(listen, lambda: http_server.serve(listen, self._http, on_reject=rejected))
+        server = http_server.bind(listen, lambda: http_server.serve(listen, self._http, on_reject=rejected))
         self._cleanup.callback(server.server_close)
         self.metrics_url = f"http://{_display(listen, server.server_port)}/metrics"
 
@@ -192,14 +191,6 @@ def make_forwarding(settings: Settings, state_dir: StateDir, registry: Collector
                  settings.heartbeat_seconds)
     return ForwardSink(sequencer, targets, metrics, heartbeat_interval=settings.heartbeat_seconds,
                        imds_health=imds_health)
-
-
-def bind(listen: Listen, make: Callable[[], _S]) -> _S:
-    """``make()``, the server bound to ``listen``; a port that cannot be had is a configuration error."""
-    try:
-        return make()
-    except OSError as error:
-        raise ConfigError(f"--listen {listen}: cannot listen there ({error.strerror or error})") from None
 
 
 class _Starting:

@@ -23,8 +23,7 @@ from typing import Any
 
 from se_exporter.core.lifecycle import EventRecord
 from se_exporter.core.model import ScheduledEvent, event_to_json
-from se_exporter.core.retry import Health
-from se_exporter.infra.files import json_kind, read_state_file, write_atomically
+from se_exporter.infra.files import StateFile, json_kind, read_state_file
 
 log = logging.getLogger("se_exporter.state")
 VERSION = 2
@@ -94,7 +93,9 @@ class LifecycleStore:
         self.path = state_dir / "lifecycle.json"
         self._scope = scope
         self._clock = clock
-        self._saving = Health()
+        self._file = StateFile(self.path, log, "cannot write the lifecycle state file %s: %s; open lifecycles will "
+                               "not survive a restart until it can be written again",
+                               "lifecycle state file %s written again")
 
     def load(self) -> dict[str, EventRecord]:
         if not self.path.exists():
@@ -127,14 +128,4 @@ class LifecycleStore:
         data = {"version": VERSION, "scope": self._scope, "saved_at": self._clock(), "records": [
             {"event": event_to_json(r.event), "first_seen": r.first_seen, "started_at": r.started_at}
             for r in records.values()]}
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(self.path, json.dumps(data, separators=(",", ":")).encode())
-        except OSError as exc:
-            if self._saving.failing is None:
-                log.warning("cannot write the lifecycle state file %s: %s; open lifecycles will not survive a "
-                            "restart until it can be written again", self.path, exc.strerror or exc)
-            self._saving.fail(str(exc))
-            return
-        if self._saving.recover():
-            log.info("lifecycle state file %s written again", self.path)
+        self._file.save(json.dumps(data, separators=(",", ":")).encode(), make_parent=True)

@@ -27,8 +27,7 @@ from pathlib import Path
 from se_exporter import __version__
 from se_exporter.core.errors import StateDirError
 from se_exporter.core.model import vm_name
-from se_exporter.core.retry import Health
-from se_exporter.infra.files import json_kind, read_state_file, write_atomically
+from se_exporter.infra.files import StateFile, json_kind, read_state_file
 from se_exporter.sidecar.sinks import DocumentChange, ImdsHealth
 
 log = logging.getLogger("se_exporter.forward")
@@ -110,7 +109,8 @@ class Sequencer:
     def __init__(self, state_dir: Path) -> None:
         self._path = state_dir / STATE_FILE
         self._lock = threading.Lock()
-        self._saving = Health()
+        self._file = StateFile(self._path, log, "cannot save %s: %s; sequence numbers go on in memory and are "
+                               "recovered from the spool and the forward file after a restart", "%s saved again")
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -157,14 +157,4 @@ class Sequencer:
                 self._save()
 
     def _save(self) -> None:
-        try:
-            write_atomically(self._path, json.dumps({"installation_id": self.installation_id,
-                                                     "next_sequence": self._next}).encode())
-        except OSError as exc:
-            if self._saving.failing is None:
-                log.warning("cannot save %s: %s; sequence numbers go on in memory and are recovered from the spool "
-                            "and the forward file after a restart", self._path, exc.strerror or exc)
-            self._saving.fail(str(exc))
-            return
-        if self._saving.recover():
-            log.info("%s saved again", self._path)
+        self._file.save(json.dumps({"installation_id": self.installation_id, "next_sequence": self._next}).encode())

@@ -33,8 +33,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 
 from se_exporter.core.lifecycle import CANCELED, COMPLETED, STARTED, EventRecord, Transition
 from se_exporter.core.model import ScheduledEvent, affects_vm, event_key
-from se_exporter.core.retry import Health
-from se_exporter.infra.files import json_kind, read_state_file, write_atomically
+from se_exporter.infra.files import StateFile, json_kind, read_state_file
 from se_exporter.sidecar.sinks import DocumentChange, Sink
 
 log = logging.getLogger("se_exporter.spans")
@@ -132,7 +131,8 @@ class SpanSink(Sink):
         self._tracer = provider.get_tracer("se_exporter")
         self._ids = ids
         self._path = state_dir / "spans.json" if state_dir else None
-        self._saving = Health()
+        self._file = StateFile(self._path, log, "cannot write the span state file %s: %s",
+                               "span state file %s written again") if self._path else None
         # Keyed by event_key, as the records are (a file written before keys were lower-cased still loads).
         self._open: dict[str, _Open] = {event_key(event_id): opened for event_id, opened in self._load().items()}
         self._last: dict[str, ScheduledEvent] = {}
@@ -221,18 +221,10 @@ class SpanSink(Sink):
             return {}
 
     def _save(self) -> None:
-        if self._path is None:
+        if self._file is None:
             return
         data = {event_id: opened.events for event_id, opened in self._open.items()}
-        try:
-            write_atomically(self._path, json.dumps(data, separators=(",", ":")).encode())
-        except OSError as exc:
-            if self._saving.failing is None:
-                log.warning("cannot write the span state file %s: %s", self._path, exc.strerror or exc)
-            self._saving.fail(str(exc))
-            return
-        if self._saving.recover():
-            log.info("span state file %s written again", self._path)
+        self._file.save(json.dumps(data, separators=(",", ":")).encode())
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return self._provider.force_flush(timeout_millis)
