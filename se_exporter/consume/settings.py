@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from se_exporter.core.errors import ConfigError
 from se_exporter.infra.options import (
     CONSUMER_GROUP_OPTION,
     EVENTHUB_OPTIONS,
     Bounded,
+    HubReader,
     Option,
     check_eventhubs,
     choice,
@@ -36,16 +37,9 @@ CONSUME_OPTIONS: tuple[Option, ...] = (
 
 
 @dataclass(frozen=True)
-class ConsumeSettings:
+class ConsumeSettings(HubReader):
     """Settings of ``se-exporter consume``."""
 
-    eventhub_connection_string: str | None = field(default=None, repr=False)
-    eventhub_name: str | None = None
-    eventhub_namespace: str | None = None
-    eventhub_client_id: str | None = None
-    eventhub_endpoint: str | None = None
-    eventhub_ca_file: str | None = None
-    consumer_group: str = "$Default"
     starting_position: str = "earliest"
     output_format: str = "timeline"
     max_events: int | None = None

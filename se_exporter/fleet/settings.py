@@ -14,6 +14,7 @@ from se_exporter.infra.options import (
     EVENTHUB_OPTIONS,
     LOG_OPTIONS,
     Bounded,
+    HubReader,
     Listen,
     Option,
     check_eventhubs,
@@ -136,14 +137,9 @@ FLEET_OPTIONS: tuple[Option, ...] = (
 
 
 @dataclass(frozen=True)
-class FleetSettings:
-    eventhub_connection_string: str | None = field(default=None, repr=False)  # secrets: never in repr or logs
-    eventhub_name: str | None = None
-    eventhub_namespace: str | None = None
-    eventhub_client_id: str | None = None
-    eventhub_endpoint: str | None = None
-    eventhub_ca_file: str | None = None
-    consumer_group: str = "$Default"
+class FleetSettings(HubReader):
+    """Settings of ``se-exporter fleet``."""
+
     listen: Listen = DEFAULT_LISTEN
     checkpoint_connection_string: str | None = field(default=None, repr=False)
     checkpoint_account_url: str | None = None

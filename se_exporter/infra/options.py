@@ -13,7 +13,7 @@ import argparse
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -384,6 +384,20 @@ class EventHubsSettings(Protocol):
 
     @property
     def eventhub_ca_file(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class HubReader:
+    """The settings every reader of the hub has (``consume``, ``fleet``): where the hub is, how to authenticate,
+    and the consumer group. Their settings extend it."""
+
+    eventhub_connection_string: str | None = field(default=None, repr=False)  # a secret: never in repr or logs
+    eventhub_name: str | None = None
+    eventhub_namespace: str | None = None
+    eventhub_client_id: str | None = None
+    eventhub_endpoint: str | None = None
+    eventhub_ca_file: str | None = None
+    consumer_group: str = "$Default"
 
 
 def check_eventhubs(settings: EventHubsSettings) -> None:
