@@ -1,8 +1,8 @@
 """Settings machinery shared by every subcommand: the option table, flag -> environment -> default resolution,
 the value parsers, and the options more than one command takes (logging, Event Hubs).
 
-Each command declares its own options and frozen settings next to it (``config.py`` for ``run``, ``consume.py``,
-``simulator/settings.py``, ``fleet/settings.py``); the CLI builds its flags from those tables, the resolver reads
+Each command declares its own options and frozen settings in its program's ``settings.py`` (``sidecar/``,
+``consume/``, ``fleet/``, ``simulator/``); the CLI builds its flags from those tables, the resolver reads
 ``SE_EXPORTER_*`` variables from them, and the README's configuration tables are written from them. These modules
 are handed the environment as a mapping (``process_environment`` is the one place that reads ``os.environ``).
 """

@@ -1,7 +1,7 @@
 """Settings of ``se-exporter run``: one frozen object, resolved flag -> environment -> default, validated once.
 
 ``RUN_OPTIONS`` declares every setting of the command (the machinery and the options other commands share are in
-``options.py``).
+``infra/options.py``).
 """
 
 from __future__ import annotations

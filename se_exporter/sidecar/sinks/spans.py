@@ -5,7 +5,7 @@ Design, because a span is exported only when it ends and an event can stay Sched
 * ``scheduled_event`` (first seen -> gone), ``scheduled_event.notice`` (first seen -> started, or gone
   if cancelled) and ``scheduled_event.impact`` (started -> gone) are created *when they end*, with
   explicit start and end times taken from the lifecycle records. Nothing lives in memory but those
-  records, which survive restarts (``state.py``), so a restarted sidecar emits the very span the
+  records, which survive restarts (``sidecar/lifecycle_store.py``), so a restarted sidecar emits the very span the
   first process began, with its true start time and its id.
 * ids are deterministic: the trace id from the EventId alone (``trace_id_for``), span ids from the
   EventId, the VM and the span's role. Every VM and every restart lands in the same trace.
