@@ -178,10 +178,10 @@ def _read_document(obj: object, remember: bool) -> Document:
     also remembered for the next such read and taken from the last one (``_known_event``)."""
     global _last_read  # noqa: PLW0603 - the one memo of the last document's events, see _known_event
     if not isinstance(obj, dict):
-        raise InvalidDocument(f"document is a JSON {_json_kind(obj)}, not an object")
+        raise InvalidDocument(f"document is a JSON {json_kind(obj)}, not an object")
     raw_events = obj.get("Events")
     if not isinstance(raw_events, list):
-        what = "missing" if "Events" not in obj else f"a JSON {_json_kind(raw_events)}"
+        what = "missing" if "Events" not in obj else f"a JSON {json_kind(raw_events)}"
         raise InvalidDocument(f"'Events' is {what}, not a list")
     warnings: list[str] = []
     incarnation = _incarnation(obj.get("DocumentIncarnation"), warnings)
@@ -325,10 +325,10 @@ def _known_event(raw: object, known: dict[str, tuple[dict[str, Any], ScheduledEv
 def _event(raw: object, index: int, warnings: list[str]) -> ScheduledEvent:
     # The position is passed down, not a ready "Events[i]" string: it is needed only for warnings.
     if not isinstance(raw, dict):
-        raise InvalidDocument(f"Events[{index}] is a JSON {_json_kind(raw)}, not an object")
+        raise InvalidDocument(f"Events[{index}] is a JSON {json_kind(raw)}, not an object")
     event_id = raw.get("EventId")
     if not isinstance(event_id, str) or not event_id.strip():
-        raise InvalidDocument(f"Events[{index}] has no usable EventId (got {_json_kind(event_id)})")
+        raise InvalidDocument(f"Events[{index}] has no usable EventId (got {json_kind(event_id)})")
     return ScheduledEvent(
         event_id=event_id,
         key=event_key(event_id),
@@ -387,7 +387,7 @@ def _label_string(raw: dict[str, Any], key: str, index: int, warnings: list[str]
     value = raw.get(key)
     if isinstance(value, str) and value:
         return value
-    warnings.append(f"Events[{index}]: {key} is {_json_kind(value)}; shown as 'unknown'")
+    warnings.append(f"Events[{index}]: {key} is {json_kind(value)}; shown as 'unknown'")
     return "unknown"
 
 
@@ -395,7 +395,7 @@ def _optional_string(raw: dict[str, Any], key: str, index: int, warnings: list[s
     value = raw.get(key)
     if value is None or isinstance(value, str):
         return value
-    warnings.append(f"Events[{index}]: {key} is a JSON {_json_kind(value)}, not a string; ignored")
+    warnings.append(f"Events[{index}]: {key} is a JSON {json_kind(value)}, not a string; ignored")
     return None
 
 
@@ -403,7 +403,7 @@ def _resources(value: object, index: int, warnings: list[str]) -> tuple[str, ...
     if value is None:
         return ()
     if not isinstance(value, list):
-        warnings.append(f"Events[{index}]: Resources is a JSON {_json_kind(value)}, not a list; ignored")
+        warnings.append(f"Events[{index}]: Resources is a JSON {json_kind(value)}, not a list; ignored")
         return ()
     names = tuple([item for item in value if isinstance(item, str)])  # a list first: faster than a generator
     if len(names) != len(value):
@@ -415,7 +415,7 @@ def _not_before(value: object, index: int, warnings: list[str]) -> datetime | No
     if value is None:
         return None
     if not isinstance(value, str):
-        warnings.append(f"Events[{index}]: NotBefore is a JSON {_json_kind(value)}, not a string; ignored")
+        warnings.append(f"Events[{index}]: NotBefore is a JSON {json_kind(value)}, not a string; ignored")
         return None
     try:
         return parse_not_before(value)
@@ -493,7 +493,7 @@ def encodable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8") if _SURROGATE.search(text) else text
 
 
-def _json_kind(value: object) -> str:
+def json_kind(value: object) -> str:
     """The JSON name of a decoded value's type, for messages a person can act on."""
     if isinstance(value, str):
         return "string" if value else "empty string"

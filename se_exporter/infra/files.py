@@ -78,15 +78,6 @@ def is_disk_full(error: OSError) -> bool:
     return error.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
-def json_kind(value: object) -> str:
-    """The JSON name of a decoded value's type, for a log line about a state file of the wrong shape."""
-    for kind, types in (("null", type(None)), ("boolean", bool), ("number", (int, float)), ("string", str),
-                        ("array", list), ("object", dict)):
-        if isinstance(value, types):
-            return kind
-    return type(value).__name__
-
-
 def write_atomically(path: Path, data: bytes) -> None:
     """Write, fsync, rename, fsync the folder: after a crash the file is old or new, never torn.
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from se_exporter.core.lifecycle import EventRecord
-from se_exporter.core.model import ScheduledEvent, event_to_json
-from se_exporter.infra.files import StateFile, json_kind, read_state_file
+from se_exporter.core.model import ScheduledEvent, event_to_json, json_kind
+from se_exporter.infra.files import StateFile, read_state_file
 
 log = logging.getLogger("se_exporter.state")
 VERSION = 2

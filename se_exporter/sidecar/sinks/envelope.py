@@ -26,8 +26,8 @@ from pathlib import Path
 
 from se_exporter import __version__
 from se_exporter.core.errors import StateDirError
-from se_exporter.core.model import vm_name
-from se_exporter.infra.files import StateFile, json_kind, read_state_file
+from se_exporter.core.model import json_kind, vm_name
+from se_exporter.infra.files import StateFile, read_state_file
 from se_exporter.sidecar.sinks import DocumentChange, ImdsHealth
 
 log = logging.getLogger("se_exporter.forward")

@@ -32,8 +32,8 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
 from se_exporter.core.lifecycle import CANCELED, COMPLETED, STARTED, EventRecord, Transition
-from se_exporter.core.model import ScheduledEvent, affects_vm, event_key
-from se_exporter.infra.files import StateFile, json_kind, read_state_file
+from se_exporter.core.model import ScheduledEvent, affects_vm, event_key, json_kind
+from se_exporter.infra.files import StateFile, read_state_file
 from se_exporter.sidecar.sinks import DocumentChange, Sink
 
 log = logging.getLogger("se_exporter.spans")
