@@ -129,7 +129,7 @@ test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installe
 test-contended:
 	$(PYTHON) scripts/contended.py --loops $(LOOPS) -- $(MAKE) --no-print-directory test
 
-# Rewrite the README's Reliability section from what the last full test run proved (.test-results/reliability.json;
+# Rewrite docs/reliability.md's table from what the last full test run proved (.test-results/reliability.json;
 # partial runs write none, and it refuses rows no full run wrote) and the last soak run.
 reliability: $(VENV)/.installed
 	$(BIN)/python scripts/reliability.py

@@ -216,14 +216,15 @@ class Field:
         stack.callback(server.shutdown)
         return double, server
 
-    def sidecar(self, stack: ExitStack, label: str, interval: float, every_sink: bool) -> Contender:
-        """A sidecar, stopped when ``stack`` closes."""
+    def sidecar(self, stack: ExitStack, label: str, interval: float, every_sink: bool,
+                package: Path | None = None) -> Contender:
+        """A sidecar (from ``package``, default this checkout's), stopped when ``stack`` closes."""
         double, server = self._double(stack)
         port = _free_port()
         directory = self._state / f"{label.replace(' ', '-')}-{interval:g}"
         directory.mkdir()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SE_EXPORTER_", "OTEL_"))}
-        env["PYTHONPATH"] = str(self.package)  # se-exporter as installed: with its bytecode (see compiled_package)
+        env["PYTHONPATH"] = str(package or self.package)  # as installed: with its bytecode (see compiled_package)
         if every_sink:
             env["SE_EXPORTER_EVENTHUB_CONNECTION_STRING"] = self.hub.connection_string()
             env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.receiver.http_endpoint
@@ -353,14 +354,14 @@ EVERY_SINK_IMPORTS = ["asyncio", "azure.eventhub.aio", "se_exporter.sidecar.sink
                       "opentelemetry.exporter.otlp.proto.http.trace_exporter", "se_exporter.sidecar.sinks.tracing"]
 
 
-def compiled_package(folder: Path) -> Path:
+def compiled_package(folder: Path, source: Path = ROOT) -> Path:
     """A copy of se_exporter with its bytecode, to put first on the sidecars' PYTHONPATH.
 
     An installed wheel has its bytecode (pip compiles it); this checkout may not (PYTHONDONTWRITEBYTECODE is set
     on these machines), and compiling ~30 modules at every start costs ~1 MB of RSS that an installed sidecar does
     not have. The copy is compiled here, so the checkout stays as it is."""
     target = folder / "se_exporter"
-    shutil.copytree(ROOT / "se_exporter", target, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(source / "se_exporter", target, ignore=shutil.ignore_patterns("__pycache__"))
     if not compileall.compile_dir(str(target), quiet=1):
         raise RuntimeError(f"could not compile {target}")
     return folder
@@ -780,6 +781,57 @@ def run(smoke: bool, peer: Path | None) -> Run:
                imports, drained, bare, single_trip, drain, bare_runs, drain_runs, floor_rss)
 
 
+def before_after(peer: Path | None, before: Path, smoke: bool) -> int:
+    """``--before DIR``: the sidecar figures only (CPU per second and wake-ups at 1 Hz, CPU per poll at 20 Hz, RSS),
+    this checkout's sidecars and those of another checkout (``DIR``, e.g. ``git worktree add DIR main``) side by side
+    with the Go peer, each as a ratio to the peer in the same windows: a change's before/after from one run."""
+    slow_windows, slow_seconds = (2, 1.0) if smoke else (4, 15.0)
+    fast_windows, fast_seconds = (2, 0.5) if smoke else (4, 5.0)
+    kinds = [("metrics only", False), ("every sink", True)]
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as state, tempfile.TemporaryDirectory() as after_dir, \
+            tempfile.TemporaryDirectory() as before_dir:
+        packages = {"after": compiled_package(Path(after_dir)), "before": compiled_package(Path(before_dir), before)}
+        field_ = Field(stack, Path(state), peer, packages["after"])
+        results: dict[float, dict[str, Window]] = {}
+        rss: dict[str, float] = {}
+        for interval, windows, seconds in ((1.0, slow_windows, slow_seconds), (0.05, fast_windows, fast_seconds)):
+            with announced(f"{1 / interval:g} Hz, before and after side by side, {windows} x {seconds:g} s"), \
+                    ExitStack() as rate_stack:
+                contenders = [field_.sidecar(rate_stack, f"{kind} ({when})", interval, every_sink, packages[when])
+                              for when in ("before", "after") for kind, every_sink in kinds]
+                go = field_.go_peer(rate_stack, interval)
+                contenders += [go] if go is not None else []
+                field_.warm(contenders, 2 if smoke else 5)
+                parts = [measure(contenders, seconds) for _ in range(windows)]
+                results[interval] = {c.label: merge([part[c.label] for part in parts]) for c in contenders}
+                if interval == 1.0:
+                    rss = {c.label: rss_mb(c.process.pid) for c in contenders}
+    slow, fast = results[1.0], results[0.05]
+    go_label = "Go peer"
+
+    def ratio(value: float, reference: float | None) -> str:
+        return f"{value / reference:.2f}x" if reference else "n/a"
+
+    go_cpu = slow[go_label].cpu_ns / slow[go_label].seconds / 1e6 if go_label in slow else None
+    go_poll = fast[go_label].cpu_ns / max(1, fast[go_label].polls) / 1e6 if go_label in fast else None
+    go_wake = slow[go_label].wakeups / slow[go_label].seconds if go_label in slow else None
+    print(f"\nBefore ({before}) and after (this checkout), each beside the Go peer in the same windows:")
+    print(f"{'sidecar':<26} {'CPU/s at 1 Hz':>22} {'CPU per poll at 20 Hz':>24} {'wake-ups/s at 1 Hz':>22} {'RSS':>16}")
+    for label in [f"{kind} ({when})" for kind, _ in kinds for when in ("before", "after")]:
+        cpu = slow[label].cpu_ns / slow[label].seconds / 1e6
+        poll = fast[label].cpu_ns / max(1, fast[label].polls) / 1e6
+        wake = slow[label].wakeups / slow[label].seconds
+        print(f"{label:<26} {cpu:8.3f} ms {ratio(cpu, go_cpu):>9} {poll:10.3f} ms {ratio(poll, go_poll):>9} "
+              f"{wake:10.2f} {ratio(wake, go_wake):>9} {rss[label]:7.1f} MB {ratio(rss[label], rss.get(go_label)):>6}")
+    if go_cpu is not None and go_poll is not None and go_wake is not None:
+        print(f"{go_label:<26} {go_cpu:8.3f} ms {'':>9} {go_poll:10.3f} ms {'':>9} {go_wake:10.2f} {'':>9} "
+              f"{rss[go_label]:7.1f} MB")
+    print("Per thread at 1 Hz (CPU from schedstat; wake-ups = voluntary context switches):")
+    for label, window in slow.items():
+        print_threads(label, window)
+    return 0
+
+
 def rows_of(r: Run) -> list[Row]:
     rounds = [drain / bare for drain, bare in zip(r.drain_runs, r.bare_runs, strict=True)]  # each round's own ratio
     go = "Go peer"
@@ -856,8 +908,12 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "measurements" / "bench.json")
     parser.add_argument("--peer", type=Path, default=next((p for p in PEER_CANDIDATES if p.exists()), None),
                         help=f"the Go peer's binary (default: {PEER_CANDIDATES[0]} if present)")
+    parser.add_argument("--before", type=Path, metavar="DIR",
+                        help="only the sidecar figures, this checkout beside the se-exporter checkout in DIR")
     args = parser.parse_args()
     peer = args.peer if args.peer is not None and args.peer.exists() else None
+    if args.before is not None:
+        return before_after(peer, args.before, args.smoke)
     looked_at = args.peer or PEER_CANDIDATES[0]
     host = machine()
     mode = "smoke" if args.smoke else "full"

@@ -1,10 +1,10 @@
-"""Render the README's Reliability section from what the last full run of the test suite proved
+"""Render the Reliability table of docs/reliability.md from what the last full run of the test suite proved
 (.test-results/reliability.json, written by tests/reliability.py) and the last soak run (docs/measurements/soak.json),
 so the table is produced by the suite, never typed by hand. A partial run (a file, -k, -m, a failure) writes no
 rows, and rows not marked as a full run's are refused: the table never shrinks to what one file proved.
 
-    python scripts/reliability.py           # rewrite the section in README.md
-    python scripts/reliability.py --check   # exit 1 if README.md differs from what the last run proved
+    python scripts/reliability.py           # rewrite the table in docs/reliability.md
+    python scripts/reliability.py --check   # exit 1 if docs/reliability.md differs from what the last run proved
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 START, END = "<!-- reliability:start -->", "<!-- reliability:end -->"
 RESULTS = ROOT / ".test-results" / "reliability.json"
+PAGE = ROOT / "docs" / "reliability.md"
 
 
 class NotFullRun(Exception):
@@ -56,28 +57,29 @@ def render(rows: list[dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, page: Path = PAGE, results: Path = RESULTS) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
-    readme = (ROOT / "README.md").read_text()
-    if START not in readme or END not in readme:
-        print("README.md has no reliability markers", file=sys.stderr)
+    shown = page.relative_to(ROOT) if page.is_relative_to(ROOT) else page
+    text = page.read_text()
+    if START not in text or END not in text:
+        print(f"{shown} has no reliability markers", file=sys.stderr)
         return 1
-    before, rest = readme.split(START, 1)
+    before, rest = text.split(START, 1)
     _, after = rest.split(END, 1)
     try:
-        updated = before + render(full_run_rows()) + after
+        updated = before + render(full_run_rows(results)) + after
     except NotFullRun as refused:
         print(f"reliability: {refused}", file=sys.stderr)
         return 1
     if args.check:
-        if updated != readme:
-            print("README.md's Reliability section differs from what the suite proved: run make reliability",
+        if updated != text:
+            print(f"{shown}'s Reliability table differs from what the suite proved: run make reliability",
                   file=sys.stderr)
             return 1
         return 0
-    (ROOT / "README.md").write_text(updated)
+    page.write_text(updated)
     return 0
 
 

@@ -20,8 +20,8 @@ if TYPE_CHECKING:  # the AMQP test server needs python-qpid-proton, an integrati
 
 SimulatorFactory = Callable[..., tuple[Simulator, SimulatorServer]]
 Reliability = Callable[[str, str, str], None]
-# The reliability fixture and the full-run rule behind the README's table (pytester tests that rule); every test
-# leaving the process as it found it; loopback only (tests/loopback.py); a failing test showing the logs of the
+# The reliability fixture and the full-run rule behind docs/reliability.md's table (pytester tests that rule); every
+# test leaving the process as it found it; loopback only (tests/loopback.py); a failing test showing the logs of the
 # processes it started (tests/process_logs.py).
 pytest_plugins = ["tests.reliability", "tests.process_state", "tests.loopback", "tests.process_logs", "pytester"]
 

@@ -1,4 +1,4 @@
-"""The rows behind the README's Reliability table, recorded by a full run of the suite only.
+"""The rows behind the Reliability table (docs/reliability.md), recorded by a full run of the suite only.
 
 A test calls the ``reliability`` fixture after its assertions, so only what held is recorded. At the end of the
 session the rows are written to ``.test-results/reliability.json`` under the rootdir (git-ignored; never setuptools'
@@ -84,7 +84,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def reliability(request: pytest.FixtureRequest) -> Record:
-    """Record a row of the README's Reliability table: call it at the end of a test, after its assertions,
+    """Record a row of the Reliability table (docs/reliability.md): call it at the end of a test, after its assertions,
     so only what held is recorded."""
     rows = request.config.stash[_RECORDER].rows
 

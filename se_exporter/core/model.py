@@ -126,8 +126,9 @@ class Document:
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
-def parse_document(body: bytes | str) -> Document:
-    """Parse the raw bytes IMDS returned; raise ``InvalidDocument`` with a reason a person can act on."""
+def parse_document(body: bytes | str, memo: EventMemo | None = None) -> Document:
+    """Parse the raw bytes IMDS returned; raise ``InvalidDocument`` with a reason a person can act on. With a
+    ``memo`` (the poller's), events unchanged since the last document read with it are handed out again."""
     if isinstance(body, bytes):
         try:
             text = body.decode("utf-8-sig")
@@ -155,7 +156,7 @@ def parse_document(body: bytes | str) -> Document:
     if ("\\" in text and _SURROGATE_ESCAPE.search(text)) or (not isinstance(body, bytes) and _SURROGATE.search(text)):
         escaped = _escape_surrogates(obj)
     try:
-        document = _read_document(obj, remember=True)
+        document = _read_document(obj, memo)
     except InvalidDocument:
         raise
     except Exception as exc:  # whatever a body does to the parser is that body's fault: an invalid document
@@ -170,13 +171,12 @@ def parse_document(body: bytes | str) -> Document:
 
 def document_from_json(obj: object) -> Document:
     """Build a Document from already decoded JSON (the core of ``parse_document``)."""
-    return _read_document(obj, remember=False)
+    return _read_document(obj, None)
 
 
-def _read_document(obj: object, remember: bool) -> Document:
-    """``document_from_json``; with ``remember``, for JSON nobody else holds (parse_document's own), the events are
-    also remembered for the next such read and taken from the last one (``_known_event``)."""
-    global _last_read  # noqa: PLW0603 - the one memo of the last document's events, see _known_event
+def _read_document(obj: object, memo: EventMemo | None) -> Document:
+    """``document_from_json``; with a ``memo``, for JSON nobody else holds (parse_document's own), the events are
+    also remembered for the next such read and taken from the last one (``EventMemo``)."""
     if not isinstance(obj, dict):
         raise InvalidDocument(f"document is a JSON {json_kind(obj)}, not an object")
     raw_events = obj.get("Events")
@@ -187,7 +187,7 @@ def _read_document(obj: object, remember: bool) -> Document:
     incarnation = _incarnation(obj.get("DocumentIncarnation"), warnings)
     events: list[ScheduledEvent] = []
     seen: set[str] = set()
-    known = _last_read if remember else {}
+    known = memo.last if memo is not None else {}
     read: dict[str, tuple[dict[str, Any], ScheduledEvent]] = {}  # what the next read may take from this one
     for index, raw in enumerate(raw_events):
         event = _known_event(raw, known, read) if known else None
@@ -195,7 +195,7 @@ def _read_document(obj: object, remember: bool) -> Document:
             event = _common_event(raw)
             if event is None:
                 event = _event(raw, index, warnings)
-            elif remember:
+            elif memo is not None:
                 read[event.event_id] = (raw, event)
         if event.key in seen:  # the same GUID, perhaps spelt in another case
             warnings.append(f"Events[{index}]: duplicate EventId {_snippet(repr(event.event_id))} ignored")
@@ -203,8 +203,8 @@ def _read_document(obj: object, remember: bool) -> Document:
         seen.add(event.key)
         events.append(event)
     extra = {key: value for key, value in obj.items() if key not in _KNOWN_DOCUMENT_FIELDS}
-    if remember:
-        _last_read = read
+    if memo is not None:
+        memo.last = read
     return Document(incarnation=incarnation, events=tuple(events), warnings=tuple(warnings), extra=extra)
 
 
@@ -287,13 +287,21 @@ def _common_event(raw: object) -> ScheduledEvent | None:  # noqa: PLR0911 - one 
     return made
 
 
-# EventId -> (the event's JSON object, the event read from it), for the events of the last document parse_document
-# read that took the quick path: what _known_event hands out again. The JSON is parse_document's own: nobody changes it.
-_last_read: dict[str, tuple[dict[str, Any], ScheduledEvent]] = {}
+_Remembered = dict[str, tuple[dict[str, Any], ScheduledEvent]]
 
 
-def _known_event(raw: object, known: dict[str, tuple[dict[str, Any], ScheduledEvent]],
-                 read: dict[str, tuple[dict[str, Any], ScheduledEvent]]) -> ScheduledEvent | None:
+class EventMemo:
+    """The events of the last document parsed with this memo: EventId -> (the event's JSON object, the event read
+    from it), for events that took the quick path. The poller owns one and passes it to ``parse_document``; the JSON
+    is parse_document's own, so nobody changes it. Bounded by one document; no I/O."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: _Remembered = {}
+
+
+def _known_event(raw: object, known: _Remembered, read: _Remembered) -> ScheduledEvent | None:
     """The very event read from the last document when this event's JSON object is equal to the one it was read
     from (remembering it in ``read`` for the next document); None otherwise: then it is read afresh, and
     remembered if it takes the quick path.
@@ -303,9 +311,7 @@ def _known_event(raw: object, known: dict[str, tuple[dict[str, Any], ScheduledEv
     same in ``_common_event`` except integers against their float and boolean twins (``1 == 1.0 == True``): the
     remembered object holds only strings, None, a list of strings and an int or None duration, so the duration's
     type is the one thing left to check. Handing out the same object also lets the lifecycle diff tell an
-    unchanged event by identity. Bounded by one document (the last one parse_document read); no I/O. Concurrent
-    readers are safe: each takes the memo it found and replaces it whole, so a race costs a miss, never a wrong
-    event (an entry is used only when its JSON object equals the one being read).
+    unchanged event by identity.
     """
     if type(raw) is not dict:
         return None
@@ -349,10 +355,13 @@ _T = TypeVar("_T")
 
 def built(cls: type[_T], values: dict[str, Any]) -> _T:
     """An instance of the frozen dataclass ``cls`` holding ``values`` (every field, by name), made without its
-    ``__init__``: that one sets each field through ``object.__setattr__``, one call per field, which was most of
-    the cost of parsing a 1,000-event document (and of the lifecycle diff). Only for the hot paths, with values
-    of the right types and every field given (no defaults are applied, no ``__post_init__`` runs); the tests
-    prove the results equal to what ``__init__`` makes (``test_model.py``, ``test_lifecycle.py``)."""
+    ``__init__``: that one sets each field through ``object.__setattr__``, one call per field, which is most of
+    the cost of building events (here) and records and transitions (the lifecycle diff). Kept, against "ordinary
+    dataclasses", for the figure it guards: ``make bench``'s "parse + lifecycle diff of a 1,000-event document",
+    target 2.5x ``json.loads`` (issue 25 measured it without this, side by side: it missed). Only for the hot
+    paths, with values of the right types and every field given (no defaults are applied, no ``__post_init__``
+    runs); the tests prove the results equal to what ``__init__`` makes (``test_model.py``,
+    ``test_lifecycle.py``)."""
     made = object.__new__(cls)
     made.__dict__.update(values)  # the frozen __setattr__ is not involved: the instance's dict is filled directly
     return made

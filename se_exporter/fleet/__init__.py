@@ -6,7 +6,11 @@
     picture.py     the pure core: the latest document per VM, ordering, duplicates, expiry, bounds per partition
     stateformat.py the per-partition state as bytes and back, every field checked on the way in
     collector.py   the metrics: state families built per scrape, and the consumer's counters
-    blobstate.py   the per-partition state kept in Blob Storage beside the SDK's checkpoints
+    statestore.py  where each partition's state lives between owners: the interface, and an in-memory store
+    blobstate.py   the state store in Blob Storage, beside the SDK's checkpoints
+    partition.py   one owned partition: made whole on claim, dropped whole on loss
+    persistence.py a partition's state restored before it is read, written before its checkpoint
+    report.py      counters and log lines throttled per kind
     consumer.py    the SDK's callbacks, the periodic tasks, what the endpoints report
     main.py        the official async consumer client with the Blob checkpoint store; wiring, HTTP, signals
 

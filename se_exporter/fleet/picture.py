@@ -88,9 +88,11 @@ class Fleet:
         self._partitions: dict[str, PartitionState] = {}
         self.bounds = bounds
 
-    def claim(self, partition_id: str, state: PartitionState | None = None) -> None:
+    def claim(self, partition_id: str, state: PartitionState | None = None) -> PartitionState:
+        """Own a partition from ``state`` (a restored one) or from nothing; the state now held for it."""
         with self._lock:
-            self._partitions[partition_id] = state or PartitionState()
+            held = self._partitions[partition_id] = state or PartitionState()
+        return held
 
     def release(self, partition_id: str) -> int:
         """Forget a partition (its VMs leave /metrics with it); how many VMs it held."""
@@ -191,11 +193,12 @@ class Fleet:
             state = self._partitions.get(partition_id)
             return state.position if state else None
 
-    def dump(self, partition_id: str) -> tuple[bytes, int] | None:
-        """The partition's state as bytes and the position they reflect, or None before any event."""
+    def dump(self, partition_id: str, state_format: int = 1) -> tuple[bytes, int] | None:
+        """The partition's state as bytes (in ``state_format``) and the position they reflect, or None before any
+        event."""
         with self._lock:
             state = self._partitions.get(partition_id)
             if state is None or state.position is None:
                 return None
             position, vms = state.position, list(state.vms.values())
-        return encode(partition_id, position, vms), position
+        return encode(partition_id, position, vms, state_format), position

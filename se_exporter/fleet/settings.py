@@ -96,6 +96,12 @@ def parse_container(text: str) -> str:
     return name
 
 
+def parse_state_format(text: str) -> int:
+    if text.strip() not in ("1", "2"):
+        raise ValueError(f"{text!r} is not 1 or 2")
+    return int(text)
+
+
 FLEET_OPTIONS: tuple[Option, ...] = (
     *LOG_OPTIONS,  # the options every command shares, from infra.options
     *EVENTHUB_OPTIONS,
@@ -133,6 +139,9 @@ FLEET_OPTIONS: tuple[Option, ...] = (
     Option("max_message_bytes", "--max-message-bytes", MESSAGE_BYTES,
            "larger message bodies are counted as invalid and skipped (default 1MiB, the Event Hubs limit)",
            "BYTES"),
+    Option("state_format", "--state-format", parse_state_format,
+           "format of the state written beside the checkpoints: 1 (default; every release reads it) or 2 (named "
+           "fields; set it once every replica runs a release that reads format 2)", "FORMAT"),
 )
 
 
@@ -152,6 +161,7 @@ class FleetSettings(HubReader):
     load_balancing_interval: float = 30.0
     ownership_expiry: float | None = None
     max_message_bytes: int = 1024 * 1024
+    state_format: int = 1
     log_level: str = "info"
     log_format: str = "text"
 

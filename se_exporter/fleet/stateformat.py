@@ -1,20 +1,35 @@
 """A partition's state as bytes and back: gzip'd JSON, every field checked on the way in.
 
-The format (1)::
+Format 2 (named fields; what ``--state-format 2`` writes)::
+
+    {"format": 2, "partition_id": "3", "sequence_number": 4711,
+     "vms": [{"key": ..., "vm_id": ..., "vm_name": ..., "vmss_name": ..., "location": ..., "installation": ...,
+              "sequence": ..., "seen_at": ..., "body": ..., "imds": {"observed_at": ..., "last_success": ...,
+              "failing": ...}}, ...]}
+
+The migration rule: a release writes a format by default only if the release before it reads that format (so
+format 1 stays the default while releases that read only format 1 may run beside this one; see the README's
+"Upgrades"). Within format 2 a field may be added that an older format-2 reader can do without: it ignores fields
+it does not know (and drops them when it writes the state again). A change such a reader must not ignore takes
+format 3.
+
+Format 1 (positional rows; written by default, and the only format releases before format 2 read)::
 
     {"format": 1, "partition_id": "3", "sequence_number": 4711,
      "vms": [[key, vm_id, vm_name, vmss_name, location, installation, sequence, seen_at, body], ...],
      "imds": {key: [observed_at, imds_last_success, imds_failing], ...}}
 
 ``imds`` was added within format 1: a reader that does not know it ignores it, one that does treats a VM without
-it as unknown. A blob is read in three ways:
+it as unknown. Both formats are read in three ways:
 
-* whole: every row checked by type and range (the key is the row's ``vm_id or vm_name``, names and ids bounded
+* whole: every VM checked by type and range (the key is the VM's ``vm_id or vm_name``, names and ids bounded
   strings UTF-8 can carry, the sequence a positive 64-bit integer, ``seen_at`` a finite time not past now plus
-  ``MAX_SKEW``, the body a Scheduled Events document); a row that fails is left out and counted, never written back;
-* ``NewerState``: a format above 1, written by a newer release: left in place for it, never overwritten;
+  ``MAX_SKEW``, the body a Scheduled Events document); a VM that fails is left out and counted (as a "row"), never
+  written back;
+* ``NewerState``: a format above ``STATE_FORMAT``, written by a newer release: left in place for it, never
+  overwritten;
 * ``DamagedState``: not gzip, not JSON, not the object above, an older or unknown format: counted, and the
-  partition is read from its checkpoint alone (the next write replaces the blob).
+  partition is read from its checkpoint alone (the next write replaces the state).
 """
 
 from __future__ import annotations
@@ -42,10 +57,13 @@ from se_exporter.fleet.message import (
     reduced_body,
 )
 
-STATE_FORMAT = 1
+STATE_FORMAT = 2  # the newest format this release reads (and writes with --state-format 2)
+STATE_FORMATS = (1, 2)
 MAX_SKEW = 600.0  # seconds a row's seen_at may lie past this replica's clock (Event Hubs' clock, not ours)
 MAX_STATE_BYTES = 512 * 1024**2  # decompressed: 100,000 VMs of 64 KiB bodies would be 6.4 GB; real ones are ~30 MB
 MAX_ROW_BODY = 1024 * 1024  # older releases kept whole bodies up to the Event Hubs limit
+NAMED_FIELDS_ORDER = ("key", "vm_id", "vm_name", "vmss_name", "location", "installation", "sequence", "seen_at", "body")
+NAMED_FIELDS = frozenset(NAMED_FIELDS_ORDER)  # what a format-2 VM must have; other fields are ignored
 
 
 class DamagedState(ValueError):
@@ -71,19 +89,35 @@ class Decoded:
     vms: dict[str, VmState]
     position: int
     dropped: Tally[str] = field(default_factory=Tally)
+    format: int = STATE_FORMAT
 
 
-def encode(partition_id: str, position: int, vms: Iterable[VmState]) -> bytes:
+def encode(partition_id: str, position: int, vms: Iterable[VmState], state_format: int = 1) -> bytes:
     """gzip'd JSON: the documents as forwarded, plus what ordering needs (installation, sequence, seen_at)."""
-    rows, imds = [], {}
-    for vm in vms:
-        rows.append([vm.key, vm.vm_id, vm.vm_name, vm.vmss_name, vm.location, vm.installation, vm.sequence,
-                     vm.seen_at, vm.body.decode("utf-8", "replace")])
-        if vm.imds is not NO_IMDS:
-            imds[vm.key] = [vm.imds.observed_at, vm.imds.last_success, vm.imds.failing]
-    text = json.dumps({"format": STATE_FORMAT, "partition_id": partition_id, "sequence_number": position,
-                       "vms": rows, "imds": imds}, ensure_ascii=False, separators=(",", ":"))
+    state: dict[str, Any] = {"format": state_format, "partition_id": partition_id, "sequence_number": position}
+    if state_format == 1:
+        rows, imds = [], {}
+        for vm in vms:
+            rows.append([vm.key, vm.vm_id, vm.vm_name, vm.vmss_name, vm.location, vm.installation, vm.sequence,
+                         vm.seen_at, vm.body.decode("utf-8", "replace")])
+            if vm.imds is not NO_IMDS:
+                imds[vm.key] = [vm.imds.observed_at, vm.imds.last_success, vm.imds.failing]
+        state.update(vms=rows, imds=imds)
+    else:
+        state["vms"] = [_named(vm) for vm in vms]
+    text = json.dumps(state, ensure_ascii=False, separators=(",", ":"))
     return gzip.compress(text.encode("utf-8", "backslashreplace"), compresslevel=1)
+
+
+def _named(vm: VmState) -> dict[str, Any]:
+    named: dict[str, Any] = {
+        "key": vm.key, "vm_id": vm.vm_id, "vm_name": vm.vm_name, "vmss_name": vm.vmss_name, "location": vm.location,
+        "installation": vm.installation, "sequence": vm.sequence, "seen_at": vm.seen_at,
+        "body": vm.body.decode("utf-8", "replace")}
+    if vm.imds is not NO_IMDS:
+        named["imds"] = {"observed_at": vm.imds.observed_at, "last_success": vm.imds.last_success,
+                         "failing": vm.imds.failing}
+    return named
 
 
 def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_BOUNDS) -> Decoded:
@@ -94,22 +128,22 @@ def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_
     found = obj.get("format")
     if type(found) is int and found > STATE_FORMAT:
         raise NewerState(found)
-    if found != STATE_FORMAT or type(found) is not int:
+    if found not in STATE_FORMATS or type(found) is not int:
         raise DamagedState("format", f"unknown state format {str(found)[:40]!r}")
     if obj.get("partition_id", partition_id) != partition_id:
         raise DamagedState("wrong_shape", f"the state is partition {str(obj.get('partition_id'))[:40]!r}'s")
-    position, rows, imds = obj.get("sequence_number"), obj.get("vms"), obj.get("imds", {})
+    position, rows, imds = obj.get("sequence_number"), obj.get("vms"), obj.get("imds", {}) if found == 1 else {}
     if type(position) is not int or not -1 <= position <= MAX_SEQUENCE:
         raise DamagedState("wrong_shape", f"sequence_number {str(position)[:40]!r} is not an Event Hubs sequence "
                            "number")
     if not isinstance(rows, list) or not isinstance(imds, dict):
         raise DamagedState("wrong_shape", "'vms' is not a list (or 'imds' not an object)")
-    decoded = Decoded({}, position)
+    decoded = Decoded({}, position, format=found)
     for row in rows:
         if len(decoded.vms) >= bounds.vms_per_partition:
             decoded.dropped["vms_per_partition"] += len(rows) - len(decoded.vms)
             break
-        vm = _row(row, imds, now, bounds)
+        vm = _row(row, imds, now, bounds) if found == 1 else _vm(row, now, bounds)
         if vm is None or vm.key in decoded.vms:
             decoded.dropped["row"] += 1
             continue
@@ -133,10 +167,26 @@ def _load(data: bytes) -> Any:
 
 
 def _row(row: Any, imds: dict[str, Any], now: float, bounds: Bounds) -> VmState | None:
-    """One VM of a state blob, or None when any field is out of type or range."""
+    """One VM of a format-1 state, or None when any field is out of type or range."""
     if not isinstance(row, list) or len(row) != 9:
         return None
-    key, vm_id, vm_name, vmss_name, location, installation, sequence, seen_at, body = row
+    imds_entry = imds.get(row[0]) if isinstance(row[0], str) else None
+    return _checked(row, _imds(imds_entry), now, bounds)
+
+
+def _vm(named: Any, now: float, bounds: Bounds) -> VmState | None:
+    """One VM of a format-2 state (fields it does not know ignored), or None when any is out of type or range."""
+    if not isinstance(named, dict) or not named.keys() >= NAMED_FIELDS:
+        return None
+    entry = named.get("imds")
+    imds = _imds([entry.get(name) for name in ("observed_at", "last_success", "failing")]) \
+        if isinstance(entry, dict) else NO_IMDS
+    return _checked([named[name] for name in NAMED_FIELDS_ORDER], imds, now, bounds)
+
+
+def _checked(values: list[Any], imds: Imds, now: float, bounds: Bounds) -> VmState | None:
+    """A VM from its fields in format 1's order, or None when any is out of type or range."""
+    key, vm_id, vm_name, vmss_name, location, installation, sequence, seen_at, body = values
     valid = (all(_text(value, MAX_TEXT) for value in (vm_id, vm_name, vmss_name, location))
              and key == (vm_id or vm_name or "unknown") and _text(installation, MAX_MESSAGE_ID) and installation != ""
              and type(sequence) is int and 1 <= sequence <= MAX_SEQUENCE
@@ -151,8 +201,7 @@ def _row(row: Any, imds: dict[str, Any], now: float, bounds: Bounds) -> VmState 
         return None
     if len(raw) > bounds.body_bytes:
         raw = reduced_body(events, vm_name)
-    return VmState(key, vm_id, vm_name, vmss_name, location, installation, sequence, float(seen_at), raw, events,
-                   _imds(imds.get(key)))
+    return VmState(key, vm_id, vm_name, vmss_name, location, installation, sequence, float(seen_at), raw, events, imds)
 
 
 def _text(value: Any, limit: int) -> bool:

@@ -21,8 +21,6 @@ from __future__ import annotations
 import email.utils
 import json
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlencode, urlsplit
 
 from se_exporter import __version__
@@ -35,11 +33,7 @@ from se_exporter.core.errors import (
     InvalidDocument,
 )
 from se_exporter.core.model import VmIdentity
-from se_exporter.sidecar import transport
-from se_exporter.sidecar.transport import TOTAL_TIMEOUT, KeepAliveTransport, TimeoutException, TransportError
-
-if TYPE_CHECKING:
-    import httpx
+from se_exporter.sidecar.transport import Answer, KeepAliveTransport, TimeoutException, TransportError
 
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 COMPUTE_PATH = "/metadata/instance/compute"
@@ -56,9 +50,9 @@ def make_transport() -> KeepAliveTransport:
 
     ``ImdsClient`` asks it with plain values (``KeepAliveTransport.get``), the origin, target and headers worked
     out once: no client's per-request machinery (httpx's auth and redirect flows, cookies, hooks and header
-    merging did nothing for one fixed GET and cost ~100 us of a ~0.45 ms poll at 20 Hz), and no httpx in the
-    process at all (~1.9 MB of RSS). Tests pass an ``httpx.MockTransport`` in its place: ``ImdsClient`` then
-    sends it the same GET as an ``httpx.Request``.
+    merging do nothing for one fixed GET and were a fair share of a poll's CPU), and no httpx in the process at
+    all. It is the only way in: tests drive this same transport against loopback servers and
+    byte-level doubles (``tests/fakes/``), so what they prove is what the sidecar runs.
     """
     return KeepAliveTransport()
 
@@ -68,7 +62,7 @@ class ImdsClient:
 
     def __init__(
         self,
-        transport: KeepAliveTransport | httpx.BaseTransport,
+        transport: KeepAliveTransport,
         base_url: str,
         api_version: str,
         timeout: float,
@@ -88,8 +82,6 @@ class ImdsClient:
         self._first_call_timeout = first_call_timeout
         self._max_body_bytes = max_body_bytes
         self._answered = False
-        # For an httpx transport: requests are built once per (URL, timeout) and re-sent (a GET has no body).
-        self._requests: dict[tuple[str, float], httpx.Request] = {}
 
     @property
     def events_url(self) -> str:
@@ -116,24 +108,11 @@ class ImdsClient:
             raise InvalidDocument("compute metadata is not a JSON object")
         return VmIdentity.from_compute(data)
 
-    def _open(self, url: str, timeout: float) -> _Answer:
-        # The timeout bounds each step (connect, every read) and, as the total, the whole exchange. Straight to the
-        # transport, which never follows a redirect (see make_transport).
-        if isinstance(self._transport, KeepAliveTransport):
-            return self._transport.get(self._origin, self._targets[url], self._headers, timeout, total=timeout)
-        key = (url, timeout)
-        request = self._requests.get(key)
-        if request is None:
-            import httpx  # noqa: PLC0415 - only with an httpx transport (tests); polling IMDS never needs it
-
-            request = self._requests[key] = httpx.Request(
-                "GET", url, headers=HEADERS,
-                extensions={"timeout": httpx.Timeout(timeout).as_dict(), TOTAL_TIMEOUT: timeout})
-        return _HttpxAnswer(self._transport, request)
-
     def _get(self, url: str, timeout: float) -> bytes:
         try:
-            answer = self._open(url, timeout)
+            # The timeout bounds each step (connect, every read) and, as the total, the whole exchange. Straight to
+            # the transport, which never follows a redirect (see make_transport).
+            answer = self._transport.get(self._origin, self._targets[url], self._headers, timeout, total=timeout)
             try:
                 if url is self._events_url:
                     self._answered = True
@@ -147,7 +126,7 @@ class ImdsClient:
         except TransportError as exc:
             raise ImdsConnectionError(f"{type(exc).__name__}: {exc or 'connection failed'}") from None
 
-    def _read_bounded(self, answer: _Answer) -> bytes:
+    def _read_bounded(self, answer: Answer) -> bytes:
         # A captive portal or a broken proxy can answer anything; never hold more than the cap.
         encoding = answer.header("content-encoding")
         if encoding is not None and encoding.strip().lower() not in ("", "identity"):
@@ -166,55 +145,7 @@ class ImdsClient:
         return b"".join(chunks)
 
 
-class _Answer(Protocol):
-    """What ``ImdsClient`` reads of an answer: the transport's ``Answer``, or an httpx response seen as one."""
-
-    status: int
-    reason: str
-
-    def header(self, name: str) -> str | None: ...
-
-    def __iter__(self) -> Iterator[bytes]: ...
-
-    def close(self) -> None: ...
-
-
-class _HttpxAnswer:
-    """An httpx transport's answer (tests pass ``httpx.MockTransport``) as the transport's ``Answer``: httpx's
-    exceptions become the transport's of the same name, so both ways are classified and worded alike."""
-
-    def __init__(self, transport: httpx.BaseTransport, request: httpx.Request) -> None:
-        import httpx  # noqa: PLC0415 - only with an httpx transport (tests); polling IMDS never needs it
-
-        self._httpx = httpx
-        try:
-            self._response = transport.handle_request(request)
-        except httpx.TransportError as exc:
-            raise _from_httpx(exc) from None
-        self.status, self.reason = self._response.status_code, self._response.reason_phrase
-
-    def header(self, name: str) -> str | None:
-        value: str | None = self._response.headers.get(name)
-        return value
-
-    def __iter__(self) -> Iterator[bytes]:
-        try:
-            yield from self._response.iter_bytes()
-        except self._httpx.TransportError as exc:
-            raise _from_httpx(exc) from None
-
-    def close(self) -> None:
-        self._response.close()
-
-
-def _from_httpx(exc: Exception) -> TransportError:
-    kind = getattr(transport, type(exc).__name__, None)  # the twin of the same name
-    if not (isinstance(kind, type) and issubclass(kind, TransportError)):
-        kind = TimeoutException if "Timeout" in type(exc).__name__ else TransportError
-    return kind(str(exc))
-
-
-def _status_error(response: _Answer) -> ImdsError:
+def _status_error(response: Answer) -> ImdsError:
     status = response.status
     if status == 429:
         retry_after = parse_retry_after(response.header("retry-after"), now=time.time())

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 
 from se_exporter.core import lifecycle
 from se_exporter.core.errors import ImdsError, ImdsThrottled
-from se_exporter.core.model import VmIdentity, event_key, parse_document, vm_name
+from se_exporter.core.model import EventMemo, VmIdentity, event_key, parse_document, vm_name
 from se_exporter.core.retry import Health, backoff
 from se_exporter.infra.logs import fields
 from se_exporter.sidecar.imds import ImdsClient
@@ -43,6 +43,7 @@ class Poller:
         self._clock = clock
         self._polls_ok = metrics.polls.labels("ok")  # looked up once: this is counted on every poll
         self._last_body: bytes | None = None
+        self._memo = EventMemo()  # hands an unchanged event out again: the lifecycle diff keeps its record
         self._failures = 0
         self._health = Health()  # failing: the outcome of the current run of failed polls
         # Shared with the identity watcher and the scrapes (see snapshot.py); its own when none is given.
@@ -82,7 +83,7 @@ class Poller:
         return self._settings.poll_interval
 
     def _apply(self, body: bytes) -> None:
-        document = parse_document(body)
+        document = parse_document(body, self._memo)
         now = self._clock()
         previous = self.snapshot.records if self.snapshot.has_document else self._restored
         step = lifecycle.diff(previous, document, now, self._ended)

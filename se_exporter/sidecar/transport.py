@@ -1,15 +1,14 @@
-"""An httpx transport on the standard library's ``http.client``: the IMDS hot path.
+"""A client for IMDS on the standard library's ``http.client``: the IMDS hot path.
 
-Why not httpx's own transport (httpcore + h11): a poll of an unchanged document is one small GET
-on a kept-alive loopback-like connection, and at 20 Hz its cost is mostly the client's. Measured on
-the benchmark machine (thread CPU per GET, warm): httpx's default transport 200 us, a bare httpcore
-pool 138 us, ``http.client`` with keep-alive 73 us. The bytes on the wire go through ``http.client``,
-whose C-accelerated parsing is the cheapest robust HTTP/1.1 client at hand.
+Hand-built on purpose, the one such client kept: a poll of an unchanged document is one small GET on a kept-alive
+connection, and its cost is mostly the client's. ``http.client``'s C-accelerated parsing under this thin layer is
+what keeps a poll under the Go peer's CPU (the figure it guards: ``make bench``'s "CPU time per poll at 20 Hz,
+metrics only", target 1.0x the peer); httpx's own transport, or a bare httpcore pool, costs several times as much
+per GET (figures: docs/performance.md, "Poll"). It uses ``http.client``'s public API only (its connections
+override ``connect``).
 
-Two ways in: ``get`` (what ``ImdsClient`` uses) takes and returns plain values and imports nothing but the
-standard library, so a sidecar that polls IMDS never loads httpx (~1.9 MB of RSS); ``handle_request`` is the
-same exchange as an httpx transport (``httpx.Request`` in, ``httpx.Response`` out, httpx's exceptions), for
-callers that speak httpx; httpx is imported at its first call. Failures of ``get`` are this module's
+One way in, ``get``, for the sidecar and its tests alike: it takes and returns plain values and imports nothing but
+the standard library, so a sidecar that polls IMDS never loads httpx. Its failures are this module's
 ``TransportError`` classes, named as httpx names the same failures.
 
 What this transport does and does not do, on purpose:
@@ -20,7 +19,7 @@ What this transport does and does not do, on purpose:
   idempotent; httpcore does the same by checking an idle socket before reuse);
 * GET only: any other method is refused before a byte is sent;
 * never a proxy (``http.client`` reads no environment) and never a redirect (it follows none);
-* one deadline for the whole exchange when the request asks for it (``extensions["total_timeout"]``, seconds):
+* one deadline for the whole exchange when the request asks for it (``get``'s ``total``, seconds):
   connect, request, status line, headers and every byte of the body must be done by then, so a server that
   drips one byte at a time cannot hold a poll past it. It is enforced by the socket itself: before every
   receive and send the socket's timeout is set to what is left (see ``_arm``), so no thread or timer is needed;
@@ -29,13 +28,11 @@ What this transport does and does not do, on purpose:
   ``_Response`` and ``_Body`` check that each ended where it says (a line break, the blank line, the
   ``Content-Length``; a chunked body must reach its last chunk), and a ``Content-Length`` that is not one
   plain number is refused (a body of unknown length cannot be told from a cut one);
-* every failure is raised as the exception httpcore would raise (this module's twin of it from ``get``), so
-  callers classify one way.
+* every failure is raised as this module's twin of the exception httpcore would raise, so callers classify one way.
 """
 
 from __future__ import annotations
 
-import functools
 import http.client
 import math
 import socket
@@ -46,20 +43,18 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    import httpx
     from _typeshed import ReadableBuffer, WriteableBuffer
 
 # Errors meaning "the idle connection was closed by the server before our request reached it".
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
 
-TOTAL_TIMEOUT = "total_timeout"  # the request extension that bounds the whole exchange, in seconds
 REARM_AFTER = 0.01  # seconds: how stale a socket timeout may be (so how far past the deadline a request may end)
 
 
 class TransportError(Exception):
     """A request that failed below HTTP. The subclasses bear the names of httpx's exceptions for the same
-    failures (``handle_request`` raises those), so a message reads the same whichever way the request went."""
+    failures, so a message reads as it would from any Python HTTP client."""
 
 
 class TimeoutException(TransportError):
@@ -114,30 +109,6 @@ class KeepAliveTransport:
         limits = _Limits(timeout, timeout, None if total is None else time.monotonic() + total)
         return self._get(origin, target, headers, limits)
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        """The same GET as an httpx transport (``httpx.BaseTransport``'s one method)."""
-        import httpx  # noqa: PLC0415 - here, not at the top: polling IMDS never needs httpx (~1.9 MB)
-
-        url = request.url
-        if request.method != "GET":  # read-only by construction: nothing here can approve an event
-            raise httpx.UnsupportedProtocol(f"this transport sends GET only, not {request.method}", request=request)
-        if url.scheme not in ("http", "https"):
-            raise httpx.UnsupportedProtocol(f"unsupported URL scheme {url.scheme!r}", request=request)
-        origin = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
-        timeout = request.extensions.get("timeout", {})
-        total = request.extensions.get(TOTAL_TIMEOUT)
-        limits = _Limits(timeout.get("connect"), timeout.get("read"),
-                         None if total is None else time.monotonic() + total)
-        headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in request.headers.raw]
-        try:
-            answer = self._get(origin, url.raw_path.decode("ascii"), headers, limits)
-        except TransportError as exc:
-            raise _as_httpx(exc, request) from exc
-        return httpx.Response(
-            status_code=answer.status, headers=[(n.encode("latin-1"), v.encode("latin-1")) for n, v in answer.headers],
-            stream=_httpx_stream(answer, request),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": answer.reason.encode("latin-1")})
-
     def _get(self, origin: Origin, target: str, headers: Sequence[tuple[str, str]], limits: _Limits) -> Answer:
         connection, reused = self._acquire(origin)
         try:
@@ -174,12 +145,9 @@ class KeepAliveTransport:
             if self._tls is None:
                 self._tls = ssl.create_default_context()
                 self._tls.sslsocket_class = _DeadlineTLSSocket  # the deadline survives the TLS wrapping
-            connection = http.client.HTTPSConnection(host, port, context=self._tls)
+            connection = _TLSConnection(host, port, context=self._tls)
         else:
-            connection = http.client.HTTPConnection(host, port)
-        # http.client makes its socket through this attribute (set in __init__; not in typeshed): ours keeps deadlines
-        connection._create_connection = _connect  # type: ignore[attr-defined]
-        connection.response_class = _Response
+            connection = _Connection(host, port)
         return connection, False
 
     def _release(self, origin: Origin, connection: http.client.HTTPConnection) -> None:
@@ -318,33 +286,6 @@ class Answer:
             self._connection.close()
 
 
-def _httpx_stream(answer: Answer, request: httpx.Request) -> httpx.SyncByteStream:
-    """The answer's body as httpx's stream."""
-    stream: httpx.SyncByteStream = _httpx_stream_class()(answer, request)
-    return stream
-
-
-@functools.cache
-def _httpx_stream_class() -> Any:
-    """Made at the first call, when httpx is imported (a subclass needs its base at hand)."""
-    import httpx  # noqa: PLC0415 - only for handle_request's callers; polling IMDS never needs httpx
-
-    class Stream(httpx.SyncByteStream):
-        def __init__(self, answer: Answer, request: httpx.Request) -> None:
-            self._answer, self._request = answer, request
-
-        def __iter__(self) -> Iterator[bytes]:
-            try:
-                yield from self._answer
-            except TransportError as exc:
-                raise _as_httpx(exc, self._request) from exc
-
-        def close(self) -> None:
-            self._answer.close()
-
-    return Stream
-
-
 def _arm(sock: _DeadlineSocket | _DeadlineTLSSocket) -> None:
     """Before each receive or send: the socket's timeout becomes what is left of the request's deadline (or the
     per-read timeout, if shorter). Socket timeouts bound one call each, and a buffered read loops over many
@@ -392,12 +333,25 @@ class _DeadlineTLSSocket(ssl.SSLSocket):
         super().sendall(data, flags)
 
 
-def _connect(address: tuple[str, int], timeout: Any = None, source_address: Any = None) -> socket.socket:
-    """``http.client``'s ``_create_connection``: ``socket.create_connection`` returning a ``_DeadlineSocket``."""
-    plain = socket.create_connection(address, timeout, source_address)
-    sock = _DeadlineSocket(plain.family, plain.type, plain.proto, plain.detach())
-    sock.settimeout(timeout)
-    return sock
+class _Connection(http.client.HTTPConnection):
+    """``http.client``'s connection through its public ``connect``: the socket is a ``_DeadlineSocket`` (what
+    ``HTTPConnection.connect`` does otherwise: connect, no Nagle; we never tunnel) and answers are ``_Response``."""
+
+    response_class = _Response
+
+    def connect(self) -> None:
+        plain = socket.create_connection((self.host, self.port), self.timeout)  # no source_address: never given
+        sock = _DeadlineSocket(plain.family, plain.type, plain.proto, plain.detach())
+        sock.settimeout(self.timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+
+
+class _TLSConnection(http.client.HTTPSConnection, _Connection):
+    """The same for https: ``HTTPSConnection.connect`` calls ``_Connection.connect`` (next in line), then wraps the
+    socket with its context, whose ``sslsocket_class`` (public, meant to be replaced) is ``_DeadlineTLSSocket``."""
+
+    response_class = _Response
 
 
 def _raise_as_transport_error(exc: Exception) -> NoReturn:
@@ -411,11 +365,3 @@ def _raise_as_transport_error(exc: Exception) -> NoReturn:
     if isinstance(exc, OSError):
         raise ReadError(str(exc) or type(exc).__name__) from exc
     raise exc
-
-
-def _as_httpx(exc: TransportError, request: httpx.Request) -> httpx.HTTPError:
-    """httpx's exception of the same name as ``exc`` (``handle_request`` speaks httpx)."""
-    import httpx  # noqa: PLC0415 - only for handle_request's callers; polling IMDS never needs httpx
-
-    kind: type[httpx.TransportError] = getattr(httpx, type(exc).__name__)
-    return kind(str(exc), request=request)

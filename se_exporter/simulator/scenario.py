@@ -1,6 +1,6 @@
 """Scenarios: what the simulated IMDS lists, when, as a pure function of scenario time.
 
-A scenario is a JSON file (format in the README, built-ins under ``scenarios/``). Each event
+A scenario is a JSON file (format in docs/simulator.md, built-ins under ``scenarios/``). Each event
 appears at ``appear_at``, is ``Scheduled`` with ``NotBefore = appear_at + notice`` (moved by any
 ``reschedule`` entry), starts at NotBefore or when approved, whichever is first (or at first sight
 with ``started_at_first_sight``, as a host failure does), stays ``Started`` for ``started_for``

@@ -96,9 +96,9 @@ class Simulator:
         self._faults: deque[Fault] = deque()
         self._first_request_seen = False
         self.vm = dict(scenario.vm, **({"name": vm_name} if vm_name else {}))
-        self.requests: deque[RecordedRequest] = deque(maxlen=history)
+        self._requests: deque[RecordedRequest] = deque(maxlen=history)
         # Exact 200 bodies of Scheduled Events, in order, consecutive repeats kept once: the last ``history`` changes.
-        self.served: deque[bytes] = deque(maxlen=history)
+        self._served: deque[bytes] = deque(maxlen=history)
         self.request_counts: Counter[tuple[str, str]] = Counter()
         self.identity = IdentityService()
 
@@ -196,18 +196,30 @@ class Simulator:
 
     def record(self, request: RecordedRequest) -> None:
         with self._lock:
-            self.requests.append(request)
+            self._requests.append(request)
             self.request_counts[(request.method, request.user_agent)] += 1
 
     def record_served(self, body: bytes) -> None:
         with self._lock:
-            if not self.served or self.served[-1] != body:
-                self.served.append(body)
+            if not self._served or self._served[-1] != body:
+                self._served.append(body)
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """The last requests, oldest first: a copy, so a reader never sees the server thread append mid-iteration."""
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def served(self) -> list[bytes]:
+        """The last changes of the served document, oldest first (a copy, as ``requests``)."""
+        with self._lock:
+            return list(self._served)
 
     def distinct_served(self) -> list[bytes]:
         """Served bodies with consecutive repeats removed: what a forwarder must have sent, in order."""
         with self._lock:
-            bodies = list(self.served)
+            bodies = list(self._served)
         return [body for index, body in enumerate(bodies) if index == 0 or body != bodies[index - 1]]
 
     def posts_from(self, user_agent_prefix: str) -> int:
@@ -373,7 +385,7 @@ class _Imds:
             if method == "GET" and action == "requests":
                 return _json(200, [
                     {"time": r.time, "method": r.method, "path": r.path, "query": r.query,
-                     "user_agent": r.user_agent, "metadata": r.metadata_header} for r in list(sim.requests)])
+                     "user_agent": r.user_agent, "metadata": r.metadata_header} for r in sim.requests])
             if method == "GET" and action == "state":
                 return _json(200, sim.state())
             if method == "POST" and action == "faults":

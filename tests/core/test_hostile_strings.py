@@ -87,7 +87,8 @@ FORGING = (b'{"DocumentIncarnation": 5, "Events": [{"EventId": "E1\\n2026-01-01T
 def test_console_span_lines_stay_one_line_and_show_escapes(reliability: Reliability) -> None:
     """The SDK's ConsoleSpanExporter with the sidecar's text formatter writes each span of an event whose EventId
     holds a newline, an ANSI escape, U+2028, NEL and a bidi override as one line, the characters written as visible
-    escapes as log lines are (README 'Log lines stay lines'): nothing forged, nothing sent to the terminal."""
+    escapes as log lines are (docs/architecture.md 'Log lines stay lines'): nothing forged, nothing sent to the
+    terminal."""
     out = io.StringIO()
     provider = TracerProvider(id_generator=(ids := EventIdGenerator()))
     provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=out, formatter=span_line)))

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from se_exporter.core import model
 from se_exporter.core.errors import InvalidDocument
 from se_exporter.core.model import (
     EVENT_STATUSES,
+    EventMemo,
     EventStatus,
     ScheduledEvent,
     _common_event,
@@ -177,10 +177,10 @@ def test_the_quick_reader_takes_the_common_shape() -> None:
     assert _common_event(dict(DOCS_SCHEDULED["Events"][0])) is not None
 
 
-def _outcome(body: bytes) -> object:
-    """The events' fields and the warnings parse_document makes of ``body``, or its refusal."""
+def _outcome(body: bytes, memo: EventMemo) -> object:
+    """The events' fields and the warnings parse_document makes of ``body`` with ``memo``, or its refusal."""
     try:
-        document = parse_document(body)
+        document = parse_document(body, memo)
     except InvalidDocument as exc:
         return str(exc)
     return [vars(event) for event in document.events], document.warnings
@@ -196,38 +196,39 @@ def test_a_document_read_after_another_is_read_as_if_alone(valid: dict[str, obje
     memo of the last document's events changes no result."""
     before = json.dumps({"Events": [{**valid, **first}]}).encode()
     body = json.dumps({"Events": [{**valid, **second}] * (2 if twice else 1)}).encode()
-    model._last_read = {}
-    alone = _outcome(body)
-    model._last_read = {}
-    _outcome(before)
-    assert _outcome(body) == alone
+    alone = _outcome(body, EventMemo())
+    memo = EventMemo()
+    _outcome(before, memo)
+    assert _outcome(body, memo) == alone
 
 
 def test_an_unchanged_event_is_handed_out_again() -> None:
     """An event listed unchanged in the next document is the very object read before (what lets the lifecycle
     diff keep its record by identity); a changed one, or one whose duration turns from 5 into 5.0, is read afresh."""
     event = DOCS_SCHEDULED["Events"][0]
-    first = parse_document(json.dumps({"Events": [event]}).encode()).events[0]
-    again = parse_document(json.dumps({"DocumentIncarnation": 2, "Events": [event]}).encode()).events[0]
+    memo = EventMemo()
+    first = parse_document(json.dumps({"Events": [event]}).encode(), memo).events[0]
+    again = parse_document(json.dumps({"DocumentIncarnation": 2, "Events": [event]}).encode(), memo).events[0]
     assert again is first
-    changed = parse_document(json.dumps({"Events": [{**event, "EventStatus": "Started"}]}).encode()).events[0]
+    changed = parse_document(json.dumps({"Events": [{**event, "EventStatus": "Started"}]}).encode(), memo).events[0]
     assert changed is not first and changed.event_status == "Started"
     for number, twin in ((5, 5.0), (1, True), (0, False), (0, -0.0)):  # equal in Python, not the same JSON
-        model._last_read = {}
-        alone = _outcome(json.dumps({"Events": [{**event, "DurationInSeconds": twin}]}).encode())
-        model._last_read = {}
-        _outcome(json.dumps({"Events": [{**event, "DurationInSeconds": number}]}).encode())
-        assert _outcome(json.dumps({"Events": [{**event, "DurationInSeconds": twin}]}).encode()) == alone, twin
+        alone = _outcome(json.dumps({"Events": [{**event, "DurationInSeconds": twin}]}).encode(), EventMemo())
+        memo = EventMemo()
+        _outcome(json.dumps({"Events": [{**event, "DurationInSeconds": number}]}).encode(), memo)
+        assert _outcome(json.dumps({"Events": [{**event, "DurationInSeconds": twin}]}).encode(), memo) == alone, twin
 
 
 def test_document_from_json_remembers_nothing() -> None:
     """JSON handed in by a caller (which may change it afterwards) is neither remembered nor answered from memory."""
     event = dict(DOCS_SCHEDULED["Events"][0])
-    parsed = parse_document(json.dumps({"Events": [event]}).encode()).events[0]
+    memo = EventMemo()
+    parsed = parse_document(json.dumps({"Events": [event]}).encode(), memo).events[0]
     assert document_from_json({"Events": [event]}).events[0] is not parsed
-    remembered = dict(model._last_read)
+    assert parse_document(json.dumps({"Events": [event]}).encode()).events[0] is not parsed  # no memo, no memory
+    remembered = dict(memo.last)
     document_from_json({"Events": [{**event, "EventId": "other"}]})
-    assert model._last_read == remembered
+    assert memo.last == remembered
 
 
 @pytest.mark.parametrize(("field", "bad", "attribute", "fallback"), [

@@ -24,3 +24,4 @@ def test_fleet_benchmark_smoke_mode_reports_the_ratio_and_memory() -> None:
     assert all(isinstance(value, float) and value > 0 for name, value in figures.items() if "memory" not in name)
     assert "fleet applied rate / bare SDK receive rate" in figures and "fleet: burst of 300 applied" in figures
     assert "fleet memory per 10,000 VMs" in figures
+    assert "  ... its writer / prometheus-client's families" in figures  # the figure that keeps the fleet's writer

@@ -11,11 +11,12 @@ from typing import Any
 from azure.eventhub.amqp import AmqpMessageBodyType
 from prometheus_client import CollectorRegistry
 
-from se_exporter.fleet.blobstate import StateBlobs
 from se_exporter.fleet.collector import FleetMetrics, PartitionView
 from se_exporter.fleet.consumer import Service
+from se_exporter.fleet.partition import Partition
 from se_exporter.fleet.picture import Fleet, PartitionState
 from se_exporter.fleet.settings import FleetSettings
+from se_exporter.fleet.statestore import MemoryStateStore
 from tests.fleet.test_picture import EMPTY, VM_ID, props
 
 
@@ -47,10 +48,9 @@ class Context:
 
 def service() -> tuple[Service, Fleet, CollectorRegistry]:
     registry, fleet = CollectorRegistry(), Fleet()
-    blobs = StateBlobs(None)  # type: ignore[arg-type]  # never reached: no save in these tests
-    run = Service(FleetSettings(), fleet, FleetMetrics(registry), blobs, clock=lambda: 1_800_000_000.0)
-    fleet.claim("0", PartitionState(position=10**15, restored_position=10**15))
-    run.views["0"] = PartitionView()
+    run = Service(FleetSettings(), fleet, FleetMetrics(registry), MemoryStateStore(), clock=lambda: 1_800_000_000.0)
+    state = fleet.claim("0", PartitionState(position=10**15, restored_position=10**15))
+    run.partitions["0"] = Partition(Context(), state, PartitionView())  # type: ignore[arg-type]
     return run, fleet, registry
 
 

@@ -217,8 +217,8 @@ def test_a_damaged_state_is_refused_with_a_reason_never_another_error(data: byte
 def test_a_newer_format_is_told_apart_from_damage() -> None:
     """A newer release's state is not damage: the caller must leave it in place."""
     with pytest.raises(NewerState) as caught:
-        decode(state_json({"format": 2, "anything": "new"}), "0", NOW)
-    assert caught.value.format == 2
+        decode(state_json({"format": 3, "anything": "new"}), "0", NOW)
+    assert caught.value.format == 3
 
 
 GOOD_ROW = [VM_ID, VM_ID, "WestNO_0", "", "norwayeast", "inst", 3, 1000.0, EMPTY.decode()]

@@ -37,7 +37,7 @@ def imds(simulator: SimulatorFactory, monkeypatch: pytest.MonkeyPatch) -> Simula
 
 
 def token_queries(sim: Simulator) -> list[dict[str, list[str]]]:
-    return [parse_qs(r.query) for r in list(sim.requests) if r.path == TOKEN_PATH]
+    return [parse_qs(r.query) for r in sim.requests if r.path == TOKEN_PATH]
 
 
 def test_the_managed_identity_token_comes_from_imds_directly_for_the_chosen_identity(imds: Simulator) -> None:

@@ -71,13 +71,15 @@ def container(azurite: Azurite) -> str:
 @pytest.fixture
 def fleets(azurite: Azurite, container: str, tmp_path: Path) -> Iterator[Callable[..., FleetProcess]]:
     """Start `se-exporter fleet` replicas sharing this test's container: ``fleets(hub, *args)`` with connection
-    strings, or ``fleets(None, *args, env=...)`` with the arguments naming the hub and the storage account."""
+    strings, or ``fleets(None, *args, env=...)`` with the arguments naming the hub and the storage account;
+    ``module`` runs another entry point (``tests.fleet_format1``: a replica of the previous release's state format)."""
     started: list[FleetProcess] = []
 
-    def make(hub: EventHubsTestServer | None, *args: str, env: dict[str, str] | None = None) -> FleetProcess:
+    def make(hub: EventHubsTestServer | None, *args: str, env: dict[str, str] | None = None,
+             module: str = "se_exporter") -> FleetProcess:
         process = FleetProcess(hub.connection_string() if hub else None, azurite.connection_string if hub else None,
                                tmp_path / f"fleet{len(started)}", "--checkpoint-container", container,
-                               "--checkpoint-ca-file", str(azurite.ca_file), *FAST, *args, env=env)
+                               "--checkpoint-ca-file", str(azurite.ca_file), *FAST, *args, env=env, module=module)
         started.append(process)
         return process
 
@@ -496,7 +498,7 @@ def test_managed_identity_end_to_end_without_a_key_resuming_from_its_checkpoint(
     assert all(token.accepted and token.token_type == "jwt" for token in hub.cbs_tokens)  # noqa: S105 - a type name
     assert {token.claims["appid"] for token in hub.cbs_tokens if token.claims} == {SYSTEM_ASSIGNED[0], HUB_CLIENT_ID}
     requested = {(query["resource"][0], query.get("client_id", [None])[0]) for query in
-                 (parse_qs(r.query) for r in list(sim.requests) if r.path == TOKEN_PATH)}
+                 (parse_qs(r.query) for r in sim.requests if r.path == TOKEN_PATH)}
     assert requested == {(EVENTHUBS_AUDIENCE, None),  # the sidecar's own, system-assigned
                          (EVENTHUBS_AUDIENCE, HUB_CLIENT_ID), (STORAGE_AUDIENCE, STORAGE_CLIENT_ID)}  # the fleet's
     logs, metrics = [], []

@@ -54,7 +54,7 @@ class Azure:
                 "--eventhub-retry-max", "0.3", *extra]
 
     def token_requests(self) -> list[dict[str, list[str]]]:
-        return [parse_qs(r.query) for r in list(self.sim.requests) if r.path == TOKEN_PATH]
+        return [parse_qs(r.query) for r in self.sim.requests if r.path == TOKEN_PATH]
 
 
 @pytest.fixture

@@ -34,7 +34,8 @@ def fleet(argv: list[str], env: dict[str, str]) -> object:
 
 
 def test_console_span_line_stays_one_line_whatever_the_event_id() -> None:
-    """README 'Log lines stay lines': an EventId with a newline or an ANSI escape cannot forge a console span line."""
+    """docs/architecture.md 'Log lines stay lines': an EventId with a newline or an ANSI escape cannot forge a
+    console span line."""
     context = SpanContext(trace_id=1, span_id=2, is_remote=False, trace_flags=TraceFlags(1))
     span = ReadableSpan(name="scheduled_event.update", context=context, start_time=1, end_time=2,
                         attributes={PREFIX + "id": "BAD\n2026-01-01T00:00:00.000Z span forged\x1b[31m\u2028",

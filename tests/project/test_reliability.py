@@ -1,5 +1,5 @@
-"""The README's Reliability table comes from a full run only: partial runs never rewrite its rows, and the renderer
-refuses rows no full run wrote."""
+"""The Reliability table (docs/reliability.md) comes from a full run only: partial runs never rewrite its rows, and
+the renderer refuses rows no full run wrote."""
 
 from __future__ import annotations
 
@@ -127,3 +127,53 @@ def test_the_renderer_refuses_rows_no_full_run_wrote(tmp_path: Path, content: st
     message = str(refused.value)
     assert "\n" not in message
     assert message.endswith("run make test")
+
+
+def full_results(tmp_path: Path) -> Path:
+    results = tmp_path / "reliability.json"
+    results.write_text(json.dumps({"run": "full", "tests": 1, "rows": [{"area": "A", "tried": "t", "held": "h"}]}))
+    return results
+
+
+def test_the_renderer_rewrites_the_table_between_the_markers_of_the_page(tmp_path: Path) -> None:
+    """`make reliability` rewrites what lies between the markers of the page, and nothing around them; `--check`
+    then passes, and fails (exit 1) once the table is edited by hand."""
+    page = tmp_path / "reliability.md"
+    page.write_text(f"# Reliability\n\nbefore\n\n{renderer.START}\n\nstale\n\n{renderer.END}\n\nafter\n")
+    results = full_results(tmp_path)
+
+    assert renderer.main(["--check"], page=page, results=results) == 1
+    assert renderer.main([], page=page, results=results) == 0
+
+    text = page.read_text()
+    assert text.startswith("# Reliability\n\nbefore\n\n") and text.endswith("\n\nafter\n")
+    assert "| A | t | h |" in text and "stale" not in text
+    assert renderer.main(["--check"], page=page, results=results) == 0
+    page.write_text(text.replace("| A | t | h |", "| A | t | edited |"))
+    assert renderer.main(["--check"], page=page, results=results) == 1
+
+
+def test_the_table_lives_in_docs_reliability_md() -> None:
+    """The renderer writes docs/reliability.md, which holds the markers once; the README, the user's guide, holds
+    none (it links to the page)."""
+    page = renderer.ROOT / "docs" / "reliability.md"
+    text = page.read_text()
+
+    assert page == renderer.PAGE
+    assert text.count(renderer.START) == 1 and text.count(renderer.END) == 1
+    assert text.index(renderer.START) < text.index(renderer.END)
+    readme = (renderer.ROOT / "README.md").read_text()
+    assert renderer.START not in readme and renderer.END not in readme
+    assert "(docs/reliability.md)" in readme
+
+
+def test_a_page_without_markers_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A page whose markers are gone is left alone and refused with one line naming it."""
+    page = tmp_path / "reliability.md"
+    page.write_text("# Reliability\n")
+
+    assert renderer.main([], page=page, results=full_results(tmp_path)) == 1
+
+    assert page.read_text() == "# Reliability\n"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no reliability markers" in err

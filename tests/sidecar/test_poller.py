@@ -1,4 +1,4 @@
-"""The poll loop with a scripted IMDS (httpx.MockTransport): outcomes, backoff, state kept, logs."""
+"""The poll loop with a scripted IMDS on loopback (tests/fakes/imds_http.py): outcomes, backoff, state kept, logs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gzip
 import json
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import httpx
@@ -18,13 +18,14 @@ from se_exporter.core.lifecycle import diff
 from se_exporter.core.model import VmIdentity, parse_document
 from se_exporter.infra.http_server import HttpRequest
 from se_exporter.sidecar.endpoints import routes
-from se_exporter.sidecar.imds import ImdsClient
 from se_exporter.sidecar.lifecycle_store import LifecycleStore
 from se_exporter.sidecar.metrics import Metrics
 from se_exporter.sidecar.poller import IdentityWatcher, Poller
 from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks import FanOut
 from se_exporter.sidecar.snapshot import CurrentState, Snapshot
+from tests.fakes import imds_http
+from tests.fakes.imds_http import scripted_imds
 from tests.fakes.sinks import BrokenSink, RecordingSink
 
 FREEZE = {"EventId": "E1", "EventStatus": "Scheduled", "EventType": "Freeze", "ResourceType": "VirtualMachine",
@@ -33,20 +34,24 @@ GOOD = json.dumps({"DocumentIncarnation": 2, "Events": [FREEZE]}).encode()
 EMPTY = json.dumps({"DocumentIncarnation": 3, "Events": []}).encode()
 
 
+@pytest.fixture(autouse=True)
+def _close_servers() -> Iterator[None]:
+    yield
+    imds_http.close_all()
+
+
 def make_poller(script: Iterable[httpx.Response | Exception], store: LifecycleStore | None = None,
                 **overrides: float) -> tuple[Poller, CollectorRegistry, RecordingSink]:
-    responses = iter(script)
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        item = next(responses)
-        if isinstance(item, Exception):
-            raise item
-        return item
-
-    settings = Settings(imds_url="http://imds.test", poll_interval=overrides.get("poll_interval", 1.0),
+    """A poller reading a loopback IMDS that answers from ``script`` (see ``tests/fakes/imds_http.py``). A hang
+    (httpx's timeouts) is waited out at a 0.5 s timeout, the only wait these tests make."""
+    script = list(script)
+    hangs = any(isinstance(item, httpx.TimeoutException) for item in script)
+    timeout = 0.5 if hangs else 2.0
+    settings = Settings(poll_interval=overrides.get("poll_interval", 1.0), imds_timeout=timeout,
+                        first_call_timeout=timeout if hangs else 120.0,
                         max_backoff=overrides.get("max_backoff", 5.0), vm_name="vm0")
-    imds = ImdsClient(httpx.MockTransport(handler), settings.imds_url,
-                      settings.api_version, settings.imds_timeout, settings.first_call_timeout, 1024 * 1024)
+    imds, _, _ = scripted_imds(script, timeout=settings.imds_timeout, first_call_timeout=settings.first_call_timeout,
+                               api_version=settings.api_version)
     registry = CollectorRegistry()
     state = CurrentState(Snapshot(vm_name=settings.vm_name, api_version=settings.api_version))
     metrics = Metrics(registry, state.get)
@@ -193,25 +198,18 @@ def test_metrics_are_served_in_the_text_format_even_when_openmetrics_is_preferre
 
 def test_identity_is_retried_in_the_background_until_read() -> None:
     """Compute metadata failing twice is counted; the third try sets the identity and the watcher stops."""
-    answers = iter([httpx.Response(500), httpx.ConnectError("refused"),
-                    httpx.Response(200, json={"name": "imds-name", "vmId": "id-7", "location": "westeurope"})])
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/metadata/instance/compute"
-        item = next(answers)
-        if isinstance(item, Exception):
-            raise item
-        return item
-
     poller, _, _ = make_poller([])
-    imds = ImdsClient(httpx.MockTransport(handler), "http://imds.test", "2020-07-01",
-                      2.0, 120.0, 1024 * 1024)
+    imds, server, _ = scripted_imds([
+        httpx.Response(500), httpx.ConnectError("refused"),
+        httpx.Response(200, json={"name": "imds-name", "vmId": "id-7", "location": "westeurope"})])
     watcher_registry = CollectorRegistry()
     metrics = Metrics(watcher_registry, CurrentState(Snapshot()).get)
     IdentityWatcher(imds, poller, metrics, first_wait=0.001, max_wait=0.002).run(threading.Event())
     assert poller.snapshot.identity is not None and poller.snapshot.identity.vm_id == "id-7"
     assert poller.snapshot.vm_name == "vm0"  # --vm-name wins over the name IMDS reports
     assert watcher_registry.get_sample_value("azure_scheduled_events_identity_errors_total") == 2
+    assert {request.split(b" ")[1].partition(b"?")[0] for request in server.requests} == {
+        b"/metadata/instance/compute"}
 
 
 def test_an_identity_read_during_a_poll_is_not_lost() -> None:

@@ -266,7 +266,7 @@ def test_simulate_comes_from_the_option_table(argv: list[str], env: dict[str, st
 ])
 def test_faults_come_from_the_option_table(argv: list[str], env: dict[str, str], expected: tuple[str, ...]) -> None:
     """--fault repeats; SE_EXPORTER_SIMULATOR_FAULTS holds them ';'-separated (empty parts skipped) unless a flag
-    gives them; text= takes the rest of the variable, semicolons included (README: it "takes the rest")."""
+    gives them; text= takes the rest of the variable, semicolons included (docs/simulator.md: it "takes the rest")."""
     assert simulator_settings(build_parser().parse_args(["simulate", *argv]), env).faults == expected
 
 

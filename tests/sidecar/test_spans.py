@@ -189,15 +189,14 @@ def test_resource_uses_the_azure_detector_keys() -> None:
 @pytest.mark.parametrize(("exporter", "protocol", "absent"), [
     ("none", "http/protobuf", "opentelemetry"),
     ("otlp", "http/protobuf", "grpc"),
-    ("otlp", "http/protobuf", "charset_normalizer"),  # requests (the exporter's client) loads without it
     ("otlp", "http/protobuf", "httpcore"),  # IMDS goes through our http.client transport
-    ("none", "http/protobuf", "httpx"),  # ... asked with plain values: httpx is for callers that speak it (tests)
+    ("none", "http/protobuf", "httpx"),  # ... asked with plain values
     ("none", "http/protobuf", "aiohttp"),  # the HTTP server is h11 on asyncio (se_exporter/infra/http_server.py)
     ("otlp", "http/protobuf", "se_exporter.simulator.server"),
 ])
 def test_unconfigured_exporters_are_not_imported(exporter: str, protocol: str, absent: str) -> None:
     """With OTEL_TRACES_EXPORTER=none nothing of OpenTelemetry is imported; with OTLP/HTTP, no gRPC; and what
-    the sidecar does not use (a charset detector, httpx, aiohttp, the simulator) is not loaded."""
+    the sidecar does not use (httpx, aiohttp, the simulator) is not loaded."""
     script = (
         "import sys\n"
         "from se_exporter.cli import build_parser\n"

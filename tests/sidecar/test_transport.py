@@ -9,16 +9,18 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
-import httpx
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from se_exporter.sidecar.transport import TOTAL_TIMEOUT, KeepAliveTransport
+from se_exporter.sidecar import transport as errors
+from se_exporter.sidecar.transport import Answer, KeepAliveTransport
 from tests.fakes.http_server import CLOSE, HANG, Drip, ScriptedServer
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
@@ -54,13 +56,31 @@ def transport() -> Iterator[KeepAliveTransport]:
     made.close()
 
 
-def get(transport: KeepAliveTransport, url: str, timeout: float = 2.0, total: float | None = None) -> httpx.Response:
-    extensions: dict[str, object] = {"timeout": httpx.Timeout(timeout).as_dict()}
-    if total is not None:
-        extensions[TOTAL_TIMEOUT] = total
-    response = transport.handle_request(httpx.Request("GET", url, headers={"Metadata": "true"}, extensions=extensions))
-    response.read()
-    return response
+@dataclass(frozen=True)
+class Got:
+    """A whole answer, read to its end."""
+
+    status_code: int
+    reason_phrase: str
+    headers: dict[str, str]
+    content: bytes
+
+
+def opened(transport: KeepAliveTransport, url: str, timeout: float = 2.0, total: float | None = None) -> Answer:
+    """The GET as ImdsClient sends it (``KeepAliveTransport.get``: origin, target, headers), its body still unread."""
+    parts = urlsplit(url)
+    origin = (parts.scheme, parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return transport.get(origin, target, [("Host", parts.netloc), ("Metadata", "true")], timeout, total)
+
+
+def get(transport: KeepAliveTransport, url: str, timeout: float = 2.0, total: float | None = None) -> Got:
+    answer = opened(transport, url, timeout, total)
+    try:
+        content = b"".join(answer)
+    finally:
+        answer.close()
+    return Got(answer.status, answer.reason, {name.lower(): value for name, value in answer.headers}, content)
 
 
 def test_a_kept_alive_connection_is_reused(server: ServerFactory, transport: KeepAliveTransport) -> None:
@@ -89,7 +109,7 @@ def test_a_new_connection_closed_without_an_answer_is_an_error(server: ServerFac
                                                                transport: KeepAliveTransport) -> None:
     """No retry on a fresh connection: a server that hangs up without answering is reported, not hidden."""
     peer = server([b"", CLOSE])
-    with pytest.raises(httpx.RemoteProtocolError, match="RemoteDisconnected"):
+    with pytest.raises(errors.RemoteProtocolError, match="RemoteDisconnected"):
         get(transport, peer.url)
     assert peer.connections == 1
 
@@ -97,7 +117,7 @@ def test_a_new_connection_closed_without_an_answer_is_an_error(server: ServerFac
 def test_a_read_timeout_is_raised_and_the_connection_is_not_reused(server: ServerFactory,
                                                                    transport: KeepAliveTransport) -> None:
     peer = server([HANG, OK])
-    with pytest.raises(httpx.ReadTimeout):
+    with pytest.raises(errors.ReadTimeout):
         get(transport, peer.url, timeout=0.2)
     assert get(transport, peer.url).status_code == 200
     assert peer.connections == 2
@@ -107,7 +127,7 @@ def test_a_refused_connection_is_a_connect_error(transport: KeepAliveTransport) 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # bound, not listening: connections are refused
-        with pytest.raises(httpx.ConnectError):
+        with pytest.raises(errors.ConnectError):
             get(transport, f"http://127.0.0.1:{port}/")
 
 
@@ -115,9 +135,9 @@ def test_a_body_not_read_to_its_end_closes_the_connection(server: ServerFactory,
     """Bytes left unread would be taken for the next answer: such a connection is closed, not pooled."""
     long = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 100000
     peer = server([long, OK])
-    response = transport.handle_request(httpx.Request("GET", peer.url, extensions={"timeout": {"read": 2.0}}))
-    next(response.iter_raw())
-    response.close()
+    answer = opened(transport, peer.url)
+    next(iter(answer))
+    answer.close()
     assert get(transport, peer.url).content == b"{}"
     assert peer.connections == 2
 
@@ -138,13 +158,15 @@ def test_a_redirect_is_returned_not_followed(server: ServerFactory, transport: K
     assert len(peer.requests) == 1
 
 
-def test_only_get_is_sent(server: ServerFactory, transport: KeepAliveTransport) -> None:
-    """Read-only by construction: any other method is refused before a connection is even opened."""
-    peer = server([OK])
-    for method in ("POST", "PUT", "DELETE", "PATCH"):
-        with pytest.raises(httpx.UnsupportedProtocol, match="GET only"):
-            transport.handle_request(httpx.Request(method, peer.url, content=b"{}"))
-    assert peer.connections == 0
+def test_only_get_can_be_sent() -> None:
+    """Read-only by construction: the transport's one way to send a request is ``get``; there is no method to
+    choose and no other entry point."""
+    assert [name for name in dir(KeepAliveTransport) if not name.startswith("_")] == ["close", "get"]
+
+
+def test_a_scheme_other_than_http_is_refused(transport: KeepAliveTransport) -> None:
+    with pytest.raises(errors.UnsupportedProtocol, match="unsupported URL scheme 'ftp'"):
+        transport.get(("ftp", "127.0.0.1", 21), "/", [], 1.0)
 
 
 def test_proxy_variables_are_ignored(server: ServerFactory, monkeypatch: pytest.MonkeyPatch,
@@ -160,7 +182,7 @@ def test_proxy_variables_are_ignored(server: ServerFactory, monkeypatch: pytest.
 
 def test_a_malformed_status_line_is_a_protocol_error(server: ServerFactory, transport: KeepAliveTransport) -> None:
     peer = server([b"NONSENSE\r\n\r\n"])
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(errors.RemoteProtocolError):
         get(transport, peer.url)
 
 
@@ -170,7 +192,7 @@ def test_a_body_shorter_than_its_content_length_is_an_error() -> None:
     peer = ScriptedServer([b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + body, CLOSE])
     transport = KeepAliveTransport()
     try:
-        with pytest.raises(httpx.RemoteProtocolError, match="body ended after 38 of its 100 bytes"):
+        with pytest.raises(errors.RemoteProtocolError, match="body ended after 38 of its 100 bytes"):
             get(transport, peer.url)
     finally:
         transport.close()
@@ -189,7 +211,7 @@ def test_an_answer_cut_at_any_offset_is_never_a_whole_body(server: ServerFactory
     peer = server(script)
     for offset in range(len(answer)):
         if offset < last_chunk:
-            with pytest.raises(httpx.TransportError):
+            with pytest.raises(errors.TransportError):
                 get(transport, peer.url)
         else:
             assert get(transport, peer.url).content == DOCUMENT, offset
@@ -205,7 +227,7 @@ def test_chunk_errors_are_transport_errors(server: ServerFactory, transport: Kee
                                            answer: bytes) -> None:
     """A chunk size that is not hexadecimal, or larger than what follows, ends the exchange with an error."""
     peer = server([answer, CLOSE])
-    with pytest.raises(httpx.TransportError):
+    with pytest.raises(errors.TransportError):
         get(transport, peer.url, timeout=0.5)
 
 
@@ -214,14 +236,14 @@ def test_a_content_length_that_is_not_one_number_is_an_error(server: ServerFacto
                                                              length: str) -> None:
     """Without a length we can trust, a cut body could not be told from a whole one: such an answer is refused."""
     peer = server([b"HTTP/1.1 200 OK\r\nContent-Length: %s\r\n\r\n%s" % (length.encode(), DOCUMENT), CLOSE])
-    with pytest.raises(httpx.RemoteProtocolError, match="is not one length"):
+    with pytest.raises(errors.RemoteProtocolError, match="is not one length"):
         get(transport, peer.url)
 
 
 def test_two_different_content_lengths_are_an_error(server: ServerFactory, transport: KeepAliveTransport) -> None:
     """Two Content-Length headers that disagree (a smuggling classic) are refused, whichever comes first."""
     peer = server([b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nContent-Length: 38\r\n\r\n" + DOCUMENT, CLOSE])
-    with pytest.raises(httpx.RemoteProtocolError, match="is not one length"):
+    with pytest.raises(errors.RemoteProtocolError, match="is not one length"):
         get(transport, peer.url)
 
 
@@ -235,7 +257,7 @@ def test_a_drip_feed_ends_at_the_total_timeout(server: ServerFactory, transport:
     as a timeout, once the 0.3 s total has passed, and the connection is not reused."""
     peer = server([*script, OK])
     started = time.monotonic()
-    with pytest.raises(httpx.ReadTimeout):
+    with pytest.raises(errors.ReadTimeout):
         get(transport, peer.url, timeout=2.0, total=0.3)
     assert time.monotonic() - started < 2.0  # not the 4+ s the drip would take, nor a 2 s read timeout
     assert get(transport, peer.url).content == b"{}"
@@ -247,7 +269,7 @@ def test_the_total_timeout_spans_the_retry_on_a_stale_connection(server: ServerF
     """The retry after a stale kept-alive connection gets what is left of the deadline, not a new one."""
     peer = server([OK, CLOSE, Drip(ANSWER, 0.05)])
     get(transport, peer.url)
-    with pytest.raises(httpx.ReadTimeout):
+    with pytest.raises(errors.ReadTimeout):
         get(transport, peer.url, total=0.3)
     assert peer.connections == 2
 
@@ -288,7 +310,7 @@ def test_the_total_timeout_holds_over_tls(tls_contexts: tuple[ssl.SSLContext, ss
     try:
         url = peer.url.replace("http://", "https://")
         assert get(transport, url).content == b"{}"
-        with pytest.raises(httpx.ReadTimeout):
+        with pytest.raises(errors.ReadTimeout):
             get(transport, url, total=0.3)
     finally:
         transport.close()

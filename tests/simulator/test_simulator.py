@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import socket
+import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -17,7 +18,14 @@ from se_exporter.core.model import parse_document
 from se_exporter.infra.http_server import Bounds
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault, from_json, parse_fault
-from se_exporter.simulator.server import HISTORY, SCHEDULED_EVENTS_VERSIONS, Simulator, SimulatorServer, start
+from se_exporter.simulator.server import (
+    HISTORY,
+    SCHEDULED_EVENTS_VERSIONS,
+    RecordedRequest,
+    Simulator,
+    SimulatorServer,
+    start,
+)
 from tests.helpers import wait_until
 
 SE = "/metadata/scheduledevents"
@@ -399,7 +407,7 @@ def test_retry_after_is_seconds_or_an_http_date() -> None:
 
 
 def test_bytes_is_the_size_key_everywhere() -> None:
-    """'bytes' in a spec string and in JSON, as the README says; both make the same fault."""
+    """'bytes' in a spec string and in JSON, as docs/simulator.md says; both make the same fault."""
     assert parse_fault("huge,bytes=300") == from_json({"kind": "huge", "bytes": 300}) == Fault("huge", size=300)
     assert parse_fault("truncate,bytes=10,count=0") == Fault("truncate", size=10, count=0)
 
@@ -533,8 +541,34 @@ def test_a_body_over_64_kib_is_refused_413_and_not_kept(served: tuple[Simulator,
 def test_request_history_is_bounded() -> None:
     """The simulator remembers the last 1,000 requests (and 1,000 changes of the served document), no more."""
     sim = Simulator(scenarios.load("live-migration"))
-    assert sim.requests.maxlen == HISTORY == 1000
-    assert sim.served.maxlen == HISTORY
+    for number in range(HISTORY + 500):
+        sim.record(RecordedRequest(0.0, "GET", f"/{number}", "", "t", "true", b""))
+        sim.record_served(str(number).encode())
+    assert HISTORY == 1000
+    assert [r.path for r in sim.requests] == [f"/{number}" for number in range(500, HISTORY + 500)]
+    assert sim.served == [str(number).encode() for number in range(500, HISTORY + 500)]
+
+
+def test_the_request_history_reads_safely_while_the_server_records() -> None:
+    """Iterating ``requests`` while another thread records never fails: readers get a copy."""
+    sim = Simulator(scenarios.load("live-migration"))
+    stop = threading.Event()
+
+    def record() -> None:
+        while not stop.is_set():
+            sim.record(RecordedRequest(0.0, "GET", "/", "", "t", "true", b""))
+
+    writer = threading.Thread(target=record)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as CPython allows, so a live view would be caught mid-walk
+    writer.start()
+    try:
+        for _ in range(200):
+            assert all(r.method == "GET" for r in sim.requests)
+    finally:
+        stop.set()
+        writer.join()
+        sys.setswitchinterval(switch)
 
 
 @pytest.mark.parametrize("action", ["faults", "identity", "advance"])

@@ -20,8 +20,8 @@ Layout (a segmented log, like Kafka's or Fluent Bit's chunks, rather than a file
 
 Why not one file per document: removing a
 file whose blocks were fsynced costs a journal commit and, on a filesystem mounted with ``discard``
-(online TRIM, common on cloud disks), a discard: ~0.9 ms per document on the benchmark machine,
-which made draining 10,000 documents take 12 s. A segment is removed whole once every record in it
+(online TRIM, common on cloud disks), a discard per document, which made draining slow (figures:
+docs/performance.md, "Drain"). A segment is removed whole once every record in it
 is acknowledged, so that cost is paid once per segment.
 """
 

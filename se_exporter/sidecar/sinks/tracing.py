@@ -3,7 +3,7 @@
 This module itself is imported only when tracing is on (``Sidecar.start``), so it may import the SDK.
 
 ``none`` imports nothing from OpenTelemetry at all. ``console`` needs only the SDK. ``otlp`` adds the
-HTTP exporter, or the gRPC one when ``grpc`` is asked for (grpcio alone costs ~28 MB on import).
+HTTP exporter, or the gRPC one when ``grpc`` is asked for (grpcio alone is heavy to import: docs/performance.md).
 Standard variables the exporters read themselves (headers, certificates, compression) keep working.
 
 The resource is built from the compute metadata the sidecar already read through its own IMDS
@@ -15,20 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
-import threading
-import time
-import warnings
-from collections import deque
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, Context, attach, detach, set_value
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry, Counter
 
 from se_exporter import __version__
@@ -43,7 +37,6 @@ from se_exporter.sidecar.sinks.spans import PREFIX, EventIdGenerator, SpanSink
 log = logging.getLogger("se_exporter.tracing")
 EXPORT_TIMEOUT_SECONDS = 5  # a deadline for each whole export, retries included (both exporters count from its start)
 MAX_RESPONSE_BYTES = 64 * 1024  # of a collector's answer, read by either exporter (see otlp_http.py)
-SHUTDOWN_TIMEOUT_SECONDS = EXPORT_TIMEOUT_SECONDS  # for the worker's last export; the thread is a daemon anyway
 
 
 def resource_attributes(settings: TracingSettings, identity: VmIdentity | None) -> dict[str, str]:
@@ -99,42 +92,16 @@ def make_exporter(settings: TracingSettings) -> Any:
             "timeout": EXPORT_TIMEOUT_SECONDS,
             "channel_options": (("grpc.max_receive_message_length", MAX_RESPONSE_BYTES),)}
         return GrpcExporter(endpoint=endpoint, **options) if endpoint else GrpcExporter(**options)
-    with _without_charset_detection():
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
-        from se_exporter.sidecar.sinks.otlp_http import BoundedSession
+    from se_exporter.sidecar.sinks.otlp_http import BoundedSession
 
-        endpoint = settings.otel_traces_endpoint or (
-            settings.otel_endpoint.rstrip("/") + "/v1/traces" if settings.otel_endpoint else None)
-        # The session bounds the whole exchange by the timeout and the answer's bytes (otlp_http.py).
-        session = BoundedSession()
-        return HttpExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_SECONDS, session=session) if endpoint \
-            else HttpExporter(timeout=EXPORT_TIMEOUT_SECONDS, session=session)
-
-
-@contextlib.contextmanager
-def _without_charset_detection() -> Iterator[None]:
-    """Import requests (the OTLP/HTTP exporter's HTTP client) without a character-set detector.
-
-    requests loads charset_normalizer (and with it every CJK codec) only to guess the encoding of a
-    body that names no charset: for the exporter, an error body it logs. Since requests 2.32 the
-    detector is optional (the guess becomes UTF-8). Leaving it out saves ~2.9 MB of the sidecar's RSS,
-    a tenth of its Python heap. Only requests' first import is affected: the names are put back at
-    once, so any other library can still import the detector if it needs it.
-    """
-    names = [] if "requests" in sys.modules else [
-        name for name in ("chardet", "charset_normalizer") if name not in sys.modules]
-    for name in names:
-        sys.modules[name] = None  # type: ignore[assignment]  # "import" now raises ImportError
-    try:
-        with warnings.catch_warnings():
-            # requests' own words when it finds no detector; it then decodes bodies without a charset as UTF-8.
-            warnings.filterwarnings("ignore", message="Unable to find acceptable character detection dependency")
-            yield
-    finally:
-        for name in names:
-            if sys.modules.get(name, False) is None:
-                del sys.modules[name]
+    endpoint = settings.otel_traces_endpoint or (
+        settings.otel_endpoint.rstrip("/") + "/v1/traces" if settings.otel_endpoint else None)
+    # The session bounds the whole exchange by the timeout and the answer's bytes (otlp_http.py).
+    session = BoundedSession()
+    return HttpExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_SECONDS, session=session) if endpoint \
+        else HttpExporter(timeout=EXPORT_TIMEOUT_SECONDS, session=session)
 
 
 class _ExporterReasons(logging.Filter):
@@ -169,13 +136,20 @@ class CountingExporter(SpanExporter):
     """Wraps the real exporter: counts exported and failed spans, logs once per change of health, saying why
     (the exporter's own words, which ``_ExporterReasons`` keeps out of the log)."""
 
-    def __init__(self, inner: Any, exported: Any, failed: Any) -> None:
+    def __init__(self, inner: Any, exported: Any, failed: Any, on_export: Callable[[], None] | None = None) -> None:
         self._inner, self._exported, self._failed = inner, exported, failed
+        self._on_export = on_export
         self._health = Health()
+        self._fail_fast = False
         _REASONS.install()
 
     def export(self, spans: Any) -> SpanExportResult:
         _REASONS.last = None
+        if self._on_export is not None:
+            self._on_export()
+        if self._fail_fast and self._health.failing is not None:  # stopping: one export's timeout is enough
+            self._failed.inc(len(spans))
+            return SpanExportResult.FAILURE
         try:
             result: SpanExportResult = self._inner.export(spans)
         except Exception as error:  # an exporter bug must not kill the batch thread
@@ -192,6 +166,17 @@ class CountingExporter(SpanExporter):
                             self._describe())
         return result
 
+    @contextlib.contextmanager
+    def failing_fast(self) -> Iterator[None]:
+        """While stopping: once an export has failed, the batches after it fail at once, counted, instead of each
+        waiting out the exporter's timeout. The SDK's ``force_flush`` exports every queued batch whatever its
+        timeout says, so this is what keeps SIGTERM prompt with a collector that never answers."""
+        self._fail_fast = True
+        try:
+            yield
+        finally:
+            self._fail_fast = False
+
     def _describe(self) -> str:
         endpoint = getattr(self._inner, "_endpoint", None)
         where = str(endpoint) if endpoint else type(self._inner).__name__
@@ -204,125 +189,37 @@ class CountingExporter(SpanExporter):
         return bool(self._inner.force_flush(timeout_millis))
 
 
-class QuietBatchSpanProcessor(SpanProcessor):
-    """Batches ended spans to an exporter, like OpenTelemetry's ``BatchSpanProcessor``, but its thread sleeps until
-    a span is queued.
+class _QueueDrops(logging.Filter):
+    """Counts the spans OpenTelemetry's ``BatchSpanProcessor`` drops on a full queue and keeps its line per span out
+    of the log: one warning per run of drops (a run ends when an export empties part of the queue) and the count
+    in ``azure_scheduled_events_spans_dropped_total``. The SDK says so only in that log line (its own drop metrics
+    are off unless ``OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED``), so the line is what is counted; a test pins it."""
 
-    The SDK's processor wakes every schedule delay to look for spans whether there are any or not: 2 wake-ups and
-    ~0.2 ms of CPU a second at our 0.5 s, in a sidecar that otherwise sleeps between polls (issue 14). Here the
-    thread waits on a condition with no timeout; the first span queued wakes it, it then lets a batch gather for
-    the schedule delay (or until a batch is full, a flush or shutdown), exports, and sleeps again. The same
-    guarantees as the SDK's: a bounded queue (when full, the oldest span is dropped, counted and logged once per
-    run of drops), exports in batches of at most ``max_export_batch_size``, an exporter's exception logged and
-    never raised, ``force_flush`` exporting everything queued before it returns, ``shutdown`` exporting what is
-    left, then stopping the thread and the exporter. Both are bounded, so SIGTERM stays prompt with a collector
-    that never answers: each export by the exporter's own timeout (5 s), the wait for an export under way by
-    ``force_flush``'s timeout and by one export's time at shutdown.
-    """
+    LOGGER = "opentelemetry.sdk._shared_internal"  # where BatchSpanProcessor's BatchProcessor logs
 
-    def __init__(self, exporter: SpanExporter, schedule_delay_millis: float = 500, max_queue_size: int = 2048,
-                 max_export_batch_size: int = 512, dropped: Callable[[int], None] | None = None) -> None:
-        self._exporter = exporter
-        self._delay = schedule_delay_millis / 1000
-        self._max_queue, self._max_batch = max_queue_size, max_export_batch_size
+    def __init__(self, dropped: Callable[[int], None]) -> None:
+        super().__init__()
         self._dropped = dropped
-        self._queue: deque[ReadableSpan] = deque()
-        self._wake = threading.Condition()
-        self._export_lock = threading.Lock()  # one export at a time: the worker's or a flush's
-        self._stopping = False
-        self._flushing = 0  # flushes waiting: the worker stops gathering and exports at once
         self._dropping = False
-        self._thread = threading.Thread(target=self._run, name="spans", daemon=True)
-        self._thread.start()
 
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        return None
-
-    def on_end(self, span: ReadableSpan) -> None:
-        if not (span.context and span.context.trace_flags.sampled):
-            return
-        with self._wake:
-            if self._stopping:
-                self._drop(1, "after shutdown")
-                return
-            if len(self._queue) >= self._max_queue:
-                self._queue.popleft()
-                self._drop(1, "the span queue is full")
-            else:
-                self._dropping = False
-            self._queue.append(span)
-            if len(self._queue) == 1 or len(self._queue) >= self._max_batch:
-                self._wake.notify()
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        """Export every span queued so far, in this thread, before returning (as the SDK's does); False if an export
-        already under way did not end within ``timeout_millis`` (the SDK's would wait for it however long)."""
-        with self._wake:
-            if self._stopping:
-                return False
-            self._flushing += 1
-            self._wake.notify()
-        try:
-            if not self._export_lock.acquire(timeout=timeout_millis / 1000):
-                return False
-            try:
-                self._export_batches()
-            finally:
-                self._export_lock.release()
-        finally:
-            with self._wake:
-                self._flushing -= 1
-        return True
-
-    def shutdown(self) -> None:
-        with self._wake:
-            if self._stopping:
-                return
-            self._stopping = True
-            self._wake.notify()
-        self._thread.join(SHUTDOWN_TIMEOUT_SECONDS)  # the worker exports what is left before it ends
-        self._exporter.shutdown()
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._queue and not self._stopping:
-                    self._wake.wait()  # no timeout: nothing to do, so nothing wakes this thread
-                if self._stopping:
-                    break
-                gather_until = time.monotonic() + self._delay
-                while len(self._queue) < self._max_batch and not self._stopping and not self._flushing:
-                    left = gather_until - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._wake.wait(left)
-            self._export_queued()
-        self._export_queued()
-
-    def _export_queued(self) -> None:
-        with self._export_lock:
-            self._export_batches()
-
-    def _export_batches(self) -> None:
-        while True:
-            with self._wake:
-                batch = [self._queue.popleft() for _ in range(min(self._max_batch, len(self._queue)))]
-            if not batch:
-                return
-            token = attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))  # no spans about exporting spans
-            try:
-                self._exporter.export(batch)
-            except Exception:  # an exporter's failure is logged; the thread and the caller go on
-                log.exception("span export raised")
-            finally:
-                detach(token)
-
-    def _drop(self, count: int, why: str) -> None:
-        if self._dropped is not None:
-            self._dropped(count)
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Queue full"):
+            return record.levelno >= logging.WARNING  # its INFO lines ("Shutdown called, ignoring Span.") say nothing
+        self._dropped(1)
         if not self._dropping:
-            log.warning("dropping spans: %s (azure_scheduled_events_spans_dropped_total counts them)", why)
+            log.warning("dropping spans: the span queue is full (azure_scheduled_events_spans_dropped_total counts "
+                        "them)")
         self._dropping = True
+        return False
+
+    def exported(self) -> None:
+        self._dropping = False
+
+    def install(self) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        for old in [f for f in logger.filters if isinstance(f, _QueueDrops)]:
+            logger.removeFilter(old)  # one sink per process; a test's earlier one must not count this one's drops
+        logger.filters.insert(0, self)  # before the SDK's DuplicateFilter, which would hide repeated drops
 
 
 class TracingSink(Sink):
@@ -339,9 +236,10 @@ class TracingSink(Sink):
                          registry=registry)
         self._spans_dropped = Counter(f"{NAMESPACE}_spans_dropped", "Spans dropped before export because the span "
                                       "queue was full (2,048 spans).", registry=registry)
-        logging.getLogger("opentelemetry.sdk.trace.export").setLevel(logging.ERROR)
+        self._drops = _QueueDrops(self._spans_dropped.inc)
+        self._drops.install()
         # Built at start-up, so a bad exporter setting fails there and not at the first event.
-        self._exporter = CountingExporter(make_exporter(settings), exported, failed)
+        self._exporter = CountingExporter(make_exporter(settings), exported, failed, on_export=self._drops.exported)
 
     def export(self, change: DocumentChange) -> None:
         if self._sink is None:
@@ -352,21 +250,29 @@ class TracingSink(Sink):
         ids = EventIdGenerator()
         provider = TracerProvider(resource=Resource.create(resource_attributes(self._settings, identity)),
                                   id_generator=ids)
-        # A half-second schedule: an update span reaches the backend within about half a second of the change.
-        provider.add_span_processor(QuietBatchSpanProcessor(self._exporter, schedule_delay_millis=500,
-                                                            dropped=self._spans_dropped.inc))
+        # OpenTelemetry's own processor, OTEL_BSP_* as config.SpanBatching resolved them (a half-second schedule
+        # unless set: an update span reaches the backend within about half a second of the change).
+        batch = self._settings.batch
+        provider.add_span_processor(BatchSpanProcessor(
+            self._exporter, max_queue_size=batch.max_queue_size, schedule_delay_millis=batch.schedule_delay_millis,
+            max_export_batch_size=batch.max_export_batch_size))
         log.info("exporting spans with %s (%s)", self._settings.otel_traces_exporter,
                  self._settings.otel_protocol if self._settings.otel_traces_exporter == "otlp" else "stdout")
         return SpanSink(provider, ids, self._state_dir)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return bool(self._sink.force_flush(min(timeout_millis, 3000))) if self._sink is not None else True
+        """Called when stopping (``FanOut.shutdown``): bounded by one export's timeout (``failing_fast``)."""
+        if self._sink is None:
+            return True
+        with self._exporter.failing_fast():
+            return bool(self._sink.force_flush(min(timeout_millis, 3000)))
 
     def shutdown(self) -> None:
-        if self._sink is not None:
-            self._sink.shutdown()
-        else:
-            self._exporter.shutdown()
+        with self._exporter.failing_fast():
+            if self._sink is not None:
+                self._sink.shutdown()
+            else:
+                self._exporter.shutdown()
 
 
 def make_tracing(settings: TracingSettings, state_dir: Path | None, registry: CollectorRegistry) -> TracingSink:

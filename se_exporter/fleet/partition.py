@@ -1,0 +1,37 @@
+"""Everything one replica knows about one partition it owns: made whole on claim, dropped whole on loss.
+
+The VMs and the position (``state.PartitionState``) are the core's and are also held by ``Fleet``, which scrapes
+read under its lock; the rest is the consumer's: the SDK's context, the last event (what a checkpoint points at),
+where the partition's reading stands (for expiry and lag), and what was last written (for the next save).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from azure.eventhub import EventData
+from azure.eventhub.aio import PartitionContext
+
+from se_exporter.fleet.collector import PartitionView
+from se_exporter.fleet.picture import PartitionState
+
+
+@dataclass
+class Partition:
+    """One owned partition."""
+
+    context: PartitionContext
+    state: PartitionState  # the same object ``Fleet`` holds for this partition
+    view: PartitionView = field(default_factory=PartitionView)  # what /metrics shows of it besides its VMs
+    last_event: EventData | None = None  # the last event handled: the one the next checkpoint names
+    handled_at: float | None = None  # enqueue time of the last event handled: the partition's own clock
+    caught_up: bool = False  # nothing waits in it: its VMs' silence is measured on the wall clock
+    saved: int | None = None  # the position of the state last written or read
+    saved_format: int | None = None  # the format it is stored in (None: none stored, or unreadable)
+    checkpointed: int = -1  # the sequence number of the last checkpoint written (never moved back)
+    saving: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def partition_id(self) -> str:
+        return self.context.partition_id
