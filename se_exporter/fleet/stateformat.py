@@ -62,6 +62,16 @@ STATE_FORMATS = (1, 2)
 MAX_SKEW = 600.0  # seconds a row's seen_at may lie past this replica's clock (Event Hubs' clock, not ours)
 MAX_STATE_BYTES = 512 * 1024**2  # decompressed: 100,000 VMs of 64 KiB bodies would be 6.4 GB; real ones are ~30 MB
 MAX_ROW_BODY = 1024 * 1024  # older releases kept whole bodies up to the Event Hubs limit
+# JSON values a state may hold per VM it may keep (plus a fixed allowance for the top level): a format-2 VM is about
+# 15 values (its object, nine fields and their names, the imds object), a format-1 one about 16 (its row's nine, the
+# imds entry's key and three); 64 leaves room for fields a later format 2 adds, and lets the first, copy-free count
+# (which counts a body's own commas too) pass an ordinary state. A blob of more is damaged, refused before it is
+# parsed: each value costs Python 30-80 bytes however short its text ("[]," is three bytes, an empty list 64), so the
+# inflated-bytes cap alone let 58 KB of gzip (20 million empty rows) take a replica to 1.5 GB; at the default
+# 100,000 VMs the worst blob that passes (3.2 million empty rows) peaks about 240 MB above the replica's own.
+MAX_VALUES_PER_VM = 64
+MAX_VALUES_TOP = 1024
+_NOT_STRUCTURE = bytes(set(range(256)) - set(b'"[{,:'))  # what the value count deletes before it splits strings
 NAMED_FIELDS_ORDER = ("key", "vm_id", "vm_name", "vmss_name", "location", "installation", "sequence", "seen_at", "body")
 NAMED_FIELDS = frozenset(NAMED_FIELDS_ORDER)  # what a format-2 VM must have; other fields are ignored
 
@@ -122,7 +132,7 @@ def _named(vm: VmState) -> dict[str, Any]:
 
 def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_BOUNDS) -> Decoded:
     """The inverse of ``encode``; raise ``DamagedState`` or ``NewerState`` (see the module docstring)."""
-    obj = _load(data)
+    obj = _load(data, bounds.vms_per_partition * MAX_VALUES_PER_VM + MAX_VALUES_TOP)
     if not isinstance(obj, dict):
         raise DamagedState("wrong_shape", f"the state is a JSON {type(obj).__name__}, not an object")
     found = obj.get("format")
@@ -151,7 +161,7 @@ def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_
     return decoded
 
 
-def _load(data: bytes) -> Any:
+def _load(data: bytes, max_values: int) -> Any:
     try:
         inflate = zlib.decompressobj(wbits=31)  # gzip, bounded: a small blob must not inflate to gigabytes
         text = inflate.decompress(data, MAX_STATE_BYTES)
@@ -159,11 +169,32 @@ def _load(data: bytes) -> Any:
             raise DamagedState("unreadable", f"the state inflates past {MAX_STATE_BYTES} bytes")
         if not inflate.eof:
             raise DamagedState("unreadable", "the state is truncated gzip")
+        values = _values(text, max_values)
+        if values > max_values:
+            raise DamagedState("unreadable", f"the state holds more than {max_values} JSON values ({values}), more "
+                               "than the VMs a partition keeps need")
         return json.loads(text)
     except (zlib.error, ValueError, RecursionError) as exc:
         if isinstance(exc, DamagedState):
             raise
         raise DamagedState("unreadable", f"not gzip'd JSON ({str(exc)[:200] or type(exc).__name__})") from None
+
+
+def _values(text: bytes, enough: int) -> int:
+    """At most how many JSON values (object keys included) ``text`` holds: one plus the ``[ { , :`` outside strings
+    (every value but the first follows one of them). Counted over the whole text first (C speed, no copy), and only
+    when that passes ``enough`` again without what is inside strings (a body's own commas are): escaped backslashes
+    and quotes taken out, then all but quotes and ``[ { , :``, so every quote left opens or closes a string. All C
+    loops; the copies are at most the text's size, freed before it is parsed (a parse of a valid prefix, all that
+    ``json.loads`` builds before it fails, is counted exactly)."""
+    def structural(part: bytes) -> int:
+        return part.count(b"[") + part.count(b"{") + part.count(b",") + part.count(b":")
+
+    rough = 1 + structural(text)
+    if rough <= enough:
+        return rough
+    reduced = text.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    return 1 + len(b"".join(reduced.split(b'"')[::2]))
 
 
 def _row(row: Any, imds: dict[str, Any], now: float, bounds: Bounds) -> VmState | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -354,7 +355,31 @@ def followable(flag: str, path: Path, file: bool = False) -> Path:
                 target = "?"
             raise ConfigError(f"{flag} {path}: {step} is a symbolic link to {target}, which does not exist; create "
                               "it, or give another path")
+    _check_kind(flag, path, resolved, file)
     return resolved
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISREG, "a regular file"))
+
+
+def _check_kind(flag: str, path: Path, resolved: Path, file: bool) -> None:
+    """A path that exists must be what the flag needs: a forward file a regular file (a FIFO blocked start-up for
+    good, opening it waits for a reader; /dev/stdout cannot be read back or cut), a directory a directory."""
+    try:
+        mode = resolved.stat().st_mode
+    except OSError:
+        return  # not there yet (made at start-up) or not reachable: the open or the lock says why
+    if stat.S_ISREG(mode) if file else stat.S_ISDIR(mode):
+        return
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file or directory")
+    shown = f"{path} ({resolved})" if resolved != path.absolute() else str(path)
+    if file:
+        raise ConfigError(f"{flag} {shown} is {kind}, not a regular file: the sidecar appends to the file and reads "
+                          "its end back at start-up; give the path of a regular file (or of one to create)")
+    raise ConfigError(f"{flag} {shown} is {kind}, not a directory; give the path of a directory (or of one to "
+                      "create)")
 
 
 def _otel_extras(args: argparse.Namespace, env: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, Any]:

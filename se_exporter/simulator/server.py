@@ -108,8 +108,13 @@ class Simulator:
         return (self._clock() - self._start) * self.speed + self._offset
 
     def advance(self, seconds: float) -> None:
-        """Jump scenario time forward (tests, rehearsals); NotBefore values already shown stay put."""
+        """Jump scenario time forward (tests, rehearsals); NotBefore values already shown stay put. ValueError (and
+        the clock unchanged) past ``MAX_SCENARIO_TIME``: two jumps of 1e308 s made it infinite, and every answer
+        after that NaN."""
         with self._lock:
+            if not math.isfinite(seconds) or self.scenario_time() + seconds > MAX_SCENARIO_TIME:
+                raise ValueError(f"advancing {seconds:g} s would take scenario time past {MAX_SCENARIO_TIME} s "
+                                 f"(100 years); it is at {self.scenario_time():.0f} s")
             self._offset += seconds
 
     def approve(self, event_ids: Iterable[str]) -> list[str]:
@@ -412,6 +417,7 @@ class _Imds:
         return _json(404, {"error": "Not found"})
 
 
+MAX_SCENARIO_TIME = 100 * 365 * 86400  # seconds: a century of scenario, far below a date overflow (year 9999)
 MAX_LIFETIME = 10 * 365 * 86400  # seconds: ten years, far past any token a test needs, far below a date overflow
 
 
@@ -476,7 +482,12 @@ def _as_bytes(answer: Response) -> bytes:
 
 
 def _json(status: int, payload: object, headers: tuple[tuple[str, str], ...] = ()) -> Response:
-    return Response(status, json.dumps(payload).encode(), "application/json; charset=utf-8", headers)
+    """A JSON answer; never a non-finite number (``Infinity`` and ``NaN`` are not JSON): a 500 saying so instead."""
+    try:
+        body = json.dumps(payload, allow_nan=False).encode()
+    except ValueError:
+        status, body = 500, b'{"error": "the answer holds a number that is not finite (JSON cannot carry it)"}'
+    return Response(status, body, "application/json; charset=utf-8", headers)
 
 
 async def _huge(raw: RawWriter, size: int) -> None:

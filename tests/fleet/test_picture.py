@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from se_exporter.fleet import stateformat
 from se_exporter.fleet.picture import (
     Bounds,
     Fleet,
@@ -212,6 +213,37 @@ def test_a_damaged_state_is_refused_with_a_reason_never_another_error(data: byte
     with pytest.raises(DamagedState) as caught:
         decode(data, "0", NOW)
     assert caught.value.reason == reason
+
+
+@pytest.mark.parametrize("bomb", [b"[],", b"{},", b"1.5,", b'"",'])
+@pytest.mark.parametrize("where", ["rows", "one_row", "imds"])
+def test_a_state_of_more_values_than_its_vms_need_is_refused_before_it_is_parsed(bomb: bytes, where: str) -> None:
+    """A few KB of gzip inflating to millions of tiny JSON values (20 million empty rows took a replica to 1.5 GB):
+    more values than the VMs a partition keeps need is damage, refused without building them."""
+    bounds = Bounds(vms_per_partition=10)
+    many = bomb * (10 * stateformat.MAX_VALUES_PER_VM + stateformat.MAX_VALUES_TOP) + b"0"
+    vms = {"rows": b"[" + many + b"]", "one_row": b"[[" + many + b"]]", "imds": b"[]"}[where]
+    imds = b'{"k": [' + many + b"]}" if where == "imds" else b"{}"
+    text = b'{"format": 1, "partition_id": "0", "sequence_number": 9, "vms": ' + vms + b', "imds": ' + imds + b"}"
+    with pytest.raises(DamagedState) as caught:
+        decode(gzip.compress(text), "0", NOW, bounds)
+    assert caught.value.reason == "unreadable" and "JSON values" in str(caught.value)
+
+
+@pytest.mark.parametrize("state_format", [1, 2])
+def test_a_state_at_the_vm_bound_is_read_whatever_its_bodies_hold(state_format: int) -> None:
+    """The value count leaves strings out: VMs up to the bound whose bodies are full of commas, colons and brackets
+    are read whole."""
+    bounds = Bounds(vms_per_partition=10)
+    noisy = json.dumps({"DocumentIncarnation": 1, "Events": [], "Padding": [[1, {"a": 2}]] * 2000}).encode()
+    fleet = Fleet(bounds)
+    fleet.claim("0")
+    for n in range(10):
+        read = read_message(noisy, props(1, vm_id=f"vm-{n}", vm_name=f"vm{n}"), f"inst-{n}:1".encode(),
+                            f"vm-{n}".encode(), 1000.0, 1024**2, bounds)
+        assert fleet.apply("0", read) == "applied"
+    data = encode("0", 9, fleet.vms(), state_format)
+    assert sorted(decode(data, "0", NOW, bounds).vms) == sorted(vm.key for vm in fleet.vms())
 
 
 def test_a_newer_format_is_told_apart_from_damage() -> None:

@@ -106,3 +106,30 @@ def test_an_otlp_grpc_export_ends_by_its_deadline_reading_a_bounded_answer(delay
     assert result == SpanExportResult.FAILURE
     assert took < EXPORT_TIMEOUT_SECONDS + SLACK
     assert registry.get_sample_value("failed_total") == 1
+
+
+def redirect(send: Callable[[bytes], None]) -> None:
+    send(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://127.0.0.1:9/v1/traces?token=secret\r\n"
+         b"Content-Length: 0\r\n\r\n")
+
+
+def not_modified(send: Callable[[bytes], None]) -> None:
+    send(b"HTTP/1.1 304 Not Modified\r\n\r\n")
+
+
+@pytest.mark.parametrize("answer", [redirect, not_modified])
+def test_an_otlp_http_answer_that_is_not_2xx_is_an_export_failure(
+        answer: Callable[[Callable[[bytes], None]], None], caplog: pytest.LogCaptureFixture) -> None:
+    """A collector answering 3xx (a redirect, never followed): the spans count as failed, not exported, with the
+    one warning naming the status and not the Location (which may carry a token)."""
+    with hostile_collector(answer) as endpoint:
+        exporter, registry = counting(HttpExporter(endpoint=endpoint, timeout=DEADLINE, session=BoundedSession()))
+        with caplog.at_level(logging.DEBUG):
+            results = [exporter.export(spans()) for _ in range(2)]
+        exporter.shutdown()
+    assert results == [SpanExportResult.FAILURE] * 2
+    assert registry.get_sample_value("failed_total") == 2 and registry.get_sample_value("exported_total") == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        f"span export failing ({endpoint}: {why(caplog)}): spans are dropped until the endpoint answers"]
+    assert answer.__name__ != "redirect" or ("HTTP 307" in why(caplog) and "not followed" in why(caplog))
+    assert "secret" not in caplog.text

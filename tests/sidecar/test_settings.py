@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -424,3 +425,30 @@ def test_a_dangling_symlink_as_state_dir_says_where_it_points(tmp_path: Path,
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert f"is a symbolic link to {tmp_path / 'gone'}, which does not exist" in err and "File exists" not in err
+
+
+@pytest.mark.parametrize(("flag", "kind"), [("--forward-file", "fifo"), ("--forward-file", "dir"),
+                                            ("--forward-file", "/dev/null"), ("--state-dir", "fifo"),
+                                            ("--state-dir", "file"), ("--spool-dir", "fifo"),
+                                            ("--spool-dir", "/dev/null")])
+def test_a_path_of_the_wrong_kind_stops_start_up_with_one_line(flag: str, kind: str, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A forward file that is a FIFO made start-up wait for a reader for ever, with nothing logged; a device made
+    it fail with "cannot open it for appending (None)". A forward file that exists must be a regular file, a state
+    or spool directory that exists a directory: else one line naming the flag, what the path is, and the fix."""
+    path = tmp_path / "thing"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dir":
+        path.mkdir()
+    elif kind == "file":
+        path.write_bytes(b"")
+    else:
+        path = Path(kind)
+    hub = ["--eventhub-connection-string", CONN + ";EntityPath=h"] if flag == "--spool-dir" else []
+    state = [] if flag == "--state-dir" else ["--state-dir", str(tmp_path / "state")]
+    assert main(["run", *state, *hub, flag, str(path)], env={}) == 2
+    err = capsys.readouterr().err
+    what = {"fifo": "a FIFO (named pipe)", "dir": "a directory", "file": "a regular file",
+            "/dev/null": "a character device"}[kind]
+    assert err.count("\n") == 1 and f"{flag} {path} is {what}, not a " in err, err

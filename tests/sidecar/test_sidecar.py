@@ -62,10 +62,23 @@ def test_a_forward_file_that_cannot_be_opened_is_an_error_of_that_path(tmp_path:
     assert "--forward-file" not in str(raised.value)
 
 
+def test_a_forward_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO put in place after the start-up check (which refuses one) is refused when opened, not waited on for a
+    reader for ever (start-up hung, /healthz 503, nothing logged)."""
+    fifo = tmp_path / "documents.jsonl"
+    os.mkfifo(fifo)
+    settings = Settings(imds_url="http://127.0.0.1:9", listen=Listen("127.0.0.1", 0), state_dir=tmp_path / "state",
+                        forward_file=fifo)
+    with Sidecar(settings) as sidecar, pytest.raises(ForwardFileError) as raised:
+        sidecar.listen()
+        sidecar.start(threading.Event())
+    assert raised.value.path == fifo and "not a regular file" in str(raised.value)
+
+
 @pytest.mark.parametrize(("flag", "args", "reason"), [
     ("--forward-file", ["--forward-file", "{blocker}/documents.jsonl"], "cannot open it for appending"),
-    ("--state-dir", ["--state-dir", "{blocker}"], "cannot write there"),
-    ("--spool-dir", ["--eventhub-connection-string", CONN, "--spool-dir", "{blocker}"], "cannot write there"),
+    ("--state-dir", ["--state-dir", "{blocker}/state"], "cannot write there"),
+    ("--spool-dir", ["--eventhub-connection-string", CONN, "--spool-dir", "{blocker}/spool"], "cannot write there"),
 ])
 def test_storage_errors_stop_start_up_with_one_line_naming_the_flag(tmp_path: Path, flag: str, args: list[str],
                                                                       reason: str) -> None:

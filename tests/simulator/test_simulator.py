@@ -20,6 +20,7 @@ from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault, from_json, parse_fault
 from se_exporter.simulator.server import (
     HISTORY,
+    MAX_SCENARIO_TIME,
     SCHEDULED_EVENTS_VERSIONS,
     RecordedRequest,
     Simulator,
@@ -433,6 +434,25 @@ def test_advance_refuses_going_back_or_nonsense(served: tuple[Simulator, Simulat
             answer = http.post(server.url + "/_simulator/advance", json={"seconds": seconds})
             assert answer.status_code == 400, seconds
         assert http.post(server.url + "/_simulator/advance", content=b'{"seconds": Infinity}').status_code == 400
+
+
+def test_advance_refuses_taking_the_clock_past_a_century(
+        served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """Two jumps of 1e308 s made the clock infinite (an answer of ``Infinity``, every later document NaN): a jump past
+    MAX_SCENARIO_TIME is refused with a one-line reason, the clock unchanged, and the simulator keeps serving."""
+    _, server, _ = served
+    with httpx.Client(trust_env=False) as http:
+        for _ in range(2):
+            answer = http.post(server.url + "/_simulator/advance", json={"seconds": 1e308})
+            assert answer.status_code == 400
+            assert "past 3153600000 s (100 years)" in answer.json()["error"] and "\n" not in answer.json()["error"]
+        almost = {"seconds": MAX_SCENARIO_TIME - 10}
+        assert http.post(server.url + "/_simulator/advance", json=almost).status_code == 200
+        assert http.post(server.url + "/_simulator/advance", json={"seconds": 20}).status_code == 400
+        state = http.get(server.url + "/_simulator/state")
+        assert state.status_code == 200 and "Infinity" not in state.text and "NaN" not in state.text
+        assert http.get(server.url + SE, params={"api-version": "2020-07-01"},
+                        headers={"Metadata": "true"}).status_code == 200
 
 
 def raw_exchange(server: SimulatorServer, timeout: float = 5.0) -> bytes:

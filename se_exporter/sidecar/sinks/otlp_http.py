@@ -8,7 +8,10 @@ a second held span export for good. Its public seam is the ``session`` it is giv
 * reads at most ``MAX_RESPONSE_BYTES`` of an answer (an OTLP answer is a few bytes; an error body a few hundred):
   past it, or when ``Content-Length`` says more, the request fails unread;
 * ends the exchange at its deadline (the exporter's timeout, counted from the request): a watchdog timer shuts the
-  connection's socket down, which ends a read under way, whether of the status line, the headers or the body.
+  connection's socket down, which ends a read under way, whether of the status line, the headers or the body;
+* never follows a redirect, and fails an answer that is neither 2xx nor an error the exporter handles (1xx, 3xx):
+  the exporter counts everything below 400 as delivered (requests' ``ok``), so a collector answering 307 had every
+  span counted as exported while none reached any collector.
 
 A failed request is reported to the exporter as an error it does not retry (the export counts as failed once),
 whose message says why (too large, or past the deadline). Everything else (TLS and client certificates from
@@ -145,7 +148,7 @@ class BoundedSession(requests.Session):
         deadline = _current.deadline = _Deadline(seconds)
         try:
             try:
-                response = super().send(request, **{**kwargs, "stream": True})
+                response = super().send(request, **{**kwargs, "stream": True, "allow_redirects": False})
             except requests.exceptions.RequestException:
                 if deadline.expired:
                     raise self._fail(f"no answer within the {seconds:.1f} s deadline") from None
@@ -156,6 +159,10 @@ class BoundedSession(requests.Session):
             if deadline.expired:
                 response.close()
                 raise self._fail(f"no complete answer within the {seconds:.1f} s deadline")
+            if response.status_code < 200 or 300 <= response.status_code < 400:  # 4xx and 5xx: the exporter's own
+                response.close()  # the Location is not logged: it may carry a token
+                raise self._fail(f"the collector answered HTTP {response.status_code}, not 2xx"
+                                 + (" (redirects are not followed)" if response.is_redirect else ""))
             return response
         finally:
             deadline.cancel()
