@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from se_exporter.core.errors import InvalidDocument
 
@@ -533,6 +533,11 @@ class VmIdentity:
     sku: str = ""
     os_type: str = ""
     os_version: str = ""
+
+    # The compute metadata fields read, each a string when present (IMDS never sends another type).
+    COMPUTE_KEYS: ClassVar[tuple[str, ...]] = (
+        "name", "vmId", "vmScaleSetName", "location", "resourceGroupName", "subscriptionId", "vmSize", "zone",
+        "resourceId", "sku", "osType", "version")
 
     @classmethod
     def from_compute(cls, data: dict[str, Any]) -> VmIdentity:

@@ -37,6 +37,8 @@ MAX_SEQUENCE_DIGITS = 20
 MAX_TEXT = 256  # characters of a property or event field shown as a label (an Azure VM name has at most 64)
 MAX_MESSAGE_ID = 300  # '<installation uuid>:<sequence>' is 57
 MAX_TIME_TEXT = 40  # '2026-11-22T03:04:28.024Z' is 24
+MIN_TIME = 946_684_800.0  # 2000-01-01T00:00:00Z: no sidecar read IMDS before (0001-01-01 became a -62135596800 gauge)
+MAX_TIME = 7_258_118_400.0  # 2200-01-01T00:00:00Z: far past any real time, and still a plain gauge value
 MAX_UNKNOWN_LISTED = 10
 
 
@@ -144,6 +146,9 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
         raise InvalidMessage("wrong_partition_key", f"partition key {_quote(sent_key)} is not the document's "
                              f"vm_id or vm_name {_quote(key)}: a VM's documents are sent with its own key")
     last_success, failing = _time(properties, "imds_last_success"), _flag(properties, "imds_failing")
+    if last_success is not None and not MIN_TIME <= last_success < MAX_TIME:
+        raise InvalidMessage("bad_property", f"property 'imds_last_success' is {last_success:.0f}, not a time "
+                             "from 2000 to 2199")
     if last_success is None and failing is None:
         imds = NO_IMDS  # an older sidecar: unknown, and shared by most of a fleet until sidecars are upgraded
     else:  # observed_at is used only beside imds_last_success (see state.imds_unreachable)

@@ -140,6 +140,33 @@ def parse_name(text: str) -> str:
     return text.strip()
 
 
+# Event Hubs' naming rules (Azure resource templates, Microsoft.EventHub namespaces/eventhubs and
+# namespaces/eventhubs/consumergroups, "Character limit" and "Valid characters"): an event hub's name is 1-256, a
+# consumer group's 1-50 alphanumerics, periods, hyphens and underscores, starting and ending with a letter or number;
+# the built-in consumer group is ``$Default``. Checked at start-up: a name the service can never accept (``../../x``,
+# ``a/b``, 5,000 characters) otherwise made the fleet retry for ever behind misleading authorization errors.
+_ENTITY_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{{0,{}}}[A-Za-z0-9])?"
+_EVENTHUB_NAME = re.compile(_ENTITY_NAME.format(254))
+_CONSUMER_GROUP = re.compile(_ENTITY_NAME.format(48))
+
+
+def parse_eventhub_name(text: str) -> str:
+    name = text.strip()
+    if not _EVENTHUB_NAME.fullmatch(name):
+        raise ValueError(f"{name[:60]!r}{'...' if len(name) > 60 else ''} is not an event hub name: 1 to 256 letters, "
+                         "digits, periods, hyphens and underscores, starting and ending with a letter or digit")
+    return name
+
+
+def parse_consumer_group(text: str) -> str:
+    name = text.strip()
+    if name != "$Default" and not _CONSUMER_GROUP.fullmatch(name):
+        raise ValueError(f"{name[:60]!r}{'...' if len(name) > 60 else ''} is not a consumer group name: $Default, or 1 "
+                         "to 50 letters, digits, periods, hyphens and underscores, starting and ending with a letter "
+                         "or digit")
+    return name
+
+
 def parse_path(text: str) -> Path:
     if not text.strip():
         raise ValueError("must be a path, not empty")
@@ -299,7 +326,7 @@ LOG_OPTIONS = (
 EVENTHUB_OPTIONS: tuple[Option, ...] = (
     Option("eventhub_connection_string", "--eventhub-connection-string", parse_connection_string,
            "Event Hubs connection string (SharedAccessKey; prefer the environment variable)", "STRING"),
-    Option("eventhub_name", "--eventhub-name", parse_name,
+    Option("eventhub_name", "--eventhub-name", parse_eventhub_name,
            "event hub name, when the connection string has no EntityPath or with --eventhub-namespace", "NAME"),
     Option("eventhub_namespace", "--eventhub-namespace", parse_namespace,
            "Event Hubs namespace host (myns.servicebus.windows.net), authenticated with the VM's managed "
@@ -314,7 +341,7 @@ EVENTHUB_OPTIONS: tuple[Option, ...] = (
 )
 
 # The consumer group every reader of the hub (``consume``, ``fleet``) takes.
-CONSUMER_GROUP_OPTION = Option("consumer_group", "--consumer-group", parse_name,
+CONSUMER_GROUP_OPTION = Option("consumer_group", "--consumer-group", parse_consumer_group,
                                "consumer group to read with (default $Default)", "GROUP")
 
 

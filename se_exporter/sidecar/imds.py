@@ -106,6 +106,10 @@ class ImdsClient:
             raise InvalidDocument("compute metadata is not JSON we can read") from None
         if not isinstance(data, dict):
             raise InvalidDocument("compute metadata is not a JSON object")
+        # A field of the wrong type is an invalid answer (warned once, retried), not an empty identity kept for good.
+        wrong = [key for key in VmIdentity.COMPUTE_KEYS if key in data and not isinstance(data[key], str)]
+        if wrong:
+            raise InvalidDocument(f"compute metadata has fields that are not strings: {', '.join(wrong)}")
         return VmIdentity.from_compute(data)
 
     def _get(self, url: str, timeout: float) -> bytes:

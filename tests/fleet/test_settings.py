@@ -69,6 +69,10 @@ def test_a_ca_file_without_certificates_is_refused_at_start(tmp_path: Path, caps
                                                             "readable file"),
     ([], {**BASE, "SE_EXPORTER_CHECKPOINT_CONNECTION_STRING": "AccountName=acct;Sig=s3cr3tK3y"},
      "SE_EXPORTER_CHECKPOINT_CONNECTION_STRING: needs AccountKey"),
+    *(([f"--consumer-group={group}"], BASE, f"--consumer-group: {group[:60]!r}") for group in (
+        "../../x", "a/b", "a b", "x" * 5000, "x" * 51, "-x", "x.", "$default2", "")),
+    (["--eventhub-name", "../hub"], BASE, "--eventhub-name: '../hub' is not an event hub name"),
+    (["--eventhub-name", "h" * 257], BASE, "is not an event hub name: 1 to 256 letters"),
 ])
 def test_bad_configuration_is_one_line_naming_the_setting(argv: list[str], env: dict[str, str], message: str,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -78,6 +82,12 @@ def test_bad_configuration_is_one_line_naming_the_setting(argv: list[str], env: 
     assert err.count("\n") == 1 and message in err, err
     for secret in ("c2VjcmV0", "c3RvcmFnZXNlY3JldA", "s3cr3tK3y"):
         assert secret not in err
+
+
+@pytest.mark.parametrize("group", ["$Default", "fleet", "a", "x" * 50, "team.fleet-2_b"])
+def test_consumer_groups_event_hubs_allows_are_accepted(group: str) -> None:
+    """The built-in $Default and names within Event Hubs' rules (1-50 letters, digits, '.', '-', '_')."""
+    assert settings(["--consumer-group", group, "--eventhub-name", "hub.name-1_x"]).consumer_group == group
 
 
 def test_every_fleet_setting_and_metric_is_in_the_readme() -> None:

@@ -228,6 +228,17 @@ def test_compute_identity() -> None:
     assert head(server)[0] == "GET /metadata/instance/compute?api-version=2021-02-01 HTTP/1.1"
 
 
+@pytest.mark.parametrize("body", [{"name": 5, "vmId": ["x"], "location": None}, {"name": "vm", "vmId": {"a": 1}},
+                                  {"name": "vm", "zone": 1}])
+def test_compute_identity_of_the_wrong_types_is_an_invalid_answer(body: dict[str, object]) -> None:
+    """Fields of the wrong type were taken silently as an empty identity, never read again: the answer is invalid
+    (the identity watcher warns once and retries, as for any bad answer), naming the fields."""
+    imds, _, _ = scripted_imds([httpx.Response(200, json=body)])
+    with pytest.raises(InvalidDocument, match="fields that are not strings: ") as raised:
+        imds.compute()
+    assert set(str(raised.value).rsplit(": ", 1)[1].split(", ")) == {k for k, v in body.items() if type(v) is not str}
+
+
 def test_compute_answering_does_not_end_the_first_call_allowance() -> None:
     """Only Scheduled Events answering ends the long first-call timeout; compute metadata says nothing about it."""
     imds, _, spy = scripted_imds([httpx.Response(200, json={"name": "vm"}),

@@ -207,3 +207,37 @@ def test_invented_event_types_cannot_grow_the_cumulative_series() -> None:
     get = registry.get_sample_value
     assert get("azure_scheduled_events_transitions_total", {"event_type": "Other", "transition": "completed"}) == 2000
     assert get("azure_scheduled_events_impact_seconds_count", {"event_type": "Other"}) == 2000
+
+
+def test_long_labels_are_cut_and_marked_and_counted_once_per_document() -> None:
+    """A 1 MB EventId made /metrics 5 MB: every label value from IMDS is cut at 256 characters, ending in a visible
+    marker, the same cut every time; the hits are counted once per document, not per scrape."""
+    long_id = "E" * 1_000_000
+    identity = VmIdentity(name="n" * 300_000, vm_id="id-1")
+    snapshot = _snapshot(_document({**FREEZE, "EventId": long_id}), vm_name=None, identity=identity)
+    registry, _ = _registry(snapshot)
+    for _ in range(3):
+        text = generate_latest(registry).decode()
+    assert len(text) < 64 * 1024
+    cut = "E" * (256 - len("...[truncated]")) + "...[truncated]"
+    assert registry.get_sample_value("azure_scheduled_event_not_before_timestamp_seconds",
+                                     {"event_id": cut, "event_type": "Freeze"}) == NOT_BEFORE
+    assert registry.get_sample_value("azure_scheduled_event_seconds_until_not_before",
+                                     {"event_id": cut, "event_type": "Freeze"}) == NOT_BEFORE - NOW
+    assert f'vm_name="{"n" * 242}...[truncated]"' in text
+    assert registry.get_sample_value("azure_scheduled_events_bound_hits_total", {"bound": "label_length"}) == 2
+
+
+def test_per_event_series_are_kept_for_the_first_64_events_by_event_id() -> None:
+    """3,000 events made /metrics 2 MB: the first 64 by EventId get per-event series (whatever the document's
+    order), the rest are counted; pending still counts them all."""
+    events = [{**NEIGHBOUR, "EventId": f"E{n:04d}"} for n in reversed(range(3000))]
+    registry, _ = _registry(_snapshot(_document(*events)))
+    text = generate_latest(registry).decode()
+    ids = {line.split('event_id="')[1].split('"')[0] for line in text.splitlines()
+           if line.startswith("azure_scheduled_event_info{")}
+    assert ids == {f"E{n:04d}" for n in range(64)}
+    assert registry.get_sample_value("azure_scheduled_events_bound_hits_total",
+                                     {"bound": "events_per_document"}) == 3000 - 64
+    assert registry.get_sample_value("azure_scheduled_events_pending",
+                                     {"event_type": "Reboot", "event_status": "Started"}) == 3000

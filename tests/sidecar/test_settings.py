@@ -209,6 +209,7 @@ CONN = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;Shared
     (["--eventhub-connection-string", "Endpoint=sb://ns/;SharedAccessKey=TOPSECRETKEY="], "needs SharedAccessKeyName"),
     (["--eventhub-connection-string", CONN + ";EntityPath=h", "--eventhub-namespace", "ns.servicebus.windows.net"],
      "exclude each other"),
+    (["--eventhub-name", "a/b"], "--eventhub-name: 'a/b' is not an event hub name"),
     (["--eventhub-namespace", "ns.servicebus.windows.net"], "--eventhub-name is required with --eventhub-namespace"),
     (["--eventhub-namespace", "not a host", "--eventhub-name", "h"], "is not a namespace host name"),
     (["--eventhub-client-id", "abc"], "--eventhub-client-id needs --eventhub-namespace"),
