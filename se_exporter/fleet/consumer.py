@@ -180,9 +180,9 @@ class Service:
                               ", ".join(message.unknown_properties[:10]))
         if message.document_warnings:
             self._metrics.warnings.labels("document").inc(message.document_warnings)
-        for bound in message.bounds:
-            self._report.bound_hit(bound)
-        if outcome == "applied":
+        if outcome == "applied":  # a bound counts once, for the document kept: not for an older duplicate dropped
+            for bound in message.bounds:
+                self._report.bound_hit(bound)
             return "heartbeat" if message.heartbeat else "change"
         return outcome
 

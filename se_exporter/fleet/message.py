@@ -16,6 +16,7 @@ with its key, which is then the same as sending as that VM (Event Hubs has no pe
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -207,7 +208,8 @@ def fleet_events(document: Document, vm_name: str, bounds: Bounds = DEFAULT_BOUN
     events: list[FleetEvent] = []
     hit: list[str] = []
     for event in document.events:
-        fields = (event.event_id, event.event_type, event.event_status, event.event_source or "unknown")
+        fields = (printable(event.event_id), printable(event.event_type), printable(event.event_status),
+                  printable(event.event_source or "unknown"))
         if any(len(text) > MAX_TEXT for text in fields):
             hit.append("label_length")
             continue
@@ -272,8 +274,10 @@ def _bounded_text(what: str, value: Any, limit: int) -> str:
     """Text that UTF-8 can carry (bytes decoded with replacement, unpaired surrogates spelt out) of at most
     ``limit`` characters."""
     if type(value) is bytes and len(value) <= limit:  # the SDK's usual case: no character count needed
-        return value.decode("utf-8", "replace")
-    if isinstance(value, (bytes, bytearray)):
+        text = value.decode("utf-8", "replace")
+        if not _CONTROL.search(text):
+            return text
+    elif isinstance(value, (bytes, bytearray)):
         if len(value) > 4 * limit:
             raise InvalidMessage("bad_property", f"{what} is {len(value)} bytes long (at most {limit} characters)")
         text = bytes(value).decode("utf-8", "replace")
@@ -281,9 +285,20 @@ def _bounded_text(what: str, value: Any, limit: int) -> str:
         text = encodable(value)
     else:
         text = str(value)[: limit + 1]
+    text = printable(text)
     if len(text) > limit:
         raise InvalidMessage("bad_property", f"{what} is longer than {limit} characters")
     return text
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # tab and newline are not: the exposition escapes newline
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters but tab and newline (NUL, CR, ...) spelt out as ``\\xNN``: labels, logs
+    and the state carry what a VM sent visibly, never raw (nothing a VM sends is trusted). Idempotent, so a state
+    read back is equal."""
+    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text) if _CONTROL.search(text) else text
 
 
 def _time(properties: Mapping[Any, Any], name: str) -> float | None:

@@ -14,7 +14,8 @@ Bounds (``Bounds``; the README's "HTTP endpoints" lists them), each counted by `
   is buffered; the rest is never read into memory.
 * ``deadline``: a head must arrive whole within 5 s of the connection (or, on a kept-alive connection, of its first
   byte), a body within 5 s of its head: a client that drips bytes holds a connection 5 s at most (408).
-* ``body_bytes``: a body of more than 64 KiB is answered 413 without being read.
+* ``body_bytes``: a body of more than 64 KiB is answered 413 without being read (a chunked one as soon as its
+  declared chunk sizes pass the cap).
 * ``connections``: at most 256 connections. A new one past that closes the connection that has waited longest
   without a complete request head (idle kept-alive ones included): a flood of slow or silent clients churns among
   itself while a scrape, whose head comes at once, is read and answered. Only when every connection is busy
@@ -502,7 +503,7 @@ async def _converse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
         request = HttpRequest(method, path, query,
                           tuple((name.decode("latin-1"), value.decode("latin-1")) for name, value in event.headers),
                           body, RawWriter(writer, bounds.write_timeout))
-        response = await handler(request)
+        response = _no_resource(method, target) or await handler(request)
         if response is None or connection.evicted:
             return
         await _answer(conn, writer, response, method == "HEAD", bounds.write_timeout, limits)
@@ -553,6 +554,8 @@ async def _body(conn: h11.Connection, reader: asyncio.StreamReader, request: h11
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
+            if size + _chunk_left(conn) > bounds.body_bytes:  # a chunk declared past the cap: refused, not awaited
+                raise _Refused(413, "body_bytes", "request body too large")
             try:
                 data = await asyncio.wait_for(reader.read(READ_CHUNK), max(0.0, deadline - loop.time()))
             except asyncio.TimeoutError:
@@ -568,6 +571,21 @@ async def _body(conn: h11.Connection, reader: asyncio.StreamReader, request: h11
         if isinstance(event, h11.EndOfMessage):
             return b"".join(parts)
         raise _Refused(400, "malformed", "unexpected end of the request")
+
+
+def _no_resource(method: str, target: str) -> Response | None:
+    """405 (allowing nothing) for CONNECT host:port and OPTIONS *, a proxy's and the server-wide form: no resource
+    of ours answers them (RFC 9110), where a handler would have taken the target for a path and answered 404."""
+    if method == "CONNECT" or target == "*":
+        return Response(405, b"method not allowed\n", headers=(("Allow", ""),))
+    return None
+
+
+def _chunk_left(conn: h11.Connection) -> int:
+    """Bytes the chunk being read still declares (0 outside a chunked body): h11 knows them once it has read the
+    chunk's size line, but exposes them on no public attribute; without it (another h11), the sizes read count."""
+    left = getattr(getattr(conn, "_reader", None), "_bytes_in_chunk", 0)
+    return left if type(left) is int else 0
 
 
 def _reason(status: int) -> bytes:

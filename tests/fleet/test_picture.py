@@ -424,3 +424,21 @@ def test_imds_health_is_read_kept_and_restored_and_older_sidecars_are_unknown() 
     data = encode("0", 1, [failing.vm])
     [vm] = decode(data, "0", NOW).vms.values()
     assert vm.imds == failing.vm.imds
+
+
+def test_control_characters_a_vm_sends_are_spelt_out_in_labels() -> None:
+    """NUL and CR in a property or an event field never reach a label raw: spelt out as \\xNN, the same when the
+    state is read back."""
+    body = json.dumps({"DocumentIncarnation": 1, "Events": [
+        {"EventId": "E\x001", "EventType": "Reboot", "EventStatus": "Scheduled\r", "Resources": ["vm\r\n0"],
+         "NotBefore": "", "EventSource": "Platform\x7f"}]}).encode()
+    read = read_message(body, props(1, vm_name="vm\r\n0", vm_id="id\x00x", location=b"west\reurope"),
+                        b"inst:1", b"id\x00x", 1000.0, 1024**2)
+    vm = read.vm
+    assert (vm.vm_name, vm.vm_id, vm.location, vm.key) == ("vm\\x0d\n0", "id\\x00x", "west\\x0deurope", "id\\x00x")
+    [event] = vm.events
+    assert (event.event_id, event.event_status, event.event_source) == ("E\\x001", "Scheduled\\x0d", "Platform\\x7f")
+    fleet = Fleet()
+    fleet.claim("0")
+    assert fleet.apply("0", read) == "applied"
+    assert decode(encode("0", 9, fleet.vms(), 2), "0", NOW).vms == {vm.key: vm}

@@ -263,3 +263,15 @@ def test_a_failed_write_keeps_the_state_in_memory_and_the_next_round_writes_it()
     assert replica.checkpoints.written == [] and NAME not in replica.states
     run(replica.service.save("0"))
     assert replica.checkpoints.written == [(1, 1)]
+
+
+def test_a_bound_is_counted_for_the_document_kept_not_for_an_older_one_dropped() -> None:
+    """A document past events_per_vm counts one bound hit when applied; the same VM's older document, dropped,
+    counts none."""
+    many = json.dumps({"DocumentIncarnation": 1, "Events": [
+        {"EventId": f"E{n}", "EventType": "Reboot", "EventStatus": "Scheduled", "Resources": [], "NotBefore": ""}
+        for n in range(70)]}).encode()
+    replica = Replica()
+    run(replica.claim())
+    run(replica.read(Event(1, "vm-a", sequence=2, body=many), Event(2, "vm-a", sequence=1, body=many)))
+    assert replica.value("azure_scheduled_fleet_bound_hits_total", bound="events_per_vm") == 1

@@ -210,6 +210,28 @@ def test_a_body_over_the_cap_is_refused_413_unread(server: Callable[..., tuple[i
     assert rejected == ["body_bytes"]
 
 
+def test_a_chunk_declared_over_the_cap_is_refused_413_at_once(server: Callable[..., tuple[int, list[str]]]) -> None:
+    """A chunked body whose declared chunk sizes pass 64 KiB is answered 413 as soon as the size line is read, not
+    408 when the body deadline (here a minute) ends."""
+    port, rejected = server(body_timeout=60.0)
+    with connect(port, timeout=20.0) as sock:
+        sock.sendall(b"POST /x HTTP/1.1\r\nHost: s\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"8000\r\n" + b"a" * 0x8000 + b"\r\n8001\r\nab")
+        assert answer(sock).startswith(b"HTTP/1.1 413")
+    assert rejected == ["body_bytes"]
+
+
+@pytest.mark.parametrize("line", [b"CONNECT 127.0.0.1:80 HTTP/1.1", b"OPTIONS * HTTP/1.1"])
+def test_connect_and_the_server_wide_target_are_answered_405(server: Callable[..., tuple[int, list[str]]],
+                                                            line: bytes) -> None:
+    """No resource answers CONNECT host:port or OPTIONS *: 405 (with an empty Allow), not 404, and never a tunnel."""
+    port, _ = server()
+    with connect(port) as sock:
+        sock.sendall(line + b"\r\nHost: s\r\nConnection: close\r\n\r\n")
+        head = answer(sock).split(b"\r\n\r\n")[0].lower()
+    assert head.startswith(b"http/1.1 405") and b"\r\nallow: \r\n" in head + b"\r\n", head
+
+
 def test_an_idle_kept_alive_connection_is_closed_after_the_idle_timeout(
         server: Callable[..., tuple[int, list[str]]]) -> None:
     """After an answer, a kept-alive connection with nothing more to say is closed once the idle timeout passes,
