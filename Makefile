@@ -15,7 +15,7 @@ BASE ?=
 
 LOOPS ?= 2
 
-.PHONY: demo test test-contended lint typecheck unit system-deps clean dashboards reliability soak bench image \
+.PHONY: demo test test-contended lint lint-imports typecheck unit system-deps clean dashboards reliability soak bench image \
 	windows-wheels lock linux-wheels sbom operator-schemas
 
 # Regenerate dashboards/*.json from dashboards/generate.py (the suite fails if they differ).
@@ -103,8 +103,13 @@ demo: $(VENV)/.installed
 	@$(BIN)/se-exporter run --simulate $(SCENARIO) --speed $(SPEED) --listen 127.0.0.1:$(PORT) \
 	  --state-dir $(DEMO_DIR)/state --forward-file $(DEMO_DIR)/documents.jsonl $(DEMO_TRACES)
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.installed lint-imports
 	$(BIN)/ruff check se_exporter tests dashboards scripts
+
+# The layout's boundaries (pyproject.toml [tool.importlinter], docs/architecture.md): core < infra < programs < cli,
+# the programs independent of each other, no I/O library in the core.
+lint-imports: $(VENV)/.installed
+	$(BIN)/lint-imports --no-cache
 
 # Strict on Linux and, as far as the type stubs know what Windows lacks (os.pread, fcntl, signal.SIGHUP), on Windows.
 typecheck: $(VENV)/.installed

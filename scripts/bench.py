@@ -54,12 +54,12 @@ from azure.eventhub import EventData  # noqa: E402 - after the path set-up above
 from core import document  # noqa: E402 - scripts/core.py: this script's folder is first on sys.path
 from prometheus_client import CollectorRegistry  # noqa: E402
 
+from se_exporter.sidecar.sinks.envelope import CONTENT_TYPE, Envelope  # noqa: E402
+from se_exporter.sidecar.sinks.eventhubs import EventHubsTarget, producer_factory  # noqa: E402
+from se_exporter.sidecar.sinks.forward import ForwardMetrics  # noqa: E402
+from se_exporter.sidecar.sinks.spool import Spool  # noqa: E402
 from se_exporter.simulator import scenario as scenarios  # noqa: E402
 from se_exporter.simulator.server import SE_PATH, Simulator, SimulatorServer, start  # noqa: E402
-from se_exporter.sinks.envelope import CONTENT_TYPE, Envelope  # noqa: E402
-from se_exporter.sinks.eventhubs import EventHubsTarget, producer_factory  # noqa: E402
-from se_exporter.sinks.forward import ForwardMetrics  # noqa: E402
-from se_exporter.sinks.spool import Spool  # noqa: E402
 from tests import container  # noqa: E402
 from tests.alerting import ALERTMANAGER_CONFIG, Alertmanager, Webhook, shortened  # noqa: E402
 from tests.eventhubs_server import EventHubsTestServer  # noqa: E402
@@ -70,7 +70,7 @@ from tests.otlp_receiver import OtlpReceiver  # noqa: E402
 PEER_NAME = "azure-scheduledevents-exporter"
 PEER_CANDIDATES = [ROOT.parent / "shared" / "peers" / PEER_NAME, ROOT.parent.parent / "shared" / "peers" / PEER_NAME]
 BATCH = 100  # documents per Event Hubs batch, for the forwarder and the bare SDK alike
-SPAN_DELAY = 0.5  # the span processor's schedule delay (se_exporter/sinks/tracing.py): the floor of span latency
+SPAN_DELAY = 0.5  # the span processor's schedule delay (sidecar/sinks/tracing.py): the floor of span latency
 ANATOMY_GAP = 0.1  # seconds slept before each measured part of a poll: long enough for the caches to go cold
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -347,10 +347,11 @@ def core_figures(*args: str) -> dict[str, float]:
 METRICS_ONLY_IMPORTS = ["logging", "ssl", "email.parser", "http.server", "urllib.request", "prometheus_client",
                         "asyncio", "h11", "se_exporter.cli"]
 # requests (which the OTLP/HTTP exporter sends with) and the exporter's protobuf messages apart from the exporter
-EVERY_SINK_IMPORTS = ["asyncio", "azure.eventhub.aio", "se_exporter.sinks.eventhubs", "opentelemetry.sdk.trace",
+EVERY_SINK_IMPORTS = ["asyncio", "azure.eventhub.aio", "se_exporter.sidecar.sinks.eventhubs",
+                      "opentelemetry.sdk.trace",
                       "urllib3", "charset_normalizer", "requests",
                       "opentelemetry.exporter.otlp.proto.common.trace_encoder",
-                      "opentelemetry.exporter.otlp.proto.http.trace_exporter", "se_exporter.sinks.tracing"]
+                      "opentelemetry.exporter.otlp.proto.http.trace_exporter", "se_exporter.sidecar.sinks.tracing"]
 
 
 def compiled_package(folder: Path, source: Path = ROOT) -> Path:

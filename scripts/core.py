@@ -32,19 +32,19 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 import se_exporter.cli  # noqa: F401 - the sidecar's own imports, so the heap is the sidecar's size
-from se_exporter.config import Settings
-from se_exporter.endpoints import routes
-from se_exporter.http_server import HttpRequest
-from se_exporter.imds import ImdsClient, make_transport
-from se_exporter.lifecycle import diff
-from se_exporter.metrics import Metrics
-from se_exporter.model import EventMemo, parse_document
-from se_exporter.poller import Poller
-from se_exporter.sinks import FanOut
-from se_exporter.sinks.eventlog import LogSink
-from se_exporter.sinks.transition_metrics import MetricsSink
-from se_exporter.snapshot import Snapshot
-from se_exporter.state import LifecycleStore
+from se_exporter.core.lifecycle import diff
+from se_exporter.core.model import EventMemo, parse_document
+from se_exporter.infra.http_server import HttpRequest
+from se_exporter.sidecar.endpoints import routes
+from se_exporter.sidecar.imds import ImdsClient, make_transport
+from se_exporter.sidecar.lifecycle_store import LifecycleStore
+from se_exporter.sidecar.metrics import Metrics
+from se_exporter.sidecar.poller import Poller
+from se_exporter.sidecar.settings import Settings
+from se_exporter.sidecar.sinks import FanOut
+from se_exporter.sidecar.sinks.eventlog import LogSink
+from se_exporter.sidecar.sinks.transition_metrics import MetricsSink
+from se_exporter.sidecar.snapshot import Snapshot
 
 
 def document(events: int, prefix: str = "E") -> bytes:

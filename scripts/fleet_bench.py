@@ -215,10 +215,10 @@ def library_families(vms: list[Any], now: float) -> Any:
     from prometheus_client import CollectorRegistry, generate_latest  # noqa: PLC0415
     from prometheus_client.core import GaugeMetricFamily  # noqa: PLC0415
 
+    from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES  # noqa: PLC0415
     from se_exporter.fleet.collector import _HEADERS, FLEET  # noqa: PLC0415
     from se_exporter.fleet.message import NO_IMDS  # noqa: PLC0415
-    from se_exporter.fleet.state import imds_unreachable  # noqa: PLC0415
-    from se_exporter.model import EVENT_STATUSES, EVENT_TYPES  # noqa: PLC0415
+    from se_exporter.fleet.picture import imds_unreachable  # noqa: PLC0415
 
     vm_labels = ["vm_id", "vm_name", "vmss_name", "location"]
 

@@ -13,7 +13,7 @@ import sys
 from types import FrameType
 from typing import NoReturn
 
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
+from se_exporter.infra.platform_io import STOP_SIGNALS
 
 
 def _stopped_while_starting(signum: int, frame: FrameType | None) -> NoReturn:

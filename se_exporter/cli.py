@@ -12,18 +12,23 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from se_exporter import __version__, demo, logs, processwide
-from se_exporter.config import RUN_OPTIONS, Settings, run_settings
-from se_exporter.consume_settings import CONSUME_OPTIONS, consume_settings
-from se_exporter.errors import ConfigError, ForwardFileError, SpoolError, StateDirError, StorageError
+from se_exporter import __version__
+from se_exporter.consume.settings import CONSUME_OPTIONS, consume_settings
+from se_exporter.core.errors import ConfigError, ForwardFileError, SpoolError, StateDirError, StorageError
 from se_exporter.fleet.settings import FLEET_OPTIONS, fleet_settings
-from se_exporter.options import add_options, process_environment
-from se_exporter.platform_io import PLATFORM
-from se_exporter.sidecar import Sidecar, bind
+from se_exporter.infra import http_server, logs, processwide
+from se_exporter.infra.options import add_options, process_environment
+from se_exporter.infra.platform_io import PLATFORM
+from se_exporter.sidecar import demo
+from se_exporter.sidecar.assembly import Sidecar
+from se_exporter.sidecar.settings import Settings, run_options, run_settings
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.settings import SIMULATE_OPTIONS, SimulatorSettings, simulator_settings
+
+if TYPE_CHECKING:
+    from se_exporter.simulator.server import Simulator
 
 log = logging.getLogger("se_exporter")
 # The flag that sets the path each storage error is about.
@@ -37,6 +42,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+class SimulatedImds:
+    """``run --simulate``: the built-in simulator, started here for the sidecar (the one place that wires the
+    simulator to the sidecar: neither program imports the other)."""
+
+    def __init__(self, settings: Settings) -> None:
+        from se_exporter.simulator.server import Simulator, start  # only with --simulate
+
+        self.simulator: Simulator = Simulator(scenarios.load(str(settings.simulate)), speed=settings.speed)
+        self._server = start(self.simulator)
+        self.url: str = self._server.url
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="se-exporter", description=(
         "Read-only sidecar for Azure Scheduled Events: polls IMDS and exposes what it sees as Prometheus "
@@ -45,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     run = commands.add_parser("run", help="poll IMDS and serve /metrics (the default command)",
                               description="Poll Scheduled Events and serve /metrics, /healthz and /readyz.")
-    add_options(run, RUN_OPTIONS)
+    add_options(run, run_options(scenarios.builtin_names()))
     sim = commands.add_parser("simulate", help="serve a simulated IMDS to rehearse responders and dashboards",
                               description="Serve a faithful IMDS double (Scheduled Events, compute metadata, "
                                           "approvals) driven by a scenario, with fault injection.")
@@ -78,7 +99,7 @@ def _dispatch(args: argparse.Namespace, environment: Mapping[str, str]) -> int:
         if args.command == "simulate":
             return simulate(simulator_settings(args, environment), list_only=args.list_scenarios)
         if args.command == "consume":
-            from se_exporter.consume import consume  # the consumer brings asyncio: imported only when asked for
+            from se_exporter.consume.main import consume  # the consumer brings asyncio: imported only when asked for
 
             return consume(consume_settings(args, environment))
         if args.command == "fleet":
@@ -109,9 +130,10 @@ def run(settings: Settings) -> int:
     logs.setup(settings.log_level, settings.log_format)
     _install_crash_hooks()
     started = time.monotonic()
-    with Sidecar(settings) as sidecar:  # whatever was started is stopped, also when start-up fails
+    with Sidecar(settings, simulate=SimulatedImds) as sidecar:  # whatever was started is stopped, also on failure
         sidecar.listen()
-        sim, settings = sidecar.simulator, sidecar.settings
+        simulated, settings = sidecar.simulated, sidecar.settings
+        sim = simulated.simulator if isinstance(simulated, SimulatedImds) else None
         if sim is not None:
             print(demo.banner(settings, settings.imds_url, sidecar.metrics_url, sim.scenario.name,
                               sim.scenario.description), flush=True)
@@ -137,7 +159,7 @@ def simulate(settings: SimulatorSettings, list_only: bool = False) -> int:
 
     simulator = Simulator(scenarios.load(settings.scenario), speed=settings.speed)
     simulator.inject(*(parse_fault(spec) for spec in settings.faults))
-    server = bind(settings.listen, lambda: start(simulator, settings.listen.host, settings.listen.port))
+    server = http_server.bind(settings.listen, lambda: start(simulator, settings.listen.host, settings.listen.port))
     print(f"IMDS simulator ({simulator.scenario.name}, speed {settings.speed:g}) at {server.url}\n"
           f"Try: curl -H Metadata:true '{server.url}/metadata/scheduledevents?api-version=2020-07-01'", flush=True)
     stop = threading.Event()

@@ -6,14 +6,17 @@ import functools
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from se_exporter.imds import USER_AGENT
+from se_exporter.sidecar.imds import USER_AGENT
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.server import Simulator, SimulatorServer, start
-from tests.eventhubs_server import EventHubsTestServer, Store
 from tests.helpers import Sidecar, free_port
+
+if TYPE_CHECKING:  # the AMQP test server needs python-qpid-proton, an integration dependency: imported when used
+    from tests.eventhubs_server import EventHubsTestServer, Store
 
 SimulatorFactory = Callable[..., tuple[Simulator, SimulatorServer]]
 Reliability = Callable[[str, str, str], None]
@@ -66,6 +69,8 @@ def hubs() -> Iterator[Callable[..., EventHubsTestServer]]:
     started: list[EventHubsTestServer] = []
 
     def make(store: Store | None = None, port: int = 0, settle: bool = True, start: bool = True) -> EventHubsTestServer:
+        from tests.eventhubs_server import EventHubsTestServer  # noqa: PLC0415 - only tests that start a hub need it
+
         server = EventHubsTestServer(store, port=port or free_port(), settle=settle)
         if start:
             server.start()

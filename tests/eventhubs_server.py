@@ -34,8 +34,6 @@ same ``Store`` is an outage and a recovery; ``SilentPeer`` accepts TCP and never
 from __future__ import annotations
 
 import bisect
-import datetime
-import ipaddress
 import re
 import selectors
 import socket
@@ -47,10 +45,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from proton import (
     Collector,
     Condition,
@@ -86,27 +80,6 @@ class CbsToken:
     accepted: bool
     description: str
     received_at: float
-
-
-def self_signed_certificate(directory: Path, host: str = "localhost") -> tuple[Path, Path]:
-    """A certificate for ``host`` and 127.0.0.1 (its own CA: give its path to the client) and its key."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-                   .serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5))
-                   .not_valid_after(now + datetime.timedelta(days=1))
-                   .add_extension(x509.SubjectAlternativeName([x509.DNSName(host),
-                                                               x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                                  critical=False)
-                   .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-                   .sign(key, hashes.SHA256()))
-    cert_path, key_path = directory / "eventhubs-cert.pem", directory / "eventhubs-key.pem"
-    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
 
 
 @dataclass

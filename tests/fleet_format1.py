@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from se_exporter.fleet import state, stateformat, statestore
+from se_exporter.fleet import picture, stateformat, statestore
 from se_exporter.fleet.message import (
     DEFAULT_BOUNDS,
     MAX_MESSAGE_ID,
@@ -173,7 +173,7 @@ def install() -> None:
     def encode_format_1(partition_id: str, position: int, vms: Iterable[VmState], state_format: int = 1) -> bytes:
         return encode(partition_id, position, vms)
 
-    state.encode = encode_format_1
+    picture.encode = encode_format_1
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Kubernetes objects checked against the real schemas, strictly (an unknown field is an error), and the kustomize
-build of deploy/kubernetes and its overlays (tests/test_deploy_schemas.py).
+build of deploy/kubernetes and its overlays (tests/project/test_deploy_schemas.py).
 
 Built-in kinds: the OpenAPI schemas of each Kubernetes version in KUBERNETES_VERSIONS, as kubernetes-validate ships
 them (its ``-strict`` variants: additionalProperties false, as the API server's strict field validation).

@@ -3,7 +3,7 @@ and leaves signal handlers, excepthooks, root log handlers or logger levels behi
 
 Pytest puts the same log-capture handlers on the root logger in setup and in teardown, so state read in this
 fixture's setup and again in its teardown differs only by what the test left. Warnings filters are compared by
-tests/test_processwide.py only: libraries add some when first imported (urllib3, requests), whichever test that
+tests/infra/test_processwide.py only: libraries add some when first imported (urllib3, requests), whichever test that
 happens in, and pytest itself drops them after each test."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from se_exporter.processwide import SIGNALS
+from se_exporter.infra.platform_io import STOP_SIGNALS as SIGNALS
 
 
 def snapshot() -> dict[str, Any]:

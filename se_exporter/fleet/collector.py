@@ -16,9 +16,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES
 from se_exporter.fleet.message import BOUND_NAMES, INVALID_REASONS, NO_IMDS, VmState
-from se_exporter.fleet.state import imds_unreachable
-from se_exporter.model import EVENT_STATUSES, EVENT_TYPES
+from se_exporter.fleet.picture import imds_unreachable
 
 FLEET = "azure_scheduled_fleet"
 VM_LABELS = ["vm_id", "vm_name", "vmss_name", "location"]

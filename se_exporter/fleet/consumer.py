@@ -38,14 +38,14 @@ from se_exporter.fleet.collector import FleetMetrics, PartitionView
 from se_exporter.fleet.message import BOUND_NAMES, InvalidMessage, VmState, read_message
 from se_exporter.fleet.partition import Partition
 from se_exporter.fleet.persistence import Keeper
-from se_exporter.fleet.report import Report, describe
+from se_exporter.fleet.picture import Fleet
+from se_exporter.fleet.report import Report
 from se_exporter.fleet.settings import FleetSettings
-from se_exporter.fleet.state import Fleet
 from se_exporter.fleet.statestore import StateStore, state_blob_name
-from se_exporter.logs import fields
-from se_exporter.sinks.eventhubs import classify
+from se_exporter.infra.azure.clients import classify, describe
+from se_exporter.infra.logs import fields
 
-__all__ = ["BATCH_SIZE", "EMPTY_BATCH_AFTER", "ObservedCheckpointStore", "Service", "describe"]
+__all__ = ["BATCH_SIZE", "EMPTY_BATCH_AFTER", "ObservedCheckpointStore", "Service"]
 log = logging.getLogger("se_exporter.fleet")
 BATCH_SIZE = 300  # the SDK's default prefetch: one batch drains what one link fetches
 EMPTY_BATCH_AFTER = 1.0  # seconds without events before the SDK says so: the partition is caught up

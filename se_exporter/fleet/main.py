@@ -13,7 +13,7 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import aiohttp
@@ -24,18 +24,20 @@ from azure.eventhub.aio import EventHubConsumerClient
 from azure.storage.blob.aio import ContainerClient
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
-from se_exporter import __version__, http_server, logs
-from se_exporter.consume import starting_position
-from se_exporter.credential import service_credential
-from se_exporter.errors import ConfigError
-from se_exporter.fleet import amqp_types
+from se_exporter import __version__
+from se_exporter.core.errors import ConfigError
+from se_exporter.core.retry import backoff
 from se_exporter.fleet.blobstate import StateBlobs
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, render_fleet
-from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER, ObservedCheckpointStore, Service, describe
+from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER, ObservedCheckpointStore, Service
+from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.settings import FleetSettings
-from se_exporter.fleet.state import Fleet
-from se_exporter.platform_io import PLATFORM
-from se_exporter.sinks.eventhubs import connection_options
+from se_exporter.infra import http_server, logs
+from se_exporter.infra.azure import amqp_types
+from se_exporter.infra.azure.clients import causes, connection_options, describe
+from se_exporter.infra.azure.credential import service_credential
+from se_exporter.infra.options import starting_position
+from se_exporter.infra.platform_io import PLATFORM
 
 log = logging.getLogger("se_exporter.fleet")
 CLOSE_TIMEOUT = 8.0  # SIGTERM to exit within 10 s, whatever the peers do
@@ -110,7 +112,7 @@ async def ensure_container(container: ContainerClient, name: str, report: Callab
     In the background, after the endpoints listen and the signal handlers are set: an unreachable storage
     account delays neither liveness nor SIGTERM. One request per check, without the SDK's retries: its last
     error then names the cause (connection refused, no answer) instead of a timeout around its retries."""
-    delay, last = CHECK_BACKOFF[0], ""
+    failures, last = 0, ""
     while True:
         try:
             exists = await asyncio.wait_for(container.exists(retry_total=0), CHECK_TIMEOUT)
@@ -121,8 +123,8 @@ async def ensure_container(container: ContainerClient, name: str, report: Callab
         if cause != last:
             log.warning("cannot check the blob container %s: %s; checking again", name, cause)
             last = cause
-        await sleep(delay)
-        delay = min(delay * 2, CHECK_BACKOFF[1])
+        failures += 1
+        await sleep(backoff(failures, *CHECK_BACKOFF))
     report(None)
     if last:
         log.info("the storage account answers again: blob container %s %s", name,
@@ -144,7 +146,7 @@ def storage_cause(error: BaseException) -> str:
     (connection refused, host not found), "no answer within N s" for a timeout, else the error's first line."""
     if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
         return f"no answer within {CHECK_TIMEOUT:g} s (timeout)"
-    for cause in _causes(error):
+    for cause in causes(error):
         if isinstance(cause, ConnectionRefusedError):
             return "connection refused"
         if isinstance(cause, socket.gaierror):
@@ -152,20 +154,6 @@ def storage_cause(error: BaseException) -> str:
         if isinstance(cause, TimeoutError):
             return "connection timed out"
     return describe(error)
-
-
-def _causes(error: BaseException) -> Iterator[BaseException]:
-    """``error`` and what it wraps: azure-core's ``inner_exception``, aiohttp's ``os_error``, Python's chain."""
-    seen: set[int] = set()
-    todo = [error]
-    while todo:
-        cause = todo.pop()
-        if id(cause) in seen:
-            continue
-        seen.add(id(cause))
-        yield cause
-        todo.extend(c for c in (cause.__context__, cause.__cause__, getattr(cause, "inner_exception", None),
-                                getattr(cause, "os_error", None)) if isinstance(c, BaseException))
 
 
 def make_http_app(registry: CollectorRegistry, fleet: Fleet, service: Service,
@@ -199,11 +187,8 @@ async def _count_partitions(client: EventHubConsumerClient, service: Service) ->
 
 
 def _listen(settings: FleetSettings, app: http_server.Handler, registry: CollectorRegistry) -> http_server.Server:
-    try:
-        server = http_server.serve(settings.listen, app,
-                                   on_reject=http_server.rejection_counter(registry, "azure_scheduled_fleet"))
-    except OSError as error:
-        raise ConfigError(f"--listen {settings.listen}: cannot listen there ({error.strerror or error})") from None
+    server = http_server.bind(settings.listen, lambda: http_server.serve(
+        settings.listen, app, on_reject=http_server.rejection_counter(registry, "azure_scheduled_fleet")))
     log.info("se-exporter %s fleet consuming %s (consumer group %s); metrics at http://%s:%d/metrics",
              __version__, settings.eventhub_namespace or "the event hub of the connection string",
              settings.consumer_group, settings.listen.host or "127.0.0.1", server.server_port)

@@ -7,7 +7,7 @@ message raises ``InvalidMessage`` with the reason it is counted under; nothing e
 (an exception in the SDK's batch handler closes the partition, which is then claimed again and fails again).
 
 The partition-key rule (a document changes only its own VM's picture): the sidecar always sends with the partition
-key ``vm_id or vm_name`` (``sinks/envelope.py``), so a document is accepted only when its partition key is exactly
+key ``vm_id or vm_name`` (``sidecar/sinks/envelope``), so a document is accepted only when its partition key is exactly
 that. A forged ``vm_id`` sent with another key is refused (``wrong_partition_key``): a VM's documents all land on
 the one partition its key hashes to, and no other producer's document can appear there under its name unless sent
 with its key, which is then the same as sending as that VM (Event Hubs has no per-sender identity to check).
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from se_exporter.errors import InvalidDocument, SeExporterError
-from se_exporter.model import Document, affects_label, affects_vm, encodable, parse_document
+from se_exporter.core.errors import InvalidDocument, SeExporterError
+from se_exporter.core.model import Document, affects_label, affects_vm, encodable, parse_document
+from se_exporter.infra.logs import shorten
 
 # The envelope's properties (schemas/forwarded-document.schema.json); anything else is tolerated and counted.
 KNOWN_PROPERTIES = frozenset({
@@ -195,10 +196,10 @@ def parse_body(body: bytes) -> Document:
         text = str(exc)
         reason = "not_json" if text.startswith(_NOT_JSON) else "invalid_document"
         what = "UTF-8 JSON" if reason == "not_json" else "a Scheduled Events document"
-        raise InvalidMessage(reason, f"body is not {what} ({_short(text)})") from None
+        raise InvalidMessage(reason, f"body is not {what} ({shorten(text, 200)})") from None
 
 
-# How parse_document words a body that is not JSON at all (tests/test_fleet_state.py pins each reason).
+# How parse_document words a body that is not JSON at all (tests/fleet/test_picture.py pins each reason).
 _NOT_JSON = ("body is not UTF-8", "body is empty", "body is not JSON", "body is JSON nested too deeply")
 
 
@@ -341,6 +342,3 @@ def _describe(value: Any) -> str:
 def _quote(text: str | None) -> str:
     return "none" if text is None else repr(text[:80])
 
-
-def _short(text: str) -> str:
-    return text if len(text) <= 200 else text[:200] + "..."

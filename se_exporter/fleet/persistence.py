@@ -13,12 +13,14 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from se_exporter.core.retry import backoff
 from se_exporter.fleet.message import BOUND_NAMES
 from se_exporter.fleet.partition import Partition
-from se_exporter.fleet.report import Report, describe
-from se_exporter.fleet.state import Fleet
+from se_exporter.fleet.picture import Fleet
+from se_exporter.fleet.report import Report
 from se_exporter.fleet.statestore import Restored, StateStore
-from se_exporter.logs import fields
+from se_exporter.infra.azure.clients import describe
+from se_exporter.infra.logs import fields
 
 log = logging.getLogger("se_exporter.fleet")
 RESTORE_RETRY_MAX = 30.0
@@ -39,7 +41,7 @@ class Keeper:
     async def restore(self, partition_id: str) -> Restored:
         """The partition's stored state, retried for as long as the store refuses; damage counted and logged."""
         report, metrics = self._report, self._report.metrics
-        wait = 1.0
+        failures = 0
         while True:
             try:
                 restored = await self.store.load(partition_id, self._clock())
@@ -49,8 +51,8 @@ class Keeper:
                 report.once(f"restore:{partition_id}", logging.WARNING,
                             "partition %s: cannot read its fleet state (%s); retrying before reading it",
                             partition_id, describe(error))
-                await self._sleep(wait)
-                wait = min(wait * 2, RESTORE_RETRY_MAX)
+                failures += 1
+                await self._sleep(backoff(failures, 1.0, RESTORE_RETRY_MAX))
         if restored.damaged is not None:
             metrics.state_damaged.labels(restored.damaged).inc()
             report.once(f"damaged:{partition_id}", logging.ERROR,

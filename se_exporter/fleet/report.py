@@ -10,9 +10,8 @@ import logging
 import time
 from typing import Any
 
-from se_exporter import logs
 from se_exporter.fleet.collector import FleetMetrics
-from se_exporter.logs import fields
+from se_exporter.infra.logs import Throttle, fields
 
 log = logging.getLogger("se_exporter.fleet")
 LOG_EVERY = 60.0  # seconds between repeated log lines of one kind of invalid message or error
@@ -31,19 +30,13 @@ class Report:
 
     def __init__(self, metrics: FleetMetrics) -> None:
         self.metrics = metrics
-        self._logged: dict[str, float] = {}
+        self._logged = Throttle(LOG_EVERY)
 
     def once(self, key: str, level: int, message: str, *args: Any, extra: dict[str, Any] | None = None) -> None:
-        now = time.monotonic()
-        if now - self._logged.get(key, -LOG_EVERY) >= LOG_EVERY:
-            self._logged[key] = now
+        if self._logged.due(key, time.monotonic()):
             log.log(level, message, *args, extra=extra)
 
     def bound_hit(self, bound: str, count: int = 1) -> None:
         self.metrics.bound_hits.labels(bound).inc(count)
         self.once(f"bound:{bound}", logging.WARNING, "bound %s reached (%d times): %s", bound, count,
                   BOUND_HELP.get(bound, ""), extra=fields(bound=bound))
-
-
-def describe(error: BaseException) -> str:
-    return logs.redact((str(error) or type(error).__name__).splitlines()[0][:300])

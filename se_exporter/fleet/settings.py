@@ -8,11 +8,13 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from se_exporter.config import RUN_OPTIONS
-from se_exporter.consume_settings import CONSUME_OPTIONS
-from se_exporter.errors import ConfigError
-from se_exporter.options import (
+from se_exporter.core.errors import ConfigError
+from se_exporter.infra.options import (
+    CONSUMER_GROUP_OPTION,
+    EVENTHUB_OPTIONS,
+    LOG_OPTIONS,
     Bounded,
+    HubReader,
     Listen,
     Option,
     check_eventhubs,
@@ -21,6 +23,7 @@ from se_exporter.options import (
     parse_listen,
     parse_name,
     resolve,
+    starting_position,
 )
 
 DEFAULT_FLEET_PORT = 10170  # the sidecar's 10169 plus one: both can run on one machine
@@ -99,11 +102,10 @@ def parse_state_format(text: str) -> int:
     return int(text)
 
 
-_SHARED = ("eventhub_connection_string", "eventhub_name", "eventhub_namespace", "eventhub_client_id",
-           "eventhub_endpoint", "eventhub_ca_file", "log_level", "log_format")
 FLEET_OPTIONS: tuple[Option, ...] = (
-    *(option for option in RUN_OPTIONS if option.dest in _SHARED),
-    *(option for option in CONSUME_OPTIONS if option.dest == "consumer_group"),
+    *LOG_OPTIONS,  # the options every command shares, from infra.options
+    *EVENTHUB_OPTIONS,
+    CONSUMER_GROUP_OPTION,
     Option("listen", "--listen", parse_listen,
            f"where /metrics, /healthz and /readyz are served (default :{DEFAULT_FLEET_PORT}, all interfaces)",
            "HOST:PORT", "FLEET_"),
@@ -144,14 +146,9 @@ FLEET_OPTIONS: tuple[Option, ...] = (
 
 
 @dataclass(frozen=True)
-class FleetSettings:
-    eventhub_connection_string: str | None = field(default=None, repr=False)  # secrets: never in repr or logs
-    eventhub_name: str | None = None
-    eventhub_namespace: str | None = None
-    eventhub_client_id: str | None = None
-    eventhub_endpoint: str | None = None
-    eventhub_ca_file: str | None = None
-    consumer_group: str = "$Default"
+class FleetSettings(HubReader):
+    """Settings of ``se-exporter fleet``."""
+
     listen: Listen = DEFAULT_LISTEN
     checkpoint_connection_string: str | None = field(default=None, repr=False)
     checkpoint_account_url: str | None = None
@@ -190,7 +187,5 @@ def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSet
     if settings.ownership_timeout <= settings.load_balancing_interval:
         raise ConfigError(f"--ownership-expiry {settings.ownership_timeout:g} must be longer than "
                           f"--load-balancing-interval {settings.load_balancing_interval:g}")
-    from se_exporter.consume import starting_position  # noqa: PLC0415 - it brings asyncio, which `run` never needs
-
     starting_position(settings.starting_position)  # raises ConfigError naming the flag
     return settings

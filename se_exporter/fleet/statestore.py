@@ -16,7 +16,7 @@ import abc
 from dataclasses import dataclass, field
 
 from se_exporter.fleet.message import DEFAULT_BOUNDS, Bounds
-from se_exporter.fleet.state import PartitionState
+from se_exporter.fleet.picture import PartitionState
 from se_exporter.fleet.stateformat import DamagedState, NewerState, decode
 
 

@@ -39,7 +39,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from se_exporter.errors import ConfigError
+from se_exporter.core.errors import ConfigError
 
 KINDS = ("throttle", "status", "delay", "first_call_delay", "hang", "reset", "malformed", "non_json",
          "invalid", "empty", "redirect", "huge", "body", "truncate", "drip", "chunked", "gzip")

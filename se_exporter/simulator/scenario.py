@@ -19,8 +19,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from se_exporter.errors import ConfigError
-from se_exporter.model import EVENT_TYPES
+from se_exporter.core.errors import ConfigError
+from se_exporter.core.model import EVENT_TYPES
 
 DEFAULT_VM: dict[str, str] = {
     "name": "WestNO_0",

@@ -38,9 +38,9 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs
 
-from se_exporter.errors import ConfigError
-from se_exporter.http_server import Bounds, HttpRequest, RawWriter, Response, Server
-from se_exporter.options import Listen
+from se_exporter.core.errors import ConfigError
+from se_exporter.infra.http_server import Bounds, HttpRequest, RawWriter, Response, Server
+from se_exporter.infra.options import Listen
 from se_exporter.simulator import faults as faults_module
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.identity import IDENTITY_VERSIONS, TOKEN_PATH, IdentityService, TokenError

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from se_exporter.options import ENV_PREFIX, LOG_OPTIONS, SPEED, Listen, Option, parse_listen, parse_name, resolve
+from se_exporter.infra.options import ENV_PREFIX, LOG_OPTIONS, SPEED, Listen, Option, parse_listen, parse_name, resolve
 from se_exporter.simulator.faults import split_specs
 
 

@@ -6,7 +6,7 @@ import errno
 import os
 import threading
 
-from se_exporter.files import Disk
+from se_exporter.infra.files import Disk
 
 
 class FullDisk(Disk):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from se_exporter.sinks import DocumentChange, Sink
+from se_exporter.sidecar.sinks import DocumentChange, Sink
 
 
 class RecordingSink(Sink):

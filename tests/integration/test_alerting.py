@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from se_exporter.imds import USER_AGENT
+from se_exporter.sidecar.imds import USER_AGENT
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.server import Simulator, SimulatorServer, start
 from tests.alerting import ALERTMANAGER_CONFIG, Alertmanager, Notification, Webhook, shortened, tool

@@ -1,5 +1,6 @@
 """Hostile disks, for real: a 64 KiB tmpfs that fills up under the spool and the forward file, a full state directory,
-two sidecars on one state directory, kill -9 while the disk is full (tests/test_disk.py injects every offset)."""
+two sidecars on one state directory, kill -9 while the disk is full (tests/sidecar/test_disk.py injects every
+offset)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
 
     def make(size: str = "64k") -> Path:
         if os.geteuid() != 0 or not (MOUNT and UMOUNT):
-            pytest.skip("mounting a tmpfs needs root and mount(8); tests/test_disk.py injects a full disk at every "
-                        "offset instead")
+            pytest.skip("mounting a tmpfs needs root and mount(8); tests/sidecar/test_disk.py injects a full disk "
+                        "at every offset instead")
         point = tmp_path / f"tmpfs{len(mounts)}"
         point.mkdir()
         mounted = subprocess.run([MOUNT, "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(point)],

@@ -17,8 +17,9 @@ import jsonschema
 import pytest
 from azure.eventhub.aio import EventHubConsumerClient
 
+from tests.certs import self_signed_certificate
 from tests.conftest import Reliability, SimulatorFactory
-from tests.eventhubs_server import EventHubsTestServer, SilentPeer, StoredEvent, self_signed_certificate
+from tests.eventhubs_server import EventHubsTestServer, SilentPeer, StoredEvent
 from tests.helpers import Sidecar, step_through, wait_until
 
 pytestmark = pytest.mark.integration

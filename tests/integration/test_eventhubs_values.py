@@ -12,11 +12,11 @@ import jsonschema
 import pytest
 from prometheus_client import CollectorRegistry
 
+from se_exporter.sidecar.sinks.envelope import Envelope
+from se_exporter.sidecar.sinks.eventhubs import EventHubsTarget, producer_factory
+from se_exporter.sidecar.sinks.forward import ForwardMetrics
+from se_exporter.sidecar.sinks.spool import Spool
 from se_exporter.simulator.faults import Fault
-from se_exporter.sinks.envelope import Envelope
-from se_exporter.sinks.eventhubs import EventHubsTarget, producer_factory
-from se_exporter.sinks.forward import ForwardMetrics
-from se_exporter.sinks.spool import Spool
 from tests.conftest import Reliability, SimulatorFactory
 from tests.eventhubs_server import EventHubsTestServer, StoredEvent
 from tests.helpers import Sidecar, wait_until

@@ -22,10 +22,11 @@ from azure.storage.blob import ContainerClient
 from azure.storage.blob.aio import ContainerClient as AsyncContainerClient
 
 from se_exporter.fleet.blobstate import StateBlobs, state_blob_name
-from se_exporter.fleet.state import encode
+from se_exporter.fleet.picture import encode
 from se_exporter.simulator.identity import SYSTEM_ASSIGNED, TOKEN_PATH, USER_ASSIGNED
+from tests.certs import self_signed_certificate
 from tests.conftest import Reliability, SimulatorFactory
-from tests.eventhubs_server import EventHubsTestServer, Store, self_signed_certificate
+from tests.eventhubs_server import EventHubsTestServer, Store
 from tests.fleet_helpers import (
     DEV_KEY,
     EMPTY,

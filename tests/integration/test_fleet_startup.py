@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from azure.storage.blob.aio import ContainerClient
 
-from se_exporter.errors import ConfigError
+from se_exporter.core.errors import ConfigError
 from se_exporter.fleet import main
 from se_exporter.fleet.main import ensure_container
 from tests.eventhubs_server import EventHubsTestServer

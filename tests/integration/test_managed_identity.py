@@ -20,8 +20,9 @@ from azure.identity.aio import ManagedIdentityCredential
 
 from se_exporter.simulator.identity import SYSTEM_ASSIGNED, TOKEN_PATH, USER_ASSIGNED
 from se_exporter.simulator.server import Simulator, SimulatorServer
+from tests.certs import self_signed_certificate
 from tests.conftest import Reliability, SimulatorFactory
-from tests.eventhubs_server import EventHubsTestServer, self_signed_certificate
+from tests.eventhubs_server import EventHubsTestServer
 from tests.helpers import Sidecar, http_get, wait_until
 from tests.otlp_receiver import OtlpReceiver
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from se_exporter import cli, logs, processwide
+from se_exporter import cli
+from se_exporter.infra import logs, processwide
 from tests.conftest import Reliability, SimulatorFactory
 from tests.eventhubs_server import EventHubsTestServer
 from tests.helpers import Sidecar, http_get, wait_until

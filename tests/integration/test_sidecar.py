@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from se_exporter.lifecycle import TRANSITIONS
-from se_exporter.model import EVENT_TYPES
+from se_exporter.core.lifecycle import TRANSITIONS
+from se_exporter.core.model import EVENT_TYPES
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator

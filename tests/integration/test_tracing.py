@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from se_exporter.sinks.spans import trace_id_for
+from se_exporter.sidecar.sinks.spans import trace_id_for
 from tests.conftest import Reliability, SimulatorFactory
 from tests.helpers import Sidecar, wait_until
 from tests.otlp_receiver import (

@@ -1,0 +1,158 @@
+"""The lifecycle of each event, as a pure diff of consecutive documents.
+
+IMDS never says "completed": a finished event simply disappears from ``Events``. So the
+lifecycle is inferred by comparing what we saw before with what we see now:
+
+    first seen Scheduled ─────────────► scheduled
+    first seen Started (host failure) ─► started   (notice 0: no warning at all)
+    Scheduled ─► Started ──────────────► started   (notice = started_at - first_seen)
+    NotBefore moved while not started ─► rescheduled
+    gone after Started ────────────────► completed (impact = gone_at - started_at)
+    gone while not started ────────────► canceled
+
+No clock reads and no I/O here: the caller passes ``now`` (unix seconds), which is what makes a
+table of documents a complete test.
+
+Records are keyed by ``event_key`` (the EventId lower-cased, as the trace id is derived): an EventId
+that comes back spelt in another case is the same event, not a cancellation and a new one.
+
+An event that has ended is remembered for a while (``ENDED_MEMORY`` events, in ``Step.ended``). The
+Azure documents say an EventId is globally unique and that once an event is removed "there will be
+no further impacts without a new event", so the same EventId listed again can only be a stale or
+replayed answer (typically with a ``DocumentIncarnation`` going backwards). It is shown again, since
+it is what IMDS lists, with the times first recorded for it, but its lifecycle stays ended: it makes no
+transition at all, so no event is ever counted ``scheduled`` (or ended) twice. (The memory is not
+kept across a restart.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from enum import Enum
+
+from se_exporter.core import model
+from se_exporter.core.model import Document, ScheduledEvent, built
+
+
+class TransitionKind(str, Enum):
+    """What happened to an event between two documents: the ``transition`` label, log field and span attribute.
+
+    Lower case, unlike ``EventStatus`` (``Scheduled``): a transition is ours, a status is IMDS'."""
+
+    SCHEDULED = "scheduled"
+    STARTED = "started"
+    COMPLETED = "completed"
+    CANCELED = "canceled"
+    RESCHEDULED = "rescheduled"
+
+    def __str__(self) -> str:  # the value in f-strings, labels and log fields, as on every Python version
+        return self.value
+
+
+SCHEDULED = TransitionKind.SCHEDULED
+STARTED = TransitionKind.STARTED
+COMPLETED = TransitionKind.COMPLETED
+CANCELED = TransitionKind.CANCELED
+RESCHEDULED = TransitionKind.RESCHEDULED
+TRANSITIONS = tuple(TransitionKind)
+# Ended events kept to recognise one listed again; a VM sees a handful of events a month.
+ENDED_MEMORY = 1024
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """What we know of one event across documents. Times are unix seconds as we observed them."""
+
+    event: ScheduledEvent
+    first_seen: float
+    started_at: float | None = None
+    gone_at: float | None = None
+
+    @property
+    def notice_seconds(self) -> float | None:
+        """First seen -> started: the warning we really got (0 for a host failure)."""
+        return None if self.started_at is None else self.started_at - self.first_seen
+
+    @property
+    def impact_seconds(self) -> float | None:
+        """Started -> gone."""
+        if self.started_at is None or self.gone_at is None:
+            return None
+        return self.gone_at - self.started_at
+
+
+@dataclass(frozen=True)
+class Transition:
+    kind: TransitionKind
+    record: EventRecord
+    previous_not_before: datetime | None = None
+
+    @property
+    def event(self) -> ScheduledEvent:
+        return self.record.event
+
+
+@dataclass(frozen=True)
+class Step:
+    """The result of one diff: the records still open (by ``event_key``), what happened, and the events that
+    have ended (by key, newest last, at most ``ENDED_MEMORY``), to pass to the next diff."""
+
+    records: Mapping[str, EventRecord]
+    transitions: tuple[Transition, ...]
+    ended: Mapping[str, EventRecord] = field(default_factory=dict)
+
+
+def diff(previous: Mapping[str, EventRecord], document: Document, now: float,
+         ended: Mapping[str, EventRecord] | None = None) -> Step:
+    """Compare the open records (keyed by ``event_key``) with a new document observed at ``now``; ``ended`` is
+    the previous step's ``ended``."""
+    ended = {} if ended is None else ended
+    records: dict[str, EventRecord] = {}
+    transitions: list[Transition] = []
+    # Records and transitions are made with model.built rather than __init__/replace: a 1,000-event document
+    # makes a thousand of each, and that was most of the diff's cost.
+    for event in document.events:
+        key = event.key
+        before = previous.get(key)
+        if key in ended:  # listed again after it ended: a stale answer; shown, but its lifecycle stays ended
+            records[key] = replace(before or ended[key], event=event, gone_at=None)
+            continue
+        if before is None:
+            started = event.event_status == model.STATUS_STARTED
+            record = built(EventRecord, {"event": event, "first_seen": now, "started_at": now if started else None,
+                                         "gone_at": None})
+            transitions.append(built(Transition, {"kind": STARTED if started else SCHEDULED, "record": record,
+                                                  "previous_not_before": None}))
+        elif before.event is event and (before.started_at is not None or event.event_status != model.STATUS_STARTED):
+            # The very event of the last document (parsing hands out the same object for an unchanged event): no
+            # transition, and the record stays as it is.
+            record = before
+        else:
+            started_at = before.started_at
+            newly_started = started_at is None and event.event_status == model.STATUS_STARTED
+            record = built(EventRecord, {"event": event, "first_seen": before.first_seen,
+                                         "started_at": now if newly_started else started_at,
+                                         "gone_at": before.gone_at})
+            if newly_started:
+                transitions.append(built(Transition, {"kind": STARTED, "record": record,
+                                                      "previous_not_before": None}))
+            # NotBefore moved while not started (a started event's becomes empty: that is no move). Parsing hands
+            # out one datetime per NotBefore text, so an unchanged one is usually the very same object.
+            elif (started_at is None and (moved := event.not_before) is not None
+                  and moved is not (was := before.event.not_before) and moved != was):
+                transitions.append(built(Transition, {"kind": RESCHEDULED, "record": record,
+                                                      "previous_not_before": was}))
+        records[key] = record
+    newly_ended: dict[str, EventRecord] = {}
+    missing = set() if records.keys() == previous.keys() else previous.keys() - records.keys()  # usually none
+    for key, before in previous.items() if missing else ():
+        if key in missing and key not in ended:
+            gone = replace(before, gone_at=now)
+            transitions.append(Transition(COMPLETED if before.started_at is not None else CANCELED, gone))
+            newly_ended[key] = gone
+    if newly_ended:
+        merged = {**ended, **newly_ended}
+        ended = dict(list(merged.items())[-ENDED_MEMORY:]) if len(merged) > ENDED_MEMORY else merged
+    return Step(records=records, transitions=tuple(transitions), ended=ended)

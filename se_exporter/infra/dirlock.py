@@ -1,0 +1,84 @@
+"""One sidecar per state directory: an OS lock on ``<directory>/lock``, held for the life of the process.
+
+Two sidecars on one ``--state-dir`` (a second manual start, a DaemonSet rolling update on a shared
+hostPath) would share one spool and one sequence file: both would hand out the same sequence numbers
+(message ids repeated with different bodies) and delete each other's spool segments. The kernel drops
+the lock when the process ends, however it ends (``kill -9`` too), so unlike a pid file there is never a
+stale lock to clean up by hand. The holder writes its pid into the file, only so that the refusal can
+say who holds it.
+
+The platform part is ``PLATFORM.try_lock`` (platform_io): ``fcntl.flock`` on Linux and macOS,
+``msvcrt.locking`` on a byte past the pid on Windows, where a locked range cannot be read by others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path
+from types import TracebackType
+
+from se_exporter.infra.platform_io import PLATFORM
+
+LOCK_FILE = "lock"
+PID_WIDTH = 32
+
+
+# What flock answers on a filesystem that has no locks (some NFS and FUSE mounts): not a reason to refuse to run.
+UNSUPPORTED = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
+
+
+class DirectoryBusy(Exception):
+    """Another process holds the lock; ``pid`` is the one it wrote, if it could be read."""
+
+    def __init__(self, directory: Path, pid: int | None) -> None:
+        super().__init__(f"{directory} is locked by process {pid if pid is not None else '(unknown)'}")
+        self.directory = directory
+        self.pid = pid
+
+
+class DirectoryLock:
+    """Held while open; ``release`` (or leaving the ``with`` block, or the process ending) lets it go."""
+
+    def __init__(self, directory: Path, fd: int) -> None:
+        self.directory = directory
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor of the open file drops the flock
+            self._fd = None
+
+    def __enter__(self) -> DirectoryLock:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.release()
+
+
+def lock_directory(directory: Path) -> DirectoryLock:
+    """Take the directory's lock without waiting; ``DirectoryBusy`` if another process has it, OSError if the
+    directory cannot hold a lock file (not writable) or its filesystem has no locks (errno in ``UNSUPPORTED``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | PLATFORM.open_flags, 0o644)
+    try:
+        if not PLATFORM.try_lock(fd):
+            raise DirectoryBusy(directory, _holder(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    # A fixed width overwrites any older pid without truncating: Windows may refuse to cut a file that has a locked
+    # range. On a full disk the write fails and the lock holds all the same; a refused second process cannot name us.
+    with contextlib.suppress(OSError):
+        PLATFORM.pwrite(fd, f"{os.getpid():<{PID_WIDTH - 1}}\n".encode(), 0)
+    return DirectoryLock(directory, fd)
+
+
+def _holder(fd: int) -> int | None:
+    try:
+        text = PLATFORM.pread(fd, PID_WIDTH, 0).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None

@@ -1,0 +1,127 @@
+"""Crash-safe file writes, shared by everything that keeps state on disk (spool, sequence, lifecycles, spans).
+
+Appends that must be all-or-nothing (a spool record, a ``--forward-file`` line) go through ``Disk``: the
+three system calls they make, behind one small object, so that a test can hand in a disk that fills up
+at any chosen byte (a short write, then ENOSPC, or a failing fsync) without patching ``os`` for the whole
+process. On a full disk ``write(2)`` first returns fewer bytes than asked, and only the next call fails:
+a caller that does not loop on the count loses the tail of its record without noticing.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from se_exporter.core.retry import Health
+from se_exporter.infra.platform_io import PLATFORM
+
+STATE_FILE_LIMIT = 256 * 1024 * 1024  # far above any state this project writes; a bound on what a read may hold
+
+
+def read_state_file(path: Path, limit: int = STATE_FILE_LIMIT) -> bytes:
+    """The bytes of a state file, which must be a regular file of at most ``limit`` bytes.
+
+    Anything else in its place fails with ``OSError`` (each caller already treats that as it treats an unreadable
+    file): a FIFO there blocked start-up for ever without a line logged, and a link to ``/dev/zero`` read without
+    end (2.5 GB in four seconds). Opened non-blocking (POSIX), so that opening a FIFO cannot hang either.
+    """
+    fd = os.open(path, os.O_RDONLY | PLATFORM.read_flags | PLATFORM.open_flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if info.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, 1 << 20):
+            size += len(chunk)
+            if size > limit:  # grew while read
+                raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+class Disk:
+    """The system calls of an append: the real ones. Tests subclass it to fail at a chosen byte."""
+
+    def write(self, fd: int, data: memoryview) -> int:
+        return os.write(fd, data)
+
+    def fdatasync(self, fd: int) -> None:
+        PLATFORM.datasync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+
+DISK = Disk()
+
+
+def write_all(disk: Disk, fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` or raise: a short write is continued until the error that stopped it shows."""
+    view = memoryview(data)
+    while view:
+        written = disk.write(fd, view)
+        if written <= 0:  # no progress and no error: treat it as the full disk it almost certainly is
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
+
+
+def is_disk_full(error: OSError) -> bool:
+    return error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write, fsync, rename, fsync the folder: after a crash the file is old or new, never torn.
+
+    On Windows the rename is retried for a moment while another process holds the target (see platform_io).
+    """
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        PLATFORM.replace(temp, str(path))
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+class StateFile:
+    """A state file rewritten whole (``write_atomically``) after each change. While writes fail the process goes
+    on from memory: one warning when they start failing, one info line when one succeeds again, never a line per
+    attempt (``retry.Health``). ``failing`` and ``recovered`` are the two lines, with the path (and the error)."""
+
+    def __init__(self, path: Path, log: logging.Logger, failing: str, recovered: str) -> None:
+        self.path = path
+        self._log, self._failing, self._recovered = log, failing, recovered
+        self._health = Health()
+
+    def save(self, data: bytes, make_parent: bool = False) -> bool:
+        """Write ``data``; False (logged once) when it could not be written."""
+        try:
+            if make_parent:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(self.path, data)
+        except OSError as exc:
+            if self._health.failing is None:
+                self._log.warning(self._failing, self.path, exc.strerror or exc)
+            self._health.fail(str(exc))
+            return False
+        if self._health.recover():
+            self._log.info(self._recovered, self.path)
+        return True
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a new or renamed name in ``directory`` durable (on Windows the journal already did)."""
+    PLATFORM.sync_directory(directory)

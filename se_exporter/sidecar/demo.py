@@ -1,0 +1,95 @@
+"""What ``run --simulate`` (``make demo``) tells a person: a banner before anything else, a summary on exit.
+
+Both are plain functions of values (the summary reads the registry's samples), printed by ``cli.run``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from se_exporter.sidecar.settings import Settings
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+TRANSITION_ORDER = ("scheduled", "rescheduled", "started", "completed", "canceled")
+
+
+def banner(settings: Settings, imds_url: str, metrics_url: str, scenario: str, description: str) -> str:
+    speed = "real time" if settings.speed == 1 else f"{settings.speed:g}x real time"
+    lines = [
+        f"se-exporter demo: the sidecar polls a simulated IMDS playing the '{scenario}' scenario ({speed}).",
+        f"  {description}",
+        "",
+        f"  Simulated IMDS  {imds_url}/metadata/scheduledevents?api-version={settings.api_version}",
+        f"                  curl -H Metadata:true '{imds_url}/metadata/scheduledevents?api-version=2020-07-01'",
+        f"  Metrics         {metrics_url}   (curl -s {metrics_url} | grep azure_scheduled)",
+    ]
+    if settings.forward_file:
+        lines.append(f"  Documents       {settings.forward_file}   (every distinct document, one JSON line each)")
+    if settings.otel_traces_exporter == "console":
+        lines.append("  Spans           below, one line each as they end (set OTEL_EXPORTER_OTLP_ENDPOINT to send them "
+                     "to a collector)")
+    elif settings.otel_traces_exporter == "otlp":
+        lines.append(f"  Spans           OTLP to {settings.otel_traces_endpoint or settings.otel_endpoint}")
+    lines.append(f"  State           {settings.state_path}")
+    lines += ["", "  Log lines follow: one per lifecycle transition. Stop with Ctrl-C for a summary.", ""]
+    return "\n".join(lines)
+
+
+def samples(registry: CollectorRegistry) -> Samples:
+    found: Samples = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def _total(found: Samples, name: str, **labels: str) -> float:
+    return sum(value for (sample, sample_labels), value in found.items()
+               if sample == name and all((key, wanted) in sample_labels for key, wanted in labels.items()))
+
+
+def _by(found: Samples, name: str, label: str) -> Iterable[tuple[str, float]]:
+    for (sample, labels), value in sorted(found.items()):
+        if sample == name and value:
+            yield dict(labels)[label], value
+
+
+def summary(found: Samples, elapsed: float, scenario_time: float, settings: Settings) -> str:
+    """One screen: how long it ran, what IMDS served, what happened to the events, where the outputs are."""
+    polls = dict(_by(found, "azure_scheduled_events_polls_total", "outcome"))
+    failed = sum(value for outcome, value in polls.items() if outcome != "ok")
+    transitions: dict[str, dict[str, int]] = defaultdict(dict)
+    for (sample, labels), value in sorted(found.items()):
+        if sample == "azure_scheduled_events_transitions_total" and value:
+            named = dict(labels)
+            transitions[named["event_type"]][named["transition"]] = int(value)
+    lines = ["", f"se-exporter demo summary: ran {elapsed:.0f} s ({scenario_time:.0f} s of scenario time)",
+             f"  IMDS polls      {polls.get('ok', 0):.0f} ok, {failed:.0f} failed",
+             f"  Documents       {_total(found, 'azure_scheduled_events_document_changes_total'):.0f} distinct, "
+             f"last incarnation {_total(found, 'azure_scheduled_events_document_incarnation'):.0f}"]
+    if not transitions:
+        lines.append("  Transitions     none yet (the demo's first events appear within seconds; let it run longer)")
+    for index, (event_type, kinds) in enumerate(sorted(transitions.items())):
+        counts = ", ".join(f"{kinds[kind]} {kind}" for kind in TRANSITION_ORDER if kind in kinds)
+        lines.append(f"  {'Transitions' if index == 0 else '':<15} {event_type:<10} {counts}")
+    pending: dict[str, float] = defaultdict(float)
+    for status, value in _by(found, "azure_scheduled_events_pending", "event_status"):
+        pending[status] += value
+    if pending:
+        lines.append("  Listed at exit  " + ", ".join(f"{value:.0f} {status}" for status, value in pending.items()))
+    if settings.forward_file:
+        written = _total(found, "azure_scheduled_events_forwarded_documents_total", sink="file")
+        lines.append(f"  Forwarded       {written:.0f} documents to {Path(settings.forward_file)}")
+    if settings.eventhubs_enabled:
+        sent = _total(found, "azure_scheduled_events_forwarded_documents_total", sink="eventhubs")
+        waiting = _total(found, "azure_scheduled_events_spool_documents")
+        lines.append(f"  Event Hubs      {sent:.0f} acknowledged, {waiting:.0f} still spooled")
+    if settings.otel_traces_exporter != "none":
+        lines.append(f"  Spans           {_total(found, 'azure_scheduled_events_spans_exported_total'):.0f} exported, "
+                     f"{_total(found, 'azure_scheduled_events_span_export_errors_total'):.0f} failed")
+    lines.append(f"  State           {settings.state_path}")
+    return "\n".join(lines)

@@ -1,0 +1,235 @@
+"""Prometheus metrics: current state from a custom collector, history from counters and histograms.
+
+The per-event families are yielded fresh from the latest ``Snapshot`` on every scrape, so an event
+that leaves the document leaves ``/metrics`` with it: there is no ``labels().remove()``
+bookkeeping to forget, and the number of series is bounded by the events listed right now.
+NotBefore, Description and Resources are never labels (unbounded values); they are gauges or
+left to spans and forwarded documents.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from se_exporter import __version__
+from se_exporter.core.errors import POLL_OUTCOMES
+from se_exporter.core.lifecycle import TRANSITIONS, EventRecord
+from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES, VmIdentity, affects_label, affects_vm, vm_name
+from se_exporter.sidecar.snapshot import Snapshot
+
+NAMESPACE = "azure_scheduled_events"
+EVENT = "azure_scheduled_event"
+
+NOTICE_BUCKETS = (0, 1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400, 259200, 604800)
+IMPACT_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600)
+# Bounds on what IMDS puts in labels (nothing a VM is told is trusted): a label value is cut at MAX_LABEL characters,
+# ending in LABEL_MARK so the cut shows; a document's first MAX_EVENT_SERIES events by EventId get per-event series.
+# Each hit is counted once per document (bound_hits_total). A 1 MB EventId made /metrics 5 MB; 3,000 events, 2 MB.
+MAX_LABEL = 256
+LABEL_MARK = "...[truncated]"
+MAX_EVENT_SERIES = 64
+BOUNDS = ("label_length", "events_per_document")
+POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
+
+
+class Metrics:
+    """Every metric the sidecar exposes, registered in the registry it is given."""
+
+    def __init__(self, registry: CollectorRegistry, snapshot: Callable[[], Snapshot],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.transitions = Counter(
+            f"{NAMESPACE}_transitions", "Lifecycle transitions seen, by event type.",
+            ["event_type", "transition"], registry=registry)
+        self.notice = Histogram(
+            f"{NAMESPACE}_notice_seconds", "First seen -> Started: the warning we really got.",
+            ["event_type"], buckets=NOTICE_BUCKETS, registry=registry)
+        self.impact = Histogram(
+            f"{NAMESPACE}_impact_seconds", "Started -> gone from the document.",
+            ["event_type"], buckets=IMPACT_BUCKETS, registry=registry)
+        self.polls = Counter(
+            f"{NAMESPACE}_polls", "Polls of the Scheduled Events endpoint, by outcome.",
+            ["outcome"], registry=registry)
+        self.poll_duration = Histogram(
+            f"{NAMESPACE}_poll_duration_seconds", "Time of one poll of IMDS, failures included.",
+            buckets=POLL_BUCKETS, registry=registry)
+        self.document_changes = Counter(
+            f"{NAMESPACE}_document_changes", "Valid documents whose bytes differed from the previous one.",
+            registry=registry)
+        self.document_warnings = Counter(
+            f"{NAMESPACE}_document_warnings", "Fields tolerated while parsing (wrong type, unparseable).",
+            registry=registry)
+        self.incarnation_regressions = Counter(
+            f"{NAMESPACE}_incarnation_regressions",
+            "Valid documents whose DocumentIncarnation was lower than the previous document's.", registry=registry)
+        self.identity_errors = Counter(
+            f"{NAMESPACE}_identity_errors", "Failed reads of the VM's compute metadata.", registry=registry)
+        self.sink_errors = Counter(
+            f"{NAMESPACE}_sink_errors", "Exceptions raised by an output sink.", ["sink"], registry=registry)
+        self.bound_hits = Counter(
+            f"{NAMESPACE}_bound_hits", "Values from IMDS cut to the sidecar's bounds, once per document: label_length "
+            f"(a label value cut at {MAX_LABEL} characters), events_per_document (events past the first "
+            f"{MAX_EVENT_SERIES} by EventId, without per-event series).", ["bound"], registry=registry)
+        for bound in BOUNDS:
+            self.bound_hits.labels(bound)
+        for outcome in POLL_OUTCOMES:
+            self.polls.labels(outcome)
+        for event_type in EVENT_TYPES:  # series exist from the start, so increase() sees the first event
+            self.notice.labels(event_type)
+            self.impact.labels(event_type)
+            for transition in TRANSITIONS:
+                self.transitions.labels(event_type, transition)
+        registry.register(StateCollector(snapshot, clock, lambda bound, n: self.bound_hits.labels(bound).inc(n)))
+
+
+class StateCollector(Collector):
+    """Yields the state families from the latest snapshot; never raises into a scrape."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot], clock: Callable[[], float],
+                 bound_hit: Callable[[str, int], None] | None = None) -> None:
+        self._snapshot = snapshot
+        self._clock = clock
+        self._cached: _EventFamilies | None = None
+        self._bound_hit = bound_hit
+        self._counted_identity: VmIdentity | None = None
+
+    def _hit(self, hits: Tally[str]) -> None:
+        if self._bound_hit is not None:
+            for bound, count in hits.items():
+                if count:
+                    self._bound_hit(bound, count)
+
+    def _event_families(self, snap: Snapshot) -> _EventFamilies:
+        """Built once per document (and VM name): the poll loop replaces ``records`` only when the bytes changed,
+        so between changes every scrape reuses these families and computes only the scrape-time countdown."""
+        cached = self._cached
+        if cached is not None and cached.records is snap.records and cached.vm_name == snap.vm_name:
+            return cached
+        hits: Tally[str] = Tally()
+        self._cached = cached = _EventFamilies.build(snap, hits)
+        self._hit(hits)
+        return cached
+
+    def describe(self) -> list[Metric]:
+        # Empty: the registry must not call collect() at registration time (no snapshot yet then).
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        now = self._clock()
+        yield _gauge(f"{NAMESPACE}_up", "1 when the last poll returned a valid document, else 0.",
+                     1.0 if snap.up else 0.0)
+        yield _gauge(f"{NAMESPACE}_last_success_timestamp_seconds",
+                     "Unix time of the last poll that returned a valid document (0: never).",
+                     snap.last_success or 0.0)
+        if snap.incarnation is not None:
+            yield _gauge(f"{NAMESPACE}_document_incarnation",
+                         "DocumentIncarnation of the last valid document.", float(snap.incarnation))
+        build = GaugeMetricFamily(f"{NAMESPACE}_build_info", "Version of se-exporter and the api-version it polls.",
+                                  labels=["version", "api_version"])
+        build.add_metric([__version__, snap.api_version], 1.0)
+        yield build
+        if snap.identity is not None:
+            hits: Tally[str] = Tally()
+            yield _vm_info(snap.identity, snap.vm_name, hits)
+            if snap.identity is not self._counted_identity:  # counted once per identity read, not per scrape
+                self._counted_identity = snap.identity
+                self._hit(hits)
+        families = self._event_families(snap)
+        yield from families.static
+        yield families.until(now)
+
+
+@dataclass(frozen=True)
+class _EventFamilies:
+    """The per-event families of one snapshot; only seconds_until_not_before depends on the scrape's time."""
+
+    records: Mapping[str, EventRecord]
+    vm_name: str | None
+    static: tuple[Metric, ...]
+    not_before: tuple[tuple[dict[str, str], float], ...]  # label set, NotBefore as unix time
+
+    @classmethod
+    def build(cls, snap: Snapshot, hits: Tally[str]) -> _EventFamilies:
+        pending = GaugeMetricFamily(f"{NAMESPACE}_pending", "Events listed now, by type and status.",
+                                    labels=["event_type", "event_status"])
+        info = GaugeMetricFamily(f"{EVENT}_info", "1 per listed event.",
+                                 labels=["event_id", "event_type", "event_status", "event_source",
+                                         "resource_type", "affects_this_vm"])
+        not_before = GaugeMetricFamily(f"{EVENT}_not_before_timestamp_seconds", "NotBefore as unix time.",
+                                       labels=["event_id", "event_type"])
+        duration = GaugeMetricFamily(f"{EVENT}_duration_seconds",
+                                     "DurationInSeconds as reported (-1 = unknown, 0 = no impact).",
+                                     labels=["event_id", "event_type"])
+        first_seen = GaugeMetricFamily(f"{EVENT}_first_seen_timestamp_seconds",
+                                       "When this exporter first saw the event, as unix time.",
+                                       labels=["event_id", "event_type"])
+        started = GaugeMetricFamily(f"{EVENT}_started_timestamp_seconds",
+                                    "When this exporter first saw the event Started, as unix time.",
+                                    labels=["event_id", "event_type"])
+        counts: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
+        stamps: list[tuple[dict[str, str], float]] = []
+        records = list(snap.records.values())
+        for record in records:
+            counts[(record.event.event_type, record.event.event_status)] += 1  # pending counts every event
+        if len(records) > MAX_EVENT_SERIES:  # deterministic: the first by EventId, whatever the document's order
+            hits["events_per_document"] += len(records) - MAX_EVENT_SERIES
+            records = sorted(records, key=lambda record: record.event.event_id)[:MAX_EVENT_SERIES]
+        for record in records:
+            event = record.event
+            key = [_label(event.event_id, hits), event.event_type]
+            info.add_metric([key[0], event.event_type, event.event_status,
+                             _label(event.event_source or "unknown", hits),
+                             _label(event.resource_type or "unknown", hits),
+                             affects_label(affects_vm(event, snap.vm_name))], 1.0)
+            first_seen.add_metric(key, record.first_seen)
+            if record.started_at is not None:
+                started.add_metric(key, record.started_at)
+            if event.not_before is not None:
+                stamp = event.not_before.timestamp()
+                not_before.add_metric(key, stamp)
+                stamps.append(({"event_id": key[0], "event_type": event.event_type}, stamp))
+            if event.duration_seconds is not None:
+                duration.add_metric(key, float(event.duration_seconds))
+        for (event_type, status), count in sorted(counts.items()):
+            pending.add_metric([event_type, status], float(count))
+        return cls(snap.records, snap.vm_name, (pending, info, not_before, duration, first_seen, started),
+                   tuple(stamps))
+
+    def until(self, now: float) -> Metric:
+        family = GaugeMetricFamily(f"{EVENT}_seconds_until_not_before",
+                                   "NotBefore minus now, at scrape time; negative once passed.",
+                                   labels=["event_id", "event_type"])
+        name = family.name
+        for labels, stamp in self.not_before:  # add_sample: the label dicts are built once per document
+            family.add_sample(name, labels, stamp - now)
+        return family
+
+
+def _vm_info(identity: VmIdentity, configured: str | None, hits: Tally[str]) -> Metric:
+    family = GaugeMetricFamily(f"{NAMESPACE}_vm_info", "The VM this exporter runs on, from IMDS compute metadata.",
+                               labels=["vm_name", "vm_id", "vmss_name", "location", "resource_group",
+                                       "subscription_id", "vm_size", "zone"])
+    family.add_metric([_label(value, hits) for value in (
+        vm_name(configured, identity) or "", identity.vm_id, identity.vmss_name, identity.location,
+        identity.resource_group, identity.subscription_id, identity.vm_size, identity.zone)], 1.0)
+    return family
+
+
+def _label(value: str, hits: Tally[str]) -> str:
+    """``value`` as a label: at most MAX_LABEL characters, a longer one cut and marked (and counted in ``hits``)."""
+    if len(value) <= MAX_LABEL:
+        return value
+    hits["label_length"] += 1
+    return value[:MAX_LABEL - len(LABEL_MARK)] + LABEL_MARK
+
+
+def _gauge(name: str, documentation: str, value: float) -> Metric:
+    return GaugeMetricFamily(name, documentation, value=value)

@@ -1,0 +1,183 @@
+"""The poll loop (IMDS -> lifecycle -> sinks) and the identity watcher, each run in a daemon thread.
+
+The main thread only waits for a stop signal, so a poll stuck in a two-minute first call never delays shutdown.
+Both write the snapshot through its owner (``CurrentState``); scrapes read it there.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from se_exporter.core import lifecycle
+from se_exporter.core.errors import ImdsError, ImdsThrottled
+from se_exporter.core.model import EventMemo, VmIdentity, event_key, parse_document, vm_name
+from se_exporter.core.retry import Health, backoff
+from se_exporter.infra.logs import fields
+from se_exporter.sidecar.imds import ImdsClient
+from se_exporter.sidecar.lifecycle_store import LifecycleStore
+from se_exporter.sidecar.metrics import Metrics
+from se_exporter.sidecar.settings import Settings
+from se_exporter.sidecar.sinks import DocumentChange, FanOut
+from se_exporter.sidecar.snapshot import CurrentState, Snapshot
+
+log = logging.getLogger("se_exporter")
+
+
+class Poller:
+    """Polls IMDS, keeps the snapshot, hands document changes to the sinks.
+
+    Work per poll is one GET and one bytes comparison: parsing, the lifecycle diff and the sinks
+    run only when the bytes changed.
+    """
+
+    def __init__(self, imds: ImdsClient, metrics: Metrics, sinks: FanOut, settings: Settings,
+                 state: CurrentState | None = None, clock: Callable[[], float] = time.time,
+                 store: LifecycleStore | None = None) -> None:
+        self._imds = imds
+        self._metrics = metrics
+        self._sinks = sinks
+        self._settings = settings
+        self._clock = clock
+        self._polls_ok = metrics.polls.labels("ok")  # looked up once: this is counted on every poll
+        self._last_body: bytes | None = None
+        self._memo = EventMemo()  # hands an unchanged event out again: the lifecycle diff keeps its record
+        self._failures = 0
+        self._health = Health()  # failing: the outcome of the current run of failed polls
+        # Shared with the identity watcher and the scrapes (see snapshot.py); its own when none is given.
+        self._state = state or CurrentState(Snapshot(vm_name=settings.vm_name, api_version=settings.api_version))
+        self._store = store
+        # Lifecycles open before a restart: the first diff starts from them, not from nothing (keyed as diff keys).
+        restored = store.load() if store is not None else {}
+        self._restored = {event_key(record.event.event_id): record for record in restored.values()}
+        self._ended: Mapping[str, lifecycle.EventRecord] = {}  # recently ended events, so none begins twice
+        self.heartbeat_deadline = (time.monotonic() + settings.effective_first_call_timeout
+                                   + settings.effective_max_backoff + 10)
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._state.get()
+
+    def set_identity(self, identity: VmIdentity) -> None:
+        self._state.update(identity=identity, vm_name=vm_name(self._settings.vm_name, identity))
+
+    def poll_once(self) -> float:
+        """One poll; returns how long to wait before the next one."""
+        started = time.monotonic()
+        try:
+            body = self._imds.scheduled_events()
+            if body != self._last_body:
+                self._apply(body)  # raises InvalidDocument before anything is changed
+        except ImdsError as error:
+            self._metrics.poll_duration.observe(time.monotonic() - started)
+            return self._failed(error)
+        self._metrics.poll_duration.observe(time.monotonic() - started)
+        self._polls_ok.inc()
+        if self._health.recover():
+            log.info("IMDS recovered after %d failed polls", self._failures,
+                     extra=fields(imds_state="ok", failed_polls=self._failures))
+        self._failures = 0
+        self._state.update(up=True, last_success=self._clock())
+        return self._settings.poll_interval
+
+    def _apply(self, body: bytes) -> None:
+        document = parse_document(body, self._memo)
+        now = self._clock()
+        previous = self.snapshot.records if self.snapshot.has_document else self._restored
+        step = lifecycle.diff(previous, document, now, self._ended)
+        if self._store is not None:
+            self._store.save(step.records)
+        first = self._last_body is None
+        self._last_body = body
+        self._ended = step.ended
+        before = self.snapshot.incarnation
+        if document.incarnation is not None and before is not None and document.incarnation < before:
+            # Azure: the incarnation "increases when the events array changes". Lower means IMDS started counting
+            # again or a stale answer; the document is still what IMDS says now, so it is used, and said.
+            self._metrics.incarnation_regressions.inc()
+            log.warning("DocumentIncarnation went backwards from %d to %d; using the document as IMDS' current "
+                        "state (events that had ended stay ended)", before, document.incarnation,
+                        extra=fields(document_incarnation=document.incarnation, previous_incarnation=before))
+        snap = self._state.update(records=step.records, incarnation=document.incarnation, has_document=True)
+        self._metrics.document_changes.inc()
+        if document.warnings:
+            self._metrics.document_warnings.inc(len(document.warnings))
+            which = "without a DocumentIncarnation" if document.incarnation is None else str(document.incarnation)
+            log.warning("document %s parsed with %d warnings: %s", which, len(document.warnings),
+                        "; ".join(document.warnings[:5]), extra=fields(warnings=list(document.warnings[:50])))
+        if first:
+            log.info("first document read", extra=fields(document_incarnation=document.incarnation,
+                                                          events=len(document.events)))
+        self._sinks.export(DocumentChange(
+            raw=body, document=document, transitions=step.transitions, records=step.records, observed_at=now,
+            vm_name=snap.vm_name, identity=snap.identity, api_version=self._settings.api_version))
+
+    def _failed(self, error: ImdsError) -> float:
+        self._metrics.polls.labels(error.outcome).inc()
+        self._failures += 1
+        if self._health.fail(error.outcome):  # one line per change of IMDS health, not per failed poll
+            state = "keeping the last valid state" if self.snapshot.has_document else "no document read yet"
+            log.warning("IMDS poll failed: %s (%s)", error, state,
+                        extra=fields(imds_state=error.outcome, url=self._imds.events_url))
+        self._state.update(up=False)
+        interval, cap = self._settings.poll_interval, self._settings.effective_max_backoff
+        if isinstance(error, ImdsThrottled) and error.retry_after is not None:
+            return min(max(interval, error.retry_after), cap)
+        return backoff(self._failures, interval, cap)
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll until ``stop`` is set. The next poll is due ``delay`` after this one *started*, so the
+        poll's own duration is inside the interval and the rate stays fixed."""
+        while not stop.is_set():
+            started = time.monotonic()
+            self.heartbeat_deadline = started + self._imds.current_timeout + self._settings.effective_max_backoff + 10
+            try:
+                delay = self.poll_once()
+            except Exception:  # a bug must not end the loop silently: log it, wait, go on
+                log.exception("unexpected error in the poll loop")
+                delay = self._settings.effective_max_backoff
+            stop.wait(max(0.0, started + delay - time.monotonic()))
+
+    @property
+    def healthy(self) -> bool:
+        """The loop came round in time (``/healthz``)."""
+        return time.monotonic() <= self.heartbeat_deadline
+
+    @property
+    def ready(self) -> bool:
+        """A valid document has been read (``/readyz``)."""
+        return self.snapshot.has_document
+
+
+class IdentityWatcher:
+    """Reads compute metadata once it can; retries in the background with a capped backoff."""
+
+    def __init__(self, imds: ImdsClient, poller: Poller, metrics: Metrics, first_wait: float = 1.0,
+                 max_wait: float = 60.0) -> None:
+        self._imds, self._poller, self._metrics = imds, poller, metrics
+        self._first_wait, self._max_wait = first_wait, max_wait
+        # Set after the first try, failed or not: the poll loop waits for it (briefly), so that the first
+        # forwarded document already carries the VM's id and partition key in the common case.
+        self.first_attempt = threading.Event()
+
+    def run(self, stop: threading.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            try:
+                identity = self._imds.compute()
+            except ImdsError as error:
+                self.first_attempt.set()
+                self._metrics.identity_errors.inc()
+                failures += 1
+                if failures == 1:
+                    log.warning("cannot read VM identity, retrying in the background: %s", error)
+                stop.wait(backoff(failures, self._first_wait, self._max_wait))
+                continue
+            self._poller.set_identity(identity)
+            self.first_attempt.set()
+            log.info("VM identity read", extra=fields(vm_name=self._poller.snapshot.vm_name, vm_id=identity.vm_id,
+                                                      vmss_name=identity.vmss_name or None,
+                                                      location=identity.location))
+            return

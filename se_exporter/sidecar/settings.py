@@ -1,0 +1,425 @@
+"""Settings of ``se-exporter run``: one frozen object, resolved flag -> environment -> default, validated once.
+
+``RUN_OPTIONS`` declares every setting of the command (the machinery and the options other commands share are in
+``infra/options.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from se_exporter.core.errors import ConfigError
+from se_exporter.infra.options import (
+    DEFAULT_PORT,
+    EVENTHUB_OPTIONS,
+    LOG_OPTIONS,
+    SPEED,
+    Bounded,
+    Listen,
+    Option,
+    check_eventhubs,
+    choice,
+    given,
+    parse_listen,
+    parse_name,
+    parse_path,
+    parse_url,
+    resolve,
+)
+from se_exporter.infra.platform_io import DEFAULT_STATE_DIR
+
+DEFAULT_IMDS_URL = "http://169.254.169.254"
+DEFAULT_API_VERSION = "2020-07-01"
+DEFAULT_HEARTBEAT = 300.0  # seconds; with Event Hubs: a quiet VM still reaches `se-exporter fleet` 3 times in 15 min
+_API_VERSION = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
+
+
+@dataclass(frozen=True)
+class SpanBatching:
+    """OpenTelemetry's ``BatchSpanProcessor`` settings: ``OTEL_BSP_*`` where set, else these defaults. Only the
+    schedule delay differs from the SDK's (5 s): an update span reaches the backend within about half a second."""
+
+    schedule_delay_millis: int = 500
+    max_queue_size: int = 2048
+    max_export_batch_size: int = 512
+
+
+@dataclass(frozen=True)
+class TracingSettings:
+    """The part of ``Settings`` the span sink is built from (``Settings.tracing``); tracing never sees the rest."""
+
+    otel_traces_exporter: str = "none"
+    otel_endpoint: str | None = None
+    otel_traces_endpoint: str | None = None
+    otel_protocol: str = "http/protobuf"
+    otel_service_name: str = "se-exporter"
+    log_format: str = "text"  # console spans: one short line for people, or the SDK's JSON with --log-format json
+    vm_name: str | None = None  # host.name, when given
+    batch: SpanBatching = SpanBatching()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Settings of ``se-exporter run``.
+
+    Two bounds are derived rather than refused, so that ``--poll-interval 10`` alone just works:
+    the backoff cap is never below the poll interval, the first-call timeout never below the
+    ordinary timeout.
+    """
+
+    imds_url: str = DEFAULT_IMDS_URL
+    api_version: str = DEFAULT_API_VERSION
+    poll_interval: float = 1.0
+    imds_timeout: float = 2.0
+    first_call_timeout: float = 120.0
+    max_backoff: float = 5.0
+    max_document_bytes: int = 4 * 1024 * 1024
+    listen: Listen = Listen("", DEFAULT_PORT)  # noqa: RUF009 - Listen is frozen: one shared default is safe
+    vm_name: str | None = None
+    log_level: str = "info"
+    log_format: str = "text"
+    simulate: str | None = None
+    speed: float = 1.0
+    state_dir: Path | None = None  # None: DEFAULT_STATE_DIR if writable (see state_path)
+    forward_file: Path | None = None
+    spool_dir: Path | None = None
+    spool_max_bytes: int = 64 * 1024 * 1024
+    eventhub_connection_string: str | None = field(default=None, repr=False)  # a secret: never in repr or logs
+    eventhub_name: str | None = None
+    eventhub_namespace: str | None = None
+    eventhub_client_id: str | None = None
+    eventhub_endpoint: str | None = None
+    eventhub_ca_file: str | None = None
+    eventhub_send_timeout: float = 10.0
+    eventhub_retry_max: float = 30.0
+    heartbeat_interval: float | None = None  # None: DEFAULT_HEARTBEAT with Event Hubs, else off; 0: off
+    otel_traces_exporter: str = "none"
+    otel_endpoint: str | None = None
+    otel_traces_endpoint: str | None = None
+    otel_protocol: str = "http/protobuf"
+    otel_service_name: str = "se-exporter"
+    otel_batch: SpanBatching = SpanBatching()
+
+    @property
+    def eventhubs_enabled(self) -> bool:
+        return bool(self.eventhub_connection_string or self.eventhub_namespace)
+
+    @property
+    def heartbeat_seconds(self) -> float | None:
+        """Seconds between heartbeats, or None for none (see ``--heartbeat-interval``)."""
+        if self.heartbeat_interval is None:
+            return DEFAULT_HEARTBEAT if self.eventhubs_enabled else None
+        return self.heartbeat_interval or None
+
+    @property
+    def state_path(self) -> Path:
+        return self.state_dir or Path(DEFAULT_STATE_DIR)
+
+    @property
+    def spool_path(self) -> Path:
+        return self.spool_dir or self.state_path / "spool"
+
+    @property
+    def tracing(self) -> TracingSettings:
+        return TracingSettings(self.otel_traces_exporter, self.otel_endpoint, self.otel_traces_endpoint,
+                               self.otel_protocol, self.otel_service_name, self.log_format, self.vm_name,
+                               self.otel_batch)
+
+    @property
+    def effective_max_backoff(self) -> float:
+        """``--max-backoff`` as used: never below the poll interval (see the class docstring)."""
+        return max(self.max_backoff, self.poll_interval)
+
+    @property
+    def effective_first_call_timeout(self) -> float:
+        """``--first-call-timeout`` as used: never below ``--imds-timeout``."""
+        return max(self.first_call_timeout, self.imds_timeout)
+
+    @property
+    def raised_bounds(self) -> tuple[str, ...]:
+        """One sentence per bound given below its floor and raised to it, for the start-up log: the sidecar starts
+        (a sidecar that refuses to start watches nothing) but says what it uses instead of what was asked."""
+        notes = []
+        if self.max_backoff < self.poll_interval:
+            notes.append(f"--max-backoff {self.max_backoff:g} is shorter than --poll-interval "
+                         f"{self.poll_interval:g}: using {self.effective_max_backoff:g}")
+        if self.first_call_timeout < self.imds_timeout:
+            notes.append(f"--first-call-timeout {self.first_call_timeout:g} is shorter than --imds-timeout "
+                         f"{self.imds_timeout:g}: using {self.effective_first_call_timeout:g}")
+        return tuple(notes)
+
+
+# ---------------------------------------------------------------- value parsers (str -> value)
+
+
+def parse_api_version(text: str) -> str:
+    if not _API_VERSION.match(text):
+        raise ValueError(f"{text!r} is not an api-version like 2020-07-01")
+    return text
+
+
+# The ranges of every numeric setting (help texts and the README show them).
+POLL_INTERVAL = Bounded(0.05, 3600)  # below 0.2 s IMDS throttles; 0.05 is the benchmarks' and tests' 20 Hz
+TIMEOUT = Bounded(0.05, 300)
+FIRST_CALL_TIMEOUT = Bounded(0.05, 600)  # the first call may take two minutes: five times that is plenty
+BACKOFF = Bounded(0.05, 3600)
+DOCUMENT_BYTES = Bounded(1024, 64 * 1024**2, unit="bytes")
+SPOOL_BYTES = Bounded(4096, 1024**4, unit="bytes")
+SEND_TIMEOUT = Bounded(0.1, 600)
+RETRY_MAX = Bounded(0.1, 3600)
+HEARTBEAT = Bounded(0.1, 86400)
+THROTTLED_BELOW = 0.2  # seconds between polls: faster than IMDS serves without throttling
+
+
+def parse_bytes(text: str) -> int:
+    """A document size limit (kept for callers that parse sizes directly)."""
+    return int(DOCUMENT_BYTES(text))
+
+
+def parse_imds_url(text: str) -> str:
+    """IMDS takes no credentials, so a ``user:password@`` part can only leak: it would be printed in the start-up
+    line and in every failed poll's ``url=``. Refused before anything repeats the text."""
+    if re.match(r"[^/]*//[^/?#]*@", text.strip()):
+        raise ValueError("holds a user name or password (user:password@); IMDS takes none: give the URL without it")
+    return parse_url(text)
+
+
+def parse_otlp_url(text: str) -> str:
+    return parse_url(text, example="http://127.0.0.1:4318")
+
+
+def parse_heartbeat(text: str) -> float:
+    """Seconds between heartbeats; 0 or 'off' turns them off."""
+    if text.strip().lower() in ("0", "off"):
+        return 0.0
+    return HEARTBEAT(text)
+
+
+# ---------------------------------------------------------------- the option table
+
+
+RUN_OPTIONS: tuple[Option, ...] = (
+    Option("imds_url", "--imds-url", parse_imds_url,
+           f"IMDS base URL (default {DEFAULT_IMDS_URL}); never reached through a proxy", "URL"),
+    Option("api_version", "--api-version", parse_api_version,
+           f"Scheduled Events api-version to request (default {DEFAULT_API_VERSION})", "VERSION"),
+    Option("poll_interval", "--poll-interval", POLL_INTERVAL,
+           "seconds between polls; Azure recommends 1 (default 1)", "SECONDS"),
+    Option("imds_timeout", "--imds-timeout", TIMEOUT,
+           "timeout of each whole IMDS request (connect, headers and body) once IMDS has answered (default 2)",
+           "SECONDS"),
+    Option("first_call_timeout", "--first-call-timeout", FIRST_CALL_TIMEOUT,
+           "timeout until IMDS first answers: the first call enables the service and may take "
+           "up to two minutes (default 120; never shorter than --imds-timeout)", "SECONDS"),
+    Option("max_backoff", "--max-backoff", BACKOFF,
+           "longest wait between polls after failures or a 429 Retry-After; kept short because a "
+           "missed notice is worse than a throttled poll (default 5; never shorter than --poll-interval)",
+           "SECONDS"),
+    Option("max_document_bytes", "--max-document-bytes", DOCUMENT_BYTES,
+           "largest IMDS body read; larger ones are rejected unread (default 4MiB)", "BYTES"),
+    Option("listen", "--listen", parse_listen,
+           f"where /metrics, /healthz and /readyz are served (default :{DEFAULT_PORT}, all "
+           "interfaces; use 127.0.0.1:PORT to keep it local)", "HOST:PORT"),
+    Option("vm_name", "--vm-name", parse_name,
+           "this VM's name as listed in event Resources (default: from IMDS compute metadata)", "NAME"),
+    *LOG_OPTIONS,
+    Option("speed", "--speed", SPEED,
+           "with --simulate: how many times faster than real time the scenario runs (default 1)", "FACTOR"),
+    Option("state_dir", "--state-dir", parse_path,
+           "where state that must survive restarts is kept: open lifecycles, the forwarding sequence "
+           f"(default {DEFAULT_STATE_DIR})", "PATH"),
+    Option("forward_file", "--forward-file", parse_path,
+           "append every distinct document, with its properties, to this JSON-lines file", "PATH"),
+    Option("spool_dir", "--spool-dir", parse_path,
+           "durable queue of documents waiting for Event Hubs (default STATE_DIR/spool)", "PATH"),
+    Option("spool_max_bytes", "--spool-max-bytes", SPOOL_BYTES,
+           "spool size limit; past it the oldest documents are dropped and counted (default 64MiB)", "BYTES"),
+    *EVENTHUB_OPTIONS,
+    Option("eventhub_send_timeout", "--eventhub-send-timeout", SEND_TIMEOUT,
+           "timeout of one send to Event Hubs; a timed-out batch is kept and resent (default 10)", "SECONDS"),
+    Option("eventhub_retry_max", "--eventhub-retry-max", RETRY_MAX,
+           "longest wait between attempts while Event Hubs is unreachable (default 30)", "SECONDS"),
+    Option("heartbeat_interval", "--heartbeat-interval", parse_heartbeat,
+           "forward the current document again after this long without a change, marked as a heartbeat, so "
+           "consumers know the VM is alive (default 300 with Event Hubs, else off; 0 or off: never; "
+           f"{HEARTBEAT.describe()})", "SECONDS"),
+    Option("otel_traces_exporter", "--otel-traces-exporter", choice("otlp", "console", "none"),
+           "where spans go: otlp, console or none (default otlp when an OTLP endpoint is set, else none)",
+           "EXPORTER", env_name="OTEL_TRACES_EXPORTER"),
+    Option("otel_endpoint", "--otel-endpoint", parse_otlp_url,
+           "OTLP endpoint, e.g. http://tempo:4318 (http/protobuf; /v1/traces is added) or http://tempo:4317 (grpc)",
+           "URL", env_name="OTEL_EXPORTER_OTLP_ENDPOINT"),
+    Option("otel_protocol", "--otel-protocol", choice("http/protobuf", "grpc"),
+           "OTLP protocol: http/protobuf or grpc (default http/protobuf)", "PROTOCOL",
+           env_name="OTEL_EXPORTER_OTLP_PROTOCOL"),
+    Option("otel_service_name", "--otel-service-name", parse_name,
+           "service.name of the spans (default se-exporter)", "NAME", env_name="OTEL_SERVICE_NAME"),
+    Option("simulate", "--simulate", str,
+           "start the built-in IMDS simulator in-process and poll it instead of IMDS "
+           "(scenarios: {scenarios}; default demo)", "SCENARIO", const="demo"),
+)
+
+
+def run_options(scenarios: Sequence[str]) -> tuple[Option, ...]:
+    """RUN_OPTIONS with the simulator's scenarios named in --simulate's help: the CLI, which knows both programs,
+    hands them in (the sidecar does not import the simulator)."""
+    return tuple(replace(option, help=option.help.replace("{scenarios}", ", ".join(scenarios)))
+                 if option.dest == "simulate" else option for option in RUN_OPTIONS)
+
+def run_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
+    values = resolve(RUN_OPTIONS, args, env)
+    values.update(_otel_extras(args, env, values))
+    settings = Settings(**values)
+    check_eventhubs(settings)
+    check_orphans(settings, given(RUN_OPTIONS, args, env))
+    check_paths(settings)
+    return settings
+
+
+# Settings that only mean something beside another: (the setting, what it needs, the hint of the error).
+_EVENTHUB_ONLY = ("spool_dir", "spool_max_bytes", "eventhub_send_timeout", "eventhub_retry_max")
+
+
+def check_orphans(settings: Settings, sources: Mapping[str, str]) -> None:
+    """A setting that would be ignored, or two that contradict each other, stop start-up with one line naming
+    what was written (the flag or the environment variable) and what to do; nothing is ignored silently."""
+    def named(dest: str) -> str:
+        return sources.get(dest, "--" + dest.replace("_", "-"))
+
+    if "speed" in sources and settings.simulate is None:
+        raise ConfigError(f"{named('speed')} needs --simulate (it sets how fast the simulated scenario runs); "
+                          "leave it out when polling IMDS")
+    if "imds_url" in sources and settings.simulate is not None:
+        raise ConfigError(f"{named('imds_url')} and {named('simulate')} exclude each other: --simulate polls its "
+                          "own in-process IMDS; give one of them")
+    if settings.heartbeat_interval and not (settings.forward_file or settings.eventhubs_enabled):
+        raise ConfigError(f"{named('heartbeat_interval')} needs a forwarding target (--forward-file, or Event Hubs): "
+                          "heartbeats are forwarded documents; give one, or leave it out")
+    if not settings.eventhubs_enabled:
+        for dest in _EVENTHUB_ONLY:
+            if dest in sources:
+                raise ConfigError(f"{named(dest)} is only used with Event Hubs: give --eventhub-connection-string or "
+                                  f"--eventhub-namespace, or leave {named(dest)} out")
+
+
+def check_paths(settings: Settings) -> None:
+    """The sidecar's own files must not overlap: state saves replace files in the state directory, spool rotation
+    deletes segments in the spool directory, so a forward file inside either is destroyed by the sidecar itself,
+    and a spool directory that is the state directory mixes segments into the state. The spool's default place,
+    STATE_DIR/spool, is the one nesting allowed."""
+    state = _flag_path("--state-dir", settings.state_dir, settings.state_path)
+    spool = _flag_path("--spool-dir", settings.spool_dir, settings.spool_path) if settings.eventhubs_enabled \
+        else None
+    if settings.forward_file is not None:
+        forward = followable("--forward-file", settings.forward_file, file=True)
+        for flag, (shown, directory) in (("--state-dir", state), *((("--spool-dir", spool),) if spool else ())):
+            if forward.is_relative_to(directory):
+                raise ConfigError(f"--forward-file {settings.forward_file} is inside {flag} {shown}: the sidecar "
+                                  "replaces and deletes its own files there; choose a file outside it")
+    if spool is not None:
+        (spool_shown, spool_dir), (state_shown, state_dir) = spool, state
+        if spool_dir == state_dir / "spool":
+            return
+        if spool_dir.is_relative_to(state_dir) or state_dir.is_relative_to(spool_dir):
+            raise ConfigError(f"--spool-dir {spool_shown} and --state-dir {state_shown} overlap: give the spool its "
+                              "own directory (the default is STATE_DIR/spool)")
+
+
+def _flag_path(flag: str, given: Path | None, used: Path) -> tuple[str, Path]:
+    """How an error shows a directory (the path given, or ``(default ...)``) and the directory, resolved."""
+    return (str(given) if given is not None else f"(default {used})"), followable(flag, used)
+
+
+def followable(flag: str, path: Path, file: bool = False) -> Path:
+    """``path`` resolved, or a ``ConfigError`` saying why it cannot be: a loop of symbolic links (``resolve`` raises
+    RuntimeError on Python 3.11, OSError later), or a symbolic link to nothing on the way to it, or as the directory
+    itself (making it would otherwise fail with a bare "File exists"). A ``file``'s own link may point at a file yet
+    to be made: appending creates it."""
+    try:
+        resolved = path.resolve()
+    except (RuntimeError, OSError) as error:
+        raise ConfigError(f"{flag} {path}: symbolic links there form a loop and cannot be followed ({error}); "
+                          "give a path that leads to a real directory or file") from None
+    for step in (*(() if file else (path,)), *path.parents):
+        if step.is_symlink() and not step.exists():
+            try:
+                target = os.readlink(step)
+            except OSError:
+                target = "?"
+            raise ConfigError(f"{flag} {path}: {step} is a symbolic link to {target}, which does not exist; create "
+                              "it, or give another path")
+    _check_kind(flag, path, resolved, file)
+    return resolved
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISREG, "a regular file"))
+
+
+def _check_kind(flag: str, path: Path, resolved: Path, file: bool) -> None:
+    """A path that exists must be what the flag needs: a forward file a regular file (a FIFO blocked start-up for
+    good, opening it waits for a reader; /dev/stdout cannot be read back or cut), a directory a directory."""
+    try:
+        mode = resolved.stat().st_mode
+    except OSError:
+        return  # not there yet (made at start-up) or not reachable: the open or the lock says why
+    if stat.S_ISREG(mode) if file else stat.S_ISDIR(mode):
+        return
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file or directory")
+    shown = f"{path} ({resolved})" if resolved != path.absolute() else str(path)
+    if file:
+        raise ConfigError(f"{flag} {shown} is {kind}, not a regular file: the sidecar appends to the file and reads "
+                          "its end back at start-up; give the path of a regular file (or of one to create)")
+    raise ConfigError(f"{flag} {shown} is {kind}, not a directory; give the path of a directory (or of one to "
+                      "create)")
+
+
+def _otel_extras(args: argparse.Namespace, env: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, Any]:
+    """The signal-specific OTEL variables win over the general ones, as the specification says."""
+    extras: dict[str, Any] = {}
+    traces_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if traces_endpoint and getattr(args, "otel_endpoint", None) is None:
+        try:
+            extras["otel_traces_endpoint"] = parse_otlp_url(traces_endpoint)
+        except ValueError as exc:
+            raise ConfigError(f"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: {exc}") from None
+    traces_protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+    if traces_protocol and getattr(args, "otel_protocol", None) is None:
+        try:
+            extras["otel_protocol"] = choice("http/protobuf", "grpc")(traces_protocol)
+        except ValueError as exc:
+            raise ConfigError(f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: {exc}") from None
+    if "otel_traces_exporter" not in values:
+        endpoint_set = values.get("otel_endpoint") or extras.get("otel_traces_endpoint")
+        extras["otel_traces_exporter"] = "otlp" if endpoint_set else "none"
+    if (extras.get("otel_traces_exporter") or values.get("otel_traces_exporter")) != "none":
+        extras["otel_batch"] = _span_batching(env)
+    return extras
+
+
+def _span_batching(env: Mapping[str, str]) -> SpanBatching:
+    """``OTEL_BSP_*`` (the SDK's own variables) checked at start-up, where the SDK would log and fall back at the
+    first span; the project's defaults for those not set."""
+    given: dict[str, int] = {}
+    for name, key in (("OTEL_BSP_SCHEDULE_DELAY", "schedule_delay_millis"),
+                      ("OTEL_BSP_MAX_QUEUE_SIZE", "max_queue_size"),
+                      ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "max_export_batch_size")):
+        text = env.get(name)
+        if text is None or not text.strip():
+            continue
+        if not text.strip().isdigit() or int(text) <= 0:
+            raise ConfigError(f"{name}={text[:40]!r}: give a positive whole number")
+        given[key] = int(text)
+    batching = SpanBatching(**given)
+    if batching.max_export_batch_size > batching.max_queue_size:
+        raise ConfigError(f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE {batching.max_export_batch_size} exceeds the queue "
+                          f"({batching.max_queue_size}, OTEL_BSP_MAX_QUEUE_SIZE): give a batch no larger than it")
+    return batching

@@ -1,0 +1,88 @@
+"""One small interface for every output, shaped like OpenTelemetry's ``SpanExporter``.
+
+The poll loop hands each sink a ``DocumentChange`` only when the document's bytes changed, never
+per poll, so a sink's cost is paid per change. ``FanOut`` wraps the sinks so that one failing
+sink is logged and counted and never stalls or breaks the others (as the OpenTelemetry SDK's
+``SimpleSpanProcessor`` does with exporter errors).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from se_exporter.core.lifecycle import EventRecord, Transition
+from se_exporter.core.model import Document, VmIdentity
+
+log = logging.getLogger("se_exporter.sinks")
+
+
+@dataclass(frozen=True)
+class DocumentChange:
+    """A new valid document and what it meant: the unit every sink consumes."""
+
+    raw: bytes
+    document: Document
+    transitions: tuple[Transition, ...]
+    records: Mapping[str, EventRecord]
+    observed_at: float
+    vm_name: str | None
+    identity: VmIdentity | None
+    api_version: str
+
+
+@dataclass(frozen=True)
+class ImdsHealth:
+    """How the VM's reads of IMDS are going, as of now: what a heartbeat says besides the document it repeats.
+
+    ``last_success`` is when the sidecar last read a valid document (unix seconds; None before the first),
+    ``failing`` whether the latest poll failed. The poll loop keeps both in the snapshot; the forwarding sink reads
+    them through a callable it is given (``ForwardSink(imds_health=...)``), so that during an IMDS outage a heartbeat
+    says so instead of passing the last document off as freshly read.
+    """
+
+    last_success: float | None
+    failing: bool
+
+
+class Sink:
+    """Base of every output, as OpenTelemetry's ``SpanExporter``: ``export`` is the one method a sink must write;
+    ``force_flush`` and ``shutdown`` do nothing unless a sink holds something to flush or close."""
+
+    name: str = "sink"
+
+    def export(self, change: DocumentChange) -> None:
+        raise NotImplementedError
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Deliver whatever is buffered within ``timeout_millis``; True when all of it was."""
+        return True
+
+    def shutdown(self) -> None:
+        """Release what the sink holds; called once, after the last export."""
+
+
+class FanOut:
+    """Delivers each change to every sink; an exception in one is logged, counted and contained."""
+
+    def __init__(self, sinks: Sequence[Sink], on_error: Callable[[str], None]) -> None:
+        self._sinks = tuple(sinks)
+        self._on_error = on_error
+
+    def export(self, change: DocumentChange) -> None:
+        for sink in self._sinks:
+            try:
+                sink.export(change)
+            except Exception:  # a sink must never take the poll loop down
+                log.exception("sink %s failed to export incarnation %s", sink.name, change.document.incarnation)
+                self._on_error(sink.name)
+
+    def shutdown(self) -> None:
+        for sink in self._sinks:
+            try:
+                sink.force_flush()
+                sink.shutdown()
+            except Exception:
+                log.exception("sink %s failed to shut down", sink.name)
+                self._on_error(sink.name)

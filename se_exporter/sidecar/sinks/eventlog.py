@@ -1,0 +1,54 @@
+"""One log line per lifecycle transition, with the fields a person needs to act on it."""
+
+from __future__ import annotations
+
+import logging
+
+from se_exporter.core.lifecycle import CANCELED, COMPLETED, RESCHEDULED, SCHEDULED, STARTED, Transition
+from se_exporter.core.model import affects_label, affects_vm
+from se_exporter.infra.logs import fields
+from se_exporter.sidecar.sinks import DocumentChange, Sink
+
+log = logging.getLogger("se_exporter.events")
+
+_LEVELS = {SCHEDULED: logging.WARNING, STARTED: logging.WARNING, RESCHEDULED: logging.INFO,
+           COMPLETED: logging.INFO, CANCELED: logging.INFO}
+
+
+class LogSink(Sink):
+    name = "log"
+
+    def export(self, change: DocumentChange) -> None:
+        for transition in change.transitions:
+            log.log(_LEVELS.get(transition.kind, logging.INFO), "%s", _headline(transition),
+                    extra=fields(**_details(transition, change)))
+
+
+def _headline(transition: Transition) -> str:
+    event = transition.event
+    return f"{event.event_type} {event.event_id} {transition.kind}"
+
+
+def _details(transition: Transition, change: DocumentChange) -> dict[str, object]:
+    event, record = transition.event, transition.record
+    details: dict[str, object] = {
+        "transition": transition.kind,
+        "event_id": event.event_id,
+        "event_type": event.event_type,
+        "event_status": event.event_status,
+        "event_source": event.event_source,
+        "resources": list(event.resources),
+        "affects_this_vm": affects_label(affects_vm(event, change.vm_name)),
+        "document_incarnation": change.document.incarnation,
+    }
+    if event.not_before is not None:
+        details["not_before"] = event.not_before.isoformat()
+    if transition.previous_not_before is not None:
+        details["previous_not_before"] = transition.previous_not_before.isoformat()
+    if event.duration_seconds is not None:
+        details["duration_seconds"] = event.duration_seconds
+    if transition.kind == STARTED and record.notice_seconds is not None:
+        details["notice_seconds"] = round(record.notice_seconds, 3)
+    if transition.kind == COMPLETED and record.impact_seconds is not None:
+        details["impact_seconds"] = round(record.impact_seconds, 3)
+    return details

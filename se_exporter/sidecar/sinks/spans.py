@@ -1,0 +1,233 @@
+"""OpenTelemetry spans: one trace per EventId, shared by every VM that sees the event.
+
+Design, because a span is exported only when it ends and an event can stay Scheduled for days:
+
+* ``scheduled_event`` (first seen -> gone), ``scheduled_event.notice`` (first seen -> started, or gone
+  if cancelled) and ``scheduled_event.impact`` (started -> gone) are created *when they end*, with
+  explicit start and end times taken from the lifecycle records. Nothing lives in memory but those
+  records, which survive restarts (``sidecar/lifecycle_store.py``), so a restarted sidecar emits the very span the
+  first process began, with its true start time and its id.
+* ids are deterministic: the trace id from the EventId alone (``trace_id_for``), span ids from the
+  EventId, the VM and the span's role. Every VM and every restart lands in the same trace.
+* for prompt visibility, every transition and every change of a listed event emits a zero-length
+  ``scheduled_event.update`` child at once (exported within about a second by the batch processor);
+  the same moments are recorded as span events on ``scheduled_event`` when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+
+from se_exporter.core.lifecycle import CANCELED, COMPLETED, STARTED, EventRecord, Transition
+from se_exporter.core.model import ScheduledEvent, affects_vm, event_key, json_kind
+from se_exporter.infra.files import StateFile, read_state_file
+from se_exporter.sidecar.sinks import DocumentChange, Sink
+
+log = logging.getLogger("se_exporter.spans")
+PREFIX = "azure.scheduled_event."
+MAX_SPAN_EVENTS = 128
+
+
+def trace_id_for(event_id: str) -> int:
+    """The first 16 bytes of SHA-256 over the lower-cased EventId (``event_key``), as the 128-bit trace id."""
+    value = int.from_bytes(hashlib.sha256(event_key(event_id).encode()).digest()[:16], "big")
+    return value or 1
+
+
+def span_id_for(event_id: str, vm_key: str, role: str) -> int:
+    key = f"{event_key(event_id)}/{vm_key}/{role}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") or 1
+
+
+class EventIdGenerator(IdGenerator):
+    """Hands out the ids chosen for the span being started; random ids otherwise."""
+
+    def __init__(self) -> None:
+        self._chosen: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("ids", default=None)
+        self._random = RandomIdGenerator()
+
+    @contextlib.contextmanager
+    def ids(self, trace_id: int, span_id: int) -> Iterator[None]:
+        token = self._chosen.set((trace_id, span_id))
+        try:
+            yield
+        finally:
+            self._chosen.reset(token)
+
+    def generate_trace_id(self) -> int:
+        chosen = self._chosen.get()
+        return chosen[0] if chosen else self._random.generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        chosen = self._chosen.get()
+        return chosen[1] if chosen else self._random.generate_span_id()
+
+
+def attributes(event: ScheduledEvent, incarnation: int | None, vm_name: str | None) -> dict[str, Any]:
+    """The contract attributes of an event as last listed."""
+    values: dict[str, Any] = {
+        PREFIX + "id": event.event_id,
+        PREFIX + "type": event.event_type,
+        PREFIX + "status": event.event_status,
+        PREFIX + "resources": list(event.resources),
+    }
+    optional = {"source": event.event_source, "resource_type": event.resource_type,
+                "description": event.description, "duration_seconds": event.duration_seconds,
+                "not_before": event.not_before.isoformat().replace("+00:00", "Z") if event.not_before else None,
+                "document_incarnation": incarnation}
+    values.update({PREFIX + key: value for key, value in optional.items() if value is not None})
+    affects = affects_vm(event, vm_name)
+    if affects is not None:
+        values[PREFIX + "affects_this_vm"] = affects
+    return values
+
+
+@dataclass
+class _Open:
+    """Span events gathered for one open event's ``scheduled_event`` span."""
+
+    events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
+
+
+_ATTRIBUTE_TYPES = (str, bool, int, float)
+
+
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"a JSON {json_kind(value)} where a list belongs")
+    return value
+
+
+def _span_event(item: Any) -> tuple[str, int, dict[str, Any]]:
+    """One saved span event, ``[name, time_ns, attributes]``, checked to be what ``_note`` writes."""
+    name, timestamp, attrs = _list(item) if len(_list(item)) == 3 else (None, None, None)
+    if not isinstance(name, str) or type(timestamp) is not int or not isinstance(attrs, dict):
+        raise ValueError("a span event is not [name, time in ns, attributes]")
+    for value in attrs.values():
+        values = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, _ATTRIBUTE_TYPES) for v in values):
+            raise ValueError("a span event attribute is not a string, number, boolean or a list of them")
+    return name, timestamp, attrs
+
+
+class SpanSink(Sink):
+    name = "spans"
+
+    def __init__(self, provider: TracerProvider, ids: EventIdGenerator, state_dir: Path | None) -> None:
+        self._provider = provider
+        self._tracer = provider.get_tracer("se_exporter")
+        self._ids = ids
+        self._path = state_dir / "spans.json" if state_dir else None
+        self._file = StateFile(self._path, log, "cannot write the span state file %s: %s",
+                               "span state file %s written again") if self._path else None
+        # Keyed by event_key, as the records are (a file written before keys were lower-cased still loads).
+        self._open: dict[str, _Open] = {event_key(event_id): opened for event_id, opened in self._load().items()}
+        self._last: dict[str, ScheduledEvent] = {}
+
+    def export(self, change: DocumentChange) -> None:
+        identity = change.identity
+        vm_key = f"{identity.vm_id if identity else ''}/{change.vm_name or ''}"  # what this VM is, as far as known
+        incarnation = change.document.incarnation
+        moved = {t.event.key for t in change.transitions}
+        for transition in change.transitions:
+            self._transition(transition, vm_key, incarnation, change)
+        for key, record in change.records.items():
+            before = self._last.get(key)
+            if before is not None and before != record.event and key not in moved:
+                self._note(record, "changed", vm_key, incarnation, change, {})
+        self._last = {key: record.event for key, record in change.records.items()}
+        # Only listed events can still end; anything else (say, state left from another stream) would grow for ever.
+        self._open = {key: opened for key, opened in self._open.items() if key in change.records}
+        self._save()
+
+    def _transition(self, transition: Transition, vm_key: str, incarnation: int | None,
+                    change: DocumentChange) -> None:
+        record, kind = transition.record, transition.kind
+        extra: dict[str, Any] = {}
+        if transition.previous_not_before is not None:
+            extra[PREFIX + "previous_not_before"] = transition.previous_not_before.isoformat().replace("+00:00", "Z")
+        self._note(record, kind.value, vm_key, incarnation, change, extra)
+        event_id = record.event.event_id
+        attrs = attributes(record.event, incarnation, change.vm_name)
+        if kind == STARTED and record.started_at is not None:
+            self._span(event_id, vm_key, "scheduled_event.notice", "notice", record.first_seen, record.started_at,
+                       attrs)
+        if kind in (COMPLETED, CANCELED) and record.gone_at is not None:
+            if kind == CANCELED:
+                self._span(event_id, vm_key, "scheduled_event.notice", "notice", record.first_seen, record.gone_at,
+                           attrs)
+            elif record.started_at is not None:
+                self._span(event_id, vm_key, "scheduled_event.impact", "impact", record.started_at, record.gone_at,
+                           attrs)
+            opened = self._open.pop(record.event.key, _Open())
+            self._span(event_id, vm_key, "scheduled_event", "root", record.first_seen, record.gone_at,
+                       {**attrs, PREFIX + "outcome": kind.value}, opened.events)
+
+    def _note(self, record: EventRecord, kind: str, vm_key: str, incarnation: int | None, change: DocumentChange,
+              extra: Mapping[str, Any]) -> None:
+        """A span event for the root span later, and a zero-length update span now."""
+        event_id = record.event.event_id
+        now_ns = int(change.observed_at * 1e9)
+        attrs = {**attributes(record.event, incarnation, change.vm_name), PREFIX + "transition": kind, **extra}
+        opened = self._open.setdefault(record.event.key, _Open())
+        if len(opened.events) < MAX_SPAN_EVENTS:
+            opened.events.append((kind, now_ns, {k: v for k, v in attrs.items() if k != PREFIX + "id"}))
+        parent = self._parent(event_id, vm_key)
+        span = self._tracer.start_span("scheduled_event.update", context=parent, kind=SpanKind.INTERNAL,
+                                       attributes=attrs, start_time=now_ns)
+        span.end(end_time=now_ns)
+
+    def _span(self, event_id: str, vm_key: str, name: str, role: str, start: float, end: float,
+              attrs: Mapping[str, Any], events: list[tuple[str, int, dict[str, Any]]] | None = None) -> None:
+        trace_id = trace_id_for(event_id)
+        context = None if role == "root" else self._parent(event_id, vm_key)
+        with self._ids.ids(trace_id, span_id_for(event_id, vm_key, role)):
+            span = self._tracer.start_span(name, context=context, kind=SpanKind.INTERNAL, attributes=dict(attrs),
+                                           start_time=int(start * 1e9))
+        for event_name, timestamp, event_attrs in events or ():
+            span.add_event(event_name, event_attrs, timestamp=timestamp)
+        span.end(end_time=int(end * 1e9))
+
+    def _parent(self, event_id: str, vm_key: str) -> Any:
+        context = SpanContext(trace_id=trace_id_for(event_id), span_id=span_id_for(event_id, vm_key, "root"),
+                              is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        return trace.set_span_in_context(NonRecordingSpan(context))
+
+    def _load(self) -> dict[str, _Open]:
+        """Span events saved before a restart; a file of any other shape is logged once and ignored."""
+        if self._path is None or not self._path.exists():
+            return {}
+        try:
+            data = json.loads(read_state_file(self._path))
+            if not isinstance(data, dict):
+                raise ValueError(f"a JSON {json_kind(data)}, not an object")
+            return {str(event_id): _Open([_span_event(item) for item in _list(events)][:MAX_SPAN_EVENTS])
+                    for event_id, events in data.items()}
+        except (OSError, ValueError, RecursionError) as exc:
+            log.warning("ignoring the span state file %s: %s", self._path, str(exc)[:300])
+            return {}
+
+    def _save(self) -> None:
+        if self._file is None:
+            return
+        data = {event_id: opened.events for event_id, opened in self._open.items()}
+        self._file.save(json.dumps(data, separators=(",", ":")).encode())
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self._provider.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        self._provider.shutdown()

@@ -1,0 +1,280 @@
+"""Tracing set-up the OpenTelemetry way, importing only what is configured.
+
+This module itself is imported only when tracing is on (``Sidecar.start``), so it may import the SDK.
+
+``none`` imports nothing from OpenTelemetry at all. ``console`` needs only the SDK. ``otlp`` adds the
+HTTP exporter, or the gRPC one when ``grpc`` is asked for (grpcio alone is heavy to import: docs/performance.md).
+Standard variables the exporters read themselves (headers, certificates, compression) keep working.
+
+The resource is built from the compute metadata the sidecar already read through its own IMDS
+client, with the keys opentelemetry-resource-detector-azure uses; the provider is therefore created
+at the first document, when the identity is known (or known to be unavailable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from prometheus_client import CollectorRegistry, Counter
+
+from se_exporter import __version__
+from se_exporter.core.model import VmIdentity, vm_name
+from se_exporter.core.retry import Health
+from se_exporter.infra.logs import escape
+from se_exporter.sidecar.metrics import NAMESPACE
+from se_exporter.sidecar.settings import TracingSettings
+from se_exporter.sidecar.sinks import DocumentChange, Sink
+from se_exporter.sidecar.sinks.spans import PREFIX, EventIdGenerator, SpanSink
+
+log = logging.getLogger("se_exporter.tracing")
+EXPORT_TIMEOUT_SECONDS = 5  # a deadline for each whole export, retries included (both exporters count from its start)
+MAX_RESPONSE_BYTES = 64 * 1024  # of a collector's answer, read by either exporter (see otlp_http.py)
+
+
+def resource_attributes(settings: TracingSettings, identity: VmIdentity | None) -> dict[str, str]:
+    values = {"service.name": settings.otel_service_name, "service.version": __version__,
+              "cloud.provider": "azure", "cloud.platform": "azure_vm"}
+    if identity is not None:
+        values.update({
+            "cloud.region": identity.location, "cloud.resource_id": identity.resource_id,
+            "host.id": identity.vm_id, "host.name": vm_name(settings.vm_name, identity) or "",
+            "host.type": identity.vm_size,
+            "os.type": identity.os_type.lower(), "os.version": identity.os_version,
+            "service.instance.id": identity.vm_id, "azure.vm.scaleset.name": identity.vmss_name,
+            "azure.vm.sku": identity.sku, "cloud.availability_zone": identity.zone,
+        })
+    return {key: value for key, value in values.items() if value}
+
+
+def span_line(span: ReadableSpan) -> str:
+    """A span as one short line for people (``console`` with ``--log-format text``): when it ended, its name, the
+    event, what happened, how long it lasted, and the trace id to look it up by, e.g.
+
+    ``2026-11-22T03:10:46.262Z span scheduled_event.update  Freeze C7061BAC-... started  trace c9f28525...``
+
+    Event strings come from IMDS, so they are escaped the way log lines are (``logs.escape``): a newline, an
+    ANSI escape or U+2028 in an EventId shows as ``\\n``, ``\\x1b``, ``\\u2028`` and cannot forge a line.
+    """
+    attributes = span.attributes or {}
+    end = (span.end_time or span.start_time or 0) / 1e9
+    stamp = datetime.fromtimestamp(end, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    what = attributes.get(PREFIX + "transition") or attributes.get(PREFIX + "outcome") or ""
+    duration = ""
+    if span.name != "scheduled_event.update" and span.start_time is not None and span.end_time is not None:
+        duration = f"{(span.end_time - span.start_time) / 1e9:.1f}s"
+    trace_id = f"{span.context.trace_id:032x}" if span.context is not None else ""
+    parts = [stamp, "span", f"{span.name:<24}", str(attributes.get(PREFIX + "type", "")),
+             str(attributes.get(PREFIX + "id", "")), str(what), duration, f"trace {trace_id}"]
+    return escape(" ".join(part for part in parts if part)) + "\n"
+
+
+def make_exporter(settings: TracingSettings) -> Any:
+    if settings.otel_traces_exporter == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        if settings.log_format == "json":  # the SDK's JSON, one object per line, for machines
+            return ConsoleSpanExporter(formatter=lambda span: span.to_json(indent=None) + "\n")
+        return ConsoleSpanExporter(formatter=span_line)
+    if settings.otel_protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        endpoint = settings.otel_traces_endpoint or settings.otel_endpoint
+        # gRPC's timeout is a deadline for the whole call; the answer is capped by the channel, like HTTP's below.
+        options: dict[str, Any] = {
+            "timeout": EXPORT_TIMEOUT_SECONDS,
+            "channel_options": (("grpc.max_receive_message_length", MAX_RESPONSE_BYTES),)}
+        return GrpcExporter(endpoint=endpoint, **options) if endpoint else GrpcExporter(**options)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    from se_exporter.sidecar.sinks.otlp_http import BoundedSession
+
+    endpoint = settings.otel_traces_endpoint or (
+        settings.otel_endpoint.rstrip("/") + "/v1/traces" if settings.otel_endpoint else None)
+    # The session bounds the whole exchange by the timeout and the answer's bytes (otlp_http.py).
+    session = BoundedSession()
+    return HttpExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_SECONDS, session=session) if endpoint \
+        else HttpExporter(timeout=EXPORT_TIMEOUT_SECONDS, session=session)
+
+
+class _ExporterReasons(logging.Filter):
+    """Keeps the OTLP exporters' own log lines out of the log, remembering the latest: why an export failed.
+
+    The exporters log every failed batch (and every retry); one line when export starts failing, saying why, and
+    one when it recovers is what an operator needs (``CountingExporter``)."""
+
+    LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+               "opentelemetry.exporter.otlp.proto.grpc.exporter", "opentelemetry.exporter.otlp.common.http")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            self.last = escape(record.getMessage())[:300]
+        return False
+
+    def install(self) -> None:
+        for name in self.LOGGERS:
+            logger = logging.getLogger(name)
+            if self not in logger.filters:
+                logger.addFilter(self)
+
+
+_REASONS = _ExporterReasons()  # loggers are process-wide: one filter on them, whichever sink installed it
+
+
+class CountingExporter(SpanExporter):
+    """Wraps the real exporter: counts exported and failed spans, logs once per change of health, saying why
+    (the exporter's own words, which ``_ExporterReasons`` keeps out of the log)."""
+
+    def __init__(self, inner: Any, exported: Any, failed: Any, on_export: Callable[[], None] | None = None) -> None:
+        self._inner, self._exported, self._failed = inner, exported, failed
+        self._on_export = on_export
+        self._health = Health()
+        self._fail_fast = False
+        _REASONS.install()
+
+    def export(self, spans: Any) -> SpanExportResult:
+        _REASONS.last = None
+        if self._on_export is not None:
+            self._on_export()
+        if self._fail_fast and self._health.failing is not None:  # stopping: one export's timeout is enough
+            self._failed.inc(len(spans))
+            return SpanExportResult.FAILURE
+        try:
+            result: SpanExportResult = self._inner.export(spans)
+        except Exception as error:  # an exporter bug must not kill the batch thread
+            log.warning("span export raised: %s", error)
+            result = SpanExportResult.FAILURE
+        if result == SpanExportResult.SUCCESS:
+            self._exported.inc(len(spans))
+            if self._health.recover():
+                log.info("span export recovered")
+        else:
+            self._failed.inc(len(spans))
+            if self._health.fail("export"):
+                log.warning("span export failing (%s): spans are dropped until the endpoint answers",
+                            self._describe())
+        return result
+
+    @contextlib.contextmanager
+    def failing_fast(self) -> Iterator[None]:
+        """While stopping: once an export has failed, the batches after it fail at once, counted, instead of each
+        waiting out the exporter's timeout. The SDK's ``force_flush`` exports every queued batch whatever its
+        timeout says, so this is what keeps SIGTERM prompt with a collector that never answers."""
+        self._fail_fast = True
+        try:
+            yield
+        finally:
+            self._fail_fast = False
+
+    def _describe(self) -> str:
+        endpoint = getattr(self._inner, "_endpoint", None)
+        where = str(endpoint) if endpoint else type(self._inner).__name__
+        return f"{where}: {_REASONS.last}" if _REASONS.last else where
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return bool(self._inner.force_flush(timeout_millis))
+
+
+class _QueueDrops(logging.Filter):
+    """Counts the spans OpenTelemetry's ``BatchSpanProcessor`` drops on a full queue and keeps its line per span out
+    of the log: one warning per run of drops (a run ends when an export empties part of the queue) and the count
+    in ``azure_scheduled_events_spans_dropped_total``. The SDK says so only in that log line (its own drop metrics
+    are off unless ``OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED``), so the line is what is counted; a test pins it."""
+
+    LOGGER = "opentelemetry.sdk._shared_internal"  # where BatchSpanProcessor's BatchProcessor logs
+
+    def __init__(self, dropped: Callable[[int], None]) -> None:
+        super().__init__()
+        self._dropped = dropped
+        self._dropping = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Queue full"):
+            return record.levelno >= logging.WARNING  # its INFO lines ("Shutdown called, ignoring Span.") say nothing
+        self._dropped(1)
+        if not self._dropping:
+            log.warning("dropping spans: the span queue is full (azure_scheduled_events_spans_dropped_total counts "
+                        "them)")
+        self._dropping = True
+        return False
+
+    def exported(self) -> None:
+        self._dropping = False
+
+    def install(self) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        for old in [f for f in logger.filters if isinstance(f, _QueueDrops)]:
+            logger.removeFilter(old)  # one sink per process; a test's earlier one must not count this one's drops
+        logger.filters.insert(0, self)  # before the SDK's DuplicateFilter, which would hide repeated drops
+
+
+class TracingSink(Sink):
+    """Builds the provider and the span sink at the first document, then delegates to it."""
+
+    name = "spans"
+
+    def __init__(self, settings: TracingSettings, state_dir: Path | None, registry: CollectorRegistry) -> None:
+        self._settings = settings
+        self._state_dir = state_dir
+        self._sink: SpanSink | None = None
+        exported = Counter(f"{NAMESPACE}_spans_exported", "Spans accepted by the trace exporter.", registry=registry)
+        failed = Counter(f"{NAMESPACE}_span_export_errors", "Spans the trace exporter failed to deliver.",
+                         registry=registry)
+        self._spans_dropped = Counter(f"{NAMESPACE}_spans_dropped", "Spans dropped before export because the span "
+                                      "queue was full (2,048 spans).", registry=registry)
+        self._drops = _QueueDrops(self._spans_dropped.inc)
+        self._drops.install()
+        # Built at start-up, so a bad exporter setting fails there and not at the first event.
+        self._exporter = CountingExporter(make_exporter(settings), exported, failed, on_export=self._drops.exported)
+
+    def export(self, change: DocumentChange) -> None:
+        if self._sink is None:
+            self._sink = self._build(change.identity)
+        self._sink.export(change)
+
+    def _build(self, identity: VmIdentity | None) -> SpanSink:
+        ids = EventIdGenerator()
+        provider = TracerProvider(resource=Resource.create(resource_attributes(self._settings, identity)),
+                                  id_generator=ids)
+        # OpenTelemetry's own processor, OTEL_BSP_* as config.SpanBatching resolved them (a half-second schedule
+        # unless set: an update span reaches the backend within about half a second of the change).
+        batch = self._settings.batch
+        provider.add_span_processor(BatchSpanProcessor(
+            self._exporter, max_queue_size=batch.max_queue_size, schedule_delay_millis=batch.schedule_delay_millis,
+            max_export_batch_size=batch.max_export_batch_size))
+        log.info("exporting spans with %s (%s)", self._settings.otel_traces_exporter,
+                 self._settings.otel_protocol if self._settings.otel_traces_exporter == "otlp" else "stdout")
+        return SpanSink(provider, ids, self._state_dir)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Called when stopping (``FanOut.shutdown``): bounded by one export's timeout (``failing_fast``)."""
+        if self._sink is None:
+            return True
+        with self._exporter.failing_fast():
+            return bool(self._sink.force_flush(min(timeout_millis, 3000)))
+
+    def shutdown(self) -> None:
+        with self._exporter.failing_fast():
+            if self._sink is not None:
+                self._sink.shutdown()
+            else:
+                self._exporter.shutdown()
+
+
+def make_tracing(settings: TracingSettings, state_dir: Path | None, registry: CollectorRegistry) -> TracingSink:
+    """Called only when tracing is on: importing this module is what loads the SDK."""
+    return TracingSink(settings, state_dir, registry)

@@ -1,0 +1,44 @@
+"""What `se-exporter consume` prints for one event: the record (bytes decoded) and the timeline line."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+from azure.eventhub import EventData
+
+from se_exporter.consume.main import record, timeline_line
+from se_exporter.core.errors import ConfigError
+from se_exporter.infra.options import starting_position
+
+FREEZE = (b'{"DocumentIncarnation": 3, "Events": [{"EventId": "E1", "EventType": "Freeze", "ResourceType": '
+          b'"VirtualMachine", "Resources": ["vm-1"], "EventStatus": "Scheduled", "NotBefore": '
+          b'"Mon, 19 Sep 2016 18:29:47 GMT", "Description": "", "EventSource": "Platform", "DurationInSeconds": 5}]}')
+
+
+def test_a_record_decodes_byte_properties_and_the_timeline_names_the_event() -> None:
+    """Byte property keys and values (AMQP binary) are printed as text; the timeline shows the event for its VM."""
+    event = EventData(FREEZE)
+    event.properties = {b"vm_name": b"vm-1", "sequence": 7, "observed_at": "2016-09-19T18:00:00Z"}
+    item = record("0", event)
+    assert item["properties"] == {"vm_name": "vm-1", "sequence": 7, "observed_at": "2016-09-19T18:00:00Z"}
+    assert item["partition_id"] == "0" and item["body"] == FREEZE.decode()
+    line = timeline_line(item)
+    assert line.startswith("2016-09-19T18:00:00Z vm-1 #7 incarnation 3: Freeze E1 Scheduled")
+    assert line.endswith("(this VM)")
+
+
+def test_a_body_that_is_not_a_document_is_one_readable_line() -> None:
+    """An invalid body does not stop consume: its line says why."""
+    event = EventData(b"not json")
+    event.properties = {"vm_name": "vm-2", "sequence": 1, "observed_at": "t"}
+    assert timeline_line(record("1", event)).startswith("t vm-2 #1 invalid document:")
+
+
+def test_starting_positions() -> None:
+    """earliest, latest and an ISO 8601 time are what the SDK takes; anything else names the flag."""
+    assert starting_position("earliest") == "-1"
+    assert starting_position("latest") == "@latest"
+    assert starting_position("2026-01-02T03:04:05Z") == datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    with pytest.raises(ConfigError, match="--starting-position"):
+        starting_position("yesterday")

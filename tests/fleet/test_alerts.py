@@ -1,0 +1,93 @@
+"""The fleet consumer's alert rules: promtool check rules, and promtool unit tests of when each fires and when not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests import promtool
+
+RULES = Path(__file__).parent.parent.parent / "dashboards" / "fleet-alerts.yaml"
+JOB = {"job": "se-exporter-fleet"}
+A = {**JOB, "instance": "fleet-0:10170"}
+B = {**JOB, "instance": "fleet-1:10170"}
+
+
+def selector(labels: dict[str, str]) -> str:
+    return "{" + ", ".join(f'{key}="{value}"' for key, value in labels.items()) + "}"
+
+
+def info(replica: dict[str, str], vm: int, vmss: str, event_type: str = "Reboot", status: str = "Scheduled",
+         affects: str = "true") -> str:
+    return "azure_scheduled_fleet_event_info" + selector({
+        **replica, "vm_id": f"vm-{vm}", "vm_name": f"{vmss}_{vm}", "vmss_name": vmss, "location": "westeurope",
+        "event_id": f"E-{vmss}", "event_type": event_type, "event_status": status, "event_source": "Platform",
+        "affects_this_vm": affects})
+
+
+def many(count: int, **kwargs: Any) -> dict[str, str]:
+    """``count`` VMs of scale set ss, split over two replicas as the partitions split them."""
+    return {info(A if vm % 2 else B, vm, "ss", **kwargs): "1 1" for vm in range(count)}
+
+
+# (alert, input series, eval time, expected alerts as (labels, value)); an empty list means: must not fire.
+CASES: list[tuple[str, dict[str, str], str, list[tuple[dict[str, str], float]]]] = [
+    ("FleetImpactfulMaintenanceOnManyVms", many(6), "1m",
+     [({**JOB, "vmss_name": "ss", "event_type": "Reboot"}, 6)]),
+    ("FleetImpactfulMaintenanceOnManyVms", many(5), "1m", []),  # five at once is within the threshold
+    ("FleetImpactfulMaintenanceOnManyVms", many(8, event_type="Freeze"), "1m", []),  # a Freeze keeps the VM
+    ("FleetImpactfulMaintenanceOnManyVms", many(8, affects="false"), "1m", []),  # listed, for other VMs
+    ("FleetImpactfulMaintenanceOnManyVms", many(8, status="Started"), "1m", []),  # no longer ahead
+    ("FleetVmsWentSilent", {f"azure_scheduled_fleet_vm_expirations_total{selector(A)}": "0 0 3 3",
+                            f"azure_scheduled_fleet_vm_expirations_total{selector(B)}": "0 0 0 1"}, "3m",
+     [(JOB, 4)]),
+    ("FleetVmsWentSilent", {f"azure_scheduled_fleet_vm_expirations_total{selector(A)}": "2x30"}, "25m", []),
+    ("FleetConsumerLagging", {f'azure_scheduled_fleet_partition_lag_seconds{selector({**A, "partition_id": "3"})}':
+                              "600x15"}, "12m", [({**JOB, "partition_id": "3"}, 600)]),
+    ("FleetConsumerLagging", {f'azure_scheduled_fleet_partition_lag_seconds{selector({**A, "partition_id": "3"})}':
+                              "600 0 600 0 600 0 600 0 600 0 600 0 600 0"}, "12m", []),  # catching up each time
+    ("FleetPartitionsUnowned", {f"azure_scheduled_fleet_hub_partitions{selector(A)}": "4x10",
+                                f"azure_scheduled_fleet_owned_partitions{selector(A)}": "2x10"}, "6m", [(JOB, 2)]),
+    ("FleetPartitionsUnowned", {f"azure_scheduled_fleet_hub_partitions{selector(A)}": "4x10",
+                                f"azure_scheduled_fleet_hub_partitions{selector(B)}": "4x10",
+                                f"azure_scheduled_fleet_owned_partitions{selector(A)}": "2x10",
+                                f"azure_scheduled_fleet_owned_partitions{selector(B)}": "2x10"}, "6m", []),
+    ("FleetCheckpointsStale",
+     {f'azure_scheduled_fleet_partition_checkpoint_age_seconds{selector({**A, "partition_id": "1"})}': "0+60x15"},
+     "12m", [({**A, "partition_id": "1"}, 720)]),
+    ("FleetCheckpointsStale",
+     {f'azure_scheduled_fleet_partition_checkpoint_age_seconds{selector({**A, "partition_id": "1"})}': "8x10"},
+     "10m", []),
+    ("FleetInvalidMessages", {f'azure_scheduled_fleet_invalid_messages_total{selector({**A, "reason": "not_json"})}':
+                              "0 0 2 2"}, "3m", [({**JOB, "reason": "not_json"}, 2)]),
+    ("FleetInvalidMessages", {f'azure_scheduled_fleet_invalid_messages_total{selector({**A, "reason": "not_json"})}':
+                              "0x30"}, "20m", []),
+    ("FleetVmsCannotReadImds", {f"azure_scheduled_fleet_imds_unreachable_vms{selector(A)}": "1x10",
+                                f"azure_scheduled_fleet_imds_unreachable_vms{selector(B)}": "2x10"}, "7m", [(JOB, 3)]),
+    ("FleetVmsCannotReadImds", {f"azure_scheduled_fleet_imds_unreachable_vms{selector(A)}": "0x10"}, "7m", []),
+    ("FleetVmsCannotReadImds", {f"azure_scheduled_fleet_imds_unreachable_vms{selector(A)}": "1 1 1 0 1 1 1 0 1 1"},
+     "9m", []),  # a VM failing for a few polls at a time is not held for 5 minutes
+    ("FleetConsumerDown", {f"up{selector(A)}": "0 0 0 0"}, "3m", [(A, 0)]),
+    ("FleetConsumerDown", {f"up{selector(A)}": "1 1 1 1"}, "3m", []),
+]
+
+
+def rules() -> dict[str, dict[str, Any]]:
+    return promtool.rules(RULES)
+
+
+def test_every_fleet_alert_has_a_firing_and_a_silent_case() -> None:
+    """No fleet alert ships untested in either direction."""
+    firing = {alert for alert, _, _, alerts in CASES if alerts}
+    silent = {alert for alert, _, _, alerts in CASES if not alerts}
+    assert firing == silent == set(rules())
+
+
+def test_fleet_rules_pass_promtool_check() -> None:
+    """promtool check rules finds the file valid."""
+    promtool.check_rules(RULES)
+
+
+def test_fleet_rules_pass_promtool_unit_tests(tmp_path: Path) -> None:
+    """Every case fires exactly the expected alerts, with labels and rendered annotations."""
+    promtool.run_rule_tests(RULES, CASES, tmp_path)

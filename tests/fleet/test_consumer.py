@@ -1,0 +1,75 @@
+"""The fleet's batch handler without a network: whatever one event holds, the handler returns (an exception out of
+it makes the SDK close the partition, which is then claimed again and fails again, for ever)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from azure.eventhub.amqp import AmqpMessageBodyType
+from prometheus_client import CollectorRegistry
+
+from se_exporter.fleet.collector import FleetMetrics, PartitionView
+from se_exporter.fleet.consumer import Service
+from se_exporter.fleet.partition import Partition
+from se_exporter.fleet.picture import Fleet, PartitionState
+from se_exporter.fleet.settings import FleetSettings
+from se_exporter.fleet.statestore import MemoryStateStore
+from tests.fleet.test_picture import EMPTY, VM_ID, props
+
+
+class Exploding(dict[Any, Any]):
+    """Properties whose reading fails in a way no check foresaw."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        raise RuntimeError("a property that cannot be read")
+
+
+@dataclass
+class Event:
+    """What the handler reads of the SDK's EventData."""
+
+    sequence_number: int
+    properties: Any
+    message_id: bytes = b"inst:1"
+    partition_key: bytes = VM_ID.encode()
+    body: bytes = EMPTY
+    body_type: Any = AmqpMessageBodyType.DATA
+    enqueued_time: datetime = field(default_factory=lambda: datetime(2026, 11, 22, tzinfo=timezone.utc))
+
+
+@dataclass
+class Context:
+    partition_id: str = "0"
+    last_enqueued_event_properties: dict[str, Any] = field(default_factory=lambda: {"sequence_number": 3})
+
+
+def service() -> tuple[Service, Fleet, CollectorRegistry]:
+    registry, fleet = CollectorRegistry(), Fleet()
+    run = Service(FleetSettings(), fleet, FleetMetrics(registry), MemoryStateStore(), clock=lambda: 1_800_000_000.0)
+    state = fleet.claim("0", PartitionState(position=10**15, restored_position=10**15))
+    run.partitions["0"] = Partition(Context(), state, PartitionView())  # type: ignore[arg-type]
+    return run, fleet, registry
+
+
+def test_an_unforeseen_error_in_one_event_is_counted_and_the_batch_goes_on() -> None:
+    """An event the handler fails on is counted as internal_error and skipped; the next one is applied."""
+    run, fleet, registry = service()
+    events = [Event(1, Exploding({b"vm_id": b"x"})), Event(2, props(sequence="9" * 5000)), Event(3, props())]
+    asyncio.run(run.on_batch(Context(), events))  # type: ignore[arg-type]
+    get = registry.get_sample_value
+    assert get("azure_scheduled_fleet_invalid_messages_total", {"reason": "internal_error"}) == 1
+    assert get("azure_scheduled_fleet_invalid_messages_total", {"reason": "bad_property"}) == 1
+    assert [vm.key for vm in fleet.vms()] == [VM_ID]
+    assert fleet.position("0") == 3
+
+
+def test_a_restored_position_past_the_partitions_newest_event_is_counted_and_forgotten() -> None:
+    """The state said 10**15, the partition's newest event is 3: counted as damage, and its events applied."""
+    run, fleet, registry = service()
+    asyncio.run(run.on_batch(Context(), [Event(3, props())]))  # type: ignore[arg-type,list-item]
+    assert registry.get_sample_value("azure_scheduled_fleet_state_damaged_total", {"reason": "position"}) == 1
+    assert registry.get_sample_value("azure_scheduled_fleet_replayed_documents_total") == 0
+    assert len(fleet.vms()) == 1

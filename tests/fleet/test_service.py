@@ -1,0 +1,277 @@
+"""The fleet service against the in-memory state store and the SDK's in-memory checkpoint store: claim, restore,
+checkpoint after state, a state that never moves back, damaged and newer states, a partition lost and regained,
+close, and the state format followed when --state-format changes. No network."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+from azure.eventhub import CloseReason
+from azure.eventhub.aio import PartitionContext
+from azure.eventhub.aio._eventprocessor.in_memory_checkpoint_store import (  # the SDK's own, as its tests use it
+    InMemoryCheckpointStore,
+)
+from azure.eventhub.amqp import AmqpMessageBodyType
+from prometheus_client import CollectorRegistry
+
+from se_exporter.fleet.collector import FleetMetrics
+from se_exporter.fleet.consumer import Service
+from se_exporter.fleet.picture import Fleet, read_message
+from se_exporter.fleet.settings import FleetSettings
+from se_exporter.fleet.stateformat import decode, encode
+from se_exporter.fleet.statestore import MemoryStateStore, Stored, state_blob_name
+from tests.fleet.test_picture import EMPTY, NOW, props
+
+T = TypeVar("T")
+NAME = state_blob_name("ns", "hub", "$default", "0")
+ENQUEUED = datetime.fromtimestamp(NOW - 60, tz=timezone.utc)
+
+
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coroutine)
+
+
+@dataclass
+class Event:
+    """What the service reads of the SDK's EventData (and what a checkpoint takes from it)."""
+
+    sequence_number: int
+    vm_id: str = "vm-a"
+    sequence: int = 1
+    body: bytes = EMPTY
+    body_type: Any = AmqpMessageBodyType.DATA
+    enqueued_time: datetime = ENQUEUED
+
+    @property
+    def offset(self) -> str:
+        return str(self.sequence_number * 100)
+
+    @property
+    def properties(self) -> dict[Any, Any]:
+        return props(self.sequence, vm_id=self.vm_id)
+
+    @property
+    def message_id(self) -> bytes:
+        return f"inst-{self.vm_id}:{self.sequence}".encode()
+
+    @property
+    def partition_key(self) -> bytes:
+        return self.vm_id.encode()
+
+
+class Checkpoints(InMemoryCheckpointStore):  # type: ignore[misc]  # the SDK's class is untyped
+    """The SDK's in-memory checkpoint store, noting for each checkpoint the stored state's position at that moment."""
+
+    def __init__(self, states: dict[str, Stored]) -> None:
+        super().__init__()
+        self.states = states
+        self.written: list[tuple[int, int | None]] = []  # (checkpoint, the stored state's position then)
+
+    async def update_checkpoint(self, checkpoint: dict[str, Any], **kwargs: Any) -> None:
+        stored = self.states.get(NAME)
+        self.written.append((int(checkpoint["sequence_number"]), stored.position if stored else None))
+        await super().update_checkpoint(checkpoint, **kwargs)
+
+
+class Context(PartitionContext):  # type: ignore[misc]  # the SDK's class is untyped
+    """The SDK's partition context; the newest sequence number of the partition set by the test."""
+
+    newest: int | None = None
+
+    @property
+    def last_enqueued_event_properties(self) -> dict[str, Any] | None:
+        return None if self.newest is None else {"sequence_number": self.newest}
+
+
+@dataclass
+class Replica:
+    """One service, its fleet and registry, on a store shared with other replicas."""
+
+    states: dict[str, Stored] = field(default_factory=dict)
+    state_format: int = 1
+    slept: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.registry, self.fleet = CollectorRegistry(), Fleet()
+        self.store = MemoryStateStore(self.states)
+        self.checkpoints = Checkpoints(self.states)
+
+        async def sleep(seconds: float) -> None:
+            self.slept.append(seconds)
+
+        self.service = Service(FleetSettings(state_format=self.state_format), self.fleet,
+                               FleetMetrics(self.registry), self.store, clock=lambda: NOW, sleep=sleep)
+        self.context = Context("ns", "hub", "$Default", "0", self.checkpoints)
+
+    def value(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(name, labels)
+
+    def keys(self) -> list[str]:
+        return sorted(vm.key for vm in self.fleet.vms())
+
+    async def claim(self) -> None:
+        await self.service.on_initialize(self.context)
+
+    async def read(self, *events: Event) -> None:
+        self.context.newest = max(event.sequence_number for event in events)
+        await self.service.on_batch(self.context, list(events))  # type: ignore[arg-type]
+
+
+def stored_state(position: int, *keys: str, state_format: int = 1) -> Stored:
+    vms = [read_message(EMPTY, props(1, vm_id=key), f"inst-{key}:1".encode(), key.encode(), NOW - 100, 1024).vm
+           for key in keys]
+    return Stored(encode("0", position, vms, state_format), position, 1)
+
+
+def test_a_claim_restores_the_stored_state_before_the_partition_is_read() -> None:
+    """The stored VMs are shown once the partition is claimed, and events the state holds count as replayed."""
+    replica = Replica({NAME: stored_state(5, "vm-q", "vm-a")})
+    run(replica.claim())
+    assert replica.keys() == ["vm-a", "vm-q"] and not replica.service.restoring
+    assert replica.value("azure_scheduled_fleet_partition_claims_total") == 1
+    run(replica.read(Event(5, "vm-a"), Event(6, "vm-b")))
+    assert replica.keys() == ["vm-a", "vm-b", "vm-q"]
+    assert replica.value("azure_scheduled_fleet_replayed_documents_total") == 1
+
+
+def test_a_refusing_store_is_retried_with_backoff_until_it_answers() -> None:
+    """While the store refuses, the claim waits (1 s, 2 s, ...), counting state_read errors; then it restores."""
+    replica = Replica({NAME: stored_state(5, "vm-q")})
+    replica.store.failures = [OSError("connection refused")] * 3
+    run(replica.claim())
+    assert replica.slept == [1.0, 2.0, 4.0]
+    assert replica.value("azure_scheduled_fleet_consumer_errors_total", reason="state_read") == 3
+    assert replica.keys() == ["vm-q"]
+
+
+def test_the_checkpoint_is_written_after_a_state_that_covers_it_and_never_moved_back() -> None:
+    """Each checkpoint finds a stored state at or past it; a save with nothing new writes neither again."""
+    replica = Replica()
+    run(replica.claim())
+    run(replica.read(Event(1, "vm-a"), Event(2, "vm-b")))
+    run(replica.service.save("0"))
+    run(replica.service.save("0"))  # nothing new
+    run(replica.read(Event(3, "vm-c")))
+    run(replica.service.save("0"))
+    assert replica.checkpoints.written == [(2, 2), (3, 3)]
+    assert replica.value("azure_scheduled_fleet_checkpoints_total", outcome="ok") == 2
+    assert replica.service.views["0"].unsaved_since is None
+
+
+def test_the_stored_state_never_moves_back_when_two_owners_write() -> None:
+    """During a hand-over the old owner's write of an older position gives way to the new owner's newer state, and
+    it writes no checkpoint either."""
+    states: dict[str, Stored] = {}
+    old, new = Replica(states), Replica(states)
+    run(old.claim())
+    run(old.read(Event(1, "vm-a")))
+    run(new.claim())
+    run(new.read(Event(1, "vm-a"), Event(2, "vm-b"), Event(3, "vm-c")))
+    run(new.service.save("0"))
+    run(old.read(Event(2, "vm-b")))
+    run(old.service.save("0"))
+    assert states[NAME].position == 3
+    assert old.value("azure_scheduled_fleet_checkpoints_total", outcome="superseded") == 1
+    assert old.checkpoints.written == []
+
+
+def test_a_damaged_state_is_counted_and_replaced_by_the_next_write() -> None:
+    """Bytes that are no state: counted with their reason, the partition read from its checkpoint, then replaced."""
+    replica = Replica({NAME: Stored(b"not gzip", 9, 1)})
+    run(replica.claim())
+    assert replica.value("azure_scheduled_fleet_state_damaged_total", reason="unreadable") == 1
+    run(replica.read(Event(1, "vm-a")))
+    run(replica.service.save("0"))
+    assert list(decode(replica.states[NAME].data, "0", NOW).vms) == ["vm-a"]
+
+
+def test_a_newer_formats_state_is_left_in_place_and_no_checkpoint_written() -> None:
+    """A format this release does not know: the partition is read, but its state is never overwritten and no
+    checkpoint is written, so the newer release finds its state intact."""
+    newer = gzip.compress(json.dumps({"format": 3, "partition_id": "0", "sequence_number": 7}).encode())
+    replica = Replica({NAME: Stored(newer, 7, 1)})
+    run(replica.claim())
+    run(replica.read(Event(8, "vm-a")))
+    run(replica.service.save("0"))
+    assert replica.states[NAME].data == newer and replica.checkpoints.written == []
+    assert replica.service.views["0"].newer_format and replica.keys() == ["vm-a"]
+
+
+def test_a_lost_partition_is_dropped_whole_and_restored_when_regained() -> None:
+    """Ownership lost: its VMs and bookkeeping leave at once, nothing written; claimed again: restored from what
+    was stored, and its reading starts afresh (no stale last event or caught-up flag)."""
+    replica = Replica()
+    run(replica.claim())
+    run(replica.read(Event(1, "vm-a")))
+    run(replica.service.save("0"))
+    run(replica.read(Event(2, "vm-b")))
+    run(replica.service.on_close(replica.context, CloseReason.OWNERSHIP_LOST))
+    assert replica.keys() == [] and replica.service.partitions == {} and replica.service.views == {}
+    assert replica.states[NAME].position == 1  # the unsaved event 2 is not written by a replica that lost it
+    assert replica.value("azure_scheduled_fleet_partition_releases_total", reason="ownership_lost") == 1
+    run(replica.claim())
+    partition = replica.service.partitions["0"]
+    assert replica.keys() == ["vm-a"] and partition.last_event is None and not partition.caught_up
+    assert partition.saved == 1 and partition.checkpointed == -1
+
+
+def test_shutdown_writes_the_state_and_checkpoint_before_releasing() -> None:
+    """On SIGTERM's close the last state and checkpoint are written, then the partition is dropped."""
+    replica = Replica()
+    run(replica.claim())
+    run(replica.read(Event(1, "vm-a"), Event(2, "vm-b")))
+    run(replica.service.on_close(replica.context, CloseReason.SHUTDOWN))
+    assert replica.checkpoints.written == [(2, 2)] and replica.keys() == []
+    assert replica.value("azure_scheduled_fleet_partition_releases_total", reason="shutdown") == 1
+
+
+def test_a_state_in_another_format_is_rewritten_in_this_replicas_without_new_events() -> None:
+    """--state-format 2 meets a format-1 state: it is written again in format 2 at the next save though nothing new
+    was read (and back: format 1 rewrites a format-2 state), the same VMs, no checkpoint moved."""
+    states = {NAME: stored_state(4, "vm-a", "vm-q")}
+    newer = Replica(states, state_format=2)
+    run(newer.claim())
+    run(newer.service.save("0"))
+    run(newer.service.save("0"))  # written once: then it is in this replica's format
+    stored = json.loads(gzip.decompress(states[NAME].data))
+    assert stored["format"] == 2 and sorted(vm["key"] for vm in stored["vms"]) == ["vm-a", "vm-q"]
+    assert newer.value("azure_scheduled_fleet_checkpoints_total", outcome="ok") == 1
+    assert newer.checkpoints.written == []
+    run(newer.service.on_close(newer.context, CloseReason.SHUTDOWN))
+    older = Replica(states, state_format=1)
+    run(older.claim())
+    assert older.keys() == ["vm-a", "vm-q"]
+    run(older.service.save("0"))
+    assert json.loads(gzip.decompress(states[NAME].data))["format"] == 1
+    assert sorted(decode(states[NAME].data, "0", NOW).vms) == ["vm-a", "vm-q"]
+
+
+def test_a_failed_write_keeps_the_state_in_memory_and_the_next_round_writes_it() -> None:
+    """The store refusing a write: counted as an error, no checkpoint; the next save writes state then checkpoint."""
+    replica = Replica()
+    run(replica.claim())
+    run(replica.read(Event(1, "vm-a")))
+    replica.store.failures = [OSError("connection reset")]
+    run(replica.service.save("0"))
+    assert replica.value("azure_scheduled_fleet_checkpoints_total", outcome="error") == 1
+    assert replica.checkpoints.written == [] and NAME not in replica.states
+    run(replica.service.save("0"))
+    assert replica.checkpoints.written == [(1, 1)]
+
+
+def test_a_bound_is_counted_for_the_document_kept_not_for_an_older_one_dropped() -> None:
+    """A document past events_per_vm counts one bound hit when applied; the same VM's older document, dropped,
+    counts none."""
+    many = json.dumps({"DocumentIncarnation": 1, "Events": [
+        {"EventId": f"E{n}", "EventType": "Reboot", "EventStatus": "Scheduled", "Resources": [], "NotBefore": ""}
+        for n in range(70)]}).encode()
+    replica = Replica()
+    run(replica.claim())
+    run(replica.read(Event(1, "vm-a", sequence=2, body=many), Event(2, "vm-a", sequence=1, body=many)))
+    assert replica.value("azure_scheduled_fleet_bound_hits_total", bound="events_per_vm") == 1

@@ -1,0 +1,106 @@
+"""Settings of `se-exporter fleet`: the shared Event Hubs options, the checkpoint store, one line per mistake."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from se_exporter.cli import build_parser, main
+from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView, render_fleet
+from se_exporter.fleet.settings import FLEET_OPTIONS, FleetSettings, fleet_settings
+from se_exporter.infra.options import Listen
+
+HUB = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=listen;SharedAccessKey=c2VjcmV0;EntityPath=hub"
+STORAGE = "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=c3RvcmFnZXNlY3JldA==;EndpointSuffix=core.net"
+BASE = {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": HUB, "SE_EXPORTER_CHECKPOINT_CONNECTION_STRING": STORAGE}
+
+
+def settings(argv: list[str], env: dict[str, str] | None = None) -> FleetSettings:
+    return fleet_settings(build_parser().parse_args(["fleet", *argv]), BASE if env is None else env)
+
+
+def test_defaults() -> None:
+    """Its own port next to the sidecar's, the SDK's balancing defaults, 15 minutes of silence before expiry."""
+    s = settings([])
+    assert s.listen == Listen("", 10170)
+    assert (s.consumer_group, s.checkpoint_container, s.starting_position) == ("$Default", "se-exporter-fleet",
+                                                                               "earliest")
+    assert (s.load_balancing_interval, s.ownership_timeout, s.checkpoint_interval, s.vm_expiry) == (
+        30.0, 180.0, 10.0, 900.0)
+    assert s.max_message_bytes == 1024 * 1024
+
+
+def test_flags_and_environment_like_every_command() -> None:
+    """A flag wins over SE_EXPORTER_*; the managed-identity variant needs no secret at all."""
+    env = {"SE_EXPORTER_EVENTHUB_NAMESPACE": "ns.servicebus.windows.net", "SE_EXPORTER_EVENTHUB_NAME": "hub",
+           "SE_EXPORTER_CHECKPOINT_ACCOUNT_URL": "https://acct.blob.core.windows.net/",
+           "SE_EXPORTER_EVENTHUB_CLIENT_ID": "id-1", "SE_EXPORTER_FLEET_LISTEN": ":9999",
+           "SE_EXPORTER_VM_EXPIRY": "60"}
+    s = settings(["--vm-expiry", "120", "--load-balancing-interval", "5", "--consumer-group", "fleet"], env)
+    assert (s.eventhub_namespace, s.checkpoint_account_url, s.storage_client_id) == (
+        "ns.servicebus.windows.net", "https://acct.blob.core.windows.net", "id-1")
+    assert (s.vm_expiry, s.listen, s.ownership_timeout, s.consumer_group) == (120.0, Listen("", 9999), 30.0, "fleet")
+
+
+def test_a_ca_file_without_certificates_is_refused_at_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--checkpoint-ca-file is read at start-up: a file that holds no PEM certificate is one line naming the flag."""
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate\n")
+    assert main(["fleet", "--checkpoint-ca-file", str(not_pem)], env=BASE) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--checkpoint-ca-file: '{not_pem}' holds no PEM certificate" in err, err
+
+
+@pytest.mark.parametrize(("argv", "env", "message"), [
+    ([], {"SE_EXPORTER_CHECKPOINT_CONNECTION_STRING": STORAGE}, "--eventhub-connection-string or --eventhub-namespace"),
+    ([], {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": HUB}, "--checkpoint-connection-string or --checkpoint-account-url"),
+    (["--checkpoint-account-url", "https://acct.blob.core.windows.net"], BASE, "(exactly one)"),
+    (["--checkpoint-account-url", "http://acct.blob.core.windows.net"], {}, "is not an https URL"),
+    (["--checkpoint-container", "Bad_Name"], BASE, "--checkpoint-container: 'Bad_Name' is not a container name"),
+    (["--checkpoint-client-id", "x"], BASE, "--checkpoint-client-id needs --checkpoint-account-url"),
+    (["--ownership-expiry", "10", "--load-balancing-interval", "10"], BASE, "must be longer than"),
+    (["--starting-position", "yesterday"], BASE, "--starting-position: 'yesterday' is not earliest"),
+    (["--vm-expiry", "0"], BASE, "--vm-expiry: '0' must be a positive number"),
+    (["--listen", "nowhere"], BASE, "--listen: 'nowhere' is not HOST:PORT"),
+    (["--checkpoint-ca-file", "/nonexistent/ca.pem"], BASE, "--checkpoint-ca-file: '/nonexistent/ca.pem' is not a "
+                                                            "readable file"),
+    ([], {**BASE, "SE_EXPORTER_CHECKPOINT_CONNECTION_STRING": "AccountName=acct;Sig=s3cr3tK3y"},
+     "SE_EXPORTER_CHECKPOINT_CONNECTION_STRING: needs AccountKey"),
+    *(([f"--consumer-group={group}"], BASE, f"--consumer-group: {group[:60]!r}") for group in (
+        "../../x", "a/b", "a b", "x" * 5000, "x" * 51, "-x", "x.", "$default2", "")),
+    (["--eventhub-name", "../hub"], BASE, "--eventhub-name: '../hub' is not an event hub name"),
+    (["--eventhub-name", "h" * 257], BASE, "is not an event hub name: 1 to 256 letters"),
+])
+def test_bad_configuration_is_one_line_naming_the_setting(argv: list[str], env: dict[str, str], message: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 2 and one line on stderr that says what to fix, and never the keys."""
+    assert main(["fleet", *argv], env=env) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    for secret in ("c2VjcmV0", "c3RvcmFnZXNlY3JldA", "s3cr3tK3y"):
+        assert secret not in err
+
+
+@pytest.mark.parametrize("group", ["$Default", "fleet", "a", "x" * 50, "team.fleet-2_b"])
+def test_consumer_groups_event_hubs_allows_are_accepted(group: str) -> None:
+    """The built-in $Default and names within Event Hubs' rules (1-50 letters, digits, '.', '-', '_')."""
+    assert settings(["--consumer-group", group, "--eventhub-name", "hub.name-1_x"]).consumer_group == group
+
+
+def test_every_fleet_setting_and_metric_is_in_the_readme() -> None:
+    """Each flag and variable of `fleet`, and each metric family it can expose, has its place in the README."""
+    readme = (Path(__file__).parent.parent.parent / "README.md").read_text()
+    for option in FLEET_OPTIONS:
+        assert f"`{option.flag} {option.metavar}`" in readme, option.flag
+        assert f"`{option.env}`" in readme or option.dest.startswith(("eventhub_", "log_")), option.env
+    registry = CollectorRegistry()
+    FleetMetrics(registry)
+    registry.register(PartitionCollector(lambda: {"0": PartitionView(1, 1, 1)}, lambda: 1))
+    names = {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}
+    names |= {family.name for family in text_string_to_metric_families(render_fleet([], 0.0))}
+    assert len(names) > 20
+    for name in names:
+        assert f"| `{name}` |" in readme, name

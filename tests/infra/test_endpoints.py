@@ -1,0 +1,413 @@
+"""The HTTP server's bounds (se_exporter/infra/http_server.py): a client cannot hold a connection for ever, nor crowd
+out a scrape, nor make the process buffer a huge head; and the sidecar's endpoints answer what they serve."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge
+
+from se_exporter.infra import http_server
+from se_exporter.infra.http_server import Bounds, HttpRequest, Response, serve
+from se_exporter.infra.options import Listen
+from se_exporter.sidecar.endpoints import make_http_app
+from tests.conftest import Reliability
+from tests.helpers import wait_until
+from tests.slow_clients import Drippers, scrape
+
+REQUEST = b"GET /metrics HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n"
+
+
+async def hello(request: HttpRequest) -> Response:
+    return Response(200, b"up 1\n")
+
+
+@pytest.fixture
+def server() -> Iterator[Callable[..., tuple[int, list[str]]]]:
+    """Start the HTTP server with given bounds on a free loopback port; returns the port and the reasons of the
+    refusals it counted."""
+    started: list[Any] = []
+
+    def make(**bounds: Any) -> tuple[int, list[str]]:
+        rejected: list[str] = []
+        started.append(serve(Listen("127.0.0.1", 0), hello, Bounds(**bounds), rejected.append))
+        return int(started[-1].server_port), rejected
+
+    yield make
+    for item in started:
+        item.server_close()
+
+
+_opened: list[socket.socket] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_client_sockets() -> Iterator[None]:
+    """Every client socket a test opens is closed after it, passed or failed (a leaked one would be reported by
+    the garbage collector in some later test)."""
+    yield
+    while _opened:
+        _opened.pop().close()
+
+
+def connect(port: int, timeout: float = 5.0) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    _opened.append(sock)
+    return sock
+
+
+def readable(sock: socket.socket, timeout: float) -> bool:
+    """select() without its 1024-descriptor limit (the suite's process may hold more)."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(sock, selectors.EVENT_READ)
+        return bool(selector.select(timeout))
+
+
+def answer(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    if not readable(sock, 0):
+        return False
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_request_dripped_byte_by_byte_is_cut_off_at_the_deadline(server: Callable[..., tuple[int, list[str]]],
+                                                                   reliability: Reliability) -> None:
+    """A client that sends its headers one byte every 0.1 s (each read well inside any per-read timeout) is
+    answered 408 and disconnected once the head deadline has passed, and the refusal is counted."""
+    port, rejected = server(head_timeout=0.5)
+    sock = connect(port)
+    headers = iter(b"GET /metrics HTTP/1.1\r\n" + b"X-Drip: " + b"a" * 10_000)
+    deadline = time.monotonic() + 10
+    answered = b""
+    while time.monotonic() < deadline and not answered:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.send(bytes([next(headers)]))
+        if readable(sock, 0.1):  # 0.1 s: the drip's pace
+            answered = answer(sock) or b"closed"
+    sock.close()
+    assert answered.startswith(b"HTTP/1.1 408"), answered
+    assert rejected == ["deadline"]
+    with connect(port) as fresh:
+        fresh.sendall(REQUEST)
+        assert answer(fresh).startswith(b"HTTP/1.1 200")
+    reliability("HTTP server", "request headers dripped one byte every 0.1 s",
+                "answered 408 and closed at the 5 s head deadline; other scrapes served meanwhile")
+
+
+def test_a_head_over_the_cap_is_answered_431_before_it_is_complete(
+        server: Callable[..., tuple[int, list[str]]], reliability: Reliability) -> None:
+    """Headers passing 16 KiB in all (each of them short, and few) get 431 while the client is still sending
+    them: the server never waits for, nor buffers, the rest of the head."""
+    port, rejected = server()
+    sock = connect(port)
+    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: sidecar\r\n" + b"X-Part: " + b"a" * 4000 + b"\r\n")
+    for _ in range(4):  # 16 KiB and a bit, in five lines: and no blank line, the head is not over
+        sock.sendall(b"X-Part: " + b"a" * 4000 + b"\r\n")
+    assert readable(sock, 5), "no answer to a head past 16 KiB while it was still coming"
+    assert sock.recv(65536).startswith(b"HTTP/1.1 431")
+    assert rejected == ["header_bytes"]
+    reliability("HTTP server", "a request head over 16 KiB in all (98 headers of 65,000 bytes)",
+                "431 once 16 KiB are buffered, the rest never read; RSS flat")
+
+
+def test_a_complete_head_over_the_cap_in_one_read_is_refused_too(server: Callable[..., tuple[int, list[str]]]) -> None:
+    """The cap is on the head's bytes, not on what happens to be buffered: a 20 KiB head sent at once is 431."""
+    port, _ = server()
+    with connect(port) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: sidecar\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n")
+        assert answer(sock).startswith(b"HTTP/1.1 431")
+
+
+def test_slow_clients_never_take_a_scrapes_place(server: Callable[..., tuple[int, list[str]]],
+                                                 reliability: Reliability) -> None:
+    """With 40 connections dripping a request head (a byte every 0.2 s, reconnecting whenever closed) against a
+    limit of 8 connections, 10 of 10 scrapes still get 200 within 2 s: the connection that has waited longest
+    for its head makes room, and a scrape's head arrives at once."""
+    port, rejected = server(connections=8)
+    with Drippers(port, 40, every=0.2) as drippers:
+        wait_until(lambda: drippers.opened > 48, what="the drippers to fill the server and be evicted")
+        statuses = [scrape(port, "/metrics", timeout=2) for _ in range(10)]
+    assert statuses == [200] * 10
+    assert "connections" in rejected
+    reliability("HTTP server", "40 connections dripping a request head, reconnecting, against a limit of 8",
+                "10 of 10 scrapes answered 200 within 2 s; the longest-waiting connection closed for each new one "
+                "past the limit, counted")
+
+
+def test_connections_busy_answering_are_not_evicted_and_the_newcomer_gets_503(
+        server: Callable[..., tuple[int, list[str]]]) -> None:
+    """When every connection is mid-answer (none waits for a head), a new one is answered 503 at once."""
+    gate = threading.Event()
+
+    async def slow(request: HttpRequest) -> Response:
+        import asyncio  # noqa: PLC0415 - only this handler waits
+        while not gate.is_set():
+            await asyncio.sleep(0.01)
+        return Response(200, b"late\n")
+
+    rejected: list[str] = []
+    running = serve(Listen("127.0.0.1", 0), slow, Bounds(connections=2), rejected.append)
+    try:
+        busy = [connect(running.server_port) for _ in range(2)]
+        for sock in busy:
+            sock.sendall(REQUEST)
+        wait_until(lambda: len(running._limits.connections) == 2 and all(
+            c.waiting_since is None for c in running._limits.connections), what="both connections answering")
+        with connect(running.server_port) as late:
+            late.sendall(REQUEST)
+            assert answer(late).startswith(b"HTTP/1.1 503")
+        gate.set()
+        for sock in busy:
+            assert answer(sock).startswith(b"HTTP/1.1 200")
+        assert rejected == ["connections"]
+    finally:
+        gate.set()
+        running.server_close()
+
+
+def test_a_burst_of_scrapers_is_queued_by_the_kernel_and_all_answered(
+        server: Callable[..., tuple[int, list[str]]]) -> None:
+    """200 connections made at once (more than the connection limit) complete their TCP handshake at once (a
+    listen backlog of 5 made most of them wait for SYN retransmissions, seconds each) and are all answered."""
+    port, _ = server()
+    burst = [connect(port, timeout=0.5) for _ in range(200)]  # a dropped SYN is retried only after 1 s
+    for sock in burst:
+        sock.sendall(REQUEST)
+    for sock in burst:
+        sock.settimeout(30)
+        assert answer(sock).startswith(b"HTTP/1.1 200")
+        sock.close()
+
+
+def test_a_body_over_the_cap_is_refused_413_unread(server: Callable[..., tuple[int, list[str]]]) -> None:
+    """A declared body over 64 KiB is answered 413 without waiting for it; one within is read and answered."""
+    port, rejected = server()
+    with connect(port) as sock:
+        sock.sendall(b"POST /x HTTP/1.1\r\nHost: s\r\nContent-Length: 1048576\r\n\r\n")
+        assert answer(sock).startswith(b"HTTP/1.1 413")
+    with connect(port) as sock:
+        sock.sendall(b"POST /x HTTP/1.1\r\nHost: s\r\nConnection: close\r\nContent-Length: 3\r\n\r\nabc")
+        assert answer(sock).startswith(b"HTTP/1.1 200")
+    assert rejected == ["body_bytes"]
+
+
+def test_a_chunk_declared_over_the_cap_is_refused_413_at_once(server: Callable[..., tuple[int, list[str]]]) -> None:
+    """A chunked body whose declared chunk sizes pass 64 KiB is answered 413 as soon as the size line is read, not
+    408 when the body deadline (here a minute) ends."""
+    port, rejected = server(body_timeout=60.0)
+    with connect(port, timeout=20.0) as sock:
+        sock.sendall(b"POST /x HTTP/1.1\r\nHost: s\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"8000\r\n" + b"a" * 0x8000 + b"\r\n8001\r\nab")
+        assert answer(sock).startswith(b"HTTP/1.1 413")
+    assert rejected == ["body_bytes"]
+
+
+@pytest.mark.parametrize("line", [b"CONNECT 127.0.0.1:80 HTTP/1.1", b"OPTIONS * HTTP/1.1"])
+def test_connect_and_the_server_wide_target_are_answered_405(server: Callable[..., tuple[int, list[str]]],
+                                                            line: bytes) -> None:
+    """No resource answers CONNECT host:port or OPTIONS *: 405 (with an empty Allow), not 404, and never a tunnel."""
+    port, _ = server()
+    with connect(port) as sock:
+        sock.sendall(line + b"\r\nHost: s\r\nConnection: close\r\n\r\n")
+        head = answer(sock).split(b"\r\n\r\n")[0].lower()
+    assert head.startswith(b"http/1.1 405") and b"\r\nallow: \r\n" in head + b"\r\n", head
+
+
+def test_an_idle_kept_alive_connection_is_closed_after_the_idle_timeout(
+        server: Callable[..., tuple[int, list[str]]]) -> None:
+    """After an answer, a kept-alive connection with nothing more to say is closed once the idle timeout passes,
+    without counting it as a refusal."""
+    port, rejected = server(idle_timeout=0.3)
+    sock = connect(port)
+    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: sidecar\r\n\r\n")
+    assert readable(sock, 5) and sock.recv(65536).startswith(b"HTTP/1.1 200")
+    wait_until(lambda: closed_by_server(sock), timeout=5, what="the idle connection closed")
+    assert rejected == []
+
+
+def test_a_client_that_does_not_read_its_answer_is_cut_off(reliability: Reliability) -> None:
+    """A client that asks for a large answer and never reads it is disconnected at the write deadline, counted."""
+
+    async def large(request: HttpRequest) -> Response:
+        return Response(200, b"x" * 64 * 1024 * 1024)
+
+    rejected: list[str] = []
+    running = serve(Listen("127.0.0.1", 0), large, Bounds(write_timeout=0.5), rejected.append)
+    try:
+        sock = connect(running.server_port)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(REQUEST)
+        wait_until(lambda: rejected == ["write_deadline"], timeout=10, what="the write deadline")
+    finally:
+        running.server_close()
+    reliability("HTTP server", "a client that asks for an answer and never reads it",
+                "disconnected at the 10 s write deadline, counted")
+
+
+def voluntary_switches(native_id: int) -> int:
+    """How many times the thread has gone to sleep and been woken since it started (Linux)."""
+    status = Path(f"/proc/self/task/{native_id}/status").read_text()
+    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+def test_the_idle_server_thread_sleeps_until_a_connection_arrives(
+        server: Callable[..., tuple[int, list[str]]]) -> None:
+    """With nobody connected, the server's thread (an asyncio loop) is not woken at all over a second, and it
+    still answers the next connection."""
+    before = {thread.ident for thread in threading.enumerate()}
+    port, _ = server()
+    [loop] = [t for t in threading.enumerate() if t.name == "http" and t.ident not in before]
+    with connect(port) as first:  # served once: the loop is running and back in its wait
+        first.sendall(REQUEST)
+        assert answer(first).startswith(b"HTTP/1.1 200")
+    assert loop.native_id is not None
+    switches = voluntary_switches(loop.native_id)
+    threading.Event().wait(1.0)  # the observation window itself, not a wait for anything to settle
+    assert voluntary_switches(loop.native_id) - switches <= 1
+    with connect(port) as second:
+        second.sendall(REQUEST)
+        assert answer(second).startswith(b"HTTP/1.1 200")
+
+
+def test_shutdown_of_an_idle_server_returns_and_ends_its_thread() -> None:
+    """shutdown() stops the loop, which waits without a timeout, and returns once it has stopped; the port is
+    then closed."""
+    before = {thread.ident for thread in threading.enumerate()}
+    served = serve(Listen("127.0.0.1", 0), hello)
+    port = int(served.server_port)
+    [loop] = [t for t in threading.enumerate() if t.name == "http" and t.ident not in before]
+    stopper = threading.Thread(target=served.shutdown)
+    stopper.start()
+    stopper.join(5)
+    assert not stopper.is_alive(), "shutdown() did not return"
+    loop.join(5)
+    assert not loop.is_alive()
+    served.server_close()
+    with pytest.raises(ConnectionRefusedError):
+        connect(port)
+
+
+class _Up:
+    healthy = True
+    ready = False
+
+
+@pytest.fixture
+def sidecar_app() -> Iterator[int]:
+    """The sidecar's own endpoints (make_http_app) in its own server, with one gauge; returns the port."""
+    registry = CollectorRegistry()
+    Gauge("hostile_probe", "a gauge", registry=registry).set(1)
+    running = serve(Listen("127.0.0.1", 0), make_http_app(registry, _Up()))
+    yield int(running.server_port)
+    running.server_close()
+
+
+def fetch(port: int, method: str, path: str, headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    connection.request(method, path, headers=headers or {})
+    response = connection.getresponse()
+    response.read()
+    connection.close()
+    return response
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/healthz", "/readyz", "/", "/nowhere"])
+def test_head_answers_like_get_without_a_body(sidecar_app: int, path: str) -> None:
+    """HEAD gets GET's status and headers, the body's Content-Length included, and no body (prometheus-client's
+    own app answers HEAD /metrics with 405)."""
+    get, head = fetch(sidecar_app, "GET", path), fetch(sidecar_app, "HEAD", path)
+    assert head.status == get.status
+    assert head.getheader("Content-Type") == get.getheader("Content-Type")
+    assert head.getheader("Content-Length") == get.getheader("Content-Length") is not None
+    with socket.create_connection(("127.0.0.1", sidecar_app), timeout=5) as sock:  # http.client skips a HEAD body
+        sock.sendall(f"HEAD {path} HTTP/1.0\r\nHost: sidecar\r\n\r\n".encode())
+        raw = answer(sock)
+    assert raw.endswith(b"\r\n\r\n"), raw
+
+
+@pytest.mark.parametrize(("accept_encoding", "gzipped"), [
+    ("gzip", True), ("gzip;q=0.5", True), ("identity, GZIP ; q=1", True), ("gzip;q=0", False),
+    ("gzip; q=0.000", False), ("gzip;q=nonsense", False), ("deflate", False), ("", False)])
+def test_gzip_only_when_asked_for_with_a_quality_above_zero(sidecar_app: int, accept_encoding: str,
+                                                            gzipped: bool) -> None:
+    """Accept-Encoding: gzip;q=0 means "not gzip" (RFC 9110 12.5.3); a positive quality means gzip."""
+    response = fetch(sidecar_app, "GET", "/metrics", {"Accept-Encoding": accept_encoding})
+    assert response.status == 200
+    assert (response.getheader("Content-Encoding") == "gzip") is gzipped
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/healthz", "/readyz", "/"])
+@pytest.mark.parametrize("method", ["POST", "DELETE", "PUT", "TRACE", "OPTIONS", "FROB"])
+def test_pages_answer_get_and_head_only(sidecar_app: int, path: str, method: str) -> None:
+    """Every page answers 405 with ``Allow: GET, HEAD`` to any other method, /metrics and the rest alike."""
+    response = fetch(sidecar_app, method, path)
+    assert response.status == 405
+    assert response.getheader("Allow") == "GET, HEAD"
+
+
+def test_metrics_name_selects_families(sidecar_app: int) -> None:
+    """``/metrics?name[]=N`` serves only the family N, as prometheus-client's own app does."""
+    connection = http.client.HTTPConnection("127.0.0.1", sidecar_app, timeout=5)
+    connection.request("GET", "/metrics?name[]=hostile_probe")
+    body = connection.getresponse().read()
+    assert body == b"# HELP hostile_probe a gauge\n# TYPE hostile_probe gauge\nhostile_probe 1.0\n"
+    connection.close()
+
+
+def test_refusals_are_counted_by_reason_on_the_registry() -> None:
+    """``<namespace>_http_rejected_total{reason}`` shows every reason from the start and counts each refusal."""
+    registry = CollectorRegistry()
+    count = http_server.rejection_counter(registry, "azure_scheduled_events")
+    assert registry.get_sample_value("azure_scheduled_events_http_rejected_total", {"reason": "header_bytes"}) == 0
+    count("header_bytes")
+    assert registry.get_sample_value("azure_scheduled_events_http_rejected_total", {"reason": "header_bytes"}) == 1
+    assert {s.labels["reason"] for m in registry.collect() for s in m.samples} == set(http_server.REASONS)
+
+
+@pytest.fixture
+def fleet_app() -> Iterator[int]:
+    """The fleet's own endpoints (fleet.main.make_http_app) with an empty fleet, healthy, not ready."""
+    from se_exporter.fleet.main import make_http_app as fleet_http_app  # noqa: PLC0415 - brings the Azure SDKs
+    from se_exporter.fleet.picture import Fleet  # noqa: PLC0415
+
+    registry = CollectorRegistry()
+    Gauge("fleet_probe", "a gauge", registry=registry).set(1)
+    service = SimpleNamespace(healthy=True, ready=False, storage_problem=None)
+    running = serve(Listen("127.0.0.1", 0), fleet_http_app(registry, Fleet(), service))  # type: ignore[arg-type]
+    yield int(running.server_port)
+    running.server_close()
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/healthz", "/readyz", "/"])
+def test_the_fleet_pages_answer_get_and_head_only(fleet_app: int, path: str) -> None:
+    """The fleet serves its pages as the sidecar does: 405 with Allow to any method but GET and HEAD."""
+    assert fetch(fleet_app, "GET", path).status in (200, 503)
+    response = fetch(fleet_app, "DELETE", path)
+    assert (response.status, response.getheader("Allow")) == (405, "GET, HEAD")
+
+
+@pytest.mark.parametrize(("accept_encoding", "gzipped"), [("gzip", True), ("gzip;q=0", False), ("", False)])
+def test_the_fleet_gzips_by_the_same_rule(fleet_app: int, accept_encoding: str, gzipped: bool) -> None:
+    """The fleet's /metrics follows the sidecar's gzip rule: ``gzip;q=0`` means not gzip."""
+    response = fetch(fleet_app, "GET", "/metrics", {"Accept-Encoding": accept_encoding})
+    assert (response.getheader("Content-Encoding") == "gzip") is gzipped
+    assert fetch(fleet_app, "GET", "/readyz").status == 503

@@ -1,0 +1,66 @@
+"""The helpers every program shares: one cause walker, one log throttle, one shortener, one bind error."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from se_exporter.core.errors import ConfigError
+from se_exporter.infra.azure.clients import causes, classify, describe
+from se_exporter.infra.http_server import bind
+from se_exporter.infra.logs import Throttle, shorten
+from se_exporter.infra.options import Listen
+
+
+class Wrapped(Exception):
+    def __init__(self, message: str, inner: BaseException | None = None, os_error: OSError | None = None) -> None:
+        super().__init__(message)
+        self.inner_exception = inner
+        self.os_error = os_error
+
+
+def test_the_cause_walker_follows_every_wrapping_once() -> None:
+    """Python's chain, azure-core's inner_exception and aiohttp's os_error are all walked, each error once."""
+    refused = ConnectionRefusedError(111, "Connection refused")
+    outer = Wrapped("storage failed", inner=Wrapped("transport", os_error=refused))
+    try:
+        raise outer from outer  # a cycle must end
+    except Wrapped as error:
+        found = list(causes(error))
+    assert refused in found and len(found) == len({id(e) for e in found}) == 3
+
+
+def test_a_wrapped_refusal_is_a_connection_error_and_described_on_one_line() -> None:
+    """classify looks at the error itself for a connection failure; describe keeps one redacted line."""
+    assert classify(ConnectionRefusedError()) == "connection"
+    assert describe(RuntimeError("first line SharedAccessKey=abc\nsecond")) == "first line SharedAccessKey=<redacted>"
+
+
+def test_the_throttle_allows_one_line_per_key_per_interval() -> None:
+    """A repeating line is logged at most once per interval for its key; other keys are not held back."""
+    throttle = Throttle(60.0)
+    assert throttle.due("a", 100.0)
+    assert not throttle.due("a", 159.0)
+    assert throttle.due("b", 159.0)
+    assert throttle.due("a", 160.0)
+
+
+def test_shorten_says_it_cut() -> None:
+    assert shorten("abc", 3) == "abc"
+    assert shorten("abcd", 3) == "abc..."
+
+
+def test_a_taken_port_is_one_configuration_error_naming_listen() -> None:
+    """Every program's bind failure reads the same: --listen, the address, the OS's reason."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = Listen("127.0.0.1", taken.getsockname()[1])
+
+        def make() -> None:
+            with socket.socket() as again:
+                again.bind((listen.host, listen.port))
+
+        with pytest.raises(ConfigError, match=r"^--listen 127\.0\.0\.1:\d+: cannot listen there"):
+            bind(listen, make)

@@ -1,0 +1,202 @@
+"""deploy/windows, checked as far as Linux can: the WinSW configuration parsed and run through se-exporter's own
+argument and environment handling, install.ps1 parsed by a real PowerShell grammar (tree-sitter) and its steps,
+parameters and commands checked. Nothing here runs Windows: see README "What is verified only statically"."""
+
+from __future__ import annotations
+
+import ntpath
+import re
+import shlex
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import tree_sitter_powershell
+from tree_sitter import Language, Node, Parser
+
+from se_exporter.cli import build_parser
+from se_exporter.infra.platform_io import Windows
+from se_exporter.sidecar.settings import DEFAULT_PORT, RUN_OPTIONS, run_settings
+
+ROOT = Path(__file__).parent.parent.parent
+WINDOWS = ROOT / "deploy" / "windows"
+PROGRAM_DATA = r"C:\ProgramData"
+LOCAL_SERVICE_SID = "S-1-5-19"  # NT AUTHORITY\LocalService
+STEPS = ["Assert-Administrator", "Remove-OldService", "Install-Python", "Install-Virtualenv", "Set-StateFolderAcl",
+         "Install-Service", "Open-MetricsPort", "Wait-Healthy"]
+SECRET_WORDS = re.compile(r"(?i)password|secret|sharedaccess|connectionstring|accountkey|token|\bkey\b")
+
+
+def service() -> ET.Element:
+    return ET.parse(WINDOWS / "se-exporter.xml").getroot()  # noqa: S314 - our own file from the repository
+
+
+def expand(text: str) -> str:
+    """WinSW's %Name% expansion, with the values of an Azure VM."""
+    return text.replace("%ProgramData%", PROGRAM_DATA).replace("%BASE%", r"C:\Program Files\se-exporter")
+
+
+def seconds(duration: str) -> float:
+    """A WinSW duration ("15 sec", "3 min", "1 hour")."""
+    number, unit = re.fullmatch(r"\s*(\d+)\s*(sec|secs|min|mins|hour|hours|ms)\s*", duration).groups()
+    return int(number) * {"ms": 0.001, "sec": 1, "secs": 1, "min": 60, "mins": 60, "hour": 3600, "hours": 3600}[unit]
+
+
+def script() -> Node:
+    parser = Parser(Language(tree_sitter_powershell.language()))
+    return parser.parse((WINDOWS / "install.ps1").read_bytes()).root_node
+
+
+def nodes(node: Node, kind: str) -> list[Node]:
+    found = [node] if node.type == kind else []
+    for child in node.children:
+        found.extend(nodes(child, kind))
+    return found
+
+
+def text(node: Node) -> str:
+    return (node.text or b"").decode()
+
+
+def test_the_service_starts_the_virtualenvs_python_with_run_and_valid_settings() -> None:
+    """The wrapper runs ``<venv>\\Scripts\\python.exe -m se_exporter run``; its arguments and <env> settings are
+    accepted by se-exporter's own parser, and the state lands in %ProgramData%\\se-exporter."""
+    root = service()
+    assert root.findtext("id") == "se-exporter"
+    executable = expand(root.findtext("executable") or "")
+    assert ntpath.normcase(executable).endswith(ntpath.normcase(r"\venv\Scripts\python.exe"))
+    arguments = shlex.split(expand(root.findtext("arguments") or "").replace("\\", "\\\\"))
+    assert arguments[:3] == ["-m", "se_exporter", "run"]
+    env = {item.get("name", ""): expand(item.get("value", "")) for item in root.findall("env")}
+    settings = run_settings(build_parser().parse_args(arguments[2:]), env)
+    assert str(settings.state_path) == rf"{PROGRAM_DATA}\se-exporter"  # a Path since settings hold Path types
+    assert settings.listen.port == DEFAULT_PORT
+    known = {option.env for option in RUN_OPTIONS} | {"PYTHONUTF8"}
+    assert set(env) <= known
+
+
+def test_the_state_path_is_the_windows_default() -> None:
+    """The explicit --state-dir is where se-exporter would keep its state on Windows anyway."""
+    default = Windows(object(), lambda handler: None, -5, 0x8000, lambda a, b: None).default_state_dir(
+        {"ProgramData": PROGRAM_DATA})
+    arguments = expand(service().findtext("arguments") or "")
+    assert f'--state-dir "{default}"' in arguments
+    assert expand(service().findtext("workingdirectory") or "") == default
+
+
+def test_stopping_is_a_console_control_event_within_the_timeouts() -> None:
+    """No stop executable (so WinSW stops with Ctrl+C, which se-exporter treats as SIGTERM); the stop timeout leaves
+    the orderly stop the 15 s the systemd unit gives it, and pre-shutdown is on with more time than that."""
+    root = service()
+    assert root.find("stopexecutable") is None and root.find("stoparguments") is None
+    assert root.find("stopargument") is None
+    stop = seconds(root.findtext("stoptimeout") or "")
+    assert 15 <= stop <= 60
+    assert (root.findtext("preshutdown") or "").strip() == "true"
+    assert seconds(root.findtext("preshutdownTimeout") or "") > stop
+
+
+def test_the_service_account_is_localservice_without_a_password() -> None:
+    """A least-privilege built-in account; no password anywhere in the file."""
+    root = service()
+    assert root.findtext("serviceaccount/username") == r"NT AUTHORITY\LocalService"
+    assert all(element.tag != "password" for element in root.iter())
+    values = [element.text or "" for element in root.iter()] + [v for e in root.iter() for v in e.attrib.values()]
+    assert not [value for value in values if SECRET_WORDS.search(value)]
+
+
+def test_failures_restart_and_logs_roll_beside_the_state() -> None:
+    """A crash restarts the service; the wrapper's logs roll by size under the state folder the ACL protects."""
+    root = service()
+    assert [item.get("action") for item in root.findall("onfailure")][:1] == ["restart"]
+    assert (root.findtext("startmode") or "") == "Automatic"
+    assert expand(root.findtext("logpath") or "").startswith(rf"{PROGRAM_DATA}\se-exporter")
+    log = root.find("log")
+    assert log is not None and log.get("mode") == "roll-by-size"
+
+
+def test_install_script_parses_as_powershell() -> None:
+    """The PowerShell grammar finds no syntax error in install.ps1."""
+    tree = script()
+    assert not tree.has_error, [text(node)[:80] for node in nodes(tree, "ERROR")]
+
+
+def test_the_parser_would_see_a_broken_script() -> None:
+    """The syntax check can fail: an unclosed block is reported."""
+    parser = Parser(Language(tree_sitter_powershell.language()))
+    assert parser.parse(b"function Install-Service { if ($x) { Write-Output 1 }").root_node.has_error
+
+
+def test_install_script_parameters_and_no_secrets() -> None:
+    """Its parameters are the documented ones, the metrics port defaults to se-exporter's, and nothing in it takes
+    or holds a secret (Event Hubs goes through the managed identity)."""
+    source = (WINDOWS / "install.ps1").read_text()
+    (block,) = [node for node in script().children if node.type == "param_block"]
+    parameters = {text(node).split("$")[1].split()[0].rstrip(")") for node in nodes(block, "script_parameter")}
+    assert parameters == {"Wheels", "PythonInstaller", "PythonExe", "WinSW", "InstallDir", "StateDir", "Port",
+                          "ScrapeFrom", "EventHubNamespace", "EventHubName", "ClientId", "OtlpEndpoint"}
+    assert re.search(rf"\[int\] \$Port = {DEFAULT_PORT}\b", source)
+    assert not any(SECRET_WORDS.search(name) for name in parameters)
+    assert not re.search(r"(?i)SharedAccessKey|ConnectionString|ConvertTo-SecureString|-Password", source)
+
+
+def test_install_script_runs_every_step_in_order() -> None:
+    """Each step is a function, defined once and called once at the top level, in the order install needs."""
+    tree = script()
+    defined = [text(node.child_by_field_name("function_name") or node.children[1])
+               for node in nodes(tree, "function_statement")]
+    top = tree.children[-1]
+    called = [text(node).strip() for node in top.children if node.type == "pipeline"]
+    called = [name for name in called if name in defined]
+    assert called == STEPS
+    assert set(defined) == {*STEPS, "Invoke-Checked", "Write-ServiceConfig"}
+
+
+def commands(tree: Node) -> list[str]:
+    return [text(node) for node in nodes(tree, "command")]
+
+
+def test_install_script_installs_offline_and_locks_down_the_state_folder() -> None:
+    """pip installs from the wheelhouse only, every wheel checked against the hash its requirements.txt names (the
+    lock's); the state folder loses inherited entries and gets SYSTEM and
+    Administrators full control and the service account (LocalService, as in the XML) Modify."""
+    source = (WINDOWS / "install.ps1").read_text()
+    tree = script()
+    assert re.search(r"'-m', 'venv'", source)
+    assert re.search(r"'pip', 'install', '--no-index', '--find-links', \$source", source)
+    assert re.search(r"'--require-hashes', '-r', \(Join-Path \$source 'requirements.txt'\)", source)
+    assert "SetAccessRuleProtection($true, $false)" in source
+    for sid in ("S-1-5-18", "S-1-5-32-544", LOCAL_SERVICE_SID):
+        assert f"'{sid}'" in source
+    assert re.search(r"FileSystemAccessRule \$service, 'Modify'", source)
+    assert any(command.startswith("Set-Acl -LiteralPath $StateDir") for command in commands(tree))
+    assert service().findtext("serviceaccount/username") == r"NT AUTHORITY\LocalService"
+
+
+def test_install_script_opens_the_metrics_port_to_the_scrapers_only() -> None:
+    """One inbound TCP rule for the metrics port, limited to -ScrapeFrom; the service is installed and started with
+    the wrapper and /healthz is awaited."""
+    found = commands(script())
+    (rule,) = [command for command in found if command.startswith("New-NetFirewallRule")]
+    for part in ("-Direction Inbound", "-Action Allow", "-Protocol TCP", "-LocalPort $Port",
+                 "-RemoteAddress $ScrapeFrom"):
+        assert part in rule
+    wrapper_calls = [command for command in found if command.startswith("Invoke-Checked $wrapper")]
+    assert [call.split("'")[1] for call in wrapper_calls] == ["stop", "uninstall", "install", "start"]
+    assert any("/healthz" in command for command in found if command.startswith("Invoke-WebRequest"))
+
+
+def test_install_script_settings_are_real_options() -> None:
+    """The variables install.ps1 writes into the service configuration are ones se-exporter reads."""
+    source = (WINDOWS / "install.ps1").read_text()
+    names = set(re.findall(r"'((?:SE_EXPORTER|OTEL)_[A-Z_]+)'", source))
+    assert names and names <= {option.env for option in RUN_OPTIONS} | {"OTEL_EXPORTER_OTLP_ENDPOINT"}
+
+
+def test_the_windows_runtime_set_is_the_locked_one_without_test_tools() -> None:
+    """The Windows wheelhouse installs what requirements/runtime.txt locks for Windows: se-exporter's runtime
+    dependencies, what only Windows needs, and none of the test tools."""
+    from scripts import lockfile  # noqa: PLC0415 - a script module, imported only here
+
+    names = {pin.name for pin in lockfile.select(lockfile.read(lockfile.RUNTIME), "win-amd64", "3.11")}
+    assert {"httpx", "prometheus-client", "azure-eventhub", "opentelemetry-sdk"} <= names
+    assert not names & {"pytest", "mypy", "ruff", "hypothesis", "tree-sitter", "respx", "uv"}

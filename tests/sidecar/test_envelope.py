@@ -1,0 +1,52 @@
+"""The forwarded envelope: properties, ids, the file line and the sequence across restarts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+
+from se_exporter.sidecar.sinks.envelope import Sequencer, build
+from se_exporter.sidecar.sinks.forward_file import file_line
+from tests.fakes.documents import IDENTITY, RAW, change
+from tests.helpers import FORWARDED_SCHEMA as SCHEMA
+
+
+def test_envelope_properties_and_ids() -> None:
+    """Properties name the VM and the moment; message id and partition key are stable and per VM."""
+    env = build(change(), 7, "0f8fad5b-d9cb-469f-a165-70867728950e")
+    assert env.body == RAW
+    assert env.message_id == "0f8fad5b-d9cb-469f-a165-70867728950e:7"
+    assert env.partition_key == IDENTITY.vm_id
+    assert env.properties == {
+        "vm_name": "WestNO_0", "vm_id": IDENTITY.vm_id, "vmss_name": "", "subscription_id": "sub",
+        "resource_group": "rg", "location": "norwayeast", "document_incarnation": 3,
+        "observed_at": "2026-11-22T03:04:28.024Z", "api_version": "2020-07-01", "exporter_version": "0.1.0",
+        "sequence": 7, "imds_last_success": "2026-11-22T03:04:28.024Z", "imds_failing": False}
+
+
+def test_partition_key_falls_back_to_the_vm_name() -> None:
+    """Before the identity is known, the VM name keeps documents together; without either, 'unknown'."""
+    assert build(change(identity=None), 1, "i").partition_key == "WestNO_0"
+    assert build(change(identity=None, vm_name=None), 1, "i").partition_key == "unknown"
+
+
+def test_file_line_is_valid_and_carries_the_exact_body() -> None:
+    """A --forward-file line validates against the published schema; its body is the raw text, CRLFs and all."""
+    line = file_line(build(change(), 1, "0f8fad5b-d9cb-469f-a165-70867728950e"))
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    record = json.loads(line)
+    jsonschema.validate(record, SCHEMA)
+    assert record["body"].encode() == RAW
+
+
+def test_sequence_survives_restarts(tmp_path: Path) -> None:
+    """Numbers never repeat for an installation, across restarts, and the installation id is kept."""
+    first = Sequencer(tmp_path)
+    assert [first.next(), first.next()] == [1, 2]
+    second = Sequencer(tmp_path)
+    assert second.installation_id == first.installation_id
+    assert second.next() == 3
+    second.advance_past(41)
+    assert Sequencer(tmp_path).next() == 42

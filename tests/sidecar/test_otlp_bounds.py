@@ -1,0 +1,135 @@
+"""OTLP export against hostile collectors: each export ends by its deadline and reads a bounded answer."""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExportResult
+from prometheus_client import CollectorRegistry, Counter
+
+from se_exporter.sidecar.settings import TracingSettings
+from se_exporter.sidecar.sinks.otlp_http import BoundedSession
+from se_exporter.sidecar.sinks.tracing import (
+    EXPORT_TIMEOUT_SECONDS,
+    MAX_RESPONSE_BYTES,
+    CountingExporter,
+    make_exporter,
+)
+from tests.otlp_receiver import (
+    drip_body,
+    drip_headers,
+    flood_declared,
+    flood_undeclared,
+    hostile_collector,
+    hostile_grpc_collector,
+)
+
+DEADLINE = 1.0  # seconds: the exporters' timeout in these tests (the sidecar's is EXPORT_TIMEOUT_SECONDS)
+SLACK = 2.0  # seconds past the deadline an export may take on a contended machine
+
+
+def spans() -> list[ReadableSpan]:
+    tracer = TracerProvider().get_tracer("test")
+    span = tracer.start_span("scheduled_event.update")
+    span.end()
+    return [span]  # type: ignore[list-item]  # an ended SDK span is a ReadableSpan
+
+
+def why(caplog: pytest.LogCaptureFixture) -> str:
+    """The reason the one warning gives, as the exporter put it."""
+    message = next(r.getMessage() for r in caplog.records if "span export failing" in r.getMessage())
+    return message.split(": ", 1)[1].rsplit("): spans are dropped", 1)[0]
+
+
+def counting(inner: Any) -> tuple[CountingExporter, CollectorRegistry]:
+    registry = CollectorRegistry()
+    return CountingExporter(inner, Counter("exported", "", registry=registry),
+                            Counter("failed", "", registry=registry)), registry
+
+
+@pytest.mark.parametrize("answer", [flood_declared, flood_undeclared, drip_headers, drip_body])
+def test_an_otlp_http_export_ends_by_its_deadline_reading_a_bounded_answer(
+        answer: Callable[[Callable[[bytes], None]], None], caplog: pytest.LogCaptureFixture) -> None:
+    """A collector answering 200 with an endless body (4 GB declared, or none) or dripping a byte at a time: the
+    export fails within the deadline, counted as failed, with one warning; the memory read stays bounded."""
+    with hostile_collector(answer) as endpoint:
+        exporter, registry = counting(HttpExporter(endpoint=endpoint, timeout=DEADLINE, session=BoundedSession()))
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        started = time.monotonic()
+        with caplog.at_level(logging.DEBUG):
+            results = [exporter.export(spans()) for _ in range(2)]
+        took = time.monotonic() - started
+        grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        exporter.shutdown()
+    assert results == [SpanExportResult.FAILURE] * 2
+    assert took < 2 * (DEADLINE + SLACK)
+    assert registry.get_sample_value("failed_total") == 2 and registry.get_sample_value("exported_total") == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        f"span export failing ({endpoint}: {why(caplog)}): spans are dropped until the endpoint answers"]
+    assert ("deadline" if answer.__name__.startswith("drip") else "bytes") in why(caplog)
+    assert grown_kib < 16 * 1024  # peak RSS grew by less than 16 MiB
+
+
+def test_the_sidecars_exporters_are_built_bounded() -> None:
+    """The OTLP/HTTP exporter posts through a BoundedSession; the gRPC one caps the answer on its channel; both
+    have the export deadline."""
+    http = make_exporter(TracingSettings(otel_traces_exporter="otlp", otel_endpoint="http://127.0.0.1:9"))
+    grpc = make_exporter(TracingSettings(otel_traces_exporter="otlp", otel_endpoint="http://127.0.0.1:9",
+                                         otel_protocol="grpc"))
+    try:
+        assert isinstance(http._client._transport._session, BoundedSession)
+        assert http._client._timeout == EXPORT_TIMEOUT_SECONDS
+        assert ("grpc.max_receive_message_length", MAX_RESPONSE_BYTES) in grpc._channel_options
+        assert grpc._timeout == EXPORT_TIMEOUT_SECONDS
+    finally:
+        http.shutdown()
+        grpc.shutdown()
+
+
+@pytest.mark.parametrize(("delay", "message_bytes"), [(30.0, 0), (0.0, 1024 * 1024)])
+def test_an_otlp_grpc_export_ends_by_its_deadline_reading_a_bounded_answer(delay: float, message_bytes: int) -> None:
+    """A gRPC collector that answers too late, or with a 1 MiB answer: the export fails within the deadline."""
+    with hostile_grpc_collector(delay, message_bytes) as endpoint:
+        settings = TracingSettings(otel_traces_exporter="otlp", otel_endpoint=endpoint, otel_protocol="grpc")
+        exporter, registry = counting(make_exporter(settings))
+        started = time.monotonic()
+        result = exporter.export(spans())
+        took = time.monotonic() - started
+        exporter.shutdown()
+    assert result == SpanExportResult.FAILURE
+    assert took < EXPORT_TIMEOUT_SECONDS + SLACK
+    assert registry.get_sample_value("failed_total") == 1
+
+
+def redirect(send: Callable[[bytes], None]) -> None:
+    send(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://127.0.0.1:9/v1/traces?token=secret\r\n"
+         b"Content-Length: 0\r\n\r\n")
+
+
+def not_modified(send: Callable[[bytes], None]) -> None:
+    send(b"HTTP/1.1 304 Not Modified\r\n\r\n")
+
+
+@pytest.mark.parametrize("answer", [redirect, not_modified])
+def test_an_otlp_http_answer_that_is_not_2xx_is_an_export_failure(
+        answer: Callable[[Callable[[bytes], None]], None], caplog: pytest.LogCaptureFixture) -> None:
+    """A collector answering 3xx (a redirect, never followed): the spans count as failed, not exported, with the
+    one warning naming the status and not the Location (which may carry a token)."""
+    with hostile_collector(answer) as endpoint:
+        exporter, registry = counting(HttpExporter(endpoint=endpoint, timeout=DEADLINE, session=BoundedSession()))
+        with caplog.at_level(logging.DEBUG):
+            results = [exporter.export(spans()) for _ in range(2)]
+        exporter.shutdown()
+    assert results == [SpanExportResult.FAILURE] * 2
+    assert registry.get_sample_value("failed_total") == 2 and registry.get_sample_value("exported_total") == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        f"span export failing ({endpoint}: {why(caplog)}): spans are dropped until the endpoint answers"]
+    assert answer.__name__ != "redirect" or ("HTTP 307" in why(caplog) and "not followed" in why(caplog))
+    assert "secret" not in caplog.text
