@@ -24,6 +24,9 @@ FLEET = "azure_scheduled_fleet"
 VM_LABELS = ["vm_id", "vm_name", "vmss_name", "location"]
 # What the forwarder's classify() says, plus a partition taken over by another replica and a state blob unread.
 ERROR_REASONS = ("timeout", "auth", "connection", "service", "other", "ownership_lost", "state_read")
+# Signs that another replica may have taken an owned partition: its link stolen, its ownership record naming another
+# replica in a load-balancing round, this replica's claim of it refused (``consumer.Service``).
+LOSS_SIGNS = ("link_stolen", "owned_elsewhere", "claim_failed")
 # Why a state blob (or part of it) was not used: not gzip'd JSON, JSON of another shape, an older or unknown format,
 # rows out of type or range, a position past the partition's newest event.
 DAMAGE_REASONS = ("unreadable", "wrong_shape", "format", "row", "position")
@@ -68,6 +71,12 @@ class FleetMetrics:
                               registry=registry)
         self.releases = Counter(f"{FLEET}_partition_releases", "Partitions this replica stopped reading, by reason.",
                                 ["reason"], registry=registry)
+        self.loss_signs = Counter(f"{FLEET}_partition_loss_signs",
+                                  "Signs that an owned partition may have passed to another replica, each hiding its "
+                                  "VMs until it is ours again or closed, by sign.", ["sign"], registry=registry)
+        self.shown_partitions = Gauge(f"{FLEET}_shown_partitions",
+                                      "Owned partitions whose VMs this replica shows: not one whose receiver is not "
+                                      "attached yet, nor one with a sign of loss.", registry=registry)
         self.state_damaged = Counter(f"{FLEET}_state_damaged",
                                      "State blobs, or rows of them, not used because they are damaged, by reason.",
                                      ["reason"], registry=registry)
@@ -90,6 +99,8 @@ class FleetMetrics:
             self.checkpoints.labels(outcome)
         for reason in ERROR_REASONS:
             self.errors.labels(reason)
+        for sign in LOSS_SIGNS:
+            self.loss_signs.labels(sign)
 
 
 class PartitionCollector(Collector):

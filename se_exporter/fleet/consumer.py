@@ -7,13 +7,29 @@ server (the sidecar's bounded ``serve``) answers scrapes from its own threads, r
 Per partition the SDK calls, in order: ``on_initialize`` (the stored state is loaded before a single
 event is read: until it is, the partition is not read at all; see ``persistence``), ``on_batch`` for events, and
 ``on_close`` (on shutdown a last state and checkpoint are written before the SDK releases ownership;
-when ownership is lost, the partition's VMs are dropped at once, so that the sum over replicas counts
-every VM once).
+when ownership is lost, the partition's VMs are dropped at once).
 
-Facts about azure-eventhub (5.15) this module is built around: with a checkpoint store the SDK opens
-every partition as an exclusive receiver (owner level 0), so a replica taking a partition over closes
-the previous owner's link (``amqp:link:stolen``, reported to ``on_error``, not fatal); duplicates
-happen around hand-overs and are dropped by sequence.
+Hand-overs: each VM on one replica at a time. A claimed partition is held but not shown (``Fleet.show``) until
+its receiver holds the partition; a held partition is hidden at the first sign that another replica may have
+it: its link stolen (``on_error``), its ownership record naming another owner in a load-balancing round
+(``on_listed``), its claim refused (``on_claimed``). Hidden, it is still held and written, so a false alarm
+costs a moment of not showing; it is shown again by a batch after a round that shows it ours, or dropped by
+``on_close``. What remains: between the server attaching the new link (which closes the old one) and the old
+owner reading that close, both may show it (``docs/operations.md`` gives the measured figure).
+
+Facts about azure-eventhub (5.15, ``aio/_eventprocessor/event_processor.py`` and
+``aio/_transport/_pyamqp_transport_async.py``) this module is built around:
+- with a checkpoint store the SDK opens every partition as an exclusive receiver (owner level 0), so a replica
+  taking a partition over closes the previous owner's link (``amqp:link:stolen``, reported to ``on_error`` with
+  the partition's context, not fatal, then ``on_close``); duplicates around hand-overs are dropped by sequence;
+- ``EventProcessor._receive`` claims in the checkpoint store, calls ``on_initialize``, and only then has the
+  consumer open its link; the consumer's ``running`` flag is set once the link is attached (``_open`` waits for
+  ``client_ready_async``), so a batch with events comes only over an attached link; the empty batch after
+  ``max_wait_time`` does NOT imply one: its timer starts with the receive call, beside the link's opening, so an
+  empty batch is trusted only when the consumer says ``running`` (``link_attached``);
+- a load-balancing round is ``list_ownership`` then ``claim_ownership`` of the records it wants, each carrying
+  this processor's owner id (a release empties it); the store returns only those it won, and the SDK cancels
+  the held partitions it did not win.
 
 What the service knows of a partition is one ``Partition``, made on claim and dropped whole on close; the
 state store is passed in (``statestore.StateStore``), so the service is tested against ``MemoryStateStore``.
@@ -26,7 +42,7 @@ import contextlib
 import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from azure.eventhub import CloseReason, EventData
@@ -45,7 +61,7 @@ from se_exporter.fleet.statestore import StateStore, state_blob_name
 from se_exporter.infra.azure.clients import classify, describe
 from se_exporter.infra.logs import fields
 
-__all__ = ["BATCH_SIZE", "EMPTY_BATCH_AFTER", "ObservedCheckpointStore", "Service"]
+__all__ = ["BATCH_SIZE", "EMPTY_BATCH_AFTER", "ObservedCheckpointStore", "Service", "link_attached"]
 log = logging.getLogger("se_exporter.fleet")
 BATCH_SIZE = 300  # the SDK's default prefetch: one batch drains what one link fetches
 EMPTY_BATCH_AFTER = 1.0  # seconds without events before the SDK says so: the partition is caught up
@@ -69,6 +85,10 @@ class Service:
         self.balanced = False
         self.hub_partitions: int | None = None
         self.storage_problem: str | None = None  # why the storage account is not reachable, while it is not
+        self.owner_id: str | None = None  # this processor's id in the ownership records, from its first claim
+        self.doubted: set[str] = set()  # held partitions with a sign of loss: hidden until a round shows them ours
+        # Whether the partition's receiver link is attached right now (None: unknown); see ``link_attached``.
+        self.attached: Callable[[str], bool | None] = lambda partition_id: None
 
     @property
     def views(self) -> dict[str, PartitionView]:
@@ -86,7 +106,8 @@ class Service:
             restored = await self.keeper.restore(partition_id)
         finally:
             self.restoring.discard(partition_id)
-        state = self._fleet.claim(partition_id, restored.state)
+        self.doubted.discard(partition_id)
+        state = self._fleet.claim(partition_id, restored.state, shown=False)  # shown by the first batch
         self.partitions[partition_id] = Partition(
             context, state, PartitionView(newer_format=restored.newer_format is not None),
             saved=state.position, saved_format=restored.format)
@@ -100,9 +121,12 @@ class Service:
             return
         view = partition.view
         if not events:  # EMPTY_BATCH_AFTER passed without an event: nothing waits in this partition
+            if self.attached(partition.partition_id) is not False:  # else the receive started, its link not yet
+                self._show(partition.partition_id)
             partition.caught_up = True
             view.lag_events, view.lag_seconds = 0.0, 0.0
             return
+        self._show(partition.partition_id)  # events come over an attached link only
         self._check_restored(context)
         outcomes: Tally[str] = Tally()
         for event in events:
@@ -203,6 +227,8 @@ class Service:
             await self.keeper.save(partition)  # before the SDK releases ownership: the next owner starts from here
         dropped = self._fleet.release(partition_id)
         self.partitions.pop(partition_id, None)
+        self.doubted.discard(partition_id)
+        self._shown_changed()
         self.keeper.store.forget(partition_id)
         name = "shutdown" if reason == CloseReason.SHUTDOWN else "ownership_lost"
         self._metrics.releases.labels(name).inc()
@@ -215,9 +241,60 @@ class Service:
         reason = "ownership_lost" if "stolen" in text or type(error).__name__ == "OwnershipLostError" \
             else classify(error)
         self._metrics.errors.labels(reason).inc()
+        if reason == "ownership_lost" and context is not None:
+            self._hide(context.partition_id, "link_stolen")
         where = f"partition {context.partition_id}" if context is not None else "load balancing"
         self._report.once(f"error:{reason}:{where}", logging.INFO if reason == "ownership_lost" else logging.WARNING,
                           "Event Hubs client error (%s, %s): %s", where, reason, describe(error))
+
+    def on_listed(self, ownership: Iterable[Mapping[str, Any]]) -> None:
+        """A load-balancing round read the ownership records: a held partition recorded as another's is hidden;
+        one recorded as ours is no longer in doubt (its next batch shows it)."""
+        self.balanced = True
+        if self.owner_id is None:  # before this processor's first claim it holds nothing
+            return
+        for record in ownership:
+            partition_id = str(record.get("partition_id"))
+            if partition_id not in self.partitions:
+                continue
+            if record.get("owner_id") == self.owner_id:
+                self.doubted.discard(partition_id)
+            else:
+                self._hide(partition_id, "owned_elsewhere")
+
+    def on_claimed(self, wanted: Iterable[Mapping[str, Any]], won: Iterable[Mapping[str, Any]]) -> None:
+        """A round claimed ``wanted`` and won ``won``: a held partition not won is hidden (the SDK closes it next);
+        one won is no longer in doubt. A release (records with the owner id emptied) says nothing of the others."""
+        owners = {str(record["owner_id"]) for record in wanted if record.get("owner_id")}
+        if not owners:
+            return
+        self.owner_id = min(owners)  # the SDK claims under one id: its processor's
+        claimed = {str(record.get("partition_id")) for record in won}
+        for partition_id in list(self.partitions):
+            if partition_id in claimed:
+                self.doubted.discard(partition_id)
+            else:
+                self._hide(partition_id, "claim_failed")
+
+    def _show(self, partition_id: str) -> None:
+        if partition_id in self.doubted or not self._fleet.show(partition_id):
+            return
+        self._shown_changed()
+        log.info("partition %s shown: its receiver holds it", partition_id,
+                 extra=fields(partition_id=partition_id))
+
+    def _hide(self, partition_id: str, sign: str) -> None:
+        if partition_id not in self.partitions:
+            return
+        self.doubted.add(partition_id)
+        self._metrics.loss_signs.labels(sign).inc()
+        if self._fleet.show(partition_id, shown=False):
+            self._shown_changed()
+            log.info("partition %s hidden (%s): another replica may show it now; still held until closed",
+                     partition_id, sign, extra=fields(partition_id=partition_id, reason=sign))
+
+    def _shown_changed(self) -> None:
+        self._metrics.shown_partitions.set(len(self._fleet.shown()))
 
     # ------------------------------------------------------------------ periodic work
 
@@ -270,14 +347,46 @@ class Service:
 
 
 class ObservedCheckpointStore(BlobCheckpointStore):
-    """The official Blob checkpoint store; it also tells /readyz that a load-balancing round went through."""
+    """The official Blob checkpoint store; it also tells the service what each load-balancing round read and won
+    (/readyz: a round went through; hand-overs: ``Service.on_listed``, ``Service.on_claimed``)."""
 
-    on_listed: Callable[[], None] = staticmethod(lambda: None)
+    on_listed: Callable[[list[dict[str, Any]]], None] = staticmethod(lambda ownership: None)
+    on_claimed: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] = staticmethod(lambda wanted, won: None)
 
     async def list_ownership(self, *args: Any, **kwargs: Any) -> Iterable[dict[str, Any]]:
-        result = await super().list_ownership(*args, **kwargs)
-        self.on_listed()
+        result = list(await super().list_ownership(*args, **kwargs))
+        self.on_listed(result)
         return result
+
+    async def claim_ownership(self, ownership_list: Iterable[dict[str, Any]], **kwargs: Any,
+                              ) -> Iterable[dict[str, Any]]:
+        wanted = list(ownership_list)
+        won = list(await super().claim_ownership(wanted, **kwargs))
+        self.on_claimed(wanted, won)
+        return won
+
+
+def link_attached(client: Any) -> Callable[[str], bool | None]:
+    """Whether a partition's receiver link is attached right now, from the SDK's own flag: its consumer's
+    ``running``, set once ``_open`` saw the link attached and cleared when the link closes (azure-eventhub 5.15:
+    ``EventHubConsumerClient._event_processors`` -> ``EventProcessor._consumers[partition_id].running``). Private,
+    so read defensively: None (unknown; the empty batch is then trusted, as before) when the SDK is built
+    otherwise."""
+    def attached(partition_id: str) -> bool | None:
+        processors = getattr(client, "_event_processors", None)
+        if not isinstance(processors, dict):
+            return None
+        for processor in list(processors.values()):
+            consumers = getattr(processor, "_consumers", None)
+            if not isinstance(consumers, dict):
+                return None
+            consumer = consumers.get(partition_id)
+            if consumer is not None:
+                running = getattr(consumer, "running", None)
+                return running if isinstance(running, bool) else None
+        return False
+
+    return attached
 
 
 def _body(event: EventData) -> bytes:

@@ -29,7 +29,7 @@ from se_exporter.core.errors import ConfigError
 from se_exporter.core.retry import backoff
 from se_exporter.fleet.blobstate import StateBlobs
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, render_fleet
-from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER, ObservedCheckpointStore, Service
+from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER, ObservedCheckpointStore, Service, link_attached
 from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.infra import http_server, logs
@@ -243,12 +243,13 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         cleanup.push_async_callback(store.close)  # the consumer client does not close it (aiohttp would warn)
         cleanup.push_async_callback(container.close)
         service = Service(settings, fleet, metrics, StateBlobs(container))
-        store.on_listed = lambda: setattr(service, "balanced", True)
+        store.on_listed, store.on_claimed = service.on_listed, service.on_claimed
         # Listening (and the signal handlers above) before any contact with the storage or Event Hubs: a busy
         # port fails at once, /healthz answers and SIGTERM works while they are unreachable.
         server = _listen(settings, make_http_app(registry, fleet, service), registry)
         cleanup.callback(server.server_close)
         client = consumer_client(settings, store, shared)
+        service.attached = link_attached(client)
         registry.register(PartitionCollector(lambda: dict(service.views), lambda: service.hub_partitions))
         helpers = [asyncio.create_task(work(stop)) for work in (service.checkpoints, service.expiry,
                                                                  service.watchdog)]

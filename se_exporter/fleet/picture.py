@@ -86,19 +86,42 @@ class Fleet:
     def __init__(self, bounds: Bounds = DEFAULT_BOUNDS) -> None:
         self._lock = threading.Lock()
         self._partitions: dict[str, PartitionState] = {}
+        self._hidden: set[str] = set()  # held partitions whose VMs no scrape shows (see ``show``)
         self.bounds = bounds
 
-    def claim(self, partition_id: str, state: PartitionState | None = None) -> PartitionState:
-        """Own a partition from ``state`` (a restored one) or from nothing; the state now held for it."""
+    def claim(self, partition_id: str, state: PartitionState | None = None, *, shown: bool = True) -> PartitionState:
+        """Own a partition from ``state`` (a restored one) or from nothing; the state now held for it. With
+        ``shown=False`` it is held (kept, written, folded into) but not shown until ``show``."""
         with self._lock:
             held = self._partitions[partition_id] = state or PartitionState()
+            self._hidden.discard(partition_id)
+            if not shown:
+                self._hidden.add(partition_id)
         return held
 
     def release(self, partition_id: str) -> int:
         """Forget a partition (its VMs leave /metrics with it); how many VMs it held."""
         with self._lock:
             state = self._partitions.pop(partition_id, None)
+            self._hidden.discard(partition_id)
         return len(state.vms) if state else 0
+
+    def show(self, partition_id: str, shown: bool = True) -> bool:
+        """Show a held partition's VMs in ``vms`` (or hide them, keeping them): the consumer shows a partition only
+        while no other replica can be showing it too (``consumer.Service``). Whether anything changed."""
+        with self._lock:
+            if partition_id not in self._partitions or (partition_id not in self._hidden) == shown:
+                return False
+            if shown:
+                self._hidden.discard(partition_id)
+            else:
+                self._hidden.add(partition_id)
+            return True
+
+    def shown(self) -> list[str]:
+        """The held partitions whose VMs ``vms`` shows."""
+        with self._lock:
+            return sorted(set(self._partitions) - self._hidden)
 
     def owned(self) -> list[str]:
         with self._lock:
@@ -177,7 +200,7 @@ class Fleet:
         partition count grew moves keys; a hand-over), the one seen last is shown. Its series would otherwise be
         exposed twice with the same labels, which makes the whole exposition invalid."""
         with self._lock:
-            states = list(self._partitions.values())
+            states = [state for partition_id, state in self._partitions.items() if partition_id not in self._hidden]
             if len(states) <= 1:
                 return [vm for state in states for vm in state.vms.values()]
             shown: dict[str, VmState] = {}

@@ -113,7 +113,12 @@ class Replica:
         return self.registry.get_sample_value(name, labels)
 
     def keys(self) -> list[str]:
+        """The VMs shown (what /metrics writes)."""
         return sorted(vm.key for vm in self.fleet.vms())
+
+    def held(self) -> list[str]:
+        """The VMs held, shown or not."""
+        return sorted(key for partition in self.service.partitions.values() for key in partition.state.vms)
 
     async def claim(self) -> None:
         await self.service.on_initialize(self.context)
@@ -121,6 +126,10 @@ class Replica:
     async def read(self, *events: Event) -> None:
         self.context.newest = max(event.sequence_number for event in events)
         await self.service.on_batch(self.context, list(events))  # type: ignore[arg-type]
+
+    async def idle(self) -> None:
+        """The SDK's empty batch: nothing arrived for EMPTY_BATCH_AFTER."""
+        await self.service.on_batch(self.context, [])
 
 
 def stored_state(position: int, *keys: str, state_format: int = 1) -> Stored:
@@ -130,10 +139,11 @@ def stored_state(position: int, *keys: str, state_format: int = 1) -> Stored:
 
 
 def test_a_claim_restores_the_stored_state_before_the_partition_is_read() -> None:
-    """The stored VMs are shown once the partition is claimed, and events the state holds count as replayed."""
+    """The stored VMs are held once the partition is claimed (shown from its first batch on), and events the state
+    holds count as replayed."""
     replica = Replica({NAME: stored_state(5, "vm-q", "vm-a")})
     run(replica.claim())
-    assert replica.keys() == ["vm-a", "vm-q"] and not replica.service.restoring
+    assert replica.held() == ["vm-a", "vm-q"] and not replica.service.restoring
     assert replica.value("azure_scheduled_fleet_partition_claims_total") == 1
     run(replica.read(Event(5, "vm-a"), Event(6, "vm-b")))
     assert replica.keys() == ["vm-a", "vm-b", "vm-q"]
@@ -147,7 +157,7 @@ def test_a_refusing_store_is_retried_with_backoff_until_it_answers() -> None:
     run(replica.claim())
     assert replica.slept == [1.0, 2.0, 4.0]
     assert replica.value("azure_scheduled_fleet_consumer_errors_total", reason="state_read") == 3
-    assert replica.keys() == ["vm-q"]
+    assert replica.held() == ["vm-q"]
 
 
 def test_the_checkpoint_is_written_after_a_state_that_covers_it_and_never_moved_back() -> None:
@@ -217,7 +227,7 @@ def test_a_lost_partition_is_dropped_whole_and_restored_when_regained() -> None:
     assert replica.value("azure_scheduled_fleet_partition_releases_total", reason="ownership_lost") == 1
     run(replica.claim())
     partition = replica.service.partitions["0"]
-    assert replica.keys() == ["vm-a"] and partition.last_event is None and not partition.caught_up
+    assert replica.held() == ["vm-a"] and partition.last_event is None and not partition.caught_up
     assert partition.saved == 1 and partition.checkpointed == -1
 
 
@@ -246,7 +256,7 @@ def test_a_state_in_another_format_is_rewritten_in_this_replicas_without_new_eve
     run(newer.service.on_close(newer.context, CloseReason.SHUTDOWN))
     older = Replica(states, state_format=1)
     run(older.claim())
-    assert older.keys() == ["vm-a", "vm-q"]
+    assert older.held() == ["vm-a", "vm-q"]
     run(older.service.save("0"))
     assert json.loads(gzip.decompress(states[NAME].data))["format"] == 1
     assert sorted(decode(states[NAME].data, "0", NOW).vms) == ["vm-a", "vm-q"]
