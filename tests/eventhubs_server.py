@@ -280,6 +280,7 @@ class EventHubsTestServer:
         # Open receivers by (consumer group, partition): what exclusive (owner level) receivers are checked against.
         self._receivers: dict[tuple[str, str], list[_Consumer]] = {}
         self.links_stolen = 0
+        self.stolen_at: dict[str, float] = {}  # time.monotonic() of the latest link stolen, per partition id
 
     @property
     def port(self) -> int:
@@ -471,6 +472,7 @@ class EventHubsTestServer:
                 _steal(old.link, f"a receiver with owner level {new.owner_level} took this partition over")
                 old.conn.consumers = [c for c in old.conn.consumers if c is not old]
                 self.links_stolen += 1
+                self.stolen_at[new.partition_id] = time.monotonic()
             current = []
         self._receivers[key] = [*current, new]
         return True

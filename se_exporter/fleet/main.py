@@ -252,7 +252,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         service.attached = link_attached(client)
         registry.register(PartitionCollector(lambda: dict(service.views), lambda: service.hub_partitions))
         helpers = [asyncio.create_task(work(stop)) for work in (service.checkpoints, service.expiry,
-                                                                 service.watchdog)]
+                                                                 service.watchdog, service.attaches)]
         helpers.append(asyncio.create_task(_count_partitions(client, service)))
         checking = asyncio.create_task(ensure_container(
             container, settings.checkpoint_container, lambda cause: setattr(service, "storage_problem", cause)))

@@ -61,6 +61,23 @@ def test_an_empty_batch_shows_the_partition_only_once_its_link_is_attached() -> 
     assert replica.keys() == ["vm-q"]
 
 
+def test_a_quiet_partition_is_shown_once_its_link_is_attached_without_waiting_for_a_batch() -> None:
+    """The attach watch shows a held partition as soon as the SDK says its link is attached (a quiet partition's
+    first batch is the empty one, a second later), and never one with a sign of loss."""
+    replica = Replica({NAME: stored_state(5, "vm-q")})
+    attached = {"0": False}
+    replica.service.attached = attached.get
+    run(replica.claim())
+    replica.service.show_attached()
+    assert replica.keys() == []
+    attached["0"] = True
+    replica.service.show_attached()
+    assert replica.keys() == ["vm-q"]
+    run(replica.service.on_error(replica.context, OwnershipLostError()))
+    replica.service.show_attached()
+    assert replica.keys() == []
+
+
 def test_a_stolen_link_hides_the_partition_at_once_and_close_drops_it() -> None:
     """on_error with the partition's context and ownership lost hides its VMs before on_close; they are held (a
     false alarm costs nothing but a moment), a later batch does not show them, and on_close drops them."""
