@@ -1,6 +1,6 @@
 """The window a hand-over leaves between two `se-exporter fleet` replicas, as a user's Prometheus sees it.
 
-    python scripts/fleet_handover.py [--vms 10000] [--baseline REF]
+    python scripts/fleet_handover.py [--vms 10000] [--baseline REF] [--balancing SECONDS]
 
 One hub of 4 partitions (the suite's AMQP test server) holding one document of each of ``--vms`` VMs, Azurite, and
 for each source tree (``--baseline``: a git revision, unpacked with ``git archive``; then this tree) on a container
@@ -32,7 +32,12 @@ from tests.fleet_helpers import Azurite, FleetProcess, envelope_for, fleet_vm, p
 from tests.helpers import free_port, wait_until  # noqa: E402
 
 PARTITIONS = 4
-FAST = ("--load-balancing-interval", "0.5", "--ownership-expiry", "3", "--checkpoint-interval", "0.5")
+
+def intervals(balancing: float) -> tuple[str, ...]:
+    """The replicas' flags: ``--load-balancing-interval`` (the SDK's default is 30 s; 0.5 s makes a hand-over
+    quick, and a round is then most often the first sign of it), the ownership expiry at the SDK's 6 times that."""
+    return ("--load-balancing-interval", f"{balancing:g}", "--ownership-expiry", f"{6 * balancing:g}",
+            "--checkpoint-interval", "0.5")
 BASELINE = "f31bb23"  # the last commit before the hand-over hold (issue 26)
 
 
@@ -46,7 +51,8 @@ def unpack(revision: str, into: Path) -> Path:
     return into
 
 
-def one_tree(name: str, tree: Path, hub: EventHubsTestServer, azurite: Azurite, count: int, work: Path) -> str:
+def one_tree(name: str, tree: Path, hub: EventHubsTestServer, azurite: Azurite, count: int, work: Path,
+             flags: tuple[str, ...]) -> str:
     fleet = frozenset(vm_identity(index).vm_id for index in range(count))
     partition_of = {(identity := fleet_vm(index)[0]).vm_id: hub.store.partition_for(
         envelope_for(identity, fleet_vm(index)[1], 1, "i").partition_key) for index in range(count)}
@@ -54,7 +60,7 @@ def one_tree(name: str, tree: Path, hub: EventHubsTestServer, azurite: Azurite, 
 
     def replica(label: str) -> FleetProcess:
         return FleetProcess(hub.connection_string(), azurite.connection_string, work / f"{name}-{label}",
-                            "--checkpoint-container", container, *FAST, cwd=tree)
+                            "--checkpoint-container", container, *flags, cwd=tree)
 
     def shows(watch: Watch, shares: dict[int, int]) -> bool:
         last = watch.rounds[-1] if watch.rounds else None
@@ -87,6 +93,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vms", type=int, default=10_000)
     parser.add_argument("--baseline", default=BASELINE, help="git revision to compare with (default %(default)s)")
+    parser.add_argument("--balancing", type=float, default=0.5, help="load-balancing interval, s (%(default)s)")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fleet-handover-") as scratch:
         work = Path(scratch)
@@ -99,7 +106,8 @@ def main() -> int:
                   flush=True)
             trees = {f"baseline {options.baseline}": unpack(options.baseline, work / "baseline"), "this tree": ROOT}
             for name, tree in trees.items():
-                print(f"{name}: {one_tree(name.split()[0], tree, hub, azurite, options.vms, work)}", flush=True)
+                result = one_tree(name.split()[0], tree, hub, azurite, options.vms, work, intervals(options.balancing))
+                print(f"{name} (balancing every {options.balancing:g} s): {result}", flush=True)
         finally:
             azurite.stop()
             hub.stop()

@@ -150,7 +150,7 @@ class PartitionCollector(Collector):
 # ---------------------------------------------------------------- the per-VM families, written directly
 
 _HEADERS = {
-    "vms": "VMs known in the partitions this replica owns.",
+    "vms": "VMs known in the partitions this replica owns and shows.",
     "pending_vms": "VMs with a listed event that concerns them, by type and status.",
     "event_vms": "VMs one event concerns: its blast radius.",
     "event_info": "1 per VM and event listed in its latest document.",

@@ -109,7 +109,7 @@ class Service:
         finally:
             self.restoring.discard(partition_id)
         self.doubted.discard(partition_id)
-        state = self._fleet.claim(partition_id, restored.state, shown=False)  # shown by the first batch
+        state = self._fleet.claim(partition_id, restored.state, shown=False)  # shown once its link is attached
         self.partitions[partition_id] = Partition(
             context, state, PartitionView(newer_format=restored.newer_format is not None),
             saved=state.position, saved_format=restored.format)
@@ -286,7 +286,7 @@ class Service:
                  extra=fields(partition_id=partition_id))
 
     def _hide(self, partition_id: str, sign: str) -> None:
-        if partition_id not in self.partitions:
+        if partition_id not in self.partitions or partition_id in self.doubted:  # counted once, at the first sign
             return
         self.doubted.add(partition_id)
         self._metrics.loss_signs.labels(sign).inc()

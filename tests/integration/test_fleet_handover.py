@@ -36,10 +36,11 @@ def settled(watch: Watch, shares: dict[int, int], fleet: frozenset[str], partiti
 
 def test_a_hand_over_shows_each_partition_on_one_replica_and_loses_no_vm(
         hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess]) -> None:  # noqa: F811
-    """Through a rebalance to a new replica, a SIGTERM of it and a rebalance to another, scraped every 0.25 s: every
-    round shows only the fleet's VMs, all of them but whole partitions between owners, and a VM shown by two
-    replicas is only ever of a partition whose previous receiver the hub had closed (stolen) after the newer of the
-    two started: the new owner never shows a partition before it holds it (the overlap left is printed)."""
+    """Through a rebalance to a new replica, a SIGTERM of it, a rebalance to another and a kill -9 of that one,
+    scraped every 0.25 s: every round shows only the fleet's VMs, all of them but whole partitions between owners,
+    and a VM shown by two replicas is only ever of a partition whose previous receiver the hub had closed (stolen)
+    after the newer of the two started: the new owner never shows a partition before it holds it (the overlap left
+    is printed)."""
     hub = hubs(Store(partition_count=4))
     produce(hub.connection_string(), 4, COUNT, 0, 1, str(uuid.uuid4()))
     fleet = frozenset(vm_identity(index).vm_id for index in range(COUNT))
@@ -67,6 +68,9 @@ def test_a_hand_over_shows_each_partition_on_one_replica_and_loses_no_vm(
         replicas.append(fleets(hub))
         wait_until(lambda: settled(watch, {0: 2, 2: 2}, fleet, partition_of), timeout=60, interval=0.2,
                    what="the third replica's share shown")
+        replicas[2].kill()  # kill -9: its partitions move once its ownership expires
+        wait_until(lambda: settled(watch, {0: 4, 2: 0}, fleet, partition_of), timeout=60, interval=0.2,
+                   what="the first replica to show every partition after the kill")
     finally:
         rounds = watch.stop()
     full = next(index for index, one in enumerate(rounds) if one.union == fleet)
