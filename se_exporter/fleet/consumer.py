@@ -1,6 +1,6 @@
 """``se-exporter fleet``: the official async consumer client with the Blob checkpoint store, and its wiring.
 
-One asyncio loop runs the SDK's receive, a checkpoint task, an expiry task, a watchdog and the attach watch; the HTTP
+One asyncio loop runs the SDK's receive, a checkpoint task, an expiry task, a watchdog and a link watch; the HTTP
 server (the sidecar's bounded ``serve``) answers scrapes from its own threads, reading the state under
 ``Fleet``'s lock.
 
@@ -11,7 +11,7 @@ when ownership is lost, the partition's VMs are dropped at once).
 
 Hand-overs: each VM on one replica at a time. A claimed partition is held but not shown (``Fleet.show``) until
 its receiver holds the partition; a held partition is hidden at the first sign that another replica may have
-it: its link stolen (``on_error``), its ownership record naming another owner in a load-balancing round
+it: its link stolen (``links``, ``on_error``), its ownership record naming another owner in a load-balancing round
 (``on_listed``), its claim refused (``on_claimed``). Hidden, it is still held and written, so a false alarm
 costs a moment of not showing; it is shown again by a batch after a round that shows it ours, or dropped by
 ``on_close``. What remains: between the server attaching the new link (which closes the old one) and the old
@@ -27,7 +27,9 @@ Facts about azure-eventhub (5.15, ``aio/_eventprocessor/event_processor.py`` and
   ``client_ready_async``), so a batch with events comes only over an attached link; the empty batch after
   ``max_wait_time`` does NOT imply one: its timer starts with the receive call, beside the link's opening, so an
   empty batch is trusted only when the consumer says ``running`` (``link_attached``), and that flag shows a quiet
-  partition without waiting for its empty batch (``attaches``);
+  partition without waiting for its empty batch (``links``);
+- a stolen link's error is on the link as soon as the detach frame is read, a turn or more before the SDK raises
+  it to ``on_error`` (``link_stolen``);
 - a load-balancing round is ``list_ownership`` then ``claim_ownership`` of the records it wants, each carrying
   this processor's owner id (a release empties it); the store returns only those it won, and the SDK cancels
   the held partitions it did not win.
@@ -62,11 +64,11 @@ from se_exporter.fleet.statestore import StateStore, state_blob_name
 from se_exporter.infra.azure.clients import classify, describe
 from se_exporter.infra.logs import fields
 
-__all__ = ["BATCH_SIZE", "EMPTY_BATCH_AFTER", "ObservedCheckpointStore", "Service", "link_attached"]
+__all__ = ["BATCH_SIZE", "EMPTY_BATCH_AFTER", "ObservedCheckpointStore", "Service", "link_attached", "link_stolen"]
 log = logging.getLogger("se_exporter.fleet")
 BATCH_SIZE = 300  # the SDK's default prefetch: one batch drains what one link fetches
 EMPTY_BATCH_AFTER = 1.0  # seconds without events before the SDK says so: the partition is caught up
-ATTACH_POLL = 0.05  # seconds between looks at the SDK's link-attached flag of partitions held but not shown
+LINK_POLL = 0.05  # seconds between looks at the SDK's receiver links (attached, stolen)
 
 
 class Service:
@@ -89,8 +91,10 @@ class Service:
         self.storage_problem: str | None = None  # why the storage account is not reachable, while it is not
         self.owner_id: str | None = None  # this processor's id in the ownership records, from its first claim
         self.doubted: set[str] = set()  # held partitions with a sign of loss: hidden until a round shows them ours
-        # Whether the partition's receiver link is attached right now (None: unknown); see ``link_attached``.
+        # Whether the partition's receiver link is attached right now (None: unknown), or was stolen; see
+        # ``link_attached`` and ``link_stolen``.
         self.attached: Callable[[str], bool | None] = lambda partition_id: None
+        self.stolen: Callable[[str], bool] = lambda partition_id: False
 
     @property
     def views(self) -> dict[str, PartitionView]:
@@ -333,16 +337,20 @@ class Service:
                         extra=fields(expired=len(gone)))
         return gone
 
-    async def attaches(self, stop: asyncio.Event) -> None:
-        """Show a held partition as soon as the SDK says its link is attached, rather than at its first batch: on a
-        quiet partition that batch is the empty one, a whole EMPTY_BATCH_AFTER later. Polled as often as the SDK
-        itself polls its buffer (50 ms); without the SDK's flag (``attached`` None) the batches show it."""
-        while not await _stopped(stop, ATTACH_POLL):
-            self.show_attached()
+    async def links(self, stop: asyncio.Event) -> None:
+        """Follow the SDK's receiver links: show a held partition as soon as its link is attached, rather than at its
+        first batch (on a quiet partition that batch is the empty one, a whole EMPTY_BATCH_AFTER later), and hide one
+        as soon as its link holds a stolen error, rather than when the SDK raises it (``link_stolen``). Polled as
+        often as the SDK itself polls its buffer (50 ms); without the SDK's flags the batches and errors do it."""
+        while not await _stopped(stop, LINK_POLL):
+            self.follow_links()
 
-    def show_attached(self) -> None:
-        for partition_id in set(self.partitions) - set(self._fleet.shown()) - self.doubted:
-            if self.attached(partition_id):
+    def follow_links(self) -> None:
+        shown = set(self._fleet.shown())
+        for partition_id in list(self.partitions):
+            if self.stolen(partition_id):
+                self._hide(partition_id, "link_stolen")
+            elif partition_id not in shown and partition_id not in self.doubted and self.attached(partition_id):
                 self._show(partition_id)
 
     async def watchdog(self, stop: asyncio.Event) -> None:
@@ -387,20 +395,48 @@ def link_attached(client: Any) -> Callable[[str], bool | None]:
     so read defensively: None (unknown; the empty batch is then trusted, as before) when the SDK is built
     otherwise."""
     def attached(partition_id: str) -> bool | None:
-        processors = getattr(client, "_event_processors", None)
-        if not isinstance(processors, dict):
+        consumer = _consumer(client, partition_id)
+        if consumer is _UNKNOWN:
             return None
-        for processor in list(processors.values()):
-            consumers = getattr(processor, "_consumers", None)
-            if not isinstance(consumers, dict):
-                return None
-            consumer = consumers.get(partition_id)
-            if consumer is not None:
-                running = getattr(consumer, "running", None)
-                return running if isinstance(running, bool) else None
-        return False
+        running = getattr(consumer, "running", False) if consumer is not None else False
+        return running if isinstance(running, bool) else None
 
     return attached
+
+
+def link_stolen(client: Any) -> Callable[[str], bool]:
+    """Whether a partition's receiver link was closed as stolen (another receiver attached), as soon as its detach
+    frame is read: the link keeps the error (``_handler._link._error.condition``, ``amqp:link:stolen``) from the
+    moment the shared connection reads that frame, while the SDK raises it to ``on_error`` only at that consumer's
+    next turn on the connection (each turn waits up to the socket timeout, 0.2 s: measured 0.25-0.5 s later with 4
+    partitions). False when unknown."""
+    def stolen(partition_id: str) -> bool:
+        consumer = _consumer(client, partition_id)
+        link = getattr(getattr(consumer, "_handler", None), "_link", None)
+        condition = getattr(getattr(link, "_error", None), "condition", None)
+        value = getattr(condition, "value", condition)  # ErrorCondition.LinkStolen, or the frame's own bytes
+        text = value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
+        return "link:stolen" in text
+
+    return stolen
+
+
+_UNKNOWN = object()
+
+
+def _consumer(client: Any, partition_id: str) -> Any:
+    """The SDK's consumer of the partition (None: none receives it; _UNKNOWN: the SDK is built otherwise)."""
+    processors = getattr(client, "_event_processors", None)
+    if not isinstance(processors, dict):
+        return _UNKNOWN
+    for processor in list(processors.values()):
+        consumers = getattr(processor, "_consumers", None)
+        if not isinstance(consumers, dict):
+            return _UNKNOWN
+        consumer = consumers.get(partition_id)
+        if consumer is not None:
+            return consumer
+    return None
 
 
 def _body(event: EventData) -> bytes:

@@ -29,7 +29,14 @@ from se_exporter.core.errors import ConfigError
 from se_exporter.core.retry import backoff
 from se_exporter.fleet.blobstate import StateBlobs
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, render_fleet
-from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER, ObservedCheckpointStore, Service, link_attached
+from se_exporter.fleet.consumer import (
+    BATCH_SIZE,
+    EMPTY_BATCH_AFTER,
+    ObservedCheckpointStore,
+    Service,
+    link_attached,
+    link_stolen,
+)
 from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.infra import http_server, logs
@@ -249,10 +256,10 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         server = _listen(settings, make_http_app(registry, fleet, service), registry)
         cleanup.callback(server.server_close)
         client = consumer_client(settings, store, shared)
-        service.attached = link_attached(client)
+        service.attached, service.stolen = link_attached(client), link_stolen(client)
         registry.register(PartitionCollector(lambda: dict(service.views), lambda: service.hub_partitions))
         helpers = [asyncio.create_task(work(stop)) for work in (service.checkpoints, service.expiry,
-                                                                 service.watchdog, service.attaches)]
+                                                                 service.watchdog, service.links)]
         helpers.append(asyncio.create_task(_count_partitions(client, service)))
         checking = asyncio.create_task(ensure_container(
             container, settings.checkpoint_container, lambda cause: setattr(service, "storage_problem", cause)))

@@ -5,15 +5,17 @@ in-memory stores; no network."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from azure.eventhub import CloseReason
+from azure.eventhub._pyamqp.error import AMQPLinkError, ErrorCondition  # what the SDK's link keeps
 from azure.eventhub.aio import EventHubConsumerClient
 from azure.eventhub.aio._eventprocessor.event_processor import EventProcessor  # what link_attached reads
 from azure.eventhub.aio._eventprocessor.in_memory_checkpoint_store import InMemoryCheckpointStore
 from azure.eventhub.exceptions import OwnershipLostError
 
-from se_exporter.fleet.consumer import link_attached
+from se_exporter.fleet.consumer import link_attached, link_stolen
 from tests.fleet.test_service import NAME, Event, Replica, run, stored_state
 
 ME, OTHER = "me-0000", "other-1111"
@@ -68,14 +70,30 @@ def test_a_quiet_partition_is_shown_once_its_link_is_attached_without_waiting_fo
     attached = {"0": False}
     replica.service.attached = attached.get
     run(replica.claim())
-    replica.service.show_attached()
+    replica.service.follow_links()
     assert replica.keys() == []
     attached["0"] = True
-    replica.service.show_attached()
+    replica.service.follow_links()
     assert replica.keys() == ["vm-q"]
     run(replica.service.on_error(replica.context, OwnershipLostError()))
-    replica.service.show_attached()
+    replica.service.follow_links()
     assert replica.keys() == []
+
+
+def test_a_link_holding_a_stolen_error_hides_the_partition_before_the_sdk_raises_it() -> None:
+    """The link watch hides a shown partition as soon as its link holds the stolen error (the SDK raises it to
+    on_error only at that consumer's next turn), counted once however often it looks; the VMs stay held."""
+    replica = shown_replica()
+    stolen = {"0": False}
+    replica.service.stolen = stolen.get  # type: ignore[assignment]  # a dict's get: None for other partitions
+    replica.service.follow_links()
+    assert replica.keys() == ["vm-a", "vm-b", "vm-q"]
+    stolen["0"] = True
+    replica.service.follow_links()
+    replica.service.follow_links()
+    run(replica.service.on_error(replica.context, OwnershipLostError()))
+    assert replica.keys() == [] and replica.held() == ["vm-a", "vm-b", "vm-q"]
+    assert replica.value("azure_scheduled_fleet_partition_loss_signs_total", sign="link_stolen") == 1
 
 
 def test_a_stolen_link_hides_the_partition_at_once_and_close_drops_it() -> None:
@@ -142,9 +160,10 @@ def test_ownership_is_not_judged_before_the_first_claim_names_this_processor() -
     assert replica.keys() == ["vm-q"] and replica.service.balanced
 
 
-def test_link_attached_reads_the_installed_sdks_consumer_flag() -> None:
+def test_link_attached_and_stolen_read_the_installed_sdks_consumer() -> None:
     """link_attached finds the partition's consumer where azure-eventhub keeps it and reads its running flag (set
-    once the link is attached); no consumer for the partition: not attached; an SDK built otherwise: unknown."""
+    once the link is attached); no consumer for the partition: not attached; an SDK built otherwise: unknown.
+    link_stolen reads the error the SDK's link keeps from a detach frame: the stolen condition only."""
     client = EventHubConsumerClient.from_connection_string(
         "Endpoint=sb://127.0.0.1/;SharedAccessKeyName=k;SharedAccessKey=a2V5;EntityPath=hub", "$Default")
     attached = link_attached(client)
@@ -159,3 +178,12 @@ def test_link_attached_reads_the_installed_sdks_consumer_flag() -> None:
     processor._consumers["0"].running = True  # what the consumer's _open sets once the link is attached
     assert attached("0") is True
     assert link_attached(object())("0") is None
+    stolen = link_stolen(client)
+    assert not stolen("0") and not stolen("1") and not link_stolen(object())("0")
+    link = SimpleNamespace(_error=AMQPLinkError(ErrorCondition.LinkDetachForced))  # what _incoming_detach keeps
+    processor._consumers["0"]._handler = SimpleNamespace(_link=link)
+    assert not stolen("0")
+    link._error = AMQPLinkError(ErrorCondition.LinkStolen, description="a receiver took this partition over")
+    assert stolen("0")
+    link._error = AMQPLinkError(b"amqp:link:stolen")  # a condition the enum does not map
+    assert stolen("0")
