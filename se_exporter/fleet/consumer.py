@@ -13,8 +13,8 @@ Hand-overs: each VM on one replica at a time. A claimed partition is held but no
 its receiver holds the partition; a held partition is hidden at the first sign that another replica may have
 it: its link stolen (``links``, ``on_error``), its ownership record naming another owner in a load-balancing round
 (``on_listed``), its claim refused (``on_claimed``). Hidden, it is still held and written, so a false alarm
-costs a moment of not showing; it is shown again by a batch after a round that shows it ours, or dropped by
-``on_close``. What remains: between the server attaching the new link (which closes the old one) and the old
+costs a moment of not showing; once a round shows it ours again, a batch or the link watch shows it again; else
+``on_close`` drops it. What remains: between the server attaching the new link (which closes the old one) and the old
 owner reading that close, both may show it (``docs/operations.md`` gives the measured figure).
 
 Facts about azure-eventhub (5.15, ``aio/_eventprocessor/event_processor.py`` and
