@@ -158,10 +158,10 @@ soak: $(VENV)/.installed
 # Linux: manylinux x86_64 and aarch64, CPython 3.10-3.12, dist/linux-wheels(.tar.gz), for deploy/systemd/install.sh.
 # Wheels already there (hash-checked) are not fetched again.
 windows-wheels: $(VENV)/.installed
-	$(BIN)/python scripts/windows_wheels.py --dest dist/windows-wheels
+	$(BIN)/python scripts/wheelhouse.py windows --dest dist/windows-wheels
 
 linux-wheels: $(VENV)/.installed
-	$(BIN)/python scripts/linux_wheels.py --dest dist/linux-wheels
+	$(BIN)/python scripts/wheelhouse.py linux --dest dist/linux-wheels
 
 # CycloneDX SBOMs of the wheelhouses (scripts/sbom.py: cyclonedx-py, plus each shipped wheel's sha256):
 # dist/linux-wheels.cdx.json and dist/windows-wheels.cdx.json. The image carries its own, made inside the build
