@@ -159,8 +159,9 @@ soak: $(VENV)/.installed
 # Windows: win_amd64, CPython 3.10-3.12, dist/windows-wheels(.zip), what deploy/windows/install.ps1 installs from.
 # Linux: manylinux x86_64 and aarch64, CPython 3.10-3.12, dist/linux-wheels(.tar.gz), for deploy/systemd/install.sh.
 # Wheels already there (hash-checked) are not fetched again. `make linux-wheels` always runs the script; what
-# make test needs (the archives, then the SBOMs) is remade only when the lock, the package or these scripts changed.
-WHEELHOUSE_INPUTS := $(VENV)/.installed pyproject.toml requirements/runtime.txt scripts/wheelhouse.py \
+# make test needs (the archives, then the SBOMs) is remade only when the lock, the package (README.md is its wheel's
+# description) or these scripts changed.
+WHEELHOUSE_INPUTS := $(VENV)/.installed pyproject.toml README.md requirements/runtime.txt scripts/wheelhouse.py \
 	scripts/lockfile.py $(shell find se_exporter -type f -not -path '*/__pycache__/*')
 windows-wheels dist/windows-wheels.zip: $(WHEELHOUSE_INPUTS)
 	$(BIN)/python scripts/wheelhouse.py windows --dest dist/windows-wheels
