@@ -31,7 +31,7 @@ def many(count: int, **kwargs: Any) -> dict[str, str]:
 
 
 # (alert, input series, eval time, expected alerts as (labels, value)); an empty list means: must not fire.
-CASES: list[tuple[str, dict[str, str], str, list[tuple[dict[str, str], float]]]] = [
+CASES: list[promtool.Case] = [
     ("FleetImpactfulMaintenanceOnManyVms", many(6), "1m",
      [({**JOB, "vmss_name": "ss", "event_type": "Reboot"}, 6)]),
     ("FleetImpactfulMaintenanceOnManyVms", many(5), "1m", []),  # five at once is within the threshold
@@ -72,15 +72,10 @@ CASES: list[tuple[str, dict[str, str], str, list[tuple[dict[str, str], float]]]]
 ]
 
 
-def rules() -> dict[str, dict[str, Any]]:
-    return promtool.rules(RULES)
-
-
 def test_every_fleet_alert_has_a_firing_and_a_silent_case() -> None:
     """No fleet alert ships untested in either direction."""
-    firing = {alert for alert, _, _, alerts in CASES if alerts}
-    silent = {alert for alert, _, _, alerts in CASES if not alerts}
-    assert firing == silent == set(rules())
+    firing, silent = promtool.firing_and_silent(CASES)
+    assert firing == silent == set(promtool.rules(RULES))
 
 
 def test_fleet_rules_pass_promtool_check() -> None:
