@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import resource
+import ssl
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,13 +56,20 @@ def counting(inner: Any) -> tuple[CountingExporter, CollectorRegistry]:
                             Counter("failed", "", registry=registry)), registry
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
 @pytest.mark.parametrize("answer", [flood_declared, flood_undeclared, drip_headers, drip_body])
 def test_an_otlp_http_export_ends_by_its_deadline_reading_a_bounded_answer(
-        answer: Callable[[Callable[[bytes], None]], None], caplog: pytest.LogCaptureFixture) -> None:
-    """A collector answering 200 with an endless body (4 GB declared, or none) or dripping a byte at a time: the
-    export fails within the deadline, counted as failed, with one warning; the memory read stays bounded."""
-    with hostile_collector(answer) as endpoint:
-        exporter, registry = counting(HttpExporter(endpoint=endpoint, timeout=DEADLINE, session=BoundedSession()))
+        answer: Callable[[Callable[[bytes], None]], None], tls: bool, tls_cert: tuple[Path, Path],
+        tls_contexts: tuple[ssl.SSLContext, ssl.SSLContext], caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collector answering 200 with an endless body (4 GB declared, or none) or dripping a byte at a time, over
+    http or https: the export fails within the deadline, counted as failed, with one warning; the memory read
+    stays bounded."""
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # requests lets these override the session's CA file
+        monkeypatch.delenv(name, raising=False)
+    with hostile_collector(answer, tls_contexts[0] if tls else None) as endpoint:
+        exporter, registry = counting(HttpExporter(endpoint=endpoint, timeout=DEADLINE, session=BoundedSession(),
+                                                   certificate_file=str(tls_cert[0]) if tls else None))
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         started = time.monotonic()
         with caplog.at_level(logging.DEBUG):

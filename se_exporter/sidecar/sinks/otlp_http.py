@@ -98,14 +98,8 @@ class _WatchedHTTPConnection(HTTPConnection):
         return super().getresponse()
 
 
-class _WatchedHTTPSConnection(HTTPSConnection):
-    def connect(self) -> None:
-        _watch(self)
-        super().connect()
-
-    def getresponse(self) -> Any:
-        _watch(self)
-        return super().getresponse()
+class _WatchedHTTPSConnection(_WatchedHTTPConnection, HTTPSConnection):
+    """The same for https: next in line after the watching methods comes ``HTTPSConnection``'s TLS ``connect``."""
 
 
 class _WatchedPool(HTTPConnectionPool):
