@@ -481,11 +481,7 @@ async def _converse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
         try:
             event, fed = await _next_event(conn, reader, connection, deadline, idle_until, bounds.head_timeout)
         except (h11.RemoteProtocolError, ValueError) as error:
-            if reader.at_eof():
-                return  # the client went away mid-request: nobody to answer
-            if isinstance(error, h11.RemoteProtocolError) and error.error_status_hint == 431:
-                raise _Refused(431, "header_bytes", "request head too large") from None
-            raise _Refused(400, "malformed", str(error)[:200]) from None
+            raise _unparsable(error, reader) from None
         except _Timeout as timeout:
             if timeout.idle:
                 return
@@ -552,7 +548,10 @@ async def _body(conn: h11.Connection, reader: asyncio.StreamReader, request: h11
         writer.write(conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
     loop, parts, size = asyncio.get_running_loop(), [], 0
     while True:
-        event = conn.next_event()
+        try:
+            event = conn.next_event()
+        except (h11.RemoteProtocolError, ValueError) as error:  # a bad chunk size line, a body cut short
+            raise _unparsable(error, reader) from None
         if event is h11.NEED_DATA:
             if size + _chunk_left(conn) > bounds.body_bytes:  # a chunk declared past the cap: refused, not awaited
                 raise _Refused(413, "body_bytes", "request body too large")
@@ -571,6 +570,16 @@ async def _body(conn: h11.Connection, reader: asyncio.StreamReader, request: h11
         if isinstance(event, h11.EndOfMessage):
             return b"".join(parts)
         raise _Refused(400, "malformed", "unexpected end of the request")
+
+
+def _unparsable(error: h11.RemoteProtocolError | ValueError, reader: asyncio.StreamReader) -> Exception:
+    """What a request h11 cannot parse (head or body) comes to: a quiet close when the client went away mid-request
+    (nobody to answer), 431 for a head over the cap, else 400."""
+    if reader.at_eof():
+        return ConnectionAbortedError("the client went away mid-request")
+    if isinstance(error, h11.RemoteProtocolError) and error.error_status_hint == 431:
+        return _Refused(431, "header_bytes", "request head too large")
+    return _Refused(400, "malformed", str(error)[:200])
 
 
 def _no_resource(method: str, target: str) -> Response | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import logging
 import selectors
 import socket
 import threading
@@ -219,6 +220,32 @@ def test_a_chunk_declared_over_the_cap_is_refused_413_at_once(server: Callable[.
                      b"8000\r\n" + b"a" * 0x8000 + b"\r\n8001\r\nab")
         assert answer(sock).startswith(b"HTTP/1.1 413")
     assert rejected == ["body_bytes"]
+
+
+def test_a_malformed_chunked_body_is_answered_400_and_counted(server: Callable[..., tuple[int, list[str]]],
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A chunked body whose size line is not hexadecimal is answered 400 and counted as malformed, like a malformed
+    head, not logged as a failure of the server."""
+    port, rejected = server()
+    with connect(port) as sock:
+        sock.sendall(b"POST /x HTTP/1.1\r\nHost: s\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n")
+        assert answer(sock).startswith(b"HTTP/1.1 400")
+    assert rejected == ["malformed"]
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+@pytest.mark.parametrize("head", [b"Content-Length: 10", b"Transfer-Encoding: chunked"])
+def test_a_body_cut_short_by_the_client_is_closed_quietly(server: Callable[..., tuple[int, list[str]]],
+                                                          caplog: pytest.LogCaptureFixture, head: bytes) -> None:
+    """A client that hangs up in the middle of its body (fewer bytes than declared, or no last chunk) is closed
+    without an answer, a refusal or an error in the log: nobody is left to answer."""
+    port, rejected = server()
+    with connect(port) as sock:
+        sock.sendall(b"POST /x HTTP/1.1\r\nHost: s\r\n" + head + b"\r\n\r\n5\r\nab")
+        sock.shutdown(socket.SHUT_WR)
+        assert answer(sock) == b""  # the server has closed it: whatever it logs about it, it has logged
+    assert rejected == []
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 @pytest.mark.parametrize("line", [b"CONNECT 127.0.0.1:80 HTTP/1.1", b"OPTIONS * HTTP/1.1"])
