@@ -45,6 +45,7 @@ import h11
 from prometheus_client import CollectorRegistry, Counter
 
 from se_exporter.core.errors import ConfigError
+from se_exporter.infra.logs import Throttle
 from se_exporter.infra.options import Listen
 from se_exporter.infra.platform_io import PLATFORM
 
@@ -55,6 +56,7 @@ LISTEN_BACKLOG = 512  # connections the kernel queues during a burst (the kernel
 READ_CHUNK = 8192  # bytes read at a time: what one connection buffers stays near 40 KiB (16 KiB head cap included)
 LINGER_SECONDS = 1.0  # after an error answer, how long unread request bytes are drained so the client can read it
 LINGER_BYTES = 256 * 1024
+ACCEPT_FAILURE_LOG_EVERY = 60.0  # seconds between two lines about the same accept() failure
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,7 @@ class Server:
         self._tasks: set[asyncio.Task[None]] = set()
         self._refusing: set[socket.socket] = set()  # connections answered 503 (every connection busy answering)
         self._accepted: set[socket.socket] = set()  # every accepted socket not known to be closed
+        self._accept_failures = Throttle(ACCEPT_FAILURE_LOG_EVERY)  # out of descriptors: retried 10 times a second
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -271,7 +274,8 @@ class Server:
             try:
                 sock, _ = await loop.sock_accept(self.socket)
             except OSError as error:  # out of descriptors, a connection reset before accept: go on
-                log.warning("HTTP accept failed: %s", error)
+                if self._accept_failures.due(type(error).__name__ + str(error.errno), loop.time()):
+                    log.warning("HTTP accept failed: %s (logged once a minute while it lasts)", error)
                 await asyncio.sleep(0.1)
                 continue
             if len(self._accepted) > 4 * self._limits.bounds.connections:

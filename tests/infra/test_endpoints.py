@@ -4,6 +4,7 @@ out a scrape, nor make the process buffer a huge head; and the sidecar's endpoin
 from __future__ import annotations
 
 import contextlib
+import errno
 import http.client
 import logging
 import selectors
@@ -288,6 +289,39 @@ def test_a_client_that_does_not_read_its_answer_is_cut_off(reliability: Reliabil
         running.server_close()
     reliability("HTTP server", "a client that asks for an answer and never reads it",
                 "disconnected at the 10 s write deadline, counted")
+
+
+class _OutOfDescriptors(socket.socket):
+    """A listener whose accept() fails as it does when the process has no descriptor left."""
+
+    attempts = 0
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        type(self).attempts += 1
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
+def test_a_failing_accept_is_retried_and_logged_once_not_at_every_retry(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """While accept() keeps failing (out of descriptors), the server goes on trying and says so in one warning,
+    not in one line per retry."""
+
+    def listener(listen: Listen) -> socket.socket:
+        sock = _OutOfDescriptors(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((listen.host, listen.port))
+        sock.listen()
+        sock.setblocking(False)
+        return sock
+
+    monkeypatch.setattr(http_server, "_listener", listener)
+    monkeypatch.setattr(_OutOfDescriptors, "attempts", 0)
+    running = serve(Listen("127.0.0.1", 0), hello)
+    try:
+        wait_until(lambda: _OutOfDescriptors.attempts >= 5, timeout=10, what="five attempts to accept")
+    finally:
+        running.server_close()
+    warned = [r for r in caplog.records if r.getMessage().startswith("HTTP accept failed")]
+    assert len(warned) == 1, [r.getMessage() for r in warned]
 
 
 def voluntary_switches(native_id: int) -> int:
