@@ -3,6 +3,7 @@ out a scrape, nor make the process buffer a huge head; and the sidecar's endpoin
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import http.client
@@ -158,16 +159,19 @@ def test_slow_clients_never_take_a_scrapes_place(server: Callable[..., tuple[int
 def test_connections_busy_answering_are_not_evicted_and_the_newcomer_gets_503(
         server: Callable[..., tuple[int, list[str]]]) -> None:
     """When every connection is mid-answer (none waits for a head), a new one is answered 503 at once."""
-    gate = threading.Event()
+    gate = asyncio.Event()  # bound to the server's loop when a handler first waits on it; set from there only
 
     async def slow(request: HttpRequest) -> Response:
-        import asyncio  # noqa: PLC0415 - only this handler waits
-        while not gate.is_set():
-            await asyncio.sleep(0.01)
+        await gate.wait()
         return Response(200, b"late\n")
 
     rejected: list[str] = []
     running = serve(Listen("127.0.0.1", 0), slow, Bounds(connections=2), rejected.append)
+
+    def open_gate() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop already closed
+            running._loop.call_soon_threadsafe(gate.set)
+
     try:
         busy = [connect(running.server_port) for _ in range(2)]
         for sock in busy:
@@ -177,12 +181,12 @@ def test_connections_busy_answering_are_not_evicted_and_the_newcomer_gets_503(
         with connect(running.server_port) as late:
             late.sendall(REQUEST)
             assert answer(late).startswith(b"HTTP/1.1 503")
-        gate.set()
+        open_gate()
         for sock in busy:
             assert answer(sock).startswith(b"HTTP/1.1 200")
         assert rejected == ["connections"]
     finally:
-        gate.set()
+        open_gate()
         running.server_close()
 
 
