@@ -215,17 +215,11 @@ class Simulator:
         with self._lock:
             return list(self._requests)
 
-    @property
-    def served(self) -> list[bytes]:
-        """The last changes of the served document, oldest first (a copy, as ``requests``)."""
+    def distinct_served(self) -> list[bytes]:
+        """The served bodies, oldest first, each change once (``record_served`` drops a repeat of the last one):
+        what a forwarder must have sent, in order. A copy, as ``requests``."""
         with self._lock:
             return list(self._served)
-
-    def distinct_served(self) -> list[bytes]:
-        """Served bodies with consecutive repeats removed: what a forwarder must have sent, in order."""
-        with self._lock:
-            bodies = list(self._served)
-        return [body for index, body in enumerate(bodies) if index == 0 or body != bodies[index - 1]]
 
     def posts_from(self, user_agent_prefix: str) -> int:
         with self._lock:

@@ -566,7 +566,7 @@ def test_request_history_is_bounded() -> None:
         sim.record_served(str(number).encode())
     assert HISTORY == 1000
     assert [r.path for r in sim.requests] == [f"/{number}" for number in range(500, HISTORY + 500)]
-    assert sim.served == [str(number).encode() for number in range(500, HISTORY + 500)]
+    assert sim.distinct_served() == [str(number).encode() for number in range(500, HISTORY + 500)]
 
 
 def test_the_request_history_reads_safely_while_the_server_records() -> None:
