@@ -142,18 +142,24 @@ class Simulator:
     def _refresh(self) -> None:
         now_wall = self._clock()
         t = self.scenario_time()
-        canonical = [self._canonical_event(state, now_wall, t) for state in self.scenario.state_at(t, self._approvals)]
+        walls: dict[tuple[str, float], float] = {}
+        canonical = [self._canonical_event(state, now_wall, t, walls)
+                     for state in self.scenario.state_at(t, self._approvals)]
+        # Only the NotBefores listed now are kept: scenario time only moves forward, so one no longer listed is not
+        # shown again, and a repeating scenario (fresh EventIds each cycle) grew this by its events every cycle.
+        self._not_before_wall = walls
         if canonical != self._canonical:
             self._canonical = canonical
             self._incarnation += 1
 
-    def _canonical_event(self, state: EventState, now_wall: float, t: float) -> dict[str, Any]:
+    def _canonical_event(self, state: EventState, now_wall: float, t: float,
+                         walls: dict[tuple[str, float], float]) -> dict[str, Any]:
         spec = state.spec
         not_before = None
         if state.not_before is not None:
             # Fixed at first sight so a NotBefore never drifts; later time jumps make events start "early".
             key = (state.event_id, state.not_before)
-            wall = self._not_before_wall.setdefault(key, now_wall + (state.not_before - t) / self.speed)
+            wall = walls[key] = self._not_before_wall.get(key, now_wall + (state.not_before - t) / self.speed)
             not_before = datetime.fromtimestamp(int(wall), timezone.utc)
         return {
             "EventId": state.event_id,

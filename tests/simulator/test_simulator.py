@@ -569,6 +569,32 @@ def test_request_history_is_bounded() -> None:
     assert sim.distinct_served() == [str(number).encode() for number in range(500, HISTORY + 500)]
 
 
+def test_a_repeating_scenario_keeps_no_notbefore_of_past_cycles() -> None:
+    """The NotBefores fixed at first sight are kept only while listed: a repeating scenario served cycle after
+    cycle (a rehearsal left running, or a high --speed) holds a bounded number of them."""
+    clock = FakeClock()
+    sim = Simulator(scenarios.load("demo"), clock=clock)
+    assert sim.scenario.repeat_every is not None
+    listed_at_most = len(sim.scenario.events)
+    clock.now += 250  # four events listed with a NotBefore, each cycle under fresh EventIds
+    for _ in range(200):
+        clock.now += sim.scenario.repeat_every
+        assert sim.document()["Events"]
+        assert len(sim._not_before_wall) <= listed_at_most
+
+
+def test_a_notbefore_stays_put_while_listed_across_a_jump() -> None:
+    """An event's NotBefore is fixed at first sight: a jump of scenario time later does not move it."""
+    clock = FakeClock()
+    sim = Simulator(scenarios.load("live-migration"), clock=clock)
+    clock.now += 10
+    first = {e["EventId"]: e["NotBefore"] for e in sim.document()["Events"]}
+    sim.advance(5)
+    clock.now += 1
+    again = {e["EventId"]: e["NotBefore"] for e in sim.document()["Events"]}
+    assert first and again == first
+
+
 def test_the_request_history_reads_safely_while_the_server_records() -> None:
     """Iterating ``requests`` while another thread records never fails: readers get a copy."""
     sim = Simulator(scenarios.load("live-migration"))
