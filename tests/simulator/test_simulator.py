@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from se_exporter.cli import main
 from se_exporter.core.errors import ConfigError
 from se_exporter.core.model import parse_document
 from se_exporter.infra.http_server import Bounds
@@ -123,6 +124,26 @@ def test_scenario_file_by_path(tmp_path: pytest.TempPathFactory) -> None:
     scenario = scenarios.load(str(path))
     assert scenario.name == "mine"
     assert scenario.events[0].resources == ("WestNO_0",)
+
+
+@pytest.mark.parametrize(("argv", "env", "fragment"), [
+    (["--speed", "1e308"], {}, "--speed: '1e308' is out of range: 0.001 to 100000"),
+    (["--speed", "inf"], {}, "--speed: 'inf' is out of range"),
+    (["--speed", "1e-300"], {}, "--speed: '1e-300' is out of range"),
+    (["--speed", "nan"], {}, "--speed: 'nan' must be a positive number"),
+    (["--speed", "0"], {}, "--speed: '0' must be a positive number"),
+    ([], {"SE_EXPORTER_SIMULATOR_SPEED": "1e400"}, "SE_EXPORTER_SIMULATOR_SPEED: '1e400' is out of range"),
+])
+def test_an_absurd_speed_stops_simulate_with_one_line(argv: list[str], env: dict[str, str], fragment: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``simulate --speed`` is bounded as ``run --speed`` is (tested in sidecar/test_settings.py): unbounded, 1e-300
+    overflowed every NotBefore's timestamp (each document an OverflowError) and 1e308 put scenario time near 1e306 s
+    in the first millisecond. Exit 2 and one line naming the setting, before any server starts."""
+    assert main(["simulate", "--listen", "127.0.0.1:0", *argv], env=env) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("se-exporter: error: ")
+    assert fragment in err
 
 
 def test_fault_specs() -> None:
