@@ -528,7 +528,8 @@ async def _deliver_badly(raw: RawWriter, fault: Fault, document: bytes) -> None:
 @functools.lru_cache(maxsize=2)
 def _blanks_compressed(size: int) -> tuple[bytes, Any]:
     """``size`` blanks through a gzip compressor, unflushed: the compressed bytes so far and the compressor,
-    which is copied per answer to add the document. Built once per size (300 MB take a second or two)."""
+    which is copied per answer to add the document. Built once per size: compressing the blanks costs far more
+    than compressing one document, which is all a repeated answer pays."""
     compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
     block = b" " * min(size, 1024 * 1024) if size else b""
     out, left = [], size
