@@ -66,9 +66,9 @@ MAX_ROW_BODY = 1024 * 1024  # older releases kept whole bodies up to the Event H
 # 15 values (its object, nine fields and their names, the imds object), a format-1 one about 16 (its row's nine, the
 # imds entry's key and three); 64 leaves room for fields a later format 2 adds, and lets the first, copy-free count
 # (which counts a body's own commas too) pass an ordinary state. A blob of more is damaged, refused before it is
-# parsed: each value costs Python 30-80 bytes however short its text ("[]," is three bytes, an empty list 64), so the
-# inflated-bytes cap alone let 58 KB of gzip (20 million empty rows) take a replica to 1.5 GB; at the default
-# 100,000 VMs the worst blob that passes (3.2 million empty rows) peaks about 240 MB above the replica's own.
+# parsed: each value costs Python 30-80 bytes however short its text ("[]," is three bytes, an empty list 64: twenty
+# times its text), so under the inflated-bytes cap alone a few dozen KB of gzip (20 million empty rows) held gigabytes;
+# at the default 100,000 VMs the worst blob that passes holds 3.2 million empty rows, a sixth of that.
 MAX_VALUES_PER_VM = 64
 MAX_VALUES_TOP = 1024
 _NOT_STRUCTURE = bytes(set(range(256)) - set(b'"[{,:'))  # what the value count deletes before it splits strings
