@@ -66,9 +66,9 @@ MAX_ROW_BODY = 1024 * 1024  # older releases kept whole bodies up to the Event H
 # 15 values (its object, nine fields and their names, the imds object), a format-1 one about 16 (its row's nine, the
 # imds entry's key and three); 64 leaves room for fields a later format 2 adds, and lets the first, copy-free count
 # (which counts a body's own commas too) pass an ordinary state. A blob of more is damaged, refused before it is
-# parsed: each value costs Python 30-80 bytes however short its text ("[]," is three bytes, an empty list 64), so the
-# inflated-bytes cap alone let 58 KB of gzip (20 million empty rows) take a replica to 1.5 GB; at the default
-# 100,000 VMs the worst blob that passes (3.2 million empty rows) peaks about 240 MB above the replica's own.
+# parsed: each value costs Python 30-80 bytes however short its text ("[]," is three bytes, an empty list 64: twenty
+# times its text), so under the inflated-bytes cap alone a few dozen KB of gzip (20 million empty rows) held gigabytes;
+# at the default 100,000 VMs the worst blob that passes holds 3.2 million empty rows, a sixth of that.
 MAX_VALUES_PER_VM = 64
 MAX_VALUES_TOP = 1024
 _NOT_STRUCTURE = bytes(set(range(256)) - set(b'"[{,:'))  # what the value count deletes before it splits strings
@@ -87,8 +87,8 @@ class DamagedState(ValueError):
 class NewerState(ValueError):
     """A state blob of a format newer than this release's: it must be left for the release that wrote it."""
 
-    def __init__(self, found: int) -> None:
-        super().__init__(f"state format {found} is newer than this release's {STATE_FORMAT}")
+    def __init__(self, found: int, newest: int = STATE_FORMAT) -> None:
+        super().__init__(f"state format {found} is newer than this release's {newest}")
         self.format = found
 
 
@@ -130,15 +130,17 @@ def _named(vm: VmState) -> dict[str, Any]:
     return named
 
 
-def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_BOUNDS) -> Decoded:
-    """The inverse of ``encode``; raise ``DamagedState`` or ``NewerState`` (see the module docstring)."""
+def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_BOUNDS,
+           formats: tuple[int, ...] = STATE_FORMATS) -> Decoded:
+    """The inverse of ``encode``; raise ``DamagedState`` or ``NewerState`` (see the module docstring). ``formats``
+    are the ones read: a release that read fewer is this reader given its own (``tests/fleet_format1.py``)."""
     obj = _load(data, bounds.vms_per_partition * MAX_VALUES_PER_VM + MAX_VALUES_TOP)
     if not isinstance(obj, dict):
         raise DamagedState("wrong_shape", f"the state is a JSON {type(obj).__name__}, not an object")
     found = obj.get("format")
-    if type(found) is int and found > STATE_FORMAT:
-        raise NewerState(found)
-    if found not in STATE_FORMATS or type(found) is not int:
+    if type(found) is int and found > max(formats):
+        raise NewerState(found, max(formats))
+    if found not in formats or type(found) is not int:
         raise DamagedState("format", f"unknown state format {str(found)[:40]!r}")
     if obj.get("partition_id", partition_id) != partition_id:
         raise DamagedState("wrong_shape", f"the state is partition {str(obj.get('partition_id'))[:40]!r}'s")
