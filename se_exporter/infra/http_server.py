@@ -64,6 +64,7 @@ __all__ = ["REASONS", "Bounds", "Handler", "HttpRequest", "Page", "RawWriter", "
 log = logging.getLogger("se_exporter")
 
 LISTEN_BACKLOG = 512  # connections the kernel queues during a burst (the kernel may lower it: net.core.somaxconn)
+STOP_RECANCEL_EVERY = 0.1  # seconds between two cancellations of a task that has not ended on stop
 ACCEPT_FAILURE_LOG_EVERY = 60.0  # seconds between two lines about the same accept() failure
 
 
@@ -91,14 +92,25 @@ class Server:
         try:
             self._loop.run_forever()
         finally:
-            accepting.cancel()
-            for task in list(self._tasks):
-                task.cancel()
-            self._loop.run_until_complete(asyncio.gather(accepting, *self._tasks, return_exceptions=True))
+            self._loop.run_until_complete(self._stop_tasks(accepting))
             self._loop.run_until_complete(asyncio.sleep(0))  # the aborted transports' last callbacks
             for sock in self._accepted:  # those of tasks cancelled early, of transports still flushing
                 sock.close()
             self._loop.close()
+
+    async def _stop_tasks(self, accepting: asyncio.Task[None]) -> None:
+        """Cancel every task until each has ended: one cancellation is not always honoured (before Python 3.12,
+        ``asyncio.wait_for`` drops it when what it waits for completes in the same step), and a conversation that
+        lost it would go on serving a client that keeps its connection busy, with ``shutdown`` waiting for ever.
+        Their connections are aborted too, so nothing is left to serve."""
+        pending = {accepting, *self._tasks}
+        while pending:
+            for connection in list(self._limits.connections):
+                if connection.transport is not None:
+                    connection.transport.abort()
+            for task in pending:
+                task.cancel()
+            _done, pending = await asyncio.wait(pending, timeout=STOP_RECANCEL_EVERY)
 
     async def _accept(self) -> None:
         loop = asyncio.get_running_loop()

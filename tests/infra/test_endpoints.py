@@ -371,6 +371,37 @@ def test_shutdown_of_an_idle_server_returns_and_ends_its_thread() -> None:
         connect(port)
 
 
+entered = threading.Event()  # set by _swallows_one_cancel once it is called
+
+
+async def _swallows_one_cancel(request: HttpRequest) -> Response:
+    """A handler that loses the first cancellation, as ``asyncio.wait_for`` can before Python 3.12."""
+    entered.set()
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        await asyncio.sleep(3600)
+    return Response(200, b"late")
+
+
+
+def test_shutdown_returns_when_a_conversation_lost_its_cancellation() -> None:
+    """A task that did not honour the stop's cancellation is cancelled again: shutdown() still returns, the thread
+    ends, and the client's connection is closed rather than served on."""
+    entered.clear()
+    served = serve(Listen("127.0.0.1", 0), _swallows_one_cancel)
+    with connect(int(served.server_port)) as client:
+        client.sendall(REQUEST)
+        assert entered.wait(10), "the handler was never called"
+        stopper = threading.Thread(target=served.shutdown)
+        stopper.start()
+        stopper.join(10)
+        assert not stopper.is_alive(), "shutdown() did not return"
+        client.settimeout(10)
+        assert client.recv(1024) == b""
+    served.server_close()
+
+
 class _Up:
     healthy = True
     ready = False
