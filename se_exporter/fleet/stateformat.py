@@ -21,10 +21,11 @@ Format 2 (named fields; what ``--state-format 2`` writes)::
               "failing": ...}}, ...]}
 
 The migration rule: a release writes a format by default only if the release before it reads that format (so
-format 1 stays the default while releases that read only format 1 may run beside this one; see the README's
-"Upgrades"). Within format 2 a field may be added that an older format-2 reader can do without: it ignores fields
-it does not know (and drops them when it writes the state again). A change such a reader must not ignore takes
-format 3.
+format 1 stays the default while releases that read only format 1 may run beside this one; see
+docs/operations.md's "Rolling upgrades"). Within format 2 a field may be added that an older format-2 reader
+can do without: it ignores fields it does not know (and drops them when it writes the state again). A change such
+a reader must not ignore takes a new format (a state of deltas took format 3; the same holds for format 3's base
+and delta objects).
 
 Format 1 (positional rows; written by default, and the only format releases before format 2 read)::
 
@@ -33,7 +34,7 @@ Format 1 (positional rows; written by default, and the only format releases befo
      "imds": {key: [observed_at, imds_last_success, imds_failing], ...}}
 
 ``imds`` was added within format 1: a reader that does not know it ignores it, one that does treats a VM without
-it as unknown. Both formats are read in three ways:
+it as unknown. Every format is read in three ways:
 
 * whole: every VM checked by type and range (the key is the VM's ``vm_id or vm_name``, names and ids bounded
   strings UTF-8 can carry, the sequence a positive 64-bit integer, ``seen_at`` a finite time not past now plus
@@ -41,8 +42,8 @@ it as unknown. Both formats are read in three ways:
   written back;
 * ``NewerState``: a format above ``STATE_FORMAT``, written by a newer release: left in place for it, never
   overwritten;
-* ``DamagedState``: not gzip, not JSON, not the object above, an older or unknown format: counted, and the
-  partition is read from its checkpoint alone (the next write replaces the state).
+* ``DamagedState``: not gzip, not JSON, not the object above, an older or unknown format, a format-3 delta out of
+  shape: counted, and the partition is read from its checkpoint alone (the next write replaces the state).
 """
 
 from __future__ import annotations
