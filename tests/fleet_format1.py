@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from se_exporter.fleet import picture, stateformat, statestore
+from se_exporter.fleet import persistence, picture, stateformat, statestore
 from se_exporter.fleet.message import (
     DEFAULT_BOUNDS,
     MAX_MESSAGE_ID,
@@ -174,6 +174,7 @@ def install() -> None:
         return encode(partition_id, position, vms)
 
     picture.encode = encode_format_1
+    persistence.encode = encode_format_1  # what the Keeper writes formats 1 and 2 with
 
 
 if __name__ == "__main__":

@@ -154,3 +154,38 @@ def test_format_3_replicas_killed_with_minus_9_mid_run_restore_the_exact_picture
     third = fleets(hub, "--state-format", "3")
     wait_until(lambda: third.value("azure_scheduled_fleet_owned_partitions") == 2 and picture([third]) == after,
                timeout=TAKEOVER + 60, interval=0.5, what="a new replica restoring the exact picture")
+
+
+def test_a_previous_release_replica_leaves_a_format_3_state_byte_for_byte(
+        hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess], azurite: Azurite,
+        container: str) -> None:
+    """A format-3 state written as blocks by this release is a newer release's to a replica of the previous one
+    (``tests.fleet_format1``): it reads the partition from the hub, and writes neither the state nor the checkpoint
+    over it, so the blocks are there when a replica of this release takes the partition back."""
+    hub = hubs(Store(partition_count=1))
+    prefix = state_blob_name(f"127.0.0.1:{hub.port}", hub.store.hub, "$Default", "")
+    send(hub.connection_string(), [event_data(envelope_for(vm_identity(index), EMPTY, 1, f"inst-{index}"))
+                                   for index in range(20)])
+    new = fleets(hub, "--state-format", "3")
+    wait_until(lambda: len(picture([new])) == 20, timeout=30, what="20 VMs")
+    send(hub.connection_string(), [event_data(envelope_for(vm_identity(index), EMPTY, 2, f"inst-{index}",
+                                                           observed_at=1_795_316_700.0)) for index in range(5)])
+    wait_until(lambda: len(stored_blocks(azurite, container, prefix).get("0", [])) == 2, timeout=30,
+               what="a base and a delta")
+    before = picture([new])
+    assert new.stop() == 0
+    with storage(azurite, container) as blobs:
+        stored = blobs.download_blob(prefix + "0").readall()
+    old = fleets(hub, module="tests.fleet_format1")
+    wait_until(lambda: old.value("azure_scheduled_fleet_state_newer_format_partitions") == 1, timeout=30,
+               what="the old replica taking the state for a newer release's")
+    send(hub.connection_string(), [event_data(envelope_for(vm_identity(20), EMPTY, 1, "inst-20"))])
+    wait_until(lambda: len(picture([old])) == 1 and (old.value(
+        "azure_scheduled_fleet_partition_checkpoint_age_seconds", partition_id="0") or 0) > 1.0, timeout=30,
+        what="the old replica reading on through two checkpoint rounds")
+    with storage(azurite, container) as blobs:
+        assert blobs.download_blob(prefix + "0").readall() == stored
+    assert old.stop() == 0
+    again = fleets(hub, "--state-format", "3")
+    wait_until(lambda: picture([again]).items() >= before.items() and len(picture([again])) == 21, timeout=30,
+               what="this release's replica restoring every VM")
