@@ -64,6 +64,9 @@ class FleetMetrics:
                               ["reason"], registry=registry)
         self.checkpoints = Counter(f"{FLEET}_checkpoints", "Writes of a partition's state and checkpoint, by outcome.",
                                    ["outcome"], registry=registry)
+        self.state_bytes = Counter(f"{FLEET}_state_bytes_written",
+                                   "Bytes of partition states uploaded, by kind: a whole state (base) or a delta.",
+                                   ["kind"], registry=registry)
         self.claims = Counter(f"{FLEET}_partition_claims", "Partitions this replica started reading.",
                               registry=registry)
         self.releases = Counter(f"{FLEET}_partition_releases", "Partitions this replica stopped reading, by reason.",
@@ -88,6 +91,8 @@ class FleetMetrics:
             self.bound_hits.labels(bound)
         for outcome in ("ok", "error", "superseded"):
             self.checkpoints.labels(outcome)
+        for kind in ("base", "delta"):
+            self.state_bytes.labels(kind)
         for reason in ERROR_REASONS:
             self.errors.labels(reason)
 
