@@ -199,6 +199,11 @@ class PlatformPicture:
         with self._lock:
             return list(self._records.values())
 
+    def sizes(self) -> dict[str, int]:
+        """What it holds now: records, Event Grid ids remembered, forgotten EventIds remembered (each bounded)."""
+        with self._lock:
+            return {"events": len(self._records), "ids": len(self._ids), "forgotten": len(self._forgotten)}
+
     def _remember(self, seen: dict[str, float], key: str, now: float) -> None:
         if len(seen) >= self.limits.ids:
             del seen[next(iter(seen))]
