@@ -79,6 +79,7 @@ class Reconciliation:
 @dataclass
 class _Pair:
     first_listed: float | None = None
+    place: tuple[str, str, str, str] | None = None  # where the VM that listed it is: it must match the event's
     coverage: str | None = None  # the last one decided while the event was open
     counted: bool = False
     lagged: bool = False
@@ -86,20 +87,25 @@ class _Pair:
 
 def vm_identity(vm: VmState) -> tuple[str, str, str]:
     """(subscription, resource group, VM name) to join on, without case; '' where not known (see the module)."""
-    return "", "", _name(vm.vm_name)
+    return "", "", _name(vm.vm_name)  # TODO(wiring): vm.subscription_id.casefold(), vm.resource_group.casefold()
 
 
 def _name(name: str) -> str:
     return name.lstrip("_").casefold()
 
 
-def _same_place(record: PlatformRecord, vm: VmState) -> bool:
-    event = record.event
+def _place(vm: VmState) -> tuple[str, str, str, str]:
+    """(subscription, resource group, location, scale set) of a VM, without case; '' where not known."""
     subscription, group, _ = vm_identity(vm)
-    return all(not ours or not theirs or ours == theirs.casefold() for ours, theirs in (
-        (subscription, event.subscription_id), (group, event.resource_group),
-        (vm.location.casefold(), event.location),
-        (vm.vmss_name.casefold(), event.scope_name if event.scope_type == "scale_set" else "")))
+    return subscription, group, vm.location.casefold(), vm.vmss_name.casefold()
+
+
+def _same_place(record: PlatformRecord, place: tuple[str, str, str, str]) -> bool:
+    """Where both sides know a part of the place, it is the same."""
+    event = record.event
+    theirs = (event.subscription_id, event.resource_group, event.location,
+              event.scope_name if event.scope_type == "scale_set" else "")
+    return all(not mine or not other or mine == other.casefold() for mine, other in zip(place, theirs, strict=True))
 
 
 def imds_blind_since(vm: VmState, since: float) -> bool:
@@ -128,7 +134,7 @@ class Reconciler:
         for event in vm.events:
             pair = self._pair((event_key(event.event_id), name), create=True)
             if pair is not None and (pair.first_listed is None or vm.seen_at < pair.first_listed):
-                pair.first_listed = vm.seen_at
+                pair.first_listed, pair.place = vm.seen_at, _place(vm)
 
     def update(self, records: Iterable[PlatformRecord], vms: Iterable[VmState], now: float) -> Reconciliation:
         records = list(records)
@@ -165,12 +171,12 @@ class Reconciler:
                        lags: list[float]) -> str | None:
         key = record.key
         pair = self._pair((key, _name(resource)), create=True) or _Pair()
-        if pair.first_listed is not None:
+        if pair.first_listed is not None and pair.place is not None and _same_place(record, pair.place):
             if not pair.lagged:
                 pair.lagged = True
                 lags.append(pair.first_listed - record.announced_at)
             return "observed"
-        alive = [vm for vm in named if now - vm.seen_at <= self.settings.vm_expiry and _same_place(record, vm)]
+        alive = [vm for vm in named if now - vm.seen_at <= self.settings.vm_expiry and _same_place(record, _place(vm))]
         if not alive:
             coverage: str | None = "no_sidecar"
         elif record.ended:
