@@ -31,6 +31,7 @@ them from ``vm_identity``: ``_same_place`` already compares them when known.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -122,9 +123,10 @@ class Reconciler:
 
     settings: ReconcileSettings
     _pairs: dict[tuple[str, str], _Pair] = field(default_factory=dict)
-    _announced: dict[str, None] = field(default_factory=dict)
-    _unannounced: dict[str, None] = field(default_factory=dict)
-    _scopes: dict[tuple[str, str], None] = field(default_factory=dict)
+    # OrderedDicts: taken from the front when full, where a dict's iteration would first skip every entry deleted
+    _announced: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    _unannounced: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    _scopes: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)
     _hits: list[str] = field(default_factory=list)
 
     def note(self, vm: VmState) -> None:
@@ -227,10 +229,10 @@ class Reconciler:
         for key in [key for key in self._pairs if key[0] not in keep]:
             del self._pairs[key]
 
-    def _remember(self, seen: dict[_K, None], key: _K, bound: int, name: str) -> None:
+    def _remember(self, seen: OrderedDict[_K, None], key: _K, bound: int, name: str) -> None:
         if key in seen:
             return
         if len(seen) >= bound:
-            del seen[next(iter(seen))]
+            seen.popitem(last=False)
             self._hits.append(name)
         seen[key] = None

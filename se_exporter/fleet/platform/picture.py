@@ -17,6 +17,7 @@ A forgotten EventId is remembered a while so a late copy does not bring it back.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -148,9 +149,10 @@ class PlatformPicture:
         self.limits = limits
         self._lock = threading.Lock()
         self._records: dict[str, PlatformRecord] = {}
-        self._ids: dict[str, float] = {}  # Event Grid id -> when applied, oldest first
-        self._forgotten: dict[str, float] = {}  # EventId key -> when forgotten, oldest first
-        self._ended: dict[str, None] = {}  # keys of ended records, in the order they ended here
+        # OrderedDicts, not dicts: taken from the front, a dict's iteration first skips every entry deleted before
+        self._ids: OrderedDict[str, float] = OrderedDict()  # Event Grid id -> when applied, oldest first
+        self._forgotten: OrderedDict[str, float] = OrderedDict()  # EventId key -> when forgotten, oldest first
+        self._ended: OrderedDict[str, None] = OrderedDict()  # keys of ended records, in the order they ended here
         self.bound_hits: dict[str, int] = dict.fromkeys(PICTURE_BOUND_NAMES, 0)
 
     def apply(self, event: PlatformEvent, now: float) -> Applied:
@@ -204,9 +206,9 @@ class PlatformPicture:
         with self._lock:
             return {"events": len(self._records), "ids": len(self._ids), "forgotten": len(self._forgotten)}
 
-    def _remember(self, seen: dict[str, float], key: str, now: float) -> None:
+    def _remember(self, seen: OrderedDict[str, float], key: str, now: float) -> None:
         if len(seen) >= self.limits.ids:
-            del seen[next(iter(seen))]
+            seen.popitem(last=False)
             self.bound_hits["platform_ids"] += 1
         seen[key] = now
 
@@ -214,17 +216,17 @@ class PlatformPicture:
         """Make room for a new EventId by forgetting the event that ended here first, if there is one."""
         if not self._ended:
             return False
-        key = next(iter(self._ended))
-        del self._ended[key]
+        key, _ = self._ended.popitem(last=False)
         del self._records[key]
         self._remember(self._forgotten, key, now)
         return True
 
 
-def _drop_before(seen: dict[str, float], cutoff: float) -> None:
+def _drop_before(seen: OrderedDict[str, float], cutoff: float) -> None:
     """Drop entries older than ``cutoff`` from the front (insertion order is time order, the clock allowing)."""
     while seen:
-        key = next(iter(seen))
-        if seen[key] >= cutoff:
+        key, when = seen.popitem(last=False)
+        if when >= cutoff:
+            seen[key] = when
+            seen.move_to_end(key, last=False)
             return
-        del seen[key]
