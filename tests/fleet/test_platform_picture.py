@@ -67,7 +67,7 @@ def test_a_duplicate_is_dropped_and_a_repeat_of_a_known_status_counts_nothing() 
     first = picture.apply(platform_event("Scheduled"), T0)
     assert (first.outcome, first.statuses) == ("applied", ("Scheduled",))
     assert picture.apply(platform_event("Scheduled"), T0 + 1).outcome == "duplicate"
-    again = picture.apply(platform_event("Scheduled", grid_id="another", resources=["web_9"]), T0 + 2)
+    again = picture.apply(platform_event("Scheduled", grid_id="another", resources=["web_9", "WEB_3"]), T0 + 2)
     assert (again.outcome, again.statuses, again.impact_seconds) == ("repeat", (), 0.0)
     assert set(only(picture).event.resources) == {"web_3", "web_7", "web_9"}
     assert only(picture).changed_at == T0

@@ -255,10 +255,12 @@ def test_many_events_in_one_message_are_read_up_to_the_bound_and_the_bound_is_sa
 
 
 def test_resources_are_bounded_and_deduplicated() -> None:
-    """Thousands of VM names keep the first ``resources_per_event`` distinct ones and name the bound."""
+    """Thousands of VM names keep the first ``resources_per_event`` distinct ones and name the bound; a name
+    repeated in another case is the same VM."""
     message = read([grid(resources=[f"web_{i % 3000}" for i in range(6000)])])
     assert len(message.events[0].resources) == 1000
     assert message.bounds == ("platform_resources_per_event",)
+    assert read([grid(resources=["Web_3", "web_3", "WEB_3", "web_7"])]).events[0].resources == ("Web_3", "web_7")
 
 
 def test_a_mixed_array_reads_its_platform_events_and_lists_what_it_skipped() -> None:

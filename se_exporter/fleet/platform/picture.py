@@ -115,8 +115,12 @@ def combine(old: PlatformRecord, new: PlatformRecord, max_resources: int = DEFAU
     first, second = (new, old) if newer else (old, new)
     event = first.event
     resources = event.resources
-    if set(second.event.resources) - set(resources):
-        resources = tuple(dict.fromkeys((*resources, *second.event.resources)))[:max_resources]
+    if second.event.resources != resources:  # names compare without case: the first spelling of each is kept
+        union: dict[str, str] = {}
+        for name in (*resources, *second.event.resources):
+            union.setdefault(name.casefold(), name)
+        if len(union) > len(resources):
+            resources = tuple(union.values())[:max_resources]
     if resources is not event.resources or (event.not_before is None and second.event.not_before is not None) \
             or (event.duration_seconds is None and second.event.duration_seconds is not None):
         event = replace(event, resources=resources,

@@ -18,15 +18,27 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from se_exporter.core.model import encodable, event_key, json_kind, parse_not_before
-from se_exporter.fleet.message import MAX_TEXT, MAX_TIME, MIN_TIME, InvalidMessage, printable
+from se_exporter.core.model import event_key
+from se_exporter.fleet.message import MAX_TEXT, InvalidMessage
+from se_exporter.fleet.platform.fields import (
+    STATUSES,
+    Huge,
+    arm_scope,
+    duration,
+    event_status,
+    event_time,
+    int_literal,
+    not_before,
+    object_field,
+    optional,
+    required,
+    shown,
+    vm_names,
+)
 
 EVENT_TYPE = "Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted"
 _TYPE_SUFFIX = "maintenanceresources.scheduledeventemitted"
@@ -34,10 +46,10 @@ _TYPE_SUFFIX = "maintenanceresources.scheduledeventemitted"
 # event type, or a ScheduledEventEmitted event that cannot be read (the message says which field).
 PLATFORM_INVALID_REASONS = ("other_event_type", "invalid_platform_event")
 PLATFORM_BOUND_NAMES = ("platform_events_per_message", "platform_resources_per_event")
-STATUSES = ("Scheduled", "Started", "Completed", "Canceled")
 SCOPE_TYPES = ("scale_set", "availability_set", "virtual_machine", "unknown")
+__all__ = ["DEFAULT_PLATFORM_BOUNDS", "EVENT_TYPE", "PLATFORM_BOUND_NAMES", "PLATFORM_INVALID_REASONS", "SCOPE_TYPES",
+           "STATUSES", "PlatformBounds", "PlatformEvent", "PlatformMessage", "looks_like_platform", "read_platform"]
 MAX_DESCRIPTION = 1024
-_MAX_INT_DIGITS = 20  # a signed 64-bit integer; longer literals are refused as wrong types, never parsed
 
 
 @dataclass(frozen=True)
@@ -130,27 +142,13 @@ def read_platform(body: bytes, max_bytes: int, enqueued_at: float,
     return PlatformMessage(tuple(events), tuple(skipped), tuple(warnings), tuple(dict.fromkeys(hit)))
 
 
-class _Huge:
-    """An integer literal past 20 digits, or NaN/Infinity: kept out of every number (a wrong type, where read)."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text[:24]
-
-    def __repr__(self) -> str:
-        return f"<number {self.text}...>"
-
-
-def _int_literal(text: str) -> int | _Huge:
-    return int(text) if len(text) <= _MAX_INT_DIGITS else _Huge(text)
-
-
 def _decode(body: bytes, bounds: PlatformBounds | None) -> object | None:
     """The JSON of ``body`` when it is UTF-8 JSON of at most ``bounds.containers`` containers (None: counted
     already), else None."""
     if bounds is not None and _containers(body) > bounds.containers:
         return None
     try:
-        found: object = json.loads(body.decode("utf-8-sig"), parse_int=_int_literal, parse_constant=_Huge)
+        found: object = json.loads(body.decode("utf-8-sig"), parse_int=int_literal, parse_constant=Huge)
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     return found
@@ -171,28 +169,28 @@ def _event(item: Mapping[str, Any], enqueued_at: float, bounds: PlatformBounds, 
     schema = _schema(item)
     kind = item.get("type" if schema == "cloudevents" else "eventType")
     if not isinstance(kind, str) or not kind.casefold().endswith(_TYPE_SUFFIX):
-        raise InvalidMessage("other_event_type", f"{schema} event of type {_shown(kind)}, not {EVENT_TYPE}")
-    grid_id = _required(item, "id", MAX_TEXT)
+        raise InvalidMessage("other_event_type", f"{schema} event of type {shown(kind)}, not {EVENT_TYPE}")
+    grid_id = required(item, "id", MAX_TEXT)
     data = _data(item, schema)
-    info = _object(data, "resourceInfo", "data")
-    props = _object(info, "properties", "data.resourceInfo")
-    event_id = _required(props, "EventId", MAX_TEXT, "properties")
-    scope = _scope(info.get("id"), item.get("subject"))
-    status = _status(props.get("EventStatus"))
-    resources = _resources(props.get("Resources"), bounds, warnings, hit)
+    info = object_field(data, "resourceInfo", "data")
+    props = object_field(info, "properties", "data.resourceInfo")
+    event_id = required(props, "EventId", MAX_TEXT, "properties")
+    scope = arm_scope(info.get("id"), item.get("subject"))
+    status = event_status(props.get("EventStatus"))
+    resources = vm_names(props.get("Resources"), bounds.resources_per_event, warnings, hit)
     if not resources and scope[0] == "virtual_machine":
         resources = (scope[1],)  # a VM's own event: the VM is the one affected
     return PlatformEvent(
         grid_id=grid_id, event_id=event_id, key=event_key(event_id),
-        event_type=_optional(props, "EventType", MAX_TEXT, warnings) or "unknown", event_status=status,
-        event_source=_optional(props, "EventSource", MAX_TEXT, warnings) or "unknown",
-        resource_type=_optional(props, "ResourceType", MAX_TEXT, warnings),
+        event_type=optional(props, "EventType", MAX_TEXT, warnings) or "unknown", event_status=status,
+        event_source=optional(props, "EventSource", MAX_TEXT, warnings) or "unknown",
+        resource_type=optional(props, "ResourceType", MAX_TEXT, warnings),
         resources=resources, scope_type=scope[0], scope_name=scope[1], subscription_id=scope[2],
-        resource_group=scope[3], location=_optional(info, "location", MAX_TEXT, warnings),
-        event_time=_event_time(item.get("time" if schema == "cloudevents" else "eventTime"), enqueued_at, warnings),
-        not_before=_not_before(props.get("NotBefore"), warnings),
-        duration_seconds=_duration(props.get("DurationInSeconds"), warnings),
-        description=_optional(props, "Description", MAX_DESCRIPTION, warnings), schema=schema)
+        resource_group=scope[3], location=optional(info, "location", MAX_TEXT, warnings),
+        event_time=event_time(item.get("time" if schema == "cloudevents" else "eventTime"), enqueued_at, warnings),
+        not_before=not_before(props.get("NotBefore"), warnings),
+        duration_seconds=duration(props.get("DurationInSeconds"), warnings),
+        description=optional(props, "Description", MAX_DESCRIPTION, warnings), schema=schema)
 
 
 def _data(item: Mapping[str, Any], schema: str) -> Mapping[str, Any]:
@@ -200,7 +198,7 @@ def _data(item: Mapping[str, Any], schema: str) -> Mapping[str, Any]:
     if schema == "cloudevents" and "data" not in item and "data_base64" in item:
         content = item.get("datacontenttype")
         if content is not None and not (isinstance(content, str) and "json" in content.casefold()):
-            raise InvalidMessage("invalid_platform_event", f"data_base64 of content type {_shown(content)}, not JSON")
+            raise InvalidMessage("invalid_platform_event", f"data_base64 of content type {shown(content)}, not JSON")
         encoded = item["data_base64"]
         decoded = None
         if isinstance(encoded, str):
@@ -211,155 +209,4 @@ def _data(item: Mapping[str, Any], schema: str) -> Mapping[str, Any]:
         if not isinstance(decoded, dict):
             raise InvalidMessage("invalid_platform_event", "data_base64 is not base64 of a JSON object")
         return decoded
-    return _object(item, "data", "the envelope")
-
-
-def _object(parent: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any]:
-    value = parent.get(name)
-    if not isinstance(value, dict):
-        raise InvalidMessage("invalid_platform_event", f"{where} has no object {name!r} (a JSON {json_kind(value)})")
-    return value
-
-
-def _text(value: str, limit: int) -> str:
-    """A string kept: unpaired surrogates and control characters spelt out (``message.printable``); cut at
-    8 x ``limit`` characters (the caller refuses what is longer than ``limit``)."""
-    if value.isascii() and value.isprintable():  # nearly always: two scans in C
-        return value[: 8 * limit]
-    return printable(encodable(value[: 8 * limit]))
-
-
-def _required(parent: Mapping[str, Any], name: str, limit: int, where: str = "the envelope") -> str:
-    value = parent.get(name)
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidMessage("invalid_platform_event", f"{where} has no usable {name!r} (a JSON {json_kind(value)})")
-    text = _text(value, limit)
-    if len(text) > limit:
-        raise InvalidMessage("invalid_platform_event", f"{where}'s {name!r} is longer than {limit} characters")
-    return text
-
-
-def _optional(parent: Mapping[str, Any], name: str, limit: int, warnings: list[str]) -> str:
-    """A string field that may be missing; a wrong type or an overlong value is left out with a warning."""
-    value = parent.get(name)
-    if value is None:
-        return ""
-    text = _text(value, limit) if isinstance(value, str) else None
-    if text is None or len(text) > limit:
-        warnings.append(f"{name} is {'too long' if text else 'a JSON ' + json_kind(value)}; left out")
-        return ""
-    return text
-
-
-def _status(value: object) -> str:
-    """One of STATUSES, whatever the case (and "Cancelled" as Azure spells it elsewhere); anything else refused:
-    a status that cannot be ordered would break "statuses only move forward"."""
-    if isinstance(value, str):
-        found = _STATUS_NAMES.get(value.strip().casefold())
-        if found:
-            return found
-    raise InvalidMessage("invalid_platform_event",
-                         f"EventStatus {_shown(value)} is none of {', '.join(STATUSES)}")
-
-
-_STATUS_NAMES = {**{status.casefold(): status for status in STATUSES}, "cancelled": "Canceled"}
-
-_SCOPES = {"virtualmachinescalesets": "scale_set", "availabilitysets": "availability_set",
-           "virtualmachines": "virtual_machine"}
-
-
-def _scope(*candidates: object) -> tuple[str, str, str, str]:
-    """(scope type, scope name, subscription, resource group) from resourceInfo.id, else the subject (the same ARM
-    id: ``/subscriptions/<sub>/resourceGroups/<rg>/providers/Microsoft.Compute/<kind>/<name>/providers/...``);
-    refused when neither is one, since neither the scope nor the VMs can be known then."""
-    for value in candidates:
-        parts = value.split("/", 9) if isinstance(value, str) and len(value) <= 2048 else []
-        if len(parts) >= 9 and parts[0] == "" and (parts[1].casefold(), parts[3].casefold(), parts[5].casefold(),
-                                                   parts[6].casefold()) == _ARM_WORDS:
-            sub, group, kind, name = (_text(part, MAX_TEXT) for part in (parts[2], parts[4], parts[7], parts[8]))
-            if all((sub, group, name)) and max(len(sub), len(group), len(name)) <= MAX_TEXT:
-                return _SCOPES.get(kind.casefold(), "unknown"), name, sub, group
-    raise InvalidMessage("invalid_platform_event", "neither data.resourceInfo.id nor subject is the ARM id of a "
-                         "VM, scale set or availability set's scheduled event")
-
-
-_ARM_WORDS = ("subscriptions", "resourcegroups", "providers", "microsoft.compute")
-
-
-def _resources(value: object, bounds: PlatformBounds, warnings: list[str], hit: list[str]) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise InvalidMessage("invalid_platform_event", f"Resources is a JSON {json_kind(value)}, not a list")
-    names: dict[str, None] = {}
-    odd = 0
-    for item in value:
-        text = _text(item, MAX_TEXT) if isinstance(item, str) else ""
-        if not text.strip() or len(text) > MAX_TEXT:
-            odd += 1
-            continue
-        if len(names) >= bounds.resources_per_event:
-            hit.append("platform_resources_per_event")
-            break
-        names[text] = None
-    if odd:
-        warnings.append(f"Resources has {odd} entries that are not VM names; left out")
-    return tuple(names)
-
-
-# ISO 8601 as Event Grid writes it: up to 7 fractional digits (more than datetime reads before 3.11), Z or offset.
-_ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)?$", re.IGNORECASE)
-
-
-def _event_time(value: object, enqueued_at: float, warnings: list[str]) -> float:
-    """eventTime as unix time, from 2000 to 2199; a missing or unreadable one is the enqueue time, with a warning."""
-    found = _ISO.match(value.strip()) if isinstance(value, str) and len(value) <= 64 else None
-    if found:
-        whole, fraction, zone = found.groups()
-        try:
-            when = datetime.fromisoformat(whole).replace(tzinfo=timezone.utc)
-        except ValueError:
-            when = None
-        if when is not None:
-            if zone and zone.upper() != "Z":
-                sign = 1 if zone[0] == "+" else -1
-                when -= sign * timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
-            unix = when.timestamp() + (int(fraction[:9]) / 10 ** len(fraction[:9]) if fraction else 0.0)
-            if MIN_TIME <= unix < MAX_TIME:
-                return unix
-    warnings.append(f"eventTime {_shown(value)} is not an ISO 8601 time from 2000 to 2199; the enqueue time is used")
-    return enqueued_at
-
-
-def _not_before(value: object, warnings: list[str]) -> float | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, str) and len(value) <= 64:
-        try:
-            when = parse_not_before(value)
-        except (ValueError, OverflowError):
-            when = None
-        if when is not None and MIN_TIME <= when.timestamp() < MAX_TIME:
-            return when.timestamp()
-    warnings.append(f"NotBefore {_shown(value)} is neither RFC 1123 nor ISO 8601 from 2000 to 2199; left out")
-    return None
-
-
-def _duration(value: object, warnings: list[str]) -> float | None:
-    """DurationInSeconds (-1: unknown, 0: no impact) as a float; a number past 64 bits or not whole is left out."""
-    if value is None:
-        return None
-    if type(value) is float and value.is_integer():
-        value = int(value)
-    if type(value) is int and -(2**63) <= value < 2**63:
-        return float(value)
-    warnings.append(f"DurationInSeconds {_shown(value)} is not a 64-bit integer; left out")
-    return None
-
-
-def _shown(value: object) -> str:
-    if isinstance(value, str):
-        return repr(_text(value, 40)[:40]) + ("..." if len(value) > 40 else "")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return repr(value) if abs(value) < 1e30 else "a huge number"
-    return f"a JSON {json_kind(value)}" if not isinstance(value, _Huge) else "a huge number"
+    return object_field(item, "data", "the envelope")
