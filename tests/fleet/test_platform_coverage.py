@@ -3,6 +3,8 @@ platform gauges as Prometheus text."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.fleet.message import Imds, VmState
@@ -200,3 +202,20 @@ def test_hostile_label_values_are_escaped_and_the_text_parses() -> None:
     samples = scrape(render_platform(records, []))
     assert [dict(labels)["event_id"] for name, labels in samples if name.endswith("_info")] == ['E"\\\n\\ud800']
     assert KEY not in render_platform(records, [])
+
+
+def test_a_hundred_thousand_event_ids_leave_the_reconcilers_memory_bounded() -> None:
+    """EventIds announced, listed and never announced, and scopes, each remembered up to its bound, hits said."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE, pairs=500, ids=1000, scopes=100))
+    base = picture_of("Scheduled").records()[0]
+    hits: set[str] = set()
+    for batch in range(100):
+        records = [dataclasses.replace(base, event=dataclasses.replace(
+            base.event, event_id=f"E{batch}-{n}", key=f"e{batch}-{n}", scope_name=f"s{batch}-{n}"))
+            for n in range(1000)]
+        vms = [vm("web_3", tuple(f"ghost{batch}-{n}" for n in range(64)), seen_at=T0 + batch)]
+        hits.update(reconciler.update(records, vms, T0 + 1000 + batch).bounds)
+    sizes = reconciler.sizes()
+    assert sizes["pairs"] <= 500 and sizes["announced"] <= 1000 and sizes["unannounced"] <= 1000
+    assert sizes["scopes"] <= 100
+    assert hits == {"platform_coverage_pairs", "platform_coverage_ids", "platform_scopes"}

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 
 import pytest
 
 from se_exporter.fleet.platform import PlatformLimits, PlatformPicture, PlatformRecord, merge
+from se_exporter.fleet.platform.picture import PictureState
+from se_exporter.fleet.platform.saved import state_from_json, state_to_json
 from tests.fleet.platform_helpers import KEY, T0, platform_event
 
 STARTED_AT, ENDED_AT = T0 + 300, T0 + 305  # a Reboot of 5 s on two VMs: 10 s of impact
@@ -155,3 +158,37 @@ def test_pictures_of_several_partitions_merge_into_what_one_would_hold() -> None
     [merged] = merge([first.records(), second.records()])
     assert (merged.event, merged.times) == (only(one).event, only(one).times)
     assert merge([second.records(), first.records()])[0].times == merged.times
+
+
+def test_a_picture_saved_as_json_and_restored_continues_exactly() -> None:
+    """Records, remembered Event Grid ids and forgotten EventIds survive a restart through JSON."""
+    picture, _statuses, _impact = applied_in(("Scheduled", "Started"))
+    picture.apply(platform_event("Completed", event_id="gone", at=T0), T0)
+    picture.expire(T0 + 3600)
+    state = picture.state()
+    text = json.dumps(state_to_json(state))
+    restored_state, damaged = state_from_json(json.loads(text))
+    assert (restored_state, damaged) == (state, 0)
+    restored = PlatformPicture.restored(restored_state)
+    assert restored.records() == picture.records()
+    assert restored.apply(platform_event("Started"), T0 + 3601).outcome == "duplicate"
+    assert restored.apply(platform_event("Scheduled", event_id="gone", grid_id="late"), T0 + 3601).outcome == \
+        "forgotten"
+    assert restored.apply(platform_event("Completed"), T0 + 3601).statuses == ("Completed",)
+
+
+@pytest.mark.parametrize("damage", [
+    {"event_status": "Done"}, {"scope_type": "galaxy"}, {"event_id": ""}, {"resources": "web_3"},
+    {"resources": [3]}, {"times": {}}, {"times": {"Later": 1.0}}, {"times": {"Started": "x"}},
+    {"event_time": None}, {"event_time": 1e300}, {"changed_at": None}, {"not_before": True},
+    {"duration_seconds": float("inf")}, {"location": 5}, {"event_type": "x" * 5000}])
+def test_a_damaged_saved_record_is_left_out_and_counted(damage: dict[str, object]) -> None:
+    """A state row of the wrong shape costs only itself: the others are restored, it is counted."""
+    picture, _statuses, _impact = applied_in(("Scheduled", "Started"))
+    good = state_to_json(picture.state())
+    saved = {**good, "records": [*good["records"], {**good["records"][0], **damage}],
+             "ids": [*good["ids"], {"id": 5, "at": 1.0}, {"id": "x", "at": -1}, "row"]}
+    state, damaged = state_from_json(json.loads(json.dumps(saved)))
+    assert damaged == 4
+    assert state.records == picture.state().records
+    assert state_from_json([1, 2]) == (PictureState((), (), ()), 1)

@@ -1,9 +1,13 @@
 """Azure's own copy of the scheduled events (Event Grid, issue 27): read, folded, reconciled with the sidecars.
 
-The pure core only, in four steps, each a module: ``reader`` (a received message to ``PlatformEvent`` values, or
-None when it is not Event Grid's), ``picture`` (per EventId, statuses only moving forward, duplicates dropped,
-retention), ``coverage`` (per EventId and VM: observed, missed, imds_unreachable, no_sidecar; and the reverse) and
-``exposition`` (the gauges as Prometheus text; the counters it documents are fed from the values these return).
+The pure core only, a module per step: ``reader`` (with ``fields``: a received message to ``PlatformEvent``
+values, or None when it is not Event Grid's), ``picture`` (per EventId, statuses only moving forward, duplicates
+dropped, retention), ``saved`` (a picture as JSON with named fields and back), ``coverage`` (per EventId and VM:
+observed, missed, imds_unreachable, no_sidecar; and the reverse) and ``exposition`` (the gauges as Prometheus
+text; the counters it documents are fed from the values these return).
+
+How a consumer tells the two streams apart, per received message: ``looks_like_platform(body)`` (a sniff, no
+parsing), then ``read_platform``; None from either means a forwarded document, for ``message.read_message``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from se_exporter.fleet.platform.picture import (
     DEFAULT_LIMITS,
     PICTURE_BOUND_NAMES,
     Applied,
+    PictureState,
     PlatformLimits,
     PlatformPicture,
     PlatformRecord,
@@ -38,9 +43,36 @@ from se_exporter.fleet.platform.reader import (
     looks_like_platform,
     read_platform,
 )
+from se_exporter.fleet.platform.saved import record_from_json, record_to_json, state_from_json, state_to_json
 
-__all__ = ["COVERAGES", "COVERAGE_BOUND_NAMES", "DEFAULT_LIMITS", "DEFAULT_PLATFORM_BOUNDS", "EVENT_TYPE",
-           "MISSED_REASONS", "PICTURE_BOUND_NAMES", "PLATFORM_BOUND_NAMES", "PLATFORM_INVALID_REASONS", "Applied",
-           "Coverage", "PlatformBounds", "PlatformEvent", "PlatformLimits", "PlatformMessage", "PlatformPicture",
-           "PlatformRecord", "ReconcileSettings", "Reconciler", "Reconciliation", "looks_like_platform", "merge",
-           "read_platform", "render_platform"]
+__all__ = [
+    "COVERAGES",
+    "COVERAGE_BOUND_NAMES",
+    "DEFAULT_LIMITS",
+    "DEFAULT_PLATFORM_BOUNDS",
+    "EVENT_TYPE",
+    "MISSED_REASONS",
+    "PICTURE_BOUND_NAMES",
+    "PLATFORM_BOUND_NAMES",
+    "PLATFORM_INVALID_REASONS",
+    "Applied",
+    "Coverage",
+    "PictureState",
+    "PlatformBounds",
+    "PlatformEvent",
+    "PlatformLimits",
+    "PlatformMessage",
+    "PlatformPicture",
+    "PlatformRecord",
+    "ReconcileSettings",
+    "Reconciler",
+    "Reconciliation",
+    "looks_like_platform",
+    "merge",
+    "read_platform",
+    "record_from_json",
+    "record_to_json",
+    "render_platform",
+    "state_from_json",
+    "state_to_json",
+]

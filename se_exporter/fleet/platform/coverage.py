@@ -169,6 +169,11 @@ class Reconciler:
         hits, self._hits = tuple(dict.fromkeys(self._hits)), []
         return Reconciliation(tuple(rows), tuple(missed), unannounced, tuple(lags), hits)
 
+    def sizes(self) -> dict[str, int]:
+        """What it remembers now, each bounded by its setting."""
+        return {"pairs": len(self._pairs), "announced": len(self._announced), "unannounced": len(self._unannounced),
+                "scopes": len(self._scopes)}
+
     def _pair_coverage(self, record: PlatformRecord, resource: str, named: Iterable[VmState], now: float,
                        lags: list[float]) -> str | None:
         key = record.key

@@ -86,6 +86,16 @@ class PlatformRecord:
 
 
 @dataclass(frozen=True)
+class PictureState:
+    """A picture's content as values: its records, and the Event Grid ids and forgotten EventIds it remembers
+    with when (oldest first)."""
+
+    records: tuple[PlatformRecord, ...]
+    ids: tuple[tuple[str, float], ...]
+    forgotten: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
 class Applied:
     """What applying one event did: ``outcome`` (OUTCOMES), the statuses newly learnt (what
     ``platform_events_total{event_type, event_status}`` counts), and the impact seconds to add now (once per
@@ -158,6 +168,24 @@ class PlatformPicture:
         self._forgotten: OrderedDict[str, float] = OrderedDict()  # EventId key -> when forgotten, oldest first
         self._ended: OrderedDict[str, None] = OrderedDict()  # keys of ended records, in the order they ended here
         self.bound_hits: dict[str, int] = dict.fromkeys(PICTURE_BOUND_NAMES, 0)
+
+    def state(self) -> PictureState:
+        """Everything a restart needs to continue exactly (``saved.py`` writes it as JSON)."""
+        with self._lock:
+            return PictureState(tuple(self._records.values()), tuple(self._ids.items()),
+                                tuple(self._forgotten.items()))
+
+    @classmethod
+    def restored(cls, state: PictureState, limits: PlatformLimits = DEFAULT_LIMITS) -> PlatformPicture:
+        """A picture continuing from ``state`` (within ``limits``: what is past them is left out, oldest first)."""
+        picture = cls(limits)
+        records = sorted(state.records, key=lambda record: record.ended_at is None)[-limits.events:]
+        picture._records = {record.key: record for record in records}
+        picture._ended = OrderedDict((record.key, None) for record in sorted(
+            (record for record in records if record.ended_at is not None), key=lambda record: record.ended_at or 0.0))
+        picture._ids = OrderedDict(sorted(state.ids, key=lambda item: item[1])[-limits.ids:])
+        picture._forgotten = OrderedDict(sorted(state.forgotten, key=lambda item: item[1])[-limits.ids:])
+        return picture
 
     def apply(self, event: PlatformEvent, now: float) -> Applied:
         """Fold one platform event in (see the module docstring)."""
