@@ -162,10 +162,23 @@ def test_pairs_remembered_are_bounded_and_the_bound_is_said() -> None:
 def test_note_dates_a_first_listing_by_the_document_that_carried_it() -> None:
     """The consumer's per-document hook: the lag uses the first document listing the event, not the latest."""
     reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
+    records = picture_of("Scheduled").records()
+    reconcile(records, [], T0 + 1, reconciler)
     reconciler.note(vm("web_3", (EVENT_ID,), seen_at=T0 + 2))
-    result = reconcile(picture_of("Scheduled").records(), [vm("web_3", (EVENT_ID,), seen_at=T0 + 40)], T0 + 41,
-                       reconciler)
+    result = reconcile(records, [vm("web_3", (EVENT_ID,), seen_at=T0 + 40)], T0 + 41, reconciler)
     assert result.lags == (2.0,)
+
+
+def test_a_fleet_that_has_not_opted_in_costs_the_reconciler_nothing() -> None:
+    """Before any platform event, and for VMs of scopes that never published one, listings are not remembered."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
+    reconciler.note(vm("web_3", (EVENT_ID, "E2")))
+    assert reconciler.sizes()["pairs"] == 0
+    reconcile(picture_of("Scheduled").records(), [], T0 + 1, reconciler)
+    reconciler.note(vm("db_1", ("E3",), vmss="db"))
+    assert reconciler.sizes()["pairs"] == 2  # the event's two VMs, with no sidecar: db_1's E3 is not kept
+    reconciler.note(vm("web_5", ("E4",)))
+    assert reconciler.sizes()["pairs"] == 3  # web_5 is in the scale set that published
 
 
 def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -77,7 +77,7 @@ class Reconciliation:
     bounds: tuple[str, ...] = ()
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pair:
     first_listed: float | None = None
     place: tuple[str, str, str, str] | None = None  # where the VM that listed it is: it must match the event's
@@ -128,18 +128,37 @@ class Reconciler:
     _unannounced: OrderedDict[str, None] = field(default_factory=OrderedDict)
     _scopes: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)
     _hits: list[str] = field(default_factory=list)
+    _named: frozenset[str] = frozenset()  # VM names in the Resources of the records of the last update
 
     def note(self, vm: VmState) -> None:
         """Remember the EventIds one applied document lists (the consumer may call this per document, so a first
-        listing's time is the document's, not the next update's)."""
+        listing's time is the document's, not the next update's): only for an EventId announced or a VM in a scope
+        that publishes, so a fleet that has not opted in costs nothing here."""
+        if not vm.events:
+            return
         name = _name(vm.vm_name)
+        published = self._published(vm, name)
         for event in vm.events:
-            pair = self._pair((event_key(event.event_id), name), create=True)
+            key = event_key(event.event_id)
+            if not published and key not in self._announced:
+                continue
+            pair = self._pair((key, name), create=True)
             if pair is not None and (pair.first_listed is None or vm.seen_at < pair.first_listed):
                 pair.first_listed, pair.place = vm.seen_at, _place(vm)
 
+    def _published(self, vm: VmState, name: str) -> bool:
+        """The VM is in a scope that has published a platform event: its scale set, itself, or a Resources list (an
+        availability set is known only that way)."""
+        return name in self._named or ("virtual_machine", name) in self._scopes \
+            or bool(vm.vmss_name and ("scale_set", _name(vm.vmss_name)) in self._scopes)
+
     def update(self, records: Iterable[PlatformRecord], vms: Iterable[VmState], now: float) -> Reconciliation:
         records = list(records)
+        for record in records:
+            self._remember(self._announced, record.key, self.settings.ids, "platform_coverage_ids")
+            self._remember(self._scopes, (record.event.scope_type, _name(record.event.scope_name)),
+                           self.settings.scopes, "platform_scopes")
+        self._named = frozenset(_name(resource) for record in records for resource in record.event.resources)
         by_name: dict[str, list[VmState]] = {}
         listing: dict[str, list[tuple[VmState, str]]] = {}  # EventId key -> (VM, event type) listing it now
         for vm in vms:
@@ -151,10 +170,7 @@ class Reconciler:
         missed: list[tuple[str, str]] = []
         lags: list[float] = []
         for record in records:
-            self._remember(self._announced, record.key, self.settings.ids, "platform_coverage_ids")
             announced = record.event
-            self._remember(self._scopes, (announced.scope_type, announced.scope_name.casefold()),
-                           self.settings.scopes, "platform_scopes")
             for resource in announced.resources:
                 coverage = self._pair_coverage(record, resource, by_name.get(_name(resource), ()), now, lags)
                 if coverage is None:
@@ -164,7 +180,7 @@ class Reconciler:
                 if coverage in MISSED_REASONS and pair is not None and not pair.counted:
                     pair.counted = True
                     missed.append((announced.event_type, coverage))
-        unannounced = self._unannounced_types(records, listing, now)
+        unannounced = self._unannounced_types(listing, now)
         self._prune({record.key for record in records} | set(listing))
         hits, self._hits = tuple(dict.fromkeys(self._hits)), []
         return Reconciliation(tuple(rows), tuple(missed), unannounced, tuple(lags), hits)
@@ -197,11 +213,9 @@ class Reconciler:
             pair.coverage = coverage
         return coverage
 
-    def _unannounced_types(self, records: list[PlatformRecord], listing: dict[str, list[tuple[VmState, str]]],
-                           now: float) -> tuple[str, ...]:
+    def _unannounced_types(self, listing: dict[str, list[tuple[VmState, str]]], now: float) -> tuple[str, ...]:
         if not self._scopes:
             return ()
-        named = {_name(resource) for record in records for resource in record.event.resources}
         found: list[str] = []
         for key, listed in listing.items():
             if key in self._announced or key in self._unannounced:
@@ -211,9 +225,7 @@ class Reconciler:
                 pair = self._pairs.get((key, name))
                 if pair is None or pair.first_listed is None or now < pair.first_listed + self.settings.grace:
                     continue
-                if now - vm.seen_at > self.settings.vm_expiry or not (
-                        name in named or ("virtual_machine", name) in self._scopes
-                        or (vm.vmss_name and ("scale_set", vm.vmss_name.casefold()) in self._scopes)):
+                if now - vm.seen_at > self.settings.vm_expiry or not self._published(vm, name):
                     continue
                 self._remember(self._unannounced, key, self.settings.ids, "platform_coverage_ids")
                 found.append(event_type)
