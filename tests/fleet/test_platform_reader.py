@@ -295,3 +295,4 @@ def test_reading_never_raises_anything_but_invalid_message() -> None:
             read_platform(body(shape), MAX, T0)
         except InvalidMessage as exc:
             assert exc.reason in PLATFORM_INVALID_REASONS
+

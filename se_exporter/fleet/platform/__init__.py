@@ -6,8 +6,8 @@ dropped, retention), ``saved`` (a picture as JSON with named fields and back), `
 observed, missed, imds_unreachable, no_sidecar; and the reverse) and ``exposition`` (the gauges as Prometheus
 text; the counters it documents are fed from the values these return).
 
-How a consumer tells the two streams apart, per received message: ``looks_like_platform(body)`` (a sniff, no
-parsing), then ``read_platform``; None from either means a forwarded document, for ``message.read_message``.
+How a consumer tells the two streams apart, per received message: ``read_platform`` first (a sidecar's document
+costs it one look at the bytes, no parsing); None means not Event Grid's, for ``message.read_message``.
 """
 
 from __future__ import annotations

@@ -109,9 +109,12 @@ def looks_like_platform(body: bytes) -> bool:
 def read_platform(body: bytes, max_bytes: int, enqueued_at: float,
                   bounds: PlatformBounds = DEFAULT_PLATFORM_BOUNDS) -> PlatformMessage | None:
     """The platform events of ``body``; None when it is not Event Grid's at all; ``InvalidMessage`` when it is
-    but holds no platform event that can be read. ``enqueued_at`` stands in for a missing eventTime."""
+    but holds no platform event that can be read. ``enqueued_at`` stands in for a missing eventTime. A sidecar's
+    document costs only ``looks_like_platform``'s look: nothing is parsed twice on the fleet's common path."""
     if len(body) > max_bytes:
         raise InvalidMessage("too_large", f"body of {len(body)} bytes is larger than --max-message-bytes {max_bytes}")
+    if not looks_like_platform(body):
+        return None
     if _containers(body) > bounds.containers:
         if body.lstrip()[:1] == b"[":  # never a sidecar's document: Event Grid's array, or garbage
             raise InvalidMessage("invalid_platform_event", f"body holds more than {bounds.containers} JSON objects "
