@@ -45,7 +45,12 @@ _HEADERS = {
 
 
 def render_platform(records: Iterable[PlatformRecord], coverage: Iterable[Coverage]) -> str:
-    """The platform gauges as text, from one consistent list of records and the reconciliation's coverage."""
+    """The platform gauges as text, from one consistent list of records and the reconciliation's coverage.
+
+    Written directly, as ``render_fleet`` is and for its reason (the figure it guards is the CPU of one /metrics
+    scrape: up to 50,000 series here at the default bound); the text is appended to the fleet's. Its samples are
+    proven equal to prometheus-client's for the same values (``tests/fleet/test_platform_coverage.py``); the
+    wiring session adds it to ``scripts/fleet_bench.py --scrape``, which measures the ratio."""
     info: list[str] = []
     vms: list[str] = []
     counts = Tally((row.event_key, row.coverage) for row in coverage)
