@@ -14,6 +14,8 @@ IMAGE ?= se-exporter:latest
 BASE ?=
 
 LOOPS ?= 2
+# The wheelhouses' SBOMs make test reads (make sbom below), with the wheelhouses they are made from.
+SBOMS := dist/linux-wheels.cdx.json dist/windows-wheels.cdx.json
 
 .PHONY: demo test test-contended lint lint-imports typecheck unit system-deps clean dashboards reliability soak bench image \
 	windows-wheels lock linux-wheels sbom operator-schemas
@@ -119,8 +121,8 @@ typecheck: $(VENV)/.installed
 unit: $(VENV)/.installed
 	$(BIN)/pytest -m "not integration"
 
-test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installed tests/azurite/node_modules/.installed lint typecheck windows-wheels \
-	linux-wheels sbom $(BIN)/kubectl
+test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installed tests/azurite/node_modules/.installed lint typecheck \
+	$(SBOMS) $(BIN)/kubectl
 	$(BIN)/pytest
 	$(BIN)/python scripts/reliability.py --check
 
@@ -156,12 +158,16 @@ soak: $(VENV)/.installed
 # target (one without fails named), se-exporter's own wheel, and requirements.txt naming each by hash.
 # Windows: win_amd64, CPython 3.10-3.12, dist/windows-wheels(.zip), what deploy/windows/install.ps1 installs from.
 # Linux: manylinux x86_64 and aarch64, CPython 3.10-3.12, dist/linux-wheels(.tar.gz), for deploy/systemd/install.sh.
-# Wheels already there (hash-checked) are not fetched again.
-windows-wheels: $(VENV)/.installed
-	$(BIN)/python scripts/windows_wheels.py --dest dist/windows-wheels
+# Wheels already there (hash-checked) are not fetched again. `make linux-wheels` always runs the script; what
+# make test needs (the archives, then the SBOMs) is remade only when the lock, the package (README.md is its wheel's
+# description) or these scripts changed.
+WHEELHOUSE_INPUTS := $(VENV)/.installed pyproject.toml README.md requirements/runtime.txt scripts/wheelhouse.py \
+	scripts/lockfile.py $(shell find se_exporter -type f -not -path '*/__pycache__/*')
+windows-wheels dist/windows-wheels.zip: $(WHEELHOUSE_INPUTS)
+	$(BIN)/python scripts/wheelhouse.py windows --dest dist/windows-wheels
 
-linux-wheels: $(VENV)/.installed
-	$(BIN)/python scripts/linux_wheels.py --dest dist/linux-wheels
+linux-wheels dist/linux-wheels.tar.gz: $(WHEELHOUSE_INPUTS)
+	$(BIN)/python scripts/wheelhouse.py linux --dest dist/linux-wheels
 
 # CycloneDX SBOMs of the wheelhouses (scripts/sbom.py: cyclonedx-py, plus each shipped wheel's sha256):
 # dist/linux-wheels.cdx.json and dist/windows-wheels.cdx.json. The image carries its own, made inside the build
@@ -169,6 +175,9 @@ linux-wheels: $(VENV)/.installed
 # copied to dist/image.cdx.json when $(IMAGE) is built here (make image).
 sbom: linux-wheels windows-wheels
 	$(BIN)/python scripts/sbom.py --image $(IMAGE)
+
+$(SBOMS) &: dist/linux-wheels.tar.gz dist/windows-wheels.zip scripts/sbom.py
+	$(BIN)/python scripts/sbom.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .test-results .pytest_cache .mypy_cache .ruff_cache $(DEMO_DIR)

@@ -243,8 +243,10 @@ def fleet_dashboard() -> Any:
 
 
 def fleet_events_dashboard() -> Any:
-    """`se-exporter fleet`: the whole fleet from Event Hubs. Every VM is on exactly one replica, so sums and counts
-    over the replicas (instances) of the job count each VM once."""
+    """`se-exporter fleet`: the whole fleet from Event Hubs. Around a partition hand-over two replicas may show the
+    same VMs for a moment, so every fleet figure counts distinct VMs over the per-VM series (``count by (...)
+    (count by (..., vm_id) (...))``) and every per-VM list keeps one row per VM (``max by (vm_id, ...)``), never a
+    sum of the replicas' own totals; those stay for the per-replica panels (partitions, throughput, errors)."""
     ids = Ids()
     d = (db.Dashboard("Azure Scheduled Events: fleet from Event Hubs").uid("se-exporter-fleet-events")
          .tags(["azure", "scheduled-events"]).refresh("30s").time("now-24h", "now").editable()
@@ -255,9 +257,11 @@ def fleet_events_dashboard() -> Any:
         db.QueryVariable("job").label("Job").datasource(DS).query("label_values(azure_scheduled_fleet_vms, job)")
         .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).include_all(True).all_value(".*").multi(True))
     info = f"azure_scheduled_fleet_event_info{{{FLEET}, affects_this_vm!=\"false\""
+    vm = "vm_id, vm_name, vmss_name, location"  # a VM's identity, the same on every replica that shows it
     d = d.with_row(db.Row("Fleet now").id(ids.take()))
     d = d.with_panel(panel(stat, ids, "VMs known", "VMs whose documents the fleet consumer holds.",
-                           [Q(f"sum(azure_scheduled_fleet_vms{{{FLEET}}})")], width=6, height=4))
+                           [Q("count(count by (vm_id) (azure_scheduled_fleet_vm_last_seen_timestamp_seconds"
+                              f"{{{FLEET}}})) or vector(0)")], width=6, height=4))
     d = d.with_panel(panel(stat, ids, "VMs facing impactful maintenance",
                            "VMs with a Reboot, Redeploy, Preempt or Terminate listed for them.",
                            [Q(f"count(count by (vm_id) ({info}, event_type=~\"{IMPACTFUL}\"}})) or vector(0)")],
@@ -271,33 +275,40 @@ def fleet_events_dashboard() -> Any:
                               "or vector(0)")], width=6, height=4))
     d = d.with_panel(
         panel(table, ids, "Upcoming maintenance by VM", "Scheduled events, per VM they concern, soonest first.",
-              [Q(f"sort(azure_scheduled_fleet_event_seconds_until_not_before{{{FLEET}}} * on(job, instance, vm_id, "
+              [Q(f"sort(max by ({vm}, event_id, event_type, event_status, event_source) ("
+                 f"azure_scheduled_fleet_event_seconds_until_not_before{{{FLEET}}} * on(job, instance, vm_id, "
                  "event_id) group_left(vm_name, vmss_name, location, event_type, event_status, event_source) "
-                 f"{info}}})", instant=True, table=True)], width=24, height=10)
+                 f"{info}}}))", instant=True, table=True)], width=24, height=10)
         .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
             "excludeByName": {"Time": True, "__name__": True, "job": True, "instance": True},
             "renameByName": {"Value": "seconds until NotBefore"}})))
     d = d.with_panel(panel(bargauge, ids, "Blast radius: VMs per event", "How many VMs each EventId concerns.",
-                           [Q(f"sum by (event_id, event_type) (azure_scheduled_fleet_event_vms{{{FLEET}}})",
+                           [Q(f"count by (event_id, event_type) (count by (event_id, event_type, vm_id) ({info}}}))",
                               legend="{{event_type}} {{event_id}}", instant=True)], width=8))
     d = d.with_panel(panel(bargauge, ids, "VMs with events by scale set", "",
-                           [Q(f"count by (vmss_name, event_type) ({info}, vmss_name!=\"\"}})",
+                           [Q(f"count by (vmss_name, event_type) (count by (vmss_name, event_type, vm_id) ("
+                              f"{info}, vmss_name!=\"\"}}))",
                               legend="{{vmss_name}} {{event_type}}", instant=True)], width=8))
     d = d.with_panel(panel(table, ids, "Quietest VMs", "Seconds since each VM's last document or heartbeat.",
-                           [Q(f"topk(20, time() - azure_scheduled_fleet_vm_last_seen_timestamp_seconds{{{FLEET}}})",
+                           [Q(f"topk(20, time() - max by ({vm}) ("
+                              f"azure_scheduled_fleet_vm_last_seen_timestamp_seconds{{{FLEET}}}))",
                               instant=True, table=True)], width=8, unit="s"))
     d = d.with_panel(panel(timeseries, ids, "Pending VMs by type and status", "",
-                           [Q(f"sum by (event_type, event_status) (azure_scheduled_fleet_pending_vms{{{FLEET}}}) > 0",
+                           [Q("count by (event_type, event_status) (count by (event_type, event_status, vm_id) ("
+                              f"{info}}}))",
                               legend="{{event_type}} {{event_status}}")], width=24))
     d = d.with_panel(panel(stat, ids, "VMs that cannot read IMDS", "Sidecars still reporting whose latest IMDS poll "
                            "failed, or whose last successful read is over 2 minutes older than what they sent: their "
                            "maintenance goes unseen. Older sidecars do not report it.",
-                           [Q(f"sum(azure_scheduled_fleet_imds_unreachable_vms{{{FLEET}}}) or vector(0)")],
+                           [Q("count(count by (vm_id) ("
+                              f"azure_scheduled_fleet_vm_imds_unreachable_since_timestamp_seconds{{{FLEET}}})) "
+                              "or vector(0)")],
                            width=6))
     d = d.with_panel(panel(table, ids, "VMs that cannot read IMDS: time since their last successful read",
                            "Per VM counted beside; a VM that never read IMDS shows the time since 1970.",
-                           [Q(f"sort_desc(time() - azure_scheduled_fleet_vm_imds_unreachable_since_timestamp_seconds"
-                              f"{{{FLEET}}})", instant=True, table=True)], width=18, unit="s")
+                           [Q(f"sort_desc(time() - max by ({vm}) ("
+                              f"azure_scheduled_fleet_vm_imds_unreachable_since_timestamp_seconds{{{FLEET}}}))",
+                              instant=True, table=True)], width=18, unit="s")
                      .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
                          "excludeByName": {"Time": True, "__name__": True, "job": True, "instance": True},
                          "renameByName": {"Value": "seconds since the last IMDS read"}})))
@@ -332,8 +343,8 @@ def fleet_events_dashboard() -> Any:
                               "[$__rate_interval]))", legend="damaged {{reason}}"),
                             Q(f"sum by (bound) (increase(azure_scheduled_fleet_bound_hits_total{{{FLEET}}}"
                               "[$__rate_interval]))", legend="bound {{bound}}"),
-                            Q(f"sum(azure_scheduled_fleet_state_newer_format_partitions{{{FLEET}}})",
-                              legend="partitions with a newer release's state")], width=24))
+                            Q(f"sum by (instance) (azure_scheduled_fleet_state_newer_format_partitions{{{FLEET}}})",
+                              legend="partitions with a newer release's state on {{instance}}")], width=24))
     return d.build()
 
 

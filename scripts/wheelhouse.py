@@ -3,15 +3,20 @@ wheel, and a requirements.txt naming all of them by hash, so a VM installs with 
 
     pip install --no-index --find-links DIR --require-hashes -r DIR/requirements.txt
 
-``make linux-wheels`` (manylinux x86_64 and aarch64, CPython 3.10-3.12: dist/linux-wheels and .tar.gz) and
-``make windows-wheels`` (win_amd64, CPython 3.10-3.12: dist/windows-wheels and .zip) call :func:`build`. Each pin is
-downloaded with ``--only-binary=:all: --no-deps --require-hashes`` for each target, one at a time, so a package
-without a wheel for a target fails named; files already in the folder are checked against the lock's hashes and
-not fetched again.
+    python scripts/wheelhouse.py linux [--dest dist/linux-wheels]      # make linux-wheels
+    python scripts/wheelhouse.py windows [--dest dist/windows-wheels]  # make windows-wheels
+
+linux: manylinux x86_64 and aarch64, CPython 3.10-3.12, dist/linux-wheels and linux-wheels.tar.gz beside it (what
+deploy/systemd/install.sh and the scale-set custom data install). windows: win_amd64 or pure-Python, CPython
+3.10-3.12, the lock's markers evaluated for win_amd64 (so what only Windows needs is there), dist/windows-wheels and
+windows-wheels.zip (what deploy/windows/install.ps1 installs). Each pin is downloaded with ``--only-binary=:all:
+--no-deps --require-hashes`` for each target, one at a time, so a package without a wheel for a target fails named;
+files already in the folder are checked against the lock's hashes and not fetched again.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import subprocess
 import sys
@@ -38,6 +43,9 @@ TARGETS = {
     "linux": ("linux-x86_64", "linux-aarch64"),
     "windows": ("win-amd64",),
 }
+# What each kind is for, in the line main prints.
+FOR = {"linux": "manylinux x86_64 and aarch64, CPython 3.10-3.12; for install.sh",
+       "windows": "win_amd64, CPython 3.10-3.12; for install.ps1"}
 
 
 def platform_tags(platform: str) -> list[str]:
@@ -137,3 +145,18 @@ def archive(dest: Path, kind: str) -> Path:
         for path in files:
             bundle.add(path, f"{dest.name}/{path.name}")
     return target
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kind", choices=sorted(TARGETS))
+    parser.add_argument("--dest", type=Path, help="the folder (default: dist/KIND-wheels)")
+    args = parser.parse_args(argv)
+    dest = args.dest or ROOT / "dist" / f"{args.kind}-wheels"
+    wheels = build(dest, args.kind)
+    print(f"{len(wheels)} wheels ({FOR[args.kind]}) in {dest} and {archive(dest, args.kind).name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,5 @@
-"""Test helpers: wait on a condition with a deadline, read /metrics, run the sidecar as a process."""
+"""Test helpers: wait on a condition with a deadline, read /metrics, run the sidecar as a process, run a benchmark's
+smoke mode."""
 
 from __future__ import annotations
 
@@ -47,6 +48,17 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def smoke_report(script: str) -> dict[str, Any]:
+    """Run ``scripts/<script> --smoke`` (a benchmark at tiny sizes, to keep it working) and return the JSON report it
+    prints last; fail with its output when it exits non-zero."""
+    root = Path(__file__).parent.parent
+    result = subprocess.run([sys.executable, str(root / "scripts" / script), "--smoke"], capture_output=True,
+                            text=True, timeout=300, check=False, cwd=root)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return report
 
 
 def parse_samples(text: str) -> Samples:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import socketserver
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -145,8 +146,10 @@ def drip_body(send: Callable[[bytes], None]) -> None:
 
 
 @contextlib.contextmanager
-def hostile_collector(answer: Callable[[Callable[[bytes], None]], None]) -> Iterator[str]:
-    """A loopback collector that reads the request's headers and then answers with ``answer``; the endpoint URL."""
+def hostile_collector(answer: Callable[[Callable[[bytes], None]], None],
+                      tls: ssl.SSLContext | None = None) -> Iterator[str]:
+    """A loopback collector that reads the request's headers and then answers with ``answer``; the endpoint URL
+    (https with ``tls``, the server's context)."""
 
     class Handler(socketserver.StreamRequestHandler):
         def handle(self) -> None:
@@ -157,9 +160,11 @@ def hostile_collector(answer: Callable[[Callable[[bytes], None]], None]) -> Iter
 
     server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
+    if tls is not None:  # the handshake then happens in accept(), before the handler's thread: fine for one client
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}/v1/traces"
     finally:
         server.shutdown()
         server.server_close()

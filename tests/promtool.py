@@ -55,6 +55,11 @@ def expected(path: Path, alert: str, labels: dict[str, str], value: float) -> di
             "exp_annotations": {k: render(v, all_labels, value) for k, v in rule["annotations"].items()}}
 
 
+def firing_and_silent(cases: list[Case]) -> tuple[set[str], set[str]]:
+    """The alerts some case expects to fire, and those some case expects silent (each rule wants both)."""
+    return ({alert for alert, _, _, alerts in cases if alerts}, {alert for alert, _, _, alerts in cases if not alerts})
+
+
 def check_rules(path: Path) -> None:
     """promtool check rules on a rule file."""
     result = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -20,17 +21,26 @@ from se_exporter.infra.platform_io import PLATFORM
 
 
 def record(partition_id: str, event: Any) -> dict[str, Any]:
-    properties = {_decoded(k): _decoded(v) if isinstance(v, bytes) else v for k, v in (event.properties or {}).items()}
+    """One event as plain values. Total over what any producer may send (a raise in ``on_event`` makes the SDK drop
+    the partition and read it again from the starting position, the same message first: consume stalled for good):
+    bytes and a body that is not UTF-8 are decoded with U+FFFD, a non-finite AMQP float is spelt as text."""
+    properties = {_decoded(k): _property(v) for k, v in (event.properties or {}).items()}
     key = event.partition_key
     return {"partition_id": partition_id, "sequence_number": event.sequence_number,
             "enqueued_time": event.enqueued_time.isoformat() if event.enqueued_time else None,
             "partition_key": _decoded(key) if key is not None else None, "message_id": event.message_id,
-            "properties": properties, "body": event.body_as_str(encoding="utf-8")}
+            "properties": properties, "body": _body(event)}
+
+
+def json_line(item: dict[str, Any]) -> str:
+    """``--format json``: one strict JSON object (``default``: AMQP decimals, uuids and timestamps as their text)."""
+    return json.dumps(item, ensure_ascii=False, default=str)
 
 
 def timeline_line(item: dict[str, Any]) -> str:
     props = item["properties"]
-    vm = props.get("vm_name") or item["partition_key"]
+    named = props.get("vm_name")
+    vm = str(named) if named else item["partition_key"]  # another producer's vm_name may be any AMQP type
     head = f"{props.get('observed_at', item['enqueued_time'])} {vm} #{props.get('sequence', '?')}"
     try:
         document = parse_document(item["body"])
@@ -78,9 +88,7 @@ async def _consume(settings: ConsumeSettings, position: Any, out: TextIO) -> int
     done = asyncio.Event()
     arrived = asyncio.Event()
     count = 0
-    render: Callable[[dict[str, Any]], str] = (
-        (lambda item: json.dumps(item, ensure_ascii=False, default=str))  # default: AMQP decimals arrive as Decimal
-        if settings.output_format == "json" else timeline_line)
+    render: Callable[[dict[str, Any]], str] = json_line if settings.output_format == "json" else timeline_line
 
     async def on_event(context: Any, event: Any) -> None:
         nonlocal count
@@ -113,3 +121,22 @@ async def _consume(settings: ConsumeSettings, position: Any, out: TextIO) -> int
 
 def _decoded(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _property(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return _decoded(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # NaN and Infinity are not JSON: 'nan', 'inf', '-inf'
+    return value
+
+
+def _body(event: Any) -> str:
+    try:
+        return str(event.body_as_str(encoding="utf-8"))
+    except TypeError:  # the SDK's word for "not UTF-8"
+        from azure.eventhub.amqp import AmqpMessageBodyType
+
+        if event.body_type == AmqpMessageBodyType.DATA:
+            return b"".join(event.body).decode("utf-8", "replace")
+        return repr(event.body)  # an AMQP value or sequence holding bytes that are not UTF-8

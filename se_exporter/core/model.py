@@ -534,10 +534,13 @@ class VmIdentity:
     os_type: str = ""
     os_version: str = ""
 
-    # The compute metadata fields read, each a string when present (IMDS never sends another type).
-    COMPUTE_KEYS: ClassVar[tuple[str, ...]] = (
-        "name", "vmId", "vmScaleSetName", "location", "resourceGroupName", "subscriptionId", "vmSize", "zone",
-        "resourceId", "sku", "osType", "version")
+    # Each field and the compute metadata key it is read from, a string when present (IMDS never sends another type).
+    FIELD_KEYS: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("name", "name"), ("vm_id", "vmId"), ("vmss_name", "vmScaleSetName"), ("location", "location"),
+        ("resource_group", "resourceGroupName"), ("subscription_id", "subscriptionId"), ("vm_size", "vmSize"),
+        ("zone", "zone"), ("resource_id", "resourceId"), ("sku", "sku"), ("os_type", "osType"),
+        ("os_version", "version"))
+    COMPUTE_KEYS: ClassVar[tuple[str, ...]] = tuple(key for _, key in FIELD_KEYS)
 
     @classmethod
     def from_compute(cls, data: dict[str, Any]) -> VmIdentity:
@@ -545,20 +548,7 @@ class VmIdentity:
             value = data.get(key)
             return encodable(value) if isinstance(value, str) else ""
 
-        return cls(
-            name=text("name"),
-            vm_id=text("vmId"),
-            vmss_name=text("vmScaleSetName"),
-            location=text("location"),
-            resource_group=text("resourceGroupName"),
-            subscription_id=text("subscriptionId"),
-            vm_size=text("vmSize"),
-            zone=text("zone"),
-            resource_id=text("resourceId"),
-            sku=text("sku"),
-            os_type=text("osType"),
-            os_version=text("version"),
-        )
+        return cls(**{name: text(key) for name, key in cls.FIELD_KEYS})
 
 
 def vm_name(configured: str | None, identity: VmIdentity | None) -> str | None:

@@ -14,23 +14,34 @@ Invariant: a checkpoint is written only after a state blob at or past it, so a r
 the partition over never starts reading after events its state lacks. The blob's sequence number is
 kept in its metadata and only ever moves forward: writes are conditional on the ETag last seen, and
 a write that finds a newer blob (another owner during a hand-over) gives way.
+
+Format 3 is a block blob written by blocks only (a blob written by Put Blob has no committed blocks to append to):
+a base is Put Block + Put Block List of its one id; a delta is Put Block + Put Block List of the ids known plus its
+own, one atomic commit conditional on the ETag. A block list naming a block the blob does not have (it was written
+whole since, or the ids read were not the blob's) is refused by the service: the write becomes a base.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.core.exceptions import (
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
 from azure.storage.blob import ContentSettings
 from azure.storage.blob.aio import ContainerClient
 
 from se_exporter.fleet.message import DEFAULT_BOUNDS, Bounds
 from se_exporter.fleet.stateformat import DamagedState
-from se_exporter.fleet.statestore import Restored, StateStore, state_blob_name
+from se_exporter.fleet.statestore import Commit, Restored, StateStore, state_blob_name
 
 __all__ = ["MAX_STATE_BLOB_BYTES", "POSITION_KEY", "Restored", "StateBlobs", "state_blob_name"]
 MAX_STATE_BLOB_BYTES = 128 * 1024**2  # gzip'd; 100,000 VMs of ordinary documents are a few MB
 POSITION_KEY = "sequencenumber"  # the same metadata name the checkpoint store uses for its position
+GZIP = ContentSettings(content_type="application/gzip")
 
 
 class StateBlobs(StateStore):
@@ -63,9 +74,8 @@ class StateBlobs(StateStore):
             etag = self._etags.get(partition_id)
             conditions: dict[str, Any] = {"if_match": etag} if etag else {"if_none_match": "*"}
             try:
-                result = await blob.upload_blob(
-                    data, overwrite=True, metadata={POSITION_KEY: str(position)},
-                    content_settings=ContentSettings(content_type="application/gzip"), **conditions)
+                result = await blob.upload_blob(data, overwrite=True, metadata={POSITION_KEY: str(position)},
+                                                content_settings=GZIP, **conditions)
             except ResourceNotFoundError:  # deleted since we read it: write it anew
                 self._etags[partition_id] = None
                 continue
@@ -75,7 +85,7 @@ class StateBlobs(StateStore):
                 except ResourceNotFoundError:
                     self._etags[partition_id] = None
                     continue
-                theirs = int((properties.metadata or {}).get(POSITION_KEY, "-1"))
+                theirs = _position(properties.metadata)
                 if theirs >= position:
                     return False
                 self._etags[partition_id] = properties.etag  # an older write behind ours: overwrite it
@@ -84,6 +94,39 @@ class StateBlobs(StateStore):
             return True
         return False
 
+    async def _commit(self, partition_id: str, ids: list[str], block: str, data: bytes, position: int) -> Commit:
+        blob, etag = self._blob(partition_id), self._etags.get(partition_id)
+        conditions: dict[str, Any] = {"if_match": etag} if etag else {"if_none_match": "*"}
+        await blob.stage_block(block, data)
+        try:
+            result = await blob.commit_block_list([*ids, block], metadata={POSITION_KEY: str(position)},
+                                                  content_settings=GZIP, **conditions)
+        except (ResourceModifiedError, ResourceExistsError, ResourceNotFoundError):
+            return "conflict"
+        except HttpResponseError as error:
+            if getattr(error, "error_code", None) == "InvalidBlockList":
+                return "invalid"
+            raise
+        self._etags[partition_id] = result.get("etag")
+        return "ok"
+
+    async def _stored_position(self, partition_id: str) -> int | None:
+        try:
+            properties = await self._blob(partition_id).get_blob_properties()
+        except ResourceNotFoundError:
+            self._etags[partition_id] = None
+            return None
+        self._etags[partition_id] = properties.etag
+        return _position(properties.metadata)
+
     def forget(self, partition_id: str) -> None:
         super().forget(partition_id)
         self._etags.pop(partition_id, None)
+
+
+def _position(metadata: dict[str, str] | None) -> int:
+    """The position a state blob's metadata names; -1 (behind any) when it names none."""
+    try:
+        return int((metadata or {}).get(POSITION_KEY, "-1"))
+    except ValueError:
+        return -1

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES
 from se_exporter.fleet.message import BOUND_NAMES, INVALID_REASONS, NO_IMDS, VmState
-from se_exporter.fleet.picture import imds_unreachable
+from se_exporter.fleet.picture import IMDS_STALE_AFTER, imds_unreachable
 
 FLEET = "azure_scheduled_fleet"
 VM_LABELS = ["vm_id", "vm_name", "vmss_name", "location"]
@@ -67,6 +67,9 @@ class FleetMetrics:
                               ["reason"], registry=registry)
         self.checkpoints = Counter(f"{FLEET}_checkpoints", "Writes of a partition's state and checkpoint, by outcome.",
                                    ["outcome"], registry=registry)
+        self.state_bytes = Counter(f"{FLEET}_state_bytes_written",
+                                   "Bytes of partition states uploaded, by kind: a whole state (base) or a delta.",
+                                   ["kind"], registry=registry)
         self.claims = Counter(f"{FLEET}_partition_claims", "Partitions this replica started reading.",
                               registry=registry)
         self.releases = Counter(f"{FLEET}_partition_releases", "Partitions this replica stopped reading, by reason.",
@@ -97,6 +100,8 @@ class FleetMetrics:
             self.bound_hits.labels(bound)
         for outcome in ("ok", "error", "superseded"):
             self.checkpoints.labels(outcome)
+        for kind in ("base", "delta"):
+            self.state_bytes.labels(kind)
         for reason in ERROR_REASONS:
             self.errors.labels(reason)
         for sign in LOSS_SIGNS:
@@ -158,7 +163,7 @@ _HEADERS = {
     "event_duration_seconds": "DurationInSeconds per VM and event (-1 = unknown, 0 = no impact).",
     "vm_last_seen_timestamp_seconds": "When Event Hubs enqueued the VM's latest document or heartbeat, as unix time.",
     "imds_unreachable_vms": "VMs whose sidecar is alive but cannot read IMDS (its latest poll failed, or its last "
-                            "successful read is over 120 s older than the document).",
+                            f"successful read is over {IMDS_STALE_AFTER:.0f} s older than the document).",
     "vm_imds_unreachable_since_timestamp_seconds": "Per VM that cannot read IMDS: its last successful IMDS read, as "
                                                    "unix time (0: none reported).",
 }

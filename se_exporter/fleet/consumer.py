@@ -137,7 +137,7 @@ class Service:
         outcomes: Tally[str] = Tally()
         for event in events:
             try:
-                outcome = self._handle(partition, event)
+                outcome = self._handle(partition, event, outcomes)
             except Exception as error:  # never out of the batch handler: the SDK would close the partition
                 self._fleet.handled(partition.partition_id, event.sequence_number or 0)
                 self._metrics.invalid.labels("internal_error").inc()
@@ -182,8 +182,9 @@ class Service:
                       "event %d; its position is ignored and every event from the checkpoint on is applied",
                       context.partition_id, bogus, int(newest), extra=fields(partition_id=context.partition_id))
 
-    def _handle(self, partition: Partition, event: EventData) -> str:
-        """Read, check and fold one event; what became of it."""
+    def _handle(self, partition: Partition, event: EventData, outcomes: Tally[str]) -> str:
+        """Read, check and fold one event; what became of it (the bounds its document reached, added to
+        ``outcomes``, are counted with the batch's other outcomes)."""
         partition_id, sequence_number = partition.partition_id, event.sequence_number
         if sequence_number is None:
             return "unnumbered"
@@ -211,8 +212,7 @@ class Service:
         if message.document_warnings:
             self._metrics.warnings.labels("document").inc(message.document_warnings)
         if outcome == "applied":  # a bound counts once, for the document kept: not for an older duplicate dropped
-            for bound in message.bounds:
-                self._report.bound_hit(bound)
+            outcomes.update(message.bounds)
             return "heartbeat" if message.heartbeat else "change"
         return outcome
 

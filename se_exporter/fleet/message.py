@@ -152,7 +152,7 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
                              "from 2000 to 2199")
     if last_success is None and failing is None:
         imds = NO_IMDS  # an older sidecar: unknown, and shared by most of a fleet until sidecars are upgraded
-    else:  # observed_at is used only beside imds_last_success (see state.imds_unreachable)
+    else:  # observed_at is used only beside imds_last_success (see picture.imds_unreachable)
         imds = Imds(_time(properties, "observed_at") if last_success is not None else None, last_success, failing)
     heartbeat = _flag(properties, "heartbeat") is True
     body = bytes(body)

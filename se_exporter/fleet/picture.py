@@ -57,6 +57,68 @@ def imds_unreachable(vm: VmState) -> bool:
 
 
 @dataclass
+class Changes:
+    """What changed in a partition since its state was last written, so a format-3 write carries only that.
+
+    Every change takes the next ``tick``; a write takes a ``Snapshot`` and, once stored, ``settle``s up to the
+    snapshot's tick only, so a change made while the write was in flight, or a write that failed, loses nothing.
+    ``changed`` maps a key to the ticks of its last change and of its last change beyond what a heartbeat moves
+    (sequence, seen_at, IMDS health): a VM is written whole when the latter is past ``settled``, else touched.
+    ``gone`` maps forgotten keys to their tick. Past ``max_gone`` keys (many VMs come and go while writes fail) the
+    keys are dropped and ``rebase_at`` asks for a whole state instead."""
+
+    tick: int = 0
+    settled: int = 0  # every change up to this tick is in the stored state
+    changed: dict[str, tuple[int, int]] = field(default_factory=dict)
+    gone: dict[str, int] = field(default_factory=dict)
+    rebase_at: int | None = None  # a whole state is due: the tick that asked for it
+
+    def record(self, key: str, whole: bool) -> None:
+        self.tick += 1
+        _last, last_whole = self.changed.get(key, (0, 0))
+        self.changed[key] = (self.tick, self.tick if whole else last_whole)
+        self.gone.pop(key, None)
+
+    def whole(self, key: str) -> bool:
+        return self.changed[key][1] > self.settled
+
+    def forgotten(self, key: str, max_gone: int) -> None:
+        self.tick += 1
+        self.changed.pop(key, None)
+        self.gone[key] = self.tick
+        if len(self.gone) > max_gone:
+            self.gone.clear()
+            self.rebase_at = self.tick
+
+    def settle(self, tick: int) -> None:
+        """A state holding every change up to ``tick`` is stored: forget those changes, keep later ones."""
+        self.settled = max(self.settled, tick)
+        self.changed = {key: marks for key, marks in self.changed.items() if marks[0] > tick}
+        self.gone = {key: mark for key, mark in self.gone.items() if mark > tick}
+        if self.rebase_at is not None and self.rebase_at <= tick:
+            self.rebase_at = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One partition at one instant, for a state write: everything, and what changed since the last write."""
+
+    position: int
+    tick: int
+    vms: list[VmState]
+    changed: list[VmState]  # new, or changed beyond a heartbeat
+    touched: list[VmState]  # only a heartbeat's fields changed
+    gone: list[str]
+    rebase: bool  # the changes are incomplete: only a whole state is right
+
+
+def heartbeat_only(old: VmState, new: VmState) -> bool:
+    """``new`` differs from ``old`` in what a heartbeat moves at most: sequence, seen_at, IMDS health."""
+    return (old.body == new.body and old.installation == new.installation and old.vm_id == new.vm_id
+            and old.vm_name == new.vm_name and old.vmss_name == new.vmss_name and old.location == new.location)
+
+
+@dataclass
 class PartitionState:
     """The VMs of one partition and the sequence number of the last event folded into them."""
 
@@ -64,6 +126,7 @@ class PartitionState:
     position: int | None = None  # Event Hubs sequence number of the last event handled
     restored_position: int | None = None  # events at or below it are already in ``vms`` (from the state blob)
     installations: Tally[str] = field(default_factory=Tally)  # VMs per installation id, for its bound
+    changes: Changes = field(default_factory=Changes)  # what the next state write must carry
 
     def __post_init__(self) -> None:
         if self.vms and not self.installations:
@@ -181,6 +244,7 @@ class Fleet:
                     state.uncount(current.installation)
                 state.installations[new.installation] += 1
             state.vms[new.key] = new
+            state.changes.record(new.key, current is None or not heartbeat_only(current, new))
             return "applied"
 
     def expire(self, cutoffs: Mapping[str, float]) -> list[VmState]:
@@ -193,6 +257,8 @@ class Fleet:
                     continue
                 stale = [key for key, vm in state.vms.items() if vm.seen_at < oldest]
                 gone.extend(state.forget(key) for key in stale)
+                for key in stale:
+                    state.changes.forgotten(key, self.bounds.vms_per_partition)
         return gone
 
     def vms(self) -> list[VmState]:
@@ -225,3 +291,23 @@ class Fleet:
                 return None
             position, vms = state.position, list(state.vms.values())
         return encode(partition_id, position, vms, state_format), position
+
+    def snapshot(self, partition_id: str) -> Snapshot | None:
+        """The partition as a state write needs it (see ``Changes``), or None before any event."""
+        with self._lock:
+            state = self._partitions.get(partition_id)
+            if state is None or state.position is None:
+                return None
+            changes, vms = state.changes, state.vms
+            held = [key for key in changes.changed if key in vms]
+            changed = [vms[key] for key in held if changes.whole(key)]
+            touched = [vms[key] for key in held if not changes.whole(key)]
+            return Snapshot(state.position, changes.tick, list(vms.values()), changed, touched, list(changes.gone),
+                            changes.rebase_at is not None)
+
+    def settle(self, partition_id: str, tick: int) -> None:
+        """A state holding the partition's changes up to ``tick`` is stored (see ``Changes``)."""
+        with self._lock:
+            state = self._partitions.get(partition_id)
+            if state is not None:
+                state.changes.settle(tick)

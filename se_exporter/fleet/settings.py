@@ -97,8 +97,8 @@ def parse_container(text: str) -> str:
 
 
 def parse_state_format(text: str) -> int:
-    if text.strip() not in ("1", "2"):
-        raise ValueError(f"{text!r} is not 1 or 2")
+    if text.strip() not in ("1", "2", "3"):
+        raise ValueError(f"{text!r} is not 1, 2 or 3")
     return int(text)
 
 
@@ -140,8 +140,9 @@ FLEET_OPTIONS: tuple[Option, ...] = (
            "larger message bodies are counted as invalid and skipped (default 1MiB, the Event Hubs limit)",
            "BYTES"),
     Option("state_format", "--state-format", parse_state_format,
-           "format of the state written beside the checkpoints: 1 (default; every release reads it) or 2 (named "
-           "fields; set it once every replica runs a release that reads format 2)", "FORMAT"),
+           "format of the state written beside the checkpoints: 1 (default; every release reads it), 2 (named "
+           "fields) or 3 (a base and deltas: writes grow with what changes, not with the fleet); set 2 or 3 once "
+           "every replica runs a release that reads it", "FORMAT"),
 )
 
 

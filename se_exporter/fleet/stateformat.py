@@ -1,5 +1,18 @@
 """A partition's state as bytes and back: gzip'd JSON, every field checked on the way in.
 
+Format 3 (what ``--state-format 3`` writes: a state whose cost follows what changed) is a sequence of gzip members,
+each one block of a block blob. The first is the BASE, format 2's object with ``"format": 3`` and the id of its
+block; each following one is a DELTA, the VMs changed since the block before it::
+
+    {"block": "5f0c1e2d3a4b", "sequence_number": 4790,
+     "vms": [<format 2's named VM>, ...],                    # VMs new or changed beyond a heartbeat
+     "touched": [[key, sequence, seen_at, observed_at, last_success, failing], ...],  # a heartbeat: no body
+     "gone": [key, ...]}                                      # expired or forgotten
+
+Concatenated gzip members are one gzip stream; a reader of formats 1 and 2 inflates the first member only, finds
+format 3 and leaves the state in place (``NewerState``). Reading applies the deltas in order; their positions never
+go back. Any delta out of shape makes the whole state damaged: a prefix would be a state at the wrong position.
+
 Format 2 (named fields; what ``--state-format 2`` writes)::
 
     {"format": 2, "partition_id": "3", "sequence_number": 4711,
@@ -8,10 +21,11 @@ Format 2 (named fields; what ``--state-format 2`` writes)::
               "failing": ...}}, ...]}
 
 The migration rule: a release writes a format by default only if the release before it reads that format (so
-format 1 stays the default while releases that read only format 1 may run beside this one; see the README's
-"Upgrades"). Within format 2 a field may be added that an older format-2 reader can do without: it ignores fields
-it does not know (and drops them when it writes the state again). A change such a reader must not ignore takes
-format 3.
+format 1 stays the default while releases that read only format 1 may run beside this one; see
+docs/operations.md's "Rolling upgrades"). Within format 2 a field may be added that an older format-2 reader
+can do without: it ignores fields it does not know (and drops them when it writes the state again). A change such
+a reader must not ignore takes a new format (a state of deltas took format 3; the same holds for format 3's base
+and delta objects).
 
 Format 1 (positional rows; written by default, and the only format releases before format 2 read)::
 
@@ -20,7 +34,7 @@ Format 1 (positional rows; written by default, and the only format releases befo
      "imds": {key: [observed_at, imds_last_success, imds_failing], ...}}
 
 ``imds`` was added within format 1: a reader that does not know it ignores it, one that does treats a VM without
-it as unknown. Both formats are read in three ways:
+it as unknown. Every format is read in three ways:
 
 * whole: every VM checked by type and range (the key is the VM's ``vm_id or vm_name``, names and ids bounded
   strings UTF-8 can carry, the sequence a positive 64-bit integer, ``seen_at`` a finite time not past now plus
@@ -28,8 +42,8 @@ it as unknown. Both formats are read in three ways:
   written back;
 * ``NewerState``: a format above ``STATE_FORMAT``, written by a newer release: left in place for it, never
   overwritten;
-* ``DamagedState``: not gzip, not JSON, not the object above, an older or unknown format: counted, and the
-  partition is read from its checkpoint alone (the next write replaces the state).
+* ``DamagedState``: not gzip, not JSON, not the object above, an older or unknown format, a format-3 delta out of
+  shape: counted, and the partition is read from its checkpoint alone (the next write replaces the state).
 """
 
 from __future__ import annotations
@@ -39,8 +53,8 @@ import json
 import math
 import zlib
 from collections import Counter as Tally
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from se_exporter.fleet.message import (
@@ -57,8 +71,9 @@ from se_exporter.fleet.message import (
     reduced_body,
 )
 
-STATE_FORMAT = 2  # the newest format this release reads (and writes with --state-format 2)
-STATE_FORMATS = (1, 2)
+STATE_FORMAT = 3  # the newest format this release reads (and writes with --state-format 3)
+STATE_FORMATS = (1, 2, 3)
+MAX_MEMBERS = 1024  # gzip members (blocks) a format-3 state may hold: a writer compacts long before (persistence)
 MAX_SKEW = 600.0  # seconds a row's seen_at may lie past this replica's clock (Event Hubs' clock, not ours)
 MAX_STATE_BYTES = 512 * 1024**2  # decompressed: 100,000 VMs of 64 KiB bodies would be 6.4 GB; real ones are ~30 MB
 MAX_ROW_BODY = 1024 * 1024  # older releases kept whole bodies up to the Event Hubs limit
@@ -66,9 +81,9 @@ MAX_ROW_BODY = 1024 * 1024  # older releases kept whole bodies up to the Event H
 # 15 values (its object, nine fields and their names, the imds object), a format-1 one about 16 (its row's nine, the
 # imds entry's key and three); 64 leaves room for fields a later format 2 adds, and lets the first, copy-free count
 # (which counts a body's own commas too) pass an ordinary state. A blob of more is damaged, refused before it is
-# parsed: each value costs Python 30-80 bytes however short its text ("[]," is three bytes, an empty list 64), so the
-# inflated-bytes cap alone let 58 KB of gzip (20 million empty rows) take a replica to 1.5 GB; at the default
-# 100,000 VMs the worst blob that passes (3.2 million empty rows) peaks about 240 MB above the replica's own.
+# parsed: each value costs Python 30-80 bytes however short its text ("[]," is three bytes, an empty list 64: twenty
+# times its text), so under the inflated-bytes cap alone a few dozen KB of gzip (20 million empty rows) held gigabytes;
+# at the default 100,000 VMs the worst blob that passes holds 3.2 million empty rows, a sixth of that.
 MAX_VALUES_PER_VM = 64
 MAX_VALUES_TOP = 1024
 _NOT_STRUCTURE = bytes(set(range(256)) - set(b'"[{,:'))  # what the value count deletes before it splits strings
@@ -87,8 +102,8 @@ class DamagedState(ValueError):
 class NewerState(ValueError):
     """A state blob of a format newer than this release's: it must be left for the release that wrote it."""
 
-    def __init__(self, found: int) -> None:
-        super().__init__(f"state format {found} is newer than this release's {STATE_FORMAT}")
+    def __init__(self, found: int, newest: int = STATE_FORMAT) -> None:
+        super().__init__(f"state format {found} is newer than this release's {newest}")
         self.format = found
 
 
@@ -100,10 +115,12 @@ class Decoded:
     position: int
     dropped: Tally[str] = field(default_factory=Tally)
     format: int = STATE_FORMAT
+    blocks: list[tuple[str, int]] = field(default_factory=list)  # format 3: each block's id and gzip'd bytes
 
 
 def encode(partition_id: str, position: int, vms: Iterable[VmState], state_format: int = 1) -> bytes:
-    """gzip'd JSON: the documents as forwarded, plus what ordering needs (installation, sequence, seen_at)."""
+    """gzip'd JSON: the documents as forwarded, plus what ordering needs (installation, sequence, seen_at). Formats
+    1 and 2; format 3 is written as blocks (``encode_base``, ``encode_delta``)."""
     state: dict[str, Any] = {"format": state_format, "partition_id": partition_id, "sequence_number": position}
     if state_format == 1:
         rows, imds = [], {}
@@ -115,6 +132,28 @@ def encode(partition_id: str, position: int, vms: Iterable[VmState], state_forma
         state.update(vms=rows, imds=imds)
     else:
         state["vms"] = [_named(vm) for vm in vms]
+    return _gzip(state)
+
+
+def encode_base(partition_id: str, position: int, vms: Iterable[VmState], block: str) -> bytes:
+    """Format 3's first block: format 2's object with ``"format": 3`` and its block id."""
+    state = {"format": 3, "block": block, "partition_id": partition_id, "sequence_number": position,
+             "vms": [_named(vm) for vm in vms]}
+    return _gzip(state)
+
+
+def encode_delta(position: int, block: str, changed: Iterable[VmState], touched: Iterable[VmState],
+                 gone: Iterable[str]) -> bytes:
+    """A format-3 block after the base: whole VMs for what changed beyond a heartbeat, only the fields a heartbeat
+    moves for ``touched``, the keys of ``gone``."""
+    state = {"block": block, "sequence_number": position, "vms": [_named(vm) for vm in changed],
+             "touched": [[vm.key, vm.sequence, vm.seen_at, vm.imds.observed_at, vm.imds.last_success,
+                          vm.imds.failing] for vm in touched],
+             "gone": list(gone)}
+    return _gzip(state)
+
+
+def _gzip(state: dict[str, Any]) -> bytes:
     text = json.dumps(state, ensure_ascii=False, separators=(",", ":"))
     return gzip.compress(text.encode("utf-8", "backslashreplace"), compresslevel=1)
 
@@ -130,15 +169,22 @@ def _named(vm: VmState) -> dict[str, Any]:
     return named
 
 
-def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_BOUNDS) -> Decoded:
-    """The inverse of ``encode``; raise ``DamagedState`` or ``NewerState`` (see the module docstring)."""
-    obj = _load(data, bounds.vms_per_partition * MAX_VALUES_PER_VM + MAX_VALUES_TOP)
+def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_BOUNDS,
+           formats: tuple[int, ...] = STATE_FORMATS) -> Decoded:
+    """The inverse of ``encode`` (and of format 3's base and deltas); raise ``DamagedState`` or ``NewerState`` (see
+    the module docstring). ``formats`` are the ones read: a release that read fewer is this reader given its own
+    (``tests/fleet_format1.py``)."""
+    max_values = bounds.vms_per_partition * MAX_VALUES_PER_VM + MAX_VALUES_TOP
+    members = _members(data)
+    text, size = next(members)
+    obj = _parse(text, max_values)
+    del text
     if not isinstance(obj, dict):
         raise DamagedState("wrong_shape", f"the state is a JSON {type(obj).__name__}, not an object")
     found = obj.get("format")
-    if type(found) is int and found > STATE_FORMAT:
-        raise NewerState(found)
-    if found not in STATE_FORMATS or type(found) is not int:
+    if type(found) is int and found > max(formats):
+        raise NewerState(found, max(formats))
+    if found not in formats or type(found) is not int:
         raise DamagedState("format", f"unknown state format {str(found)[:40]!r}")
     if obj.get("partition_id", partition_id) != partition_id:
         raise DamagedState("wrong_shape", f"the state is partition {str(obj.get('partition_id'))[:40]!r}'s")
@@ -158,26 +204,99 @@ def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_
             decoded.dropped["row"] += 1
             continue
         decoded.vms[vm.key] = vm
+    if found == 3:  # the deltas; formats 1 and 2 are one member (a later one is not read, as releases before did)
+        decoded.blocks.append((_block(obj), size))
+        for text, size in members:
+            delta = _parse(text, max_values)
+            del text
+            decoded.blocks.append((_block(delta), size))
+            _apply(decoded, delta, now, bounds)
     return decoded
 
 
-def _load(data: bytes, max_values: int) -> Any:
-    try:
-        inflate = zlib.decompressobj(wbits=31)  # gzip, bounded: a small blob must not inflate to gigabytes
-        text = inflate.decompress(data, MAX_STATE_BYTES)
-        if inflate.unconsumed_tail:
+def _members(data: bytes) -> Iterator[tuple[bytes, int]]:
+    """Each gzip member's inflated text and its gzip'd size; at most ``MAX_MEMBERS`` of them, ``MAX_STATE_BYTES``
+    inflated in all (a small blob must not inflate to gigabytes)."""
+    budget, rest = MAX_STATE_BYTES, data
+    for _member in range(MAX_MEMBERS):
+        try:
+            inflate = zlib.decompressobj(wbits=31)
+            text = inflate.decompress(rest, budget)
+        except zlib.error as exc:
+            raise DamagedState("unreadable", f"not gzip ({str(exc)[:200]})") from None
+        if inflate.unconsumed_tail or (len(text) == budget and not inflate.eof):
             raise DamagedState("unreadable", f"the state inflates past {MAX_STATE_BYTES} bytes")
         if not inflate.eof:
             raise DamagedState("unreadable", "the state is truncated gzip")
-        values = _values(text, max_values)
-        if values > max_values:
-            raise DamagedState("unreadable", f"the state holds more than {max_values} JSON values ({values}), more "
-                               "than the VMs a partition keeps need")
+        budget -= len(text)
+        size, rest = len(rest) - len(inflate.unused_data), inflate.unused_data
+        yield text, size
+        if not rest:
+            return
+        if budget <= 0:  # zlib reads a max_length of 0 as no limit at all
+            raise DamagedState("unreadable", f"the state inflates past {MAX_STATE_BYTES} bytes")
+    raise DamagedState("unreadable", f"the state has more than {MAX_MEMBERS} blocks")
+
+
+def _parse(text: bytes, max_values: int) -> Any:
+    """One member's JSON, its values counted before it is parsed."""
+    values = _values(text, max_values)
+    if values > max_values:
+        raise DamagedState("unreadable", f"the state holds more than {max_values} JSON values ({values}), more than "
+                           "the VMs a partition keeps need")
+    try:
         return json.loads(text)
-    except (zlib.error, ValueError, RecursionError) as exc:
-        if isinstance(exc, DamagedState):
-            raise
+    except (ValueError, RecursionError) as exc:
         raise DamagedState("unreadable", f"not gzip'd JSON ({str(exc)[:200] or type(exc).__name__})") from None
+
+
+def _block(obj: Any) -> str:
+    block = obj.get("block") if isinstance(obj, dict) else None
+    if not isinstance(block, str) or not 1 <= len(block) <= 64:
+        raise DamagedState("wrong_shape", "a format-3 block without its block id")
+    return block
+
+
+def _apply(decoded: Decoded, delta: Any, now: float, bounds: Bounds) -> None:
+    """Fold one format-3 delta into what the blocks before it gave; ``DamagedState`` for one out of shape."""
+    position = delta.get("sequence_number") if isinstance(delta, dict) else None
+    changed, touched, gone = (delta.get(name) for name in ("vms", "touched", "gone"))
+    if type(position) is not int or not decoded.position <= position <= MAX_SEQUENCE:
+        raise DamagedState("wrong_shape", f"a delta's sequence_number {str(position)[:40]!r} is not one at or past "
+                           f"{decoded.position}")
+    if not (isinstance(changed, list) and isinstance(touched, list) and isinstance(gone, list)):
+        raise DamagedState("wrong_shape", "a delta's 'vms', 'touched' or 'gone' is not a list")
+    decoded.position = position
+    vms = decoded.vms
+    for key in gone:  # first: a delta's keys are distinct, and a VM gone makes room for a new one
+        if not isinstance(key, str):
+            raise DamagedState("wrong_shape", "a delta's 'gone' holds a key that is not a string")
+        vms.pop(key, None)
+    for named in changed:
+        vm = _vm(named, now, bounds)
+        if vm is None:
+            decoded.dropped["row"] += 1
+        elif vm.key not in vms and len(vms) >= bounds.vms_per_partition:
+            decoded.dropped["vms_per_partition"] += 1
+        else:
+            vms[vm.key] = vm
+    for entry in touched:
+        vm = _touched(entry, vms, now)
+        if vm is None:
+            decoded.dropped["row"] += 1
+        else:
+            vms[vm.key] = vm
+
+
+def _touched(entry: Any, vms: dict[str, VmState], now: float) -> VmState | None:
+    """A held VM after a heartbeat (its sequence, seen_at and IMDS health), or None when out of type or range."""
+    if not isinstance(entry, list) or len(entry) != 6 or not isinstance(entry[0], str) or entry[0] not in vms:
+        return None
+    key, sequence, seen_at, *imds = entry
+    if type(sequence) is not int or not 1 <= sequence <= MAX_SEQUENCE or type(seen_at) not in (int, float) \
+            or not math.isfinite(seen_at) or not 0 <= seen_at <= now + MAX_SKEW:
+        return None
+    return replace(vms[key], sequence=sequence, seen_at=float(seen_at), imds=_imds(imds))
 
 
 def _values(text: bytes, enough: int) -> int:

@@ -8,16 +8,51 @@ What every store shares lives here, so that both behave alike: whatever a stored
 ``stateformat.decode`` and never trusted; a state of a newer format than this release reads is left in place
 (``frozen``: neither it nor the checkpoint is written for that partition); writes only move the stored position
 forward (an implementation's ``_upload`` gives way to a newer state written by another owner).
+
+Format 3 is written as blocks (``save_blocks``): a base, then one delta per write, each commit one atomic,
+ETag-conditional replacement of the block list. A delta is appended only while this replica knows the stored block
+list (it read a clean format-3 state or wrote one) and the deltas stay small: past ``COMPACT_FRACTION`` of the
+base's bytes or ``MAX_BLOCKS`` blocks the write is a new base instead. So a restore reads one base and at most
+``MAX_BLOCKS - 1`` deltas holding at most ``COMPACT_FRACTION`` of the base's gzip'd bytes.
 """
 
 from __future__ import annotations
 
 import abc
+import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from se_exporter.fleet.message import DEFAULT_BOUNDS, Bounds
 from se_exporter.fleet.picture import PartitionState
 from se_exporter.fleet.stateformat import DamagedState, NewerState, decode
+
+COMPACT_FRACTION = 0.5  # deltas past this share of the base's bytes: the next write is a base
+MAX_BLOCKS = 64  # a base and 63 deltas at most: bounds the restore and the block list every commit sends
+BLOCK_ID_LENGTH = 12  # hex characters; one length for every block of a blob, as Blob Storage requires
+Commit = Literal["ok", "conflict", "invalid"]  # written; the ETag moved; the block list names blocks not there
+
+
+def new_block_id() -> str:
+    return secrets.token_hex(BLOCK_ID_LENGTH // 2)
+
+
+def block_list_bytes(blocks: int) -> int:
+    """About what a commit of ``blocks`` ids sends: each id base64'd inside <Latest></Latest>, and the envelope."""
+    return blocks * (len("<Latest></Latest>") + 4 * -(-BLOCK_ID_LENGTH // 3)) + 64
+
+
+@dataclass
+class Layout:
+    """A format-3 state's blocks as this replica last read or wrote them: what a delta is appended to."""
+
+    ids: list[str]
+    base_bytes: int
+    delta_bytes: int = 0
+
+    def room(self, delta: int) -> bool:
+        return len(self.ids) < MAX_BLOCKS and self.delta_bytes + delta <= COMPACT_FRACTION * self.base_bytes
 
 
 def state_blob_name(namespace: str, eventhub_name: str, consumer_group: str, partition_id: str) -> str:
@@ -45,6 +80,8 @@ class StateStore(abc.ABC):
         self._bounds = bounds
         self._names: dict[str, str] = {}
         self._frozen: set[str] = set()
+        self._layouts: dict[str, Layout] = {}  # format-3 states whose block list is known: deltas may follow
+        self.on_written: Callable[[str, int], None] = lambda kind, size: None  # bytes uploaded: "base" or "delta"
 
     def name(self, partition_id: str, state_name: str) -> None:
         self._names[partition_id] = state_name
@@ -56,6 +93,7 @@ class StateStore(abc.ABC):
     async def load(self, partition_id: str, now: float) -> Restored:
         """The stored state (None when there is none yet or it is unusable, with why). Storage errors propagate:
         the caller retries; whatever the state holds does not."""
+        self._layouts.pop(partition_id, None)
         try:
             data = await self._download(partition_id)
             if data is None:
@@ -66,20 +104,68 @@ class StateStore(abc.ABC):
             return Restored(newer_format=newer.format, problem=str(newer))
         except DamagedState as damage:
             return Restored(damaged=damage.reason, problem=str(damage))
+        if decoded.blocks and not decoded.dropped and len({block for block, _size in decoded.blocks}) == len(
+                decoded.blocks) and all(len(block) == BLOCK_ID_LENGTH for block, _size in decoded.blocks):
+            self._layouts[partition_id] = Layout([block for block, _size in decoded.blocks], decoded.blocks[0][1],
+                                                 sum(size for _block, size in decoded.blocks[1:]))
         state = PartitionState(vms=decoded.vms, position=decoded.position, restored_position=decoded.position)
         return Restored(state, dropped=dict(decoded.dropped), format=decoded.format)
 
     async def save(self, partition_id: str, data: bytes, position: int) -> bool:
-        """Write the state at ``position``; False when a newer one is already there, or the stored one is a newer
-        release's (nothing written)."""
+        """Write the state at ``position`` whole (formats 1 and 2); False when a newer one is already there, or the
+        stored one is a newer release's (nothing written)."""
         if partition_id in self._frozen:
             return False
-        return await self._upload(partition_id, data, position)
+        self._layouts.pop(partition_id, None)
+        written = await self._upload(partition_id, data, position)
+        self.on_written("base", len(data))
+        return written
+
+    async def save_blocks(self, partition_id: str, position: int, base: Callable[[str], bytes],
+                          delta: Callable[[str], bytes] | None) -> bool:
+        """Write the state at ``position`` in format 3: ``delta(block_id)`` appended when the stored block list is
+        known and has room, else ``base(block_id)`` as the only block. On a conflict (another writer moved the
+        ETag) a stored position at or past ours wins (False); an older one is replaced by a base, since our state
+        in memory is the truth at our position."""
+        if partition_id in self._frozen:
+            return False
+        for _attempt in range(3):
+            layout, block = self._layouts.get(partition_id), new_block_id()
+            if delta is not None and layout is not None:
+                data = delta(block)
+                if layout.room(len(data)):
+                    outcome = await self._commit(partition_id, layout.ids, block, data, position)
+                    self.on_written("delta", len(data) + block_list_bytes(len(layout.ids) + 1))
+                    if outcome == "ok":
+                        layout.ids.append(block)
+                        layout.delta_bytes += len(data)
+                        return True
+                    self._layouts.pop(partition_id, None)
+                    if outcome == "conflict" and not await self._behind(partition_id, position):
+                        return False
+                    continue  # a base next, conditional on the ETag just read
+            data = base(block)
+            outcome = await self._commit(partition_id, [], block, data, position)
+            self.on_written("base", len(data) + block_list_bytes(1))
+            if outcome == "ok":
+                self._layouts[partition_id] = Layout([block], len(data))
+                return True
+            self._layouts.pop(partition_id, None)
+            if not await self._behind(partition_id, position):
+                return False
+        return False
 
     def forget(self, partition_id: str) -> None:
         """The partition is no longer ours: what was learnt about its stored state goes with it."""
         self._names.pop(partition_id, None)
         self._frozen.discard(partition_id)
+        self._layouts.pop(partition_id, None)
+
+    async def _behind(self, partition_id: str, position: int) -> bool:
+        """After a conflict: the stored state is behind ``position`` (or gone), and its ETag is now the one to
+        write on; False when it is at or past it (another owner's newer state: give way)."""
+        theirs = await self._stored_position(partition_id)
+        return theirs is None or theirs < position
 
     @abc.abstractmethod
     async def _download(self, partition_id: str) -> bytes | None:
@@ -89,14 +175,25 @@ class StateStore(abc.ABC):
     async def _upload(self, partition_id: str, data: bytes, position: int) -> bool:
         """Write unless a state at ``position`` or past it was written by someone else since our last read."""
 
+    @abc.abstractmethod
+    async def _commit(self, partition_id: str, ids: list[str], block: str, data: bytes, position: int) -> Commit:
+        """Stage ``data`` as ``block`` and commit ``ids + [block]`` with ``position``, conditional on the state
+        being the one last read or written (none: that there is none)."""
+
+    @abc.abstractmethod
+    async def _stored_position(self, partition_id: str) -> int | None:
+        """The stored state's position (None: no state), remembering its ETag as the one to write on."""
+
 
 @dataclass
 class Stored:
-    """One state in a ``MemoryStateStore``: its bytes, its position, and a revision standing for an ETag."""
+    """One state in a ``MemoryStateStore``: its bytes, its position, and a revision standing for an ETag; ``blocks``
+    its committed block ids and their bytes (empty: written whole, as by Put Blob)."""
 
     data: bytes
     position: int
     revision: int
+    blocks: list[tuple[str, bytes]] = field(default_factory=list)
 
 
 class MemoryStateStore(StateStore):
@@ -126,6 +223,27 @@ class MemoryStateStore(StateStore):
         self.states[name] = Stored(data, position, revision)
         self._seen[partition_id] = revision
         return True
+
+    async def _commit(self, partition_id: str, ids: list[str], block: str, data: bytes, position: int) -> Commit:
+        self._fail()
+        name = self._names[partition_id]
+        stored = self.states.get(name)
+        if (stored.revision if stored else None) != self._seen.get(partition_id):
+            return "conflict"
+        committed = dict(stored.blocks) if stored else {}
+        if any(each not in committed for each in ids):
+            return "invalid"
+        blocks = [(each, committed[each]) for each in ids] + [(block, data)]
+        revision = (stored.revision if stored else 0) + 1
+        self.states[name] = Stored(b"".join(part for _id, part in blocks), position, revision, blocks)
+        self._seen[partition_id] = revision
+        return "ok"
+
+    async def _stored_position(self, partition_id: str) -> int | None:
+        self._fail()
+        stored = self.states.get(self._names[partition_id])
+        self._seen[partition_id] = stored.revision if stored else None
+        return stored.position if stored else None
 
     def forget(self, partition_id: str) -> None:
         super().forget(partition_id)

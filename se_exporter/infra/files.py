@@ -29,7 +29,7 @@ def read_state_file(path: Path, limit: int = STATE_FILE_LIMIT) -> bytes:
     file): a FIFO there blocked start-up for ever without a line logged, and a link to ``/dev/zero`` read without
     end (2.5 GB in four seconds). Opened non-blocking (POSIX), so that opening a FIFO cannot hang either.
     """
-    fd = os.open(path, os.O_RDONLY | PLATFORM.read_flags | PLATFORM.open_flags)
+    fd = os.open(path, os.O_RDONLY | PLATFORM.fifo_flags | PLATFORM.open_flags)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

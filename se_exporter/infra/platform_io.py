@@ -57,7 +57,7 @@ class Platform:
 
     name: str
     open_flags: int  # or-ed into every os.open of a data file
-    read_flags: int  # or-ed in when a state file is opened for reading
+    fifo_flags: int  # or-ed in where a FIFO put in a file's place must fail at once (state files, forward file)
     reuse_address: bool  # socketserver's allow_reuse_address for the HTTP server
 
     def datasync(self, fd: int) -> None:
@@ -112,7 +112,7 @@ class Windows(Platform):
     """Windows: the C runtime's file calls, ``msvcrt.locking``, console control events, exclusive binds."""
 
     name = "windows"
-    read_flags = 0  # no FIFOs in the file namespace (named pipes live under \\.\pipe\)
+    fifo_flags = 0  # no FIFOs in the file namespace (named pipes live under \\.\pipe\)
     reuse_address = False
 
     def __init__(self, msvcrt: _Msvcrt, set_console_ctrl_handler: Callable[[Callable[[int], bool]], None],
@@ -264,7 +264,7 @@ else:
 
         name = "posix"
         open_flags = 0  # os.open descriptors are close-on-exec already (PEP 446)
-        read_flags = os.O_NONBLOCK  # opening a FIFO put where a state file belongs must not hang start-up
+        fifo_flags = os.O_NONBLOCK  # opening a FIFO put where a file belongs must not wait for its other end
         reuse_address = True  # a restart can bind while the old connections sit in TIME_WAIT
 
         def datasync(self, fd: int) -> None:

@@ -26,8 +26,8 @@ def routes(registry: CollectorRegistry, status: Status) -> dict[str, Page]:
 
     def metrics(request: HttpRequest) -> Response:
         # Always the Prometheus text format, as Go's client_golang serves by default: Prometheus asks for
-        # OpenMetrics first, and prometheus-client's OpenMetrics writer takes twice as long (38 vs 18 ms with
-        # 1,000 events listed) for nothing we use (no exemplars; _created series are off). ``name[]`` selects
+        # OpenMetrics first, and prometheus-client's OpenMetrics writer takes about twice as long as the text one
+        # (docs/performance.md) for nothing we use (no exemplars; _created series are off). ``name[]`` selects
         # families, as prometheus-client's own app does.
         names = parse_qs(request.query).get("name[]")
         source = registry.restricted_registry(names) if names else registry

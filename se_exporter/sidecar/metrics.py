@@ -98,7 +98,7 @@ class StateCollector(Collector):
         self._clock = clock
         self._cached: _EventFamilies | None = None
         self._bound_hit = bound_hit
-        self._counted_identity: VmIdentity | None = None
+        self._vm: tuple[VmIdentity, str | None, Metric] | None = None  # identity, VM name, vm_info built from them
 
     def _hit(self, hits: Tally[str]) -> None:
         if self._bound_hit is not None:
@@ -113,9 +113,23 @@ class StateCollector(Collector):
         if cached is not None and cached.records is snap.records and cached.vm_name == snap.vm_name:
             return cached
         hits: Tally[str] = Tally()
-        self._cached = cached = _EventFamilies.build(snap, hits)
-        self._hit(hits)
-        return cached
+        built = self._cached = _EventFamilies.build(snap, hits)
+        if cached is None or cached.records is not snap.records:  # a new VM name alone: this document, counted
+            self._hit(hits)
+        return built
+
+    def _vm_info(self, identity: VmIdentity, configured: str | None) -> Metric:
+        """Built once per identity read (and VM name), as the event families are per document; its cut labels are
+        counted once per identity read."""
+        cached = self._vm
+        if cached is not None and cached[0] is identity and cached[1] == configured:
+            return cached[2]
+        hits: Tally[str] = Tally()
+        family = _vm_info(identity, configured, hits)
+        if cached is None or cached[0] is not identity:
+            self._hit(hits)
+        self._vm = (identity, configured, family)
+        return family
 
     def describe(self) -> list[Metric]:
         # Empty: the registry must not call collect() at registration time (no snapshot yet then).
@@ -137,11 +151,7 @@ class StateCollector(Collector):
         build.add_metric([__version__, snap.api_version], 1.0)
         yield build
         if snap.identity is not None:
-            hits: Tally[str] = Tally()
-            yield _vm_info(snap.identity, snap.vm_name, hits)
-            if snap.identity is not self._counted_identity:  # counted once per identity read, not per scrape
-                self._counted_identity = snap.identity
-                self._hit(hits)
+            yield self._vm_info(snap.identity, snap.vm_name)
         families = self._event_families(snap)
         yield from families.static
         yield families.until(now)

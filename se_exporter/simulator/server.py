@@ -142,18 +142,24 @@ class Simulator:
     def _refresh(self) -> None:
         now_wall = self._clock()
         t = self.scenario_time()
-        canonical = [self._canonical_event(state, now_wall, t) for state in self.scenario.state_at(t, self._approvals)]
+        walls: dict[tuple[str, float], float] = {}
+        canonical = [self._canonical_event(state, now_wall, t, walls)
+                     for state in self.scenario.state_at(t, self._approvals)]
+        # Only the NotBefores listed now are kept: scenario time only moves forward, so one no longer listed is not
+        # shown again, and a repeating scenario (fresh EventIds each cycle) grew this by its events every cycle.
+        self._not_before_wall = walls
         if canonical != self._canonical:
             self._canonical = canonical
             self._incarnation += 1
 
-    def _canonical_event(self, state: EventState, now_wall: float, t: float) -> dict[str, Any]:
+    def _canonical_event(self, state: EventState, now_wall: float, t: float,
+                         walls: dict[tuple[str, float], float]) -> dict[str, Any]:
         spec = state.spec
         not_before = None
         if state.not_before is not None:
             # Fixed at first sight so a NotBefore never drifts; later time jumps make events start "early".
             key = (state.event_id, state.not_before)
-            wall = self._not_before_wall.setdefault(key, now_wall + (state.not_before - t) / self.speed)
+            wall = walls[key] = self._not_before_wall.get(key, now_wall + (state.not_before - t) / self.speed)
             not_before = datetime.fromtimestamp(int(wall), timezone.utc)
         return {
             "EventId": state.event_id,
@@ -215,17 +221,11 @@ class Simulator:
         with self._lock:
             return list(self._requests)
 
-    @property
-    def served(self) -> list[bytes]:
-        """The last changes of the served document, oldest first (a copy, as ``requests``)."""
+    def distinct_served(self) -> list[bytes]:
+        """The served bodies, oldest first, each change once (``record_served`` drops a repeat of the last one):
+        what a forwarder must have sent, in order. A copy, as ``requests``."""
         with self._lock:
             return list(self._served)
-
-    def distinct_served(self) -> list[bytes]:
-        """Served bodies with consecutive repeats removed: what a forwarder must have sent, in order."""
-        with self._lock:
-            bodies = list(self._served)
-        return [body for index, body in enumerate(bodies) if index == 0 or body != bodies[index - 1]]
 
     def posts_from(self, user_agent_prefix: str) -> int:
         with self._lock:
@@ -528,7 +528,8 @@ async def _deliver_badly(raw: RawWriter, fault: Fault, document: bytes) -> None:
 @functools.lru_cache(maxsize=2)
 def _blanks_compressed(size: int) -> tuple[bytes, Any]:
     """``size`` blanks through a gzip compressor, unflushed: the compressed bytes so far and the compressor,
-    which is copied per answer to add the document. Built once per size (300 MB take a second or two)."""
+    which is copied per answer to add the document. Built once per size: compressing the blanks costs far more
+    than compressing one document, which is all a repeated answer pays."""
     compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
     block = b" " * min(size, 1024 * 1024) if size else b""
     out, left = [], size

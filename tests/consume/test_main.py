@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
+from decimal import Decimal
 
 import pytest
 from azure.eventhub import EventData
 
-from se_exporter.consume.main import record, timeline_line
+from se_exporter.consume.main import json_line, record, timeline_line
 from se_exporter.core.errors import ConfigError
 from se_exporter.infra.options import starting_position
 
@@ -42,3 +44,26 @@ def test_starting_positions() -> None:
     assert starting_position("2026-01-02T03:04:05Z") == datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     with pytest.raises(ConfigError, match="--starting-position"):
         starting_position("yesterday")
+
+
+def test_a_body_that_is_not_utf8_is_printed_with_replacement_characters() -> None:
+    """Another producer's body that is not UTF-8 is one line with U+FFFD, not an error that stops the reading."""
+    item = record("0", EventData(b'\xff{"Events": []}'))
+    assert item["body"] == '\ufffd{"Events": []}'
+    assert "invalid document" in timeline_line(item)
+
+
+def test_a_vm_name_property_of_another_type_is_shown_as_text() -> None:
+    """A vm_name property that is an AMQP int (another producer's) names the VM in the timeline, not a crash."""
+    event = EventData(FREEZE)
+    event.properties = {"vm_name": 5, "sequence": 1, "observed_at": "t"}
+    assert timeline_line(record("0", event)).startswith("t 5 #1 incarnation 3: Freeze E1 Scheduled")
+
+
+def test_non_finite_float_properties_keep_the_json_output_strict() -> None:
+    """AMQP doubles NaN and Infinity are printed as text: every --format json line is strict JSON."""
+    event = EventData(FREEZE)
+    event.properties = {"nan": float("nan"), "inf": float("inf"), "weight": Decimal("1.23"), "plain": 1.5}
+    line = json_line(record("0", event))
+    properties = json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))["properties"]
+    assert properties == {"nan": "nan", "inf": "inf", "weight": "1.23", "plain": 1.5}

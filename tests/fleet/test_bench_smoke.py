@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.helpers import smoke_report
+
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).parent.parent.parent
 
 
 def test_fleet_benchmark_smoke_mode_reports_the_ratio_and_memory() -> None:
     """scripts/fleet_bench.py --smoke exits 0 and reports a number for the bare SDK, the fleet, their ratio, memory."""
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "fleet_bench.py"), "--smoke"], capture_output=True,
-                            text=True, timeout=300, check=False, cwd=ROOT)
-    assert result.returncode == 0, result.stdout + result.stderr
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = smoke_report("fleet_bench.py")
     figures = {row["figure"]: row["measured"] for row in report["figures"]}
     assert report["documents"] == 300
     assert all(isinstance(value, float) and value > 0 for name, value in figures.items() if "memory" not in name)

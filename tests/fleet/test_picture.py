@@ -249,8 +249,8 @@ def test_a_state_at_the_vm_bound_is_read_whatever_its_bodies_hold(state_format: 
 def test_a_newer_format_is_told_apart_from_damage() -> None:
     """A newer release's state is not damage: the caller must leave it in place."""
     with pytest.raises(NewerState) as caught:
-        decode(state_json({"format": 3, "anything": "new"}), "0", NOW)
-    assert caught.value.format == 3
+        decode(state_json({"format": 4, "anything": "new"}), "0", NOW)
+    assert caught.value.format == 4
 
 
 GOOD_ROW = [VM_ID, VM_ID, "WestNO_0", "", "norwayeast", "inst", 3, 1000.0, EMPTY.decode()]

@@ -204,7 +204,7 @@ def test_a_damaged_state_is_counted_and_replaced_by_the_next_write() -> None:
 def test_a_newer_formats_state_is_left_in_place_and_no_checkpoint_written() -> None:
     """A format this release does not know: the partition is read, but its state is never overwritten and no
     checkpoint is written, so the newer release finds its state intact."""
-    newer = gzip.compress(json.dumps({"format": 3, "partition_id": "0", "sequence_number": 7}).encode())
+    newer = gzip.compress(json.dumps({"format": 4, "partition_id": "0", "sequence_number": 7}).encode())
     replica = Replica({NAME: Stored(newer, 7, 1)})
     run(replica.claim())
     run(replica.read(Event(8, "vm-a")))

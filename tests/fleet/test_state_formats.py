@@ -1,5 +1,5 @@
-"""The state formats side by side: format 2's named fields checked like format 1's rows, and the previous release's
-format-1 codec (``tests/fleet_format1.py``) and today's reading each other's states."""
+"""The state formats side by side: format 2's named fields checked like format 1's rows, format 1 pinned byte for byte
+as the previous release wrote and read it, and that release's replica (``tests/fleet_format1.py``) leaving format 2."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from se_exporter.fleet.stateformat import NewerState, decode, encode
 from tests import fleet_format1 as previous
-from tests.fleet.test_picture import EMPTY, NOW, VM_ID, message
+from tests.fleet.test_picture import EMPTY, FREEZE, NOW, VM_ID, message
 
 
 def vms() -> list[Any]:
@@ -54,12 +54,20 @@ def test_fields_a_format_2_reader_does_not_know_are_ignored() -> None:
     assert vm.vm_name == "WestNO_0" and vm.imds.failing is True
 
 
+# vms() in format 1, exactly as the previous release's writer put it (its rows and its imds entries): that release
+# read this layout and no other, so today's format 1 must stay this, byte for byte.
+PREVIOUS_FORMAT_1 = json.dumps(
+    {"format": 1, "partition_id": "0", "sequence_number": 9,
+     "vms": [[VM_ID, VM_ID, "WestNO_0", "", "norwayeast", "inst-a", 1, 1000.0, FREEZE.decode()]],
+     "imds": {VM_ID: [1795316668.024, 1795316400.0, True]}}, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 def test_the_previous_release_and_this_one_read_each_others_format_1() -> None:
-    """What the previous release wrote, this one reads whole; what this one writes by default, that one reads."""
-    theirs = previous.encode("0", 9, vms())
-    assert list(decode(theirs, "0", NOW).vms.values()) == vms()
-    ours = encode("0", 9, vms())
-    assert list(previous.decode(ours, "0", NOW).vms.values()) == vms()
+    """What the previous release wrote, this one reads whole; what this one writes by default is what that one
+    wrote, so it reads it."""
+    assert list(decode(gzip.compress(PREVIOUS_FORMAT_1), "0", NOW).vms.values()) == vms()
+    assert gzip.decompress(encode("0", 9, vms())) == PREVIOUS_FORMAT_1
+    assert gzip.decompress(previous.encode("0", 9, vms(), state_format=2)) == PREVIOUS_FORMAT_1
 
 
 def test_the_previous_release_takes_format_2_for_a_newer_releases_and_leaves_it() -> None:

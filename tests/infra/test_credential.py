@@ -120,18 +120,25 @@ class _Flood(http.server.BaseHTTPRequestHandler):
         return None
 
 
-@pytest.mark.parametrize("declared", [True, False])
-def test_a_token_endpoint_that_floods_is_read_no_further_than_the_cap(monkeypatch: pytest.MonkeyPatch,
-                                                                      declared: bool) -> None:
-    """An endless token answer (a huge Content-Length, or none) fails the token request as an authentication
-    error after at most MAX_TOKEN_RESPONSE_BYTES read; memory does not grow with it."""
-    handler = type("Flood", (_Flood,), {"declared": declared})
+def _token_endpoint(monkeypatch: pytest.MonkeyPatch,
+                    handler: type[http.server.BaseHTTPRequestHandler]) -> http.server.ThreadingHTTPServer:
+    """``handler`` served on a loopback port as the only token endpoint azure-identity finds (its documented IMDS
+    override); the caller shuts it down."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", f"http://127.0.0.1:{server.server_port}")
     for name in ("IDENTITY_ENDPOINT", "MSI_ENDPOINT", "AZURE_CLIENT_ID", "AZURE_FEDERATED_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
+    return server
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_token_endpoint_that_floods_is_read_no_further_than_the_cap(monkeypatch: pytest.MonkeyPatch,
+                                                                      declared: bool) -> None:
+    """An endless token answer (a huge Content-Length, or none) fails the token request as an authentication
+    error after at most MAX_TOKEN_RESPONSE_BYTES read; memory does not grow with it."""
+    server = _token_endpoint(monkeypatch, type("Flood", (_Flood,), {"declared": declared}))
 
     async def run() -> None:
         credential = service_credential(None, retry_total=0)
@@ -171,12 +178,7 @@ class _Drip(http.server.BaseHTTPRequestHandler):
 def test_a_dripping_token_endpoint_is_cut_at_the_whole_requests_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     """A token answer dripped a byte at a time (each read well inside the read timeout) fails as an authentication
     error at the deadline of the whole token request."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Drip)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", f"http://127.0.0.1:{server.server_port}")
-    for name in ("IDENTITY_ENDPOINT", "MSI_ENDPOINT", "AZURE_CLIENT_ID", "AZURE_FEDERATED_TOKEN_FILE"):
-        monkeypatch.delenv(name, raising=False)
+    server = _token_endpoint(monkeypatch, _Drip)
 
     async def run() -> None:
         credential = service_credential(None, retry_total=0, deadline=1.0)

@@ -3,8 +3,11 @@ out a scrape, nor make the process buffer a huge head; and the sidecar's endpoin
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import http.client
+import logging
 import selectors
 import socket
 import threading
@@ -156,16 +159,19 @@ def test_slow_clients_never_take_a_scrapes_place(server: Callable[..., tuple[int
 def test_connections_busy_answering_are_not_evicted_and_the_newcomer_gets_503(
         server: Callable[..., tuple[int, list[str]]]) -> None:
     """When every connection is mid-answer (none waits for a head), a new one is answered 503 at once."""
-    gate = threading.Event()
+    gate = asyncio.Event()  # bound to the server's loop when a handler first waits on it; set from there only
 
     async def slow(request: HttpRequest) -> Response:
-        import asyncio  # noqa: PLC0415 - only this handler waits
-        while not gate.is_set():
-            await asyncio.sleep(0.01)
+        await gate.wait()
         return Response(200, b"late\n")
 
     rejected: list[str] = []
     running = serve(Listen("127.0.0.1", 0), slow, Bounds(connections=2), rejected.append)
+
+    def open_gate() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop already closed
+            running._loop.call_soon_threadsafe(gate.set)
+
     try:
         busy = [connect(running.server_port) for _ in range(2)]
         for sock in busy:
@@ -175,12 +181,12 @@ def test_connections_busy_answering_are_not_evicted_and_the_newcomer_gets_503(
         with connect(running.server_port) as late:
             late.sendall(REQUEST)
             assert answer(late).startswith(b"HTTP/1.1 503")
-        gate.set()
+        open_gate()
         for sock in busy:
             assert answer(sock).startswith(b"HTTP/1.1 200")
         assert rejected == ["connections"]
     finally:
-        gate.set()
+        open_gate()
         running.server_close()
 
 
@@ -219,6 +225,32 @@ def test_a_chunk_declared_over_the_cap_is_refused_413_at_once(server: Callable[.
                      b"8000\r\n" + b"a" * 0x8000 + b"\r\n8001\r\nab")
         assert answer(sock).startswith(b"HTTP/1.1 413")
     assert rejected == ["body_bytes"]
+
+
+def test_a_malformed_chunked_body_is_answered_400_and_counted(server: Callable[..., tuple[int, list[str]]],
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A chunked body whose size line is not hexadecimal is answered 400 and counted as malformed, like a malformed
+    head, not logged as a failure of the server."""
+    port, rejected = server()
+    with connect(port) as sock:
+        sock.sendall(b"POST /x HTTP/1.1\r\nHost: s\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n")
+        assert answer(sock).startswith(b"HTTP/1.1 400")
+    assert rejected == ["malformed"]
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+@pytest.mark.parametrize("head", [b"Content-Length: 10", b"Transfer-Encoding: chunked"])
+def test_a_body_cut_short_by_the_client_is_closed_quietly(server: Callable[..., tuple[int, list[str]]],
+                                                          caplog: pytest.LogCaptureFixture, head: bytes) -> None:
+    """A client that hangs up in the middle of its body (fewer bytes than declared, or no last chunk) is closed
+    without an answer, a refusal or an error in the log: nobody is left to answer."""
+    port, rejected = server()
+    with connect(port) as sock:
+        sock.sendall(b"POST /x HTTP/1.1\r\nHost: s\r\n" + head + b"\r\n\r\n5\r\nab")
+        sock.shutdown(socket.SHUT_WR)
+        assert answer(sock) == b""  # the server has closed it: whatever it logs about it, it has logged
+    assert rejected == []
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 @pytest.mark.parametrize("line", [b"CONNECT 127.0.0.1:80 HTTP/1.1", b"OPTIONS * HTTP/1.1"])
@@ -263,6 +295,39 @@ def test_a_client_that_does_not_read_its_answer_is_cut_off(reliability: Reliabil
                 "disconnected at the 10 s write deadline, counted")
 
 
+class _OutOfDescriptors(socket.socket):
+    """A listener whose accept() fails as it does when the process has no descriptor left."""
+
+    attempts = 0
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        type(self).attempts += 1
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
+def test_a_failing_accept_is_retried_and_logged_once_not_at_every_retry(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """While accept() keeps failing (out of descriptors), the server goes on trying and says so in one warning,
+    not in one line per retry."""
+
+    def listener(listen: Listen) -> socket.socket:
+        sock = _OutOfDescriptors(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((listen.host, listen.port))
+        sock.listen()
+        sock.setblocking(False)
+        return sock
+
+    monkeypatch.setattr(http_server, "_listener", listener)
+    monkeypatch.setattr(_OutOfDescriptors, "attempts", 0)
+    running = serve(Listen("127.0.0.1", 0), hello)
+    try:
+        wait_until(lambda: _OutOfDescriptors.attempts >= 5, timeout=10, what="five attempts to accept")
+    finally:
+        running.server_close()
+    warned = [r for r in caplog.records if r.getMessage().startswith("HTTP accept failed")]
+    assert len(warned) == 1, [r.getMessage() for r in warned]
+
+
 def voluntary_switches(native_id: int) -> int:
     """How many times the thread has gone to sleep and been woken since it started (Linux)."""
     status = Path(f"/proc/self/task/{native_id}/status").read_text()
@@ -304,6 +369,37 @@ def test_shutdown_of_an_idle_server_returns_and_ends_its_thread() -> None:
     served.server_close()
     with pytest.raises(ConnectionRefusedError):
         connect(port)
+
+
+entered = threading.Event()  # set by _swallows_one_cancel once it is called
+
+
+async def _swallows_one_cancel(request: HttpRequest) -> Response:
+    """A handler that loses the first cancellation, as ``asyncio.wait_for`` can before Python 3.12."""
+    entered.set()
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        await asyncio.sleep(3600)
+    return Response(200, b"late")
+
+
+
+def test_shutdown_returns_when_a_conversation_lost_its_cancellation() -> None:
+    """A task that did not honour the stop's cancellation is cancelled again: shutdown() still returns, the thread
+    ends, and the client's connection is closed rather than served on."""
+    entered.clear()
+    served = serve(Listen("127.0.0.1", 0), _swallows_one_cancel)
+    with connect(int(served.server_port)) as client:
+        client.sendall(REQUEST)
+        assert entered.wait(10), "the handler was never called"
+        stopper = threading.Thread(target=served.shutdown)
+        stopper.start()
+        stopper.join(10)
+        assert not stopper.is_alive(), "shutdown() did not return"
+        client.settimeout(10)
+        assert client.recv(1024) == b""
+    served.server_close()
 
 
 class _Up:

@@ -92,7 +92,7 @@ def windows(monkeypatch: pytest.MonkeyPatch) -> FakeWindows:
 def test_the_platform_is_chosen_by_sys_platform() -> None:
     """On this Linux machine the POSIX implementation is in use, with the Linux defaults."""
     assert isinstance(PLATFORM, Posix)
-    assert (PLATFORM.open_flags, PLATFORM.read_flags, PLATFORM.reuse_address) == (0, os.O_NONBLOCK, True)
+    assert (PLATFORM.open_flags, PLATFORM.fifo_flags, PLATFORM.reuse_address) == (0, os.O_NONBLOCK, True)
     assert PLATFORM.default_state_dir({"ProgramData": r"C:\ProgramData"}) == "/var/lib/se-exporter"
 
 
@@ -165,7 +165,7 @@ def test_posix_listener_keeps_reuse_and_serves_ipv4_on_ipv6_any() -> None:
 def test_windows_defaults_come_from_its_arguments_and_programdata() -> None:
     """Binary-mode opens, no non-blocking flag, no SO_REUSEADDR, state under %ProgramData%."""
     platform = FakeWindows(binary_flag=0x8000).platform
-    assert (platform.open_flags, platform.read_flags, platform.reuse_address) == (0x8000, 0, False)
+    assert (platform.open_flags, platform.fifo_flags, platform.reuse_address) == (0x8000, 0, False)
     assert platform.default_state_dir({"ProgramData": "D:\\Data\\"}) == "D:\\Data\\se-exporter"
     assert platform.default_state_dir({}) == "C:\\ProgramData\\se-exporter"
 

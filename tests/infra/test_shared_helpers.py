@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from se_exporter.core.errors import ConfigError
-from se_exporter.infra.azure.clients import causes, classify, describe
+from se_exporter.infra.azure.clients import MAX_CAUSES, causes, classify, describe
 from se_exporter.infra.http_server import bind
 from se_exporter.infra.logs import Throttle, shorten
 from se_exporter.infra.options import Listen
@@ -29,6 +29,14 @@ def test_the_cause_walker_follows_every_wrapping_once() -> None:
     except Wrapped as error:
         found = list(causes(error))
     assert refused in found and len(found) == len({id(e) for e in found}) == 3
+
+
+def test_the_cause_walker_stops_at_max_causes_on_a_long_chain() -> None:
+    """A chain of 1,000 wrappings (an SDK retrying and wrapping each failure) is walked only MAX_CAUSES deep."""
+    error: BaseException = ConnectionRefusedError(111, "Connection refused")
+    for depth in range(1000):
+        error = Wrapped(f"attempt {depth}", inner=error)
+    assert len(list(causes(error))) == MAX_CAUSES
 
 
 def test_a_wrapped_refusal_is_a_connection_error_and_described_on_one_line() -> None:

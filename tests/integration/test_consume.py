@@ -37,3 +37,25 @@ def test_a_message_with_amqp_char_and_decimal_properties_does_not_stop_consume(
     assert lines[0]["message_id"] == odd.message_id
     assert lines[0]["properties"]["shard"] == "a"
     assert lines[1]["properties"]["vm_name"] == vm_identity(2).name
+
+
+def test_a_message_that_is_not_utf8_with_a_nan_property_does_not_stop_consume(
+        hubs: Callable[..., EventHubsTestServer]) -> None:
+    """Another producer's message, its body not UTF-8 and a property a NaN double, is one strict JSON line, and the
+    message after it is printed too (a raise in on_event made the SDK read the partition again from the start)."""
+    hub = hubs(Store(partition_count=1))
+    odd = envelope_for(vm_identity(1), EMPTY, 1, "odd")
+    message = Message(body=b"\xff\xfe not UTF-8", id=odd.message_id, properties={**odd.properties, "w": float("nan")})
+    message.annotations = {"x-opt-partition-key": odd.partition_key}
+    hub.store.append("0", message, odd.partition_key)
+    send(hub.connection_string(), [event_data(envelope_for(vm_identity(2), EMPTY, 1, "after"))])
+
+    result = subprocess.run([sys.executable, "-m", "se_exporter", "consume", "--format", "json", "--max-events", "2",
+                             "--idle-timeout", "20", "--eventhub-connection-string", hub.connection_string()],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+             for line in result.stdout.splitlines()]
+    assert len(lines) == 2, result.stderr[-2000:]
+    assert lines[0]["body"] == "\ufffd\ufffd not UTF-8" and lines[0]["properties"]["w"] == "nan"
+    assert lines[1]["properties"]["vm_name"] == vm_identity(2).name

@@ -116,14 +116,30 @@ def last_seen(replica: FleetProcess) -> dict[str, float]:
     return {vm_id.decode(): float(value) for vm_id, value in LAST_SEEN.findall(scrape(replica))}
 
 
-def picture(replicas: list[FleetProcess]) -> dict[str, float]:
-    """vm_id -> last seen, over replicas; fails if a VM shows on two."""
+def shown(replicas: list[FleetProcess]) -> tuple[dict[str, float], set[str]]:
+    """vm_id -> last seen, over replicas, and the VMs shown by two."""
     seen: dict[str, float] = {}
+    twice: set[str] = set()
     for replica in replicas:
         mine = last_seen(replica)
-        assert not mine.keys() & seen.keys(), f"shown by two replicas: {sorted(mine.keys() & seen.keys())[:5]}"
+        twice |= mine.keys() & seen.keys()
         seen.update(mine)
+    return seen, twice
+
+
+def picture(replicas: list[FleetProcess]) -> dict[str, float]:
+    """vm_id -> last seen, over replicas; fails if a VM shows on two."""
+    seen, twice = shown(replicas)
+    assert not twice, f"shown by two replicas: {sorted(twice)[:5]}"
     return seen
+
+
+def settled(replicas: list[FleetProcess]) -> dict[str, float] | None:
+    """The picture over replicas, or None (not yet) while a VM shows on two: in a hand-over the new owner shows a
+    partition from its restore on and the old one until its link is stolen (Event Hubs has no fence between the
+    two), which on a loaded machine is a scrape's worth of time. For waits; ``picture`` asserts it once settled."""
+    seen, twice = shown(replicas)
+    return None if twice else seen
 
 
 def owners(azurite: Azurite, container: str) -> dict[str, str]:
@@ -143,8 +159,10 @@ def test_ten_thousand_vms_split_over_two_replicas_survive_kill_and_restart(
     producers = start_producers(hub, 10_000)
     first, second = fleets(hub), fleets(hub)
     assert [producer.wait(120) for producer in producers] == [0, 0]
-    wait_until(lambda: len(picture([first, second])) == 10_000, timeout=60, interval=0.5,
-               what="10,000 VMs across the replicas")
+    wait_until(lambda: first.value("azure_scheduled_fleet_owned_partitions") == 2
+               and second.value("azure_scheduled_fleet_owned_partitions") == 2
+               and len(settled([first, second]) or ()) == 10_000, timeout=60, interval=0.5,
+               what="10,000 VMs across the replicas, two partitions each")
     assert first.value("azure_scheduled_fleet_owned_partitions") == 2
     assert second.value("azure_scheduled_fleet_owned_partitions") == 2
     before = picture([first, second])
@@ -171,7 +189,7 @@ def test_ten_thousand_vms_split_over_two_replicas_survive_kill_and_restart(
     started_at = time.monotonic()
     wait_until(lambda: restarted.value("azure_scheduled_fleet_owned_partitions") == 2
                and second.value("azure_scheduled_fleet_owned_partitions") == 2
-               and picture([second, restarted]) == before, timeout=60, interval=0.5,
+               and settled([second, restarted]) == before, timeout=60, interval=0.5,
                what="the restarted replica's share, same picture")
     rebuilt = time.monotonic() - started_at
     duplicates = sum(value for replica in (second, restarted) for (name, _), value in replica.samples().items()

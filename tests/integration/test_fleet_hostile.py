@@ -98,7 +98,7 @@ def test_damaged_and_newer_state_blobs_neither_stall_nor_get_overwritten(
         envelopes.append(envelope)
     assert by_partition["0"] and by_partition["1"]
     send(hub.connection_string(), [event_data(envelope) for envelope in envelopes])
-    newer = gzip.compress(json.dumps({"format": 3, "partition_id": "1", "whatever": "a newer release"}).encode())
+    newer = gzip.compress(json.dumps({"format": 4, "partition_id": "1", "whatever": "a newer release"}).encode())
     prefix = state_blob_name(f"127.0.0.1:{hub.port}", hub.store.hub, "$Default", "")  # the SDK's namespace: host:port
     with storage(azurite, container) as blobs:  # type: ignore[arg-type]
         blobs.create_container()

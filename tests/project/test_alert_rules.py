@@ -5,17 +5,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 from tests import promtool
 
 RULES = Path(__file__).parent.parent.parent / "dashboards" / "alerts.yaml"
 BASE = 'job="se-exporter", instance="vm0:10169"'
 LABELS = {"job": "se-exporter", "instance": "vm0:10169"}
-
-
-def rules() -> dict[str, dict[str, Any]]:
-    return promtool.rules(RULES)
 
 
 def info(event_id: str, event_type: str, status: str, affects: str = "true") -> str:
@@ -52,7 +47,7 @@ def condition(node: str, name: str, statuses: list[str], ksm: str = "10.244.0.7:
 
 
 # (alert, input series, eval time, expected alerts as (labels, value)); an empty list means: must not fire.
-CASES: list[tuple[str, dict[str, str], str, list[tuple[dict[str, str], float]]]] = [
+CASES: list[promtool.Case] = [
     ("AzureImpactfulMaintenanceScheduled",
      {event("azure_scheduled_event_seconds_until_not_before", "E1", "Reboot"): "660 600",
       info("E1", "Reboot", "Scheduled"): "1 1"}, "1m",
@@ -140,9 +135,8 @@ CASES: list[tuple[str, dict[str, str], str, list[tuple[dict[str, str], float]]]]
 
 def test_every_alert_has_a_firing_and_a_silent_case() -> None:
     """No alert ships untested in either direction."""
-    firing = {alert for alert, _, _, alerts in CASES if alerts}
-    silent = {alert for alert, _, _, alerts in CASES if not alerts}
-    assert firing == silent == set(rules())
+    firing, silent = promtool.firing_and_silent(CASES)
+    assert firing == silent == set(promtool.rules(RULES))
 
 
 def test_rules_pass_promtool_check() -> None:
@@ -160,7 +154,7 @@ def test_the_npd_rule_and_the_vm_panel_select_the_same_node_conditions() -> None
     VMEventScheduled; the per-type names are its Event reasons), and neither takes any other condition."""
     vm = json.loads((RULES.parent / "se-exporter-vm.json").read_text())
     (panel_expr,) = [p["targets"][0]["expr"] for p in vm["panels"] if p["title"].startswith("AKS node conditions")]
-    rule_expr = rules()["AksScheduledEventNotSeenBySeExporter"]["expr"]
+    rule_expr = promtool.rules(RULES)["AksScheduledEventNotSeenBySeExporter"]["expr"]
 
     def selected(expr: str) -> set[str]:
         patterns = re.findall(r'condition=~?"([^"]+)"', expr)

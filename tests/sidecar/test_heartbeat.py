@@ -60,8 +60,10 @@ def test_heartbeats_repeat_the_latest_change_and_wait_for_a_first_document(tmp_p
     """Nothing is repeated before a valid document; after a change, heartbeats carry the new one."""
     forward, target = sink(tmp_path, 0.05)
     try:
-        stopped = threading.Event()
-        assert not stopped.wait(0.2)  # four intervals with nothing to forward: a window in which nothing may come
+        # The heartbeat thread's own clock: it has ticked, over at least four intervals, with nothing to forward.
+        started = forward._forwarded_at
+        wait_until(lambda: forward._forwarded_at >= started + 4 * 0.05, timeout=5,
+                   what="heartbeat ticks over four intervals")
         assert target.envelopes == []
         forward.export(change(RAW))
         forward.export(change(OTHER))

@@ -228,6 +228,23 @@ def test_long_labels_are_cut_and_marked_and_counted_once_per_document() -> None:
     assert registry.get_sample_value("azure_scheduled_events_bound_hits_total", {"bound": "label_length"}) == 2
 
 
+def test_a_document_rebuilt_for_a_new_vm_name_is_not_counted_again() -> None:
+    """The identity read after the first document changes only the VM name: the families are rebuilt, but the same
+    document's cut labels and events past the series cap are not counted a second time."""
+    events = [{**FREEZE, "EventId": f"{n:03d}" + "E" * 300} for n in range(70)]
+    state = {"snapshot": _snapshot(_document(*events), vm_name=None)}
+    registry = CollectorRegistry()
+    Metrics(registry, lambda: state["snapshot"], clock=lambda: NOW)
+    generate_latest(registry)
+    state["snapshot"] = replace(state["snapshot"], vm_name="WestNO_0")
+    assert registry.get_sample_value("azure_scheduled_event_info", {
+        "event_id": "000" + "E" * 239 + "...[truncated]", "event_type": "Freeze", "event_status": "Scheduled",
+        "event_source": "Platform", "resource_type": "VirtualMachine", "affects_this_vm": "true"}) == 1.0
+    get = registry.get_sample_value
+    assert (get("azure_scheduled_events_bound_hits_total", {"bound": "label_length"}),
+            get("azure_scheduled_events_bound_hits_total", {"bound": "events_per_document"})) == (64, 6)
+
+
 def test_per_event_series_are_kept_for_the_first_64_events_by_event_id() -> None:
     """3,000 events made /metrics 2 MB: the first 64 by EventId get per-event series (whatever the document's
     order), the rest are counted; pending still counts them all."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import resource
+import ssl
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,13 +56,17 @@ def counting(inner: Any) -> tuple[CountingExporter, CollectorRegistry]:
                             Counter("failed", "", registry=registry)), registry
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
 @pytest.mark.parametrize("answer", [flood_declared, flood_undeclared, drip_headers, drip_body])
 def test_an_otlp_http_export_ends_by_its_deadline_reading_a_bounded_answer(
-        answer: Callable[[Callable[[bytes], None]], None], caplog: pytest.LogCaptureFixture) -> None:
-    """A collector answering 200 with an endless body (4 GB declared, or none) or dripping a byte at a time: the
-    export fails within the deadline, counted as failed, with one warning; the memory read stays bounded."""
-    with hostile_collector(answer) as endpoint:
-        exporter, registry = counting(HttpExporter(endpoint=endpoint, timeout=DEADLINE, session=BoundedSession()))
+        answer: Callable[[Callable[[bytes], None]], None], tls: bool, tls_cert: tuple[Path, Path],
+        tls_contexts: tuple[ssl.SSLContext, ssl.SSLContext], caplog: pytest.LogCaptureFixture) -> None:
+    """A collector answering 200 with an endless body (4 GB declared, or none) or dripping a byte at a time, over
+    http or https: the export fails within the deadline, counted as failed, with one warning; the memory read
+    stays bounded."""
+    with hostile_collector(answer, tls_contexts[0] if tls else None) as endpoint:
+        exporter, registry = counting(HttpExporter(endpoint=endpoint, timeout=DEADLINE, session=BoundedSession(),
+                                                   certificate_file=str(tls_cert[0]) if tls else None))
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         started = time.monotonic()
         with caplog.at_level(logging.DEBUG):
@@ -75,6 +81,26 @@ def test_an_otlp_http_export_ends_by_its_deadline_reading_a_bounded_answer(
         f"span export failing ({endpoint}: {why(caplog)}): spans are dropped until the endpoint answers"]
     assert ("deadline" if answer.__name__.startswith("drip") else "bytes") in why(caplog)
     assert grown_kib < 16 * 1024  # peak RSS grew by less than 16 MiB
+
+
+def answer_ok(send: Callable[[bytes], None]) -> None:
+    send(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n")
+
+
+def test_the_otlp_certificate_is_trusted_with_a_ca_bundle_variable_set(
+        tls_cert: tuple[Path, Path], tls_contexts: tuple[ssl.SSLContext, ssl.SSLContext],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collector's CA given to the exporter (OTEL_EXPORTER_OTLP_CERTIFICATE) is the one used even where
+    REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE names another bundle: the export is delivered."""
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", ssl.get_default_verify_paths().openssl_cafile)
+    monkeypatch.setenv("CURL_CA_BUNDLE", ssl.get_default_verify_paths().openssl_cafile)
+    with hostile_collector(answer_ok, tls_contexts[0]) as endpoint:
+        exporter, registry = counting(HttpExporter(endpoint=endpoint, timeout=DEADLINE, session=BoundedSession(),
+                                                   certificate_file=str(tls_cert[0])))
+        result = exporter.export(spans())
+        exporter.shutdown()
+    assert result == SpanExportResult.SUCCESS
+    assert registry.get_sample_value("exported_total") == 1
 
 
 def test_the_sidecars_exporters_are_built_bounded() -> None:

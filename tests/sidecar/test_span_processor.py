@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, Counter
 
 from se_exporter.cli import build_parser
 from se_exporter.core.errors import ConfigError
-from se_exporter.sidecar.settings import SpanBatching, run_settings
-from se_exporter.sidecar.sinks.tracing import CountingExporter, _QueueDrops
+from se_exporter.sidecar.settings import SpanBatching, TracingSettings, run_settings
+from se_exporter.sidecar.sinks.tracing import CountingExporter, TracingSink, _QueueDrops
 from tests.helpers import wait_until
 
 TRACING_ON = {"OTEL_TRACES_EXPORTER": "console"}
@@ -76,6 +76,21 @@ def test_otel_bsp_variables_mean_nothing_with_tracing_off() -> None:
     """With no span exporter the batching variables are not read, so a stale one cannot stop the sidecar."""
     settings = run_settings(build_parser().parse_args(["run"]), {"OTEL_BSP_SCHEDULE_DELAY": "soon"})
     assert settings.otel_traces_exporter == "none"
+
+
+@pytest.mark.parametrize("queue", [2048, 100])
+def test_the_drop_counters_help_names_the_queue_bound_in_force(queue: int) -> None:
+    """The help of azure_scheduled_events_spans_dropped_total gives the queue's size as configured (the default,
+    or OTEL_BSP_MAX_QUEUE_SIZE), not a fixed number."""
+    registry = CollectorRegistry()
+    sink = TracingSink(TracingSettings(otel_traces_exporter="console", batch=SpanBatching(max_queue_size=queue,
+                                                                                          max_export_batch_size=8)),
+                       None, registry)
+    try:
+        [family] = [m for m in registry.collect() if m.name == "azure_scheduled_events_spans_dropped"]
+        assert f"queue was full ({queue:,} spans)" in family.documentation
+    finally:
+        sink.shutdown()
 
 
 @pytest.fixture

@@ -3,21 +3,14 @@ and byte-level faults (truncation at every offset, drip feeds, chunk errors)."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import socket
 import ssl
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from se_exporter.sidecar import transport as errors
 from se_exporter.sidecar.transport import Answer, KeepAliveTransport
@@ -279,27 +272,6 @@ def test_without_a_total_timeout_a_slow_complete_answer_is_read(server: ServerFa
     """The deadline is opt-in per request: without it, only each read is bounded (httpx's meaning)."""
     peer = server([Drip(OK, 0.01)])
     assert get(transport, peer.url, timeout=1.0).content == b"{}"
-
-
-@pytest.fixture(scope="module")
-def tls_contexts(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """A self-signed certificate for 127.0.0.1: the server's context and a client context that trusts it."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .sign(key, hashes.SHA256()))
-    folder: Path = tmp_path_factory.mktemp("tls")
-    (folder / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (folder / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                       serialization.NoEncryption()))
-    server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server_side.load_cert_chain(folder / "cert.pem", folder / "key.pem")
-    client_side = ssl.create_default_context(cafile=str(folder / "cert.pem"))
-    return server_side, client_side
 
 
 def test_the_total_timeout_holds_over_tls(tls_contexts: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:

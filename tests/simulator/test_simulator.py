@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from se_exporter.cli import main
 from se_exporter.core.errors import ConfigError
 from se_exporter.core.model import parse_document
 from se_exporter.infra.http_server import Bounds
@@ -123,6 +124,26 @@ def test_scenario_file_by_path(tmp_path: pytest.TempPathFactory) -> None:
     scenario = scenarios.load(str(path))
     assert scenario.name == "mine"
     assert scenario.events[0].resources == ("WestNO_0",)
+
+
+@pytest.mark.parametrize(("argv", "env", "fragment"), [
+    (["--speed", "1e308"], {}, "--speed: '1e308' is out of range: 0.001 to 100000"),
+    (["--speed", "inf"], {}, "--speed: 'inf' is out of range"),
+    (["--speed", "1e-300"], {}, "--speed: '1e-300' is out of range"),
+    (["--speed", "nan"], {}, "--speed: 'nan' must be a positive number"),
+    (["--speed", "0"], {}, "--speed: '0' must be a positive number"),
+    ([], {"SE_EXPORTER_SIMULATOR_SPEED": "1e400"}, "SE_EXPORTER_SIMULATOR_SPEED: '1e400' is out of range"),
+])
+def test_an_absurd_speed_stops_simulate_with_one_line(argv: list[str], env: dict[str, str], fragment: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``simulate --speed`` is bounded as ``run --speed`` is (tested in sidecar/test_settings.py): unbounded, 1e-300
+    overflowed every NotBefore's timestamp (each document an OverflowError) and 1e308 put scenario time near 1e306 s
+    in the first millisecond. Exit 2 and one line naming the setting, before any server starts."""
+    assert main(["simulate", "--listen", "127.0.0.1:0", *argv], env=env) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("se-exporter: error: ")
+    assert fragment in err
 
 
 def test_fault_specs() -> None:
@@ -566,7 +587,33 @@ def test_request_history_is_bounded() -> None:
         sim.record_served(str(number).encode())
     assert HISTORY == 1000
     assert [r.path for r in sim.requests] == [f"/{number}" for number in range(500, HISTORY + 500)]
-    assert sim.served == [str(number).encode() for number in range(500, HISTORY + 500)]
+    assert sim.distinct_served() == [str(number).encode() for number in range(500, HISTORY + 500)]
+
+
+def test_a_repeating_scenario_keeps_no_notbefore_of_past_cycles() -> None:
+    """The NotBefores fixed at first sight are kept only while listed: a repeating scenario served cycle after
+    cycle (a rehearsal left running, or a high --speed) holds a bounded number of them."""
+    clock = FakeClock()
+    sim = Simulator(scenarios.load("demo"), clock=clock)
+    assert sim.scenario.repeat_every is not None
+    listed_at_most = len(sim.scenario.events)
+    clock.now += 250  # four events listed with a NotBefore, each cycle under fresh EventIds
+    for _ in range(200):
+        clock.now += sim.scenario.repeat_every
+        assert sim.document()["Events"]
+        assert len(sim._not_before_wall) <= listed_at_most
+
+
+def test_a_notbefore_stays_put_while_listed_across_a_jump() -> None:
+    """An event's NotBefore is fixed at first sight: a jump of scenario time later does not move it."""
+    clock = FakeClock()
+    sim = Simulator(scenarios.load("live-migration"), clock=clock)
+    clock.now += 10
+    first = {e["EventId"]: e["NotBefore"] for e in sim.document()["Events"]}
+    sim.advance(5)
+    clock.now += 1
+    again = {e["EventId"]: e["NotBefore"] for e in sim.document()["Events"]}
+    assert first and again == first
 
 
 def test_the_request_history_reads_safely_while_the_server_records() -> None:

@@ -21,7 +21,6 @@ from se_exporter.sidecar.sinks.envelope import Envelope
 from se_exporter.sidecar.sinks.forward import ForwardMetrics
 
 log = logging.getLogger("se_exporter.forward")
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # not on Windows, which has no FIFOs to block on
 
 
 def file_line(envelope: Envelope) -> bytes:
@@ -48,15 +47,16 @@ class FileTarget:
         self._torn: int | None = None  # where the file must be cut before the next line (a cut that failed)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            # O_NONBLOCK: a FIFO made after the start-up check must fail here, not wait for a reader for ever.
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NONBLOCK | PLATFORM.open_flags, 0o666)
+            # fifo_flags: a FIFO made after the start-up check must fail here, not wait for a reader for ever.
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | PLATFORM.fifo_flags | PLATFORM.open_flags,
+                               0o666)
             if not stat.S_ISREG(os.fstat(self._fd).st_mode):
                 os.close(self._fd)
                 raise ForwardFileError(path, "it is not a regular file: give the path of a regular file (or of one "
                                              "to create)")
             self.last_sequence = self._recover(path)
         except OSError as exc:
-            if exc.errno == errno.ENXIO:  # what O_NONBLOCK makes of a FIFO without a reader
+            if exc.errno == errno.ENXIO:  # what fifo_flags (O_NONBLOCK) make of a FIFO without a reader
                 raise ForwardFileError(path, "it is a FIFO, not a regular file: give the path of a regular file (or "
                                              "of one to create)") from None
             raise ForwardFileError(path, f"cannot open it for appending ({exc.strerror or exc}); give the path of "

@@ -15,7 +15,8 @@ a second held span export for good. Its public seam is the ``session`` it is giv
 
 A failed request is reported to the exporter as an error it does not retry (the export counts as failed once),
 whose message says why (too large, or past the deadline). Everything else (TLS and client certificates from
-``OTEL_EXPORTER_OTLP_*``, headers, compression, proxies from the environment) is requests' and the exporter's own.
+``OTEL_EXPORTER_OTLP_*``, headers, compression, proxies from the environment) is requests' and the exporter's own,
+except that the exporter's CA file is not replaced by ``REQUESTS_CA_BUNDLE`` (``merge_environment_settings``).
 """
 
 from __future__ import annotations
@@ -98,14 +99,8 @@ class _WatchedHTTPConnection(HTTPConnection):
         return super().getresponse()
 
 
-class _WatchedHTTPSConnection(HTTPSConnection):
-    def connect(self) -> None:
-        _watch(self)
-        super().connect()
-
-    def getresponse(self) -> Any:
-        _watch(self)
-        return super().getresponse()
+class _WatchedHTTPSConnection(_WatchedHTTPConnection, HTTPSConnection):
+    """The same for https: next in line after the watching methods comes ``HTTPSConnection``'s TLS ``connect``."""
 
 
 class _WatchedPool(HTTPConnectionPool):
@@ -141,6 +136,17 @@ class BoundedSession(requests.Session):
         adapter = _WatchedAdapter()
         self.mount("http://", adapter)
         self.mount("https://", adapter)
+
+    def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any,
+                                   cert: Any) -> dict[str, Any]:
+        """requests lets ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE`` replace a CA file set on the session, which is
+        where the exporter puts ``OTEL_EXPORTER_OTLP_CERTIFICATE``: with either variable set (many images set it),
+        the collector's CA was ignored and every export failed verification. A CA file (or ``False``) given to the
+        session wins; the variables still apply where none was given."""
+        settings: dict[str, Any] = super().merge_environment_settings(url, proxies, stream, verify, cert)
+        if verify is None and self.verify is not True:
+            settings["verify"] = self.verify
+        return settings
 
     def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
         timeout = kwargs.get("timeout")

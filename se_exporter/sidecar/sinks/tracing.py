@@ -235,7 +235,7 @@ class TracingSink(Sink):
         failed = Counter(f"{NAMESPACE}_span_export_errors", "Spans the trace exporter failed to deliver.",
                          registry=registry)
         self._spans_dropped = Counter(f"{NAMESPACE}_spans_dropped", "Spans dropped before export because the span "
-                                      "queue was full (2,048 spans).", registry=registry)
+                                      f"queue was full ({settings.batch.max_queue_size:,} spans).", registry=registry)
         self._drops = _QueueDrops(self._spans_dropped.inc)
         self._drops.install()
         # Built at start-up, so a bad exporter setting fails there and not at the first event.

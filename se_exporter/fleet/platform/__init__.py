@@ -1,0 +1,78 @@
+"""Azure's own copy of the scheduled events (Event Grid, issue 27): read, folded, reconciled with the sidecars.
+
+The pure core only, a module per step: ``reader`` (with ``fields``: a received message to ``PlatformEvent``
+values, or None when it is not Event Grid's), ``picture`` (per EventId, statuses only moving forward, duplicates
+dropped, retention), ``saved`` (a picture as JSON with named fields and back), ``coverage`` (per EventId and VM:
+observed, missed, imds_unreachable, no_sidecar; and the reverse) and ``exposition`` (the gauges as Prometheus
+text; the counters it documents are fed from the values these return).
+
+How a consumer tells the two streams apart, per received message: ``read_platform`` first (a sidecar's document
+costs it one look at the bytes, no parsing); None means not Event Grid's, for ``message.read_message``.
+"""
+
+from __future__ import annotations
+
+from se_exporter.fleet.platform.coverage import (
+    COVERAGE_BOUND_NAMES,
+    COVERAGES,
+    MISSED_REASONS,
+    Coverage,
+    Reconciler,
+    ReconcileSettings,
+    Reconciliation,
+)
+from se_exporter.fleet.platform.exposition import render_platform
+from se_exporter.fleet.platform.picture import (
+    DEFAULT_LIMITS,
+    PICTURE_BOUND_NAMES,
+    Applied,
+    PictureState,
+    PlatformLimits,
+    PlatformPicture,
+    PlatformRecord,
+    merge,
+)
+from se_exporter.fleet.platform.reader import (
+    DEFAULT_PLATFORM_BOUNDS,
+    EVENT_TYPE,
+    PLATFORM_BOUND_NAMES,
+    PLATFORM_INVALID_REASONS,
+    PlatformBounds,
+    PlatformEvent,
+    PlatformMessage,
+    looks_like_platform,
+    read_platform,
+)
+from se_exporter.fleet.platform.saved import record_from_json, record_to_json, state_from_json, state_to_json
+
+__all__ = [
+    "COVERAGES",
+    "COVERAGE_BOUND_NAMES",
+    "DEFAULT_LIMITS",
+    "DEFAULT_PLATFORM_BOUNDS",
+    "EVENT_TYPE",
+    "MISSED_REASONS",
+    "PICTURE_BOUND_NAMES",
+    "PLATFORM_BOUND_NAMES",
+    "PLATFORM_INVALID_REASONS",
+    "Applied",
+    "Coverage",
+    "PictureState",
+    "PlatformBounds",
+    "PlatformEvent",
+    "PlatformLimits",
+    "PlatformMessage",
+    "PlatformPicture",
+    "PlatformRecord",
+    "ReconcileSettings",
+    "Reconciler",
+    "Reconciliation",
+    "looks_like_platform",
+    "merge",
+    "read_platform",
+    "record_from_json",
+    "record_to_json",
+    "render_platform",
+    "state_from_json",
+    "state_to_json",
+]

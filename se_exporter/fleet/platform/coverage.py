@@ -1,0 +1,255 @@
+"""Reconciliation: for every EventId the platform announced and every VM it concerns, did that VM's sidecar see it?
+
+No I/O and no clock reads. ``Reconciler.update`` takes the platform's records, the fleet's VMs (as
+``Fleet.vms()`` returns them) and the time, and returns the coverage of each (EventId, VM) pair, plus what the
+counters should add since the last update. It remembers, bounded, what must outlive one look: when a VM first
+listed an EventId (a finished event vanishes from IMDS, and from the VM's next document), which pairs and EventIds
+were already counted (each once), and which scopes have published a platform event.
+
+Coverage, as issue 27 defines it, for an affected VM (a name in the event's Resources):
+
+* ``observed``: the VM's sidecar has listed the EventId (now or in an earlier document);
+* ``no_sidecar``: no sidecar of that name has been heard from within ``vm_expiry``;
+* ``imds_unreachable``: its sidecar is alive but reported, after the announcement, that its last successful IMDS
+  read was before it (or that its polls are failing): it could not have seen the event;
+* ``missed``: its sidecar is alive and has not listed the EventId ``grace`` seconds after the announcement while
+  the event is Scheduled or Started.
+
+Within the grace a live sidecar's pair has no coverage yet; once the event has ended, a pair keeps the ``missed``
+or ``imds_unreachable`` it had (the VM's IMDS would no longer show the event), and a live sidecar's pair that had
+none gets none. The reverse: an EventId live sidecars listed for ``grace`` that the platform never announced,
+counted once, only when the VM is in a scope that has published a platform event (its scale set, itself, or a
+Resources list: an availability set is known only that way).
+
+The join. The issue joins on (subscription, resource group, VM name). ``VmState`` does not keep the
+subscription_id and resource_group properties the sidecars send (``message.py`` reads neither), so ``vm_identity``
+gives empty ones today and the join is on the VM name (Azure compares names without case; the 2017 preview's
+leading underscore ignored, as ``core.model.affects_vm`` does), narrowed by the scale set's name and the location
+where both sides know them. TODO(wiring): keep both properties in ``VmState`` (and the state blobs), and return
+them from ``vm_identity``: ``_same_place`` already compares them when known.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from se_exporter.core.model import event_key
+from se_exporter.fleet.message import VmState
+from se_exporter.fleet.platform.picture import PlatformRecord
+
+COVERAGES = ("observed", "missed", "imds_unreachable", "no_sidecar")
+MISSED_REASONS = ("missed", "imds_unreachable", "no_sidecar")
+COVERAGE_BOUND_NAMES = ("platform_coverage_pairs", "platform_coverage_ids", "platform_scopes")
+_K = TypeVar("_K", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class ReconcileSettings:
+    vm_expiry: float  # --vm-expiry: a sidecar heard from within it is alive
+    grace: float = 60.0  # --reconcile-grace
+    pairs: int = 200_000  # (EventId, VM) pairs remembered: 10,000 events of 20 VMs
+    ids: int = 100_000  # EventIds remembered as announced, or as counted unannounced (each)
+    scopes: int = 100_000  # scopes that have published a platform event
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """One affected VM of one EventId, and whether its sidecar saw the event (COVERAGES)."""
+
+    event_key: str
+    event_id: str
+    event_type: str
+    vm_name: str
+    coverage: str
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    """One update's result: every pair's coverage now, and what the counters add (each pair or EventId once)."""
+
+    coverage: tuple[Coverage, ...]
+    missed: tuple[tuple[str, str], ...] = ()  # (event_type, reason): missed_events_total
+    unannounced: tuple[str, ...] = ()  # event_type per EventId: unannounced_events_total
+    lags: tuple[float, ...] = ()  # first listed minus announced: announcement_lag_seconds
+    bounds: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class _Pair:
+    first_listed: float | None = None
+    place: tuple[str, str, str, str] | None = None  # where the VM that listed it is: it must match the event's
+    coverage: str | None = None  # the last one decided while the event was open
+    counted: bool = False
+    lagged: bool = False
+
+
+def vm_identity(vm: VmState) -> tuple[str, str, str]:
+    """(subscription, resource group, VM name) to join on, without case; '' where not known (see the module)."""
+    return "", "", _name(vm.vm_name)  # TODO(wiring): vm.subscription_id.casefold(), vm.resource_group.casefold()
+
+
+def _name(name: str) -> str:
+    return name.lstrip("_").casefold()
+
+
+def _place(vm: VmState) -> tuple[str, str, str, str]:
+    """(subscription, resource group, location, scale set) of a VM, without case; '' where not known."""
+    subscription, group, _ = vm_identity(vm)
+    return subscription, group, vm.location.casefold(), vm.vmss_name.casefold()
+
+
+def _same_place(record: PlatformRecord, place: tuple[str, str, str, str]) -> bool:
+    """Where both sides know a part of the place, it is the same."""
+    event = record.event
+    theirs = (event.subscription_id, event.resource_group, event.location,
+              event.scope_name if event.scope_type == "scale_set" else "")
+    return all(not mine or not other or mine == other.casefold() for mine, other in zip(place, theirs, strict=True))
+
+
+def imds_blind_since(vm: VmState, since: float) -> bool:
+    """The sidecar said, at or after ``since``, that it had not read IMDS since before it (or is failing)."""
+    imds = vm.imds
+    if imds.observed_at is None or imds.observed_at < since:
+        return bool(imds.failing) and vm.seen_at >= since
+    return bool(imds.failing) or (imds.last_success is not None and imds.last_success < since)
+
+
+@dataclass
+class Reconciler:
+    """The reconciliation's memory (see the module docstring); one per replica, changed by one thread."""
+
+    settings: ReconcileSettings
+    _pairs: dict[tuple[str, str], _Pair] = field(default_factory=dict)
+    # OrderedDicts: taken from the front when full, where a dict's iteration would first skip every entry deleted
+    _announced: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    _unannounced: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    _scopes: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)
+    _hits: list[str] = field(default_factory=list)
+    _named: frozenset[str] = frozenset()  # VM names in the Resources of the records of the last update
+
+    def note(self, vm: VmState) -> None:
+        """Remember the EventIds one applied document lists (the consumer may call this per document, so a first
+        listing's time is the document's, not the next update's): only for an EventId announced or a VM in a scope
+        that publishes, so a fleet that has not opted in costs nothing here."""
+        if not vm.events:
+            return
+        name = _name(vm.vm_name)
+        published = self._published(vm, name)
+        for event in vm.events:
+            key = event_key(event.event_id)
+            if not published and key not in self._announced:
+                continue
+            pair = self._pair((key, name), create=True)
+            if pair is not None and (pair.first_listed is None or vm.seen_at < pair.first_listed):
+                pair.first_listed, pair.place = vm.seen_at, _place(vm)
+
+    def _published(self, vm: VmState, name: str) -> bool:
+        """The VM is in a scope that has published a platform event: its scale set, itself, or a Resources list (an
+        availability set is known only that way)."""
+        return name in self._named or ("virtual_machine", name) in self._scopes \
+            or bool(vm.vmss_name and ("scale_set", _name(vm.vmss_name)) in self._scopes)
+
+    def update(self, records: Iterable[PlatformRecord], vms: Iterable[VmState], now: float) -> Reconciliation:
+        records = list(records)
+        for record in records:
+            self._remember(self._announced, record.key, self.settings.ids, "platform_coverage_ids")
+            self._remember(self._scopes, (record.event.scope_type, _name(record.event.scope_name)),
+                           self.settings.scopes, "platform_scopes")
+        self._named = frozenset(_name(resource) for record in records for resource in record.event.resources)
+        by_name: dict[str, list[VmState]] = {}
+        listing: dict[str, list[tuple[VmState, str]]] = {}  # EventId key -> (VM, event type) listing it now
+        for vm in vms:
+            by_name.setdefault(_name(vm.vm_name), []).append(vm)
+            self.note(vm)
+            for event in vm.events:
+                listing.setdefault(event_key(event.event_id), []).append((vm, event.event_type))
+        rows: list[Coverage] = []
+        missed: list[tuple[str, str]] = []
+        lags: list[float] = []
+        for record in records:
+            announced = record.event
+            for resource in announced.resources:
+                coverage = self._pair_coverage(record, resource, by_name.get(_name(resource), ()), now, lags)
+                if coverage is None:
+                    continue
+                rows.append(Coverage(record.key, announced.event_id, announced.event_type, resource, coverage))
+                pair = self._pairs.get((record.key, _name(resource)))
+                if coverage in MISSED_REASONS and pair is not None and not pair.counted:
+                    pair.counted = True
+                    missed.append((announced.event_type, coverage))
+        unannounced = self._unannounced_types(listing, now)
+        self._prune({record.key for record in records} | set(listing))
+        hits, self._hits = tuple(dict.fromkeys(self._hits)), []
+        return Reconciliation(tuple(rows), tuple(missed), unannounced, tuple(lags), hits)
+
+    def sizes(self) -> dict[str, int]:
+        """What it remembers now, each bounded by its setting."""
+        return {"pairs": len(self._pairs), "announced": len(self._announced), "unannounced": len(self._unannounced),
+                "scopes": len(self._scopes)}
+
+    def _pair_coverage(self, record: PlatformRecord, resource: str, named: Iterable[VmState], now: float,
+                       lags: list[float]) -> str | None:
+        key = record.key
+        pair = self._pair((key, _name(resource)), create=True) or _Pair()
+        if pair.first_listed is not None and pair.place is not None and _same_place(record, pair.place):
+            if not pair.lagged:
+                pair.lagged = True
+                lags.append(pair.first_listed - record.announced_at)
+            return "observed"
+        alive = [vm for vm in named if now - vm.seen_at <= self.settings.vm_expiry and _same_place(record, _place(vm))]
+        if not alive:
+            coverage: str | None = "no_sidecar"
+        elif record.ended:
+            return pair.coverage if pair.coverage in ("missed", "imds_unreachable") else None
+        elif now < record.announced_at + self.settings.grace:
+            return None
+        else:
+            vm = max(alive, key=lambda vm: vm.seen_at)
+            coverage = "imds_unreachable" if imds_blind_since(vm, record.announced_at) else "missed"
+        if not record.ended:
+            pair.coverage = coverage
+        return coverage
+
+    def _unannounced_types(self, listing: dict[str, list[tuple[VmState, str]]], now: float) -> tuple[str, ...]:
+        if not self._scopes:
+            return ()
+        found: list[str] = []
+        for key, listed in listing.items():
+            if key in self._announced or key in self._unannounced:
+                continue
+            for vm, event_type in listed:
+                name = _name(vm.vm_name)
+                pair = self._pairs.get((key, name))
+                if pair is None or pair.first_listed is None or now < pair.first_listed + self.settings.grace:
+                    continue
+                if now - vm.seen_at > self.settings.vm_expiry or not self._published(vm, name):
+                    continue
+                self._remember(self._unannounced, key, self.settings.ids, "platform_coverage_ids")
+                found.append(event_type)
+                break
+        return tuple(found)
+
+    def _pair(self, key: tuple[str, str], create: bool) -> _Pair | None:
+        pair = self._pairs.get(key)
+        if pair is None and create:
+            if len(self._pairs) >= self.settings.pairs:
+                self._hits.append("platform_coverage_pairs")
+                return None
+            pair = self._pairs[key] = _Pair()
+        return pair
+
+    def _prune(self, keep: set[str]) -> None:
+        """Forget pairs of EventIds neither announced now nor listed by any VM now."""
+        for key in [key for key in self._pairs if key[0] not in keep]:
+            del self._pairs[key]
+
+    def _remember(self, seen: OrderedDict[_K, None], key: _K, bound: int, name: str) -> None:
+        if key in seen:
+            return
+        if len(seen) >= bound:
+            seen.popitem(last=False)
+            self._hits.append(name)
+        seen[key] = None

@@ -1,0 +1,79 @@
+"""The platform families in the Prometheus text format, written as ``collector.render_fleet`` writes the fleet's.
+
+Gauges, rebuilt from the platform picture and the last reconciliation on every scrape (an event forgotten is gone
+from the next scrape, with its series; nothing is removed by hand):
+
+* ``azure_scheduled_fleet_platform_event_info{event_id, event_type, event_status, event_source, scope_type,
+  scope_name, resource_group, subscription_id, location}`` = 1 per EventId the platform announced;
+* ``azure_scheduled_fleet_platform_event_vms{event_id, event_type, coverage}``: the VMs of each coverage
+  (``coverage.COVERAGES``), all four per EventId (0 included), so a panel's series never come and go.
+
+Counters and the histogram are the wiring session's to create (prometheus_client objects on the fleet's registry,
+beside ``FleetMetrics``, every label value created at zero where the values are a closed set), fed from what this
+package returns:
+
+* ``azure_scheduled_fleet_platform_events_total{event_type, event_status}``: ``len(Applied.statuses)`` per
+  ``PlatformPicture.apply`` (every status learnt, once per EventId and status, whatever the order);
+* ``azure_scheduled_fleet_platform_duplicates_total``: each ``Applied.outcome == "duplicate"``;
+* ``azure_scheduled_fleet_missed_events_total{event_type, reason}``: ``Reconciliation.missed``, reason in
+  ``MISSED_REASONS`` (each VM and EventId once);
+* ``azure_scheduled_fleet_unannounced_events_total{event_type}``: ``Reconciliation.unannounced`` (each EventId once);
+* ``azure_scheduled_fleet_announcement_lag_seconds`` (histogram): ``Reconciliation.lags``, negative when the VM
+  knew first (buckets must cover both signs, e.g. -300 ... 3600);
+* ``azure_scheduled_fleet_impact_seconds_total{event_type, scope_name, location}``: ``Applied.impact_seconds``
+  when positive (once per EventId, when Started and Completed are both known);
+* ``azure_scheduled_fleet_invalid_messages_total{reason}``: gains ``PLATFORM_INVALID_REASONS`` (created at zero)
+  and counts ``PlatformMessage.skipped`` reasons; ``bound_hits_total{bound}`` gains ``PLATFORM_BOUND_NAMES``,
+  ``PICTURE_BOUND_NAMES`` and ``COVERAGE_BOUND_NAMES``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterable
+
+from se_exporter.fleet.collector import FLEET
+from se_exporter.fleet.platform.coverage import COVERAGES, Coverage
+from se_exporter.fleet.platform.picture import PlatformRecord
+
+_HEADERS = {
+    "platform_event_info": "1 per scheduled event Azure announced on the platform stream (Event Grid), ended ones "
+                           "for --platform-retention.",
+    "platform_event_vms": "VMs of one platform event by coverage: whether their sidecar listed it (observed), did "
+                          "not (missed), could not read IMDS (imds_unreachable) or was not heard from (no_sidecar).",
+}
+
+
+def render_platform(records: Iterable[PlatformRecord], coverage: Iterable[Coverage]) -> str:
+    """The platform gauges as text, from one consistent list of records and the reconciliation's coverage.
+
+    Written directly, as ``render_fleet`` is and for its reason (the figure it guards is the CPU of one /metrics
+    scrape: up to 50,000 series here at the default bound); the text is appended to the fleet's. Its samples are
+    proven equal to prometheus-client's for the same values (``tests/fleet/test_platform_coverage.py``); the
+    wiring session adds it to ``scripts/fleet_bench.py --scrape``, which measures the ratio."""
+    info: list[str] = []
+    vms: list[str] = []
+    counts = Tally((row.event_key, row.coverage) for row in coverage)
+    for record in sorted(records, key=lambda record: record.key):
+        event = record.event
+        ident = f'event_id="{_escape(event.event_id)}",event_type="{_escape(event.event_type)}"'
+        info.append(f"{FLEET}_platform_event_info{{{ident},event_status=\"{event.event_status}\","
+                    f'event_source="{_escape(event.event_source)}",scope_type="{event.scope_type}",'
+                    f'scope_name="{_escape(event.scope_name)}",resource_group="{_escape(event.resource_group)}",'
+                    f'subscription_id="{_escape(event.subscription_id)}",location="{_escape(event.location)}"}} 1.0')
+        vms.extend(f'{FLEET}_platform_event_vms{{{ident},coverage="{state}"}} {float(counts[(record.key, state)])!r}'
+                   for state in COVERAGES)
+    parts = []
+    for name, lines in (("platform_event_info", info), ("platform_event_vms", vms)):
+        parts.append(f"# HELP {FLEET}_{name} {_HEADERS[name]}\n# TYPE {FLEET}_{name} gauge\n")
+        if lines:
+            parts.append("\n".join(lines))
+            parts.append("\n")
+    return "".join(parts)
+
+
+def _escape(value: str) -> str:
+    """Label values as the text format wants them: backslash, double quote and newline escaped."""
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return value

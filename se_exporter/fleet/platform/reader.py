@@ -1,0 +1,215 @@
+"""A platform message read and checked: Azure's own copy of a scheduled event, from Event Grid.
+
+Recognised by content, so the platform stream may share a hub with the sidecars' documents: an Event Grid event
+(an object, or an array of them as Event Grid delivers) in the Event Grid schema (``eventType``) or CloudEvents
+1.0 (``specversion`` and ``type``). A type ending in ``MaintenanceResources.ScheduledEventEmitted`` is a platform
+event; another event type is refused as ``other_event_type``; a body that is neither (no envelope key at the top
+level) is not a platform message at all (``read_platform`` returns None) and is left to ``message.read_message``.
+
+Nothing in it is trusted, as in ``message.py``: the byte cap is checked before parsing, the containers in the
+body are counted before parsing (which bounds both depth and size of every value: a real event has six), integer
+literals past 20 digits and NaN/Infinity never become numbers, every string kept is checked (unpaired surrogates
+and control characters spelt out, length bounded), counts are bounded (``PlatformBounds``, each hit reported), and
+a wrong type is refused with the field it concerns. Only ``InvalidMessage`` ever leaves ``read_platform``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from se_exporter.core.model import event_key
+from se_exporter.fleet.message import MAX_TEXT, InvalidMessage
+from se_exporter.fleet.platform.fields import (
+    STATUSES,
+    Huge,
+    arm_scope,
+    duration,
+    event_status,
+    event_time,
+    int_literal,
+    not_before,
+    object_field,
+    optional,
+    required,
+    shown,
+    vm_names,
+)
+
+EVENT_TYPE = "Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted"
+_TYPE_SUFFIX = "maintenanceresources.scheduledeventemitted"
+# The reasons a message recognised as Event Grid's is counted under (besides message.py's too_large): another
+# event type, or a ScheduledEventEmitted event that cannot be read (the message says which field).
+PLATFORM_INVALID_REASONS = ("other_event_type", "invalid_platform_event")
+PLATFORM_BOUND_NAMES = ("platform_events_per_message", "platform_resources_per_event")
+SCOPE_TYPES = ("scale_set", "availability_set", "virtual_machine", "unknown")
+__all__ = ["DEFAULT_PLATFORM_BOUNDS", "EVENT_TYPE", "PLATFORM_BOUND_NAMES", "PLATFORM_INVALID_REASONS", "SCOPE_TYPES",
+           "STATUSES", "PlatformBounds", "PlatformEvent", "PlatformMessage", "looks_like_platform", "read_platform"]
+MAX_DESCRIPTION = 1024
+
+
+@dataclass(frozen=True)
+class PlatformBounds:
+    """What one platform message may hold; each limit reached is reported in ``PlatformMessage.bounds``."""
+
+    containers: int = 1024  # JSON objects and arrays in one body (a real event has 6): bounds depth and size
+    events_per_message: int = 16  # Event Grid delivers one event per message today
+    resources_per_event: int = 1000  # VMs one event names (an atomic operation on one host names a handful)
+
+
+DEFAULT_PLATFORM_BOUNDS = PlatformBounds()
+
+
+@dataclass(frozen=True, slots=True)
+class PlatformEvent:
+    """One status of one scheduled event, as the platform published it; names from the spec."""
+
+    grid_id: str  # Event Grid's id of this message (duplicates repeat it), not the EventId
+    event_id: str  # as sent (printable); ``key`` identifies it (event_key: GUIDs ignore case)
+    key: str
+    event_type: str
+    event_status: str  # one of STATUSES
+    event_source: str
+    resource_type: str
+    resources: tuple[str, ...]  # VM instance names (for a VM scope without Resources: the VM itself)
+    scope_type: str  # one of SCOPE_TYPES, from resourceInfo.id
+    scope_name: str
+    subscription_id: str
+    resource_group: str
+    location: str
+    event_time: float  # the envelope's eventTime (CloudEvents: time): when the platform published this status
+    not_before: float | None
+    duration_seconds: float | None
+    description: str
+    schema: str  # "eventgrid" or "cloudevents"
+
+
+@dataclass(frozen=True)
+class PlatformMessage:
+    """What one received message held: its platform events, the Event Grid events of the array skipped (each a
+    reason and a line saying why), tolerated oddities, and the bounds its reading reached."""
+
+    events: tuple[PlatformEvent, ...]
+    skipped: tuple[tuple[str, str], ...] = ()
+    warnings: tuple[str, ...] = ()
+    bounds: tuple[str, ...] = ()
+
+
+def looks_like_platform(body: bytes) -> bool:
+    """A cheap first look (no parsing): could this body be an Event Grid event? A sidecar's document is an object
+    holding neither envelope key; a false positive only costs one ``read_platform`` that returns None."""
+    start = body.lstrip()[:1]
+    return start == b"[" or (start == b"{" and (b'"eventType"' in body or b'"specversion"' in body))
+
+
+def read_platform(body: bytes, max_bytes: int, enqueued_at: float,
+                  bounds: PlatformBounds = DEFAULT_PLATFORM_BOUNDS) -> PlatformMessage | None:
+    """The platform events of ``body``; None when it is not Event Grid's at all; ``InvalidMessage`` when it is
+    but holds no platform event that can be read. ``enqueued_at`` stands in for a missing eventTime. A sidecar's
+    document costs only ``looks_like_platform``'s look: nothing is parsed twice on the fleet's common path."""
+    if len(body) > max_bytes:
+        raise InvalidMessage("too_large", f"body of {len(body)} bytes is larger than --max-message-bytes {max_bytes}")
+    if not looks_like_platform(body):
+        return None
+    if _containers(body) > bounds.containers:
+        if body.lstrip()[:1] == b"[":  # never a sidecar's document: Event Grid's array, or garbage
+            raise InvalidMessage("invalid_platform_event", f"body holds more than {bounds.containers} JSON objects "
+                                 "and arrays (an event has 5): not read")
+        return None
+    found = _decode(body, None)
+    if found is None:
+        return None
+    items = found if isinstance(found, list) else [found]
+    if not items or not all(isinstance(item, dict) and _schema(item) for item in items):
+        return None  # not (only) Event Grid events: whatever it is, message.read_message says what is wrong
+    hit: list[str] = []
+    if len(items) > bounds.events_per_message:
+        hit.append("platform_events_per_message")
+        items = items[: bounds.events_per_message]
+    events: list[PlatformEvent] = []
+    skipped: list[tuple[str, str]] = []
+    warnings: list[str] = []
+    for index, item in enumerate(items):
+        where = f"event [{index}]" if isinstance(found, list) else "event"
+        try:
+            events.append(_event(item, enqueued_at, bounds, warnings, hit))
+        except InvalidMessage as exc:
+            skipped.append((exc.reason, f"{where}: {exc}"))
+    if not events:
+        reason, line = skipped[0]
+        raise InvalidMessage(reason, line + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""))
+    return PlatformMessage(tuple(events), tuple(skipped), tuple(warnings), tuple(dict.fromkeys(hit)))
+
+
+def _decode(body: bytes, bounds: PlatformBounds | None) -> object | None:
+    """The JSON of ``body`` when it is UTF-8 JSON of at most ``bounds.containers`` containers (None: counted
+    already), else None."""
+    if bounds is not None and _containers(body) > bounds.containers:
+        return None
+    try:
+        found: object = json.loads(body.decode("utf-8-sig"), parse_int=int_literal, parse_constant=Huge)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return found
+
+
+def _containers(body: bytes) -> int:
+    """An upper bound on the JSON objects and arrays in ``body`` (brackets inside strings count too), at the cost
+    of two scans in C: it bounds the depth and the size of what parsing builds."""
+    return body.count(b"{") + body.count(b"[")
+
+
+def _schema(item: Mapping[str, Any]) -> str:
+    return "cloudevents" if "specversion" in item else "eventgrid" if "eventType" in item else ""
+
+
+def _event(item: Mapping[str, Any], enqueued_at: float, bounds: PlatformBounds, warnings: list[str],
+           hit: list[str]) -> PlatformEvent:
+    schema = _schema(item)
+    kind = item.get("type" if schema == "cloudevents" else "eventType")
+    if not isinstance(kind, str) or not kind.casefold().endswith(_TYPE_SUFFIX):
+        raise InvalidMessage("other_event_type", f"{schema} event of type {shown(kind)}, not {EVENT_TYPE}")
+    grid_id = required(item, "id", MAX_TEXT)
+    data = _data(item, schema)
+    info = object_field(data, "resourceInfo", "data")
+    props = object_field(info, "properties", "data.resourceInfo")
+    event_id = required(props, "EventId", MAX_TEXT, "properties")
+    scope = arm_scope(info.get("id"), item.get("subject"))
+    status = event_status(props.get("EventStatus"))
+    resources = vm_names(props.get("Resources"), bounds.resources_per_event, warnings, hit)
+    if not resources and scope[0] == "virtual_machine":
+        resources = (scope[1],)  # a VM's own event: the VM is the one affected
+    return PlatformEvent(
+        grid_id=grid_id, event_id=event_id, key=event_key(event_id),
+        event_type=optional(props, "EventType", MAX_TEXT, warnings) or "unknown", event_status=status,
+        event_source=optional(props, "EventSource", MAX_TEXT, warnings) or "unknown",
+        resource_type=optional(props, "ResourceType", MAX_TEXT, warnings),
+        resources=resources, scope_type=scope[0], scope_name=scope[1], subscription_id=scope[2],
+        resource_group=scope[3], location=optional(info, "location", MAX_TEXT, warnings),
+        event_time=event_time(item.get("time" if schema == "cloudevents" else "eventTime"), enqueued_at, warnings),
+        not_before=not_before(props.get("NotBefore"), warnings),
+        duration_seconds=duration(props.get("DurationInSeconds"), warnings),
+        description=optional(props, "Description", MAX_DESCRIPTION, warnings), schema=schema)
+
+
+def _data(item: Mapping[str, Any], schema: str) -> Mapping[str, Any]:
+    """``data``; for CloudEvents also ``data_base64`` holding JSON (binary data of a JSON content type)."""
+    if schema == "cloudevents" and "data" not in item and "data_base64" in item:
+        content = item.get("datacontenttype")
+        if content is not None and not (isinstance(content, str) and "json" in content.casefold()):
+            raise InvalidMessage("invalid_platform_event", f"data_base64 of content type {shown(content)}, not JSON")
+        encoded = item["data_base64"]
+        decoded = None
+        if isinstance(encoded, str):
+            try:
+                decoded = _decode(base64.b64decode(encoded, validate=True), DEFAULT_PLATFORM_BOUNDS)
+            except (binascii.Error, ValueError):
+                decoded = None
+        if not isinstance(decoded, dict):
+            raise InvalidMessage("invalid_platform_event", "data_base64 is not base64 of a JSON object")
+        return decoded
+    return object_field(item, "data", "the envelope")

@@ -1,0 +1,128 @@
+"""A platform picture as JSON with named fields, and back: what the wiring session writes beside the checkpoint.
+
+Named fields only (no positional rows), so a newer release can add one and an older one ignores it; the envelope
+and its version number are the state format's (``fleet/stateformat.py``), not this module's. Reading back trusts
+nothing: a row of the wrong shape is left out and counted, never fatal, and every string goes through the same
+checks as when it was first read (``fields.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from se_exporter.core.model import event_key
+from se_exporter.fleet.message import MAX_TEXT, MAX_TIME
+from se_exporter.fleet.platform.fields import STATUSES, kept_text
+from se_exporter.fleet.platform.picture import PictureState, PlatformRecord
+from se_exporter.fleet.platform.reader import SCOPE_TYPES, PlatformEvent
+
+_TEXT = ("grid_id", "event_id", "event_type", "event_source", "resource_type", "scope_name", "subscription_id",
+         "resource_group", "location", "description", "schema")
+
+
+def state_to_json(state: PictureState) -> dict[str, Any]:
+    return {"records": [record_to_json(record) for record in state.records],
+            "ids": [{"id": grid_id, "at": at} for grid_id, at in state.ids],
+            "forgotten": [{"key": key, "at": at} for key, at in state.forgotten]}
+
+
+def record_to_json(record: PlatformRecord) -> dict[str, Any]:
+    event = record.event
+    return {**{name: getattr(event, name) for name in _TEXT}, "event_status": event.event_status,
+            "scope_type": event.scope_type, "resources": list(event.resources), "event_time": event.event_time,
+            "not_before": event.not_before, "duration_seconds": event.duration_seconds,
+            "times": {status: at for status, at in record.times}, "ended_at": record.ended_at,
+            "changed_at": record.changed_at}
+
+
+def state_from_json(obj: object) -> tuple[PictureState, int]:
+    """The state in ``obj`` and how many rows were left out as damaged."""
+    if not isinstance(obj, dict):
+        return PictureState((), (), ()), 1
+    records: list[PlatformRecord] = []
+    damaged = 0
+    for row in _rows(obj, "records"):
+        try:
+            records.append(record_from_json(row))
+        except ValueError:
+            damaged += 1
+    pairs = {"ids": "id", "forgotten": "key"}
+    remembered: dict[str, list[tuple[str, float]]] = {name: [] for name in pairs}
+    for name, field in pairs.items():
+        for row in _rows(obj, name):
+            try:
+                text, at = row.get(field) if isinstance(row, dict) else None, _time(row, "at")
+            except ValueError:
+                text, at = None, None
+            if isinstance(text, str) and 0 < len(text) <= MAX_TEXT and at is not None:
+                remembered[name].append((text, at))
+            else:
+                damaged += 1
+    return PictureState(tuple(records), tuple(remembered["ids"]), tuple(remembered["forgotten"])), damaged
+
+
+def record_from_json(row: object) -> PlatformRecord:
+    """One record; ValueError naming the field when the row is damaged."""
+    if not isinstance(row, dict):
+        raise ValueError("a record is not an object")
+    texts = {name: _text(row, name) for name in _TEXT}
+    status, scope_type = row.get("event_status"), row.get("scope_type")
+    if status not in STATUSES or scope_type not in SCOPE_TYPES or not texts["event_id"]:
+        raise ValueError("event_status, scope_type or event_id")
+    resources = row.get("resources")
+    if not isinstance(resources, list) or not all(isinstance(name, str) and name for name in resources):
+        raise ValueError("resources")
+    times = row.get("times")
+    if not isinstance(times, dict) or not times or any(
+            known not in STATUSES or _time(times, known) is None for known in times):
+        raise ValueError("times")
+    event_time = _time(row, "event_time")
+    if event_time is None:
+        raise ValueError("event_time")
+    event = PlatformEvent(
+        grid_id=texts["grid_id"], event_id=texts["event_id"], key=event_key(texts["event_id"]),
+        event_type=texts["event_type"], event_status=str(status), event_source=texts["event_source"],
+        resource_type=texts["resource_type"], resources=tuple(kept_text(name, MAX_TEXT) for name in resources),
+        scope_type=str(scope_type), scope_name=texts["scope_name"], subscription_id=texts["subscription_id"],
+        resource_group=texts["resource_group"], location=texts["location"], event_time=event_time,
+        not_before=_time(row, "not_before"), duration_seconds=_number(row, "duration_seconds"),
+        description=texts["description"], schema=texts["schema"])
+    ordered = tuple((known, float(times[known])) for known in STATUSES if known in times)
+    changed_at = _time(row, "changed_at")
+    if changed_at is None:
+        raise ValueError("changed_at")
+    return PlatformRecord(event, ordered, _time(row, "ended_at"), changed_at)
+
+
+def _rows(obj: dict[str, Any], name: str) -> list[Any]:
+    rows = obj.get(name)
+    return rows if isinstance(rows, list) else []
+
+
+def _text(row: dict[str, Any], name: str) -> str:
+    value = row.get(name, "")
+    if not isinstance(value, str):
+        raise ValueError(name)
+    text = kept_text(value, 4 * MAX_TEXT)
+    if len(text) > 4 * MAX_TEXT:
+        raise ValueError(name)
+    return text
+
+
+def _number(row: dict[str, Any], name: str) -> float | None:
+    value = row.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or abs(value) >= 2**63:
+        raise ValueError(name)
+    return float(value)
+
+
+def _time(row: object, name: str) -> float | None:
+    """A unix time below 2200 (0 allowed: a clock passed in by tests may start there), or None when absent."""
+    value = _number(row, name) if isinstance(row, dict) else None
+    if value is not None and not 0 <= value < MAX_TIME:
+        raise ValueError(name)
+    return value

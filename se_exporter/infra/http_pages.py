@@ -1,0 +1,129 @@
+"""What a handler of the one HTTP server (``http_server``) is given and answers, and the pages every program serves
+with it: routes for GET and HEAD, /healthz and /readyz texts, an index, /metrics (gzipped when asked), and the counter
+of refusals by reason."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter
+
+# The bounds that refuse a request or a connection, as ``rejection_counter`` labels them (``http_server``).
+REASONS = ("header_bytes", "deadline", "body_bytes", "connections", "malformed", "write_deadline")
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    method: str
+    path: str
+    query: str
+    headers: tuple[tuple[str, str], ...] = ()  # names in lower case, values as sent (latin-1)
+    body: bytes = b""
+    raw: RawWriter | None = None  # None when called in-process (tests, benchmarks)
+
+    def header(self, name: str, default: str = "") -> str:
+        """The last value of the header ``name`` (lower case)."""
+        found = default
+        for key, value in self.headers:
+            if key == name:
+                found = value
+        return found
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str | None = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+    close: bool = False  # close the connection after this answer
+
+
+# A handler's answer: a Response, or None when it wrote its answer itself (``HttpRequest.raw``) or wants the
+# connection closed without one; either way the connection is then closed.
+Handler = Callable[[HttpRequest], Awaitable["Response | None"]]
+Page = Callable[[HttpRequest], Response]
+
+
+class RawWriter:
+    """Bytes on the socket as they are, bypassing HTTP framing (the simulator's byte-level faults)."""
+
+    def __init__(self, writer: asyncio.StreamWriter, timeout: float) -> None:
+        self._writer, self._timeout = writer, timeout
+
+    async def write(self, data: bytes) -> bool:
+        """False once the client has gone or has not read for the write timeout."""
+        try:
+            self._writer.write(data)
+            await asyncio.wait_for(self._writer.drain(), self._timeout)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        return True
+
+
+def pages(routes: Mapping[str, Page]) -> Handler:
+    """A handler serving ``routes`` to GET and HEAD (405 with Allow otherwise), 404 elsewhere."""
+
+    async def handle(request: HttpRequest) -> Response:
+        page = routes.get(request.path)
+        if page is None:
+            return Response(404, b"not found\n")
+        if request.method not in ("GET", "HEAD"):
+            return Response(405, b"method not allowed\n", headers=(("Allow", "GET, HEAD"),))
+        return page(request)
+
+    return handle
+
+
+def text(ok: bool, good: str, bad: str) -> Response:
+    """200 and ``good``, or 503 and ``bad``: /healthz and /readyz."""
+    return Response(200 if ok else 503, ((good if ok else bad) + "\n").encode())
+
+
+def html_index(title: str) -> Response:
+    return Response(200, (f"<html><head><title>{title}</title></head><body><h1>{title}</h1>"
+                          "<p><a href='/metrics'>/metrics</a> <a href='/healthz'>/healthz</a> "
+                          "<a href='/readyz'>/readyz</a></p></body></html>").encode(),
+                    "text/html; charset=utf-8")
+
+
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def metrics(request: HttpRequest, body: bytes) -> Response:
+    """The Prometheus text ``body``, gzipped when the request asks for gzip with a quality above zero.
+
+    Level 1, not prometheus-client's 9: metrics text is so repetitive that level 1 is nearly as small at a
+    fraction of the CPU (figures: docs/performance.md, "Scrape")."""
+    if gzip_wanted(request.header("accept-encoding")):
+        return Response(200, gzip.compress(body, compresslevel=1), METRICS_TYPE, (("Content-Encoding", "gzip"),))
+    return Response(200, body, METRICS_TYPE)
+
+
+def gzip_wanted(accept_encoding: str) -> bool:
+    """Whether Accept-Encoding asks for gzip: listed with a quality above zero (``gzip;q=0`` means "not gzip",
+    RFC 9110 12.5.3; prometheus-client's ``gzip_accepted`` reads only the name)."""
+    for item in accept_encoding.split(","):
+        name, *parameters = (part.strip() for part in item.split(";"))
+        if name.lower() != "gzip":
+            continue
+        quality = next((value for key, _, value in (p.partition("=") for p in parameters)
+                        if key.strip().lower() == "q"), "1")
+        try:
+            return float(quality) > 0
+        except ValueError:
+            return False
+    return False
+
+
+def rejection_counter(registry: CollectorRegistry, namespace: str) -> Callable[[str], None]:
+    """``<namespace>_http_rejected_total{reason}``, every reason shown from the start; returns its ``inc``."""
+    counter = Counter(f"{namespace}_http_rejected", "HTTP requests or connections refused by a bound, by reason.",
+                      ["reason"], registry=registry)
+    for reason in REASONS:
+        counter.labels(reason)
+    return lambda reason: counter.labels(reason).inc()
+

@@ -1,0 +1,270 @@
+"""Reconciliation per EventId and VM (observed, missed, imds_unreachable, no_sidecar), the reverse, and the
+platform gauges as Prometheus text."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from se_exporter.fleet.message import Imds, VmState
+from se_exporter.fleet.platform import (
+    PlatformPicture,
+    PlatformRecord,
+    Reconciler,
+    ReconcileSettings,
+    Reconciliation,
+    render_platform,
+)
+from se_exporter.fleet.platform.coverage import imds_blind_since
+from tests.fleet.platform_helpers import EVENT_ID, KEY, T0, platform_event, vm
+
+EXPIRY, GRACE = 600.0, 60.0
+AFTER_GRACE = T0 + GRACE + 1
+
+
+def picture_of(*statuses: str, **kwargs: object) -> PlatformPicture:
+    picture = PlatformPicture()
+    for status in statuses:
+        picture.apply(platform_event(status, at=T0 + 10 * ("Scheduled", "Started", "Completed", "Canceled").index(
+            status), **kwargs), T0)  # type: ignore[arg-type]
+    return picture
+
+
+def reconcile(records: list[PlatformRecord], vms: list[VmState], now: float = AFTER_GRACE,
+              reconciler: Reconciler | None = None) -> Reconciliation:
+    return (reconciler or Reconciler(ReconcileSettings(EXPIRY, GRACE))).update(records, vms, now)
+
+
+def coverage_of(result: Reconciliation) -> dict[str, str]:
+    return {row.vm_name: row.coverage for row in result.coverage}
+
+
+def test_a_vm_whose_sidecar_listed_the_event_observed_it_and_its_lag_is_measured_once() -> None:
+    """observed, with the lag first listed minus announced, once however often it is reconciled."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
+    records = picture_of("Scheduled").records()
+    vms = [vm("web_3", (EVENT_ID,), seen_at=T0 + 7), vm("web_7", (EVENT_ID.lower(),), seen_at=T0 - 3)]
+    first = reconcile(records, vms, T0 + 8, reconciler)
+    assert coverage_of(first) == {"web_3": "observed", "web_7": "observed"}
+    assert sorted(first.lags) == [-3.0, 7.0]
+    assert (first.missed, first.unannounced) == ((), ())
+    assert reconcile(records, vms, T0 + 9, reconciler).lags == ()
+
+
+def test_observed_stays_observed_after_the_vm_stops_listing_and_the_event_ends() -> None:
+    """A finished event vanishes from IMDS; the VM that listed it keeps its observed."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
+    reconcile(picture_of("Scheduled").records(), [vm("web_3", (EVENT_ID,)), vm("web_7", (EVENT_ID,))], T0 + 5,
+              reconciler)
+    later = reconcile(picture_of("Scheduled", "Started", "Completed").records(), [vm("web_3"), vm("web_7")],
+                      T0 + 500, reconciler)
+    assert coverage_of(later) == {"web_3": "observed", "web_7": "observed"}
+
+
+def test_a_live_sidecar_that_has_not_listed_the_event_after_the_grace_missed_it_counted_once() -> None:
+    """missed once the grace has passed, counted once per VM and EventId; within the grace, no coverage yet."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
+    records = picture_of("Scheduled").records()
+    vms = [vm("web_3", seen_at=T0 + 50), vm("web_7", (EVENT_ID,))]
+    early = reconcile(records, vms, T0 + GRACE - 1, reconciler)
+    assert coverage_of(early) == {"web_7": "observed"}
+    result = reconcile(records, vms, AFTER_GRACE, reconciler)
+    assert coverage_of(result) == {"web_3": "missed", "web_7": "observed"}
+    assert result.missed == (("Reboot", "missed"),)
+    assert reconcile(records, vms, AFTER_GRACE + 30, reconciler).missed == ()
+
+
+def test_a_sidecar_that_has_not_read_imds_since_before_the_announcement_could_not_see_it() -> None:
+    """imds_unreachable: reported after the announcement that its last IMDS read was before it, or failing."""
+    stale = Imds(observed_at=T0 + 30, last_success=T0 - 200, failing=False)
+    failing = Imds(observed_at=T0 + 30, last_success=T0 + 29, failing=True)
+    never = Imds(observed_at=None, last_success=None, failing=True)
+    old_report = Imds(observed_at=T0 - 10, last_success=T0 - 500, failing=False)
+    result = reconcile(picture_of("Started", resources=["a", "b", "c", "d"]).records(), [
+        vm("a", imds=stale), vm("b", imds=failing), vm("c", imds=never, seen_at=T0 + 50), vm("d", imds=old_report)],
+        T0 + 100)
+    assert coverage_of(result) == {"a": "imds_unreachable", "b": "imds_unreachable", "c": "imds_unreachable",
+                                   "d": "missed"}
+    assert sorted(result.missed) == [("Reboot", "imds_unreachable")] * 3 + [("Reboot", "missed")]
+    assert not imds_blind_since(vm("e", imds=Imds(T0 + 30, T0 + 29, False)), T0)
+
+
+def test_a_vm_no_sidecar_has_been_heard_from_has_no_sidecar_whatever_the_status() -> None:
+    """no_sidecar for a VM never heard from or silent past the vm expiry, counted once, shown even once ended."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
+    vms = [vm("web_7", seen_at=T0 - EXPIRY - 1)]
+    result = reconcile(picture_of("Scheduled").records(), vms, T0 + 1, reconciler)
+    assert coverage_of(result) == {"web_3": "no_sidecar", "web_7": "no_sidecar"}
+    assert result.missed == (("Reboot", "no_sidecar"), ("Reboot", "no_sidecar"))
+    ended = reconcile(picture_of("Scheduled", "Canceled").records(), vms, T0 + 100, reconciler)
+    assert coverage_of(ended) == {"web_3": "no_sidecar", "web_7": "no_sidecar"}
+    assert ended.missed == ()
+
+
+def test_a_missed_event_stays_missed_once_ended_and_an_undecided_pair_gets_no_coverage() -> None:
+    """After the end a live sidecar cannot miss any more: a decided miss stays, an undecided pair stays undecided."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
+    reconcile(picture_of("Scheduled").records(), [vm("web_3")], AFTER_GRACE, reconciler)
+    ended = picture_of("Scheduled", "Started", "Completed").records()
+    result = reconcile(ended, [vm("web_3", seen_at=T0 + 200), vm("web_7", seen_at=T0 + 200)], T0 + 200, reconciler)
+    assert coverage_of(result) == {"web_3": "missed"}
+    assert result.missed == ()
+
+
+def test_the_join_is_on_the_vm_name_without_case_narrowed_by_scale_set_and_location() -> None:
+    """Names compare without case or the preview's underscore; a VM of another scale set or region is not it."""
+    records = picture_of("Scheduled", resources=["Web_3", "web_7", "web_8", "web_9"]).records()
+    result = reconcile(records, [vm("_WEB_3", (EVENT_ID,)), vm("web_7", (EVENT_ID,), vmss="other"),
+                                 vm("web_8", (EVENT_ID,), location="eastus"), vm("web_9", (EVENT_ID,), vmss="",
+                                                                                 location="")])
+    assert coverage_of(result) == {"Web_3": "observed", "web_7": "no_sidecar", "web_8": "no_sidecar",
+                                   "web_9": "observed"}
+
+
+def test_an_event_a_sidecar_listed_that_the_platform_never_announced_is_counted_once_after_the_grace() -> None:
+    """The reverse, for a VM of a scope that publishes: counted once per EventId, and only past the grace."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
+    records = picture_of("Scheduled").records()
+    vms = [vm("web_3", ("E-ghost",), seen_at=T0 + 10), vm("web_5", ("E-ghost",), seen_at=T0 + 10)]
+    assert reconcile(records, vms, T0 + 20, reconciler).unannounced == ()
+    assert reconcile(records, vms, T0 + 71, reconciler).unannounced == ("Reboot",)
+    assert reconcile(records, vms, T0 + 90, reconciler).unannounced == ()
+
+
+def test_events_of_scopes_that_never_published_are_not_unannounced() -> None:
+    """A scope that has not opted in to the platform stream simply has not: its VMs' events are not counted."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
+    records = picture_of("Scheduled").records()
+    others = [vm("db_1", ("E-other",), vmss="db", seen_at=T0 + 10), vm("solo", ("E-other",), vmss="")]
+    reconcile(records, others, T0 + 20, reconciler)
+    assert reconcile(records, others, T0 + 200, reconciler).unannounced == ()
+    assert reconcile([], others, T0 + 300, Reconciler(ReconcileSettings(EXPIRY, GRACE))).unannounced == ()
+
+
+def test_an_announced_event_the_picture_has_forgotten_is_not_unannounced() -> None:
+    """An EventId once announced stays known to the reconciler after its record's retention."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
+    reconcile(picture_of("Scheduled").records(), [], T0, reconciler)
+    vms = [vm("web_3", (EVENT_ID,), seen_at=T0 + 10)]
+    reconcile([], vms, T0 + 20, reconciler)
+    assert reconcile([], vms, T0 + 200, reconciler).unannounced == ()
+
+
+def test_pairs_remembered_are_bounded_and_the_bound_is_said() -> None:
+    """More affected VMs than pairs remembered: every VM still gets its coverage, the bound hit is reported."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE, pairs=10))
+    records = picture_of("Scheduled", resources=[f"web_{i}" for i in range(50)]).records()
+    result = reconcile(records, [], T0 + 1, reconciler)
+    assert len(result.coverage) == 50 and result.bounds == ("platform_coverage_pairs",)
+
+
+def test_note_dates_a_first_listing_by_the_document_that_carried_it() -> None:
+    """The consumer's per-document hook: the lag uses the first document listing the event, not the latest."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
+    records = picture_of("Scheduled").records()
+    reconcile(records, [], T0 + 1, reconciler)
+    reconciler.note(vm("web_3", (EVENT_ID,), seen_at=T0 + 2))
+    result = reconcile(records, [vm("web_3", (EVENT_ID,), seen_at=T0 + 40)], T0 + 41, reconciler)
+    assert result.lags == (2.0,)
+
+
+def test_a_fleet_that_has_not_opted_in_costs_the_reconciler_nothing() -> None:
+    """Before any platform event, and for VMs of scopes that never published one, listings are not remembered."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
+    reconciler.note(vm("web_3", (EVENT_ID, "E2")))
+    assert reconciler.sizes()["pairs"] == 0
+    reconcile(picture_of("Scheduled").records(), [], T0 + 1, reconciler)
+    reconciler.note(vm("db_1", ("E3",), vmss="db"))
+    assert reconciler.sizes()["pairs"] == 2  # the event's two VMs, with no sidecar: db_1's E3 is not kept
+    reconciler.note(vm("web_5", ("E4",)))
+    assert reconciler.sizes()["pairs"] == 3  # web_5 is in the scale set that published
+
+
+def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_the_gauges_show_each_event_with_its_labels_and_its_vms_by_coverage() -> None:
+    """platform_event_info per EventId with the issue's labels; platform_event_vms with all four coverages."""
+    records = picture_of("Scheduled", "Started").records()
+    result = reconcile(records, [vm("web_3", (EVENT_ID,))])
+    samples = scrape(render_platform(records, result.coverage))
+    info = {"event_id": EVENT_ID, "event_type": "Reboot", "event_status": "Started", "event_source": "Platform",
+            "scope_type": "scale_set", "scope_name": "web", "resource_group": "rg",
+            "subscription_id": "00000000-0000-0000-0000-000000000000", "location": "westeurope"}
+    assert samples[("azure_scheduled_fleet_platform_event_info", tuple(sorted(info.items())))] == 1.0
+    vms = {state: samples[("azure_scheduled_fleet_platform_event_vms", tuple(sorted(
+        {"event_id": EVENT_ID, "event_type": "Reboot", "coverage": state}.items())))]
+        for state in ("observed", "missed", "imds_unreachable", "no_sidecar")}
+    assert vms == {"observed": 1.0, "missed": 0.0, "imds_unreachable": 0.0, "no_sidecar": 1.0}
+
+
+def test_the_families_are_declared_when_empty_and_series_go_with_their_event() -> None:
+    """HELP and TYPE always; no event, no series."""
+    text = render_platform([], [])
+    assert "# TYPE azure_scheduled_fleet_platform_event_info gauge" in text
+    assert "# TYPE azure_scheduled_fleet_platform_event_vms gauge" in text
+    assert [sample for family in text_string_to_metric_families(text) for sample in family.samples] == []
+
+
+def test_hostile_label_values_are_escaped_and_the_text_parses() -> None:
+    """Quotes, backslashes, newlines and spelt-out surrogates in what Azure sent keep the exposition valid."""
+    records = picture_of("Scheduled", event_id='E"\\\n\ud800', EventSource="a\nb").records()
+    samples = scrape(render_platform(records, []))
+    assert [dict(labels)["event_id"] for name, labels in samples if name.endswith("_info")] == ['E"\\\n\\ud800']
+    assert KEY not in render_platform(records, [])
+
+
+def test_a_hundred_thousand_event_ids_leave_the_reconcilers_memory_bounded() -> None:
+    """EventIds announced, listed and never announced, and scopes, each remembered up to its bound, hits said."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE, pairs=500, ids=1000, scopes=100))
+    base = picture_of("Scheduled").records()[0]
+    hits: set[str] = set()
+    for batch in range(100):
+        records = [dataclasses.replace(base, event=dataclasses.replace(
+            base.event, event_id=f"E{batch}-{n}", key=f"e{batch}-{n}", scope_name=f"s{batch}-{n}"))
+            for n in range(1000)]
+        vms = [vm("web_3", tuple(f"ghost{batch}-{n}" for n in range(64)), seen_at=T0 + batch)]
+        hits.update(reconciler.update(records, vms, T0 + 1000 + batch).bounds)
+    sizes = reconciler.sizes()
+    assert sizes["pairs"] <= 500 and sizes["announced"] <= 1000 and sizes["unannounced"] <= 1000
+    assert sizes["scopes"] <= 100
+    assert hits == {"platform_coverage_pairs", "platform_coverage_ids", "platform_scopes"}
+
+
+def test_the_written_text_has_the_samples_prometheus_client_would_write() -> None:
+    """The hand-written families parse to exactly the samples of prometheus-client's writer for the same values."""
+    picture = PlatformPicture()
+    for number in range(20):
+        picture.apply(platform_event(("Scheduled", "Started", "Completed")[number % 3], event_id=f'E{number}"\\',
+                                     resources=[f"web_{number}", "web_3"]), T0)
+    records = picture.records()
+    result = reconcile(records, [vm("web_3", ('E1"\\',))], AFTER_GRACE)
+    info = GaugeMetricFamily("azure_scheduled_fleet_platform_event_info", "h", labels=[
+        "event_id", "event_type", "event_status", "event_source", "scope_type", "scope_name", "resource_group",
+        "subscription_id", "location"])
+    vms = GaugeMetricFamily("azure_scheduled_fleet_platform_event_vms", "h",
+                            labels=["event_id", "event_type", "coverage"])
+    for record in records:
+        event = record.event
+        info.add_metric([event.event_id, event.event_type, event.event_status, event.event_source, event.scope_type,
+                         event.scope_name, event.resource_group, event.subscription_id, event.location], 1.0)
+        for state in ("observed", "missed", "imds_unreachable", "no_sidecar"):
+            vms.add_metric([event.event_id, event.event_type, state], float(sum(
+                row.coverage == state for row in result.coverage if row.event_key == record.key)))
+    registry = CollectorRegistry()
+
+    class Families(Collector):
+        def collect(self) -> Iterator[Metric]:
+            yield from (info, vms)
+
+    registry.register(Families())
+    assert scrape(render_platform(records, result.coverage)) == scrape(generate_latest(registry).decode())
+    assert len(scrape(render_platform(records, result.coverage))) == 20 * 5

@@ -1,0 +1,186 @@
+"""State format 3: a base block and delta blocks as concatenated gzip members, read back whole or refused whole, and
+the change tracking in the fleet's core that decides what a delta carries."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from typing import Any
+
+import pytest
+
+from se_exporter.fleet import stateformat
+from se_exporter.fleet.message import VmState
+from se_exporter.fleet.picture import Bounds, Fleet, Message
+from se_exporter.fleet.stateformat import DamagedState, NewerState, decode, encode_base, encode_delta
+from tests import fleet_format1 as previous
+from tests.fleet.test_picture import FREEZE, NOW, VM_ID, message, props, read_message
+
+BIG = json.dumps({"DocumentIncarnation": 9, "Events": [
+    {"EventId": f"EVENT-{n:04d}-{'x' * 40}", "EventType": "Freeze", "ResourceType": "VirtualMachine",
+     "Resources": [f"WestNO_{n}"], "EventStatus": "Scheduled", "NotBefore": "Mon, 19 Sep 2050 18:29:47 GMT",
+     "EventSource": "Platform", "DurationInSeconds": 5, "Description": f"maintenance {n}"}
+    for n in range(20)]}).encode()
+
+
+def vm(key: str, sequence: int = 1, seen_at: float = 1000.0, body: bytes = FREEZE, **extra: Any) -> VmState:
+    return read_message(body, props(sequence, vm_id=key, **extra), f"inst-{key}:{sequence}".encode(), key.encode(),
+                        seen_at, 1024 * 1024).vm
+
+
+def member(obj: object) -> bytes:
+    return gzip.compress(json.dumps(obj).encode())
+
+
+def test_a_base_and_its_deltas_read_back_as_the_state_they_add_up_to() -> None:
+    """Changed VMs replace, touched ones take the heartbeat's fields, gone ones leave; the position is the last
+    delta's and each block's id and size are known."""
+    a, b, c = vm("vm-a"), vm("vm-b"), vm("vm-c")
+    base = encode_base("0", 5, [a, b, c], "block-000001")
+    a2 = vm("vm-a", 2, 1100.0, body=b'{"DocumentIncarnation": 4, "Events": []}')
+    b2 = vm("vm-b", 3, 1200.0, imds_last_success="2026-11-22T03:00:00.000Z", imds_failing=True)
+    first = encode_delta(8, "block-000002", [a2], [b2], ["vm-c"])
+    d = vm("vm-d", seen_at=1300.0)
+    second = encode_delta(9, "block-000003", [d], [], [])
+    decoded = decode(base + first + second, "0", NOW)
+    assert (decoded.format, decoded.position, decoded.dropped) == (3, 9, {})
+    assert decoded.vms == {"vm-a": a2, "vm-b": b2, "vm-d": d}
+    assert decoded.blocks == [("block-000001", len(base)), ("block-000002", len(first)),
+                              ("block-000003", len(second))]
+
+
+def test_a_heartbeat_costs_bytes_in_proportion_to_itself_not_to_the_vms_document() -> None:
+    """A VM whose only change is a heartbeat is written as its key, sequence, time and IMDS health: a delta far
+    smaller than the VM's document, and smaller still than the VM written whole."""
+    big = vm("vm-a", body=BIG)
+    beat = vm("vm-a", 2, 1300.0, body=BIG)
+    heartbeat = encode_delta(9, "block-000002", [], [beat], [])
+    whole = encode_delta(9, "block-000002", [beat], [], [])
+    assert len(BIG) > 5_000 and len(heartbeat) < 200, (len(BIG), len(heartbeat))
+    assert len(heartbeat) * 4 < len(whole)
+    assert decode(encode_base("0", 5, [big], "block-000001") + heartbeat, "0", NOW).vms == {"vm-a": beat}
+
+
+@pytest.mark.parametrize("delta", [
+    b"not gzip",
+    gzip.compress(b'{"block": "b2", "sequence_number": 9, "vms": []')[:-3],  # truncated
+    member({"block": "b2", "sequence_number": 9, "vms": [], "touched": []}),  # no gone
+    member({"block": "b2", "sequence_number": 4, "vms": [], "touched": [], "gone": []}),  # moves back
+    member({"block": "b2", "sequence_number": 9, "vms": [], "touched": [], "gone": [5]}),
+    member({"sequence_number": 9, "vms": [], "touched": [], "gone": []}),  # no block id
+    member([1, 2]),
+])
+def test_a_damaged_delta_makes_the_whole_state_damaged(delta: bytes) -> None:
+    """No prefix of the blocks is used: it would be a state at a position it does not hold."""
+    with pytest.raises(DamagedState):
+        decode(encode_base("0", 5, [vm("vm-a")], "b1") + delta, "0", NOW)
+
+
+def test_a_bad_vm_or_heartbeat_in_a_delta_is_a_row_left_out_and_counted() -> None:
+    """Within a delta a VM out of range, or a heartbeat for a VM the state does not hold, is one row dropped."""
+    bad = {"key": "vm-x", "vm_id": 5}
+    delta = member({"block": "b2", "sequence_number": 9, "vms": [bad], "gone": [],
+                    "touched": [["vm-unknown", 2, 1000.0, None, None, None], ["vm-a", 0, 1000.0, None, None, None]]})
+    decoded = decode(encode_base("0", 5, [vm("vm-a")], "b1") + delta, "0", NOW)
+    assert list(decoded.vms) == ["vm-a"] and decoded.dropped == {"row": 3} and decoded.position == 9
+
+
+def test_reading_is_bounded_in_blocks_inflated_bytes_and_values_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More blocks than MAX_MEMBERS, more bytes inflated over all blocks than MAX_STATE_BYTES, or a block of more
+    JSON values than the VMs a partition keeps need: damaged, before the rest is read."""
+    base, empty = encode_base("0", 5, [vm("vm-a")], "b1"), encode_delta(5, "b2", [], [], [])
+    monkeypatch.setattr(stateformat, "MAX_MEMBERS", 4)
+    decode(base + empty * 3, "0", NOW)
+    with pytest.raises(DamagedState, match="more than 4 blocks"):
+        decode(base + empty * 4, "0", NOW)
+    monkeypatch.setattr(stateformat, "MAX_STATE_BYTES", len(gzip.decompress(base)) + 10)
+    with pytest.raises(DamagedState, match="inflates past"):
+        decode(base + empty, "0", NOW)
+    monkeypatch.undo()
+    many = member({"block": "b2", "sequence_number": 9, "vms": [], "touched": [], "gone": ["k"] * 2000})
+    with pytest.raises(DamagedState, match="JSON values"):
+        decode(base + many, "0", NOW, Bounds(vms_per_partition=2))
+
+
+def test_releases_that_read_formats_1_and_2_take_format_3_for_a_newer_releases_and_leave_it() -> None:
+    """A reader of one gzip member (the previous releases') inflates the base alone, finds format 3, and answers
+    with the error the state store meets by leaving the state in place."""
+    state = encode_base("0", 5, [vm("vm-a")], "b1") + encode_delta(9, "b2", [], [vm("vm-a", 2)], [])
+    with pytest.raises(NewerState) as caught:
+        previous.decode(state, "0", NOW)
+    assert caught.value.format == 3
+    one_member = zlib.decompressobj(wbits=31)  # how the previous release inflated a state: up to the first eof
+    assert json.loads(one_member.decompress(state))["format"] == 3 and one_member.eof and one_member.unused_data
+    assert gzip.decompress(state).count(b'"block"') == 2  # one gzip stream, as any gzip reader sees it
+
+
+def test_a_format_above_3_is_still_a_newer_releases() -> None:
+    """Format 4 is left in place as format 3 was by the releases before this one."""
+    with pytest.raises(NewerState):
+        decode(member({"format": 4, "partition_id": "0", "sequence_number": 7}), "0", NOW)
+
+
+def fleet_with(*vms: VmState) -> Fleet:
+    fleet = Fleet()
+    fleet.claim("0")
+    for number, each in enumerate(vms, 1):
+        fleet.apply("0", message_of(each), number)
+    return fleet
+
+
+def message_of(state: VmState) -> Message:
+    return Message(state, f"{state.installation}:{state.sequence}", heartbeat=False)
+
+
+def test_the_core_tells_new_and_changed_vms_from_heartbeats_and_records_the_gone() -> None:
+    """A new VM or a new document is whole, a later sequence with the same document only touched, an expired VM
+    gone; a settled write forgets what it held."""
+    fleet = fleet_with(vm("vm-a"), vm("vm-b"))
+    snapshot = fleet.snapshot("0")
+    assert snapshot is not None and [v.key for v in snapshot.changed] == ["vm-a", "vm-b"] and not snapshot.touched
+    fleet.settle("0", snapshot.tick)
+    fleet.apply("0", message(sequence=2, seen_at=2000.0), 3)  # another VM, message()'s own id: new
+    fleet.apply("0", message_of(vm("vm-a", 2, 2000.0)), 4)  # heartbeat
+    fleet.apply("0", message_of(vm("vm-b", 2, 2000.0, body=BIG)), 5)  # a change
+    fleet.expire({"0": 1500.0})  # nothing: all seen at 2000
+    snapshot = fleet.snapshot("0")
+    assert snapshot is not None and sorted(v.key for v in snapshot.changed) == [VM_ID, "vm-b"]
+    assert [v.key for v in snapshot.touched] == ["vm-a"] and snapshot.position == 5
+    fleet.settle("0", snapshot.tick)
+    fleet.apply("0", message_of(vm("vm-c", seen_at=100.0)), 6)
+    fleet.expire({"0": 1500.0})
+    snapshot = fleet.snapshot("0")
+    assert snapshot is not None and (snapshot.changed, snapshot.touched, snapshot.gone) == ([], [], ["vm-c"])
+
+
+def test_a_change_made_during_a_write_or_before_a_failed_one_is_kept() -> None:
+    """Settling up to a snapshot's tick keeps a change made after it (a heartbeat after a change in flight is only
+    touched); not settling (the write failed) keeps all, and a heartbeat after an unwritten change writes the VM
+    whole."""
+    fleet = fleet_with(vm("vm-a"))
+    first = fleet.snapshot("0")
+    fleet.apply("0", message_of(vm("vm-a", 2, 1100.0)), 2)  # while the first write is in flight
+    assert first is not None
+    fleet.settle("0", first.tick)
+    snapshot = fleet.snapshot("0")
+    assert snapshot is not None and [v.sequence for v in snapshot.touched] == [2] and not snapshot.changed
+    fleet.apply("0", message_of(vm("vm-a", 3, 1200.0, body=BIG)), 3)  # a change, not written (the write fails)
+    fleet.apply("0", message_of(vm("vm-a", 4, 1300.0, body=BIG)), 4)  # then a heartbeat
+    snapshot = fleet.snapshot("0")
+    assert snapshot is not None and [v.sequence for v in snapshot.changed] == [4] and not snapshot.touched
+
+
+def test_too_many_gone_keys_ask_for_a_whole_state_instead() -> None:
+    """VMs coming and going while writes fail would grow the gone keys without bound: past vms_per_partition they
+    are dropped and the next write must be a base."""
+    fleet = Fleet(Bounds(vms_per_partition=2))
+    fleet.claim("0")
+    for number, key in enumerate(["vm-a", "vm-b", "vm-c"], 1):
+        fleet.apply("0", message_of(vm(key, seen_at=100.0)), number)
+        fleet.expire({"0": 500.0})
+    snapshot = fleet.snapshot("0")
+    assert snapshot is not None and snapshot.rebase and snapshot.gone == []
+    fleet.settle("0", snapshot.tick)
+    snapshot = fleet.snapshot("0")
+    assert snapshot is not None and not snapshot.rebase
