@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -24,7 +25,7 @@ from typing import IO, Any
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
 from azure.eventhub.aio import EventHubConsumerClient
-from fleet_bench import BARE_RECEIVE, hub_message  # same folder: what both fleet benchmarks use
+from fleet_bench import BARE_RECEIVE, hub_message, rss_mb  # same folder: what both fleet benchmarks use
 
 from se_exporter.sidecar.sinks.envelope import Envelope, rfc3339_millis
 from tests.eventhubs_server import EventHubsTestServer, Store
@@ -140,6 +141,7 @@ def serve_hub(vms: int, partitions: int) -> None:
             break
         with producer.lock:
             answer.update(producer.stats)
+        answer["rss_mb"] = rss_mb(os.getpid())  # what one test-server process takes to hold the run
         print(json.dumps(answer), flush=True)
     producer.stop.set()
     server.stop()

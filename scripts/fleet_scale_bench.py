@@ -27,10 +27,9 @@ which scrapes and parses /metrics. Phases, in order, and what runs in each besid
 5. wave: the heartbeats go on and 10,000 VMs get a new event within 60 s: time from its first document until the
    replicas' /metrics show every one of them (distinct VMs), over the time until the bare SDK has received them.
 6. restart: kill -9 of one replica and a new one started at once: time until the picture is exact again (every
-   VM once, every partition owned, every wave VM with its event). The SDK's load balancing moves one partition
-   per round, and the dead replica's ownerships are taken only after --ownership-expiry, so this time is about
-   the expiry plus (partitions / 2) balancing intervals: hence the shorter intervals than the fleet's defaults
-   (the options say them), which the idle and steady-state CPU include too.
+   VM once, every partition owned, every wave VM with its event). The dead replica's ownerships are taken only
+   after --ownership-expiry, and the hand-over of phase 2 takes one balancing round per partition: hence shorter
+   intervals than the fleet's defaults (--balancing, --ownership), which the idle and steady-state CPU include.
 
 Each figure is printed with its reference, the ratio and the target beside it; nothing fails on a missed target.
 The figures go to docs/measurements/fleet-scale.json (not in smoke mode, which prints them only).
@@ -98,12 +97,12 @@ def family(text: bytes, name: bytes) -> bytes:
     return text[start:] if end < 0 else text[start:end + 1]
 
 
-def total(text: bytes, name: bytes, sample: bytes | None = None) -> float | None:
-    """The sum of a family's samples named ``sample`` (default: the family's name); None without the family."""
+def total(text: bytes, name: bytes) -> float | None:
+    """The sum of a family's samples (a counter's family is named with its _total); None without the family."""
     lines = family(text, name)
     if not lines:
         return None
-    prefix = FLEET + b"_" + (sample or name)
+    prefix = FLEET + b"_" + name
     return sum(float(line.rsplit(b" ", 1)[1]) for line in lines.splitlines()
                if line.startswith(prefix) and line[len(prefix):len(prefix) + 1] in (b" ", b"{"))
 
@@ -172,7 +171,7 @@ class Replicas:
 
     def state_bytes(self) -> float | None:
         """The replicas' azure_scheduled_fleet_state_bytes_written_total, every kind (None: the fleet has none)."""
-        counts = [total(text, b"state_bytes_written", b"state_bytes_written_total") for text in self.texts()]
+        counts = [total(text, b"state_bytes_written_total") for text in self.texts()]
         return None if None in counts else sum(count or 0.0 for count in counts)
 
     def stop(self) -> None:
@@ -395,6 +394,8 @@ def restart(run: Run) -> None:
             "s", target="<= 60 s")
     run.row("restart: most VMs on both replicas at once", most, "VMs", target="0")
     run.row("restart: time with VMs on both replicas, in all", seconds, "s", target="0")
+    hub = run.hub.ask("stats")
+    run.row(f"the test server, {hub['messages']:,.0f} messages held: its RSS", hub["rss_mb"], "MB")
 
 
 def default_state_format() -> str | None:
