@@ -36,6 +36,8 @@ sys.path.insert(0, str(ROOT))
 from azure.eventhub.aio import EventHubConsumerClient  # noqa: E402 - after the path set-up above
 from proton import Message  # noqa: E402
 
+from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER  # noqa: E402
+from se_exporter.sidecar.sinks.envelope import Envelope  # noqa: E402
 from tests.eventhubs_server import EventHubsTestServer, Store  # noqa: E402
 from tests.fleet_helpers import Azurite, FleetProcess, envelope_for, fleet_vm  # noqa: E402
 from tests.helpers import free_port, wait_until  # noqa: E402
@@ -62,6 +64,13 @@ def rss_mb(pid: int) -> float:
 # ---------------------------------------------------------------- the hub, in its own process
 
 
+def hub_message(envelope: Envelope) -> Message:
+    """The message the sidecar would send for ``envelope``, ready for ``Store.append`` inside the hub's process
+    (the producer's AMQP encoding left out: the benchmarks measure the consumers, not the sender)."""
+    return Message(body=envelope.body, inferred=True, id=envelope.message_id, content_type="application/json",
+                   properties=dict(envelope.properties))
+
+
 def serve_hub(count: int) -> None:
     """Serve an empty hub; on 'burst' from stdin enqueue ``count`` forwarded documents at once, print the time."""
     store = Store(partition_count=PARTITIONS)
@@ -71,9 +80,7 @@ def serve_hub(count: int) -> None:
     for index in range(count):
         identity, raw = fleet_vm(index)
         envelope = envelope_for(identity, raw, index + 1, f"{installation}-{index}")  # one sidecar per VM
-        message = Message(body=envelope.body, inferred=True, id=envelope.message_id, content_type="application/json",
-                          properties=dict(envelope.properties))
-        messages.append((store.partition_for(envelope.partition_key), message, envelope.partition_key))
+        messages.append((store.partition_for(envelope.partition_key), hub_message(envelope), envelope.partition_key))
     print(server.connection_string(), flush=True)
     for line in sys.stdin:
         if line.strip() == "burst":
@@ -109,6 +116,9 @@ class Hub:
 
 # ---------------------------------------------------------------- the bare SDK, in its own process
 
+# What `fleet` passes to receive_batch (the SDK's default prefetch, 300, in both): the reference receives alike.
+BARE_RECEIVE: dict[str, Any] = {"max_batch_size": BATCH_SIZE, "max_wait_time": EMPTY_BATCH_AFTER}
+
 
 def bare_receive(connection_string: str, count: int) -> None:
     """Receive with the SDK alone; print 'ready' once every partition waits, then the time the count-th arrived."""
@@ -131,8 +141,7 @@ def bare_receive(connection_string: str, count: int) -> None:
                 print(json.dumps({"done_at": time.time()}), flush=True)
                 done.set()
 
-        task = asyncio.create_task(client.receive_batch(on_batch, max_batch_size=300, max_wait_time=1.0,
-                                                        starting_position="-1"))
+        task = asyncio.create_task(client.receive_batch(on_batch, **BARE_RECEIVE, starting_position="-1"))
         await done.wait()
         await client.close()
         task.cancel()

@@ -1,4 +1,4 @@
-"""The fleet benchmark keeps working: its smoke mode runs both phases at a tiny size (no timed assertions)."""
+"""The fleet benchmarks keep working: their smoke modes run every phase at a tiny size (no timed assertions)."""
 
 from __future__ import annotations
 
@@ -18,3 +18,21 @@ def test_fleet_benchmark_smoke_mode_reports_the_ratio_and_memory() -> None:
     assert "fleet applied rate / bare SDK receive rate" in figures and "fleet: burst of 300 applied" in figures
     assert "fleet memory per 10,000 VMs" in figures
     assert "  ... its writer / prometheus-client's families" in figures  # the figure that keeps the fleet's writer
+
+
+def test_fleet_scale_benchmark_smoke_mode_reports_every_phase() -> None:
+    """scripts/fleet_scale_bench.py --smoke exits 0 and reports each phase's figures, with a reference and a ratio
+    where the issue asks for one (the shape of the report, not its numbers)."""
+    report = smoke_report("fleet_scale_bench.py")
+    assert (report["mode"], report["vms"], report["partitions"]) == ("smoke", 300, 4)
+    assert report["state_bytes_source"] in ("counter", "proxy")
+    rows = {row["figure"].split(":")[0]: row for row in report["figures"]}
+    assert set(rows) >= {"backlog", "RSS per 100,000 VMs, one replica holding all", "hand-over", "idle", "steady",
+                         "wave", "restart"}
+    for row in report["figures"]:
+        assert isinstance(row["measured"], float) and row["unit"] is not None and "target" in row
+        assert row["ratio"] is None or row["ratio"] == pytest.approx(row["measured"] / row["reference"], rel=0.02)
+    ratios = [row["figure"] for row in report["figures"] if row["ratio"] is not None]
+    assert any(name.startswith("steady") and "CPU" in name for name in ratios)  # replicas over the bare SDK
+    assert any(name.startswith("steady: state bytes") for name in ratios)  # over the documents' bytes
+    assert any(name.startswith("wave") for name in ratios)  # /metrics over the bare SDK's receive
