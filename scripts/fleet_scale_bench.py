@@ -253,7 +253,7 @@ class Run:
     bare: Child | None = None
 
     def row(self, figure: str, measured: float, unit: str, reference: float | None = None, target: str = "") -> None:
-        self.rows.append(Row(figure, measured, unit, reference, target))
+        self.rows.append(Row(figure, float(measured), unit, reference, target))
 
     def exact(self, picture: Picture, wave: int = 0) -> bool:
         """Every VM shown once, every partition read, every wave VM with its event."""
