@@ -187,18 +187,18 @@ def render_fleet(vms: Iterable[VmState], now: float) -> str:
     count = 0
     for vm in vms:
         count += 1
-        identity = (f'vm_id="{_escape(vm.vm_id or vm.key)}",vm_name="{_escape(vm.vm_name)}",'
-                    f'vmss_name="{_escape(vm.vmss_name)}",location="{_escape(vm.location)}"')
+        identity = (f'vm_id="{escape(vm.vm_id or vm.key)}",vm_name="{escape(vm.vm_name)}",'
+                    f'vmss_name="{escape(vm.vmss_name)}",location="{escape(vm.location)}"')
         seen.append(f"{FLEET}_vm_last_seen_timestamp_seconds{{{identity}}} {vm.seen_at!r}")
         if vm.imds is not NO_IMDS and imds_unreachable(vm):
             unreachable.append(f"{FLEET}_vm_imds_unreachable_since_timestamp_seconds{{{identity}}} "
                                f"{float(vm.imds.last_success or 0.0)!r}")
         kinds = set()
         for event in vm.events:
-            info.append(f'{FLEET}_event_info{{{identity},event_id="{_escape(event.event_id)}",'
-                        f'event_type="{_escape(event.event_type)}",event_status="{_escape(event.event_status)}",'
-                        f'event_source="{_escape(event.event_source)}",affects_this_vm="{event.affects_this_vm}"}} 1.0')
-            key = f'vm_id="{_escape(vm.vm_id or vm.key)}",event_id="{_escape(event.event_id)}"'
+            info.append(f'{FLEET}_event_info{{{identity},event_id="{escape(event.event_id)}",'
+                        f'event_type="{escape(event.event_type)}",event_status="{escape(event.event_status)}",'
+                        f'event_source="{escape(event.event_source)}",affects_this_vm="{event.affects_this_vm}"}} 1.0')
+            key = f'vm_id="{escape(vm.vm_id or vm.key)}",event_id="{escape(event.event_id)}"'
             if event.not_before is not None:
                 until.append(f"{FLEET}_event_seconds_until_not_before{{{key}}} {event.not_before - now!r}")
             if event.duration_seconds is not None:
@@ -209,25 +209,31 @@ def render_fleet(vms: Iterable[VmState], now: float) -> str:
         pending.update(kinds)
     families = {
         "vms": [f"{FLEET}_vms {float(count)!r}"],
-        "pending_vms": [f'{FLEET}_pending_vms{{event_type="{_escape(t)}",event_status="{_escape(s)}"}} {float(n)!r}'
+        "pending_vms": [f'{FLEET}_pending_vms{{event_type="{escape(t)}",event_status="{escape(s)}"}} {float(n)!r}'
                         for (t, s), n in sorted(pending.items())],
-        "event_vms": [f'{FLEET}_event_vms{{event_id="{_escape(e)}",event_type="{_escape(t)}"}} {float(n)!r}'
+        "event_vms": [f'{FLEET}_event_vms{{event_id="{escape(e)}",event_type="{escape(t)}"}} {float(n)!r}'
                       for (e, t), n in sorted(blast.items())],
         "event_info": info, "event_seconds_until_not_before": until, "event_duration_seconds": duration,
         "vm_last_seen_timestamp_seconds": seen,
         "imds_unreachable_vms": [f"{FLEET}_imds_unreachable_vms {float(len(unreachable))!r}"],
         "vm_imds_unreachable_since_timestamp_seconds": unreachable,
     }
+    return write_gauges(families, _HEADERS)
+
+
+def write_gauges(families: Mapping[str, list[str]], headers: Mapping[str, str]) -> str:
+    """Gauge families in the text format: each family's HELP and TYPE lines, then its samples (``families``: the
+    name after ``azure_scheduled_fleet_`` and its sample lines, as ``render_fleet`` writes them)."""
     parts = []
     for name, lines in families.items():
-        parts.append(f"# HELP {FLEET}_{name} {_HEADERS[name]}\n# TYPE {FLEET}_{name} gauge\n")
+        parts.append(f"# HELP {FLEET}_{name} {headers[name]}\n# TYPE {FLEET}_{name} gauge\n")
         if lines:
             parts.append("\n".join(lines))
             parts.append("\n")
     return "".join(parts)
 
 
-def _escape(value: str) -> str:
+def escape(value: str) -> str:
     """Label values as the text format wants them: backslash, double quote and newline escaped."""
     if "\\" in value or '"' in value or "\n" in value:
         return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

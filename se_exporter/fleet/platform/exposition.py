@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import Counter as Tally
 from collections.abc import Iterable
 
-from se_exporter.fleet.collector import FLEET
+from se_exporter.fleet.collector import FLEET, escape, write_gauges
 from se_exporter.fleet.platform.coverage import COVERAGES, Coverage
 from se_exporter.fleet.platform.picture import PlatformRecord
 
@@ -56,24 +56,11 @@ def render_platform(records: Iterable[PlatformRecord], coverage: Iterable[Covera
     counts = Tally((row.event_key, row.coverage) for row in coverage)
     for record in sorted(records, key=lambda record: record.key):
         event = record.event
-        ident = f'event_id="{_escape(event.event_id)}",event_type="{_escape(event.event_type)}"'
+        ident = f'event_id="{escape(event.event_id)}",event_type="{escape(event.event_type)}"'
         info.append(f"{FLEET}_platform_event_info{{{ident},event_status=\"{event.event_status}\","
-                    f'event_source="{_escape(event.event_source)}",scope_type="{event.scope_type}",'
-                    f'scope_name="{_escape(event.scope_name)}",resource_group="{_escape(event.resource_group)}",'
-                    f'subscription_id="{_escape(event.subscription_id)}",location="{_escape(event.location)}"}} 1.0')
+                    f'event_source="{escape(event.event_source)}",scope_type="{event.scope_type}",'
+                    f'scope_name="{escape(event.scope_name)}",resource_group="{escape(event.resource_group)}",'
+                    f'subscription_id="{escape(event.subscription_id)}",location="{escape(event.location)}"}} 1.0')
         vms.extend(f'{FLEET}_platform_event_vms{{{ident},coverage="{state}"}} {float(counts[(record.key, state)])!r}'
                    for state in COVERAGES)
-    parts = []
-    for name, lines in (("platform_event_info", info), ("platform_event_vms", vms)):
-        parts.append(f"# HELP {FLEET}_{name} {_HEADERS[name]}\n# TYPE {FLEET}_{name} gauge\n")
-        if lines:
-            parts.append("\n".join(lines))
-            parts.append("\n")
-    return "".join(parts)
-
-
-def _escape(value: str) -> str:
-    """Label values as the text format wants them: backslash, double quote and newline escaped."""
-    if "\\" in value or '"' in value or "\n" in value:
-        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return value
+    return write_gauges({"platform_event_info": info, "platform_event_vms": vms}, _HEADERS)
