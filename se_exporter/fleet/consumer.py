@@ -132,8 +132,10 @@ class Service:
             partition.caught_up = True
             view.lag_events, view.lag_seconds = 0.0, 0.0
             return
-        self._show(partition.partition_id)  # events come over an attached link only
-        self._check_restored(context)
+        if not self._fleet.is_shown(partition.partition_id):  # most batches: shown already, nothing to take
+            self._show(partition.partition_id)  # events come over an attached link only
+        if not partition.restored_checked:
+            partition.restored_checked = self._check_restored(context)
         outcomes: Tally[str] = Tally()
         for event in events:
             try:
@@ -169,18 +171,20 @@ class Service:
             elif outcome in BOUND_NAMES:
                 self._report.bound_hit(outcome, count)
 
-    def _check_restored(self, context: PartitionContext) -> None:
-        """A restored position past the partition's newest event is damage (see ``Fleet.check_restored``)."""
+    def _check_restored(self, context: PartitionContext) -> bool:
+        """A restored position past the partition's newest event is damage (see ``Fleet.check_restored``). Whether
+        the check was made: once made, the newest event only grows, so the partition's later batches skip it."""
         properties = context.last_enqueued_event_properties
         newest = properties.get("sequence_number") if properties else None
         if newest is None:
-            return
+            return False
         bogus = self._fleet.check_restored(context.partition_id, int(newest))
         if bogus is not None:
             self._metrics.state_damaged.labels("position").inc()
             log.error("partition %s: the stored fleet state claims sequence number %d, past the partition's newest "
                       "event %d; its position is ignored and every event from the checkpoint on is applied",
                       context.partition_id, bogus, int(newest), extra=fields(partition_id=context.partition_id))
+        return True
 
     def _handle(self, partition: Partition, event: EventData, outcomes: Tally[str]) -> str:
         """Read, check and fold one event; what became of it (the bounds its document reached, added to
