@@ -292,7 +292,7 @@ class Run:
     pair: list[Child] = field(default_factory=list)  # two bare SDK processes, half the partitions each
 
     def row(self, figure: str, measured: float, unit: str, reference: float | None = None, target: str = "") -> None:
-        self.rows.append(Row(figure, measured, unit, reference, target))
+        self.rows.append(Row(figure, float(measured), unit, reference, target))  # a count of VMs may be an int
 
     def exact(self, picture: Picture, wave: int = 0) -> bool:
         """Every VM shown once, every partition read, every wave VM with its event."""
