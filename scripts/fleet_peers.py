@@ -1,7 +1,9 @@
 """The peers of scripts/fleet_scale_bench.py, each in its own process so that each has its own interpreter:
 
     python scripts/fleet_peers.py hub VMS PARTITIONS    the Event Hubs test server and the fleet's sidecars
-    python scripts/fleet_peers.py bare CONNECTION WAVE  the bare SDK receiving what the fleet receives
+    python scripts/fleet_peers.py bare CONNECTION WAVE [GROUP PARTITIONS]
+                                                        the bare SDK receiving what the fleet receives (every
+                                                        partition, or those listed, comma-separated, in GROUP)
     python scripts/fleet_peers.py proxy PORT            a loopback proxy to Azurite that counts what is written
 
 Each prints one line when it is up, then answers each command on stdin with one JSON line (``Child``).
@@ -182,15 +184,18 @@ class Child:
 # ---------------------------------------------------------------- the bare SDK, in its own process
 
 
-def bare_receive(connection_string: str, wave: int) -> None:
+def bare_receive(connection_string: str, wave: int, group: str = "bare", only: str = "") -> None:
     """The stream as the SDK alone receives it, from the latest event on: 'ready' once every partition waited;
-    'stats' answers what arrived, and when the ``wave``-th wave document did."""
+    'stats' answers what arrived, and when the ``wave``-th wave document did. With ``only`` (partition ids,
+    comma-separated) just those partitions, one ``receive_batch`` each in one client: one of two processes
+    sharing the stream in consumer group ``group`` as two replicas do, without a checkpoint store or balancing."""
     stats = {"messages": 0, "body_bytes": 0, "wave": 0, "wave_done_at": 0.0}
 
     async def run() -> None:
-        client = EventHubConsumerClient.from_connection_string(connection_string, consumer_group="bare")
+        client = EventHubConsumerClient.from_connection_string(connection_string, consumer_group=group)
         idle: set[str] = set()
-        partitions = len(await client.get_partition_ids())
+        ids = only.split(",") if only else []
+        partitions = len(ids) if ids else len(await client.get_partition_ids())
 
         async def on_batch(context: Any, events: list[Any]) -> None:
             if not events:
@@ -209,7 +214,9 @@ def bare_receive(connection_string: str, wave: int) -> None:
                         stats["wave_done_at"] = time.time()
             stats["messages"] += len(events)
 
-        task = asyncio.create_task(client.receive_batch(on_batch, **BARE_RECEIVE, starting_position="@latest"))
+        receives = [client.receive_batch(on_batch, **BARE_RECEIVE, starting_position="@latest", partition_id=one)
+                    for one in ids] or [client.receive_batch(on_batch, **BARE_RECEIVE, starting_position="@latest")]
+        task = asyncio.gather(*receives)
         stopped = asyncio.Event()
         loop = asyncio.get_running_loop()
 
@@ -224,6 +231,8 @@ def bare_receive(connection_string: str, wave: int) -> None:
         await stopped.wait()
         await client.close()
         task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):  # its receives' cancellation, not an error to print
+            await task
 
     asyncio.run(run())
 
@@ -311,7 +320,7 @@ def main() -> int:
     if role == "hub":
         serve_hub(int(args[0]), int(args[1]))
     elif role == "bare":
-        bare_receive(args[0], int(args[1]))
+        bare_receive(args[0], int(args[1]), *args[2:4])
     elif role == "proxy":
         serve_proxy(int(args[0]))
     else:

@@ -19,17 +19,30 @@ which scrapes and parses /metrics. Phases, in order, and what runs in each besid
    shipped queries count) against the sum of the replicas' `azure_scheduled_fleet_vms`; the overlap is the
    difference: its maximum, how long it lasted, and whether the distinct count ever passed the fleet's size.
 3. idle: both replicas, no documents: their CPU per second (balancing rounds, timers).
-4. steady state: heartbeats from every VM every 300 s, the bare SDK receiving the same stream, both replicas
-   scraped every 15 s: the replicas' CPU per second (all threads from /proc, both summed, idle wake-ups and
-   scrapes included) over the bare SDK's; state bytes written per second (the replicas' counter
-   `azure_scheduled_fleet_state_bytes_written_total` where the fleet has it, else the proxy's count of state
-   blob write bodies; both are printed) over the bytes of the documents received.
-5. wave: the heartbeats go on and 10,000 VMs get a new event within 60 s: time from its first document until the
-   replicas' /metrics show every one of them (distinct VMs), over the time until the bare SDK has received them.
-6. restart: kill -9 of one replica and a new one started at once: time until the picture is exact again (every
-   VM once, every partition owned, every wave VM with its event). The dead replica's ownerships are taken only
-   after --ownership-expiry, and the hand-over of phase 2 takes one balancing round per partition: hence shorter
-   intervals than the fleet's defaults (--balancing, --ownership), which the idle and steady-state CPU include.
+4. defaults: the replicas replaced one at a time by two with the fleet's default --load-balancing-interval
+   (30 s) and --ownership-expiry (180 s), each taking over the half its predecessor released (the other paused
+   meanwhile, so that its half stays its own: see ``defaults``); waited for until exact (the split is printed);
+   then idle again, at the defaults.
+5. steady state, at the defaults: heartbeats from every VM every 300 s, both replicas scraped every 15 s, and as
+   references, receiving the same stream from the latest event on: the bare SDK in one process (every
+   partition), and two bare SDK processes in one consumer group, half the partitions each (explicit partition
+   ids: no checkpoint store, no balancing), as the two replicas share the stream. The replicas' CPU per second
+   (all threads from /proc, both summed, idle wake-ups, balancing rounds, checkpoints and scrapes included) over
+   each reference, both printed and labelled (the issue's target is over the one process); state bytes written
+   per second (the replicas' counter `azure_scheduled_fleet_state_bytes_written_total` where the fleet has it,
+   else the proxy's count of state blob write bodies; both are printed) over the bytes of the documents received.
+6. wave, at the defaults: the heartbeats go on and 10,000 VMs get a new event within 60 s: time from its first
+   document until the replicas' /metrics show every one of them (distinct VMs), over the time until the bare SDK
+   has received them.
+7. restart: the replicas restarted together with the fail-over settings and waited for until evenly split; then
+   kill -9 of one replica and a new one started at once: time until the picture is exact again (every VM once,
+   every partition owned, every wave VM with its event).
+
+Fail-over settings: the dead replica's ownerships are taken only after --ownership-expiry, and the hand-over of
+phase 2 takes one balancing round per partition, so the backlog, hand-over, first idle and restart phases run
+with shorter intervals than the fleet's defaults (--balancing 2, --ownership 10): each round renews every owned
+partition's ownership blob, CPU the bare SDK does not spend. The steady state and the wave, which need no
+fail-over, run at the defaults: like for like with the references.
 
 The replicas get --state-format 3 (incremental state) where the fleet reads it, else the fleet's default
 (--state-format sets it). Each figure is printed with its reference, the ratio and the target beside it; nothing
@@ -44,6 +57,7 @@ import json
 import os
 import platform
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -61,11 +75,17 @@ from fleet_peers import WAVE_EVENT, Child
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT))
 
-from se_exporter.fleet.settings import DEFAULT_CHECKPOINT_INTERVAL, parse_state_format  # noqa: E402
+from se_exporter.fleet.settings import (  # noqa: E402
+    DEFAULT_CHECKPOINT_INTERVAL,
+    FleetSettings,
+    parse_state_format,
+)
 from tests.fleet_helpers import Azurite, FleetProcess  # noqa: E402
 from tests.helpers import wait_until  # noqa: E402
 
 FLEET = b"azure_scheduled_fleet"
+DEFAULT_BALANCING = FleetSettings.load_balancing_interval  # what the steady state and the wave run with
+DEFAULT_OWNERSHIP = 6 * DEFAULT_BALANCING  # --ownership-expiry unset: six balancing intervals
 
 
 @dataclass(frozen=True)
@@ -138,17 +158,38 @@ def scrape(url: str) -> bytes:
 class Replicas:
     """The running replicas, scraped at once (one thread each)."""
 
-    def __init__(self, hub: str, storage: str, work: Path, args: list[str]) -> None:
-        self.hub, self.storage, self.work, self.args = hub, storage, work, args
+    def __init__(self, hub: str, storage: str, work: Path, args: list[str], fast: list[str]) -> None:
+        self.hub, self.storage, self.work, self.args, self.fast = hub, storage, work, args, fast
         self.running: list[FleetProcess] = []
         self.started = 0
         self.pool = ThreadPoolExecutor(4)
 
-    def start(self) -> FleetProcess:
+    def start(self, extra: list[str] | None = None) -> FleetProcess:
+        """One more replica, with the run's arguments and ``extra`` (default: the fail-over phases' settings)."""
         self.started += 1
-        replica = FleetProcess(self.hub, self.storage, self.work / f"replica{self.started}", *self.args)
+        replica = FleetProcess(self.hub, self.storage, self.work / f"replica{self.started}", *self.args,
+                               *(self.fast if extra is None else extra))
         self.running.append(replica)
         return replica
+
+    def start_together(self, extra: list[str]) -> None:
+        """Two replicas started at the same moment (one thread each): their first balancing rounds race for the
+        released partitions, rather than the first taking them all and the second stealing one per round."""
+        names = [self.started + 1, self.started + 2]
+        self.started += 2
+
+        def one(number: int) -> FleetProcess:
+            return FleetProcess(self.hub, self.storage, self.work / f"replica{number}", *self.args, *extra)
+
+        self.running.extend(self.pool.map(one, names))
+
+    def stop_all(self) -> None:
+        """SIGTERM to every replica (each writes a last state and releases its partitions), and their exit."""
+        for replica in self.running:
+            replica.process.terminate()
+        for replica in self.running:
+            replica.stop()
+        self.running.clear()
 
     def kill(self, replica: FleetProcess) -> None:
         replica.kill()
@@ -178,10 +219,7 @@ class Replicas:
         return None if None in counts else sum(count or 0.0 for count in counts)
 
     def stop(self) -> None:
-        for replica in self.running:
-            replica.process.terminate()
-        for replica in self.running:
-            replica.stop()
+        self.stop_all()
         self.pool.shutdown()
 
 
@@ -251,9 +289,10 @@ class Run:
     rows: list[Row] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
     bare: Child | None = None
+    pair: list[Child] = field(default_factory=list)  # two bare SDK processes, half the partitions each
 
     def row(self, figure: str, measured: float, unit: str, reference: float | None = None, target: str = "") -> None:
-        self.rows.append(Row(figure, float(measured), unit, reference, target))
+        self.rows.append(Row(figure, float(measured), unit, reference, target))  # a count of VMs may be an int
 
     def exact(self, picture: Picture, wave: int = 0) -> bool:
         """Every VM shown once, every partition read, every wave VM with its event."""
@@ -320,24 +359,62 @@ def hand_over(run: Run) -> None:
     run.notes["hand_over_pictures"] = len(watch.pictures)
 
 
-def idle(run: Run) -> None:
+def idle(run: Run, settings: str = "") -> None:
     cpu, started = run.replicas.cpu(), time.monotonic()
     time.sleep(run.sizes.idle_s)  # the measurement window
-    run.row("idle: both replicas' CPU per second, no documents", (run.replicas.cpu() - cpu)
+    run.row(f"idle: both replicas' CPU per second, no documents{settings}", (run.replicas.cpu() - cpu)
             / (time.monotonic() - started), "s/s")
+
+
+def defaults(run: Run) -> None:
+    """The fail-over settings' replicas replaced, one at a time, by two at the fleet's default balancing interval
+    and ownership expiry, for the steady state and the wave: like for like with the bare SDK, which balances
+    nothing. The SDK's greedy balancing claims every released partition it can in one round but steals only one
+    per round (30 s at the defaults), so the halves are handed over released: the second replica is paused
+    (SIGSTOP: its ownerships stay current), the first stopped (SIGTERM: states written, partitions released), and
+    the new one takes the released half in its first round; then the same for the second. The split is noted."""
+    sizes, replicas = run.sizes, run.replicas
+    started = time.time()
+    for _ in range(2):
+        old, other = replicas.running
+        others = total(scrape(other.metrics_url), b"owned_partitions") or 0.0
+        other.process.send_signal(signal.SIGSTOP)  # its partitions stay recorded as its own, not claimable
+        replicas.running.remove(other)  # a paused replica answers no scrape
+        try:
+            replicas.running.remove(old)
+            old.stop()
+            new = replicas.start([])
+            wait_until(lambda new=new, others=others: total(scrape(new.metrics_url), b"owned_partitions")
+                       == sizes.partitions - others, timeout=120, interval=0.5, what="the released half claimed")
+        finally:
+            other.process.send_signal(signal.SIGCONT)
+            replicas.running.insert(0, other)
+    exact = Watch().until(replicas, run.exact, 1.0, 300, "an exact picture at the default balancing interval")
+    run.row("defaults: the replicas replaced by two at the default balancing, to an exact picture",
+            exact.at - started, "s")
+    run.notes["steady_split"] = list(exact.owned)
+
+
+def idle_default(run: Run) -> None:
+    idle(run, f", default balancing ({DEFAULT_BALANCING:g} s)")
 
 
 def steady(run: Run) -> None:
     sizes, replicas, hub, proxy = run.sizes, run.replicas, run.hub, run.proxy
     bare = run.bare = Child("bare", replicas.hub, str(sizes.wave))
     assert bare.first == "ready", bare.first
+    run.pair = [Child("bare", replicas.hub, str(sizes.wave), "pair",
+                      ",".join(str(partition) for partition in range(half, sizes.partitions, 2))) for half in (0, 1)]
+    assert all(child.first == "ready" for child in run.pair), [child.first for child in run.pair]
     hub.ask(f"heartbeats {sizes.heartbeat_s}")
     wait_until(lambda: bare.ask("stats")["messages"] > 0, timeout=60, interval=0.1, what="the first heartbeats")
 
     def snapshot() -> dict[str, Any]:
         return {"at": time.monotonic(), "replicas": replicas.cpu(), "bare": cpu_seconds(bare.process.pid),
+                "pair": sum(cpu_seconds(child.process.pid) for child in run.pair),
                 "hub": hub.ask("stats"), "proxy": proxy.ask("stats"), "counter": replicas.state_bytes(),
-                "received": bare.ask("stats")}
+                "received": bare.ask("stats"), "pair_messages": sum(child.ask("stats")["messages"]
+                                                                    for child in run.pair)}
 
     before = snapshot()
     while time.monotonic() - before["at"] < sizes.steady_s:
@@ -358,8 +435,14 @@ def steady(run: Run) -> None:
     counted = rate("counter") if before["counter"] is not None and after["counter"] is not None else None
     run.notes["state_bytes_source"] = "counter" if counted is not None else "proxy"
     run.notes["steady_messages_per_s"] = rate("hub", "messages")
-    run.row(f"steady: {rate('hub', 'messages'):.0f} heartbeats/s, replicas' CPU per second (both)",
-            rate("replicas"), "s/s", rate("bare"), "<= 1.5x")
+    run.notes["steady_pair_messages_per_s"] = rate("pair_messages")
+    heartbeats = f"{rate('hub', 'messages'):.0f} heartbeats/s"
+    run.row(f"steady: {heartbeats}, replicas' CPU per second (both) / one bare SDK process", rate("replicas"),
+            "s/s", rate("bare"), "<= 1.5x")
+    run.row(f"steady: {heartbeats}, replicas' CPU per second (both) / two bare SDK processes, half the "
+            "partitions each", rate("replicas"), "s/s", rate("pair"), "<= 1.5x")
+    run.row("steady: two bare SDK processes' CPU per second / one bare SDK process's", rate("pair"), "s/s",
+            rate("bare"))
     if counted is not None:
         run.row("steady: state bytes written per second (fleet's counter)", counted, "B/s", documents, "<= 2x")
     run.row("steady: state bytes written per second (proxy: state blob write bodies)", proxied, "B/s", documents,
@@ -384,6 +467,16 @@ def wave(run: Run) -> None:
             received - started, "<= 1.5x")
     run.row("wave: ... on /metrics, after its last document", shown - last, "s")
     run.row("wave: ... received by the bare SDK, after its last document", received - last, "s")
+
+
+def fail_over(run: Run) -> None:
+    """Back to the fail-over settings for the restart (a kill -9's partitions are taken after --ownership-expiry):
+    the default replicas stopped, two fast ones started at once, waited for until they split evenly."""
+    sizes, replicas = run.sizes, run.replicas
+    replicas.stop_all()
+    replicas.start_together(replicas.fast)
+    Watch().until(replicas, lambda picture: run.exact(picture, sizes.wave) and max(picture.owned)
+                  - min(picture.owned) <= 1, 1.0, 120 + sizes.partitions * run.balancing * 3, "an even split")
 
 
 def restart(run: Run) -> None:
@@ -420,13 +513,13 @@ def measure(sizes: Sizes, args: argparse.Namespace, work: Path) -> Run:
         azurite = Azurite(work / "azurite")
         proxy = Child("proxy", str(azurite.port))
         storage = azurite.connection_string.replace(f":{azurite.port}/", f":{proxy.first}/")
-        fleet_args = ["--checkpoint-container", "scale", "--checkpoint-interval", str(sizes.checkpoint_s),
-                      "--load-balancing-interval", str(args.balancing), "--ownership-expiry", str(args.ownership)]
+        fleet_args = ["--checkpoint-container", "scale", "--checkpoint-interval", str(sizes.checkpoint_s)]
         if args.state_format:
             fleet_args += ["--state-format", args.state_format]
-        replicas = Replicas(hub.first, storage, work, fleet_args)
+        fast = ["--load-balancing-interval", str(args.balancing), "--ownership-expiry", str(args.ownership)]
+        replicas = Replicas(hub.first, storage, work, fleet_args, fast)
         run = Run(sizes, hub, proxy, replicas, args.balancing)
-        for phase in (backlog, hand_over, idle, steady, wave, restart):
+        for phase in (backlog, hand_over, idle, defaults, idle_default, steady, wave, fail_over, restart):
             print(f"{time.strftime('%H:%M:%S')} {phase.__name__}", file=sys.stderr, flush=True)
             phase(run)
         return run
@@ -435,6 +528,8 @@ def measure(sizes: Sizes, args: argparse.Namespace, work: Path) -> Run:
             replicas.stop()
         if run is not None and run.bare is not None:
             run.bare.stop()
+        for child in run.pair if run is not None else []:
+            child.stop()
         if proxy is not None:
             proxy.stop()
         if azurite is not None:
@@ -446,16 +541,19 @@ def report(run: Run, args: argparse.Namespace, mode: str) -> dict[str, Any]:
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     sizes = run.sizes
     print(f"se-exporter fleet at scale ({mode}) on {machine}: {sizes.vms:,} VMs over {sizes.partitions} partitions, "
-          f"two replicas, state format {args.state_format or 'default'}, balancing every {args.balancing:g} s, "
-          f"ownership expiry {args.ownership:g} s, checkpoint interval {sizes.checkpoint_s:g} s; state bytes from "
-          f"the {run.notes['state_bytes_source']}")
+          f"two replicas, state format {args.state_format or 'default'}, checkpoint interval {sizes.checkpoint_s:g} "
+          f"s; backlog, hand-over, first idle and restart: balancing every {args.balancing:g} s, ownership expiry "
+          f"{args.ownership:g} s; second idle, steady and wave: the defaults ({DEFAULT_BALANCING:g} s, "
+          f"{DEFAULT_OWNERSHIP:g} s), split {run.notes.get('steady_split')}; state bytes from the "
+          f"{run.notes['state_bytes_source']}")
     for row in run.rows:
         reference = f"{row.reference:12.3f}" if row.reference is not None else " " * 12
         ratio = f"{row.ratio:8.2f}x" if row.ratio is not None else " " * 9
         print(f"  {row.figure:<76} {row.measured:12.3f} {row.unit:<4} {reference} {ratio}  {row.target}")
     return {"machine": machine, "mode": mode, "vms": sizes.vms, "partitions": sizes.partitions,
             "state_format": args.state_format, "load_balancing_interval": args.balancing,
-            "ownership_expiry": args.ownership, "checkpoint_interval": sizes.checkpoint_s,
+            "ownership_expiry": args.ownership, "steady_load_balancing_interval": DEFAULT_BALANCING,
+            "steady_ownership_expiry": DEFAULT_OWNERSHIP, "checkpoint_interval": sizes.checkpoint_s,
             "steady_seconds": sizes.steady_s, "heartbeat_interval": sizes.heartbeat_s, **run.notes,
             "figures": [{"figure": row.figure, "measured": round(row.measured, 4), "unit": row.unit,
                          "reference": None if row.reference is None else round(row.reference, 4),

@@ -132,8 +132,10 @@ class Service:
             partition.caught_up = True
             view.lag_events, view.lag_seconds = 0.0, 0.0
             return
-        self._show(partition.partition_id)  # events come over an attached link only
-        self._check_restored(context)
+        if not self._fleet.is_shown(partition.partition_id):  # most batches: shown already, nothing to take
+            self._show(partition.partition_id)  # events come over an attached link only
+        if not partition.restored_checked:
+            partition.restored_checked = self._check_restored(context)
         outcomes: Tally[str] = Tally()
         for event in events:
             try:
@@ -169,18 +171,20 @@ class Service:
             elif outcome in BOUND_NAMES:
                 self._report.bound_hit(outcome, count)
 
-    def _check_restored(self, context: PartitionContext) -> None:
-        """A restored position past the partition's newest event is damage (see ``Fleet.check_restored``)."""
+    def _check_restored(self, context: PartitionContext) -> bool:
+        """A restored position past the partition's newest event is damage (see ``Fleet.check_restored``). Whether
+        the check was made: once made, the newest event only grows, so the partition's later batches skip it."""
         properties = context.last_enqueued_event_properties
         newest = properties.get("sequence_number") if properties else None
         if newest is None:
-            return
+            return False
         bogus = self._fleet.check_restored(context.partition_id, int(newest))
         if bogus is not None:
             self._metrics.state_damaged.labels("position").inc()
             log.error("partition %s: the stored fleet state claims sequence number %d, past the partition's newest "
                       "event %d; its position is ignored and every event from the checkpoint on is applied",
                       context.partition_id, bogus, int(newest), extra=fields(partition_id=context.partition_id))
+        return True
 
     def _handle(self, partition: Partition, event: EventData, outcomes: Tally[str]) -> str:
         """Read, check and fold one event; what became of it (the bounds its document reached, added to
@@ -341,16 +345,19 @@ class Service:
         """Follow the SDK's receiver links: show a held partition as soon as its link is attached, rather than at its
         first batch (on a quiet partition that batch is the empty one, a whole EMPTY_BATCH_AFTER later), and hide one
         as soon as its link holds a stolen error, rather than when the SDK raises it (``link_stolen``). Polled as
-        often as the SDK itself polls its buffer (50 ms); without the SDK's flags the batches and errors do it."""
-        while not await _stopped(stop, LINK_POLL):
+        often as the SDK itself polls its buffer (50 ms); without the SDK's flags the batches and errors do it.
+        A plain sleep per tick, not ``_stopped``'s wait on the stop event (a task and a timeout each time: most of
+        this watch's cost at 20 ticks a second); the shutdown cancels it."""
+        while not stop.is_set():
+            await asyncio.sleep(LINK_POLL)
             self.follow_links()
 
     def follow_links(self) -> None:
-        shown = set(self._fleet.shown())
         for partition_id in list(self.partitions):
             if self.stolen(partition_id):
                 self._hide(partition_id, "link_stolen")
-            elif partition_id not in shown and partition_id not in self.doubted and self.attached(partition_id):
+            elif partition_id not in self.doubted and not self._fleet.is_shown(partition_id) \
+                    and self.attached(partition_id):
                 self._show(partition_id)
 
     async def watchdog(self, stop: asyncio.Event) -> None:

@@ -30,6 +30,7 @@ class Partition:
     saved: int | None = None  # the position of the state last written or read
     saved_format: int | None = None  # the format it is stored in (None: none stored, or unreadable)
     checkpointed: int = -1  # the sequence number of the last checkpoint written (never moved back)
+    restored_checked: bool = False  # the restored position was checked against the partition's newest event
     saving: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property

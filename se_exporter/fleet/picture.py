@@ -181,6 +181,12 @@ class Fleet:
                 self._hidden.add(partition_id)
             return True
 
+    def is_shown(self, partition_id: str) -> bool:
+        """Whether ``vms`` shows the partition's VMs: without the lock (two set lookups, each atomic), for the
+        consumer's checks on every batch and every link-watch tick, where ``shown``'s sorted copy under the lock
+        would cost more than the check saves."""
+        return partition_id in self._partitions and partition_id not in self._hidden
+
     def shown(self) -> list[str]:
         """The held partitions whose VMs ``vms`` shows."""
         with self._lock:

@@ -442,3 +442,15 @@ def test_control_characters_a_vm_sends_are_spelt_out_in_labels() -> None:
     fleet.claim("0")
     assert fleet.apply("0", read) == "applied"
     assert decode(encode("0", 9, fleet.vms(), 2), "0", NOW).vms == {vm.key: vm}
+
+
+def test_is_shown_agrees_with_shown_through_claim_show_hide_and_release() -> None:
+    """The lock-free check the consumer makes on every batch and link-watch tick says what ``shown`` says."""
+    fleet = Fleet()
+    assert not fleet.is_shown("0")
+    fleet.claim("0", shown=False)
+    fleet.claim("1")
+    for step in (lambda: None, lambda: fleet.show("0"), lambda: fleet.show("1", shown=False),
+                 lambda: fleet.release("0")):
+        step()
+        assert [partition for partition in ("0", "1", "2") if fleet.is_shown(partition)] == fleet.shown()
