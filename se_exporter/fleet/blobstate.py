@@ -86,9 +86,9 @@ class StateBlobs(StateStore):
                     self._etags[partition_id] = None
                     continue
                 theirs = _position(properties.metadata)
-                if theirs >= position:
+                if theirs > position:
                     return False
-                self._etags[partition_id] = properties.etag  # an older write behind ours: overwrite it
+                self._etags[partition_id] = properties.etag  # not past ours (or ours, its answer lost): overwrite it
                 continue
             self._etags[partition_id] = result.get("etag")
             return True

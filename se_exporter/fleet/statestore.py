@@ -125,7 +125,7 @@ class StateStore(abc.ABC):
                           delta: Callable[[str], bytes] | None) -> bool:
         """Write the state at ``position`` in format 3: ``delta(block_id)`` appended when the stored block list is
         known and has room, else ``base(block_id)`` as the only block. On a conflict (another writer moved the
-        ETag) a stored position at or past ours wins (False); an older one is replaced by a base, since our state
+        ETag) a stored position past ours wins (False); one at or behind ours is replaced by a base, since our state
         in memory is the truth at our position."""
         if partition_id in self._frozen:
             return False
@@ -162,10 +162,11 @@ class StateStore(abc.ABC):
         self._layouts.pop(partition_id, None)
 
     async def _behind(self, partition_id: str, position: int) -> bool:
-        """After a conflict: the stored state is behind ``position`` (or gone), and its ETag is now the one to
-        write on; False when it is at or past it (another owner's newer state: give way)."""
+        """After a conflict: the stored state is not past ``position`` (or gone), and its ETag is now the one to
+        write on; False when it is past it (another owner's newer state: give way). A state at ``position`` holds the
+        same events as ours (our own write, too, when its answer was lost to a cancellation): written over."""
         theirs = await self._stored_position(partition_id)
-        return theirs is None or theirs < position
+        return theirs is None or theirs <= position
 
     @abc.abstractmethod
     async def _download(self, partition_id: str) -> bytes | None:
@@ -173,7 +174,7 @@ class StateStore(abc.ABC):
 
     @abc.abstractmethod
     async def _upload(self, partition_id: str, data: bytes, position: int) -> bool:
-        """Write unless a state at ``position`` or past it was written by someone else since our last read."""
+        """Write unless a state past ``position`` was written by someone else since our last read."""
 
     @abc.abstractmethod
     async def _commit(self, partition_id: str, ids: list[str], block: str, data: bytes, position: int) -> Commit:
@@ -217,7 +218,7 @@ class MemoryStateStore(StateStore):
         name = self._names[partition_id]
         stored = self.states.get(name)
         theirs = stored.revision if stored else None
-        if theirs != self._seen.get(partition_id) and stored is not None and stored.position >= position:
+        if theirs != self._seen.get(partition_id) and stored is not None and stored.position > position:
             return False  # another owner wrote a newer state since our last read: give way
         revision = (theirs or 0) + 1
         self.states[name] = Stored(data, position, revision)

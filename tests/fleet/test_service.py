@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
+import pytest
 from azure.eventhub import CloseReason
 from azure.eventhub.aio import PartitionContext
 from azure.eventhub.aio._eventprocessor.in_memory_checkpoint_store import (  # the SDK's own, as its tests use it
@@ -189,6 +190,27 @@ def test_the_stored_state_never_moves_back_when_two_owners_write() -> None:
     assert states[NAME].position == 3
     assert old.value("azure_scheduled_fleet_checkpoints_total", outcome="superseded") == 1
     assert old.checkpoints.written == []
+
+
+@pytest.mark.parametrize("state_format", [1, 3])
+def test_a_write_whose_answer_was_lost_is_followed_by_the_checkpoint(state_format: int) -> None:
+    """A periodic save cancelled after its state was stored but before it learnt so (a SIGTERM mid-write) leaves a
+    state at the replica's own position under a revision it has not seen: the shutdown save writes it again and
+    the checkpoint follows, rather than giving way to itself and leaving the checkpoint behind."""
+    states: dict[str, Stored] = {}
+    replica = Replica(states, state_format=state_format)
+    run(replica.claim())
+    run(replica.read(Event(1, "vm-a"), Event(2, "vm-b")))
+    run(replica.service.save("0"))
+    run(replica.read(Event(3, "vm-c")))
+    written = Replica(dict(states), state_format=state_format)  # the same events written by a save whose answer
+    run(written.claim())  # never came back: the stored revision moves on without this replica's knowing
+    run(written.read(Event(3, "vm-c")))
+    run(written.service.save("0"))
+    states[NAME] = written.states[NAME]
+    run(replica.service.on_close(replica.context, CloseReason.SHUTDOWN))
+    assert replica.checkpoints.written == [(2, 2), (3, 3)]
+    assert replica.value("azure_scheduled_fleet_checkpoints_total", outcome="superseded") == 0
 
 
 def test_a_damaged_state_is_counted_and_replaced_by_the_next_write() -> None:
