@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 
-from se_exporter.fleet import persistence, picture, stateformat, statestore
+from se_exporter.fleet import persistence, stateformat, statestore
 from se_exporter.fleet.message import DEFAULT_BOUNDS, Bounds, VmState
 
 FORMATS = (1,)  # what the previous release read; it wrote the newest of them
@@ -31,7 +31,6 @@ def encode(partition_id: str, position: int, vms: Iterable[VmState], state_forma
 def install() -> None:
     """Today's replica with the previous release's state formats: the state's one reader and one writer rebound."""
     statestore.decode = decode
-    picture.encode = encode
     persistence.encode = encode  # what the Keeper writes formats 1 and 2 with
 
 

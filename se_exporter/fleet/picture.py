@@ -288,16 +288,6 @@ class Fleet:
             state = self._partitions.get(partition_id)
             return state.position if state else None
 
-    def dump(self, partition_id: str, state_format: int = 1) -> tuple[bytes, int] | None:
-        """The partition's state as bytes (in ``state_format``) and the position they reflect, or None before any
-        event."""
-        with self._lock:
-            state = self._partitions.get(partition_id)
-            if state is None or state.position is None:
-                return None
-            position, vms = state.position, list(state.vms.values())
-        return encode(partition_id, position, vms, state_format), position
-
     def snapshot(self, partition_id: str) -> Snapshot | None:
         """The partition as a state write needs it (see ``Changes``), or None before any event."""
         with self._lock:

@@ -16,6 +16,7 @@ from se_exporter.fleet.picture import (
     InvalidMessage,
     Message,
     PartitionState,
+    VmState,
     decode,
     encode,
     imds_unreachable,
@@ -183,12 +184,12 @@ def test_state_bytes_round_trip_and_restore_as_already_applied() -> None:
     """A partition's state written and read back is the same VMs, and marks its position as applied."""
     fleet = Fleet()
     fleet.claim("3")
-    assert fleet.dump("3") is None  # nothing handled yet: nothing to write
+    assert written(fleet, "3") is None  # nothing handled yet: nothing to write
     fleet.apply("3", message(FREEZE, sequence=7))
     fleet.apply("3", read_message(EMPTY, {**props(), b"vm_id": b"v2", b"vm_name": b"ss_1", b"vmss_name": b"ss"},
                                   b"j:2", b"v2", 5.5, 1024))
     fleet.handled("3", 17)
-    dumped = fleet.dump("3")
+    dumped = written(fleet, "3")
     assert dumped is not None
     data, position = dumped
     assert position == 17
@@ -289,13 +290,7 @@ def test_a_surrogate_event_id_is_escaped_before_it_is_kept_or_shown() -> None:
     [event] = read.vm.events
     assert event.event_id == "\\ud800"
     event.event_id.encode("utf-8")
-    fleet = Fleet()
-    fleet.claim("0")
-    fleet.apply("0", read, 1)
-    dumped = fleet.dump("0")
-    assert dumped is not None
-    [vm] = decode(dumped[0], "0", NOW).vms.values()
-    assert vm.events == read.vm.events
+    assert kept_through_the_state(read).events == read.vm.events
 
 
 @pytest.mark.parametrize(("name", "value"), [
@@ -394,13 +389,7 @@ def test_events_per_vm_label_length_and_kept_body_are_bounded() -> None:
     read = read_message(body, props(), b"i:1", VM_ID.encode(), 1.0, 1 << 20, Bounds(events_per_vm=64))
     assert len(read.vm.events) == 64 and set(read.bounds) == {"events_per_vm", "body_bytes"}
     assert len(read.vm.body) < 64 * 1024 < len(body)
-    fleet = Fleet()
-    fleet.claim("0")
-    fleet.apply("0", read, 1)
-    dumped = fleet.dump("0")
-    assert dumped is not None
-    [vm] = decode(dumped[0], "0", NOW).vms.values()
-    assert vm.events == read.vm.events
+    assert kept_through_the_state(read).events == read.vm.events
     short = json.dumps({"Events": [listed[0], listed[-1]]}).encode()
     assert message(short).bounds == ("label_length",) and len(message(short).vm.events) == 1
 
@@ -454,3 +443,22 @@ def test_is_shown_agrees_with_shown_through_claim_show_hide_and_release() -> Non
                  lambda: fleet.release("0")):
         step()
         assert [partition for partition in ("0", "1", "2") if fleet.is_shown(partition)] == fleet.shown()
+
+
+def written(fleet: Fleet, partition_id: str) -> tuple[bytes, int] | None:
+    """The partition's state as the Keeper writes it in format 1, and its position; None before any event."""
+    snapshot = fleet.snapshot(partition_id)
+    if snapshot is None:
+        return None
+    return encode(partition_id, snapshot.position, snapshot.vms), snapshot.position
+
+
+def kept_through_the_state(read: Message) -> VmState:
+    """The one VM of ``read`` as a partition's state written and read back holds it."""
+    fleet = Fleet()
+    fleet.claim("0")
+    fleet.apply("0", read, 1)
+    stored = written(fleet, "0")
+    assert stored is not None
+    [vm] = decode(stored[0], "0", NOW).vms.values()
+    return vm
