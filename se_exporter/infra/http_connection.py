@@ -109,8 +109,8 @@ async def _streams(sock: socket.socket, connection: Connection | None = None,
     protocol = _Protocol(reader, connection)
     transport, _ = await loop.connect_accepted_socket(lambda: protocol, sock)
     if hasattr(transport, "max_size"):
-        # asyncio's selector transport reads up to 256 KiB per recv() before the reader can pause it: with many
-        # clients sending huge heads at once that was 8 MB for 32 of them. READ_CHUNK bounds each read.
+        # asyncio's selector transport reads up to 256 KiB per recv() before the reader can pause it: 32 times
+        # READ_CHUNK per client sending a huge head, held by every such client at once. READ_CHUNK bounds each read.
         transport.max_size = READ_CHUNK
     return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
