@@ -204,8 +204,8 @@ class Reconciler:
             coverage: str | None = "no_sidecar"
         elif record.ended:
             return pair.coverage if pair.coverage in ("missed", "imds_unreachable") else None
-        elif now < record.announced_at + self.settings.grace:
-            return None
+        elif now < min(record.announced_at, record.changed_at) + self.settings.grace:
+            return None  # an announcement the platform's clock dates in the future counts from when it was learnt
         else:
             vm = max(alive, key=lambda vm: vm.seen_at)
             coverage = "imds_unreachable" if imds_blind_since(vm, record.announced_at) else "missed"
