@@ -182,7 +182,7 @@ def test_a_picture_saved_as_json_and_restored_continues_exactly() -> None:
     {"resources": [3]}, {"times": {}}, {"times": {"Later": 1.0}}, {"times": {"Started": "x"}},
     {"event_time": None}, {"event_time": 1e300}, {"changed_at": None}, {"not_before": True},
     {"duration_seconds": float("inf")}, {"location": 5}, {"event_type": "x" * 5000}, {"event_id": "x" * 1000},
-    {"resources": ["v" * 2000]}, {"resources": [" "]}, {"event_status": "Scheduled"},
+    {"event_id": " "}, {"resources": ["v" * 2000]}, {"resources": [" "]}, {"event_status": "Scheduled"},
     {"times": {"Scheduled": 1.0}}])
 def test_a_damaged_saved_record_is_left_out_and_counted(damage: dict[str, object]) -> None:
     """A state row of the wrong shape costs only itself: the others are restored, it is counted."""

@@ -70,7 +70,7 @@ def record_from_json(row: object) -> PlatformRecord:
         raise ValueError("a record is not an object")
     texts = {name: _text(row, name) for name in _TEXT}
     status, scope_type = row.get("event_status"), row.get("scope_type")
-    if status not in STATUSES or scope_type not in SCOPE_TYPES or not texts["event_id"]:
+    if status not in STATUSES or scope_type not in SCOPE_TYPES or not texts["event_id"].strip():
         raise ValueError("event_status, scope_type or event_id")
     resources = row.get("resources")
     if not isinstance(resources, list) or not all(isinstance(name, str) and name.strip() for name in resources):

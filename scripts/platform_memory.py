@@ -1,0 +1,159 @@
+"""What the platform stream's core keeps at most, measured: bytes and series after a flood of distinct EventIds.
+
+    python scripts/platform_memory.py            100,000 EventIds at the default bounds, typical and worst strings
+    python scripts/platform_memory.py --smoke    1,000 EventIds at bounds a hundred times smaller
+
+A flood of distinct EventIds (one message each, every tenth one open, the others Completed, so ended events keep
+making room) goes through one ``PlatformPicture`` at ``DEFAULT_LIMITS``, and every 1,000 EventIds its records
+through one ``Reconciler`` at its default settings, with a fleet of sidecars listing EventIds the platform never
+announced (100 sidecars of 64 such EventIds each, new ones each time, so the reverse's memory fills too). Two string profiles: ``typical`` (GUID EventIds and Event Grid ids,
+VM names like ``web_123``, two VMs per event, 100 scale sets) and ``worst`` (every string at its bound, 256
+characters, in 4-byte characters; 1,024 for Description; 20 VMs per event, so 10,000 events name the 200,000 the
+picture keeps; a scope per event). Memory is what tracemalloc counts as still allocated after ``gc.collect()``, for
+the picture and the reconciler apart, plus the peak of one ``update`` and one ``render_platform`` (their results,
+dropped after). Printed per thing kept (bytes per record, per VM name, per remembered id) and in total, with the
+series the exposition writes; the reference, measured in the same run, is the bytes of one message on the wire
+(the ratio says what a record costs in memory per byte it took to send).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import sys
+import tracemalloc
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from se_exporter.fleet.platform import (  # noqa: E402 - after the path is set
+    DEFAULT_LIMITS,
+    PlatformEvent,
+    PlatformLimits,
+    PlatformPicture,
+    Reconciler,
+    ReconcileSettings,
+    render_platform,
+)
+from se_exporter.fleet.message import VmState  # noqa: E402
+from tests.fleet.platform_helpers import T0, body, grid, platform_event, vm  # noqa: E402
+
+WIDE = "\U0001f600"  # a 4-byte character: CPython keeps a string of them at 4 bytes per character
+
+
+def fresh(text: str) -> str:
+    """A new string object equal to ``text``: each message parsed gives its record strings of its own."""
+    return (text + ".")[:-1]
+
+
+def make_event(base: PlatformEvent, number: int, profile: str) -> PlatformEvent:
+    status = "Scheduled" if number % 10 == 0 else "Completed"
+    if profile == "typical":
+        event_id = str(uuid.UUID(int=number)).upper()
+        return dataclasses.replace(
+            base, grid_id=str(uuid.UUID(int=number + 2**64)), event_id=event_id, key=event_id.lower(),
+            event_status=status, event_type=fresh("Reboot"), event_source=fresh("Platform"),
+            resource_type=fresh("VirtualMachine"), resources=(f"web{number % 100}_{number}", f"web{number % 100}_7"),
+            scope_name=f"web{number % 100}", subscription_id=fresh(base.subscription_id),
+            resource_group=fresh("rg"), location=fresh("westeurope"), description=fresh(base.description))
+
+    def text(tag: str, limit: int = 256) -> str:
+        head = f"{tag}{number}-"
+        return head + WIDE * (limit - len(head))
+
+    event_id = text("E")
+    return dataclasses.replace(
+        base, grid_id=text("g"), event_id=event_id, key=event_id.lower(), event_status=status,
+        event_type=text("t"), event_source=text("s"), resource_type=text("r"),
+        resources=tuple(text(f"v{index}-") for index in range(20)),
+        scope_name="web0" if number % 1000 == 999 else text("scope"),  # the sidecars' scale set publishes too
+        subscription_id=text("sub"), resource_group=text("rg"), location=text("loc"), description=text("d", 1024))
+
+
+def sidecars(profile: str, batch: int, now: float) -> list[VmState]:
+    """100 live sidecars in published scale sets, each listing 64 EventIds the platform never announced."""
+    def ghost(index: int, slot: int) -> str:
+        head = f"ghost-{index}-{slot}-{batch}-"
+        return head + (WIDE * (256 - len(head)) if profile == "worst" else "")
+
+    return [vm(f"side{index}_7", tuple(ghost(index, slot) for slot in range(64)), seen_at=now - 100,
+               vmss="web0" if profile == "worst" else f"web{index}") for index in range(100)]
+
+
+def message_bytes(event: PlatformEvent) -> int:
+    """The bytes of the message that carried ``event`` (the spec's shape with its strings), UTF-8 on the wire."""
+    obj: dict[str, Any] = grid(event.event_status, grid_id=event.grid_id, event_id=event.event_id,
+                               resources=list(event.resources), event_type=event.event_type,
+                               EventSource=event.event_source, ResourceType=event.resource_type,
+                               Description=event.description)
+    obj["data"]["resourceInfo"]["location"] = event.location
+    return len(json.dumps([obj], ensure_ascii=False).encode())
+
+
+def allocated() -> int:
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0]
+
+
+def measure(profile: str, flood: int, limits: PlatformLimits, settings: ReconcileSettings) -> dict[str, float]:
+    base = platform_event("Scheduled")
+    tracemalloc.start()
+    start = allocated()
+    picture = PlatformPicture(limits)
+    reconciler = Reconciler(settings)
+    picture_bytes = reconciler_bytes = 0
+    for number in range(flood):
+        picture.apply(make_event(base, number, profile), T0 + number * 1e-3)
+        if number % 1000 == 999 or number == flood - 1:
+            before = allocated()
+            picture_bytes = before - start - reconciler_bytes
+            now = T0 + 10**4 + number
+            reconciler.update(picture.records(), sidecars(profile, number, now), now)
+            reconciler_bytes = allocated() - start - picture_bytes
+    tracemalloc.reset_peak()
+    held = allocated()
+    result = reconciler.update(picture.records(), sidecars(profile, flood, T0 + 10**5), T0 + 10**5)
+    text = render_platform(picture.records(), result.coverage)
+    scrape_peak = tracemalloc.get_traced_memory()[1] - held
+    series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    del result, text
+    tracemalloc.stop()
+    sizes, remembered = picture.sizes(), reconciler.sizes()
+    sample = make_event(base, 1, profile)
+    return {"records": sizes["events"], "vm_names": sizes["vms"], "ids": sizes["ids"], "forgotten": sizes["forgotten"],
+            "pairs": remembered["pairs"], "announced": remembered["announced"],
+            "unannounced": remembered["unannounced"], "scopes": remembered["scopes"],
+            "picture_bytes": picture_bytes, "reconciler_bytes": reconciler_bytes, "update_and_scrape_peak": scrape_peak,
+            "series": series, "message_bytes": message_bytes(sample)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    limits, settings, flood = DEFAULT_LIMITS, ReconcileSettings(vm_expiry=600.0), 100_000
+    if args.smoke:
+        limits = PlatformLimits(events=100, ids=1000, vms=2000)
+        settings = ReconcileSettings(vm_expiry=600.0, pairs=2000, ids=1000, scopes=1000)
+        flood = 1000
+    print(f"{flood:,} distinct EventIds; picture limits: {limits.events:,} events, {limits.vms:,} VM names, "
+          f"{limits.ids:,} ids; reconciler: {settings.pairs:,} pairs, {settings.ids:,} ids, {settings.scopes:,} scopes")
+    for profile in ("typical", "worst"):
+        figures = measure(profile, flood, limits, settings)
+        print(f"{profile}: " + ", ".join(f"{name} {value:,.0f}" for name, value in figures.items()))
+        total = figures["picture_bytes"] + figures["reconciler_bytes"]
+        per_record = figures["picture_bytes"] / figures["records"]
+        print(f"  held: {total / 2**20:,.1f} MiB (picture {figures['picture_bytes'] / 2**20:,.1f} MiB, reconciler "
+              f"{figures['reconciler_bytes'] / 2**20:,.1f} MiB); one update and scrape's peak "
+              f"{figures['update_and_scrape_peak'] / 2**20:,.1f} MiB; series {figures['series']:,.0f} "
+              f"(5 per record: {figures['series'] / max(1, figures['records']):.1f})")
+        print(f"  picture per record (its ids and forgotten EventIds included): {per_record:,.0f} bytes = "
+              f"{per_record / figures['message_bytes']:.2f}x one message's {figures['message_bytes']:,.0f} bytes")
+
+
+if __name__ == "__main__":
+    main()
