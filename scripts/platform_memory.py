@@ -5,15 +5,15 @@
 
 A flood of distinct EventIds (one message each, every tenth one open, the others Completed, so ended events keep
 making room) goes through one ``PlatformPicture`` at ``DEFAULT_LIMITS``, and every 1,000 EventIds its records
-through one ``Reconciler`` at its default settings, with a fleet of sidecars listing EventIds the platform never
-announced (100 sidecars of 64 such EventIds each, new ones each time, so the reverse's memory fills too). Two string profiles: ``typical`` (GUID EventIds and Event Grid ids,
-VM names like ``web_123``, two VMs per event, 100 scale sets) and ``worst`` (every string at its bound, 256
-characters, in 4-byte characters; 1,024 for Description; 20 VMs per event, so 10,000 events name the 200,000 the
-picture keeps; a scope per event). Memory is what tracemalloc counts as still allocated after ``gc.collect()``, for
-the picture and the reconciler apart, plus the peak of one ``update`` and one ``render_platform`` (their results,
-dropped after). Printed per thing kept (bytes per record, per VM name, per remembered id) and in total, with the
-series the exposition writes; the reference, measured in the same run, is the bytes of one message on the wire
-(the ratio says what a record costs in memory per byte it took to send).
+through one ``Reconciler`` at its default settings, with 100 live sidecars listing 64 EventIds each that the
+platform never announced (new ones each time, so the reverse's memory fills too while there is room for pairs).
+Two string profiles: ``typical`` (GUID EventIds and Event Grid ids, VM names like ``web7_123``, two VMs per event,
+100 scale sets) and ``worst`` (every string at its bound, 256 characters of 4 bytes each; 1,024 for Description;
+20 VMs per event, so 10,000 events name the 200,000 the picture keeps and fill the reconciler's pairs; a scope per
+event). Memory is what tracemalloc counts as still allocated after ``gc.collect()``, the picture and the reconciler
+apart, plus the peak of one ``update`` and one ``render_platform`` (their results dropped after). Printed per
+record and in total, with the series the exposition writes; the reference, measured in the same run, is the bytes
+of one message on the wire (the ratio says what a record costs in memory per byte it took to send).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from se_exporter.fleet.platform import (  # noqa: E402 - after the path is set
+from se_exporter.fleet.message import VmState
+from se_exporter.fleet.platform import (
     DEFAULT_LIMITS,
     PlatformEvent,
     PlatformLimits,
@@ -39,8 +40,7 @@ from se_exporter.fleet.platform import (  # noqa: E402 - after the path is set
     ReconcileSettings,
     render_platform,
 )
-from se_exporter.fleet.message import VmState  # noqa: E402
-from tests.fleet.platform_helpers import T0, body, grid, platform_event, vm  # noqa: E402
+from tests.fleet.platform_helpers import T0, grid, platform_event, vm
 
 WIDE = "\U0001f600"  # a 4-byte character: CPython keeps a string of them at 4 bytes per character
 
