@@ -4,14 +4,14 @@
     python scripts/platform_memory.py --smoke    1,000 EventIds at bounds a hundred times smaller
 
 A flood of distinct EventIds (one message each, every tenth one open, the others Completed, so ended events keep
-making room) goes through one ``PlatformPicture`` at ``DEFAULT_LIMITS``, and every 1,000 EventIds its records
-through one ``Reconciler`` at its default settings, with 100 live sidecars listing 64 EventIds each that the
-platform never announced (new ones each time, so the reverse's memory fills too while there is room for pairs).
+making room) goes through one ``PlatformPicture`` at ``DEFAULT_LIMITS``, and every 5,000 EventIds (50 in --smoke)
+its records through one ``Reconciler`` at its default settings, with 100 live sidecars listing 64 EventIds each that
+the platform never announced (new ones each time, so the reverse's memory fills too while there is room for pairs).
 Two string profiles: ``typical`` (GUID EventIds and Event Grid ids, VM names like ``web7_123``, two VMs per event,
 100 scale sets) and ``worst`` (every string at its bound, 256 characters of 4 bytes each; 1,024 for Description;
 20 VMs per event, so 10,000 events name the 200,000 the picture keeps and fill the reconciler's pairs; a scope per
 event). Memory is what tracemalloc counts as still allocated after ``gc.collect()``, the picture and the reconciler
-apart, plus the peak of one ``update`` and one ``render_platform`` (their results dropped after). Printed per
+apart, plus the peaks of one ``update`` and one ``render_platform`` (their results dropped after). Printed per
 record and in total, with the series the exposition writes; the reference, measured in the same run, is the bytes
 of one message on the wire (the ratio says what a record costs in memory per byte it took to send).
 """
@@ -70,7 +70,7 @@ def make_event(base: PlatformEvent, number: int, profile: str) -> PlatformEvent:
         base, grid_id=text("g"), event_id=event_id, key=event_id.lower(), event_status=status,
         event_type=text("t"), event_source=text("s"), resource_type=text("r"),
         resources=tuple(text(f"v{index}-") for index in range(20)),
-        scope_name="web0" if number % 1000 == 999 else text("scope"),  # the sidecars' scale set publishes too
+        scope_name="web0" if number % 50 == 49 else text("scope"),  # the sidecars' scale set publishes too
         subscription_id=text("sub"), resource_group=text("rg"), location=text("loc"), description=text("d", 1024))
 
 
@@ -99,7 +99,8 @@ def allocated() -> int:
     return tracemalloc.get_traced_memory()[0]
 
 
-def measure(profile: str, flood: int, limits: PlatformLimits, settings: ReconcileSettings) -> dict[str, float]:
+def measure(profile: str, flood: int, every: int, limits: PlatformLimits, settings: ReconcileSettings,
+            ) -> dict[str, float]:
     base = platform_event("Scheduled")
     tracemalloc.start()
     start = allocated()
@@ -108,49 +109,58 @@ def measure(profile: str, flood: int, limits: PlatformLimits, settings: Reconcil
     picture_bytes = reconciler_bytes = 0
     for number in range(flood):
         picture.apply(make_event(base, number, profile), T0 + number * 1e-3)
-        if number % 1000 == 999 or number == flood - 1:
+        if number % every == every - 1 or number == flood - 1:
             before = allocated()
             picture_bytes = before - start - reconciler_bytes
             now = T0 + 10**4 + number
             reconciler.update(picture.records(), sidecars(profile, number, now), now)
             reconciler_bytes = allocated() - start - picture_bytes
-    tracemalloc.reset_peak()
+    fleet = sidecars(profile, flood, T0 + 10**5)
     held = allocated()
-    result = reconciler.update(picture.records(), sidecars(profile, flood, T0 + 10**5), T0 + 10**5)
+    tracemalloc.reset_peak()
+    result = reconciler.update(picture.records(), fleet, T0 + 10**5)
+    update_peak = tracemalloc.get_traced_memory()[1] - held
+    held = allocated()
+    tracemalloc.reset_peak()
     text = render_platform(picture.records(), result.coverage)
-    scrape_peak = tracemalloc.get_traced_memory()[1] - held
+    render_peak = tracemalloc.get_traced_memory()[1] - held
     series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
-    del result, text
+    text_bytes = len(text.encode())
+    del result, text, fleet
     tracemalloc.stop()
     sizes, remembered = picture.sizes(), reconciler.sizes()
     sample = make_event(base, 1, profile)
     return {"records": sizes["events"], "vm_names": sizes["vms"], "ids": sizes["ids"], "forgotten": sizes["forgotten"],
             "pairs": remembered["pairs"], "announced": remembered["announced"],
             "unannounced": remembered["unannounced"], "scopes": remembered["scopes"],
-            "picture_bytes": picture_bytes, "reconciler_bytes": reconciler_bytes, "update_and_scrape_peak": scrape_peak,
-            "series": series, "message_bytes": message_bytes(sample)}
+            "picture_bytes": picture_bytes, "reconciler_bytes": reconciler_bytes, "update_peak": update_peak,
+            "render_peak": render_peak, "text_bytes": text_bytes, "series": series,
+            "message_bytes": message_bytes(sample)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--profile", choices=("typical", "worst"), action="append", help="(default: both)")
     args = parser.parse_args()
-    limits, settings, flood = DEFAULT_LIMITS, ReconcileSettings(vm_expiry=600.0), 100_000
+    limits, settings, flood, every = DEFAULT_LIMITS, ReconcileSettings(vm_expiry=600.0), 100_000, 5000
     if args.smoke:
         limits = PlatformLimits(events=100, ids=1000, vms=2000)
         settings = ReconcileSettings(vm_expiry=600.0, pairs=2000, ids=1000, scopes=1000)
-        flood = 1000
+        flood, every = 1000, 50
     print(f"{flood:,} distinct EventIds; picture limits: {limits.events:,} events, {limits.vms:,} VM names, "
           f"{limits.ids:,} ids; reconciler: {settings.pairs:,} pairs, {settings.ids:,} ids, {settings.scopes:,} scopes")
-    for profile in ("typical", "worst"):
-        figures = measure(profile, flood, limits, settings)
+    for profile in args.profile or ("typical", "worst"):
+        figures = measure(profile, flood, every, limits, settings)
         print(f"{profile}: " + ", ".join(f"{name} {value:,.0f}" for name, value in figures.items()))
         total = figures["picture_bytes"] + figures["reconciler_bytes"]
         per_record = figures["picture_bytes"] / figures["records"]
-        print(f"  held: {total / 2**20:,.1f} MiB (picture {figures['picture_bytes'] / 2**20:,.1f} MiB, reconciler "
-              f"{figures['reconciler_bytes'] / 2**20:,.1f} MiB); one update and scrape's peak "
-              f"{figures['update_and_scrape_peak'] / 2**20:,.1f} MiB; series {figures['series']:,.0f} "
-              f"(5 per record: {figures['series'] / max(1, figures['records']):.1f})")
+        mib = {name: figures[name] / 2**20 for name in ("picture_bytes", "reconciler_bytes", "update_peak")}
+        print(f"  held: {total / 2**20:,.1f} MiB (picture {mib['picture_bytes']:,.1f} MiB, reconciler "
+              f"{mib['reconciler_bytes']:,.1f} MiB); peak of one update {mib['update_peak']:,.1f} MiB, of one render "
+              f"{figures['render_peak'] / 2**20:,.1f} MiB for {figures['series']:,.0f} series "
+              f"({figures['series'] / max(1, figures['records']):.1f} per record) in "
+              f"{figures['text_bytes'] / 2**20:,.1f} MiB of text")
         print(f"  picture per record (its ids and forgotten EventIds included): {per_record:,.0f} bytes = "
               f"{per_record / figures['message_bytes']:.2f}x one message's {figures['message_bytes']:,.0f} bytes")
 
