@@ -254,13 +254,13 @@ def test_impact_per_vm_is_capped_whatever_the_platforms_clock_says() -> None:
 
 
 def test_a_restored_state_is_held_to_the_limits_of_the_picture_it_restores() -> None:
-    """A tampered state naming a million VMs in one record, or more names in all than the bound, is held to the
+    """A tampered state naming 100,000 VMs in one record, or more names in all than the bound, is held to the
     limits: each record cut to the names per event, then records kept while the names fit (open events first)."""
     picture = PlatformPicture()
     picture.apply(platform_event("Scheduled", resources=names(3)), T0)
     saved = state_to_json(picture.state())
     row = saved["records"][0]
-    rows = [{**row, "event_id": f"E{number}", "resources": names(1_000_000 if number == 4 else 300, f"n{number}")}
+    rows = [{**row, "event_id": f"E{number}", "resources": names(100_000 if number == 4 else 300, f"n{number}")}
             for number in range(5)]
     state, damaged = state_from_json({**saved, "records": rows})
     assert damaged == 0

@@ -15,7 +15,10 @@ EventId or status is news and applied, never lost as a "duplicate".
 An ended event stays for ``retention`` after its end (its end's eventTime, never later than when it was applied),
 then is forgotten; an event that never ends (its end was lost) is forgotten ``open_expiry`` after its last change.
 A forgotten EventId is remembered a while so a late copy does not bring it back. Everything is bounded
-(``PlatformLimits``); each bound reached is reported as the name ``bound_hits_total{bound}`` counts it under.
+(``PlatformLimits``; docs/platform-stream.md measures the bytes); each bound reached is reported as the name
+``bound_hits_total{bound}`` counts it under. At the events or VM-names bound, the events that ended here first are
+forgotten to make room for a new EventId (all of them, in order, if that is what it takes: when even that is not
+enough for its VMs, it is refused and they are gone all the same, which only a flood brings about).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ class PlatformLimits:
     retention: float = 3600.0  # an ended event stays listed this long (--platform-retention)
     open_expiry: float = MAX_IMPACT_PER_VM  # past the longest notice (7 days, degraded-hardware migrations)
     events: int = 10_000  # EventIds kept: 10,000 events x (1 info + 4 coverage) = 50,000 series at most
-    ids: int = 100_000  # Event Grid ids remembered for dedupe, and forgotten EventIds (each)
+    ids: int = 100_000  # Event Grid ids remembered for dedupe (as ``message_id``), and forgotten EventIds (each)
     resources_per_event: int = DEFAULT_PLATFORM_BOUNDS.resources_per_event
     # VM names over all records' Resources, as many as the Reconciler's pairs: without it events x resources_per_event
     # (10 million names, gigabytes) could be held; a real event names a handful
