@@ -4,7 +4,7 @@
     python scripts/platform_memory.py --smoke    1,000 EventIds at bounds a hundred times smaller
 
 A flood of distinct EventIds (one message each, every tenth one open, the others Completed, so ended events keep
-making room) goes through one ``PlatformPicture`` at ``DEFAULT_LIMITS``, and every 5,000 EventIds (50 in --smoke)
+making room) goes through one ``PlatformPicture`` at ``DEFAULT_LIMITS``, and every 5,000 EventIds (100 in --smoke)
 its records through one ``Reconciler`` at its default settings, with 100 live sidecars listing 64 EventIds each that
 the platform never announced (new ones each time, so the reverse's memory fills too while there is room for pairs).
 Two string profiles: ``typical`` (GUID EventIds and Event Grid ids, VM names like ``web7_123``, two VMs per event,
@@ -13,7 +13,8 @@ Two string profiles: ``typical`` (GUID EventIds and Event Grid ids, VM names lik
 event). Memory is what tracemalloc counts as still allocated after ``gc.collect()``, the picture and the reconciler
 apart, plus the peaks of one ``update`` and one ``render_platform`` (their results dropped after). Printed per
 record and in total, with the series the exposition writes; the reference, measured in the same run, is the bytes
-of one message on the wire (the ratio says what a record costs in memory per byte it took to send).
+of one message on the wire (the ratio says what a record costs in memory per byte it took to send). The last line
+is the same figures as JSON.
 """
 
 from __future__ import annotations
@@ -74,13 +75,20 @@ def make_event(base: PlatformEvent, number: int, profile: str) -> PlatformEvent:
         subscription_id=text("sub"), resource_group=text("rg"), location=text("loc"), description=text("d", 1024))
 
 
-def sidecars(profile: str, batch: int, now: float) -> list[VmState]:
-    """100 live sidecars in published scale sets, each listing 64 EventIds the platform never announced."""
+def sidecars(profile: str, batch: int, now: float, templates: list[VmState]) -> list[VmState]:
+    """100 live sidecars in published scale sets, each listing 64 EventIds the platform never announced (new ones
+    for each ``batch``): ``templates`` (from ``templates_of``) with the EventIds and the time replaced."""
     def ghost(index: int, slot: int) -> str:
         head = f"ghost-{index}-{slot}-{batch}-"
         return head + (WIDE * (256 - len(head)) if profile == "worst" else "")
 
-    return [vm(f"side{index}_7", tuple(ghost(index, slot) for slot in range(64)), seen_at=now - 100,
+    return [dataclasses.replace(template, seen_at=now - 100, events=tuple(
+        dataclasses.replace(event, event_id=ghost(index, slot)) for slot, event in enumerate(template.events)))
+        for index, template in enumerate(templates)]
+
+
+def templates_of(profile: str) -> list[VmState]:
+    return [vm(f"side{index}_7", tuple(f"ghost-{index}-{slot}" for slot in range(64)),
                vmss="web0" if profile == "worst" else f"web{index}") for index in range(100)]
 
 
@@ -102,6 +110,7 @@ def allocated() -> int:
 def measure(profile: str, flood: int, every: int, limits: PlatformLimits, settings: ReconcileSettings,
             ) -> dict[str, float]:
     base = platform_event("Scheduled")
+    templates = templates_of(profile)
     tracemalloc.start()
     start = allocated()
     picture = PlatformPicture(limits)
@@ -113,9 +122,9 @@ def measure(profile: str, flood: int, every: int, limits: PlatformLimits, settin
             before = allocated()
             picture_bytes = before - start - reconciler_bytes
             now = T0 + 10**4 + number
-            reconciler.update(picture.records(), sidecars(profile, number, now), now)
+            reconciler.update(picture.records(), sidecars(profile, number, now, templates), now)
             reconciler_bytes = allocated() - start - picture_bytes
-    fleet = sidecars(profile, flood, T0 + 10**5)
+    fleet = sidecars(profile, flood, T0 + 10**5, templates)
     held = allocated()
     tracemalloc.reset_peak()
     result = reconciler.update(picture.records(), fleet, T0 + 10**5)
@@ -147,11 +156,13 @@ def main() -> None:
     if args.smoke:
         limits = PlatformLimits(events=100, ids=1000, vms=2000)
         settings = ReconcileSettings(vm_expiry=600.0, pairs=2000, ids=1000, scopes=1000)
-        flood, every = 1000, 50
+        flood, every = 1000, 100
     print(f"{flood:,} distinct EventIds; picture limits: {limits.events:,} events, {limits.vms:,} VM names, "
           f"{limits.ids:,} ids; reconciler: {settings.pairs:,} pairs, {settings.ids:,} ids, {settings.scopes:,} scopes")
+    report: dict[str, Any] = {"mode": "smoke" if args.smoke else "full", "event_ids": flood,
+                              "limits": dataclasses.asdict(limits), "settings": dataclasses.asdict(settings)}
     for profile in args.profile or ("typical", "worst"):
-        figures = measure(profile, flood, every, limits, settings)
+        figures = report[profile] = measure(profile, flood, every, limits, settings)
         print(f"{profile}: " + ", ".join(f"{name} {value:,.0f}" for name, value in figures.items()))
         total = figures["picture_bytes"] + figures["reconciler_bytes"]
         per_record = figures["picture_bytes"] / figures["records"]
@@ -163,6 +174,8 @@ def main() -> None:
               f"{figures['text_bytes'] / 2**20:,.1f} MiB of text")
         print(f"  picture per record (its ids and forgotten EventIds included): {per_record:,.0f} bytes = "
               f"{per_record / figures['message_bytes']:.2f}x one message's {figures['message_bytes']:,.0f} bytes")
+
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":
