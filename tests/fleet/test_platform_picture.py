@@ -296,3 +296,12 @@ def test_a_restored_records_end_is_set_exactly_when_its_status_is_an_end() -> No
     state, _damaged = state_from_json({"records": [ended]})
     assert state.records[0].ended_at == ENDED_AT
     assert len(PlatformPicture.restored(state).expire(ENDED_AT + 3600)) == 1
+
+
+def test_a_restored_records_vm_names_are_distinct_as_the_reader_keeps_them() -> None:
+    """A tampered row naming one VM a thousand times in several spellings restores it once (the gauges would
+    count it a thousand times), as the reader keeps Resources."""
+    picture, _statuses, _impact = applied_in(("Scheduled",))
+    row = state_to_json(picture.state())["records"][0]
+    state, damaged = state_from_json({"records": [{**row, "resources": ["web_3", "WEB_3", "web_7"] * 1000}]})
+    assert damaged == 0 and state.records[0].event.resources == ("web_3", "web_7")

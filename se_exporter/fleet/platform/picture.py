@@ -202,7 +202,9 @@ class PlatformPicture:
 
     @classmethod
     def restored(cls, state: PictureState, limits: PlatformLimits = DEFAULT_LIMITS) -> PlatformPicture:
-        """A picture continuing from ``state`` (within ``limits``: what is past them is left out, oldest first)."""
+        """A picture continuing from ``state``, held to ``limits`` as if its records had been applied (a state blob
+        is outside input too): each record cut to ``resources_per_event`` names, then records kept while the events
+        and VM names fit, open ones first, later ones first; ids and forgotten EventIds, the latest."""
         picture = cls(limits)
         kept: dict[str, PlatformRecord] = {}
         for record in sorted(state.records, key=lambda record: record.ended_at is None)[::-1]:  # open ones first

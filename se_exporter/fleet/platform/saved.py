@@ -75,7 +75,10 @@ def record_from_json(row: object) -> PlatformRecord:
     resources = row.get("resources")
     if not isinstance(resources, list) or not all(isinstance(name, str) and name.strip() for name in resources):
         raise ValueError("resources")
-    names = tuple(kept_text(name, MAX_TEXT) for name in resources)
+    distinct: dict[str, str] = {}  # as the reader keeps them: one per name without case, the first spelling
+    for name in resources:
+        distinct.setdefault(name.casefold(), kept_text(name, MAX_TEXT))
+    names = tuple(distinct.values())
     if any(len(name) > MAX_TEXT for name in names):
         raise ValueError("resources")
     times = row.get("times")
