@@ -26,6 +26,40 @@ Reliability = Callable[[str, str, str], None]
 pytest_plugins = ["tests.reliability", "tests.process_state", "tests.loopback", "tests.process_logs", "pytester"]
 
 
+# Modules whose tests share one expensive module-scoped set-up: under pytest-xdist each runs whole on one worker,
+# so the set-up is made once, not once per worker that gets one of its tests.
+SHARED_SET_UP = {
+    "tests/integration/test_image.py": "the image, built with buildah (about a minute)",
+    "tests/integration/test_alerting.py": "Prometheus, Alertmanager and seven sidecars",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On pytest-xdist's workers (``make test``), the integration tests come first, each folder's in their usual
+    order, and the unit tests after them: the long tests (tens of seconds, mostly waiting on processes) start
+    early, and the short ones fill the workers' time at the end, instead of one long test running alone last.
+    Every worker collects alike, so all agree on the order; a serial run keeps the collection order."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.get_closest_marker("integration") is None)  # stable: order kept within
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """pytest-xdist's default distribution (``-n`` without ``--dist``), except that each module of
+    ``SHARED_SET_UP`` goes to one worker whole: every other test is handed, one at a time, to the next worker
+    free. (xdist's own ``--dist loadgroup`` marks do not group with this pytest: it renames node ids through an
+    attribute pytest 9 no longer reads.)"""
+    if config.getvalue("dist") != "load":
+        return None  # another --dist asked for by name: xdist's own
+    from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415 - only a parallel run gets here
+
+    class SharedSetUpTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in SHARED_SET_UP else nodeid
+
+    return SharedSetUpTogether(config, log)  # type: ignore[arg-type]
+
+
 @pytest.fixture
 def simulator() -> Iterator[SimulatorFactory]:
     """Start simulators on 127.0.0.1:<free port>; on teardown, prove none received a POST from se-exporter."""
