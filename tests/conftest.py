@@ -34,6 +34,15 @@ SHARED_SET_UP = {
 }
 
 
+def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str) -> str | None:
+    """A gzip'd parameter is named by its size, not by its bytes: gzip writes the time into its header, so the bytes
+    (pytest's default id) differ between two processes collecting the suite, and pytest-xdist refuses to run when
+    its workers collect different tests. (pytest numbers equal ids apart.)"""
+    if isinstance(val, bytes) and val.startswith(b"\x1f\x8b"):
+        return f"gzip-{len(val)}B"
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On pytest-xdist's workers (``make test``), the integration tests come first, each folder's in their usual
     order, and the unit tests after them: the long tests (tens of seconds, mostly waiting on processes) start
