@@ -44,12 +44,18 @@ def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On pytest-xdist's workers (``make test``), the integration tests come first, each folder's in their usual
-    order, and the unit tests after them: the long tests (tens of seconds, mostly waiting on processes) start
-    early, and the short ones fill the workers' time at the end, instead of one long test running alone last.
-    Every worker collects alike, so all agree on the order; a serial run keeps the collection order."""
+    """On pytest-xdist's workers (``make test``), the long tests come first: those marked ``long`` (unit tests of
+    tens of seconds, such as the fuzz test's 10,000 documents), then the integration tests (seconds to a minute
+    each, mostly waiting on processes), each in their usual order, and the other unit tests last, so that the short
+    ones fill the workers' time at the end instead of one long test running alone. Every worker collects alike,
+    so all agree on the order; a serial run keeps the collection order."""
     if hasattr(config, "workerinput"):
-        items.sort(key=lambda item: item.get_closest_marker("integration") is None)  # stable: order kept within
+        def rank(item: pytest.Item) -> int:
+            if item.get_closest_marker("long") is not None:
+                return 0
+            return 1 if item.get_closest_marker("integration") is not None else 2
+
+        items.sort(key=rank)  # stable: the order within each rank is kept
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
