@@ -48,7 +48,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tens of seconds, such as the fuzz test's 10,000 documents), then the integration tests (seconds to a minute
     each, mostly waiting on processes), each in their usual order, and the other unit tests last, so that the short
     ones fill the workers' time at the end instead of one long test running alone. Every worker collects alike,
-    so all agree on the order; a serial run keeps the collection order."""
+    so all agree on the order; a serial run keeps the collection order.
+
+    A ``long`` test gets twice the per-test time limit (pytest-timeout's, a guard against hangs): CPU-bound, it
+    shares two cores with the other workers' tests, and with busy loops beside them (make test-contended) the fuzz
+    test, about 35 s of CPU, passed the 180 s limit on a machine loaded by other runs besides."""
+    limit = float(config.getini("timeout") or 0)
+    for item in items:
+        if limit and item.get_closest_marker("long") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(2 * limit))
     if hasattr(config, "workerinput"):
         def rank(item: pytest.Item) -> int:
             if item.get_closest_marker("long") is not None:
