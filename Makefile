@@ -14,6 +14,8 @@ IMAGE ?= se-exporter:latest
 BASE ?=
 
 LOOPS ?= 2
+# pytest-xdist worker processes for make test and make unit (WORKERS=0: one process, as plain pytest runs).
+WORKERS ?= 4
 # The wheelhouses' SBOMs make test reads (make sbom below), with the wheelhouses they are made from.
 SBOMS := dist/linux-wheels.cdx.json dist/windows-wheels.cdx.json
 
@@ -119,11 +121,11 @@ typecheck: $(VENV)/.installed
 	$(BIN)/mypy --platform win32
 
 unit: $(VENV)/.installed
-	$(BIN)/pytest -m "not integration"
+	$(BIN)/pytest -n $(WORKERS) -m "not integration"
 
 test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installed tests/azurite/node_modules/.installed lint typecheck \
 	$(SBOMS) $(BIN)/kubectl
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(WORKERS)
 	$(BIN)/python scripts/reliability.py --check
 
 # `make test` with LOOPS (2) busy loops beside it: the contention the suite must pass under. scripts/contended.py

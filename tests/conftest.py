@@ -26,6 +26,63 @@ Reliability = Callable[[str, str, str], None]
 pytest_plugins = ["tests.reliability", "tests.process_state", "tests.loopback", "tests.process_logs", "pytester"]
 
 
+# Modules whose tests share one expensive module-scoped set-up: under pytest-xdist each runs whole on one worker,
+# so the set-up is made once, not once per worker that gets one of its tests.
+SHARED_SET_UP = {
+    "tests/integration/test_image.py": "the image, built with buildah (about a minute)",
+    "tests/integration/test_alerting.py": "Prometheus, Alertmanager and seven sidecars",
+}
+
+
+def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str) -> str | None:
+    """A gzip'd parameter is named by its size, not by its bytes: gzip writes the time into its header, so the bytes
+    (pytest's default id) differ between two processes collecting the suite, and pytest-xdist refuses to run when
+    its workers collect different tests. (pytest numbers equal ids apart.)"""
+    if isinstance(val, bytes) and val.startswith(b"\x1f\x8b"):
+        return f"gzip-{len(val)}B"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On pytest-xdist's workers (``make test``), the long tests come first: those marked ``long`` (unit tests of
+    tens of seconds, such as the fuzz test's 10,000 documents), then the integration tests (seconds to a minute
+    each, mostly waiting on processes), each in their usual order, and the other unit tests last, so that the short
+    ones fill the workers' time at the end instead of one long test running alone. Every worker collects alike,
+    so all agree on the order; a serial run keeps the collection order.
+
+    A ``long`` test gets twice the per-test time limit (pytest-timeout's, a guard against hangs): CPU-bound, it
+    shares two cores with the other workers' tests, and with busy loops beside them (make test-contended) the fuzz
+    test, about 35 s of CPU, passed the 180 s limit on a machine loaded by other runs besides."""
+    limit = float(config.getini("timeout") or 0)
+    for item in items:
+        if limit and item.get_closest_marker("long") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(2 * limit))
+    if hasattr(config, "workerinput"):
+        def rank(item: pytest.Item) -> int:
+            if item.get_closest_marker("long") is not None:
+                return 0
+            return 1 if item.get_closest_marker("integration") is not None else 2
+
+        items.sort(key=rank)  # stable: the order within each rank is kept
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """pytest-xdist's default distribution (``-n`` without ``--dist``), except that each module of
+    ``SHARED_SET_UP`` goes to one worker whole: every other test is handed, one at a time, to the next worker
+    free. (xdist's own ``--dist loadgroup`` marks do not group with this pytest: it renames node ids through an
+    attribute pytest 9 no longer reads.)"""
+    if config.getvalue("dist") != "load":
+        return None  # another --dist asked for by name: xdist's own
+    from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415 - only a parallel run gets here
+
+    class SharedSetUpTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in SHARED_SET_UP else nodeid
+
+    return SharedSetUpTogether(config, log)  # type: ignore[arg-type]
+
+
 @pytest.fixture
 def simulator() -> Iterator[SimulatorFactory]:
     """Start simulators on 127.0.0.1:<free port>; on teardown, prove none received a POST from se-exporter."""

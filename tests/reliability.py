@@ -6,6 +6,10 @@ session the rows are written to ``.test-results/reliability.json`` under the roo
 the session passed. A partial run (a file or node id, ``-k``, ``-m``, ``--deselect``, ``--lf``, a failure, an
 ``-x`` stop, ``--collect-only``) leaves the last full run's rows alone, and says so in its summary.
 ``scripts/reliability.py`` renders the table from that file and refuses a file no full run wrote.
+
+Run in parallel (pytest-xdist, as ``make test`` runs it), each worker records the rows of the tests it ran and
+counts what it deselected, and hands both to the controller when it finishes (``workeroutput``); the controller
+alone decides and writes, from every worker's rows, exactly as a serial run would.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 Record = Callable[[str, str, str], None]  # tests name it conftest.Reliability
 RESULTS = Path(".test-results") / "reliability.json"
 _RECORDER = pytest.StashKey["Recorder"]()
+_ROWS, _DESELECTED = "reliability_rows", "reliability_deselected"  # keys of a pytest-xdist worker's output
 
 
 def partial_reason(config: pytest.Config, exitstatus: int, deselected: int) -> str | None:
@@ -56,7 +62,21 @@ class Recorder:
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         self.deselected += len(items)
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        """pytest-xdist's controller: a worker finished; take its rows and its count of deselected tests (every
+        worker collects, and deselects, the whole suite; a worker that crashed hands over nothing, and the session
+        then did not pass)."""
+        output = getattr(node, "workeroutput", None) or {}
+        self.rows.update((area, tried, held) for area, tried, held in output.get(_ROWS, ()))
+        self.deselected = max(self.deselected, output.get(_DESELECTED, 0))
+
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        worker_output = getattr(self.config, "workeroutput", None)
+        if worker_output is not None:  # a pytest-xdist worker: the controller decides and writes
+            worker_output[_ROWS] = sorted(self.rows)
+            worker_output[_DESELECTED] = self.deselected
+            return
         if not self.rows:
             return
         self.skipped_write = partial_reason(self.config, exitstatus, self.deselected)

@@ -4,6 +4,7 @@ the renderer refuses rows no full run wrote."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -31,11 +32,14 @@ SUITE = {
 
 @pytest.fixture
 def suite(pytester: pytest.Pytester) -> pytest.Pytester:
-    """A small suite laid out like ours (testpaths = tests) that records rows with the reliability fixture."""
+    """A small suite laid out like ours (testpaths = tests) that records rows with the reliability fixture (its
+    conftest puts this repository first on sys.path: pytest-xdist's workers, new interpreters, import
+    tests.reliability from there)."""
     # Hypothesis' plugin imports hypothesis at every session's end (seconds each); these sessions use none of it.
     pytester.makeini("[pytest]\ntestpaths = tests\naddopts = -p no:hypothesispytest\n"
                      "markers =\n    slow: a marker to select by\n")
-    pytester.makeconftest('pytest_plugins = ["tests.reliability"]')
+    pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(renderer.ROOT)!r})\n"
+                          'pytest_plugins = ["tests.reliability"]')
     tests = pytester.mkdir("tests")
     for name, source in SUITE.items():
         pytester.makepyfile(**{f"tests/{name}": source})
@@ -66,6 +70,22 @@ def test_naming_the_testpaths_or_a_folder_holding_them_is_a_full_run(suite: pyte
     assert recorded(suite)["run"] == "full"
 
 
+def test_a_full_run_on_parallel_workers_records_what_a_serial_run_records(suite: pytest.Pytester) -> None:
+    """Run on two pytest-xdist workers (as make test runs it), each recording a row, a full run writes the same
+    file as a serial run: the workers' rows reach the controller, which alone writes them."""
+    suite.runpytest().assert_outcomes(passed=3)
+    serial = recorded(suite)
+    (suite.path / RESULTS).unlink()
+
+    result = suite.runpytest("-n", "2", "--dist", "loadfile", "-v")
+
+    result.assert_outcomes(passed=3)
+    workers = {re.search(r"\[(gw\d)\]", line).group(1)  # type: ignore[union-attr]
+               for line in result.outlines if "PASSED tests/test_rows_" in line and "test_plain" not in line}
+    assert workers == {"gw0", "gw1"}  # one row recorded on each worker
+    assert recorded(suite) == serial
+
+
 @pytest.mark.parametrize("args", [
     ("tests/test_rows_one.py",),
     ("tests/test_rows_one.py::test_one", "tests/test_rows_two.py"),
@@ -76,7 +96,11 @@ def test_naming_the_testpaths_or_a_folder_holding_them_is_a_full_run(suite: pyte
     ("--collect-only",),
     ("--lf",),
     ("--sw",),
-], ids=["a file", "a node id", "-k", "-m", "--deselect", "--ignore", "--collect-only", "--lf", "--sw"])
+    ("-n", "2", "-k", "one"),
+    ("-n", "2", "-m", "not slow"),
+    ("-n", "2", "tests/test_rows_one.py"),
+], ids=["a file", "a node id", "-k", "-m", "--deselect", "--ignore", "--collect-only", "--lf", "--sw",
+        "-k on workers", "-m on workers", "a file on workers"])
 def test_a_partial_run_leaves_the_last_full_runs_rows_alone(suite: pytest.Pytester, args: tuple[str, ...]) -> None:
     """After a full run, a run of part of the suite (a file, a node id, -k, -m, --deselect, --ignore,
     --collect-only, --lf, --sw) leaves the recorded rows byte for byte as the full run wrote them, and says so."""
@@ -90,7 +114,7 @@ def test_a_partial_run_leaves_the_last_full_runs_rows_alone(suite: pytest.Pytest
         result.stdout.fnmatch_lines(["Reliability rows not recorded: a partial run (*"])
 
 
-@pytest.mark.parametrize("args", [(), ("-x",)], ids=["failure", "-x stop"])
+@pytest.mark.parametrize("args", [(), ("-x",), ("-n", "2")], ids=["failure", "-x stop", "failure on workers"])
 def test_a_failing_run_records_nothing(suite: pytest.Pytester, args: tuple[str, ...]) -> None:
     """A run of the whole suite with a failing test (run to the end, or stopped by -x) writes no rows: what failed
     did not hold, and what it would have recorded after the failure is missing."""

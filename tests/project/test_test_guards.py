@@ -9,6 +9,7 @@ import pytest
 import tomllib
 
 from tests import loopback
+from tests.conftest import SHARED_SET_UP
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 METADATA = "169.254.169.254"  # IMDS: the address the suite must never reach
@@ -82,3 +83,11 @@ def test_a_caught_refusal_still_fails_the_test(pytester: pytest.Pytester, monkey
     result = pytester.runpytest_subprocess("-p", "tests.loopback", "-p", "no:cacheprovider", timeout=60)
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines([f"*non-loopback network use refused: socket.getaddrinfo '{METADATA}'*"])
+
+
+def test_each_module_kept_whole_on_one_worker_still_has_its_shared_set_up() -> None:
+    """Every module that tests/conftest.py sends whole to one pytest-xdist worker (SHARED_SET_UP) exists and has a
+    module-scoped fixture, the set-up it is kept together for: a renamed module would silently get its set-up once
+    per worker again."""
+    for module in SHARED_SET_UP:
+        assert '@pytest.fixture(scope="module")' in (ROOT / module).read_text(), module
