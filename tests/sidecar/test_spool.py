@@ -53,6 +53,28 @@ def test_full_spool_drops_the_oldest_and_counts(tmp_path: Path, caplog: pytest.L
     assert on_disk <= 1500 + 1500 // 16 + 400  # the limit, plus at most one partly dropped small segment
 
 
+@pytest.mark.parametrize("delivered", [True, False])
+def test_documents_trimmed_while_being_sent_count_as_dropped_only_if_the_send_fails(tmp_path: Path,
+                                                                                     delivered: bool) -> None:
+    """The oldest documents may be trimmed while a send holds them: delivered, they are not counted as dropped
+    (a document is never both); not delivered, they are, once the send is over."""
+    dropped: list[int] = []
+    spool = Spool(tmp_path, 1500, on_drop=dropped.append)
+    for sequence in (1, 2, 3):
+        spool.append(envelope(sequence, b"x" * 200))
+    sending = [e.sequence for e in spool.peek(2)]
+    for sequence in range(4, 11):  # the outage goes on: the spool fills past its limit while 1 and 2 are in flight
+        spool.append(envelope(sequence, b"x" * 200))
+    trimmed = 10 - spool.count  # the oldest ones, 1 and 2 among them
+    assert sending == [1, 2] and trimmed > 2
+    assert sum(dropped) == trimmed - 2  # 1 and 2 are not counted while their send may still succeed
+    if delivered:
+        spool.remove(sending)
+    spool.release()
+    assert sum(dropped) == trimmed - (2 if delivered else 0)
+    assert [e.sequence for e in spool.peek(100)] == list(range(trimmed + 1, 11))
+
+
 def test_acknowledged_segments_are_removed_and_numbering_never_goes_back(tmp_path: Path) -> None:
     """Segments go once every record in them is acknowledged; an empty spool still knows the last sequence."""
     spool = Spool(tmp_path, 1 << 20, segment_bytes=300)

@@ -128,6 +128,7 @@ class EventHubsTarget:
                         producer = self._make_producer()
                     sent, dropped = await self._send(producer, batch)
                 except Exception as error:  # every SDK failure is retried; nothing is lost meanwhile
+                    self._spool.release()
                     failures += 1
                     self._failed(error)
                     await self._discard(producer)
@@ -138,6 +139,7 @@ class EventHubsTarget:
                     log.info("Event Hubs reachable again after %d failed attempts", failures)
                 failures = 0
                 self._spool.remove(envelope.sequence for envelope in (*dropped, *sent))
+                self._spool.release()
                 if dropped:
                     self._metrics.errors.labels(self.name, "too_large").inc(len(dropped))
                     self._metrics.dropped.inc(len(dropped))
@@ -147,6 +149,7 @@ class EventHubsTarget:
                 if sent:
                     self._metrics.forwarded.labels(self.name).inc(len(sent))
         finally:  # also when close() cancels: no connection is left behind; a silent peer holds us 2 s at most
+            self._spool.release()
             await self._discard(producer, 2.0)
 
     async def _send(self, producer: Any, spooled: list[Envelope]) -> tuple[list[Envelope], list[Envelope]]:

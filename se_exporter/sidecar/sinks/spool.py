@@ -6,7 +6,8 @@ that fails (a full disk: a short write, then ENOSPC; a failed fdatasync) raises,
 exactly as it was: the partial record is cut off again, so the next append lands where it should and
 every record before it stays readable. The forwarder
 reads the oldest first and removes only what Event Hubs acknowledged (at-least-once). Past
-``max_bytes`` the oldest envelopes are dropped, counted and logged: never silently, never the newest.
+``max_bytes`` the oldest envelopes are dropped, counted and logged: never silently, never the newest. One being
+sent meanwhile is counted only if its send then fails (``release``): delivered, it was not dropped.
 
 Layout (a segmented log, like Kafka's or Fluent Bit's chunks, rather than a file per document):
 
@@ -76,6 +77,10 @@ class Spool:
         self._torn = False  # a failed append could not be cut off yet: the writer's tail is beyond _writer_size
         self._cursor_error: str | None = None
         self._undeleted: set[int] = set()  # acknowledged segments still open somewhere (Windows): removed later
+        # What the last ``peek`` handed out (being sent), and those of them trimmed meanwhile: counted as dropped
+        # only if their send does not succeed (``release``), so a document is never both dropped and delivered.
+        self._leased: set[int] = set()
+        self._doomed: dict[int, None] = {}
         try:
             directory.mkdir(parents=True, exist_ok=True)
             self._acked_fd = os.open(directory / ACKED, os.O_RDWR | os.O_CREAT | PLATFORM.open_flags, 0o600)
@@ -143,6 +148,7 @@ class Spool:
                 if len(wanted) == limit:
                     break
                 wanted.append((sequence, location))
+            self._leased = {sequence for sequence, _location in wanted}
         envelopes: list[Envelope] = []
         handles: dict[int, int] = {}
         try:
@@ -168,11 +174,25 @@ class Spool:
         return envelopes
 
     def remove(self, sequences: Iterable[int]) -> None:
+        """Acknowledge: delivered (or refused for good, and counted by the caller)."""
         with self._lock:
             for sequence in sequences:
                 self._forget(sequence)
+                self._doomed.pop(sequence, None)  # trimmed while being sent, but delivered: not a drop
             self._advance_cursor()
             self._delete_segments()
+
+    def release(self) -> None:
+        """The send of what ``peek`` handed out is over: whatever of it was trimmed meanwhile and not acknowledged
+        (``remove``) is lost now, and counted and logged as dropped."""
+        with self._lock:
+            doomed = list(self._doomed)
+            self._doomed.clear()
+            self._leased.clear()
+        if doomed:
+            log.warning("spool over %d bytes: dropped the %d oldest documents (sequences %d-%d) while they were "
+                        "being sent, which did not succeed", self._max_bytes, len(doomed), doomed[0], doomed[-1])
+            self._on_drop(len(doomed))
 
     # --- under the lock ---
 
@@ -269,7 +289,10 @@ class Spool:
         while self._bytes > self._max_bytes and len(self._index) > 1:
             oldest = next(iter(self._index))
             self._forget(oldest)
-            dropped.append(oldest)
+            if oldest in self._leased:
+                self._doomed[oldest] = None  # counted by ``release`` unless its send succeeds
+            else:
+                dropped.append(oldest)
         if dropped:
             self._advance_cursor()
         return dropped
