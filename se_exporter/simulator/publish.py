@@ -146,14 +146,15 @@ class EventHubOutput:
                 "failing": self._health.failing}
 
     def close(self, timeout: float) -> None:
-        """Stop within ``timeout``: what is still queued then is not sent (the simulator is stopping)."""
+        """Stop within ``timeout``: what is still queued then is not sent (the simulator is stopping), and a send
+        still under way is left to its daemon thread."""
         deadline = time.monotonic() + timeout
         with self._ready:
             while self._queue and not self._health.failing and time.monotonic() < deadline:
                 self._ready.wait(min(0.05, max(0.0, deadline - time.monotonic())))
             self._stop.set()
             self._ready.notify_all()
-        self._thread.join(max(0.0, deadline - time.monotonic()) + self._send_timeout * 1.5 + 2)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
 
     def _next(self) -> Published | None:
         with self._ready:
