@@ -16,7 +16,11 @@ What it reproduces from the Azure documents:
 Control endpoints under ``/_simulator/`` (no Metadata header needed) let people and tests drive
 it: ``GET requests``, ``GET state``, ``POST faults`` (a fault object or a list), ``POST advance``
 (``{"seconds": N}`` of scenario time), ``POST clear-faults``, ``POST identity`` (``{"lifetime": S}`` of
-the tokens issued from now on, ``{"fail": N, "status": CODE}`` for the next N token requests).
+the tokens issued from now on, ``{"fail": N, "status": CODE}`` for the next N token requests), ``POST blind``
+(``{"EventId": ID}``: this VM's IMDS stops listing it), ``GET platform`` (the platform copy's counts).
+
+A scenario of several VMs is served on one port: ``/vms/<name>/...`` is that VM's IMDS and control API, anything
+else the first VM's; the VMs share one ``Timeline`` (scenario time and approvals).
 """
 
 from __future__ import annotations

@@ -214,3 +214,26 @@ def test_the_settings_are_frozen_and_keep_the_secret_out_of_repr() -> None:
     assert settings.platform_eventhub and settings.platform and "c2VjcmV0" not in repr(settings)
     with pytest.raises(ConfigError):
         simulator_settings(build_parser().parse_args(["simulate", "--platform-eventhub-name", "h"]), {})
+
+
+def test_the_cloudevents_schema_is_what_the_file_gets_when_asked_for(tmp_path: Path) -> None:
+    """--platform-schema cloudevents: every line is one CloudEvents 1.0 event the reader takes as such."""
+    from se_exporter.cli import build_parser  # noqa: PLC0415
+    from se_exporter.simulator.publish import from_settings  # noqa: PLC0415
+    from se_exporter.simulator.settings import simulator_settings  # noqa: PLC0415
+
+    path = tmp_path / "platform.jsonl"
+    settings = simulator_settings(build_parser().parse_args(
+        ["simulate", "--scenario", "fleet", "--platform-file", str(path), "--platform-schema", "cloudevents"]), {})
+    clock = Clock()
+    timeline = every_vm(scenarios.load("fleet"), clock=clock)[0].timeline
+    publisher = from_settings(settings, timeline)
+    assert publisher is not None
+    clock.now += 100
+    publisher.tick()
+    publisher.stop()
+    lines = path.read_bytes().splitlines()
+    assert lines and all(json.loads(line)["specversion"] == "1.0" for line in lines)
+    read = [read_platform(line, 1 << 20, 0.0) for line in lines]
+    assert {event.schema for message in read if message is not None for event in message.events} == {"cloudevents"}
+    assert None not in read
