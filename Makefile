@@ -110,9 +110,10 @@ demo: $(VENV)/.installed
 # copy, three sidecars, the suite's Event Hubs test server and Azurite, `se-exporter fleet`; loopback only, Ctrl-C.
 FLEET_PORT ?= 10170
 DEMO_FLEET_DIR ?= demo-fleet-output
+# SPEED given on the command line, else 5 (a five-minute cycle of the fleet scenario in a minute).
+FLEET_SPEED = $(if $(filter command line environment,$(origin SPEED)),$(SPEED),5)
 demo-fleet: $(VENV)/.installed tests/azurite/node_modules/.installed
-	@$(BIN)/python scripts/demo_fleet.py --speed $(if $(filter 1,$(SPEED)),5,$(SPEED)) --port $(FLEET_PORT) \
-	  --out $(DEMO_FLEET_DIR)
+	@$(BIN)/python scripts/demo_fleet.py --speed $(FLEET_SPEED) --port $(FLEET_PORT) --out $(DEMO_FLEET_DIR)
 
 lint: $(VENV)/.installed lint-imports
 	$(BIN)/ruff check se_exporter tests dashboards scripts

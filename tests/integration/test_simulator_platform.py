@@ -123,6 +123,7 @@ def test_the_platform_copy_reaches_a_hub_through_the_sdk_and_the_file_alike(
     assert {key: statuses[key] for key in first_cycle()} == first_cycle()
     assert sum(count - 1 for count in grid_ids.values()) == stats["duplicates"] >= 2
     assert sim.stop() == 0
+    assert "SharedAccessKey" not in sim.log() and "c2VjcmV0a2V5" not in sim.log()
 
 
 def test_a_full_disk_under_the_platform_file_leaves_imds_serving(simulate: Callable[..., Simulate],
