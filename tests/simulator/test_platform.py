@@ -243,3 +243,48 @@ def test_bodies_are_one_line_each(caplog: pytest.LogCaptureFixture) -> None:
     for _, message in sweep(scenarios.load("demo")):
         assert b"\n" not in message.body
         json.loads(message.body)
+
+
+def _call(url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    import urllib.error  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    request = urllib.request.Request(url, body, headers or {}, method="POST" if body is not None else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, json.load(error)
+
+
+def test_each_vm_is_served_on_its_path_and_blinded_through_the_control_api() -> None:
+    """/vms/<name>/ is that VM's IMDS and control API (the first VM also at /); POST .../_simulator/blind hides one
+    event from that VM only; a bad body is a 400 with its reason, an unknown VM a 404."""
+    from se_exporter.simulator.server import start  # noqa: PLC0415
+
+    clock = FakeClock()
+    first, *others = every_vm(scenarios.load("fleet"), clock=clock)
+    server = start(first, others=others)
+    try:
+        freeze = first.scenario.events[0].event_id
+        clock.now += 10
+        events = "/metadata/scheduledevents?api-version=2020-07-01"
+        metadata = {"Metadata": "true"}
+        status, compute = _call(server.vm_url("web_2") + "/metadata/instance/compute?api-version=2021-02-01", None,
+                                metadata)
+        assert (status, compute["name"], compute["vmScaleSetName"]) == (200, "web_2", "web")
+        assert _call(server.url + "/metadata/instance/compute?api-version=2021-02-01", None, metadata)[1][
+            "name"] == "web_0"
+        status, answer = _call(server.vm_url("web_1") + "/_simulator/blind", json.dumps({"EventId": freeze}).encode())
+        assert (status, answer) == (200, {})
+        ids = {name: {e["EventId"] for e in _call(server.vm_url(name) + events, None, metadata)[1]["Events"]}
+               for name in ("web_0", "web_1")}
+        assert freeze in ids["web_0"] and freeze not in ids["web_1"]
+        status, answer = _call(server.vm_url("web_1") + "/_simulator/blind", b'{"EventId": 7}')
+        assert status == 400 and "EventId" in answer["error"]
+        assert _call(server.url + "/vms/nobody" + events, None, metadata)[0] == 404
+        assert _call(server.url + "/_simulator/platform") == (200, {"error": "the platform copy is not published"})
+    finally:
+        server.shutdown()
+        server.server_close()
