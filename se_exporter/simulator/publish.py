@@ -300,8 +300,9 @@ class Publisher:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
-        with contextlib.suppress(Exception):
-            self.tick()
+        if not self._thread.is_alive():  # the copy is not thread-safe: one last look only once the thread is done
+            with contextlib.suppress(Exception):
+                self.tick()
         for output in self.outputs:
             output.close(timeout)
 

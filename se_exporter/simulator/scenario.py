@@ -240,6 +240,8 @@ def from_json(data: object, name: str) -> Scenario:
                         repeat_every=float(repeat) if repeat else None, vms=vms, platform=_platform(data, name))
     if scenario.repeat_every and scenario.duration > scenario.repeat_every:
         raise ConfigError(f"scenario {name}: events last {scenario.duration:g}s, longer than repeat_every")
+    if scenario.repeat_every and scenario.platform.delay >= scenario.repeat_every:
+        raise ConfigError(f"scenario {name}: platform delay must be shorter than repeat_every (a cycle)")
     return scenario
 
 

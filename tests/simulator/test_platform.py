@@ -222,6 +222,7 @@ def test_events_reach_only_the_vms_of_their_scale_set() -> None:
     ({"vms": [{"name": "a"}, {"name": "A"}], "events": []}, "two VMs are named 'A'"),
     ({"platform": {"duplicate_every": -1}, "events": []}, "duplicate_every must be a whole number"),
     ({"platform": {"often": 1}, "events": []}, "platform must be an object with"),
+    ({"platform": {"delay": 60}, "repeat_every": 60, "events": []}, "delay must be shorter than repeat_every"),
 ])
 def test_bad_vms_or_platform_settings_are_refused_in_one_line(data: dict[str, Any], fragment: str) -> None:
     """A scenario's VMs and platform settings are checked when it loads, with a reason."""
@@ -235,6 +236,18 @@ def test_the_timeline_is_shared_by_every_vm() -> None:
     sims[0].advance(100)
     assert {sim.scenario_time() for sim in sims} == {100.0}
     assert isinstance(sims[0].timeline, Timeline) and all(sim.timeline is sims[0].timeline for sim in sims)
+
+
+def test_a_platform_delay_moves_every_message_later() -> None:
+    """``platform.delay``: each message comes that many scenario seconds after the change in IMDS, eventTime too."""
+    data = {"platform": {"delay": 3, "duplicate_every": 0},
+            "events": [{"EventType": "Reboot", "appear_at": 2, "notice": 10, "started_for": 5}]}
+    scenario = scenarios.from_json(data, "late")
+    copy = PlatformCopy(scenario)
+    assert copy.due(4.9, {}, lambda at: EPOCH + at) == []
+    [scheduled] = copy.due(5.0, {}, lambda at: EPOCH + at)
+    assert read(scheduled).event_time == EPOCH + 5
+    assert [m.event_status for m in copy.due(20.0, {}, lambda at: EPOCH + at)] == ["Started", "Completed"]
 
 
 def test_bodies_are_one_line_each(caplog: pytest.LogCaptureFixture) -> None:
