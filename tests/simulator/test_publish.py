@@ -16,8 +16,9 @@ from se_exporter.core.errors import ConfigError
 from se_exporter.fleet.platform import read_platform
 from se_exporter.infra.files import Disk
 from se_exporter.simulator import scenario as scenarios
+from se_exporter.simulator.hub import EventHubOutput
 from se_exporter.simulator.platform import PlatformCopy, Published
-from se_exporter.simulator.publish import EventHubOutput, FileOutput, Publisher
+from se_exporter.simulator.publish import FileOutput, Publisher
 from se_exporter.simulator.server import every_vm
 from tests.helpers import wait_until
 
