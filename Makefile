@@ -1,5 +1,6 @@
 # The two commands of the README:
 #   make demo   run the sidecar on its built-in IMDS simulator (SCENARIO=..., SPEED=..., PORT=...)
+#   make demo-fleet   three sidecars, the simulator's platform copy and one fleet, both streams (SPEED=, FLEET_PORT=)
 #   make test   install what the tests need (Debian's prometheus included) and run them all
 PYTHON ?= python3
 VENV ?= .venv
@@ -19,7 +20,7 @@ WORKERS ?= 4
 # The wheelhouses' SBOMs make test reads (make sbom below), with the wheelhouses they are made from.
 SBOMS := dist/linux-wheels.cdx.json dist/windows-wheels.cdx.json
 
-.PHONY: demo test test-contended lint lint-imports typecheck unit system-deps clean dashboards reliability soak bench image \
+.PHONY: demo demo-fleet test test-contended lint lint-imports typecheck unit system-deps clean dashboards reliability soak bench image \
 	windows-wheels lock linux-wheels sbom operator-schemas
 
 # Regenerate dashboards/*.json from dashboards/generate.py (the suite fails if they differ).
@@ -106,6 +107,15 @@ demo: $(VENV)/.installed
 	fi
 	@$(BIN)/se-exporter run --simulate $(SCENARIO) --speed $(SPEED) --listen 127.0.0.1:$(PORT) \
 	  --state-dir $(DEMO_DIR)/state --forward-file $(DEMO_DIR)/documents.jsonl $(DEMO_TRACES)
+
+# A small fleet with both streams on one machine (scripts/demo_fleet.py): the simulator's four VMs and its platform
+# copy, three sidecars, the suite's Event Hubs test server and Azurite, `se-exporter fleet`; loopback only, Ctrl-C.
+FLEET_PORT ?= 10170
+DEMO_FLEET_DIR ?= demo-fleet-output
+# SPEED given on the command line, else 5 (a five-minute cycle of the fleet scenario in a minute).
+FLEET_SPEED = $(if $(filter command line environment,$(origin SPEED)),$(SPEED),5)
+demo-fleet: $(VENV)/.installed tests/azurite/node_modules/.installed
+	@$(BIN)/python scripts/demo_fleet.py --speed $(FLEET_SPEED) --port $(FLEET_PORT) --out $(DEMO_FLEET_DIR)
 
 lint: $(VENV)/.installed lint-imports
 	$(BIN)/ruff check se_exporter tests dashboards scripts

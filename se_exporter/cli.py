@@ -154,18 +154,31 @@ def simulate(settings: SimulatorSettings, list_only: bool = False) -> int:
             print(f"{name:<18} {scenarios.load(name).description}")
         return 0
     logs.setup(settings.log_level, settings.log_format)
+    from se_exporter.simulator import publish
     from se_exporter.simulator.faults import parse_fault
-    from se_exporter.simulator.server import Simulator, start
+    from se_exporter.simulator.server import every_vm, start
 
-    simulator = Simulator(scenarios.load(settings.scenario), speed=settings.speed)
-    simulator.inject(*(parse_fault(spec) for spec in settings.faults))
-    server = http_server.bind(settings.listen, lambda: start(simulator, settings.listen.host, settings.listen.port))
-    print(f"IMDS simulator ({simulator.scenario.name}, speed {settings.speed:g}) at {server.url}\n"
+    first, *others = every_vm(scenarios.load(settings.scenario), speed=settings.speed)
+    first.inject(*(parse_fault(spec) for spec in settings.faults))
+    copy = publish.from_settings(settings, first.timeline)
+    server = http_server.bind(settings.listen, lambda: start(first, settings.listen.host, settings.listen.port,
+                                                             others=others, platform=copy.stats if copy else None))
+    print(f"IMDS simulator ({first.scenario.name}, speed {settings.speed:g}) at {server.url}\n"
           f"Try: curl -H Metadata:true '{server.url}/metadata/scheduledevents?api-version=2020-07-01'", flush=True)
+    if others:
+        print("VMs: " + ", ".join(f"{sim.vm['name']} at {server.vm_url(sim.vm['name'])}" for sim in (first, *others)),
+              flush=True)
+    if copy is not None:
+        copy.start()
+        print(f"Platform copy ({settings.platform_schema}) to "
+              + " and ".join(output.name for output in copy.outputs) + f"; counts at {server.url}/_simulator/platform",
+              flush=True)
     stop = threading.Event()
     _on_signals(stop)
     stop.wait()
     server.server_close()
+    if copy is not None:
+        copy.stop()
     return 0
 
 

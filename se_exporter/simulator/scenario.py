@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class EventSpec:
     started_at_first_sight: bool = False
     cancel_at: float | None = None
     reschedule: tuple[Reschedule, ...] = ()
+    blind: tuple[str, ...] = ()  # VMs whose IMDS never lists it (a blind sidecar); the platform publishes it still
 
     def start_time(self, approved_at: float | None) -> float:
         """Scenario second at which the event starts (NotBefore reached, or approved)."""
@@ -91,6 +93,14 @@ class EventSpec:
 
 
 @dataclass(frozen=True)
+class PlatformSettings:
+    """How the platform's copy of the scenario behaves (the scenario's optional ``platform`` object)."""
+
+    duplicate_every: int = 10  # every Nth message is published twice, same Event Grid id (0: never)
+    delay: float = 0.0  # scenario seconds between an IMDS change and its platform message
+
+
+@dataclass(frozen=True)
 class EventState:
     """One event as listed at some scenario second."""
 
@@ -108,6 +118,42 @@ class Scenario:
     events: tuple[EventSpec, ...]
     repeat_every: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    vms: tuple[Mapping[str, str], ...] = ()  # every VM it plays (``vm`` first); one IMDS each
+    platform: PlatformSettings = field(default_factory=PlatformSettings)
+
+    def vm_named(self, name: str) -> Mapping[str, str] | None:
+        """The scenario's VM of that name (Azure compares names without case)."""
+        folded = name.casefold()
+        return next((vm for vm in self.vms if vm["name"].casefold() == folded), None)
+
+    def scope(self, spec: EventSpec) -> tuple[str, str, Mapping[str, str]]:
+        """Where the platform says ``spec`` happens: (ARM kind, name, the VM whose place it is in). The first VM
+        of Resources (the scenario's first VM for a name it does not play) decides: its scale set, else its
+        availability set (``availabilitySet``, a scenario-only key), else that VM alone; an event of several VMs
+        outside any set is put in an availability set named after the scenario (Azure groups them so)."""
+        first = spec.resources[0] if spec.resources else self.vm["name"]
+        vm = self.vm_named(first) or {**self.vm, "name": first}
+        if vm.get("vmScaleSetName"):
+            return "virtualMachineScaleSets", vm["vmScaleSetName"], vm
+        if vm.get("availabilitySet"):
+            return "availabilitySets", vm["availabilitySet"], vm
+        if len(spec.resources) <= 1:
+            return "virtualMachines", first, vm
+        return "availabilitySets", f"{self.name}-set", vm
+
+    def listed_to(self, spec: EventSpec, vm_name: str) -> bool:
+        """Whether the VM's IMDS lists ``spec``: Azure shows an event to every VM of its scale set or availability
+        set (Resources says whose it is); a one-VM scenario's VM sees every event (as before scenarios had
+        several VMs); a ``blind`` VM never does."""
+        folded = vm_name.casefold()
+        if any(name.casefold() == folded for name in spec.blind):
+            return False
+        if len(self.vms) <= 1 or any(name.casefold() == folded for name in spec.resources):
+            return True
+        kind, scope_name, _ = self.scope(spec)
+        vm = self.vm_named(vm_name) or {}
+        key = {"virtualMachineScaleSets": "vmScaleSetName", "availabilitySets": "availabilitySet"}.get(kind)
+        return key is not None and vm.get(key, "").casefold() == scope_name.casefold()
 
     @property
     def duration(self) -> float:
@@ -186,16 +232,59 @@ def load(name_or_path: str) -> Scenario:
 def from_json(data: object, name: str) -> Scenario:
     if not isinstance(data, dict) or not isinstance(data.get("events"), list):
         raise ConfigError(f"scenario {name}: must be an object with an 'events' list")
-    vm = {**DEFAULT_VM, **{k: str(v) for k, v in (data.get("vm") or {}).items()}}
-    vm.setdefault("resourceId", f"/subscriptions/{vm['subscriptionId']}/resourceGroups/{vm['resourceGroupName']}"
-                                f"/providers/Microsoft.Compute/virtualMachines/{vm['name']}")
+    vms = _vms(data, name)
+    vm = vms[0]
     events = tuple(_spec(raw, index, name, vm["name"]) for index, raw in enumerate(data["events"]))
     repeat = data.get("repeat_every")
     scenario = Scenario(name=name, description=str(data.get("description", "")), vm=vm, events=events,
-                        repeat_every=float(repeat) if repeat else None)
+                        repeat_every=float(repeat) if repeat else None, vms=vms, platform=_platform(data, name))
     if scenario.repeat_every and scenario.duration > scenario.repeat_every:
         raise ConfigError(f"scenario {name}: events last {scenario.duration:g}s, longer than repeat_every")
+    if scenario.repeat_every and scenario.platform.delay >= scenario.repeat_every:
+        raise ConfigError(f"scenario {name}: platform delay must be shorter than repeat_every (a cycle)")
     return scenario
+
+
+def _vms(data: dict[str, Any], name: str) -> tuple[dict[str, str], ...]:
+    """``vm`` (one VM), or ``vms`` (several, each on its own IMDS): every field defaults to ``vm``'s, then to the
+    sample VM's; a VM after the first gets a vmId of its own, derived from its name, unless given one."""
+    base, listed = data.get("vm") or {}, data.get("vms")
+    if not isinstance(base, dict) or (listed is not None and (not isinstance(listed, list) or not listed
+                                                              or not all(isinstance(v, dict) for v in listed))):
+        raise ConfigError(f"scenario {name}: 'vm' must be an object and 'vms' a non-empty list of objects")
+    vms: list[dict[str, str]] = []
+    for index, raw in enumerate(listed or [{}]):
+        vm = {**DEFAULT_VM, **{k: str(v) for k, v in base.items()}, **{k: str(v) for k, v in raw.items()}}
+        if index and "vmId" not in raw:
+            vm["vmId"] = str(uuid.uuid5(_CYCLE_NAMESPACE, f"{name}/vm/{vm['name']}"))
+        if not _VM_NAME.fullmatch(vm["name"]):
+            raise ConfigError(f"scenario {name}: VM name {vm['name']!r} is not 1 to 64 letters, digits, '_', "
+                              "'.' or '-' (it is a URL path segment of its IMDS)")
+        if any(other["name"].casefold() == vm["name"].casefold() for other in vms):
+            raise ConfigError(f"scenario {name}: two VMs are named {vm['name']!r}")
+        if "resourceId" not in raw and (index or "resourceId" not in base):
+            vm["resourceId"] = (f"/subscriptions/{vm['subscriptionId']}/resourceGroups/{vm['resourceGroupName']}"
+                                f"/providers/Microsoft.Compute/virtualMachines/{vm['name']}")
+        vms.append(vm)
+    return tuple(vms)
+
+
+_VM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _platform(data: dict[str, Any], name: str) -> PlatformSettings:
+    raw = data.get("platform") or {}
+    try:
+        if not isinstance(raw, dict) or set(raw) - {"duplicate_every", "delay"}:
+            raise ValueError("must be an object with duplicate_every and delay only")
+        every, delay = raw.get("duplicate_every", 10), raw.get("delay", 0.0)
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ValueError(f"duplicate_every must be a whole number >= 0, not {every!r}")
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 86400:
+            raise ValueError(f"delay must be seconds from 0 to 86400, not {delay!r}")
+    except ValueError as exc:
+        raise ConfigError(f"scenario {name}: platform {exc}") from None
+    return PlatformSettings(every, float(delay))
 
 
 def _spec(raw: object, index: int, name: str, vm_name: str) -> EventSpec:
@@ -217,6 +306,7 @@ def _spec(raw: object, index: int, name: str, vm_name: str) -> EventSpec:
             started_at_first_sight=bool(raw.get("started_at_first_sight", False)),
             cancel_at=None if raw.get("cancel_at") is None else float(raw["cancel_at"]),
             reschedule=tuple(Reschedule(float(r["at"]), float(r["notice"])) for r in raw.get("reschedule", [])),
+            blind=tuple(str(r) for r in raw.get("blind", [])),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {type(exc).__name__} {exc}") from None

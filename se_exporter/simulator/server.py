@@ -16,12 +16,17 @@ What it reproduces from the Azure documents:
 Control endpoints under ``/_simulator/`` (no Metadata header needed) let people and tests drive
 it: ``GET requests``, ``GET state``, ``POST faults`` (a fault object or a list), ``POST advance``
 (``{"seconds": N}`` of scenario time), ``POST clear-faults``, ``POST identity`` (``{"lifetime": S}`` of
-the tokens issued from now on, ``{"fail": N, "status": CODE}`` for the next N token requests).
+the tokens issued from now on, ``{"fail": N, "status": CODE}`` for the next N token requests), ``POST blind``
+(``{"EventId": ID}``: this VM's IMDS stops listing it), ``GET platform`` (the platform copy's counts).
+
+A scenario of several VMs is served on one port: ``/vms/<name>/...`` is that VM's IMDS and control API, anything
+else the first VM's; the VMs share one ``Timeline`` (scenario time and approvals).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -30,7 +35,7 @@ import threading
 import time
 import zlib
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from email.utils import format_datetime
@@ -45,6 +50,7 @@ from se_exporter.simulator import faults as faults_module
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.identity import IDENTITY_VERSIONS, TOKEN_PATH, IdentityService, TokenError
 from se_exporter.simulator.scenario import EventState, Scenario
+from se_exporter.simulator.timeline import Timeline
 
 log = logging.getLogger("se_exporter.simulator")
 
@@ -60,8 +66,10 @@ _TYPE_SINCE = {"Preempt": "2017-11-01", "Terminate": "2019-01-01"}
 _FIELD_SINCE = {"Description": "2019-04-01", "EventSource": "2019-08-01", "DurationInSeconds": "2020-07-01"}
 _PREVIEW = "2017-03-01"
 SE_PATH = "/metadata/scheduledevents"
+VM_PREFIX = "/vms/"  # /vms/<name>/metadata/...: one VM of a scenario of several
 COMPUTE_PATH = "/metadata/instance/compute"
 INSTANCE_PATH = "/metadata/instance"
+MAX_HIDDEN = 1_000  # EventIds hidden from one VM (POST /_simulator/blind)
 HISTORY = 1_000  # requests remembered (GET /_simulator/requests), and changes of the served document
 RECORDED_BODY_BYTES = 1024  # of each request's body (the server refuses bodies over 64 KiB unread: 413)
 CAPTIVE_PORTAL = b"<html><head><title>Sign in</title></head><body>Please sign in to continue.</body></html>"
@@ -82,20 +90,21 @@ class Simulator:
     """The simulated IMDS state; thread-safe, with an injectable clock for tests."""
 
     def __init__(self, scenario: Scenario, speed: float = 1.0, clock: Callable[[], float] = time.time,
-                 vm_name: str | None = None, history: int = HISTORY) -> None:
+                 vm_name: str | None = None, history: int = HISTORY, timeline: Timeline | None = None,
+                 vm: Mapping[str, str] | None = None) -> None:
+        """One VM's IMDS: ``vm`` (default: the scenario's first VM, renamed ``vm_name`` if given) on ``timeline``
+        (default: a timeline of its own), which the scenario's other VMs and its platform copy share."""
         self.scenario = scenario
-        self.speed = speed
-        self._clock = clock
-        self._start = clock()
-        self._offset = 0.0
+        self.timeline = timeline or Timeline(scenario, speed, clock)
+        self._clock = self.timeline.clock
         self._lock = threading.Lock()
-        self._approvals: dict[str, float] = {}
         self._incarnation = 1
         self._canonical: list[dict[str, Any]] = []
         self._not_before_wall: dict[tuple[str, float], float] = {}
         self._faults: deque[Fault] = deque()
+        self._hidden: set[str] = set()  # EventIds (upper case) this VM's IMDS no longer lists: a blind sidecar
         self._first_request_seen = False
-        self.vm = dict(scenario.vm, **({"name": vm_name} if vm_name else {}))
+        self.vm = dict(vm or scenario.vm, **({"name": vm_name} if vm_name else {}))
         self._requests: deque[RecordedRequest] = deque(maxlen=history)
         # Exact 200 bodies of Scheduled Events, in order, consecutive repeats kept once: the last ``history`` changes.
         self._served: deque[bytes] = deque(maxlen=history)
@@ -104,30 +113,37 @@ class Simulator:
 
     # ------------------------------------------------------------------ time and state
 
+    @property
+    def speed(self) -> float:
+        return self.timeline.speed
+
     def scenario_time(self) -> float:
-        return (self._clock() - self._start) * self.speed + self._offset
+        return self.timeline.scenario_time()
 
     def advance(self, seconds: float) -> None:
-        """Jump scenario time forward (tests, rehearsals); NotBefore values already shown stay put. ValueError (and
-        the clock unchanged) past ``MAX_SCENARIO_TIME``: two jumps of 1e308 s made it infinite, and every answer
-        after that NaN."""
-        with self._lock:
-            if not math.isfinite(seconds) or self.scenario_time() + seconds > MAX_SCENARIO_TIME:
-                raise ValueError(f"advancing {seconds:g} s would take scenario time past {MAX_SCENARIO_TIME} s "
-                                 f"(100 years); it is at {self.scenario_time():.0f} s")
-            self._offset += seconds
+        """Jump scenario time forward, for every VM of the scenario (``Timeline.advance``); NotBefore values
+        already shown stay put."""
+        self.timeline.advance(seconds)
 
     def approve(self, event_ids: Iterable[str]) -> list[str]:
         """Approve listed events; returns the unknown ids (nothing is approved if any is unknown)."""
+        return self.timeline.approve(event_ids, lambda t, approvals: {
+            state.event_id for state in self._listed(t, approvals)})
+
+    def hide(self, event_id: str) -> None:
+        """From now on this VM's IMDS does not list ``event_id`` (any cycle's id, any case): the fault of a
+        sidecar blind to one event, which the platform stream still announces."""
         with self._lock:
-            t = self.scenario_time()
-            listed = {state.event_id for state in self.scenario.state_at(t, self._approvals)}
-            ids = list(event_ids)
-            unknown = [event_id for event_id in ids if event_id not in listed]
-            if not unknown:
-                for event_id in ids:
-                    self._approvals.setdefault(event_id, t)
-            return unknown
+            if len(self._hidden) >= MAX_HIDDEN:
+                raise ValueError(f"at most {MAX_HIDDEN} EventIds can be hidden from one VM")
+            self._hidden.add(event_id.upper())
+
+    def _listed(self, t: float, approvals: Mapping[str, float]) -> tuple[EventState, ...]:
+        """What this VM's IMDS lists at scenario second ``t``: the scenario's events of its place, less those it
+        is blind to."""
+        name = self.vm.get("name", "")
+        return tuple(state for state in self.scenario.state_at(t, approvals)
+                     if state.event_id.upper() not in self._hidden and self.scenario.listed_to(state.spec, name))
 
     def document(self, api_version: str = "2020-07-01") -> dict[str, Any]:
         """The Scheduled Events document as this api-version shows it now."""
@@ -140,11 +156,10 @@ class Simulator:
         return {"DocumentIncarnation": incarnation, "Events": [e for e in events if e is not None]}
 
     def _refresh(self) -> None:
-        now_wall = self._clock()
-        t = self.scenario_time()
+        now_wall, t = self.timeline.now()
         walls: dict[tuple[str, float], float] = {}
         canonical = [self._canonical_event(state, now_wall, t, walls)
-                     for state in self.scenario.state_at(t, self._approvals)]
+                     for state in self._listed(t, self.timeline.approvals())]
         # Only the NotBefores listed now are kept: scenario time only moves forward, so one no longer listed is not
         # shown again, and a repeating scenario (fresh EventIds each cycle) grew this by its events every cycle.
         self._not_before_wall = walls
@@ -397,6 +412,13 @@ class _Imds:
                 data = _json_body(body, [])
                 sim.inject(*(faults_module.from_json(item) for item in (data if isinstance(data, list) else [data])))
                 return _json(200, {})
+            if method == "POST" and action == "blind":
+                data = _json_body(body, None)
+                event_id = data.get("EventId") if isinstance(data, dict) else None
+                if not isinstance(event_id, str) or not 0 < len(event_id) <= 256:
+                    raise ValueError('the body must be {"EventId": "..."}: the event this VM\'s IMDS stops listing')
+                sim.hide(event_id)
+                return _json(200, {})
             if method == "POST" and action == "clear-faults":
                 sim.clear_faults()
                 return _json(200, {})
@@ -417,7 +439,6 @@ class _Imds:
         return _json(404, {"error": "Not found"})
 
 
-MAX_SCENARIO_TIME = 100 * 365 * 86400  # seconds: a century of scenario, far below a date overflow (year 9999)
 MAX_LIFETIME = 10 * 365 * 86400  # seconds: ten years, far past any token a test needs, far below a date overflow
 
 
@@ -547,12 +568,38 @@ def _gzipped(document: bytes, blanks: int) -> bytes:
     return body
 
 
-class SimulatorServer(Server):
-    """The simulator on ``http_server``: bounded as every server of the project (``Bounds``)."""
+class _Router:
+    """One port for every VM of the scenario: ``/vms/<name>/...`` is that VM's IMDS, anything else the first
+    VM's (so a one-VM scenario is served exactly as before); ``GET /_simulator/platform`` is the platform copy's
+    counters when it runs."""
 
-    def __init__(self, address: tuple[str, int], simulator: Simulator, bounds: Bounds | None = None) -> None:
+    def __init__(self, simulators: Sequence[Simulator], platform: Callable[[], dict[str, Any]] | None) -> None:
+        self.first = _Imds(simulators[0])
+        self.by_name = {sim.vm["name"].casefold(): _Imds(sim) for sim in simulators}
+        self.platform = platform
+
+    async def __call__(self, request: HttpRequest) -> Response | None:
+        if request.path.startswith(VM_PREFIX):
+            name, _, rest = request.path[len(VM_PREFIX):].partition("/")
+            handler = self.by_name.get(name.casefold())
+            if handler is None:
+                return _json(404, {"error": f"no VM {_one_line(name)[:64]!r} in this scenario"})
+            return await handler(dataclasses.replace(request, path="/" + rest))
+        if request.path == "/_simulator/platform" and request.method == "GET":
+            return _json(200, self.platform() if self.platform else {"error": "the platform copy is not published"})
+        return await self.first(request)
+
+
+class SimulatorServer(Server):
+    """The simulator on ``http_server``: bounded as every server of the project (``Bounds``). Serves
+    ``simulator`` and, under ``/vms/<name>``, each of ``others`` (the scenario's other VMs)."""
+
+    def __init__(self, address: tuple[str, int], simulator: Simulator, bounds: Bounds | None = None,
+                 others: Sequence[Simulator] = (), platform: Callable[[], dict[str, Any]] | None = None) -> None:
         self.simulator = simulator
-        super().__init__(Listen(*address), _Imds(simulator), bounds or Bounds(), _count, "imds-simulator")
+        self.simulators = (simulator, *others)
+        super().__init__(Listen(*address), _Router(self.simulators, platform), bounds or Bounds(), _count,
+                         "imds-simulator")
 
     @property
     def url(self) -> str:
@@ -560,12 +607,24 @@ class SimulatorServer(Server):
         host = str(host)
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
+    def vm_url(self, name: str) -> str:
+        """The base URL of one VM's IMDS (a sidecar's ``--imds-url``)."""
+        return f"{self.url}{VM_PREFIX}{name}"
+
 
 def _count(reason: str) -> None:
     log.debug("refused an HTTP request or connection: %s (the README's HTTP server bounds)", reason)
 
 
 def start(simulator: Simulator, host: str = "127.0.0.1", port: int = 0, bounds: Bounds | None = None,
+          others: Sequence[Simulator] = (), platform: Callable[[], dict[str, Any]] | None = None,
           ) -> SimulatorServer:
-    """Serve ``simulator`` in a daemon thread; port 0 picks a free port (see ``.url``)."""
-    return SimulatorServer((host, port), simulator, bounds)
+    """Serve ``simulator`` (and ``others`` under ``/vms/<name>``) in a daemon thread; port 0 picks a free port
+    (see ``.url``)."""
+    return SimulatorServer((host, port), simulator, bounds, others, platform)
+
+
+def every_vm(scenario: Scenario, speed: float = 1.0, clock: Callable[[], float] = time.time) -> list[Simulator]:
+    """A simulator per VM of the scenario, on one shared timeline (the first VM first)."""
+    timeline = Timeline(scenario, speed, clock)
+    return [Simulator(scenario, timeline=timeline, vm=vm) for vm in scenario.vms]

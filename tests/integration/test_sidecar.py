@@ -42,6 +42,11 @@ EXPECTED: dict[str, dict[tuple[str, str], int]] = {
              ("Reboot", "scheduled"): 1, ("Reboot", "started"): 2, ("Reboot", "completed"): 2,
              ("Preempt", "scheduled"): 1, ("Preempt", "started"): 1, ("Preempt", "completed"): 1,
              ("Redeploy", "scheduled"): 1, ("Redeploy", "canceled"): 1},
+    # Polled as its first VM, web_0: every event of the scale set reaches it (web_2 alone is blind to one).
+    "fleet": {("Freeze", "scheduled"): 1, ("Freeze", "started"): 1, ("Freeze", "completed"): 1,
+              ("Reboot", "scheduled"): 2, ("Reboot", "started"): 1, ("Reboot", "completed"): 1,
+              ("Reboot", "canceled"): 1,
+              ("Redeploy", "scheduled"): 1, ("Redeploy", "started"): 1, ("Redeploy", "completed"): 1},
 }
 # Events that are for this VM (by the scenario VM's name in Resources) vs for neighbours.
 AFFECTS = {"availability-set": {"F1A3B5C7-D9E0-4F2A-8B4C-6D8E0F1A3B08": "false",

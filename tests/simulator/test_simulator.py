@@ -21,13 +21,13 @@ from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault, from_json, parse_fault
 from se_exporter.simulator.server import (
     HISTORY,
-    MAX_SCENARIO_TIME,
     SCHEDULED_EVENTS_VERSIONS,
     RecordedRequest,
     Simulator,
     SimulatorServer,
     start,
 )
+from se_exporter.simulator.timeline import MAX_SCENARIO_TIME
 from tests.helpers import wait_until
 
 SE = "/metadata/scheduledevents"

@@ -1,0 +1,174 @@
+"""The platform copy's Event Hubs output (``--platform-eventhub-*``): see ``publish`` for what it promises.
+
+A bounded queue (at most ``capacity`` messages, the one being sent among them; past it the newest are dropped and
+counted) and a thread of its own that sends them in order with the azure-eventhub SDK's async producer: the sync
+client can hang for ever on a peer that accepts TCP and never answers, the async one can be cancelled, so every
+send has a timeout and a watchdog. A failed send is counted, logged when sending starts failing and when it
+recovers, and retried with backoff (at least once, as Event Grid delivers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from se_exporter.core.retry import Health, backoff
+from se_exporter.simulator.platform import Published
+
+log = logging.getLogger("se_exporter.simulator.platform")
+QUEUE_CAPACITY = 10_000  # messages waiting for the hub; about 1.5 KB each
+
+
+ProducerFactory = Callable[[], Any]  # -> azure.eventhub.aio.EventHubProducerClient
+
+
+class EventHubOutput:
+    """``--platform-eventhub-*``: a bounded queue and a sending thread (see the module)."""
+
+    name = "eventhub"
+
+    def __init__(self, make_producer: ProducerFactory, capacity: int = QUEUE_CAPACITY, send_timeout: float = 10.0,
+                 max_retry_wait: float = 30.0) -> None:
+        self._make_producer = make_producer
+        self._capacity, self._send_timeout, self._max_retry_wait = capacity, send_timeout, max_retry_wait
+        self._queue: collections.deque[Published] = collections.deque()
+        self._ready = threading.Condition()
+        self._stop = threading.Event()
+        self._health = Health()
+        self.sent = self.failed = self.dropped = 0
+        self._thread = threading.Thread(target=self._run, name="platform-eventhub", daemon=True)
+        self._thread.start()
+
+    def offer(self, message: Published) -> None:
+        with self._ready:
+            if len(self._queue) >= self._capacity:
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 1000 == 0:
+                    log.warning("platform copy: %d messages wait for the event hub already; %d dropped so far",
+                                self._capacity, self.dropped)
+                return
+            self._queue.append(message)
+            self._ready.notify()
+
+    def stats(self) -> dict[str, Any]:
+        with self._ready:
+            queued = len(self._queue)
+        return {"sent": self.sent, "failed": self.failed, "dropped": self.dropped, "queued": queued,
+                "failing": self._health.failing}
+
+    def close(self, timeout: float) -> None:
+        """Stop within ``timeout``: what is still queued then is not sent (the simulator is stopping), and a send
+        still under way is left to its daemon thread."""
+        deadline = time.monotonic() + timeout
+        with self._ready:
+            while self._queue and not self._health.failing and time.monotonic() < deadline:
+                self._ready.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            self._stop.set()
+            self._ready.notify_all()
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _next(self) -> Published | None:
+        with self._ready:
+            while not self._queue and not self._stop.is_set():
+                self._ready.wait()
+            return self._queue[0] if self._queue and not self._stop.is_set() else None
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        producer: Any = None
+        attempt = 0
+        try:
+            while (message := self._next()) is not None:
+                try:
+                    producer = producer or self._make_producer()
+                    loop.run_until_complete(asyncio.wait_for(self._send(producer, message),
+                                                             self._send_timeout * 1.5 + 1))
+                except Exception as exc:  # any SDK failure is counted, logged and retried
+                    self.failed += 1
+                    attempt += 1
+                    if self._health.fail(_classify(exc)):
+                        log.error("platform copy: sending to the event hub failed (%s: %s); retrying with backoff, "
+                                  "newer messages queue (at most %d)", _classify(exc), _describe(exc),
+                                  self._capacity)
+                    if producer is not None:
+                        with contextlib.suppress(Exception):
+                            loop.run_until_complete(asyncio.wait_for(producer.close(), self._send_timeout))
+                        producer = None
+                    self._stop.wait(backoff(attempt, 0.5, self._max_retry_wait))
+                    continue
+                attempt = 0
+                with self._ready:
+                    self._queue.popleft()
+                    self._ready.notify_all()
+                self.sent += 1
+                if self._health.recover():
+                    log.info("platform copy: sending to the event hub works again")
+        finally:
+            if producer is not None:
+                with contextlib.suppress(Exception):
+                    loop.run_until_complete(asyncio.wait_for(producer.close(), self._send_timeout))
+            with contextlib.suppress(Exception):
+                aclose = getattr(self._make_producer, "aclose", None)
+                if aclose is not None:
+                    loop.run_until_complete(asyncio.wait_for(aclose(), self._send_timeout))
+            loop.close()
+
+    async def _send(self, producer: Any, message: Published) -> None:
+        from azure.eventhub import EventData  # noqa: PLC0415 - the SDK, only with a hub configured
+
+        event = EventData(message.body)
+        event.content_type = "application/json"
+        batch = await producer.create_batch()
+        batch.add(event)
+        await producer.send_batch(batch, timeout=self._send_timeout)
+
+
+def _classify(error: BaseException) -> str:
+    from se_exporter.infra.azure.clients import classify  # noqa: PLC0415 - the SDKs, only with a hub configured
+
+    return classify(error)
+
+
+def _describe(error: BaseException) -> str:
+    from se_exporter.infra.azure.clients import describe  # noqa: PLC0415 - the SDKs, only with a hub configured
+
+    return describe(error)
+
+
+def producer_factory(connection_string: str | None, eventhub_name: str | None, namespace: str | None,
+                     ) -> ProducerFactory:
+    """The async producer, from a connection string or a namespace and the machine's managed identity."""
+    from azure.eventhub.aio import EventHubProducerClient  # noqa: PLC0415 - only with a hub configured
+
+    from se_exporter.infra.azure.clients import connection_options  # noqa: PLC0415
+    from se_exporter.infra.azure.credential import service_credential  # noqa: PLC0415
+
+    options: dict[str, Any] = {"retry_total": 1, "retry_backoff_factor": 0.5, "retry_backoff_max": 2.0,
+                               **connection_options(None, None, connection_string)}
+    if connection_string:
+        return functools.partial(EventHubProducerClient.from_connection_string, connection_string,
+                                 eventhub_name=eventhub_name, **options)
+    credential = service_credential(None, retry_total=1)
+    make = functools.partial(EventHubProducerClient, fully_qualified_namespace=str(namespace),
+                             eventhub_name=str(eventhub_name), credential=credential, **options)
+    return _WithCredential(make, credential)
+
+
+class _WithCredential:
+    """A producer factory whose producers share one credential, closed when the output stops."""
+
+    def __init__(self, make: Callable[[], Any], credential: Any) -> None:
+        self._make, self._credential = make, credential
+
+    def __call__(self) -> Any:
+        return self._make()
+
+    async def aclose(self) -> None:
+        await self._credential.close()
