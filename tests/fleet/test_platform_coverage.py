@@ -22,7 +22,7 @@ from se_exporter.fleet.platform import (
     render_platform,
 )
 from se_exporter.fleet.platform.coverage import imds_blind_since
-from tests.fleet.platform_helpers import EVENT_ID, KEY, T0, platform_event, vm
+from tests.fleet.platform_helpers import EVENT_ID, KEY, SUB, T0, platform_event, vm
 
 EXPIRY, GRACE = 600.0, 60.0
 AFTER_GRACE = T0 + GRACE + 1
@@ -124,6 +124,18 @@ def test_the_join_is_on_the_vm_name_without_case_narrowed_by_scale_set_and_locat
                                  vm("web_8", (EVENT_ID,), location="eastus"), vm("web_9", (EVENT_ID,), vmss="",
                                                                                  location="")])
     assert coverage_of(result) == {"Web_3": "observed", "web_7": "no_sidecar", "web_8": "no_sidecar",
+                                   "web_9": "observed"}
+
+
+def test_the_join_is_on_subscription_and_resource_group_as_the_sidecars_forward_them() -> None:
+    """A VM of the event's name in another subscription or resource group is another VM; one that says neither (an
+    older sidecar) is joined on its name alone."""
+    records = picture_of("Scheduled", resources=["web_3", "web_7", "web_8", "web_9"]).records()
+    result = reconcile(records, [vm("web_3", (EVENT_ID,), subscription=SUB.upper(), group="RG"),
+                                 vm("web_7", (EVENT_ID,), subscription="another", group="rg"),
+                                 vm("web_8", (EVENT_ID,), subscription=SUB, group="other-rg"),
+                                 vm("web_9", (EVENT_ID,))])
+    assert coverage_of(result) == {"web_3": "observed", "web_7": "no_sidecar", "web_8": "no_sidecar",
                                    "web_9": "observed"}
 
 

@@ -21,12 +21,11 @@ none gets none. The reverse: an EventId live sidecars listed for ``grace`` that 
 counted once, only when the VM is in a scope that has published a platform event (its scale set, itself, or a
 Resources list: an availability set is known only that way).
 
-The join. The issue joins on (subscription, resource group, VM name). ``VmState`` does not keep the
-subscription_id and resource_group properties the sidecars send (``message.py`` reads neither), so ``vm_identity``
-gives empty ones today and the join is on the VM name (Azure compares names without case; the 2017 preview's
-leading underscore ignored, as ``core.model.affects_vm`` does), narrowed by the scale set's name and the location
-where both sides know them. TODO(wiring): keep both properties in ``VmState`` (and the state blobs), and return
-them from ``vm_identity``: ``_same_place`` already compares them when known.
+The join. The issue joins on (subscription, resource group, VM name): the sidecars forward the first two as
+properties, ``VmState`` keeps them (and the state blobs), and ``vm_identity`` returns them. A VM name compares
+without case (as Azure compares names; the 2017 preview's leading underscore ignored, as ``core.model.affects_vm``
+does); where a side does not know a part (an older sidecar says neither subscription nor resource group), that part
+is not compared (``_same_place``), and the scale set's name and the location narrow it where both sides know them.
 """
 
 from __future__ import annotations
@@ -88,7 +87,7 @@ class _Pair:
 
 def vm_identity(vm: VmState) -> tuple[str, str, str]:
     """(subscription, resource group, VM name) to join on, without case; '' where not known (see the module)."""
-    return "", "", _name(vm.vm_name)  # TODO(wiring): vm.subscription_id.casefold(), vm.resource_group.casefold()
+    return vm.subscription_id.casefold(), vm.resource_group.casefold(), _name(vm.vm_name)
 
 
 def _name(name: str) -> str:
