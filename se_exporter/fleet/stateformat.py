@@ -38,7 +38,8 @@ Format 1 (positional rows; written by default, and the only format releases befo
      "place": {key: [subscription_id, resource_group], ...}}
 
 ``imds`` and ``place`` were added within format 1: a reader that does not know them ignores them, one that does
-treats a VM without them as unknown (no IMDS health; subscription and resource group empty). Every format is read in three ways:
+treats a VM without them as unknown (no IMDS health; subscription and resource group empty). Every format is
+read in three ways:
 
 * whole: every VM checked by type and range (the key is the VM's ``vm_id or vm_name``, names and ids bounded
   strings UTF-8 can carry, the sequence a positive 64-bit integer, ``seen_at`` a finite time not past now plus
