@@ -155,6 +155,11 @@ class StateStore(abc.ABC):
                 return False
         return False
 
+    async def fetch(self, partition_id: str) -> bytes | None:
+        """The stored bytes as they are, for a state of another kind kept beside the VMs' (the platform picture's,
+        ``fleet/platform/service.py``), which has its own reader; written with ``save`` under the same rules."""
+        return await self._download(partition_id)
+
     def forget(self, partition_id: str) -> None:
         """The partition is no longer ours: what was learnt about its stored state goes with it."""
         self._names.pop(partition_id, None)

@@ -1,0 +1,407 @@
+"""The platform stream in ``se-exporter fleet``: the per-partition pictures, their blobs, the reconciliation loop.
+
+One ``Platform`` per replica; one ``PlatformReader`` per hub read (``consumer.Service.first_reader``), which sees
+every message of that hub first: ``read_platform`` (a sidecar's document costs it one look at the bytes), None ->
+the Service reads a sidecar's document as before. So Event Grid may deliver to the sidecars' own hub, or to its own
+(``--platform-eventhub-*``), or both.
+
+Per owned partition of either hub, a ``PlatformPicture``; stored in its own blob beside the VM state
+(``saving.py``), written before it at the same position (``persistence.Keeper.beside``), so before the checkpoint;
+restored on claim, before the partition is read: platform messages at or below its position are replayed ones.
+
+Reconciliation runs on the loop every ``RECONCILE_EVERY`` seconds (not in a scrape): the records of every held
+picture, merged, against the VMs this replica shows; a scrape renders the last result.
+
+Counting once, over restarts and replicas. Each EventId has a home: a partition of the platform's hub (the sidecars'
+hub when only that one is read), by a stable hash of its key (``home``). Only the replica that shows the home
+partition counts the EventId (``platform_events_total``, ``impact_seconds_total``, ``missed_events_total``,
+``unannounced_events_total``, the lag histogram) and writes its info series; what it counted is kept in the home
+partition's blob (``Memory``), so neither a restart nor the home's hand-over counts it again. A replica that does
+not show every partition of every hub judges only the VMs it shows: never ``no_sidecar`` (another replica may show
+the VM). What this leaves with several replicas (the README says it): an EventId's records are known only to the
+replicas that hold a partition with one of its messages, and a pair is judged only where both its record and its
+VM are; so with several replicas coverage and the counters may miss pairs, never count one twice or claim a wrong
+coverage (a hand-over's brief overlap aside, as for the VMs themselves).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from azure.eventhub.aio import PartitionContext
+
+from se_exporter.core.retry import backoff
+from se_exporter.fleet.collector import FLEET, FleetMetrics, write_gauges
+from se_exporter.fleet.picture import Fleet
+from se_exporter.fleet.platform.coverage import (
+    COVERAGE_BOUND_NAMES,
+    Coverage,
+    Reconciler,
+    ReconcileSettings,
+    Reconciliation,
+)
+from se_exporter.fleet.platform.exposition import render_platform
+from se_exporter.fleet.platform.picture import (
+    PICTURE_BOUND_NAMES,
+    PictureState,
+    PlatformLimits,
+    PlatformPicture,
+    PlatformRecord,
+    merge,
+)
+from se_exporter.fleet.platform.reader import PLATFORM_BOUND_NAMES, PLATFORM_INVALID_REASONS, read_platform
+from se_exporter.fleet.platform.saving import Memory, decode_platform, encode_platform, platform_blob_name
+from se_exporter.fleet.report import Report
+from se_exporter.fleet.statestore import StateStore
+from se_exporter.infra.azure.clients import describe
+from se_exporter.infra.logs import fields
+
+log = logging.getLogger("se_exporter.fleet")
+RECONCILE_EVERY = 5.0  # seconds between reconciliations at most (the checkpoint interval when shorter)
+RESTORE_RETRY_MAX = 30.0
+MAX_MEMORY = 100_000  # EventIds whose counting is remembered (ReconcileSettings.ids)
+_EMPTY = PictureState((), (), ())
+
+
+def home(key: str, partitions: int) -> str:
+    """The partition id of an EventId's home: stable across processes and releases (CRC-32, not ``hash``)."""
+    return str(zlib.crc32(key.encode("utf-8", "surrogatepass")) % partitions)
+
+
+@dataclass
+class Held:
+    """One owned partition's platform side."""
+
+    picture: PlatformPicture | None = None  # None until it holds a platform message (or a stored picture)
+    restored: int | None = None  # platform messages at or below this sequence number are in the picture already
+    changes: int = 0
+    written: int = 0  # ``changes`` when last written
+
+
+@dataclass
+class View:
+    """The last reconciliation, for scrapes: swapped whole, read without a lock."""
+
+    records: tuple[PlatformRecord, ...] = ()
+    coverage: tuple[Coverage, ...] = ()
+    informed: frozenset[str] = frozenset()
+    sizes: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class HubSide:
+    """What the platform side needs of one hub read: its role, its VMs, its partition count, its blob store."""
+
+    role: str
+    fleet: Fleet
+    store: StateStore
+    partitions: Callable[[], int | None]
+    held: dict[str, Held] = field(default_factory=dict)
+
+
+class Platform:
+    """The replica's platform side: the hubs' pictures, the reconciler, what was counted; one loop changes it."""
+
+    def __init__(self, metrics: FleetMetrics, report: Report, retention: float, grace: float, vm_expiry: float,
+                 max_message_bytes: int, clock: Callable[[], float],
+                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+                 limits: PlatformLimits | None = None) -> None:
+        self._metrics, self._report, self._clock, self._sleep = metrics, report, clock, sleep
+        self.limits = limits or PlatformLimits(retention=retention)
+        self._max_bytes = max_message_bytes
+        self.reconciler = Reconciler(ReconcileSettings(vm_expiry, grace))
+        self.hubs: dict[str, HubSide] = {}
+        self.memory: OrderedDict[str, Memory] = OrderedDict()  # EventId key -> counted, for the homes shown here
+        self._dirty_homes: set[str] = set()  # home partitions whose memory changed since written
+        self.view = View()
+        for reason in PLATFORM_INVALID_REASONS:
+            metrics.invalid.labels(reason)
+        for bound in (*PLATFORM_BOUND_NAMES, *PICTURE_BOUND_NAMES, *COVERAGE_BOUND_NAMES):
+            metrics.bound_hits.labels(bound)
+        metrics.warnings.labels("platform_event")
+
+    def reader(self, role: str, fleet: Fleet, store: StateStore, partitions: Callable[[], int | None],
+               ) -> PlatformReader:
+        side = self.hubs[role] = HubSide(role, fleet, store, partitions)
+        return PlatformReader(self, side)
+
+    @property
+    def home_role(self) -> str | None:
+        """The hub whose partitions are the EventIds' homes: the platform's, else the sidecars'."""
+        return "platform" if "platform" in self.hubs else next(iter(self.hubs), None)
+
+    def home_of(self, key: str) -> str | None:
+        side = self.hubs.get(self.home_role or "")
+        count = side.partitions() if side is not None else None
+        return home(key, count) if count else None
+
+    def is_home_here(self, key: str) -> bool:
+        side = self.hubs.get(self.home_role or "")
+        partition_id = self.home_of(key)
+        return side is not None and partition_id is not None and side.fleet.is_shown(partition_id) \
+            and partition_id in side.held
+
+    def whole(self) -> bool:
+        """This replica shows every partition of every hub: a VM it does not show is nowhere."""
+        for side in self.hubs.values():
+            count = side.partitions()
+            if count is None or len(side.fleet.shown()) < count:
+                return False
+        return True
+
+    # ------------------------------------------------------------------ reconciliation
+
+    def reconcile(self) -> View:
+        """Expire, merge, reconcile, count what is new; the view scrapes render."""
+        now = self._clock()
+        pictures = [held.picture for side in self.hubs.values() for held in side.held.values()
+                    if held.picture is not None]
+        gone: set[str] = set()
+        for picture in pictures:
+            before = dict(picture.bound_hits)
+            gone.update(record.key for record in picture.expire(now))
+            self._bounds(picture, before)
+        records = merge(picture.records() for picture in pictures)
+        if not records and not self.memory and not self.view.records:
+            return self.view  # a fleet that has not opted in costs nothing here
+        vms = [vm for side in self.hubs.values() for vm in side.fleet.vms()]
+        result = self.reconciler.update(records, vms, now, counts=self._counts, absent=self.whole())
+        self._count_result(result)
+        informed = frozenset(record.key for record in records if self.is_home_here(record.key))
+        for record in records:
+            if record.key in informed:
+                self._count_record(record)
+        held_keys = {record.key for record in records}
+        for key in gone - held_keys:
+            if self.memory.pop(key, None) is not None:
+                self._mark(key)
+        sizes = {**self.reconciler.sizes(), "counted": len(self.memory)}
+        for picture in pictures:
+            for name, size in picture.sizes().items():
+                sizes[name] = sizes.get(name, 0) + size
+        self.view = View(tuple(records), result.coverage, informed, sizes)
+        return self.view
+
+    def _count_result(self, result: Reconciliation) -> None:
+        """The reconciliation's counts into the counters, and into the memory of what was counted."""
+        for event_type, reason in result.missed:
+            self._metrics.missed_events.labels(event_type, reason).inc()
+        for event_type in result.unannounced:
+            self._metrics.unannounced_events.labels(event_type).inc()
+        for lag in result.lags:
+            self._metrics.announcement_lag.observe(lag)
+        for kind, key, name in result.counted:
+            entry = self._remember(key)
+            if kind == "unannounced":
+                entry.unannounced = True
+            else:
+                getattr(entry, kind).add(name)
+            self._mark(key)
+        for bound in result.bounds:
+            self._report.bound_hit(bound)
+
+    def _counts(self, kind: str, key: str, name: str) -> bool:
+        """Count only an EventId homed here, and only what its memory does not hold."""
+        if not self.is_home_here(key):
+            return False
+        entry = self.memory.get(key)
+        if entry is None:
+            return True
+        return not entry.unannounced if kind == "unannounced" else name not in getattr(entry, kind)
+
+    def _count_record(self, record: PlatformRecord) -> None:
+        entry = self._remember(record.key)
+        event = record.event
+        for status, _when in record.times:
+            if status not in entry.statuses:
+                entry.statuses.add(status)
+                self._metrics.platform_events.labels(event.event_type, status).inc()
+                self._mark(record.key)
+        impact = record.impact_seconds
+        if not entry.impact and impact is not None:
+            entry.impact = True
+            self._mark(record.key)
+            if impact > 0:
+                self._metrics.impact_seconds.labels(event.event_type, event.scope_name, event.location).inc(impact)
+
+    def _remember(self, key: str) -> Memory:
+        entry = self.memory.get(key)
+        if entry is None:
+            if len(self.memory) >= MAX_MEMORY:
+                self._report.bound_hit("platform_coverage_ids")
+                dropped, _ = self.memory.popitem(last=False)
+                self._mark(dropped)
+            entry = self.memory[key] = Memory()
+            self._mark(key)
+        return entry
+
+    def _mark(self, key: str) -> None:
+        partition_id = self.home_of(key)
+        if partition_id is not None:
+            self._dirty_homes.add(partition_id)
+
+    def _bounds(self, picture: PlatformPicture, before: dict[str, int]) -> None:
+        for name, count in picture.bound_hits.items():
+            if count > before.get(name, 0):
+                self._report.bound_hit(name, count - before.get(name, 0))
+
+    async def run(self, stop: asyncio.Event, every: float) -> None:
+        """Reconcile every ``every`` seconds; write the memory of homes whose partition has no position yet (no
+        event handled: the Keeper writes nothing for it)."""
+        while not stop.is_set():
+            await self._sleep(every)
+            try:
+                self.reconcile()
+                await self._write_quiet_homes()
+            except Exception as error:  # never out of the loop: counted and logged; the next round tries again
+                self._metrics.errors.labels("other").inc()
+                self._report.once("platform:reconcile", logging.ERROR, "platform reconciliation failed: %s",
+                                  describe(error))
+
+    async def _write_quiet_homes(self) -> None:
+        side = self.hubs.get(self.home_role or "")
+        if side is None:
+            return
+        for partition_id in sorted(self._dirty_homes):
+            if partition_id in side.held and side.fleet.position(partition_id) is None:
+                write = PlatformReader(self, side).prepare(partition_id, -1)
+                if write is not None:
+                    await write()
+
+    # ------------------------------------------------------------------ scrapes
+
+    def render(self) -> str:
+        """The platform gauges from the last reconciliation (empty families before any platform event)."""
+        view = self.view
+        text = render_platform(view.records, view.coverage, view.informed)
+        kept = [f'{FLEET}_platform_kept{{what="{name}"}} {float(size)!r}' for name, size in sorted(view.sizes.items())]
+        return text + write_gauges({"platform_kept": kept}, _KEPT_HELP)
+
+
+_KEPT_HELP = {"platform_kept": "What the platform side holds now, each bounded: events and Event Grid ids of the "
+                               "pictures, reconciliation pairs and EventIds, EventIds whose counting is remembered."}
+
+
+class PlatformReader:
+    """One hub's platform side, as ``consumer.Service.first_reader`` and ``persistence.Keeper.beside``."""
+
+    def __init__(self, platform: Platform, side: HubSide) -> None:
+        self._platform = platform
+        self._side = side
+
+    # ------------------------------------------------------------------ consumer.FirstReader
+
+    async def claim(self, context: PartitionContext) -> None:
+        """Restore the partition's picture (and, for a home, what was counted) before it is read; retried while
+        the storage refuses, as the VM state is."""
+        partition_id, side, platform = context.partition_id, self._side, self._platform
+        side.store.name(partition_id, platform_blob_name(context.fully_qualified_namespace, context.eventhub_name,
+                                                         context.consumer_group, partition_id))
+        failures = 0
+        while True:
+            try:
+                data = await side.store.fetch(partition_id)
+                break
+            except Exception as error:
+                platform._metrics.errors.labels("state_read").inc()
+                platform._report.once(f"platform-restore:{side.role}:{partition_id}", logging.WARNING,
+                                      "partition %s: cannot read its platform picture (%s); retrying before reading "
+                                      "it", partition_id, describe(error))
+                failures += 1
+                await platform._sleep(backoff(failures, 1.0, RESTORE_RETRY_MAX))
+        held = side.held[partition_id] = Held()
+        if data is None:
+            return
+        loaded = decode_platform(data, partition_id)
+        if loaded.damaged is not None:
+            platform._metrics.state_damaged.labels(loaded.damaged).inc()
+            platform._report.once(f"platform-damaged:{partition_id}", logging.ERROR,
+                                  "partition %s: the stored platform picture is damaged (%s); starting it from the "
+                                  "partition's checkpoint alone", partition_id, loaded.problem,
+                                  extra=fields(partition_id=partition_id, reason=loaded.damaged))
+            return
+        if loaded.rows:
+            platform._metrics.state_damaged.labels("row").inc(loaded.rows)
+        held.restored = loaded.position
+        if loaded.state is not None and (loaded.state.records or loaded.state.ids or loaded.state.forgotten):
+            held.picture = PlatformPicture.restored(loaded.state, platform.limits)
+        if side.role == platform.home_role:
+            for key, entry in loaded.memory.items():
+                platform.memory.setdefault(key, entry)
+        log.info("partition %s: platform picture restored: %d events", partition_id,
+                 len(loaded.state.records) if loaded.state else 0, extra=fields(partition_id=partition_id))
+
+    def handle(self, partition_id: str, sequence_number: int, body: bytes, enqueued: float) -> str | None:
+        platform = self._platform
+        read = read_platform(body, platform._max_bytes, enqueued)  # InvalidMessage: counted by the Service
+        if read is None:
+            return None
+        held = self._side.held.setdefault(partition_id, Held())
+        if held.restored is not None and sequence_number <= held.restored:
+            return "replayed"
+        metrics, report = platform._metrics, platform._report
+        for reason, line in read.skipped:
+            metrics.invalid.labels(reason).inc()
+            report.once(f"invalid:{reason}", logging.WARNING, "platform message partly skipped (partition %s, "
+                        "sequence number %d): %s", partition_id, sequence_number, line,
+                        extra=fields(reason=reason, partition_id=partition_id))
+        for bound in read.bounds:
+            report.bound_hit(bound)
+        if read.warnings:
+            metrics.warnings.labels("platform_event").inc(len(read.warnings))
+        if held.picture is None:
+            held.picture = PlatformPicture(platform.limits)
+        picture, now = held.picture, platform._clock()
+        before = dict(picture.bound_hits)
+        for event in read.events:
+            if picture.apply(event, now).outcome == "duplicate":
+                metrics.platform_duplicates.inc()
+        platform._bounds(picture, before)
+        held.changes += 1
+        return "platform"
+
+    def release(self, partition_id: str) -> None:
+        side, platform = self._side, self._platform
+        side.held.pop(partition_id, None)
+        side.store.forget(partition_id)
+        if side.role == platform.home_role:  # its EventIds' counting is the next owner's, from the blob
+            for key in [key for key in platform.memory if platform.home_of(key) == partition_id]:
+                del platform.memory[key]
+            platform._dirty_homes.discard(partition_id)
+
+    # ------------------------------------------------------------------ persistence.Beside
+
+    def dirty(self, partition_id: str) -> bool:
+        held = self._side.held.get(partition_id)
+        return (held is not None and held.changes != held.written) or (
+            self._side.role == self._platform.home_role and partition_id in self._platform._dirty_homes)
+
+    def prepare(self, partition_id: str, position: int) -> Callable[[], Awaitable[bool]] | None:
+        side, platform = self._side, self._platform
+        held = side.held.get(partition_id)
+        if held is None or not self.dirty(partition_id):
+            return None
+        memory = {key: entry for key, entry in platform.memory.items() if platform.home_of(key) == partition_id} \
+            if side.role == platform.home_role else {}
+        state = held.picture.state() if held.picture is not None else _EMPTY
+        data = encode_platform(partition_id, position, state, memory)
+        changes = held.changes
+        platform._dirty_homes.discard(partition_id)
+
+        async def write() -> bool:
+            try:
+                written = await side.store.save(partition_id, data, position)
+            except BaseException:
+                if side.role == platform.home_role and memory:
+                    platform._dirty_homes.add(partition_id)  # written by a later round
+                raise
+            if written:
+                held.written = changes
+            return written
+
+        return write

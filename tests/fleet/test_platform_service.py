@@ -1,0 +1,229 @@
+"""The platform stream wired into the fleet service, against the in-memory state store: platform messages read first
+on any hub, the picture stored beside the VM state and restored on claim, reconciliation and its counters counted
+once over restarts, and a replica that shows part of the fleet. No network."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from se_exporter.fleet.collector import FleetMetrics
+from se_exporter.fleet.consumer import Service
+from se_exporter.fleet.picture import Fleet
+from se_exporter.fleet.platform.saving import decode_platform, platform_blob_name
+from se_exporter.fleet.platform.service import Platform, home
+from se_exporter.fleet.report import Report
+from se_exporter.fleet.settings import FleetSettings
+from se_exporter.fleet.statestore import MemoryStateStore, Stored
+from tests.fleet.platform_helpers import EVENT_ID, KEY, SUB, T0, body, grid
+from tests.fleet.test_service import NAME, Checkpoints, Context, Event, run
+
+PLATFORM_NAME = platform_blob_name("ns", "hub", "$Default", "0")
+GRACE = 60.0
+
+
+def platform(status: str, sequence_number: int, **kwargs: Any) -> Event:
+    """A platform message (Event Grid's array of one) as the SDK hands it over, on any hub."""
+    return Event(sequence_number, body=body([grid(status, at=T0 + 10 * ["Scheduled", "Started", "Completed"].index(
+        status) if status != "Canceled" else T0 + 30, **kwargs)]))
+
+
+def sidecar(sequence_number: int, vm_name: str, listed: tuple[str, ...] = (), sequence: int = 1,
+            subscription: str = SUB, group: str = "rg") -> Event:
+    """A sidecar's document of VM ``vm_name`` of scale set web, listing ``listed``."""
+    document = {"DocumentIncarnation": sequence, "Events": [
+        {"EventId": event_id, "EventType": "Reboot", "ResourceType": "VirtualMachine", "Resources": [vm_name],
+         "EventStatus": "Scheduled", "NotBefore": "", "EventSource": "Platform"} for event_id in listed]}
+    return Sidecar(sequence_number, vm_id=f"id-{vm_name}", sequence=sequence, body=json.dumps(document).encode(),
+                   vm_name=vm_name, subscription=subscription, group=group)
+
+
+@dataclass
+class Sidecar(Event):
+    vm_name: str = ""
+    subscription: str = ""
+    group: str = ""
+
+    @property
+    def properties(self) -> dict[Any, Any]:
+        extra = {"vm_name": self.vm_name, "vmss_name": "web", "location": "westeurope",
+                 "subscription_id": self.subscription, "resource_group": self.group}
+        return {**super().properties, **{key.encode(): value.encode() for key, value in extra.items()}}
+
+
+@dataclass
+class Replica:
+    """One replica reading one hub of ``partitions`` partitions (it claims "0"), on states shared with others."""
+
+    states: dict[str, Stored] = field(default_factory=dict)
+    partitions: int = 1
+    now: list[float] = field(default_factory=lambda: [T0 + 1])
+
+    def __post_init__(self) -> None:
+        self.registry, self.fleet = CollectorRegistry(), Fleet()
+        metrics = FleetMetrics(self.registry)
+
+        async def sleep(seconds: float) -> None:
+            return None
+
+        def clock() -> float:
+            return self.now[0]
+
+        self.service = Service(FleetSettings(), self.fleet, metrics, MemoryStateStore(self.states), clock=clock,
+                               sleep=sleep)
+        self.platform = Platform(metrics, Report(metrics), 3600.0, GRACE, 900.0, 1024 * 1024, clock, sleep)
+        self.service.hub_partitions = self.partitions
+        reader = self.platform.reader("platform", self.fleet, MemoryStateStore(self.states),
+                                      lambda: self.service.hub_partitions)
+        self.service.first_reader, self.service.keeper.beside = reader, reader
+        self.checkpoints = Checkpoints(self.states)
+        self.context = Context("ns", "hub", "$Default", "0", self.checkpoints)
+
+    def value(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+    async def claim(self) -> None:
+        await self.service.on_initialize(self.context)
+
+    async def read(self, *events: Event) -> None:
+        self.context.newest = max(event.sequence_number for event in events)
+        await self.service.on_batch(self.context, list(events))  # type: ignore[arg-type]
+
+    def gauges(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        self.platform.reconcile()
+        return {(sample.name, frozenset(sample.labels.items())): sample.value
+                for family in text_string_to_metric_families(self.platform.render()) for sample in family.samples}
+
+    def coverage(self) -> dict[str, float]:
+        return {dict(labels)["coverage"]: value for (name, labels), value in self.gauges().items()
+                if name == "azure_scheduled_fleet_platform_event_vms"}
+
+
+def test_platform_messages_on_a_hub_are_read_first_and_a_sidecars_document_is_read_as_before() -> None:
+    """A platform message goes to the partition's picture (its info series and VM coverage), a sidecar's document
+    beside it to the VMs; a duplicate and another Event Grid event type are counted and skipped."""
+    replica = Replica()
+    run(replica.claim())
+    foreign = Event(4, body=body([{**grid(), "eventType": "Microsoft.Storage.BlobCreated"}]))
+    run(replica.read(platform("Scheduled", 1, resources=["web_3", "web_7"]), sidecar(2, "web_3", (EVENT_ID,)),
+                     platform("Scheduled", 3, resources=["web_3", "web_7"]), foreign, Event(5, body=b"[garbage")))
+    assert [vm.vm_name for vm in replica.fleet.vms()] == ["web_3"]
+    gauges = replica.gauges()
+    [info] = [dict(labels) for (name, labels), _ in gauges.items() if name.endswith("platform_event_info")]
+    assert (info["event_id"], info["event_status"], info["scope_name"], info["subscription_id"]) == (
+        EVENT_ID, "Scheduled", "web", SUB)
+    assert replica.coverage() == {"observed": 1.0, "missed": 0.0, "imds_unreachable": 0.0, "no_sidecar": 1.0}
+    assert replica.value("azure_scheduled_fleet_platform_duplicates_total") == 1
+    assert replica.value("azure_scheduled_fleet_invalid_messages_total", reason="other_event_type") == 1
+    assert replica.value("azure_scheduled_fleet_invalid_messages_total", reason="not_json") == 1
+    assert replica.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot",
+                         event_status="Scheduled") == 1
+    assert replica.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="no_sidecar") == 1
+    assert replica.value("azure_scheduled_fleet_announcement_lag_seconds_count") == 1
+
+
+def test_statuses_in_any_order_and_the_impact_are_counted_once() -> None:
+    """Completed before Started before Scheduled: each status counted once, the impact once both ends are known
+    (10 s on two VMs), ended events listed with their real end."""
+    replica = Replica()
+    run(replica.claim())
+    run(replica.read(platform("Completed", 1, resources=["web_3", "web_7"]),
+                     platform("Started", 2, resources=["web_3", "web_7"])))
+    replica.gauges()
+    run(replica.read(platform("Scheduled", 3, resources=["web_3", "web_7"])))
+    replica.gauges()
+    for status in ("Scheduled", "Started", "Completed"):
+        assert replica.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot",
+                             event_status=status) == 1, status
+    assert replica.value("azure_scheduled_fleet_impact_seconds_total", event_type="Reboot", scope_name="web",
+                         location="westeurope") == 20.0
+
+
+def test_the_picture_is_written_before_the_checkpoint_and_a_restart_continues_it_without_counting_again() -> None:
+    """The platform blob is at the checkpoint's position when it is written; a successor restores the picture and
+    what was counted: replayed messages are skipped, and nothing is counted a second time."""
+    states: dict[str, Stored] = {}
+    first = Replica(states)
+    run(first.claim())
+    run(first.read(platform("Scheduled", 1, resources=["web_3"]), sidecar(2, "web_9")))
+    first.now[0] = T0 + GRACE + 1
+    first.gauges()
+    run(first.service.save("0"))
+    assert first.checkpoints.written == [(2, 2)] and states[PLATFORM_NAME].position == 2
+    assert first.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="no_sidecar") == 1
+    loaded = decode_platform(states[PLATFORM_NAME].data, "0")
+    assert [record.key for record in loaded.state.records] == [KEY] if loaded.state else False
+    assert loaded.memory[KEY].statuses == {"Scheduled"} and loaded.memory[KEY].missed == {"web_3"}
+
+    second = Replica(states, now=[T0 + GRACE + 2])
+    run(second.claim())
+    run(second.read(platform("Scheduled", 1, resources=["web_3"]), sidecar(2, "web_9"),
+                    platform("Started", 3, resources=["web_3"])))
+    assert second.coverage()["no_sidecar"] == 1.0
+    assert second.value("azure_scheduled_fleet_replayed_documents_total") == 2
+    assert second.value("azure_scheduled_fleet_platform_duplicates_total") == 0
+    assert second.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot",
+                        event_status="Scheduled") == 0
+    assert second.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot", event_status="Started") == 1
+    assert second.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="no_sidecar") == 0
+
+
+def test_a_picture_stored_past_the_vm_state_is_not_applied_twice() -> None:
+    """kill -9 between the two writes: the platform blob at 3, the VM state at 1, the checkpoint at 1. The successor
+    replays 2 and 3: the sidecar's document is applied, the platform message is not applied again."""
+    states: dict[str, Stored] = {}
+    first = Replica(states)
+    run(first.claim())
+    run(first.read(platform("Scheduled", 1, resources=["web_3"])))
+    run(first.service.save("0"))
+    run(first.read(sidecar(2, "web_3"), platform("Started", 3, resources=["web_3"])))
+    write = first.service.keeper.beside.prepare("0", 3) if first.service.keeper.beside else None
+    assert write is not None
+    run(write())  # the platform blob written, then killed before the VM state
+    assert (states[PLATFORM_NAME].position, states[NAME].position) == (3, 1)
+    second = Replica(states)
+    run(second.claim())
+    run(second.read(sidecar(2, "web_3"), platform("Started", 3, resources=["web_3"])))
+    assert [vm.vm_name for vm in second.fleet.vms()] == ["web_3"]
+    [record] = second.platform.reconcile().records
+    assert record.status == "Started" and dict(record.times).keys() == {"Scheduled", "Started"}
+    assert second.value("azure_scheduled_fleet_platform_duplicates_total") == 0
+
+
+def test_a_replica_showing_part_of_the_fleet_claims_no_blind_spot_and_counts_only_its_homes() -> None:
+    """With four partitions and one shown here, a VM not shown is not no_sidecar; an EventId homed elsewhere is
+    neither counted nor listed here (its home replica does both), one homed here is."""
+    assert home(KEY, 4) != "0"
+    here = next(f"{index:08x}-0000-0000-0000-000000000000" for index in range(100)
+                if home(f"{index:08x}-0000-0000-0000-000000000000", 4) == "0")
+    replica = Replica(partitions=4)
+    run(replica.claim())
+    run(replica.read(platform("Scheduled", 1, resources=["web_3", "web_7"]),
+                     platform("Scheduled", 2, resources=["web_3", "web_7"], event_id=here), sidecar(3, "web_3")))
+    replica.now[0] = T0 + GRACE + 1
+    gauges = replica.gauges()
+    infos = {dict(labels)["event_id"] for (name, labels), _ in gauges.items() if name.endswith("event_info")}
+    assert infos == {here}
+    missed = {dict(labels)["event_id"]: value for (name, labels), value in gauges.items()
+              if name.endswith("event_vms") and dict(labels)["coverage"] == "missed"}
+    no_sidecar = sum(value for (name, labels), value in gauges.items()
+                     if name.endswith("event_vms") and dict(labels)["coverage"] == "no_sidecar")
+    assert missed == {EVENT_ID: 1.0, here: 1.0} and no_sidecar == 0
+    assert replica.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="missed") == 1
+    assert replica.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot",
+                         event_status="Scheduled") == 1
+
+
+def test_a_fleet_without_platform_messages_reconciles_nothing() -> None:
+    """No platform message, no platform series but the empty families, no reconciliation memory."""
+    replica = Replica()
+    run(replica.claim())
+    run(replica.read(sidecar(1, "web_3", (EVENT_ID,))))
+    assert replica.coverage() == {}
+    assert replica.platform.reconciler.sizes()["pairs"] == 0
+    assert asyncio.iscoroutinefunction(replica.platform.run)
