@@ -73,6 +73,18 @@ def storage_clients(settings: FleetSettings, credential: Callable[[str | None], 
             ObservedCheckpointStore(url, name, credential=identity, **trusting(settings.checkpoint_ca_file)))
 
 
+def checkpoint_store(settings: FleetSettings, credential: Callable[[str | None], Any]) -> ObservedCheckpointStore:
+    """Another checkpoint store on the same container (one per hub read: each tells its own service what its
+    load-balancing rounds read and won)."""
+    name = settings.checkpoint_container
+    if settings.checkpoint_connection_string:
+        return cast(ObservedCheckpointStore, ObservedCheckpointStore.from_connection_string(
+            settings.checkpoint_connection_string, name, **trusting(settings.checkpoint_ca_file)))
+    return ObservedCheckpointStore(str(settings.checkpoint_account_url), name,
+                                   credential=credential(settings.storage_client_id),
+                                   **trusting(settings.checkpoint_ca_file))
+
+
 def trusting(ca_file: str | None) -> dict[str, Any]:
     """A storage client's transport trusting the CAs of ``ca_file`` (the system's when None).
 
@@ -257,8 +269,9 @@ async def _count_partitions(client: EventHubConsumerClient, service: Service) ->
 def _listen(settings: FleetSettings, app: http_server.Handler, registry: CollectorRegistry) -> http_server.Server:
     server = http_server.bind(settings.listen, lambda: http_server.serve(
         settings.listen, app, on_reject=http_server.rejection_counter(registry, "azure_scheduled_fleet")))
-    hubs = "; ".join(f"{hub.role}s' hub {hub.namespace or 'of the connection string'} (consumer group "
-                     f"{hub.consumer_group})" for hub in settings.hubs)
+    hubs = " and the ".join(f"{'sidecars' if hub.role == 'sidecar' else 'platform'}'s hub "
+                            f"{hub.namespace or 'of the connection string'} (consumer group {hub.consumer_group})"
+                            for hub in settings.hubs)
     log.info("se-exporter %s fleet consuming the %s; metrics at http://%s:%d/metrics", __version__, hubs,
              settings.listen.host or "127.0.0.1", server.server_port)
     return server
@@ -324,7 +337,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         container, first_store = storage_clients(settings, shared)
         cleanup.push_async_callback(container.close)
         readings = _readings(settings, metrics, platform, container, [
-            first_store if index == 0 else storage_clients(settings, shared)[1] for index in range(len(settings.hubs))])
+            first_store if index == 0 else checkpoint_store(settings, shared) for index in range(len(settings.hubs))])
         for reading in readings:
             cleanup.push_async_callback(reading.store.close)  # the consumer client does not close it
         fleets, services = [reading.fleet for reading in readings], [reading.service for reading in readings]

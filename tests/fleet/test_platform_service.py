@@ -158,7 +158,7 @@ def test_the_picture_is_written_before_the_checkpoint_and_a_restart_continues_it
     assert first.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="no_sidecar") == 1
     loaded = decode_platform(states[PLATFORM_NAME].data, "0")
     assert [record.key for record in loaded.state.records] == [KEY] if loaded.state else False
-    assert loaded.memory[KEY].statuses == {"Scheduled"} and loaded.memory[KEY].missed == {"web_3"}
+    assert loaded.memory[KEY].statuses == {"Scheduled"} and loaded.memory[KEY].missed == {"web_3": "no_sidecar"}
 
     second = Replica(states, now=[T0 + GRACE + 2])
     run(second.claim())

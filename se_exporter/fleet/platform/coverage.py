@@ -101,6 +101,11 @@ def _name(name: str) -> str:
     return name.lstrip("_").casefold()
 
 
+def name_key(name: str) -> str:
+    """A VM name as the join compares it (and as ``Reconciliation.counted`` names VMs)."""
+    return _name(name)
+
+
 def _place(vm: VmState) -> tuple[str, str, str, str]:
     """(subscription, resource group, location, scale set) of a VM, without case; '' where not known."""
     subscription, group, _ = vm_identity(vm)

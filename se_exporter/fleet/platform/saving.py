@@ -4,14 +4,15 @@
 
     {"format": 1, "partition_id": "3", "sequence_number": 4711,
      "picture": {"records": [...], "ids": [...], "forgotten": [...]},
-     "counted": [{"key": ..., "statuses": ["Scheduled", ...], "impact": true, "missed": [vm, ...],
+     "counted": [{"key": ..., "statuses": ["Scheduled", ...], "impact": true, "missed": {vm: reason, ...},
                   "lag": [vm, ...], "unannounced": false}, ...]}
 
 ``counted`` holds what this replica counted of the EventIds whose home is this partition (``service.home``), so a
-restart or a hand-over does not count them again. Written like the VM state (``statestore.StateStore.save``: never
-backwards, ETag-conditional), before it and so before the checkpoint. A newer release may add fields; this one
-ignores what it does not know. Reading trusts nothing: bounded inflation, every row checked (``saved.py``); a
-damaged blob is counted and the partition's picture starts empty.
+restart or a hand-over does not count them again; a miss's reason is kept too, since an ended event keeps the
+coverage decided while it was open and IMDS no longer shows anything to decide it again from. Written like the VM
+state (``statestore.StateStore.save``: never backwards, ETag-conditional), before it and so before the checkpoint.
+A newer release may add fields; this one ignores what it does not know. Reading trusts nothing: bounded inflation,
+every row checked (``saved.py``); a damaged blob is counted and the partition's picture starts empty.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from se_exporter.fleet.message import MAX_TEXT
+from se_exporter.fleet.platform.coverage import MISSED_REASONS
 from se_exporter.fleet.platform.fields import STATUSES
 from se_exporter.fleet.platform.picture import PictureState
 from se_exporter.fleet.platform.saved import state_from_json, state_to_json
@@ -30,7 +32,6 @@ from se_exporter.fleet.stateformat import DamagedState
 
 PLATFORM_FORMAT = 1
 MAX_PLATFORM_BYTES = 256 * 1024**2  # inflated: 10,000 events naming 1,000 VMs each is about 200 MB
-KINDS = ("missed", "lag")
 
 
 def platform_blob_name(namespace: str, eventhub_name: str, consumer_group: str, partition_id: str) -> str:
@@ -44,12 +45,12 @@ class Memory:
 
     statuses: set[str] = field(default_factory=set)
     impact: bool = False
-    missed: set[str] = field(default_factory=set)
+    missed: dict[str, str] = field(default_factory=dict)  # VM name -> reason (coverage.MISSED_REASONS)
     lag: set[str] = field(default_factory=set)
     unannounced: bool = False
 
     def to_json(self, key: str) -> dict[str, Any]:
-        return {"key": key, "statuses": sorted(self.statuses), "impact": self.impact, "missed": sorted(self.missed),
+        return {"key": key, "statuses": sorted(self.statuses), "impact": self.impact, "missed": dict(self.missed),
                 "lag": sorted(self.lag), "unannounced": self.unannounced}
 
 
@@ -117,14 +118,15 @@ def _memory(row: object) -> tuple[str, Memory] | None:
     key = row.get("key")
     if not _text(key):
         return None
-    statuses, names = row.get("statuses", []), {kind: row.get(kind, []) for kind in KINDS}
-    if not isinstance(statuses, list) or not all(status in STATUSES for status in statuses) or not all(
-            isinstance(listed, list) and all(_text(name) for name in listed) for listed in names.values()):
+    statuses, missed, lag = row.get("statuses", []), row.get("missed", {}), row.get("lag", [])
+    if not isinstance(statuses, list) or not all(status in STATUSES for status in statuses) \
+            or not isinstance(lag, list) or not all(_text(name) for name in lag) or not isinstance(missed, dict) \
+            or not all(_text(name) and reason in MISSED_REASONS for name, reason in missed.items()):
         return None
     impact, unannounced = row.get("impact", False), row.get("unannounced", False)
     if not isinstance(impact, bool) or not isinstance(unannounced, bool):
         return None
-    return str(key), Memory(set(statuses), impact, set(names["missed"]), set(names["lag"]), unannounced)
+    return str(key), Memory(set(statuses), impact, dict(missed), set(lag), unannounced)
 
 
 def _text(value: object) -> bool:

@@ -31,7 +31,7 @@ import logging
 import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from azure.eventhub.aio import PartitionContext
 
@@ -44,6 +44,7 @@ from se_exporter.fleet.platform.coverage import (
     Reconciler,
     ReconcileSettings,
     Reconciliation,
+    name_key,
 )
 from se_exporter.fleet.platform.exposition import render_platform
 from se_exporter.fleet.platform.picture import (
@@ -172,6 +173,7 @@ class Platform:
         vms = [vm for side in self.hubs.values() for vm in side.fleet.vms()]
         result = self.reconciler.update(records, vms, now, counts=self._counts, absent=self.whole())
         self._count_result(result)
+        result = self._decided(records, result)
         informed = frozenset(record.key for record in records if self.is_home_here(record.key))
         for record in records:
             if record.key in informed:
@@ -195,15 +197,28 @@ class Platform:
             self._metrics.unannounced_events.labels(event_type).inc()
         for lag in result.lags:
             self._metrics.announcement_lag.observe(lag)
+        reasons = {(row.event_key, name_key(row.vm_name)): row.coverage for row in result.coverage}
         for kind, key, name in result.counted:
             entry = self._remember(key)
             if kind == "unannounced":
                 entry.unannounced = True
+            elif kind == "missed":
+                entry.missed[name] = reasons.get((key, name), "missed")
             else:
-                getattr(entry, kind).add(name)
+                entry.lag.add(name)
             self._mark(key)
         for bound in result.bounds:
             self._report.bound_hit(bound)
+
+    def _decided(self, records: list[PlatformRecord], result: Reconciliation) -> Reconciliation:
+        """An ended event keeps the misses decided while it was open (the reconciler's memory of them did not
+        survive a restart or a hand-over; the home's blob did)."""
+        covered = {(row.event_key, name_key(row.vm_name)) for row in result.coverage}
+        kept = [Coverage(record.key, record.event.event_id, record.event.event_type, name, reason)
+                for record in records if record.ended and record.key in self.memory
+                for name, reason in self.memory[record.key].missed.items() if (record.key, name) not in covered
+                and name in {name_key(resource) for resource in record.event.resources}]
+        return replace(result, coverage=result.coverage + tuple(kept)) if kept else result
 
     def _counts(self, kind: str, key: str, name: str) -> bool:
         """Count only an EventId homed here, and only what its memory does not hold."""
@@ -212,7 +227,9 @@ class Platform:
         entry = self.memory.get(key)
         if entry is None:
             return True
-        return not entry.unannounced if kind == "unannounced" else name not in getattr(entry, kind)
+        if kind == "unannounced":
+            return not entry.unannounced
+        return name not in (entry.missed if kind == "missed" else entry.lag)
 
     def _count_record(self, record: PlatformRecord) -> None:
         entry = self._remember(record.key)
