@@ -116,6 +116,11 @@ class FleetMetrics:
         self.platform_events = Counter(f"{FLEET}_platform_events", "Status changes of scheduled events the platform "
                                        "announced (Event Grid), each EventId and status once.",
                                        ["event_type", "event_status"], registry=registry)
+        self.platform_applied = Counter(f"{FLEET}_platform_messages_applied", "Platform messages (Event Grid's) "
+                                        "folded into a platform picture.", registry=registry)
+        self.platform_last_applied = Gauge(f"{FLEET}_platform_last_applied_timestamp_seconds", "When this replica "
+                                           "last applied a platform message, as unix time (0: not yet).",
+                                           registry=registry)
         self.platform_duplicates = Counter(f"{FLEET}_platform_duplicates", "Platform messages dropped: Event Grid "
                                            "delivered the same id again.", registry=registry)
         self.missed_events = Counter(f"{FLEET}_missed_events", "Affected VMs of platform events whose sidecar did not "

@@ -188,6 +188,9 @@ class Service:
                 self._metrics.replayed.inc(count)
             elif outcome in BOUND_NAMES:
                 self._report.bound_hit(outcome, count)
+            elif outcome == "platform":  # the platform stream's (fleet/platform/service.py)
+                self._metrics.platform_applied.inc(count)
+                self._metrics.platform_last_applied.set(self._clock())
 
     def _check_restored(self, context: PartitionContext) -> bool:
         """A restored position past the partition's newest event is damage (see ``Fleet.check_restored``). Whether

@@ -227,3 +227,13 @@ def test_a_fleet_without_platform_messages_reconciles_nothing() -> None:
     assert replica.coverage() == {}
     assert replica.platform.reconciler.sizes()["pairs"] == 0
     assert asyncio.iscoroutinefunction(replica.platform.run)
+
+
+def test_platform_messages_applied_are_counted_with_the_time_of_the_last() -> None:
+    """Each platform message folded in counts once per batch, and the time of the last is kept (the benchmark's
+    applied figure); a sidecar's document does not count there."""
+    replica = Replica()
+    run(replica.claim())
+    run(replica.read(platform("Scheduled", 1), platform("Started", 2), sidecar(3, "web_3")))
+    assert replica.value("azure_scheduled_fleet_platform_messages_applied_total") == 2
+    assert replica.value("azure_scheduled_fleet_platform_last_applied_timestamp_seconds") == T0 + 1
