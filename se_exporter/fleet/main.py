@@ -231,7 +231,7 @@ def _readings(settings: FleetSettings, metrics: FleetMetrics, platform: Platform
     for hub, store in zip(settings.hubs, stores, strict=True):
         fleet = Fleet()
         service = Service(settings, fleet, metrics, StateBlobs(container))
-        reader = platform.reader(hub.role, fleet, StateBlobs(container), _partitions_of(service))
+        reader = platform.reader(hub.role, fleet, StateBlobs(container), _partitions_of(service), StateBlobs(container))
         service.first_reader, service.keeper.beside = reader, reader
         store.on_listed, store.on_claimed = service.on_listed, service.on_claimed
         readings.append(HubReading(hub, fleet, service, store))
@@ -356,6 +356,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         helpers.extend(asyncio.create_task(_count_partitions(reading.client, reading.service))
                        for reading in readings if reading.client is not None)
         helpers.append(asyncio.create_task(platform.run(stop, min(RECONCILE_EVERY, settings.checkpoint_interval))))
+        helpers.append(asyncio.create_task(platform.peers(stop, settings.checkpoint_interval)))
 
         def storage_problem(cause: str | None) -> None:
             for service in services:

@@ -63,6 +63,7 @@ class Replica:
     states: dict[str, Stored] = field(default_factory=dict)
     partitions: int = 1
     now: list[float] = field(default_factory=lambda: [T0 + 1])
+    partition_id: str = "0"
 
     def __post_init__(self) -> None:
         self.registry, self.fleet = CollectorRegistry(), Fleet()
@@ -79,10 +80,10 @@ class Replica:
         self.platform = Platform(metrics, Report(metrics), 3600.0, GRACE, 900.0, 1024 * 1024, clock, sleep)
         self.service.hub_partitions = self.partitions
         reader = self.platform.reader("platform", self.fleet, MemoryStateStore(self.states),
-                                      lambda: self.service.hub_partitions)
+                                      lambda: self.service.hub_partitions, MemoryStateStore(self.states))
         self.service.first_reader, self.service.keeper.beside = reader, reader
         self.checkpoints = Checkpoints(self.states)
-        self.context = Context("ns", "hub", "$Default", "0", self.checkpoints)
+        self.context = Context("ns", "hub", "$Default", self.partition_id, self.checkpoints)
 
     def value(self, name: str, **labels: str) -> float:
         return self.registry.get_sample_value(name, labels) or 0.0
@@ -237,3 +238,34 @@ def test_platform_messages_applied_are_counted_with_the_time_of_the_last() -> No
     run(replica.read(platform("Scheduled", 1), platform("Started", 2), sidecar(3, "web_3")))
     assert replica.value("azure_scheduled_fleet_platform_messages_applied_total") == 2
     assert replica.value("azure_scheduled_fleet_platform_last_applied_timestamp_seconds") == T0 + 1
+
+
+def homed(partition_id: str, partitions: int) -> str:
+    """An EventId whose home is ``partition_id``."""
+    return next(f"{index:08x}-0000-0000-0000-000000000000" for index in range(1000)
+                if home(f"{index:08x}-0000-0000-0000-000000000000", partitions) == partition_id)
+
+
+def test_every_replica_knows_every_event_and_its_home_lists_and_counts_it_wherever_it_landed() -> None:
+    """An EventId homed at partition 0 whose messages landed on partition 1 (another replica's): once that replica
+    stored its picture, the home replica reads it, lists the event and counts its statuses; the other replica does
+    neither, and judges the VMs it shows."""
+    states: dict[str, Stored] = {}
+    home_replica, other = Replica(states, partitions=2), Replica(states, partitions=2, partition_id="1")
+    event_id = homed("0", 2)
+    for replica in (home_replica, other):
+        run(replica.claim())
+    run(home_replica.read(sidecar(1, "web_9")))
+    run(other.read(platform("Scheduled", 1, resources=["web_3"], event_id=event_id),
+                   sidecar(2, "web_3", (event_id,))))
+    assert [name for (name, _labels) in other.gauges() if name.endswith("event_info")] == []
+    assert other.coverage() == {"observed": 1.0, "missed": 0.0, "imds_unreachable": 0.0, "no_sidecar": 0.0}
+    run(other.service.save("1"))
+    run(home_replica.platform.read_peers())
+    gauges = home_replica.gauges()
+    assert [dict(labels)["event_id"] for (name, labels) in gauges if name.endswith("event_info")] == [event_id]
+    assert home_replica.coverage() == {"observed": 0.0, "missed": 0.0, "imds_unreachable": 0.0, "no_sidecar": 0.0}
+    assert home_replica.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot",
+                              event_status="Scheduled") == 1
+    assert other.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot",
+                       event_status="Scheduled") == 0

@@ -16,12 +16,13 @@ Counting once, over restarts and replicas. Each EventId has a home: a partition 
 hub when only that one is read), by a stable hash of its key (``home``). Only the replica that shows the home
 partition counts the EventId (``platform_events_total``, ``impact_seconds_total``, ``missed_events_total``,
 ``unannounced_events_total``, the lag histogram) and writes its info series; what it counted is kept in the home
-partition's blob (``Memory``), so neither a restart nor the home's hand-over counts it again. A replica that does
-not show every partition of every hub judges only the VMs it shows: never ``no_sidecar`` (another replica may show
-the VM). What this leaves with several replicas (the README says it): an EventId's records are known only to the
-replicas that hold a partition with one of its messages, and a pair is judged only where both its record and its
-VM are; so with several replicas coverage and the counters may miss pairs, never count one twice or claim a wrong
-coverage (a hand-over's brief overlap aside, as for the VMs themselves).
+partition's blob (``Memory``), so neither a restart nor the home's hand-over counts it again. Every replica reads
+the pictures of the partitions it does not hold from their blobs (``read_peers``), so the home knows its EventIds
+wherever their messages landed. A replica that does not show every partition of every hub judges only the VMs it
+shows and never says ``no_sidecar`` (another replica may show the VM). What this leaves with several replicas (the
+README says it): no ``no_sidecar``, and the misses, lags and unannounced EventIds counted only for the VMs the home
+replica shows: pairs may be left out, never counted twice or given a wrong coverage (a hand-over's brief overlap
+aside, as for the VMs themselves).
 """
 
 from __future__ import annotations
@@ -104,7 +105,11 @@ class HubSide:
     fleet: Fleet
     store: StateStore
     partitions: Callable[[], int | None]
+    peer_store: StateStore | None = None  # reads the other partitions' pictures (another replica's, or nobody's)
     held: dict[str, Held] = field(default_factory=dict)
+    prefix: tuple[str, str, str] | None = None  # (namespace, hub, consumer group), from the first claim
+    peers: dict[str, tuple[PlatformRecord, ...]] = field(default_factory=dict)  # partitions not held: their records
+    peer_tags: dict[str, str] = field(default_factory=dict)  # the ETag of each peer's blob when read
 
 
 class Platform:
@@ -130,9 +135,39 @@ class Platform:
         metrics.warnings.labels("platform_event")
 
     def reader(self, role: str, fleet: Fleet, store: StateStore, partitions: Callable[[], int | None],
-               ) -> PlatformReader:
-        side = self.hubs[role] = HubSide(role, fleet, store, partitions)
+               peer_store: StateStore | None = None) -> PlatformReader:
+        side = self.hubs[role] = HubSide(role, fleet, store, partitions, peer_store)
         return PlatformReader(self, side)
+
+    async def read_peers(self) -> None:
+        """Every partition's picture this replica does not hold, from its blob (another replica's, written every
+        checkpoint interval; or nobody's): so each replica knows every EventId, and an EventId's home replica
+        lists and counts it wherever its messages landed. One listing per hub, then a download of each blob that
+        changed; a blob unreadable now is tried again next time."""
+        for side in self.hubs.values():
+            if side.prefix is None or side.peer_store is None:
+                continue
+            store, folder = side.peer_store, platform_blob_name(*side.prefix, "")
+            try:
+                listed = await store.listing(folder)
+                for name, tag in listed.items():
+                    partition_id = name.removeprefix(folder)
+                    if partition_id in side.held or side.peer_tags.get(partition_id) == tag:
+                        continue
+                    store.name(partition_id, name)
+                    data = await store.fetch(partition_id)
+                    loaded = decode_platform(data, partition_id) if data is not None else None
+                    if partition_id not in side.held and loaded is not None and loaded.state is not None:
+                        side.peers[partition_id], side.peer_tags[partition_id] = loaded.state.records, tag
+            except Exception as error:  # counted and logged; the records last read are kept meanwhile
+                self._metrics.errors.labels("state_read").inc()
+                self._report.once(f"platform-peer:{side.role}", logging.WARNING, "cannot read the other partitions' "
+                                  "platform pictures (%s); trying again", describe(error))
+                continue
+            for partition_id in [known for known in side.peers if platform_blob_name(*side.prefix, known)
+                                 not in listed or known in side.held]:
+                side.peers.pop(partition_id, None)
+                side.peer_tags.pop(partition_id, None)
 
     @property
     def home_role(self) -> str | None:
@@ -170,7 +205,11 @@ class Platform:
             before = dict(picture.bound_hits)
             gone.update(record.key for record in picture.expire(now))
             self._bounds(picture, before)
-        records = merge(picture.records() for picture in pictures)
+        retention = self.limits.retention
+        peers = [tuple(record for record in records if record.ended_at is None or record.ended_at + retention > now)
+                 for side in self.hubs.values() for partition_id, records in side.peers.items()
+                 if partition_id not in side.held]
+        records = merge([*(picture.records() for picture in pictures), *peers])
         if not records and not self.memory and not self.view.records:
             return self.view  # a fleet that has not opted in costs nothing here
         vms = [vm for side in self.hubs.values() for vm in side.fleet.vms()]
@@ -270,6 +309,12 @@ class Platform:
             if count > before.get(name, 0):
                 self._report.bound_hit(name, count - before.get(name, 0))
 
+    async def peers(self, stop: asyncio.Event, every: float) -> None:
+        """``read_peers`` every ``every`` seconds (the checkpoint interval: how often they are written)."""
+        while not stop.is_set():
+            await self._sleep(every)
+            await self.read_peers()
+
     async def run(self, stop: asyncio.Event, every: float) -> None:
         """Reconcile every ``every`` seconds; write the memory of homes whose partition has no position yet (no
         event handled: the Keeper writes nothing for it). A round is put off while platform messages arrived within
@@ -327,8 +372,10 @@ class PlatformReader:
         """Restore the partition's picture (and, for a home, what was counted) before it is read; retried while
         the storage refuses, as the VM state is."""
         partition_id, side, platform = context.partition_id, self._side, self._platform
-        side.store.name(partition_id, platform_blob_name(context.fully_qualified_namespace, context.eventhub_name,
-                                                         context.consumer_group, partition_id))
+        side.prefix = (context.fully_qualified_namespace, context.eventhub_name, context.consumer_group)
+        side.store.name(partition_id, platform_blob_name(*side.prefix, partition_id))
+        side.peers.pop(partition_id, None)
+        side.peer_tags.pop(partition_id, None)
         failures = 0
         while True:
             try:
