@@ -38,6 +38,7 @@ from se_exporter.fleet.consumer import (
     link_attached,
     link_stolen,
 )
+from se_exporter.fleet.message import VmState
 from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.platform.service import RECONCILE_EVERY, Platform
 from se_exporter.fleet.report import Report
@@ -231,7 +232,8 @@ def _readings(settings: FleetSettings, metrics: FleetMetrics, platform: Platform
     for hub, store in zip(settings.hubs, stores, strict=True):
         fleet = Fleet()
         service = Service(settings, fleet, metrics, StateBlobs(container))
-        reader = platform.reader(hub.role, fleet, StateBlobs(container), _partitions_of(service), StateBlobs(container))
+        reader = platform.reader(hub.role, fleet, StateBlobs(container), _partitions_of(service), StateBlobs(container),
+                                 partition_vms(service, fleet))
         service.first_reader, service.keeper.beside = reader, reader
         store.on_listed, store.on_claimed = service.on_listed, service.on_claimed
         readings.append(HubReading(hub, fleet, service, store))
@@ -240,6 +242,12 @@ def _readings(settings: FleetSettings, metrics: FleetMetrics, platform: Platform
 
 def _partitions_of(service: Service) -> Callable[[], int | None]:
     return lambda: service.hub_partitions
+
+
+def partition_vms(service: Service, fleet: Fleet) -> Callable[[], dict[str, list[VmState]]]:
+    """The VMs of each owned partition the fleet shows (read on the loop, which alone changes them)."""
+    return lambda: {partition_id: list(partition.state.vms.values())
+                    for partition_id, partition in list(service.partitions.items()) if fleet.is_shown(partition_id)}
 
 
 def _views(readings: list[HubReading]) -> dict[str, PartitionView]:

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.consumer import Service
+from se_exporter.fleet.main import partition_vms
 from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.platform.saving import decode_platform, platform_blob_name
 from se_exporter.fleet.platform.service import Platform, home
@@ -80,7 +81,8 @@ class Replica:
         self.platform = Platform(metrics, Report(metrics), 3600.0, GRACE, 900.0, 1024 * 1024, clock, sleep)
         self.service.hub_partitions = self.partitions
         reader = self.platform.reader("platform", self.fleet, MemoryStateStore(self.states),
-                                      lambda: self.service.hub_partitions, MemoryStateStore(self.states))
+                                      lambda: self.service.hub_partitions, MemoryStateStore(self.states),
+                                      partition_vms(self.service, self.fleet))
         self.service.first_reader, self.service.keeper.beside = reader, reader
         self.checkpoints = Checkpoints(self.states)
         self.context = Context("ns", "hub", "$Default", self.partition_id, self.checkpoints)
@@ -196,9 +198,10 @@ def test_a_picture_stored_past_the_vm_state_is_not_applied_twice() -> None:
     assert second.value("azure_scheduled_fleet_platform_duplicates_total") == 0
 
 
-def test_a_replica_showing_part_of_the_fleet_claims_no_blind_spot_and_counts_only_its_homes() -> None:
-    """With four partitions and one shown here, a VM not shown is not no_sidecar; an EventId homed elsewhere is
-    neither counted nor listed here (its home replica does both), one homed here is."""
+def test_a_replica_showing_part_of_the_fleet_claims_no_blind_spot_and_counts_its_vms_and_its_homes() -> None:
+    """With four partitions and one shown here, a VM not shown is not no_sidecar; the misses of the VMs shown here
+    are counted here, whatever the EventId; an EventId homed elsewhere is neither listed nor its statuses counted
+    here (its home replica does both), one homed here is."""
     assert home(KEY, 4) != "0"
     here = next(f"{index:08x}-0000-0000-0000-000000000000" for index in range(100)
                 if home(f"{index:08x}-0000-0000-0000-000000000000", 4) == "0")
@@ -215,9 +218,29 @@ def test_a_replica_showing_part_of_the_fleet_claims_no_blind_spot_and_counts_onl
     no_sidecar = sum(value for (name, labels), value in gauges.items()
                      if name.endswith("event_vms") and dict(labels)["coverage"] == "no_sidecar")
     assert missed == {EVENT_ID: 1.0, here: 1.0} and no_sidecar == 0
-    assert replica.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="missed") == 1
+    assert replica.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="missed") == 2
     assert replica.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot",
                          event_status="Scheduled") == 1
+
+
+def test_a_vms_miss_is_counted_by_the_replica_that_shows_it_and_not_again_by_the_partitions_next_owner() -> None:
+    """The miss of a VM on partition 1 is counted by the replica showing partition 1 (not the EventId's home) and
+    kept in partition 1's blob: the partition's next owner shows the same coverage and counts nothing again."""
+    states: dict[str, Stored] = {}
+    event_id = homed("0", 2)
+    first = Replica(states, partitions=2, partition_id="1")
+    run(first.claim())
+    run(first.read(platform("Scheduled", 1, resources=["web_3"], event_id=event_id), sidecar(2, "web_3")))
+    first.now[0] = T0 + GRACE + 1
+    assert first.coverage()["missed"] == 1.0
+    assert first.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="missed") == 1
+    run(first.service.save("1"))
+    successor = Replica(states, partitions=2, partition_id="1", now=[T0 + GRACE + 2])
+    run(successor.claim())
+    run(successor.read(platform("Scheduled", 1, resources=["web_3"], event_id=event_id), sidecar(2, "web_3"),
+                       sidecar(3, "web_3", sequence=2)))
+    assert successor.coverage()["missed"] == 1.0
+    assert successor.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="missed") == 0
 
 
 def test_a_fleet_without_platform_messages_reconciles_nothing() -> None:

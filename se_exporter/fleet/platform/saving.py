@@ -5,11 +5,13 @@
     {"format": 1, "partition_id": "3", "sequence_number": 4711,
      "picture": {"records": [...], "ids": [...], "forgotten": [...]},
      "counted": [{"key": ..., "statuses": ["Scheduled", ...], "impact": true, "missed": {vm: reason, ...},
-                  "lag": [vm, ...], "unannounced": false}, ...]}
+                  "lag": [vm, ...], "unannounced": false}, ...],
+     "pairs": [{"key": ..., "vm": ..., "missed": reason or null, "lag": true}, ...]}
 
-``counted`` holds what this replica counted of the EventIds whose home is this partition (``service.home``), so a
-restart or a hand-over does not count them again; a miss's reason is kept too, since an ended event keeps the
-coverage decided while it was open and IMDS no longer shows anything to decide it again from. Written like the VM
+``counted`` holds what this replica counted of the EventIds whose home is this partition (``service.home``), and
+``pairs`` what it counted of the VMs of this partition, so a restart or a hand-over does not count them again; a
+miss's reason is kept too, since an ended event keeps the coverage decided while it was open and IMDS no longer
+shows anything to decide it again from. Written like the VM
 state (``statestore.StateStore.save``: never backwards, ETag-conditional), before it and so before the checkpoint.
 A newer release may add fields; this one ignores what it does not know. Reading trusts nothing: bounded inflation,
 every row checked (``saved.py``); a damaged blob is counted and the partition's picture starts empty.
@@ -61,14 +63,22 @@ class Loaded:
     state: PictureState | None = None
     position: int | None = None
     memory: dict[str, Memory] = field(default_factory=dict)
+    missed: dict[tuple[str, str], str] = field(default_factory=dict)  # (key, VM) -> reason, of this partition's VMs
+    lags: set[tuple[str, str]] = field(default_factory=set)
     damaged: str | None = None
     problem: str = ""
     rows: int = 0  # rows left out as damaged
 
 
-def encode_platform(partition_id: str, position: int, state: PictureState, memory: dict[str, Memory]) -> bytes:
+def encode_platform(partition_id: str, position: int, state: PictureState, memory: dict[str, Memory],
+                    missed: dict[tuple[str, str], str] | None = None, lags: set[tuple[str, str]] | None = None,
+                    ) -> bytes:
+    missed, lags = missed or {}, lags or set()
+    pairs = [{"key": key, "vm": name, "missed": missed.get((key, name)), "lag": (key, name) in lags}
+             for key, name in sorted({*missed, *lags})]
     obj = {"format": PLATFORM_FORMAT, "partition_id": partition_id, "sequence_number": position,
-           "picture": state_to_json(state), "counted": [entry.to_json(key) for key, entry in memory.items()]}
+           "picture": state_to_json(state), "counted": [entry.to_json(key) for key, entry in memory.items()],
+           "pairs": pairs}
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     return gzip.compress(text.encode("utf-8", "backslashreplace"), compresslevel=1)
 
@@ -95,7 +105,19 @@ def decode_platform(data: bytes, partition_id: str) -> Loaded:
             rows += 1
         else:
             memory[entry[0]] = entry[1]
-    return Loaded(state, position, memory, rows=rows)
+    loaded = Loaded(state, position, memory, rows=rows)
+    pairs = obj.get("pairs")
+    for row in pairs if isinstance(pairs, list) else []:
+        key, name, reason, lag = (row.get(field) for field in ("key", "vm", "missed", "lag")) \
+            if isinstance(row, dict) else (None, None, None, None)
+        if not (_text(key) and _text(name) and (reason is None or reason in MISSED_REASONS) and isinstance(lag, bool)):
+            loaded.rows += 1
+            continue
+        if reason is not None:
+            loaded.missed[(str(key), str(name))] = str(reason)
+        if lag:
+            loaded.lags.add((str(key), str(name)))
+    return loaded
 
 
 def _parse(data: bytes) -> Any:

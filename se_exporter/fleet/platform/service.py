@@ -14,15 +14,15 @@ picture, merged, against the VMs this replica shows; a scrape renders the last r
 
 Counting once, over restarts and replicas. Each EventId has a home: a partition of the platform's hub (the sidecars'
 hub when only that one is read), by a stable hash of its key (``home``). Only the replica that shows the home
-partition counts the EventId (``platform_events_total``, ``impact_seconds_total``, ``missed_events_total``,
-``unannounced_events_total``, the lag histogram) and writes its info series; what it counted is kept in the home
-partition's blob (``Memory``), so neither a restart nor the home's hand-over counts it again. Every replica reads
-the pictures of the partitions it does not hold from their blobs (``read_peers``), so the home knows its EventIds
-wherever their messages landed. A replica that does not show every partition of every hub judges only the VMs it
-shows and never says ``no_sidecar`` (another replica may show the VM). What this leaves with several replicas (the
-README says it): no ``no_sidecar``, and the misses, lags and unannounced EventIds counted only for the VMs the home
-replica shows: pairs may be left out, never counted twice or given a wrong coverage (a hand-over's brief overlap
-aside, as for the VMs themselves).
+partition writes the EventId's info series and counts its statuses, impact and unannounced count; a VM's miss and
+lag are counted by the replica that shows the VM. What was counted is kept in the blob of the home partition (an
+EventId's, ``Memory``) or of the VM's partition (a pair's, ``Held.missed`` and ``Held.lags``), so neither a restart
+nor a hand-over counts it again. Every replica reads the pictures of the partitions it does not hold from their
+blobs (``read_peers``), so it knows every EventId wherever its messages landed. A replica that does not show every
+partition of every hub never says ``no_sidecar`` (another replica may show the VM). What this leaves with several
+replicas (the README says it): no ``no_sidecar``, and unannounced EventIds counted only for the VMs the home replica
+shows: pairs may be left out, never counted twice or given a wrong coverage (a hand-over's brief overlap aside, as
+for the VMs themselves).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from azure.eventhub.aio import PartitionContext
 
 from se_exporter.core.retry import backoff
 from se_exporter.fleet.collector import FLEET, FleetMetrics, write_gauges
+from se_exporter.fleet.message import VmState
 from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.platform.coverage import (
     COVERAGE_BOUND_NAMES,
@@ -85,6 +86,10 @@ class Held:
     restored: int | None = None  # platform messages at or below this sequence number are in the picture already
     changes: int = 0
     written: int = 0  # ``changes`` when last written
+    # What was counted of the VMs of this partition (each (EventId key, VM name) once, by the replica that shows it):
+    # a miss with its reason, a lag. Kept in this partition's blob, so the partition's next owner counts neither again.
+    missed: dict[tuple[str, str], str] = field(default_factory=dict)
+    lags: set[tuple[str, str]] = field(default_factory=set)
 
 
 @dataclass
@@ -110,6 +115,8 @@ class HubSide:
     prefix: tuple[str, str, str] | None = None  # (namespace, hub, consumer group), from the first claim
     peers: dict[str, tuple[PlatformRecord, ...]] = field(default_factory=dict)  # partitions not held: their records
     peer_tags: dict[str, str] = field(default_factory=dict)  # the ETag of each peer's blob when read
+    # The VMs of each owned partition this replica shows (None: all of ``fleet.vms()``, partitions unknown).
+    partition_vms: Callable[[], dict[str, list[VmState]]] | None = None
 
 
 class Platform:
@@ -127,6 +134,7 @@ class Platform:
         self.memory: OrderedDict[str, Memory] = OrderedDict()  # EventId key -> counted, for the homes shown here
         self._dirty_homes: set[str] = set()  # home partitions whose memory changed since written
         self.applied_at = 0.0  # monotonic time of the last platform message applied
+        self._where: dict[str, Held] = {}  # VM name (name_key) -> its partition, as of the last reconciliation
         self.view = View()
         for reason in PLATFORM_INVALID_REASONS:
             metrics.invalid.labels(reason)
@@ -135,8 +143,9 @@ class Platform:
         metrics.warnings.labels("platform_event")
 
     def reader(self, role: str, fleet: Fleet, store: StateStore, partitions: Callable[[], int | None],
-               peer_store: StateStore | None = None) -> PlatformReader:
-        side = self.hubs[role] = HubSide(role, fleet, store, partitions, peer_store)
+               peer_store: StateStore | None = None,
+               partition_vms: Callable[[], dict[str, list[VmState]]] | None = None) -> PlatformReader:
+        side = self.hubs[role] = HubSide(role, fleet, store, partitions, peer_store, partition_vms=partition_vms)
         return PlatformReader(self, side)
 
     async def read_peers(self) -> None:
@@ -212,7 +221,7 @@ class Platform:
         records = merge([*(picture.records() for picture in pictures), *peers])
         if not records and not self.memory and not self.view.records:
             return self.view  # a fleet that has not opted in costs nothing here
-        vms = [vm for side in self.hubs.values() for vm in side.fleet.vms()]
+        vms = self._shown_vms()
         result = self.reconciler.update(records, vms, now, counts=self._counts, absent=self.whole())
         self._count_result(result)
         result = self._decided(records, result)
@@ -231,6 +240,22 @@ class Platform:
         self.view = View(tuple(records), result.coverage, informed, sizes)
         return self.view
 
+    def _shown_vms(self) -> list[VmState]:
+        """The VMs this replica shows, noting each one's partition (``_where``: whose memory counts its pairs)."""
+        vms: list[VmState] = []
+        self._where = {}
+        for side in self.hubs.values():
+            if side.partition_vms is None:
+                vms.extend(side.fleet.vms())
+                continue
+            for partition_id, listed in side.partition_vms().items():
+                vms.extend(listed)
+                held = side.held.get(partition_id)
+                if held is not None:
+                    for vm in listed:
+                        self._where.setdefault(name_key(vm.vm_name), held)
+        return vms
+
     def _count_result(self, result: Reconciliation) -> None:
         """The reconciliation's counts into the counters, and into the memory of what was counted."""
         for event_type, reason in result.missed:
@@ -241,7 +266,15 @@ class Platform:
             self._metrics.announcement_lag.observe(lag)
         reasons = {(row.event_key, name_key(row.vm_name)): row.coverage for row in result.coverage}
         for kind, key, name in result.counted:
-            entry = self._remember(key)
+            held = self._where.get(name) if kind != "unannounced" else None
+            if held is not None:  # the VM's partition keeps it
+                if kind == "missed":
+                    held.missed[(key, name)] = reasons.get((key, name), "missed")
+                else:
+                    held.lags.add((key, name))
+                held.changes += 1
+                continue
+            entry = self._remember(key)  # its home keeps it: an EventId, or a VM no sidecar shows
             if kind == "unannounced":
                 entry.unannounced = True
             elif kind == "missed":
@@ -255,15 +288,26 @@ class Platform:
     def _decided(self, records: list[PlatformRecord], result: Reconciliation) -> Reconciliation:
         """An ended event keeps the misses decided while it was open (the reconciler's memory of them did not
         survive a restart or a hand-over; the home's blob did)."""
+        decided: dict[tuple[str, str], str] = {}
+        for side in self.hubs.values():
+            for held in side.held.values():
+                decided.update(held.missed)
+        for key, entry in self.memory.items():
+            decided.update(((key, name), reason) for name, reason in entry.missed.items())
+        if not decided:
+            return result
         covered = {(row.event_key, name_key(row.vm_name)) for row in result.coverage}
-        kept = [Coverage(record.key, record.event.event_id, record.event.event_type, name, reason)
-                for record in records if record.ended and record.key in self.memory
-                for name, reason in self.memory[record.key].missed.items() if (record.key, name) not in covered
-                and name in {name_key(resource) for resource in record.event.resources}]
+        kept = [Coverage(record.key, record.event.event_id, record.event.event_type, resource, reason)
+                for record in records if record.ended for resource in record.event.resources
+                if (pair := (record.key, name_key(resource))) not in covered and (reason := decided.get(pair))]
         return replace(result, coverage=result.coverage + tuple(kept)) if kept else result
 
     def _counts(self, kind: str, key: str, name: str) -> bool:
-        """Count only an EventId homed here, and only what its memory does not hold."""
+        """A VM's miss or lag is counted by the replica that shows the VM, once per its partition's memory; an
+        EventId (its unannounced count, or a VM no sidecar shows) by its home's replica, once per the home's."""
+        held = self._where.get(name) if kind != "unannounced" else None
+        if held is not None:
+            return (key, name) not in (held.missed if kind == "missed" else held.lags)
         if not self.is_home_here(key):
             return False
         entry = self.memory.get(key)
@@ -402,6 +446,7 @@ class PlatformReader:
         if loaded.rows:
             platform._metrics.state_damaged.labels("row").inc(loaded.rows)
         held.restored = loaded.position
+        held.missed, held.lags = loaded.missed, loaded.lags
         if loaded.state is not None and (loaded.state.records or loaded.state.ids or loaded.state.forgotten):
             held.picture = PlatformPicture.restored(loaded.state, platform.limits)
         if side.role == platform.home_role:
@@ -464,7 +509,7 @@ class PlatformReader:
         memory = {key: entry for key, entry in platform.memory.items() if platform.home_of(key) == partition_id} \
             if side.role == platform.home_role else {}
         state = held.picture.state() if held.picture is not None else _EMPTY
-        data = encode_platform(partition_id, position, state, memory)
+        data = encode_platform(partition_id, position, state, memory, held.missed, held.lags)
         changes = held.changes
         platform._dirty_homes.discard(partition_id)
 
