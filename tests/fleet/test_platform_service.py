@@ -292,3 +292,29 @@ def test_every_replica_knows_every_event_and_its_home_lists_and_counts_it_wherev
                               event_status="Scheduled") == 1
     assert other.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot",
                        event_status="Scheduled") == 0
+
+
+def test_with_several_replicas_the_home_says_no_sidecar_once_every_partition_has_judged_the_event() -> None:
+    """web_3's sidecar is on the other replica's partition, web_7 has none: the EventId's home says no_sidecar for
+    web_7 (counted once) only once the other partition's blob says which named VMs are alive there, and never for
+    web_3."""
+    states: dict[str, Stored] = {}
+    event_id = homed("0", 2)
+    home_replica, other = Replica(states, partitions=2), Replica(states, partitions=2, partition_id="1")
+    for replica in (home_replica, other):
+        run(replica.claim())
+    run(home_replica.read(platform("Scheduled", 1, resources=["web_3", "web_7"], event_id=event_id)))
+    run(other.read(sidecar(1, "web_3")))
+    home_replica.gauges()
+    run(home_replica.service.save("0"))
+    assert home_replica.coverage()["no_sidecar"] == 0.0  # partition 1 has not judged the event yet
+    run(other.platform.read_peers())
+    assert other.coverage() == {"observed": 0.0, "missed": 0.0, "imds_unreachable": 0.0, "no_sidecar": 0.0}
+    run(other.service.save("1"))
+    run(home_replica.platform.read_peers())
+    assert home_replica.coverage() == {"observed": 0.0, "missed": 0.0, "imds_unreachable": 0.0, "no_sidecar": 1.0}
+    home_replica.gauges()
+    assert home_replica.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot",
+                              reason="no_sidecar") == 1
+    other.now[0] = home_replica.now[0] = T0 + GRACE + 1
+    assert other.coverage()["missed"] == 1.0 and home_replica.coverage()["no_sidecar"] == 1.0

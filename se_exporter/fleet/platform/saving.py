@@ -6,7 +6,8 @@
      "picture": {"records": [...], "ids": [...], "forgotten": [...]},
      "counted": [{"key": ..., "statuses": ["Scheduled", ...], "impact": true, "missed": {vm: reason, ...},
                   "lag": [vm, ...], "unannounced": false}, ...],
-     "pairs": [{"key": ..., "vm": ..., "missed": reason or null, "lag": true}, ...]}
+     "pairs": [{"key": ..., "vm": ..., "missed": reason or null, "lag": true}, ...],
+     "judged": {"keys": [key, ...], "alive": {key: [vm, ...], ...}}}
 
 ``counted`` holds what this replica counted of the EventIds whose home is this partition (``service.home``), and
 ``pairs`` what it counted of the VMs of this partition, so a restart or a hand-over does not count them again; a
@@ -56,6 +57,15 @@ class Memory:
                 "lag": sorted(self.lag), "unannounced": self.unannounced}
 
 
+@dataclass(frozen=True)
+class Judged:
+    """What a partition's owner judged of the VMs the platform's events name: the EventIds it knew, and per EventId
+    the named VMs alive in that partition (only where there are any)."""
+
+    keys: frozenset[str]
+    alive: dict[str, frozenset[str]]
+
+
 @dataclass
 class Loaded:
     """A platform blob read back: the picture (None: none stored), its position, what was counted, and damage."""
@@ -65,6 +75,7 @@ class Loaded:
     memory: dict[str, Memory] = field(default_factory=dict)
     missed: dict[tuple[str, str], str] = field(default_factory=dict)  # (key, VM) -> reason, of this partition's VMs
     lags: set[tuple[str, str]] = field(default_factory=set)
+    judged: Judged = field(default_factory=lambda: Judged(frozenset(), {}))
     damaged: str | None = None
     problem: str = ""
     rows: int = 0  # rows left out as damaged
@@ -72,13 +83,16 @@ class Loaded:
 
 def encode_platform(partition_id: str, position: int, state: PictureState, memory: dict[str, Memory],
                     missed: dict[tuple[str, str], str] | None = None, lags: set[tuple[str, str]] | None = None,
-                    ) -> bytes:
+                    judged: Judged | None = None) -> bytes:
     missed, lags = missed or {}, lags or set()
     pairs = [{"key": key, "vm": name, "missed": missed.get((key, name)), "lag": (key, name) in lags}
              for key, name in sorted({*missed, *lags})]
-    obj = {"format": PLATFORM_FORMAT, "partition_id": partition_id, "sequence_number": position,
+    obj: dict[str, Any] = {"format": PLATFORM_FORMAT, "partition_id": partition_id, "sequence_number": position,
            "picture": state_to_json(state), "counted": [entry.to_json(key) for key, entry in memory.items()],
            "pairs": pairs}
+    if judged is not None and judged.keys:
+        obj["judged"] = {"keys": sorted(judged.keys), "alive": {key: sorted(names) for key, names in
+                                                                judged.alive.items()}}
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     return gzip.compress(text.encode("utf-8", "backslashreplace"), compresslevel=1)
 
@@ -106,7 +120,12 @@ def decode_platform(data: bytes, partition_id: str) -> Loaded:
         else:
             memory[entry[0]] = entry[1]
     loaded = Loaded(state, position, memory, rows=rows)
-    pairs = obj.get("pairs")
+    _pairs(obj.get("pairs"), loaded)
+    _judged(obj.get("judged"), loaded)
+    return loaded
+
+
+def _pairs(pairs: object, loaded: Loaded) -> None:
     for row in pairs if isinstance(pairs, list) else []:
         key, name, reason, lag = (row.get(field) for field in ("key", "vm", "missed", "lag")) \
             if isinstance(row, dict) else (None, None, None, None)
@@ -117,7 +136,19 @@ def decode_platform(data: bytes, partition_id: str) -> Loaded:
             loaded.missed[(str(key), str(name))] = str(reason)
         if lag:
             loaded.lags.add((str(key), str(name)))
-    return loaded
+
+
+def _judged(judged: object, loaded: Loaded) -> None:
+    """What a damaged ``judged`` would claim is left out whole: an EventId not judged is never ``no_sidecar``."""
+    if not isinstance(judged, dict):
+        return
+    keys, alive = judged.get("keys"), judged.get("alive")
+    if not (isinstance(keys, list) and all(_text(key) for key in keys) and isinstance(alive, dict) and all(
+            _text(key) and isinstance(names, list) and all(_text(name) for name in names)
+            for key, names in alive.items())):
+        loaded.rows += 1
+        return
+    loaded.judged = Judged(frozenset(keys), {key: frozenset(names) for key, names in alive.items()})
 
 
 def _parse(data: bytes) -> Any:

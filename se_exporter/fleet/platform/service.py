@@ -19,10 +19,10 @@ lag are counted by the replica that shows the VM. What was counted is kept in th
 EventId's, ``Memory``) or of the VM's partition (a pair's, ``Held.missed`` and ``Held.lags``), so neither a restart
 nor a hand-over counts it again. Every replica reads the pictures of the partitions it does not hold from their
 blobs (``read_peers``), so it knows every EventId wherever its messages landed. A replica that does not show every
-partition of every hub never says ``no_sidecar`` (another replica may show the VM). What this leaves with several
-replicas (the README says it): no ``no_sidecar``, and unannounced EventIds counted only for the VMs the home replica
-shows: pairs may be left out, never counted twice or given a wrong coverage (a hand-over's brief overlap aside, as
-for the VMs themselves).
+partition of every hub says ``no_sidecar`` only for an EventId homed here, once every partition has judged it
+(``Held.judged``, in each partition's blob: per EventId, the named VMs alive there): never wrongly, at worst late.
+What this leaves with several replicas (the README says it): unannounced EventIds counted only for the VMs the home
+replica shows, and every figure a few checkpoint intervals behind one replica's.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from se_exporter.fleet.platform.picture import (
     merge,
 )
 from se_exporter.fleet.platform.reader import PLATFORM_BOUND_NAMES, PLATFORM_INVALID_REASONS, read_platform
-from se_exporter.fleet.platform.saving import Memory, decode_platform, encode_platform, platform_blob_name
+from se_exporter.fleet.platform.saving import Judged, Memory, decode_platform, encode_platform, platform_blob_name
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.statestore import StateStore
 from se_exporter.infra.azure.clients import describe
@@ -90,6 +90,9 @@ class Held:
     # a miss with its reason, a lag. Kept in this partition's blob, so the partition's next owner counts neither again.
     missed: dict[tuple[str, str], str] = field(default_factory=dict)
     lags: set[tuple[str, str]] = field(default_factory=set)
+    # Per EventId known, the VMs it names that are alive in this partition (shown here): stored in the blob, so the
+    # EventId's home replica knows which named VMs no replica shows (``no_sidecar``) without showing them all.
+    judged: Judged = field(default_factory=lambda: Judged(frozenset(), {}))
 
 
 @dataclass
@@ -115,6 +118,7 @@ class HubSide:
     prefix: tuple[str, str, str] | None = None  # (namespace, hub, consumer group), from the first claim
     peers: dict[str, tuple[PlatformRecord, ...]] = field(default_factory=dict)  # partitions not held: their records
     peer_tags: dict[str, str] = field(default_factory=dict)  # the ETag of each peer's blob when read
+    peer_judged: dict[str, Judged] = field(default_factory=dict)  # their ``Held.judged``
     # The VMs of each owned partition this replica shows (None: all of ``fleet.vms()``, partitions unknown).
     partition_vms: Callable[[], dict[str, list[VmState]]] | None = None
 
@@ -168,6 +172,7 @@ class Platform:
                     loaded = decode_platform(data, partition_id) if data is not None else None
                     if partition_id not in side.held and loaded is not None and loaded.state is not None:
                         side.peers[partition_id], side.peer_tags[partition_id] = loaded.state.records, tag
+                        side.peer_judged[partition_id] = loaded.judged
             except Exception as error:  # counted and logged; the records last read are kept meanwhile
                 self._metrics.errors.labels("state_read").inc()
                 self._report.once(f"platform-peer:{side.role}", logging.WARNING, "cannot read the other partitions' "
@@ -177,6 +182,7 @@ class Platform:
                                  not in listed or known in side.held]:
                 side.peers.pop(partition_id, None)
                 side.peer_tags.pop(partition_id, None)
+                side.peer_judged.pop(partition_id, None)
 
     @property
     def home_role(self) -> str | None:
@@ -222,8 +228,12 @@ class Platform:
         if not records and not self.memory and not self.view.records:
             return self.view  # a fleet that has not opted in costs nothing here
         vms = self._shown_vms()
-        result = self.reconciler.update(records, vms, now, counts=self._counts, absent=self.whole())
+        whole = self.whole()
+        result = self.reconciler.update(records, vms, now, counts=self._counts, absent=whole)
         self._count_result(result)
+        self._judge(records, now)
+        if not whole:
+            result = self._nowhere(records, result)
         result = self._decided(records, result)
         informed = frozenset(record.key for record in records if self.is_home_here(record.key))
         for record in records:
@@ -239,6 +249,61 @@ class Platform:
                 sizes[name] = sizes.get(name, 0) + size
         self.view = View(tuple(records), result.coverage, informed, sizes)
         return self.view
+
+    def _judge(self, records: list[PlatformRecord], now: float) -> None:
+        """Each shown partition's ``judged``: the EventIds known, and per EventId the VMs it names alive there (a
+        change is written with the partition's next save)."""
+        expiry = self.reconciler.settings.vm_expiry
+        keys = frozenset(record.key for record in records)
+        named = [(record.key, frozenset(name_key(resource) for resource in record.event.resources))
+                 for record in records]
+        for side in self.hubs.values():
+            shown = side.partition_vms() if side.partition_vms is not None else {}
+            for partition_id, listed in shown.items():
+                held = side.held.get(partition_id)
+                if held is None:
+                    continue
+                alive = {name_key(vm.vm_name) for vm in listed if now - vm.seen_at <= expiry}
+                judged = Judged(keys, {key: names & alive for key, names in named if alive and not names.isdisjoint(
+                    alive)})
+                if judged != held.judged:
+                    held.judged = judged
+                    held.changes += 1
+
+    def _nowhere(self, records: list[PlatformRecord], result: Reconciliation) -> Reconciliation:
+        """With several replicas: ``no_sidecar`` for a named VM of an EventId homed here when every partition of every
+        hub either is shown here or has judged that EventId in its blob, and none has it alive; counted once, by the
+        home. A partition that has not judged it yet (its owner has not learnt of it, or not written since) leaves
+        the VM without coverage: never a wrong ``no_sidecar``."""
+        judgments: list[Judged] = []
+        for side in self.hubs.values():
+            count = side.partitions()
+            if count is None:
+                return result
+            for partition_id in map(str, range(count)):
+                if side.fleet.is_shown(partition_id) and partition_id in side.held:
+                    judgments.append(side.held[partition_id].judged)
+                elif partition_id in side.peer_judged:
+                    judgments.append(side.peer_judged[partition_id])
+                else:
+                    return result
+        covered = {(row.event_key, name_key(row.vm_name)) for row in result.coverage}
+        rows: list[Coverage] = []
+        for record in records:
+            if not self.is_home_here(record.key) or any(record.key not in judged.keys for judged in judgments):
+                continue
+            for resource in record.event.resources:
+                name = name_key(resource)
+                if (record.key, name) in covered \
+                        or any(name in judged.alive.get(record.key, ()) for judged in judgments):
+                    continue
+                rows.append(Coverage(record.key, record.event.event_id, record.event.event_type, resource,
+                                     "no_sidecar"))
+                if self._counts("missed", record.key, name):
+                    self._metrics.missed_events.labels(record.event.event_type, "no_sidecar").inc()
+                    self._remember(record.key).missed[name] = "no_sidecar"
+                    self._mark(record.key)
+        return replace(result, coverage=result.coverage + tuple(rows)) if rows else result
 
     def _shown_vms(self) -> list[VmState]:
         """The VMs this replica shows, noting each one's partition (``_where``: whose memory counts its pairs)."""
@@ -380,14 +445,15 @@ class Platform:
                                   describe(error))
 
     async def _write_quiet_homes(self) -> None:
-        side = self.hubs.get(self.home_role or "")
-        if side is None:
-            return
-        for partition_id in sorted(self._dirty_homes):
-            if partition_id in side.held and side.fleet.position(partition_id) is None:
-                write = PlatformReader(self, side).prepare(partition_id, -1)
-                if write is not None:
-                    await write()
+        """Partitions without a position (nothing handled yet: the Keeper writes nothing for them) whose platform
+        side changed: written at position -1 (behind anything; a later write at a real position replaces it)."""
+        for side in self.hubs.values():
+            reader = PlatformReader(self, side)
+            for partition_id in sorted(side.held):
+                if side.fleet.position(partition_id) is None and reader.dirty(partition_id):
+                    write = reader.prepare(partition_id, -1)
+                    if write is not None:
+                        await write()
 
     # ------------------------------------------------------------------ scrapes
 
@@ -420,6 +486,7 @@ class PlatformReader:
         side.store.name(partition_id, platform_blob_name(*side.prefix, partition_id))
         side.peers.pop(partition_id, None)
         side.peer_tags.pop(partition_id, None)
+        side.peer_judged.pop(partition_id, None)
         failures = 0
         while True:
             try:
@@ -446,7 +513,7 @@ class PlatformReader:
         if loaded.rows:
             platform._metrics.state_damaged.labels("row").inc(loaded.rows)
         held.restored = loaded.position
-        held.missed, held.lags = loaded.missed, loaded.lags
+        held.missed, held.lags, held.judged = loaded.missed, loaded.lags, loaded.judged
         if loaded.state is not None and (loaded.state.records or loaded.state.ids or loaded.state.forgotten):
             held.picture = PlatformPicture.restored(loaded.state, platform.limits)
         if side.role == platform.home_role:
@@ -509,7 +576,7 @@ class PlatformReader:
         memory = {key: entry for key, entry in platform.memory.items() if platform.home_of(key) == partition_id} \
             if side.role == platform.home_role else {}
         state = held.picture.state() if held.picture is not None else _EMPTY
-        data = encode_platform(partition_id, position, state, memory, held.missed, held.lags)
+        data = encode_platform(partition_id, position, state, memory, held.missed, held.lags, held.judged)
         changes = held.changes
         platform._dirty_homes.discard(partition_id)
 
