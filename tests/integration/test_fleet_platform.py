@@ -60,6 +60,63 @@ def count(fleet: FleetProcess, name: str, **labels: str) -> float:
     return fleet.value(name, **labels) or 0.0
 
 
+def start_sidecars(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar], hub: EventHubsTestServer,
+                   ) -> list[Any]:
+    """Three sims and their sidecars: web_0 (live-migration), web_1 (canceled), web_2 (live-migration), all held."""
+    sims = []
+    for index, scenario in enumerate(("live-migration", "canceled", "live-migration")):
+        sim, server = simulator(scenario, vm_name=VMS[index], held=True)
+        sim.vm.update(vmId=f"00000000-0000-4000-8000-00000000000{index}", vmScaleSetName="web")
+        sims.append(sim)
+        sidecar("--imds-url", server.url, *SIDECAR_FAST, "--heartbeat-interval", "0.5",
+                env={"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": hub.connection_string()})
+    return sims
+
+
+def summed(replicas: list[FleetProcess], name: str, **labels: str) -> float:
+    return sum(count(replica, name, **labels) for replica in replicas)
+
+
+def test_two_replicas_together_show_every_coverage_state_once(
+        simulator: SimulatorFactory, sidecar: Callable[..., Sidecar], hubs: Callable[..., EventHubsTestServer],
+        fleets: Callable[..., Any]) -> None:
+    """Two replicas share both hubs' partitions however the balancing splits them: summed over the replicas, each
+    coverage state is there once, the event's info series is on one replica, and each count is made once."""
+    sidecars_hub = hubs(Store(partition_count=2))
+    platform_hub = hubs(Store(hub="grid", partition_count=2))
+    sims = start_sidecars(simulator, sidecar, sidecars_hub)
+    env = {"SE_EXPORTER_PLATFORM_EVENTHUB_CONNECTION_STRING": platform_hub.connection_string()}
+    replicas = [fleets(sidecars_hub, "--reconcile-grace", GRACE, "--vm-expiry", "60", env=env) for _ in range(2)]
+    wait_until(lambda: [count(replica, "azure_scheduled_fleet_owned_partitions") for replica in replicas] == [2, 2],
+               timeout=60, what="the four partitions split over the two replicas")
+    sims[0].advance(3)
+    sims[1].advance(3)
+    wait_until(lambda: summed(replicas, "azure_scheduled_fleet_vms") == 3, timeout=60, what="the sidecars' VMs")
+    sims[2].inject(Fault("status", status=500, count=0))
+    wait_until(lambda: summed(replicas, "azure_scheduled_fleet_imds_unreachable_vms") == 1, timeout=30,
+               what="web_2's sidecar reporting that it cannot read IMDS")
+    announced = time.time()
+    publish(platform_hub, [platform_message("Scheduled", announced)])
+
+    def total() -> dict[str, float]:
+        states: dict[str, float] = {}
+        for replica in replicas:
+            for state, value in coverage(replica).items():
+                states[state] = states.get(state, 0.0) + value
+        return states
+
+    wait_until(lambda: total() == EXPECTED, timeout=60, what="every coverage state once over the replicas")
+    infos = [name for replica in replicas for (name, _labels) in replica.samples()
+             if name == "azure_scheduled_fleet_platform_event_info"]
+    assert len(infos) == 1
+    wait_until(lambda: all(summed(replicas, "azure_scheduled_fleet_missed_events_total", event_type="Freeze",
+                                  reason=reason) == 1 for reason in ("missed", "imds_unreachable", "no_sidecar")),
+               timeout=30, what="each miss counted once over the replicas")
+    assert summed(replicas, "azure_scheduled_fleet_platform_events_total", event_type="Freeze",
+                  event_status="Scheduled") == 1
+    assert summed(replicas, "azure_scheduled_fleet_announcement_lag_seconds_count") == 1
+
+
 def test_two_streams_show_every_coverage_state_and_survive_a_restart_and_a_kill(
         simulator: SimulatorFactory, sidecar: Callable[..., Sidecar], hubs: Callable[..., EventHubsTestServer],
         fleets: Callable[..., Any], reliability: Reliability) -> None:
@@ -70,21 +127,14 @@ def test_two_streams_show_every_coverage_state_and_survive_a_restart_and_a_kill(
     nothing is counted twice."""
     sidecars_hub = hubs(Store(partition_count=2))
     platform_hub = hubs(Store(hub="grid", partition_count=2))
-    sims = []
-    for index, scenario in enumerate(("live-migration", "canceled", "live-migration")):
-        sim, server = simulator(scenario, vm_name=VMS[index], held=True)
-        sim.vm.update(vmId=f"00000000-0000-4000-8000-00000000000{index}", vmScaleSetName="web")
-        sims.append((sim, server))
-    env = {"SE_EXPORTER_EVENTHUB_CONNECTION_STRING": sidecars_hub.connection_string()}
-    for _sim, server in sims:
-        sidecar("--imds-url", server.url, *SIDECAR_FAST, "--heartbeat-interval", "0.5", env=env)
+    sims = start_sidecars(simulator, sidecar, sidecars_hub)
     platform_env = {"SE_EXPORTER_PLATFORM_EVENTHUB_CONNECTION_STRING": platform_hub.connection_string()}
     args = ("--reconcile-grace", GRACE, "--vm-expiry", "60")
     fleet = fleets(sidecars_hub, *args, env=platform_env)
-    sims[0][0].advance(3)  # web_0 lists the Freeze
-    sims[1][0].advance(3)  # web_1 lists the canceled scenario's Reboot, never the Freeze
+    sims[0].advance(3)  # web_0 lists the Freeze
+    sims[1].advance(3)  # web_1 lists the canceled scenario's Reboot, never the Freeze
     wait_until(lambda: count(fleet, "azure_scheduled_fleet_vms") == 3, timeout=60, what="the three sidecars' VMs")
-    sims[2][0].inject(Fault("status", status=500, count=0))  # web_2's IMDS answers 500 from now on
+    sims[2].inject(Fault("status", status=500, count=0))  # web_2's IMDS answers 500 from now on
     wait_until(lambda: count(fleet, "azure_scheduled_fleet_imds_unreachable_vms") == 1, timeout=30,
                what="web_2's sidecar reporting that it cannot read IMDS")
 
