@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from azure.eventhub import CloseReason
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -98,7 +99,9 @@ class Replica:
         await self.service.on_batch(self.context, list(events))  # type: ignore[arg-type]
 
     def gauges(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        """Reconciled, and saved: a count is applied once the blob that remembers it is written."""
         self.platform.reconcile()
+        run(self.service.save(self.partition_id))
         return {(sample.name, frozenset(sample.labels.items())): sample.value
                 for family in text_string_to_metric_families(self.platform.render()) for sample in family.samples}
 
@@ -318,3 +321,24 @@ def test_with_several_replicas_the_home_says_no_sidecar_once_every_partition_has
                               reason="no_sidecar") == 1
     other.now[0] = home_replica.now[0] = T0 + GRACE + 1
     assert other.coverage()["missed"] == 1.0 and home_replica.coverage()["no_sidecar"] == 1.0
+
+
+def test_a_count_is_applied_once_remembered_so_a_partition_lost_before_its_write_is_counted_by_the_next_owner() -> None:
+    """A status counted but not yet written is not applied; the partition lost before its write (no SIGTERM: its
+    link stolen), the next owner counts it, and over both replicas it is counted once."""
+    states: dict[str, Stored] = {}
+    first = Replica(states)
+    run(first.claim())
+    run(first.read(platform("Scheduled", 1)))
+    first.platform.reconcile()
+    assert first.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot",
+                       event_status="Scheduled") == 0
+    run(first.service.on_close(first.context, CloseReason.OWNERSHIP_LOST))
+    successor = Replica(states)
+    run(successor.claim())
+    run(successor.read(platform("Scheduled", 1)))
+    successor.gauges()
+    assert successor.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot",
+                           event_status="Scheduled") == 1
+    assert first.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot",
+                       event_status="Scheduled") == 0

@@ -148,11 +148,14 @@ def test_two_streams_show_every_coverage_state_and_survive_a_restart_and_a_kill(
     assert count(fleet, "azure_scheduled_fleet_invalid_messages_total", reason="other_event_type") == 1
     assert count(fleet, "azure_scheduled_fleet_invalid_messages_total", reason="not_json") \
         + count(fleet, "azure_scheduled_fleet_invalid_messages_total", reason="not_envelope") == 1
-    for reason in ("missed", "imds_unreachable", "no_sidecar"):
-        assert count(fleet, "azure_scheduled_fleet_missed_events_total", event_type="Freeze", reason=reason) == 1
+    # Counted once the blob remembering the count is written (the next checkpoint): waited for.
+    wait_until(lambda: all(count(fleet, "azure_scheduled_fleet_missed_events_total", event_type="Freeze",
+                                 reason=reason) == 1 for reason in ("missed", "imds_unreachable", "no_sidecar")),
+               timeout=30, what="each miss counted once")
     wait_until(lambda: count(fleet, "azure_scheduled_fleet_unannounced_events_total", event_type="Reboot") == 1,
                timeout=30, what="web_1's own event counted as never announced")
-    assert count(fleet, "azure_scheduled_fleet_announcement_lag_seconds_count") == 1
+    wait_until(lambda: count(fleet, "azure_scheduled_fleet_announcement_lag_seconds_count") == 1, timeout=30,
+               what="web_0's lag observed")
 
     # Completed before Started (Event Grid's order is not the platform's): both counted once, the impact of 5 s on
     # four VMs once both ends are known.
@@ -173,8 +176,9 @@ def test_two_streams_show_every_coverage_state_and_survive_a_restart_and_a_kill(
     def same_after(successor: FleetProcess, what: str) -> None:
         wait_until(lambda: coverage(successor) == EXPECTED, timeout=60, what=f"coverage after {what}")
         wait_until(lambda: count(successor, "azure_scheduled_fleet_vms") == 3, timeout=30, what=f"VMs after {what}")
-        assert [dict(labels)["event_status"] for (name, labels) in successor.samples()
-                if name == "azure_scheduled_fleet_platform_event_info"] == ["Completed"]
+        wait_until(lambda: [dict(labels)["event_status"] for (name, labels) in successor.samples()
+                            if name == "azure_scheduled_fleet_platform_event_info"] == ["Completed"], timeout=30,
+                   what=f"the event listed as Completed after {what}")
         for name in ("azure_scheduled_fleet_platform_events_total", "azure_scheduled_fleet_missed_events_total",
                      "azure_scheduled_fleet_impact_seconds_total", "azure_scheduled_fleet_platform_duplicates_total",
                      "azure_scheduled_fleet_unannounced_events_total"):

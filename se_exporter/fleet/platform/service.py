@@ -28,6 +28,7 @@ replica shows, and every figure a few checkpoint intervals behind one replica's.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import zlib
@@ -93,6 +94,9 @@ class Held:
     # Per EventId known, the VMs it names that are alive in this partition (shown here): stored in the blob, so the
     # EventId's home replica knows which named VMs no replica shows (``no_sidecar``) without showing them all.
     judged: Judged = field(default_factory=lambda: Judged(frozenset(), {}))
+    # Counter increments decided and remembered here, applied once the blob remembering them is written: a
+    # partition lost before that is counted by its next owner instead, so nothing is counted twice.
+    pending: list[Callable[[], object]] = field(default_factory=list)
 
 
 @dataclass
@@ -300,9 +304,10 @@ class Platform:
                 rows.append(Coverage(record.key, record.event.event_id, record.event.event_type, resource,
                                      "no_sidecar"))
                 if self._counts("missed", record.key, name):
-                    self._metrics.missed_events.labels(record.event.event_type, "no_sidecar").inc()
                     self._remember(record.key).missed[name] = "no_sidecar"
                     self._mark(record.key)
+                    self._home_pending(record.key, self._metrics.missed_events.labels(
+                        record.event.event_type, "no_sidecar").inc)
         return replace(result, coverage=result.coverage + tuple(rows)) if rows else result
 
     def _shown_vms(self) -> list[VmState]:
@@ -322,15 +327,19 @@ class Platform:
         return vms
 
     def _count_result(self, result: Reconciliation) -> None:
-        """The reconciliation's counts into the counters, and into the memory of what was counted."""
-        for event_type, reason in result.missed:
-            self._metrics.missed_events.labels(event_type, reason).inc()
-        for event_type in result.unannounced:
-            self._metrics.unannounced_events.labels(event_type).inc()
-        for lag in result.lags:
-            self._metrics.announcement_lag.observe(lag)
+        """The reconciliation's counts into the memory of what was counted, and (once that is written) into the
+        counters."""
+        missed, unannounced, lags = iter(result.missed), iter(result.unannounced), iter(result.lags)
         reasons = {(row.event_key, name_key(row.vm_name)): row.coverage for row in result.coverage}
         for kind, key, name in result.counted:
+            apply: Callable[[], object]
+            if kind == "missed":
+                event_type, reason = next(missed)
+                apply = self._metrics.missed_events.labels(event_type, reason).inc
+            elif kind == "unannounced":
+                apply = self._metrics.unannounced_events.labels(next(unannounced)).inc
+            else:
+                apply = functools.partial(self._metrics.announcement_lag.observe, next(lags))
             held = self._where.get(name) if kind != "unannounced" else None
             if held is not None:  # the VM's partition keeps it
                 if kind == "missed":
@@ -338,6 +347,7 @@ class Platform:
                 else:
                     held.lags.add((key, name))
                 held.changes += 1
+                held.pending.append(apply)
                 continue
             entry = self._remember(key)  # its home keeps it: an EventId, or a VM no sidecar shows
             if kind == "unannounced":
@@ -347,6 +357,7 @@ class Platform:
             else:
                 entry.lag.add(name)
             self._mark(key)
+            self._home_pending(key, apply)
         for bound in result.bounds:
             self._report.bound_hit(bound)
 
@@ -354,11 +365,13 @@ class Platform:
         """An ended event keeps the misses decided while it was open (the reconciler's memory of them did not
         survive a restart or a hand-over; the home's blob did)."""
         decided: dict[tuple[str, str], str] = {}
-        for side in self.hubs.values():
-            for held in side.held.values():
-                decided.update(held.missed)
+        for side in self.hubs.values():  # the partitions shown: a held one hidden shows nothing (as its VMs)
+            for partition_id, held in side.held.items():
+                if side.fleet.is_shown(partition_id):
+                    decided.update(held.missed)
         for key, entry in self.memory.items():
-            decided.update(((key, name), reason) for name, reason in entry.missed.items())
+            if self.is_home_here(key):
+                decided.update(((key, name), reason) for name, reason in entry.missed.items())
         if not decided:
             return result
         covered = {(row.event_key, name_key(row.vm_name)) for row in result.coverage}
@@ -388,14 +401,25 @@ class Platform:
         for status, _when in record.times:
             if status not in entry.statuses:
                 entry.statuses.add(status)
-                self._metrics.platform_events.labels(event.event_type, status).inc()
                 self._mark(record.key)
+                self._home_pending(record.key, self._metrics.platform_events.labels(event.event_type, status).inc)
         impact = record.impact_seconds
         if not entry.impact and impact is not None:
             entry.impact = True
             self._mark(record.key)
             if impact > 0:
-                self._metrics.impact_seconds.labels(event.event_type, event.scope_name, event.location).inc(impact)
+                self._home_pending(record.key, functools.partial(self._metrics.impact_seconds.labels(
+                    event.event_type, event.scope_name, event.location).inc, impact))
+
+    def _home_pending(self, key: str, apply: Callable[[], object]) -> None:
+        """An EventId's count, applied once its home partition's blob remembers it (see ``Held.pending``)."""
+        side = self.hubs.get(self.home_role or "")
+        partition_id = self.home_of(key)
+        held = side.held.get(partition_id) if side is not None and partition_id is not None else None
+        if held is None:
+            apply()  # not homed here after all: nowhere to remember it (``_counts`` keeps this from happening)
+        else:
+            held.pending.append(apply)
 
     def _remember(self, key: str) -> Memory:
         entry = self.memory.get(key)
@@ -577,18 +601,23 @@ class PlatformReader:
             if side.role == platform.home_role else {}
         state = held.picture.state() if held.picture is not None else _EMPTY
         data = encode_platform(partition_id, position, state, memory, held.missed, held.lags, held.judged)
-        changes = held.changes
+        changes, pending = held.changes, held.pending
+        held.pending = []
         platform._dirty_homes.discard(partition_id)
 
         async def write() -> bool:
+            written = False
             try:
                 written = await side.store.save(partition_id, data, position)
-            except BaseException:
-                if side.role == platform.home_role and memory:
-                    platform._dirty_homes.add(partition_id)  # written by a later round
-                raise
-            if written:
-                held.written = changes
+            finally:
+                if written:
+                    held.written = changes
+                    for apply in pending:  # remembered in the blob now: counted here, and never by a next owner
+                        apply()
+                else:  # written by a later round (or dropped with the partition, for its next owner to count)
+                    held.pending[:0] = pending
+                    if side.role == platform.home_role and memory:
+                        platform._dirty_homes.add(partition_id)
             return written
 
         return write
