@@ -342,3 +342,19 @@ def test_a_count_is_applied_once_remembered_so_a_partition_lost_before_its_write
                            event_status="Scheduled") == 1
     assert first.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot",
                        event_status="Scheduled") == 0
+
+
+def test_what_was_counted_of_an_event_goes_when_the_event_is_forgotten() -> None:
+    """Past --platform-retention after its end the event leaves the picture, and the memory of its counts (its
+    home's and its VMs' partitions') with it: memory stays bounded by what is listed."""
+    replica = Replica()
+    run(replica.claim())
+    run(replica.read(platform("Scheduled", 1, resources=["web_3", "web_7"]), sidecar(2, "web_3")))
+    replica.now[0] = T0 + GRACE + 1
+    replica.gauges()
+    [held] = replica.platform.hubs["platform"].held.values()
+    assert held.missed == {(KEY, "web_3"): "missed"} and replica.platform.memory[KEY].missed == {"web_7": "no_sidecar"}
+    run(replica.read(platform("Completed", 3, resources=["web_3", "web_7"])))
+    replica.now[0] = T0 + 30 + 3600 + 1
+    replica.gauges()
+    assert replica.coverage() == {} and held.missed == {} and KEY not in replica.platform.memory

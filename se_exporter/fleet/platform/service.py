@@ -244,9 +244,7 @@ class Platform:
             if record.key in informed:
                 self._count_record(record)
         held_keys = {record.key for record in records}
-        for key in gone - held_keys:
-            if self.memory.pop(key, None) is not None:
-                self._mark(key)
+        self._forget(gone - held_keys)
         sizes = {**self.reconciler.sizes(), "counted": len(self.memory)}
         for picture in pictures:
             for name, size in picture.sizes().items():
@@ -325,6 +323,28 @@ class Platform:
                     for vm in listed:
                         self._where.setdefault(name_key(vm.vm_name), held)
         return vms
+
+    def _forget(self, keys: set[str]) -> None:
+        """What was counted of EventIds forgotten (past retention) goes with them; each partition's memory of its
+        VMs' pairs is bounded besides (past the bound, some dropped and the bound hit counted), as the
+        reconciler's pairs are."""
+        for key in keys:
+            if self.memory.pop(key, None) is not None:
+                self._mark(key)
+        bound = self.reconciler.settings.pairs
+        for side in self.hubs.values():
+            for held in side.held.values():
+                stale = [pair for pair in (*held.missed, *held.lags) if pair[0] in keys]
+                over = max(0, len(held.missed) - bound) + max(0, len(held.lags) - bound)
+                if over:
+                    self._report.bound_hit("platform_coverage_pairs", over)
+                    stale.extend(list(held.missed)[:max(0, len(held.missed) - bound)])
+                    stale.extend(list(held.lags)[:max(0, len(held.lags) - bound)])
+                for pair in stale:
+                    held.missed.pop(pair, None)
+                    held.lags.discard(pair)
+                if stale:
+                    held.changes += 1
 
     def _count_result(self, result: Reconciliation) -> None:
         """The reconciliation's counts into the memory of what was counted, and (once that is written) into the
