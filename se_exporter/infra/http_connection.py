@@ -18,6 +18,7 @@ from se_exporter.infra.http_pages import Handler, HttpRequest, RawWriter, Respon
 
 log = logging.getLogger("se_exporter")
 
+JOIN_BELOW = 64 * 1024  # bytes of body written in one piece with the head (see _answer)
 READ_CHUNK = 8192  # bytes read at a time: what one connection buffers stays near 40 KiB (16 KiB head cap included)
 LINGER_SECONDS = 1.0  # after an error answer, how long unread request bytes are drained so the client can read it
 LINGER_BYTES = 256 * 1024
@@ -327,11 +328,14 @@ async def _answer(conn: h11.Connection, writer: asyncio.StreamWriter, response: 
     headers += [("Content-Length", str(len(response.body))), *response.headers]
     if response.close:
         headers.append(("Connection", "close"))
-    data = conn.send(h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status)))
-    writer.write(data or b"")
-    if not head_only and response.body:
-        writer.write(conn.send(h11.Data(data=response.body)) or b"")
-    writer.write(conn.send(h11.EndOfMessage()) or b"")
+    head = conn.send(h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status)))
+    body = (conn.send(h11.Data(data=response.body)) or b"") if not head_only and response.body else b""
+    body += conn.send(h11.EndOfMessage()) or b""  # empty with a Content-Length; it readies h11 for the next request
+    if len(body) <= JOIN_BELOW:  # one write: a head and a small body written apart stall a keep-alive client by a
+        writer.write((head or b"") + body)  # delayed ACK, about 40 ms per request (a scrape's every request)
+    else:  # a large body is not copied to be joined: its own segments follow the head at once
+        writer.write(head or b"")
+        writer.write(body)
     try:
         await asyncio.wait_for(writer.drain(), timeout)
     except asyncio.TimeoutError:

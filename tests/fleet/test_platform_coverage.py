@@ -80,6 +80,14 @@ def test_a_live_sidecar_that_has_not_listed_the_event_after_the_grace_missed_it_
     assert reconcile(records, vms, AFTER_GRACE + 30, reconciler).missed == ()
 
 
+def test_an_announcement_dated_in_the_future_is_judged_from_when_it_was_learnt() -> None:
+    """A platform clock dating Scheduled in 2199 cannot keep a live sidecar's miss hidden for ever: the grace
+    counts from when the picture learnt of it at the latest."""
+    picture = PlatformPicture()
+    picture.apply(platform_event("Scheduled", at=7_258_000_000.0), T0)
+    result = reconcile(picture.records(), [vm("web_3", seen_at=T0 + 50)], AFTER_GRACE)
+    assert coverage_of(result)["web_3"] == "missed"
+
 def test_a_sidecar_that_has_not_read_imds_since_before_the_announcement_could_not_see_it() -> None:
     """imds_unreachable: reported after the announcement that its last IMDS read was before it, or failing."""
     stale = Imds(observed_at=T0 + 30, last_success=T0 - 200, failing=False)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from se_exporter.fleet.platform import PlatformLimits, PlatformPicture, PlatformRecord, merge
+from se_exporter.fleet.platform import PlatformLimits, PlatformPicture, PlatformRecord, merge, render_platform
 from se_exporter.fleet.platform.picture import PictureState
 from se_exporter.fleet.platform.saved import state_from_json, state_to_json
 from tests.fleet.platform_helpers import KEY, T0, platform_event
@@ -181,7 +181,9 @@ def test_a_picture_saved_as_json_and_restored_continues_exactly() -> None:
     {"event_status": "Done"}, {"scope_type": "galaxy"}, {"event_id": ""}, {"resources": "web_3"},
     {"resources": [3]}, {"times": {}}, {"times": {"Later": 1.0}}, {"times": {"Started": "x"}},
     {"event_time": None}, {"event_time": 1e300}, {"changed_at": None}, {"not_before": True},
-    {"duration_seconds": float("inf")}, {"location": 5}, {"event_type": "x" * 5000}])
+    {"duration_seconds": float("inf")}, {"location": 5}, {"event_type": "x" * 5000}, {"event_id": "x" * 1000},
+    {"event_id": " "}, {"resources": ["v" * 2000]}, {"resources": [" "]}, {"event_status": "Scheduled"},
+    {"times": {"Scheduled": 1.0}}])
 def test_a_damaged_saved_record_is_left_out_and_counted(damage: dict[str, object]) -> None:
     """A state row of the wrong shape costs only itself: the others are restored, it is counted."""
     picture, _statuses, _impact = applied_in(("Scheduled", "Started"))
@@ -192,3 +194,114 @@ def test_a_damaged_saved_record_is_left_out_and_counted(damage: dict[str, object
     assert damaged == 4
     assert state.records == picture.state().records
     assert state_from_json([1, 2]) == (PictureState((), (), ()), 1)
+
+
+def names(count: int, prefix: str = "vm") -> list[str]:
+    return [f"{prefix}_{number}" for number in range(count)]
+
+
+def test_vm_names_over_all_events_are_bounded_an_ended_event_making_room_first() -> None:
+    """At the VM-name bound a new EventId is refused (platform_vms) unless forgetting ended events makes room; a
+    status naming more VMs adds only what fits. Without it 10,000 events of 1,000 names were 10 million strings."""
+    picture = PlatformPicture(PlatformLimits(vms=10))
+    assert picture.apply(platform_event("Completed", event_id="A", resources=names(6, "a")), T0).outcome == "applied"
+    assert picture.apply(platform_event("Scheduled", event_id="B", resources=names(4, "b")), T0).outcome == "applied"
+    assert picture.apply(platform_event("Scheduled", event_id="C", resources=names(5, "c")), T0).outcome == "applied"
+    assert sorted(record.event.event_id for record in picture.records()) == ["B", "C"]  # A ended: it made room
+    assert picture.apply(platform_event("Scheduled", event_id="D", resources=names(2, "d")), T0).outcome == \
+        "platform_vms"
+    grown = picture.apply(platform_event("Started", event_id="B", resources=names(8, "b")), T0)
+    assert (grown.outcome, grown.statuses) == ("applied", ("Started",))
+    assert grown.record is not None and grown.record.event.resources == tuple(names(5, "b"))
+    assert picture.sizes()["vms"] == 10
+    assert picture.bound_hits["platform_vms"] == 2
+
+
+def test_a_flood_of_event_ids_naming_a_thousand_vms_each_stays_within_every_bound() -> None:
+    """100,000 distinct EventIds of 1,000 VM names each: records, names, ids and series all stay at their bounds."""
+    limits = PlatformLimits(events=500, ids=2000, vms=20_000)
+    picture = PlatformPicture(limits)
+    base = platform_event("Scheduled", resources=names(1000))
+    for number in range(100_000):
+        status = "Completed" if number % 2 else "Scheduled"
+        picture.apply(dataclasses.replace(base, grid_id=f"g{number}", event_id=f"E{number}", key=f"e{number}",
+                                          event_status=status), T0 + number)
+    sizes = picture.sizes()
+    assert sizes["events"] <= 500 and sizes["vms"] <= 20_000 and sizes["ids"] <= 2000 and sizes["forgotten"] <= 2000
+    assert sum(len(record.event.resources) for record in picture.records()) == sizes["vms"]
+    series = render_platform(picture.records(), []).count("\nazure_scheduled_fleet_platform_event")
+    assert series == 5 * sizes["events"] <= 5 * 500
+
+
+def test_the_same_event_grid_id_with_other_content_is_applied_not_dropped_as_a_duplicate() -> None:
+    """A duplicate repeats id, EventId and status; the same id reused for another status or EventId is news, and
+    the ids remembered are 32 characters however long the id was."""
+    picture = PlatformPicture()
+    assert picture.apply(platform_event("Scheduled", grid_id="x" * 256), T0).outcome == "applied"
+    assert picture.apply(platform_event("Scheduled", grid_id="x" * 256), T0).outcome == "duplicate"
+    started = picture.apply(platform_event("Started", grid_id="x" * 256), T0)
+    assert (started.outcome, started.statuses) == ("applied", ("Started",))
+    assert picture.apply(platform_event("Scheduled", grid_id="x" * 256, event_id="OTHER"), T0).outcome == "applied"
+    assert {len(seen) for seen, _at in picture.state().ids} == {32}
+
+
+def test_impact_per_vm_is_capped_whatever_the_platforms_clock_says() -> None:
+    """Started dated 2000 and Completed 2199 add at most 8 days per VM to the impact counter, not 199 years."""
+    picture = PlatformPicture()
+    picture.apply(platform_event("Started", at=946_684_800.0), T0)
+    completed = picture.apply(platform_event("Completed", at=7_258_118_000.0), T0)
+    assert completed.impact_seconds == 8 * 86400.0 * 2
+
+
+def test_a_restored_state_is_held_to_the_limits_of_the_picture_it_restores() -> None:
+    """A tampered state naming 100,000 VMs in one record, or more names in all than the bound, is held to the
+    limits: each record cut to the names per event, then records kept while the names fit (open events first)."""
+    picture = PlatformPicture()
+    picture.apply(platform_event("Scheduled", resources=names(3)), T0)
+    saved = state_to_json(picture.state())
+    row = saved["records"][0]
+    rows = [{**row, "event_id": f"E{number}", "resources": names(100_000 if number == 4 else 300, f"n{number}")}
+            for number in range(5)]
+    state, damaged = state_from_json({**saved, "records": rows})
+    assert damaged == 0
+    restored = PlatformPicture.restored(state, PlatformLimits(resources_per_event=400, vms=1000))
+    assert [len(record.event.resources) for record in restored.records()] == [300, 300, 400]
+    assert restored.sizes()["vms"] == 1000
+
+
+@pytest.mark.parametrize("text", ["\ud800", "a\x00b"])
+def test_a_remembered_id_the_reader_could_not_have_kept_is_damaged(text: str) -> None:
+    """Ids and forgotten EventIds restored are held to the reader's checks: a lone surrogate (which would make the
+    next write of the state, UTF-8 without escapes, fail) or a control character is left out."""
+    saved = {"records": [], "ids": [{"id": text, "at": 1.0}], "forgotten": [{"key": text, "at": 1.0}]}
+    state, damaged = state_from_json(json.loads(json.dumps(saved)))
+    assert (state, damaged) == (PictureState((), (), ()), 2)
+
+
+def test_a_state_of_another_shape_is_counted_not_taken_for_an_empty_one() -> None:
+    """Lists of a newer shape (an object instead of a list) are counted damaged, not read as nothing."""
+    state, damaged = state_from_json({"records": {"E": {}}, "ids": "x", "forgotten": None, "newer": [1]})
+    assert (state, damaged) == (PictureState((), (), ()), 3)
+    assert state_from_json({"records": [], "newer": {"field": 1}}) == (PictureState((), (), ()), 0)
+
+
+def test_a_restored_records_end_is_set_exactly_when_its_status_is_an_end() -> None:
+    """A tampered ended_at on an open event is ignored (it would expire it, or let it make room, as if ended); an
+    ended event without one ends at its end's time, so retention still lets it go."""
+    picture, _statuses, _impact = applied_in(("Scheduled", "Started"))
+    row = state_to_json(picture.state())["records"][0]
+    state, _damaged = state_from_json({"records": [{**row, "ended_at": T0}]})
+    assert state.records[0].ended_at is None
+    ended = {**row, "event_status": "Completed", "times": {**row["times"], "Completed": ENDED_AT}, "ended_at": None}
+    state, _damaged = state_from_json({"records": [ended]})
+    assert state.records[0].ended_at == ENDED_AT
+    assert len(PlatformPicture.restored(state).expire(ENDED_AT + 3600)) == 1
+
+
+def test_a_restored_records_vm_names_are_distinct_as_the_reader_keeps_them() -> None:
+    """A tampered row naming one VM a thousand times in several spellings restores it once (the gauges would
+    count it a thousand times), as the reader keeps Resources."""
+    picture, _statuses, _impact = applied_in(("Scheduled",))
+    row = state_to_json(picture.state())["records"][0]
+    state, damaged = state_from_json({"records": [{**row, "resources": ["web_3", "WEB_3", "web_7"] * 1000}]})
+    assert damaged == 0 and state.records[0].event.resources == ("web_3", "web_7")

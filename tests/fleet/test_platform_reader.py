@@ -296,3 +296,37 @@ def test_reading_never_raises_anything_but_invalid_message() -> None:
         except InvalidMessage as exc:
             assert exc.reason in PLATFORM_INVALID_REASONS
 
+
+
+@pytest.mark.parametrize("value", ["0001-01-01T00:00:00+23:59", "9999-12-31T23:59:59-23:59", "0000-01-01T00:00:00Z",
+                                   "10000-01-01T00:00:00Z", "-2026-01-01T00:00:00Z", "2026-05-04T10:15:02+99:99"])
+def test_absurd_event_times_are_the_enqueue_time_with_a_warning(value: str) -> None:
+    """Year 0, 1 or 9999 with an offset (once an OverflowError), year 10000, negative years and offsets past 23:59
+    are not times from 2000 to 2199: the enqueue time stands in, said aloud."""
+    event = grid()
+    event["eventTime"] = value
+    message = read([event])
+    assert message.events[0].event_time == 42.0
+    assert any("eventTime" in line for line in message.warnings)
+
+
+@pytest.mark.parametrize("value", ["Mon, 01 Jan 0001 00:00:00 GMT", "Sat, 01 Jan 0000 00:00:00 GMT",
+                                   "Mon, 19 Sep 50 18:29:47 GMT"])
+def test_a_not_before_of_a_year_below_100_is_not_read_as_this_century(value: str) -> None:
+    """email.utils reads the year 0001 as 2001: the year read must be the year written, or NotBefore is left out
+    (give or take one: 23:30 on New Year's Eve at -01:00 is New Year's Day in UTC)."""
+    message = read([grid(NotBefore=value)])
+    assert message.events[0].not_before is None
+    assert any("NotBefore" in line for line in message.warnings)
+    [event] = read([grid(NotBefore="2049-12-31T23:30:00-01:00")]).events
+    assert event.not_before == datetime(2050, 1, 1, 0, 30, tzinfo=timezone.utc).timestamp()
+
+
+@pytest.mark.parametrize("literal", [b"1" * 5000, b"NaN", b"-Infinity"])
+def test_a_huge_number_where_a_string_or_object_belongs_is_named_as_a_number(literal: bytes) -> None:
+    """The refusal says a JSON huge number, not the reader's internal marker type."""
+    raw = body([grid()]).replace(f'"EventId": "{EVENT_ID}"'.encode(), b'"EventId": ' + literal)
+    line = refused(raw)
+    assert "a JSON huge number" in line and "Huge" not in line
+    line = refused(body([{**spec_event(), "data": 0}]).replace(b'"data": 0', b'"data": ' + literal))
+    assert "a JSON huge number" in line

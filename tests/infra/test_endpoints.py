@@ -17,10 +17,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import h11
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from se_exporter.infra import http_server
+from se_exporter.infra import http_connection, http_server
 from se_exporter.infra.http_server import Bounds, HttpRequest, Response, serve
 from se_exporter.infra.options import Listen
 from se_exporter.sidecar.endpoints import make_http_app
@@ -507,3 +508,33 @@ def test_the_fleet_gzips_by_the_same_rule(fleet_app: int, accept_encoding: str, 
     response = fetch(fleet_app, "GET", "/metrics", {"Accept-Encoding": accept_encoding})
     assert (response.getheader("Content-Encoding") == "gzip") is gzipped
     assert fetch(fleet_app, "GET", "/readyz").status == 503
+
+
+class _Written:
+    """A stream writer that records each write (what ``_answer`` hands the transport)."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    async def drain(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("size", "writes"), [(5, 1), (http_connection.JOIN_BELOW, 1),
+                                              (http_connection.JOIN_BELOW + 1, 2)])
+def test_a_small_answer_leaves_in_one_write_and_a_large_body_is_not_copied_to_join_it(size: int,
+                                                                                        writes: int) -> None:
+    """Head and body written apart make a keep-alive client (Prometheus, http.client) wait for a delayed ACK,
+    about 40 ms per request; a large body is sent after its head as it is rather than copied into one buffer."""
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(b"GET /metrics HTTP/1.1\r\nHost: sidecar\r\n\r\n")
+    conn.next_event()
+    written = _Written()
+    body = b"x" * size
+    limits = http_connection.Limits(Bounds(), lambda reason: None)
+    asyncio.run(http_connection._answer(conn, written, Response(200, body), False, 5.0, limits))  # type: ignore[arg-type]
+    assert len(written.writes) == writes
+    assert b"".join(written.writes).endswith(b"\r\n\r\n" + body)

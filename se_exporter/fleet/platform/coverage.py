@@ -133,13 +133,17 @@ class Reconciler:
     """The reconciliation's memory (see the module docstring); one per replica, changed by one thread."""
 
     settings: ReconcileSettings
-    _pairs: dict[tuple[str, str], _Pair] = field(default_factory=dict)
+    _pairs: dict[tuple[str, int], _Pair] = field(default_factory=dict)  # (EventId key, hash of the VM name)
     # OrderedDicts: taken from the front when full, where a dict's iteration would first skip every entry deleted
     _announced: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    _unannounced: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    _scopes: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)
+    # These and the pairs hold hash() of names, not the names: a hostile stream's 256-character names cost up to
+    # 1 KiB each, 100,000 or 200,000 times over. A collision (64 bits, keyed per process, so it cannot be aimed at)
+    # could make one VM's listings remembered, one unannounced EventId not counted, or two VMs of one EventId share
+    # a pair: at the bounds, below one chance in a billion per update.
+    _unannounced: OrderedDict[int, None] = field(default_factory=OrderedDict)  # EventId keys counted unannounced
+    _scopes: OrderedDict[int, None] = field(default_factory=OrderedDict)  # (scope type, scope name) that published
     _hits: list[str] = field(default_factory=list)
-    _named: frozenset[str] = frozenset()  # VM names in the Resources of the records of the last update
+    _named: frozenset[int] = frozenset()  # VM names in the Resources of the records of the last update
     _counts: Callable[[str, str, str], bool] = count_all  # the last update's (see ``update``)
     _absent: bool = True
     _counted: list[tuple[str, str, str]] = field(default_factory=list)
@@ -156,15 +160,15 @@ class Reconciler:
             key = event_key(event.event_id)
             if not published and key not in self._announced:
                 continue
-            pair = self._pair((key, name), create=True)
+            pair = self._pair((key, hash(name)), create=True)
             if pair is not None and (pair.first_listed is None or vm.seen_at < pair.first_listed):
                 pair.first_listed, pair.place = vm.seen_at, _place(vm)
 
     def _published(self, vm: VmState, name: str) -> bool:
         """The VM is in a scope that has published a platform event: its scale set, itself, or a Resources list (an
         availability set is known only that way)."""
-        return name in self._named or ("virtual_machine", name) in self._scopes \
-            or bool(vm.vmss_name and ("scale_set", _name(vm.vmss_name)) in self._scopes)
+        return hash(name) in self._named or hash(("virtual_machine", name)) in self._scopes \
+            or bool(vm.vmss_name and hash(("scale_set", _name(vm.vmss_name))) in self._scopes)
 
     def update(self, records: Iterable[PlatformRecord], vms: Iterable[VmState], now: float,
                counts: Callable[[str, str, str], bool] = count_all, absent: bool = True) -> Reconciliation:
@@ -178,9 +182,9 @@ class Reconciler:
         self._counted = []
         for record in records:
             self._remember(self._announced, record.key, self.settings.ids, "platform_coverage_ids")
-            self._remember(self._scopes, (record.event.scope_type, _name(record.event.scope_name)),
+            self._remember(self._scopes, hash((record.event.scope_type, _name(record.event.scope_name))),
                            self.settings.scopes, "platform_scopes")
-        self._named = frozenset(_name(resource) for record in records for resource in record.event.resources)
+        self._named = frozenset(hash(_name(resource)) for record in records for resource in record.event.resources)
         by_name: dict[str, list[VmState]] = {}
         listing: dict[str, list[tuple[VmState, str]]] = {}  # EventId key -> (VM, event type) listing it now
         for vm in vms:
@@ -198,7 +202,7 @@ class Reconciler:
                 if coverage is None:
                     continue
                 rows.append(Coverage(record.key, announced.event_id, announced.event_type, resource, coverage))
-                pair = self._pairs.get((record.key, _name(resource)))
+                pair = self._pairs.get((record.key, hash(_name(resource))))
                 if coverage in MISSED_REASONS and pair is not None and not pair.counted \
                         and counts("missed", record.key, _name(resource)):
                     pair.counted = True
@@ -218,7 +222,7 @@ class Reconciler:
     def _pair_coverage(self, record: PlatformRecord, resource: str, named: Iterable[VmState], now: float,
                        lags: list[float]) -> str | None:
         key = record.key
-        pair = self._pair((key, _name(resource)), create=True) or _Pair()
+        pair = self._pair((key, hash(_name(resource))), create=True) or _Pair()
         if pair.first_listed is not None and pair.place is not None and _same_place(record, pair.place):
             if not pair.lagged and self._counts("lag", key, _name(resource)):
                 pair.lagged = True
@@ -232,8 +236,8 @@ class Reconciler:
             coverage: str | None = "no_sidecar"
         elif record.ended:
             return pair.coverage if pair.coverage in ("missed", "imds_unreachable") else None
-        elif now < record.announced_at + self.settings.grace:
-            return None
+        elif now < min(record.announced_at, record.changed_at) + self.settings.grace:
+            return None  # an announcement the platform's clock dates in the future counts from when it was learnt
         else:
             vm = max(alive, key=lambda vm: vm.seen_at)
             coverage = "imds_unreachable" if imds_blind_since(vm, record.announced_at) else "missed"
@@ -246,23 +250,23 @@ class Reconciler:
             return ()
         found: list[str] = []
         for key, listed in listing.items():
-            if key in self._announced or key in self._unannounced:
+            if key in self._announced or hash(key) in self._unannounced:
                 continue
             for vm, event_type in listed:
                 name = _name(vm.vm_name)
-                pair = self._pairs.get((key, name))
+                pair = self._pairs.get((key, hash(name)))
                 if pair is None or pair.first_listed is None or now < pair.first_listed + self.settings.grace:
                     continue
                 if now - vm.seen_at > self.settings.vm_expiry or not self._published(vm, name) \
                         or not self._counts("unannounced", key, ""):
                     continue
-                self._remember(self._unannounced, key, self.settings.ids, "platform_coverage_ids")
+                self._remember(self._unannounced, hash(key), self.settings.ids, "platform_coverage_ids")
                 found.append(event_type)
                 self._counted.append(("unannounced", key, ""))
                 break
         return tuple(found)
 
-    def _pair(self, key: tuple[str, str], create: bool) -> _Pair | None:
+    def _pair(self, key: tuple[str, int], create: bool) -> _Pair | None:
         pair = self._pairs.get(key)
         if pair is None and create:
             if len(self._pairs) >= self.settings.pairs:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 from se_exporter.core.model import encodable, json_kind, parse_not_before
@@ -34,10 +34,15 @@ def int_literal(text: str) -> int | Huge:
     return int(text) if len(text) <= _MAX_INT_DIGITS else Huge(text)
 
 
+def kind(value: object) -> str:
+    """``json_kind``, saying "huge number" for a ``Huge`` (an integer past 20 digits, NaN or Infinity)."""
+    return "huge number" if isinstance(value, Huge) else json_kind(value)
+
+
 def object_field(parent: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any]:
     value = parent.get(name)
     if not isinstance(value, dict):
-        raise InvalidMessage("invalid_platform_event", f"{where} has no object {name!r} (a JSON {json_kind(value)})")
+        raise InvalidMessage("invalid_platform_event", f"{where} has no object {name!r} (a JSON {kind(value)})")
     return value
 
 
@@ -52,7 +57,7 @@ def kept_text(value: str, limit: int) -> str:
 def required(parent: Mapping[str, Any], name: str, limit: int, where: str = "the envelope") -> str:
     value = parent.get(name)
     if not isinstance(value, str) or not value.strip():
-        raise InvalidMessage("invalid_platform_event", f"{where} has no usable {name!r} (a JSON {json_kind(value)})")
+        raise InvalidMessage("invalid_platform_event", f"{where} has no usable {name!r} (a JSON {kind(value)})")
     text = kept_text(value, limit)
     if len(text) > limit:
         raise InvalidMessage("invalid_platform_event", f"{where}'s {name!r} is longer than {limit} characters")
@@ -66,7 +71,7 @@ def optional(parent: Mapping[str, Any], name: str, limit: int, warnings: list[st
         return ""
     text = kept_text(value, limit) if isinstance(value, str) else None
     if text is None or len(text) > limit:
-        warnings.append(f"{name} is {'too long' if text else 'a JSON ' + json_kind(value)}; left out")
+        warnings.append(f"{name} is {'too long' if text else 'a JSON ' + kind(value)}; left out")
         return ""
     return text
 
@@ -111,7 +116,7 @@ def vm_names(value: object, limit: int, warnings: list[str], hit: list[str]) -> 
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise InvalidMessage("invalid_platform_event", f"Resources is a JSON {json_kind(value)}, not a list")
+        raise InvalidMessage("invalid_platform_event", f"Resources is a JSON {kind(value)}, not a list")
     names: dict[str, str] = {}  # name without case -> as first spelt
     odd = 0
     for item in value:
@@ -144,15 +149,24 @@ def event_time(value: object, enqueued_at: float, warnings: list[str]) -> float:
             when = datetime.fromisoformat(whole).replace(tzinfo=timezone.utc)
         except ValueError:
             when = None
-        if when is not None:
-            if zone and zone.upper() != "Z":
-                sign = 1 if zone[0] == "+" else -1
-                when -= sign * timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
-            unix = when.timestamp() + (int(fraction[:9]) / 10 ** len(fraction[:9]) if fraction else 0.0)
+        # The offset is taken off the unix time, not the datetime: year 1 or 9999 with an offset would overflow it.
+        offset = _offset_seconds(zone)
+        if when is not None and offset is not None:
+            unix = when.timestamp() - offset + (int(fraction[:9]) / 10 ** len(fraction[:9]) if fraction else 0.0)
             if MIN_TIME <= unix < MAX_TIME:
                 return unix
     warnings.append(f"eventTime {shown(value)} is not an ISO 8601 time from 2000 to 2199; the enqueue time is used")
     return enqueued_at
+
+
+def _offset_seconds(zone: str | None) -> int | None:
+    """An ISO 8601 UTC offset (``Z``, ``+02:00``) in seconds; None past +/-23:59."""
+    if not zone or zone.upper() == "Z":
+        return 0
+    hours, minutes = int(zone[1:3]), int(zone[4:6])
+    if hours > 23 or minutes > 59:
+        return None
+    return (1 if zone[0] == "+" else -1) * (hours * 3600 + minutes * 60)
 
 
 def not_before(value: object, warnings: list[str]) -> float | None:
@@ -163,7 +177,10 @@ def not_before(value: object, warnings: list[str]) -> float | None:
             when = parse_not_before(value)
         except (ValueError, OverflowError):
             when = None
-        if when is not None and MIN_TIME <= when.timestamp() < MAX_TIME:
+        # The year read must be the year written (give or take one: an offset may cross New Year), since email.utils
+        # reads "0001" (any year below 100) as 2001.
+        if when is not None and MIN_TIME <= when.timestamp() < MAX_TIME \
+                and any(str(year) in value for year in (when.year - 1, when.year, when.year + 1)):
             return when.timestamp()
     warnings.append(f"NotBefore {shown(value)} is neither RFC 1123 nor ISO 8601 from 2000 to 2199; left out")
     return None
@@ -186,4 +203,4 @@ def shown(value: object) -> str:
         return repr(kept_text(value, 40)[:40]) + ("..." if len(value) > 40 else "")
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return repr(value) if abs(value) < 1e30 else "a huge number"
-    return f"a JSON {json_kind(value)}" if not isinstance(value, Huge) else "a huge number"
+    return f"a JSON {kind(value)}"

@@ -8,14 +8,22 @@ nothing else, so the statuses and their times after any order of the same messag
 other fields are the furthest status's message's): a partition's picture can be folded again from its messages,
 and pictures of several partitions merged (``merge``) when one EventId's statuses land on different partitions.
 
+Event Grid promises that a duplicate repeats the payload and the ``id``; a message is one status of one EventId, so
+a duplicate is the same ``id`` for the same EventId and status (``message_id``): the same ``id`` reused for another
+EventId or status is news and applied, never lost as a "duplicate".
+
 An ended event stays for ``retention`` after its end (its end's eventTime, never later than when it was applied),
 then is forgotten; an event that never ends (its end was lost) is forgotten ``open_expiry`` after its last change.
 A forgotten EventId is remembered a while so a late copy does not bring it back. Everything is bounded
-(``PlatformLimits``); each bound reached is reported as the name ``bound_hits_total{bound}`` counts it under.
+(``PlatformLimits``; docs/platform-stream.md measures the bytes); each bound reached is reported as the name
+``bound_hits_total{bound}`` counts it under. At the events or VM-names bound, the events that ended here first are
+forgotten to make room for a new EventId (all of them, in order, if that is what it takes: when even that is not
+enough for its VMs, it is refused and they are gone all the same, which only a flood brings about).
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -26,10 +34,15 @@ from se_exporter.fleet.platform.reader import DEFAULT_PLATFORM_BOUNDS, STATUSES,
 RANK = {"Scheduled": 0, "Started": 1, "Completed": 2, "Canceled": 2}
 ENDED = frozenset({"Completed", "Canceled"})
 OPEN = frozenset({"Scheduled", "Started"})
-PICTURE_BOUND_NAMES = ("platform_events", "platform_ids")
+PICTURE_BOUND_NAMES = ("platform_events", "platform_ids", "platform_vms")
 # What ``apply`` says of one event: a status learnt, a known status again under another Event Grid id, a
 # duplicate, an EventId forgotten a moment ago, or the bound that refused a new EventId.
-OUTCOMES = ("applied", "repeat", "duplicate", "forgotten", "platform_events")
+OUTCOMES = ("applied", "repeat", "duplicate", "forgotten", "platform_events", "platform_vms")
+
+
+# No VM sits through eight days of one maintenance (the longest notice is 7 days): a platform clock that far off
+# (Started dated 2000, Completed 2199) would otherwise add decades per VM to impact_seconds_total in one step.
+MAX_IMPACT_PER_VM = 8 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -37,10 +50,13 @@ class PlatformLimits:
     """What one picture keeps at most, and for how long (seconds)."""
 
     retention: float = 3600.0  # an ended event stays listed this long (--platform-retention)
-    open_expiry: float = 8 * 86400.0  # past the longest notice (7 days, degraded-hardware migrations)
+    open_expiry: float = MAX_IMPACT_PER_VM  # past the longest notice (7 days, degraded-hardware migrations)
     events: int = 10_000  # EventIds kept: 10,000 events x (1 info + 4 coverage) = 50,000 series at most
-    ids: int = 100_000  # Event Grid ids remembered for dedupe, and forgotten EventIds (each)
+    ids: int = 100_000  # Event Grid ids remembered for dedupe (as ``message_id``), and forgotten EventIds (each)
     resources_per_event: int = DEFAULT_PLATFORM_BOUNDS.resources_per_event
+    # VM names over all records' Resources, as many as the Reconciler's pairs: without it events x resources_per_event
+    # (10 million names, gigabytes) could be held; a real event names a handful
+    vms: int = 200_000
 
 
 DEFAULT_LIMITS = PlatformLimits()
@@ -78,13 +94,14 @@ class PlatformRecord:
 
     @property
     def impact_seconds(self) -> float | None:
-        """Started to Completed by the platform's times, times the VMs it concerns; None until both are known."""
+        """Started to Completed by the platform's times (at most ``MAX_IMPACT_PER_VM``), times the VMs it concerns;
+        None until both are known."""
         if len(self.times) < 2:  # the common case, each new EventId: no generator walked twice
             return None
         started, completed = self.time_of("Started"), self.time_of("Completed")
         if started is None or completed is None:
             return None
-        return max(0.0, completed - started) * len(self.event.resources)
+        return min(MAX_IMPACT_PER_VM, max(0.0, completed - started)) * len(self.event.resources)
 
 
 @dataclass(frozen=True)
@@ -109,6 +126,13 @@ class Applied:
     record: PlatformRecord | None = None
 
 
+def message_id(event: PlatformEvent) -> str:
+    """What a duplicate repeats (see the module docstring): Event Grid's ``id``, EventId and status, as 32 hex
+    characters whatever the id's length, so the ids remembered cost the same per id however long a hostile one is."""
+    text = "\n".join((event.grid_id, event.key, event.event_status))
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
 def record_of(event: PlatformEvent, now: float) -> PlatformRecord:
     ended = min(event.event_time, now) if event.event_status in ENDED else None
     return PlatformRecord(event, ((event.event_status, event.event_time),), ended, now)
@@ -127,11 +151,11 @@ def combine(old: PlatformRecord, new: PlatformRecord, max_resources: int = DEFAU
     first, second = (new, old) if newer else (old, new)
     event = first.event
     resources = event.resources
-    if second.event.resources != resources:  # names compare without case: the first spelling of each is kept
-        union: dict[str, str] = {}
+    if second.event.resources != resources or len(resources) > max_resources:
+        union: dict[str, str] = {}  # names compare without case: the first spelling of each is kept
         for name in (*resources, *second.event.resources):
             union.setdefault(name.casefold(), name)
-        if len(union) > len(resources):
+        if len(union) > len(resources) or len(resources) > max_resources:
             resources = tuple(union.values())[:max_resources]
     if resources is not event.resources or (event.not_before is None and second.event.not_before is not None) \
             or (event.duration_seconds is None and second.event.duration_seconds is not None):
@@ -169,6 +193,7 @@ class PlatformPicture:
         self._ids: OrderedDict[str, float] = OrderedDict()  # Event Grid id -> when applied, oldest first
         self._forgotten: OrderedDict[str, float] = OrderedDict()  # EventId key -> when forgotten, oldest first
         self._ended: OrderedDict[str, None] = OrderedDict()  # keys of ended records, in the order they ended here
+        self._vms = 0  # VM names held over all records (limits.vms)
         self.bound_hits: dict[str, int] = dict.fromkeys(PICTURE_BOUND_NAMES, 0)
 
     def state(self) -> PictureState:
@@ -179,9 +204,19 @@ class PlatformPicture:
 
     @classmethod
     def restored(cls, state: PictureState, limits: PlatformLimits = DEFAULT_LIMITS) -> PlatformPicture:
-        """A picture continuing from ``state`` (within ``limits``: what is past them is left out, oldest first)."""
+        """A picture continuing from ``state``, held to ``limits`` as if its records had been applied (a state blob
+        is outside input too): each record cut to ``resources_per_event`` names, then records kept while the events
+        and VM names fit, open ones first, later ones first; ids and forgotten EventIds, the latest."""
         picture = cls(limits)
-        records = sorted(state.records, key=lambda record: record.ended_at is None)[-limits.events:]
+        kept: dict[str, PlatformRecord] = {}
+        for record in sorted(state.records, key=lambda record: record.ended_at is None)[::-1]:  # open ones first
+            resources = record.event.resources[: limits.resources_per_event]
+            if len(kept) >= limits.events or record.key in kept or picture._vms + len(resources) > limits.vms:
+                continue
+            cut = len(resources) < len(record.event.resources)
+            kept[record.key] = replace(record, event=replace(record.event, resources=resources)) if cut else record
+            picture._vms += len(resources)
+        records = list(kept.values())[::-1]
         picture._records = {record.key: record for record in records}
         picture._ended = OrderedDict((record.key, None) for record in sorted(
             (record for record in records if record.ended_at is not None), key=lambda record: record.ended_at or 0.0))
@@ -192,27 +227,33 @@ class PlatformPicture:
     def apply(self, event: PlatformEvent, now: float) -> Applied:
         """Fold one platform event in (see the module docstring)."""
         with self._lock:
-            if event.grid_id in self._ids:
+            seen = message_id(event)
+            if seen in self._ids:
                 return Applied("duplicate")
             if event.key in self._forgotten:
                 return Applied("forgotten")
             held = self._records.get(event.key)
-            if held is None and len(self._records) >= self.limits.events and not self._drop_oldest_ended(now):
-                self.bound_hits["platform_events"] += 1
-                return Applied("platform_events")
-            self._remember(self._ids, event.grid_id, now)
+            if held is None:
+                refused = self._make_room(len(event.resources), now)
+                if refused:
+                    self.bound_hits[refused] += 1
+                    return Applied(refused)
+            self._remember(self._ids, seen, now)
             new = record_of(event, now)
             if new.ended:
                 self._ended[event.key] = None
             if held is None:
                 self._records[event.key] = new
+                self._vms += len(event.resources)
                 return Applied("applied", (event.event_status,), new.impact_seconds or 0.0, new)
-            if held.time_of(event.event_status) is not None:
-                merged = combine(held, replace(new, changed_at=held.changed_at), self.limits.resources_per_event)
-                self._records[event.key] = merged
-                return Applied("repeat", (), 0.0, merged)
-            merged = combine(held, new, self.limits.resources_per_event)
+            new = self._within_room(held, new)
+            repeat = held.time_of(event.event_status) is not None
+            merged = combine(held, replace(new, changed_at=held.changed_at) if repeat else new,
+                             self.limits.resources_per_event)
             self._records[event.key] = merged
+            self._vms += len(merged.event.resources) - len(held.event.resources)
+            if repeat:
+                return Applied("repeat", (), 0.0, merged)
             impact = merged.impact_seconds if held.impact_seconds is None else None
             return Applied("applied", (event.event_status,), impact or 0.0, merged)
 
@@ -224,9 +265,7 @@ class PlatformPicture:
                     if (record.ended_at is not None and record.ended_at + limits.retention <= now)
                     or (record.ended_at is None and record.changed_at + limits.open_expiry <= now)]
             for record in gone:
-                del self._records[record.key]
-                self._ended.pop(record.key, None)
-                self._remember(self._forgotten, record.key, now)
+                self._forget(record.key, now)
             _drop_before(self._ids, now - limits.retention)
             _drop_before(self._forgotten, now - limits.open_expiry)
         return gone
@@ -238,7 +277,8 @@ class PlatformPicture:
     def sizes(self) -> dict[str, int]:
         """What it holds now: records, Event Grid ids remembered, forgotten EventIds remembered (each bounded)."""
         with self._lock:
-            return {"events": len(self._records), "ids": len(self._ids), "forgotten": len(self._forgotten)}
+            return {"events": len(self._records), "ids": len(self._ids), "forgotten": len(self._forgotten),
+                    "vms": self._vms}
 
     def _remember(self, seen: OrderedDict[str, float], key: str, now: float) -> None:
         if len(seen) >= self.limits.ids:
@@ -246,14 +286,35 @@ class PlatformPicture:
             self.bound_hits["platform_ids"] += 1
         seen[key] = now
 
-    def _drop_oldest_ended(self, now: float) -> bool:
-        """Make room for a new EventId by forgetting the event that ended here first, if there is one."""
-        if not self._ended:
-            return False
-        key, _ = self._ended.popitem(last=False)
-        del self._records[key]
+    def _make_room(self, vms: int, now: float) -> str | None:
+        """Room for a new EventId naming ``vms`` VMs, forgetting the events that ended here first as needed; the
+        bound that refuses it when there is none."""
+        limits = self.limits
+        while len(self._records) >= limits.events or self._vms + vms > limits.vms:
+            if not self._ended:
+                return "platform_events" if len(self._records) >= limits.events else "platform_vms"
+            self._forget(next(iter(self._ended)), now)
+        return None
+
+    def _within_room(self, held: PlatformRecord, new: PlatformRecord) -> PlatformRecord:
+        """``new`` naming no more VMs that ``held`` lacks than there is room for (the bound hit when it did)."""
+        room = max(0, self.limits.vms - self._vms)
+        if len(new.event.resources) <= room:
+            return new
+        known = {name.casefold() for name in held.event.resources}
+        extra = [name for name in new.event.resources if name.casefold() not in known]
+        if len(extra) <= room:
+            return new
+        self.bound_hits["platform_vms"] += 1
+        allowed = {name.casefold() for name in extra[:room]} | known
+        names = tuple(name for name in new.event.resources if name.casefold() in allowed)
+        return replace(new, event=replace(new.event, resources=names))
+
+    def _forget(self, key: str, now: float) -> None:
+        record = self._records.pop(key, None)
+        self._vms -= len(record.event.resources) if record else 0
+        self._ended.pop(key, None)
         self._remember(self._forgotten, key, now)
-        return True
 
 
 def _drop_before(seen: OrderedDict[str, float], cutoff: float) -> None:

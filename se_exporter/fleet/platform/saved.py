@@ -3,7 +3,8 @@
 Named fields only (no positional rows), so a newer release can add one and an older one ignores it; the envelope
 and its version number are the state format's (``fleet/stateformat.py``), not this module's. Reading back trusts
 nothing: a row of the wrong shape is left out and counted, never fatal, and every string goes through the same
-checks as when it was first read (``fields.py``).
+checks and bounds as when it was first read (``fields.py``): a state blob is outside input too (another release
+wrote it, or a person, or a replica of a newer shape), so what is restored is what the reader could have kept.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 from se_exporter.core.model import event_key
 from se_exporter.fleet.message import MAX_TEXT, MAX_TIME
 from se_exporter.fleet.platform.fields import STATUSES, kept_text
-from se_exporter.fleet.platform.picture import PictureState, PlatformRecord
-from se_exporter.fleet.platform.reader import SCOPE_TYPES, PlatformEvent
+from se_exporter.fleet.platform.picture import ENDED, RANK, PictureState, PlatformRecord
+from se_exporter.fleet.platform.reader import MAX_DESCRIPTION, SCOPE_TYPES, PlatformEvent
 
 _TEXT = ("grid_id", "event_id", "event_type", "event_source", "resource_type", "scope_name", "subscription_id",
          "resource_group", "location", "description", "schema")
@@ -41,7 +42,7 @@ def state_from_json(obj: object) -> tuple[PictureState, int]:
     if not isinstance(obj, dict):
         return PictureState((), (), ()), 1
     records: list[PlatformRecord] = []
-    damaged = 0
+    damaged = sum(name in obj and not isinstance(obj[name], list) for name in ("records", "ids", "forgotten"))
     for row in _rows(obj, "records"):
         try:
             records.append(record_from_json(row))
@@ -55,7 +56,8 @@ def state_from_json(obj: object) -> tuple[PictureState, int]:
                 text, at = row.get(field) if isinstance(row, dict) else None, _time(row, "at")
             except ValueError:
                 text, at = None, None
-            if isinstance(text, str) and 0 < len(text) <= MAX_TEXT and at is not None:
+            if isinstance(text, str) and 0 < len(text) <= MAX_TEXT and kept_text(text, MAX_TEXT) == text \
+                    and at is not None:
                 remembered[name].append((text, at))
             else:
                 damaged += 1
@@ -68,22 +70,30 @@ def record_from_json(row: object) -> PlatformRecord:
         raise ValueError("a record is not an object")
     texts = {name: _text(row, name) for name in _TEXT}
     status, scope_type = row.get("event_status"), row.get("scope_type")
-    if status not in STATUSES or scope_type not in SCOPE_TYPES or not texts["event_id"]:
+    if status not in STATUSES or scope_type not in SCOPE_TYPES or not texts["event_id"].strip():
         raise ValueError("event_status, scope_type or event_id")
     resources = row.get("resources")
-    if not isinstance(resources, list) or not all(isinstance(name, str) and name for name in resources):
+    if not isinstance(resources, list) or not all(isinstance(name, str) and name.strip() for name in resources):
+        raise ValueError("resources")
+    distinct: dict[str, str] = {}  # as the reader keeps them: one per name without case, the first spelling
+    for name in resources:
+        distinct.setdefault(name.casefold(), kept_text(name, MAX_TEXT))
+    names = tuple(distinct.values())
+    if any(len(name) > MAX_TEXT for name in names):
         raise ValueError("resources")
     times = row.get("times")
     if not isinstance(times, dict) or not times or any(
             known not in STATUSES or _time(times, known) is None for known in times):
         raise ValueError("times")
+    if status not in times or any(RANK[known] > RANK[str(status)] for known in times):
+        raise ValueError("event_status is not the furthest status of times")  # statuses only move forward
     event_time = _time(row, "event_time")
     if event_time is None:
         raise ValueError("event_time")
     event = PlatformEvent(
         grid_id=texts["grid_id"], event_id=texts["event_id"], key=event_key(texts["event_id"]),
         event_type=texts["event_type"], event_status=str(status), event_source=texts["event_source"],
-        resource_type=texts["resource_type"], resources=tuple(kept_text(name, MAX_TEXT) for name in resources),
+        resource_type=texts["resource_type"], resources=names,
         scope_type=str(scope_type), scope_name=texts["scope_name"], subscription_id=texts["subscription_id"],
         resource_group=texts["resource_group"], location=texts["location"], event_time=event_time,
         not_before=_time(row, "not_before"), duration_seconds=_number(row, "duration_seconds"),
@@ -92,7 +102,11 @@ def record_from_json(row: object) -> PlatformRecord:
     changed_at = _time(row, "changed_at")
     if changed_at is None:
         raise ValueError("changed_at")
-    return PlatformRecord(event, ordered, _time(row, "ended_at"), changed_at)
+    # ended_at is set exactly when the status is an end (retention counts from it), as the picture sets it
+    ended_at = _time(row, "ended_at") if event.event_status in ENDED else None
+    if event.event_status in ENDED and ended_at is None:
+        ended_at = min(float(times[event.event_status]), changed_at)
+    return PlatformRecord(event, ordered, ended_at, changed_at)
 
 
 def _rows(obj: dict[str, Any], name: str) -> list[Any]:
@@ -101,11 +115,13 @@ def _rows(obj: dict[str, Any], name: str) -> list[Any]:
 
 
 def _text(row: dict[str, Any], name: str) -> str:
+    """A string field within the reader's bound for it (label values: ``MAX_TEXT``)."""
     value = row.get(name, "")
+    limit = MAX_DESCRIPTION if name == "description" else MAX_TEXT
     if not isinstance(value, str):
         raise ValueError(name)
-    text = kept_text(value, 4 * MAX_TEXT)
-    if len(text) > 4 * MAX_TEXT:
+    text = kept_text(value, limit)
+    if len(text) > limit:
         raise ValueError(name)
     return text
 
