@@ -8,9 +8,8 @@ from the next scrape, with its series; nothing is removed by hand):
 * ``azure_scheduled_fleet_platform_event_vms{event_id, event_type, coverage}``: the VMs of each coverage
   (``coverage.COVERAGES``), all four per EventId (0 included), so a panel's series never come and go.
 
-Counters and the histogram are the wiring session's to create (prometheus_client objects on the fleet's registry,
-beside ``FleetMetrics``, every label value created at zero where the values are a closed set), fed from what this
-package returns:
+Counters and the histogram are ``collector.FleetMetrics``' (every label value created at zero where the values are a
+closed set), fed by ``service.py`` from what this package returns:
 
 * ``azure_scheduled_fleet_platform_events_total{event_type, event_status}``: ``len(Applied.statuses)`` per
   ``PlatformPicture.apply`` (every status learnt, once per EventId and status, whatever the order);
