@@ -17,6 +17,7 @@ from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.consumer import Service
 from se_exporter.fleet.main import partition_vms
 from se_exporter.fleet.picture import Fleet
+from se_exporter.fleet.platform.picture import PlatformLimits
 from se_exporter.fleet.platform.saving import decode_platform, platform_blob_name
 from se_exporter.fleet.platform.service import Platform, home
 from se_exporter.fleet.report import Report
@@ -358,3 +359,19 @@ def test_what_was_counted_of_an_event_goes_when_the_event_is_forgotten() -> None
     replica.now[0] = T0 + 30 + 3600 + 1
     replica.gauges()
     assert replica.coverage() == {} and held.missed == {} and KEY not in replica.platform.memory
+
+
+def test_the_events_listed_stay_within_one_pictures_bound_whatever_the_partitions_hold() -> None:
+    """Pictures of several partitions merged list at most PlatformLimits.events EventIds (open ones first), so the
+    series stay bounded per replica; the bound hit is counted."""
+    states: dict[str, Stored] = {}
+    replica, other = Replica(states, partitions=2), Replica(states, partitions=2, partition_id="1")
+    replica.platform.limits = other.platform.limits = PlatformLimits(events=2)
+    for each in (replica, other):
+        run(each.claim())
+    run(other.read(platform("Scheduled", 1, event_id=homed("0", 2)), platform("Completed", 2, event_id=homed("1", 2))))
+    run(other.service.save("1"))
+    run(replica.read(platform("Scheduled", 1)))
+    run(replica.platform.read_peers())
+    assert len(replica.platform.reconcile().records) == 2
+    assert replica.value("azure_scheduled_fleet_bound_hits_total", bound="platform_events") == 1

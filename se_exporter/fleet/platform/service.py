@@ -229,6 +229,10 @@ class Platform:
                  for side in self.hubs.values() for partition_id, records in side.peers.items()
                  if partition_id not in side.held]
         records = merge([*(picture.records() for picture in pictures), *peers])
+        if len(records) > self.limits.events:  # several partitions' pictures: the series stay within one's bound
+            self._report.bound_hit("platform_events", len(records) - self.limits.events)
+            records.sort(key=lambda record: (record.ended_at is None, record.ended_at or record.changed_at))
+            records = records[-self.limits.events:]
         if not records and not self.memory and not self.view.records:
             return self.view  # a fleet that has not opted in costs nothing here
         vms = self._shown_vms()
