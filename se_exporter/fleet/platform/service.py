@@ -235,11 +235,11 @@ class Platform:
             records = records[-self.limits.events:]
         if not records and not self.memory and not self.view.records:
             return self.view  # a fleet that has not opted in costs nothing here
-        vms = self._shown_vms()
+        vms, alive = self._shown_vms(now)
         whole = self.whole()
         result = self.reconciler.update(records, vms, now, counts=self._counts, absent=whole)
         self._count_result(result)
-        self._judge(records, now)
+        self._judge(records, alive)
         if not whole:
             result = self._nowhere(records, result)
         result = self._decided(records, result)
@@ -256,25 +256,18 @@ class Platform:
         self.view = View(tuple(records), result.coverage, informed, sizes)
         return self.view
 
-    def _judge(self, records: list[PlatformRecord], now: float) -> None:
+    def _judge(self, records: list[PlatformRecord], shown: dict[int, tuple[Held, set[str]]]) -> None:
         """Each shown partition's ``judged``: the EventIds known, and per EventId the VMs it names alive there (a
         change is written with the partition's next save)."""
-        expiry = self.reconciler.settings.vm_expiry
         keys = frozenset(record.key for record in records)
         named = [(record.key, frozenset(name_key(resource) for resource in record.event.resources))
                  for record in records]
-        for side in self.hubs.values():
-            shown = side.partition_vms() if side.partition_vms is not None else {}
-            for partition_id, listed in shown.items():
-                held = side.held.get(partition_id)
-                if held is None:
-                    continue
-                alive = {name_key(vm.vm_name) for vm in listed if now - vm.seen_at <= expiry}
-                judged = Judged(keys, {key: names & alive for key, names in named if alive and not names.isdisjoint(
-                    alive)})
-                if judged != held.judged:
-                    held.judged = judged
-                    held.changes += 1
+        for held, alive in shown.values():
+            judged = Judged(keys, {key: names & alive for key, names in named if alive and not names.isdisjoint(
+                alive)})
+            if judged != held.judged:
+                held.judged = judged
+                held.changes += 1
 
     def _nowhere(self, records: list[PlatformRecord], result: Reconciliation) -> Reconciliation:
         """With several replicas: ``no_sidecar`` for a named VM of an EventId homed here when every partition of every
@@ -312,9 +305,12 @@ class Platform:
                         record.event.event_type, "no_sidecar").inc)
         return replace(result, coverage=result.coverage + tuple(rows)) if rows else result
 
-    def _shown_vms(self) -> list[VmState]:
-        """The VMs this replica shows, noting each one's partition (``_where``: whose memory counts its pairs)."""
+    def _shown_vms(self, now: float) -> tuple[list[VmState], dict[int, tuple[Held, set[str]]]]:
+        """The VMs this replica shows, noting each one's partition (``_where``: whose memory counts its pairs), and
+        per shown partition the names of its VMs alive (heard from within the VM expiry)."""
         vms: list[VmState] = []
+        alive: dict[int, tuple[Held, set[str]]] = {}  # by id() of the Held: partition ids repeat across hubs
+        expiry = self.reconciler.settings.vm_expiry
         self._where = {}
         for side in self.hubs.values():
             if side.partition_vms is None:
@@ -323,10 +319,15 @@ class Platform:
             for partition_id, listed in side.partition_vms().items():
                 vms.extend(listed)
                 held = side.held.get(partition_id)
-                if held is not None:
-                    for vm in listed:
-                        self._where.setdefault(name_key(vm.vm_name), held)
-        return vms
+                if held is None:
+                    continue
+                names = alive.setdefault(id(held), (held, set()))[1]
+                for vm in listed:
+                    name = name_key(vm.vm_name)
+                    self._where.setdefault(name, held)
+                    if now - vm.seen_at <= expiry:
+                        names.add(name)
+        return vms, alive
 
     def _forget(self, keys: set[str]) -> None:
         """What was counted of EventIds forgotten (past retention) goes with them; each partition's memory of its
