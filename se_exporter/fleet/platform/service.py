@@ -74,6 +74,12 @@ MAX_MEMORY = 100_000  # EventIds whose counting is remembered (ReconcileSettings
 _EMPTY = PictureState((), (), ())
 
 
+@functools.lru_cache(maxsize=262_144)
+def _key_of(name: str) -> str:
+    """``name_key``, remembered: a reconciliation looks at every shown VM's name (100,000 every few seconds)."""
+    return name_key(name)
+
+
 def home(key: str, partitions: int) -> str:
     """The partition id of an EventId's home: stable across processes and releases (CRC-32, not ``hash``)."""
     return str(zlib.crc32(key.encode("utf-8", "surrogatepass")) % partitions)
@@ -235,7 +241,8 @@ class Platform:
             records = records[-self.limits.events:]
         if not records and not self.memory and not self.view.records:
             return self.view  # a fleet that has not opted in costs nothing here
-        vms, alive = self._shown_vms(now)
+        named = frozenset(_key_of(resource) for record in records for resource in record.event.resources)
+        vms, alive = self._shown_vms(now, named)
         whole = self.whole()
         result = self.reconciler.update(records, vms, now, counts=self._counts, absent=whole)
         self._count_result(result)
@@ -305,28 +312,31 @@ class Platform:
                         record.event.event_type, "no_sidecar").inc)
         return replace(result, coverage=result.coverage + tuple(rows)) if rows else result
 
-    def _shown_vms(self, now: float) -> tuple[list[VmState], dict[int, tuple[Held, set[str]]]]:
-        """The VMs this replica shows, noting each one's partition (``_where``: whose memory counts its pairs), and
-        per shown partition the names of its VMs alive (heard from within the VM expiry)."""
+    def _shown_vms(self, now: float, named: frozenset[str]) -> tuple[list[VmState], dict[int, tuple[Held, set[str]]]]:
+        """The VMs this replica shows that matter to the reconciliation (named by an event, or listing one: the
+        rest of a fleet of 100,000 would only cost it time), noting each one's partition (``_where``: whose memory
+        counts its pairs), and per shown partition the names of its named VMs alive (heard from within the VM
+        expiry)."""
         vms: list[VmState] = []
         alive: dict[int, tuple[Held, set[str]]] = {}  # by id() of the Held: partition ids repeat across hubs
         expiry = self.reconciler.settings.vm_expiry
         self._where = {}
         for side in self.hubs.values():
             if side.partition_vms is None:
-                vms.extend(side.fleet.vms())
+                vms.extend(vm for vm in side.fleet.vms() if vm.events or _key_of(vm.vm_name) in named)
                 continue
             for partition_id, listed in side.partition_vms().items():
-                vms.extend(listed)
                 held = side.held.get(partition_id)
-                if held is None:
-                    continue
-                names = alive.setdefault(id(held), (held, set()))[1]
+                names = alive.setdefault(id(held), (held, set()))[1] if held is not None else set()
                 for vm in listed:
-                    name = name_key(vm.vm_name)
-                    self._where.setdefault(name, held)
-                    if now - vm.seen_at <= expiry:
-                        names.add(name)
+                    name = _key_of(vm.vm_name)
+                    if not vm.events and name not in named:
+                        continue
+                    vms.append(vm)
+                    if held is not None:
+                        self._where.setdefault(name, held)
+                        if now - vm.seen_at <= expiry:
+                            names.add(name)
         return vms, alive
 
     def _forget(self, keys: set[str]) -> None:
