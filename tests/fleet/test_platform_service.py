@@ -375,3 +375,19 @@ def test_the_events_listed_stay_within_one_pictures_bound_whatever_the_partition
     run(replica.platform.read_peers())
     assert len(replica.platform.reconcile().records) == 2
     assert replica.value("azure_scheduled_fleet_bound_hits_total", bound="platform_events") == 1
+
+
+def test_a_vm_counted_without_a_sidecar_is_not_counted_again_when_its_sidecar_appears_after_a_restart() -> None:
+    """Each VM and EventId once, whatever the reason: web_3 counted as no_sidecar, then (after a restart) its sidecar
+    appears without the event: it shows as missed, and is not counted a second time."""
+    states: dict[str, Stored] = {}
+    first = Replica(states)
+    run(first.claim())
+    run(first.read(platform("Scheduled", 1, resources=["web_3"]), sidecar(2, "web_9")))
+    assert first.coverage()["no_sidecar"] == 1.0
+    assert first.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="no_sidecar") == 1
+    successor = Replica(states, now=[T0 + GRACE + 5])
+    run(successor.claim())
+    run(successor.read(sidecar(3, "web_3")))
+    assert successor.coverage()["missed"] == 1.0
+    assert successor.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="missed") == 0

@@ -129,6 +129,7 @@ class HubSide:
     peers: dict[str, tuple[PlatformRecord, ...]] = field(default_factory=dict)  # partitions not held: their records
     peer_tags: dict[str, str] = field(default_factory=dict)  # the ETag of each peer's blob when read
     peer_judged: dict[str, Judged] = field(default_factory=dict)  # their ``Held.judged``
+    peer_missed: dict[str, frozenset[tuple[str, str]]] = field(default_factory=dict)  # the misses they counted
     # The VMs of each owned partition this replica shows (None: all of ``fleet.vms()``, partitions unknown).
     partition_vms: Callable[[], dict[str, list[VmState]]] | None = None
 
@@ -149,6 +150,7 @@ class Platform:
         self._dirty_homes: set[str] = set()  # home partitions whose memory changed since written
         self.applied_at = 0.0  # monotonic time of the last platform message applied
         self._where: dict[str, Held] = {}  # VM name (name_key) -> its partition, as of the last reconciliation
+        self._missed_anywhere: set[tuple[str, str]] = set()  # (key, VM) misses counted in any memory known here
         self.view = View()
         for reason in PLATFORM_INVALID_REASONS:
             metrics.invalid.labels(reason)
@@ -183,6 +185,8 @@ class Platform:
                     if partition_id not in side.held and loaded is not None and loaded.state is not None:
                         side.peers[partition_id], side.peer_tags[partition_id] = loaded.state.records, tag
                         side.peer_judged[partition_id] = loaded.judged
+                        side.peer_missed[partition_id] = frozenset(loaded.missed) | frozenset(
+                            (key, name) for key, entry in loaded.memory.items() for name in entry.missed)
             except Exception as error:  # counted and logged; the records last read are kept meanwhile
                 self._metrics.errors.labels("state_read").inc()
                 self._report.once(f"platform-peer:{side.role}", logging.WARNING, "cannot read the other partitions' "
@@ -193,6 +197,7 @@ class Platform:
                 side.peers.pop(partition_id, None)
                 side.peer_tags.pop(partition_id, None)
                 side.peer_judged.pop(partition_id, None)
+                side.peer_missed.pop(partition_id, None)
 
     @property
     def home_role(self) -> str | None:
@@ -243,6 +248,7 @@ class Platform:
             return self.view  # a fleet that has not opted in costs nothing here
         named = frozenset(_key_of(resource) for record in records for resource in record.event.resources)
         vms, alive = self._shown_vms(now, named)
+        self._missed_anywhere = self._all_missed()
         whole = self.whole()
         result = self.reconciler.update(records, vms, now, counts=self._counts, absent=whole)
         self._count_result(result)
@@ -262,6 +268,19 @@ class Platform:
                 sizes[name] = sizes.get(name, 0) + size
         self.view = View(tuple(records), result.coverage, informed, sizes)
         return self.view
+
+    def _all_missed(self) -> set[tuple[str, str]]:
+        """Every (EventId key, VM) miss counted that this replica knows of: in its partitions' memories, its homes',
+        and the other partitions' blobs. A pair is counted once whatever its reason: a VM first without a sidecar
+        (counted by the home) whose sidecar then appears elsewhere is not counted again as missed there (unless
+        within the couple of checkpoint intervals before that replica reads the home's blob)."""
+        known: set[tuple[str, str]] = {(key, name) for key, entry in self.memory.items() for name in entry.missed}
+        for side in self.hubs.values():
+            for held in side.held.values():
+                known.update(held.missed)
+            for missed in side.peer_missed.values():
+                known.update(missed)
+        return known
 
     def _judge(self, records: list[PlatformRecord], shown: dict[int, tuple[Held, set[str]]]) -> None:
         """Each shown partition's ``judged``: the EventIds known, and per EventId the VMs it names alive there (a
@@ -418,6 +437,8 @@ class Platform:
     def _counts(self, kind: str, key: str, name: str) -> bool:
         """A VM's miss or lag is counted by the replica that shows the VM, once per its partition's memory; an
         EventId (its unannounced count, or a VM no sidecar shows) by its home's replica, once per the home's."""
+        if kind == "missed" and (key, name) in self._missed_anywhere:
+            return False  # counted already under another reason, where another memory keeps it
         held = self._where.get(name) if kind != "unannounced" else None
         if held is not None:
             return (key, name) not in (held.missed if kind == "missed" else held.lags)
@@ -546,6 +567,7 @@ class PlatformReader:
         side.peers.pop(partition_id, None)
         side.peer_tags.pop(partition_id, None)
         side.peer_judged.pop(partition_id, None)
+        side.peer_missed.pop(partition_id, None)
         failures = 0
         while True:
             try:
