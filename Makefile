@@ -156,11 +156,13 @@ image:
 # The sidecar's cost beside the Go peer and other references, measured in one run and reported as ratios against
 # the targets of issue 14, the image size, and IMDS change -> Alertmanager notification against the sum of the
 # intervals that bound it (writes docs/measurements/bench.json); about five minutes. Then the fleet consumer against the
-# bare SDK (writes docs/measurements/fleet-bench.json); about two minutes. Then the fleet at scale: 100,000 VMs over 32
+# bare SDK (writes docs/measurements/fleet-bench.json), and the same for a burst of platform messages
+# (fleet-platform-bench.json); about two minutes each. Then the fleet at scale: 100,000 VMs over 32
 # partitions, two replicas, against the bare SDK (writes docs/measurements/fleet-scale.json); about twelve minutes.
 bench: $(VENV)/.installed system-deps tests/azurite/node_modules/.installed
 	$(BIN)/python scripts/bench.py
 	$(BIN)/python scripts/fleet_bench.py
+	$(BIN)/python scripts/fleet_bench.py --platform
 	$(BIN)/python scripts/fleet_scale_bench.py
 
 # 20,000 polls at 20 Hz (the fastest --poll-interval allows; about 17 minutes) of a fast-changing simulator;

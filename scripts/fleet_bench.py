@@ -2,6 +2,7 @@
 
     python scripts/fleet_bench.py           (make bench)  10,000 documents
     python scripts/fleet_bench.py --smoke   a few hundred, to keep the script working (make test)
+    python scripts/fleet_bench.py --platform [--smoke]   the same for a burst of platform messages (issue 27)
 
 Two phases, each with its own Event Hubs test server in its own process (4 partitions) and nothing else running:
 first a bare `EventHubConsumerClient.receive_batch` (same batch size and prefetch as `fleet`, no checkpoint store)
@@ -49,6 +50,8 @@ PARTITIONS = 4
 POLL = 0.5
 APPLIED = re.compile(rb"^azure_scheduled_fleet_documents_applied_total\{[^}]*\} (\S+)$", re.MULTILINE)
 LAST_APPLIED = re.compile(rb"^azure_scheduled_fleet_last_applied_timestamp_seconds (\S+)$", re.MULTILINE)
+PLATFORM_APPLIED = re.compile(rb"^azure_scheduled_fleet_platform_messages_applied_total (\S+)$", re.MULTILINE)
+PLATFORM_LAST = re.compile(rb"^azure_scheduled_fleet_platform_last_applied_timestamp_seconds (\S+)$", re.MULTILINE)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -71,13 +74,29 @@ def hub_message(envelope: Envelope) -> Message:
                    properties=dict(envelope.properties))
 
 
-def serve_hub(count: int) -> None:
-    """Serve an empty hub; on 'burst' from stdin enqueue ``count`` forwarded documents at once, print the time."""
+def platform_messages(count: int) -> list[tuple[str, Message, None]]:
+    """``count`` platform messages as Event Grid delivers them to a hub (an array of one event, no partition key:
+    spread over the partitions): each a new EventId of a scale set of 7, Scheduled, naming two of its VMs."""
+    from tests.fleet.platform_helpers import T0, grid  # noqa: PLC0415 - only for this mode
+
+    messages = []
+    for index in range(count):
+        event_id = str(uuid.UUID(int=index + 1))
+        event = grid("Scheduled", event_id=event_id, at=T0 + index, resources=[f"vm-{index}", f"vm-{index + 1}"])
+        body = json.dumps([event]).encode()
+        messages.append((str(index % PARTITIONS), Message(body=body, inferred=True, content_type="application/json"),
+                         None))
+    return messages
+
+
+def serve_hub(count: int, kind: str = "documents") -> None:
+    """Serve an empty hub; on 'burst' from stdin enqueue ``count`` forwarded documents (or platform messages) at once,
+    print the time."""
     store = Store(partition_count=PARTITIONS)
     server = EventHubsTestServer(store, port=free_port()).start()
     installation = str(uuid.uuid4())
-    messages = []
-    for index in range(count):
+    messages: list[tuple[str, Message, str | None]] = list(platform_messages(count)) if kind == "platform" else []
+    for index in range(count if kind == "documents" else 0):
         identity, raw = fleet_vm(index)
         envelope = envelope_for(identity, raw, index + 1, f"{installation}-{index}")  # one sidecar per VM
         messages.append((store.partition_for(envelope.partition_key), hub_message(envelope), envelope.partition_key))
@@ -94,10 +113,10 @@ def serve_hub(count: int) -> None:
 
 
 class Hub:
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, kind: str = "documents") -> None:
         self.process = subprocess.Popen(  # noqa: S603 - this script, by our own interpreter
-            [sys.executable, __file__, "--serve-hub", str(count)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True)
+            [sys.executable, __file__, "--serve-hub", str(count), "--kind", kind], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True)
         assert self.process.stdout is not None
         self.connection_string = self.process.stdout.readline().strip()
 
@@ -149,8 +168,8 @@ def bare_receive(connection_string: str, count: int) -> None:
     asyncio.run(run())
 
 
-def bare_phase(count: int) -> dict[str, float]:
-    hub = Hub(count)
+def bare_phase(count: int, kind: str = "documents") -> dict[str, float]:
+    hub = Hub(count, kind)
     try:
         receiver = subprocess.Popen(  # noqa: S603 - this script, by our own interpreter
             [sys.executable, __file__, "--bare", hub.connection_string, str(count)], stdout=subprocess.PIPE, text=True)
@@ -169,27 +188,33 @@ def bare_phase(count: int) -> dict[str, float]:
 # ---------------------------------------------------------------- the fleet consumer
 
 
-def applied(url: str) -> tuple[float, float]:
-    """Documents applied so far, and when the last of them was applied (the fleet's own clock, this machine's)."""
+def applied(url: str, kind: str = "documents") -> tuple[float, float]:
+    """Documents (or platform messages) applied so far, and when the last of them was applied (the fleet's own
+    clock, this machine's)."""
     with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 - loopback only
         text = response.read()
-    stamp = LAST_APPLIED.search(text)
-    return sum(float(value) for value in APPLIED.findall(text)), float(stamp.group(1)) if stamp else 0.0
+    counted, last = (PLATFORM_APPLIED, PLATFORM_LAST) if kind == "platform" else (APPLIED, LAST_APPLIED)
+    stamp = last.search(text)
+    return sum(float(value) for value in counted.findall(text)), float(stamp.group(1)) if stamp else 0.0
 
 
-def fleet_phase(count: int, work: Path) -> dict[str, float]:
-    hub = Hub(count)
+def fleet_phase(count: int, work: Path, kind: str = "documents") -> dict[str, float]:
+    hub = Hub(count, kind)
     azurite = Azurite(work / "azurite")
     # The default intervals, as in production: the first load-balancing round claims every partition at start.
     fleet: FleetProcess | None = None
     try:
-        fleet = FleetProcess(hub.connection_string, azurite.connection_string, work / "fleet")
+        if kind == "platform":  # the platform's hub alone: an agentless fleet
+            fleet = FleetProcess(None, azurite.connection_string, work / "fleet", env={
+                "SE_EXPORTER_PLATFORM_EVENTHUB_CONNECTION_STRING": hub.connection_string})
+        else:
+            fleet = FleetProcess(hub.connection_string, azurite.connection_string, work / "fleet")
         wait_until(lambda: fleet.value("azure_scheduled_fleet_owned_partitions") == PARTITIONS, timeout=60,
                    what="the fleet to own every partition")
         time.sleep(2)  # idle RSS after the claims' one-time allocations, not a wait for a condition
         idle_rss, cpu = rss_mb(fleet.process.pid), cpu_seconds(fleet.process.pid)
         burst_at = hub.burst()
-        while (progress := applied(fleet.metrics_url))[0] < count:
+        while (progress := applied(fleet.metrics_url, kind))[0] < count:
             time.sleep(POLL)
         reflected = time.time() - burst_at
         cpu = cpu_seconds(fleet.process.pid) - cpu  # scrapes included: they are part of serving the fleet
@@ -318,12 +343,18 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "measurements" / "fleet-bench.json")
     parser.add_argument("--scrape", action="store_true",
                         help="only the scrape: the fleet's writer beside prometheus-client's families, 10,000 VMs")
+    parser.add_argument("--platform", action="store_true",
+                        help="a burst of platform messages (Event Grid's) instead of forwarded documents, to the "
+                             "platform's hub alone; writes docs/measurements/fleet-platform-bench.json")
     parser.add_argument("--serve-hub", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--kind", default="documents", help=argparse.SUPPRESS)
     parser.add_argument("--bare", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_hub is not None:
-        serve_hub(args.serve_hub)
+        serve_hub(args.serve_hub, args.kind)
         return 0
+    if args.platform:
+        return platform_main(args.smoke, ROOT / "docs" / "measurements" / "fleet-platform-bench.json")
     if args.bare:
         bare_receive(args.bare[0], int(args.bare[1]))
         return 0
@@ -368,6 +399,43 @@ def main() -> int:
     if not args.smoke:
         args.output.parent.mkdir(exist_ok=True)
         args.output.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result))
+    return 0
+
+
+def platform_main(smoke: bool, output: Path) -> int:
+    """The platform burst: the bare SDK receiving N platform messages against the fleet applying them (folded into
+    its pictures; reconciled on its loop meanwhile), alternated, best of each."""
+    count = 300 if smoke else 10_000
+    bares, fleets = [], []
+    for _round in range(1 if smoke else 3):
+        bares.append(bare_phase(count, "platform"))
+        with tempfile.TemporaryDirectory() as work:
+            fleets.append(fleet_phase(count, Path(work), "platform"))
+    bare = min(run["received_s"] for run in bares)
+    fleet = min(fleets, key=lambda run: run["applied_s"])
+    figures = [
+        (f"bare SDK: burst of {count:,} platform messages received", bare, "s", ""),
+        (f"fleet: burst of {count:,} platform messages applied", fleet["applied_s"], "s", ""),
+        ("fleet platform applied rate / bare SDK receive rate", bare / fleet["applied_s"], "x", ">= 0.75"),
+        (f"bare SDK: CPU for {count:,}", min(run["cpu_s"] for run in bares), "s", ""),
+        (f"fleet: CPU for {count:,} (reconciliation and scrapes included)", min(run["cpu_s"] for run in fleets),
+         "s", ""),
+        (f"fleet RSS with {count:,} platform events", fleet["loaded_rss_mb"], "MB", ""),
+        ("fleet RSS idle, every partition owned", fleet["idle_rss_mb"], "MB", ""),
+    ]
+    print("rounds: bare " + ", ".join(f"{run['received_s']:.2f}" for run in bares) + " s; fleet applied "
+          + ", ".join(f"{run['applied_s']:.2f}" for run in fleets) + " s", file=sys.stderr)
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    print(f"se-exporter fleet platform benchmark ({'smoke' if smoke else 'full'}) on {machine}")
+    for name, measured, unit, target in figures:
+        print(f"  {name:<60} {measured:10.3f} {unit:<3} {target}")
+    result = {"machine": machine, "mode": "smoke" if smoke else "full", "platform_messages": count,
+              "figures": [{"figure": name, "measured": round(measured, 4), "unit": unit, "target": target}
+                          for name, measured, unit, target in figures]}
+    if not smoke:
+        output.parent.mkdir(exist_ok=True)
+        output.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
     return 0
 

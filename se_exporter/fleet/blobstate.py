@@ -110,6 +110,12 @@ class StateBlobs(StateStore):
         self._etags[partition_id] = result.get("etag")
         return "ok"
 
+    async def listing(self, prefix: str) -> dict[str, str]:
+        names: dict[str, str] = {}
+        async for blob in self._container.list_blobs(name_starts_with=prefix):
+            names[blob.name] = str(blob.etag)
+        return names
+
     async def _stored_position(self, partition_id: str) -> int | None:
         try:
             properties = await self._blob(partition_id).get_blob_properties()

@@ -11,7 +11,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -30,6 +30,8 @@ LOSS_SIGNS = ("link_stolen", "owned_elsewhere", "claim_failed")
 # Why a state blob (or part of it) was not used: not gzip'd JSON, JSON of another shape, an older or unknown format,
 # rows out of type or range, a position past the partition's newest event.
 DAMAGE_REASONS = ("unreadable", "wrong_shape", "format", "row", "position")
+PLATFORM_STATUSES = ("Scheduled", "Started", "Completed", "Canceled")  # the platform copy's; IMDS shows the first two
+LAG_BUCKETS = (-300.0, -60.0, -10.0, 0.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, float("inf"))
 
 
 @dataclass
@@ -106,6 +108,37 @@ class FleetMetrics:
             self.errors.labels(reason)
         for sign in LOSS_SIGNS:
             self.loss_signs.labels(sign)
+        self._platform(registry)
+
+    def _platform(self, registry: CollectorRegistry) -> None:
+        """The platform stream's counters (issue 27; fed by ``fleet/platform/service.py``). Each counts on ONE
+        replica per EventId, its home's, so a sum over replicas counts each once."""
+        self.platform_events = Counter(f"{FLEET}_platform_events", "Status changes of scheduled events the platform "
+                                       "announced (Event Grid), each EventId and status once.",
+                                       ["event_type", "event_status"], registry=registry)
+        self.platform_applied = Counter(f"{FLEET}_platform_messages_applied", "Platform messages (Event Grid's) "
+                                        "folded into a platform picture.", registry=registry)
+        self.platform_last_applied = Gauge(f"{FLEET}_platform_last_applied_timestamp_seconds", "When this replica "
+                                           "last applied a platform message, as unix time (0: not yet).",
+                                           registry=registry)
+        self.platform_duplicates = Counter(f"{FLEET}_platform_duplicates", "Platform messages dropped: Event Grid "
+                                           "delivered the same id again.", registry=registry)
+        self.missed_events = Counter(f"{FLEET}_missed_events", "Affected VMs of platform events whose sidecar did not "
+                                     "list them, each VM and EventId once, by why.", ["event_type", "reason"],
+                                     registry=registry)
+        self.unannounced_events = Counter(f"{FLEET}_unannounced_events", "EventIds sidecars listed that the platform "
+                                          "never announced (only in scopes that publish), each once.", ["event_type"],
+                                          registry=registry)
+        self.announcement_lag = Histogram(f"{FLEET}_announcement_lag_seconds", "When a VM first listed a platform "
+                                          "event minus the eventTime of its first status (negative: the VM knew "
+                                          "first).",
+                                          buckets=LAG_BUCKETS, registry=registry)
+        self.impact_seconds = Counter(f"{FLEET}_impact_seconds", "Per affected VM, Started to Completed of platform "
+                                      "events by the platform's times.", ["event_type", "scope_name", "location"],
+                                      registry=registry)
+        for event_type in EVENT_TYPES:
+            for status in PLATFORM_STATUSES:
+                self.platform_events.labels(event_type, status)
 
 
 class PartitionCollector(Collector):

@@ -46,7 +46,7 @@ import logging
 import time
 from collections import Counter as Tally
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from azure.eventhub import CloseReason, EventData
 from azure.eventhub.aio import PartitionContext
@@ -69,6 +69,21 @@ log = logging.getLogger("se_exporter.fleet")
 BATCH_SIZE = 300  # the SDK's default prefetch: one batch drains what one link fetches
 EMPTY_BATCH_AFTER = 1.0  # seconds without events before the SDK says so: the partition is caught up
 LINK_POLL = 0.05  # seconds between looks at the SDK's receiver links (attached, stolen)
+
+
+class FirstReader(Protocol):
+    """What reads each message before ``read_message`` does, per partition (the platform stream's reader:
+    ``fleet/platform/service.py``)."""
+
+    async def claim(self, context: PartitionContext) -> None:
+        """The partition is claimed: its own state is restored before a single event is read."""
+
+    def handle(self, partition_id: str, sequence_number: int, body: bytes, enqueued: float) -> str | None:
+        """What became of the message (an outcome ``_count`` may count) when it was its kind; None when it is not
+        (then a sidecar's document); ``InvalidMessage`` when it is its kind but unreadable."""
+
+    def release(self, partition_id: str) -> None:
+        """The partition is no longer this replica's."""
 
 
 class Service:
@@ -95,6 +110,7 @@ class Service:
         # ``link_attached`` and ``link_stolen``.
         self.attached: Callable[[str], bool | None] = lambda partition_id: None
         self.stolen: Callable[[str], bool] = lambda partition_id: False
+        self.first_reader: FirstReader | None = None  # the platform stream's reader (fleet/platform/service.py)
 
     @property
     def views(self) -> dict[str, PartitionView]:
@@ -110,6 +126,8 @@ class Service:
         self.restoring.add(partition_id)
         try:
             restored = await self.keeper.restore(partition_id)
+            if self.first_reader is not None:
+                await self.first_reader.claim(context)
         finally:
             self.restoring.discard(partition_id)
         self.doubted.discard(partition_id)
@@ -170,6 +188,9 @@ class Service:
                 self._metrics.replayed.inc(count)
             elif outcome in BOUND_NAMES:
                 self._report.bound_hit(outcome, count)
+            elif outcome == "platform":  # the platform stream's (fleet/platform/service.py)
+                self._metrics.platform_applied.inc(count)
+                self._metrics.platform_last_applied.set(self._clock())
 
     def _check_restored(self, context: PartitionContext) -> bool:
         """A restored position past the partition's newest event is damage (see ``Fleet.check_restored``). Whether
@@ -197,7 +218,13 @@ class Service:
         if self._fleet.already_applied(partition_id, sequence_number):
             return "replayed"
         try:
-            message = read_message(_body(event), event.properties or {}, event.message_id, event.partition_key,
+            body = _body(event)
+            first = self.first_reader.handle(partition_id, sequence_number, body, enqueued) \
+                if self.first_reader is not None else None
+            if first is not None:  # the platform's (or replayed, or skipped): not a sidecar's document
+                self._fleet.handled(partition_id, sequence_number)
+                return first
+            message = read_message(body, event.properties or {}, event.message_id, event.partition_key,
                                    enqueued, self._settings.max_message_bytes)
         except InvalidMessage as error:
             self._fleet.handled(partition_id, sequence_number)
@@ -236,6 +263,8 @@ class Service:
         if reason == CloseReason.SHUTDOWN and partition is not None:
             await self.keeper.save(partition)  # before the SDK releases ownership: the next owner starts from here
         dropped = self._fleet.release(partition_id)
+        if self.first_reader is not None:
+            self.first_reader.release(partition_id)
         self.partitions.pop(partition_id, None)
         self.doubted.discard(partition_id)
         self._shown_changed()

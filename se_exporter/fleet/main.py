@@ -14,6 +14,7 @@ import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import aiohttp
@@ -28,7 +29,7 @@ from se_exporter import __version__
 from se_exporter.core.errors import ConfigError
 from se_exporter.core.retry import backoff
 from se_exporter.fleet.blobstate import StateBlobs
-from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, render_fleet
+from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView, render_fleet
 from se_exporter.fleet.consumer import (
     BATCH_SIZE,
     EMPTY_BATCH_AFTER,
@@ -37,8 +38,11 @@ from se_exporter.fleet.consumer import (
     link_attached,
     link_stolen,
 )
+from se_exporter.fleet.message import VmState
 from se_exporter.fleet.picture import Fleet
-from se_exporter.fleet.settings import FleetSettings
+from se_exporter.fleet.platform.service import RECONCILE_EVERY, Platform
+from se_exporter.fleet.report import Report
+from se_exporter.fleet.settings import FleetSettings, Hub
 from se_exporter.infra import http_server, logs
 from se_exporter.infra.azure import amqp_types
 from se_exporter.infra.azure.clients import causes, connection_options, describe
@@ -70,6 +74,18 @@ def storage_clients(settings: FleetSettings, credential: Callable[[str | None], 
             ObservedCheckpointStore(url, name, credential=identity, **trusting(settings.checkpoint_ca_file)))
 
 
+def checkpoint_store(settings: FleetSettings, credential: Callable[[str | None], Any]) -> ObservedCheckpointStore:
+    """Another checkpoint store on the same container (one per hub read: each tells its own service what its
+    load-balancing rounds read and won)."""
+    name = settings.checkpoint_container
+    if settings.checkpoint_connection_string:
+        return cast(ObservedCheckpointStore, ObservedCheckpointStore.from_connection_string(
+            settings.checkpoint_connection_string, name, **trusting(settings.checkpoint_ca_file)))
+    return ObservedCheckpointStore(str(settings.checkpoint_account_url), name,
+                                   credential=credential(settings.storage_client_id),
+                                   **trusting(settings.checkpoint_ca_file))
+
+
 def trusting(ca_file: str | None) -> dict[str, Any]:
     """A storage client's transport trusting the CAs of ``ca_file`` (the system's when None).
 
@@ -90,18 +106,18 @@ def trusting(ca_file: str | None) -> dict[str, Any]:
 
 
 def consumer_client(settings: FleetSettings, store: ObservedCheckpointStore,
-                    credential: Callable[[str | None], Any]) -> EventHubConsumerClient:
+                    credential: Callable[[str | None], Any], hub: Hub | None = None) -> EventHubConsumerClient:
+    """The consumer client of ``hub`` (default: the first of ``settings.hubs``)."""
+    hub = hub or settings.hubs[0]
     options: dict[str, Any] = {
-        "consumer_group": settings.consumer_group, "checkpoint_store": store,
+        "consumer_group": hub.consumer_group, "checkpoint_store": store,
         "load_balancing_interval": settings.load_balancing_interval,
         "partition_ownership_expiration_interval": settings.ownership_timeout,
-        **connection_options(settings.eventhub_endpoint, settings.eventhub_ca_file,
-                             settings.eventhub_connection_string)}
-    if settings.eventhub_connection_string:
-        return EventHubConsumerClient.from_connection_string(
-            settings.eventhub_connection_string, eventhub_name=settings.eventhub_name, **options)
+        **connection_options(hub.endpoint, settings.eventhub_ca_file, hub.connection_string)}
+    if hub.connection_string:
+        return EventHubConsumerClient.from_connection_string(hub.connection_string, eventhub_name=hub.name, **options)
     return EventHubConsumerClient(
-        fully_qualified_namespace=str(settings.eventhub_namespace), eventhub_name=str(settings.eventhub_name),
+        fully_qualified_namespace=str(hub.namespace), eventhub_name=str(hub.name),
         credential=credential(settings.eventhub_client_id), **options)
 
 
@@ -163,25 +179,90 @@ def storage_cause(error: BaseException) -> str:
     return describe(error)
 
 
-def make_http_app(registry: CollectorRegistry, fleet: Fleet, service: Service,
-                  clock: Callable[[], float] = time.time) -> http_server.Handler:
-    """/metrics (the registry and the fleet's per-VM series), /healthz, /readyz and /, GET and HEAD only."""
+def make_http_app(registry: CollectorRegistry, fleet: Fleet | list[Fleet], service: Service | list[Service],
+                  clock: Callable[[], float] = time.time, platform: Platform | None = None) -> http_server.Handler:
+    """/metrics (the registry, the fleet's per-VM series, the platform's gauges), /healthz, /readyz and /, GET and
+    HEAD only. One fleet and service per hub read."""
+    fleets = fleet if isinstance(fleet, list) else [fleet]
+    services = service if isinstance(service, list) else [service]
 
     def metrics(request: http_server.HttpRequest) -> http_server.Response:
-        return http_server.metrics(request, generate_latest(registry) + render_fleet(fleet.vms(), clock()).encode())
+        vms = fleets[0].vms() if len(fleets) == 1 else [vm for each in fleets for vm in each.vms()]
+        text = render_fleet(vms, clock()) + (platform.render() if platform is not None else "")
+        return http_server.metrics(request, generate_latest(registry) + text.encode())
 
     def healthz(request: http_server.HttpRequest) -> http_server.Response:
-        return http_server.text(service.healthy, "consumer loop running", "consumer loop stalled")
+        return http_server.text(all(each.healthy for each in services), "consumer loop running",
+                                "consumer loop stalled")
 
     def readyz(request: http_server.HttpRequest) -> http_server.Response:
-        waiting = (f"the storage account is unreachable: {service.storage_problem}" if service.storage_problem
+        problem = next((each.storage_problem for each in services if each.storage_problem), None)
+        waiting = (f"the storage account is unreachable: {problem}" if problem
                    else "waiting for the checkpoint store or a partition's state")
-        return http_server.text(service.ready, "partitions balanced and restored", waiting)
+        return http_server.text(all(each.ready for each in services), "partitions balanced and restored", waiting)
 
     def index(request: http_server.HttpRequest) -> http_server.Response:
         return http_server.html_index("se-exporter fleet")
 
     return http_server.pages({"/metrics": metrics, "/healthz": healthz, "/readyz": readyz, "/": index})
+
+
+async def _shut_down(readings: list[HubReading], helpers: list[asyncio.Task[Any]],
+                     waiting: list[asyncio.Future[Any]]) -> None:
+    """The periodic tasks cancelled (a write stuck on a slow storage must not hold the exit up), then the clients
+    closed (each partition's last state and checkpoint written, its ownership released), then the rest."""
+    for helper in helpers:
+        helper.cancel()
+    await asyncio.gather(*helpers, return_exceptions=True)
+    try:
+        await asyncio.wait_for(asyncio.gather(*(reading.client.close() for reading in readings
+                                                if reading.client is not None)), CLOSE_TIMEOUT)
+    except asyncio.TimeoutError:
+        log.warning("the Event Hubs client did not close within %gs; exiting anyway", CLOSE_TIMEOUT)
+    for each in waiting:
+        each.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+
+
+def _readings(settings: FleetSettings, metrics: FleetMetrics, platform: Platform, container: ContainerClient,
+              stores: list[ObservedCheckpointStore]) -> list[HubReading]:
+    """Per hub read: its fleet of VMs, its service with the platform's reader first, its checkpoint store's
+    callbacks; all in one container (each hub's blobs under its own name, as the checkpoint store's are)."""
+    readings = []
+    for hub, store in zip(settings.hubs, stores, strict=True):
+        fleet = Fleet()
+        service = Service(settings, fleet, metrics, StateBlobs(container))
+        reader = platform.reader(hub.role, fleet, StateBlobs(container), _partitions_of(service), StateBlobs(container),
+                                 partition_vms(service, fleet))
+        service.first_reader, service.keeper.beside = reader, reader
+        store.on_listed, store.on_claimed = service.on_listed, service.on_claimed
+        readings.append(HubReading(hub, fleet, service, store))
+    return readings
+
+
+def _partitions_of(service: Service) -> Callable[[], int | None]:
+    return lambda: service.hub_partitions
+
+
+def partition_vms(service: Service, fleet: Fleet) -> Callable[[], dict[str, list[VmState]]]:
+    """The VMs of each owned partition the fleet shows (read on the loop, which alone changes them)."""
+    return lambda: {partition_id: list(partition.state.vms.values())
+                    for partition_id, partition in list(service.partitions.items()) if fleet.is_shown(partition_id)}
+
+
+def _views(readings: list[HubReading]) -> dict[str, PartitionView]:
+    """Each owned partition's view; the platform's hub's ids as ``platform/<id>`` when both hubs are read."""
+    views: dict[str, PartitionView] = {}
+    for reading in readings:
+        prefix = "platform/" if reading.hub.role == "platform" and len(readings) > 1 else ""
+        views.update({prefix + partition_id: view for partition_id, view in reading.service.views.items()})
+    return views
+
+
+def _hub_partitions(services: list[Service]) -> int | None:
+    """Partitions of every hub read (what ``owned_partitions`` summed over replicas should reach)."""
+    counts = [service.hub_partitions for service in services]
+    return None if any(count is None for count in counts) else sum(count or 0 for count in counts)
 
 
 async def _count_partitions(client: EventHubConsumerClient, service: Service) -> None:
@@ -196,10 +277,23 @@ async def _count_partitions(client: EventHubConsumerClient, service: Service) ->
 def _listen(settings: FleetSettings, app: http_server.Handler, registry: CollectorRegistry) -> http_server.Server:
     server = http_server.bind(settings.listen, lambda: http_server.serve(
         settings.listen, app, on_reject=http_server.rejection_counter(registry, "azure_scheduled_fleet")))
-    log.info("se-exporter %s fleet consuming %s (consumer group %s); metrics at http://%s:%d/metrics",
-             __version__, settings.eventhub_namespace or "the event hub of the connection string",
-             settings.consumer_group, settings.listen.host or "127.0.0.1", server.server_port)
+    hubs = " and the ".join(f"{'sidecars' if hub.role == 'sidecar' else 'platform'}'s hub "
+                            f"{hub.namespace or 'of the connection string'} (consumer group {hub.consumer_group})"
+                            for hub in settings.hubs)
+    log.info("se-exporter %s fleet consuming the %s; metrics at http://%s:%d/metrics", __version__, hubs,
+             settings.listen.host or "127.0.0.1", server.server_port)
     return server
+
+
+@dataclass
+class HubReading:
+    """One hub read by this replica: its client, its service (callbacks, VM state) and its fleet of VMs."""
+
+    hub: Hub
+    fleet: Fleet
+    service: Service
+    store: ObservedCheckpointStore
+    client: EventHubConsumerClient | None = None
 
 
 async def _receive(settings: FleetSettings, client: EventHubConsumerClient, service: Service,
@@ -214,11 +308,11 @@ async def _receive(settings: FleetSettings, client: EventHubConsumerClient, serv
         on_partition_close=service.on_close, track_last_enqueued_event_properties=True)
 
 
-async def _until_stopped(receiving: asyncio.Task[Any], stopping: asyncio.Task[Any],
+async def _until_stopped(receiving: asyncio.Future[Any], stopping: asyncio.Task[Any],
                          checking: asyncio.Task[None]) -> BaseException | None:
     """Wait for a stop signal or the end of receiving; the container check's error when that comes first (a
     container that can be neither found nor made: bad configuration)."""
-    waiting: set[asyncio.Task[Any]] = {receiving, stopping, checking}
+    waiting: set[asyncio.Future[Any]] = {receiving, stopping, checking}
     while stopping in waiting and receiving in waiting:
         done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if checking in done and checking.exception() is not None:
@@ -232,7 +326,9 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         log.debug("AMQP decoders added to the Event Hubs SDK for constructors %s", ", ".join(map(hex, filled)))
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
-    fleet, metrics = Fleet(), FleetMetrics(registry)
+    metrics = FleetMetrics(registry)
+    platform = Platform(metrics, Report(metrics), settings.platform_retention, settings.reconcile_grace,
+                        settings.vm_expiry, settings.max_message_bytes, time.time)
     async with contextlib.AsyncExitStack() as cleanup:
         credentials: dict[str | None, Any] = {}
 
@@ -246,44 +342,48 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         PLATFORM.on_stop_async(loop, stop.set)  # SIGTERM/SIGINT/SIGHUP, or Windows' console control events
-        container, store = storage_clients(settings, shared)
-        cleanup.push_async_callback(store.close)  # the consumer client does not close it (aiohttp would warn)
+        container, first_store = storage_clients(settings, shared)
         cleanup.push_async_callback(container.close)
-        service = Service(settings, fleet, metrics, StateBlobs(container))
-        store.on_listed, store.on_claimed = service.on_listed, service.on_claimed
+        readings = _readings(settings, metrics, platform, container, [
+            first_store if index == 0 else checkpoint_store(settings, shared) for index in range(len(settings.hubs))])
+        for reading in readings:
+            cleanup.push_async_callback(reading.store.close)  # the consumer client does not close it
+        fleets, services = [reading.fleet for reading in readings], [reading.service for reading in readings]
+        metrics.shown_partitions.set_function(lambda: sum(len(fleet.shown()) for fleet in fleets))
         # Listening (and the signal handlers above) before any contact with the storage or Event Hubs: a busy
         # port fails at once, /healthz answers and SIGTERM works while they are unreachable.
-        server = _listen(settings, make_http_app(registry, fleet, service), registry)
+        server = _listen(settings, make_http_app(registry, fleets, services, platform=platform), registry)
         cleanup.callback(server.server_close)
-        client = consumer_client(settings, store, shared)
-        service.attached, service.stolen = link_attached(client), link_stolen(client)
-        registry.register(PartitionCollector(lambda: dict(service.views), lambda: service.hub_partitions))
-        helpers = [asyncio.create_task(work(stop)) for work in (service.checkpoints, service.expiry,
-                                                                 service.watchdog, service.links)]
-        helpers.append(asyncio.create_task(_count_partitions(client, service)))
-        checking = asyncio.create_task(ensure_container(
-            container, settings.checkpoint_container, lambda cause: setattr(service, "storage_problem", cause)))
-        receiving = asyncio.create_task(_receive(settings, client, service, checking))
+        for reading in readings:
+            reading.client = consumer_client(settings, reading.store, shared, reading.hub)
+            reading.service.attached = link_attached(reading.client)
+            reading.service.stolen = link_stolen(reading.client)
+        registry.register(PartitionCollector(lambda: _views(readings), lambda: _hub_partitions(services)))
+        helpers = [asyncio.create_task(work(stop)) for service in services
+                   for work in (service.checkpoints, service.expiry, service.watchdog, service.links)]
+        helpers.extend(asyncio.create_task(_count_partitions(reading.client, reading.service))
+                       for reading in readings if reading.client is not None)
+        helpers.append(asyncio.create_task(platform.run(stop, min(RECONCILE_EVERY, settings.checkpoint_interval))))
+        helpers.append(asyncio.create_task(platform.peers(stop, settings.checkpoint_interval)))
+
+        def storage_problem(cause: str | None) -> None:
+            for service in services:
+                service.storage_problem = cause
+
+        checking = asyncio.create_task(ensure_container(container, settings.checkpoint_container, storage_problem))
+        receiving = asyncio.gather(*(_receive(settings, reading.client, reading.service, checking)
+                                     for reading in readings if reading.client is not None))
         stopping = asyncio.create_task(stop.wait())
         unusable = await _until_stopped(receiving, stopping, checking)
         if unusable is not None:
             stop.set()
         failed = receiving.done() and not stop.is_set()
         if failed:
-            log.error("the Event Hubs client stopped unexpectedly: %s", describe(receiving.exception() or
-                                                                                 Exception("no error")))
-        log.info("stopping: releasing %d partitions", len(fleet.owned()))
+            log.error("the Event Hubs client stopped unexpectedly: %s", describe(
+                (receiving.exception() if not receiving.cancelled() else None) or Exception("no error")))
+        log.info("stopping: releasing %d partitions", sum(len(fleet.owned()) for fleet in fleets))
         stop.set()
-        for helper in helpers:  # a periodic write stuck on a slow storage must not hold the exit up
-            helper.cancel()
-        await asyncio.gather(*helpers, return_exceptions=True)
-        try:
-            await asyncio.wait_for(client.close(), CLOSE_TIMEOUT)
-        except asyncio.TimeoutError:
-            log.warning("the Event Hubs client did not close within %gs; exiting anyway", CLOSE_TIMEOUT)
-        receiving.cancel()
-        checking.cancel()
-        await asyncio.gather(receiving, stopping, checking, return_exceptions=True)
+        await _shut_down(readings, helpers, [receiving, stopping, checking])
     if unusable is not None:
         raise unusable
     return 1 if failed else 0

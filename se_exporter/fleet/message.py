@@ -113,6 +113,8 @@ class VmState:
     body: bytes
     events: tuple[FleetEvent, ...]
     imds: Imds = NO_IMDS
+    subscription_id: str = ""  # where the VM is, as its sidecar said: the platform stream is joined on these
+    resource_group: str = ""
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,8 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
     kept = body if len(body) <= bounds.body_bytes else reduced_body(events, vm_name)
     if kept is not body:
         hit = (*hit, "body_bytes")
-    vm = VmState(key, vm_id, vm_name, vmss_name, location, installation, sequence, enqueued_at, kept, events, imds)
+    vm = VmState(key, vm_id, vm_name, vmss_name, location, installation, sequence, enqueued_at, kept, events, imds,
+                 _label(properties, "subscription_id"), _label(properties, "resource_group"))
     unknown = [name for name in properties if name not in _KNOWN_KEYS]
     listed = tuple(sorted(_bounded_name(name) for name in unknown))[:MAX_UNKNOWN_LISTED] if unknown else ()
     return Message(vm, message_text, heartbeat, listed, warnings, hit)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from se_exporter.core.retry import backoff
 from se_exporter.fleet.message import BOUND_NAMES
@@ -27,6 +28,18 @@ log = logging.getLogger("se_exporter.fleet")
 RESTORE_RETRY_MAX = 30.0
 
 
+class Beside(Protocol):
+    """A state kept beside a partition's VMs and written before them at the same position (so before the checkpoint
+    moves past it): the platform picture (``fleet/platform/service.py``)."""
+
+    def dirty(self, partition_id: str) -> bool:
+        """It changed since its last write, even if the partition's position did not."""
+
+    def prepare(self, partition_id: str, position: int) -> Callable[[], Awaitable[bool]] | None:
+        """Its state now, as a write to await (None: nothing to write); the write is False when a newer one is
+        stored (another owner's): the partition's state and checkpoint then give way too."""
+
+
 class Keeper:
     """Restores and saves the owned partitions' states through a ``StateStore``."""
 
@@ -39,6 +52,7 @@ class Keeper:
         self._format = state_format
         self._sleep = sleep
         store.on_written = lambda kind, size: report.metrics.state_bytes.labels(kind).inc(size)
+        self.beside: Beside | None = None  # another state written with each partition's (the platform picture)
 
     async def restore(self, partition_id: str) -> Restored:
         """The partition's stored state, retried for as long as the store refuses; damage counted and logged."""
@@ -85,14 +99,23 @@ class Keeper:
         async with partition.saving:
             if self.store.frozen(partition_id):
                 return  # a newer release's state: neither it nor (without it) the checkpoint is ours to write
-            if self._fleet.position(partition_id) == partition.saved and partition.saved_format == self._format:
+            beside = self.beside
+            if self._fleet.position(partition_id) == partition.saved and partition.saved_format == self._format \
+                    and not (beside is not None and beside.dirty(partition_id)):
                 return  # nothing new since the last write: neither encoded nor uploaded again
             snapshot = self._fleet.snapshot(partition_id)
             if snapshot is None:
                 return  # nothing handled or restored yet, or released meanwhile
             position = snapshot.position
             event = partition.last_event
+            # taken at the snapshot's instant (no await between): the state beside is the one at ``position`` too
+            write_beside = beside.prepare(partition_id, position) if beside is not None else None
             try:
+                if write_beside is not None and not await write_beside():
+                    metrics.checkpoints.labels("superseded").inc()
+                    log.info("partition %s: a newer platform picture is stored already (another owner); not "
+                             "checkpointing", partition_id)
+                    return
                 if not await self._write(partition_id, snapshot):
                     metrics.checkpoints.labels("superseded").inc()
                     log.info("partition %s: a newer state is stored already (another owner); not checkpointing",

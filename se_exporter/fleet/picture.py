@@ -115,7 +115,8 @@ class Snapshot:
 def heartbeat_only(old: VmState, new: VmState) -> bool:
     """``new`` differs from ``old`` in what a heartbeat moves at most: sequence, seen_at, IMDS health."""
     return (old.body == new.body and old.installation == new.installation and old.vm_id == new.vm_id
-            and old.vm_name == new.vm_name and old.vmss_name == new.vmss_name and old.location == new.location)
+            and old.vm_name == new.vm_name and old.vmss_name == new.vmss_name and old.location == new.location
+            and old.subscription_id == new.subscription_id and old.resource_group == new.resource_group)
 
 
 @dataclass

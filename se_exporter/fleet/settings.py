@@ -6,20 +6,23 @@ import argparse
 import base64
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from se_exporter.core.errors import ConfigError
 from se_exporter.infra.options import (
     CONSUMER_GROUP_OPTION,
     EVENTHUB_OPTIONS,
     LOG_OPTIONS,
+    PLATFORM_EVENTHUB_OPTIONS,
     Bounded,
     HubReader,
     Listen,
     Option,
     check_eventhubs,
+    connection_string_address,
     connection_string_parts,
     parse_ca_file,
+    parse_consumer_group,
     parse_listen,
     parse_name,
     resolve,
@@ -37,6 +40,10 @@ VM_EXPIRY = Bounded(1, 30 * 86400)
 BALANCING_INTERVAL = Bounded(0.1, 3600)
 OWNERSHIP_EXPIRY = Bounded(0.5, 6 * 3600)
 MESSAGE_BYTES = Bounded(1024, 64 * 1024**2, unit="bytes")
+PLATFORM_RETENTION = Bounded(0, 30 * 86400)
+RECONCILE_GRACE = Bounded(0, 86400)
+DEFAULT_PLATFORM_RETENTION = 3600.0
+DEFAULT_RECONCILE_GRACE = 60.0
 
 
 def parse_storage_connection_string(text: str) -> str:
@@ -139,6 +146,15 @@ FLEET_OPTIONS: tuple[Option, ...] = (
     Option("max_message_bytes", "--max-message-bytes", MESSAGE_BYTES,
            "larger message bodies are counted as invalid and skipped (default 1MiB, the Event Hubs limit)",
            "BYTES"),
+    *PLATFORM_EVENTHUB_OPTIONS,
+    Option("platform_consumer_group", "--platform-consumer-group", parse_consumer_group,
+           "consumer group to read the platform's event hub with (default $Default)", "GROUP"),
+    Option("platform_retention", "--platform-retention", PLATFORM_RETENTION,
+           f"how long a platform event stays listed after it completed or was canceled (default "
+           f"{DEFAULT_PLATFORM_RETENTION:g})", "SECONDS"),
+    Option("reconcile_grace", "--reconcile-grace", RECONCILE_GRACE,
+           f"how long after the platform announced an event a live sidecar may take to list it before it counts as "
+           f"missed (default {DEFAULT_RECONCILE_GRACE:g})", "SECONDS"),
     Option("state_format", "--state-format", parse_state_format,
            "format of the state written beside the checkpoints: 1 (default; every release reads it), 2 (named "
            "fields) or 3 (a base and deltas: writes grow with what changes, not with the fleet); set 2 or 3 once "
@@ -163,6 +179,12 @@ class FleetSettings(HubReader):
     ownership_expiry: float | None = None
     max_message_bytes: int = 1024 * 1024
     state_format: int = 1
+    platform_eventhub_connection_string: str | None = field(default=None, repr=False)
+    platform_eventhub_name: str | None = None
+    platform_eventhub_namespace: str | None = None
+    platform_consumer_group: str = "$Default"
+    platform_retention: float = DEFAULT_PLATFORM_RETENTION
+    reconcile_grace: float = DEFAULT_RECONCILE_GRACE
     log_level: str = "info"
     log_format: str = "text"
 
@@ -174,12 +196,54 @@ class FleetSettings(HubReader):
     def storage_client_id(self) -> str | None:
         return self.checkpoint_client_id or self.eventhub_client_id
 
+    @property
+    def hubs(self) -> tuple[Hub, ...]:
+        """The hubs to read: the sidecars' (``--eventhub-*``) and the platform's (``--platform-eventhub-*``), each
+        when given."""
+        hubs = []
+        if self.eventhub_connection_string or self.eventhub_namespace:
+            hubs.append(Hub("sidecar", self.eventhub_connection_string, self.eventhub_name, self.eventhub_namespace,
+                            self.consumer_group, self.eventhub_endpoint))
+        if self.platform_eventhub_connection_string or self.platform_eventhub_namespace:
+            hubs.append(Hub("platform", self.platform_eventhub_connection_string, self.platform_eventhub_name,
+                            self.platform_eventhub_namespace, self.platform_consumer_group, None))
+        return tuple(hubs)
+
+
+@dataclass(frozen=True)
+class Hub:
+    """One event hub the fleet reads. ``role`` is "sidecar" (``--eventhub-*``) or "platform"
+    (``--platform-eventhub-*``); either may carry either kind of message (they are told apart by content)."""
+
+    role: str
+    connection_string: str | None = field(repr=False)
+    name: str | None
+    namespace: str | None
+    consumer_group: str
+    endpoint: str | None  # --eventhub-endpoint: the first hub's only (a private endpoint of its namespace)
+
+    def address(self) -> str | None:
+        """Where to dial: ``--eventhub-endpoint``, or a port the connection string names."""
+        if self.endpoint:
+            return self.endpoint
+        return connection_string_address(self.connection_string) if self.connection_string else None
+
 
 def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSettings:
     settings = FleetSettings(**resolve(FLEET_OPTIONS, args, env))
-    if not (settings.eventhub_connection_string or settings.eventhub_namespace):
-        raise ConfigError("--eventhub-connection-string or --eventhub-namespace is required")
-    check_eventhubs(settings)
+    platform = bool(settings.platform_eventhub_connection_string or settings.platform_eventhub_namespace)
+    if not (settings.eventhub_connection_string or settings.eventhub_namespace or platform):
+        raise ConfigError("--eventhub-connection-string or --eventhub-namespace (the sidecars' hub) is required, "
+                          "or --platform-eventhub-connection-string or --platform-eventhub-namespace (the platform's)")
+    namespaces = settings.eventhub_namespace or settings.platform_eventhub_namespace
+    if settings.eventhub_client_id and not namespaces:
+        raise ConfigError("--eventhub-client-id needs --eventhub-namespace or --platform-eventhub-namespace (it "
+                          "selects a managed identity)")
+    first = bool(settings.eventhub_connection_string or settings.eventhub_namespace)
+    # --eventhub-client-id and --eventhub-ca-file serve the platform's hub too: checked above, not by the rules of one
+    check_eventhubs(replace(settings, eventhub_client_id=None,
+                            eventhub_ca_file=settings.eventhub_ca_file if first else None))
+    check_platform_hub(settings)
     if bool(settings.checkpoint_connection_string) == bool(settings.checkpoint_account_url):
         raise ConfigError("give the checkpoint store as --checkpoint-connection-string or --checkpoint-account-url "
                           "(exactly one)")
@@ -190,3 +254,22 @@ def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSet
                           f"--load-balancing-interval {settings.load_balancing_interval:g}")
     starting_position(settings.starting_position)  # raises ConfigError naming the flag
     return settings
+
+
+def check_platform_hub(settings: FleetSettings) -> None:
+    """The rules of ``check_eventhubs`` for the platform's hub, naming its flags."""
+    text, namespace, name = (settings.platform_eventhub_connection_string, settings.platform_eventhub_namespace,
+                             settings.platform_eventhub_name)
+    if text and namespace:
+        raise ConfigError("--platform-eventhub-connection-string and --platform-eventhub-namespace exclude each other: "
+                          "use a connection string, or a namespace with managed identity")
+    if text and "entitypath" not in connection_string_parts(text) and not name:
+        raise ConfigError("--platform-eventhub-name is required: the platform's connection string has no EntityPath")
+    if namespace and not name:
+        raise ConfigError("--platform-eventhub-name is required with --platform-eventhub-namespace")
+    if name and not (text or namespace):
+        raise ConfigError("--platform-eventhub-name needs --platform-eventhub-connection-string or "
+                          "--platform-eventhub-namespace (it names the event hub in that namespace)")
+    if settings.platform_consumer_group != "$Default" and not (text or namespace):
+        raise ConfigError("--platform-consumer-group needs --platform-eventhub-connection-string or "
+                          "--platform-eventhub-namespace")

@@ -18,7 +18,10 @@ Format 2 (named fields; what ``--state-format 2`` writes)::
     {"format": 2, "partition_id": "3", "sequence_number": 4711,
      "vms": [{"key": ..., "vm_id": ..., "vm_name": ..., "vmss_name": ..., "location": ..., "installation": ...,
               "sequence": ..., "seen_at": ..., "body": ..., "imds": {"observed_at": ..., "last_success": ...,
-              "failing": ...}}, ...]}
+              "failing": ...}, "subscription_id": ..., "resource_group": ...}, ...]}
+
+``subscription_id`` and ``resource_group`` (issue 27: the platform stream is joined on them) were added within
+formats 1, 2 and 3 under the rule below: written only when known, ignored by a reader that does not know them.
 
 The migration rule: a release writes a format by default only if the release before it reads that format (so
 format 1 stays the default while releases that read only format 1 may run beside this one; see
@@ -31,10 +34,12 @@ Format 1 (positional rows; written by default, and the only format releases befo
 
     {"format": 1, "partition_id": "3", "sequence_number": 4711,
      "vms": [[key, vm_id, vm_name, vmss_name, location, installation, sequence, seen_at, body], ...],
-     "imds": {key: [observed_at, imds_last_success, imds_failing], ...}}
+     "imds": {key: [observed_at, imds_last_success, imds_failing], ...},
+     "place": {key: [subscription_id, resource_group], ...}}
 
-``imds`` was added within format 1: a reader that does not know it ignores it, one that does treats a VM without
-it as unknown. Every format is read in three ways:
+``imds`` and ``place`` were added within format 1: a reader that does not know them ignores them, one that does
+treats a VM without them as unknown (no IMDS health; subscription and resource group empty). Every format is
+read in three ways:
 
 * whole: every VM checked by type and range (the key is the VM's ``vm_id or vm_name``, names and ids bounded
   strings UTF-8 can carry, the sequence a positive 64-bit integer, ``seen_at`` a finite time not past now plus
@@ -123,13 +128,17 @@ def encode(partition_id: str, position: int, vms: Iterable[VmState], state_forma
     1 and 2; format 3 is written as blocks (``encode_base``, ``encode_delta``)."""
     state: dict[str, Any] = {"format": state_format, "partition_id": partition_id, "sequence_number": position}
     if state_format == 1:
-        rows, imds = [], {}
+        rows, imds, place = [], {}, {}
         for vm in vms:
             rows.append([vm.key, vm.vm_id, vm.vm_name, vm.vmss_name, vm.location, vm.installation, vm.sequence,
                          vm.seen_at, vm.body.decode("utf-8", "replace")])
             if vm.imds is not NO_IMDS:
                 imds[vm.key] = [vm.imds.observed_at, vm.imds.last_success, vm.imds.failing]
+            if vm.subscription_id or vm.resource_group:
+                place[vm.key] = [vm.subscription_id, vm.resource_group]
         state.update(vms=rows, imds=imds)
+        if place:
+            state["place"] = place
     else:
         state["vms"] = [_named(vm) for vm in vms]
     return _gzip(state)
@@ -166,6 +175,8 @@ def _named(vm: VmState) -> dict[str, Any]:
     if vm.imds is not NO_IMDS:
         named["imds"] = {"observed_at": vm.imds.observed_at, "last_success": vm.imds.last_success,
                          "failing": vm.imds.failing}
+    if vm.subscription_id or vm.resource_group:
+        named["subscription_id"], named["resource_group"] = vm.subscription_id, vm.resource_group
     return named
 
 
@@ -189,6 +200,8 @@ def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_
     if obj.get("partition_id", partition_id) != partition_id:
         raise DamagedState("wrong_shape", f"the state is partition {str(obj.get('partition_id'))[:40]!r}'s")
     position, rows, imds = obj.get("sequence_number"), obj.get("vms"), obj.get("imds", {}) if found == 1 else {}
+    place = obj.get("place") if found == 1 else None
+    places = place if isinstance(place, dict) else {}
     if type(position) is not int or not -1 <= position <= MAX_SEQUENCE:
         raise DamagedState("wrong_shape", f"sequence_number {str(position)[:40]!r} is not an Event Hubs sequence "
                            "number")
@@ -199,7 +212,7 @@ def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_
         if len(decoded.vms) >= bounds.vms_per_partition:
             decoded.dropped["vms_per_partition"] += len(rows) - len(decoded.vms)
             break
-        vm = _row(row, imds, now, bounds) if found == 1 else _vm(row, now, bounds)
+        vm = _row(row, imds, places, now, bounds) if found == 1 else _vm(row, now, bounds)
         if vm is None or vm.key in decoded.vms:
             decoded.dropped["row"] += 1
             continue
@@ -316,12 +329,14 @@ def _values(text: bytes, enough: int) -> int:
     return 1 + len(b"".join(reduced.split(b'"')[::2]))
 
 
-def _row(row: Any, imds: dict[str, Any], now: float, bounds: Bounds) -> VmState | None:
+def _row(row: Any, imds: dict[str, Any], places: dict[str, Any], now: float, bounds: Bounds) -> VmState | None:
     """One VM of a format-1 state, or None when any field is out of type or range."""
     if not isinstance(row, list) or len(row) != 9:
         return None
     imds_entry = imds.get(row[0]) if isinstance(row[0], str) else None
-    return _checked(row, _imds(imds_entry), now, bounds)
+    place = places.get(row[0]) if isinstance(row[0], str) else None
+    return _checked(row, _imds(imds_entry), now, bounds, _place(*place) if isinstance(place, list)
+                    and len(place) == 2 else ("", ""))
 
 
 def _vm(named: Any, now: float, bounds: Bounds) -> VmState | None:
@@ -331,10 +346,18 @@ def _vm(named: Any, now: float, bounds: Bounds) -> VmState | None:
     entry = named.get("imds")
     imds = _imds([entry.get(name) for name in ("observed_at", "last_success", "failing")]) \
         if isinstance(entry, dict) else NO_IMDS
-    return _checked([named[name] for name in NAMED_FIELDS_ORDER], imds, now, bounds)
+    return _checked([named[name] for name in NAMED_FIELDS_ORDER], imds, now, bounds,
+                    _place(named.get("subscription_id", ""), named.get("resource_group", "")))
 
 
-def _checked(values: list[Any], imds: Imds, now: float, bounds: Bounds) -> VmState | None:
+def _place(subscription_id: Any, resource_group: Any) -> tuple[str, str]:
+    """A VM's subscription and resource group from a state; anything out of shape is unknown (empty)."""
+    return (subscription_id if _text(subscription_id, MAX_TEXT) else "",
+            resource_group if _text(resource_group, MAX_TEXT) else "")
+
+
+def _checked(values: list[Any], imds: Imds, now: float, bounds: Bounds,
+             place: tuple[str, str] = ("", "")) -> VmState | None:
     """A VM from its fields in format 1's order, or None when any is out of type or range."""
     key, vm_id, vm_name, vmss_name, location, installation, sequence, seen_at, body = values
     valid = (all(_text(value, MAX_TEXT) for value in (vm_id, vm_name, vmss_name, location))
@@ -351,7 +374,8 @@ def _checked(values: list[Any], imds: Imds, now: float, bounds: Bounds) -> VmSta
         return None
     if len(raw) > bounds.body_bytes:
         raw = reduced_body(events, vm_name)
-    return VmState(key, vm_id, vm_name, vmss_name, location, installation, sequence, float(seen_at), raw, events, imds)
+    return VmState(key, vm_id, vm_name, vmss_name, location, installation, sequence, float(seen_at), raw, events, imds,
+                   *place)
 
 
 def _text(value: Any, limit: int) -> bool:

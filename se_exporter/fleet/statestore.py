@@ -155,6 +155,16 @@ class StateStore(abc.ABC):
                 return False
         return False
 
+    async def listing(self, prefix: str) -> dict[str, str]:
+        """Each stored blob whose name starts with ``prefix``: its name and a tag that changes with every write (an
+        ETag): one request, so the states of partitions held elsewhere are fetched only when they changed."""
+        raise NotImplementedError
+
+    async def fetch(self, partition_id: str) -> bytes | None:
+        """The stored bytes as they are, for a state of another kind kept beside the VMs' (the platform picture's,
+        ``fleet/platform/service.py``), which has its own reader; written with ``save`` under the same rules."""
+        return await self._download(partition_id)
+
     def forget(self, partition_id: str) -> None:
         """The partition is no longer ours: what was learnt about its stored state goes with it."""
         self._names.pop(partition_id, None)
@@ -239,6 +249,10 @@ class MemoryStateStore(StateStore):
         self.states[name] = Stored(b"".join(part for _id, part in blocks), position, revision, blocks)
         self._seen[partition_id] = revision
         return "ok"
+
+    async def listing(self, prefix: str) -> dict[str, str]:
+        self._fail()
+        return {name: str(stored.revision) for name, stored in self.states.items() if name.startswith(prefix)}
 
     async def _stored_position(self, partition_id: str) -> int | None:
         self._fail()

@@ -340,6 +340,21 @@ EVENTHUB_OPTIONS: tuple[Option, ...] = (
            "PEM file of the CAs that may sign the Event Hubs TLS certificate (default: the certifi bundle)", "PATH"),
 )
 
+# The hub Event Grid delivers Azure's own copy of the scheduled events to (issue 27): read by ``fleet``, written by
+# ``simulate``. Authenticated as the first hub is: a connection string, or a namespace with the managed identity of
+# ``--eventhub-client-id``; ``--eventhub-ca-file`` is trusted for both.
+PLATFORM_EVENTHUB_OPTIONS: tuple[Option, ...] = (
+    Option("platform_eventhub_connection_string", "--platform-eventhub-connection-string", parse_connection_string,
+           "connection string of the event hub Event Grid delivers the platform's scheduled events to "
+           "(SharedAccessKey; prefer the environment variable)", "STRING"),
+    Option("platform_eventhub_name", "--platform-eventhub-name", parse_eventhub_name,
+           "that event hub's name, when its connection string has no EntityPath or with "
+           "--platform-eventhub-namespace", "NAME"),
+    Option("platform_eventhub_namespace", "--platform-eventhub-namespace", parse_namespace,
+           "its Event Hubs namespace host, authenticated with the managed identity (as --eventhub-namespace)",
+           "HOST"),
+)
+
 # The consumer group every reader of the hub (``consume``, ``fleet``) takes.
 CONSUMER_GROUP_OPTION = Option("consumer_group", "--consumer-group", parse_consumer_group,
                                "consumer group to read with (default $Default)", "GROUP")

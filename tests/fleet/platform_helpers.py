@@ -69,7 +69,7 @@ def platform_event(status: str = "Scheduled", **kwargs: Any) -> PlatformEvent:
 
 
 def vm(name: str = "web_3", listed: tuple[str, ...] = (), seen_at: float = T0 + 100, vmss: str = "web",
-       location: str = "westeurope", imds: Imds | None = None) -> VmState:
+       location: str = "westeurope", imds: Imds | None = None, subscription: str = "", group: str = "") -> VmState:
     """A VM as Fleet.vms() gives it, its latest document listing ``listed`` EventIds (Freeze, Scheduled)."""
     document = {"DocumentIncarnation": 1, "Events": [
         {"EventId": event_id, "EventType": "Reboot", "ResourceType": "VirtualMachine", "Resources": [name],
@@ -77,4 +77,4 @@ def vm(name: str = "web_3", listed: tuple[str, ...] = (), seen_at: float = T0 + 
     raw = json.dumps(document).encode()
     events, _hit = fleet_events(parse_body(raw), name)
     return VmState(f"id-{name}", f"id-{name}", name, vmss, location, f"inst-{name}", 1, seen_at, raw, events,
-                   imds or Imds())
+                   imds or Imds(), subscription, group)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.helpers import smoke_report
@@ -36,3 +41,18 @@ def test_fleet_scale_benchmark_smoke_mode_reports_every_phase() -> None:
     assert any(name.startswith("steady") and "CPU" in name for name in ratios)  # replicas over the bare SDK
     assert any(name.startswith("steady: state bytes") for name in ratios)  # over the documents' bytes
     assert any(name.startswith("wave") for name in ratios)  # /metrics over the bare SDK's receive
+
+
+def test_fleet_platform_benchmark_smoke_mode_reports_the_ratio() -> None:
+    """scripts/fleet_bench.py --platform --smoke exits 0 and reports the bare SDK's receive of a burst of platform
+    messages, the fleet's applying them, and their ratio (the shape of the report, not its numbers)."""
+    root = Path(__file__).parent.parent.parent
+    result = subprocess.run([sys.executable, str(root / "scripts" / "fleet_bench.py"), "--platform", "--smoke"],
+                            capture_output=True, text=True, timeout=300, check=False, cwd=root)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    figures = {row["figure"]: row["measured"] for row in report["figures"]}
+    assert report["platform_messages"] == 300
+    assert all(isinstance(value, float) and value > 0 for value in figures.values())
+    assert "fleet platform applied rate / bare SDK receive rate" in figures
+    assert "fleet: burst of 300 platform messages applied" in figures

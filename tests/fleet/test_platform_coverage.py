@@ -22,7 +22,7 @@ from se_exporter.fleet.platform import (
     render_platform,
 )
 from se_exporter.fleet.platform.coverage import imds_blind_since
-from tests.fleet.platform_helpers import EVENT_ID, KEY, T0, platform_event, vm
+from tests.fleet.platform_helpers import EVENT_ID, KEY, SUB, T0, platform_event, vm
 
 EXPIRY, GRACE = 600.0, 60.0
 AFTER_GRACE = T0 + GRACE + 1
@@ -132,6 +132,18 @@ def test_the_join_is_on_the_vm_name_without_case_narrowed_by_scale_set_and_locat
                                  vm("web_8", (EVENT_ID,), location="eastus"), vm("web_9", (EVENT_ID,), vmss="",
                                                                                  location="")])
     assert coverage_of(result) == {"Web_3": "observed", "web_7": "no_sidecar", "web_8": "no_sidecar",
+                                   "web_9": "observed"}
+
+
+def test_the_join_is_on_subscription_and_resource_group_as_the_sidecars_forward_them() -> None:
+    """A VM of the event's name in another subscription or resource group is another VM; one that says neither (an
+    older sidecar) is joined on its name alone."""
+    records = picture_of("Scheduled", resources=["web_3", "web_7", "web_8", "web_9"]).records()
+    result = reconcile(records, [vm("web_3", (EVENT_ID,), subscription=SUB.upper(), group="RG"),
+                                 vm("web_7", (EVENT_ID,), subscription="another", group="rg"),
+                                 vm("web_8", (EVENT_ID,), subscription=SUB, group="other-rg"),
+                                 vm("web_9", (EVENT_ID,))])
+    assert coverage_of(result) == {"web_3": "observed", "web_7": "no_sidecar", "web_8": "no_sidecar",
                                    "web_9": "observed"}
 
 
@@ -276,3 +288,27 @@ def test_the_written_text_has_the_samples_prometheus_client_would_write() -> Non
     registry.register(Families())
     assert scrape(render_platform(records, result.coverage)) == scrape(generate_latest(registry).decode())
     assert len(scrape(render_platform(records, result.coverage))) == 20 * 5
+
+
+def test_a_replica_that_shows_part_of_the_fleet_claims_no_vm_has_no_sidecar() -> None:
+    """absent=False: a named VM not among the VMs given may be shown by another replica, so it gets no coverage."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
+    result = reconciler.update(picture_of("Scheduled").records(), [vm("web_3", (EVENT_ID,))], AFTER_GRACE,
+                               absent=False)
+    assert coverage_of(result) == {"web_3": "observed"}
+    assert result.missed == () and result.counted == (("lag", KEY, "web_3"),)
+
+
+def test_what_the_caller_does_not_count_now_is_neither_counted_nor_marked_and_counts_later() -> None:
+    """counts() refusing a pair leaves it uncounted for a later update (a replica that becomes the EventId's home);
+    what is counted is said by kind, EventId and VM."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
+    records = picture_of("Scheduled").records()
+    vms = [vm("web_3")]
+    refused = reconciler.update(records, vms, AFTER_GRACE, counts=lambda kind, key, name: False)
+    assert coverage_of(refused) == {"web_3": "missed", "web_7": "no_sidecar"}
+    assert (refused.missed, refused.counted) == ((), ())
+    allowed = reconciler.update(records, vms, AFTER_GRACE + 1, counts=lambda kind, key, name: name == "web_3")
+    assert allowed.missed == (("Reboot", "missed"),) and allowed.counted == (("missed", KEY, "web_3"),)
+    again = reconciler.update(records, vms, AFTER_GRACE + 2)
+    assert again.missed == (("Reboot", "no_sidecar"),) and again.counted == (("missed", KEY, "web_7"),)

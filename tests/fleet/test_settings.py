@@ -10,6 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.cli import build_parser, main
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView, render_fleet
+from se_exporter.fleet.platform.service import Platform
+from se_exporter.fleet.report import Report
 from se_exporter.fleet.settings import FLEET_OPTIONS, FleetSettings, fleet_settings
 from se_exporter.infra.options import Listen
 
@@ -90,6 +92,12 @@ def test_consumer_groups_event_hubs_allows_are_accepted(group: str) -> None:
     assert settings(["--consumer-group", group, "--eventhub-name", "hub.name-1_x"]).consumer_group == group
 
 
+def platform_render() -> str:
+    """The platform families as a scrape writes them (every family, if empty)."""
+    metrics = FleetMetrics(CollectorRegistry())
+    return Platform(metrics, Report(metrics), 3600.0, 60.0, 900.0, 1024, lambda: 0.0).render()
+
+
 def test_every_fleet_setting_and_metric_is_in_the_readme() -> None:
     """Each flag and variable of `fleet`, and each metric family it can expose, has its place in the README."""
     readme = (Path(__file__).parent.parent.parent / "README.md").read_text()
@@ -101,6 +109,55 @@ def test_every_fleet_setting_and_metric_is_in_the_readme() -> None:
     registry.register(PartitionCollector(lambda: {"0": PartitionView(1, 1, 1)}, lambda: 1))
     names = {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}
     names |= {family.name for family in text_string_to_metric_families(render_fleet([], 0.0))}
+    names |= {family.name for family in text_string_to_metric_families(platform_render())}
     assert len(names) > 20
     for name in names:
         assert f"| `{name}` |" in readme, name
+
+
+PLATFORM = HUB.replace("EntityPath=hub", "EntityPath=platform")
+
+
+def test_the_platform_hub_has_its_own_flags_defaults_and_environment() -> None:
+    """--platform-eventhub-* name the platform's hub beside the sidecars'; retention 1 h and grace 60 s by default."""
+    s = settings(["--platform-retention", "600"], {**BASE, "SE_EXPORTER_PLATFORM_EVENTHUB_CONNECTION_STRING": PLATFORM,
+                                                   "SE_EXPORTER_PLATFORM_CONSUMER_GROUP": "fleet"})
+    assert [hub.role for hub in s.hubs] == ["sidecar", "platform"]
+    assert (s.platform_consumer_group, s.platform_retention, s.reconcile_grace) == ("fleet", 600.0, 60.0)
+    assert s.hubs[1].connection_string == PLATFORM and s.hubs[1].consumer_group == "fleet"
+    assert "SharedAccessKey" not in repr(s)
+
+
+def test_a_fleet_of_the_platform_stream_alone_needs_no_sidecar_hub() -> None:
+    """Agentless: the platform's hub alone (by namespace and managed identity) is a complete configuration."""
+    s = settings(["--platform-eventhub-namespace", "ns.servicebus.windows.net", "--platform-eventhub-name", "grid",
+                  "--eventhub-client-id", "id-1"], {"SE_EXPORTER_CHECKPOINT_CONNECTION_STRING": STORAGE})
+    assert [(hub.role, hub.namespace, hub.name) for hub in s.hubs] == [("platform", "ns.servicebus.windows.net",
+                                                                         "grid")]
+    assert s.eventhub_client_id == "id-1"
+
+
+@pytest.mark.parametrize(("argv", "env", "message"), [
+    ([], {"SE_EXPORTER_CHECKPOINT_CONNECTION_STRING": STORAGE}, "or --platform-eventhub-connection-string or "
+                                                                  "--platform-eventhub-namespace (the platform's)"),
+    (["--platform-eventhub-namespace", "ns.servicebus.windows.net"], BASE,
+     "--platform-eventhub-name is required with --platform-eventhub-namespace"),
+    (["--platform-eventhub-connection-string", HUB.replace(";EntityPath=hub", "")], BASE,
+     "--platform-eventhub-name is required: the platform's connection string has no EntityPath"),
+    (["--platform-eventhub-connection-string", PLATFORM, "--platform-eventhub-namespace", "ns.servicebus.windows.net"],
+     BASE, "--platform-eventhub-connection-string and --platform-eventhub-namespace exclude each other"),
+    (["--platform-eventhub-name", "grid"], BASE,
+     "--platform-eventhub-name needs --platform-eventhub-connection-string"),
+    (["--platform-consumer-group", "fleet"], BASE, "--platform-consumer-group needs"),
+    (["--platform-retention", "-1"], BASE, "--platform-retention:"),
+    (["--reconcile-grace", "1e9"], BASE, "--reconcile-grace:"),
+    (["--eventhub-client-id", "id-1"], BASE, "--eventhub-client-id needs --eventhub-namespace or "
+                                             "--platform-eventhub-namespace"),
+])
+def test_a_wrong_platform_hub_setting_stops_start_up_with_one_line(argv: list[str], env: dict[str, str], message: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Each mistake in the platform hub's settings is one line on stderr naming the flag, and exit code 2."""
+    assert main(["fleet", *argv], env=env) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert "c2VjcmV0" not in err

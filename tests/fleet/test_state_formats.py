@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -25,7 +26,8 @@ def test_format_2_names_every_field_and_reads_back_the_same_vms() -> None:
     data = encode("0", 9, vms(), state_format=2)
     stored = json.loads(gzip.decompress(data))
     assert stored["format"] == 2 and set(stored["vms"][0]) == {
-        "key", "vm_id", "vm_name", "vmss_name", "location", "installation", "sequence", "seen_at", "body", "imds"}
+        "key", "vm_id", "vm_name", "vmss_name", "location", "installation", "sequence", "seen_at", "body", "imds",
+        "subscription_id", "resource_group"}
     decoded = decode(data, "0", NOW)
     assert (decoded.format, decoded.position, list(decoded.vms.values())) == (2, 9, vms())
 
@@ -62,12 +64,32 @@ PREVIOUS_FORMAT_1 = json.dumps(
      "imds": {VM_ID: [1795316668.024, 1795316400.0, True]}}, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+def without_place(vm: Any) -> Any:
+    return replace(vm, subscription_id="", resource_group="")
+
+
 def test_the_previous_release_and_this_one_read_each_others_format_1() -> None:
-    """What the previous release wrote, this one reads whole; what this one writes by default is what that one
-    wrote, so it reads it."""
-    assert list(decode(gzip.compress(PREVIOUS_FORMAT_1), "0", NOW).vms.values()) == vms()
-    assert gzip.decompress(encode("0", 9, vms())) == PREVIOUS_FORMAT_1
-    assert gzip.decompress(previous.encode("0", 9, vms(), state_format=2)) == PREVIOUS_FORMAT_1
+    """What the previous release wrote, this one reads whole (subscription and resource group unknown); what this one
+    writes by default is what that one wrote plus the top-level ``place`` (added within format 1 as ``imds`` was: a
+    key the previous release's reader never looks up), so it reads it."""
+    assert list(decode(gzip.compress(PREVIOUS_FORMAT_1), "0", NOW).vms.values()) == [without_place(vm) for vm in vms()]
+    written = json.loads(gzip.decompress(encode("0", 9, vms())))
+    assert written.pop("place") == {VM_ID: ["sub", "rg"]}
+    assert json.dumps(written, ensure_ascii=False, separators=(",", ":")).encode() == PREVIOUS_FORMAT_1
+    assert gzip.decompress(encode("0", 9, [without_place(vm) for vm in vms()])) == PREVIOUS_FORMAT_1
+    assert list(previous.decode(encode("0", 9, vms()), "0", NOW).vms.values()) == vms()
+
+
+@pytest.mark.parametrize("state_format", [1, 2])
+def test_subscription_and_resource_group_survive_a_state_and_a_damaged_one_is_unknown(state_format: int) -> None:
+    """The join's two properties are kept through a state in formats 1 and 2; out of shape, they read as unknown
+    and the VM is kept."""
+    [vm] = decode(encode("0", 9, vms(), state_format=state_format), "0", NOW).vms.values()
+    assert (vm.subscription_id, vm.resource_group) == ("sub", "rg")
+    text = json.dumps({"format": 2, "partition_id": "0", "sequence_number": 9,
+                       "vms": [{**GOOD, "subscription_id": 5, "resource_group": "\ud800"}]})
+    [vm] = decode(gzip.compress(text.encode()), "0", NOW).vms.values()
+    assert (vm.vm_name, vm.subscription_id, vm.resource_group) == ("WestNO_0", "", "")
 
 
 def test_the_previous_release_takes_format_2_for_a_newer_releases_and_leaves_it() -> None:

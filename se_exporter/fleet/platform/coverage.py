@@ -21,18 +21,17 @@ none gets none. The reverse: an EventId live sidecars listed for ``grace`` that 
 counted once, only when the VM is in a scope that has published a platform event (its scale set, itself, or a
 Resources list: an availability set is known only that way).
 
-The join. The issue joins on (subscription, resource group, VM name). ``VmState`` does not keep the
-subscription_id and resource_group properties the sidecars send (``message.py`` reads neither), so ``vm_identity``
-gives empty ones today and the join is on the VM name (Azure compares names without case; the 2017 preview's
-leading underscore ignored, as ``core.model.affects_vm`` does), narrowed by the scale set's name and the location
-where both sides know them. TODO(wiring): keep both properties in ``VmState`` (and the state blobs), and return
-them from ``vm_identity``: ``_same_place`` already compares them when known.
+The join. The issue joins on (subscription, resource group, VM name): the sidecars forward the first two as
+properties, ``VmState`` keeps them (and the state blobs), and ``vm_identity`` returns them. A VM name compares
+without case (as Azure compares names; the 2017 preview's leading underscore ignored, as ``core.model.affects_vm``
+does); where a side does not know a part (an older sidecar says neither subscription nor resource group), that part
+is not compared (``_same_place``), and the scale set's name and the location narrow it where both sides know them.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -75,6 +74,13 @@ class Reconciliation:
     unannounced: tuple[str, ...] = ()  # event_type per EventId: unannounced_events_total
     lags: tuple[float, ...] = ()  # first listed minus announced: announcement_lag_seconds
     bounds: tuple[str, ...] = ()
+    # What each of the above counted, as (kind, EventId key, VM name): kind "missed", "lag" or "unannounced" (VM
+    # name "" for it), in their order, so a caller can remember beyond this object what was counted (``Counts``).
+    counted: tuple[tuple[str, str, str], ...] = ()
+
+
+def count_all(kind: str, key: str, vm_name: str) -> bool:
+    return True
 
 
 @dataclass(slots=True)
@@ -88,11 +94,16 @@ class _Pair:
 
 def vm_identity(vm: VmState) -> tuple[str, str, str]:
     """(subscription, resource group, VM name) to join on, without case; '' where not known (see the module)."""
-    return "", "", _name(vm.vm_name)  # TODO(wiring): vm.subscription_id.casefold(), vm.resource_group.casefold()
+    return vm.subscription_id.casefold(), vm.resource_group.casefold(), _name(vm.vm_name)
 
 
 def _name(name: str) -> str:
     return name.lstrip("_").casefold()
+
+
+def name_key(name: str) -> str:
+    """A VM name as the join compares it (and as ``Reconciliation.counted`` names VMs)."""
+    return _name(name)
 
 
 def _place(vm: VmState) -> tuple[str, str, str, str]:
@@ -133,6 +144,9 @@ class Reconciler:
     _scopes: OrderedDict[int, None] = field(default_factory=OrderedDict)  # (scope type, scope name) that published
     _hits: list[str] = field(default_factory=list)
     _named: frozenset[int] = frozenset()  # VM names in the Resources of the records of the last update
+    _counts: Callable[[str, str, str], bool] = count_all  # the last update's (see ``update``)
+    _absent: bool = True
+    _counted: list[tuple[str, str, str]] = field(default_factory=list)
 
     def note(self, vm: VmState) -> None:
         """Remember the EventIds one applied document lists (the consumer may call this per document, so a first
@@ -156,8 +170,16 @@ class Reconciler:
         return hash(name) in self._named or hash(("virtual_machine", name)) in self._scopes \
             or bool(vm.vmss_name and hash(("scale_set", _name(vm.vmss_name))) in self._scopes)
 
-    def update(self, records: Iterable[PlatformRecord], vms: Iterable[VmState], now: float) -> Reconciliation:
+    def update(self, records: Iterable[PlatformRecord], vms: Iterable[VmState], now: float,
+               counts: Callable[[str, str, str], bool] = count_all, absent: bool = True) -> Reconciliation:
+        """Every pair's coverage now and what to count. ``counts(kind, key, vm_name)`` says whether this caller
+        counts that one now (a replica counts only the EventIds it is the home of, and not what it remembers having
+        counted: see ``fleet/platform/service.py``); what it refuses is neither counted nor marked, so a later update
+        may count it. ``absent=False``: the VMs given are not all the fleet's (another replica shows the rest), so a
+        VM not among them is not ``no_sidecar`` but left out."""
         records = list(records)
+        self._counts, self._absent = counts, absent
+        self._counted = []
         for record in records:
             self._remember(self._announced, record.key, self.settings.ids, "platform_coverage_ids")
             self._remember(self._scopes, hash((record.event.scope_type, _name(record.event.scope_name))),
@@ -181,13 +203,16 @@ class Reconciler:
                     continue
                 rows.append(Coverage(record.key, announced.event_id, announced.event_type, resource, coverage))
                 pair = self._pairs.get((record.key, hash(_name(resource))))
-                if coverage in MISSED_REASONS and pair is not None and not pair.counted:
+                if coverage in MISSED_REASONS and pair is not None and not pair.counted \
+                        and counts("missed", record.key, _name(resource)):
                     pair.counted = True
                     missed.append((announced.event_type, coverage))
+                    self._counted.append(("missed", record.key, _name(resource)))
         unannounced = self._unannounced_types(listing, now)
         self._prune({record.key for record in records} | set(listing))
         hits, self._hits = tuple(dict.fromkeys(self._hits)), []
-        return Reconciliation(tuple(rows), tuple(missed), unannounced, tuple(lags), hits)
+        counted, self._counted = tuple(self._counted), []
+        return Reconciliation(tuple(rows), tuple(missed), unannounced, tuple(lags), hits, counted)
 
     def sizes(self) -> dict[str, int]:
         """What it remembers now, each bounded by its setting."""
@@ -199,12 +224,15 @@ class Reconciler:
         key = record.key
         pair = self._pair((key, hash(_name(resource))), create=True) or _Pair()
         if pair.first_listed is not None and pair.place is not None and _same_place(record, pair.place):
-            if not pair.lagged:
+            if not pair.lagged and self._counts("lag", key, _name(resource)):
                 pair.lagged = True
                 lags.append(pair.first_listed - record.announced_at)
+                self._counted.append(("lag", key, _name(resource)))
             return "observed"
         alive = [vm for vm in named if now - vm.seen_at <= self.settings.vm_expiry and _same_place(record, _place(vm))]
         if not alive:
+            if not self._absent:
+                return None
             coverage: str | None = "no_sidecar"
         elif record.ended:
             return pair.coverage if pair.coverage in ("missed", "imds_unreachable") else None
@@ -229,10 +257,12 @@ class Reconciler:
                 pair = self._pairs.get((key, hash(name)))
                 if pair is None or pair.first_listed is None or now < pair.first_listed + self.settings.grace:
                     continue
-                if now - vm.seen_at > self.settings.vm_expiry or not self._published(vm, name):
+                if now - vm.seen_at > self.settings.vm_expiry or not self._published(vm, name) \
+                        or not self._counts("unannounced", key, ""):
                     continue
                 self._remember(self._unannounced, hash(key), self.settings.ids, "platform_coverage_ids")
                 found.append(event_type)
+                self._counted.append(("unannounced", key, ""))
                 break
         return tuple(found)
 

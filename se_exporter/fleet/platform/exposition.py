@@ -8,9 +8,8 @@ from the next scrape, with its series; nothing is removed by hand):
 * ``azure_scheduled_fleet_platform_event_vms{event_id, event_type, coverage}``: the VMs of each coverage
   (``coverage.COVERAGES``), all four per EventId (0 included), so a panel's series never come and go.
 
-Counters and the histogram are the wiring session's to create (prometheus_client objects on the fleet's registry,
-beside ``FleetMetrics``, every label value created at zero where the values are a closed set), fed from what this
-package returns:
+Counters and the histogram are ``collector.FleetMetrics``' (every label value created at zero where the values are a
+closed set), fed by ``service.py`` from what this package returns:
 
 * ``azure_scheduled_fleet_platform_events_total{event_type, event_status}``: ``len(Applied.statuses)`` per
   ``PlatformPicture.apply`` (every status learnt, once per EventId and status, whatever the order);
@@ -30,7 +29,7 @@ package returns:
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
 from se_exporter.fleet.collector import FLEET, escape, write_gauges
 from se_exporter.fleet.platform.coverage import COVERAGES, Coverage
@@ -44,23 +43,26 @@ _HEADERS = {
 }
 
 
-def render_platform(records: Iterable[PlatformRecord], coverage: Iterable[Coverage]) -> str:
+def render_platform(records: Iterable[PlatformRecord], coverage: Iterable[Coverage],
+                    informed: Container[str] | None = None) -> str:
     """The platform gauges as text, from one consistent list of records and the reconciliation's coverage.
 
     Written directly, as ``render_fleet`` is and for its reason (the figure it guards is the CPU of one /metrics
     scrape: up to 50,000 series here at the default bound); the text is appended to the fleet's. Its samples are
-    proven equal to prometheus-client's for the same values (``tests/fleet/test_platform_coverage.py``); the
-    wiring session adds it to ``scripts/fleet_bench.py --scrape``, which measures the ratio."""
+    proven equal to prometheus-client's for the same values (``tests/fleet/test_platform_coverage.py``).
+    ``informed``: the EventId keys whose info series this replica writes (each EventId's from one replica, its
+    home's; None: all); the VM counts are written for every record, of the VMs this replica judged."""
     info: list[str] = []
     vms: list[str] = []
     counts = Tally((row.event_key, row.coverage) for row in coverage)
     for record in sorted(records, key=lambda record: record.key):
         event = record.event
         ident = f'event_id="{escape(event.event_id)}",event_type="{escape(event.event_type)}"'
-        info.append(f"{FLEET}_platform_event_info{{{ident},event_status=\"{event.event_status}\","
-                    f'event_source="{escape(event.event_source)}",scope_type="{event.scope_type}",'
-                    f'scope_name="{escape(event.scope_name)}",resource_group="{escape(event.resource_group)}",'
-                    f'subscription_id="{escape(event.subscription_id)}",location="{escape(event.location)}"}} 1.0')
+        if informed is None or record.key in informed:
+            info.append(f"{FLEET}_platform_event_info{{{ident},event_status=\"{event.event_status}\","
+                        f'event_source="{escape(event.event_source)}",scope_type="{event.scope_type}",'
+                        f'scope_name="{escape(event.scope_name)}",resource_group="{escape(event.resource_group)}",'
+                        f'subscription_id="{escape(event.subscription_id)}",location="{escape(event.location)}"}} 1.0')
         vms.extend(f'{FLEET}_platform_event_vms{{{ident},coverage="{state}"}} {float(counts[(record.key, state)])!r}'
                    for state in COVERAGES)
     return write_gauges({"platform_event_info": info, "platform_event_vms": vms}, _HEADERS)

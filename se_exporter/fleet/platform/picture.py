@@ -96,6 +96,8 @@ class PlatformRecord:
     def impact_seconds(self) -> float | None:
         """Started to Completed by the platform's times (at most ``MAX_IMPACT_PER_VM``), times the VMs it concerns;
         None until both are known."""
+        if len(self.times) < 2:  # the common case, each new EventId: no generator walked twice
+            return None
         started, completed = self.time_of("Started"), self.time_of("Completed")
         if started is None or completed is None:
             return None

@@ -1,4 +1,4 @@
-"""A platform picture as JSON with named fields, and back: what the wiring session writes beside the checkpoint.
+"""A platform picture as JSON with named fields, and back: what ``saving.py`` writes beside the checkpoint.
 
 Named fields only (no positional rows), so a newer release can add one and an older one ignores it; the envelope
 and its version number are the state format's (``fleet/stateformat.py``), not this module's. Reading back trusts

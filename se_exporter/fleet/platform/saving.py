@@ -1,0 +1,186 @@
+"""A partition's platform side as a blob beside its VM state: its picture at a position, and what was counted.
+
+``<ns>/<hub>/<group>/fleet-platform/<id>``, gzip'd JSON with named fields (``saved.py`` writes the picture)::
+
+    {"format": 1, "partition_id": "3", "sequence_number": 4711,
+     "picture": {"records": [...], "ids": [...], "forgotten": [...]},
+     "counted": [{"key": ..., "statuses": ["Scheduled", ...], "impact": true, "missed": {vm: reason, ...},
+                  "lag": [vm, ...], "unannounced": false}, ...],
+     "pairs": [{"key": ..., "vm": ..., "missed": reason or null, "lag": true}, ...],
+     "judged": {"keys": [key, ...], "alive": {key: [vm, ...], ...}}}
+
+``counted`` holds what this replica counted of the EventIds whose home is this partition (``service.home``), and
+``pairs`` what it counted of the VMs of this partition, so a restart or a hand-over does not count them again; a
+miss's reason is kept too, since an ended event keeps the coverage decided while it was open and IMDS no longer
+shows anything to decide it again from. Written like the VM
+state (``statestore.StateStore.save``: never backwards, ETag-conditional), before it and so before the checkpoint.
+A newer release may add fields; this one ignores what it does not know. Reading trusts nothing: bounded inflation,
+every row checked (``saved.py``); a damaged blob is counted and the partition's picture starts empty.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from se_exporter.fleet.message import MAX_TEXT
+from se_exporter.fleet.platform.coverage import MISSED_REASONS
+from se_exporter.fleet.platform.fields import STATUSES
+from se_exporter.fleet.platform.picture import PictureState
+from se_exporter.fleet.platform.saved import state_from_json, state_to_json
+from se_exporter.fleet.stateformat import DamagedState
+
+PLATFORM_FORMAT = 1
+MAX_PLATFORM_BYTES = 256 * 1024**2  # inflated: 10,000 events naming 1,000 VMs each is about 200 MB
+
+
+def platform_blob_name(namespace: str, eventhub_name: str, consumer_group: str, partition_id: str) -> str:
+    """Beside the partition's VM state (``statestore.state_blob_name``)."""
+    return f"{namespace}/{eventhub_name}/{consumer_group}/fleet-platform/{partition_id}".lower()
+
+
+@dataclass
+class Memory:
+    """What was counted of one EventId: its statuses, its impact, its VMs' misses and lags, as unannounced."""
+
+    statuses: set[str] = field(default_factory=set)
+    impact: bool = False
+    missed: dict[str, str] = field(default_factory=dict)  # VM name -> reason (coverage.MISSED_REASONS)
+    lag: set[str] = field(default_factory=set)
+    unannounced: bool = False
+
+    def to_json(self, key: str) -> dict[str, Any]:
+        return {"key": key, "statuses": sorted(self.statuses), "impact": self.impact, "missed": dict(self.missed),
+                "lag": sorted(self.lag), "unannounced": self.unannounced}
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What a partition's owner judged of the VMs the platform's events name: the EventIds it knew, and per EventId
+    the named VMs alive in that partition (only where there are any)."""
+
+    keys: frozenset[str]
+    alive: dict[str, frozenset[str]]
+
+
+@dataclass
+class Loaded:
+    """A platform blob read back: the picture (None: none stored), its position, what was counted, and damage."""
+
+    state: PictureState | None = None
+    position: int | None = None
+    memory: dict[str, Memory] = field(default_factory=dict)
+    missed: dict[tuple[str, str], str] = field(default_factory=dict)  # (key, VM) -> reason, of this partition's VMs
+    lags: set[tuple[str, str]] = field(default_factory=set)
+    judged: Judged = field(default_factory=lambda: Judged(frozenset(), {}))
+    damaged: str | None = None
+    problem: str = ""
+    rows: int = 0  # rows left out as damaged
+
+
+def encode_platform(partition_id: str, position: int, state: PictureState, memory: dict[str, Memory],
+                    missed: dict[tuple[str, str], str] | None = None, lags: set[tuple[str, str]] | None = None,
+                    judged: Judged | None = None) -> bytes:
+    missed, lags = missed or {}, lags or set()
+    pairs = [{"key": key, "vm": name, "missed": missed.get((key, name)), "lag": (key, name) in lags}
+             for key, name in sorted({*missed, *lags})]
+    obj: dict[str, Any] = {"format": PLATFORM_FORMAT, "partition_id": partition_id, "sequence_number": position,
+           "picture": state_to_json(state), "counted": [entry.to_json(key) for key, entry in memory.items()],
+           "pairs": pairs}
+    if judged is not None and judged.keys:
+        obj["judged"] = {"keys": sorted(judged.keys), "alive": {key: sorted(names) for key, names in
+                                                                judged.alive.items()}}
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return gzip.compress(text.encode("utf-8", "backslashreplace"), compresslevel=1)
+
+
+def decode_platform(data: bytes, partition_id: str) -> Loaded:
+    """The blob's content; a blob that cannot be read at all is ``Loaded(damaged=reason)``."""
+    try:
+        obj = _parse(data)
+    except DamagedState as damage:
+        return Loaded(damaged=damage.reason, problem=str(damage))
+    if not isinstance(obj, dict):
+        return Loaded(damaged="wrong_shape", problem="the platform state is not a JSON object")
+    found, position = obj.get("format"), obj.get("sequence_number")
+    if type(found) is not int or found < 1:
+        return Loaded(damaged="format", problem=f"unknown platform state format {str(found)[:40]!r}")
+    if obj.get("partition_id", partition_id) != partition_id or type(position) is not int or position < -1:
+        return Loaded(damaged="wrong_shape", problem="the platform state is another partition's, or has no position")
+    state, rows = state_from_json(obj.get("picture"))
+    memory: dict[str, Memory] = {}
+    counted = obj.get("counted")
+    for row in counted if isinstance(counted, list) else []:
+        entry = _memory(row)
+        if entry is None:
+            rows += 1
+        else:
+            memory[entry[0]] = entry[1]
+    loaded = Loaded(state, position, memory, rows=rows)
+    _pairs(obj.get("pairs"), loaded)
+    _judged(obj.get("judged"), loaded)
+    return loaded
+
+
+def _pairs(pairs: object, loaded: Loaded) -> None:
+    for row in pairs if isinstance(pairs, list) else []:
+        key, name, reason, lag = (row.get(field) for field in ("key", "vm", "missed", "lag")) \
+            if isinstance(row, dict) else (None, None, None, None)
+        if not (_text(key) and _text(name) and (reason is None or reason in MISSED_REASONS) and isinstance(lag, bool)):
+            loaded.rows += 1
+            continue
+        if reason is not None:
+            loaded.missed[(str(key), str(name))] = str(reason)
+        if lag:
+            loaded.lags.add((str(key), str(name)))
+
+
+def _judged(judged: object, loaded: Loaded) -> None:
+    """What a damaged ``judged`` would claim is left out whole: an EventId not judged is never ``no_sidecar``."""
+    if not isinstance(judged, dict):
+        return
+    keys, alive = judged.get("keys"), judged.get("alive")
+    if not (isinstance(keys, list) and all(_text(key) for key in keys) and isinstance(alive, dict) and all(
+            _text(key) and isinstance(names, list) and all(_text(name) for name in names)
+            for key, names in alive.items())):
+        loaded.rows += 1
+        return
+    loaded.judged = Judged(frozenset(keys), {key: frozenset(names) for key, names in alive.items()})
+
+
+def _parse(data: bytes) -> Any:
+    try:
+        inflate = zlib.decompressobj(wbits=31)
+        text = inflate.decompress(data, MAX_PLATFORM_BYTES)
+    except zlib.error as exc:
+        raise DamagedState("unreadable", f"not gzip ({str(exc)[:200]})") from None
+    if inflate.unconsumed_tail or not inflate.eof:
+        raise DamagedState("unreadable", f"truncated, or inflates past {MAX_PLATFORM_BYTES} bytes")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise DamagedState("unreadable", f"not gzip'd JSON ({str(exc)[:200]})") from None
+
+
+def _memory(row: object) -> tuple[str, Memory] | None:
+    if not isinstance(row, dict):
+        return None
+    key = row.get("key")
+    if not _text(key):
+        return None
+    statuses, missed, lag = row.get("statuses", []), row.get("missed", {}), row.get("lag", [])
+    if not isinstance(statuses, list) or not all(status in STATUSES for status in statuses) \
+            or not isinstance(lag, list) or not all(_text(name) for name in lag) or not isinstance(missed, dict) \
+            or not all(_text(name) and reason in MISSED_REASONS for name, reason in missed.items()):
+        return None
+    impact, unannounced = row.get("impact", False), row.get("unannounced", False)
+    if not isinstance(impact, bool) or not isinstance(unannounced, bool):
+        return None
+    return str(key), Memory(set(statuses), impact, dict(missed), set(lag), unannounced)
+
+
+def _text(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_TEXT
