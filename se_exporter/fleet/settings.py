@@ -19,6 +19,7 @@ from se_exporter.infra.options import (
     Listen,
     Option,
     check_eventhubs,
+    check_platform_eventhub,
     connection_string_address,
     connection_string_parts,
     parse_ca_file,
@@ -258,18 +259,8 @@ def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSet
 
 def check_platform_hub(settings: FleetSettings) -> None:
     """The rules of ``check_eventhubs`` for the platform's hub, naming its flags."""
-    text, namespace, name = (settings.platform_eventhub_connection_string, settings.platform_eventhub_namespace,
-                             settings.platform_eventhub_name)
-    if text and namespace:
-        raise ConfigError("--platform-eventhub-connection-string and --platform-eventhub-namespace exclude each other: "
-                          "use a connection string, or a namespace with managed identity")
-    if text and "entitypath" not in connection_string_parts(text) and not name:
-        raise ConfigError("--platform-eventhub-name is required: the platform's connection string has no EntityPath")
-    if namespace and not name:
-        raise ConfigError("--platform-eventhub-name is required with --platform-eventhub-namespace")
-    if name and not (text or namespace):
-        raise ConfigError("--platform-eventhub-name needs --platform-eventhub-connection-string or "
-                          "--platform-eventhub-namespace (it names the event hub in that namespace)")
+    text, namespace = settings.platform_eventhub_connection_string, settings.platform_eventhub_namespace
+    check_platform_eventhub(text, namespace, settings.platform_eventhub_name)
     if settings.platform_consumer_group != "$Default" and not (text or namespace):
         raise ConfigError("--platform-consumer-group needs --platform-eventhub-connection-string or "
                           "--platform-eventhub-namespace")

@@ -355,6 +355,21 @@ PLATFORM_EVENTHUB_OPTIONS: tuple[Option, ...] = (
            "HOST"),
 )
 
+def check_platform_eventhub(text: str | None, namespace: str | None, name: str | None) -> None:
+    """The rules of ``check_eventhubs`` for the platform's hub (``fleet`` reads it, ``simulate`` writes it), naming
+    its flags: one way to authenticate, and a hub name."""
+    if text and namespace:
+        raise ConfigError("--platform-eventhub-connection-string and --platform-eventhub-namespace exclude each other: "
+                          "use a connection string, or a namespace with managed identity")
+    if text and "entitypath" not in connection_string_parts(text) and not name:
+        raise ConfigError("--platform-eventhub-name is required: the platform's connection string has no EntityPath")
+    if namespace and not name:
+        raise ConfigError("--platform-eventhub-name is required with --platform-eventhub-namespace")
+    if name and not (text or namespace):
+        raise ConfigError("--platform-eventhub-name needs --platform-eventhub-connection-string or "
+                          "--platform-eventhub-namespace (it names the event hub in that namespace)")
+
+
 # The consumer group every reader of the hub (``consume``, ``fleet``) takes.
 CONSUMER_GROUP_OPTION = Option("consumer_group", "--consumer-group", parse_consumer_group,
                                "consumer group to read with (default $Default)", "GROUP")

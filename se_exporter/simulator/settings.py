@@ -10,16 +10,14 @@ from se_exporter.core.errors import ConfigError
 from se_exporter.infra.options import (
     ENV_PREFIX,
     LOG_OPTIONS,
+    PLATFORM_EVENTHUB_OPTIONS,
     SPEED,
     Listen,
     Option,
+    check_platform_eventhub,
     choice,
-    connection_string_parts,
-    parse_connection_string,
-    parse_eventhub_name,
     parse_listen,
     parse_name,
-    parse_namespace,
     resolve,
 )
 from se_exporter.simulator.faults import split_specs
@@ -61,15 +59,7 @@ SIMULATE_OPTIONS: tuple[Option, ...] = (
     *(Option(o.dest, o.flag, o.parse, o.help, o.metavar, "SIMULATOR_") for o in LOG_OPTIONS),
     Option("faults", "--fault", str, "inject a fault, e.g. throttle,retry_after=2,count=3 (repeatable; see README)",
            "SPEC", env_name=ENV_PREFIX + "SIMULATOR_FAULTS", separator=";", splitter=split_specs),
-    Option("platform_eventhub_name", "--platform-eventhub-name", parse_eventhub_name,
-           "event hub to publish the platform's copy of the scenario's events to (Event Grid's messages), when the "
-           "connection string has no EntityPath or with --platform-eventhub-namespace", "NAME", "SIMULATOR_"),
-    Option("platform_eventhub_connection_string", "--platform-eventhub-connection-string", parse_connection_string,
-           "Event Hubs connection string for the platform copy (SharedAccessKey; prefer the environment variable)",
-           "STRING", "SIMULATOR_"),
-    Option("platform_eventhub_namespace", "--platform-eventhub-namespace", parse_namespace,
-           "Event Hubs namespace host for the platform copy, authenticated with the machine's managed identity",
-           "HOST", "SIMULATOR_"),
+    *(Option(o.dest, o.flag, o.parse, o.help, o.metavar, "SIMULATOR_") for o in PLATFORM_EVENTHUB_OPTIONS),
     Option("platform_file", "--platform-file", parse_name,
            "append the platform's copy of the scenario's events to this JSON-lines file (one message a line)",
            "PATH", "SIMULATOR_"),
@@ -88,18 +78,8 @@ def simulator_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Simu
 def check_platform(settings: SimulatorSettings) -> None:
     """The platform hub's rules, as ``check_eventhubs`` has them for the sidecars' hub: one way to authenticate,
     and a hub name."""
-    string, namespace, name = (settings.platform_eventhub_connection_string, settings.platform_eventhub_namespace,
-                               settings.platform_eventhub_name)
-    if string and namespace:
-        raise ConfigError("--platform-eventhub-connection-string and --platform-eventhub-namespace exclude each "
-                          "other: use a connection string, or a namespace with managed identity")
-    if string and "entitypath" not in connection_string_parts(string) and not name:
-        raise ConfigError("--platform-eventhub-name is required: the connection string has no EntityPath")
-    if namespace and not name:
-        raise ConfigError("--platform-eventhub-name is required with --platform-eventhub-namespace")
-    if name and not (string or namespace):
-        raise ConfigError("--platform-eventhub-name needs --platform-eventhub-connection-string or "
-                          "--platform-eventhub-namespace; give one of them, or leave --platform-eventhub-name out")
+    check_platform_eventhub(settings.platform_eventhub_connection_string, settings.platform_eventhub_namespace,
+                            settings.platform_eventhub_name)
     if settings.platform_schema != "eventgrid" and not settings.platform:
         raise ConfigError("--platform-schema needs --platform-file or --platform-eventhub-*: it shapes the "
                           "platform copy, which is only published to one of them")
