@@ -1,0 +1,251 @@
+"""The two streams on a real Prometheus and the shipped Alertmanager configuration: two fleet replicas, one
+platform EventId on both (a hand-over), their series written by the core (tests/fleet_two_streams.py) beside the
+sidecars' stream (tests/fleet_overlap.py). Every platform panel of the fleet dashboard lights up and counts each
+EventId once; the platform rules page the VM owners once per event, warn the operators of VMs without a sidecar,
+and resolve when the event ends."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests import fleet_overlap, fleet_two_streams
+from tests.alerting import ALERTMANAGER_CONFIG, Alertmanager, Notification, Webhook, shortened
+from tests.helpers import wait_until
+from tests.integration.test_dashboards import DASHBOARDS, StaticTarget, dashboard_expressions, substitute
+from tests.integration.test_prometheus import Prometheus
+from tests.promtool import render
+from tests.promtool import rules as rules_of
+
+pytestmark = pytest.mark.integration
+RULES = DASHBOARDS / "fleet-alerts.yaml"
+DASHBOARD = "se-exporter-fleet-events"
+JOB = "se-exporter-fleet"
+INTERVAL = 0.5  # Prometheus' scrape and evaluation interval here (production: 15-30 s)
+# The series of the platform stream; every dashboard query and rule naming one is checked here.
+PLATFORM = re.compile(r"azure_scheduled_fleet_(platform_event_info|platform_event_vms|platform_events_total|"
+                      r"platform_duplicates_total|missed_events_total|unannounced_events_total|"
+                      r"announcement_lag_seconds(?:_bucket|_sum|_count)?|impact_seconds_total)\b")
+PLATFORM_RULES = ("FleetSidecarMissedImpactfulEvent", "FleetSidecarMissedFreeze",
+                  "FleetAnnouncedEventOnVmsWithoutSidecar")
+SHORTENED_FOR = {"FleetAnnouncedEventOnVmsWithoutSidecar": "1s"}  # shipped: 5m
+COVERAGES = ("observed", "missed", "imds_unreachable", "no_sidecar")
+# Counters' increase() over a range extrapolates past the first and last samples by up to half a scrape interval
+# each side: the shown value is the counted one times at most this (the samples span well over 5 intervals here).
+EXTRAPOLATION = 1.25
+
+
+def show(a: StaticTarget, b: StaticTarget, counted: bool, ended: str | None = None) -> None:
+    """Both replicas' /metrics: the sidecars' stream and the platform's, the counters at zero or counted, and
+    ``ended``'s status moved to Completed (on both replicas that show it)."""
+    platform = fleet_two_streams.replicas(counted)
+    if ended:
+        platform = (fleet_two_streams.ended(platform[0], ended), fleet_two_streams.ended(platform[1], ended))
+    sidecars = fleet_overlap.replicas()
+    a.body, b.body = sidecars[0] + platform[0], sidecars[1] + platform[1]
+
+
+@dataclass
+class Streams:
+    a: StaticTarget
+    b: StaticTarget
+    prometheus: Prometheus
+    webhook: Webhook
+
+
+def shortened_rules(path: Path) -> Path:
+    """fleet-alerts.yaml with only the `for` of SHORTENED_FOR shortened: a test cannot wait five minutes."""
+    data = yaml.safe_load(RULES.read_text())
+    for group in data["groups"]:
+        for rule in group["rules"]:
+            if rule["alert"] in SHORTENED_FOR:
+                rule["for"] = SHORTENED_FOR[rule["alert"]]
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def streams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Streams]:
+    """Two replicas scraped in one job, their counters at zero and then counted (so a range's increase shows
+    them), the shipped rules evaluated, the shipped Alertmanager configuration paging a webhook here."""
+    tmp = tmp_path_factory.mktemp("two-streams")
+    webhook = Webhook()
+    alertmanager = Alertmanager(shortened(yaml.safe_load(ALERTMANAGER_CONFIG.read_text()), webhook, "2s", "1s"),
+                                tmp / "alertmanager")
+    a, b = StaticTarget(), StaticTarget()
+    prom: Prometheus | None = None
+
+    def samples() -> float:
+        """The fewest samples Prometheus holds of one replica's series over the last minute."""
+        return prom.value(f'min(count_over_time(azure_scheduled_fleet_platform_duplicates_total{{job="{JOB}"}}'
+                          '[1m]))') or 0.0 if prom else 0.0
+
+    try:
+        show(a, b, counted=False)
+        prom = Prometheus(a.address, tmp / "prometheus", extra_targets=[b.address], job_name=JOB,
+                          rule_file=shortened_rules(tmp / "fleet-alerts.yaml"), alertmanager=alertmanager.address,
+                          interval=INTERVAL)
+        wait_until(lambda: samples() >= 4, timeout=30, what="Prometheus to scrape both replicas, counters at 0")
+        show(a, b, counted=True)
+        total = float(len(fleet_two_streams.Fleet().missed))
+        wait_until(lambda: prom.value(f'sum(azure_scheduled_fleet_missed_events_total{{job="{JOB}"}})') == total,
+                   timeout=30, what="Prometheus to see the counters move")
+        wait_until(lambda: samples() >= 12, timeout=30, what="samples after counting")
+        yield Streams(a, b, prom, webhook)
+    finally:
+        if prom is not None:
+            prom.stop()
+        a.stop()
+        b.stop()
+        alertmanager.stop()
+        webhook.close()
+
+
+def platform_queries() -> dict[str, list[str]]:
+    """Title -> expressions of every fleet dashboard panel that reads the platform stream."""
+    found: dict[str, list[str]] = {}
+    for name, expr in dashboard_expressions(fleet_consumer=True):
+        dashboard, _, rest = name.partition(": ")
+        if dashboard == DASHBOARD and PLATFORM.search(expr):
+            found.setdefault(rest.rsplit(" [", 1)[0], []).append(expr)
+    return found
+
+
+def rows(result: list[dict[str, Any]], keys: tuple[str, ...]) -> list[tuple[tuple[str, ...], float]]:
+    return [(tuple(row["metric"].get(key, "") for key in keys), float(row["value"][1])) for row in result]
+
+
+def one_each(found: list[tuple[tuple[str, ...], float]]) -> dict[tuple[str, ...], float]:
+    """The rows as a dict, each key at most once (a second row would be an EventId counted twice)."""
+    repeated = [key for key, count in Counter(key for key, _ in found).items() if count > 1]
+    assert not repeated, f"rows shown twice: {repeated}"
+    return dict(found)
+
+
+def counted(shown: dict[tuple[str, ...], float], expected: dict[tuple[str, ...], float]) -> bool:
+    """A counter panel shows the counted values, up to increase()'s extrapolation, never twice them."""
+    return shown.keys() == expected.keys() and all(
+        expected[key] <= value <= expected[key] * EXTRAPOLATION for key, value in shown.items())
+
+
+def missed_totals() -> dict[tuple[str, ...], float]:
+    return {key: float(count) for key, count in Counter(fleet_two_streams.Fleet().missed).items()}
+
+
+# Title -> per query, the labels its rows are keyed by and what they must show: the gauges' figures, exact.
+ONE = ("event_id",)
+GAUGES: dict[str, list[tuple[tuple[str, ...], dict[tuple[str, ...], float]]]] = {
+    "Events announced by Azure, open": [((), {(): fleet_two_streams.OPEN_EVENTS})],
+    "VMs a live sidecar missed": [((), {(): 4.0})],  # E-big's missed and imds_unreachable, E-fz's, E-done's
+    "VMs without a sidecar": [((), {(): 3.0})],  # E-big's one and E-dark's two
+    "Announced by Azure": [
+        (("event_id", "event_status"), {(key[0], shown[1]): 1.0 for key, shown in fleet_two_streams.ANNOUNCED.items()}),
+        *((ONE, {key: float(shown[2 + index]) for key, shown in fleet_two_streams.ANNOUNCED.items()})
+          for index in range(len(COVERAGES)))],
+    "Blind spots": [(("event_id", "coverage"), fleet_two_streams.BLIND_ROWS)],
+}
+
+
+def test_every_platform_panel_and_rule_is_checked() -> None:
+    """A panel or rule added on the platform stream's series is added to the checks below."""
+    assert set(platform_queries()) == set(GAUGES) | {
+        "Impact this month", "Impact this month by scale set, region and type", "Missed events (range)",
+        "Unannounced events (range)", "Announcement lag (range)", "Dropped messages"}
+    assert {alert for alert, rule in rules_of(RULES).items() if PLATFORM.search(rule["expr"])} == set(PLATFORM_RULES)
+
+
+def test_platform_panels_light_up_and_count_each_event_once(streams: Streams) -> None:
+    """On two replicas that both show E-big, each platform panel returns data, every gauge figure is the fleet's
+    (each EventId once), every per-event table lists each EventId once, and the counters show what was counted."""
+    prom, queries, wrong = streams.prometheus, platform_queries(), []
+
+    def query(expr: str) -> list[dict[str, Any]]:
+        return prom.query(substitute(expr))
+
+    for title, expected in GAUGES.items():
+        for expr, (keys, want) in zip(queries[title], expected, strict=True):
+            shown = one_each(rows(query(expr), keys))
+            if shown != want:
+                wrong.append(f"{title}: shows {shown}, the fleet has {want}")
+    blind = query(queries["Blind spots"][0])
+    assert {row["metric"]["event_id"]: row["metric"]["scope_name"] for row in blind} == {
+        "E-big": "big", "E-fz": "ss", "E-dark": "dark", "E-done": "big"}
+
+    impact = fleet_two_streams.IMPACT
+    counters: list[tuple[str, tuple[str, ...], dict[tuple[str, ...], float]]] = [
+        ("Impact this month", (), {(): sum(impact.values())}),
+        ("Impact this month by scale set, region and type", ("event_type", "scope_name", "location"), impact),
+        ("Missed events (range)", ("event_type", "reason"), missed_totals()),
+        ("Unannounced events (range)", ("event_type",), fleet_two_streams.UNANNOUNCED)]
+    for title, keys, total in counters:
+        [expr] = queries[title]
+        shown = one_each(rows(query(expr), keys))
+        if not counted(shown, total):
+            wrong.append(f"{title}: shows {shown}, counted {total}")
+    lags = [value for expr in queries["Announcement lag (range)"] for _, value in rows(query(expr), ())]
+    if len(lags) != 2 or not all(60 < lag <= 300 for lag in lags):  # every lag observed is 90 s: bucket 60-300
+        wrong.append(f"Announcement lag (range): shows {lags}")
+    [duplicates] = queries["Dropped messages"]
+    if rows(query(duplicates), ()) != [((), 0.0)]:
+        wrong.append(f"Dropped messages: platform duplicates show {query(duplicates)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def firing(webhook: Webhook, **labels: str) -> list[Notification]:
+    return [n for n in webhook.received(**labels) if n.status == "firing"]
+
+
+def expected_alert(alert: str, labels: dict[str, str], value: float) -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and annotations Alertmanager must carry for one alert of the shipped rules."""
+    rule = rules_of(RULES)[alert]
+    labels = {"alertname": alert, "job": JOB, **labels, **rule["labels"]}
+    return labels, {key: render(template, labels, value) for key, template in rule["annotations"].items()}
+
+
+def test_platform_alerts_page_the_owners_once_per_event_warn_the_operators_and_resolve(streams: Streams) -> None:
+    """Through the shipped routing: E-big's Reboot, which two live sidecars missed, is one critical notification
+    to vm-owners grouped by EventId, counting 2 VMs (not 4: both replicas show it); E-fz's missed Freeze a
+    warning to them; the VMs without a sidecar one notification to se-exporter-operators; the ended E-done never
+    pages; E-big's completion resolves its page."""
+    webhook = streams.webhook
+    scope = {"scope_type": "scale_set", "location": "westeurope"}
+    page = wait_until(lambda: firing(webhook, alertname="FleetSidecarMissedImpactfulEvent"), timeout=60,
+                      what="the page")[0]
+    assert (page.receiver, page.payload["groupLabels"]) == (
+        "vm-owners", {"alertname": "FleetSidecarMissedImpactfulEvent", "event_id": "E-big"})
+    [alert] = page.alerts
+    assert (alert["labels"], alert["annotations"]) == expected_alert(
+        "FleetSidecarMissedImpactfulEvent", {"event_id": "E-big", "event_type": "Reboot", "scope_name": "big",
+                                             **scope}, 2)
+
+    freeze = wait_until(lambda: firing(webhook, alertname="FleetSidecarMissedFreeze"), timeout=60,
+                        what="the Freeze warning")[0]
+    assert freeze.receiver == "vm-owners"
+    assert [(a["labels"], a["annotations"]) for a in freeze.alerts] == [expected_alert(
+        "FleetSidecarMissedFreeze", {"event_id": "E-fz", "event_type": "Freeze", "scope_name": "ss", **scope}, 1)]
+
+    def blind_spots() -> list[Notification]:
+        found = firing(webhook, alertname="FleetAnnouncedEventOnVmsWithoutSidecar")
+        return [n for n in found if len(n.alerts) == 2]
+
+    warning = wait_until(blind_spots, timeout=60, what="both events with VMs without a sidecar")[0]
+    assert warning.receiver == "se-exporter-operators"
+    assert {a["labels"]["event_id"]: (a["labels"], a["annotations"]) for a in warning.alerts} == {
+        "E-big": expected_alert("FleetAnnouncedEventOnVmsWithoutSidecar",
+                                {"event_id": "E-big", "event_type": "Reboot", "scope_name": "big", **scope}, 1),
+        "E-dark": expected_alert("FleetAnnouncedEventOnVmsWithoutSidecar",
+                                 {"event_id": "E-dark", "event_type": "Redeploy", "scope_name": "dark",
+                                  "location": "westeurope", "scope_type": "availability_set"}, 2)}
+
+    show(streams.a, streams.b, counted=True, ended="E-big")
+    wait_until(lambda: [n for n in webhook.received(event_id="E-big", alertname="FleetSidecarMissedImpactfulEvent")
+                        if n.status == "resolved"], timeout=60, what="the page to resolve")
+    assert len(firing(webhook, alertname="FleetSidecarMissedImpactfulEvent")) == 1, webhook.notifications
+    assert not webhook.received(event_id="E-done"), webhook.notifications  # it ended: a miss to count, not a page
