@@ -18,6 +18,7 @@ import yaml
 
 from tests import fleet_overlap, fleet_two_streams
 from tests.alerting import ALERTMANAGER_CONFIG, Alertmanager, Notification, Webhook, shortened
+from tests.conftest import Reliability
 from tests.helpers import wait_until
 from tests.integration.test_dashboards import DASHBOARDS, StaticTarget, dashboard_expressions, substitute
 from tests.integration.test_prometheus import Prometheus
@@ -161,7 +162,7 @@ def test_every_platform_panel_and_rule_is_checked() -> None:
     assert {alert for alert, rule in rules_of(RULES).items() if PLATFORM.search(rule["expr"])} == set(PLATFORM_RULES)
 
 
-def test_platform_panels_light_up_and_count_each_event_once(streams: Streams) -> None:
+def test_platform_panels_light_up_and_count_each_event_once(streams: Streams, reliability: Reliability) -> None:
     """On two replicas that both show E-big, each platform panel returns data, every gauge figure is the fleet's
     (each EventId once), every per-event table lists each EventId once, and the counters show what was counted."""
     prom, queries, wrong = streams.prometheus, platform_queries(), []
@@ -196,6 +197,9 @@ def test_platform_panels_light_up_and_count_each_event_once(streams: Streams) ->
     if rows(query(duplicates), ()) != [((), 0.0)]:
         wrong.append(f"Dropped messages: platform duplicates show {query(duplicates)}")
     assert not wrong, "\n".join(wrong)
+    reliability("Fleet", "the platform stream's dashboard panels on a real Prometheus scraping two replicas that "
+                "both show one EventId (a hand-over)", "every panel returned data; each EventId counted once; the "
+                "counters showed what was counted")
 
 
 def firing(webhook: Webhook, **labels: str) -> list[Notification]:
@@ -209,7 +213,8 @@ def expected_alert(alert: str, labels: dict[str, str], value: float) -> tuple[di
     return labels, {key: render(template, labels, value) for key, template in rule["annotations"].items()}
 
 
-def test_platform_alerts_page_the_owners_once_per_event_warn_the_operators_and_resolve(streams: Streams) -> None:
+def test_platform_alerts_page_the_owners_once_per_event_warn_the_operators_and_resolve(
+        streams: Streams, reliability: Reliability) -> None:
     """Through the shipped routing: E-big's Reboot, which two live sidecars missed, is one critical notification
     to vm-owners grouped by EventId, counting 2 VMs (not 4: both replicas show it); E-fz's missed Freeze a
     warning to them; the VMs without a sidecar one notification to se-exporter-operators; the ended E-done never
@@ -249,3 +254,7 @@ def test_platform_alerts_page_the_owners_once_per_event_warn_the_operators_and_r
                         if n.status == "resolved"], timeout=60, what="the page to resolve")
     assert len(firing(webhook, alertname="FleetSidecarMissedImpactfulEvent")) == 1, webhook.notifications
     assert not webhook.received(event_id="E-done"), webhook.notifications  # it ended: a miss to count, not a page
+    reliability("Alerting", "Azure announced a Reboot two live sidecars missed, shown by two fleet replicas at once, "
+                "through a real Prometheus and the shipped Alertmanager configuration", "one critical notification "
+                "to the VM owners counting 2 VMs; a missed Freeze a warning; VMs without a sidecar one warning to the "
+                "operators; resolved on Completed; an ended event never paged")
