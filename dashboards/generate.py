@@ -354,10 +354,11 @@ def fleet_events_dashboard() -> Any:
 
 
 def two_streams(d: Any, ids: Ids) -> Any:
-    """The platform stream (Azure's own copy of every scheduled event, issue 27) beside the sidecars'. Each EventId's
-    gauges come from the replica that shows its home platform partition, and around a hand-over from two: every
-    figure takes one replica's value per EventId (``max by (event_id, ...)``) before adding EventIds up. Counters
-    count each EventId and VM once across the replicas, so they are summed."""
+    """The platform stream (Azure's own copy of every scheduled event, issue 27) beside the sidecars'. An EventId's
+    info series comes from the replica that shows its home platform partition (from two around a hand-over: EventIds
+    are counted distinct, ``count by (event_id)``, and joined through ``max by (event_id, ...)``); its VMs by
+    coverage from every replica, each counting the VMs it judged, so they are summed over the replicas. Counters
+    count each EventId and VM on one replica, so they are summed too."""
     info = f"azure_scheduled_fleet_platform_event_info{{{FLEET}"
     vms = f"azure_scheduled_fleet_platform_event_vms{{{FLEET}"
     event = "event_id, event_type, event_status, event_source, scope_type, scope_name, resource_group, location"
@@ -371,11 +372,10 @@ def two_streams(d: Any, ids: Ids) -> Any:
                            "(EventId, VM) pairs whose sidecar is alive but did not list the event in time (missed) or "
                            "had not read IMDS since before it (imds_unreachable); ended events for "
                            "--platform-retention.",
-                           [Q(f"sum(max by (event_id, coverage) ({vms}, coverage=~\"missed|imds_unreachable\"}})) "
-                              "or vector(0)")], width=6, height=4))
+                           [Q(f"sum({vms}, coverage=~\"missed|imds_unreachable\"}}) or vector(0)")], width=6, height=4))
     d = d.with_panel(panel(stat, ids, "VMs without a sidecar",
                            "(EventId, VM) pairs no sidecar has been heard from for within --vm-expiry.",
-                           [Q(f"sum(max by (event_id) ({vms}, coverage=\"no_sidecar\"}})) or vector(0)")],
+                           [Q(f"sum({vms}, coverage=\"no_sidecar\"}}) or vector(0)")],
                            width=6, height=4))
     d = d.with_panel(panel(stat, ids, "Impact this month",
                            "VM-seconds of maintenance in the last 30 days, Started to Completed by the platform's "
@@ -388,7 +388,7 @@ def two_streams(d: Any, ids: Ids) -> Any:
               "their sidecar listed it (observed), did not (missed), could not read IMDS (imds_unreachable), or "
               "none is heard from (no_sidecar).",
               [Q(f"max by ({event}) ({info}}})", instant=True, table=True),
-               *(Q(f"max by (event_id) ({vms}, coverage=\"{coverage}\"}})", instant=True, table=True)
+               *(Q(f"sum by (event_id) ({vms}, coverage=\"{coverage}\"}})", instant=True, table=True)
                  for coverage in ("observed", "missed", "imds_unreachable", "no_sidecar"))], width=24, height=10)
         .with_transformation(dm.DataTransformerConfig(id_val="joinByField", options={"byField": "event_id",
                                                                                       "mode": "outer"}))
@@ -401,7 +401,7 @@ def two_streams(d: Any, ids: Ids) -> Any:
         panel(table, ids, "Blind spots",
               "Per event, the VMs whose maintenance no sidecar saw, by coverage: missed, imds_unreachable, "
               "no_sidecar. The fleet's log names the VMs.",
-              [Q(f"sort_desc(max by (event_id, event_type, coverage) ({vms}, coverage!=\"observed\"}}) "
+              [Q(f"sort_desc(sum by (event_id, event_type, coverage) ({vms}, coverage!=\"observed\"}}) "
                  f"* on(event_id) group_left(scope_name, location) max by (event_id, scope_name, location) "
                  f"({info}}}) > 0)", instant=True, table=True)], width=12)
         .with_transformation(dm.DataTransformerConfig(id_val="organize", options={

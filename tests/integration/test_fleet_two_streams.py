@@ -1,8 +1,8 @@
-"""The two streams on a real Prometheus and the shipped Alertmanager configuration: two fleet replicas, one
-platform EventId on both (a hand-over), their series written by the core (tests/fleet_two_streams.py) beside the
-sidecars' stream (tests/fleet_overlap.py). Every platform panel of the fleet dashboard lights up and counts each
-EventId once; the platform rules page the VM owners once per event, warn the operators of VMs without a sidecar,
-and resolve when the event ends."""
+"""The two streams on a real Prometheus and the shipped Alertmanager configuration: two fleet replicas whose
+platform series the core writes as the fleet does (tests/fleet_two_streams.py), beside the sidecars' stream
+(tests/fleet_overlap.py). Every platform panel of the fleet dashboard lights up, counts each EventId once and adds
+up the VMs the replicas judged; the platform rules page the VM owners once per event, warn the operators of VMs
+without a sidecar (at a hand-over, when one replica shows every partition), and resolve when the event ends."""
 
 from __future__ import annotations
 
@@ -43,10 +43,10 @@ COVERAGES = ("observed", "missed", "imds_unreachable", "no_sidecar")
 EXTRAPOLATION = 1.25
 
 
-def show(a: StaticTarget, b: StaticTarget, counted: bool, ended: str | None = None) -> None:
-    """Both replicas' /metrics: the sidecars' stream and the platform's, the counters at zero or counted, and
-    ``ended``'s status moved to Completed (on both replicas that show it)."""
-    platform = fleet_two_streams.replicas(counted)
+def show(a: StaticTarget, b: StaticTarget, counted: bool, handover: bool = False, ended: str | None = None) -> None:
+    """Both replicas' /metrics: the sidecars' stream and the platform's in the steady split or at a hand-over, the
+    counters at zero or counted, and ``ended``'s status moved to Completed (on the replicas that show it)."""
+    platform = (fleet_two_streams.handover if handover else fleet_two_streams.split)(counted)
     if ended:
         platform = (fleet_two_streams.ended(platform[0], ended), fleet_two_streams.ended(platform[1], ended))
     sidecars = fleet_overlap.replicas()
@@ -144,8 +144,8 @@ def missed_totals() -> dict[tuple[str, ...], float]:
 ONE = ("event_id",)
 GAUGES: dict[str, list[tuple[tuple[str, ...], dict[tuple[str, ...], float]]]] = {
     "Events announced by Azure, open": [((), {(): fleet_two_streams.OPEN_EVENTS})],
-    "VMs a live sidecar missed": [((), {(): 4.0})],  # E-big's missed and imds_unreachable, E-fz's, E-done's
-    "VMs without a sidecar": [((), {(): 3.0})],  # E-big's one and E-dark's two
+    "VMs a live sidecar missed": [((), {(): 5.0})],  # E-big's 2 missed and 1 imds_unreachable, E-fz's, E-done's
+    "VMs without a sidecar": [((), {(): 0.0})],  # judged only by a replica that shows every partition: neither
     "Announced by Azure": [
         (("event_id", "event_status"), {(key[0], shown[1]): 1.0 for key, shown in fleet_two_streams.ANNOUNCED.items()}),
         *((ONE, {key: float(shown[2 + index]) for key, shown in fleet_two_streams.ANNOUNCED.items()})
@@ -163,8 +163,9 @@ def test_every_platform_panel_and_rule_is_checked() -> None:
 
 
 def test_platform_panels_light_up_and_count_each_event_once(streams: Streams, reliability: Reliability) -> None:
-    """On two replicas that both show E-big, each platform panel returns data, every gauge figure is the fleet's
-    (each EventId once), every per-event table lists each EventId once, and the counters show what was counted."""
+    """On two replicas that split the VMs (E-big's on both), each platform panel returns data, every gauge figure is
+    the fleet's (each EventId once, its VMs added up over the replicas that judged them), every per-event table
+    lists each EventId once, and the counters show what was counted."""
     prom, queries, wrong = streams.prometheus, platform_queries(), []
 
     def query(expr: str) -> list[dict[str, Any]]:
@@ -177,7 +178,7 @@ def test_platform_panels_light_up_and_count_each_event_once(streams: Streams, re
                 wrong.append(f"{title}: shows {shown}, the fleet has {want}")
     blind = query(queries["Blind spots"][0])
     assert {row["metric"]["event_id"]: row["metric"]["scope_name"] for row in blind} == {
-        "E-big": "big", "E-fz": "ss", "E-dark": "dark", "E-done": "big"}
+        "E-big": "big", "E-fz": "ss", "E-done": "big"}
 
     impact = fleet_two_streams.IMPACT
     counters: list[tuple[str, tuple[str, ...], dict[tuple[str, ...], float]]] = [
@@ -198,8 +199,8 @@ def test_platform_panels_light_up_and_count_each_event_once(streams: Streams, re
         wrong.append(f"Dropped messages: platform duplicates show {query(duplicates)}")
     assert not wrong, "\n".join(wrong)
     reliability("Fleet", "the platform stream's dashboard panels on a real Prometheus scraping two replicas that "
-                "both show one EventId (a hand-over)", "every panel returned data; each EventId counted once; the "
-                "counters showed what was counted")
+                "split an event's VMs", "every panel returned data; each EventId once, its VMs added up over the "
+                "replicas; the counters showed what was counted")
 
 
 def firing(webhook: Webhook, **labels: str) -> list[Notification]:
@@ -215,10 +216,10 @@ def expected_alert(alert: str, labels: dict[str, str], value: float) -> tuple[di
 
 def test_platform_alerts_page_the_owners_once_per_event_warn_the_operators_and_resolve(
         streams: Streams, reliability: Reliability) -> None:
-    """Through the shipped routing: E-big's Reboot, which two live sidecars missed, is one critical notification
-    to vm-owners grouped by EventId, counting 2 VMs (not 4: both replicas show it); E-fz's missed Freeze a
-    warning to them; the VMs without a sidecar one notification to se-exporter-operators; the ended E-done never
-    pages; E-big's completion resolves its page."""
+    """Through the shipped routing: E-big's Reboot, which three live sidecars on two replicas missed, is one
+    critical notification to vm-owners grouped by EventId, counting the 3 VMs; E-fz's missed Freeze a warning to
+    them; at a hand-over, where one replica shows every partition, the VMs without a sidecar are one notification
+    to se-exporter-operators; the ended E-done never pages; E-big's completion resolves its page."""
     webhook = streams.webhook
     scope = {"scope_type": "scale_set", "location": "westeurope"}
     page = wait_until(lambda: firing(webhook, alertname="FleetSidecarMissedImpactfulEvent"), timeout=60,
@@ -228,7 +229,7 @@ def test_platform_alerts_page_the_owners_once_per_event_warn_the_operators_and_r
     [alert] = page.alerts
     assert (alert["labels"], alert["annotations"]) == expected_alert(
         "FleetSidecarMissedImpactfulEvent", {"event_id": "E-big", "event_type": "Reboot", "scope_name": "big",
-                                             **scope}, 2)
+                                             **scope}, 3)
 
     freeze = wait_until(lambda: firing(webhook, alertname="FleetSidecarMissedFreeze"), timeout=60,
                         what="the Freeze warning")[0]
@@ -236,11 +237,18 @@ def test_platform_alerts_page_the_owners_once_per_event_warn_the_operators_and_r
     assert [(a["labels"], a["annotations"]) for a in freeze.alerts] == [expected_alert(
         "FleetSidecarMissedFreeze", {"event_id": "E-fz", "event_type": "Freeze", "scope_name": "ss", **scope}, 1)]
 
+    show(streams.a, streams.b, counted=True, handover=True)
+
     def blind_spots() -> list[Notification]:
         found = firing(webhook, alertname="FleetAnnouncedEventOnVmsWithoutSidecar")
         return [n for n in found if len(n.alerts) == 2]
 
     warning = wait_until(blind_spots, timeout=60, what="both events with VMs without a sidecar")[0]
+    queries = platform_queries()  # at the hand-over, E-big and E-dark's info on both replicas: each EventId once
+    [opened] = queries["Events announced by Azure, open"]
+    assert rows(streams.prometheus.query(substitute(opened)), ()) == [((), fleet_two_streams.OPEN_EVENTS)]
+    listed = one_each(rows(streams.prometheus.query(substitute(queries["Announced by Azure"][0])), ONE))
+    assert listed == dict.fromkeys(fleet_two_streams.ANNOUNCED, 1.0)
     assert warning.receiver == "se-exporter-operators"
     assert {a["labels"]["event_id"]: (a["labels"], a["annotations"]) for a in warning.alerts} == {
         "E-big": expected_alert("FleetAnnouncedEventOnVmsWithoutSidecar",
@@ -249,12 +257,12 @@ def test_platform_alerts_page_the_owners_once_per_event_warn_the_operators_and_r
                                  {"event_id": "E-dark", "event_type": "Redeploy", "scope_name": "dark",
                                   "location": "westeurope", "scope_type": "availability_set"}, 2)}
 
-    show(streams.a, streams.b, counted=True, ended="E-big")
+    show(streams.a, streams.b, counted=True, handover=True, ended="E-big")
     wait_until(lambda: [n for n in webhook.received(event_id="E-big", alertname="FleetSidecarMissedImpactfulEvent")
                         if n.status == "resolved"], timeout=60, what="the page to resolve")
     assert len(firing(webhook, alertname="FleetSidecarMissedImpactfulEvent")) == 1, webhook.notifications
     assert not webhook.received(event_id="E-done"), webhook.notifications  # it ended: a miss to count, not a page
-    reliability("Alerting", "Azure announced a Reboot two live sidecars missed, shown by two fleet replicas at once, "
-                "through a real Prometheus and the shipped Alertmanager configuration", "one critical notification "
-                "to the VM owners counting 2 VMs; a missed Freeze a warning; VMs without a sidecar one warning to the "
-                "operators; resolved on Completed; an ended event never paged")
+    reliability("Alerting", "Azure announced a Reboot three live sidecars on two fleet replicas missed, through a "
+                "real Prometheus and the shipped Alertmanager configuration", "one critical notification to the VM "
+                "owners counting 3 VMs; a missed Freeze a warning; VMs without a sidecar one warning to the "
+                "operators; not paged again through a hand-over; resolved on Completed; an ended event never paged")
