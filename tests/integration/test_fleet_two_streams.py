@@ -38,6 +38,7 @@ PLATFORM_RULES = ("FleetSidecarMissedImpactfulEvent", "FleetSidecarMissedFreeze"
                   "FleetAnnouncedEventOnVmsWithoutSidecar")
 SHORTENED_FOR = {"FleetAnnouncedEventOnVmsWithoutSidecar": "1s"}  # shipped: 5m
 COVERAGES = ("observed", "missed", "imds_unreachable", "no_sidecar")
+METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 # Counters' increase() over a range extrapolates past the first and last samples by up to half a scrape interval
 # each side: the shown value is the counted one times at most this (the samples span well over 5 intervals here).
 EXTRAPOLATION = 1.25
@@ -54,7 +55,23 @@ def show(a: StaticTarget, b: StaticTarget, counted: bool, informed: bool = True,
     if not informed:
         platform = (without_info(platform[0]), without_info(platform[1]))
     sidecars = fleet_overlap.replicas()
-    a.body, b.body = sidecars[0] + platform[0], sidecars[1] + platform[1]
+    a.body, b.body = beside(sidecars[0], platform[0]), beside(sidecars[1], platform[1])
+
+
+def beside(sidecars: str, platform: str) -> str:
+    """One replica's /metrics: the sidecars' families, less those the platform's text writes (a fleet whose
+    FleetMetrics creates the platform's counters at zero would write them twice), then the platform's."""
+    names = {line.split()[2] for line in platform.split("\n") if line.startswith(("# HELP ", "# TYPE "))}
+    names |= {METRIC_NAME.match(line).group(0) for line in platform.split("\n")  # type: ignore[union-attr]
+              if line and not line.startswith("#")}
+
+    def kept(line: str) -> bool:
+        if line.startswith(("# HELP ", "# TYPE ")):
+            return line.split()[2] not in names
+        match = METRIC_NAME.match(line)
+        return match is None or match.group(0) not in names
+
+    return "\n".join(line for line in sidecars.split("\n") if kept(line)) + platform
 
 
 def without_info(text: str) -> str:
