@@ -312,15 +312,20 @@ def fleet_events_dashboard() -> Any:
                      .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
                          "excludeByName": {"Time": True, "__name__": True, "job": True, "instance": True},
                          "renameByName": {"Value": "seconds since the last IMDS read"}})))
+    d = two_streams(d, ids)
     d = d.with_row(db.Row("Consumer").id(ids.take()))
     d = d.with_panel(panel(timeseries, ids, "Documents applied", "Per second, changes and heartbeats.",
                            [Q(f"sum by (kind) (rate(azure_scheduled_fleet_documents_applied_total{{{FLEET}}}"
                               "[$__rate_interval]))", legend="{{kind}}")], width=8, unit="reqps"))
-    d = d.with_panel(panel(timeseries, ids, "Dropped messages", "Duplicates (resends, older) and invalid messages.",
+    d = d.with_panel(panel(timeseries, ids, "Dropped messages", "Duplicates (resends, older; the platform stream's: "
+                           "Event Grid's redeliveries) and invalid messages.",
                            [Q(f"sum by (reason) (rate(azure_scheduled_fleet_duplicate_documents_total{{{FLEET}}}"
                               "[$__rate_interval]))", legend="duplicate {{reason}}"),
                             Q(f"sum by (reason) (rate(azure_scheduled_fleet_invalid_messages_total{{{FLEET}}}"
-                              "[$__rate_interval]))", legend="invalid {{reason}}")], width=8, unit="reqps"))
+                              "[$__rate_interval]))", legend="invalid {{reason}}"),
+                            Q(f"sum(rate(azure_scheduled_fleet_platform_duplicates_total{{{FLEET}}}"
+                              "[$__rate_interval]))", legend="platform duplicate (same Event Grid id)")],
+                           width=8, unit="reqps"))
     d = d.with_panel(panel(timeseries, ids, "Partitions per replica", "Owned partitions; the line is the hub's.",
                            [Q(f"sum by (instance) (azure_scheduled_fleet_owned_partitions{{{FLEET}}})",
                               legend="{{instance}}"),
@@ -346,6 +351,86 @@ def fleet_events_dashboard() -> Any:
                             Q(f"sum by (instance) (azure_scheduled_fleet_state_newer_format_partitions{{{FLEET}}})",
                               legend="partitions with a newer release's state on {{instance}}")], width=24))
     return d.build()
+
+
+def two_streams(d: Any, ids: Ids) -> Any:
+    """The platform stream (Azure's own copy of every scheduled event, issue 27) beside the sidecars'. An EventId's
+    info series comes from the replica that shows its home platform partition (from two around a hand-over: EventIds
+    are counted distinct, ``count by (event_id)``, and joined through ``max by (event_id, ...)``); its VMs by
+    coverage from every replica, each counting the VMs it judged, so they are summed over the replicas. Counters
+    count each EventId and VM on one replica, so they are summed too."""
+    info = f"azure_scheduled_fleet_platform_event_info{{{FLEET}"
+    vms = f"azure_scheduled_fleet_platform_event_vms{{{FLEET}"
+    event = "event_id, event_type, event_status, event_source, scope_type, scope_name, resource_group, location"
+    d = d.with_row(db.Row("Two streams: what Azure announced, what the sidecars saw").id(ids.take()))
+    d = d.with_panel(panel(stat, ids, "Events announced by Azure, open",
+                           "Scheduled or Started events on the platform stream (Event Grid), whether or not a "
+                           "sidecar runs on their VMs.",
+                           [Q(f"count(count by (event_id) ({info}, event_status=~\"Scheduled|Started\"}})) "
+                              "or vector(0)")], width=6, height=4))
+    d = d.with_panel(panel(stat, ids, "VMs a live sidecar missed",
+                           "(EventId, VM) pairs whose sidecar is alive but did not list the event in time (missed) or "
+                           "had not read IMDS since before it (imds_unreachable); ended events for "
+                           "--platform-retention.",
+                           [Q(f"sum({vms}, coverage=~\"missed|imds_unreachable\"}}) or vector(0)")], width=6, height=4))
+    d = d.with_panel(panel(stat, ids, "VMs without a sidecar",
+                           "(EventId, VM) pairs no sidecar has been heard from for within --vm-expiry.",
+                           [Q(f"sum({vms}, coverage=\"no_sidecar\"}}) or vector(0)")],
+                           width=6, height=4))
+    d = d.with_panel(panel(stat, ids, "Impact this month",
+                           "VM-seconds of maintenance in the last 30 days, Started to Completed by the platform's "
+                           "times, per affected VM (a Freeze of 5 s on 300 VMs adds 1,500 s).",
+                           [Q(f"sum(increase(azure_scheduled_fleet_impact_seconds_total{{{FLEET}}}[30d])) "
+                              "or vector(0)")], width=6, height=4, unit="s"))
+    d = d.with_panel(
+        panel(table, ids, "Announced by Azure",
+              "Every event on the platform stream, ended ones for --platform-retention, with its VMs by coverage: "
+              "their sidecar listed it (observed), did not (missed), could not read IMDS (imds_unreachable), or "
+              "none is heard from (no_sidecar).",
+              [Q(f"max by ({event}) ({info}}})", instant=True, table=True),
+               *(Q(f"sum by (event_id) ({vms}, coverage=\"{coverage}\"}})", instant=True, table=True)
+                 for coverage in ("observed", "missed", "imds_unreachable", "no_sidecar"))], width=24, height=10)
+        .with_transformation(dm.DataTransformerConfig(id_val="joinByField", options={"byField": "event_id",
+                                                                                      "mode": "outer"}))
+        .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {"Time": True, "Time 1": True, "Time 2": True, "Time 3": True, "Time 4": True,
+                              "Time 5": True, "Value #A": True},
+            "renameByName": {"Value #B": "observed", "Value #C": "missed", "Value #D": "imds_unreachable",
+                             "Value #E": "no_sidecar"}})))
+    d = d.with_panel(
+        panel(table, ids, "Blind spots",
+              "Per event, the VMs whose maintenance no sidecar saw, by coverage: missed, imds_unreachable, "
+              "no_sidecar. The fleet's log names the VMs.",
+              [Q(f"sort_desc(sum by (event_id, event_type, coverage) ({vms}, coverage!=\"observed\"}}) "
+                 f"* on(event_id) group_left(scope_name, location) max by (event_id, scope_name, location) "
+                 f"({info}}}) > 0)", instant=True, table=True)], width=12)
+        .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {"Time": True}, "renameByName": {"Value": "VMs"}})))
+    d = d.with_panel(panel(bargauge, ids, "Missed events (range)",
+                           "(EventId, VM) pairs counted once when first judged missed, imds_unreachable or no_sidecar, "
+                           "by reason.",
+                           [Q(f"sum by (event_type, reason) (increase(azure_scheduled_fleet_missed_events_total"
+                              f"{{{FLEET}}}[$__range])) > 0", legend="{{event_type}} {{reason}}", instant=True)],
+                           width=6))
+    d = d.with_panel(panel(bargauge, ids, "Unannounced events (range)",
+                           "EventIds live sidecars listed that the platform never announced, in scopes that publish "
+                           "to it.",
+                           [Q(f"sum by (event_type) (increase(azure_scheduled_fleet_unannounced_events_total"
+                              f"{{{FLEET}}}[$__range])) > 0", legend="{{event_type}}", instant=True)], width=6))
+    d = d.with_panel(panel(bargauge, ids, "Impact this month by scale set, region and type",
+                           "VM-seconds of maintenance in the last 30 days (increase over 30 d of "
+                           "impact_seconds_total): the monthly maintenance-impact report.",
+                           [Q(f"sort_desc(sum by (event_type, scope_name, location) (increase("
+                              f"azure_scheduled_fleet_impact_seconds_total{{{FLEET}}}[30d])) > 0)",
+                              legend="{{scope_name}} {{location}} {{event_type}}", instant=True)],
+                           width=12, unit="s"))
+    d = d.with_panel(panel(bargauge, ids, "Announcement lag (range)",
+                           "When a VM first listed an event minus when the platform announced it (below 0: the VM "
+                           "knew first), its median and 99th percentile over the range.",
+                           [Q(f"histogram_quantile({q}, sum by (le) (increase(azure_scheduled_fleet_announcement_lag_"
+                              f"seconds_bucket{{{FLEET}}}[$__range])))", legend=name, instant=True)
+                            for q, name in (("0.5", "median"), ("0.99", "p99"))], width=12, unit="s"))
+    return d
 
 
 def render(dashboard: Any) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests import fleet_overlap, promtool
+from tests import fleet_overlap, fleet_two_streams, promtool
 
 RULES = Path(__file__).parent.parent.parent / "dashboards" / "fleet-alerts.yaml"
 JOB = {"job": "se-exporter-fleet"}
@@ -39,6 +39,33 @@ def unreachable(replica: dict[str, str], vm: int, values: str = "1800000000x10")
     """One VM that cannot read IMDS, as a replica shows it (its last successful read as the value)."""
     labels = {**replica, "vm_id": f"vm-{vm}", "vm_name": f"ss_{vm}", "vmss_name": "ss", "location": "westeurope"}
     return {f"azure_scheduled_fleet_vm_imds_unreachable_since_timestamp_seconds{selector(labels)}": values}
+
+
+def announced(replica: dict[str, str], event_id: str, event_type: str = "Reboot", status: str = "Scheduled",
+              scope: str = "big", **vms: int) -> dict[str, str]:
+    """One platform event as a replica shows it for ten minutes: its info series and its VMs by coverage (those
+    not given: 0)."""
+    ident = {**replica, "event_id": event_id, "event_type": event_type}
+    info_labels = {**ident, "event_status": status, "event_source": "Platform", "scope_type": "scale_set",
+                   "scope_name": scope, "resource_group": "rg", "subscription_id": fleet_two_streams.SUB,
+                   "location": "westeurope"}
+    series = {f"azure_scheduled_fleet_platform_event_info{selector(info_labels)}": "1x10"}
+    for coverage in ("observed", "missed", "imds_unreachable", "no_sidecar"):
+        labels = selector({**ident, "coverage": coverage})
+        series[f"azure_scheduled_fleet_platform_event_vms{labels}"] = f"{vms.get(coverage, 0)}x10"
+    return series
+
+
+def sidecars(replica: dict[str, str], *vms: int) -> dict[str, str]:
+    """VMs whose sidecars the fleet hears from, as a replica shows them."""
+    return {"azure_scheduled_fleet_vm_last_seen_timestamp_seconds" + selector({
+        **replica, "vm_id": f"vm-{vm}", "vm_name": f"ss_{vm}", "vmss_name": "ss", "location": "westeurope"}):
+        "1800000000x10" for vm in vms}
+
+
+def platform_alert(event_id: str, event_type: str = "Reboot", scope: str = "big") -> dict[str, str]:
+    return {**JOB, "event_id": event_id, "event_type": event_type, "scope_type": "scale_set", "scope_name": scope,
+            "location": "westeurope"}
 
 
 def many(count: int, **kwargs: Any) -> dict[str, str]:
@@ -81,6 +108,30 @@ CASES: list[promtool.Case] = [
      "9m", []),  # a VM failing for a few polls at a time is not held for 5 minutes
     ("FleetConsumerDown", {f"up{selector(A)}": "0 0 0 0"}, "3m", [(A, 0)]),
     ("FleetConsumerDown", {f"up{selector(A)}": "1 1 1 1"}, "3m", []),
+    # The platform stream: a live sidecar missed (or could not read IMDS for) an event Azure announced.
+    ("FleetSidecarMissedImpactfulEvent", announced(A, "E1", observed=4, missed=2), "1m",
+     [(platform_alert("E1"), 2)]),
+    ("FleetSidecarMissedImpactfulEvent", announced(A, "E1", "Preempt", "Started", missed=1, imds_unreachable=1),
+     "1m", [(platform_alert("E1", "Preempt"), 2)]),  # at once: no `for`, a Preempt gives 30 s
+    ("FleetSidecarMissedImpactfulEvent", announced(A, "E1", observed=4, no_sidecar=3), "1m", []),  # nobody to miss
+    ("FleetSidecarMissedImpactfulEvent", announced(A, "E1", "Freeze", missed=3), "1m", []),  # FleetSidecarMissedFreeze
+    ("FleetSidecarMissedImpactfulEvent", announced(A, "E1", status="Completed", missed=3), "1m", []),  # over
+    ("FleetSidecarMissedImpactfulEvent", announced(A, "E1", status="Canceled", missed=3), "1m", []),
+    ("FleetSidecarMissedFreeze", announced(A, "E2", "Freeze", "Started", "ss", observed=1, missed=1), "1m",
+     [(platform_alert("E2", "Freeze", "ss"), 1)]),
+    ("FleetSidecarMissedFreeze", announced(A, "E2", "Reboot", "Started", missed=1), "1m", []),
+    ("FleetSidecarMissedFreeze", announced(A, "E2", "Freeze", "Started", observed=2), "1m", []),
+    # VMs with no sidecar, in a fleet that hears from sidecars.
+    ("FleetAnnouncedEventOnVmsWithoutSidecar", {**announced(A, "E3", "Redeploy", no_sidecar=2), **sidecars(A, 1)},
+     "6m", [(platform_alert("E3", "Redeploy"), 2)]),
+    ("FleetAnnouncedEventOnVmsWithoutSidecar", {**announced(A, "E3", "Redeploy", no_sidecar=2), **sidecars(A, 1)},
+     "4m", []),  # not yet for 5 minutes
+    ("FleetAnnouncedEventOnVmsWithoutSidecar", announced(A, "E3", "Redeploy", no_sidecar=2), "6m",
+     []),  # the platform stream alone (no sidecar heard from at all): every VM has none, by design
+    ("FleetAnnouncedEventOnVmsWithoutSidecar", {**announced(A, "E3", status="Completed", no_sidecar=2),
+                                                **sidecars(A, 1)}, "6m", []),
+    ("FleetAnnouncedEventOnVmsWithoutSidecar", {**announced(A, "E3", observed=1, missed=1), **sidecars(A, 1)},
+     "6m", []),
 ]
 
 
@@ -88,9 +139,12 @@ CASES: list[promtool.Case] = [
 
 def overlapping(hub_partitions: int = 2) -> dict[str, str]:
     """Ten minutes of two replicas both showing partition 1's VMs (tests/fleet_overlap.py), each with its own totals
-    counting them, both scraped fine."""
+    counting them, and on the platform stream the moment of a hand-over (tests/fleet_two_streams.py: A judges every
+    VM, B already judges P1's too), both scraped fine."""
     a, b = fleet_overlap.replicas(hub_partitions)
+    platform_a, platform_b = fleet_two_streams.handover()
     return {**fleet_overlap.promtool_series(a, A, 10), **fleet_overlap.promtool_series(b, B, 10),
+            **fleet_overlap.promtool_series(platform_a, A, 10), **fleet_overlap.promtool_series(platform_b, B, 10),
             f"up{selector(A)}": "1x10", f"up{selector(B)}": "1x10"}
 
 
@@ -106,6 +160,29 @@ OVERLAP_CASES: list[tuple[str, dict[str, str], str, list[tuple[dict[str, str], f
     ("FleetInvalidMessages", overlapping(), "6m", []),
     ("FleetVmsCannotReadImds", overlapping(), "6m", [(JOB, 1)]),  # one VM, shown by both replicas
     ("FleetConsumerDown", overlapping(), "6m", []),
+    # One alert per EventId, not per replica. Its value: E-big's 3 VMs that missed it (A), plus P1's 2 that B judged
+    # too for the moment (README: a value may count a moving partition's VMs twice); E-done missed one but is over.
+    ("FleetSidecarMissedImpactfulEvent", overlapping(), "6m", [(platform_alert("E-big"), 5)]),
+    ("FleetSidecarMissedFreeze", overlapping(), "6m", [(platform_alert("E-fz", "Freeze", "ss"), 1)]),
+    ("FleetAnnouncedEventOnVmsWithoutSidecar", overlapping(), "6m",  # A shows every partition: it judges no_sidecar
+     [(platform_alert("E-big"), 1), ({**platform_alert("E-dark", "Redeploy", "dark"),
+                                      "scope_type": "availability_set"}, 2)]),
+]
+
+
+def split() -> dict[str, str]:
+    """Ten minutes of the platform stream's steady state over two replicas (tests/fleet_two_streams.py): each judges
+    the VMs it shows, E-big's on both; neither shows every partition, so neither judges no_sidecar."""
+    platform_a, platform_b = fleet_two_streams.split()
+    return {**fleet_overlap.promtool_series(platform_a, A, 10), **fleet_overlap.promtool_series(platform_b, B, 10),
+            **sidecars(A, 1), **sidecars(B, 2)}
+
+
+# The platform rules over two replicas that split the VMs: each EventId once, its VMs added up over the replicas.
+SPLIT_CASES: list[promtool.Case] = [
+    ("FleetSidecarMissedImpactfulEvent", split(), "6m", [(platform_alert("E-big"), 3)]),  # big_3 (A); big_8, big_4 (B)
+    ("FleetSidecarMissedFreeze", split(), "6m", [(platform_alert("E-fz", "Freeze", "ss"), 1)]),
+    ("FleetAnnouncedEventOnVmsWithoutSidecar", split(), "6m", []),
 ]
 
 
@@ -123,6 +200,12 @@ def test_fleet_rules_pass_promtool_check() -> None:
 def test_fleet_rules_pass_promtool_unit_tests(tmp_path: Path) -> None:
     """Every case fires exactly the expected alerts, with labels and rendered annotations."""
     promtool.run_rule_tests(RULES, CASES, tmp_path)
+
+
+def test_two_replicas_splitting_the_vms_add_up_their_judgements_of_an_event(tmp_path: Path) -> None:
+    """Each replica judges the VMs it shows: an EventId whose VMs are on both replicas fires once, counting the VMs
+    both judged (a max over the replicas would count one replica's)."""
+    promtool.run_rule_tests(RULES, SPLIT_CASES, tmp_path)
 
 
 def test_two_replicas_overlapping_on_a_partition_fire_only_for_distinct_vms(tmp_path: Path) -> None:

@@ -28,6 +28,10 @@ from tests.promtool import rules as rules_of
 
 pytestmark = pytest.mark.integration
 RULES = Path(__file__).parent.parent.parent / "dashboards" / "alerts.yaml"
+FLEET_RULES = RULES.parent / "fleet-alerts.yaml"
+# The fleet's alerts that go to the VMs' owners, one notification per EventId: Azure announced an event a live
+# sidecar did not see. Every other fleet alert concerns the monitoring itself and goes to its operators.
+FLEET_MAINTENANCE = {"FleetSidecarMissedImpactfulEvent", "FleetSidecarMissedFreeze"}
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")
 INTERVAL = 0.5  # Prometheus' scrape and evaluation interval in these tests (production: 15-30 s)
 GROUP_WAIT, GROUP_INTERVAL = "2s", "1s"  # shipped: 30 s / 5 s and 1-5 min
@@ -250,6 +254,25 @@ def test_shipped_alertmanager_configuration(tmp_path: Path) -> None:
             named |= matched
     assert {"AzureHostFailure", "AzureMaintenanceStarted", "SeExporterDown"} <= named
     assert all(receiver["webhook_configs"][0]["send_resolved"] for receiver in config["receivers"])
+
+
+def test_every_alert_of_both_rule_files_reaches_its_receiver_through_the_shipped_routes() -> None:
+    """amtool routes each alert of alerts.yaml and fleet-alerts.yaml, with the labels its rule sets: maintenance
+    (Azure*, and the fleet's events a live sidecar missed) to vm-owners, grouped by EventId; the rest to
+    se-exporter-operators. Every alertname a route matches on names an alert of the two files."""
+    config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
+    defined = {**rules_of(RULES), **rules_of(FLEET_RULES)}
+    for route in config["route"]["routes"]:
+        for matcher in route["matchers"]:
+            pattern = matcher.partition("=")[2].lstrip("~").strip('"')
+            assert {alert for alert in defined if re.fullmatch(pattern, alert)}, f"{matcher} matches no alert"
+    for alert, rule in defined.items():
+        receiver = "vm-owners" if alert.startswith("Azure") or alert in FLEET_MAINTENANCE else "se-exporter-operators"
+        labels = [f"alertname={alert}", "event_id=E", *(f"{key}={value}" for key, value in rule["labels"].items())]
+        result = subprocess.run([tool("amtool"), "config", "routes", "test", f"--config.file={ALERTMANAGER_CONFIG}",
+                                 f"--verify.receivers={receiver}", *labels], capture_output=True, text=True,
+                                timeout=60, check=False)
+        assert result.returncode == 0, f"{alert}: {result.stdout}{result.stderr}"
 
 
 def prom_rules(prom: Prometheus) -> list[dict[str, Any]]:

@@ -43,6 +43,7 @@ from tests.fleet_helpers import (
 )
 from tests.helpers import Sidecar, free_port, http_get, value, wait_until
 from tests.integration.test_dashboards import DASHBOARDS, dashboard_expressions, substitute
+from tests.integration.test_fleet_two_streams import PLATFORM
 from tests.integration.test_prometheus import Prometheus
 
 pytestmark = pytest.mark.integration
@@ -285,6 +286,13 @@ NEEDS_MINUTES = {"FleetConsumerLagging": "needs a backlog five minutes deep",
                  "FleetCheckpointsStale": "needs five minutes of failing checkpoint writes"}
 
 
+def platform_expressions() -> set[str]:
+    """The dashboard queries and rules on the platform stream: this test's fleet reads only the sidecars' stream;
+    tests/integration/test_fleet_two_streams.py lights them up on two replicas' platform series."""
+    return {name for name, expr in dashboard_expressions(fleet_consumer=True) + fleet_rule_expressions()
+            if PLATFORM.search(expr)}
+
+
 def fleet_rule_expressions() -> list[tuple[str, str]]:
     data = yaml.safe_load((DASHBOARDS / "fleet-alerts.yaml").read_text())
     return [(rule["alert"], rule["expr"]) for group in data["groups"] for rule in group["rules"]]
@@ -361,7 +369,7 @@ def test_round_trip_from_sidecars_to_the_fleet_view_and_its_dashboard(
         wait_until(lambda: prom.query("sum(increase(azure_scheduled_fleet_vm_expirations_total[1m])) > 5"),
                    timeout=30, what="the scale set's silent VMs to expire")
         look()
-        dark = {name for name, _ in expressions} - lit - set(NEEDS_MINUTES)
+        dark = {name for name, _ in expressions} - lit - set(NEEDS_MINUTES) - platform_expressions()
         assert not dark, f"expressions that never returned data: {sorted(dark)}"
     finally:
         prom.stop()
