@@ -94,7 +94,8 @@ def test_a_platform_file_that_cannot_be_opened_stops_start_up_in_one_line(tmp_pa
     (["--platform-eventhub-name", "hub"], "--platform-eventhub-name needs --platform-eventhub-connection-string"),
     (["--platform-eventhub-namespace", "ns.servicebus.windows.net"], "--platform-eventhub-name is required with"),
     (["--platform-eventhub-connection-string", "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=k;"
-      "SharedAccessKey=c2VjcmV0"], "--platform-eventhub-name is required: the platform's connection string has no EntityPath"),
+      "SharedAccessKey=c2VjcmV0"],
+     "--platform-eventhub-name is required: the platform's connection string has no EntityPath"),
     (["--platform-eventhub-namespace", "ns.servicebus.windows.net", "--platform-eventhub-name", "h",
       "--platform-eventhub-connection-string", "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=k;"
       "SharedAccessKey=c2VjcmV0;EntityPath=h"], "exclude each other"),
