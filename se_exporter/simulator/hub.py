@@ -148,7 +148,7 @@ def producer_factory(connection_string: str | None, eventhub_name: str | None, n
     from azure.eventhub.aio import EventHubProducerClient  # noqa: PLC0415 - only with a hub configured
 
     from se_exporter.infra.azure.clients import connection_options  # noqa: PLC0415
-    from se_exporter.infra.azure.credential import service_credential  # noqa: PLC0415
+    from se_exporter.infra.azure.credential import SharedCredential, service_credential  # noqa: PLC0415
 
     options: dict[str, Any] = {"retry_total": 1, "retry_backoff_factor": 0.5, "retry_backoff_max": 2.0,
                                **connection_options(None, None, connection_string)}
@@ -158,17 +158,4 @@ def producer_factory(connection_string: str | None, eventhub_name: str | None, n
     credential = service_credential(None, retry_total=1)
     make = functools.partial(EventHubProducerClient, fully_qualified_namespace=str(namespace),
                              eventhub_name=str(eventhub_name), credential=credential, **options)
-    return _WithCredential(make, credential)
-
-
-class _WithCredential:
-    """A producer factory whose producers share one credential, closed when the output stops."""
-
-    def __init__(self, make: Callable[[], Any], credential: Any) -> None:
-        self._make, self._credential = make, credential
-
-    def __call__(self) -> Any:
-        return self._make()
-
-    async def aclose(self) -> None:
-        await self._credential.close()
+    return SharedCredential(make, credential)

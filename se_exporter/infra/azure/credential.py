@@ -154,3 +154,17 @@ def _token_transport() -> Any:
 
     return CappedTransport(use_env_settings=False, connection_timeout=TOKEN_CONNECT_TIMEOUT,
                            read_timeout=TOKEN_READ_TIMEOUT)
+
+
+class SharedCredential:
+    """A client factory whose clients share one credential (and so its token cache: a new producer after a
+    failure needs no new token), which is closed when its user stops: it holds an HTTP session."""
+
+    def __init__(self, make: Callable[[], Any], credential: Any) -> None:
+        self._make, self._credential = make, credential
+
+    def __call__(self) -> Any:
+        return self._make()
+
+    async def aclose(self) -> None:
+        await self._credential.close()

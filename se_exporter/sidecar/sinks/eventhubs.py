@@ -31,7 +31,7 @@ from typing import Any
 
 from se_exporter.core.retry import Health, backoff
 from se_exporter.infra.azure.clients import classify, connection_options, describe
-from se_exporter.infra.azure.credential import service_credential
+from se_exporter.infra.azure.credential import SharedCredential, service_credential
 from se_exporter.sidecar.sinks.envelope import CONTENT_TYPE, Envelope, carriable
 from se_exporter.sidecar.sinks.forward import ForwardMetrics
 from se_exporter.sidecar.sinks.spool import Spool
@@ -251,18 +251,6 @@ def producer_factory(connection_string: str | None, eventhub_name: str | None, n
             fully_qualified_namespace=str(namespace), eventhub_name=str(eventhub_name), credential=credential,
             retry_total=RETRY_TOTAL, retry_backoff_factor=RETRY_BACKOFF_FACTOR, retry_backoff_max=RETRY_BACKOFF_MAX,
             **connection)
-    return _SharedCredential(from_identity, credential)
+    return SharedCredential(from_identity, credential)
 
 
-class _SharedCredential:
-    """A producer factory whose producers share one credential (and so its token cache: a new producer after a
-    failure needs no new token), which is closed when the forwarder stops: it holds an HTTP session."""
-
-    def __init__(self, make: Callable[[], Any], credential: Any) -> None:
-        self._make, self._credential = make, credential
-
-    def __call__(self) -> Any:
-        return self._make()
-
-    async def aclose(self) -> None:
-        await self._credential.close()
