@@ -12,7 +12,8 @@ timeline the simulated IMDS answers from, so one run feeds both sides of ``se-ex
 * Event Grid's rare duplicates: every ``duplicate_every``-th message (the scenario's ``platform`` object, default
   10) is published twice, with the same Event Grid ``id``;
 * the events a VM's sidecar is blind to (``blind`` in the scenario, ``POST /_simulator/blind``) are announced all
-  the same: that is the point;
+  the same: that is the point; the reverse, an event with ``"announced": false``, is listed by IMDS and never
+  published (a delivery Event Grid lost), for the fleet's count of events it never heard announced;
 * the place of each event (subscription, resource group, location, scale set) is that of the scenario's VMs, which
   the simulated sidecars forward as properties, so the fleet can join the two streams (``Scenario.scope``).
 
@@ -107,6 +108,8 @@ class PlatformCopy:
         for cycle in range(first, last + 1):
             base = cycle * (period or 0)
             for spec in scenario.events:
+                if not spec.announced:
+                    continue
                 event_id = cycle_event_id(spec.event_id, cycle)
                 approved = approvals.get(event_id)
                 for at, status in lifecycle(spec, None if approved is None else approved - base):

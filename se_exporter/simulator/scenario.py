@@ -60,6 +60,7 @@ class EventSpec:
     cancel_at: float | None = None
     reschedule: tuple[Reschedule, ...] = ()
     blind: tuple[str, ...] = ()  # VMs whose IMDS never lists it (a blind sidecar); the platform publishes it still
+    announced: bool = True  # False: the platform copy never tells of it (a delivery Event Grid lost); IMDS lists it
 
     def start_time(self, approved_at: float | None) -> float:
         """Scenario second at which the event starts (NotBefore reached, or approved)."""
@@ -307,11 +308,14 @@ def _spec(raw: object, index: int, name: str, vm_name: str) -> EventSpec:
             cancel_at=None if raw.get("cancel_at") is None else float(raw["cancel_at"]),
             reschedule=tuple(Reschedule(float(r["at"]), float(r["notice"])) for r in raw.get("reschedule", [])),
             blind=tuple(str(r) for r in raw.get("blind", [])),
+            announced=raw.get("announced", True),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {type(exc).__name__} {exc}") from None
     if event_type not in EVENT_TYPES:
         raise ConfigError(f"{where}: EventType {event_type!r} is not one of {', '.join(EVENT_TYPES)}")
+    if not isinstance(spec.announced, bool):
+        raise ConfigError(f"{where}: announced must be true or false, not {spec.announced!r}")
     if spec.started_for <= 0 or spec.notice < 0:
         raise ConfigError(f"{where}: started_for must be > 0 and notice >= 0")
     return spec

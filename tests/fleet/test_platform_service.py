@@ -391,3 +391,24 @@ def test_a_vm_counted_without_a_sidecar_is_not_counted_again_when_its_sidecar_ap
     run(successor.read(sidecar(3, "web_3")))
     assert successor.coverage()["missed"] == 1.0
     assert successor.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="missed") == 0
+
+
+def test_an_ended_events_observed_vms_stay_observed_after_a_restart() -> None:
+    """web_3's sidecar listed the event, web_7's did not (missed); the event ends and leaves web_3's IMDS. A
+    successor shows both as before, from the blob: web_3 observed (its lag remembered), web_7 missed."""
+    states: dict[str, Stored] = {}
+    first = Replica(states)
+    run(first.claim())
+    run(first.read(platform("Scheduled", 1, resources=["web_3", "web_7"]), sidecar(2, "web_3", (EVENT_ID,)),
+                   sidecar(3, "web_7")))
+    first.now[0] = T0 + GRACE + 1
+    first.gauges()
+    run(first.read(platform("Started", 4, resources=["web_3", "web_7"]),
+                   platform("Completed", 5, resources=["web_3", "web_7"]), sidecar(6, "web_3", sequence=2)))
+    expected = {"observed": 1.0, "missed": 1.0, "imds_unreachable": 0.0, "no_sidecar": 0.0}
+    assert first.coverage() == expected
+    successor = Replica(states, now=[T0 + GRACE + 5])
+    run(successor.claim())
+    run(successor.read(sidecar(7, "web_9")))
+    assert successor.coverage() == expected
+    assert successor.value("azure_scheduled_fleet_announcement_lag_seconds_count") == 0

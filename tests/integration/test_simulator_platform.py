@@ -30,13 +30,13 @@ FREEZE, BLIND_REBOOT, REDEPLOY, CANCELED = (spec.event_id for spec in FLEET.even
 
 
 class Simulate:
-    """``se-exporter simulate --scenario fleet`` as a child process on a free loopback port."""
+    """``se-exporter simulate --scenario fleet`` (or ``scenario``) as a child process on a free loopback port."""
 
-    def __init__(self, out: Path, *args: str) -> None:
+    def __init__(self, out: Path, *args: str, scenario: str = "fleet") -> None:
         self.out = out
         with out.open("wb") as stdout:
             self.process = subprocess.Popen([sys.executable, "-m", "se_exporter", "simulate", "--listen",
-                                             "127.0.0.1:0", "--scenario", "fleet", *args],
+                                             "127.0.0.1:0", "--scenario", scenario, *args],
                                             stdout=stdout, stderr=subprocess.STDOUT)
         attach(f"se-exporter simulate (pid {self.process.pid})", out, lambda: self.process.poll() is None)
         self.url = wait_until(lambda: re.search(r"at (http://127\.0\.0\.1:\d+)", out.read_text()), timeout=20,
@@ -51,11 +51,13 @@ class Simulate:
         document = self.get(f"/vms/{vm}/metadata/scheduledevents{API}", {"Metadata": "true"})
         return {event["EventId"] for event in document["Events"]}
 
-    def advance(self, seconds: float) -> None:
-        request = urllib.request.Request(self.url + "/_simulator/advance", json.dumps({"seconds": seconds}).encode(),
-                                         method="POST")
+    def post(self, path: str, body: Any) -> None:
+        request = urllib.request.Request(self.url + path, json.dumps(body).encode(), method="POST")
         with urllib.request.urlopen(request, timeout=5):
             pass
+
+    def advance(self, seconds: float) -> None:
+        self.post("/_simulator/advance", {"seconds": seconds})
 
     def platform(self) -> dict[str, Any]:
         stats: dict[str, Any] = self.get("/_simulator/platform")
@@ -72,8 +74,8 @@ class Simulate:
 def simulate(tmp_path: Path) -> Iterator[Callable[..., Simulate]]:
     running: list[Simulate] = []
 
-    def make(*args: str) -> Simulate:
-        running.append(Simulate(tmp_path / f"simulate{len(running)}.out", *args))
+    def make(*args: str, scenario: str = "fleet") -> Simulate:
+        running.append(Simulate(tmp_path / f"simulate{len(running)}.out", *args, scenario=scenario))
         return running[-1]
 
     yield make

@@ -301,3 +301,21 @@ def test_each_vm_is_served_on_its_path_and_blinded_through_the_control_api() -> 
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_event_not_announced_is_listed_by_imds_and_never_published() -> None:
+    """``"announced": false``: every VM of its place lists it, the platform copy never tells of it (a delivery Event
+    Grid lost), while the scenario's other events are published as ever; anything but true or false is refused."""
+    data: dict[str, Any] = {"vm": {"vmScaleSetName": "web"}, "vms": [{"name": "web_0"}, {"name": "web_1"}],
+                            "platform": {"duplicate_every": 0},
+                            "events": [{"EventType": "Reboot", "Resources": ["web_0"], "announced": False},
+                                       {"EventType": "Freeze", "Resources": ["web_1"], "appear_at": 1}]}
+    scenario = scenarios.from_json(data, "lost")
+    lost, freeze = (spec.event_id for spec in scenario.events)
+    clock = FakeClock()
+    sims = every_vm(scenario, clock=clock)
+    clock.now += 2
+    assert all({lost, freeze} <= listed(sim) for sim in sims)
+    assert {message.event_id for _, message in sweep(scenario)} == {freeze}
+    with pytest.raises(scenarios.ConfigError, match="announced must be true or false"):
+        scenarios.from_json({"events": [{"EventType": "Reboot", "announced": "no"}]}, "bad")

@@ -416,16 +416,22 @@ class Platform:
             self._report.bound_hit(bound)
 
     def _decided(self, records: list[PlatformRecord], result: Reconciliation) -> Reconciliation:
-        """An ended event keeps the misses decided while it was open (the reconciler's memory of them did not
-        survive a restart or a hand-over; the home's blob did)."""
+        """An ended event keeps the misses decided while it was open, and the VMs that listed it stay observed (its
+        VMs' IMDS no longer list it, and the reconciler's memory of both did not survive a restart or a hand-over;
+        the blobs did: a lag is counted exactly when a VM is first seen listing the event, so a remembered lag is a
+        remembered observation, and wins over a miss decided before the VM listed it)."""
         decided: dict[tuple[str, str], str] = {}
+        observed: list[tuple[str, str]] = []
         for side in self.hubs.values():  # the partitions shown: a held one hidden shows nothing (as its VMs)
             for partition_id, held in side.held.items():
                 if side.fleet.is_shown(partition_id):
                     decided.update(held.missed)
+                    observed.extend(held.lags)
         for key, entry in self.memory.items():
             if self.is_home_here(key):
                 decided.update(((key, name), reason) for name, reason in entry.missed.items())
+                observed.extend((key, name) for name in entry.lag)
+        decided.update(dict.fromkeys(observed, "observed"))
         if not decided:
             return result
         covered = {(row.event_key, name_key(row.vm_name)) for row in result.coverage}
