@@ -51,6 +51,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import sys
 import zlib
 from collections import Counter as Tally
 from collections.abc import Iterable, Iterator
@@ -351,7 +352,8 @@ def _checked(values: list[Any], imds: Imds, now: float, bounds: Bounds) -> VmSta
         return None
     if len(raw) > bounds.body_bytes:
         raw = reduced_body(events, vm_name)
-    return VmState(key, vm_id, vm_name, vmss_name, location, installation, sequence, float(seen_at), raw, events, imds)
+    return VmState(key, vm_id, vm_name, sys.intern(vmss_name), sys.intern(location), installation, sequence,
+                   float(seen_at), raw, events, imds)  # interned as message.read_message does
 
 
 def _text(value: Any, limit: int) -> bool:
