@@ -51,9 +51,16 @@ class StateBlobs(StateStore):
         super().__init__(bounds)
         self._container = container
         self._etags: dict[str, str | None] = {}
+        self._clients: dict[str, Any] = {}  # the partition's blob client, kept while the partition is ours
 
     def _blob(self, partition_id: str) -> Any:
-        return self._container.get_blob_client(self._names[partition_id])
+        """One client per partition's blob, made once: making one builds a request pipeline, a sixth of a state
+        write's CPU when made anew for each of its requests."""
+        name = self._names[partition_id]
+        client = self._clients.get(partition_id)
+        if client is None or client.blob_name != name:
+            client = self._clients[partition_id] = self._container.get_blob_client(name)
+        return client
 
     async def _download(self, partition_id: str) -> bytes | None:
         try:
@@ -128,6 +135,7 @@ class StateBlobs(StateStore):
     def forget(self, partition_id: str) -> None:
         super().forget(partition_id)
         self._etags.pop(partition_id, None)
+        self._clients.pop(partition_id, None)
 
 
 def _position(metadata: dict[str, str] | None) -> int:

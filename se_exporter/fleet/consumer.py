@@ -53,6 +53,7 @@ from azure.eventhub.aio import PartitionContext
 from azure.eventhub.amqp import AmqpMessageBodyType
 from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
 
+from se_exporter.fleet import received
 from se_exporter.fleet.collector import FleetMetrics, PartitionView
 from se_exporter.fleet.message import BOUND_NAMES, InvalidMessage, VmState, read_message
 from se_exporter.fleet.partition import Partition
@@ -111,6 +112,8 @@ class Service:
         self.attached: Callable[[str], bool | None] = lambda partition_id: None
         self.stolen: Callable[[str], bool] = lambda partition_id: False
         self.first_reader: FirstReader | None = None  # the platform stream's reader (fleet/platform/service.py)
+        self._outcomes = {**{kind: metrics.applied.labels(kind) for kind in ("change", "heartbeat")},
+                          **{reason: metrics.duplicates.labels(reason) for reason in ("resend", "older")}}
 
     @property
     def views(self) -> dict[str, PartitionView]:
@@ -175,15 +178,15 @@ class Service:
         self._lag(context, partition, last)
 
     def _count(self, received: int, outcomes: Tally[str]) -> None:
-        """Counters once per batch, not per event: each increment takes a lock."""
+        """Counters once per batch, not per event: each increment takes a lock (and each ``labels`` call validates
+        and locks too: the labelled counters are looked up once, ``_outcomes``)."""
         self._metrics.consumed.inc(received)
-        if outcomes["change"] or outcomes["heartbeat"]:
+        if outcomes.get("change") or outcomes.get("heartbeat"):
             self._metrics.last_applied.set(self._clock())
         for outcome, count in outcomes.items():
-            if outcome in ("change", "heartbeat"):
-                self._metrics.applied.labels(outcome).inc(count)
-            elif outcome in ("resend", "older"):
-                self._metrics.duplicates.labels(outcome).inc(count)
+            counter = self._outcomes.get(outcome)
+            if counter is not None:
+                counter.inc(count)
             elif outcome == "replayed":
                 self._metrics.replayed.inc(count)
             elif outcome in BOUND_NAMES:
@@ -213,7 +216,7 @@ class Service:
         partition_id, sequence_number = partition.partition_id, event.sequence_number
         if sequence_number is None:
             return "unnumbered"
-        enqueued = event.enqueued_time.timestamp() if event.enqueued_time else self._clock()
+        enqueued = received.enqueued_at(event) or self._clock()
         partition.handled_at = enqueued
         if self._fleet.already_applied(partition_id, sequence_number):
             return "replayed"
@@ -224,7 +227,7 @@ class Service:
             if first is not None:  # the platform's (or replayed, or skipped): not a sidecar's document
                 self._fleet.handled(partition_id, sequence_number)
                 return first
-            message = read_message(body, event.properties or {}, event.message_id, event.partition_key,
+            message = read_message(body, event.properties or {}, received.message_id(event), event.partition_key,
                                    enqueued, self._settings.max_message_bytes)
         except InvalidMessage as error:
             self._fleet.handled(partition_id, sequence_number)
@@ -252,9 +255,9 @@ class Service:
         if not properties or properties.get("sequence_number") is None or last.sequence_number is None:
             return
         view.lag_events = float(max(0, int(properties["sequence_number"]) - last.sequence_number))
-        newest, handled = properties.get("enqueued_time"), last.enqueued_time
-        if newest is not None and handled is not None:
-            view.lag_seconds = max(0.0, (newest - handled).total_seconds()) if view.lag_events else 0.0
+        newest = properties.get("enqueued_time")
+        if newest is not None and received.enqueued_at(last) is not None:  # the datetime made only for a lag
+            view.lag_seconds = max(0.0, (newest - last.enqueued_time).total_seconds()) if view.lag_events else 0.0
         partition.caught_up = view.lag_events == 0
 
     async def on_close(self, context: PartitionContext, reason: CloseReason) -> None:
@@ -449,7 +452,10 @@ def link_stolen(client: Any) -> Callable[[str], bool]:
     def stolen(partition_id: str) -> bool:
         consumer = _consumer(client, partition_id)
         link = getattr(getattr(consumer, "_handler", None), "_link", None)
-        condition = getattr(getattr(link, "_error", None), "condition", None)
+        error = getattr(link, "_error", None)
+        if error is None:  # every tick, nearly every link: nothing further to read
+            return False
+        condition = getattr(error, "condition", None)
         value = getattr(condition, "value", condition)  # ErrorCondition.LinkStolen, or the frame's own bytes
         text = value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
         return "link:stolen" in text
@@ -465,7 +471,7 @@ def _consumer(client: Any, partition_id: str) -> Any:
     processors = getattr(client, "_event_processors", None)
     if not isinstance(processors, dict):
         return _UNKNOWN
-    for processor in list(processors.values()):
+    for processor in processors.values():  # no await in between: the SDK cannot change it meanwhile
         consumers = getattr(processor, "_consumers", None)
         if not isinstance(consumers, dict):
             return _UNKNOWN

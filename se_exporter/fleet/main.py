@@ -19,17 +19,19 @@ from typing import Any, cast
 
 import aiohttp
 import prometheus_client
+from aiohttp.helpers import get_env_proxy_for_url
 from azure.core.exceptions import ResourceExistsError
 from azure.core.pipeline.transport import AioHttpTransport
 from azure.eventhub.aio import EventHubConsumerClient
 from azure.storage.blob.aio import ContainerClient
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from yarl import URL
 
 from se_exporter import __version__
 from se_exporter.core.errors import ConfigError
 from se_exporter.core.retry import backoff
 from se_exporter.fleet.blobstate import StateBlobs
-from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView, render_fleet
+from se_exporter.fleet.collector import FleetExposition, FleetMetrics, PartitionCollector, PartitionView
 from se_exporter.fleet.consumer import (
     BATCH_SIZE,
     EMPTY_BATCH_AFTER,
@@ -63,46 +65,64 @@ def run_fleet(settings: FleetSettings) -> int:
 
 def storage_clients(settings: FleetSettings, credential: Callable[[str | None], Any],
                     ) -> tuple[ContainerClient, ObservedCheckpointStore]:
-    name = settings.checkpoint_container
+    name, ca_file = settings.checkpoint_container, settings.checkpoint_ca_file
     if settings.checkpoint_connection_string:
         text = settings.checkpoint_connection_string
-        store = ObservedCheckpointStore.from_connection_string(text, name, **trusting(settings.checkpoint_ca_file))
-        return (ContainerClient.from_connection_string(text, name, **trusting(settings.checkpoint_ca_file)),
-                cast(ObservedCheckpointStore, store))  # the classmethod builds cls(...): our subclass
-    url, identity = str(settings.checkpoint_account_url), credential(settings.storage_client_id)
-    return (ContainerClient(url, name, credential=identity, **trusting(settings.checkpoint_ca_file)),
-            ObservedCheckpointStore(url, name, credential=identity, **trusting(settings.checkpoint_ca_file)))
+        url = ContainerClient.from_connection_string(text, name).url  # parsed by the SDK, no request made
+        return (ContainerClient.from_connection_string(text, name, **trusting(ca_file, url)),
+                checkpoint_store(settings, credential))
+    url = str(settings.checkpoint_account_url)
+    return (ContainerClient(url, name, credential=credential(settings.storage_client_id), **trusting(ca_file, url)),
+            checkpoint_store(settings, credential))
 
 
 def checkpoint_store(settings: FleetSettings, credential: Callable[[str | None], Any]) -> ObservedCheckpointStore:
-    """Another checkpoint store on the same container (one per hub read: each tells its own service what its
-    load-balancing rounds read and won)."""
-    name = settings.checkpoint_container
+    """A checkpoint store on the container (one per hub read: each tells its own service what its load-balancing
+    rounds read and won)."""
+    name, ca_file = settings.checkpoint_container, settings.checkpoint_ca_file
     if settings.checkpoint_connection_string:
-        return cast(ObservedCheckpointStore, ObservedCheckpointStore.from_connection_string(
-            settings.checkpoint_connection_string, name, **trusting(settings.checkpoint_ca_file)))
-    return ObservedCheckpointStore(str(settings.checkpoint_account_url), name,
-                                   credential=credential(settings.storage_client_id),
-                                   **trusting(settings.checkpoint_ca_file))
+        text = settings.checkpoint_connection_string
+        url = ContainerClient.from_connection_string(text, name).url  # parsed by the SDK, no request made
+        return cast(ObservedCheckpointStore,  # the classmethod builds cls(...): our subclass
+                    ObservedCheckpointStore.from_connection_string(text, name, **trusting(ca_file, url)))
+    url = str(settings.checkpoint_account_url)
+    return ObservedCheckpointStore(url, name, credential=credential(settings.storage_client_id),
+                                   **trusting(ca_file, url))
 
 
-def trusting(ca_file: str | None) -> dict[str, Any]:
-    """A storage client's transport trusting the CAs of ``ca_file`` (the system's when None).
+def trusting(ca_file: str | None, url: str | None = None) -> dict[str, Any]:
+    """A storage client's transport trusting the CAs of ``ca_file`` (the system's when None), its proxy read from
+    the environment once, for the account's ``url``.
 
     Not azure-core's ``connection_verify=<path>``: its aiohttp transport then builds a new SSL context for every
     request, and aiohttp pools connections by context, so every request opened (and kept) a TLS connection of its
     own: 100 requests, 101 connections. One context on the session's connector keeps one connection in use. The
-    session is made as azure-core makes its own (proxy settings from the environment, no cookies, no automatic
-    decompression) and is closed with the client. Its timeouts are the storage SDK's own defaults (connect 20 s,
-    each read 60 s), which it applies only to a transport it builds itself: azure-core's would be 300 s each."""
-    if not ca_file:
-        return {}
-    connector = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=ca_file))
-    session = aiohttp.ClientSession(connector=connector, trust_env=True, cookie_jar=aiohttp.DummyCookieJar(),
-                                    auto_decompress=False)
+    session is made as azure-core makes its own (no cookies, no automatic decompression) and is closed with the
+    client. Its timeouts are the storage SDK's own defaults (connect 20 s, each read 60 s), which it applies only to
+    a transport it builds itself: azure-core's would be 300 s each. The proxy: azure-core's own session reads the
+    proxy variables (``HTTPS_PROXY``, ``NO_PROXY``, ...) and ~/.netrc again on every request, each in a thread of
+    its own (two thread hand-overs a request: about 40 % of a checkpoint write's CPU, measured by
+    ``scripts/fleet_scale_bench.py``'s steady state); they name the same proxy for the one account every time, so
+    it is looked up once here, through aiohttp's own lookup, and set on the session."""
+    connector = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=ca_file)) if ca_file \
+        else aiohttp.TCPConnector()
+    proxy, proxy_auth = env_proxy(url)
+    session = aiohttp.ClientSession(connector=connector, trust_env=False, cookie_jar=aiohttp.DummyCookieJar(),
+                                    auto_decompress=False, proxy=proxy, proxy_auth=proxy_auth)
     return {"transport": AioHttpTransport(session=session, session_owner=True,
                                           connection_timeout=STORAGE_CONNECTION_TIMEOUT,
                                           read_timeout=STORAGE_READ_TIMEOUT)}
+
+
+def env_proxy(url: str | None) -> tuple[URL | None, aiohttp.BasicAuth | None]:
+    """The proxy the environment names for ``url`` (and its credentials from ~/.netrc), as aiohttp's
+    ``trust_env`` would find it for each request; (None, None) when none applies."""
+    if url is None:
+        return None, None
+    try:
+        return get_env_proxy_for_url(URL(url))
+    except LookupError:
+        return None, None
 
 
 def consumer_client(settings: FleetSettings, store: ObservedCheckpointStore,
@@ -183,12 +203,11 @@ def make_http_app(registry: CollectorRegistry, fleet: Fleet | list[Fleet], servi
                   clock: Callable[[], float] = time.time, platform: Platform | None = None) -> http_server.Handler:
     """/metrics (the registry, the fleet's per-VM series, the platform's gauges), /healthz, /readyz and /, GET and
     HEAD only. One fleet and service per hub read."""
-    fleets = fleet if isinstance(fleet, list) else [fleet]
     services = service if isinstance(service, list) else [service]
+    exposition = FleetExposition(fleet)  # each VM's lines kept from one scrape to the next while it is unchanged
 
     def metrics(request: http_server.HttpRequest) -> http_server.Response:
-        vms = fleets[0].vms() if len(fleets) == 1 else [vm for each in fleets for vm in each.vms()]
-        text = render_fleet(vms, clock()) + (platform.render() if platform is not None else "")
+        text = exposition.render(clock()) + (platform.render() if platform is not None else "")
         return http_server.metrics(request, generate_latest(registry) + text.encode())
 
     def healthz(request: http_server.HttpRequest) -> http_server.Response:

@@ -144,6 +144,15 @@ class PartitionState:
             del self.installations[installation]
 
 
+class Follower:
+    """What one reader of the shown VMs has not taken yet (``Fleet.take_changes``): per shown partition, the state
+    it took whole last, and the keys changed in it since."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, PartitionState] = {}
+        self.touched: dict[str, set[str]] = {}
+
+
 class Fleet:
     """Every owned partition's state. The consumer's loop changes it; scrapes read it from other threads."""
 
@@ -151,6 +160,7 @@ class Fleet:
         self._lock = threading.Lock()
         self._partitions: dict[str, PartitionState] = {}
         self._hidden: set[str] = set()  # held partitions whose VMs no scrape shows (see ``show``)
+        self._followers: list[Follower] = []
         self.bounds = bounds
 
     def claim(self, partition_id: str, state: PartitionState | None = None, *, shown: bool = True) -> PartitionState:
@@ -252,6 +262,7 @@ class Fleet:
                 state.installations[new.installation] += 1
             state.vms[new.key] = new
             state.changes.record(new.key, current is None or not heartbeat_only(current, new))
+            self._touch(partition_id, new.key)
             return "applied"
 
     def expire(self, cutoffs: Mapping[str, float]) -> list[VmState]:
@@ -266,6 +277,7 @@ class Fleet:
                 gone.extend(state.forget(key) for key in stale)
                 for key in stale:
                     state.changes.forgotten(key, self.bounds.vms_per_partition)
+                    self._touch(partition_id, key)
         return gone
 
     def vms(self) -> list[VmState]:
@@ -283,6 +295,40 @@ class Fleet:
                     if other is None or vm.seen_at > other.seen_at:
                         shown[key] = vm
             return list(shown.values())
+
+    def follow(self) -> Follower:
+        """A reader of the shown VMs that takes only what changed since it last took them (``take_changes``)."""
+        with self._lock:
+            follower = Follower()
+            self._followers.append(follower)
+            return follower
+
+    def take_changes(self, follower: Follower,
+                     ) -> list[tuple[str, list[VmState] | None, list[tuple[str, VmState | None]]]]:
+        """Each shown partition, in ``vms``'s order: its VMs whole when ``follower`` did not take this state of it
+        last time (claimed since, or shown again), else None and the keys changed since with their VM now (None:
+        forgotten). Taken: the next call gives what changes after this one."""
+        with self._lock:
+            taken: list[tuple[str, list[VmState] | None, list[tuple[str, VmState | None]]]] = []
+            states = {}
+            for partition_id, state in self._partitions.items():
+                if partition_id in self._hidden:
+                    continue
+                states[partition_id] = state
+                touched = follower.touched.pop(partition_id, ())
+                if follower.states.get(partition_id) is state:
+                    taken.append((partition_id, None, [(key, state.vms.get(key)) for key in touched]))
+                else:
+                    taken.append((partition_id, list(state.vms.values()), []))
+            follower.states = states
+            follower.touched = {}
+            return taken
+
+    def _touch(self, partition_id: str, key: str) -> None:
+        """``key`` changed in the partition: noted for each follower that took the partition (under the lock)."""
+        for follower in self._followers:
+            if partition_id in follower.states:
+                follower.touched.setdefault(partition_id, set()).add(key)
 
     def position(self, partition_id: str) -> int | None:
         with self._lock:

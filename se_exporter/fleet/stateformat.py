@@ -56,6 +56,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import sys
 import zlib
 from collections import Counter as Tally
 from collections.abc import Iterable, Iterator
@@ -352,8 +353,8 @@ def _vm(named: Any, now: float, bounds: Bounds) -> VmState | None:
 
 def _place(subscription_id: Any, resource_group: Any) -> tuple[str, str]:
     """A VM's subscription and resource group from a state; anything out of shape is unknown (empty)."""
-    return (subscription_id if _text(subscription_id, MAX_TEXT) else "",
-            resource_group if _text(resource_group, MAX_TEXT) else "")
+    return (sys.intern(subscription_id) if _text(subscription_id, MAX_TEXT) else "",  # shared by many VMs
+            sys.intern(resource_group) if _text(resource_group, MAX_TEXT) else "")
 
 
 def _checked(values: list[Any], imds: Imds, now: float, bounds: Bounds,
@@ -374,8 +375,8 @@ def _checked(values: list[Any], imds: Imds, now: float, bounds: Bounds,
         return None
     if len(raw) > bounds.body_bytes:
         raw = reduced_body(events, vm_name)
-    return VmState(key, vm_id, vm_name, vmss_name, location, installation, sequence, float(seen_at), raw, events, imds,
-                   *place)
+    return VmState(key, vm_id, vm_name, sys.intern(vmss_name), sys.intern(location), installation, sequence,
+                   float(seen_at), raw, events, imds, *place)  # interned as message.read_message does
 
 
 def _text(value: Any, limit: int) -> bool:

@@ -1,0 +1,94 @@
+"""The per-VM lines kept from one scrape to the next (``FleetExposition``): every scrape writes the same samples
+as a writer starting from nothing (``render_fleet``), whatever changed in between."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from se_exporter.fleet.collector import FleetExposition, render_fleet
+from se_exporter.fleet.picture import Fleet, read_message
+from tests.fleet.test_picture import EMPTY, FREEZE, NEIGHBOUR, props
+
+NOW = 2_000_000_000.0
+
+
+def send(fleet: Fleet, partition_id: str, body: bytes, vm_id: str, sequence: int, seen_at: float,
+         heartbeat: bool = False, **extra: Any) -> str:
+    """One document of VM ``vm_id`` (installation ``inst-<vm_id>``, named ``WestNO_<n>`` for ``id<n>``) folded into
+    ``partition_id``."""
+    extra.setdefault("vm_name", f"WestNO_{vm_id[2:]}")
+    properties = {**props(sequence, **extra), b"vm_id": vm_id.encode(), b"heartbeat": heartbeat}
+    message = read_message(body, properties, f"inst-{vm_id}:{sequence}".encode(), vm_id.encode(), seen_at, 1 << 20)
+    return fleet.apply(partition_id, message)
+
+
+def lines(text: str) -> list[str]:
+    """The exposition's lines, sorted: samples of a family may come in any order (the families' own order and
+    headers are the writer's, the same both ways)."""
+    return sorted(text.splitlines())
+
+
+def test_each_scrape_writes_what_a_fresh_writer_writes_through_every_kind_of_change() -> None:
+    """Heartbeats, new documents, events gone, a VM renamed, IMDS failing, VMs and partitions gone or hidden, and
+    the clock moving: after each, the kept lines give the same text as rendering everything anew."""
+    fleet = Fleet()
+    exposition, other = FleetExposition(fleet), FleetExposition(fleet)  # each takes every change for itself
+    fleet.claim("0")
+    fleet.claim("1")
+    now = NOW
+
+    def same() -> None:
+        expected = lines(render_fleet(fleet.vms(), now))
+        assert lines(exposition.render(now)) == expected
+        assert lines(other.render(now)) == expected
+
+    for index in range(6):
+        send(fleet, str(index % 2), FREEZE if index % 3 == 0 else EMPTY, f"id{index}", 1, 1000.0 + index)
+    same()
+    same()  # nothing changed: every line kept
+    send(fleet, "0", FREEZE, "id0", 2, 2000.0, heartbeat=True)  # a heartbeat: last seen moves
+    send(fleet, "1", EMPTY, "id1", 2, 2000.0, heartbeat=True)
+    now += 15
+    same()
+    send(fleet, "0", NEIGHBOUR, "id0", 3, 2100.0)  # the event no longer concerns it
+    send(fleet, "1", FREEZE, "id3", 3, 2100.0, imds_failing=True)  # IMDS unreachable
+    same()
+    send(fleet, "0", EMPTY, "id0", 4, 2200.0)  # its events gone
+    send(fleet, "1", FREEZE, "id3", 4, 2200.0, vm_name="renamed")  # the same VM under a new name
+    same()
+    fleet.expire({"0": 1003.0})  # id2 (seen at 1002) forgotten
+    send(fleet, "0", FREEZE, "id9", 1, 2300.0)  # a new VM
+    send(fleet, "0", EMPTY, "id9", 2, 2400.0)  # changed twice between two scrapes
+    fleet.expire({"0": 2100.5})  # id0 (2200) stays, id4 (1004) forgotten
+    send(fleet, "0", FREEZE, "id4", 2, 2500.0)  # and back
+    same()
+    fleet.show("1", shown=False)  # a partition hidden, changed meanwhile, then shown again
+    same()
+    send(fleet, "1", EMPTY, "id3", 5, 2600.0)
+    fleet.show("1")
+    now += 600
+    same()
+    fleet.release("0")
+    same()
+    fleet.claim("0")  # claimed again: whole, from what it holds now
+    send(fleet, "0", FREEZE, "id0", 9, 2700.0)
+    same()
+
+
+def test_a_vm_in_two_shown_partitions_is_written_once_the_one_seen_last() -> None:
+    """As ``Fleet.vms``: should a VM be held by two shown partitions, only its latest document is written."""
+    for older, newer in (("0", "1"), ("1", "0")):
+        fleet = Fleet()
+        exposition = FleetExposition(fleet)
+        fleet.claim("0")
+        fleet.claim("1")
+        send(fleet, older, FREEZE, "id0", 1, 1000.0)
+        send(fleet, newer, EMPTY, "id0", 2, 2000.0)
+        send(fleet, "0", EMPTY, "id1", 1, 1500.0)
+        exposition.render(NOW)
+        send(fleet, "0", EMPTY, "id1", 2, 1600.0)  # a change in the other partition: the kept lines are used
+        text = exposition.render(NOW)
+        assert lines(text) == lines(render_fleet(fleet.vms(), NOW))
+        assert text.count('vm_last_seen_timestamp_seconds{vm_id="id0"') == 1
+        assert 'vm_last_seen_timestamp_seconds{vm_id="id0",vm_name="WestNO_0",vmss_name="",location="norwayeast"} ' \
+               "2000.0" in text
