@@ -213,7 +213,8 @@ class Service:
         partition_id, sequence_number = partition.partition_id, event.sequence_number
         if sequence_number is None:
             return "unnumbered"
-        enqueued = event.enqueued_time.timestamp() if event.enqueued_time else self._clock()
+        enqueued_time = event.enqueued_time  # the SDK builds a datetime at each read of it
+        enqueued = enqueued_time.timestamp() if enqueued_time else self._clock()
         partition.handled_at = enqueued
         if self._fleet.already_applied(partition_id, sequence_number):
             return "replayed"
