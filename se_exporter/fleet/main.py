@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import socket
 import ssl
@@ -389,6 +390,11 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
             for service in services:
                 service.storage_problem = cause
 
+        # Everything made so far (modules, the SDK's classes, the wiring) lives as long as the process: frozen out
+        # of the collector's sight, a full collection walks only what came later. The objects a burst keeps set off
+        # full collections: 0.09-0.14 s of the fleet's 0.85 s of CPU for a burst of 10,000 platform messages, 0.03 s
+        # frozen (scripts/fleet_bench.py --platform, timed with gc.callbacks).
+        gc.freeze()
         checking = asyncio.create_task(ensure_container(container, settings.checkpoint_container, storage_problem))
         receiving = asyncio.gather(*(_receive(settings, reading.client, reading.service, checking)
                                      for reading in readings if reading.client is not None))

@@ -330,3 +330,50 @@ def test_a_huge_number_where_a_string_or_object_belongs_is_named_as_a_number(lit
     assert "a JSON huge number" in line and "Huge" not in line
     line = refused(body([{**spec_event(), "data": 0}]).replace(b'"data": 0', b'"data": ' + literal))
     assert "a JSON huge number" in line
+
+
+def _vm_scoped() -> dict[str, Any]:
+    event = grid(resources=[])
+    info = event["data"]["resourceInfo"]
+    info["id"] = event["subject"] = info["id"].replace("virtualMachineScaleSets/web", "virtualMachines/web_7")
+    return event
+
+
+def _without(name: str) -> dict[str, Any]:
+    event = grid()
+    del event["data"]["resourceInfo"]["properties"][name]
+    return event
+
+
+COMMON = [grid(status) for status in ("Scheduled", "Started", "Completed", "Canceled")] + [
+    grid(resources=["web_1", "WEB_1", "web_2"]), grid(Description=""), grid(EventType=""), _without("Description"),
+    _without("NotBefore"), _without("DurationInSeconds"), _without("Resources"), _vm_scoped(), spec_event()]
+UNCOMMON = [cloud(grid()), grid(Description="Wartung \u00e4"), grid(EventSource=5), grid(NotBefore="soon"),
+            grid(resources=["web_1", 7]), grid(DurationInSeconds=1.5), _without("EventType"),
+            {**grid(), "eventTime": "yesterday"}, grid(EventId="E\u00e91")]
+
+
+@pytest.mark.parametrize("event", COMMON + UNCOMMON)
+def test_the_common_shape_is_read_at_the_cost_of_a_few_checks_into_the_same_event(event: dict[str, Any]) -> None:
+    """The fast reading of the usual Event Grid event builds exactly the event the field-by-field reading does, and
+    leaves everything else (another schema, non-ASCII text, anything to warn about) to it."""
+    from se_exporter.fleet.platform.reader import DEFAULT_PLATFORM_BOUNDS, _common_event, _event  # noqa: PLC0415
+
+    item = json.loads(body(event))
+    fast = _common_event(item, 42.0, DEFAULT_PLATFORM_BOUNDS)
+    warnings: list[str] = []
+    hit: list[str] = []
+    slow = _event(item, 42.0, DEFAULT_PLATFORM_BOUNDS, warnings, hit)
+    if event in COMMON:
+        assert fast == slow and not warnings and not hit
+    else:
+        assert fast is None
+
+
+def test_cloudevents_data_base64_with_a_utf8_byte_order_mark_is_read() -> None:
+    """JSON data in base64 that starts with a UTF-8 BOM is read as the JSON after it."""
+    event = cloud(grid())
+    data = event.pop("data")
+    event["data_base64"] = base64.b64encode(b"\xef\xbb\xbf" + json.dumps(data).encode()).decode()
+    [read_event] = read(event).events
+    assert read_event.key == KEY and read_event.schema == "cloudevents"

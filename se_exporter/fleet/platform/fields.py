@@ -98,10 +98,16 @@ def arm_scope(*candidates: object) -> tuple[str, str, str, str]:
     id: ``/subscriptions/<sub>/resourceGroups/<rg>/providers/Microsoft.Compute/<kind>/<name>/providers/...``);
     refused when neither is one, since neither the scope nor the VMs can be known then."""
     for value in candidates:
-        parts = value.split("/", 9) if isinstance(value, str) and len(value) <= 2048 else []
+        if not isinstance(value, str) or len(value) > 2048:
+            continue
+        parts = value.split("/", 9)
         if len(parts) >= 9 and parts[0] == "" and (parts[1].casefold(), parts[3].casefold(), parts[5].casefold(),
                                                    parts[6].casefold()) == _ARM_WORDS:
-            sub, group, kind, name = (kept_text(part, MAX_TEXT) for part in (parts[2], parts[4], parts[7], parts[8]))
+            sub, group, kind, name = parts[2], parts[4], parts[7], parts[8]
+            # Nearly always printable ASCII, as kept_text would keep each part (its cut changes nothing here: a longer
+            # part is refused below, a longer kind is none of _SCOPES): one look at the whole id instead of four.
+            if not (value.isascii() and value.isprintable()):
+                sub, group, kind, name = (kept_text(part, MAX_TEXT) for part in (sub, group, kind, name))
             if all((sub, group, name)) and max(len(sub), len(group), len(name)) <= MAX_TEXT:
                 return _SCOPES.get(kind.casefold(), "unknown"), name, sub, group
     raise InvalidMessage("invalid_platform_event", "neither data.resourceInfo.id nor subject is the ARM id of a "
@@ -179,9 +185,10 @@ def not_before(value: object, warnings: list[str]) -> float | None:
             when = None
         # The year read must be the year written (give or take one: an offset may cross New Year), since email.utils
         # reads "0001" (any year below 100) as 2001.
-        if when is not None and MIN_TIME <= when.timestamp() < MAX_TIME \
-                and any(str(year) in value for year in (when.year - 1, when.year, when.year + 1)):
-            return when.timestamp()
+        unix = when.timestamp() if when is not None else 0.0
+        if when is not None and MIN_TIME <= unix < MAX_TIME and (
+                str(when.year) in value or str(when.year - 1) in value or str(when.year + 1) in value):
+            return unix
     warnings.append(f"NotBefore {shown(value)} is neither RFC 1123 nor ISO 8601 from 2000 to 2199; left out")
     return None
 

@@ -242,10 +242,10 @@ class PlatformPicture:
             new = record_of(event, now)
             if new.ended:
                 self._ended[event.key] = None
-            if held is None:
+            if held is None:  # one status known: no impact yet
                 self._records[event.key] = new
                 self._vms += len(event.resources)
-                return Applied("applied", (event.event_status,), new.impact_seconds or 0.0, new)
+                return Applied("applied", (event.event_status,), 0.0, new)
             new = self._within_room(held, new)
             repeat = held.time_of(event.event_status) is not None
             merged = combine(held, replace(new, changed_at=held.changed_at) if repeat else new,

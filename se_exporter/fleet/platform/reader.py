@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from se_exporter.core.model import event_key
 from se_exporter.fleet.message import MAX_TEXT, InvalidMessage
@@ -124,8 +125,11 @@ def read_platform(body: bytes, max_bytes: int, enqueued_at: float,
     if found is None:
         return None
     items = found if isinstance(found, list) else [found]
-    if not items or not all(isinstance(item, dict) and _schema(item) for item in items):
-        return None  # not (only) Event Grid events: whatever it is, message.read_message says what is wrong
+    if not items:
+        return None
+    for item in items:  # a loop, not all() over a generator: most messages hold one event
+        if not (isinstance(item, dict) and _schema(item)):
+            return None  # not (only) Event Grid events: whatever it is, message.read_message says what is wrong
     hit: list[str] = []
     if len(items) > bounds.events_per_message:
         hit.append("platform_events_per_message")
@@ -136,7 +140,7 @@ def read_platform(body: bytes, max_bytes: int, enqueued_at: float,
     for index, item in enumerate(items):
         where = f"event [{index}]" if isinstance(found, list) else "event"
         try:
-            events.append(_event(item, enqueued_at, bounds, warnings, hit))
+            events.append(_common_event(item, enqueued_at, bounds) or _event(item, enqueued_at, bounds, warnings, hit))
         except InvalidMessage as exc:
             skipped.append((exc.reason, f"{where}: {exc}"))
     if not events:
@@ -155,8 +159,8 @@ def _decode(body: bytes, bounds: PlatformBounds | None) -> object | None:
     already), else None."""
     if bounds is not None and _containers(body) > bounds.containers:
         return None
-    try:
-        found: object = _DECODER.decode(body.decode("utf-8-sig"))
+    try:  # a BOM taken off by hand: the utf-8-sig codec is Python code, utf-8 is C (a twentieth of reading one)
+        found: object = _DECODER.decode((body[3:] if body.startswith(codecs.BOM_UTF8) else body).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     return found
@@ -199,6 +203,49 @@ def _event(item: Mapping[str, Any], enqueued_at: float, bounds: PlatformBounds, 
         not_before=not_before(props.get("NotBefore"), warnings),
         duration_seconds=duration(props.get("DurationInSeconds"), warnings),
         description=optional(props, "Description", MAX_DESCRIPTION, warnings), schema=schema)
+
+
+def _common_event(item: Mapping[str, Any], enqueued_at: float, bounds: PlatformBounds) -> PlatformEvent | None:
+    """The event as Event Grid sends it today (its schema, every text field present as printable ASCII within its
+    bound, nothing to warn about), read at the cost of a few checks; None for anything else, which ``_event`` then
+    reads field by field. For what it accepts both build the same event (``test_platform_reader.py`` proves it);
+    this one is what keeps a burst of platform messages cheap (``scripts/fleet_bench.py --platform``). An error it
+    raises (``arm_scope``, ``event_status``) is the one ``_event`` would raise: every check before is stricter."""
+    if item.get("eventType") != EVENT_TYPE or "specversion" in item:
+        return None
+    data = item.get("data")
+    info = data.get("resourceInfo") if isinstance(data, dict) else None
+    props = info.get("properties") if isinstance(info, dict) else None
+    if not isinstance(info, dict) or not isinstance(props, dict):
+        return None
+    texts = (item.get("id"), props.get("EventId"), props.get("EventType"), props.get("EventSource"),
+             props.get("ResourceType"), info.get("location"))
+    for text in texts:
+        if type(text) is not str or len(text) > MAX_TEXT or not (text.isascii() and text.isprintable()):
+            return None
+    grid_id, event_id, event_type, event_source, resource_type, location = cast("tuple[str, ...]", texts)
+    description = props.get("Description", "")
+    if not (grid_id.strip() and event_id.strip()) or type(description) is not str \
+            or len(description) > MAX_DESCRIPTION or not (description.isascii() and description.isprintable()):
+        return None
+    scope = arm_scope(info.get("id"), item.get("subject"))
+    status = event_status(props.get("EventStatus"))
+    warnings: list[str] = []
+    hit: list[str] = []
+    resources = vm_names(props.get("Resources"), bounds.resources_per_event, warnings, hit)
+    if not resources and scope[0] == "virtual_machine":
+        resources = (scope[1],)
+    when = event_time(item.get("eventTime"), enqueued_at, warnings)
+    before = not_before(props.get("NotBefore"), warnings)
+    seconds = duration(props.get("DurationInSeconds"), warnings)
+    if warnings or hit:
+        return None
+    return PlatformEvent(
+        grid_id=grid_id, event_id=event_id, key=event_key(event_id), event_type=event_type or "unknown",
+        event_status=status, event_source=event_source or "unknown", resource_type=resource_type,
+        resources=resources, scope_type=scope[0], scope_name=scope[1], subscription_id=scope[2],
+        resource_group=scope[3], location=location, event_time=when, not_before=before, duration_seconds=seconds,
+        description=description, schema="eventgrid")
 
 
 def _data(item: Mapping[str, Any], schema: str) -> Mapping[str, Any]:

@@ -630,11 +630,12 @@ class PlatformReader:
         if held.picture is None:
             held.picture = PlatformPicture(platform.limits)
         picture, now = held.picture, platform._clock()
-        before = dict(picture.bound_hits)
+        before = picture.bound_hits.copy()
         for event in read.events:
             if picture.apply(event, now).outcome == "duplicate":
                 metrics.platform_duplicates.inc()
-        platform._bounds(picture, before)
+        if picture.bound_hits != before:  # rarely: one comparison in C per message, not a loop over the bounds
+            platform._bounds(picture, before)
         held.changes += 1
         platform.applied_at = time.monotonic()
         return "platform"
