@@ -240,9 +240,9 @@ class FleetExposition:
                     if part is None:
                         part = _Part()
                         for vm in whole or ():
-                            part.put(vm.key, vm)
+                            part.keep(vm.key, vm)
                     for key, current in changed:
-                        part.put(key, current)
+                        part.keep(key, current)
                     parts[index, partition_id] = part
             self._parts = parts
             seen: list[Iterable[str]] = [part.seen.values() for part in parts.values()]
@@ -270,7 +270,7 @@ class _Part:
         self.seen: dict[str, str] = {}
         self.extra: dict[str, VmLines] = {}
 
-    def put(self, key: str, vm: VmState | None) -> None:
+    def keep(self, key: str, vm: VmState | None) -> None:
         if vm is None:
             self.seen.pop(key, None)
             self.extra.pop(key, None)
