@@ -387,20 +387,8 @@ def main() -> int:
         ("  ... its writer / prometheus-client's families", scrape_writer / scrape_reference, "x",
          "<= 0.5 (else use the library)"),
     ]
-    print("rounds: bare " + ", ".join(f"{run['received_s']:.2f}" for run in bares) + " s; fleet applied "
-          + ", ".join(f"{run['applied_s']:.2f}" for run in fleets) + " s", file=sys.stderr)
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    print(f"se-exporter fleet benchmark ({'smoke' if args.smoke else 'full'}) on {machine}")
-    for name, measured, unit, target in figures:
-        print(f"  {name:<48} {measured:10.3f} {unit:<3} {target}")
-    result = {"machine": machine, "mode": "smoke" if args.smoke else "full", "documents": count,
-              "figures": [{"figure": name, "measured": round(measured, 4), "unit": unit, "target": target}
-                          for name, measured, unit, target in figures]}
-    if not args.smoke:
-        args.output.parent.mkdir(exist_ok=True)
-        args.output.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result))
-    return 0
+    return report("se-exporter fleet benchmark", args.smoke, args.output, bares, fleets, figures,
+                  {"documents": count}, 48)
 
 
 def platform_main(smoke: bool, output: Path) -> int:
@@ -433,13 +421,20 @@ def platform_main(smoke: bool, output: Path) -> int:
         (f"fleet RSS with {count:,} platform events", fleet["loaded_rss_mb"], "MB", ""),
         ("fleet RSS idle, every partition owned", fleet["idle_rss_mb"], "MB", ""),
     ]
+    return report("se-exporter fleet platform benchmark", smoke, output, bares, fleets, figures,
+                  {"platform_messages": count}, 60)
+
+
+def report(title: str, smoke: bool, output: Path, bares: list[dict[str, Any]], fleets: list[dict[str, Any]],
+           figures: list[tuple[str, float, str, str]], size: dict[str, int], width: int) -> int:
+    """Print the rounds (stderr), the figures and their JSON; a full run also writes the JSON to ``output``."""
     print("rounds: bare " + ", ".join(f"{run['received_s']:.2f}" for run in bares) + " s; fleet applied "
           + ", ".join(f"{run['applied_s']:.2f}" for run in fleets) + " s", file=sys.stderr)
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    print(f"se-exporter fleet platform benchmark ({'smoke' if smoke else 'full'}) on {machine}")
+    print(f"{title} ({'smoke' if smoke else 'full'}) on {machine}")
     for name, measured, unit, target in figures:
-        print(f"  {name:<60} {measured:10.3f} {unit:<3} {target}")
-    result = {"machine": machine, "mode": "smoke" if smoke else "full", "platform_messages": count,
+        print(f"  {name:<{width}} {measured:10.3f} {unit:<3} {target}")
+    result = {"machine": machine, "mode": "smoke" if smoke else "full", **size,
               "figures": [{"figure": name, "measured": round(measured, 4), "unit": unit, "target": target}
                           for name, measured, unit, target in figures]}
     if not smoke:
