@@ -47,11 +47,19 @@ DEFAULT_PLATFORM_RETENTION = 3600.0
 DEFAULT_RECONCILE_GRACE = 60.0
 
 
+# What ``UseDevelopmentStorage=true`` stands for: Azurite's blob service on its default port, with the emulator's
+# account and key that Microsoft publishes (no secret). Spelt out because the checkpoint store's copy of the storage
+# SDK does not read the shorthand: it failed at start-up with a traceback (KeyError 'ACCOUNTNAME').
+DEVELOPMENT_STORAGE = ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+                       "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
+                       "BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1")
+
+
 def parse_storage_connection_string(text: str) -> str:
     """Validated without ever repeating the string: it carries the AccountKey."""
     parts = connection_string_parts(text)
     if parts.get("usedevelopmentstorage", "").lower() == "true":
-        return text.strip()
+        return DEVELOPMENT_STORAGE
     if not ("accountname" in parts or "blobendpoint" in parts):
         raise ValueError("has no AccountName (or BlobEndpoint); copy it from the storage account's "
                          "'Access keys' page")

@@ -161,3 +161,15 @@ def test_a_wrong_platform_hub_setting_stops_start_up_with_one_line(argv: list[st
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert "c2VjcmV0" not in err
+
+
+def test_use_development_storage_builds_the_checkpoint_store_for_azurites_default_address() -> None:
+    """``UseDevelopmentStorage=true``, which the settings accept, builds both storage clients (no traceback at
+    start-up) on Azurite's blob service at 127.0.0.1:10000 and its development account."""
+    from se_exporter.fleet.main import checkpoint_store, storage_clients  # noqa: PLC0415 - the program's wiring
+
+    s = settings(["--checkpoint-connection-string", "UseDevelopmentStorage=true"])
+    container, store = storage_clients(s, lambda _client_id: None)
+    assert container.url.startswith("http://127.0.0.1:10000/devstoreaccount1/")
+    assert container.account_name == "devstoreaccount1"
+    assert checkpoint_store(s, lambda _client_id: None) is not None and store is not None
