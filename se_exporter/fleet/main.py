@@ -277,8 +277,8 @@ async def _count_partitions(client: EventHubConsumerClient, service: Service) ->
 def _listen(settings: FleetSettings, app: http_server.Handler, registry: CollectorRegistry) -> http_server.Server:
     server = http_server.bind(settings.listen, lambda: http_server.serve(
         settings.listen, app, on_reject=http_server.rejection_counter(registry, "azure_scheduled_fleet")))
-    hubs = " and the ".join(f"{'sidecars' if hub.role == 'sidecar' else 'platform'}'s hub "
-                            f"{hub.namespace or 'of the connection string'} (consumer group {hub.consumer_group})"
+    whose = {"sidecar": "sidecars'", "platform": "platform's"}
+    hubs = " and the ".join(f"{whose[hub.role]} hub {hub.shown()} (consumer group {hub.consumer_group})"
                             for hub in settings.hubs)
     log.info("se-exporter %s fleet consuming the %s; metrics at http://%s:%d/metrics", __version__, hubs,
              settings.listen.host or "127.0.0.1", server.server_port)

@@ -237,6 +237,13 @@ class Hub:
             return self.endpoint
         return connection_string_address(self.connection_string) if self.connection_string else None
 
+    def shown(self) -> str:
+        """``namespace/hub`` as the SDK reads them (a name given wins over the connection string's EntityPath), for
+        the start-up line: no secret in it (the Endpoint's host only)."""
+        parts = connection_string_parts(self.connection_string) if self.connection_string else {}
+        host = self.namespace or urllib.parse.urlsplit(parts.get("endpoint", "")).hostname or "?"
+        return f"{host}/{self.name or parts.get('entitypath') or '?'}"
+
 
 def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSettings:
     settings = FleetSettings(**resolve(FLEET_OPTIONS, args, env))

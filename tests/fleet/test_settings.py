@@ -173,3 +173,11 @@ def test_use_development_storage_builds_the_checkpoint_store_for_azurites_defaul
     assert container.url.startswith("http://127.0.0.1:10000/devstoreaccount1/")
     assert container.account_name == "devstoreaccount1"
     assert checkpoint_store(s, lambda _client_id: None) is not None and store is not None
+
+
+def test_each_hub_is_shown_as_the_namespace_and_hub_the_sdk_reads_without_its_key() -> None:
+    """The start-up line names each hub as namespace/hub: a name given wins over EntityPath, as in the SDK."""
+    s = settings(["--eventhub-name", "other", "--platform-eventhub-namespace", "grid.servicebus.windows.net",
+                  "--platform-eventhub-name", "grid"])
+    assert [hub.shown() for hub in s.hubs] == ["ns.servicebus.windows.net/other", "grid.servicebus.windows.net/grid"]
+    assert settings([]).hubs[0].shown() == "ns.servicebus.windows.net/hub"
