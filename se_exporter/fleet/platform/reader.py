@@ -43,8 +43,9 @@ from se_exporter.fleet.platform.fields import (
 EVENT_TYPE = "Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted"
 _TYPE_SUFFIX = "maintenanceresources.scheduledeventemitted"
 # The reasons a message recognised as Event Grid's is counted under (besides message.py's too_large): another
-# event type, or a ScheduledEventEmitted event that cannot be read (the message says which field).
-PLATFORM_INVALID_REASONS = ("other_event_type", "invalid_platform_event")
+# event type, a ScheduledEventEmitted event that cannot be read (the message says which field), or one on the
+# sidecars' hub while the platform's own hub is read (``service.PlatformReader.handle``).
+PLATFORM_INVALID_REASONS = ("other_event_type", "invalid_platform_event", "platform_on_sidecars_hub")
 PLATFORM_BOUND_NAMES = ("platform_events_per_message", "platform_resources_per_event")
 SCOPE_TYPES = ("scale_set", "availability_set", "virtual_machine", "unknown")
 __all__ = ["DEFAULT_PLATFORM_BOUNDS", "EVENT_TYPE", "PLATFORM_BOUND_NAMES", "PLATFORM_INVALID_REASONS", "SCOPE_TYPES",
