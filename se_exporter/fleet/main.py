@@ -271,7 +271,7 @@ async def _count_partitions(client: EventHubConsumerClient, service: Service) ->
     try:
         service.hub_partitions = len(await asyncio.wait_for(client.get_partition_ids(), 60))
     except Exception as error:  # the SDK keeps trying while receiving; the gauge stays absent until then
-        log.warning("cannot read the event hub's partitions: %s", describe(error))
+        log.warning("cannot read the partitions of event hub %s: %s", client.eventhub_name, describe(error))
 
 
 def _listen(settings: FleetSettings, app: http_server.Handler, registry: CollectorRegistry) -> http_server.Server:

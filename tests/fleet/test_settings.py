@@ -181,3 +181,17 @@ def test_each_hub_is_shown_as_the_namespace_and_hub_the_sdk_reads_without_its_ke
                   "--platform-eventhub-name", "grid"])
     assert [hub.shown() for hub in s.hubs] == ["ns.servicebus.windows.net/other", "grid.servicebus.windows.net/grid"]
     assert settings([]).hubs[0].shown() == "ns.servicebus.windows.net/hub"
+
+
+def test_every_bound_the_fleet_reports_says_why_in_its_log_line_and_is_in_the_readme() -> None:
+    """Each bound's log line explains it (no empty text after the colon), and the README's table lists it."""
+    from se_exporter.fleet.message import BOUND_NAMES  # noqa: PLC0415 - the names, only for this check
+    from se_exporter.fleet.platform import PLATFORM_BOUND_NAMES  # noqa: PLC0415
+    from se_exporter.fleet.platform.coverage import COVERAGE_BOUND_NAMES  # noqa: PLC0415
+    from se_exporter.fleet.platform.picture import PICTURE_BOUND_NAMES  # noqa: PLC0415
+    from se_exporter.fleet.report import BOUND_HELP  # noqa: PLC0415
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    for bound in (*BOUND_NAMES, *PLATFORM_BOUND_NAMES, *PICTURE_BOUND_NAMES, *COVERAGE_BOUND_NAMES):
+        assert BOUND_HELP.get(bound), bound
+        assert f"| `{bound}` |" in readme, bound
