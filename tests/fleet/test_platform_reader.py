@@ -192,7 +192,8 @@ def test_deeply_nested_or_many_containered_bodies_are_never_parsed() -> None:
     assert read_platform(deep, MAX, 0.0) is None
     with pytest.raises(InvalidMessage):
         read_message(deep, {}, None, None, 0.0, MAX)
-    assert read_platform(b"[" * 100_000 + b"]" * 100_000, 10**6, 0.0, PlatformBounds(containers=10**6)) is None
+    assert "nested too deeply" in refused(b"[" * 100_000 + b"]" * 100_000, "not_json",
+                                          bounds=PlatformBounds(containers=10**6))
     refused(b"[" * 100_000 + b"]" * 100_000)
 
 
@@ -330,3 +331,12 @@ def test_a_huge_number_where_a_string_or_object_belongs_is_named_as_a_number(lit
     assert "a JSON huge number" in line and "Huge" not in line
     line = refused(body([{**spec_event(), "data": 0}]).replace(b'"data": 0', b'"data": ' + literal))
     assert "a JSON huge number" in line
+
+
+@pytest.mark.parametrize("raw", [SPEC_EXAMPLE[:-40], b'[{"eventType": "x"', b"[" + "é".encode("latin-1") + b"]"])
+def test_an_array_cut_short_or_not_utf8_is_not_json_not_a_missing_envelope(raw: bytes) -> None:
+    """An array that does not parse (a truncated Event Grid message) is counted as not_json, saying so, rather than
+    as a sidecar document lacking its envelope: no sidecar document is an array."""
+    with pytest.raises(InvalidMessage) as caught:
+        read_platform(raw, MAX, 0.0)
+    assert caught.value.reason == "not_json" and "not UTF-8 JSON" in str(caught.value)

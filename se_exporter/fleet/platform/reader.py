@@ -4,7 +4,8 @@ Recognised by content, so the platform stream may share a hub with the sidecars'
 (an object, or an array of them as Event Grid delivers) in the Event Grid schema (``eventType``) or CloudEvents
 1.0 (``specversion`` and ``type``). A type ending in ``MaintenanceResources.ScheduledEventEmitted`` is a platform
 event; another event type is refused as ``other_event_type``; a body that is neither (no envelope key at the top
-level) is not a platform message at all (``read_platform`` returns None) and is left to ``message.read_message``.
+level) is not a platform message at all (``read_platform`` returns None) and is left to ``message.read_message``;
+an array that does not parse is ``not_json`` here (no sidecar document is an array).
 
 Nothing in it is trusted, as in ``message.py``: the byte cap is checked before parsing, the containers in the
 body are counted before parsing (which bounds both depth and size of every value: a real event has six), integer
@@ -123,6 +124,9 @@ def read_platform(body: bytes, max_bytes: int, enqueued_at: float,
         return None
     found = _decode(body, None)
     if found is None:
+        if body.lstrip()[:1] == b"[":  # never a sidecar's document, whose reader would ask for its envelope
+            raise InvalidMessage("not_json", "an array that is not UTF-8 JSON (cut short, or nested too "
+                                 "deeply): not read")
         return None
     items = found if isinstance(found, list) else [found]
     if not items or not all(isinstance(item, dict) and _schema(item) for item in items):
