@@ -237,6 +237,12 @@ class Hub:
             return self.endpoint
         return connection_string_address(self.connection_string) if self.connection_string else None
 
+    def identity(self) -> tuple[str, str]:
+        """(namespace address, hub name) without case: two ``Hub`` of one identity are one hub."""
+        parts = connection_string_parts(self.connection_string) if self.connection_string else {}
+        where = self.namespace or urllib.parse.urlsplit(parts.get("endpoint", "")).netloc
+        return where.rstrip("/").casefold(), (self.name or parts.get("entitypath") or "").casefold()
+
     def shown(self) -> str:
         """``namespace/hub`` as the SDK reads them (a name given wins over the connection string's EntityPath), for
         the start-up line: no secret in it (the Endpoint's host only)."""
@@ -260,6 +266,11 @@ def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSet
     check_eventhubs(replace(settings, eventhub_client_id=None,
                             eventhub_ca_file=settings.eventhub_ca_file if first else None))
     check_platform_hub(settings)
+    hubs = settings.hubs
+    if len(hubs) == 2 and hubs[0].identity() == hubs[1].identity():
+        raise ConfigError(f"--platform-eventhub-* names the sidecars' hub {hubs[0].shown()}: leave the platform flags "
+                          "out, the fleet tells Azure's messages there by their content (read twice, each partition's "
+                          "two receivers would take it from each other)")
     if bool(settings.checkpoint_connection_string) == bool(settings.checkpoint_account_url):
         raise ConfigError("give the checkpoint store as --checkpoint-connection-string or --checkpoint-account-url "
                           "(exactly one)")

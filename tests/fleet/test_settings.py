@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.cli import build_parser, main
+from se_exporter.core.errors import ConfigError
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView, render_fleet
 from se_exporter.fleet.platform.service import Platform
 from se_exporter.fleet.report import Report
@@ -195,3 +196,20 @@ def test_every_bound_the_fleet_reports_says_why_in_its_log_line_and_is_in_the_re
     for bound in (*BOUND_NAMES, *PLATFORM_BOUND_NAMES, *PICTURE_BOUND_NAMES, *COVERAGE_BOUND_NAMES):
         assert BOUND_HELP.get(bound), bound
         assert f"| `{bound}` |" in readme, bound
+
+
+def test_the_platform_flags_naming_the_sidecars_hub_stop_start_up() -> None:
+    """The sidecars' hub given again as the platform's (by connection string or namespace, any consumer group)
+    would be read twice by one process, its two receivers taking each partition from each other: refused, naming
+    the hub and not the key; the same hub name in another namespace (or on another port) is another hub."""
+    for argv in (["--platform-eventhub-connection-string", HUB],
+                 ["--platform-eventhub-namespace", "NS.servicebus.windows.net", "--platform-eventhub-name", "HUB",
+                  "--platform-consumer-group", "fleet"]):
+        with pytest.raises(ConfigError) as caught:
+            settings(argv)
+        assert "names the sidecars' hub ns.servicebus.windows.net/hub" in str(caught.value)
+        assert "c2VjcmV0" not in str(caught.value) and "\n" not in str(caught.value)
+    elsewhere = HUB.replace("sb://ns.servicebus.windows.net/", "sb://ns.servicebus.windows.net:5672/")
+    assert len(settings(["--platform-eventhub-connection-string", elsewhere]).hubs) == 2
+    assert len(settings(["--platform-eventhub-namespace", "other.servicebus.windows.net",
+                         "--platform-eventhub-name", "hub"]).hubs) == 2
