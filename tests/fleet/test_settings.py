@@ -213,3 +213,35 @@ def test_the_platform_flags_naming_the_sidecars_hub_stop_start_up() -> None:
     assert len(settings(["--platform-eventhub-connection-string", elsewhere]).hubs) == 2
     assert len(settings(["--platform-eventhub-namespace", "other.servicebus.windows.net",
                          "--platform-eventhub-name", "hub"]).hubs) == 2
+
+
+def test_a_hub_that_cannot_say_its_partitions_at_start_is_asked_again_until_it_answers() -> None:
+    """Asked once, a hub unreachable at start kept hub_partitions (and the unread-partitions alert of every hub)
+    absent for good: it is asked again, backing off, until it answers, and a stop ends the asking."""
+    import asyncio  # noqa: PLC0415 - this test's own loop
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from se_exporter.fleet.main import _count_partitions  # noqa: PLC0415 - the program's wiring
+
+    class Hub:
+        eventhub_name = "grid"
+
+        def __init__(self, failures: int) -> None:
+            self.failures, self.calls = failures, 0
+
+        async def get_partition_ids(self) -> list[str]:
+            self.calls += 1
+            if self.calls <= self.failures:
+                raise ConnectionError("refused")
+            return ["0", "1", "2"]
+
+    async def scenario() -> None:
+        hub, service, stop = Hub(failures=3), SimpleNamespace(hub_partitions=None), asyncio.Event()
+        await asyncio.wait_for(_count_partitions(hub, service, stop, first=0.001), 10)  # type: ignore[arg-type]
+        assert (service.hub_partitions, hub.calls) == (3, 4)
+        never, stopped = Hub(failures=10**9), SimpleNamespace(hub_partitions=None)
+        stop.set()
+        await asyncio.wait_for(_count_partitions(never, stopped, stop, first=0.001), 10)  # type: ignore[arg-type]
+        assert stopped.hub_partitions is None and never.calls == 0
+
+    asyncio.run(scenario())
