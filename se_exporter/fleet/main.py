@@ -285,20 +285,32 @@ def _hub_partitions(services: list[Service]) -> int | None:
     return None if any(count is None for count in counts) else sum(count or 0 for count in counts)
 
 
-async def _count_partitions(client: EventHubConsumerClient, service: Service) -> None:
+async def _count_partitions(client: EventHubConsumerClient, service: Service, stop: asyncio.Event,
+                            first: float = 5.0) -> None:
     """The hub's partition count, for the 'partitions nobody reads' alert; in the background, so that a hub
-    unreachable at start delays neither start-up nor SIGTERM."""
-    try:
-        service.hub_partitions = len(await asyncio.wait_for(client.get_partition_ids(), 60))
-    except Exception as error:  # the SDK keeps trying while receiving; the gauge stays absent until then
-        log.warning("cannot read the event hub's partitions: %s", describe(error))
+    unreachable at start delays neither start-up nor SIGTERM. Asked again (backing off to 5 minutes) until it
+    answers: asked once, a hub unreachable at start left ``hub_partitions`` absent for good, and with it the alert
+    for every hub read (``_hub_partitions`` needs them all)."""
+    failures = 0
+    while service.hub_partitions is None and not stop.is_set():
+        try:
+            service.hub_partitions = len(await asyncio.wait_for(client.get_partition_ids(), 60))
+        except Exception as error:  # the SDK keeps trying while receiving; the gauge stays absent until then
+            failures += 1
+            if failures == 1:
+                log.warning("cannot read the partitions of event hub %s: %s; asking again", client.eventhub_name,
+                            describe(error))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff(failures, first, 300.0))
+    if failures:
+        log.info("event hub %s has %s partitions", client.eventhub_name, service.hub_partitions)
 
 
 def _listen(settings: FleetSettings, app: http_server.Handler, registry: CollectorRegistry) -> http_server.Server:
     server = http_server.bind(settings.listen, lambda: http_server.serve(
         settings.listen, app, on_reject=http_server.rejection_counter(registry, "azure_scheduled_fleet")))
-    hubs = " and the ".join(f"{'sidecars' if hub.role == 'sidecar' else 'platform'}'s hub "
-                            f"{hub.namespace or 'of the connection string'} (consumer group {hub.consumer_group})"
+    whose = {"sidecar": "sidecars'", "platform": "platform's"}
+    hubs = " and the ".join(f"{whose[hub.role]} hub {hub.shown()} (consumer group {hub.consumer_group})"
                             for hub in settings.hubs)
     log.info("se-exporter %s fleet consuming the %s; metrics at http://%s:%d/metrics", __version__, hubs,
              settings.listen.host or "127.0.0.1", server.server_port)
@@ -381,7 +393,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         registry.register(PartitionCollector(lambda: _views(readings), lambda: _hub_partitions(services)))
         helpers = [asyncio.create_task(work(stop)) for service in services
                    for work in (service.checkpoints, service.expiry, service.watchdog, service.links)]
-        helpers.extend(asyncio.create_task(_count_partitions(reading.client, reading.service))
+        helpers.extend(asyncio.create_task(_count_partitions(reading.client, reading.service, stop))
                        for reading in readings if reading.client is not None)
         helpers.append(asyncio.create_task(platform.run(stop, min(RECONCILE_EVERY, settings.checkpoint_interval))))
         helpers.append(asyncio.create_task(platform.peers(stop, settings.checkpoint_interval)))

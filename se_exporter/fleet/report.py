@@ -22,6 +22,18 @@ BOUND_HELP = {
     "events_per_vm": "a document lists more events than the fleet shows per VM; the rest left out",
     "body_bytes": "a document larger than the fleet keeps per VM; what it shows of it kept instead",
     "label_length": "an event field longer than a label may be; that event left out",
+    "platform_events_per_message": "a platform message holds more events than the fleet reads of one; the rest "
+                                   "left out",
+    "platform_resources_per_event": "a platform event names more VMs than the fleet keeps of one; the rest left out",
+    "platform_events": "more EventIds than a platform picture (or one replica's listing) holds; an ended one "
+                       "forgotten to make room, or with none ended the new EventId skipped",
+    "platform_ids": "more Event Grid ids or forgotten EventIds than a picture remembers; the oldest forgotten",
+    "platform_vms": "more VM names over a picture's events than it holds; the new EventId skipped, or its new VMs",
+    "platform_coverage_pairs": "more (EventId, VM) pairs than the reconciliation remembers; further pairs get no "
+                               "coverage until some go",
+    "platform_coverage_ids": "more EventIds than the reconciliation remembers as announced or counted; the oldest "
+                             "forgotten",
+    "platform_scopes": "more scopes that published a platform event than remembered; the oldest forgotten",
 }
 
 

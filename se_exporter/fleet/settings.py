@@ -47,11 +47,19 @@ DEFAULT_PLATFORM_RETENTION = 3600.0
 DEFAULT_RECONCILE_GRACE = 60.0
 
 
+# What ``UseDevelopmentStorage=true`` stands for: Azurite's blob service on its default port, with the emulator's
+# account and key that Microsoft publishes (no secret). Spelt out because the checkpoint store's copy of the storage
+# SDK does not read the shorthand: it failed at start-up with a traceback (KeyError 'ACCOUNTNAME').
+DEVELOPMENT_STORAGE = ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+                       "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
+                       "BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1")
+
+
 def parse_storage_connection_string(text: str) -> str:
     """Validated without ever repeating the string: it carries the AccountKey."""
     parts = connection_string_parts(text)
     if parts.get("usedevelopmentstorage", "").lower() == "true":
-        return text.strip()
+        return DEVELOPMENT_STORAGE
     if not ("accountname" in parts or "blobendpoint" in parts):
         raise ValueError("has no AccountName (or BlobEndpoint); copy it from the storage account's "
                          "'Access keys' page")
@@ -229,6 +237,19 @@ class Hub:
             return self.endpoint
         return connection_string_address(self.connection_string) if self.connection_string else None
 
+    def identity(self) -> tuple[str, str]:
+        """(namespace address, hub name) without case: two ``Hub`` of one identity are one hub."""
+        parts = connection_string_parts(self.connection_string) if self.connection_string else {}
+        where = self.namespace or urllib.parse.urlsplit(parts.get("endpoint", "")).netloc
+        return where.rstrip("/").casefold(), (self.name or parts.get("entitypath") or "").casefold()
+
+    def shown(self) -> str:
+        """``namespace/hub`` as the SDK reads them (a name given wins over the connection string's EntityPath), for
+        the start-up line: no secret in it (the Endpoint's host only)."""
+        parts = connection_string_parts(self.connection_string) if self.connection_string else {}
+        host = self.namespace or urllib.parse.urlsplit(parts.get("endpoint", "")).hostname or "?"
+        return f"{host}/{self.name or parts.get('entitypath') or '?'}"
+
 
 def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSettings:
     settings = FleetSettings(**resolve(FLEET_OPTIONS, args, env))
@@ -245,6 +266,11 @@ def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSet
     check_eventhubs(replace(settings, eventhub_client_id=None,
                             eventhub_ca_file=settings.eventhub_ca_file if first else None))
     check_platform_hub(settings)
+    hubs = settings.hubs
+    if len(hubs) == 2 and hubs[0].identity() == hubs[1].identity():
+        raise ConfigError(f"--platform-eventhub-* names the sidecars' hub {hubs[0].shown()}: leave the platform flags "
+                          "out, the fleet tells Azure's messages there by their content (read twice, each partition's "
+                          "two receivers would take it from each other)")
     if bool(settings.checkpoint_connection_string) == bool(settings.checkpoint_account_url):
         raise ConfigError("give the checkpoint store as --checkpoint-connection-string or --checkpoint-account-url "
                           "(exactly one)")

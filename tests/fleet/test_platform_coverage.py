@@ -147,6 +147,34 @@ def test_the_join_is_on_subscription_and_resource_group_as_the_sidecars_forward_
                                    "web_9": "observed"}
 
 
+def test_a_vm_of_the_same_name_elsewhere_listing_the_event_first_does_not_hide_the_real_vms_listing() -> None:
+    """A sidecar of the event's VM name in another subscription (another VM, or one claiming the name) that lists
+    the EventId first leaves the real VM observed, not missed; the listings of each place count against the
+    pairs' bound."""
+    records = picture_of("Scheduled", resources=["web_3"]).records()
+    impostor = vm("web_3", (EVENT_ID,), seen_at=T0 + 5, subscription="another", group="rg")
+    real = vm("web_3", (EVENT_ID,), seen_at=T0 + 30, subscription=SUB, group="rg")
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
+    reconciler.note(impostor)
+    result = reconcile(records, [impostor, real], AFTER_GRACE, reconciler)
+    assert coverage_of(result) == {"web_3": "observed"}
+    assert result.lags == (30.0,)
+    assert reconciler.sizes()["pairs"] == 2
+    alone = Reconciler(ReconcileSettings(EXPIRY, GRACE))
+    alone.note(impostor)
+    assert coverage_of(reconcile(records, [impostor], AFTER_GRACE, alone)) == {"web_3": "no_sidecar"}
+
+
+def test_listings_of_one_vm_name_at_ever_more_places_stay_within_the_pairs_bound() -> None:
+    """A sidecar claiming one VM name in a thousand subscriptions is held to the pairs' bound, which is said."""
+    reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE, pairs=10))
+    reconcile(picture_of("Scheduled", resources=["web_3"]).records(), [], T0 + 1, reconciler)
+    for index in range(1000):
+        reconciler.note(vm("web_3", (EVENT_ID,), seen_at=T0 + 5, subscription=f"sub-{index}"))
+    result = reconcile(picture_of("Scheduled", resources=["web_3"]).records(), [], T0 + 2, reconciler)
+    assert reconciler.sizes()["pairs"] == 10 and "platform_coverage_pairs" in result.bounds
+
+
 def test_an_event_a_sidecar_listed_that_the_platform_never_announced_is_counted_once_after_the_grace() -> None:
     """The reverse, for a VM of a scope that publishes: counted once per EventId, and only past the grace."""
     reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))

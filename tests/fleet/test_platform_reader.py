@@ -192,7 +192,8 @@ def test_deeply_nested_or_many_containered_bodies_are_never_parsed() -> None:
     assert read_platform(deep, MAX, 0.0) is None
     with pytest.raises(InvalidMessage):
         read_message(deep, {}, None, None, 0.0, MAX)
-    assert read_platform(b"[" * 100_000 + b"]" * 100_000, 10**6, 0.0, PlatformBounds(containers=10**6)) is None
+    assert "nested too deeply" in refused(b"[" * 100_000 + b"]" * 100_000, "not_json",
+                                          bounds=PlatformBounds(containers=10**6))
     refused(b"[" * 100_000 + b"]" * 100_000)
 
 
@@ -377,3 +378,12 @@ def test_cloudevents_data_base64_with_a_utf8_byte_order_mark_is_read() -> None:
     event["data_base64"] = base64.b64encode(b"\xef\xbb\xbf" + json.dumps(data).encode()).decode()
     [read_event] = read(event).events
     assert read_event.key == KEY and read_event.schema == "cloudevents"
+
+
+@pytest.mark.parametrize("raw", [SPEC_EXAMPLE[:-40], b'[{"eventType": "x"', b"[" + "é".encode("latin-1") + b"]"])
+def test_an_array_cut_short_or_not_utf8_is_not_json_not_a_missing_envelope(raw: bytes) -> None:
+    """An array that does not parse (a truncated Event Grid message) is counted as not_json, saying so, rather than
+    as a sidecar document lacking its envelope: no sidecar document is an array."""
+    with pytest.raises(InvalidMessage) as caught:
+        read_platform(raw, MAX, 0.0)
+    assert caught.value.reason == "not_json" and "not UTF-8 JSON" in str(caught.value)

@@ -412,3 +412,20 @@ def test_an_ended_events_observed_vms_stay_observed_after_a_restart() -> None:
     run(successor.read(sidecar(7, "web_9")))
     assert successor.coverage() == expected
     assert successor.value("azure_scheduled_fleet_announcement_lag_seconds_count") == 0
+
+
+def test_platform_messages_on_the_sidecars_hub_are_refused_while_the_platforms_own_hub_is_read() -> None:
+    """With --platform-eventhub-* read, an Event Grid message on the sidecars' hub (where every VM may send) is
+    counted invalid and applied to nothing: a sidecar cannot forge Azure's copy (end an event, or announce one)."""
+    replica = Replica()
+    sidecars = replica.platform.reader("sidecar", replica.fleet, MemoryStateStore(replica.states),
+                                       lambda: replica.service.hub_partitions, MemoryStateStore(replica.states),
+                                       partition_vms(replica.service, replica.fleet))
+    replica.service.first_reader, replica.service.keeper.beside = sidecars, sidecars
+    run(replica.claim())
+    run(replica.read(platform("Scheduled", 1, resources=["web_3"]), sidecar(2, "web_3")))
+    assert [vm.vm_name for vm in replica.fleet.vms()] == ["web_3"]
+    assert not [name for (name, _labels) in replica.gauges() if name.endswith("platform_event_info")]
+    assert replica.value("azure_scheduled_fleet_invalid_messages_total", reason="platform_on_sidecars_hub") == 1
+    assert replica.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot",
+                         event_status="Scheduled") == 0

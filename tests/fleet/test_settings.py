@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.cli import build_parser, main
+from se_exporter.core.errors import ConfigError
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView, render_fleet
 from se_exporter.fleet.platform.service import Platform
 from se_exporter.fleet.report import Report
@@ -161,3 +163,94 @@ def test_a_wrong_platform_hub_setting_stops_start_up_with_one_line(argv: list[st
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert "c2VjcmV0" not in err
+
+
+def test_use_development_storage_builds_the_checkpoint_store_for_azurites_default_address() -> None:
+    """``UseDevelopmentStorage=true``, which the settings accept, builds both storage clients (no traceback at
+    start-up) on Azurite's blob service at 127.0.0.1:10000 and its development account."""
+    from se_exporter.fleet.main import checkpoint_store, storage_clients  # noqa: PLC0415 - the program's wiring
+
+    s = settings(["--checkpoint-connection-string", "UseDevelopmentStorage=true"])
+
+    async def build() -> None:  # in a running loop, as the program builds them: their sessions need one
+        container, store = storage_clients(s, lambda _client_id: None)
+        another = checkpoint_store(s, lambda _client_id: None)
+        try:
+            assert container.url.startswith("http://127.0.0.1:10000/devstoreaccount1/")
+            assert container.account_name == "devstoreaccount1"
+        finally:
+            for client in (container, store, another):
+                await client.close()
+
+    asyncio.run(build())
+
+
+def test_each_hub_is_shown_as_the_namespace_and_hub_the_sdk_reads_without_its_key() -> None:
+    """The start-up line names each hub as namespace/hub: a name given wins over EntityPath, as in the SDK."""
+    s = settings(["--eventhub-name", "other", "--platform-eventhub-namespace", "grid.servicebus.windows.net",
+                  "--platform-eventhub-name", "grid"])
+    assert [hub.shown() for hub in s.hubs] == ["ns.servicebus.windows.net/other", "grid.servicebus.windows.net/grid"]
+    assert settings([]).hubs[0].shown() == "ns.servicebus.windows.net/hub"
+
+
+def test_every_bound_the_fleet_reports_says_why_in_its_log_line_and_is_in_the_readme() -> None:
+    """Each bound's log line explains it (no empty text after the colon), and the README's table lists it."""
+    from se_exporter.fleet.message import BOUND_NAMES  # noqa: PLC0415 - the names, only for this check
+    from se_exporter.fleet.platform import PLATFORM_BOUND_NAMES  # noqa: PLC0415
+    from se_exporter.fleet.platform.coverage import COVERAGE_BOUND_NAMES  # noqa: PLC0415
+    from se_exporter.fleet.platform.picture import PICTURE_BOUND_NAMES  # noqa: PLC0415
+    from se_exporter.fleet.report import BOUND_HELP  # noqa: PLC0415
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    for bound in (*BOUND_NAMES, *PLATFORM_BOUND_NAMES, *PICTURE_BOUND_NAMES, *COVERAGE_BOUND_NAMES):
+        assert BOUND_HELP.get(bound), bound
+        assert f"| `{bound}` |" in readme, bound
+
+
+def test_the_platform_flags_naming_the_sidecars_hub_stop_start_up() -> None:
+    """The sidecars' hub given again as the platform's (by connection string or namespace, any consumer group)
+    would be read twice by one process, its two receivers taking each partition from each other: refused, naming
+    the hub and not the key; the same hub name in another namespace (or on another port) is another hub."""
+    for argv in (["--platform-eventhub-connection-string", HUB],
+                 ["--platform-eventhub-namespace", "NS.servicebus.windows.net", "--platform-eventhub-name", "HUB",
+                  "--platform-consumer-group", "fleet"]):
+        with pytest.raises(ConfigError) as caught:
+            settings(argv)
+        assert "names the sidecars' hub ns.servicebus.windows.net/hub" in str(caught.value)
+        assert "c2VjcmV0" not in str(caught.value) and "\n" not in str(caught.value)
+    elsewhere = HUB.replace("sb://ns.servicebus.windows.net/", "sb://ns.servicebus.windows.net:5672/")
+    assert len(settings(["--platform-eventhub-connection-string", elsewhere]).hubs) == 2
+    assert len(settings(["--platform-eventhub-namespace", "other.servicebus.windows.net",
+                         "--platform-eventhub-name", "hub"]).hubs) == 2
+
+
+def test_a_hub_that_cannot_say_its_partitions_at_start_is_asked_again_until_it_answers() -> None:
+    """Asked once, a hub unreachable at start kept hub_partitions (and the unread-partitions alert of every hub)
+    absent for good: it is asked again, backing off, until it answers, and a stop ends the asking."""
+    import asyncio  # noqa: PLC0415 - this test's own loop
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from se_exporter.fleet.main import _count_partitions  # noqa: PLC0415 - the program's wiring
+
+    class Hub:
+        eventhub_name = "grid"
+
+        def __init__(self, failures: int) -> None:
+            self.failures, self.calls = failures, 0
+
+        async def get_partition_ids(self) -> list[str]:
+            self.calls += 1
+            if self.calls <= self.failures:
+                raise ConnectionError("refused")
+            return ["0", "1", "2"]
+
+    async def scenario() -> None:
+        hub, service, stop = Hub(failures=3), SimpleNamespace(hub_partitions=None), asyncio.Event()
+        await asyncio.wait_for(_count_partitions(hub, service, stop, first=0.001), 10)  # type: ignore[arg-type]
+        assert (service.hub_partitions, hub.calls) == (3, 4)
+        never, stopped = Hub(failures=10**9), SimpleNamespace(hub_partitions=None)
+        stop.set()
+        await asyncio.wait_for(_count_partitions(never, stopped, stop, first=0.001), 10)  # type: ignore[arg-type]
+        assert stopped.hub_partitions is None and never.calls == 0
+
+    asyncio.run(scenario())

@@ -83,13 +83,27 @@ def count_all(kind: str, key: str, vm_name: str) -> bool:
     return True
 
 
+_Place = tuple[str, str, str, str]
+
+
 @dataclass(slots=True)
 class _Pair:
-    first_listed: float | None = None
-    place: tuple[str, str, str, str] | None = None  # where the VM that listed it is: it must match the event's
+    first_listed: float | None = None  # when a VM of this name at ``place`` first listed it
+    place: _Place | None = None  # where the VM that listed it is: it must match the event's
+    # The first listing at each other place (a VM of the same name elsewhere, or a sidecar claiming the name): kept
+    # apart, so none of them hides the listing of the VM the event concerns. Counted against the pairs' bound.
+    elsewhere: tuple[tuple[_Place, float], ...] = ()
     coverage: str | None = None  # the last one decided while the event was open
     counted: bool = False
     lagged: bool = False
+
+    def listings(self) -> tuple[tuple[_Place, float], ...]:
+        first = ((self.place, self.first_listed),) if self.place is not None and self.first_listed is not None else ()
+        return first + self.elsewhere
+
+    def listed_at(self, matches: Callable[[_Place], bool]) -> float | None:
+        """When a VM at a place ``matches`` accepts first listed it (None: none did)."""
+        return min((when for place, when in self.listings() if matches(place)), default=None)
 
 
 def vm_identity(vm: VmState) -> tuple[str, str, str]:
@@ -147,6 +161,7 @@ class Reconciler:
     _counts: Callable[[str, str, str], bool] = count_all  # the last update's (see ``update``)
     _absent: bool = True
     _counted: list[tuple[str, str, str]] = field(default_factory=list)
+    _elsewhere: int = 0  # listings kept in the pairs' ``elsewhere``, counted against ``settings.pairs``
 
     def note(self, vm: VmState) -> None:
         """Remember the EventIds one applied document lists (the consumer may call this per document, so a first
@@ -161,8 +176,25 @@ class Reconciler:
             if not published and key not in self._announced:
                 continue
             pair = self._pair((key, hash(name)), create=True)
-            if pair is not None and (pair.first_listed is None or vm.seen_at < pair.first_listed):
-                pair.first_listed, pair.place = vm.seen_at, _place(vm)
+            if pair is not None:
+                self._listed(pair, _place(vm), vm.seen_at)
+
+    def _listed(self, pair: _Pair, place: _Place, when: float) -> None:
+        """Remember that a VM at ``place`` listed the pair's EventId at ``when``, the first time per place."""
+        if pair.place is None or pair.place == place:
+            if pair.first_listed is None or when < pair.first_listed:
+                pair.first_listed, pair.place = when, place
+            return
+        known = dict(pair.elsewhere)
+        if place in known:
+            if when < known[place]:
+                pair.elsewhere = tuple((at, min(first, when) if at == place else first) for at, first in pair.elsewhere)
+            return
+        if len(self._pairs) + self._elsewhere >= self.settings.pairs:
+            self._hits.append("platform_coverage_pairs")
+            return
+        pair.elsewhere += ((place, when),)
+        self._elsewhere += 1
 
     def _published(self, vm: VmState, name: str) -> bool:
         """The VM is in a scope that has published a platform event: its scale set, itself, or a Resources list (an
@@ -216,17 +248,18 @@ class Reconciler:
 
     def sizes(self) -> dict[str, int]:
         """What it remembers now, each bounded by its setting."""
-        return {"pairs": len(self._pairs), "announced": len(self._announced), "unannounced": len(self._unannounced),
-                "scopes": len(self._scopes)}
+        return {"pairs": len(self._pairs) + self._elsewhere, "announced": len(self._announced),
+                "unannounced": len(self._unannounced), "scopes": len(self._scopes)}
 
     def _pair_coverage(self, record: PlatformRecord, resource: str, named: Iterable[VmState], now: float,
                        lags: list[float]) -> str | None:
         key = record.key
         pair = self._pair((key, hash(_name(resource))), create=True) or _Pair()
-        if pair.first_listed is not None and pair.place is not None and _same_place(record, pair.place):
+        first_listed = pair.listed_at(lambda place: _same_place(record, place))
+        if first_listed is not None:
             if not pair.lagged and self._counts("lag", key, _name(resource)):
                 pair.lagged = True
-                lags.append(pair.first_listed - record.announced_at)
+                lags.append(first_listed - record.announced_at)
                 self._counted.append(("lag", key, _name(resource)))
             return "observed"
         alive = [vm for vm in named if now - vm.seen_at <= self.settings.vm_expiry and _same_place(record, _place(vm))]
@@ -255,7 +288,8 @@ class Reconciler:
             for vm, event_type in listed:
                 name = _name(vm.vm_name)
                 pair = self._pairs.get((key, hash(name)))
-                if pair is None or pair.first_listed is None or now < pair.first_listed + self.settings.grace:
+                first_listed = pair.listed_at(_place(vm).__eq__) if pair is not None else None
+                if first_listed is None or now < first_listed + self.settings.grace:
                     continue
                 if now - vm.seen_at > self.settings.vm_expiry or not self._published(vm, name) \
                         or not self._counts("unannounced", key, ""):
@@ -269,7 +303,7 @@ class Reconciler:
     def _pair(self, key: tuple[str, int], create: bool) -> _Pair | None:
         pair = self._pairs.get(key)
         if pair is None and create:
-            if len(self._pairs) >= self.settings.pairs:
+            if len(self._pairs) + self._elsewhere >= self.settings.pairs:
                 self._hits.append("platform_coverage_pairs")
                 return None
             pair = self._pairs[key] = _Pair()
@@ -278,7 +312,7 @@ class Reconciler:
     def _prune(self, keep: set[str]) -> None:
         """Forget pairs of EventIds neither announced now nor listed by any VM now."""
         for key in [key for key in self._pairs if key[0] not in keep]:
-            del self._pairs[key]
+            self._elsewhere -= len(self._pairs.pop(key).elsewhere)
 
     def _remember(self, seen: OrderedDict[_K, None], key: _K, bound: int, name: str) -> None:
         if key in seen:

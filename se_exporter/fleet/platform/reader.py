@@ -4,7 +4,8 @@ Recognised by content, so the platform stream may share a hub with the sidecars'
 (an object, or an array of them as Event Grid delivers) in the Event Grid schema (``eventType``) or CloudEvents
 1.0 (``specversion`` and ``type``). A type ending in ``MaintenanceResources.ScheduledEventEmitted`` is a platform
 event; another event type is refused as ``other_event_type``; a body that is neither (no envelope key at the top
-level) is not a platform message at all (``read_platform`` returns None) and is left to ``message.read_message``.
+level) is not a platform message at all (``read_platform`` returns None) and is left to ``message.read_message``;
+an array that does not parse is ``not_json`` here (no sidecar document is an array).
 
 Nothing in it is trusted, as in ``message.py``: the byte cap is checked before parsing, the containers in the
 body are counted before parsing (which bounds both depth and size of every value: a real event has six), integer
@@ -44,8 +45,9 @@ from se_exporter.fleet.platform.fields import (
 EVENT_TYPE = "Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted"
 _TYPE_SUFFIX = "maintenanceresources.scheduledeventemitted"
 # The reasons a message recognised as Event Grid's is counted under (besides message.py's too_large): another
-# event type, or a ScheduledEventEmitted event that cannot be read (the message says which field).
-PLATFORM_INVALID_REASONS = ("other_event_type", "invalid_platform_event")
+# event type, a ScheduledEventEmitted event that cannot be read (the message says which field), or one on the
+# sidecars' hub while the platform's own hub is read (``service.PlatformReader.handle``).
+PLATFORM_INVALID_REASONS = ("other_event_type", "invalid_platform_event", "platform_on_sidecars_hub")
 PLATFORM_BOUND_NAMES = ("platform_events_per_message", "platform_resources_per_event")
 SCOPE_TYPES = ("scale_set", "availability_set", "virtual_machine", "unknown")
 __all__ = ["DEFAULT_PLATFORM_BOUNDS", "EVENT_TYPE", "PLATFORM_BOUND_NAMES", "PLATFORM_INVALID_REASONS", "SCOPE_TYPES",
@@ -116,12 +118,7 @@ def read_platform(body: bytes, max_bytes: int, enqueued_at: float,
         raise InvalidMessage("too_large", f"body of {len(body)} bytes is larger than --max-message-bytes {max_bytes}")
     if not looks_like_platform(body):
         return None
-    if _containers(body) > bounds.containers:
-        if body.lstrip()[:1] == b"[":  # never a sidecar's document: Event Grid's array, or garbage
-            raise InvalidMessage("invalid_platform_event", f"body holds more than {bounds.containers} JSON objects "
-                                 "and arrays (an event has 5): not read")
-        return None
-    found = _decode(body, None)
+    found = _parsed(body, bounds)
     if found is None:
         return None
     items = found if isinstance(found, list) else [found]
@@ -147,6 +144,21 @@ def read_platform(body: bytes, max_bytes: int, enqueued_at: float,
         reason, line = skipped[0]
         raise InvalidMessage(reason, line + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""))
     return PlatformMessage(tuple(events), tuple(skipped), tuple(warnings), tuple(dict.fromkeys(hit)))
+
+
+def _parsed(body: bytes, bounds: PlatformBounds) -> object | None:
+    """The JSON of a body that may be Event Grid's; None when it is not JSON within the bounds and may be a
+    sidecar's document (for ``message.read_message`` to say what is wrong); an array never is one: refused here."""
+    array = body.lstrip()[:1] == b"["
+    if _containers(body) > bounds.containers:
+        if array:  # never a sidecar's document: Event Grid's array, or garbage
+            raise InvalidMessage("invalid_platform_event", f"body holds more than {bounds.containers} JSON objects "
+                                 "and arrays (an event has 5): not read")
+        return None
+    found = _decode(body, None)
+    if found is None and array:  # never a sidecar's document, whose reader would ask for its envelope
+        raise InvalidMessage("not_json", "an array that is not UTF-8 JSON (cut short, or nested too deeply): not read")
+    return found
 
 
 # One decoder for every message: ``json.loads`` with parse_int builds a new one per call (a tenth of reading a

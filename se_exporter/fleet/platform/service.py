@@ -40,7 +40,7 @@ from azure.eventhub.aio import PartitionContext
 
 from se_exporter.core.retry import backoff
 from se_exporter.fleet.collector import FLEET, FleetMetrics, write_gauges
-from se_exporter.fleet.message import VmState
+from se_exporter.fleet.message import InvalidMessage, VmState
 from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.platform.coverage import (
     COVERAGE_BOUND_NAMES,
@@ -614,6 +614,11 @@ class PlatformReader:
         read = read_platform(body, platform._max_bytes, enqueued)  # InvalidMessage: counted by the Service
         if read is None:
             return None
+        if self._side.role == "sidecar" and "platform" in platform.hubs:
+            # Every VM may send to the sidecars' hub: Azure's copy is believed only from the hub Event Grid
+            # delivers to, or a compromised VM could end a real event early or announce one naming every VM.
+            raise InvalidMessage("platform_on_sidecars_hub", "an Event Grid event on the sidecars' hub, while "
+                                 "--platform-eventhub-* names the platform's own: not applied")
         held = self._side.held.get(partition_id) or self._side.held.setdefault(partition_id, Held())
         if held.restored is not None and sequence_number <= held.restored:
             return "replayed"
