@@ -151,6 +151,7 @@ class Platform:
         self.applied_at = 0.0  # monotonic time of the last platform message applied
         self._where: dict[str, Held] = {}  # VM name (name_key) -> its partition, as of the last reconciliation
         self._missed_anywhere: set[tuple[str, str]] = set()  # (key, VM) misses counted in any memory known here
+        self._left_out: set[str] = set()  # EventIds the listing left out last round (bound platform_events)
         self.view = View()
         for reason in PLATFORM_INVALID_REASONS:
             metrics.invalid.labels(reason)
@@ -241,9 +242,14 @@ class Platform:
                  if partition_id not in side.held]
         records = merge([*(picture.records() for picture in pictures), *peers])
         if len(records) > self.limits.events:  # several partitions' pictures: the series stay within one's bound
-            self._report.bound_hit("platform_events", len(records) - self.limits.events)
             records.sort(key=lambda record: (record.ended_at is None, record.ended_at or record.changed_at))
+            left_out = {record.key for record in records[:-self.limits.events]}
+            if left_out - self._left_out:  # each EventId left out counted once, not again at every round
+                self._report.bound_hit("platform_events", len(left_out - self._left_out))
+            self._left_out = left_out
             records = records[-self.limits.events:]
+        else:
+            self._left_out = set()
         if not records and not self.memory and not self.view.records:
             return self.view  # a fleet that has not opted in costs nothing here
         named = frozenset(_key_of(resource) for record in records for resource in record.event.resources)
