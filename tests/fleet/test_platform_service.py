@@ -432,3 +432,33 @@ def test_platform_messages_on_the_sidecars_hub_are_refused_while_the_platforms_o
     assert replica.value("azure_scheduled_fleet_invalid_messages_total", reason="platform_on_sidecars_hub") == 1
     assert replica.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot",
                          event_status="Scheduled") == 0
+
+
+def test_an_event_id_listed_only_on_another_replica_is_counted_unannounced_once_by_its_home() -> None:
+    """X, homed at partition 0, is listed only by web_3, whose sidecar is on partition 1 (the other replica), in
+    scale set web, which has published a platform event: once partition 1's blob says web_3 listed X for the
+    grace, X's home replica counts it unannounced, once; not again on the next round, nor after a restart."""
+    states: dict[str, Stored] = {}
+    unannounced = homed("0", 2)
+    announced = next(f"{index:08x}-1111-0000-0000-000000000000" for index in range(1000)
+                     if home(f"{index:08x}-1111-0000-0000-000000000000", 2) == "1")
+    home_replica, other = Replica(states, partitions=2), Replica(states, partitions=2, partition_id="1")
+    for replica in (home_replica, other):
+        run(replica.claim())
+    run(home_replica.read(sidecar(1, "web_9")))
+    run(other.read(platform("Scheduled", 1, resources=["web_7"], event_id=announced),
+                   sidecar(2, "web_3", (unannounced,))))
+    other.now[0] = home_replica.now[0] = T0 + GRACE + 2
+    for _round in range(2):
+        other.gauges()
+        run(home_replica.platform.read_peers())
+        home_replica.gauges()
+    assert home_replica.value("azure_scheduled_fleet_unannounced_events_total", event_type="Reboot") == 1
+    assert other.value("azure_scheduled_fleet_unannounced_events_total", event_type="Reboot") == 0
+    successor = Replica(states, partitions=2, now=[T0 + GRACE + 3])
+    run(successor.claim())
+    run(successor.read(sidecar(1, "web_9"), sidecar(2, "web_9", sequence=2)))
+    run(successor.platform.read_peers())
+    assert successor.platform.is_home_here(unannounced)
+    successor.gauges()
+    assert successor.value("azure_scheduled_fleet_unannounced_events_total", event_type="Reboot") == 0

@@ -77,6 +77,9 @@ class Reconciliation:
     # What each of the above counted, as (kind, EventId key, VM name): kind "missed", "lag" or "unannounced" (VM
     # name "" for it), in their order, so a caller can remember beyond this object what was counted (``Counts``).
     counted: tuple[tuple[str, str, str], ...] = ()
+    # Every EventId a live sidecar in a publishing scope listed for the grace and the platform never announced, as
+    # (EventId key, event type, VM name key), counted here or not: what a VM's partition tells the EventId's home.
+    listed: tuple[tuple[str, str, str], ...] = ()
 
 
 def count_all(kind: str, key: str, vm_name: str) -> bool:
@@ -240,11 +243,11 @@ class Reconciler:
                     pair.counted = True
                     missed.append((announced.event_type, coverage))
                     self._counted.append(("missed", record.key, _name(resource)))
-        unannounced = self._unannounced_types(listing, now)
+        unannounced, unannounced_listed = self._unannounced_types(listing, now)
         self._prune({record.key for record in records} | set(listing))
         hits, self._hits = tuple(dict.fromkeys(self._hits)), []
         counted, self._counted = tuple(self._counted), []
-        return Reconciliation(tuple(rows), tuple(missed), unannounced, tuple(lags), hits, counted)
+        return Reconciliation(tuple(rows), tuple(missed), unannounced, tuple(lags), hits, counted, unannounced_listed)
 
     def sizes(self) -> dict[str, int]:
         """What it remembers now, each bounded by its setting."""
@@ -278,12 +281,16 @@ class Reconciler:
             pair.coverage = coverage
         return coverage
 
-    def _unannounced_types(self, listing: dict[str, list[tuple[VmState, str]]], now: float) -> tuple[str, ...]:
+    def _unannounced_types(self, listing: dict[str, list[tuple[VmState, str]]],
+                           now: float) -> tuple[tuple[str, ...], tuple[tuple[str, str, str], ...]]:
+        """The event types of the unannounced EventIds counted now, and every unannounced one listed (see
+        ``Reconciliation.listed``)."""
         if not self._scopes:
-            return ()
+            return (), ()
         found: list[str] = []
+        listed_long: list[tuple[str, str, str]] = []
         for key, listed in listing.items():
-            if key in self._announced or hash(key) in self._unannounced:
+            if key in self._announced:
                 continue
             for vm, event_type in listed:
                 name = _name(vm.vm_name)
@@ -291,14 +298,20 @@ class Reconciler:
                 first_listed = pair.listed_at(_place(vm).__eq__) if pair is not None else None
                 if first_listed is None or now < first_listed + self.settings.grace:
                     continue
-                if now - vm.seen_at > self.settings.vm_expiry or not self._published(vm, name) \
-                        or not self._counts("unannounced", key, ""):
+                if now - vm.seen_at > self.settings.vm_expiry or not self._published(vm, name):
                     continue
+                listed_long.append((key, event_type, name))
+                if hash(key) in self._unannounced or not self._counts("unannounced", key, ""):
+                    break
                 self._remember(self._unannounced, hash(key), self.settings.ids, "platform_coverage_ids")
                 found.append(event_type)
                 self._counted.append(("unannounced", key, ""))
                 break
-        return tuple(found)
+        return tuple(found), tuple(listed_long)
+
+    def announced(self, key: str) -> bool:
+        """The platform announced this EventId (as far as this reconciler remembers: ``ReconcileSettings.ids``)."""
+        return key in self._announced
 
     def _pair(self, key: tuple[str, int], create: bool) -> _Pair | None:
         pair = self._pairs.get(key)

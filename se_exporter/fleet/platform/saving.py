@@ -7,15 +7,15 @@
      "counted": [{"key": ..., "statuses": ["Scheduled", ...], "impact": true, "missed": {vm: reason, ...},
                   "lag": [vm, ...], "unannounced": false}, ...],
      "pairs": [{"key": ..., "vm": ..., "missed": reason or null, "lag": true}, ...],
-     "judged": {"keys": [key, ...], "alive": {key: [vm, ...], ...}}}
+     "judged": {"keys": [key, ...], "alive": {key: [vm, ...], ...}, "listed": {key: event_type, ...}}}
 
 ``counted`` holds what this replica counted of the EventIds whose home is this partition (``service.home``), and
 ``pairs`` what it counted of the VMs of this partition, so a restart or a hand-over does not count them again; a
 miss's reason is kept too, since an ended event keeps the coverage decided while it was open and IMDS no longer
-shows anything to decide it again from. Written like the VM
-state (``statestore.StateStore.save``: never backwards, ETag-conditional), before it and so before the checkpoint.
-A newer release may add fields; this one ignores what it does not know. Reading trusts nothing: bounded inflation,
-every row checked (``saved.py``); a damaged blob is counted and the partition's picture starts empty.
+shows anything to decide it again from. ``judged`` is what its owner judged, for the EventIds' homes. Written like
+the VM state (``statestore.StateStore.save``: never backwards, ETag-conditional), before it and so before the
+checkpoint. A newer release may add fields; this one ignores what it does not know. Reading trusts nothing: bounded
+inflation, every row checked (``saved.py``); a damaged blob is counted and the partition's picture starts empty.
 """
 
 from __future__ import annotations
@@ -60,10 +60,13 @@ class Memory:
 @dataclass(frozen=True)
 class Judged:
     """What a partition's owner judged of the VMs the platform's events name: the EventIds it knew, and per EventId
-    the named VMs alive in that partition (only where there are any)."""
+    the named VMs alive in that partition (only where there are any); and the reverse: the EventIds (with their
+    event type) that its live VMs in a publishing scope listed for the grace and the platform never announced, so
+    each EventId's home counts it unannounced whichever replica shows the VMs listing it."""
 
     keys: frozenset[str]
     alive: dict[str, frozenset[str]]
+    listed: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -90,9 +93,9 @@ def encode_platform(partition_id: str, position: int, state: PictureState, memor
     obj: dict[str, Any] = {"format": PLATFORM_FORMAT, "partition_id": partition_id, "sequence_number": position,
            "picture": state_to_json(state), "counted": [entry.to_json(key) for key, entry in memory.items()],
            "pairs": pairs}
-    if judged is not None and judged.keys:
+    if judged is not None and (judged.keys or judged.listed):
         obj["judged"] = {"keys": sorted(judged.keys), "alive": {key: sorted(names) for key, names in
-                                                                judged.alive.items()}}
+                                                                judged.alive.items()}, "listed": judged.listed}
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     return gzip.compress(text.encode("utf-8", "backslashreplace"), compresslevel=1)
 
@@ -142,13 +145,14 @@ def _judged(judged: object, loaded: Loaded) -> None:
     """What a damaged ``judged`` would claim is left out whole: an EventId not judged is never ``no_sidecar``."""
     if not isinstance(judged, dict):
         return
-    keys, alive = judged.get("keys"), judged.get("alive")
+    keys, alive, listed = judged.get("keys"), judged.get("alive"), judged.get("listed", {})
     if not (isinstance(keys, list) and all(_text(key) for key in keys) and isinstance(alive, dict) and all(
             _text(key) and isinstance(names, list) and all(_text(name) for name in names)
-            for key, names in alive.items())):
+            for key, names in alive.items()) and isinstance(listed, dict)
+            and all(_text(key) and _text(event_type) for key, event_type in listed.items())):
         loaded.rows += 1
         return
-    loaded.judged = Judged(frozenset(keys), {key: frozenset(names) for key, names in alive.items()})
+    loaded.judged = Judged(frozenset(keys), {key: frozenset(names) for key, names in alive.items()}, dict(listed))
 
 
 def _parse(data: bytes) -> Any:

@@ -21,8 +21,9 @@ nor a hand-over counts it again. Every replica reads the pictures of the partiti
 blobs (``read_peers``), so it knows every EventId wherever its messages landed. A replica that does not show every
 partition of every hub says ``no_sidecar`` only for an EventId homed here, once every partition has judged it
 (``Held.judged``, in each partition's blob: per EventId, the named VMs alive there): never wrongly, at worst late.
-What this leaves with several replicas (the README says it): unannounced EventIds counted only for the VMs the home
-replica shows, and every figure a few checkpoint intervals behind one replica's.
+The reverse likewise: each partition's ``judged`` lists the unannounced EventIds its VMs listed, and an EventId's
+home counts it from the blobs of the partitions it does not show. What this leaves with several replicas (the README
+says it): every figure a few checkpoint intervals behind one replica's.
 """
 
 from __future__ import annotations
@@ -258,7 +259,8 @@ class Platform:
         whole = self.whole()
         result = self.reconciler.update(records, vms, now, counts=self._counts, absent=whole)
         self._count_result(result)
-        self._judge(records, alive)
+        self._judge(records, alive, result.listed)
+        self._count_listed_elsewhere()
         if not whole:
             result = self._nowhere(records, result)
         result = self._decided(records, result)
@@ -288,18 +290,46 @@ class Platform:
                 known.update(missed)
         return known
 
-    def _judge(self, records: list[PlatformRecord], shown: dict[int, tuple[Held, set[str]]]) -> None:
-        """Each shown partition's ``judged``: the EventIds known, and per EventId the VMs it names alive there (a
-        change is written with the partition's next save)."""
+    def _judge(self, records: list[PlatformRecord], shown: dict[int, tuple[Held, set[str]]],
+               unannounced: tuple[tuple[str, str, str], ...]) -> None:
+        """Each shown partition's ``judged``: the EventIds known, per EventId the VMs it names alive there, and the
+        unannounced EventIds its VMs listed (at most ``ReconcileSettings.ids``; a change is written with the
+        partition's next save)."""
         keys = frozenset(record.key for record in records)
         named = [(record.key, frozenset(name_key(resource) for resource in record.event.resources))
                  for record in records]
+        listed: dict[int, dict[str, str]] = {}
+        bound, over = self.reconciler.settings.ids, 0
+        for key, event_type, name in unannounced:
+            held = self._where.get(name)
+            if held is not None:
+                mine = listed.setdefault(id(held), {})
+                if len(mine) < bound:
+                    mine[key] = event_type
+                else:
+                    over += 1
+        if over:
+            self._report.bound_hit("platform_coverage_ids", over)
         for held, alive in shown.values():
             judged = Judged(keys, {key: names & alive for key, names in named if alive and not names.isdisjoint(
-                alive)})
+                alive)}, listed.get(id(held), {}))
             if judged != held.judged:
                 held.judged = judged
                 held.changes += 1
+
+    def _count_listed_elsewhere(self) -> None:
+        """The reverse across replicas: an EventId homed here that another partition's blob says its live VMs listed
+        and the platform never announced is counted unannounced here, once (remembered as the home's own are)."""
+        for side in self.hubs.values():
+            for partition_id, judged in side.peer_judged.items():
+                if partition_id in side.held:
+                    continue
+                for key, event_type in judged.listed.items():
+                    if self.reconciler.announced(key) or not self._counts("unannounced", key, ""):
+                        continue
+                    self._remember(key).unannounced = True
+                    self._mark(key)
+                    self._home_pending(key, self._metrics.unannounced_events.labels(event_type).inc)
 
     def _nowhere(self, records: list[PlatformRecord], result: Reconciliation) -> Reconciliation:
         """With several replicas: ``no_sidecar`` for a named VM of an EventId homed here when every partition of every
