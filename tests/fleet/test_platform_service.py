@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ from se_exporter.fleet.main import partition_vms
 from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.platform.picture import PlatformLimits
 from se_exporter.fleet.platform.saving import decode_platform, platform_blob_name
-from se_exporter.fleet.platform.service import Platform, home
+from se_exporter.fleet.platform.service import BURST_MESSAGES, Platform, home
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.statestore import MemoryStateStore, Stored
@@ -462,3 +463,36 @@ def test_an_event_id_listed_only_on_another_replica_is_counted_unannounced_once_
     assert successor.platform.is_home_here(unannounced)
     successor.gauges()
     assert successor.value("azure_scheduled_fleet_unannounced_events_total", event_type="Reboot") == 0
+
+
+def test_reconciliation_is_put_off_by_a_burst_never_by_a_trickle() -> None:
+    """Azure's usual trickle (a message every second or so) never puts a round off: put off, a short event could
+    end unjudged and a miss never be said. A burst (BURST_MESSAGES since the last round, the last one recent) does."""
+    rounds: list[int] = []
+    stop = asyncio.Event()
+
+    async def tick(_seconds: float) -> None:
+        if len(ticks) == 3:
+            stop.set()
+        ticks.append(0)
+
+    ticks: list[int] = []
+    metrics = FleetMetrics(CollectorRegistry())
+    platform = Platform(metrics, Report(metrics), 3600.0, GRACE, 900.0, 1024 * 1024, lambda: T0, tick)
+    platform.reconcile = lambda: rounds.append(platform.applied_since) or platform.view  # type: ignore[method-assign]
+
+    async def trickle() -> None:
+        platform.applied_at, platform.applied_since = time.monotonic(), 3  # messages arrived just now, a few
+        await platform.run(stop, 60.0)
+
+    asyncio.run(trickle())
+    assert len(rounds) == len(ticks)  # a round after every tick
+    rounds.clear(), ticks.clear()
+    stop.clear()
+
+    async def burst() -> None:
+        platform.applied_at, platform.applied_since = time.monotonic(), BURST_MESSAGES
+        await platform.run(stop, 60.0)
+
+    asyncio.run(burst())
+    assert rounds == []  # within BURST_DEFERS_UP_TO of the start, and messages keep "arriving" (applied_at recent)

@@ -70,6 +70,7 @@ from se_exporter.infra.logs import fields
 log = logging.getLogger("se_exporter.fleet")
 RECONCILE_EVERY = 5.0  # seconds between reconciliations at most (the checkpoint interval when shorter)
 BURST_DEFERS_UP_TO = 30.0  # while platform messages keep arriving, reconciliation waits up to this long (see run)
+BURST_MESSAGES = 1_000  # platform messages applied since the last round that make a burst (see run)
 RESTORE_RETRY_MAX = 30.0
 MAX_MEMORY = 100_000  # EventIds whose counting is remembered (ReconcileSettings.ids)
 _EMPTY = PictureState((), (), ())
@@ -150,6 +151,7 @@ class Platform:
         self.memory: OrderedDict[str, Memory] = OrderedDict()  # EventId key -> counted, for the homes shown here
         self._dirty_homes: set[str] = set()  # home partitions whose memory changed since written
         self.applied_at = 0.0  # monotonic time of the last platform message applied
+        self.applied_since = 0  # platform messages applied since the last reconciliation round
         self._where: dict[str, Held] = {}  # VM name (name_key) -> its partition, as of the last reconciliation
         self._missed_anywhere: set[tuple[str, str]] = set()  # (key, VM) misses counted in any memory known here
         self._left_out: set[str] = set()  # EventIds the listing left out last round (bound platform_events)
@@ -550,14 +552,17 @@ class Platform:
         """Reconcile every ``every`` seconds; write the memory of homes whose partition has no position yet (no
         event handled: the Keeper writes nothing for it). A round is put off while platform messages arrived within
         the last ``every`` (a burst: 10,000 events cost a reconciliation about 0.3 s of the loop, which the burst's
-        reading would wait for), for up to ``BURST_DEFERS_UP_TO`` seconds."""
+        reading would wait for), for up to ``BURST_DEFERS_UP_TO`` seconds. Only a burst: at least ``BURST_MESSAGES``
+        applied since the last round. Azure's usual trickle (a message every second or two) is never one: put off,
+        a short event could end unjudged, and a live sidecar's miss of it would never be said."""
         last = time.monotonic()
         while not stop.is_set():
             await self._sleep(every)
             at = time.monotonic()
-            if at - self.applied_at < every and at - last < BURST_DEFERS_UP_TO:
+            if self.applied_since >= BURST_MESSAGES and at - self.applied_at < every \
+                    and at - last < BURST_DEFERS_UP_TO:
                 continue
-            last = at
+            last, self.applied_since = at, 0
             try:
                 self.reconcile()
                 await self._write_quiet_homes()
@@ -679,6 +684,7 @@ class PlatformReader:
             platform._bounds(picture, before)
         held.changes += 1
         platform.applied_at = time.monotonic()
+        platform.applied_since += 1
         return "platform"
 
     def release(self, partition_id: str) -> None:
