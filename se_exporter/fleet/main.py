@@ -404,8 +404,8 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
 
         # Everything made so far (modules, the SDK's classes, the wiring) lives as long as the process: frozen out
         # of the collector's sight, a full collection walks only what came later. The objects a burst keeps set off
-        # full collections: 0.09-0.14 s of the fleet's 0.85 s of CPU for a burst of 10,000 platform messages, 0.03 s
-        # frozen (scripts/fleet_bench.py --platform, timed with gc.callbacks).
+        # full collections: a tenth to a sixth of the fleet's CPU for a burst of 10,000 platform messages, a fifth to
+        # a third of that once frozen (scripts/fleet_bench.py --platform, timed with gc.callbacks).
         gc.freeze()
         checking = asyncio.create_task(ensure_container(container, settings.checkpoint_container, storage_problem))
         receiving = asyncio.gather(*(_receive(settings, reading.client, reading.service, checking)
