@@ -66,29 +66,36 @@ def run_fleet(settings: FleetSettings) -> int:
 
 def storage_clients(settings: FleetSettings, credential: Callable[[str | None], Any],
                     ) -> tuple[ContainerClient, ObservedCheckpointStore]:
-    name, ca_file = settings.checkpoint_container, settings.checkpoint_ca_file
+    """The container (the state blobs) and the first hub's checkpoint store."""
+    name, ca_file, url = settings.checkpoint_container, settings.checkpoint_ca_file, _account_url(settings)
     if settings.checkpoint_connection_string:
-        text = settings.checkpoint_connection_string
-        url = ContainerClient.from_connection_string(text, name).url  # parsed by the SDK, no request made
-        return (ContainerClient.from_connection_string(text, name, **trusting(ca_file, url)),
-                checkpoint_store(settings, credential))
-    url = str(settings.checkpoint_account_url)
-    return (ContainerClient(url, name, credential=credential(settings.storage_client_id), **trusting(ca_file, url)),
-            checkpoint_store(settings, credential))
+        container = ContainerClient.from_connection_string(settings.checkpoint_connection_string, name,
+                                                           **trusting(ca_file, url))
+    else:
+        container = ContainerClient(url, name, credential=credential(settings.storage_client_id),
+                                    **trusting(ca_file, url))
+    return container, checkpoint_store(settings, credential)
 
 
 def checkpoint_store(settings: FleetSettings, credential: Callable[[str | None], Any]) -> ObservedCheckpointStore:
     """A checkpoint store on the container (one per hub read: each tells its own service what its load-balancing
     rounds read and won)."""
-    name, ca_file = settings.checkpoint_container, settings.checkpoint_ca_file
+    name, ca_file, url = settings.checkpoint_container, settings.checkpoint_ca_file, _account_url(settings)
     if settings.checkpoint_connection_string:
-        text = settings.checkpoint_connection_string
-        url = ContainerClient.from_connection_string(text, name).url  # parsed by the SDK, no request made
         return cast(ObservedCheckpointStore,  # the classmethod builds cls(...): our subclass
-                    ObservedCheckpointStore.from_connection_string(text, name, **trusting(ca_file, url)))
-    url = str(settings.checkpoint_account_url)
+                    ObservedCheckpointStore.from_connection_string(settings.checkpoint_connection_string, name,
+                                                                   **trusting(ca_file, url)))
     return ObservedCheckpointStore(url, name, credential=credential(settings.storage_client_id),
                                    **trusting(ca_file, url))
+
+
+def _account_url(settings: FleetSettings) -> str:
+    """Where the storage requests go (what ``trusting`` looks the proxy up for): ``--checkpoint-account-url``, or
+    the container's URL the SDK reads from the connection string (parsed, no request made)."""
+    if settings.checkpoint_connection_string:
+        return str(ContainerClient.from_connection_string(settings.checkpoint_connection_string,
+                                                          settings.checkpoint_container).url)
+    return str(settings.checkpoint_account_url)
 
 
 def trusting(ca_file: str | None, url: str | None = None) -> dict[str, Any]:
@@ -404,8 +411,8 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
 
         # Everything made so far (modules, the SDK's classes, the wiring) lives as long as the process: frozen out
         # of the collector's sight, a full collection walks only what came later. The objects a burst keeps set off
-        # full collections: a tenth to a sixth of the fleet's CPU for a burst of platform messages, about a quarter
-        # of that frozen (scripts/fleet_bench.py --platform, timed with gc.callbacks in one run).
+        # full collections: a tenth to a sixth of the fleet's CPU for a burst of 10,000 platform messages, a fifth to
+        # a third of that once frozen (scripts/fleet_bench.py --platform, timed with gc.callbacks).
         gc.freeze()
         checking = asyncio.create_task(ensure_container(container, settings.checkpoint_container, storage_problem))
         receiving = asyncio.gather(*(_receive(settings, reading.client, reading.service, checking)

@@ -355,6 +355,7 @@ PLATFORM_EVENTHUB_OPTIONS: tuple[Option, ...] = (
            "HOST"),
 )
 
+
 def check_platform_eventhub(text: str | None, namespace: str | None, name: str | None) -> None:
     """The rules of ``check_eventhubs`` for the platform's hub (``fleet`` reads it, ``simulate`` writes it), naming
     its flags: one way to authenticate, and a hub name."""
