@@ -551,8 +551,9 @@ class Platform:
     async def run(self, stop: asyncio.Event, every: float) -> None:
         """Reconcile every ``every`` seconds; write the memory of homes whose partition has no position yet (no
         event handled: the Keeper writes nothing for it). A round is put off while platform messages arrived within
-        the last ``every`` (a burst: 10,000 events cost a reconciliation about 0.3 s of the loop, which the burst's
-        reading would wait for), for up to ``BURST_DEFERS_UP_TO`` seconds. Only a burst: at least ``BURST_MESSAGES``
+        the last ``every`` (a burst: a reconciliation over its events holds the loop, which the burst's reading would
+        wait for; ``scripts/fleet_bench.py --platform`` measures the burst against the bare SDK's), for up to
+        ``BURST_DEFERS_UP_TO`` seconds. Only a burst: at least ``BURST_MESSAGES``
         applied since the last round. Azure's usual trickle (a message every second or two) is never one: put off,
         a short event could end unjudged, and a live sidecar's miss of it would never be said."""
         last = time.monotonic()
