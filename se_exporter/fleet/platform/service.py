@@ -135,6 +135,13 @@ class HubSide:
     # The VMs of each owned partition this replica shows (None: all of ``fleet.vms()``, partitions unknown).
     partition_vms: Callable[[], dict[str, list[VmState]]] | None = None
 
+    def forget_peer(self, partition_id: str) -> None:
+        """What was read of a partition's blob as a peer's: it is gone, or held here now."""
+        self.peers.pop(partition_id, None)
+        self.peer_tags.pop(partition_id, None)
+        self.peer_judged.pop(partition_id, None)
+        self.peer_missed.pop(partition_id, None)
+
 
 class Platform:
     """The replica's platform side: the hubs' pictures, the reconciler, what was counted; one loop changes it."""
@@ -198,10 +205,7 @@ class Platform:
                 continue
             for partition_id in [known for known in side.peers if platform_blob_name(*side.prefix, known)
                                  not in listed or known in side.held]:
-                side.peers.pop(partition_id, None)
-                side.peer_tags.pop(partition_id, None)
-                side.peer_judged.pop(partition_id, None)
-                side.peer_missed.pop(partition_id, None)
+                side.forget_peer(partition_id)
 
     @property
     def home_role(self) -> str | None:
@@ -612,10 +616,7 @@ class PlatformReader:
         partition_id, side, platform = context.partition_id, self._side, self._platform
         side.prefix = (context.fully_qualified_namespace, context.eventhub_name, context.consumer_group)
         side.store.name(partition_id, platform_blob_name(*side.prefix, partition_id))
-        side.peers.pop(partition_id, None)
-        side.peer_tags.pop(partition_id, None)
-        side.peer_judged.pop(partition_id, None)
-        side.peer_missed.pop(partition_id, None)
+        side.forget_peer(partition_id)
         failures = 0
         while True:
             try:
