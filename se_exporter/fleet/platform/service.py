@@ -411,11 +411,11 @@ class Platform:
         for side in self.hubs.values():
             for held in side.held.values():
                 stale = [pair for pair in (*held.missed, *held.lags) if pair[0] in keys]
-                over = max(0, len(held.missed) - bound) + max(0, len(held.lags) - bound)
-                if over:
-                    self._report.bound_hit("platform_coverage_pairs", over)
-                    stale.extend(list(held.missed)[:max(0, len(held.missed) - bound)])
-                    stale.extend(list(held.lags)[:max(0, len(held.lags) - bound)])
+                over_missed, over_lags = max(0, len(held.missed) - bound), max(0, len(held.lags) - bound)
+                if over_missed or over_lags:
+                    self._report.bound_hit("platform_coverage_pairs", over_missed + over_lags)
+                    stale.extend(list(held.missed)[:over_missed])
+                    stale.extend(list(held.lags)[:over_lags])
                 for pair in stale:
                     held.missed.pop(pair, None)
                     held.lags.discard(pair)
