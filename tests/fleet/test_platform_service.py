@@ -18,9 +18,10 @@ from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.consumer import Service
 from se_exporter.fleet.main import partition_vms
 from se_exporter.fleet.picture import Fleet
+from se_exporter.fleet.platform.coverage import Reconciler, ReconcileSettings
 from se_exporter.fleet.platform.picture import PlatformLimits
 from se_exporter.fleet.platform.saving import decode_platform, platform_blob_name
-from se_exporter.fleet.platform.service import BURST_MESSAGES, Platform, home
+from se_exporter.fleet.platform.service import BURST_MESSAGES, Held, Platform, home
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.statestore import MemoryStateStore, Stored
@@ -496,3 +497,18 @@ def test_reconciliation_is_put_off_by_a_burst_never_by_a_trickle() -> None:
 
     asyncio.run(burst())
     assert rounds == []  # within BURST_DEFERS_UP_TO of the start, and messages keep "arriving" (applied_at recent)
+
+
+def test_a_partitions_memory_of_its_pairs_is_cut_to_the_bound_oldest_first_and_the_hit_counted() -> None:
+    """Past ``ReconcileSettings.pairs``, a held partition's misses and lags each lose their oldest entries, and the
+    bound hit counts every one dropped."""
+    metrics = FleetMetrics(CollectorRegistry())
+    platform = Platform(metrics, Report(metrics), 3600.0, GRACE, 900.0, 1024 * 1024, lambda: T0)
+    platform.reconciler = Reconciler(ReconcileSettings(900.0, GRACE, pairs=2))
+    held = Held(missed={("a", "vm1"): "missed", ("b", "vm1"): "missed", ("c", "vm1"): "missed",
+                        ("d", "vm1"): "missed"}, lags={("a", "vm2"), ("b", "vm2"), ("c", "vm2")})
+    side = platform.reader("sidecar", Fleet(), MemoryStateStore({}), lambda: 1)._side
+    side.held["0"] = held
+    platform._forget(set())
+    assert list(held.missed) == [("c", "vm1"), ("d", "vm1")] and len(held.lags) == 2 and held.changes == 1
+    assert metrics.bound_hits.labels("platform_coverage_pairs")._value.get() == 3  # 4 - 2 misses, 3 - 2 lags

@@ -135,6 +135,13 @@ class HubSide:
     # The VMs of each owned partition this replica shows (None: all of ``fleet.vms()``, partitions unknown).
     partition_vms: Callable[[], dict[str, list[VmState]]] | None = None
 
+    def forget_peer(self, partition_id: str) -> None:
+        """What was read of a partition's blob as a peer's: it is gone, or held here now."""
+        self.peers.pop(partition_id, None)
+        self.peer_tags.pop(partition_id, None)
+        self.peer_judged.pop(partition_id, None)
+        self.peer_missed.pop(partition_id, None)
+
 
 class Platform:
     """The replica's platform side: the hubs' pictures, the reconciler, what was counted; one loop changes it."""
@@ -198,10 +205,7 @@ class Platform:
                 continue
             for partition_id in [known for known in side.peers if platform_blob_name(*side.prefix, known)
                                  not in listed or known in side.held]:
-                side.peers.pop(partition_id, None)
-                side.peer_tags.pop(partition_id, None)
-                side.peer_judged.pop(partition_id, None)
-                side.peer_missed.pop(partition_id, None)
+                side.forget_peer(partition_id)
 
     @property
     def home_role(self) -> str | None:
@@ -407,11 +411,11 @@ class Platform:
         for side in self.hubs.values():
             for held in side.held.values():
                 stale = [pair for pair in (*held.missed, *held.lags) if pair[0] in keys]
-                over = max(0, len(held.missed) - bound) + max(0, len(held.lags) - bound)
-                if over:
-                    self._report.bound_hit("platform_coverage_pairs", over)
-                    stale.extend(list(held.missed)[:max(0, len(held.missed) - bound)])
-                    stale.extend(list(held.lags)[:max(0, len(held.lags) - bound)])
+                over_missed, over_lags = max(0, len(held.missed) - bound), max(0, len(held.lags) - bound)
+                if over_missed or over_lags:
+                    self._report.bound_hit("platform_coverage_pairs", over_missed + over_lags)
+                    stale.extend(list(held.missed)[:over_missed])
+                    stale.extend(list(held.lags)[:over_lags])
                 for pair in stale:
                     held.missed.pop(pair, None)
                     held.lags.discard(pair)
@@ -551,8 +555,9 @@ class Platform:
     async def run(self, stop: asyncio.Event, every: float) -> None:
         """Reconcile every ``every`` seconds; write the memory of homes whose partition has no position yet (no
         event handled: the Keeper writes nothing for it). A round is put off while platform messages arrived within
-        the last ``every`` (a burst: 10,000 events cost a reconciliation about 0.3 s of the loop, which the burst's
-        reading would wait for), for up to ``BURST_DEFERS_UP_TO`` seconds. Only a burst: at least ``BURST_MESSAGES``
+        the last ``every`` (a burst: a reconciliation over its events holds the loop, which the burst's reading would
+        wait for; ``scripts/fleet_bench.py --platform`` measures the burst against the bare SDK's), for up to
+        ``BURST_DEFERS_UP_TO`` seconds. Only a burst: at least ``BURST_MESSAGES``
         applied since the last round. Azure's usual trickle (a message every second or two) is never one: put off,
         a short event could end unjudged, and a live sidecar's miss of it would never be said."""
         last = time.monotonic()
@@ -611,10 +616,7 @@ class PlatformReader:
         partition_id, side, platform = context.partition_id, self._side, self._platform
         side.prefix = (context.fully_qualified_namespace, context.eventhub_name, context.consumer_group)
         side.store.name(partition_id, platform_blob_name(*side.prefix, partition_id))
-        side.peers.pop(partition_id, None)
-        side.peer_tags.pop(partition_id, None)
-        side.peer_judged.pop(partition_id, None)
-        side.peer_missed.pop(partition_id, None)
+        side.forget_peer(partition_id)
         failures = 0
         while True:
             try:
