@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from se_exporter.fleet import collector
 from se_exporter.fleet.message import Imds, VmState
 from se_exporter.fleet.platform import PlatformPicture, PlatformRecord, Reconciler, ReconcileSettings, read_platform
 from se_exporter.fleet.platform.coverage import Coverage
@@ -42,7 +43,7 @@ from tests.fleet.platform_helpers import MAX, T0, body, grid, vm
 SUB = "00000000-0000-0000-0000-000000000000"
 EXPIRY, GRACE = 600.0, 60.0
 NOW = T0 + 900  # when the replicas are scraped
-LAG_BUCKETS = (-300.0, -60.0, -10.0, 0.0, 10.0, 60.0, 300.0, 900.0, 3600.0)
+LAG_BUCKETS = collector.LAG_BUCKETS  # the fleet's own: what the panels and the lag check see
 # What each announced EventId is: type, scope (kind in the ARM id, name), the VMs it names, and its statuses'
 # times (seconds after T0). Every EventId but E-dark has its home platform partition on replica A.
 EVENTS: dict[str, tuple[str, str, str, list[str], dict[str, float]]] = {
