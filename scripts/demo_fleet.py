@@ -14,8 +14,7 @@ What runs (each on 127.0.0.1, each stopped by Ctrl-C):
 * ``se-exporter fleet`` reading both hubs, with a short ``--reconcile-grace`` so a missed event shows quickly.
 
 It prints where everything is, then one line whenever the fleet's picture of the platform's events changes: which
-VMs of each EventId were ``observed``, ``missed`` or had ``no_sidecar``. A fleet without the ``--platform-eventhub-*``
-flags (an older release) reads the sidecars' hub only, and the banner says so. Ctrl-C stops everything and prints
+VMs of each EventId were ``observed``, ``missed`` or had ``no_sidecar``. Ctrl-C stops everything and prints
 a short summary. Everything it writes goes under ``--out`` (the previous run's is removed first).
 """
 
@@ -84,12 +83,6 @@ def clean_env(**secrets: str) -> dict[str, str]:
     return env
 
 
-def fleet_reads_the_platform() -> bool:
-    shown = subprocess.run([sys.executable, "-m", "se_exporter", "fleet", "--help"], capture_output=True, text=True,
-                           check=False, cwd=ROOT)
-    return "--platform-eventhub-name" in shown.stdout
-
-
 def coverage(metrics_url: str) -> dict[tuple[str, str, str], int]:
     """(event_type, event_id, coverage) -> VMs, from the fleet's /metrics ({} while it does not answer)."""
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
@@ -138,21 +131,18 @@ def main() -> int:
                           out / f"{name}.log", clean_env(eventhub_connection_string=sidecar_hub.connection_string()))
             started.append(child)
             sidecars[name] = child.wait_for(r"metrics at (http://\S+/metrics)").group(1)
-        platform = fleet_reads_the_platform()
         hubs = {"eventhub_connection_string": sidecar_hub.connection_string(),
-                "checkpoint_connection_string": azurite.connection_string}
-        extra = ["--reconcile-grace", GRACE] if platform else []
-        if platform:
-            hubs["platform_eventhub_connection_string"] = platform_hub.connection_string()
+                "checkpoint_connection_string": azurite.connection_string,
+                "platform_eventhub_connection_string": platform_hub.connection_string()}
         fleet = Child("the fleet", ["fleet", "--listen", f"127.0.0.1:{args.port}", "--checkpoint-container",
                                     "demo-fleet", "--load-balancing-interval", "1", "--checkpoint-interval", "2",
-                                    *extra], out / "fleet.log", clean_env(**hubs))
+                                    "--reconcile-grace", GRACE], out / "fleet.log", clean_env(**hubs))
         started.append(fleet)
         metrics = fleet.wait_for(r"metrics at (http://\S+/metrics)").group(1)
-        print(banner(args.speed, imds, sidecars, metrics, out, platform), flush=True)
+        print(banner(args.speed, imds, sidecars, metrics, out), flush=True)
         shown: dict[tuple[str, str, str], int] = {}
         while not stop.wait(1.0):
-            now = coverage(metrics) if platform else {}
+            now = coverage(metrics)
             for key in sorted(now.keys() | shown.keys()):
                 if now.get(key, 0) != shown.get(key, 0):
                     event_type, event_id, state = key
@@ -173,15 +163,13 @@ def main() -> int:
     return 0
 
 
-def banner(speed: float, imds: str, sidecars: dict[str, str], metrics: str, out: Path, platform: bool) -> str:
-    fleet_line = ("reads both hubs; a missed event shows after " + GRACE + " s") if platform else (
-        "reads the sidecars' hub only: this release of `se-exporter fleet` has no --platform-eventhub-* flags")
+def banner(speed: float, imds: str, sidecars: dict[str, str], metrics: str, out: Path) -> str:
     return "\n".join([
         f"se-exporter demo-fleet: three sidecars and Azure's own copy of their events, one fleet (speed {speed:g})",
         f"  Simulated IMDS  {imds}/vms/<web_0..web_3>  (web_2 is blind to one Reboot; web_3 runs no sidecar)",
         *(f"  Sidecar {name}   {url}" for name, url in sidecars.items()),
         f"  Platform copy   Event Grid messages to the 'platform' hub and {out / 'platform.jsonl'}",
-        f"  Fleet           {metrics}  ({fleet_line})",
+        f"  Fleet           {metrics}  (reads both hubs; a missed event shows after {GRACE} s)",
         f"  Try             curl -s {metrics} | grep platform_event_vms",
         f"  Logs            {out}/*.log",
         "  Lines follow when the fleet's coverage of an announced event changes. Stop with Ctrl-C.",

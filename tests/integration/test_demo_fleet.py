@@ -21,12 +21,6 @@ ROOT = Path(__file__).parent.parent.parent
 COVERAGE = re.compile(r"^\d\d:\d\d:\d\d coverage (\w+) +([0-9A-F-]{36}) (\w+) +(\d+) VM\(s\)$", re.MULTILINE)
 
 
-def fleet_reads_the_platform() -> bool:
-    shown = subprocess.run([sys.executable, "-m", "se_exporter", "fleet", "--help"], capture_output=True, text=True,
-                           check=False, cwd=ROOT)
-    return "--platform-eventhub-name" in shown.stdout
-
-
 def run_demo(out: Path, screen: Path, until: str) -> str:
     """`make demo-fleet` at 10x into ``out`` until the screen matches ``until``, then Ctrl-C; the screen."""
     make = shutil.which("make")
@@ -62,8 +56,6 @@ def test_make_demo_fleet_runs_both_streams_and_stops_on_ctrl_c(tmp_path: Path) -
         assert "Traceback" not in text and "SharedAccessKey=" not in text, log
 
 
-@pytest.mark.skipif(not fleet_reads_the_platform(),
-                    reason="`se-exporter fleet` has no --platform-eventhub-* flags yet (issue 27, item 1)")
 def test_make_demo_fleet_shows_every_coverage_state(tmp_path: Path) -> None:
     """Within one cycle the fleet shows the Freeze observed by its two VMs, the Reboot web_2's sidecar is blind to
     as missed, and the Redeploy of web_3 (which runs no sidecar) as no_sidecar."""
