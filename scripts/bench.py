@@ -54,8 +54,9 @@ from azure.eventhub import EventData  # noqa: E402 - after the path set-up above
 from core import document  # noqa: E402 - scripts/core.py: this script's folder is first on sys.path
 from prometheus_client import CollectorRegistry  # noqa: E402
 
+from se_exporter.infra.azure.clients import producer_factory  # noqa: E402
 from se_exporter.sidecar.sinks.envelope import CONTENT_TYPE, Envelope  # noqa: E402
-from se_exporter.sidecar.sinks.eventhubs import EventHubsTarget, producer_factory  # noqa: E402
+from se_exporter.sidecar.sinks.eventhubs import EventHubsTarget  # noqa: E402
 from se_exporter.sidecar.sinks.forward import ForwardMetrics  # noqa: E402
 from se_exporter.sidecar.sinks.spool import Spool  # noqa: E402
 from se_exporter.simulator import scenario as scenarios  # noqa: E402

@@ -14,8 +14,8 @@ What runs (each on 127.0.0.1, each stopped by Ctrl-C):
 * ``se-exporter fleet`` reading both hubs, with a short ``--reconcile-grace`` so a missed event shows quickly.
 
 It prints where everything is, then one line whenever the fleet's picture of the platform's events changes: which
-VMs of each EventId were ``observed``, ``missed`` or had ``no_sidecar``. Ctrl-C stops everything and prints a
-short summary. Everything it writes goes under ``--out`` (the previous run's is removed first).
+VMs of each EventId were ``observed``, ``missed`` or had ``no_sidecar``. Ctrl-C stops everything and prints
+a short summary. Everything it writes goes under ``--out`` (the previous run's is removed first).
 """
 
 from __future__ import annotations
@@ -164,13 +164,12 @@ def main() -> int:
 
 
 def banner(speed: float, imds: str, sidecars: dict[str, str], metrics: str, out: Path) -> str:
-    fleet_line = "reads both hubs; a missed event shows after " + GRACE + " s"
     return "\n".join([
         f"se-exporter demo-fleet: three sidecars and Azure's own copy of their events, one fleet (speed {speed:g})",
         f"  Simulated IMDS  {imds}/vms/<web_0..web_3>  (web_2 is blind to one Reboot; web_3 runs no sidecar)",
         *(f"  Sidecar {name}   {url}" for name, url in sidecars.items()),
         f"  Platform copy   Event Grid messages to the 'platform' hub and {out / 'platform.jsonl'}",
-        f"  Fleet           {metrics}  ({fleet_line})",
+        f"  Fleet           {metrics}  (reads both hubs; a missed event shows after {GRACE} s)",
         f"  Try             curl -s {metrics} | grep platform_event_vms",
         f"  Logs            {out}/*.log",
         "  Lines follow when the fleet's coverage of an announced event changes. Stop with Ctrl-C.",

@@ -168,7 +168,8 @@ def make_forwarding(settings: Settings, state_dir: StateDir, registry: Collector
         targets.append(file_target)
         log.info("forwarding documents to the file %s", settings.forward_file.resolve())
     if settings.eventhubs_enabled:
-        from se_exporter.sidecar.sinks.eventhubs import EventHubsTarget, producer_factory
+        from se_exporter.infra.azure.clients import producer_factory
+        from se_exporter.sidecar.sinks.eventhubs import EventHubsTarget
         from se_exporter.sidecar.sinks.spool import Spool
 
         spool = Spool(state_dir.spool, settings.spool_max_bytes, on_drop=metrics.dropped.inc)

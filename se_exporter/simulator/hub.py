@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import logging
 import threading
 import time
@@ -144,18 +143,8 @@ def _describe(error: BaseException) -> str:
 
 def producer_factory(connection_string: str | None, eventhub_name: str | None, namespace: str | None,
                      ) -> ProducerFactory:
-    """The async producer, from a connection string or a namespace and the machine's managed identity."""
-    from azure.eventhub.aio import EventHubProducerClient  # noqa: PLC0415 - only with a hub configured
+    """The async producer, from a connection string or a namespace and the machine's managed identity: the
+    sidecar's forwarder's own (``infra.azure.clients.producer_factory``), with the system-assigned identity."""
+    from se_exporter.infra.azure.clients import producer_factory as make  # noqa: PLC0415 - only with a hub configured
 
-    from se_exporter.infra.azure.clients import connection_options  # noqa: PLC0415
-    from se_exporter.infra.azure.credential import SharedCredential, service_credential  # noqa: PLC0415
-
-    options: dict[str, Any] = {"retry_total": 1, "retry_backoff_factor": 0.5, "retry_backoff_max": 2.0,
-                               **connection_options(None, None, connection_string)}
-    if connection_string:
-        return functools.partial(EventHubProducerClient.from_connection_string, connection_string,
-                                 eventhub_name=eventhub_name, **options)
-    credential = service_credential(None, retry_total=1)
-    make = functools.partial(EventHubProducerClient, fully_qualified_namespace=str(namespace),
-                             eventhub_name=str(eventhub_name), credential=credential, **options)
-    return SharedCredential(make, credential)
+    return make(connection_string, eventhub_name, namespace, None)

@@ -174,7 +174,7 @@ class Simulator:
         if state.not_before is not None:
             # Fixed at first sight so a NotBefore never drifts; later time jumps make events start "early".
             key = (state.event_id, state.not_before)
-            wall = walls[key] = self._not_before_wall.get(key, now_wall + (state.not_before - t) / self.speed)
+            wall = walls[key] = self._not_before_wall.get(key, self.timeline.wall_at(state.not_before, (now_wall, t)))
             not_before = datetime.fromtimestamp(int(wall), timezone.utc)
         return {
             "EventId": state.event_id,

@@ -12,8 +12,9 @@ import jsonschema
 import pytest
 from prometheus_client import CollectorRegistry
 
+from se_exporter.infra.azure.clients import producer_factory
 from se_exporter.sidecar.sinks.envelope import Envelope
-from se_exporter.sidecar.sinks.eventhubs import EventHubsTarget, producer_factory
+from se_exporter.sidecar.sinks.eventhubs import EventHubsTarget
 from se_exporter.sidecar.sinks.forward import ForwardMetrics
 from se_exporter.sidecar.sinks.spool import Spool
 from se_exporter.simulator.faults import Fault

@@ -14,8 +14,7 @@ from azure.core.exceptions import ClientAuthenticationError
 from azure.eventhub import EventData
 from azure.eventhub.exceptions import AuthenticationError, ConnectError, EventHubError, OperationTimeoutError
 
-from se_exporter.infra.azure.clients import classify
-from se_exporter.sidecar.sinks.eventhubs import producer_factory
+from se_exporter.infra.azure.clients import classify, producer_factory
 from tests.certs import self_signed_certificate
 
 if TYPE_CHECKING:

@@ -9,7 +9,8 @@ imported by this module: only a command that talks to Azure imports it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from azure.core.exceptions import (
@@ -26,6 +27,7 @@ from azure.eventhub.exceptions import (
     OperationTimeoutError,
 )
 
+from se_exporter.infra.azure.credential import SharedCredential, service_credential
 from se_exporter.infra.logs import redact, shorten
 from se_exporter.infra.options import connection_string_address
 
@@ -88,3 +90,39 @@ def connection_options(endpoint: str | None, ca_file: str | None,
         options["connection_verify"] = ca_file
     return options
 
+
+ProducerFactory = Callable[[], Any]  # -> azure.eventhub.aio.EventHubProducerClient
+
+# The caller's loop (the sidecar's forwarder, the simulator's platform copy) retries for ever with its own backoff;
+# the SDK only gets one quick retry per call.
+RETRY_TOTAL, RETRY_BACKOFF_FACTOR, RETRY_BACKOFF_MAX = 1, 0.5, 2.0
+
+
+def producer_factory(connection_string: str | None, eventhub_name: str | None, namespace: str | None,
+                     client_id: str | None, make_credential: Callable[[str | None], Any] | None = None,
+                     endpoint: str | None = None, ca_file: str | None = None) -> ProducerFactory:
+    """How to build the async producer: from a connection string, or a namespace and managed identity.
+
+    azure-eventhub (and azure-identity) are imported here, only when Event Hubs is configured.
+    """
+    from azure.eventhub.aio import EventHubProducerClient  # noqa: PLC0415 - the async client, only to send
+
+    connection = connection_options(endpoint, ca_file, connection_string)
+    if connection_string:
+        def from_string() -> Any:
+            return EventHubProducerClient.from_connection_string(
+                connection_string, eventhub_name=eventhub_name, retry_total=RETRY_TOTAL,
+                retry_backoff_factor=RETRY_BACKOFF_FACTOR, retry_backoff_max=RETRY_BACKOFF_MAX, **connection)
+        return from_string
+    if make_credential is None:
+        # One quick retry: the IMDS credential's own policy retries a 5xx for ~25 s, past the send's watchdog (the
+        # failure would then read as a timeout rather than auth); the caller retries for ever itself.
+        make_credential = functools.partial(service_credential, retry_total=1)
+    credential = make_credential(client_id)
+
+    def from_identity() -> Any:
+        return EventHubProducerClient(
+            fully_qualified_namespace=str(namespace), eventhub_name=str(eventhub_name), credential=credential,
+            retry_total=RETRY_TOTAL, retry_backoff_factor=RETRY_BACKOFF_FACTOR, retry_backoff_max=RETRY_BACKOFF_MAX,
+            **connection)
+    return SharedCredential(from_identity, credential)

@@ -22,22 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from se_exporter.core.retry import Health, backoff
-from se_exporter.infra.azure.clients import classify, connection_options, describe
-from se_exporter.infra.azure.credential import SharedCredential, service_credential
+from se_exporter.infra.azure.clients import ProducerFactory, classify, describe
 from se_exporter.sidecar.sinks.envelope import CONTENT_TYPE, Envelope, carriable
 from se_exporter.sidecar.sinks.forward import ForwardMetrics
 from se_exporter.sidecar.sinks.spool import Spool
 
 log = logging.getLogger("se_exporter.eventhubs")
-ProducerFactory = Callable[[], Any]  # -> azure.eventhub.aio.EventHubProducerClient
 
 
 class EventHubsTarget:
@@ -218,39 +214,3 @@ def event_data(envelope: Envelope) -> Any:
     event.message_id = envelope.message_id
     event.properties = {name: carriable(value) for name, value in envelope.properties.items()}
     return event
-
-
-# Our loop retries for ever with its own backoff; the SDK only gets one quick retry per call.
-RETRY_TOTAL, RETRY_BACKOFF_FACTOR, RETRY_BACKOFF_MAX = 1, 0.5, 2.0
-
-
-def producer_factory(connection_string: str | None, eventhub_name: str | None, namespace: str | None,
-                     client_id: str | None, make_credential: Callable[[str | None], Any] | None = None,
-                     endpoint: str | None = None, ca_file: str | None = None) -> ProducerFactory:
-    """How to build the async producer: from a connection string, or a namespace and managed identity.
-
-    azure-eventhub (and azure-identity) are imported here, only when Event Hubs is configured.
-    """
-    from azure.eventhub.aio import EventHubProducerClient
-
-    connection = connection_options(endpoint, ca_file, connection_string)
-    if connection_string:
-        def from_string() -> Any:
-            return EventHubProducerClient.from_connection_string(
-                connection_string, eventhub_name=eventhub_name, retry_total=RETRY_TOTAL,
-                retry_backoff_factor=RETRY_BACKOFF_FACTOR, retry_backoff_max=RETRY_BACKOFF_MAX, **connection)
-        return from_string
-    if make_credential is None:
-        # One quick retry: the IMDS credential's own policy retries a 5xx for ~25 s, past the send's watchdog (the
-        # failure would then read as a timeout rather than auth); the forwarder retries for ever itself.
-        make_credential = functools.partial(service_credential, retry_total=1)
-    credential = make_credential(client_id)
-
-    def from_identity() -> Any:
-        return EventHubProducerClient(
-            fully_qualified_namespace=str(namespace), eventhub_name=str(eventhub_name), credential=credential,
-            retry_total=RETRY_TOTAL, retry_backoff_factor=RETRY_BACKOFF_FACTOR, retry_backoff_max=RETRY_BACKOFF_MAX,
-            **connection)
-    return SharedCredential(from_identity, credential)
-
-
