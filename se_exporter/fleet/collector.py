@@ -213,6 +213,10 @@ def render_fleet(vms: Iterable[VmState], now: float) -> str:
     /metrics scrape: ``scripts/fleet_bench.py --scrape`` writes the same VMs both ways, checks the samples are
     the same and prints the ratio (part of ``make bench``); should the ratio pass 0.5, use the library.
     /metrics itself writes through ``FleetExposition``, which keeps these lines between scrapes."""
+    return b"".join(_chunks(vms, now)).decode()
+
+
+def _chunks(vms: Iterable[VmState], now: float) -> list[bytes]:
     lines = [VmLines.of(vm) for vm in vms]
     return _write([[vm.seen for vm in lines]], [vm for vm in lines if vm.extra], len(lines), now)
 
@@ -223,33 +227,66 @@ class FleetExposition:
     and joins the rest as they are. Between two scrapes 15 s apart a fleet heartbeating every 300 s changes 5 % of
     its VMs; writing every VM at every scrape was a third of the replicas' CPU over the bare SDK's in
     ``scripts/fleet_scale_bench.py``'s steady state (the figure this guards). One scrape writes at a time; what is
-    kept is one line per shown VM (and the event lines of VMs that list events)."""
+    kept is one line per shown VM (and the event lines of VMs that list events), as bytes: the scrape's body is
+    joined from them once, never built as text first and then encoded (each whole copy of 100,000 VMs' lines is
+    tens of MB of memory at the peak of a scrape). A VM held by two shown partitions (a hand-over, a hub whose
+    partition count grew) is noticed as it is kept, not by a pass over every VM at each scrape."""
 
     def __init__(self, fleet: Fleet | list[Fleet]) -> None:
         self._fleets = fleet if isinstance(fleet, list) else [fleet]  # one per hub read
         self._lock = threading.Lock()
         self._followers = [each.follow() for each in self._fleets]
-        self._parts: dict[tuple[int, str], _Part] = {}
+        self._parts: dict[tuple[int, str], _Part] = {}  # as the last scrape left them
+        self._next: dict[tuple[int, str], _Part] = {}  # this scrape's, moved over from ``_parts`` one by one
+        self._twice: set[str] = set()  # keys kept by more than one part
 
-    def render(self, now: float) -> str:
+    def render(self, now: float) -> list[bytes]:
+        """The fleet families, as chunks of the text format to be sent one after another."""
         with self._lock:
-            parts: dict[tuple[int, str], _Part] = {}
+            self._next = {}
             for index, (fleet, follower) in enumerate(zip(self._fleets, self._followers, strict=True)):
                 for partition_id, whole, changed in fleet.take_changes(follower):
-                    part = self._parts.get((index, partition_id)) if whole is None else None
-                    if part is None:
-                        part = _Part()
+                    part = self._parts.pop((index, partition_id), None)
+                    if whole is not None or part is None:
+                        if part is not None:
+                            self._drop(part)
+                        part = self._next[index, partition_id] = _Part()
                         for vm in whole or ():
-                            part.keep(vm.key, vm)
+                            self._keep(part, vm.key, vm)
+                    self._next[index, partition_id] = part
                     for key, current in changed:
-                        part.keep(key, current)
-                    parts[index, partition_id] = part
-            self._parts = parts
-            seen: list[Iterable[str]] = [part.seen.values() for part in parts.values()]
-            count = sum(len(part.seen) for part in parts.values())
-            if len(parts) > 1 and len(set().union(*(part.seen for part in parts.values()))) < count:
-                return render_fleet(_latest(fleet.vms() for fleet in self._fleets), now)  # a VM in two partitions
-            return _write(seen, [vm for part in parts.values() for vm in part.extra.values()], count, now)
+                        self._keep(part, key, current)
+            while self._parts:  # partitions no longer shown
+                self._drop(self._parts.popitem()[1])
+            parts, self._parts, self._next = self._next, self._next, {}
+            if self._twice:  # a VM in two partitions: each once, the one seen last, from the fleets themselves
+                return _chunks(_latest(fleet.vms() for fleet in self._fleets), now)
+            return _write([part.seen.values() for part in parts.values()],
+                          [vm for part in parts.values() for vm in part.extra.values()],
+                          sum(len(part.seen) for part in parts.values()), now)
+
+    def _kept(self) -> Iterator[_Part]:
+        return chain(self._next.values(), self._parts.values())
+
+    def _keep(self, part: _Part, key: str, vm: VmState | None) -> None:
+        """``part.keep``, noting a key that becomes (or stops being) held by another kept part too: a new key is
+        looked up in the other parts (a heartbeat's key is not new), never every key at every scrape."""
+        had = key in part.seen
+        part.keep(key, vm)
+        if vm is not None and not had:
+            if any(key in other.seen for other in self._kept() if other is not part):
+                self._twice.add(key)
+        elif vm is None and had and key in self._twice:
+            self._recount(key)
+
+    def _drop(self, part: _Part) -> None:
+        """A part no longer kept (taken out of ``_parts`` and ``_next``): its shared keys are counted again."""
+        for key in self._twice & part.seen.keys():
+            self._recount(key)
+
+    def _recount(self, key: str) -> None:
+        if sum(key in other.seen for other in self._kept()) < 2:
+            self._twice.discard(key)
 
 
 def _latest(lists: Iterable[list[VmState]]) -> list[VmState]:
@@ -267,7 +304,7 @@ class _Part:
     """One shown partition's lines: every VM's last-seen line, and the other lines of the VMs that have any."""
 
     def __init__(self) -> None:
-        self.seen: dict[str, str] = {}
+        self.seen: dict[str, bytes] = {}
         self.extra: dict[str, VmLines] = {}
 
     def keep(self, key: str, vm: VmState | None) -> None:
@@ -287,7 +324,7 @@ class _Part:
 class VmLines:
     """One VM's sample lines, but for those that depend on the scrape's time (its events' NotBefore - now)."""
 
-    seen: str  # the last-seen sample but its name (``_SEEN``)
+    seen: bytes  # the last-seen sample but its name (``_SEEN``): 53 bytes a VM, _write adds the name
     unreachable: str | None = None
     info: tuple[str, ...] = ()
     until: tuple[tuple[str, float], ...] = ()  # the sample's name and labels, and NotBefore
@@ -303,7 +340,7 @@ class VmLines:
     def of(cls, vm: VmState) -> VmLines:
         identity = (f'vm_id="{escape(vm.vm_id or vm.key)}",vm_name="{escape(vm.vm_name)}",'
                     f'vmss_name="{escape(vm.vmss_name)}",location="{escape(vm.location)}"')
-        seen = f"{{{identity}}} {vm.seen_at!r}"  # kept without the metric's name, 53 bytes a VM: _write adds it
+        seen = f"{{{identity}}} {vm.seen_at!r}".encode()
         unreachable = None
         if vm.imds is not NO_IMDS and imds_unreachable(vm):
             unreachable = (f"{FLEET}_vm_imds_unreachable_since_timestamp_seconds{{{identity}}} "
@@ -328,11 +365,14 @@ class VmLines:
 
 
 _SEEN = f"{FLEET}_vm_last_seen_timestamp_seconds"
+_SEEN_NAME = _SEEN.encode()
+_SEEN_JOIN = b"\n" + _SEEN_NAME
 
 
-def _write(seen: list[Iterable[str]], extra: list[VmLines], count: int, now: float) -> str:
-    """The families, in the order ``render_fleet`` has always written them: every VM's last-seen line (``seen``:
-    groups of them, joined in order), the other lines of the VMs that have any, and the counts."""
+def _write(seen: list[Iterable[bytes]], extra: list[VmLines], count: int, now: float) -> list[bytes]:
+    """The families, in the order ``render_fleet`` has always written them: the counts and the event lines of the
+    VMs that have any, every VM's last-seen line (``seen``: groups of them, joined in order into one chunk), and
+    the IMDS lines. Chunks of the text format, to be sent one after the other."""
     pending: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
     info: list[str] = []
     until: list[str] = []
@@ -350,18 +390,22 @@ def _write(seen: list[Iterable[str]], extra: list[VmLines], count: int, now: flo
         events.extend(lines.blast)
     pending.update(kinds)
     blast = Tally(events)
-    families = {
+    before = write_gauges({
         "vms": [f"{FLEET}_vms {float(count)!r}"],
         "pending_vms": [f'{FLEET}_pending_vms{{event_type="{escape(t)}",event_status="{escape(s)}"}} {float(n)!r}'
                         for (t, s), n in sorted(pending.items())],
         "event_vms": [f'{FLEET}_event_vms{{event_id="{escape(e)}",event_type="{escape(t)}"}} {float(n)!r}'
                       for (e, t), n in sorted(blast.items())],
         "event_info": info, "event_seconds_until_not_before": until, "event_duration_seconds": duration,
-        "vm_last_seen_timestamp_seconds": [_SEEN + f"\n{_SEEN}".join(chain.from_iterable(seen))] if count else [],
+        "vm_last_seen_timestamp_seconds": [],  # its samples follow, as one chunk of bytes
+    }, _HEADERS)
+    after = write_gauges({
         "imds_unreachable_vms": [f"{FLEET}_imds_unreachable_vms {float(len(unreachable))!r}"],
         "vm_imds_unreachable_since_timestamp_seconds": unreachable,
-    }
-    return write_gauges(families, _HEADERS)
+    }, _HEADERS)
+    if not count:
+        return [before.encode(), after.encode()]
+    return [before.encode(), _SEEN_NAME, _SEEN_JOIN.join(chain.from_iterable(seen)), b"\n", after.encode()]
 
 
 def write_gauges(families: Mapping[str, list[str]], headers: Mapping[str, str]) -> str:

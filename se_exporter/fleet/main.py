@@ -215,8 +215,10 @@ def make_http_app(registry: CollectorRegistry, fleet: Fleet | list[Fleet], servi
     exposition = FleetExposition(fleet)  # each VM's lines kept from one scrape to the next while it is unchanged
 
     def metrics(request: http_server.HttpRequest) -> http_server.Response:
-        text = exposition.render(clock()) + (platform.render() if platform is not None else "")
-        return http_server.metrics(request, generate_latest(registry) + text.encode())
+        chunks = [generate_latest(registry), *exposition.render(clock())]
+        if platform is not None:
+            chunks.append(platform.render().encode())
+        return http_server.metrics(request, chunks)
 
     def healthz(request: http_server.HttpRequest) -> http_server.Response:
         return http_server.text(all(each.healthy for each in services), "consumer loop running",

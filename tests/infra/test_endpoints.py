@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gzip
 import http.client
 import logging
 import selectors
@@ -508,6 +509,18 @@ def test_the_fleet_gzips_by_the_same_rule(fleet_app: int, accept_encoding: str, 
     response = fetch(fleet_app, "GET", "/metrics", {"Accept-Encoding": accept_encoding})
     assert (response.getheader("Content-Encoding") == "gzip") is gzipped
     assert fetch(fleet_app, "GET", "/readyz").status == 503
+
+
+def test_metrics_chunks_are_sent_whole_gzipped_or_not() -> None:
+    """A body given as chunks (the fleet's) is sent as their concatenation, and gzipped as one stream that a
+    gzip reader turns back into exactly that."""
+    chunks = [b"# HELP a x\n", b"", b"a 1.0\n" * 10_000, b"b 2.0\n"]
+    plain = http_server.metrics(HttpRequest("GET", "/metrics", ""), chunks)
+    zipped = http_server.metrics(HttpRequest("GET", "/metrics", "", (("accept-encoding", "gzip"),)), chunks)
+    assert plain.body == b"".join(chunks)
+    assert dict(zipped.headers)["Content-Encoding"] == "gzip"
+    assert gzip.decompress(zipped.body) == b"".join(chunks)
+    assert len(zipped.body) < len(plain.body) // 10
 
 
 class _Written:
