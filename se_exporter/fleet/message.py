@@ -161,8 +161,10 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
     heartbeat = _flag(properties, "heartbeat") is True
     body = bytes(body)
     events, warnings, hit = read_events(body, vm_name, bounds)
-    kept = _QUIET.get(body, body) if len(body) <= bounds.body_bytes else reduced_body(events, vm_name)
-    if kept is not body:
+    if len(body) <= bounds.body_bytes:
+        kept = _QUIET.get(body, body)  # a quiet body: the one copy its VMs share
+    else:
+        kept = reduced_body(events, vm_name)
         hit = (*hit, "body_bytes")
     vm = VmState(key, vm_id, vm_name, vmss_name, location, installation, sequence, enqueued_at, kept, events, imds,
                  sys.intern(_label(properties, "subscription_id")), sys.intern(_label(properties, "resource_group")))

@@ -394,6 +394,16 @@ def test_events_per_vm_label_length_and_kept_body_are_bounded() -> None:
     assert message(short).bounds == ("label_length",) and len(message(short).vm.events) == 1
 
 
+def test_a_quiet_document_reaches_no_bound_however_often_it_is_read() -> None:
+    """VMs with the same quiet document share one copy of its body; the second and later such documents (a new
+    bytes object with the same content, as every received message is) are not kept as a reduction of themselves,
+    so no body_bytes bound is counted: it was, for every quiet document after the first (a warning in the log and
+    a climbing bound_hits_total{bound="body_bytes"} on every healthy fleet)."""
+    first, again = (message(bytes(bytearray(EMPTY)), sequence=n) for n in (1, 2))
+    assert first.bounds == () and again.bounds == ()
+    assert again.vm.body is first.vm.body and again.vm.body == EMPTY
+
+
 def test_imds_health_is_read_kept_and_restored_and_older_sidecars_are_unknown() -> None:
     """imds_last_success and imds_failing are read (RFC 3339, bool), survive the state blob, and define
     unreachable: failing, or the last success over 120 s older than observed_at; without them, unknown."""
