@@ -98,7 +98,8 @@ class Service:
         self._metrics = metrics
         self._report = Report(metrics)
         self._clock = clock
-        self.keeper = Keeper(store, fleet, self._report, clock, settings.state_format, sleep)
+        self.keeper = Keeper(store, fleet, self._report, clock, settings.state_format, sleep,
+                             settings.heartbeat_write_interval)
         self.partitions: dict[str, Partition] = {}
         self.restoring: set[str] = set()
         self.alive = time.monotonic()
@@ -348,7 +349,12 @@ class Service:
 
     async def checkpoints(self, stop: asyncio.Event) -> None:
         while not await _stopped(stop, self._settings.checkpoint_interval):
-            for partition in list(self.partitions.values()):
+            await self.write_due()
+
+    async def write_due(self) -> None:
+        """One round of the periodic writes: each owned partition whose write is due (``Keeper.due``)."""
+        for partition in list(self.partitions.values()):
+            if self.keeper.due(partition):
                 await self.keeper.save(partition)
 
     async def expiry(self, stop: asyncio.Event) -> None:

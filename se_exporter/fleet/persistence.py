@@ -44,13 +44,15 @@ class Keeper:
     """Restores and saves the owned partitions' states through a ``StateStore``."""
 
     def __init__(self, store: StateStore, fleet: Fleet, report: Report, clock: Callable[[], float],
-                 state_format: int = 1, sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
+                 state_format: int = 1, sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+                 heartbeat_interval: float = 0.0) -> None:
         self.store = store
         self._fleet = fleet
         self._report = report
         self._clock = clock
         self._format = state_format
         self._sleep = sleep
+        self.heartbeat_interval = heartbeat_interval
         store.on_written = lambda kind, size: report.metrics.state_bytes.labels(kind).inc(size)
         self.beside: Beside | None = None  # another state written with each partition's (the platform picture)
 
@@ -90,6 +92,19 @@ class Keeper:
                             "partition %s: %d rows of the stored fleet state left out (wrong types or out of "
                             "range); the rest restored", partition_id, count)
         return restored
+
+    def due(self, partition: Partition) -> bool:
+        """Whether the periodic write should write the partition now. Heartbeats alone wait until the first of them
+        has waited ``heartbeat_interval``: they move only when VMs were last seen (and their IMDS health), which the
+        next owner replays from the checkpoint anyway, so writing them every checkpoint interval bought nothing but
+        storage requests (three a partition each time: most of a quiet fleet's write CPU). Anything else (a VM new,
+        changed or gone, the platform picture, a format to change) is written at once."""
+        waiting = partition.view.unsaved_since
+        if waiting is None or self._clock() - waiting >= self.heartbeat_interval:
+            return True
+        beside = self.beside
+        return not (self._fleet.heartbeats_only(partition.partition_id) and partition.saved_format == self._format
+                    and not (beside is not None and beside.dirty(partition.partition_id)))
 
     async def save(self, partition: Partition) -> None:
         """Write the partition's state, then checkpoint the last event it covers (never an older one). A state

@@ -72,18 +72,26 @@ class Changes:
     changed: dict[str, tuple[int, int]] = field(default_factory=dict)
     gone: dict[str, int] = field(default_factory=dict)
     rebase_at: int | None = None  # a whole state is due: the tick that asked for it
+    beyond_heartbeat: int = 0  # the tick of the latest change beyond a heartbeat (a VM new or changed, or gone)
 
     def record(self, key: str, whole: bool) -> None:
         self.tick += 1
         _last, last_whole = self.changed.get(key, (0, 0))
         self.changed[key] = (self.tick, self.tick if whole else last_whole)
         self.gone.pop(key, None)
+        if whole:
+            self.beyond_heartbeat = self.tick
+
+    def heartbeats_only(self) -> bool:
+        """Whether everything not yet stored is what heartbeats move (the write may wait: ``Keeper.due``)."""
+        return self.beyond_heartbeat <= self.settled and self.rebase_at is None
 
     def whole(self, key: str) -> bool:
         return self.changed[key][1] > self.settled
 
     def forgotten(self, key: str, max_gone: int) -> None:
         self.tick += 1
+        self.beyond_heartbeat = self.tick
         self.changed.pop(key, None)
         self.gone[key] = self.tick
         if len(self.gone) > max_gone:
@@ -347,6 +355,12 @@ class Fleet:
             touched = [vms[key] for key in held if not changes.whole(key)]
             return Snapshot(state.position, changes.tick, list(vms.values()), changed, touched, list(changes.gone),
                             changes.rebase_at is not None)
+
+    def heartbeats_only(self, partition_id: str) -> bool:
+        """Whether all the partition's changes not yet stored are heartbeats' (see ``Changes.heartbeats_only``)."""
+        with self._lock:
+            state = self._partitions.get(partition_id)
+            return state is not None and state.changes.heartbeats_only()
 
     def settle(self, partition_id: str, tick: int) -> None:
         """A state holding the partition's changes up to ``tick`` is stored (see ``Changes``)."""

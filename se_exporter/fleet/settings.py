@@ -34,6 +34,7 @@ DEFAULT_FLEET_PORT = 10170  # the sidecar's 10169 plus one: both can run on one 
 DEFAULT_CONTAINER = "se-exporter-fleet"
 DEFAULT_VM_EXPIRY = 900.0  # three missed heartbeats at the Event Hubs default of 300 s
 DEFAULT_CHECKPOINT_INTERVAL = 10.0
+HEARTBEAT_WRITES_EVERY = 6  # checkpoint intervals between writes of a partition where only heartbeats arrived
 DEFAULT_LISTEN = Listen("", DEFAULT_FLEET_PORT)
 
 CHECKPOINT_INTERVAL = Bounded(0.1, 3600)
@@ -140,7 +141,11 @@ FLEET_OPTIONS: tuple[Option, ...] = (
            "client id of a user-assigned managed identity for storage (default: --eventhub-client-id)", "ID"),
     Option("checkpoint_interval", "--checkpoint-interval", CHECKPOINT_INTERVAL,
            f"how often each owned partition's state and checkpoint are written (default "
-           f"{DEFAULT_CHECKPOINT_INTERVAL:g})", "SECONDS"),
+           f"{DEFAULT_CHECKPOINT_INTERVAL:g}); a partition where only heartbeats arrived waits for "
+           "--heartbeat-checkpoint-interval", "SECONDS"),
+    Option("heartbeat_checkpoint_interval", "--heartbeat-checkpoint-interval", CHECKPOINT_INTERVAL,
+           f"how often a partition where only heartbeats arrived is written (default {HEARTBEAT_WRITES_EVERY} x "
+           "--checkpoint-interval): a restart replays at most this much", "SECONDS"),
     Option("vm_expiry", "--vm-expiry", VM_EXPIRY,
            f"forget a VM not heard from for this long (default {DEFAULT_VM_EXPIRY:g}: three missed heartbeats)",
            "SECONDS"),
@@ -182,6 +187,7 @@ class FleetSettings(HubReader):
     checkpoint_ca_file: str | None = None
     checkpoint_client_id: str | None = None
     checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL
+    heartbeat_checkpoint_interval: float | None = None
     vm_expiry: float = DEFAULT_VM_EXPIRY
     starting_position: str = "earliest"
     load_balancing_interval: float = 30.0
@@ -200,6 +206,13 @@ class FleetSettings(HubReader):
     @property
     def ownership_timeout(self) -> float:
         return self.ownership_expiry or 6 * self.load_balancing_interval
+
+    @property
+    def heartbeat_write_interval(self) -> float:
+        """How long heartbeats alone wait to be written: a heartbeat moves only when a VM was last seen (and its IMDS
+        health), which a restart replays from the checkpoint anyway; never shorter than the checkpoint interval."""
+        interval = self.heartbeat_checkpoint_interval or HEARTBEAT_WRITES_EVERY * self.checkpoint_interval
+        return max(interval, self.checkpoint_interval)
 
     @property
     def storage_client_id(self) -> str | None:

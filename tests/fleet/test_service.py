@@ -97,6 +97,7 @@ class Replica:
     states: dict[str, Stored] = field(default_factory=dict)
     state_format: int = 1
     slept: list[float] = field(default_factory=list)
+    now: float = NOW  # the service's clock
 
     def __post_init__(self) -> None:
         self.registry, self.fleet = CollectorRegistry(), Fleet()
@@ -107,7 +108,7 @@ class Replica:
             self.slept.append(seconds)
 
         self.service = Service(FleetSettings(state_format=self.state_format), self.fleet,
-                               FleetMetrics(self.registry), self.store, clock=lambda: NOW, sleep=sleep)
+                               FleetMetrics(self.registry), self.store, clock=lambda: self.now, sleep=sleep)
         self.context = Context("ns", "hub", "$Default", "0", self.checkpoints)
 
     def value(self, name: str, **labels: str) -> float | None:

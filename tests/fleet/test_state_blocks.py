@@ -11,6 +11,7 @@ import pytest
 
 from scripts import state_bytes
 from se_exporter.fleet import statestore
+from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.stateformat import decode
 from se_exporter.fleet.statestore import Stored
 from tests.fleet.test_service import NAME, NOW, Event, Replica, run, stored_state
@@ -179,3 +180,45 @@ def test_the_state_bytes_script_runs_and_format_3_writes_a_fraction_of_format_2(
     two, three = (state_bytes.measure(state_format, 200, 10, 5) for state_format in (2, 3))
     assert three["bytes_per_interval"] * 5 < two["bytes_per_interval"]
     assert two["delta_per_interval"] == 0 and three["base_per_interval"] == 0
+
+
+@pytest.mark.parametrize("state_format", [1, 3])
+def test_heartbeats_alone_wait_for_the_heartbeat_interval_and_any_other_change_is_written_at_once(
+        state_format: int) -> None:
+    """The periodic round writes a partition where only heartbeats arrived once the first of them has waited
+    --heartbeat-checkpoint-interval (6 checkpoint intervals by default); a VM new, changed or gone is written at the
+    next round, with the heartbeats waiting beside it."""
+    replica = Replica(state_format=state_format)
+    run(replica.claim())
+    interval = replica.service.keeper.heartbeat_interval
+    assert interval == 6 * FleetSettings().checkpoint_interval
+    fleet_of_ten(replica)
+    run(replica.service.write_due())  # ten new VMs: written at once
+    assert replica.checkpoints.written == [(10, 10)]
+    run(replica.read(Event(11, "vm-1", sequence=2, body=document(1))))  # a heartbeat
+    replica.now += interval - 1
+    run(replica.service.write_due())
+    assert replica.checkpoints.written == [(10, 10)]  # it waits
+    replica.now += 1
+    run(replica.service.write_due())
+    assert replica.checkpoints.written == [(10, 10), (11, 11)]
+    run(replica.read(Event(12, "vm-2", sequence=2, body=document(2))))  # a heartbeat, then a change beside it
+    run(replica.read(Event(13, "vm-3", sequence=2, body=document(3, 2))))
+    run(replica.service.write_due())
+    assert replica.checkpoints.written[-1] == (13, 13)
+    assert replica.states[NAME].position == 13
+    stored = decode(replica.states[NAME].data, "0", replica.now)
+    assert stored.vms["vm-2"].sequence == 2 and stored.vms["vm-3"].body == document(3, 2)
+    run(replica.read(Event(14, "vm-4", sequence=2, body=document(4))))
+    run(replica.service.write_due())
+    assert replica.checkpoints.written[-1] == (13, 13)
+    replica.now += FleetSettings().vm_expiry + 61  # every VM silent past the expiry: gone, written at once
+    assert len(replica.service.expire_now()) == 10
+    run(replica.service.write_due())
+    assert replica.checkpoints.written[-1] == (14, 14) and decode(replica.states[NAME].data, "0", replica.now).vms == {}
+
+
+def test_the_heartbeat_interval_is_its_flag_and_never_shorter_than_the_checkpoint_interval() -> None:
+    assert FleetSettings(checkpoint_interval=2).heartbeat_write_interval == 12
+    assert FleetSettings(checkpoint_interval=2, heartbeat_checkpoint_interval=30).heartbeat_write_interval == 30
+    assert FleetSettings(checkpoint_interval=20, heartbeat_checkpoint_interval=5).heartbeat_write_interval == 20
