@@ -367,6 +367,7 @@ class VmLines:
 _SEEN = f"{FLEET}_vm_last_seen_timestamp_seconds"
 _SEEN_NAME = _SEEN.encode()
 _SEEN_JOIN = b"\n" + _SEEN_NAME
+SEEN_PIECE = 2048  # last-seen lines per chunk (about 300 KB): the body is sent piece by piece, never joined whole
 
 
 def _write(seen: list[Iterable[bytes]], extra: list[VmLines], count: int, now: float) -> list[bytes]:
@@ -405,7 +406,17 @@ def _write(seen: list[Iterable[bytes]], extra: list[VmLines], count: int, now: f
     }, _HEADERS)
     if not count:
         return [before.encode(), after.encode()]
-    return [before.encode(), _SEEN_NAME, _SEEN_JOIN.join(chain.from_iterable(seen)), b"\n", after.encode()]
+    lines = list(chain.from_iterable(seen))
+    pieces = [_SEEN_JOIN.join(lines[start:start + SEEN_PIECE]) for start in range(0, len(lines), SEEN_PIECE)]
+    return [before.encode(), _SEEN_NAME, *_between(pieces, _SEEN_JOIN), b"\n", after.encode()]
+
+
+def _between(pieces: list[bytes], separator: bytes) -> Iterator[bytes]:
+    """``pieces`` with ``separator`` between each two: their join, sent as it is rather than copied into one."""
+    yield pieces[0]
+    for piece in pieces[1:]:
+        yield separator
+        yield piece
 
 
 def write_gauges(families: Mapping[str, list[str]], headers: Mapping[str, str]) -> str:

@@ -325,20 +325,33 @@ def _reason(status: int) -> bytes:
 async def _answer(conn: h11.Connection, writer: asyncio.StreamWriter, response: Response, head_only: bool,
                   timeout: float, limits: Limits) -> None:
     headers = [(name, value) for name, value in (("Content-Type", response.content_type),) if value is not None]
-    headers += [("Content-Length", str(len(response.body))), *response.headers]
+    size = response.size
+    headers += [("Content-Length", str(size)), *response.headers]
     if response.close:
         headers.append(("Connection", "close"))
     head = conn.send(h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status)))
-    body = (conn.send(h11.Data(data=response.body)) or b"") if not head_only and response.body else b""
-    body += conn.send(h11.EndOfMessage()) or b""  # empty with a Content-Length; it readies h11 for the next request
-    if len(body) <= JOIN_BELOW:  # one write: a head and a small body written apart stall a keep-alive client by a
-        # delayed ACK at every request (a scrape's too): about 200 times a small answer's own time, with http.client
-        writer.write((head or b"") + body)
-    else:  # a large body is not copied to be joined: its own segments follow the head at once
-        writer.write(head or b"")
-        writer.write(body)
+    pieces = () if head_only else response.stream or ((response.body,) if response.body else ())
+    deadline = asyncio.get_running_loop().time() + timeout  # the whole answer's, however many pieces
+    if size <= JOIN_BELOW or head_only:  # one write: a head and a small body written apart stall a keep-alive client
+        # by a delayed ACK at every request (a scrape's too): about 200 times a small answer's own time (http.client)
+        body = b"".join(conn.send(h11.Data(data=piece)) or b"" for piece in pieces)
+        writer.write((head or b"") + body + (conn.send(h11.EndOfMessage()) or b""))
+        await _drain(writer, deadline, limits)
+        return
+    writer.write(head or b"")  # a large body is not copied to be joined: each piece follows once the last is read
+    for piece in pieces:
+        writer.write(conn.send(h11.Data(data=piece)) or b"")
+        await _drain(writer, deadline, limits)
+    end = conn.send(h11.EndOfMessage())  # empty with a Content-Length; it readies h11 for the next request
+    if end:
+        writer.write(end)
+        await _drain(writer, deadline, limits)
+
+
+async def _drain(writer: asyncio.StreamWriter, deadline: float, limits: Limits) -> None:
+    """Until the transport's buffer is low again (the client read it), by the answer's deadline."""
     try:
-        await asyncio.wait_for(writer.drain(), timeout)
+        await asyncio.wait_for(writer.drain(), max(0.0, deadline - asyncio.get_running_loop().time()))
     except asyncio.TimeoutError:
         limits.reject("write_deadline")
         raise ConnectionAbortedError("the client did not read its answer") from None

@@ -40,6 +40,12 @@ class Response:
     content_type: str | None = "text/plain; charset=utf-8"
     headers: tuple[tuple[str, str], ...] = ()
     close: bool = False  # close the connection after this answer
+    stream: tuple[bytes, ...] = ()  # a large body's pieces, sent one by one as the client reads (``body`` empty)
+
+    @property
+    def size(self) -> int:
+        """The body's bytes: what Content-Length says."""
+        return sum(map(len, self.stream)) if self.stream else len(self.body)
 
 
 # A handler's answer: a Response, or None when it wrote its answer itself (``HttpRequest.raw``) or wants the
@@ -99,14 +105,17 @@ def metrics(request: HttpRequest, body: bytes | list[bytes]) -> Response:
 
     Level 1, not prometheus-client's 9: metrics text is so repetitive that level 1 is nearly as small at a
     fraction of the CPU (figures: docs/performance.md, "Scrape"). Chunks are compressed one after the other, or
-    joined once: a fleet's body is tens of MB, and each whole copy of it is memory at the scrape's peak."""
+    sent one after the other, never joined: a fleet's body is tens of MB, and each whole copy of it (a join, then
+    the socket transport's buffer of what the client has not read yet) is memory at the scrape's peak."""
     chunks = [body] if isinstance(body, bytes) else body
     if gzip_wanted(request.header("accept-encoding")):
         compressor = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # 16 +: a gzip header and trailer
         compressed = [compressor.compress(chunk) for chunk in chunks]
         compressed.append(compressor.flush())
         return Response(200, b"".join(compressed), METRICS_TYPE, (("Content-Encoding", "gzip"),))
-    return Response(200, b"".join(chunks), METRICS_TYPE)
+    if len(chunks) == 1:
+        return Response(200, chunks[0], METRICS_TYPE)
+    return Response(200, b"", METRICS_TYPE, stream=tuple(chunk for chunk in chunks if chunk))
 
 
 def gzip_wanted(accept_encoding: str) -> bool:

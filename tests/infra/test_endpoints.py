@@ -517,10 +517,11 @@ def test_metrics_chunks_are_sent_whole_gzipped_or_not() -> None:
     chunks = [b"# HELP a x\n", b"", b"a 1.0\n" * 10_000, b"b 2.0\n"]
     plain = http_server.metrics(HttpRequest("GET", "/metrics", ""), chunks)
     zipped = http_server.metrics(HttpRequest("GET", "/metrics", "", (("accept-encoding", "gzip"),)), chunks)
-    assert plain.body == b"".join(chunks)
+    assert b"".join(plain.stream) == b"".join(chunks) and plain.size == len(b"".join(chunks))
+    assert all(any(piece is chunk for chunk in chunks) for piece in plain.stream)  # sent as they are, not copied
     assert dict(zipped.headers)["Content-Encoding"] == "gzip"
     assert gzip.decompress(zipped.body) == b"".join(chunks)
-    assert len(zipped.body) < len(plain.body) // 10
+    assert len(zipped.body) < plain.size // 10
 
 
 class _Written:
@@ -551,3 +552,54 @@ def test_a_small_answer_leaves_in_one_write_and_a_large_body_is_not_copied_to_jo
     asyncio.run(http_connection._answer(conn, written, Response(200, body), False, 5.0, limits))  # type: ignore[arg-type]
     assert len(written.writes) == writes
     assert b"".join(written.writes).endswith(b"\r\n\r\n" + body)
+
+
+def test_a_streamed_body_goes_out_piece_by_piece_as_the_client_reads_and_arrives_whole(
+        reliability: Reliability) -> None:
+    """A body given as pieces (the fleet's /metrics: tens of MB) is written one piece at a time, each once the last
+    has left the transport's buffer, so the server never holds a second whole copy of it; the client gets it
+    whole, framed by its Content-Length, and the connection serves the next request."""
+    pieces = tuple(bytes([65 + n % 26]) * 300_000 for n in range(40))  # 12 MB
+
+    async def streamed(request: HttpRequest) -> Response:
+        return Response(200, stream=pieces)
+
+    rejected: list[str] = []
+    running = serve(Listen("127.0.0.1", 0), streamed, Bounds(write_timeout=30), rejected.append)
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", running.server_port, timeout=30)
+        for _ in range(2):
+            connection.request("GET", "/metrics")
+            response = connection.getresponse()
+            assert int(response.getheader("Content-Length")) == 12_000_000
+            assert response.read() == b"".join(pieces)
+        connection.close()
+    finally:
+        running.server_close()
+    assert rejected == []
+    reliability("HTTP server", "a large /metrics body (the fleet's, tens of MB)",
+                "sent piece by piece as the client reads, never copied whole; arrives whole")
+
+
+def test_the_write_deadline_covers_a_streamed_answer_whole_not_each_piece() -> None:
+    """A client reading a streamed answer slowly, each piece within the write timeout but the whole past it, is
+    cut off at the deadline of the whole answer (one per piece would let it hold the connection for minutes)."""
+    pieces = tuple(b"x" * 65_536 for _ in range(200))
+    rejected: list[str] = []
+
+    async def streamed(request: HttpRequest) -> Response:
+        return Response(200, stream=pieces)
+
+    running = serve(Listen("127.0.0.1", 0), streamed, Bounds(write_timeout=1.0), rejected.append)
+    try:
+        sock = connect(running.server_port)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(REQUEST)
+        deadline = time.monotonic() + 20
+        while not rejected and time.monotonic() < deadline:  # a drip: 16 KB every 0.2 s, each piece within 1 s
+            if readable(sock, 0) and not sock.recv(16_384):
+                break
+            time.sleep(0.2)  # the client's pace: what is tested, not a wait for a condition
+        wait_until(lambda: rejected == ["write_deadline"], timeout=10, what="the write deadline")
+    finally:
+        running.server_close()
