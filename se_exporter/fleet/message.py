@@ -304,7 +304,13 @@ def _sequence(value: Any) -> int:
 
 def _label(properties: Mapping[Any, Any], name: str) -> str:
     """A string property shown as a label: absent is empty; anything but text (or longer than a label) refused."""
-    value = _property(properties, name)
+    value = properties.get(_KEYS[name])
+    if type(value) is bytes and len(value) <= MAX_TEXT and value.isascii():  # the SDK's usual case, checked at once
+        text = value.decode("ascii")
+        if text.isprintable():  # no control character at all (tab and newline included: those take the long way)
+            return text
+    if value is None:
+        value = properties.get(name)
     if value is None:
         return ""
     if not isinstance(value, (str, bytes, bytearray)):
@@ -344,10 +350,25 @@ def printable(text: str) -> str:
 
 
 def _time(properties: Mapping[Any, Any], name: str) -> float | None:
-    """An RFC 3339 time (``observed_at``, ``imds_last_success``) as unix time; absent is None."""
+    """An RFC 3339 time (``observed_at``, ``imds_last_success``) as unix time; absent is None. The last text read
+    and its value are remembered: a healthy sidecar sends the same instant as both (it read IMDS when it observed)."""
     value = _property(properties, name)
     if value is None or value in ("", b""):  # empty: not known (a VM that has not read IMDS yet)
         return None
+    global _LAST_TIME  # noqa: PLW0603 - one tuple, replaced whole: a reader in any thread sees a text and its value
+    text, unix = _LAST_TIME
+    if type(value) is bytes and value == text:
+        return unix
+    unix = _parse_time(name, value)
+    if type(value) is bytes:
+        _LAST_TIME = (value, unix)
+    return unix
+
+
+_LAST_TIME: tuple[bytes, float] = (b"", 0.0)  # the last time text read (bytes, as the SDK hands them over), its value
+
+
+def _parse_time(name: str, value: Any) -> float:
     if isinstance(value, (str, bytes, bytearray)) and len(value) <= MAX_TIME_TEXT:
         text = value if isinstance(value, str) else bytes(value).decode("ascii", "replace")
         try:

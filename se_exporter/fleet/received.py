@@ -13,6 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 ENQUEUED_TIME = b"x-opt-enqueued-time"  # milliseconds since the epoch, as Event Hubs annotates every event
+# What the receiver learns of the partition's newest event with each delivery (the SDK's
+# ``track_last_enqueued_event_properties``), as delivery annotations of the message received.
+NEWEST_SEQUENCE = b"last_enqueued_sequence_number"
+NEWEST_TIME = b"last_enqueued_time_utc"  # milliseconds since the epoch
 
 
 def enqueued_at(event: Any) -> float | None:
@@ -33,3 +37,24 @@ def message_id(event: Any) -> Any:
         return event.message_id
     properties = raw.properties
     return properties.message_id if properties is not None else None
+
+
+def newest(event: Any, context: Any) -> tuple[int, float | None] | None:
+    """The partition's newest sequence number and its enqueue time (unix time; None unknown) as delivered with
+    ``event``; None when not known. ``PartitionContext.last_enqueued_event_properties`` says the same, but builds a
+    dict and two datetimes from them at every batch (which, at one heartbeat a batch, is one event each): read
+    from the raw message's delivery annotations, and from the context when the event has no raw message (a test's
+    stand-in)."""
+    raw = getattr(event, "raw_amqp_message", None)
+    if raw is None:
+        properties = context.last_enqueued_event_properties
+        if not properties or properties.get("sequence_number") is None:
+            return None
+        stamp = properties.get("enqueued_time")
+        return int(properties["sequence_number"]), stamp.timestamp() if stamp is not None else None
+    annotations = raw.delivery_annotations
+    sequence = annotations.get(NEWEST_SEQUENCE) if annotations else None
+    if sequence is None:
+        return None
+    stamp = annotations.get(NEWEST_TIME)
+    return int(sequence), float(stamp) / 1000 if stamp else None
