@@ -406,8 +406,8 @@ def _write(seen: list[Iterable[bytes]], extra: list[VmLines], count: int, now: f
     }, _HEADERS)
     if not count:
         return [before.encode(), after.encode()]
-    lines = list(chain.from_iterable(seen))
-    pieces = [_SEEN_JOIN.join(lines[start:start + SEEN_PIECE]) for start in range(0, len(lines), SEEN_PIECE)]
+    kept = list(chain.from_iterable(seen))
+    pieces = [_SEEN_JOIN.join(kept[start:start + SEEN_PIECE]) for start in range(0, len(kept), SEEN_PIECE)]
     return [before.encode(), _SEEN_NAME, *_between(pieces, _SEEN_JOIN), b"\n", after.encode()]
 
 
