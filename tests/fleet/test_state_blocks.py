@@ -98,6 +98,7 @@ def test_deltas_are_compacted_into_a_base_past_the_block_cap_or_a_share_of_the_b
     """Past MAX_BLOCKS blocks, or deltas past COMPACT_FRACTION of the base's bytes, the write is a new base: a
     restore reads one base and a bounded tail."""
     monkeypatch.setattr(statestore, "MAX_BLOCKS", 3)
+    monkeypatch.setattr(statestore, "COMPACT_FRACTION", 0.5)  # the rule at a share of ten VMs' documents
     replica = format3()
     fleet_of_ten(replica)
     run(replica.service.save("0"))
