@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES
 from se_exporter.fleet.message import BOUND_NAMES, INVALID_REASONS, NO_IMDS, VmState
 from se_exporter.fleet.picture import IMDS_STALE_AFTER, Fleet, imds_unreachable
+from se_exporter.infra.http_pages import Joined, Part, pieces
 
 FLEET = "azure_scheduled_fleet"
 VM_LABELS = ["vm_id", "vm_name", "vmss_name", "location"]
@@ -213,10 +214,10 @@ def render_fleet(vms: Iterable[VmState], now: float) -> str:
     /metrics scrape: ``scripts/fleet_bench.py --scrape`` writes the same VMs both ways, checks the samples are
     the same and prints the ratio (part of ``make bench``); should the ratio pass 0.5, use the library.
     /metrics itself writes through ``FleetExposition``, which keeps these lines between scrapes."""
-    return b"".join(_chunks(vms, now)).decode()
+    return b"".join(pieces(_chunks(vms, now))).decode()
 
 
-def _chunks(vms: Iterable[VmState], now: float) -> list[bytes]:
+def _chunks(vms: Iterable[VmState], now: float) -> list[Part]:
     lines = [VmLines.of(vm) for vm in vms]
     return _write([[vm.seen for vm in lines]], [vm for vm in lines if vm.extra], len(lines), now)
 
@@ -240,8 +241,8 @@ class FleetExposition:
         self._next: dict[tuple[int, str], _Part] = {}  # this scrape's, moved over from ``_parts`` one by one
         self._twice: set[str] = set()  # keys kept by more than one part
 
-    def render(self, now: float) -> list[bytes]:
-        """The fleet families, as chunks of the text format to be sent one after another."""
+    def render(self, now: float) -> list[Part]:
+        """The fleet families, as parts of the text format to be sent one after another (``http_pages.pieces``)."""
         with self._lock:
             self._next = {}
             for index, (fleet, follower) in enumerate(zip(self._fleets, self._followers, strict=True)):
@@ -367,10 +368,10 @@ class VmLines:
 _SEEN = f"{FLEET}_vm_last_seen_timestamp_seconds"
 _SEEN_NAME = _SEEN.encode()
 _SEEN_JOIN = b"\n" + _SEEN_NAME
-SEEN_PIECE = 2048  # last-seen lines per chunk (about 300 KB): the body is sent piece by piece, never joined whole
+SEEN_PIECE = 2048  # last-seen lines per piece (about 300 KB): joined as they are sent, never all at once
 
 
-def _write(seen: list[Iterable[bytes]], extra: list[VmLines], count: int, now: float) -> list[bytes]:
+def _write(seen: list[Iterable[bytes]], extra: list[VmLines], count: int, now: float) -> list[Part]:
     """The families, in the order ``render_fleet`` has always written them: the counts and the event lines of the
     VMs that have any, every VM's last-seen line (``seen``: groups of them, joined in order into one chunk), and
     the IMDS lines. Chunks of the text format, to be sent one after the other."""
@@ -406,17 +407,8 @@ def _write(seen: list[Iterable[bytes]], extra: list[VmLines], count: int, now: f
     }, _HEADERS)
     if not count:
         return [before.encode(), after.encode()]
-    kept = list(chain.from_iterable(seen))
-    pieces = [_SEEN_JOIN.join(kept[start:start + SEEN_PIECE]) for start in range(0, len(kept), SEEN_PIECE)]
-    return [before.encode(), _SEEN_NAME, *_between(pieces, _SEEN_JOIN), b"\n", after.encode()]
-
-
-def _between(pieces: list[bytes], separator: bytes) -> Iterator[bytes]:
-    """``pieces`` with ``separator`` between each two: their join, sent as it is rather than copied into one."""
-    yield pieces[0]
-    for piece in pieces[1:]:
-        yield separator
-        yield piece
+    return [before.encode(), _SEEN_NAME, Joined(_SEEN_JOIN, list(chain.from_iterable(seen)), SEEN_PIECE), b"\n",
+            after.encode()]
 
 
 def write_gauges(families: Mapping[str, list[str]], headers: Mapping[str, str]) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 import h11
 
-from se_exporter.infra.http_pages import Handler, HttpRequest, RawWriter, Response
+from se_exporter.infra.http_pages import Handler, HttpRequest, RawWriter, Response, pieces
 
 log = logging.getLogger("se_exporter")
 
@@ -330,16 +330,16 @@ async def _answer(conn: h11.Connection, writer: asyncio.StreamWriter, response: 
     if response.close:
         headers.append(("Connection", "close"))
     head = conn.send(h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status)))
-    pieces = () if head_only else response.stream or ((response.body,) if response.body else ())
+    parts = () if head_only else response.stream or ((response.body,) if response.body else ())
     deadline = asyncio.get_running_loop().time() + timeout  # the whole answer's, however many pieces
     if size <= JOIN_BELOW or head_only:  # one write: a head and a small body written apart stall a keep-alive client
         # by a delayed ACK at every request (a scrape's too): about 200 times a small answer's own time (http.client)
-        body = b"".join(conn.send(h11.Data(data=piece)) or b"" for piece in pieces)
+        body = b"".join(conn.send(h11.Data(data=piece)) or b"" for piece in pieces(parts))
         writer.write((head or b"") + body + (conn.send(h11.EndOfMessage()) or b""))
         await _drain(writer, deadline, limits)
         return
     writer.write(head or b"")  # a large body is not copied to be joined: each piece follows once the last is read
-    for piece in pieces:
+    for piece in pieces(parts):
         writer.write(conn.send(h11.Data(data=piece)) or b"")
         await _drain(writer, deadline, limits)
     end = conn.send(h11.EndOfMessage())  # empty with a Content-Length; it readies h11 for the next request

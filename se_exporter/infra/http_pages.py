@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
@@ -33,6 +33,40 @@ class HttpRequest:
         return found
 
 
+class Joined:
+    """``separator.join(items)`` as a body part, made a slice of ``per_piece`` items at a time as it is sent: its
+    size is known at once, its bytes exist only a piece at a time. What a scrape of a fleet holds for as long as
+    its client takes to read it (a client may stall until the write deadline, and many may at once) is the list
+    of items, 8 bytes each, not a copy of the text (22 MB at 100,000 VMs)."""
+
+    def __init__(self, separator: bytes, items: list[bytes], per_piece: int) -> None:
+        self.separator, self.items, self.per_piece = separator, items, per_piece
+        self._size = sum(map(len, items)) + len(separator) * max(0, len(items) - 1)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[bytes]:
+        items, step, separator = self.items, self.per_piece, self.separator
+        for start in range(0, len(items), step):
+            if start:
+                yield separator
+            yield separator.join(items[start:start + step])
+
+
+Part = bytes | Joined
+
+
+def pieces(parts: Iterable[Part]) -> Iterator[bytes]:
+    """The bytes of ``parts`` in order, a piece at a time (a ``Joined`` in its slices)."""
+    for part in parts:
+        if isinstance(part, bytes):
+            if part:
+                yield part
+        else:
+            yield from part
+
+
 @dataclass(frozen=True)
 class Response:
     status: int
@@ -40,7 +74,7 @@ class Response:
     content_type: str | None = "text/plain; charset=utf-8"
     headers: tuple[tuple[str, str], ...] = ()
     close: bool = False  # close the connection after this answer
-    stream: tuple[bytes, ...] = ()  # a large body's pieces, sent one by one as the client reads (``body`` empty)
+    stream: tuple[Part, ...] = ()  # a large body's parts, sent a piece at a time as the client reads (``body`` empty)
 
     @property
     def size(self) -> int:
@@ -99,7 +133,7 @@ def html_index(title: str) -> Response:
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def metrics(request: HttpRequest, body: bytes | list[bytes]) -> Response:
+def metrics(request: HttpRequest, body: bytes | list[Part]) -> Response:
     """The Prometheus text ``body`` (or its chunks, in order), gzipped when the request asks for gzip with a quality
     above zero.
 
@@ -110,12 +144,12 @@ def metrics(request: HttpRequest, body: bytes | list[bytes]) -> Response:
     chunks = [body] if isinstance(body, bytes) else body
     if gzip_wanted(request.header("accept-encoding")):
         compressor = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # 16 +: a gzip header and trailer
-        compressed = [compressor.compress(chunk) for chunk in chunks]
+        compressed = [compressor.compress(piece) for piece in pieces(chunks)]
         compressed.append(compressor.flush())
         return Response(200, b"".join(compressed), METRICS_TYPE, (("Content-Encoding", "gzip"),))
-    if len(chunks) == 1:
+    if len(chunks) == 1 and isinstance(chunks[0], bytes):
         return Response(200, chunks[0], METRICS_TYPE)
-    return Response(200, b"", METRICS_TYPE, stream=tuple(chunk for chunk in chunks if chunk))
+    return Response(200, b"", METRICS_TYPE, stream=tuple(chunk for chunk in chunks if len(chunk)))
 
 
 def gzip_wanted(accept_encoding: str) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 
 from se_exporter.fleet.collector import FleetExposition, render_fleet
 from se_exporter.fleet.picture import Fleet, read_message
+from se_exporter.infra.http_pages import Joined, Part, pieces
 from tests.fleet.test_picture import EMPTY, FREEZE, NEIGHBOUR, props
 
 NOW = 2_000_000_000.0
@@ -23,10 +24,10 @@ def send(fleet: Fleet, partition_id: str, body: bytes, vm_id: str, sequence: int
     return fleet.apply(partition_id, message)
 
 
-def lines(text: str | list[bytes]) -> list[str]:
-    """The exposition's lines (its text, or its chunks joined), sorted: samples of a family may come in any order
+def lines(text: str | list[Part]) -> list[str]:
+    """The exposition's lines (its text, or its parts joined), sorted: samples of a family may come in any order
     (the families' own order and headers are the writer's, the same both ways)."""
-    return sorted((text if isinstance(text, str) else b"".join(text).decode()).splitlines())
+    return sorted((text if isinstance(text, str) else b"".join(pieces(text)).decode()).splitlines())
 
 
 def test_each_scrape_writes_what_a_fresh_writer_writes_through_every_kind_of_change() -> None:
@@ -88,7 +89,7 @@ def test_a_vm_in_two_shown_partitions_is_written_once_the_one_seen_last() -> Non
         send(fleet, "0", EMPTY, "id1", 1, 1500.0)
         exposition.render(NOW)
         send(fleet, "0", EMPTY, "id1", 2, 1600.0)  # a change in the other partition: the kept lines are used
-        text = b"".join(exposition.render(NOW)).decode()
+        text = b"".join(pieces(exposition.render(NOW))).decode()
         assert lines(text) == lines(render_fleet(fleet.vms(), NOW))
         assert text.count('vm_last_seen_timestamp_seconds{vm_id="id0"') == 1
         assert 'vm_last_seen_timestamp_seconds{vm_id="id0",vm_name="WestNO_0",vmss_name="",location="norwayeast"} ' \
@@ -123,7 +124,7 @@ def test_vms_held_twice_come_and_go_through_random_changes_and_every_scrape_stay
             fleet.claim(partition_id)
         if rng.random() < 0.5:
             vms = fleet.vms()
-            text = b"".join(exposition.render(NOW)).decode()
+            text = b"".join(pieces(exposition.render(NOW))).decode()
             assert lines(text) == lines(render_fleet(vms, NOW))
             assert len({vm.key for vm in vms}) == len(vms)
             held = [key for partition_id in fleet.shown() for key in fleet._partitions[partition_id].vms]
@@ -131,3 +132,19 @@ def test_vms_held_twice_come_and_go_through_random_changes_and_every_scrape_stay
             assert bool(exposition._twice) == doubled  # the kept lines are used again once nothing is held twice
             twice += doubled
     assert twice > 10  # the case this test is about came up, many times
+
+
+def test_a_scrape_refers_to_the_kept_lines_and_copies_none_of_them() -> None:
+    """The last-seen lines, most of a fleet's text, go out as a Joined over the very lines kept between scrapes:
+    a scrape (and a client slow to read it) holds references to them, not a copy of 22 MB per 100,000 VMs."""
+    fleet = Fleet()
+    fleet.claim("0")
+    exposition = FleetExposition(fleet)
+    for n in range(50):
+        fleet.apply("0", read_message(EMPTY, props(1, vm_id=f"vm-{n}", vm_name=f"vm-{n}"), f"i{n}:1".encode(),
+                                      f"vm-{n}".encode(), 1000.0 + n, 1 << 20))
+    parts = exposition.render(NOW)
+    [joined] = [part for part in parts if isinstance(part, Joined)]
+    kept = {id(line) for part in exposition._parts.values() for line in part.seen.values()}
+    assert len(joined.items) == 50 and {id(line) for line in joined.items} == kept
+    assert lines(parts) == lines(render_fleet(fleet.vms(), NOW))

@@ -22,7 +22,7 @@ import h11
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from se_exporter.infra import http_connection, http_server
+from se_exporter.infra import http_connection, http_pages, http_server
 from se_exporter.infra.http_server import Bounds, HttpRequest, Response, serve
 from se_exporter.infra.options import Listen
 from se_exporter.sidecar.endpoints import make_http_app
@@ -603,3 +603,19 @@ def test_the_write_deadline_covers_a_streamed_answer_whole_not_each_piece() -> N
         wait_until(lambda: rejected == ["write_deadline"], timeout=10, what="the write deadline")
     finally:
         running.server_close()
+
+
+def test_a_joined_part_is_made_a_slice_at_a_time_and_sent_whole() -> None:
+    """A Joined part says its size at once and makes its bytes a slice of items at a time as they go out: what a
+    scrape holds while its client reads is the list of items, not a copy of the text."""
+    items = [f"line {n}".encode() for n in range(10)]
+    joined = http_pages.Joined(b"\n", items, 4)
+    assert len(joined) == len(b"\n".join(items))
+    assert list(joined) == [b"\n".join(items[:4]), b"\n", b"\n".join(items[4:8]), b"\n", b"\n".join(items[8:])]
+    assert len(http_pages.Joined(b"\n", [], 4)) == 0 and list(http_pages.Joined(b"\n", [], 4)) == []
+    answer = http_server.metrics(HttpRequest("GET", "/metrics", ""), [b"# head\n", joined, b"\n# tail\n"])
+    assert answer.size == len(b"# head\n" + b"\n".join(items) + b"\n# tail\n")
+    assert b"".join(http_pages.pieces(answer.stream)) == b"# head\n" + b"\n".join(items) + b"\n# tail\n"
+    zipped = http_server.metrics(HttpRequest("GET", "/metrics", "", (("accept-encoding", "gzip"),)),
+                                 [b"# head\n", joined, b"\n# tail\n"])
+    assert gzip.decompress(zipped.body) == b"# head\n" + b"\n".join(items) + b"\n# tail\n"
