@@ -157,7 +157,11 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
     if last_success is None and failing is None:
         imds = NO_IMDS  # an older sidecar: unknown, and shared by most of a fleet until sidecars are upgraded
     else:  # observed_at is used only beside imds_last_success (see picture.imds_unreachable)
-        imds = Imds(_time(properties, "observed_at") if last_success is not None else None, last_success, failing)
+        observed = _time(properties, "observed_at") if last_success is not None else None
+        if observed is not None and not MIN_TIME <= observed < MAX_TIME:  # else a VM unreachable for ever, or never
+            raise InvalidMessage("bad_property", f"property 'observed_at' is {observed:.0f}, not a time from 2000 to "
+                                 "2199")
+        imds = Imds(observed, last_success, failing)
     heartbeat = _flag(properties, "heartbeat") is True
     body = bytes(body)
     events, warnings, hit = read_events(body, vm_name, bounds)

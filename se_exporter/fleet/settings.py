@@ -35,6 +35,8 @@ DEFAULT_CONTAINER = "se-exporter-fleet"
 DEFAULT_VM_EXPIRY = 900.0  # three missed heartbeats at the Event Hubs default of 300 s
 DEFAULT_CHECKPOINT_INTERVAL = 10.0
 HEARTBEAT_WRITES_EVERY = 6  # checkpoint intervals between writes of a partition where only heartbeats arrived
+HEARTBEAT_WRITES_AT_MOST = 120.0  # seconds: the default's cap, so the checkpoint age stays far below the 300 s at
+# which FleetCheckpointsStale fires, whatever --checkpoint-interval (up to 120 s) says
 DEFAULT_LISTEN = Listen("", DEFAULT_FLEET_PORT)
 
 CHECKPOINT_INTERVAL = Bounded(0.1, 3600)
@@ -145,7 +147,8 @@ FLEET_OPTIONS: tuple[Option, ...] = (
            "--heartbeat-checkpoint-interval", "SECONDS"),
     Option("heartbeat_checkpoint_interval", "--heartbeat-checkpoint-interval", CHECKPOINT_INTERVAL,
            f"how often a partition where only heartbeats arrived is written (default {HEARTBEAT_WRITES_EVERY} x "
-           "--checkpoint-interval): a restart replays at most this much", "SECONDS"),
+           f"--checkpoint-interval, at most {HEARTBEAT_WRITES_AT_MOST:g}, never less than --checkpoint-interval): a "
+           "restart replays at most this much", "SECONDS"),
     Option("vm_expiry", "--vm-expiry", VM_EXPIRY,
            f"forget a VM not heard from for this long (default {DEFAULT_VM_EXPIRY:g}: three missed heartbeats)",
            "SECONDS"),
@@ -211,7 +214,8 @@ class FleetSettings(HubReader):
     def heartbeat_write_interval(self) -> float:
         """How long heartbeats alone wait to be written: a heartbeat moves only when a VM was last seen (and its IMDS
         health), which a restart replays from the checkpoint anyway; never shorter than the checkpoint interval."""
-        interval = self.heartbeat_checkpoint_interval or HEARTBEAT_WRITES_EVERY * self.checkpoint_interval
+        interval = self.heartbeat_checkpoint_interval or min(HEARTBEAT_WRITES_EVERY * self.checkpoint_interval,
+                                                             HEARTBEAT_WRITES_AT_MOST)
         return max(interval, self.checkpoint_interval)
 
     @property

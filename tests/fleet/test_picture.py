@@ -299,7 +299,8 @@ def test_a_surrogate_event_id_is_escaped_before_it_is_kept_or_shown() -> None:
     ("location", ["westeurope"]), ("vmss_name", 7), ("heartbeat", "yes"), ("imds_failing", 1),
     ("imds_last_success", "yesterday"), ("observed_at", 1795316668), ("imds_last_success", "9" * 100),
     ("imds_last_success", "0001-01-01T00:00:00Z"), ("imds_last_success", "1999-12-31T23:59:59Z"),
-    ("imds_last_success", "9999-12-31T23:59:59Z"),
+    ("imds_last_success", "9999-12-31T23:59:59Z"), ("observed_at", "9999-12-31T23:59:59Z"),
+    ("observed_at", "0001-01-01T00:00:00Z"),  # unreachable for ever, or never: refused as imds_last_success is
 ])
 def test_a_bad_property_is_refused_with_its_own_reason(name: str, value: Any) -> None:
     """Every property the fleet uses is checked by type, range and length; a bad one is an invalid message with
