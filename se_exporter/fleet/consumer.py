@@ -112,8 +112,7 @@ class Service:
         self.attached: Callable[[str], bool | None] = lambda partition_id: None
         self.stolen: Callable[[str], bool] = lambda partition_id: False
         self.first_reader: FirstReader | None = None  # the platform stream's reader (fleet/platform/service.py)
-        self._outcomes = {**{kind: metrics.applied.labels(kind) for kind in ("change", "heartbeat")},
-                          **{reason: metrics.duplicates.labels(reason) for reason in ("resend", "older")}}
+        self._outcomes = {reason: metrics.duplicates.labels(reason) for reason in ("resend", "older")}
 
     @property
     def views(self) -> dict[str, PartitionView]:
@@ -178,12 +177,14 @@ class Service:
         self._lag(context, partition, last)
 
     def _count(self, received: int, outcomes: dict[str, int]) -> None:
-        """Counters once per batch, not per event: each increment takes a lock (and each ``labels`` call validates
-        and locks too: the labelled counters are looked up once, ``_outcomes``)."""
-        self._metrics.consumed.inc(received)
-        if outcomes.get("change") or outcomes.get("heartbeat"):
-            self._metrics.last_applied.set(self._clock())
+        """Counters once per batch, not per event: what every batch counts is queued (``FleetMetrics.batch``), the
+        rarer outcomes counted at once (each increment takes a lock, and each ``labels`` call validates and locks
+        too: the labelled counters are looked up once, ``_outcomes``)."""
+        changes, heartbeats = outcomes.get("change", 0), outcomes.get("heartbeat", 0)
+        self._metrics.batch(received, changes, heartbeats, self._clock() if changes or heartbeats else None)
         for outcome, count in outcomes.items():
+            if outcome in ("change", "heartbeat"):
+                continue
             counter = self._outcomes.get(outcome)
             if counter is not None:
                 counter.inc(count)
@@ -400,6 +401,7 @@ class Service:
     async def watchdog(self, stop: asyncio.Event) -> None:
         while not await _stopped(stop, 1.0):
             self.alive = time.monotonic()
+            self._metrics.flush()  # the batches' counts, for a registry nobody scrapes: its queue stays short
 
     # ------------------------------------------------------------------ what the endpoints say
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from prometheus_client import CollectorRegistry, generate_latest
 
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView, render_fleet
@@ -184,3 +186,34 @@ def test_state_and_bound_counters_exist_at_zero_and_newer_format_partitions_are_
     for reason in ("bad_property", "wrong_partition_key", "internal_error"):
         assert get("azure_scheduled_fleet_invalid_messages_total", {"reason": reason}) == 0
     assert get("azure_scheduled_fleet_state_newer_format_partitions") == 1
+
+
+def test_batch_counts_are_exact_whenever_the_registry_is_read_even_while_batches_arrive() -> None:
+    """What each batch counts is queued and added when the registry is collected (or flushed): a read right after
+    a batch sees it, and batches queued from the consumer's thread while scrapes collect from another are each
+    counted once, none lost."""
+    registry = CollectorRegistry()
+    metrics = FleetMetrics(registry)
+    metrics.batch(3, 1, 2, 100.0)
+    metrics.batch(1, 0, 0, None)
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(f"azure_scheduled_fleet_{name}", labels)
+
+    assert value("documents_consumed_total") == 4 and value("last_applied_timestamp_seconds") == 100.0
+    assert value("documents_applied_total", kind="change") == 1
+    assert value("documents_applied_total", kind="heartbeat") == 2
+
+    def consumer() -> None:
+        for n in range(20_000):
+            metrics.batch(1, n % 2, 1 - n % 2, float(n))
+
+    thread = threading.Thread(target=consumer)
+    thread.start()
+    while thread.is_alive():
+        registry.get_sample_value("azure_scheduled_fleet_documents_consumed_total")  # a scrape, meanwhile
+    thread.join()
+    metrics.flush()
+    assert value("documents_consumed_total") == 20_004 and value("last_applied_timestamp_seconds") == 19_999.0
+    assert value("documents_applied_total", kind="change") == 10_001
+    assert value("documents_applied_total", kind="heartbeat") == 10_002
