@@ -422,8 +422,8 @@ SEEN_PIECE = 2048  # last-seen lines per piece (about 300 KB): joined as they ar
 
 def _write(seen: list[Iterable[bytes]], extra: list[VmLines], count: int, now: float) -> list[Part]:
     """The families, in the order ``render_fleet`` has always written them: the counts and the event lines of the
-    VMs that have any, every VM's last-seen line (``seen``: groups of them, joined in order into one chunk), and
-    the IMDS lines. Chunks of the text format, to be sent one after the other."""
+    VMs that have any, every VM's last-seen line (``seen``: groups of them, in order, as one ``Joined`` over the
+    kept lines), and the IMDS lines. Parts of the text format, to be sent one after the other."""
     pending: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
     info: list[str] = []
     until: list[str] = []

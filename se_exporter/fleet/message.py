@@ -15,6 +15,7 @@ with its key, which is then the same as sending as that VM (Event Hubs has no pe
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import sys
@@ -308,25 +309,27 @@ def _sequence(value: Any) -> int:
 
 def _label(properties: Mapping[Any, Any], name: str) -> str:
     """A string property shown as a label: absent is empty; anything but text (or longer than a label) refused."""
-    value = properties.get(_KEYS[name])
-    if type(value) is bytes and len(value) <= MAX_TEXT and value.isascii():  # the SDK's usual case, checked at once
-        text = value.decode("ascii")
-        if text.isprintable():  # no control character at all (tab and newline included: those take the long way)
-            return text
-    if value is None:
-        value = properties.get(name)
+    value = _property(properties, name)
     if value is None:
         return ""
     if not isinstance(value, (str, bytes, bytearray)):
         raise InvalidMessage("bad_property", f"property {name!r} is not a string ({_describe(value)})")
-    return _bounded_text(f"property {name!r}", value, MAX_TEXT)
+    return _bounded_text(_PROPERTY_NAMES[name], value, MAX_TEXT)
+
+
+_PROPERTY_NAMES = {name: f"property {name!r}" for name in KNOWN_PROPERTIES}  # what an error says, made once
 
 
 def _bounded_text(what: str, value: Any, limit: int) -> str:
     """Text that UTF-8 can carry (bytes decoded with replacement, unpaired surrogates spelt out) of at most
     ``limit`` characters."""
     if type(value) is bytes and len(value) <= limit:  # the SDK's usual case: no character count needed
-        text = value.decode("utf-8", "replace")
+        if value.isascii():  # printable ASCII is what it is: checked in C, no pattern search
+            text = value.decode("ascii")
+            if text.isprintable():
+                return text
+        else:
+            text = value.decode("utf-8", "replace")
         if not _CONTROL.search(text):
             return text
     elif isinstance(value, (bytes, bytearray)):
@@ -354,36 +357,29 @@ def printable(text: str) -> str:
 
 
 def _time(properties: Mapping[Any, Any], name: str) -> float | None:
-    """An RFC 3339 time (``observed_at``, ``imds_last_success``) as unix time; absent is None. The last text read
-    and its value are remembered: a healthy sidecar sends the same instant as both (it read IMDS when it observed)."""
+    """An RFC 3339 time (``observed_at``, ``imds_last_success``) as unix time; absent is None."""
     value = _property(properties, name)
     if value is None or value in ("", b""):  # empty: not known (a VM that has not read IMDS yet)
         return None
-    global _LAST_TIME  # noqa: PLW0603 - one tuple, replaced whole: a reader in any thread sees a text and its value
-    text, unix = _LAST_TIME
-    if type(value) is bytes and value == text:
-        return unix
-    unix = _parse_time(name, value)
-    if type(value) is bytes:
-        _LAST_TIME = (value, unix)
+    if type(value) is bytearray:
+        value = bytes(value)
+    unix = _unix(value) if isinstance(value, (str, bytes)) and len(value) <= MAX_TIME_TEXT else None
+    if unix is None:
+        raise InvalidMessage("bad_property", f"property {name!r} is not an RFC 3339 time ({_describe(value)})")
     return unix
 
 
-_LAST_TIME: tuple[bytes, float] = (b"", 0.0)  # the last time text read (bytes, as the SDK hands them over), its value
-
-
-def _parse_time(name: str, value: Any) -> float:
-    if isinstance(value, (str, bytes, bytearray)) and len(value) <= MAX_TIME_TEXT:
-        text = value if isinstance(value, str) else bytes(value).decode("ascii", "replace")
-        try:
-            parsed = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
-        except ValueError:
-            pass
-        else:
-            unix = (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).timestamp()
-            if math.isfinite(unix):
-                return unix
-    raise InvalidMessage("bad_property", f"property {name!r} is not an RFC 3339 time ({_describe(value)})")
+@functools.lru_cache(maxsize=256)
+def _unix(value: str | bytes) -> float | None:
+    """The time ``value`` says as unix time; None when it is not one. Remembered: a healthy sidecar sends one
+    instant as both ``observed_at`` and ``imds_last_success`` (it read IMDS when it observed)."""
+    text = value if isinstance(value, str) else value.decode("ascii", "replace")
+    try:
+        parsed = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+    except ValueError:
+        return None
+    unix = (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).timestamp()
+    return unix if math.isfinite(unix) else None
 
 
 def _flag(properties: Mapping[Any, Any], name: str) -> bool | None:

@@ -102,9 +102,13 @@ class Keeper:
         waiting = partition.view.unsaved_since
         if waiting is None or self._clock() - waiting >= self.heartbeat_interval:
             return True
+        return not self._fleet.heartbeats_only(partition.partition_id) or self._due_without_events(partition)
+
+    def _due_without_events(self, partition: Partition) -> bool:
+        """A write is due whatever the partition's events: its stored format is not this replica's, or the state
+        kept beside it (the platform picture) changed."""
         beside = self.beside
-        return not (self._fleet.heartbeats_only(partition.partition_id) and partition.saved_format == self._format
-                    and not (beside is not None and beside.dirty(partition.partition_id)))
+        return partition.saved_format != self._format or (beside is not None and beside.dirty(partition.partition_id))
 
     async def save(self, partition: Partition) -> None:
         """Write the partition's state, then checkpoint the last event it covers (never an older one). A state
@@ -114,9 +118,7 @@ class Keeper:
         async with partition.saving:
             if self.store.frozen(partition_id):
                 return  # a newer release's state: neither it nor (without it) the checkpoint is ours to write
-            beside = self.beside
-            if self._fleet.position(partition_id) == partition.saved and partition.saved_format == self._format \
-                    and not (beside is not None and beside.dirty(partition_id)):
+            if self._fleet.position(partition_id) == partition.saved and not self._due_without_events(partition):
                 return  # nothing new since the last write: neither encoded nor uploaded again
             snapshot = self._fleet.snapshot(partition_id)
             if snapshot is None:
@@ -124,6 +126,7 @@ class Keeper:
             position = snapshot.position
             event = partition.last_event
             # taken at the snapshot's instant (no await between): the state beside is the one at ``position`` too
+            beside = self.beside
             write_beside = beside.prepare(partition_id, position) if beside is not None else None
             try:
                 if write_beside is not None and not await write_beside():
