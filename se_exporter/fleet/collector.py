@@ -6,12 +6,13 @@ state is gone from the next scrape. Labels are bounded by what the owned partiti
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter as Tally
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -268,7 +269,7 @@ def render_fleet(vms: Iterable[VmState], now: float) -> str:
 
 def _chunks(vms: Iterable[VmState], now: float) -> list[Part]:
     lines = [VmLines.of(vm) for vm in vms]
-    return _write([[vm.seen for vm in lines]], [vm for vm in lines if vm.extra], len(lines), now)
+    return _write([[vm.seen for vm in lines]], _EventLines.of([vm for vm in lines if vm.extra]), len(lines), now)
 
 
 class FleetExposition:
@@ -289,6 +290,8 @@ class FleetExposition:
         self._parts: dict[tuple[int, str], _Part] = {}  # as the last scrape left them
         self._next: dict[tuple[int, str], _Part] = {}  # this scrape's, moved over from ``_parts`` one by one
         self._twice: set[str] = set()  # keys kept by more than one part
+        self._events = _EventLines.of([])  # the event lines as the last scrape wrote them, and from which parts
+        self._events_from: tuple[tuple[int, int], ...] = ()
 
     def render(self, now: float) -> list[Part]:
         """The fleet families, as parts of the text format to be sent one after another (``http_pages.pieces``)."""
@@ -304,16 +307,28 @@ class FleetExposition:
                         for vm in whole or ():
                             self._keep(part, vm.key, vm)
                     self._next[index, partition_id] = part
-                    for key, current in changed:
-                        self._keep(part, key, current)
+                    for key, current, beyond_heartbeat in changed:
+                        if beyond_heartbeat or current is None:
+                            self._keep(part, key, current)
+                        else:
+                            part.beat(key, current)
             while self._parts:  # partitions no longer shown
                 self._drop(self._parts.popitem()[1])
             parts, self._parts, self._next = self._next, self._next, {}
             if self._twice:  # a VM in two partitions: each once, the one seen last, from the fleets themselves
                 return _chunks(_latest(fleet.vms() for fleet in self._fleets), now)
-            return _write([part.seen.values() for part in parts.values()],
-                          [vm for part in parts.values() for vm in part.extra.values()],
+            return _write([part.seen.values() for part in parts.values()], self._event_lines(parts),
                           sum(len(part.seen) for part in parts.values()), now)
+
+    def _event_lines(self, parts: Mapping[tuple[int, str], _Part]) -> _EventLines:
+        """The event lines of the kept parts, written again only when one of their VMs' event (or IMDS) lines
+        changed since the last scrape: a heartbeat repeats its VM's events. Rewriting them at every scrape was most
+        of a scrape's CPU with one VM in ten listing an event (``scripts/fleet_scale_bench.py``, steady state)."""
+        source = tuple((part.serial, part.extra_changes) for part in parts.values())
+        if source != self._events_from:
+            self._events = _EventLines.of([vm for part in parts.values() for vm in part.extra.values()])
+            self._events_from = source
+        return self._events
 
     def _kept(self) -> Iterator[_Part]:
         return chain(self._next.values(), self._parts.values())
@@ -351,30 +366,48 @@ def _latest(lists: Iterable[list[VmState]]) -> list[VmState]:
 
 
 class _Part:
-    """One shown partition's lines: every VM's last-seen line, and the other lines of the VMs that have any."""
+    """One shown partition's lines: every VM's last-seen line, and the other lines of the VMs that have any.
+    ``extra_changes`` counts the changes of the latter (``serial`` tells one part from another)."""
+
+    serials = itertools.count()
 
     def __init__(self) -> None:
         self.seen: dict[str, bytes] = {}
         self.extra: dict[str, VmLines] = {}
+        self.serial = next(self.serials)
+        self.extra_changes = 0
 
     def keep(self, key: str, vm: VmState | None) -> None:
         if vm is None:
             self.seen.pop(key, None)
-            self.extra.pop(key, None)
+            if self.extra.pop(key, None) is not None:
+                self.extra_changes += 1
             return
         lines = VmLines.of(vm)
         self.seen[key] = lines.seen
         if lines.extra:
-            self.extra[key] = lines
-        else:
-            self.extra.pop(key, None)
+            if self.extra.get(key) != lines:  # the last-seen line aside (not compared): a heartbeat's are equal
+                self.extra[key] = lines
+                self.extra_changes += 1
+        elif self.extra.pop(key, None) is not None:
+            self.extra_changes += 1
+
+    def beat(self, key: str, vm: VmState) -> None:
+        """``keep`` for a VM changed only in what a heartbeat moves: when its only line is the last-seen one and
+        stays so, the line keeps its labels and takes the new time (the labels are not written again: most of a
+        scrape's CPU once the event lines are kept, with 5 % of a fleet heartbeating between scrapes)."""
+        old = self.seen.get(key)
+        if old is None or key in self.extra or (vm.imds is not NO_IMDS and imds_unreachable(vm)):
+            self.keep(key, vm)
+            return
+        self.seen[key] = old[:old.rindex(b"} ") + 2] + repr(vm.seen_at).encode()
 
 
 @dataclass(frozen=True, slots=True)
 class VmLines:
     """One VM's sample lines, but for those that depend on the scrape's time (its events' NotBefore - now)."""
 
-    seen: bytes  # the last-seen sample but its name (``_SEEN``): 53 bytes a VM, _write adds the name
+    seen: bytes = field(compare=False)  # the last-seen sample but its name (``_SEEN``): _write adds the name
     unreachable: str | None = None
     info: tuple[str, ...] = ()
     until: tuple[tuple[str, float], ...] = ()  # the sample's name and labels, and NotBefore
@@ -420,44 +453,63 @@ _SEEN_JOIN = b"\n" + _SEEN_NAME
 SEEN_PIECE = 2048  # last-seen lines per piece (about 300 KB): joined as they are sent, never all at once
 
 
-def _write(seen: list[Iterable[bytes]], extra: list[VmLines], count: int, now: float) -> list[Part]:
+@dataclass(frozen=True)
+class _EventLines:
+    """The families of the VMs that list events or cannot read IMDS, as far as they do not depend on the scrape's
+    time: text ready to send, and each NotBefore with its sample's name and labels (written at each scrape)."""
+
+    pending: list[str]
+    blast: list[str]
+    info: bytes
+    until: list[tuple[str, float]]
+    duration: bytes  # and the last-seen family's header, which follows
+    after: bytes  # the IMDS families
+
+    @classmethod
+    def of(cls, extra: list[VmLines]) -> _EventLines:
+        pending: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
+        info: list[str] = []
+        until: list[tuple[str, float]] = []
+        duration: list[str] = []
+        unreachable: list[str] = []
+        kinds: list[tuple[str, str]] = []
+        events: list[tuple[str, str]] = []
+        for lines in extra:
+            if lines.unreachable is not None:
+                unreachable.append(lines.unreachable)
+            info.extend(lines.info)
+            until.extend(lines.until)
+            duration.extend(lines.duration)
+            kinds.extend(lines.kinds)
+            events.extend(lines.blast)
+        pending.update(kinds)
+        blast = Tally(events)
+        return cls(
+            [f'{FLEET}_pending_vms{{event_type="{escape(t)}",event_status="{escape(s)}"}} {float(n)!r}'
+             for (t, s), n in sorted(pending.items())],
+            [f'{FLEET}_event_vms{{event_id="{escape(e)}",event_type="{escape(t)}"}} {float(n)!r}'
+             for (e, t), n in sorted(blast.items())],
+            write_gauges({"event_info": info}, _HEADERS).encode(), until,
+            write_gauges({"event_duration_seconds": duration,
+                          "vm_last_seen_timestamp_seconds": []},  # its samples follow, as one chunk of bytes
+                         _HEADERS).encode(),
+            write_gauges({"imds_unreachable_vms": [f"{FLEET}_imds_unreachable_vms {float(len(unreachable))!r}"],
+                          "vm_imds_unreachable_since_timestamp_seconds": unreachable}, _HEADERS).encode())
+
+
+def _write(seen: list[Iterable[bytes]], events: _EventLines, count: int, now: float) -> list[Part]:
     """The families, in the order ``render_fleet`` has always written them: the counts and the event lines of the
     VMs that have any, every VM's last-seen line (``seen``: groups of them, in order, as one ``Joined`` over the
     kept lines), and the IMDS lines. Parts of the text format, to be sent one after the other."""
-    pending: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
-    info: list[str] = []
-    until: list[str] = []
-    duration: list[str] = []
-    unreachable: list[str] = []
-    kinds: list[tuple[str, str]] = []
-    events: list[tuple[str, str]] = []
-    for lines in extra:
-        if lines.unreachable is not None:
-            unreachable.append(lines.unreachable)
-        info.extend(lines.info)
-        until.extend(f"{name}{not_before - now!r}" for name, not_before in lines.until)
-        duration.extend(lines.duration)
-        kinds.extend(lines.kinds)
-        events.extend(lines.blast)
-    pending.update(kinds)
-    blast = Tally(events)
-    before = write_gauges({
-        "vms": [f"{FLEET}_vms {float(count)!r}"],
-        "pending_vms": [f'{FLEET}_pending_vms{{event_type="{escape(t)}",event_status="{escape(s)}"}} {float(n)!r}'
-                        for (t, s), n in sorted(pending.items())],
-        "event_vms": [f'{FLEET}_event_vms{{event_id="{escape(e)}",event_type="{escape(t)}"}} {float(n)!r}'
-                      for (e, t), n in sorted(blast.items())],
-        "event_info": info, "event_seconds_until_not_before": until, "event_duration_seconds": duration,
-        "vm_last_seen_timestamp_seconds": [],  # its samples follow, as one chunk of bytes
-    }, _HEADERS)
-    after = write_gauges({
-        "imds_unreachable_vms": [f"{FLEET}_imds_unreachable_vms {float(len(unreachable))!r}"],
-        "vm_imds_unreachable_since_timestamp_seconds": unreachable,
-    }, _HEADERS)
+    counts = write_gauges({"vms": [f"{FLEET}_vms {float(count)!r}"], "pending_vms": events.pending,
+                           "event_vms": events.blast}, _HEADERS)
+    until = write_gauges({"event_seconds_until_not_before": [f"{name}{not_before - now!r}"
+                                                              for name, not_before in events.until]}, _HEADERS)
+    before = [counts.encode(), events.info, until.encode(), events.duration]
     if not count:
-        return [before.encode(), after.encode()]
-    return [before.encode(), _SEEN_NAME, Joined(_SEEN_JOIN, list(chain.from_iterable(seen)), SEEN_PIECE), b"\n",
-            after.encode()]
+        return [*before, events.after]
+    return [*before, _SEEN_NAME, Joined(_SEEN_JOIN, list(chain.from_iterable(seen)), SEEN_PIECE), b"\n",
+            events.after]
 
 
 def write_gauges(families: Mapping[str, list[str]], headers: Mapping[str, str]) -> str:

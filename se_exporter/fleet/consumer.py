@@ -392,10 +392,11 @@ class Service:
 
     def follow_links(self) -> None:
         for partition_id in list(self.partitions):
+            if partition_id in self.doubted:  # hidden already, until closed: nothing to look at
+                continue
             if self.stolen(partition_id):
                 self._hide(partition_id, "link_stolen")
-            elif partition_id not in self.doubted and not self._fleet.is_shown(partition_id) \
-                    and self.attached(partition_id):
+            elif not self._fleet.is_shown(partition_id) and self.attached(partition_id):
                 self._show(partition_id)
 
     async def watchdog(self, stop: asyncio.Event) -> None:
@@ -457,10 +458,11 @@ def link_stolen(client: Any) -> Callable[[str], bool]:
     next turn on the connection (each turn waits up to the socket timeout, 0.2 s: measured 0.25-0.5 s later with 4
     partitions). False when unknown."""
     def stolen(partition_id: str) -> bool:
-        consumer = _consumer(client, partition_id)
-        link = getattr(getattr(consumer, "_handler", None), "_link", None)
-        error = getattr(link, "_error", None)
-        if error is None:  # every tick, nearly every link: nothing further to read
+        try:  # every tick, nearly every link: no error, and nothing further to read (a try costs nothing then)
+            error = _consumer(client, partition_id)._handler._link._error
+        except AttributeError:  # no consumer (None, _UNKNOWN), handler or link (yet), or an SDK built otherwise
+            return False
+        if error is None:
             return False
         condition = getattr(error, "condition", None)
         value = getattr(condition, "value", condition)  # ErrorCondition.LinkStolen, or the frame's own bytes

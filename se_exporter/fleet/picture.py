@@ -86,9 +86,6 @@ class Changes:
         """Whether everything not yet stored is what heartbeats move (the write may wait: ``Keeper.due``)."""
         return self.beyond_heartbeat <= self.settled and self.rebase_at is None
 
-    def whole(self, key: str) -> bool:
-        return self.changed[key][1] > self.settled
-
     def forgotten(self, key: str, max_gone: int) -> None:
         self.tick += 1
         self.beyond_heartbeat = self.tick
@@ -152,13 +149,16 @@ class PartitionState:
             del self.installations[installation]
 
 
+Touched = tuple[str, VmState | None, bool]  # a key changed, its VM now (None: forgotten), changed beyond a heartbeat
+
+
 class Follower:
     """What one reader of the shown VMs has not taken yet (``Fleet.take_changes``): per shown partition, the state
-    it took whole last, and the keys changed in it since."""
+    it took whole last, and the keys changed in it since, each with whether it changed beyond a heartbeat."""
 
     def __init__(self) -> None:
         self.states: dict[str, PartitionState] = {}
-        self.touched: dict[str, set[str]] = {}
+        self.touched: dict[str, dict[str, bool]] = {}
 
 
 class Fleet:
@@ -269,8 +269,9 @@ class Fleet:
                     state.uncount(current.installation)
                 state.installations[new.installation] += 1
             state.vms[new.key] = new
-            state.changes.record(new.key, current is None or not heartbeat_only(current, new))
-            self._touch(partition_id, new.key)
+            whole = current is None or not heartbeat_only(current, new)
+            state.changes.record(new.key, whole)
+            self._touch(partition_id, new.key, whole)
             return "applied"
 
     def expire(self, cutoffs: Mapping[str, float]) -> list[VmState]:
@@ -285,7 +286,7 @@ class Fleet:
                 gone.extend(state.forget(key) for key in stale)
                 for key in stale:
                     state.changes.forgotten(key, self.bounds.vms_per_partition)
-                    self._touch(partition_id, key)
+                    self._touch(partition_id, key, True)
         return gone
 
     def vms(self) -> list[VmState]:
@@ -311,32 +312,37 @@ class Fleet:
             self._followers.append(follower)
             return follower
 
-    def take_changes(self, follower: Follower,
-                     ) -> list[tuple[str, list[VmState] | None, list[tuple[str, VmState | None]]]]:
+    def take_changes(self, follower: Follower) -> list[tuple[str, list[VmState] | None, list[Touched]]]:
         """Each shown partition, in ``vms``'s order: its VMs whole when ``follower`` did not take this state of it
         last time (claimed since, or shown again), else None and the keys changed since with their VM now (None:
-        forgotten). Taken: the next call gives what changes after this one."""
+        forgotten) and whether they changed beyond what a heartbeat moves. Taken: the next call gives what changes
+        after this one."""
         with self._lock:
-            taken: list[tuple[str, list[VmState] | None, list[tuple[str, VmState | None]]]] = []
+            taken: list[tuple[str, list[VmState] | None, list[Touched]]] = []
             states = {}
             for partition_id, state in self._partitions.items():
                 if partition_id in self._hidden:
                     continue
                 states[partition_id] = state
-                touched = follower.touched.pop(partition_id, ())
+                touched = follower.touched.pop(partition_id, {})
                 if follower.states.get(partition_id) is state:
-                    taken.append((partition_id, None, [(key, state.vms.get(key)) for key in touched]))
+                    taken.append((partition_id, None,
+                                  [(key, state.vms.get(key), whole) for key, whole in touched.items()]))
                 else:
                     taken.append((partition_id, list(state.vms.values()), []))
             follower.states = states
             follower.touched = {}
             return taken
 
-    def _touch(self, partition_id: str, key: str) -> None:
-        """``key`` changed in the partition: noted for each follower that took the partition (under the lock)."""
+    def _touch(self, partition_id: str, key: str, whole: bool) -> None:
+        """``key`` changed in the partition (``whole``: beyond a heartbeat): noted for each follower that took the
+        partition (under the lock)."""
         for follower in self._followers:
             if partition_id in follower.states:
-                follower.touched.setdefault(partition_id, set()).add(key)
+                keys = follower.touched.get(partition_id)
+                if keys is None:
+                    keys = follower.touched[partition_id] = {}
+                keys[key] = whole or keys.get(key, False)
 
     def position(self, partition_id: str) -> int | None:
         with self._lock:
@@ -350,9 +356,13 @@ class Fleet:
             if state is None or state.position is None:
                 return None
             changes, vms = state.changes, state.vms
-            held = [key for key in changes.changed if key in vms]
-            changed = [vms[key] for key in held if changes.whole(key)]
-            touched = [vms[key] for key in held if not changes.whole(key)]
+            changed: list[VmState] = []
+            touched: list[VmState] = []
+            settled = changes.settled
+            for key, (_last, last_whole) in changes.changed.items():  # one pass: a partition's minute of heartbeats
+                vm = vms.get(key)
+                if vm is not None:
+                    (changed if last_whole > settled else touched).append(vm)  # whole: changed beyond a heartbeat since
             return Snapshot(state.position, changes.tick, list(vms.values()), changed, touched, list(changes.gone),
                             changes.rebase_at is not None)
 
