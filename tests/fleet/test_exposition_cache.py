@@ -55,6 +55,11 @@ def test_each_scrape_writes_what_a_fresh_writer_writes_through_every_kind_of_cha
     send(fleet, "0", NEIGHBOUR, "id0", 3, 2100.0)  # the event no longer concerns it
     send(fleet, "1", FREEZE, "id3", 3, 2100.0, imds_failing=True)  # IMDS unreachable
     same()
+    send(fleet, "1", EMPTY, "id1", 3, 2150.0, heartbeat=True, imds_failing=True)  # a heartbeat: IMDS unreachable
+    same()
+    send(fleet, "1", EMPTY, "id1", 4, 2160.0, heartbeat=True, imds_failing=False)  # and reachable again
+    now += 5  # only the clock: the NotBefore lines move
+    same()
     send(fleet, "0", EMPTY, "id0", 4, 2200.0)  # its events gone
     send(fleet, "1", FREEZE, "id3", 4, 2200.0, vm_name="renamed")  # the same VM under a new name
     same()
@@ -148,3 +153,28 @@ def test_a_scrape_refers_to_the_kept_lines_and_copies_none_of_them() -> None:
     kept = {id(line) for part in exposition._parts.values() for line in part.seen.values()}
     assert len(joined.items) == 50 and {id(line) for line in joined.items} == kept
     assert lines(parts) == lines(render_fleet(fleet.vms(), NOW))
+
+
+def test_the_event_lines_are_written_again_only_when_a_vms_event_or_imds_lines_change() -> None:
+    """Heartbeats repeat their VMs' events: a scrape after heartbeats alone (of VMs with events or without) uses the
+    event lines the last scrape wrote, with NotBefore - now written anew; a new event, an event gone or a VM whose
+    IMDS became unreachable writes them again."""
+    fleet = Fleet()
+    fleet.claim("0")
+    exposition = FleetExposition(fleet)
+    send(fleet, "0", FREEZE, "id0", 1, 1000.0)
+    send(fleet, "0", EMPTY, "id1", 1, 1000.0)
+    exposition.render(NOW)
+    written = exposition._events
+    send(fleet, "0", FREEZE, "id0", 2, 1100.0, heartbeat=True)
+    send(fleet, "0", EMPTY, "id1", 2, 1100.0, heartbeat=True)
+    text = b"".join(pieces(exposition.render(NOW + 30))).decode()
+    assert exposition._events is written
+    assert lines(text) == lines(render_fleet(fleet.vms(), NOW + 30)) and "1100.0" in text
+    for body, vm_id, sequence, extra in ((EMPTY, "id1", 3, {"imds_failing": True}), (NEIGHBOUR, "id0", 3, {}),
+                                         (FREEZE, "id1", 4, {})):
+        send(fleet, "0", body, vm_id, sequence, 1200.0 + sequence, **extra)
+        text = b"".join(pieces(exposition.render(NOW))).decode()
+        assert exposition._events is not written
+        assert lines(text) == lines(render_fleet(fleet.vms(), NOW))
+        written = exposition._events
