@@ -45,6 +45,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 from azure.eventhub import CloseReason, EventData
@@ -116,8 +117,8 @@ class Service:
 
     @property
     def views(self) -> dict[str, PartitionView]:
-        """What /metrics shows of each owned partition besides its VMs."""
-        return {partition_id: partition.view for partition_id, partition in list(self.partitions.items())}
+        """What /metrics shows of each owned partition besides its VMs (its lag as of its last batch)."""
+        return {partition_id: self._lagged(partition) for partition_id, partition in list(self.partitions.items())}
 
     # ------------------------------------------------------------------ SDK callbacks
 
@@ -149,6 +150,7 @@ class Service:
         if not events:  # EMPTY_BATCH_AFTER passed without an event: nothing waits in this partition
             if self.attached(partition.partition_id) is not False:  # else the receive started, its link not yet
                 self._show(partition.partition_id)
+            partition.lag_from = None
             partition.caught_up = True
             view.lag_events, view.lag_seconds = 0.0, 0.0
             return
@@ -170,11 +172,9 @@ class Service:
                 outcome = "invalid"
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
         self._count(len(events), outcomes)
-        last = events[-1]
-        partition.last_event = last
+        partition.last_event = partition.lag_from = events[-1]  # the lag is worked out when asked (``_lagged``)
         if view.unsaved_since is None:
             view.unsaved_since = self._clock()
-        self._lag(context, partition, last)
 
     def _count(self, received: int, outcomes: dict[str, int]) -> None:
         """Counters once per batch, not per event: what every batch counts is queued (``FleetMetrics.batch``), the
@@ -214,21 +214,22 @@ class Service:
     def _handle(self, partition: Partition, event: EventData, outcomes: dict[str, int]) -> str:
         """Read, check and fold one event; what became of it (the bounds its document reached, added to
         ``outcomes``, are counted with the batch's other outcomes)."""
-        partition_id, sequence_number = partition.partition_id, event.sequence_number
+        delivered = received.delivery(event)
+        partition_id, sequence_number = partition.partition_id, delivered.sequence_number
         if sequence_number is None:
             return "unnumbered"
-        enqueued = received.enqueued_at(event) or self._clock()
+        enqueued = delivered.enqueued_at or self._clock()
         partition.handled_at = enqueued
         if self._fleet.already_applied(partition_id, sequence_number):
             return "replayed"
         try:
-            body = _body(event)
+            body = _body(delivered)
             first = self.first_reader.handle(partition_id, sequence_number, body, enqueued) \
                 if self.first_reader is not None else None
             if first is not None:  # the platform's (or replayed, or skipped): not a sidecar's document
                 self._fleet.handled(partition_id, sequence_number)
                 return first
-            message = read_message(body, event.properties or {}, received.message_id(event), event.partition_key,
+            message = read_message(body, delivered.properties, delivered.message_id, delivered.partition_key,
                                    enqueued, self._settings.max_message_bytes)
         except InvalidMessage as error:
             self._fleet.handled(partition_id, sequence_number)
@@ -252,14 +253,25 @@ class Service:
             return "heartbeat" if message.heartbeat else "change"
         return outcome
 
-    def _lag(self, context: PartitionContext, partition: Partition, last: EventData) -> None:
-        newest, view, sequence = received.newest(last, context), partition.view, last.sequence_number
+    def _lagged(self, partition: Partition) -> PartitionView:
+        """The partition's view with its lag as of its last batch: from the newest event the SDK delivered with that
+        batch's last one (``partition.lag_from``), or as the last empty batch left it (none waits). Worked out when
+        a scrape or the expiry asks, not at every batch (a tenth of a heartbeat's handling, one a batch); only read
+        here, so a scrape in another thread changes nothing."""
+        view, last = partition.view, partition.lag_from
+        newest = received.newest(last, partition.context) if last is not None else None
+        sequence = last.sequence_number if last is not None else None
         if newest is None or sequence is None:
-            return
-        view.lag_events = float(max(0, newest[0] - sequence))
+            return view
+        events, seconds = float(max(0, newest[0] - sequence)), view.lag_seconds
         if newest[1] is not None and (enqueued := received.enqueued_at(last)) is not None:
-            view.lag_seconds = max(0.0, newest[1] - enqueued) if view.lag_events else 0.0
-        partition.caught_up = view.lag_events == 0
+            seconds = max(0.0, newest[1] - enqueued) if events else 0.0
+        return replace(view, lag_events=events, lag_seconds=seconds)
+
+    def caught_up(self, partition: Partition) -> bool:
+        """Whether nothing waited in the partition after its last batch (see ``_lagged``)."""
+        lagged = self._lagged(partition)
+        return lagged.lag_events == 0 if lagged is not partition.view else partition.caught_up
 
     async def on_close(self, context: PartitionContext, reason: CloseReason) -> None:
         partition_id = context.partition_id
@@ -368,7 +380,7 @@ class Service:
         now = self._clock()
         cutoffs = {}
         for partition_id, partition in list(self.partitions.items()):
-            reference = now if partition.caught_up else partition.handled_at
+            reference = now if self.caught_up(partition) else partition.handled_at
             if reference is not None:
                 cutoffs[partition_id] = reference - self._settings.vm_expiry
         gone = self._fleet.expire(cutoffs)
@@ -490,13 +502,13 @@ def _consumer(client: Any, partition_id: str) -> Any:
     return None
 
 
-def _body(event: EventData) -> bytes:
-    if event.body_type != AmqpMessageBodyType.DATA:
-        raise InvalidMessage("not_envelope", f"the AMQP body is {event.body_type}, not data")
-    body = event.body
+def _body(delivered: received.Delivery) -> bytes:
+    if delivered.body_type != AmqpMessageBodyType.DATA:
+        raise InvalidMessage("not_envelope", f"the AMQP body is {delivered.body_type}, not data")
+    body = delivered.body
     if isinstance(body, (bytes, bytearray)):
         return bytes(body)
-    return b"".join(body)  # type: ignore[arg-type]  # a data body is bytes or an iterable of bytes
+    return b"".join(body)  # a data body is bytes or an iterable of bytes
 
 
 async def _stopped(stop: asyncio.Event, seconds: float) -> bool:

@@ -10,13 +10,44 @@ stand-in).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 ENQUEUED_TIME = b"x-opt-enqueued-time"  # milliseconds since the epoch, as Event Hubs annotates every event
+SEQUENCE_NUMBER = b"x-opt-sequence-number"
+PARTITION_KEY = b"x-opt-partition-key"
 # What the receiver learns of the partition's newest event with each delivery (the SDK's
 # ``track_last_enqueued_event_properties``), as delivery annotations of the message received.
 NEWEST_SEQUENCE = b"last_enqueued_sequence_number"
 NEWEST_TIME = b"last_enqueued_time_utc"  # milliseconds since the epoch
+
+
+class Delivery(NamedTuple):
+    """One received event as the batch handler reads it, each part read once (``delivery``)."""
+
+    sequence_number: int | None
+    enqueued_at: float | None  # unix time, as ``enqueued_at``
+    body_type: Any  # ``AmqpMessageBodyType``
+    body: Any  # for a data body, its sections (bytes, or an iterable of bytes)
+    properties: Mapping[Any, Any]  # the application properties, empty when none
+    message_id: Any  # as ``message_id``
+    partition_key: Any
+
+
+def delivery(event: Any) -> Delivery:
+    """What ``EventData``'s properties say (``sequence_number``, ``enqueued_time``, ``body_type``, ``body``,
+    ``properties``, ``message_id``, ``partition_key``), read from the raw message at once: each of those properties
+    goes through the raw message on every access, a handful of calls per event at one heartbeat a batch."""
+    raw = getattr(event, "raw_amqp_message", None)
+    if raw is None:
+        return Delivery(event.sequence_number, enqueued_at(event), event.body_type, event.body,
+                        event.properties or {}, event.message_id, event.partition_key)
+    annotations = raw.annotations or {}
+    stamp = annotations.get(ENQUEUED_TIME)
+    properties = raw.properties
+    return Delivery(annotations.get(SEQUENCE_NUMBER), float(stamp) / 1000 if stamp else None, raw.body_type,
+                    raw.body, raw.application_properties or {},
+                    properties.message_id if properties is not None else None, annotations.get(PARTITION_KEY))
 
 
 def enqueued_at(event: Any) -> float | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from azure.eventhub.amqp import AmqpMessageBodyType
@@ -73,3 +73,21 @@ def test_a_restored_position_past_the_partitions_newest_event_is_counted_and_for
     assert registry.get_sample_value("azure_scheduled_fleet_state_damaged_total", {"reason": "position"}) == 1
     assert registry.get_sample_value("azure_scheduled_fleet_replayed_documents_total") == 0
     assert len(fleet.vms()) == 1
+
+
+def test_the_lag_shown_is_the_last_batchs_and_an_empty_batch_shows_none_waiting() -> None:
+    """The lag a scrape shows is worked out from the last event handled and the newest event the SDK delivered
+    with it: after events 1 and 2 with 7 the newest (enqueued 30 s after 2), 5 events and 30 s behind, and the
+    expiry measures silence on the partition's own timeline; after an empty batch nothing waits."""
+    run, _fleet, _registry = service()
+    enqueued = datetime(2026, 11, 22, tzinfo=timezone.utc)
+    newest = {"sequence_number": 7, "enqueued_time": enqueued + timedelta(seconds=30)}
+    events = [Event(1, props(1), enqueued_time=enqueued - timedelta(seconds=5)),
+              Event(2, props(2), message_id=b"inst:2", enqueued_time=enqueued)]
+    asyncio.run(run.on_batch(Context(last_enqueued_event_properties=newest), events))  # type: ignore[arg-type]
+    partition = run.partitions["0"]
+    partition.context = Context(last_enqueued_event_properties=newest)  # type: ignore[assignment]
+    assert (run.views["0"].lag_events, run.views["0"].lag_seconds) == (5.0, 30.0)
+    assert not run.caught_up(partition)  # VMs' silence is measured from event 2's enqueue time, not the clock
+    asyncio.run(run.on_batch(Context(), []))  # type: ignore[arg-type]
+    assert (run.views["0"].lag_events, run.views["0"].lag_seconds) == (0.0, 0.0) and run.caught_up(partition)

@@ -7,18 +7,21 @@ from typing import Any
 import pytest
 from azure.eventhub import EventData
 from azure.eventhub._pyamqp.message import Message, Properties  # the SDK's received message, as its receiver builds it
+from azure.eventhub.amqp import AmqpMessageBodyType
 
 from se_exporter.fleet.message import read_message
-from se_exporter.fleet.received import enqueued_at, message_id
+from se_exporter.fleet.received import delivery, enqueued_at, message_id
 from tests.fleet.test_picture import EMPTY, VM_ID, props
 
 
 def received(message_id: Any = b"inst:1", enqueued_ms: Any = 1_795_316_668_024, with_properties: bool = True,
-             ) -> EventData:
-    annotations = {b"x-opt-sequence-number": 7, b"x-opt-partition-key": b"vm-1"}
+             application: Any = None, without: tuple[bytes, ...] = ()) -> EventData:
+    annotations = {key: value for key, value in {b"x-opt-sequence-number": 7, b"x-opt-partition-key": b"vm-1"}.items()
+                   if key not in without}
     if enqueued_ms is not None:
         annotations[b"x-opt-enqueued-time"] = enqueued_ms
-    message = Message(data=[EMPTY], application_properties=props(1), message_annotations=annotations,
+    message = Message(data=[EMPTY], application_properties=props(1) if application is None else application,
+                      message_annotations=annotations,
                       properties=Properties(message_id=message_id) if with_properties else None)
     return EventData._from_message(message)
 
@@ -47,3 +50,30 @@ def test_the_message_id_reads_as_the_sdks_once_bounded(sent: Any) -> None:
         assert read(message_id(event)) == read(event.message_id)
         if isinstance(sent, (str, bytes)):  # a document read (a number is no '<installation>:<sequence>')
             assert read(message_id(event)) == (sent.decode(errors="replace") if isinstance(sent, bytes) else str(sent))
+
+
+@pytest.mark.parametrize("event", [
+    received(), received(enqueued_ms=None, with_properties=False), received(application={}),
+    received(without=(b"x-opt-sequence-number", b"x-opt-partition-key")),
+    EventData._from_message(Message(value={"not": "data"}, message_annotations={b"x-opt-sequence-number": 9}))])
+def test_a_delivery_says_what_the_sdks_event_data_says(event: EventData) -> None:
+    """Each part of an event read once from its raw message is what the SDK's own properties give (application
+    properties: empty where the SDK says none); an event without a raw message (a stand-in) reads through them."""
+    for read in (delivery(event), delivery(Standin(event))):
+        assert read.sequence_number == event.sequence_number
+        assert read.enqueued_at == enqueued_at(event)
+        assert read.body_type == event.body_type
+        if event.body_type == AmqpMessageBodyType.DATA:
+            assert b"".join(read.body) == b"".join(event.body)
+        assert read.properties == (event.properties or {})
+        assert read.message_id == message_id(event)
+        assert read.partition_key == event.partition_key
+
+
+class Standin:
+    """An event with the SDK's public properties and no raw message."""
+
+    def __init__(self, event: EventData) -> None:
+        self.sequence_number, self.enqueued_time = event.sequence_number, event.enqueued_time
+        self.body_type, self.body, self.properties = event.body_type, event.body, event.properties
+        self.message_id, self.partition_key = message_id(event), event.partition_key
