@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import socket
 import ssl
@@ -46,7 +45,7 @@ from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.platform.service import RECONCILE_EVERY, Platform
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.settings import FleetSettings, Hub
-from se_exporter.infra import http_server, logs
+from se_exporter.infra import generations, http_server, logs
 from se_exporter.infra.azure import amqp_types
 from se_exporter.infra.azure.clients import causes, connection_options, describe
 from se_exporter.infra.azure.credential import service_credential
@@ -415,7 +414,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         # of the collector's sight, a full collection walks only what came later. The objects a burst keeps set off
         # full collections: a tenth to a sixth of the fleet's CPU for a burst of 10,000 platform messages, a fifth to
         # a third of that once frozen (scripts/fleet_bench.py --platform, timed with gc.callbacks).
-        gc.freeze()
+        cleanup.callback(generations.freeze_from_now().remove)  # and each full collection's survivors after them
         checking = asyncio.create_task(ensure_container(container, settings.checkpoint_container, storage_problem))
         receiving = asyncio.gather(*(_receive(settings, reading.client, reading.service, checking)
                                      for reading in readings if reading.client is not None))
