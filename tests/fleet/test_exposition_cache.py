@@ -118,7 +118,8 @@ def test_vms_held_twice_come_and_go_through_random_changes_and_every_scrape_stay
         partition_id = rng.choice(partitions)
         if action < 0.6:
             if fleet.is_shown(partition_id) or partition_id in fleet.owned():
-                send(fleet, partition_id, rng.choice((EMPTY, FREEZE)), f"id{rng.randrange(6)}", sequence, seen_at)
+                send(fleet, partition_id, rng.choice((EMPTY, FREEZE)), f"id{rng.randrange(6)}", sequence, seen_at,
+                     heartbeat=rng.random() < 0.5, imds_failing=rng.random() < 0.2)  # a heartbeat may turn IMDS
         elif action < 0.7:
             fleet.expire({partition_id: seen_at - rng.randrange(1, 30)})
         elif action < 0.8:
