@@ -30,7 +30,8 @@ class Delivery(NamedTuple):
     body_type: Any  # ``AmqpMessageBodyType``
     body: Any  # for a data body, its sections (bytes, or an iterable of bytes)
     properties: Mapping[Any, Any]  # the application properties, empty when none
-    message_id: Any  # as ``message_id``
+    message_id: Any  # as sent (bytes, text or another AMQP type; None without one): ``read_message`` decodes and
+    # bounds it as the SDK's ``EventData.message_id`` would, which first asks the properties for their length
     partition_key: Any
 
 
@@ -58,16 +59,6 @@ def enqueued_at(event: Any) -> float | None:
         return float(enqueued.timestamp()) if enqueued else None
     stamp = (raw.annotations or {}).get(ENQUEUED_TIME)
     return float(stamp) / 1000 if stamp else None
-
-
-def message_id(event: Any) -> Any:
-    """The message id as sent (bytes, text or another AMQP type; None without one). Not decoded here: the reader
-    decodes it as the SDK would and bounds it (``message.read_message``)."""
-    raw = getattr(event, "raw_amqp_message", None)
-    if raw is None:
-        return event.message_id
-    properties = raw.properties
-    return properties.message_id if properties is not None else None
 
 
 def newest(event: Any, context: Any) -> tuple[int, float | None] | None:
