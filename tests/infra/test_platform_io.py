@@ -32,6 +32,7 @@ from se_exporter.infra.platform_io import (
     LOCK_OFFSET,
     PLATFORM,
     REPLACE_PATIENCE,
+    STOP_SIGNALS,
     Posix,
     Windows,
     utf8_stream,
@@ -152,7 +153,12 @@ def test_posix_stop_signals_reach_an_event_loop() -> None:
         await asyncio.wait_for(stop.wait(), 10)
         return stop.is_set()
 
-    assert asyncio.run(main())  # closing the loop removes its signal handlers again
+    before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    try:
+        assert asyncio.run(main())
+    finally:  # closing the loop removes its handlers, but sets the default, not what was there (nohup: SIGHUP ignored)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def test_posix_listener_keeps_reuse_and_serves_ipv4_on_ipv6_any() -> None:
