@@ -269,7 +269,12 @@ class Service:
         return replace(view, lag_events=events, lag_seconds=seconds)
 
     def caught_up(self, partition: Partition) -> bool:
-        """Whether nothing waited in the partition after its last batch (see ``_lagged``)."""
+        """Whether nothing waited in the partition after its last batch (see ``_lagged``), its link attached now.
+        Without a link nothing is read, which is not nothing waiting: when this replica's own connection is lost
+        the SDK hands over no batch at all, and the last one said "caught up"; measured on the clock, every VM
+        would expire during the outage. Silence is then measured on the partition's own timeline."""
+        if self.attached(partition.partition_id) is False:
+            return False
         lagged = self._lagged(partition)
         return lagged.lag_events == 0 if lagged is not partition.view else partition.caught_up
 

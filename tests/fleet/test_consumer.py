@@ -91,3 +91,21 @@ def test_the_lag_shown_is_the_last_batchs_and_an_empty_batch_shows_none_waiting(
     assert not run.caught_up(partition)  # VMs' silence is measured from event 2's enqueue time, not the clock
     asyncio.run(run.on_batch(Context(), []))  # type: ignore[arg-type]
     assert (run.views["0"].lag_events, run.views["0"].lag_seconds) == (0.0, 0.0) and run.caught_up(partition)
+
+
+def test_an_empty_batch_while_the_link_is_down_keeps_silence_on_the_partitions_timeline() -> None:
+    """The SDK hands empty batches over while a partition has no link (this replica's own connection lost): nothing
+    was read, which is not nothing waiting, so no VM expires on the wall clock however long that lasts; once the
+    link is attached again, an empty batch means the partition is caught up, and silence is the clock's again."""
+    run, fleet, _registry = service()  # its clock: long after the events' enqueue time
+    asyncio.run(run.on_batch(Context(), [Event(1, props())]))  # type: ignore[arg-type,list-item]
+    partition = run.partitions["0"]
+    links = {"0": False}
+    run.attached = links.get
+    asyncio.run(run.on_batch(Context(), []))  # type: ignore[arg-type]
+    assert not run.caught_up(partition)
+    assert run.expire_now() == [] and [vm.key for vm in fleet.vms()] == [VM_ID]
+    links["0"] = True
+    asyncio.run(run.on_batch(Context(), []))  # type: ignore[arg-type]
+    assert run.caught_up(partition)
+    assert [vm.key for vm in run.expire_now()] == [VM_ID] and fleet.vms() == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -159,3 +160,46 @@ def test_a_state_blob_with_bad_rows_and_an_impossible_position_is_repaired(
                        what="the repaired state written")
     assert sorted(row[0] for row in saved["vms"]) == sorted(  # type: ignore[attr-defined]
         [quiet.vm_id] + [vm_identity(index).vm_id for index in range(5)])
+
+
+def test_an_outage_of_the_fleets_own_connection_expires_no_vm(
+        hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess]) -> None:
+    """The fleet loses its hub while the sidecars go on sending (their heartbeats enqueued all along): no VM is
+    silent on its partition's timeline, so none expires however long the fleet is without a link (here three
+    times --vm-expiry); once the hub is back the fleet reads what was enqueued meanwhile. The last batch before
+    the outage said "caught up", and silence measured on the clock expired every VM."""
+    store = Store(partition_count=2)
+    hub = hubs(store)
+    port, expiry, vms = hub.port, 4.0, 20
+    beating, sent = threading.Event(), [0]
+
+    def heartbeats() -> None:  # each VM every 0.5 s, into the hub's store: enqueued whether the hub serves or not
+        sequence = 0
+        while not beating.wait(0.5):
+            sequence += 1
+            for n in range(vms):
+                envelope = envelope_for(vm_identity(n), EMPTY, sequence, f"inst{n}")
+                store.append(None, proton_message(dict(envelope.properties), envelope.message_id,
+                                                  envelope.partition_key), envelope.partition_key)
+            sent[0] = sequence
+
+    producer = threading.Thread(target=heartbeats, daemon=True)
+    producer.start()
+    try:
+        fleet = fleets(hub, "--vm-expiry", f"{expiry:g}")
+        wait_until(lambda: fleet.value("azure_scheduled_fleet_vms") == vms, timeout=30, what="every VM")
+        hub.stop()
+        outage_ends = time.monotonic() + 3 * expiry
+        while time.monotonic() < outage_ends:  # the outage lasting is what is tested: polled, each poll must hold
+            assert fleet.value("azure_scheduled_fleet_vms") == vms
+            assert fleet.value("azure_scheduled_fleet_vm_expirations_total") == 0
+            time.sleep(0.5)
+        hubs(store, port=port)
+        after = sent[0]
+        wait_until(lambda: fleet.value("azure_scheduled_fleet_documents_applied_total", kind="change")
+                   >= vms * after, timeout=60, what="what was enqueued during the outage, read")
+        assert fleet.value("azure_scheduled_fleet_vms") == vms
+        assert fleet.value("azure_scheduled_fleet_vm_expirations_total") == 0
+    finally:
+        beating.set()
+        producer.join()
