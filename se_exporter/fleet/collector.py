@@ -6,14 +6,13 @@ state is gone from the next scrape. Labels are bounded by what the owned partiti
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections import Counter as Tally
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, count
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -369,7 +368,7 @@ class _Part:
     """One shown partition's lines: every VM's last-seen line, and the other lines of the VMs that have any.
     ``extra_changes`` counts the changes of the latter (``serial`` tells one part from another)."""
 
-    serials = itertools.count()
+    serials = count()
 
     def __init__(self) -> None:
         self.seen: dict[str, bytes] = {}
