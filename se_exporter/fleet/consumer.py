@@ -151,7 +151,6 @@ class Service:
             if self.attached(partition.partition_id) is not False:  # else the receive started, its link not yet
                 self._show(partition.partition_id)
             partition.lag_from = None
-            partition.caught_up = True
             view.lag_events, view.lag_seconds = 0.0, 0.0
             return
         if not self._fleet.is_shown(partition.partition_id):  # most batches: shown already, nothing to take
@@ -269,14 +268,12 @@ class Service:
         return replace(view, lag_events=events, lag_seconds=seconds)
 
     def caught_up(self, partition: Partition) -> bool:
-        """Whether nothing waited in the partition after its last batch (see ``_lagged``), its link attached now.
-        Without a link nothing is read, which is not nothing waiting: when this replica's own connection is lost
-        the SDK hands over no batch at all, and the last one said "caught up"; measured on the clock, every VM
-        would expire during the outage. Silence is then measured on the partition's own timeline."""
-        if self.attached(partition.partition_id) is False:
-            return False
-        lagged = self._lagged(partition)
-        return lagged.lag_events == 0 if lagged is not partition.view else partition.caught_up
+        """Whether nothing waited in the partition after its last batch, its link attached now: its lag is 0, from
+        the last batch's last event or left by an empty batch (``_lagged``; unknown before either). Without a link
+        nothing is read, which is not nothing waiting: when this replica's own connection is lost the SDK hands over
+        no batch at all, and the last one said "caught up"; measured on the clock, every VM would expire during the
+        outage. Silence is then measured on the partition's own timeline."""
+        return self.attached(partition.partition_id) is not False and self._lagged(partition).lag_events == 0
 
     async def on_close(self, context: PartitionContext, reason: CloseReason) -> None:
         partition_id = context.partition_id

@@ -26,7 +26,6 @@ class Partition:
     view: PartitionView = field(default_factory=PartitionView)  # what /metrics shows of it besides its VMs
     last_event: EventData | None = None  # the last event handled: the one the next checkpoint names
     handled_at: float | None = None  # enqueue time of the last event handled: the partition's own clock
-    caught_up: bool = False  # nothing waits in it: its VMs' silence is measured on the wall clock
     lag_from: EventData | None = None  # the last batch's last event, whose lag the view does not hold yet
     saved: int | None = None  # the position of the state last written or read
     saved_format: int | None = None  # the format it is stored in (None: none stored, or unreadable)

@@ -44,9 +44,8 @@ def delivery(event: Any) -> Delivery:
         return Delivery(event.sequence_number, enqueued_at(event), event.body_type, event.body,
                         event.properties or {}, event.message_id, event.partition_key)
     annotations = raw.annotations or {}
-    stamp = annotations.get(ENQUEUED_TIME)
     properties = raw.properties
-    return Delivery(annotations.get(SEQUENCE_NUMBER), float(stamp) / 1000 if stamp else None, raw.body_type,
+    return Delivery(annotations.get(SEQUENCE_NUMBER), _unix(annotations.get(ENQUEUED_TIME)), raw.body_type,
                     raw.body, raw.application_properties or {},
                     properties.message_id if properties is not None else None, annotations.get(PARTITION_KEY))
 
@@ -57,8 +56,7 @@ def enqueued_at(event: Any) -> float | None:
     if raw is None:
         enqueued = event.enqueued_time
         return float(enqueued.timestamp()) if enqueued else None
-    stamp = (raw.annotations or {}).get(ENQUEUED_TIME)
-    return float(stamp) / 1000 if stamp else None
+    return _unix((raw.annotations or {}).get(ENQUEUED_TIME))
 
 
 def newest(event: Any, context: Any) -> tuple[int, float | None] | None:
@@ -78,5 +76,9 @@ def newest(event: Any, context: Any) -> tuple[int, float | None] | None:
     sequence = annotations.get(NEWEST_SEQUENCE) if annotations else None
     if sequence is None:
         return None
-    stamp = annotations.get(NEWEST_TIME)
-    return int(sequence), float(stamp) / 1000 if stamp else None
+    return int(sequence), _unix(annotations.get(NEWEST_TIME))
+
+
+def _unix(stamp: Any) -> float | None:
+    """An annotation's milliseconds since the epoch as unix time (None: absent or zero)."""
+    return float(stamp) / 1000 if stamp else None

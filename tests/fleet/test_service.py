@@ -250,7 +250,8 @@ def test_a_lost_partition_is_dropped_whole_and_restored_when_regained() -> None:
     assert replica.value("azure_scheduled_fleet_partition_releases_total", reason="ownership_lost") == 1
     run(replica.claim())
     partition = replica.service.partitions["0"]
-    assert replica.held() == ["vm-a"] and partition.last_event is None and not partition.caught_up
+    assert replica.held() == ["vm-a"] and partition.last_event is None \
+        and not replica.service.caught_up(partition)
     assert partition.saved == 1 and partition.checkpointed == -1
 
 
