@@ -54,12 +54,14 @@ other sizes only print them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import re
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -87,6 +89,7 @@ from tests.helpers import wait_until  # noqa: E402
 FLEET = b"azure_scheduled_fleet"
 DEFAULT_BALANCING = FleetSettings.load_balancing_interval  # what the steady state and the wave run with
 DEFAULT_OWNERSHIP = 6 * DEFAULT_BALANCING  # --ownership-expiry unset: six balancing intervals
+ORDERLY_STOP = 60.0  # seconds a SIGTERM'd replica gets to write its states and release its partitions
 
 
 @dataclass(frozen=True)
@@ -383,7 +386,12 @@ def defaults(run: Run) -> None:
         replicas.running.remove(other)  # a paused replica answers no scrape
         try:
             replicas.running.remove(old)
-            old.stop()
+            old.process.terminate()  # its orderly stop releases its half: waited for, not cut short by a SIGKILL
+            with contextlib.suppress(subprocess.TimeoutExpired):  # after 10 s (a loaded machine takes longer)
+                old.process.wait(ORDERLY_STOP)
+            if old.stop() != 0:
+                raise AssertionError(f"a replica did not stop in order within {ORDERLY_STOP:g} s: its partitions are "
+                                     "not released, and the released half cannot be claimed")
             new = replicas.start([])
             wait_until(lambda new=new, others=others: total(scrape(new.metrics_url), b"owned_partitions")
                        == sizes.partitions - others, timeout=120, interval=0.5, what="the released half claimed")
