@@ -149,7 +149,7 @@ class FleetMetrics:
                 self.last_applied.set(applied_at)
 
     def _platform(self, registry: CollectorRegistry) -> None:
-        """The platform stream's counters (issue 27; fed by ``fleet/platform/service.py``). Each counts on ONE
+        """The platform stream's counters (fed by ``fleet/platform/service.py``). Each counts on ONE
         replica per EventId, its home's, so a sum over replicas counts each once."""
         self.platform_events = Counter(f"{FLEET}_platform_events", "Status changes of scheduled events the platform "
                                        "announced (Event Grid), each EventId and status once.",

@@ -20,7 +20,7 @@ Format 2 (named fields; what ``--state-format 2`` writes)::
               "sequence": ..., "seen_at": ..., "body": ..., "imds": {"observed_at": ..., "last_success": ...,
               "failing": ...}, "subscription_id": ..., "resource_group": ...}, ...]}
 
-``subscription_id`` and ``resource_group`` (issue 27: the platform stream is joined on them) were added within
+``subscription_id`` and ``resource_group`` (the platform stream is joined on them) were added within
 formats 1, 2 and 3 under the rule below: written only when known, ignored by a reader that does not know them.
 
 The migration rule: a release writes a format by default only if the release before it reads that format (so
