@@ -16,6 +16,7 @@ import ast
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
@@ -113,10 +114,27 @@ def fleet_families() -> list[Metric]:
     registry.register(PartitionCollector(lambda: {"0": PartitionView(1, 1, 1)}, lambda: 1))
     http_server.rejection_counter(registry, "azure_scheduled_fleet")
     families = list(registry.collect())
-    families += text_string_to_metric_families(render_fleet([], 0.0))
+    families += text_string_to_metric_families(render_fleet(_one_vm().vms(), 0.0))
     platform = Platform(metrics, Report(metrics), 3600.0, 60.0, 900.0, 1024, lambda: 0.0)
     families += text_string_to_metric_families(platform.render())
     return families
+
+
+def _one_vm() -> Any:
+    """A fleet of one VM listing one event, whose sidecar cannot read IMDS: every per-VM family has a series."""
+    from se_exporter.fleet.picture import Fleet, read_message  # noqa: PLC0415
+
+    body = (b'{"DocumentIncarnation": 2, "Events": [{"EventId": "E1", "EventType": "Freeze", "ResourceType": '
+            b'"VirtualMachine", "Resources": ["vm"], "EventStatus": "Scheduled", "NotBefore": '
+            b'"Mon, 19 Sep 2050 18:29:47 GMT", "EventSource": "Platform", "DurationInSeconds": 5}]}')
+    properties = {b"vm_name": b"vm", b"vm_id": b"id", b"vmss_name": b"ss", b"location": b"loc", b"sequence": 1,
+                  b"observed_at": b"2026-01-01T00:00:00.000Z", b"imds_last_success": b"2026-01-01T00:00:00.000Z",
+                  b"imds_failing": True}
+    fleet = Fleet()
+    fleet.claim("0")
+    fleet.show("0")
+    fleet.apply("0", read_message(body, properties, b"installation:1", b"id", 1.0, 1 << 20))
+    return fleet
 
 
 PROGRAMS = {"run": run_families, "fleet": fleet_families}
@@ -144,7 +162,9 @@ def reference() -> str:
               "Names, types and labels are a contract: dashboards, alert rules and your queries depend on them. A "
               "counter is shown by the name you query (`_total`); a histogram adds `_bucket`, `_sum` and `_count`. "
               "`se-exporter consume` exposes no metrics (it prints what it reads). Besides these, `run` and `fleet` "
-              "expose the standard `process_*` metrics on Linux.", ""]
+              "expose the standard `process_*` metrics on Linux. The labels are those of an example scrape (a VM "
+              "listing one event): a family whose series appear only once something has happened (an error, a "
+              "platform event) shows none here; its HELP names what it is counted by.", ""]
     for program, families in PROGRAMS.items():
         lines += [f"### Metrics of `se-exporter {program}`", ""]
         lines += metric_rows(families())
