@@ -44,17 +44,22 @@ def platform_blob_name(namespace: str, eventhub_name: str, consumer_group: str, 
 
 @dataclass
 class Memory:
-    """What was counted of one EventId: its statuses, its impact, its VMs' misses and lags, as unannounced."""
+    """What was counted of one EventId: its statuses, its impact seconds and duplicates so far (each topped up to
+    what its merged record says), its VMs' misses and lags, as unannounced; and since when no picture holds it
+    (kept a while after: a late copy of a message then adds only what it adds to what was counted)."""
 
     statuses: set[str] = field(default_factory=set)
-    impact: bool = False
+    impact: float = 0.0
     missed: dict[str, str] = field(default_factory=dict)  # VM name -> reason (coverage.MISSED_REASONS)
     lag: set[str] = field(default_factory=set)
     unannounced: bool = False
+    duplicates: int = 0
+    gone_at: float | None = None
 
     def to_json(self, key: str) -> dict[str, Any]:
         return {"key": key, "statuses": sorted(self.statuses), "impact": self.impact, "missed": dict(self.missed),
-                "lag": sorted(self.lag), "unannounced": self.unannounced}
+                "lag": sorted(self.lag), "unannounced": self.unannounced, "duplicates": self.duplicates,
+                "gone_at": self.gone_at}
 
 
 @dataclass(frozen=True)
@@ -180,10 +185,18 @@ def _memory(row: object) -> tuple[str, Memory] | None:
             or not isinstance(lag, list) or not all(_text(name) for name in lag) or not isinstance(missed, dict) \
             or not all(_text(name) and reason in MISSED_REASONS for name, reason in missed.items()):
         return None
-    impact, unannounced = row.get("impact", False), row.get("unannounced", False)
-    if not isinstance(impact, bool) or not isinstance(unannounced, bool):
+    impact, unannounced = row.get("impact", 0.0), row.get("unannounced", False)
+    duplicates, gone_at = row.get("duplicates", 0), row.get("gone_at")
+    if not _count(impact) or not _count(duplicates) or not isinstance(unannounced, bool) \
+            or not (gone_at is None or _count(gone_at)):
         return None
-    return str(key), Memory(set(statuses), impact, dict(missed), set(lag), unannounced)
+    return str(key), Memory(set(statuses), float(impact), dict(missed), set(lag), unannounced, int(duplicates),
+                            None if gone_at is None else float(gone_at))
+
+
+def _count(value: object) -> bool:
+    """A finite number from 0 to 2**53 (seconds, a count, a unix time), not a bool."""
+    return type(value) in (int, float) and 0 <= value < 2**53  # type: ignore[operator]
 
 
 def _text(value: object) -> bool:

@@ -276,6 +276,7 @@ class Platform:
                 self._count_record(record)
         held_keys = {record.key for record in records}
         self._forget(gone - held_keys)
+        self._forget_counted(held_keys, now)
         sizes = {**self.reconciler.sizes(), "counted": len(self.memory)}
         for picture in pictures:
             for name, size in picture.sizes().items():
@@ -400,13 +401,23 @@ class Platform:
                             names.add(name)
         return vms, alive
 
-    def _forget(self, keys: set[str]) -> None:
-        """What was counted of EventIds forgotten (past retention) goes with them; each partition's memory of its
-        VMs' pairs is bounded besides (past the bound, some dropped and the bound hit counted), as the
-        reconciler's pairs are."""
-        for key in keys:
-            if self.memory.pop(key, None) is not None:
+    def _forget_counted(self, listed: set[str], now: float) -> None:
+        """What was counted of an EventId no picture holds is kept as long as a forgotten EventId is (the open
+        expiry, within ``MAX_MEMORY``): a copy read later on another partition then adds only what is new."""
+        expiry = self.limits.open_expiry
+        for key, entry in list(self.memory.items()):
+            if key in listed:
+                continue
+            if entry.gone_at is None:
+                entry.gone_at = now
                 self._mark(key)
+            elif entry.gone_at + expiry <= now:
+                del self.memory[key]
+                self._mark(key)
+
+    def _forget(self, keys: set[str]) -> None:
+        """Each partition's memory of its VMs' pairs of EventIds forgotten goes with them, and is bounded besides
+        (past the bound, some dropped and the bound hit counted), as the reconciler's pairs are."""
         bound = self.reconciler.settings.pairs
         for side in self.hubs.values():
             for held in side.held.values():
@@ -500,20 +511,26 @@ class Platform:
         return name not in (entry.missed if kind == "missed" else entry.lag)
 
     def _count_record(self, record: PlatformRecord) -> None:
+        """Tops each of the EventId's counters up to what its merged record says (``COUNTING``)."""
         entry = self._remember(record.key)
-        event = record.event
+        event, metrics = record.event, self._metrics
+        entry.gone_at = None
         for status, _when in record.times:
             if status not in entry.statuses:
                 entry.statuses.add(status)
                 self._mark(record.key)
-                self._home_pending(record.key, self._metrics.platform_events.labels(event.event_type, status).inc)
-        impact = record.impact_seconds
-        if not entry.impact and impact is not None:
-            entry.impact = True
+                self._home_pending(record.key, metrics.platform_events.labels(event.event_type, status).inc)
+        impact = record.impact_seconds or 0.0
+        if impact > entry.impact:
             self._mark(record.key)
-            if impact > 0:
-                self._home_pending(record.key, functools.partial(self._metrics.impact_seconds.labels(
-                    event.event_type, event.scope_name, event.location).inc, impact))
+            self._home_pending(record.key, functools.partial(metrics.impact_seconds.labels(
+                event.event_type, event.scope_name, event.location).inc, impact - entry.impact))
+            entry.impact = impact
+        if record.duplicates > entry.duplicates:
+            self._mark(record.key)
+            self._home_pending(record.key, functools.partial(metrics.platform_duplicates.inc,
+                                                             record.duplicates - entry.duplicates))
+            entry.duplicates = record.duplicates
 
     def _home_pending(self, key: str, apply: Callable[[], object]) -> None:
         """An EventId's count, applied once its home partition's blob remembers it (see ``Held.pending``)."""
@@ -680,8 +697,7 @@ class PlatformReader:
         picture, now = held.picture, platform._clock()
         before = picture.bound_hits.copy()
         for event in read.events:
-            if picture.apply(event, now).outcome == "duplicate":
-                metrics.platform_duplicates.inc()
+            picture.apply(event, now)  # a duplicate is counted by its EventId's home, from the merged record
         if picture.bound_hits != before:  # rarely: one comparison in C per message, not a loop over the bounds
             platform._bounds(picture, before)
         held.changes += 1
