@@ -4,11 +4,18 @@ fleet service and its blobs (in memory), as ``test_platform_service.py`` drives 
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter as TallyOf
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tests.fleet.platform_helpers import T0, body, grid
+from se_exporter.fleet.platform import PlatformEvent, PlatformPicture, merge
+from se_exporter.fleet.platform.counting import Counted, top_up
+from se_exporter.fleet.platform.fields import STATUSES
+from tests.fleet.platform_helpers import T0, body, grid, platform_event
 from tests.fleet.test_platform_service import Replica, homed
 from tests.fleet.test_service import Event, run
 
@@ -93,3 +100,76 @@ def test_event_grids_copy_delivered_to_another_partition_is_counted_as_a_duplica
     assert home_replica.value(DUPLICATES) + other.value(DUPLICATES) == 1
     assert home_replica.value(EVENTS, event_type="Reboot", event_status="Started") == 1
     assert other.value(EVENTS, event_type="Reboot", event_status="Started") == 0
+
+
+# ---------------------------------------------------------------------------------------------- the property
+
+VMS = ("web_3", "web_7", "web_9")
+EVENT_TIMES = (T0 - 7200, T0 - 6600, T0 - 60, T0, T0 + 600)  # two hours late among them
+
+
+@st.composite
+def message_sets(draw: st.DrawFn) -> tuple[list[PlatformEvent], list[int], list[bool]]:
+    """2-5 messages of one EventId: distinct ones (any status, eventTime and VMs, each its own Event Grid id) and
+    copies of them (Event Grid's duplicates repeat the payload); the partition each lands on; where rounds end."""
+    count = draw(st.integers(2, 5))
+    distinct = draw(st.integers(1, count))
+    messages = [platform_event(draw(st.sampled_from(STATUSES)), grid_id=f"grid-{index}",
+                               at=draw(st.sampled_from(EVENT_TIMES)),
+                               resources=draw(st.lists(st.sampled_from(VMS), min_size=1, max_size=3, unique=True)))
+                for index in range(distinct)]
+    messages += [draw(st.sampled_from(messages[:distinct])) for _ in range(count - distinct)]
+    partitions = draw(st.lists(st.integers(0, 1), min_size=count, max_size=count))
+    cuts = draw(st.lists(st.booleans(), min_size=count, max_size=count))
+    return messages, partitions, cuts
+
+
+def counted_in(order: tuple[int, ...], messages: list[PlatformEvent], partitions: list[int],
+               cuts: list[bool]) -> tuple[dict[tuple[str, tuple[str, ...]], float], str]:
+    """The counters after the messages arrive in ``order`` on their partitions, a round (expire, merge the
+    partitions' pictures, top up) after each position ``cuts`` marks and after the last; and the final status."""
+    pictures = [PlatformPicture(), PlatformPicture()]
+    counted, totals = Counted(), TallyOf()
+    now = T0 + 10
+    for position, index in enumerate(order):
+        pictures[partitions[index]].apply(messages[index], now)
+        if cuts[position] or position == len(order) - 1:
+            now += 60
+            for picture in pictures:
+                picture.expire(now)
+            for record in merge(picture.records() for picture in pictures):
+                for increment in top_up(counted, record):
+                    totals[(increment.counter, increment.labels)] += increment.amount
+    [record] = merge(picture.records() for picture in pictures)
+    return dict(totals), record.status
+
+
+def expected(messages: list[PlatformEvent]) -> dict[tuple[str, tuple[str, ...]], float]:
+    """The rule's figures, from the set of messages alone."""
+    totals = TallyOf({("platform_events", ("Reboot", status)): 1.0 for status in {m.event_status for m in messages}})
+    started = [m.event_time for m in messages if m.event_status == "Started"]
+    completed = [m.event_time for m in messages if m.event_status == "Completed"]
+    vms = {name for m in messages for name in m.resources}
+    if started and completed and max(completed) > min(started):
+        totals[("impact_seconds", ("Reboot", "web", "westeurope"))] = (max(completed) - min(started)) * len(vms)
+    copies = len(messages) - len({m.grid_id for m in messages})
+    if copies:
+        totals[("platform_duplicates", ())] = float(copies)
+    return dict(totals)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(message_sets())
+def test_every_order_and_split_over_rounds_and_partitions_counts_the_same(
+        case: tuple[list[PlatformEvent], list[int], list[bool]]) -> None:
+    """400 sets of 2-5 messages, each in every order (the rounds' ends shifted with each order), split over two
+    partitions: the same counters, the rule's figures of the set, and one final status."""
+    messages, partitions, cuts = case
+    want = expected(messages)
+    statuses = set()
+    for number, order in enumerate(itertools.permutations(range(len(messages)))):
+        shifted = cuts[number % len(cuts):] + cuts[:number % len(cuts)]
+        totals, status = counted_in(order, messages, partitions, shifted)
+        assert totals == want, order
+        statuses.add(status)
+    assert len(statuses) == 1
