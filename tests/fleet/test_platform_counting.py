@@ -102,6 +102,37 @@ def test_event_grids_copy_delivered_to_another_partition_is_counted_as_a_duplica
     assert other.value(EVENTS, event_type="Reboot", event_status="Started") == 0
 
 
+
+@pytest.mark.parametrize("event_type", ["Reboot", "Redeploy"])
+def test_a_host_failure_is_read_in_either_documented_shape(event_type: str) -> None:
+    """Azure documents a host failure as Reboot + Started in one place and Redeploy + Started in another: either is
+    an event that started unannounced (no Scheduled, no NotBefore), listed and counted once under its type."""
+    replica = Replica(now=[T0 + 60])
+    run(replica.claim())
+    run(replica.read(message("Started", 1, T0, ["web_3"], event_type=event_type)))
+    gauges = replica.gauges()
+    [info] = [dict(labels) for (name, labels) in gauges if name.endswith("event_info")]
+    assert (info["event_type"], info["event_status"]) == (event_type, "Started")
+    assert replica.value(EVENTS, event_type=event_type, event_status="Started") == 1
+    assert replica.value(EVENTS, event_type=event_type, event_status="Scheduled") == 0
+    [record] = replica.platform.view.records
+    assert record.event.not_before is None and record.announced_at == T0
+
+
+@pytest.mark.parametrize("reboot_first", [True, False])
+def test_one_host_failure_in_both_shapes_is_one_event_started_once(reboot_first: bool) -> None:
+    """The same EventId as Reboot + Started and as Redeploy + Started (two Event Grid ids): one event, one info
+    series whose type does not depend on the order, Started counted once."""
+    replica = Replica(now=[T0 + 60])
+    run(replica.claim())
+    shapes = [message("Started", 1, T0, ["web_3"], event_type="Reboot", grid_id="a"),
+              message("Started", 2, T0, ["web_3"], event_type="Redeploy", grid_id="b")]
+    run(replica.read(*(shapes if reboot_first else shapes[::-1])))
+    gauges = replica.gauges()
+    [info] = [dict(labels) for (name, labels) in gauges if name.endswith("event_info")]
+    assert info["event_type"] == "Redeploy"  # the same eventTime: the larger Event Grid id decides
+    assert sum(replica.value(EVENTS, event_type=kind, event_status="Started") for kind in ("Reboot", "Redeploy")) == 1
+
 # ---------------------------------------------------------------------------------------------- the property
 
 VMS = ("web_3", "web_7", "web_9")
