@@ -48,14 +48,18 @@ def block_list_bytes(blocks: int) -> int:
 
 @dataclass
 class Layout:
-    """A format-3 state's blocks as this replica last read or wrote them: what a delta is appended to."""
+    """A state's blocks as this replica last read or wrote them, and their position: what a delta is appended to."""
 
     ids: list[str]
+    position: int
     base_bytes: int
     delta_bytes: int = 0
 
-    def room(self, delta: int) -> bool:
-        return len(self.ids) < MAX_BLOCKS and self.delta_bytes + delta <= COMPACT_FRACTION * self.base_bytes
+    def room(self, delta: int, position: int) -> bool:
+        """Whether a delta of ``delta`` bytes at ``position`` may follow. Never one behind the stored position: a
+        position reset (``Fleet.check_restored``) starts a fresh base, since a reader refuses a delta that goes back."""
+        return position >= self.position and len(self.ids) < MAX_BLOCKS \
+            and self.delta_bytes + delta <= COMPACT_FRACTION * self.base_bytes
 
 
 def state_blob_name(namespace: str, eventhub_name: str, consumer_group: str, partition_id: str) -> str:
@@ -109,8 +113,8 @@ class StateStore(abc.ABC):
             return Restored(damaged=damage.reason, problem=str(damage))
         if decoded.blocks and not decoded.dropped and len({block for block, _size in decoded.blocks}) == len(
                 decoded.blocks) and all(len(block) == BLOCK_ID_LENGTH for block, _size in decoded.blocks):
-            self._layouts[partition_id] = Layout([block for block, _size in decoded.blocks], decoded.blocks[0][1],
-                                                 sum(size for _block, size in decoded.blocks[1:]))
+            self._layouts[partition_id] = Layout([block for block, _size in decoded.blocks], decoded.position,
+                                                 decoded.blocks[0][1], sum(size for _block, size in decoded.blocks[1:]))
         state = PartitionState(vms=decoded.vms, position=decoded.position, restored_position=decoded.position)
         return Restored(state, dropped=dict(decoded.dropped), format=decoded.format)
 
@@ -136,12 +140,12 @@ class StateStore(abc.ABC):
             layout, block = self._layouts.get(partition_id), new_block_id()
             if delta is not None and layout is not None:
                 data = delta(block)
-                if layout.room(len(data)):
+                if layout.room(len(data), position):
                     outcome = await self._commit(partition_id, layout.ids, block, data, position)
                     self.on_written("delta", len(data) + block_list_bytes(len(layout.ids) + 1))
                     if outcome == "ok":
                         layout.ids.append(block)
-                        layout.delta_bytes += len(data)
+                        layout.position, layout.delta_bytes = position, layout.delta_bytes + len(data)
                         return True
                     self._layouts.pop(partition_id, None)
                     if outcome == "conflict" and not await self._behind(partition_id, position):
@@ -151,7 +155,7 @@ class StateStore(abc.ABC):
             outcome = await self._commit(partition_id, [], block, data, position)
             self.on_written("base", len(data) + block_list_bytes(1))
             if outcome == "ok":
-                self._layouts[partition_id] = Layout([block], len(data))
+                self._layouts[partition_id] = Layout([block], position, len(data))
                 return True
             self._layouts.pop(partition_id, None)
             if not await self._behind(partition_id, position):

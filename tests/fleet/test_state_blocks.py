@@ -12,8 +12,10 @@ import pytest
 from scripts import state_bytes
 from se_exporter.fleet import statestore
 from se_exporter.fleet.settings import FleetSettings
-from se_exporter.fleet.stateformat import decode
+from se_exporter.fleet.picture import read_message
+from se_exporter.fleet.stateformat import decode, encode_base
 from se_exporter.fleet.statestore import Stored
+from tests.fleet.test_picture import EMPTY, props
 from tests.fleet.test_service import NAME, NOW, Event, Replica, run, stored_state
 
 
@@ -225,3 +227,22 @@ def test_the_heartbeat_interval_is_its_flag_and_never_shorter_than_the_checkpoin
     assert FleetSettings(checkpoint_interval=20, heartbeat_checkpoint_interval=5).heartbeat_write_interval == 20
     # the default stays far below the 300 s of FleetCheckpointsStale, and never under the checkpoint interval
     assert [FleetSettings(checkpoint_interval=c).heartbeat_write_interval for c in (50, 100, 600)] == [120, 120, 600]
+
+
+def test_a_stored_position_past_the_partitions_newest_event_is_followed_by_a_base_the_next_owner_reads() -> None:
+    """A format-3 state claiming sequence number 10**9 in a partition whose newest event is 3 (the hub recreated
+    under its name): the position is reset, and the next write is a base at 3, not a delta behind the base at
+    10**9, so the next owner restores every VM rather than finding the state damaged."""
+    vms = [read_message(EMPTY, props(1, vm_id=key), f"inst-{key}:1".encode(), key.encode(), NOW - 100, 1024).vm
+           for key in ("vm-p", "vm-q", "vm-r", "vm-s")]
+    block = statestore.new_block_id()
+    base = encode_base("0", 10**9, vms, block)
+    states = {NAME: Stored(base, 10**9, 1, [(block, base)])}
+    first = format3(states)
+    run(first.read(Event(1, "vm-a"), Event(2, "vm-b"), Event(3, "vm-p", sequence=2)))
+    assert first.value("azure_scheduled_fleet_state_damaged_total", reason="position") == 1
+    run(first.service.save("0"))
+    assert states[NAME].position == 3 and len(states[NAME].blocks) == 1
+    second = format3(states)
+    assert second.value("azure_scheduled_fleet_state_damaged_total", reason="wrong_shape") == 0
+    assert second.held() == ["vm-a", "vm-b", "vm-p", "vm-q", "vm-r", "vm-s"]
