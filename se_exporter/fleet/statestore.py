@@ -9,11 +9,12 @@ What every store shares lives here, so that both behave alike: whatever a stored
 (``frozen``: neither it nor the checkpoint is written for that partition); writes only move the stored position
 forward (an implementation's ``_upload`` gives way to a newer state written by another owner).
 
-Format 3 is written as blocks (``save_blocks``): a base, then one delta per write, each commit one atomic,
+A partition's VMs are written as blocks (``save_blocks``): a base, then one delta per write, each commit one atomic,
 ETag-conditional replacement of the block list. A delta is appended only while this replica knows the stored block
-list (it read a clean format-3 state or wrote one) and the deltas stay small: past ``COMPACT_FRACTION`` of the
-base's bytes or ``MAX_BLOCKS`` blocks the write is a new base instead. So a restore reads one base and at most
-``MAX_BLOCKS - 1`` deltas holding at most ``COMPACT_FRACTION`` of the base's gzip'd bytes.
+list (it read a clean state or wrote one), its position does not go back, and the deltas stay small: past
+``COMPACT_FRACTION`` of the base's bytes or ``MAX_BLOCKS`` blocks the write is a new base instead. So a restore
+reads one base and at most ``MAX_BLOCKS - 1`` deltas holding at most ``COMPACT_FRACTION`` of the base's gzip'd
+bytes.
 """
 
 from __future__ import annotations
@@ -77,7 +78,6 @@ class Restored:
     newer_format: int | None = None
     problem: str = ""
     dropped: dict[str, int] = field(default_factory=dict)  # VMs left out, by reason
-    format: int | None = None  # the format it was stored in (None: no state, or an unreadable one)
 
 
 class StateStore(abc.ABC):
@@ -87,7 +87,7 @@ class StateStore(abc.ABC):
         self._bounds = bounds
         self._names: dict[str, str] = {}
         self._frozen: set[str] = set()
-        self._layouts: dict[str, Layout] = {}  # format-3 states whose block list is known: deltas may follow
+        self._layouts: dict[str, Layout] = {}  # states whose block list is known: deltas may follow
         self.on_written: Callable[[str, int], None] = lambda kind, size: None  # bytes uploaded: "base" or "delta"
 
     def name(self, partition_id: str, state_name: str) -> None:
@@ -116,11 +116,11 @@ class StateStore(abc.ABC):
             self._layouts[partition_id] = Layout([block for block, _size in decoded.blocks], decoded.position,
                                                  decoded.blocks[0][1], sum(size for _block, size in decoded.blocks[1:]))
         state = PartitionState(vms=decoded.vms, position=decoded.position, restored_position=decoded.position)
-        return Restored(state, dropped=dict(decoded.dropped), format=decoded.format)
+        return Restored(state, dropped=dict(decoded.dropped))
 
     async def save(self, partition_id: str, data: bytes, position: int) -> bool:
-        """Write the state at ``position`` whole (formats 1 and 2); False when a newer one is already there, or the
-        stored one is a newer release's (nothing written)."""
+        """Write ``data`` at ``position`` whole (a state kept beside the VMs': ``fetch``); False when a newer one is
+        already there, or the stored one is a newer release's (nothing written)."""
         if partition_id in self._frozen:
             return False
         self._layouts.pop(partition_id, None)
@@ -130,10 +130,10 @@ class StateStore(abc.ABC):
 
     async def save_blocks(self, partition_id: str, position: int, base: Callable[[str], bytes],
                           delta: Callable[[str], bytes] | None) -> bool:
-        """Write the state at ``position`` in format 3: ``delta(block_id)`` appended when the stored block list is
-        known and has room, else ``base(block_id)`` as the only block. On a conflict (another writer moved the
-        ETag) a stored position past ours wins (False); one at or behind ours is replaced by a base, since our state
-        in memory is the truth at our position."""
+        """Write the partition's VMs at ``position``: ``delta(block_id)`` appended when the stored block list is
+        known and has room (``Layout.room``), else ``base(block_id)`` as the only block. On a conflict (another
+        writer moved the ETag) a stored position past ours wins (False); one at or behind ours is replaced by a base,
+        since our state in memory is the truth at our position."""
         if partition_id in self._frozen:
             return False
         for _attempt in range(3):
