@@ -264,6 +264,19 @@ def test_fleet_is_a_deployment_with_its_own_identity_and_budget() -> None:
     assert ("PrometheusRule", "se-exporter-fleet") in found
 
 
+def test_fleet_uses_workload_identity_for_blob_storage_beside_a_hub_secret() -> None:
+    """A fleet client id with a Secret for the hub still labels the fleet's pods for the webhook (the checkpoint
+    store's account URL needs the identity), while the node pods stay without."""
+    found = objects("existing-secret", "fleet.checkpoint.existingSecret.name=",
+                    "fleet.checkpoint.accountUrl=https://myaccount.blob.core.windows.net",
+                    f"fleet.serviceAccount.workloadIdentity.clientId={FLEET_CLIENT_ID}")
+    template = found[("Deployment", "se-exporter-fleet")]["spec"]["template"]
+    assert template["metadata"]["labels"]["azure.workload.identity/use"] == "true"
+    assert template["spec"]["automountServiceAccountToken"] is True
+    assert found[("ServiceAccount", "se-exporter-fleet")]["automountServiceAccountToken"] is True
+    assert "azure.workload.identity/use" not in pod_labels(found[("DaemonSet", "se-exporter")])
+
+
 def test_fleet_refuses_to_start_without_what_it_needs() -> None:
     """fleet.enabled without a hub to read or a checkpoint store fails at render, saying which value to set."""
     with pytest.raises(HelmFailed, match=r"fleet\.checkpoint\.accountUrl"):
@@ -342,8 +355,11 @@ def test_existing_secret_is_referenced_never_rendered() -> None:
     variables = env(found[("DaemonSet", "se-exporter")]["spec"]["template"]["spec"]["containers"][0])
     assert variables["SE_EXPORTER_EVENTHUB_CONNECTION_STRING"] == {
         "secretKeyRef": {"name": "se-exporter-eventhubs", "key": "connection-string"}}
-    fleet = env(found[("Deployment", "se-exporter-fleet")]["spec"]["template"]["spec"]["containers"][0])
+    fleet_pod = found[("Deployment", "se-exporter-fleet")]["spec"]["template"]
+    fleet = env(fleet_pod["spec"]["containers"][0])
+    assert fleet["SE_EXPORTER_EVENTHUB_CONNECTION_STRING"]["secretKeyRef"]["name"] == "se-exporter-eventhubs-listen"
     assert fleet["SE_EXPORTER_CHECKPOINT_CONNECTION_STRING"]["secretKeyRef"]["name"] == "se-exporter-checkpoints"
+    assert "azure.workload.identity/use" not in fleet_pod["metadata"]["labels"]
     assert fleet["SE_EXPORTER_PLATFORM_EVENTHUB_CONNECTION_STRING"]["secretKeyRef"]["key"] == "listen"
     assert not of_kind(found, "Secret")
 

@@ -102,6 +102,11 @@ app.kubernetes.io/part-of: se-exporter
 {{- if eq .Values.eventhubs.auth "workloadIdentity" -}}true{{- end -}}
 {{- end -}}
 
+{{/* true when the fleet's pods use Microsoft Entra Workload ID (for the hub, or for Blob Storage alone). */}}
+{{- define "se-exporter.fleet.workloadIdentity" -}}
+{{- if or (eq .Values.eventhubs.auth "workloadIdentity") .Values.fleet.serviceAccount.workloadIdentity.clientId -}}true{{- end -}}
+{{- end -}}
+
 {{/* The OTLP endpoint's port: the one in the URL, else the scheme's (80, 443). */}}
 {{- define "se-exporter.otlpPort" -}}
 {{- $url := urlParse .Values.otlp.endpoint -}}
@@ -121,8 +126,10 @@ app.kubernetes.io/part-of: se-exporter
 {{- if gt (len $hostport) 1 -}}{{- last $hostport -}}{{- else -}}5671{{- end -}}
 {{- end -}}
 
-{{/* Settings both programs take: logging and Event Hubs. */}}
+{{/* Settings both programs take: logging and Event Hubs; call with (dict "root" $ "secret" existingSecret). */}}
 {{- define "se-exporter.commonEnv" -}}
+{{- $secret := .secret -}}
+{{- with .root -}}
 - name: SE_EXPORTER_LOG_LEVEL
   value: {{ .Values.logLevel | quote }}
 - name: SE_EXPORTER_LOG_FORMAT
@@ -136,8 +143,8 @@ app.kubernetes.io/part-of: se-exporter
 - name: SE_EXPORTER_EVENTHUB_CONNECTION_STRING
   valueFrom:
     secretKeyRef:
-      name: {{ required "eventhubs.existingSecret.name is required with eventhubs.auth=existingSecret" .Values.eventhubs.existingSecret.name | quote }}
-      key: {{ .Values.eventhubs.existingSecret.key | quote }}
+      name: {{ required "eventhubs.existingSecret.name is required with eventhubs.auth=existingSecret" $secret.name | quote }}
+      key: {{ $secret.key | quote }}
 {{- with .Values.eventhubs.name }}
 - name: SE_EXPORTER_EVENTHUB_NAME
   value: {{ . | quote }}
@@ -147,6 +154,7 @@ app.kubernetes.io/part-of: se-exporter
 - name: SE_EXPORTER_EVENTHUB_ENDPOINT
   value: {{ .Values.eventhubs.endpoint | quote }}
 {{- end }}
+{{- end -}}
 {{- end -}}
 
 {{/* The sidecar's port of the monitors' endpoints and the node label they add (joins kube-state-metrics). */}}
