@@ -1,7 +1,7 @@
-"""Every relative link in README.md, CHANGELOG.md and docs/*.md reaches a file that exists and, with a #fragment, a
-heading of that file (GitHub's anchors), so moving a section between pages cannot leave a dead link behind. No network: links
-with a scheme (https:, mailto:) are not followed. docs/operations.md quotes every alert's runbook as the rules
-files have it."""
+"""Every relative link in README.md, CHANGELOG.md and docs/*.md reaches a file that exists and, with a #fragment,
+a heading of that file (GitHub's anchors), so moving a section between pages cannot leave a dead link behind. No
+network: links with a scheme (https:, mailto:) are not followed. docs/operations.md quotes every alert's runbook
+as the rules files have it."""
 
 from __future__ import annotations
 
