@@ -3,7 +3,7 @@
 A stop signal that arrives while the modules are still loading (~0.2 s) would otherwise print a
 KeyboardInterrupt traceback (SIGINT) or end the process with 143 (SIGTERM): the command installs its own
 stop handlers only once it runs. Until then a stop signal ends the process quietly with exit 0, as a stop
-does once it runs (README "Shutdown"); there is nothing to flush yet.
+does once it runs (docs/traces.md, "Shutdown"); there is nothing to flush yet.
 """
 
 from __future__ import annotations

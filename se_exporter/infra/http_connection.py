@@ -26,7 +26,7 @@ LINGER_BYTES = 256 * 1024
 
 @dataclass(frozen=True)
 class Bounds:
-    """What one client may take; the defaults are the README's."""
+    """What one client may take; the defaults are docs/http.md's."""
 
     head_bytes: int = 16 * 1024
     head_timeout: float = 5.0

@@ -8,7 +8,7 @@ bytes on the socket (truncated, dripped, mis-chunked answers), which a bare tran
 and importing it costs a small fraction of aiohttp.web's memory, while an idle loop with no timers sleeps in the
 kernel without a single wake-up (aiohttp's keep-alive handling arms timers). Figures: docs/performance.md.
 
-Bounds (``Bounds``; the README's "HTTP endpoints" lists them), each counted by ``reason`` when hit:
+Bounds (``Bounds``; docs/http.md lists them), each counted by ``reason`` when hit:
 
 * ``header_bytes``: a request head (request line and headers) of more than 16 KiB is answered 431 once that much
   is buffered; the rest is never read into memory.

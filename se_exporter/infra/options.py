@@ -3,7 +3,7 @@ the value parsers, and the options more than one command takes (logging, Event H
 
 Each command declares its own options and frozen settings in its program's ``settings.py`` (``sidecar/``,
 ``consume/``, ``fleet/``, ``simulator/``); the CLI builds its flags from those tables, the resolver reads
-``SE_EXPORTER_*`` variables from them, and the README's configuration tables are written from them. These modules
+``SE_EXPORTER_*`` variables from them, and docs/reference.md's flag tables are written from them. These modules
 are handed the environment as a mapping (``process_environment`` is the one place that reads ``os.environ``).
 """
 

@@ -165,7 +165,7 @@ def parse_api_version(text: str) -> str:
     return text
 
 
-# The ranges of every numeric setting (help texts and the README show them).
+# The ranges of every numeric setting (help texts and docs/reference.md show them).
 POLL_INTERVAL = Bounded(0.05, 3600)  # below 0.2 s IMDS throttles; 0.05 is the benchmarks' and tests' 20 Hz
 TIMEOUT = Bounded(0.05, 300)
 FIRST_CALL_TIMEOUT = Bounded(0.05, 600)  # the first call may take two minutes: five times that is plenty

@@ -613,7 +613,7 @@ class SimulatorServer(Server):
 
 
 def _count(reason: str) -> None:
-    log.debug("refused an HTTP request or connection: %s (the README's HTTP server bounds)", reason)
+    log.debug("refused an HTTP request or connection: %s (docs/http.md: the HTTP server's bounds)", reason)
 
 
 def start(simulator: Simulator, host: str = "127.0.0.1", port: int = 0, bounds: Bounds | None = None,

@@ -1,7 +1,7 @@
-"""Every relative link in README.md and docs/*.md reaches a file that exists and, with a #fragment, a heading of
-that file (GitHub's anchors), so moving a section between pages cannot leave a dead link behind. No network: links
-with a scheme (https:, mailto:) are not followed. docs/operations.md quotes every alert's runbook as the rules
-files have it."""
+"""Every relative link in README.md, CHANGELOG.md and docs/*.md reaches a file that exists and, with a #fragment,
+a heading of that file (GitHub's anchors), so moving a section between pages cannot leave a dead link behind. No
+network: links with a scheme (https:, mailto:) are not followed. docs/operations.md quotes every alert's runbook
+as the rules files have it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).parent.parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *DOCS]
 
 FENCE = re.compile(r"^ {0,3}(```|~~~)")
 HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
@@ -84,8 +85,9 @@ def test_every_relative_link_reaches_a_file_and_heading(page: Path) -> None:
 def test_the_docs_pages_are_linked_from_the_readme() -> None:
     """The README is the way in: every page under docs/ is linked from it."""
     readme = (ROOT / "README.md").read_text()
-    for page in PAGES[1:]:
+    for page in DOCS:
         assert f"](docs/{page.name}" in readme, page.name
+    assert "](CHANGELOG.md)" in readme
 
 
 def test_the_checker_finds_dead_files_and_anchors(tmp_path: Path) -> None:

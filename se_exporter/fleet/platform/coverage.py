@@ -21,7 +21,7 @@ none gets none. The reverse: an EventId live sidecars listed for ``grace`` that 
 counted once, only when the VM is in a scope that has published a platform event (its scale set, itself, or a
 Resources list: an availability set is known only that way).
 
-The join. The issue joins on (subscription, resource group, VM name): the sidecars forward the first two as
+The join is on (subscription, resource group, VM name): the sidecars forward the first two as
 properties, ``VmState`` keeps them (and the state blobs), and ``vm_identity`` returns them. A VM name compares
 without case (as Azure compares names; the 2017 preview's leading underscore ignored, as ``core.model.affects_vm``
 does); where a side does not know a part (an older sidecar says neither subscription nor resource group), that part

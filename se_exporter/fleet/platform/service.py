@@ -22,7 +22,7 @@ blobs (``read_peers``), so it knows every EventId wherever its messages landed. 
 partition of every hub says ``no_sidecar`` only for an EventId homed here, once every partition has judged it
 (``Held.judged``, in each partition's blob: per EventId, the named VMs alive there): never wrongly, at worst late.
 The reverse likewise: each partition's ``judged`` lists the unannounced EventIds its VMs listed, and an EventId's
-home counts it from the blobs of the partitions it does not show. What this leaves with several replicas (the README
+home counts it from the blobs of the partitions it does not show. What this leaves with several replicas (docs/fleet.md
 says it): every figure a few checkpoint intervals behind one replica's.
 """
 
