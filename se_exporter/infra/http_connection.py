@@ -1,14 +1,22 @@
 """One connection of the one HTTP server (``http_server``, whose docstring lists the bounds): its request heads and
-bodies parsed by h11 within the size caps and deadlines, its answers written, its refusals answered and counted."""
+bodies parsed by h11 within the size caps and deadlines, its answers written, its refusals answered and counted.
+
+Two rules of RFC 9112 h11 leaves to the server, kept here for every program: a request framed both ways
+(Content-Length and Transfer-Encoding; h11 reads the body as chunked, as section 6.1 says) is answered and its
+connection closed, so no bytes after it are ever read as a second request (request smuggling through a proxy that
+framed it by Content-Length); and an absolute-form target (``GET http://host/metrics``, section 3.2.2: a server
+must accept it) is routed by its path and query.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import re
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 from typing import Any
 
@@ -22,6 +30,8 @@ JOIN_BELOW = 64 * 1024  # bytes of body written in one piece with the head (see 
 READ_CHUNK = 8192  # bytes read at a time: what one connection buffers stays near 40 KiB (16 KiB head cap included)
 LINGER_SECONDS = 1.0  # after an error answer, how long unread request bytes are drained so the client can read it
 LINGER_BYTES = 256 * 1024
+_ABSOLUTE_FORM = re.compile(r"https?://[^/?#]*", re.IGNORECASE)  # a target's scheme and authority
+_FRAMINGS = frozenset((b"content-length", b"transfer-encoding"))  # h11 gives header names in lower case
 
 
 @dataclass(frozen=True)
@@ -212,7 +222,7 @@ async def _converse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
         connection.waiting_since = None
         body = await _body(conn, reader, event, bounds, loop.time() + bounds.body_timeout, writer)
         target = event.target.decode("latin-1")
-        path, _, query = target.partition("?")
+        path, _, query = _origin_form(target).partition("?")
         method = event.method.decode("latin-1")
         request = HttpRequest(method, path, query,
                               tuple((name.decode("latin-1"), value.decode("latin-1")) for name, value in event.headers),
@@ -220,6 +230,8 @@ async def _converse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
         response = _no_resource(method, target) or await handler(request)
         if response is None or connection.evicted:
             return
+        if {name for name, _value in event.headers} >= _FRAMINGS:
+            response = replace(response, close=True)
         await _answer(conn, writer, response, method == "HEAD", bounds.write_timeout, limits)
         if response.close or conn.our_state is h11.MUST_CLOSE or conn.their_state is not h11.DONE:
             return
@@ -298,6 +310,16 @@ def _unparsable(error: h11.RemoteProtocolError | ValueError, reader: asyncio.Str
     if isinstance(error, h11.RemoteProtocolError) and error.error_status_hint == 431:
         return _Refused(431, "header_bytes", "request head too large")
     return _Refused(400, "malformed", str(error)[:200])
+
+
+def _origin_form(target: str) -> str:
+    """``target`` without an absolute form's scheme and authority (``http://host:port/metrics?x`` is
+    ``/metrics?x``; ``http://host`` is ``/``): the host is not checked, since we answer for no other (never proxy)."""
+    authority = _ABSOLUTE_FORM.match(target)
+    if authority is None:
+        return target
+    rest = target[authority.end():]
+    return rest if rest.startswith("/") else "/" + rest
 
 
 def _no_resource(method: str, target: str) -> Response | None:

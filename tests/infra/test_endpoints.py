@@ -8,6 +8,7 @@ import contextlib
 import errno
 import gzip
 import http.client
+import json
 import logging
 import selectors
 import socket
@@ -26,6 +27,9 @@ from se_exporter.infra import http_connection, http_pages, http_server
 from se_exporter.infra.http_server import Bounds, HttpRequest, Response, serve
 from se_exporter.infra.options import Listen
 from se_exporter.sidecar.endpoints import make_http_app
+from se_exporter.simulator import scenario as scenarios
+from se_exporter.simulator.server import Simulator
+from se_exporter.simulator.server import start as start_simulator
 from tests.conftest import Reliability
 from tests.helpers import wait_until
 from tests.slow_clients import Drippers, scrape
@@ -619,3 +623,64 @@ def test_a_joined_part_is_made_a_slice_at_a_time_and_sent_whole() -> None:
     zipped = http_server.metrics(HttpRequest("GET", "/metrics", "", (("accept-encoding", "gzip"),)),
                                  [b"# head\n", joined, b"\n# tail\n"])
     assert gzip.decompress(zipped.body) == b"# head\n" + b"\n".join(items) + b"\n# tail\n"
+
+
+@pytest.fixture
+def simulator_app() -> Iterator[int]:
+    """The IMDS simulator's server (the demo scenario); returns the port."""
+    running = start_simulator(Simulator(scenarios.load("demo")))
+    yield int(running.server_port)
+    running.server_close()
+
+
+def until_closed(sock: socket.socket, timeout: float = 5.0) -> tuple[bytes, bool]:
+    """What the server sends, and whether it closed the connection within ``timeout``."""
+    chunks, deadline = [], time.monotonic() + timeout
+    while readable(sock, max(0.0, deadline - time.monotonic())):
+        chunk = sock.recv(65536)
+        if not chunk:
+            return b"".join(chunks), True
+        chunks.append(chunk)
+    return b"".join(chunks), False
+
+
+@pytest.mark.parametrize("app", ["sidecar_app", "simulator_app"])
+@pytest.mark.parametrize(("length", "answers"), [(b"Content-Length: 4\r\n", 1), (b"", 2)])
+def test_a_request_framed_both_ways_is_answered_and_its_connection_closed(
+        app: str, length: bytes, answers: int, request: pytest.FixtureRequest) -> None:
+    """A request carrying both Content-Length and Transfer-Encoding: chunked is answered (its body read as chunked)
+    with Connection: close, and the connection closed: what follows it is never served as a second request (RFC
+    9112 section 6.1), on the sidecar's server and the simulator's. Chunked alone keeps the connection."""
+    port = request.getfixturevalue(app)
+    with connect(port) as sock:
+        sock.sendall(b"POST /metrics HTTP/1.1\r\nHost: s\r\n" + length + b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+                     b"GET /healthz HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n")
+        received, closed = until_closed(sock)
+    assert closed and received.count(b"HTTP/1.1 ") == answers, received[:400]
+    assert (b"\r\nconnection: close\r\n" in received.lower().split(b"\r\n\r\n")[0] + b"\r\n") == (answers == 1)
+
+
+def raw_get(port: int, target: bytes, headers: bytes = b"") -> tuple[bytes, bytes]:
+    """The status line and body of one GET of ``target`` as sent, over a raw socket."""
+    with connect(port) as sock:
+        sock.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: s\r\n" + headers + b"Connection: close\r\n\r\n")
+        head, _, body = answer(sock).partition(b"\r\n\r\n")
+    return head.split(b"\r\n")[0], body
+
+
+@pytest.mark.parametrize("path", [b"/metrics", b"/healthz", b"/", b"/nowhere", b"/metrics?name[]=hostile_probe"])
+def test_an_absolute_form_target_is_routed_by_its_path(sidecar_app: int, path: bytes) -> None:
+    """GET http://host/metrics (what a client sends to a proxy; RFC 9112 section 3.2.2: a server must accept it) is
+    answered as GET /metrics, whatever the scheme's case, the host and the port."""
+    for prefix in (b"http://sidecar", b"HTTP://Sidecar:10169", b"https://[::1]:443"):
+        absolute = prefix + (path if path != b"/" else b"")  # "http://host" alone names "/"
+        assert raw_get(sidecar_app, absolute) == raw_get(sidecar_app, path), absolute
+
+
+def test_the_simulator_routes_an_absolute_form_target_by_its_path(simulator_app: int) -> None:
+    """The simulator's Scheduled Events document answers GET http://<imds>/metadata/scheduledevents as it answers
+    the origin form."""
+    query = b"/metadata/scheduledevents?api-version=2020-07-01"
+    status, body = raw_get(simulator_app, b"http://127.0.0.1" + query, b"Metadata: true\r\n")
+    assert status == raw_get(simulator_app, query, b"Metadata: true\r\n")[0] == b"HTTP/1.1 200 OK"
+    assert "Events" in json.loads(body)
