@@ -20,7 +20,7 @@ WORKERS ?= 4
 # The wheelhouses' SBOMs make test reads (make sbom below), with the wheelhouses they are made from.
 SBOMS := dist/linux-wheels.cdx.json dist/windows-wheels.cdx.json
 
-.PHONY: chart-files demo demo-fleet test test-contended lint lint-imports typecheck unit system-deps clean dashboards reliability soak bench image \
+.PHONY: chart-files demo demo-fleet docs test test-contended lint lint-imports typecheck unit system-deps clean dashboards reliability soak bench image \
 	windows-wheels lock linux-wheels sbom operator-schemas
 
 # Regenerate dashboards/*.json from dashboards/generate.py (the suite fails if they differ), then copy the rules and
@@ -33,6 +33,11 @@ CHART_FILES := charts/se-exporter/files
 chart-files:
 	cp dashboards/alerts.yaml dashboards/fleet-alerts.yaml $(CHART_FILES)/
 	rm -f $(CHART_FILES)/dashboards/*.json && cp dashboards/*.json $(CHART_FILES)/dashboards/
+
+# Rewrite the generated reference pages (docs/reference.md: flags and metrics; docs/modules.md: the module map)
+# from the code; tests/project/test_docs.py fails while a committed page differs from them.
+docs: $(VENV)/.installed
+	$(BIN)/python scripts/docs.py
 
 # The test venv installs exactly requirements/test.txt (the runtime lock's pins plus the test tools), every file
 # checked against its hash; se-exporter itself goes on top, editable, with --no-deps (nothing else resolved). pip

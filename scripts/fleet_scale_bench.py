@@ -45,10 +45,8 @@ with shorter intervals than the fleet's defaults (--balancing 2, --ownership 10)
 partition's ownership blob, CPU the bare SDK does not spend. The steady state and the wave, which need no
 fail-over, run at the defaults: like for like with the references.
 
-The replicas get --state-format 3 (incremental state) where the fleet reads it, else the fleet's default
-(--state-format sets it). Each figure is printed with its reference, the ratio and the target beside it; nothing
-fails on a missed target. A run at the default sizes writes them to docs/measurements/fleet-scale.json; smoke and
-other sizes only print them.
+Each figure is printed with its reference, the ratio and the target beside it; nothing fails on a missed target. A
+run at the default sizes writes them to docs/measurements/fleet-scale.json; smoke and other sizes only print them.
 """
 
 from __future__ import annotations
@@ -78,11 +76,7 @@ from fleet_peers import WAVE_EVENT, Child
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT))
 
-from se_exporter.fleet.settings import (  # noqa: E402
-    DEFAULT_CHECKPOINT_INTERVAL,
-    FleetSettings,
-    parse_state_format,
-)
+from se_exporter.fleet.settings import DEFAULT_CHECKPOINT_INTERVAL, FleetSettings  # noqa: E402
 from tests.fleet_helpers import Azurite, FleetProcess  # noqa: E402
 from tests.helpers import wait_until  # noqa: E402
 
@@ -506,15 +500,6 @@ def restart(run: Run) -> None:
     run.row(f"the test server, {hub['messages']:,.0f} messages held: its RSS", hub["rss_mb"], "MB")
 
 
-def default_state_format() -> str | None:
-    """3 (incremental state) where this fleet reads it, else the fleet's own default."""
-    try:
-        parse_state_format("3")
-    except ValueError:
-        return None
-    return "3"
-
-
 def measure(sizes: Sizes, args: argparse.Namespace, work: Path) -> Run:
     hub = Child("hub", str(sizes.vms), str(sizes.partitions))
     azurite = proxy = replicas = run = None
@@ -523,8 +508,6 @@ def measure(sizes: Sizes, args: argparse.Namespace, work: Path) -> Run:
         proxy = Child("proxy", str(azurite.port))
         storage = azurite.connection_string.replace(f":{azurite.port}/", f":{proxy.first}/")
         fleet_args = ["--checkpoint-container", "scale", "--checkpoint-interval", str(sizes.checkpoint_s)]
-        if args.state_format:
-            fleet_args += ["--state-format", args.state_format]
         fast = ["--load-balancing-interval", str(args.balancing), "--ownership-expiry", str(args.ownership)]
         replicas = Replicas(hub.first, storage, work, fleet_args, fast)
         run = Run(sizes, hub, proxy, replicas, args.balancing)
@@ -550,7 +533,7 @@ def report(run: Run, args: argparse.Namespace, mode: str) -> dict[str, Any]:
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     sizes = run.sizes
     print(f"se-exporter fleet at scale ({mode}) on {machine}: {sizes.vms:,} VMs over {sizes.partitions} partitions, "
-          f"two replicas, state format {args.state_format or 'default'}, checkpoint interval {sizes.checkpoint_s:g} "
+          f"two replicas, checkpoint interval {sizes.checkpoint_s:g} "
           f"s; backlog, hand-over, first idle and restart: balancing every {args.balancing:g} s, ownership expiry "
           f"{args.ownership:g} s; second idle, steady and wave: the defaults ({DEFAULT_BALANCING:g} s, "
           f"{DEFAULT_OWNERSHIP:g} s), split {run.notes.get('steady_split')}; state bytes from the "
@@ -560,7 +543,7 @@ def report(run: Run, args: argparse.Namespace, mode: str) -> dict[str, Any]:
         ratio = f"{row.ratio:8.2f}x" if row.ratio is not None else " " * 9
         print(f"  {row.figure:<76} {row.measured:12.3f} {row.unit:<4} {reference} {ratio}  {row.target}")
     return {"machine": machine, "mode": mode, "vms": sizes.vms, "partitions": sizes.partitions,
-            "state_format": args.state_format, "load_balancing_interval": args.balancing,
+            "load_balancing_interval": args.balancing,
             "ownership_expiry": args.ownership, "steady_load_balancing_interval": DEFAULT_BALANCING,
             "steady_ownership_expiry": DEFAULT_OWNERSHIP, "checkpoint_interval": sizes.checkpoint_s,
             "steady_seconds": sizes.steady_s, "heartbeat_interval": sizes.heartbeat_s, **run.notes,
@@ -578,8 +561,6 @@ def main() -> int:
     parser.add_argument("--steady", type=float, help=f"seconds of steady state (default {FULL.steady_s:g})")
     parser.add_argument("--wave", type=int, help=f"VMs in the maintenance wave (default {FULL.wave:,})")
     parser.add_argument("--wave-seconds", type=float, help=f"seconds the wave is sent over (default {FULL.wave_s:g})")
-    parser.add_argument("--state-format", default=default_state_format(),
-                        help="the replicas' --state-format (default 3 where the fleet reads it, else its default)")
     parser.add_argument("--balancing", type=float,
                         help="the replicas' --load-balancing-interval (default 2; smoke 0.5)")
     parser.add_argument("--ownership", type=float, help="the replicas' --ownership-expiry (default 10; smoke 3)")

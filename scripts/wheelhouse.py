@@ -11,7 +11,8 @@ deploy/systemd/install.sh and the scale-set custom data install). windows: win_a
 3.10-3.12, the lock's markers evaluated for win_amd64 (so what only Windows needs is there), dist/windows-wheels and
 windows-wheels.zip (what deploy/windows/install.ps1 installs). Each pin is downloaded with ``--only-binary=:all:
 --no-deps --require-hashes`` for each target, one at a time, so a package without a wheel for a target fails named;
-files already in the folder are checked against the lock's hashes and not fetched again.
+files already in the folder are checked against the lock's hashes and not fetched again. The last line printed is
+the archive's ``sha256sum`` line: the installers refuse an archive whose hash is not the one they are given.
 """
 
 from __future__ import annotations
@@ -154,8 +155,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     dest = args.dest or ROOT / "dist" / f"{args.kind}-wheels"
     wheels = build(dest, args.kind)
-    print(f"{len(wheels)} wheels ({FOR[args.kind]}) in {dest} and {archive(dest, args.kind).name}")
+    bundle = archive(dest, args.kind)
+    print(f"{len(wheels)} wheels ({FOR[args.kind]}) in {dest} and {bundle.name}; its hash, for the installer:")
+    print(checksum_line(bundle))
     return 0
+
+
+def checksum_line(bundle: Path) -> str:
+    """The archive's line as ``sha256sum`` prints it: the installers take the hash from it, published apart from the
+    archive, so a wheelhouse rewritten together with its requirements.txt is refused."""
+    return f"{sha256(bundle)}  {bundle.name}"
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ pytest_plugins = ["tests.reliability", "tests.process_state", "tests.loopback", 
 # Modules whose tests share one expensive module-scoped set-up: under pytest-xdist each runs whole on one worker,
 # so the set-up is made once, not once per worker that gets one of its tests.
 SHARED_SET_UP = {
-    "tests/integration/test_image.py": "the image, built with buildah (about a minute)",
+    "tests/integration/test_image.py": "the image, built with buildah (1 to 6 minutes)",
     "tests/integration/test_alerting.py": "Prometheus, Alertmanager and seven sidecars",
 }
 

@@ -113,7 +113,7 @@ class FleetProcess:
     package runs (``-m`` finds it first; default this one)."""
 
     def __init__(self, hub_connection: str | None, storage_connection: str | None, log_dir: Path, *args: str,
-                 env: Mapping[str, str] | None = None, module: str = "se_exporter", cwd: Path | None = None) -> None:
+                 env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
         clean = {k: v for k, v in os.environ.items() if not k.startswith("SE_EXPORTER_")
                  and k.upper() not in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")}  # loopback only
         if hub_connection:
@@ -125,7 +125,7 @@ class FleetProcess:
         self.stderr_path = log_dir / "fleet.stderr"
         self._stderr = self.stderr_path.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", module, "fleet", "--listen", "127.0.0.1:0", *args],
+            [sys.executable, "-m", "se_exporter", "fleet", "--listen", "127.0.0.1:0", *args],
             stdout=subprocess.DEVNULL, stderr=self._stderr, env=clean, cwd=cwd or Path(__file__).parent.parent)
         attach(f"{log_dir.name} (se-exporter fleet, pid {self.process.pid})", self.stderr_path,
                lambda: self.process.poll() is None)

@@ -1,25 +1,142 @@
 #!/bin/sh
-# Install se-exporter as a systemd service on a Debian/Ubuntu VM (also the scale-set custom script), offline: from
-# the wheelhouse `make linux-wheels` builds (dist/linux-wheels.tar.gz, or that folder unpacked), every file checked
-# against the hash its requirements.txt names; no package index is contacted.
-# Usage: install.sh <linux-wheels.tar.gz or folder>      e.g. install.sh ./linux-wheels.tar.gz
+# Install, upgrade or uninstall se-exporter as a systemd service on a Debian/Ubuntu VM (also the scale-set custom
+# script), offline: from the wheelhouse `make linux-wheels` builds (dist/linux-wheels.tar.gz), no package index is
+# contacted. Guide: docs/install.md.
+#
+#   install.sh --sha256 HASH linux-wheels.tar.gz    install, or upgrade in place (the same command)
+#   install.sh --uninstall [--purge]                 remove the service and the program; --purge also the settings
+#                                                    (/etc/se-exporter) and the state (/var/lib/se-exporter)
+#
+# HASH is the first word of the `sha256sum` line `make linux-wheels` prints, published apart from the archive: an
+# archive with any other hash is refused before anything is changed; pip then checks every wheel against the hash
+# its requirements.txt names. Each wheelhouse gets a virtualenv of its own, /opt/se-exporter/releases/<version>-<hash
+# prefix>; /opt/se-exporter/current points at the one the service runs. An upgrade builds the new one beside the
+# running one, switches the link, restarts the service and waits for /healthz: if the new one does not answer, the
+# link goes back, the old one is restarted and the script fails. The running virtualenv is never touched before
+# the new one answers.
+# INSTALL_ROOT (default empty) prefixes every path written, for tests; HEALTH_TIMEOUT is /healthz's wait in seconds.
 set -eu
-WHEELS="${1:?give the wheelhouse (linux-wheels.tar.gz from make linux-wheels, or its folder)}"
-export DEBIAN_FRONTEND=noninteractive
-if [ -f "$WHEELS" ]; then
-  unpacked="$(mktemp -d)"
-  trap 'rm -rf "$unpacked"' EXIT
-  tar -xzf "$WHEELS" -C "$unpacked"
-  WHEELS="$(dirname "$(find "$unpacked" -name requirements.txt | head -n 1)")"
+ROOT="${INSTALL_ROOT:-}"
+PREFIX="$ROOT/opt/se-exporter"
+ETC="$ROOT/etc/se-exporter"
+UNIT="$ROOT/etc/systemd/system/se-exporter.service"
+STATE="$ROOT/var/lib/se-exporter"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+HEALTH_TIMEOUT="${HEALTH_TIMEOUT:-60}"
+
+fail() { echo "install.sh: $*" >&2; exit 1; }
+usage() { fail "usage: install.sh --sha256 HASH linux-wheels.tar.gz | install.sh --uninstall [--purge]"; }
+
+uninstall() {
+  if [ -f "$UNIT" ]; then
+    systemctl disable --now se-exporter || fail "systemctl could not stop se-exporter; nothing was removed"
+    rm -f "$UNIT"
+    systemctl daemon-reload
+  fi
+  rm -rf "$PREFIX"
+  if [ "$1" = purge ]; then
+    # DynamicUser keeps the state in /var/lib/private/se-exporter behind the /var/lib/se-exporter link.
+    rm -rf "$ETC" "$STATE" "$ROOT/var/lib/private/se-exporter"
+    echo "se-exporter removed, with its settings and state"
+  else
+    echo "se-exporter removed; kept $ETC (settings) and $STATE (state): --purge removes them"
+  fi
+}
+
+# The port /healthz answers on: SE_EXPORTER_LISTEN from the settings file (":10169", "127.0.0.1:10169").
+port() {
+  listen="$(sed -n 's/^[[:space:]]*SE_EXPORTER_LISTEN=//p' "$ETC/se-exporter.env" 2>/dev/null | tail -n 1)"
+  listen="${listen%\"}"; listen="${listen#\"}"
+  echo "${listen##*:}" | grep -Ex '[0-9]{1,5}' || echo 10169
+}
+
+# True once the running service answers 200 on /healthz, within HEALTH_TIMEOUT seconds.
+healthy() {
+  "$1/bin/python" - "$(port)" "$HEALTH_TIMEOUT" <<'EOF'
+import sys, time, urllib.request
+url, deadline = f"http://127.0.0.1:{sys.argv[1]}/healthz", time.monotonic() + float(sys.argv[2])
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+while time.monotonic() < deadline:
+    try:
+        with opener.open(url, timeout=2) as answer:
+            if answer.status == 200:
+                sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(0.5)
+sys.exit(1)
+EOF
+}
+
+switch() {  # atomically: a new link renamed over the old one
+  ln -sfn "releases/$1" "$PREFIX/current.new"
+  mv -T "$PREFIX/current.new" "$PREFIX/current"
+}
+
+SHA=""
+ACTION=install
+PURGE=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sha256) [ $# -ge 2 ] || usage; SHA="$2"; shift 2 ;;
+    --sha256=*) SHA="${1#*=}"; shift ;;
+    --uninstall) ACTION=uninstall; shift ;;
+    --purge) PURGE=purge; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -*) usage ;;
+    *) [ -z "${WHEELS:-}" ] || usage; WHEELS="$1"; shift ;;
+  esac
+done
+if [ "$ACTION" = uninstall ]; then uninstall "$PURGE"; exit 0; fi
+[ -n "${WHEELS:-}" ] || usage
+[ -f "$WHEELS" ] || fail "$WHEELS is not a file: give linux-wheels.tar.gz from make linux-wheels"
+echo "$SHA" | grep -Eqx '[0-9a-fA-F]{64}' \
+  || fail "give the archive's sha256 with --sha256 (the sha256sum line make linux-wheels prints)"
+command -v python3 >/dev/null || fail "no python3 on PATH (Debian/Ubuntu: apt-get install python3 python3-venv)"
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' || fail "python3 is older than 3.10, which se-exporter needs"
+python3 -c 'import ensurepip' 2>/dev/null \
+  || fail "python3 cannot create virtualenvs (no ensurepip): apt-get install python3-venv, then run this again"
+
+actual="$(sha256sum "$WHEELS" | cut -d ' ' -f 1)"
+SHA="$(echo "$SHA" | tr 'A-F' 'a-f')"
+[ "$actual" = "$SHA" ] || fail "$WHEELS has sha256 $actual, not the $SHA given: refused, nothing changed"
+unpacked="$(mktemp -d)"
+trap 'rm -rf "$unpacked"' EXIT
+tar -xzf "$WHEELS" -C "$unpacked"
+HOUSE="$(dirname "$(find "$unpacked" -name requirements.txt | head -n 1)")"
+[ -f "$HOUSE/requirements.txt" ] || fail "no requirements.txt in $WHEELS: not a wheelhouse from make linux-wheels"
+version="$(basename "$(find "$HOUSE" -name 'se_exporter-*.whl' | head -n 1)" | cut -d - -f 2)"
+[ -n "$version" ] || fail "no se-exporter wheel in $WHEELS"
+release="$version-$(echo "$SHA" | cut -c 1-12)"
+old="$(basename "$(readlink "$PREFIX/current" 2>/dev/null || true)")"
+
+install -d -m 0755 "$PREFIX/releases" "$ETC" "$(dirname "$UNIT")"
+if [ "$old" != "$release" ]; then
+  rm -rf "$PREFIX/releases/$release"  # an earlier attempt that never ran: the running one is $old
+  python3 -m venv "$PREFIX/releases/$release"
+  "$PREFIX/releases/$release/bin/pip" install --quiet --disable-pip-version-check --no-index --find-links "$HOUSE" \
+    --require-hashes -r "$HOUSE/requirements.txt" || { rm -rf "$PREFIX/releases/$release"; fail "pip refused the wheelhouse; nothing changed"; }
+  "$PREFIX/releases/$release/bin/se-exporter" --help >/dev/null \
+    || { rm -rf "$PREFIX/releases/$release"; fail "the new se-exporter does not start; nothing changed"; }
 fi
-[ -f "$WHEELS/requirements.txt" ] || { echo "no requirements.txt in $WHEELS: not a wheelhouse from make linux-wheels" >&2; exit 1; }
-command -v python3 >/dev/null && python3 -c 'import venv' 2>/dev/null || { apt-get update -q && apt-get install -y -q python3-venv; }
-python3 -m venv --clear /opt/se-exporter
-/opt/se-exporter/bin/pip install --quiet --disable-pip-version-check --no-index --find-links "$WHEELS" \
-  --require-hashes -r "$WHEELS/requirements.txt"
-install -d -m 0755 /etc/se-exporter
-[ -f /etc/se-exporter/se-exporter.env ] || install -m 0600 "$(dirname "$0")/se-exporter.env.example" /etc/se-exporter/se-exporter.env
-install -m 0644 "$(dirname "$0")/se-exporter.service" /etc/systemd/system/se-exporter.service
+[ -f "$ETC/se-exporter.env" ] || install -m 0600 "$HERE/se-exporter.env.example" "$ETC/se-exporter.env"
+install -m 0644 "$HERE/se-exporter.service" "$UNIT"
 systemctl daemon-reload
-systemctl enable --now se-exporter
-systemctl --no-pager status se-exporter
+switch "$release"
+systemctl enable se-exporter
+systemctl restart se-exporter
+if healthy "$PREFIX/current"; then
+  for stale in "$PREFIX"/releases/*; do
+    [ "$(basename "$stale")" = "$release" ] || rm -rf "$stale"
+  done
+  echo "se-exporter $version is running (${old:+upgraded from $old; }$PREFIX/releases/$release)"
+  exit 0
+fi
+if [ -n "$old" ] && [ "$old" != "$release" ] && [ -d "$PREFIX/releases/$old" ]; then
+  switch "$old"
+  systemctl restart se-exporter
+  rm -rf "$PREFIX/releases/$release"
+  healthy "$PREFIX/current" && fail "se-exporter $version did not answer /healthz within $HEALTH_TIMEOUT s: rolled back to $old, which is running (journalctl -u se-exporter says why)"
+  fail "se-exporter $version did not answer /healthz within $HEALTH_TIMEOUT s; rolled back to $old, which does not answer either (journalctl -u se-exporter)"
+fi
+fail "se-exporter $version did not answer /healthz within $HEALTH_TIMEOUT s (journalctl -u se-exporter says why)"

@@ -7,8 +7,15 @@
     folder from the offline wheelhouse that `make windows-wheels` builds (no package index is contacted), installs
     the WinSW service wrapper with se-exporter.xml, locks the state folder down to SYSTEM, Administrators and the
     service account, opens the metrics port to the scrapers' addresses only, starts the service and waits for
-    /healthz. Running it again upgrades in place: the service is stopped, reinstalled and started again; the state
-    folder (spool, open lifecycles, forwarding sequence) is kept.
+    /healthz. The wheelhouse is trusted by its SHA-256 given apart from it (-Sha256: the line `make windows-wheels`
+    prints); an archive with any other hash is refused before anything is changed.
+
+    Running it again with another wheelhouse upgrades in place: each wheelhouse gets a virtualenv of its own,
+    releases\<version>-<hash prefix> in the install folder, built beside the running one; the service is then
+    pointed at the new one and restarted, and the old one is removed only once the new one answers /healthz. If it
+    does not, the service is pointed back at the old one, restarted, and the script fails. The state folder (spool,
+    open lifecycles, forwarding sequence) is kept. -Uninstall stops and removes the service, its firewall rule and
+    the install folder, and keeps the state folder unless -Purge is given too.
 
     Every file it needs sits beside it (the Custom Script Extension downloads its fileUris into one folder):
         install.ps1, se-exporter.xml, WinSW-x64.exe (WinSW 3), windows-wheels.zip, and a python-3.11.x-amd64.exe
@@ -18,13 +25,18 @@
     string is taken, stored or logged by this script.
 
 .EXAMPLE
-    powershell -ExecutionPolicy Bypass -File install.ps1 -EventHubNamespace myns.servicebus.windows.net `
+    powershell -ExecutionPolicy Bypass -File install.ps1 -Sha256 <hash> -EventHubNamespace myns.servicebus.windows.net `
         -EventHubName scheduled-events -ScrapeFrom 10.0.0.0/16
+
+.EXAMPLE
+    powershell -ExecutionPolicy Bypass -File install.ps1 -Uninstall [-Purge]
 #>
 [CmdletBinding()]
 param(
-    # The wheelhouse: dist/windows-wheels.zip from `make windows-wheels`, or that folder unpacked.
+    # The wheelhouse: dist/windows-wheels.zip from `make windows-wheels`.
     [string] $Wheels = (Join-Path $PSScriptRoot 'windows-wheels.zip'),
+    # Its SHA-256, from the line `make windows-wheels` prints (published apart from the archive).
+    [string] $Sha256 = '',
     # The Python installer from python.org, used only when $PythonExe does not exist yet.
     [string] $PythonInstaller = (Get-ChildItem -Path $PSScriptRoot -Filter 'python-3.11.*-amd64.exe' -ErrorAction SilentlyContinue |
         Select-Object -First 1 -ExpandProperty FullName),
@@ -41,7 +53,12 @@ param(
     [string] $EventHubName = '',
     [string] $ClientId = '',
     # OTLP/HTTP endpoint for traces (optional), e.g. http://otel-collector.internal:4318
-    [string] $OtlpEndpoint = ''
+    [string] $OtlpEndpoint = '',
+    # Seconds a new release has to answer /healthz before it is rolled back.
+    [ValidateRange(1, 3600)] [int] $HealthTimeout = 60,
+    # Remove the service, its firewall rule and the install folder instead (the state folder too with -Purge).
+    [switch] $Uninstall,
+    [switch] $Purge
 )
 
 Set-StrictMode -Version Latest
@@ -73,23 +90,43 @@ function Install-Python {
     if ($process.ExitCode -ne 0) { throw "The Python installer failed with exit code $($process.ExitCode)" }
 }
 
-function Install-Virtualenv {
-    $source = $Wheels
-    if (Test-Path -LiteralPath $Wheels -PathType Leaf) {
-        $source = Join-Path $env:TEMP 'se-exporter-wheels'
-        if (Test-Path -LiteralPath $source) { Remove-Item -LiteralPath $source -Recurse -Force }
-        Expand-Archive -LiteralPath $Wheels -DestinationPath $source
-        $nested = Get-ChildItem -LiteralPath $source -Directory | Select-Object -First 1
-        if ($nested -and -not (Get-ChildItem -LiteralPath $source -Filter '*.whl')) { $source = $nested.FullName }
+function Get-CurrentRelease {
+    # The release the installed service configuration runs (its executable is <release>\Scripts\python.exe), or ''.
+    $installed = Join-Path $InstallDir 'se-exporter.xml'
+    if (-not (Test-Path -LiteralPath $installed)) { return '' }
+    [xml] $config = Get-Content -Raw -LiteralPath $installed
+    return Split-Path -Leaf (Split-Path -Parent (Split-Path -Parent $config.service.executable))
+}
+
+function Install-Release {
+    # A virtualenv of its own for this wheelhouse, beside the one the service runs (whose files are in use).
+    if ($Sha256 -notmatch '^[0-9a-fA-F]{64}$') {
+        throw 'Give the wheelhouse''s SHA-256 with -Sha256 (the line make windows-wheels prints).'
     }
-    New-Item -ItemType Directory -Force -Path $InstallDir | Out-Null
-    $venv = Join-Path $InstallDir 'venv'
-    Invoke-Checked $PythonExe @('-m', 'venv', '--clear', $venv)
+    if (-not (Test-Path -LiteralPath $Wheels -PathType Leaf)) { throw "No wheelhouse at $Wheels (windows-wheels.zip)." }
+    $actual = (Get-FileHash -Algorithm SHA256 -LiteralPath $Wheels).Hash.ToLowerInvariant()
+    if ($actual -ne $Sha256.ToLowerInvariant()) {
+        throw "$Wheels has SHA-256 $actual, not the $Sha256 given: refused, nothing changed."
+    }
+    $source = Join-Path $env:TEMP 'se-exporter-wheels'
+    if (Test-Path -LiteralPath $source) { Remove-Item -LiteralPath $source -Recurse -Force }
+    Expand-Archive -LiteralPath $Wheels -DestinationPath $source
+    $own = Get-ChildItem -LiteralPath $source -Filter 'se_exporter-*.whl' | Select-Object -First 1
+    if (-not $own) { throw "No se-exporter wheel in $Wheels." }
+    $release = '{0}-{1}' -f $own.Name.Split('-')[1], $actual.Substring(0, 12)
+    if ($release -eq (Get-CurrentRelease)) { return $release }
+    $venv = Join-Path $InstallDir "releases\$release"
+    if (Test-Path -LiteralPath $venv) { Remove-Item -LiteralPath $venv -Recurse -Force }  # an attempt that never ran
+    New-Item -ItemType Directory -Force -Path (Join-Path $InstallDir 'releases') | Out-Null
+    # Out-Host: what pip and venv print is shown, not returned with the release's name.
+    Invoke-Checked $PythonExe @('-m', 'venv', $venv) | Out-Host
     # Offline, from the wheelhouse only: the exact versions the suite tested (requirements/runtime.txt), each wheel
     # checked against the hash its requirements.txt names, nothing fetched at install time.
     Invoke-Checked (Join-Path $venv 'Scripts\python.exe') @(
         '-m', 'pip', 'install', '--no-index', '--find-links', $source, '--disable-pip-version-check',
-        '--require-hashes', '-r', (Join-Path $source 'requirements.txt'))
+        '--require-hashes', '-r', (Join-Path $source 'requirements.txt')) | Out-Host
+    Invoke-Checked (Join-Path $venv 'Scripts\python.exe') @('-m', 'se_exporter', '--help') | Out-Null
+    return $release
 }
 
 function Set-StateFolderAcl {
@@ -115,6 +152,7 @@ function Set-StateFolderAcl {
 }
 
 function Write-ServiceConfig {
+    param([string] $Release)
     [xml] $config = Get-Content -Raw -LiteralPath (Join-Path $PSScriptRoot 'se-exporter.xml')
     $settings = [ordered]@{
         'SE_EXPORTER_LISTEN'              = ":$Port"
@@ -133,27 +171,40 @@ function Write-ServiceConfig {
         }
         $element.SetAttribute('value', $settings[$name])
     }
+    $config.service.executable = Join-Path $InstallDir "releases\$Release\Scripts\python.exe"
     $config.service.arguments = "-m se_exporter run --state-dir `"$StateDir`""
     $config.service.workingdirectory = $StateDir
     $config.service.logpath = (Join-Path $StateDir 'logs')
     $config.Save((Join-Path $InstallDir 'se-exporter.xml'))
 }
 
-function Remove-OldService {
-    # Before the virtualenv is rebuilt: its files are in use while the service runs.
+function Switch-Service {
+    # Points the service at a release and (re)starts it; the wrapper re-reads its configuration on every start.
+    param([string] $Release)
     $wrapper = Join-Path $InstallDir 'se-exporter.exe'
-    if (Get-Service -Name $ServiceName -ErrorAction SilentlyContinue) {
+    $installed = [bool] (Get-Service -Name $ServiceName -ErrorAction SilentlyContinue)
+    if ($installed) {
         Invoke-Checked $wrapper @('stop')  # Ctrl+C to se-exporter: the orderly stop, spool kept
-        Invoke-Checked $wrapper @('uninstall')
     }
+    Copy-Item -LiteralPath $WinSW -Destination $wrapper -Force  # free to replace while the service is stopped
+    Write-ServiceConfig -Release $Release
+    if (-not $installed) {
+        Invoke-Checked $wrapper @('install')
+    }
+    Invoke-Checked $wrapper @('start')
 }
 
-function Install-Service {
+function Remove-Service {
     $wrapper = Join-Path $InstallDir 'se-exporter.exe'
-    Copy-Item -LiteralPath $WinSW -Destination $wrapper -Force
-    Write-ServiceConfig
-    Invoke-Checked $wrapper @('install')
-    Invoke-Checked $wrapper @('start')
+    if (Get-Service -Name $ServiceName -ErrorAction SilentlyContinue) {
+        Invoke-Checked $wrapper @('stop')
+        Invoke-Checked $wrapper @('uninstall')
+    }
+    Get-NetFirewallRule -Name 'se-exporter-metrics' -ErrorAction SilentlyContinue | Remove-NetFirewallRule
+    if (Test-Path -LiteralPath $InstallDir) { Remove-Item -LiteralPath $InstallDir -Recurse -Force }
+    if ($Purge -and (Test-Path -LiteralPath $StateDir)) { Remove-Item -LiteralPath $StateDir -Recurse -Force }
+    if ($Purge) { Write-Output 'se-exporter removed, with its state' }
+    else { Write-Output "se-exporter removed; kept $StateDir (state): -Purge removes it" }
 }
 
 function Open-MetricsPort {
@@ -163,22 +214,48 @@ function Open-MetricsPort {
         -Protocol TCP -LocalPort $Port -RemoteAddress $ScrapeFrom -Profile Any | Out-Null
 }
 
-function Wait-Healthy {
-    $deadline = (Get-Date).AddSeconds(60)
+function Test-Healthy {
+    $deadline = (Get-Date).AddSeconds($HealthTimeout)
     while ((Get-Date) -lt $deadline) {
         try {
             $answer = Invoke-WebRequest -UseBasicParsing -TimeoutSec 5 -Uri "http://127.0.0.1:$Port/healthz"
-            if ($answer.StatusCode -eq 200) { Write-Output "se-exporter is running: http://127.0.0.1:$Port/metrics"; return }
+            if ($answer.StatusCode -eq 200) { return $true }
         } catch { Start-Sleep -Seconds 1 }
     }
-    throw "se-exporter did not answer /healthz within 60 s; see $(Join-Path $StateDir 'logs')"
+    return $false
+}
+
+function Complete-Upgrade {
+    # The new release answers: the others go. It does not: back to the previous one, and fail.
+    param([string] $Release, [string] $Previous)
+    $releases = Join-Path $InstallDir 'releases'
+    if (Test-Healthy) {
+        Get-ChildItem -LiteralPath $releases -Directory | Where-Object { $_.Name -ne $Release } |
+            Remove-Item -Recurse -Force
+        Write-Output "se-exporter $Release is running: http://127.0.0.1:$Port/metrics"
+        return
+    }
+    $logs = Join-Path $StateDir 'logs'
+    if (-not $Previous -or $Previous -eq $Release) {
+        throw "se-exporter $Release did not answer /healthz within $HealthTimeout s; see $logs"
+    }
+    Switch-Service -Release $Previous
+    Remove-Item -LiteralPath (Join-Path $releases $Release) -Recurse -Force
+    if (Test-Healthy) {
+        throw "se-exporter $Release did not answer /healthz within $HealthTimeout s: rolled back to $Previous, which is running; see $logs"
+    }
+    throw "se-exporter $Release did not answer /healthz within $HealthTimeout s; rolled back to $Previous, which does not answer either; see $logs"
 }
 
 Assert-Administrator
-Remove-OldService
+if ($Uninstall) {
+    Remove-Service
+    return
+}
 Install-Python
-Install-Virtualenv
+$previous = Get-CurrentRelease
+$release = Install-Release
 Set-StateFolderAcl
-Install-Service
+Switch-Service -Release $release
 Open-MetricsPort
-Wait-Healthy
+Complete-Upgrade -Release $release -Previous $previous

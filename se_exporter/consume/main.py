@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from se_exporter.consume.settings import ConsumeSettings
 from se_exporter.core.errors import InvalidDocument
 from se_exporter.core.model import affects_vm, parse_document
+from se_exporter.infra.logs import escape, escape_json
 from se_exporter.infra.options import starting_position
 from se_exporter.infra.platform_io import PLATFORM
 
@@ -33,11 +34,19 @@ def record(partition_id: str, event: Any) -> dict[str, Any]:
 
 
 def json_line(item: dict[str, Any]) -> str:
-    """``--format json``: one strict JSON object (``default``: AMQP decimals, uuids and timestamps as their text)."""
-    return json.dumps(item, ensure_ascii=False, default=str)
+    """``--format json``: one strict JSON object (``default``: AMQP decimals, uuids and timestamps as their text),
+    with what json leaves raw that can disguise a line escaped as log lines' JSON is (``logs.escape_json``)."""
+    return escape_json(json.dumps(item, ensure_ascii=False, default=str))
 
 
 def timeline_line(item: dict[str, Any]) -> str:
+    """``--format timeline``: one line, escaped as log lines are (``logs.escape``). Anyone with Send rights on the hub
+    chooses the properties and the body: an ESC, BEL or newline in them must not retitle or clear the terminal nor
+    print a second, forged line; it shows as ``\\x1b``, ``\\x07``, ``\\n``."""
+    return escape(_timeline(item))
+
+
+def _timeline(item: dict[str, Any]) -> str:
     props = item["properties"]
     named = props.get("vm_name")
     vm = str(named) if named else item["partition_key"]  # another producer's vm_name may be any AMQP type

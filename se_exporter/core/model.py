@@ -358,7 +358,7 @@ def built(cls: type[_T], values: dict[str, Any]) -> _T:
     ``__init__``: that one sets each field through ``object.__setattr__``, one call per field, which is most of
     the cost of building events (here) and records and transitions (the lifecycle diff). Kept, against "ordinary
     dataclasses", for the figure it guards: ``make bench``'s "parse + lifecycle diff of a 1,000-event document",
-    target 2.5x ``json.loads`` (issue 25 measured it without this, side by side: it missed). Only for the hot
+    target 2.5x ``json.loads`` (measured without this, side by side: it missed). Only for the hot
     paths, with values of the right types and every field given (no defaults are applied, no ``__post_init__``
     runs); the tests prove the results equal to what ``__init__`` makes (``test_model.py``,
     ``test_lifecycle.py``)."""

@@ -10,7 +10,7 @@ import threading
 import time
 from collections import Counter as Tally
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import chain, count
 
@@ -149,7 +149,7 @@ class FleetMetrics:
                 self.last_applied.set(applied_at)
 
     def _platform(self, registry: CollectorRegistry) -> None:
-        """The platform stream's counters (issue 27; fed by ``fleet/platform/service.py``). Each counts on ONE
+        """The platform stream's counters (fed by ``fleet/platform/service.py``). Each counts on ONE
         replica per EventId, its home's, so a sum over replicas counts each once."""
         self.platform_events = Counter(f"{FLEET}_platform_events", "Status changes of scheduled events the platform "
                                        "announced (Event Grid), each EventId and status once.",
@@ -189,7 +189,9 @@ class PartitionCollector(Collector):
         self._clock = clock
 
     def describe(self) -> list[Metric]:
-        return []
+        """Every family ``collect`` can yield (without samples), so the registry maps each name to this collector."""
+        return [GaugeMetricFamily(family.name, family.documentation)
+                for family in PartitionCollector(lambda: {}, lambda: 0).collect()]
 
     def collect(self) -> Iterator[Metric]:
         yield from self._consumer(self._clock())
@@ -269,6 +271,26 @@ def render_fleet(vms: Iterable[VmState], now: float) -> str:
 def _chunks(vms: Iterable[VmState], now: float) -> list[Part]:
     lines = [VmLines.of(vm) for vm in vms]
     return _write([[vm.seen for vm in lines]], _EventLines.of([vm for vm in lines if vm.extra]), len(lines), now)
+
+
+def select_families(parts: Iterable[Part], names: Collection[str]) -> bytes:
+    """The series of a text exposition named in ``names``, each after its family's HELP and TYPE lines:
+    ``/metrics?name[]=...``, with prometheus-client's rule (a name is a series' name: a counter's ``_total``, a
+    histogram's ``_bucket``; a family without such a series is left out). The fleet filters its whole exposition
+    so, the registry's families and its two hand-written writers' alike, after a whole collection (the registry's
+    first collector adds the queued batches' counts)."""
+    kept: list[bytes] = []
+    head: list[bytes] = []
+    for line in b"".join(pieces(parts)).splitlines(keepends=True):
+        if line.startswith(b"# HELP "):
+            head = [line]
+        elif line.startswith(b"#"):
+            head.append(line)
+        elif line.strip() and line.split(b"{", 1)[0].split(b" ", 1)[0].decode() in names:
+            kept += head
+            head = []
+            kept.append(line)
+    return b"".join(kept)
 
 
 class FleetExposition:

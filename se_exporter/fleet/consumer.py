@@ -98,8 +98,7 @@ class Service:
         self._metrics = metrics
         self._report = Report(metrics)
         self._clock = clock
-        self.keeper = Keeper(store, fleet, self._report, clock, settings.state_format, sleep,
-                             settings.heartbeat_write_interval)
+        self.keeper = Keeper(store, fleet, self._report, clock, sleep, settings.heartbeat_write_interval)
         self.partitions: dict[str, Partition] = {}
         self.restoring: set[str] = set()
         self.alive = time.monotonic()
@@ -136,8 +135,7 @@ class Service:
         self.doubted.discard(partition_id)
         state = self._fleet.claim(partition_id, restored.state, shown=False)  # shown once its link is attached
         self.partitions[partition_id] = Partition(
-            context, state, PartitionView(newer_format=restored.newer_format is not None),
-            saved=state.position, saved_format=restored.format)
+            context, state, PartitionView(newer_format=restored.newer_format is not None), saved=state.position)
         self._metrics.claims.inc()
         log.info("partition %s claimed: %d VMs restored", partition_id, len(state.vms),
                  extra=fields(partition_id=partition_id, state_sequence_number=state.position))

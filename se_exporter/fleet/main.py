@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
+from urllib.parse import parse_qs
 
 import aiohttp
 import prometheus_client
@@ -31,7 +32,13 @@ from se_exporter import __version__
 from se_exporter.core.errors import ConfigError
 from se_exporter.core.retry import backoff
 from se_exporter.fleet.blobstate import StateBlobs
-from se_exporter.fleet.collector import FleetExposition, FleetMetrics, PartitionCollector, PartitionView
+from se_exporter.fleet.collector import (
+    FleetExposition,
+    FleetMetrics,
+    PartitionCollector,
+    PartitionView,
+    select_families,
+)
 from se_exporter.fleet.consumer import (
     BATCH_SIZE,
     EMPTY_BATCH_AFTER,
@@ -217,7 +224,8 @@ def make_http_app(registry: CollectorRegistry, fleet: Fleet | list[Fleet], servi
         chunks = [generate_latest(registry), *exposition.render(clock())]
         if platform is not None:
             chunks.append(platform.render().encode())
-        return http_server.metrics(request, chunks)
+        names = parse_qs(request.query).get("name[]")  # families selected, as prometheus-client's own app does
+        return http_server.metrics(request, [select_families(chunks, names)] if names else chunks)
 
     def healthz(request: http_server.HttpRequest) -> http_server.Response:
         return http_server.text(all(each.healthy for each in services), "consumer loop running",

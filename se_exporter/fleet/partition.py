@@ -28,7 +28,6 @@ class Partition:
     handled_at: float | None = None  # enqueue time of the last event handled: the partition's own clock
     lag_from: EventData | None = None  # the last batch's last event, whose lag the view does not hold yet
     saved: int | None = None  # the position of the state last written or read
-    saved_format: int | None = None  # the format it is stored in (None: none stored, or unreadable)
     checkpointed: int = -1  # the sequence number of the last checkpoint written (never moved back)
     restored_checked: bool = False  # the restored position was checked against the partition's newest event
     saving: asyncio.Lock = field(default_factory=asyncio.Lock)

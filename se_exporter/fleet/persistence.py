@@ -19,7 +19,7 @@ from se_exporter.fleet.message import BOUND_NAMES
 from se_exporter.fleet.partition import Partition
 from se_exporter.fleet.picture import Fleet, Snapshot
 from se_exporter.fleet.report import Report
-from se_exporter.fleet.stateformat import encode, encode_base, encode_delta
+from se_exporter.fleet.stateformat import encode_base, encode_delta
 from se_exporter.fleet.statestore import Restored, StateStore
 from se_exporter.infra.azure.clients import describe
 from se_exporter.infra.logs import fields
@@ -44,13 +44,11 @@ class Keeper:
     """Restores and saves the owned partitions' states through a ``StateStore``."""
 
     def __init__(self, store: StateStore, fleet: Fleet, report: Report, clock: Callable[[], float],
-                 state_format: int = 1, sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
-                 heartbeat_interval: float = 0.0) -> None:
+                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep, heartbeat_interval: float = 0.0) -> None:
         self.store = store
         self._fleet = fleet
         self._report = report
         self._clock = clock
-        self._format = state_format
         self._sleep = sleep
         self.heartbeat_interval = heartbeat_interval
         store.on_written = lambda kind, size: report.metrics.state_bytes.labels(kind).inc(size)
@@ -98,27 +96,23 @@ class Keeper:
         has waited ``heartbeat_interval``: they move only when VMs were last seen (and their IMDS health), which the
         next owner replays from the checkpoint anyway, so writing them every checkpoint interval bought nothing but
         storage requests (three a partition each time: most of a quiet fleet's write CPU). Anything else (a VM new,
-        changed or gone, the platform picture, a format to change) is written at once."""
+        changed or gone, the platform picture) is written at once."""
         waiting = partition.view.unsaved_since
         if waiting is None or self._clock() - waiting >= self.heartbeat_interval:
             return True
-        return not self._fleet.heartbeats_only(partition.partition_id) or self._due_without_events(partition)
+        return not self._fleet.heartbeats_only(partition.partition_id) or self._beside_dirty(partition)
 
-    def _due_without_events(self, partition: Partition) -> bool:
-        """A write is due whatever the partition's events: its stored format is not this replica's, or the state
-        kept beside it (the platform picture) changed."""
-        beside = self.beside
-        return partition.saved_format != self._format or (beside is not None and beside.dirty(partition.partition_id))
+    def _beside_dirty(self, partition: Partition) -> bool:
+        """The state kept beside the partition's (the platform picture) changed: a write is due without events."""
+        return self.beside is not None and self.beside.dirty(partition.partition_id)
 
     async def save(self, partition: Partition) -> None:
-        """Write the partition's state, then checkpoint the last event it covers (never an older one). A state
-        stored in another format than the one this replica writes is written again even without new events
-        (``--state-format`` changed: the stored states follow within one checkpoint interval)."""
+        """Write the partition's state, then checkpoint the last event it covers (never an older one)."""
         partition_id, metrics = partition.partition_id, self._report.metrics
         async with partition.saving:
             if self.store.frozen(partition_id):
                 return  # a newer release's state: neither it nor (without it) the checkpoint is ours to write
-            if self._fleet.position(partition_id) == partition.saved and not self._due_without_events(partition):
+            if self._fleet.position(partition_id) == partition.saved and not self._beside_dirty(partition):
                 return  # nothing new since the last write: neither encoded nor uploaded again
             snapshot = self._fleet.snapshot(partition_id)
             if snapshot is None:
@@ -151,16 +145,13 @@ class Keeper:
                 return
             metrics.checkpoints.labels("ok").inc()
             self._fleet.settle(partition_id, snapshot.tick)
-            partition.saved, partition.saved_format = position, self._format
+            partition.saved = position
             partition.view.unsaved_since = None if self._fleet.position(partition_id) == position else self._clock()
 
     async def _write(self, partition_id: str, snapshot: Snapshot) -> bool:
-        """The state at the snapshot's position: whole in formats 1 and 2; in format 3 a delta of what changed since
-        the last write when the store can append one (``StateStore.save_blocks``), else a base."""
+        """The state at the snapshot's position: a delta of what changed since the last write when the store can
+        append one (``StateStore.save_blocks``), else a base."""
         position = snapshot.position
-        if self._format != 3:
-            return await self.store.save(partition_id, encode(partition_id, position, snapshot.vms, self._format),
-                                         position)
 
         def base(block: str) -> bytes:
             return encode_base(partition_id, position, snapshot.vms, block)

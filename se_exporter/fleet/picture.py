@@ -34,10 +34,10 @@ from se_exporter.fleet.message import (
     read_events,
     read_message,
 )
-from se_exporter.fleet.stateformat import decode, encode
+from se_exporter.fleet.stateformat import decode
 
 __all__ = ["DEFAULT_BOUNDS", "INVALID_REASONS", "KNOWN_PROPERTIES", "SEQUENCE_WINDOW", "Bounds", "Fleet", "FleetEvent",
-           "Imds", "InvalidMessage", "Message", "PartitionState", "VmState", "decode", "encode", "imds_unreachable",
+           "Imds", "InvalidMessage", "Message", "PartitionState", "VmState", "decode", "imds_unreachable",
            "read_events", "read_message"]  # the fleet's core, as the tests and the consumer import it
 
 # A sidecar resends at most one batch (100 documents) after a timeout; ten batches of slack.
@@ -58,7 +58,7 @@ def imds_unreachable(vm: VmState) -> bool:
 
 @dataclass
 class Changes:
-    """What changed in a partition since its state was last written, so a format-3 write carries only that.
+    """What changed in a partition since its state was last written, so a write (a delta) carries only that.
 
     Every change takes the next ``tick``; a write takes a ``Snapshot`` and, once stored, ``settle``s up to the
     snapshot's tick only, so a change made while the write was in flight, or a write that failed, loses nothing.

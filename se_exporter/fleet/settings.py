@@ -115,12 +115,6 @@ def parse_container(text: str) -> str:
     return name
 
 
-def parse_state_format(text: str) -> int:
-    if text.strip() not in ("1", "2", "3"):
-        raise ValueError(f"{text!r} is not 1, 2 or 3")
-    return int(text)
-
-
 FLEET_OPTIONS: tuple[Option, ...] = (
     *LOG_OPTIONS,  # the options every command shares, from infra.options
     *EVENTHUB_OPTIONS,
@@ -172,10 +166,6 @@ FLEET_OPTIONS: tuple[Option, ...] = (
     Option("reconcile_grace", "--reconcile-grace", RECONCILE_GRACE,
            f"how long after the platform announced an event a live sidecar may take to list it before it counts as "
            f"missed (default {DEFAULT_RECONCILE_GRACE:g})", "SECONDS"),
-    Option("state_format", "--state-format", parse_state_format,
-           "format of the state written beside the checkpoints: 1 (default; every release reads it), 2 (named "
-           "fields) or 3 (a base and deltas: writes grow with what changes, not with the fleet); set 2 or 3 once "
-           "every replica runs a release that reads it", "FORMAT"),
 )
 
 
@@ -196,7 +186,6 @@ class FleetSettings(HubReader):
     load_balancing_interval: float = 30.0
     ownership_expiry: float | None = None
     max_message_bytes: int = 1024 * 1024
-    state_format: int = 1
     platform_eventhub_connection_string: str | None = field(default=None, repr=False)
     platform_eventhub_name: str | None = None
     platform_eventhub_namespace: str | None = None

@@ -1,45 +1,23 @@
 """A partition's state as bytes and back: gzip'd JSON, every field checked on the way in.
 
-Format 3 (what ``--state-format 3`` writes: a state whose cost follows what changed) is a sequence of gzip members,
-each one block of a block blob. The first is the BASE, format 2's object with ``"format": 3`` and the id of its
-block; each following one is a DELTA, the VMs changed since the block before it::
+The state is a sequence of gzip members, each one block of a block blob. The first is the BASE, every VM the
+partition holds and the position (sequence number) they reflect; each following one is a DELTA, the VMs changed
+since the block before it, so what a write costs follows what changed, not the size of the fleet::
 
-    {"block": "5f0c1e2d3a4b", "sequence_number": 4790,
-     "vms": [<format 2's named VM>, ...],                    # VMs new or changed beyond a heartbeat
-     "touched": [[key, sequence, seen_at, observed_at, last_success, failing], ...],  # a heartbeat: no body
-     "gone": [key, ...]}                                      # expired or forgotten
-
-Concatenated gzip members are one gzip stream; a reader of formats 1 and 2 inflates the first member only, finds
-format 3 and leaves the state in place (``NewerState``). Reading applies the deltas in order; their positions never
-go back. Any delta out of shape makes the whole state damaged: a prefix would be a state at the wrong position.
-
-Format 2 (named fields; what ``--state-format 2`` writes)::
-
-    {"format": 2, "partition_id": "3", "sequence_number": 4711,
+    {"format": 3, "block": "5f0c1e2d3a4b", "partition_id": "3", "sequence_number": 4711,
      "vms": [{"key": ..., "vm_id": ..., "vm_name": ..., "vmss_name": ..., "location": ..., "installation": ...,
               "sequence": ..., "seen_at": ..., "body": ..., "imds": {"observed_at": ..., "last_success": ...,
               "failing": ...}, "subscription_id": ..., "resource_group": ...}, ...]}
+    {"block": "9a8b7c6d5e4f", "sequence_number": 4790,
+     "vms": [<a VM as in the base>, ...],                      # VMs new or changed beyond a heartbeat
+     "touched": [[key, sequence, seen_at, observed_at, last_success, failing], ...],  # a heartbeat: no body
+     "gone": [key, ...]}                                       # expired or forgotten
 
-``subscription_id`` and ``resource_group`` (issue 27: the platform stream is joined on them) were added within
-formats 1, 2 and 3 under the rule below: written only when known, ignored by a reader that does not know them.
-
-The migration rule: a release writes a format by default only if the release before it reads that format (so
-format 1 stays the default while releases that read only format 1 may run beside this one; see
-docs/operations.md's "Rolling upgrades"). Within format 2 a field may be added that an older format-2 reader
-can do without: it ignores fields it does not know (and drops them when it writes the state again). A change such
-a reader must not ignore takes a new format (a state of deltas took format 3; the same holds for format 3's base
-and delta objects).
-
-Format 1 (positional rows; written by default, and the only format releases before format 2 read)::
-
-    {"format": 1, "partition_id": "3", "sequence_number": 4711,
-     "vms": [[key, vm_id, vm_name, vmss_name, location, installation, sequence, seen_at, body], ...],
-     "imds": {key: [observed_at, imds_last_success, imds_failing], ...},
-     "place": {key: [subscription_id, resource_group], ...}}
-
-``imds`` and ``place`` were added within format 1: a reader that does not know them ignores them, one that does
-treats a VM without them as unknown (no IMDS health; subscription and resource group empty). Every format is
-read in three ways:
+Concatenated gzip members are one gzip stream. Reading applies the deltas in order; their positions never go back
+(a writer that moves its position back writes a base: ``statestore.Layout``). Any delta out of shape makes the whole
+state damaged: a prefix would be a state at the wrong position. A field may be added that a reader can do without
+(``imds``, ``subscription_id`` and ``resource_group`` are written only when known): a reader ignores fields it does
+not know. A change a reader must not ignore takes a new format number. A state is read in three ways:
 
 * whole: every VM checked by type and range (the key is the VM's ``vm_id or vm_name``, names and ids bounded
   strings UTF-8 can carry, the sequence a positive 64-bit integer, ``seen_at`` a finite time not past now plus
@@ -47,8 +25,8 @@ read in three ways:
   written back;
 * ``NewerState``: a format above ``STATE_FORMAT``, written by a newer release: left in place for it, never
   overwritten;
-* ``DamagedState``: not gzip, not JSON, not the object above, an older or unknown format, a format-3 delta out of
-  shape: counted, and the partition is read from its checkpoint alone (the next write replaces the state).
+* ``DamagedState``: not gzip, not JSON, not the object above, an older or unknown format, a delta out of shape:
+  counted, and the partition is read from its checkpoint alone (the next write replaces the state).
 """
 
 from __future__ import annotations
@@ -77,24 +55,23 @@ from se_exporter.fleet.message import (
     reduced_body,
 )
 
-STATE_FORMAT = 3  # the newest format this release reads (and writes with --state-format 3)
-STATE_FORMATS = (1, 2, 3)
-MAX_MEMBERS = 1024  # gzip members (blocks) a format-3 state may hold: a writer compacts long before (persistence)
+STATE_FORMAT = 3  # the one format this release reads and writes
+MAX_MEMBERS = 1024  # gzip members (blocks) a state may hold: a writer compacts long before (statestore)
 MAX_SKEW = 600.0  # seconds a row's seen_at may lie past this replica's clock (Event Hubs' clock, not ours)
 MAX_STATE_BYTES = 512 * 1024**2  # decompressed: 100,000 VMs of 64 KiB bodies would be 6.4 GB; real ones are ~30 MB
-MAX_ROW_BODY = 1024 * 1024  # older releases kept whole bodies up to the Event Hubs limit
-# JSON values a state may hold per VM it may keep (plus a fixed allowance for the top level): a format-2 VM is about
-# 15 values (its object, nine fields and their names, the imds object), a format-1 one about 16 (its row's nine, the
-# imds entry's key and three); 64 leaves room for fields a later format 2 adds, and lets the first, copy-free count
-# (which counts a body's own commas too) pass an ordinary state. A blob of more is damaged, refused before it is
-# parsed: each value costs Python 30-80 bytes however short its text ("[]," is three bytes, an empty list 64: twenty
-# times its text), so under the inflated-bytes cap alone a few dozen KB of gzip (20 million empty rows) held gigabytes;
-# at the default 100,000 VMs the worst blob that passes holds 3.2 million empty rows, a sixth of that.
+MAX_ROW_BODY = 1024 * 1024  # a body as forwarded, up to the Event Hubs limit (kept reduced past bounds.body_bytes)
+# JSON values a state may hold per VM it may keep (plus a fixed allowance for the top level): a VM is about 15 values
+# (its object, nine fields and their names, the imds object); 64 leaves room for fields added later, and lets the
+# first, copy-free count (which counts a body's own commas too) pass an ordinary state. A blob of more is damaged,
+# refused before it is parsed: each value costs Python 30-80 bytes however short its text ("[]," is three bytes, an
+# empty list 64: twenty times its text), so under the inflated-bytes cap alone a few dozen KB of gzip (20 million
+# empty rows) held gigabytes; at the default 100,000 VMs the worst blob that passes holds 3.2 million empty rows, a
+# sixth of that.
 MAX_VALUES_PER_VM = 64
 MAX_VALUES_TOP = 1024
 _NOT_STRUCTURE = bytes(set(range(256)) - set(b'"[{,:'))  # what the value count deletes before it splits strings
 NAMED_FIELDS_ORDER = ("key", "vm_id", "vm_name", "vmss_name", "location", "installation", "sequence", "seen_at", "body")
-NAMED_FIELDS = frozenset(NAMED_FIELDS_ORDER)  # what a format-2 VM must have; other fields are ignored
+NAMED_FIELDS = frozenset(NAMED_FIELDS_ORDER)  # what a VM must have; other fields are ignored
 
 
 class DamagedState(ValueError):
@@ -108,8 +85,8 @@ class DamagedState(ValueError):
 class NewerState(ValueError):
     """A state blob of a format newer than this release's: it must be left for the release that wrote it."""
 
-    def __init__(self, found: int, newest: int = STATE_FORMAT) -> None:
-        super().__init__(f"state format {found} is newer than this release's {newest}")
+    def __init__(self, found: int) -> None:
+        super().__init__(f"state format {found} is newer than this release's {STATE_FORMAT}")
         self.format = found
 
 
@@ -120,41 +97,20 @@ class Decoded:
     vms: dict[str, VmState]
     position: int
     dropped: Tally[str] = field(default_factory=Tally)
-    format: int = STATE_FORMAT
-    blocks: list[tuple[str, int]] = field(default_factory=list)  # format 3: each block's id and gzip'd bytes
-
-
-def encode(partition_id: str, position: int, vms: Iterable[VmState], state_format: int = 1) -> bytes:
-    """gzip'd JSON: the documents as forwarded, plus what ordering needs (installation, sequence, seen_at). Formats
-    1 and 2; format 3 is written as blocks (``encode_base``, ``encode_delta``)."""
-    state: dict[str, Any] = {"format": state_format, "partition_id": partition_id, "sequence_number": position}
-    if state_format == 1:
-        rows, imds, place = [], {}, {}
-        for vm in vms:
-            rows.append([vm.key, vm.vm_id, vm.vm_name, vm.vmss_name, vm.location, vm.installation, vm.sequence,
-                         vm.seen_at, vm.body.decode("utf-8", "replace")])
-            if vm.imds is not NO_IMDS:
-                imds[vm.key] = [vm.imds.observed_at, vm.imds.last_success, vm.imds.failing]
-            if vm.subscription_id or vm.resource_group:
-                place[vm.key] = [vm.subscription_id, vm.resource_group]
-        state.update(vms=rows, imds=imds)
-        if place:
-            state["place"] = place
-    else:
-        state["vms"] = [_named(vm) for vm in vms]
-    return _gzip(state)
+    blocks: list[tuple[str, int]] = field(default_factory=list)  # each block's id and gzip'd bytes
 
 
 def encode_base(partition_id: str, position: int, vms: Iterable[VmState], block: str) -> bytes:
-    """Format 3's first block: format 2's object with ``"format": 3`` and its block id."""
-    state = {"format": 3, "block": block, "partition_id": partition_id, "sequence_number": position,
+    """The first block: every VM, the documents as forwarded plus what ordering needs (installation, sequence,
+    seen_at)."""
+    state = {"format": STATE_FORMAT, "block": block, "partition_id": partition_id, "sequence_number": position,
              "vms": [_named(vm) for vm in vms]}
     return _gzip(state)
 
 
 def encode_delta(position: int, block: str, changed: Iterable[VmState], touched: Iterable[VmState],
                  gone: Iterable[str]) -> bytes:
-    """A format-3 block after the base: whole VMs for what changed beyond a heartbeat, only the fields a heartbeat
+    """A block after the base: whole VMs for what changed beyond a heartbeat, only the fields a heartbeat
     moves for ``touched``, the keys of ``gone``."""
     state = {"block": block, "sequence_number": position, "vms": [_named(vm) for vm in changed],
              "touched": [[vm.key, vm.sequence, vm.seen_at, vm.imds.observed_at, vm.imds.last_success,
@@ -181,11 +137,9 @@ def _named(vm: VmState) -> dict[str, Any]:
     return named
 
 
-def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_BOUNDS,
-           formats: tuple[int, ...] = STATE_FORMATS) -> Decoded:
-    """The inverse of ``encode`` (and of format 3's base and deltas); raise ``DamagedState`` or ``NewerState`` (see
-    the module docstring). ``formats`` are the ones read: a release that read fewer is this reader given its own
-    (``tests/fleet_format1.py``)."""
+def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_BOUNDS) -> Decoded:
+    """The inverse of ``encode_base`` and ``encode_delta``; raise ``DamagedState`` or ``NewerState`` (see the module
+    docstring)."""
     max_values = bounds.vms_per_partition * MAX_VALUES_PER_VM + MAX_VALUES_TOP
     members = _members(data)
     text, size = next(members)
@@ -194,37 +148,33 @@ def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_
     if not isinstance(obj, dict):
         raise DamagedState("wrong_shape", f"the state is a JSON {type(obj).__name__}, not an object")
     found = obj.get("format")
-    if type(found) is int and found > max(formats):
-        raise NewerState(found, max(formats))
-    if found not in formats or type(found) is not int:
+    if type(found) is int and found > STATE_FORMAT:
+        raise NewerState(found)
+    if found != STATE_FORMAT or type(found) is not int:
         raise DamagedState("format", f"unknown state format {str(found)[:40]!r}")
     if obj.get("partition_id", partition_id) != partition_id:
         raise DamagedState("wrong_shape", f"the state is partition {str(obj.get('partition_id'))[:40]!r}'s")
-    position, rows, imds = obj.get("sequence_number"), obj.get("vms"), obj.get("imds", {}) if found == 1 else {}
-    place = obj.get("place") if found == 1 else None
-    places = place if isinstance(place, dict) else {}
+    position, rows = obj.get("sequence_number"), obj.get("vms")
     if type(position) is not int or not -1 <= position <= MAX_SEQUENCE:
         raise DamagedState("wrong_shape", f"sequence_number {str(position)[:40]!r} is not an Event Hubs sequence "
                            "number")
-    if not isinstance(rows, list) or not isinstance(imds, dict):
-        raise DamagedState("wrong_shape", "'vms' is not a list (or 'imds' not an object)")
-    decoded = Decoded({}, position, format=found)
+    if not isinstance(rows, list):
+        raise DamagedState("wrong_shape", "'vms' is not a list")
+    decoded = Decoded({}, position, blocks=[(_block(obj), size)])
     for row in rows:
         if len(decoded.vms) >= bounds.vms_per_partition:
             decoded.dropped["vms_per_partition"] += len(rows) - len(decoded.vms)
             break
-        vm = _row(row, imds, places, now, bounds) if found == 1 else _vm(row, now, bounds)
+        vm = _vm(row, now, bounds)
         if vm is None or vm.key in decoded.vms:
             decoded.dropped["row"] += 1
             continue
         decoded.vms[vm.key] = vm
-    if found == 3:  # the deltas; formats 1 and 2 are one member (a later one is not read, as releases before did)
-        decoded.blocks.append((_block(obj), size))
-        for text, size in members:
-            delta = _parse(text, max_values)
-            del text
-            decoded.blocks.append((_block(delta), size))
-            _apply(decoded, delta, now, bounds)
+    for text, size in members:
+        delta = _parse(text, max_values)
+        del text
+        decoded.blocks.append((_block(delta), size))
+        _apply(decoded, delta, now, bounds)
     return decoded
 
 
@@ -267,12 +217,12 @@ def _parse(text: bytes, max_values: int) -> Any:
 def _block(obj: Any) -> str:
     block = obj.get("block") if isinstance(obj, dict) else None
     if not isinstance(block, str) or not 1 <= len(block) <= 64:
-        raise DamagedState("wrong_shape", "a format-3 block without its block id")
+        raise DamagedState("wrong_shape", "a block without its block id")
     return block
 
 
 def _apply(decoded: Decoded, delta: Any, now: float, bounds: Bounds) -> None:
-    """Fold one format-3 delta into what the blocks before it gave; ``DamagedState`` for one out of shape."""
+    """Fold one delta into what the blocks before it gave; ``DamagedState`` for one out of shape."""
     position = delta.get("sequence_number") if isinstance(delta, dict) else None
     changed, touched, gone = (delta.get(name) for name in ("vms", "touched", "gone"))
     if type(position) is not int or not decoded.position <= position <= MAX_SEQUENCE:
@@ -330,37 +280,12 @@ def _values(text: bytes, enough: int) -> int:
     return 1 + len(b"".join(reduced.split(b'"')[::2]))
 
 
-def _row(row: Any, imds: dict[str, Any], places: dict[str, Any], now: float, bounds: Bounds) -> VmState | None:
-    """One VM of a format-1 state, or None when any field is out of type or range."""
-    if not isinstance(row, list) or len(row) != 9:
-        return None
-    imds_entry = imds.get(row[0]) if isinstance(row[0], str) else None
-    place = places.get(row[0]) if isinstance(row[0], str) else None
-    return _checked(row, _imds(imds_entry), now, bounds, _place(*place) if isinstance(place, list)
-                    and len(place) == 2 else ("", ""))
-
-
 def _vm(named: Any, now: float, bounds: Bounds) -> VmState | None:
-    """One VM of a format-2 state (fields it does not know ignored), or None when any is out of type or range."""
+    """One VM of a state (fields it does not know ignored), or None when any is out of type or range."""
     if not isinstance(named, dict) or not named.keys() >= NAMED_FIELDS:
         return None
-    entry = named.get("imds")
-    imds = _imds([entry.get(name) for name in ("observed_at", "last_success", "failing")]) \
-        if isinstance(entry, dict) else NO_IMDS
-    return _checked([named[name] for name in NAMED_FIELDS_ORDER], imds, now, bounds,
-                    _place(named.get("subscription_id", ""), named.get("resource_group", "")))
-
-
-def _place(subscription_id: Any, resource_group: Any) -> tuple[str, str]:
-    """A VM's subscription and resource group from a state; anything out of shape is unknown (empty)."""
-    return (sys.intern(subscription_id) if _text(subscription_id, MAX_TEXT) else "",  # shared by many VMs
-            sys.intern(resource_group) if _text(resource_group, MAX_TEXT) else "")
-
-
-def _checked(values: list[Any], imds: Imds, now: float, bounds: Bounds,
-             place: tuple[str, str] = ("", "")) -> VmState | None:
-    """A VM from its fields in format 1's order, or None when any is out of type or range."""
-    key, vm_id, vm_name, vmss_name, location, installation, sequence, seen_at, body = values
+    key, vm_id, vm_name, vmss_name, location, installation, sequence, seen_at, body = (
+        named[name] for name in NAMED_FIELDS_ORDER)
     valid = (all(_text(value, MAX_TEXT) for value in (vm_id, vm_name, vmss_name, location))
              and key == (vm_id or vm_name or "unknown") and _text(installation, MAX_MESSAGE_ID) and installation != ""
              and type(sequence) is int and 1 <= sequence <= MAX_SEQUENCE
@@ -375,8 +300,18 @@ def _checked(values: list[Any], imds: Imds, now: float, bounds: Bounds,
         return None
     if len(raw) > bounds.body_bytes:
         raw = reduced_body(events, vm_name)
+    entry = named.get("imds")
+    imds = _imds([entry.get(name) for name in ("observed_at", "last_success", "failing")]) \
+        if isinstance(entry, dict) else NO_IMDS
     return VmState(key, vm_id, vm_name, sys.intern(vmss_name), sys.intern(location), installation, sequence,
-                   float(seen_at), raw, events, imds, *place)  # interned as message.read_message does
+                   float(seen_at), raw, events, imds,  # interned as message.read_message does
+                   *(_place(named.get(name, "")) for name in ("subscription_id", "resource_group")))
+
+
+def _place(value: Any) -> str:
+    """A VM's subscription or resource group from a state, interned (many VMs share one); anything out of shape is
+    unknown (empty)."""
+    return sys.intern(value) if _text(value, MAX_TEXT) else ""
 
 
 def _text(value: Any, limit: int) -> bool:

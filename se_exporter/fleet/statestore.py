@@ -9,11 +9,12 @@ What every store shares lives here, so that both behave alike: whatever a stored
 (``frozen``: neither it nor the checkpoint is written for that partition); writes only move the stored position
 forward (an implementation's ``_upload`` gives way to a newer state written by another owner).
 
-Format 3 is written as blocks (``save_blocks``): a base, then one delta per write, each commit one atomic,
+A partition's VMs are written as blocks (``save_blocks``): a base, then one delta per write, each commit one atomic,
 ETag-conditional replacement of the block list. A delta is appended only while this replica knows the stored block
-list (it read a clean format-3 state or wrote one) and the deltas stay small: past ``COMPACT_FRACTION`` of the
-base's bytes or ``MAX_BLOCKS`` blocks the write is a new base instead. So a restore reads one base and at most
-``MAX_BLOCKS - 1`` deltas holding at most ``COMPACT_FRACTION`` of the base's gzip'd bytes.
+list (it read a clean state or wrote one), its position does not go back, and the deltas stay small: past
+``COMPACT_FRACTION`` of the base's bytes or ``MAX_BLOCKS`` blocks the write is a new base instead. So a restore
+reads one base and at most ``MAX_BLOCKS - 1`` deltas holding at most ``COMPACT_FRACTION`` of the base's gzip'd
+bytes.
 """
 
 from __future__ import annotations
@@ -48,14 +49,18 @@ def block_list_bytes(blocks: int) -> int:
 
 @dataclass
 class Layout:
-    """A format-3 state's blocks as this replica last read or wrote them: what a delta is appended to."""
+    """A state's blocks as this replica last read or wrote them, and their position: what a delta is appended to."""
 
     ids: list[str]
+    position: int
     base_bytes: int
     delta_bytes: int = 0
 
-    def room(self, delta: int) -> bool:
-        return len(self.ids) < MAX_BLOCKS and self.delta_bytes + delta <= COMPACT_FRACTION * self.base_bytes
+    def room(self, delta: int, position: int) -> bool:
+        """Whether a delta of ``delta`` bytes at ``position`` may follow. Never one behind the stored position: a
+        position reset (``Fleet.check_restored``) starts a fresh base, since a reader refuses a delta that goes back."""
+        return position >= self.position and len(self.ids) < MAX_BLOCKS \
+            and self.delta_bytes + delta <= COMPACT_FRACTION * self.base_bytes
 
 
 def state_blob_name(namespace: str, eventhub_name: str, consumer_group: str, partition_id: str) -> str:
@@ -73,7 +78,6 @@ class Restored:
     newer_format: int | None = None
     problem: str = ""
     dropped: dict[str, int] = field(default_factory=dict)  # VMs left out, by reason
-    format: int | None = None  # the format it was stored in (None: no state, or an unreadable one)
 
 
 class StateStore(abc.ABC):
@@ -83,7 +87,7 @@ class StateStore(abc.ABC):
         self._bounds = bounds
         self._names: dict[str, str] = {}
         self._frozen: set[str] = set()
-        self._layouts: dict[str, Layout] = {}  # format-3 states whose block list is known: deltas may follow
+        self._layouts: dict[str, Layout] = {}  # states whose block list is known: deltas may follow
         self.on_written: Callable[[str, int], None] = lambda kind, size: None  # bytes uploaded: "base" or "delta"
 
     def name(self, partition_id: str, state_name: str) -> None:
@@ -109,14 +113,14 @@ class StateStore(abc.ABC):
             return Restored(damaged=damage.reason, problem=str(damage))
         if decoded.blocks and not decoded.dropped and len({block for block, _size in decoded.blocks}) == len(
                 decoded.blocks) and all(len(block) == BLOCK_ID_LENGTH for block, _size in decoded.blocks):
-            self._layouts[partition_id] = Layout([block for block, _size in decoded.blocks], decoded.blocks[0][1],
-                                                 sum(size for _block, size in decoded.blocks[1:]))
+            self._layouts[partition_id] = Layout([block for block, _size in decoded.blocks], decoded.position,
+                                                 decoded.blocks[0][1], sum(size for _block, size in decoded.blocks[1:]))
         state = PartitionState(vms=decoded.vms, position=decoded.position, restored_position=decoded.position)
-        return Restored(state, dropped=dict(decoded.dropped), format=decoded.format)
+        return Restored(state, dropped=dict(decoded.dropped))
 
     async def save(self, partition_id: str, data: bytes, position: int) -> bool:
-        """Write the state at ``position`` whole (formats 1 and 2); False when a newer one is already there, or the
-        stored one is a newer release's (nothing written)."""
+        """Write ``data`` at ``position`` whole (a state kept beside the VMs': ``fetch``); False when a newer one is
+        already there, or the stored one is a newer release's (nothing written)."""
         if partition_id in self._frozen:
             return False
         self._layouts.pop(partition_id, None)
@@ -126,22 +130,22 @@ class StateStore(abc.ABC):
 
     async def save_blocks(self, partition_id: str, position: int, base: Callable[[str], bytes],
                           delta: Callable[[str], bytes] | None) -> bool:
-        """Write the state at ``position`` in format 3: ``delta(block_id)`` appended when the stored block list is
-        known and has room, else ``base(block_id)`` as the only block. On a conflict (another writer moved the
-        ETag) a stored position past ours wins (False); one at or behind ours is replaced by a base, since our state
-        in memory is the truth at our position."""
+        """Write the partition's VMs at ``position``: ``delta(block_id)`` appended when the stored block list is
+        known and has room (``Layout.room``), else ``base(block_id)`` as the only block. On a conflict (another
+        writer moved the ETag) a stored position past ours wins (False); one at or behind ours is replaced by a base,
+        since our state in memory is the truth at our position."""
         if partition_id in self._frozen:
             return False
         for _attempt in range(3):
             layout, block = self._layouts.get(partition_id), new_block_id()
             if delta is not None and layout is not None:
                 data = delta(block)
-                if layout.room(len(data)):
+                if layout.room(len(data), position):
                     outcome = await self._commit(partition_id, layout.ids, block, data, position)
                     self.on_written("delta", len(data) + block_list_bytes(len(layout.ids) + 1))
                     if outcome == "ok":
                         layout.ids.append(block)
-                        layout.delta_bytes += len(data)
+                        layout.position, layout.delta_bytes = position, layout.delta_bytes + len(data)
                         return True
                     self._layouts.pop(partition_id, None)
                     if outcome == "conflict" and not await self._behind(partition_id, position):
@@ -151,7 +155,7 @@ class StateStore(abc.ABC):
             outcome = await self._commit(partition_id, [], block, data, position)
             self.on_written("base", len(data) + block_list_bytes(1))
             if outcome == "ok":
-                self._layouts[partition_id] = Layout([block], len(data))
+                self._layouts[partition_id] = Layout([block], position, len(data))
                 return True
             self._layouts.pop(partition_id, None)
             if not await self._behind(partition_id, position):

@@ -73,6 +73,17 @@ def escape(text: str) -> str:
     return _UNSAFE.sub(_escaped, text) if _UNSAFE.search(text) else text
 
 
+def escape_json(line: str) -> str:
+    """A line ``json.dumps`` wrote, with what it leaves that can forge or disguise a line (C1 controls, line
+    separators, bidi overrides, unpaired surrogates) as ``\\uXXXX``: only ever inside a string, so the same JSON,
+    made visible. ``escape``'s rule for a JSON line."""
+    return _UNSAFE_IN_JSON.sub(_escaped_in_json, line) if _UNSAFE_IN_JSON.search(line) else line
+
+
+def _escaped_in_json(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
 def _escaped(match: re.Match[str]) -> str:
     char = match.group()
     code = ord(char)
@@ -108,10 +119,7 @@ class JsonFormatter(logging.Formatter):
         body.update(getattr(record, _FIELDS, None) or {})
         if record.exc_info:
             body["exception"] = self.formatException(record.exc_info)
-        line = json.dumps(body, default=str, ensure_ascii=False)
-        if _UNSAFE_IN_JSON.search(line):  # only ever inside a string: \uXXXX there is the same text, made visible
-            line = _UNSAFE_IN_JSON.sub(lambda match: f"\\u{ord(match.group()):04x}", line)
-        return redact(line)
+        return redact(escape_json(json.dumps(body, default=str, ensure_ascii=False)))
 
 
 def setup(level: str, fmt: str) -> None:

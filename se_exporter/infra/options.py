@@ -340,7 +340,7 @@ EVENTHUB_OPTIONS: tuple[Option, ...] = (
            "PEM file of the CAs that may sign the Event Hubs TLS certificate (default: the certifi bundle)", "PATH"),
 )
 
-# The hub Event Grid delivers Azure's own copy of the scheduled events to (issue 27): read by ``fleet``, written by
+# The hub Event Grid delivers Azure's own copy of the scheduled events to: read by ``fleet``, written by
 # ``simulate``. Authenticated as the first hub is: a connection string, or a namespace with the managed identity of
 # ``--eventhub-client-id``; ``--eventhub-ca-file`` is trusted for both.
 PLATFORM_EVENTHUB_OPTIONS: tuple[Option, ...] = (

@@ -61,7 +61,9 @@ class Sidecar:
 
     def __init__(self, settings: Settings, simulate: Callable[[Settings], SimulatedImds] | None = None) -> None:
         self.settings = settings
-        self.registry = CollectorRegistry()
+        # auto_describe: a collector without describe() (prometheus-client's ProcessCollector) is collected once at
+        # registration for its names, so /metrics?name[]=... finds its families too.
+        self.registry = CollectorRegistry(auto_describe=True)
         self.simulated: SimulatedImds | None = None
         self._simulate = simulate
         self.metrics_url = ""

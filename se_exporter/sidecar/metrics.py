@@ -132,8 +132,11 @@ class StateCollector(Collector):
         return family
 
     def describe(self) -> list[Metric]:
-        # Empty: the registry must not call collect() at registration time (no snapshot yet then).
-        return []
+        """Every family ``collect`` can yield, without samples: the registry maps names to collectors with it, so
+        ``/metrics?name[]=...`` finds each family. Taken from a collector of its own over a snapshot that has every
+        family (the snapshot of this one may not exist yet at registration, and its bounds must not be counted)."""
+        every = StateCollector(lambda: _EVERY_FAMILY, lambda: 0.0)
+        return [GaugeMetricFamily(family.name, family.documentation) for family in every.collect()]
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
@@ -239,6 +242,9 @@ def _label(value: str, hits: Tally[str]) -> str:
         return value
     hits["label_length"] += 1
     return value[:MAX_LABEL - len(LABEL_MARK)] + LABEL_MARK
+
+
+_EVERY_FAMILY = Snapshot(incarnation=0, identity=VmIdentity())  # what ``describe`` collects: every family present
 
 
 def _gauge(name: str, documentation: str, value: float) -> Metric:

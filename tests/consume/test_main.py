@@ -11,6 +11,7 @@ from azure.eventhub import EventData
 
 from se_exporter.consume.main import json_line, record, timeline_line
 from se_exporter.core.errors import ConfigError
+from se_exporter.infra import logs
 from se_exporter.infra.options import starting_position
 
 FREEZE = (b'{"DocumentIncarnation": 3, "Events": [{"EventId": "E1", "EventType": "Freeze", "ResourceType": '
@@ -67,3 +68,32 @@ def test_non_finite_float_properties_keep_the_json_output_strict() -> None:
     line = json_line(record("0", event))
     properties = json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))["properties"]
     assert properties == {"nan": "nan", "inf": "inf", "weight": "1.23", "plain": 1.5}
+
+
+HOSTILE_NAME = "vm-1\x1b]0;owned\x07\x1b[2J\n2016-09-19T18:00:00Z vm-9 #1 incarnation 1: no events"
+
+
+def test_a_hostile_message_prints_one_visibly_escaped_timeline_line() -> None:
+    """A vm_name holding ESC/BEL sequences and a newline, and an EventId holding ``\\x1b[2J``, print one line with
+    every control character spelt out as log lines spell it: no terminal title, no clearing, no forged line."""
+    body = FREEZE.replace(b'"E1"', b'"E1\\u001b[2J"')
+    event = EventData(body)
+    event.properties = {"vm_name": HOSTILE_NAME, "sequence": 7, "observed_at": "2016-09-19T18:00:00Z\x9b31m"}
+    line = timeline_line(record("0", event))
+
+    assert "\n" not in line and not any(char in line for char in "\x1b\x07\x9b")
+    assert line.startswith("2016-09-19T18:00:00Z\\x9b31m vm-1\\x1b]0;owned\\x07\\x1b[2J\\n2016-09-19T18:00:00Z vm-9 ")
+    assert "incarnation 3: Freeze E1\\x1b[2J Scheduled" in line
+    assert line == logs.escape(line)  # nothing left that the log lines' rule would escape
+
+
+def test_a_hostile_message_prints_one_json_line_with_its_text_made_visible() -> None:
+    """The same message as --format json is one line of strict JSON: json escapes the C0 controls, and the C1
+    controls, line separators and bidi overrides it leaves raw are escaped as log lines' JSON is; the values read
+    back are the message's own."""
+    event = EventData(FREEZE)
+    event.properties = {"vm_name": HOSTILE_NAME + "\u2028\u202e\x9b"}
+    line = json_line(record("0", event))
+
+    assert "\n" not in line and not any(char in line for char in "\x1b\x07\x9b\u2028\u202e")
+    assert json.loads(line)["properties"]["vm_name"] == HOSTILE_NAME + "\u2028\u202e\x9b"

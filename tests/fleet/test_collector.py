@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView, render_fleet
 from se_exporter.fleet.picture import Fleet, read_message
+from se_exporter.infra.http_server import serve
+from se_exporter.infra.options import Listen
 from tests.fleet.test_picture import EMPTY, FREEZE, NEIGHBOUR, props
-from tests.helpers import Samples, parse_samples
+from tests.helpers import Samples, http_get, parse_samples
 
 NOW = 2_000_000_000.0
 REBOOT = (b'{"DocumentIncarnation": 9, "Events": [{"EventId": "R1", "EventType": "Reboot", "Resources": ["ss_2"], '
@@ -217,3 +221,47 @@ def test_batch_counts_are_exact_whenever_the_registry_is_read_even_while_batches
     assert value("documents_consumed_total") == 20_004 and value("last_applied_timestamp_seconds") == 19_999.0
     assert value("documents_applied_total", kind="change") == 10_001
     assert value("documents_applied_total", kind="heartbeat") == 10_002
+
+
+def test_every_family_of_the_fleets_metrics_is_selected_by_its_name() -> None:
+    """The fleet's /metrics (its registry, per-VM and platform families) answers ``/metrics?name[]=N`` over HTTP
+    with exactly the series named N of the whole page, for every series name on it, and several names at once."""
+    from se_exporter.fleet.main import make_http_app  # noqa: PLC0415 - brings the Azure SDKs
+    from se_exporter.fleet.platform.service import Platform  # noqa: PLC0415
+    from se_exporter.fleet.report import Report  # noqa: PLC0415
+
+    fleet = fleet_of_three()
+    fleet.show("0")
+    fleet.show("1")
+    registry = CollectorRegistry()
+    metrics = FleetMetrics(registry)
+    registry.register(PartitionCollector(lambda: {"0": PartitionView(1, 1, 1)}, lambda: 2, clock=lambda: NOW))
+    ProcessCollector(registry=registry)
+    platform = Platform(metrics, Report(metrics), 3600.0, 60.0, 900.0, 1024, lambda: NOW)
+    service = SimpleNamespace(healthy=True, ready=True, storage_problem=None)
+    running = serve(Listen("127.0.0.1", 0), make_http_app(registry, fleet, service,  # type: ignore[arg-type]
+                                                          clock=lambda: NOW, platform=platform))
+    url = f"http://127.0.0.1:{running.server_port}/metrics"
+    try:
+        whole = series_by_name(http_get(url)[1])
+        assert {"azure_scheduled_fleet_vms", "azure_scheduled_fleet_event_info",
+                "azure_scheduled_fleet_owned_partitions", "azure_scheduled_fleet_documents_applied_total",
+                "azure_scheduled_fleet_platform_events_total",
+                "azure_scheduled_fleet_announcement_lag_seconds_bucket", "process_cpu_seconds_total"} <= whole.keys()
+        for name, series in sorted(whole.items()):
+            status, text = http_get(f"{url}?name[]={name}")
+            assert status == 200
+            assert series_by_name(text) == {name: series}, name
+        both = http_get(f"{url}?name[]=azure_scheduled_fleet_vms&name[]=azure_scheduled_fleet_event_info")[1]
+        assert series_by_name(both).keys() == {"azure_scheduled_fleet_vms", "azure_scheduled_fleet_event_info"}
+    finally:
+        running.server_close()
+
+
+def series_by_name(text: str) -> dict[str, set[frozenset[tuple[str, str]]]]:
+    """The label sets of each series name of an exposition (values change between two scrapes; series do not)."""
+    series: dict[str, set[frozenset[tuple[str, str]]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            series.setdefault(sample.name, set()).add(frozenset(sample.labels.items()))
+    return series

@@ -18,11 +18,10 @@ from se_exporter.fleet.picture import (
     PartitionState,
     VmState,
     decode,
-    encode,
     imds_unreachable,
     read_message,
 )
-from se_exporter.fleet.stateformat import DamagedState, NewerState
+from se_exporter.fleet.stateformat import DamagedState, NewerState, encode_base
 
 VM_ID = "02aab8a4-74ef-476e-8182-f6d2ba4166a6"
 FREEZE = (b'{"DocumentIncarnation": 2, "Events": [{"EventId": "E1", "EventType": "Freeze", "ResourceType": '
@@ -199,13 +198,15 @@ def test_state_bytes_round_trip_and_restore_as_already_applied() -> None:
 
 
 @pytest.mark.parametrize(("data", "reason"), [
-    (b"", "unreadable"), (b"not gzip", "unreadable"), (encode("0", 1, [])[:-4], "unreadable"),
+    (b"", "unreadable"), (b"not gzip", "unreadable"), (encode_base("0", 1, [], "b1")[:-4], "unreadable"),
     (gzip.compress(b"[]"), "wrong_shape"), (gzip.compress(b'"text"'), "wrong_shape"),
-    (state_json({"format": 0}), "format"), (state_json({"format": "1"}), "format"), (state_json({}), "format"),
-    (state_json({"format": 1, "sequence_number": "7", "vms": []}), "wrong_shape"),
-    (state_json({"format": 1, "sequence_number": 7, "vms": {}}), "wrong_shape"),
-    (state_json({"format": 1, "sequence_number": 10**20, "vms": []}), "wrong_shape"),
-    (state_json({"format": 1, "partition_id": "5", "sequence_number": 7, "vms": []}), "wrong_shape"),
+    (state_json({"format": 0}), "format"), (state_json({"format": "3"}), "format"), (state_json({}), "format"),
+    (state_json({"format": 2, "partition_id": "0", "sequence_number": 7, "vms": []}), "format"),  # never released
+    (state_json({"format": 3, "block": "b1", "sequence_number": "7", "vms": []}), "wrong_shape"),
+    (state_json({"format": 3, "block": "b1", "sequence_number": 7, "vms": {}}), "wrong_shape"),
+    (state_json({"format": 3, "block": "b1", "sequence_number": 10**20, "vms": []}), "wrong_shape"),
+    (state_json({"format": 3, "block": "b1", "partition_id": "5", "sequence_number": 7, "vms": []}), "wrong_shape"),
+    (state_json({"format": 3, "sequence_number": 7, "vms": []}), "wrong_shape"),  # no block id
     (gzip.compress(b"{" * 100_000), "unreadable"),
 ])
 def test_a_damaged_state_is_refused_with_a_reason_never_another_error(data: bytes, reason: str) -> None:
@@ -217,22 +218,20 @@ def test_a_damaged_state_is_refused_with_a_reason_never_another_error(data: byte
 
 
 @pytest.mark.parametrize("bomb", [b"[],", b"{},", b"1.5,", b'"",'])
-@pytest.mark.parametrize("where", ["rows", "one_row", "imds"])
+@pytest.mark.parametrize("where", ["rows", "one_row", "one_vm"])
 def test_a_state_of_more_values_than_its_vms_need_is_refused_before_it_is_parsed(bomb: bytes, where: str) -> None:
     """A few KB of gzip inflating to millions of tiny JSON values (20 million empty rows took a replica to 1.5 GB):
     more values than the VMs a partition keeps need is damage, refused without building them."""
     bounds = Bounds(vms_per_partition=10)
     many = bomb * (10 * stateformat.MAX_VALUES_PER_VM + stateformat.MAX_VALUES_TOP) + b"0"
-    vms = {"rows": b"[" + many + b"]", "one_row": b"[[" + many + b"]]", "imds": b"[]"}[where]
-    imds = b'{"k": [' + many + b"]}" if where == "imds" else b"{}"
-    text = b'{"format": 1, "partition_id": "0", "sequence_number": 9, "vms": ' + vms + b', "imds": ' + imds + b"}"
+    vms = {"rows": b"[" + many + b"]", "one_row": b"[[" + many + b"]]", "one_vm": b'[{"imds": [' + many + b"]}]"}[where]
+    text = b'{"format": 3, "block": "b1", "partition_id": "0", "sequence_number": 9, "vms": ' + vms + b"}"
     with pytest.raises(DamagedState) as caught:
         decode(gzip.compress(text), "0", NOW, bounds)
     assert caught.value.reason == "unreadable" and "JSON values" in str(caught.value)
 
 
-@pytest.mark.parametrize("state_format", [1, 2])
-def test_a_state_at_the_vm_bound_is_read_whatever_its_bodies_hold(state_format: int) -> None:
+def test_a_state_at_the_vm_bound_is_read_whatever_its_bodies_hold() -> None:
     """The value count leaves strings out: VMs up to the bound whose bodies are full of commas, colons and brackets
     are read whole."""
     bounds = Bounds(vms_per_partition=10)
@@ -243,7 +242,7 @@ def test_a_state_at_the_vm_bound_is_read_whatever_its_bodies_hold(state_format: 
         read = read_message(noisy, props(1, vm_id=f"vm-{n}", vm_name=f"vm{n}"), f"inst-{n}:1".encode(),
                             f"vm-{n}".encode(), 1000.0, 1024**2, bounds)
         assert fleet.apply("0", read) == "applied"
-    data = encode("0", 9, fleet.vms(), state_format)
+    data = encode_base("0", 9, fleet.vms(), "b1")
     assert sorted(decode(data, "0", NOW, bounds).vms) == sorted(vm.key for vm in fleet.vms())
 
 
@@ -254,31 +253,30 @@ def test_a_newer_format_is_told_apart_from_damage() -> None:
     assert caught.value.format == 4
 
 
-GOOD_ROW = [VM_ID, VM_ID, "WestNO_0", "", "norwayeast", "inst", 3, 1000.0, EMPTY.decode()]
+GOOD = {"key": VM_ID, "vm_id": VM_ID, "vm_name": "WestNO_0", "vmss_name": "", "location": "norwayeast",
+        "installation": "inst", "sequence": 3, "seen_at": 1000.0, "body": EMPTY.decode()}
 
 
 @pytest.mark.parametrize("row", [
-    [5, 5, "WestNO_0", "", "norwayeast", "inst", 3, 1000.0, EMPTY.decode()],  # vm_id a number
-    [*GOOD_ROW[:8], {"Events": []}],  # body not a string
-    [*GOOD_ROW[:8], "not json"],
-    [*GOOD_ROW[:7], "nan", GOOD_ROW[8]], [*GOOD_ROW[:7], float("nan"), GOOD_ROW[8]],
-    [*GOOD_ROW[:7], float("inf"), GOOD_ROW[8]], [*GOOD_ROW[:7], NOW + 86400, GOOD_ROW[8]],
-    [*GOOD_ROW[:6], 0, *GOOD_ROW[7:]], [*GOOD_ROW[:6], 2**64, *GOOD_ROW[7:]], [*GOOD_ROW[:6], True, *GOOD_ROW[7:]],
-    [*GOOD_ROW[:5], "", *GOOD_ROW[6:]],
-    ["someone-else", *GOOD_ROW[1:]],  # a key that is not the row's vm_id: against the partition-key rule
-    ["\ud800", "\ud800", *GOOD_ROW[2:]],  # an unpaired surrogate (json.dumps writes it as an escape)
-    [VM_ID, VM_ID, "x" * 300, *GOOD_ROW[3:]],
-    GOOD_ROW[:8], [*GOOD_ROW, "extra"], "row", None,
+    {**GOOD, "key": 5, "vm_id": 5}, {**GOOD, "body": {"Events": []}}, {**GOOD, "body": "not json"},
+    {**GOOD, "seen_at": "nan"}, {**GOOD, "seen_at": float("nan")}, {**GOOD, "seen_at": float("inf")},
+    {**GOOD, "seen_at": NOW + 86400}, {**GOOD, "sequence": 0}, {**GOOD, "sequence": 2**64},
+    {**GOOD, "sequence": True}, {**GOOD, "installation": ""},
+    {**GOOD, "key": "someone-else"},  # a key that is not the VM's vm_id: against the partition-key rule
+    {**GOOD, "key": "\ud800", "vm_id": "\ud800"},  # an unpaired surrogate (json.dumps writes it as an escape)
+    {**GOOD, "vm_name": "x" * 300}, {name: value for name, value in GOOD.items() if name != "installation"},
+    [*GOOD.values()], "row", None,
 ])
 def test_rows_out_of_type_or_range_are_left_out_and_counted(row: Any) -> None:
-    """Each field of a row is checked by type and range; a bad row is dropped (and so never written back), the
-    good rows beside it are restored."""
-    other = ["v2", "v2", "ss_1", "ss", "westeurope", "inst2", 1, 999.0, EMPTY.decode()]
-    text = json.dumps({"format": 1, "partition_id": "0", "sequence_number": 9, "vms": [row, other]})
+    """Each field of a VM is checked by type and range; a bad one is dropped (and so never written back), the
+    good ones beside it are restored."""
+    other = {"key": "v2", "vm_id": "v2", "vm_name": "ss_1", "vmss_name": "ss", "location": "westeurope",
+             "installation": "inst2", "sequence": 1, "seen_at": 999.0, "body": EMPTY.decode()}
+    text = json.dumps({"format": 3, "block": "b1", "partition_id": "0", "sequence_number": 9, "vms": [row, other]})
     decoded = decode(gzip.compress(text.encode()), "0", NOW)
     assert list(decoded.vms) == ["v2"] and decoded.dropped == {"row": 1}
     assert decoded.vms["v2"].seen_at == 999.0
-    assert json.loads(gzip.decompress(encode("0", 9, decoded.vms.values())))["vms"] == [other]
+    assert json.loads(gzip.decompress(encode_base("0", 9, decoded.vms.values(), "b1")))["vms"] == [other]
 
 
 def test_a_surrogate_event_id_is_escaped_before_it_is_kept_or_shown() -> None:
@@ -419,9 +417,7 @@ def test_imds_health_is_read_kept_and_restored_and_older_sidecars_are_unknown() 
     assert failing.vm.imds.failing is True
     assert failing.vm.imds.last_success == datetime(2026, 11, 22, 3, 0, tzinfo=timezone.utc).timestamp()
     assert [imds_unreachable(m.vm) for m in (failing, stale, fine, old)] == [True, True, False, False]
-    text = gzip.compress(json.dumps({"format": 1, "sequence_number": 1, "vms": []}).encode())
-    assert decode(text, "0", NOW).vms == {}
-    data = encode("0", 1, [failing.vm])
+    data = encode_base("0", 1, [failing.vm], "b1")
     [vm] = decode(data, "0", NOW).vms.values()
     assert vm.imds == failing.vm.imds
 
@@ -441,7 +437,7 @@ def test_control_characters_a_vm_sends_are_spelt_out_in_labels() -> None:
     fleet = Fleet()
     fleet.claim("0")
     assert fleet.apply("0", read) == "applied"
-    assert decode(encode("0", 9, fleet.vms(), 2), "0", NOW).vms == {vm.key: vm}
+    assert decode(encode_base("0", 9, fleet.vms(), "b1"), "0", NOW).vms == {vm.key: vm}
 
 
 def test_is_shown_agrees_with_shown_through_claim_show_hide_and_release() -> None:
@@ -457,11 +453,11 @@ def test_is_shown_agrees_with_shown_through_claim_show_hide_and_release() -> Non
 
 
 def written(fleet: Fleet, partition_id: str) -> tuple[bytes, int] | None:
-    """The partition's state as the Keeper writes it in format 1, and its position; None before any event."""
+    """The partition's state as the Keeper writes it whole (a base), and its position; None before any event."""
     snapshot = fleet.snapshot(partition_id)
     if snapshot is None:
         return None
-    return encode(partition_id, snapshot.position, snapshot.vms), snapshot.position
+    return encode_base(partition_id, snapshot.position, snapshot.vms, "b1"), snapshot.position
 
 
 def kept_through_the_state(read: Message) -> VmState:

@@ -41,7 +41,7 @@ def only(picture: PlatformPicture) -> PlatformRecord:
                          ids="-".join)
 def test_statuses_only_move_forward_whatever_order_they_arrive_in(order: tuple[str, ...]) -> None:
     """Every arrival order of one lifecycle gives the same record: the furthest status, every status's time, each
-    status counted once, the impact once."""
+    status counted once, the impact once; an end held from when it was read."""
     lifecycle = next(lifecycle for lifecycle in LIFECYCLES if set(lifecycle) == set(order))
     record_in_order = only(applied_in(lifecycle)[0])
     picture, statuses, impact = applied_in(order)
@@ -52,7 +52,7 @@ def test_statuses_only_move_forward_whatever_order_they_arrive_in(order: tuple[s
     assert sorted(statuses) == sorted(lifecycle)
     assert impact == (10.0 if lifecycle[-2:] == ("Started", "Completed") else 0.0)
     assert record.announced_at == TIMES[lifecycle[0]]
-    assert record.ended and record.ended_at == TIMES[lifecycle[-1]]
+    assert record.ended and record.ended_at == T0 + 400
 
 
 def test_an_open_event_shows_its_fields_and_not_before_survives_the_start() -> None:
@@ -90,10 +90,11 @@ def test_two_ends_keep_the_earlier() -> None:
 
 
 def test_an_ended_event_stays_for_the_retention_then_goes_and_stays_gone() -> None:
-    """Kept for retention after its end, then forgotten; a late copy of one of its statuses does not revive it."""
+    """Kept for retention after its end was read, then forgotten; a late copy of one of its statuses does not revive
+    it."""
     picture, _statuses, _impact = applied_in(("Scheduled", "Started", "Completed"), now=ENDED_AT + 1)
-    assert picture.expire(ENDED_AT + 3599) == []
-    [gone] = picture.expire(ENDED_AT + 3600)
+    assert picture.expire(ENDED_AT + 3600) == []
+    [gone] = picture.expire(ENDED_AT + 3601)
     assert gone.key == KEY and picture.records() == []
     assert picture.apply(platform_event("Started", grid_id="late", at=STARTED_AT), ENDED_AT + 3700).outcome == \
         "forgotten"
@@ -116,13 +117,15 @@ def test_an_event_that_never_ends_is_forgotten_after_open_expiry() -> None:
     assert len(picture.expire(T0 + 1000)) == 1
 
 
-def test_duplicates_are_remembered_for_the_retention_only() -> None:
-    """Event Grid ids older than the retention are forgotten: memory does not grow with the stream's age."""
+def test_duplicates_are_remembered_for_the_retention_only_apart_from_a_records_own_messages() -> None:
+    """Event Grid ids older than the retention are forgotten: memory does not grow with the stream's age; a record
+    knows its own messages while it lives, and counts each copy of one."""
     picture = PlatformPicture(PlatformLimits(retention=100.0))
     picture.apply(platform_event("Scheduled", event_id="A"), T0)
     picture.expire(T0 + 101)
+    assert picture.sizes()["ids"] == 0
     result = picture.apply(platform_event("Scheduled", event_id="A"), T0 + 102)
-    assert result.outcome == "repeat"
+    assert result.outcome == "duplicate" and only(picture).duplicates == 1
 
 
 def test_events_past_the_bound_are_refused_and_counted_unless_an_ended_one_can_go() -> None:
@@ -287,15 +290,15 @@ def test_a_state_of_another_shape_is_counted_not_taken_for_an_empty_one() -> Non
 
 def test_a_restored_records_end_is_set_exactly_when_its_status_is_an_end() -> None:
     """A tampered ended_at on an open event is ignored (it would expire it, or let it make room, as if ended); an
-    ended event without one ends at its end's time, so retention still lets it go."""
+    ended event without one ends when it last changed, so retention still lets it go."""
     picture, _statuses, _impact = applied_in(("Scheduled", "Started"))
     row = state_to_json(picture.state())["records"][0]
     state, _damaged = state_from_json({"records": [{**row, "ended_at": T0}]})
     assert state.records[0].ended_at is None
     ended = {**row, "event_status": "Completed", "times": {**row["times"], "Completed": ENDED_AT}, "ended_at": None}
     state, _damaged = state_from_json({"records": [ended]})
-    assert state.records[0].ended_at == ENDED_AT
-    assert len(PlatformPicture.restored(state).expire(ENDED_AT + 3600)) == 1
+    assert state.records[0].ended_at == state.records[0].changed_at
+    assert len(PlatformPicture.restored(state).expire(state.records[0].changed_at + 3600)) == 1
 
 
 def test_a_restored_records_vm_names_are_distinct_as_the_reader_keeps_them() -> None:

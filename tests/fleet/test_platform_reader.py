@@ -387,3 +387,26 @@ def test_an_array_cut_short_or_not_utf8_is_not_json_not_a_missing_envelope(raw: 
     with pytest.raises(InvalidMessage) as caught:
         read_platform(raw, MAX, 0.0)
     assert caught.value.reason == "not_json" and "not UTF-8 JSON" in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", ["Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted",
+                                  "Microsoft.Maintenance.ScheduledEvents.ScheduledEventEmitted",
+                                  "microsoft.maintenance/scheduledevents/write",
+                                  "Microsoft.Maintenance/ScheduledEvents/Write"])
+@pytest.mark.parametrize("schema", ["eventgrid", "cloudevents"])
+def test_both_documented_names_of_the_stream_are_read(kind: str, schema: str) -> None:
+    """Azure's documents name the topic and the event type two ways each: every one is read as a platform event,
+    in either schema, with the fields of the spec's example."""
+    event = {**spec_event(), "eventType": kind}
+    if "write" in kind.casefold():
+        event["topic"] = f"/subscriptions/{SUB}/providers/Microsoft.Maintenance.ScheduledEvents"
+    sent = cloud(event) if schema == "cloudevents" else event
+    [read_event] = read([sent]).events
+    assert (read_event.event_id, read_event.event_status, read_event.resources) == (EVENT_ID, "Completed",
+                                                                                    ("web_3", "web_7"))
+
+
+def test_a_write_type_of_another_resource_is_another_event_type() -> None:
+    """Only the scheduled events' write: another resource provider's write is not a platform event."""
+    assert "microsoft.compute/virtualmachines/write" in refused(
+        [{**spec_event(), "eventType": "microsoft.compute/virtualmachines/write"}], "other_event_type")

@@ -1,6 +1,6 @@
 """The fleet service against the in-memory state store and the SDK's in-memory checkpoint store: claim, restore,
 checkpoint after state, a state that never moves back, damaged and newer states, a partition lost and regained,
-close, and the state format followed when --state-format changes. No network."""
+and close. No network."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
-import pytest
 from azure.eventhub import CloseReason
 from azure.eventhub.aio import PartitionContext
 from azure.eventhub.aio._eventprocessor.in_memory_checkpoint_store import (  # the SDK's own, as its tests use it
@@ -25,8 +24,8 @@ from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.consumer import Service
 from se_exporter.fleet.picture import Fleet, read_message
 from se_exporter.fleet.settings import FleetSettings
-from se_exporter.fleet.stateformat import decode, encode
-from se_exporter.fleet.statestore import MemoryStateStore, Stored, state_blob_name
+from se_exporter.fleet.stateformat import decode, encode_base
+from se_exporter.fleet.statestore import MemoryStateStore, Stored, new_block_id, state_blob_name
 from tests.fleet.test_picture import EMPTY, NOW, props
 
 T = TypeVar("T")
@@ -95,7 +94,6 @@ class Replica:
     """One service, its fleet and registry, on a store shared with other replicas."""
 
     states: dict[str, Stored] = field(default_factory=dict)
-    state_format: int = 1
     slept: list[float] = field(default_factory=list)
     now: float = NOW  # the service's clock
 
@@ -107,8 +105,8 @@ class Replica:
         async def sleep(seconds: float) -> None:
             self.slept.append(seconds)
 
-        self.service = Service(FleetSettings(state_format=self.state_format), self.fleet,
-                               FleetMetrics(self.registry), self.store, clock=lambda: self.now, sleep=sleep)
+        self.service = Service(FleetSettings(), self.fleet, FleetMetrics(self.registry), self.store,
+                               clock=lambda: self.now, sleep=sleep)
         self.context = Context("ns", "hub", "$Default", "0", self.checkpoints)
 
     def value(self, name: str, **labels: str) -> float | None:
@@ -134,10 +132,13 @@ class Replica:
         await self.service.on_batch(self.context, [])
 
 
-def stored_state(position: int, *keys: str, state_format: int = 1) -> Stored:
+def stored_state(position: int, *keys: str) -> Stored:
+    """A state of one base block holding ``keys``, each VM last seen 100 s ago."""
     vms = [read_message(EMPTY, props(1, vm_id=key), f"inst-{key}:1".encode(), key.encode(), NOW - 100, 1024).vm
            for key in keys]
-    return Stored(encode("0", position, vms, state_format), position, 1)
+    block = new_block_id()
+    data = encode_base("0", position, vms, block)
+    return Stored(data, position, 1, [(block, data)])
 
 
 def test_a_claim_restores_the_stored_state_before_the_partition_is_read() -> None:
@@ -193,18 +194,17 @@ def test_the_stored_state_never_moves_back_when_two_owners_write() -> None:
     assert old.checkpoints.written == []
 
 
-@pytest.mark.parametrize("state_format", [1, 3])
-def test_a_write_whose_answer_was_lost_is_followed_by_the_checkpoint(state_format: int) -> None:
+def test_a_write_whose_answer_was_lost_is_followed_by_the_checkpoint() -> None:
     """A periodic save cancelled after its state was stored but before it learnt so (a SIGTERM mid-write) leaves a
     state at the replica's own position under a revision it has not seen: the shutdown save writes it again and
     the checkpoint follows, rather than giving way to itself and leaving the checkpoint behind."""
     states: dict[str, Stored] = {}
-    replica = Replica(states, state_format=state_format)
+    replica = Replica(states)
     run(replica.claim())
     run(replica.read(Event(1, "vm-a"), Event(2, "vm-b")))
     run(replica.service.save("0"))
     run(replica.read(Event(3, "vm-c")))
-    written = Replica(dict(states), state_format=state_format)  # the same events written by a save whose answer
+    written = Replica(dict(states))  # the same events written by a save whose answer
     run(written.claim())  # never came back: the stored revision moves on without this replica's knowing
     run(written.read(Event(3, "vm-c")))
     run(written.service.save("0"))
@@ -263,27 +263,6 @@ def test_shutdown_writes_the_state_and_checkpoint_before_releasing() -> None:
     run(replica.service.on_close(replica.context, CloseReason.SHUTDOWN))
     assert replica.checkpoints.written == [(2, 2)] and replica.keys() == []
     assert replica.value("azure_scheduled_fleet_partition_releases_total", reason="shutdown") == 1
-
-
-def test_a_state_in_another_format_is_rewritten_in_this_replicas_without_new_events() -> None:
-    """--state-format 2 meets a format-1 state: it is written again in format 2 at the next save though nothing new
-    was read (and back: format 1 rewrites a format-2 state), the same VMs, no checkpoint moved."""
-    states = {NAME: stored_state(4, "vm-a", "vm-q")}
-    newer = Replica(states, state_format=2)
-    run(newer.claim())
-    run(newer.service.save("0"))
-    run(newer.service.save("0"))  # written once: then it is in this replica's format
-    stored = json.loads(gzip.decompress(states[NAME].data))
-    assert stored["format"] == 2 and sorted(vm["key"] for vm in stored["vms"]) == ["vm-a", "vm-q"]
-    assert newer.value("azure_scheduled_fleet_checkpoints_total", outcome="ok") == 1
-    assert newer.checkpoints.written == []
-    run(newer.service.on_close(newer.context, CloseReason.SHUTDOWN))
-    older = Replica(states, state_format=1)
-    run(older.claim())
-    assert older.held() == ["vm-a", "vm-q"]
-    run(older.service.save("0"))
-    assert json.loads(gzip.decompress(states[NAME].data))["format"] == 1
-    assert sorted(decode(states[NAME].data, "0", NOW).vms) == ["vm-a", "vm-q"]
 
 
 def test_a_failed_write_keeps_the_state_in_memory_and_the_next_round_writes_it() -> None:

@@ -1,4 +1,4 @@
-"""--state-format 3 through the service and the in-memory state store: a base, then deltas of what changed,
+"""The state through the service and the in-memory state store: a base, then deltas of what changed,
 compaction into a new base, a conflict answered by a base or by giving way, and no change lost to a failed write."""
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def written(replica: Replica, kind: str) -> float:
     return replica.value("azure_scheduled_fleet_state_bytes_written_total", kind=kind) or 0.0
 
 
-def format3(states: dict[str, Stored] | None = None) -> Replica:
-    replica = Replica({} if states is None else states, state_format=3)
+def claimed(states: dict[str, Stored] | None = None) -> Replica:
+    replica = Replica({} if states is None else states)
     run(replica.claim())
     return replica
 
@@ -51,7 +51,7 @@ def format3(states: dict[str, Stored] | None = None) -> Replica:
 def test_the_first_write_is_a_base_and_the_next_ones_deltas_of_what_changed() -> None:
     """A base holds every VM; then a heartbeat is a delta touching only that VM, a new document a delta holding it
     whole; the stored blocks read back as the picture, and each checkpoint follows a state that covers it."""
-    replica = format3()
+    replica = claimed()
     fleet_of_ten(replica)
     run(replica.service.save("0"))
     base_bytes = written(replica, "base")
@@ -71,14 +71,14 @@ def test_the_first_write_is_a_base_and_the_next_ones_deltas_of_what_changed() ->
     assert written(replica, "delta") < heartbeat + change + 500  # the blocks, and two short block lists
 
 
-def test_a_restored_format_3_state_takes_deltas_and_one_with_rows_left_out_a_base() -> None:
-    """A clean format-3 state read back is appended to; one whose rows were left out is replaced whole, so the
+def test_a_restored_state_takes_deltas_and_one_with_rows_left_out_a_base() -> None:
+    """A clean state read back is appended to; one whose rows were left out is replaced whole, so the
     damage is not carried on."""
     states: dict[str, Stored] = {}
-    first = format3(states)
+    first = claimed(states)
     run(first.read(Event(1, "vm-a"), Event(2, "vm-b")))
     run(first.service.save("0"))
-    second = format3(states)
+    second = claimed(states)
     run(second.read(Event(3, "vm-a", sequence=2)))
     run(second.service.save("0"))
     assert len(states[NAME].blocks) == 2 and second.keys() == ["vm-a", "vm-b"]
@@ -86,7 +86,7 @@ def test_a_restored_format_3_state_takes_deltas_and_one_with_rows_left_out_a_bas
     damaged["vms"][1]["sequence"] = 0
     states[NAME] = Stored(gzip.compress(json.dumps(damaged).encode()) + states[NAME].blocks[1][1], 3, 1,
                           [states[NAME].blocks[0], states[NAME].blocks[1]])
-    third = format3(states)
+    third = claimed(states)
     assert third.value("azure_scheduled_fleet_state_damaged_total", reason="row") == 1
     run(third.read(Event(4, "vm-c")))
     run(third.service.save("0"))
@@ -99,7 +99,7 @@ def test_deltas_are_compacted_into_a_base_past_the_block_cap_or_a_share_of_the_b
     restore reads one base and a bounded tail."""
     monkeypatch.setattr(statestore, "MAX_BLOCKS", 3)
     monkeypatch.setattr(statestore, "COMPACT_FRACTION", 0.5)  # the rule at a share of ten VMs' documents
-    replica = format3()
+    replica = claimed()
     fleet_of_ten(replica)
     run(replica.service.save("0"))
     counts = []
@@ -124,7 +124,7 @@ def test_a_conflict_gives_way_to_a_newer_state_and_replaces_an_older_one_with_a_
     """Another owner's write moved the ETag: at or past our position it wins (superseded, no checkpoint); behind
     it, our whole state replaces it as a base conditional on the ETag just read."""
     states: dict[str, Stored] = {}
-    old, new = format3(states), format3(states)
+    old, new = claimed(states), claimed(states)
     run(old.read(Event(1, "vm-a")))
     run(old.service.save("0"))
     run(new.claim())  # restores the old owner's base
@@ -143,7 +143,7 @@ def test_a_conflict_gives_way_to_a_newer_state_and_replaces_an_older_one_with_a_
 def test_a_failed_write_loses_no_change_and_a_block_list_not_there_becomes_a_base() -> None:
     """The store refusing a delta: the next write carries the change; a stored blob without the blocks we know (it
     was written whole since) refuses the block list, and the write is a base."""
-    replica = format3()
+    replica = claimed()
     fleet_of_ten(replica)
     run(replica.service.save("0"))
     run(replica.read(Event(11, "vm-1", sequence=2, body=document(1))))
@@ -162,35 +162,18 @@ def test_a_failed_write_loses_no_change_and_a_block_list_not_there_becomes_a_bas
     assert len(replica.states[NAME].blocks) == 1 and replica.states[NAME].position == 13
 
 
-def test_formats_2_and_3_convert_each_other_without_new_events() -> None:
-    """--state-format 3 meets a format-2 state and writes a base; a format-2 replica then writes the state whole."""
-    states = {NAME: stored_state(4, "vm-a", "vm-q", state_format=2)}
-    newer = format3(states)
-    run(newer.service.save("0"))
-    assert len(states[NAME].blocks) == 1 and decode(states[NAME].data, "0", NOW).format == 3
-    older = Replica(states, state_format=2)
-    run(older.claim())
-    run(older.service.save("0"))
-    assert decode(states[NAME].data, "0", NOW).format == 2 and states[NAME].blocks == []
-    assert sorted(decode(states[NAME].data, "0", NOW).vms) == ["vm-a", "vm-q"]
+def test_the_state_bytes_script_runs_and_an_interval_writes_a_fraction_of_the_whole_state() -> None:
+    """scripts/state_bytes.py's smoke size: in steady state with heartbeats, each interval uploads under a fifth of
+    the bytes of the whole state, all of it deltas."""
+    figures = state_bytes.measure(200, 10, 5)
+    assert figures["bytes_per_interval"] * 5 < figures["first_base"] and figures["base_per_interval"] == 0
 
 
-def test_the_state_bytes_script_runs_and_format_3_writes_a_fraction_of_format_2() -> None:
-    """scripts/state_bytes.py's smoke size: in steady state with heartbeats, format 3 uploads under a fifth of the
-    bytes format 2 does per interval."""
-    two, three = (state_bytes.measure(state_format, 200, 10, 5) for state_format in (2, 3))
-    assert three["bytes_per_interval"] * 5 < two["bytes_per_interval"]
-    assert two["delta_per_interval"] == 0 and three["base_per_interval"] == 0
-
-
-@pytest.mark.parametrize("state_format", [1, 3])
-def test_heartbeats_alone_wait_for_the_heartbeat_interval_and_any_other_change_is_written_at_once(
-        state_format: int) -> None:
+def test_heartbeats_alone_wait_for_the_heartbeat_interval_and_any_other_change_is_written_at_once() -> None:
     """The periodic round writes a partition where only heartbeats arrived once the first of them has waited
     --heartbeat-checkpoint-interval (6 checkpoint intervals by default); a VM new, changed or gone is written at the
     next round, with the heartbeats waiting beside it."""
-    replica = Replica(state_format=state_format)
-    run(replica.claim())
+    replica = claimed()
     interval = replica.service.keeper.heartbeat_interval
     assert interval == 6 * FleetSettings().checkpoint_interval
     fleet_of_ten(replica)
@@ -225,3 +208,18 @@ def test_the_heartbeat_interval_is_its_flag_and_never_shorter_than_the_checkpoin
     assert FleetSettings(checkpoint_interval=20, heartbeat_checkpoint_interval=5).heartbeat_write_interval == 20
     # the default stays far below the 300 s of FleetCheckpointsStale, and never under the checkpoint interval
     assert [FleetSettings(checkpoint_interval=c).heartbeat_write_interval for c in (50, 100, 600)] == [120, 120, 600]
+
+
+def test_a_stored_position_past_the_partitions_newest_event_is_followed_by_a_base_the_next_owner_reads() -> None:
+    """A state claiming sequence number 10**9 in a partition whose newest event is 3 (the hub recreated
+    under its name): the position is reset, and the next write is a base at 3, not a delta behind the base at
+    10**9, so the next owner restores every VM rather than finding the state damaged."""
+    states = {NAME: stored_state(10**9, "vm-p", "vm-q", "vm-r", "vm-s")}
+    first = claimed(states)
+    run(first.read(Event(1, "vm-a"), Event(2, "vm-b"), Event(3, "vm-p", sequence=2)))
+    assert first.value("azure_scheduled_fleet_state_damaged_total", reason="position") == 1
+    run(first.service.save("0"))
+    assert states[NAME].position == 3 and len(states[NAME].blocks) == 1
+    second = claimed(states)
+    assert second.value("azure_scheduled_fleet_state_damaged_total", reason="wrong_shape") == 0
+    assert second.held() == ["vm-a", "vm-b", "vm-p", "vm-q", "vm-r", "vm-s"]

@@ -22,7 +22,7 @@ from azure.storage.blob import ContainerClient
 from azure.storage.blob.aio import ContainerClient as AsyncContainerClient
 
 from se_exporter.fleet.blobstate import StateBlobs, state_blob_name
-from se_exporter.fleet.picture import encode
+from se_exporter.fleet.stateformat import encode_base
 from se_exporter.simulator.identity import SYSTEM_ASSIGNED, TOKEN_PATH, USER_ASSIGNED
 from tests.certs import self_signed_certificate
 from tests.conftest import Reliability, SimulatorFactory
@@ -72,15 +72,13 @@ def container(azurite: Azurite) -> str:
 @pytest.fixture
 def fleets(azurite: Azurite, container: str, tmp_path: Path) -> Iterator[Callable[..., FleetProcess]]:
     """Start `se-exporter fleet` replicas sharing this test's container: ``fleets(hub, *args)`` with connection
-    strings, or ``fleets(None, *args, env=...)`` with the arguments naming the hub and the storage account;
-    ``module`` runs another entry point (``tests.fleet_format1``: a replica of the previous release's state format)."""
+    strings, or ``fleets(None, *args, env=...)`` with the arguments naming the hub and the storage account."""
     started: list[FleetProcess] = []
 
-    def make(hub: EventHubsTestServer | None, *args: str, env: dict[str, str] | None = None,
-             module: str = "se_exporter") -> FleetProcess:
+    def make(hub: EventHubsTestServer | None, *args: str, env: dict[str, str] | None = None) -> FleetProcess:
         process = FleetProcess(hub.connection_string() if hub else None, azurite.connection_string if hub else None,
                                tmp_path / f"fleet{len(started)}", "--checkpoint-container", container,
-                               "--checkpoint-ca-file", str(azurite.ca_file), *FAST, *args, env=env, module=module)
+                               "--checkpoint-ca-file", str(azurite.ca_file), *FAST, *args, env=env)
         started.append(process)
         return process
 
@@ -399,14 +397,16 @@ def test_the_stored_state_only_moves_forward_between_two_owners(azurite: Azurite
             old_owner, new_owner = StateBlobs(container), StateBlobs(container)
             for owner in (old_owner, new_owner):
                 owner.name("0", state_blob_name("ns", "hub", "$default", "0"))
-            outcomes: list[object] = [(await old_owner.load("0", NOW)).state,
-                                      await old_owner.save("0", encode("0", 5, []), 5)]
+            def state(position: int) -> bytes:
+                return encode_base("0", position, [], "b1")
+
+            outcomes: list[object] = [(await old_owner.load("0", NOW)).state, await old_owner.save("0", state(5), 5)]
             restored = (await new_owner.load("0", NOW)).state
             outcomes.append(restored.position if restored else None)
-            outcomes += [await old_owner.save("0", encode("0", 7, []), 7),  # the old owner, still reading
-                         await new_owner.save("0", encode("0", 6, []), 6),  # behind the stored 7: gives way
-                         await new_owner.save("0", encode("0", 9, []), 9),  # ahead: overwrites
-                         await old_owner.save("0", encode("0", 8, []), 8)]  # behind the stored 9: gives way
+            outcomes += [await old_owner.save("0", state(7), 7),  # the old owner, still reading
+                         await new_owner.save("0", state(6), 6),  # behind the stored 7: gives way
+                         await new_owner.save("0", state(9), 9),  # ahead: overwrites
+                         await old_owner.save("0", state(8), 8)]  # behind the stored 9: gives way
             reader = StateBlobs(container)
             reader.name("0", state_blob_name("ns", "hub", "$default", "0"))
             final = (await reader.load("0", NOW)).state

@@ -116,7 +116,7 @@ def test_damaged_and_newer_state_blobs_neither_stall_nor_get_overwritten(
         names = {blob.name.split("/", 3)[-1] for blob in blobs.list_blobs()}
         assert "checkpoint/0" in names and "checkpoint/1" not in names
         zero = json.loads(gzip.decompress(blobs.download_blob(prefix + "0").readall()))
-    assert zero["format"] == 1 and len(zero["vms"]) == len(by_partition["0"])
+    assert zero["format"] == 3 and len(zero["vms"]) == len(by_partition["0"])
     log = fleet.log()
     assert "damaged" in log and "newer" in log and "retrying" not in log
     reliability("Fleet", "a state blob of valid gzip'd JSON in the wrong shape; one of a newer format",
@@ -135,10 +135,12 @@ def test_a_state_blob_with_bad_rows_and_an_impossible_position_is_repaired(
     send(hub.connection_string(), [event_data(envelope_for(vm_identity(index), EMPTY, 1, f"inst-{index}"))
                                    for index in range(5)])
     quiet = vm_identity(50)
-    good = [quiet.vm_id, quiet.vm_id, quiet.name, "", "westeurope", "inst-q", 3, time.time() - 10, EMPTY.decode()]
-    rows = [good, [5, 5, "vm-5", "", "westeurope", "inst-5", 1, time.time(), EMPTY.decode()],
-            ["nan-vm", "nan-vm", "nan", "", "westeurope", "inst-n", 1, float("nan"), EMPTY.decode()]]
-    blob = gzip.compress(json.dumps({"format": 1, "partition_id": "0", "sequence_number": 10**15,
+    good = {"key": quiet.vm_id, "vm_id": quiet.vm_id, "vm_name": quiet.name, "vmss_name": "", "location": "westeurope",
+            "installation": "inst-q", "sequence": 3, "seen_at": time.time() - 10, "body": EMPTY.decode()}
+    rows = [good, {**good, "key": 5, "vm_id": 5, "vm_name": "vm-5", "installation": "inst-5"},
+            {**good, "key": "nan-vm", "vm_id": "nan-vm", "vm_name": "nan", "installation": "inst-n",
+             "seen_at": float("nan")}]
+    blob = gzip.compress(json.dumps({"format": 3, "block": "b1", "partition_id": "0", "sequence_number": 10**15,
                                      "vms": rows}).encode())
     name = state_blob_name(f"127.0.0.1:{hub.port}", hub.store.hub, "$Default", "0")
     with storage(azurite, container) as blobs:  # type: ignore[arg-type]
@@ -158,7 +160,7 @@ def test_a_state_blob_with_bad_rows_and_an_impossible_position_is_repaired(
 
     saved = wait_until(lambda: (state := stored())["sequence_number"] == 4 and state, timeout=30,
                        what="the repaired state written")
-    assert sorted(row[0] for row in saved["vms"]) == sorted(  # type: ignore[attr-defined]
+    assert sorted(row["key"] for row in saved["vms"]) == sorted(  # type: ignore[attr-defined]
         [quiet.vm_id] + [vm_identity(index).vm_id for index in range(5)])
 
 

@@ -1,4 +1,4 @@
-"""--state-format 3 for real: state blobs of a base block and delta blocks in Azurite through the official
+"""The fleet's state for real: state blobs of a base block and delta blocks in Azurite through the official
 azure-storage-blob SDK, written by two owners at once, and replicas killed with -9 while documents arrive."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from se_exporter.fleet.blobstate import StateBlobs, state_blob_name
 from se_exporter.fleet.stateformat import encode_base, encode_delta
 from tests.eventhubs_server import EventHubsTestServer, Store
 from tests.fleet.test_state_blocks import document
-from tests.fleet.test_state_deltas import vm
+from tests.fleet.test_state_format import vm
 from tests.fleet_helpers import EMPTY, Azurite, FleetProcess, envelope_for, event_data, send, vm_identity
 from tests.helpers import wait_until
 from tests.integration import test_fleet
@@ -32,8 +32,8 @@ NAME = state_blob_name("ns", "hub", "$default", "0")
 
 def test_two_owners_write_bases_and_deltas_conditionally_and_a_restore_is_one_download(azurite: Azurite) -> None:
     """Deltas append to the block list the writer knows; another owner's newer state makes a write give way, an
-    older one is replaced by a base; a blob written whole turns a delta into a base; and a reader restores the
-    exact state with a single request."""
+    older one is replaced by a base; a blob written whole turns a delta into a base, and so does a position moved
+    back; and a reader restores the exact state with a single request."""
     requests: list[str] = []
 
     async def run() -> dict[str, Any]:
@@ -79,6 +79,10 @@ def test_two_owners_write_bases_and_deltas_conditionally_and_a_restore_is_one_do
             reader = store()
             final = (await reader.load("0", NOW)).state
             result["final"] = final and (final.position, {key: each.sequence for key, each in final.vms.items()})
+            await reader.load("0", NOW)  # its block list known, then its position reset (a hub recreated)
+            result["reset"] = [await save(reader, 3, vm("vm-c")), await committed()]
+            reset = (await store().load("0", NOW)).state
+            result["after_reset"] = reset and (reset.position, sorted(reset.vms))
             return result
 
     result = asyncio.run(run())
@@ -88,6 +92,7 @@ def test_two_owners_write_bases_and_deltas_conditionally_and_a_restore_is_one_do
     assert result["race"] == [True, 3, True, 1, False]
     assert result["whole"] == [True, 1]
     assert result["final"] == (10, {"vm-b": 3})  # the base (of what save() was given), not a delta on vm-a and vm-b
+    assert result["reset"] == [True, 1] and result["after_reset"] == (3, ["vm-c"])  # a base, not a delta going back
 
 
 def stored_blocks(azurite: Azurite, container: str, prefix: str) -> dict[str, list[dict[str, Any]]]:
@@ -104,10 +109,10 @@ def stored_blocks(azurite: Azurite, container: str, prefix: str) -> dict[str, li
     return result
 
 
-def test_format_3_replicas_killed_with_minus_9_mid_run_restore_the_exact_picture(
+def test_replicas_killed_with_minus_9_mid_run_restore_the_exact_picture(
         hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess], azurite: Azurite,
         container: str) -> None:
-    """Two --state-format 3 replicas write their partitions' states as a base and deltas of heartbeats; one is
+    """Two replicas write their partitions' states as a base and deltas of heartbeats; one is
     killed with -9 while documents arrive and the survivor shows exactly the picture the two showed (every VM, its
     last-seen time to the millisecond); a replica started after the survivor is killed too restores it again."""
     hub = hubs(Store(partition_count=2))
@@ -115,7 +120,7 @@ def test_format_3_replicas_killed_with_minus_9_mid_run_restore_the_exact_picture
     identities = [vm_identity(index) for index in range(300)]
     send(hub.connection_string(), [event_data(envelope_for(identity, EMPTY, 1, f"inst-{index}"))
                                    for index, identity in enumerate(identities)])
-    first, second = fleets(hub, "--state-format", "3"), fleets(hub, "--state-format", "3")
+    first, second = fleets(hub), fleets(hub)
     # Balanced before the heartbeats: a partition taken over later gets a base from its new owner, and with no
     # change after it no delta would follow (the wait below timed out so on a loaded machine).
     wait_until(lambda: len(picture([first, second])) == 300 and all(
@@ -155,41 +160,6 @@ def test_format_3_replicas_killed_with_minus_9_mid_run_restore_the_exact_picture
                what="the survivor reading on")
     after = picture([second])
     second.kill()
-    third = fleets(hub, "--state-format", "3")
+    third = fleets(hub)
     wait_until(lambda: third.value("azure_scheduled_fleet_owned_partitions") == 2 and picture([third]) == after,
                timeout=TAKEOVER + 60, interval=0.5, what="a new replica restoring the exact picture")
-
-
-def test_a_previous_release_replica_leaves_a_format_3_state_byte_for_byte(
-        hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess], azurite: Azurite,
-        container: str) -> None:
-    """A format-3 state written as blocks by this release is a newer release's to a replica of the previous one
-    (``tests.fleet_format1``): it reads the partition from the hub, and writes neither the state nor the checkpoint
-    over it, so the blocks are there when a replica of this release takes the partition back."""
-    hub = hubs(Store(partition_count=1))
-    prefix = state_blob_name(f"127.0.0.1:{hub.port}", hub.store.hub, "$Default", "")
-    send(hub.connection_string(), [event_data(envelope_for(vm_identity(index), EMPTY, 1, f"inst-{index}"))
-                                   for index in range(20)])
-    new = fleets(hub, "--state-format", "3")
-    wait_until(lambda: len(picture([new])) == 20, timeout=30, what="20 VMs")
-    send(hub.connection_string(), [event_data(envelope_for(vm_identity(index), EMPTY, 2, f"inst-{index}",
-                                                           observed_at=1_795_316_700.0)) for index in range(5)])
-    wait_until(lambda: len(stored_blocks(azurite, container, prefix).get("0", [])) == 2, timeout=30,
-               what="a base and a delta")
-    before = picture([new])
-    assert new.stop() == 0
-    with storage(azurite, container) as blobs:
-        stored = blobs.download_blob(prefix + "0").readall()
-    old = fleets(hub, module="tests.fleet_format1")
-    wait_until(lambda: old.value("azure_scheduled_fleet_state_newer_format_partitions") == 1, timeout=30,
-               what="the old replica taking the state for a newer release's")
-    send(hub.connection_string(), [event_data(envelope_for(vm_identity(20), EMPTY, 1, "inst-20"))])
-    wait_until(lambda: len(picture([old])) == 1 and (old.value(
-        "azure_scheduled_fleet_partition_checkpoint_age_seconds", partition_id="0") or 0) > 1.0, timeout=30,
-        what="the old replica reading on through two checkpoint rounds")
-    with storage(azurite, container) as blobs:
-        assert blobs.download_blob(prefix + "0").readall() == stored
-    assert old.stop() == 0
-    again = fleets(hub, "--state-format", "3")
-    wait_until(lambda: picture([again]).items() >= before.items() and len(picture([again])) == 21, timeout=30,
-               what="this release's replica restoring every VM")

@@ -21,8 +21,8 @@ ROOT = Path(__file__).parent.parent.parent
 WINDOWS = ROOT / "deploy" / "windows"
 PROGRAM_DATA = r"C:\ProgramData"
 LOCAL_SERVICE_SID = "S-1-5-19"  # NT AUTHORITY\LocalService
-STEPS = ["Assert-Administrator", "Remove-OldService", "Install-Python", "Install-Virtualenv", "Set-StateFolderAcl",
-         "Install-Service", "Open-MetricsPort", "Wait-Healthy"]
+STEPS = ["Assert-Administrator", "Install-Python", "Get-CurrentRelease", "Install-Release", "Set-StateFolderAcl",
+         "Switch-Service", "Open-MetricsPort", "Complete-Upgrade"]
 SECRET_WORDS = re.compile(r"(?i)password|secret|sharedaccess|connectionstring|accountkey|token|\bkey\b")
 
 
@@ -132,23 +132,85 @@ def test_install_script_parameters_and_no_secrets() -> None:
     source = (WINDOWS / "install.ps1").read_text()
     (block,) = [node for node in script().children if node.type == "param_block"]
     parameters = {text(node).split("$")[1].split()[0].rstrip(")") for node in nodes(block, "script_parameter")}
-    assert parameters == {"Wheels", "PythonInstaller", "PythonExe", "WinSW", "InstallDir", "StateDir", "Port",
-                          "ScrapeFrom", "EventHubNamespace", "EventHubName", "ClientId", "OtlpEndpoint"}
+    assert parameters == {"Wheels", "Sha256", "PythonInstaller", "PythonExe", "WinSW", "InstallDir", "StateDir", "Port",
+                          "ScrapeFrom", "EventHubNamespace", "EventHubName", "ClientId", "OtlpEndpoint",
+                          "HealthTimeout", "Uninstall", "Purge"}
     assert re.search(rf"\[int\] \$Port = {DEFAULT_PORT}\b", source)
     assert not any(SECRET_WORDS.search(name) for name in parameters)
     assert not re.search(r"(?i)SharedAccessKey|ConnectionString|ConvertTo-SecureString|-Password", source)
 
 
+def _called(node: Node, defined: list[str]) -> list[str]:
+    """The script's own functions that ``node`` calls, in order."""
+    return [text(command.children[0]) for command in nodes(node, "command")
+            if command.children and text(command.children[0]) in defined]
+
+
+def _defined(tree: Node) -> list[str]:
+    return [text(node.child_by_field_name("function_name") or node.children[1])
+            for node in nodes(tree, "function_statement")]
+
+
 def test_install_script_runs_every_step_in_order() -> None:
-    """Each step is a function, defined once and called once at the top level, in the order install needs."""
+    """Each step is a function, defined once and called once at the top level, in the order an install or upgrade
+    needs; -Uninstall removes and returns before any of them but the administrator check."""
     tree = script()
-    defined = [text(node.child_by_field_name("function_name") or node.children[1])
-               for node in nodes(tree, "function_statement")]
-    top = tree.children[-1]
-    called = [text(node).strip() for node in top.children if node.type == "pipeline"]
-    called = [name for name in called if name in defined]
-    assert called == STEPS
-    assert set(defined) == {*STEPS, "Invoke-Checked", "Write-ServiceConfig"}
+    defined = _defined(tree)
+    top = [node for node in tree.children[-1].children
+           if node.type in ("pipeline", "if_statement") and _called(node, defined)]
+    steps = [name for node in top if node.type == "pipeline" for name in _called(node, defined)]
+    assert steps == STEPS
+    (branch,) = [node for node in top if node.type == "if_statement"]
+    assert text(branch.children[1]) + text(branch.children[2]) + text(branch.children[3]) == "($Uninstall)"
+    assert _called(branch, defined) == ["Remove-Service"] and "return" in text(branch)
+    assert top.index(branch) == 1
+    assert set(defined) == {*STEPS, "Invoke-Checked", "Write-ServiceConfig", "Remove-Service", "Test-Healthy"}
+
+
+def _function(name: str) -> Node:
+    tree = script()
+    (found,) = [node for node in nodes(tree, "function_statement")
+                if text(node.child_by_field_name("function_name") or node.children[1]) == name]
+    return found
+
+
+def test_install_refuses_a_wheelhouse_whose_hash_is_not_the_one_given() -> None:
+    """Install-Release compares the archive's SHA-256 with -Sha256 before it unpacks or creates anything, and
+    builds the new release in a folder of its own (never the running one's)."""
+    body = text(_function("Install-Release"))
+    checked = body.index("Get-FileHash -Algorithm SHA256 -LiteralPath $Wheels")
+    refused = body.index("refused, nothing changed")
+    assert checked < refused < body.index("Expand-Archive") < body.index("'-m', 'venv'")
+    reused = body.index("if ($release -eq (Get-CurrentRelease)) { return $release }")
+    assert reused < body.index("Remove-Item -LiteralPath $venv")
+    assert '"releases\\$release"' in body
+    assert "--clear" not in (WINDOWS / "install.ps1").read_text()
+
+
+def test_an_upgrade_that_does_not_answer_is_rolled_back() -> None:
+    """Complete-Upgrade removes the other releases only after /healthz answers; otherwise it points the service
+    back at the previous release, removes the new one and fails naming both."""
+    body = text(_function("Complete-Upgrade"))
+    healthy = body.index("if (Test-Healthy)")
+    assert body.index("Remove-Item -Recurse -Force") > healthy
+    rollback = body.index("Switch-Service -Release $Previous")
+    assert rollback > body.index("return", healthy)
+    assert "rolled back to $Previous, which is running" in body
+    switch = text(_function("Switch-Service"))
+    assert switch.index("'stop'") < switch.index("Write-ServiceConfig -Release $Release") < switch.index("'start'")
+    config = text(_function("Write-ServiceConfig"))
+    assert '$config.service.executable = Join-Path $InstallDir "releases\\$Release\\Scripts\\python.exe"' in config
+
+
+def test_uninstall_keeps_the_state_folder_unless_purge() -> None:
+    """-Uninstall stops and removes the service, its firewall rule and the install folder; the state folder goes
+    only with -Purge."""
+    body = text(_function("Remove-Service"))
+    assert [call.split("'")[1] for call in commands(_function("Remove-Service"))
+            if call.startswith("Invoke-Checked $wrapper")] == ["stop", "uninstall"]
+    assert "Remove-NetFirewallRule" in body
+    assert "Remove-Item -LiteralPath $InstallDir -Recurse -Force" in body
+    assert "if ($Purge -and (Test-Path -LiteralPath $StateDir)) { Remove-Item -LiteralPath $StateDir" in body
 
 
 def commands(tree: Node) -> list[str]:
@@ -180,8 +242,9 @@ def test_install_script_opens_the_metrics_port_to_the_scrapers_only() -> None:
     for part in ("-Direction Inbound", "-Action Allow", "-Protocol TCP", "-LocalPort $Port",
                  "-RemoteAddress $ScrapeFrom"):
         assert part in rule
-    wrapper_calls = [command for command in found if command.startswith("Invoke-Checked $wrapper")]
-    assert [call.split("'")[1] for call in wrapper_calls] == ["stop", "uninstall", "install", "start"]
+    wrapper_calls = [command for command in commands(_function("Switch-Service"))
+                     if command.startswith("Invoke-Checked $wrapper")]
+    assert [call.split("'")[1] for call in wrapper_calls] == ["stop", "install", "start"]
     assert any("/healthz" in command for command in found if command.startswith("Invoke-WebRequest"))
 
 

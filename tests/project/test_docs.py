@@ -1,12 +1,15 @@
-"""The README documents every setting and every metric the code has (so the tables cannot drift)."""
+"""The reference pages list every setting and every metric the code has, and are what scripts/docs.py writes from
+the code (so they cannot drift); the README, the operator's guide, stays under 40,000 bytes and links to them."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 
+from scripts import docs as generator
 from se_exporter.consume.settings import CONSUME_OPTIONS
 from se_exporter.core.lifecycle import diff
 from se_exporter.core.model import VmIdentity, parse_document
@@ -18,18 +21,19 @@ from se_exporter.sidecar.sinks.tracing import TracingSink
 from se_exporter.sidecar.snapshot import Snapshot
 from se_exporter.simulator.settings import SIMULATE_OPTIONS
 
-README = (Path(__file__).parent.parent.parent / "README.md").read_text()
+ROOT = Path(__file__).parent.parent.parent
+REFERENCE = (ROOT / "docs" / "reference.md").read_text()
 
 
-def test_every_setting_is_in_the_readme() -> None:
-    """Each flag and its environment variable appear in the configuration tables."""
+def test_every_setting_is_in_the_reference() -> None:
+    """Each flag and its environment variable appear in the configuration tables of docs/reference.md."""
     for option in (*RUN_OPTIONS, *SIMULATE_OPTIONS, *CONSUME_OPTIONS):
         metavar = f"[{option.metavar}]" if option.const is not None else option.metavar  # as --help shows it
-        assert f"`{option.flag} {metavar}`" in README, option.flag
-        assert f"`{option.env}`" in README, option.env
+        assert f"`{option.flag} {metavar}`" in REFERENCE, option.flag
+        assert f"`{option.env}`" in REFERENCE, option.env
 
 
-def test_every_metric_is_in_the_readme() -> None:
+def test_every_metric_is_in_the_reference() -> None:
     """Each metric family the sidecar can expose (process_* aside) has a row in the metrics table."""
     body = json.dumps({"DocumentIncarnation": 1, "Events": [{
         "EventId": "E", "EventType": "Freeze", "EventStatus": "Started", "NotBefore": "Mon, 11 Apr 2022 22:26:58 GMT",
@@ -45,4 +49,42 @@ def test_every_metric_is_in_the_readme() -> None:
     names = {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}
     assert len(names) > 15
     for name in names:
-        assert f"| `{name}` |" in README, name
+        assert f"| `{name}` |" in REFERENCE, name
+
+
+def test_the_committed_reference_pages_are_what_the_code_gives() -> None:
+    """docs/reference.md and docs/modules.md equal what scripts/docs.py renders from today's code: `make docs`
+    after a change of a flag, a metric or a module."""
+    for page, render in generator.PAGES.items():
+        assert page.read_text() == render(), f"{page.name} differs from the code: run make docs"
+    assert generator.main(["--check"]) == 0
+
+
+def test_a_page_that_drifted_from_the_code_fails_the_check(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A generated page edited by hand (or left behind by a change of the code) fails --check, naming the page;
+    writing it again makes it pass."""
+    page = tmp_path / "reference.md"
+    page.write_text(generator.reference().replace("| `--poll-interval SECONDS` |", "| `--poll-every SECONDS` |"))
+
+    assert generator.main(["--check"], pages={page: generator.reference}) == 1
+    assert "reference.md differs from what the code gives: run make docs" in capsys.readouterr().err
+    assert generator.main([], pages={page: generator.reference}) == 0
+    assert generator.main(["--check"], pages={page: generator.reference}) == 0
+
+
+def test_the_module_map_lists_every_module_with_its_lines() -> None:
+    """Each module of the package has its row in docs/modules.md with its current number of lines."""
+    modules = (ROOT / "docs" / "modules.md").read_text()
+    for path in sorted((ROOT / "se_exporter").rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        assert f"| `{path.relative_to(ROOT).as_posix()}` | {lines} |" in modules, path
+
+
+def test_the_readme_is_an_operators_guide_under_40000_bytes() -> None:
+    """The README stays under 40,000 bytes and leads to the generated reference, where the tables live."""
+    readme = (ROOT / "README.md").read_bytes()
+    assert len(readme) < 40_000, len(readme)
+    assert b"](docs/reference.md)" in readme and b"](docs/modules.md)" in readme
+    for command in ("make demo", "make test"):
+        assert command.encode() in readme

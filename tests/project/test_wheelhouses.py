@@ -49,9 +49,9 @@ def test_wheelhouse_holds_every_locked_wheel_for_every_target(kind: str) -> None
 def _install_command(python: Path, house: Path, requirements: Path) -> list[str]:
     """install.sh's pip step, with its arguments read from the script itself."""
     script = (ROOT / "deploy" / "systemd" / "install.sh").read_text()
-    step = re.search(r"/opt/se-exporter/bin/pip install (.+?)-r \"\$WHEELS/requirements.txt\"", script, re.S)
+    step = re.search(r"/bin/pip\" install (.+?)-r \"\$HOUSE/requirements.txt\"", script, re.S)
     assert step, "install.sh no longer installs the wheelhouse's requirements.txt"
-    arguments = step.group(1).replace("\\\n", " ").replace('"$WHEELS"', str(house)).split()
+    arguments = step.group(1).replace("\\\n", " ").replace('"$HOUSE"', str(house)).split()
     assert {"--no-index", "--require-hashes"} <= set(arguments)
     return [str(python), "-m", "pip", "install", *arguments, "-r", str(requirements)]
 

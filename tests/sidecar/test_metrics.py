@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import replace
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
+from se_exporter.cli import SimulatedImds
 from se_exporter.core.lifecycle import diff
 from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES, VmIdentity, parse_document
+from se_exporter.infra.options import Listen
+from se_exporter.sidecar.assembly import Sidecar
 from se_exporter.sidecar.metrics import Metrics
+from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks import DocumentChange
 from se_exporter.sidecar.sinks.transition_metrics import MetricsSink
 from se_exporter.sidecar.snapshot import Snapshot
+from tests.helpers import http_get, wait_until
 
 NOW = 1_649_715_000.0  # 1018 s before the NotBefore below
 NOT_BEFORE = 1_649_716_018.0  # Mon, 11 Apr 2022 22:26:58 GMT
@@ -258,3 +266,37 @@ def test_per_event_series_are_kept_for_the_first_64_events_by_event_id() -> None
                                      {"bound": "events_per_document"}) == 3000 - 64
     assert registry.get_sample_value("azure_scheduled_events_pending",
                                      {"event_type": "Reboot", "event_status": "Started"}) == 3000
+
+
+def test_every_family_of_a_running_sidecar_is_selected_by_its_name(tmp_path: Path) -> None:
+    """A running ``se-exporter run`` (simulated IMDS listing an event, documents forwarded to a file, spans to the
+    console) answers ``/metrics?name[]=N`` over HTTP with exactly the series named N of its whole /metrics, for
+    every name it exposes (gauges, counters' ``_total``, histograms' ``_bucket``/``_sum``/``_count``, process_*):
+    each collector describes what it yields, which the registry's name filter needs."""
+    settings = Settings(simulate="degraded-hardware", listen=Listen("127.0.0.1", 0), state_dir=tmp_path / "state",
+                        poll_interval=0.05, forward_file=tmp_path / "documents.jsonl", otel_traces_exporter="console")
+    stop = threading.Event()
+    with Sidecar(settings, simulate=SimulatedImds) as sidecar:
+        sidecar.listen()
+        sidecar.start(stop)
+        url = sidecar.metrics_url
+        wait_until(lambda: "azure_scheduled_event_info{" in http_get(url)[1], what="the event on /metrics")
+        whole = _series_by_name(http_get(url)[1])
+        assert {"azure_scheduled_events_up", "azure_scheduled_event_info", "azure_scheduled_events_polls_total",
+                "azure_scheduled_events_notice_seconds_bucket", "azure_scheduled_events_vm_info",
+                "azure_scheduled_events_forwarded_documents_total", "azure_scheduled_events_spans_exported_total",
+                "azure_scheduled_events_http_rejected_total", "process_cpu_seconds_total"} <= whole.keys()
+        for name, series in sorted(whole.items()):
+            status, text = http_get(f"{url}?name[]={name}")
+            assert status == 200
+            assert _series_by_name(text) == {name: series}, name
+        stop.set()
+
+
+def _series_by_name(text: str) -> dict[str, set[frozenset[tuple[str, str]]]]:
+    """The label sets of each series name of an exposition (values change between two scrapes; series do not)."""
+    series: dict[str, set[frozenset[tuple[str, str]]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            series.setdefault(sample.name, set()).add(frozenset(sample.labels.items()))
+    return series

@@ -1,4 +1,4 @@
-"""Azure's own copy of the scheduled events (Event Grid, issue 27): read, folded, reconciled with the sidecars.
+"""Azure's own copy of the scheduled events (Event Grid): read, folded, reconciled with the sidecars.
 
 The pure core only, a module per step: ``reader`` (with ``fields``: a received message to ``PlatformEvent``
 values, or None when it is not Event Grid's), ``picture`` (per EventId, statuses only moving forward, duplicates

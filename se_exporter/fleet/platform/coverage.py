@@ -6,7 +6,7 @@ counters should add since the last update. It remembers, bounded, what must outl
 listed an EventId (a finished event vanishes from IMDS, and from the VM's next document), which pairs and EventIds
 were already counted (each once), and which scopes have published a platform event.
 
-Coverage, as issue 27 defines it, for an affected VM (a name in the event's Resources):
+Coverage, for an affected VM (a name in the event's Resources):
 
 * ``observed``: the VM's sidecar has listed the EventId (now or in an earlier document);
 * ``no_sidecar``: no sidecar of that name has been heard from within ``vm_expiry``;

@@ -69,8 +69,11 @@ class PlatformRecord:
 
     event: PlatformEvent
     times: tuple[tuple[str, float], ...]
-    ended_at: float | None  # when it ended, for retention (None while open)
+    ended_at: float | None  # when its end was read (the consumer's clock), for retention (None while open)
     changed_at: float  # the consumer's clock when a status was last learnt, for open_expiry
+    # Per message (``message_id``) folded in, how many deliveries of it: a partition's own, summed over partitions
+    # when merged, so a copy Event Grid delivered to another partition is a duplicate too (at most MAX_COPIES ids).
+    copies: tuple[tuple[str, int], ...] = ()
 
     @property
     def key(self) -> str:
@@ -93,9 +96,15 @@ class PlatformRecord:
         return next((when for known, when in self.times if known == status), None)
 
     @property
+    def duplicates(self) -> int:
+        """Deliveries of its messages beyond the first of each, over every partition merged into it."""
+        return sum(copies - 1 for _seen, copies in self.copies)
+
+    @property
     def impact_seconds(self) -> float | None:
-        """Started to Completed by the platform's times (at most ``MAX_IMPACT_PER_VM``), times the VMs it concerns;
-        None until both are known."""
+        """The earliest Started to the latest Completed by the platform's times (at most ``MAX_IMPACT_PER_VM``),
+        times the VMs any of its messages named; None until both are known. It only grows as messages are folded
+        in, so a counter topped up to it ends at the same total whatever their order."""
         if len(self.times) < 2:  # the common case, each new EventId: no generator walked twice
             return None
         started, completed = self.time_of("Started"), self.time_of("Completed")
@@ -133,22 +142,33 @@ def message_id(event: PlatformEvent) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
-def record_of(event: PlatformEvent, now: float) -> PlatformRecord:
-    ended = min(event.event_time, now) if event.event_status in ENDED else None
-    return PlatformRecord(event, ((event.event_status, event.event_time),), ended, now)
+def record_of(event: PlatformEvent, now: float, seen: str | None = None) -> PlatformRecord:
+    """The record of one message read at ``now`` (an end's retention runs from then, not from its eventTime: an
+    end read late is still listed, counted and joined by its other messages)."""
+    ended = now if event.event_status in ENDED else None
+    return PlatformRecord(event, ((event.event_status, event.event_time),), ended, now,
+                          ((seen or message_id(event), 1),))
+
+
+def _choice(record: PlatformRecord) -> tuple[int, float, bool, str]:
+    """Which message's fields a record shows, as a total order (the largest wins, whatever the arrival order): the
+    furthest status; of two ends, the one the platform dated first, Completed at the same eventTime; of one open
+    status, the latest; then the Event Grid id."""
+    event = record.event
+    when = -event.event_time if event.event_status in ENDED else event.event_time
+    return RANK[event.event_status], when, event.event_status == "Completed", event.grid_id
 
 
 def combine(old: PlatformRecord, new: PlatformRecord, max_resources: int = DEFAULT_LIMITS.resources_per_event,
             ) -> PlatformRecord:
-    """Both records' knowledge of one EventId: every status's earliest time, the furthest status (of two ends, the
-    earlier), its message's fields, Resources of both."""
+    """Both records' knowledge of one EventId, the same whichever is old or new: the earliest time of an open status
+    and the latest of an end, the fields of the message ``_choice`` picks, Resources of both, their copies."""
     times = dict(old.times)
     for status, when in new.times:
-        times[status] = min(when, times.get(status, when))
+        known = times.get(status, when)
+        times[status] = max(when, known) if status in ENDED else min(when, known)
     ordered = tuple((status, times[status]) for status in STATUSES if status in times)
-    newer = _rank(new) > _rank(old) or (_rank(new) == _rank(old) and (
-        not new.ended or (new.time_of(new.status) or 0.0) < (old.time_of(old.status) or 0.0)))
-    first, second = (new, old) if newer else (old, new)
+    first, second = (new, old) if _choice(new) > _choice(old) else (old, new)
     event = first.event
     resources = event.resources
     if second.event.resources != resources or len(resources) > max_resources:
@@ -165,11 +185,19 @@ def combine(old: PlatformRecord, new: PlatformRecord, max_resources: int = DEFAU
                         else second.event.duration_seconds)
     ends = [when for when in (old.ended_at, new.ended_at) if when is not None]
     return PlatformRecord(event, ordered, min(ends) if event.event_status in ENDED and ends else None,
-                          max(old.changed_at, new.changed_at))
+                          max(old.changed_at, new.changed_at), _copies(old.copies, new.copies))
 
 
-def _rank(record: PlatformRecord) -> int:
-    return RANK[record.event.event_status]
+MAX_COPIES = 16  # messages per EventId whose deliveries are counted (a real event has one per status: four at most)
+
+
+def _copies(old: tuple[tuple[str, int], ...], new: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    if not new:
+        return old
+    summed = dict(old)
+    for seen, copies in new:
+        summed[seen] = summed.get(seen, 0) + copies
+    return tuple(sorted(summed.items())[:MAX_COPIES])
 
 
 def merge(pictures: Iterable[Iterable[PlatformRecord]]) -> list[PlatformRecord]:
@@ -228,18 +256,18 @@ class PlatformPicture:
         """Fold one platform event in (see the module docstring)."""
         with self._lock:
             seen = message_id(event)
-            if seen in self._ids:
-                return Applied("duplicate")
             if event.key in self._forgotten:
                 return Applied("forgotten")
             held = self._records.get(event.key)
+            if self._duplicate(held, seen):
+                return Applied("duplicate", record=self._records.get(event.key))
             if held is None:
                 refused = self._make_room(len(event.resources), now)
                 if refused:
                     self.bound_hits[refused] += 1
                     return Applied(refused)
             self._remember(self._ids, seen, now)
-            new = record_of(event, now)
+            new = record_of(event, now, seen)
             if new.ended:
                 self._ended[event.key] = None
             if held is None:  # one status known: no impact yet
@@ -256,6 +284,13 @@ class PlatformPicture:
                 return Applied("repeat", (), 0.0, merged)
             impact = merged.impact_seconds if held.impact_seconds is None else None
             return Applied("applied", (event.event_status,), impact or 0.0, merged)
+
+    def _duplicate(self, held: PlatformRecord | None, seen: str) -> bool:
+        """A message folded in already: one more copy of it on its record (one past MAX_COPIES is not counted)."""
+        if held is not None and seen in dict(held.copies):
+            self._records[held.key] = replace(held, copies=_copies(held.copies, ((seen, 1),)))
+            return True
+        return seen in self._ids
 
     def expire(self, now: float) -> list[PlatformRecord]:
         """Forget what its time is up for (see the module docstring); the records forgotten."""

@@ -2,9 +2,12 @@
 
 Recognised by content, so the platform stream may share a hub with the sidecars' documents: an Event Grid event
 (an object, or an array of them as Event Grid delivers) in the Event Grid schema (``eventType``) or CloudEvents
-1.0 (``specversion`` and ``type``). A type ending in ``MaintenanceResources.ScheduledEventEmitted`` is a platform
-event; another event type is refused as ``other_event_type``; a body that is neither (no envelope key at the top
-level) is not a platform message at all (``read_platform`` returns None) and is left to ``message.read_message``;
+1.0 (``specversion`` and ``type``). Azure's documents name the stream two ways, and both are read (``EVENT_TYPES``):
+the topic ``Microsoft.ResourceNotifications.MaintenanceResources`` or ``Microsoft.Maintenance.ScheduledEvents``
+with the type ``<topic>.ScheduledEventEmitted`` (recognised by that ending, under any prefix), or the type
+``microsoft.maintenance/scheduledevents/write``, in any case; another event type is refused as
+``other_event_type``; a body that is neither (no envelope key at the top level) is not a platform message at all
+(``read_platform`` returns None) and is left to ``message.read_message``;
 an array that does not parse is ``not_json`` here (no sidecar document is an array).
 
 Nothing in it is trusted, as in ``message.py``: the byte cap is checked before parsing, the containers in the
@@ -43,15 +46,19 @@ from se_exporter.fleet.platform.fields import (
 )
 
 EVENT_TYPE = "Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted"
-_TYPE_SUFFIX = "maintenanceresources.scheduledeventemitted"
+EVENT_TYPES = (EVENT_TYPE, "Microsoft.Maintenance.ScheduledEvents.ScheduledEventEmitted",
+               "microsoft.maintenance/scheduledevents/write")
+_TYPE_ENDINGS = ("maintenanceresources.scheduledeventemitted", "maintenance.scheduledevents.scheduledeventemitted")
+_WRITE_TYPE = "microsoft.maintenance/scheduledevents/write"
 # The reasons a message recognised as Event Grid's is counted under (besides message.py's too_large): another
 # event type, a ScheduledEventEmitted event that cannot be read (the message says which field), or one on the
 # sidecars' hub while the platform's own hub is read (``service.PlatformReader.handle``).
 PLATFORM_INVALID_REASONS = ("other_event_type", "invalid_platform_event", "platform_on_sidecars_hub")
 PLATFORM_BOUND_NAMES = ("platform_events_per_message", "platform_resources_per_event")
 SCOPE_TYPES = ("scale_set", "availability_set", "virtual_machine", "unknown")
-__all__ = ["DEFAULT_PLATFORM_BOUNDS", "EVENT_TYPE", "PLATFORM_BOUND_NAMES", "PLATFORM_INVALID_REASONS", "SCOPE_TYPES",
-           "STATUSES", "PlatformBounds", "PlatformEvent", "PlatformMessage", "looks_like_platform", "read_platform"]
+__all__ = ["DEFAULT_PLATFORM_BOUNDS", "EVENT_TYPE", "EVENT_TYPES", "PLATFORM_BOUND_NAMES", "PLATFORM_INVALID_REASONS",
+           "SCOPE_TYPES", "STATUSES", "PlatformBounds", "PlatformEvent", "PlatformMessage", "looks_like_platform",
+           "read_platform"]
 MAX_DESCRIPTION = 1024
 
 
@@ -192,8 +199,9 @@ def _event(item: Mapping[str, Any], enqueued_at: float, bounds: PlatformBounds, 
            hit: list[str]) -> PlatformEvent:
     schema = _schema(item)
     kind = item.get("type" if schema == "cloudevents" else "eventType")
-    if not isinstance(kind, str) or not kind.casefold().endswith(_TYPE_SUFFIX):
-        raise InvalidMessage("other_event_type", f"{schema} event of type {shown(kind)}, not {EVENT_TYPE}")
+    if not isinstance(kind, str) or not (kind.casefold().endswith(_TYPE_ENDINGS) or kind.casefold() == _WRITE_TYPE):
+        raise InvalidMessage("other_event_type", f"{schema} event of type {shown(kind)}, none of "
+                             f"{', '.join(EVENT_TYPES)}")
     grid_id = required(item, "id", MAX_TEXT)
     data = _data(item, schema)
     info = object_field(data, "resourceInfo", "data")

@@ -15,7 +15,7 @@ from typing import Any
 from se_exporter.core.model import event_key
 from se_exporter.fleet.message import MAX_TEXT, MAX_TIME
 from se_exporter.fleet.platform.fields import STATUSES, kept_text
-from se_exporter.fleet.platform.picture import ENDED, RANK, PictureState, PlatformRecord
+from se_exporter.fleet.platform.picture import ENDED, MAX_COPIES, RANK, PictureState, PlatformRecord
 from se_exporter.fleet.platform.reader import MAX_DESCRIPTION, SCOPE_TYPES, PlatformEvent
 
 _TEXT = ("grid_id", "event_id", "event_type", "event_source", "resource_type", "scope_name", "subscription_id",
@@ -34,7 +34,7 @@ def record_to_json(record: PlatformRecord) -> dict[str, Any]:
             "scope_type": event.scope_type, "resources": list(event.resources), "event_time": event.event_time,
             "not_before": event.not_before, "duration_seconds": event.duration_seconds,
             "times": {status: at for status, at in record.times}, "ended_at": record.ended_at,
-            "changed_at": record.changed_at}
+            "changed_at": record.changed_at, "copies": dict(record.copies)}
 
 
 def state_from_json(obj: object) -> tuple[PictureState, int]:
@@ -72,21 +72,8 @@ def record_from_json(row: object) -> PlatformRecord:
     status, scope_type = row.get("event_status"), row.get("scope_type")
     if status not in STATUSES or scope_type not in SCOPE_TYPES or not texts["event_id"].strip():
         raise ValueError("event_status, scope_type or event_id")
-    resources = row.get("resources")
-    if not isinstance(resources, list) or not all(isinstance(name, str) and name.strip() for name in resources):
-        raise ValueError("resources")
-    distinct: dict[str, str] = {}  # as the reader keeps them: one per name without case, the first spelling
-    for name in resources:
-        distinct.setdefault(name.casefold(), kept_text(name, MAX_TEXT))
-    names = tuple(distinct.values())
-    if any(len(name) > MAX_TEXT for name in names):
-        raise ValueError("resources")
-    times = row.get("times")
-    if not isinstance(times, dict) or not times or any(
-            known not in STATUSES or _time(times, known) is None for known in times):
-        raise ValueError("times")
-    if status not in times or any(RANK[known] > RANK[str(status)] for known in times):
-        raise ValueError("event_status is not the furthest status of times")  # statuses only move forward
+    names = _resources(row)
+    times = _times(row, str(status))
     event_time = _time(row, "event_time")
     if event_time is None:
         raise ValueError("event_time")
@@ -98,15 +85,46 @@ def record_from_json(row: object) -> PlatformRecord:
         resource_group=texts["resource_group"], location=texts["location"], event_time=event_time,
         not_before=_time(row, "not_before"), duration_seconds=_number(row, "duration_seconds"),
         description=texts["description"], schema=texts["schema"])
-    ordered = tuple((known, float(times[known])) for known in STATUSES if known in times)
     changed_at = _time(row, "changed_at")
     if changed_at is None:
         raise ValueError("changed_at")
     # ended_at is set exactly when the status is an end (retention counts from it), as the picture sets it
     ended_at = _time(row, "ended_at") if event.event_status in ENDED else None
     if event.event_status in ENDED and ended_at is None:
-        ended_at = min(float(times[event.event_status]), changed_at)
-    return PlatformRecord(event, ordered, ended_at, changed_at)
+        ended_at = changed_at
+    return PlatformRecord(event, times, ended_at, changed_at, _copies(row.get("copies", {})))
+
+
+def _copies(copies: object) -> tuple[tuple[str, int], ...]:
+    """Deliveries per message: up to MAX_COPIES ids, each a positive count."""
+    if not isinstance(copies, dict) or len(copies) > MAX_COPIES or not all(
+            isinstance(seen, str) and 0 < len(seen) <= 64 and type(count) is int and 0 < count < 2**31
+            for seen, count in copies.items()):
+        raise ValueError("copies")
+    return tuple(sorted(copies.items()))
+
+
+def _resources(row: dict[str, Any]) -> tuple[str, ...]:
+    resources = row.get("resources")
+    if not isinstance(resources, list) or not all(isinstance(name, str) and name.strip() for name in resources):
+        raise ValueError("resources")
+    distinct: dict[str, str] = {}  # as the reader keeps them: one per name without case, the first spelling
+    for name in resources:
+        distinct.setdefault(name.casefold(), kept_text(name, MAX_TEXT))
+    names = tuple(distinct.values())
+    if any(len(name) > MAX_TEXT for name in names):
+        raise ValueError("resources")
+    return names
+
+
+def _times(row: dict[str, Any], status: str) -> tuple[tuple[str, float], ...]:
+    times = row.get("times")
+    if not isinstance(times, dict) or not times or any(
+            known not in STATUSES or _time(times, known) is None for known in times):
+        raise ValueError("times")
+    if status not in times or any(RANK[known] > RANK[status] for known in times):
+        raise ValueError("event_status is not the furthest status of times")  # statuses only move forward
+    return tuple((known, float(times[known])) for known in STATUSES if known in times)
 
 
 def _rows(obj: dict[str, Any], name: str) -> list[Any]:

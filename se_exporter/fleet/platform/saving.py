@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from se_exporter.fleet.message import MAX_TEXT
+from se_exporter.fleet.platform.counting import Counted
 from se_exporter.fleet.platform.coverage import MISSED_REASONS
 from se_exporter.fleet.platform.fields import STATUSES
 from se_exporter.fleet.platform.picture import PictureState
@@ -40,21 +41,6 @@ MAX_PLATFORM_BYTES = 256 * 1024**2  # inflated: 10,000 events naming 1,000 VMs e
 def platform_blob_name(namespace: str, eventhub_name: str, consumer_group: str, partition_id: str) -> str:
     """Beside the partition's VM state (``statestore.state_blob_name``)."""
     return f"{namespace}/{eventhub_name}/{consumer_group}/fleet-platform/{partition_id}".lower()
-
-
-@dataclass
-class Memory:
-    """What was counted of one EventId: its statuses, its impact, its VMs' misses and lags, as unannounced."""
-
-    statuses: set[str] = field(default_factory=set)
-    impact: bool = False
-    missed: dict[str, str] = field(default_factory=dict)  # VM name -> reason (coverage.MISSED_REASONS)
-    lag: set[str] = field(default_factory=set)
-    unannounced: bool = False
-
-    def to_json(self, key: str) -> dict[str, Any]:
-        return {"key": key, "statuses": sorted(self.statuses), "impact": self.impact, "missed": dict(self.missed),
-                "lag": sorted(self.lag), "unannounced": self.unannounced}
 
 
 @dataclass(frozen=True)
@@ -75,7 +61,7 @@ class Loaded:
 
     state: PictureState | None = None
     position: int | None = None
-    memory: dict[str, Memory] = field(default_factory=dict)
+    memory: dict[str, Counted] = field(default_factory=dict)
     missed: dict[tuple[str, str], str] = field(default_factory=dict)  # (key, VM) -> reason, of this partition's VMs
     lags: set[tuple[str, str]] = field(default_factory=set)
     judged: Judged = field(default_factory=lambda: Judged(frozenset(), {}))
@@ -84,7 +70,7 @@ class Loaded:
     rows: int = 0  # rows left out as damaged
 
 
-def encode_platform(partition_id: str, position: int, state: PictureState, memory: dict[str, Memory],
+def encode_platform(partition_id: str, position: int, state: PictureState, memory: dict[str, Counted],
                     missed: dict[tuple[str, str], str] | None = None, lags: set[tuple[str, str]] | None = None,
                     judged: Judged | None = None) -> bytes:
     missed, lags = missed or {}, lags or set()
@@ -114,10 +100,10 @@ def decode_platform(data: bytes, partition_id: str) -> Loaded:
     if obj.get("partition_id", partition_id) != partition_id or type(position) is not int or position < -1:
         return Loaded(damaged="wrong_shape", problem="the platform state is another partition's, or has no position")
     state, rows = state_from_json(obj.get("picture"))
-    memory: dict[str, Memory] = {}
+    memory: dict[str, Counted] = {}
     counted = obj.get("counted")
     for row in counted if isinstance(counted, list) else []:
-        entry = _memory(row)
+        entry = _counted(row)
         if entry is None:
             rows += 1
         else:
@@ -169,7 +155,7 @@ def _parse(data: bytes) -> Any:
         raise DamagedState("unreadable", f"not gzip'd JSON ({str(exc)[:200]})") from None
 
 
-def _memory(row: object) -> tuple[str, Memory] | None:
+def _counted(row: object) -> tuple[str, Counted] | None:
     if not isinstance(row, dict):
         return None
     key = row.get("key")
@@ -180,10 +166,18 @@ def _memory(row: object) -> tuple[str, Memory] | None:
             or not isinstance(lag, list) or not all(_text(name) for name in lag) or not isinstance(missed, dict) \
             or not all(_text(name) and reason in MISSED_REASONS for name, reason in missed.items()):
         return None
-    impact, unannounced = row.get("impact", False), row.get("unannounced", False)
-    if not isinstance(impact, bool) or not isinstance(unannounced, bool):
+    impact, unannounced = row.get("impact", 0.0), row.get("unannounced", False)
+    duplicates, gone_at = row.get("duplicates", 0), row.get("gone_at")
+    if not _count(impact) or not _count(duplicates) or not isinstance(unannounced, bool) \
+            or not (gone_at is None or _count(gone_at)):
         return None
-    return str(key), Memory(set(statuses), impact, dict(missed), set(lag), unannounced)
+    return str(key), Counted(set(statuses), float(impact), dict(missed), set(lag), unannounced, int(duplicates),
+                            None if gone_at is None else float(gone_at))
+
+
+def _count(value: object) -> bool:
+    """A finite number from 0 to 2**53 (seconds, a count, a unix time), not a bool."""
+    return type(value) in (int, float) and 0 <= value < 2**53  # type: ignore[operator]
 
 
 def _text(value: object) -> bool:

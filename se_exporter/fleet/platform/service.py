@@ -16,7 +16,7 @@ Counting once, over restarts and replicas. Each EventId has a home: a partition 
 hub when only that one is read), by a stable hash of its key (``home``). Only the replica that shows the home
 partition writes the EventId's info series and counts its statuses, impact and unannounced count; a VM's miss and
 lag are counted by the replica that shows the VM. What was counted is kept in the blob of the home partition (an
-EventId's, ``Memory``) or of the VM's partition (a pair's, ``Held.missed`` and ``Held.lags``), so neither a restart
+EventId's, ``Counted``) or of the VM's partition (a pair's, ``Held.missed`` and ``Held.lags``), so neither a restart
 nor a hand-over counts it again. Every replica reads the pictures of the partitions it does not hold from their
 blobs (``read_peers``), so it knows every EventId wherever its messages landed. A replica that does not show every
 partition of every hub says ``no_sidecar`` only for an EventId homed here, once every partition has judged it
@@ -43,6 +43,7 @@ from se_exporter.core.retry import backoff
 from se_exporter.fleet.collector import FLEET, FleetMetrics, write_gauges
 from se_exporter.fleet.message import InvalidMessage, VmState
 from se_exporter.fleet.picture import Fleet
+from se_exporter.fleet.platform.counting import Counted, top_up
 from se_exporter.fleet.platform.coverage import (
     COVERAGE_BOUND_NAMES,
     Coverage,
@@ -61,7 +62,7 @@ from se_exporter.fleet.platform.picture import (
     merge,
 )
 from se_exporter.fleet.platform.reader import PLATFORM_BOUND_NAMES, PLATFORM_INVALID_REASONS, read_platform
-from se_exporter.fleet.platform.saving import Judged, Memory, decode_platform, encode_platform, platform_blob_name
+from se_exporter.fleet.platform.saving import Judged, decode_platform, encode_platform, platform_blob_name
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.statestore import StateStore
 from se_exporter.infra.azure.clients import describe
@@ -155,7 +156,7 @@ class Platform:
         self._max_bytes = max_message_bytes
         self.reconciler = Reconciler(ReconcileSettings(vm_expiry, grace))
         self.hubs: dict[str, HubSide] = {}
-        self.memory: OrderedDict[str, Memory] = OrderedDict()  # EventId key -> counted, for the homes shown here
+        self.memory: OrderedDict[str, Counted] = OrderedDict()  # EventId key -> counted, for the homes shown here
         self._dirty_homes: set[str] = set()  # home partitions whose memory changed since written
         self.applied_at = 0.0  # monotonic time of the last platform message applied
         self.applied_since = 0  # platform messages applied since the last reconciliation round
@@ -276,6 +277,7 @@ class Platform:
                 self._count_record(record)
         held_keys = {record.key for record in records}
         self._forget(gone - held_keys)
+        self._forget_counted(held_keys, now)
         sizes = {**self.reconciler.sizes(), "counted": len(self.memory)}
         for picture in pictures:
             for name, size in picture.sizes().items():
@@ -400,13 +402,23 @@ class Platform:
                             names.add(name)
         return vms, alive
 
-    def _forget(self, keys: set[str]) -> None:
-        """What was counted of EventIds forgotten (past retention) goes with them; each partition's memory of its
-        VMs' pairs is bounded besides (past the bound, some dropped and the bound hit counted), as the
-        reconciler's pairs are."""
-        for key in keys:
-            if self.memory.pop(key, None) is not None:
+    def _forget_counted(self, listed: set[str], now: float) -> None:
+        """What was counted of an EventId no picture holds is kept as long as a forgotten EventId is (the open
+        expiry, within ``MAX_MEMORY``): a copy read later on another partition then adds only what is new."""
+        expiry = self.limits.open_expiry
+        for key, entry in list(self.memory.items()):
+            if key in listed:
+                continue
+            if entry.gone_at is None:
+                entry.gone_at = now
                 self._mark(key)
+            elif entry.gone_at + expiry <= now:
+                del self.memory[key]
+                self._mark(key)
+
+    def _forget(self, keys: set[str]) -> None:
+        """Each partition's memory of its VMs' pairs of EventIds forgotten goes with them, and is bounded besides
+        (past the bound, some dropped and the bound hit counted), as the reconciler's pairs are."""
         bound = self.reconciler.settings.pairs
         for side in self.hubs.values():
             for held in side.held.values():
@@ -500,20 +512,14 @@ class Platform:
         return name not in (entry.missed if kind == "missed" else entry.lag)
 
     def _count_record(self, record: PlatformRecord) -> None:
+        """Tops the EventId's counters up to what its merged record says (``counting.COUNTING``)."""
         entry = self._remember(record.key)
-        event = record.event
-        for status, _when in record.times:
-            if status not in entry.statuses:
-                entry.statuses.add(status)
-                self._mark(record.key)
-                self._home_pending(record.key, self._metrics.platform_events.labels(event.event_type, status).inc)
-        impact = record.impact_seconds
-        if not entry.impact and impact is not None:
-            entry.impact = True
+        for increment in top_up(entry, record):
             self._mark(record.key)
-            if impact > 0:
-                self._home_pending(record.key, functools.partial(self._metrics.impact_seconds.labels(
-                    event.event_type, event.scope_name, event.location).inc, impact))
+            counter = {"platform_events": self._metrics.platform_events, "impact_seconds": self._metrics.impact_seconds,
+                       "platform_duplicates": self._metrics.platform_duplicates}[increment.counter]
+            child = counter.labels(*increment.labels) if increment.labels else counter
+            self._home_pending(record.key, functools.partial(child.inc, increment.amount))
 
     def _home_pending(self, key: str, apply: Callable[[], object]) -> None:
         """An EventId's count, applied once its home partition's blob remembers it (see ``Held.pending``)."""
@@ -525,14 +531,14 @@ class Platform:
         else:
             held.pending.append(apply)
 
-    def _remember(self, key: str) -> Memory:
+    def _remember(self, key: str) -> Counted:
         entry = self.memory.get(key)
         if entry is None:
             if len(self.memory) >= MAX_MEMORY:
                 self._report.bound_hit("platform_coverage_ids")
                 dropped, _ = self.memory.popitem(last=False)
                 self._mark(dropped)
-            entry = self.memory[key] = Memory()
+            entry = self.memory[key] = Counted()
             self._mark(key)
         return entry
 
@@ -680,8 +686,7 @@ class PlatformReader:
         picture, now = held.picture, platform._clock()
         before = picture.bound_hits.copy()
         for event in read.events:
-            if picture.apply(event, now).outcome == "duplicate":
-                metrics.platform_duplicates.inc()
+            picture.apply(event, now)  # a duplicate is counted by its EventId's home, from the merged record
         if picture.bound_hits != before:  # rarely: one comparison in C per message, not a loop over the bounds
             platform._bounds(picture, before)
         held.changes += 1

@@ -1,11 +1,10 @@
-"""State format 3: a base block and delta blocks as concatenated gzip members, read back whole or refused whole, and
-the change tracking in the fleet's core that decides what a delta carries."""
+"""The state format: a base block and delta blocks as concatenated gzip members, read back whole or refused whole,
+and the change tracking in the fleet's core that decides what a delta carries."""
 
 from __future__ import annotations
 
 import gzip
 import json
-import zlib
 from typing import Any
 
 import pytest
@@ -14,8 +13,7 @@ from se_exporter.fleet import stateformat
 from se_exporter.fleet.message import VmState
 from se_exporter.fleet.picture import Bounds, Fleet, Message
 from se_exporter.fleet.stateformat import DamagedState, NewerState, decode, encode_base, encode_delta
-from tests import fleet_format1 as previous
-from tests.fleet.test_picture import FREEZE, NOW, VM_ID, message, props, read_message
+from tests.fleet.test_picture import FREEZE, GOOD, NOW, VM_ID, message, props, read_message
 
 BIG = json.dumps({"DocumentIncarnation": 9, "Events": [
     {"EventId": f"EVENT-{n:04d}-{'x' * 40}", "EventType": "Freeze", "ResourceType": "VirtualMachine",
@@ -44,7 +42,7 @@ def test_a_base_and_its_deltas_read_back_as_the_state_they_add_up_to() -> None:
     d = vm("vm-d", seen_at=1300.0)
     second = encode_delta(9, "block-000003", [d], [], [])
     decoded = decode(base + first + second, "0", NOW)
-    assert (decoded.format, decoded.position, decoded.dropped) == (3, 9, {})
+    assert (decoded.position, decoded.dropped) == (9, {})
     assert decoded.vms == {"vm-a": a2, "vm-b": b2, "vm-d": d}
     assert decoded.blocks == [("block-000001", len(base)), ("block-000002", len(first)),
                               ("block-000003", len(second))]
@@ -103,22 +101,36 @@ def test_reading_is_bounded_in_blocks_inflated_bytes_and_values_per_block(monkey
         decode(base + many, "0", NOW, Bounds(vms_per_partition=2))
 
 
-def test_releases_that_read_formats_1_and_2_take_format_3_for_a_newer_releases_and_leave_it() -> None:
-    """A reader of one gzip member (the previous releases') inflates the base alone, finds format 3, and answers
-    with the error the state store meets by leaving the state in place."""
-    state = encode_base("0", 5, [vm("vm-a")], "b1") + encode_delta(9, "b2", [], [vm("vm-a", 2)], [])
-    with pytest.raises(NewerState) as caught:
-        previous.decode(state, "0", NOW)
-    assert caught.value.format == 3
-    one_member = zlib.decompressobj(wbits=31)  # how the previous release inflated a state: up to the first eof
-    assert json.loads(one_member.decompress(state))["format"] == 3 and one_member.eof and one_member.unused_data
-    assert gzip.decompress(state).count(b'"block"') == 2  # one gzip stream, as any gzip reader sees it
+def test_a_format_above_this_releases_is_a_newer_releases_whatever_follows_it() -> None:
+    """Format 4, with blocks after it or not, is the error the state store meets by leaving the state in place."""
+    newer = member({"format": 4, "partition_id": "0", "sequence_number": 7})
+    for data in (newer, newer + encode_delta(9, "b2", [], [], []), newer + b"not gzip"):
+        with pytest.raises(NewerState) as caught:
+            decode(data, "0", NOW)
+        assert caught.value.format == 4
 
 
-def test_a_format_above_3_is_still_a_newer_releases() -> None:
-    """Format 4 is left in place as format 3 was by the releases before this one."""
-    with pytest.raises(NewerState):
-        decode(member({"format": 4, "partition_id": "0", "sequence_number": 7}), "0", NOW)
+def test_a_base_names_every_field_and_reads_back_the_same_vms() -> None:
+    """A VM is an object of named fields, IMDS health and its place included, and decodes to what was encoded."""
+    failing = message(imds_last_success="2026-11-22T03:00:00.000Z", imds_failing=True,
+                      observed_at="2026-11-22T03:04:28.024Z").vm
+    data = encode_base("0", 9, [failing], "b1")
+    assert set(json.loads(gzip.decompress(data))["vms"][0]) == {
+        "key", "vm_id", "vm_name", "vmss_name", "location", "installation", "sequence", "seen_at", "body", "imds",
+        "subscription_id", "resource_group"}
+    decoded = decode(data, "0", NOW)
+    assert (decoded.position, list(decoded.vms.values())) == (9, [failing])
+    assert (failing.subscription_id, failing.resource_group) == ("sub", "rg")
+
+
+def test_fields_a_reader_does_not_know_are_ignored_and_a_bad_place_is_unknown() -> None:
+    """A field added later is not damage: the VM is read without it; a subscription or resource group out of shape
+    reads as unknown, and the VM is kept."""
+    text = json.dumps({"format": 3, "block": "b1", "partition_id": "0", "sequence_number": 9, "later": 1,
+                       "vms": [{**GOOD, "zone": "1", "imds": {"failing": True, "later": 2}, "subscription_id": 5,
+                                "resource_group": "\ud800"}]})
+    [vm] = decode(gzip.compress(text.encode()), "0", NOW).vms.values()
+    assert (vm.vm_name, vm.imds.failing, vm.subscription_id, vm.resource_group) == ("WestNO_0", True, "", "")
 
 
 def fleet_with(*vms: VmState) -> Fleet:

@@ -1,0 +1,206 @@
+"""Counting an EventId once, whatever the order and lateness of its messages: the late end, the Scheduled that
+names more VMs after the end, two ends at one eventTime, Event Grid's copy on another partition. Through the
+fleet service and its blobs (in memory), as ``test_platform_service.py`` drives it."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter as TallyOf
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from se_exporter.fleet.platform import PlatformEvent, PlatformPicture, merge
+from se_exporter.fleet.platform.counting import Counted, top_up
+from se_exporter.fleet.platform.fields import STATUSES
+from tests.fleet.platform_helpers import T0, body, grid, platform_event
+from tests.fleet.test_platform_service import Replica, homed
+from tests.fleet.test_service import Event, run
+
+IMPACT = "azure_scheduled_fleet_impact_seconds_total"
+EVENTS = "azure_scheduled_fleet_platform_events_total"
+DUPLICATES = "azure_scheduled_fleet_platform_duplicates_total"
+LABELS = {"event_type": "Reboot", "scope_name": "web", "location": "westeurope"}
+
+
+def message(status: str, sequence_number: int, at: float, resources: list[str], **kwargs: Any) -> Event:
+    return Event(sequence_number, body=body([grid(status, at=at, resources=resources, **kwargs)]))
+
+
+def events_total(replica: Replica) -> float:
+    return sum(replica.value(EVENTS, event_type="Reboot", event_status=status)
+               for status in ("Scheduled", "Started", "Completed", "Canceled"))
+
+
+def test_an_event_whose_end_is_read_past_the_retention_after_its_event_time_is_counted() -> None:
+    """A fleet replaying the hub (or Event Grid retrying) two hours late: Scheduled, Started and Completed dated
+    2 h ago add their 600 s and their 3 statuses; the event is listed for --platform-retention from when its end
+    was read."""
+    replica = Replica(now=[T0 + 7200])
+    run(replica.claim())
+    run(replica.read(message("Scheduled", 1, T0 - 600, ["web_3"]), message("Started", 2, T0, ["web_3"]),
+                     message("Completed", 3, T0 + 600, ["web_3"])))
+    gauges = replica.gauges()
+    assert replica.value(IMPACT, **LABELS) == 600.0
+    assert events_total(replica) == 3
+    assert [dict(labels)["event_status"] for (name, labels) in gauges if name.endswith("event_info")] == ["Completed"]
+    replica.now[0] = T0 + 7200 + 3601
+    assert [name for name in replica.gauges() if name[0].endswith("event_info")] == []
+
+
+@pytest.mark.parametrize("scheduled_first", [True, False])
+def test_the_impact_counts_every_vm_any_message_named_whichever_round_it_arrives_in(scheduled_first: bool) -> None:
+    """A Scheduled naming three VMs, a Started and Completed naming one, 600 s apart: 1,800 s whether the Scheduled
+    comes a round before or a round after the end (the impact counted at the end is topped up, never taken once)."""
+    replica = Replica(now=[T0 + 700])
+    run(replica.claim())
+    scheduled = message("Scheduled", 1, T0 - 60, ["web_3", "web_7", "web_9"])
+    ends = (message("Started", 2, T0, ["web_3"]), message("Completed", 3, T0 + 600, ["web_3"]))
+    for batch in ((scheduled,), ends) if scheduled_first else (ends, (scheduled,)):
+        run(replica.read(*batch))
+        replica.gauges()
+    assert replica.value(IMPACT, **LABELS) == 1800.0
+    assert events_total(replica) == 3
+
+
+@pytest.mark.parametrize("completed_first", [True, False])
+def test_a_completed_and_a_canceled_at_one_event_time_end_as_completed_whichever_comes_first(
+        completed_first: bool) -> None:
+    """Two ends with one eventTime: Completed (the maintenance happened), whatever the arrival order; both counted."""
+    replica = Replica(now=[T0 + 700])
+    run(replica.claim())
+    completed = message("Completed", 2, T0 + 600, ["web_3"])
+    canceled = message("Canceled", 3, T0 + 600, ["web_3"])
+    for ended in (completed, canceled) if completed_first else (canceled, completed):
+        run(replica.read(ended))
+        gauges = replica.gauges()
+    [status] = [dict(labels)["event_status"] for (name, labels) in gauges if name.endswith("event_info")]
+    assert status == "Completed"
+    assert replica.value(EVENTS, event_type="Reboot", event_status="Canceled") == 1
+    assert replica.value(EVENTS, event_type="Reboot", event_status="Completed") == 1
+
+
+def test_event_grids_copy_delivered_to_another_partition_is_counted_as_a_duplicate_once() -> None:
+    """The same Event Grid message on partition 0 and partition 1 (two replicas): applied once, and counted once in
+    platform_duplicates_total over the two replicas, by the EventId's home, once it read the other's picture."""
+    states: dict[str, Any] = {}
+    event_id = homed("0", 2)
+    home_replica, other = Replica(states, partitions=2), Replica(states, partitions=2, partition_id="1")
+    for replica in (home_replica, other):
+        run(replica.claim())
+    copy = dict(grid_id="the-same-id", event_id=event_id)
+    run(home_replica.read(message("Started", 1, T0, ["web_3"], **copy)))
+    run(other.read(message("Started", 1, T0, ["web_3"], **copy)))
+    other.gauges()
+    run(other.service.save("1"))
+    run(home_replica.platform.read_peers())
+    home_replica.gauges()
+    assert home_replica.value(DUPLICATES) + other.value(DUPLICATES) == 1
+    assert home_replica.value(EVENTS, event_type="Reboot", event_status="Started") == 1
+    assert other.value(EVENTS, event_type="Reboot", event_status="Started") == 0
+
+
+
+@pytest.mark.parametrize("event_type", ["Reboot", "Redeploy"])
+def test_a_host_failure_is_read_in_either_documented_shape(event_type: str) -> None:
+    """Azure documents a host failure as Reboot + Started in one place and Redeploy + Started in another: either is
+    an event that started unannounced (no Scheduled, no NotBefore), listed and counted once under its type."""
+    replica = Replica(now=[T0 + 60])
+    run(replica.claim())
+    run(replica.read(message("Started", 1, T0, ["web_3"], event_type=event_type)))
+    gauges = replica.gauges()
+    [info] = [dict(labels) for (name, labels) in gauges if name.endswith("event_info")]
+    assert (info["event_type"], info["event_status"]) == (event_type, "Started")
+    assert replica.value(EVENTS, event_type=event_type, event_status="Started") == 1
+    assert replica.value(EVENTS, event_type=event_type, event_status="Scheduled") == 0
+    [record] = replica.platform.view.records
+    assert record.event.not_before is None and record.announced_at == T0
+
+
+@pytest.mark.parametrize("reboot_first", [True, False])
+def test_one_host_failure_in_both_shapes_is_one_event_started_once(reboot_first: bool) -> None:
+    """The same EventId as Reboot + Started and as Redeploy + Started (two Event Grid ids): one event, one info
+    series whose type does not depend on the order, Started counted once."""
+    replica = Replica(now=[T0 + 60])
+    run(replica.claim())
+    shapes = [message("Started", 1, T0, ["web_3"], event_type="Reboot", grid_id="a"),
+              message("Started", 2, T0, ["web_3"], event_type="Redeploy", grid_id="b")]
+    run(replica.read(*(shapes if reboot_first else shapes[::-1])))
+    gauges = replica.gauges()
+    [info] = [dict(labels) for (name, labels) in gauges if name.endswith("event_info")]
+    assert info["event_type"] == "Redeploy"  # the same eventTime: the larger Event Grid id decides
+    assert sum(replica.value(EVENTS, event_type=kind, event_status="Started") for kind in ("Reboot", "Redeploy")) == 1
+
+# ---------------------------------------------------------------------------------------------- the property
+
+VMS = ("web_3", "web_7", "web_9")
+EVENT_TIMES = (T0 - 7200, T0 - 6600, T0 - 60, T0, T0 + 600)  # two hours late among them
+
+
+@st.composite
+def message_sets(draw: st.DrawFn) -> tuple[list[PlatformEvent], list[int], list[bool]]:
+    """2-5 messages of one EventId: distinct ones (any status, eventTime and VMs, each its own Event Grid id) and
+    copies of them (Event Grid's duplicates repeat the payload); the partition each lands on; where rounds end."""
+    count = draw(st.integers(2, 5))
+    distinct = draw(st.integers(1, count))
+    messages = [platform_event(draw(st.sampled_from(STATUSES)), grid_id=f"grid-{index}",
+                               at=draw(st.sampled_from(EVENT_TIMES)),
+                               resources=draw(st.lists(st.sampled_from(VMS), min_size=1, max_size=3, unique=True)))
+                for index in range(distinct)]
+    messages += [draw(st.sampled_from(messages[:distinct])) for _ in range(count - distinct)]
+    partitions = draw(st.lists(st.integers(0, 1), min_size=count, max_size=count))
+    cuts = draw(st.lists(st.booleans(), min_size=count, max_size=count))
+    return messages, partitions, cuts
+
+
+def counted_in(order: tuple[int, ...], messages: list[PlatformEvent], partitions: list[int],
+               cuts: list[bool]) -> tuple[dict[tuple[str, tuple[str, ...]], float], str]:
+    """The counters after the messages arrive in ``order`` on their partitions, a round (expire, merge the
+    partitions' pictures, top up) after each position ``cuts`` marks and after the last; and the final status."""
+    pictures = [PlatformPicture(), PlatformPicture()]
+    counted, totals = Counted(), TallyOf()
+    now = T0 + 10
+    for position, index in enumerate(order):
+        pictures[partitions[index]].apply(messages[index], now)
+        if cuts[position] or position == len(order) - 1:
+            now += 60
+            for picture in pictures:
+                picture.expire(now)
+            for record in merge(picture.records() for picture in pictures):
+                for increment in top_up(counted, record):
+                    totals[(increment.counter, increment.labels)] += increment.amount
+    [record] = merge(picture.records() for picture in pictures)
+    return dict(totals), record.status
+
+
+def expected(messages: list[PlatformEvent]) -> dict[tuple[str, tuple[str, ...]], float]:
+    """The rule's figures, from the set of messages alone."""
+    totals = TallyOf({("platform_events", ("Reboot", status)): 1.0 for status in {m.event_status for m in messages}})
+    started = [m.event_time for m in messages if m.event_status == "Started"]
+    completed = [m.event_time for m in messages if m.event_status == "Completed"]
+    vms = {name for m in messages for name in m.resources}
+    if started and completed and max(completed) > min(started):
+        totals[("impact_seconds", ("Reboot", "web", "westeurope"))] = (max(completed) - min(started)) * len(vms)
+    copies = len(messages) - len({m.grid_id for m in messages})
+    if copies:
+        totals[("platform_duplicates", ())] = float(copies)
+    return dict(totals)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(message_sets())
+def test_every_order_and_split_over_rounds_and_partitions_counts_the_same(
+        case: tuple[list[PlatformEvent], list[int], list[bool]]) -> None:
+    """400 sets of 2-5 messages, each in every order (the rounds' ends shifted with each order), split over two
+    partitions: the same counters, the rule's figures of the set, and one final status."""
+    messages, partitions, cuts = case
+    want = expected(messages)
+    statuses = set()
+    for number, order in enumerate(itertools.permutations(range(len(messages)))):
+        shifted = cuts[number % len(cuts):] + cuts[:number % len(cuts)]
+        totals, status = counted_in(order, messages, partitions, shifted)
+        assert totals == want, order
+        statuses.add(status)
+    assert len(statuses) == 1

@@ -1,0 +1,297 @@
+"""deploy/systemd/install.sh run as an operator runs it, as root, under a scratch root (INSTALL_ROOT): the real
+wheelhouse `make linux-wheels` builds, real virtualenvs and pip, the real se-exporter started from the real unit's
+ExecStart against the simulator on loopback. systemd is not PID 1 where the suite runs, so ``systemctl`` is
+tests/systemctl_stand_in.py (the unit itself passes ``systemd-analyze verify`` in test_deploy.py)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Reliability, SimulatorFactory
+from tests.container import snapshot
+from tests.helpers import free_port, http_get, wait_until
+
+ROOT = Path(__file__).parent.parent.parent
+SCRIPT = ROOT / "deploy" / "systemd" / "install.sh"
+ARCHIVE = ROOT / "dist" / "linux-wheels.tar.gz"
+STAND_IN = ROOT / "tests" / "systemctl_stand_in.py"
+SH = shutil.which("sh") or "/bin/sh"
+SETUP = "/var/tmp/se-exporter-setup"  # noqa: S108 - where the custom data writes install.sh, not a file we open
+BROKEN = '''
+
+_serving_main = main
+
+
+def main(argv=None, env=None):  # this release never serves: its health check must fail and be rolled back
+    import sys
+    if "run" in (sys.argv[1:] if argv is None else list(argv)):
+        raise SystemExit("this release never serves")
+    return _serving_main(argv, env)
+'''
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _archive() -> Path:
+    if not ARCHIVE.is_file():
+        pytest.fail("no dist/linux-wheels.tar.gz: run make linux-wheels (make test does)")
+    return ARCHIVE
+
+
+def _repack(source: Path, target: Path, change: Callable[[Path], None]) -> Path:
+    """The wheelhouse unpacked, changed, packed again (another archive, so another hash)."""
+    scratch = target.with_suffix(".d")
+    with tarfile.open(source) as bundle:
+        bundle.extractall(scratch, filter="data")
+    (house,) = [p.parent for p in scratch.rglob("requirements.txt")]
+    change(house)
+    with tarfile.open(target, "w:gz") as bundle:
+        bundle.add(house, house.name)
+    shutil.rmtree(scratch)
+    return target
+
+
+def _break_own_wheel(house: Path) -> None:
+    """se-exporter's wheel rebuilt so ``run`` exits at once (``--help`` still works), its RECORD and the
+    requirements.txt hash updated: a release that installs cleanly and never answers /healthz."""
+    (wheel,) = house.glob("se_exporter-*.whl")
+    old_hash = sha256(wheel)
+    with zipfile.ZipFile(wheel) as bundle:
+        files = {info.filename: bundle.read(info) for info in bundle.infolist()}
+    cli = files["se_exporter/cli.py"] + BROKEN.encode()
+    files["se_exporter/cli.py"] = cli
+    digest = base64.urlsafe_b64encode(hashlib.sha256(cli).digest()).rstrip(b"=").decode()
+    (record,) = [name for name in files if name.endswith(".dist-info/RECORD")]
+    files[record] = "\n".join(f"se_exporter/cli.py,sha256={digest},{len(cli)}" if line.startswith(
+        "se_exporter/cli.py,") else line for line in files[record].decode().splitlines()).encode() + b"\n"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as bundle:
+        for name, data in files.items():
+            bundle.writestr(name, data)
+    requirements = house / "requirements.txt"
+    requirements.write_text(requirements.read_text().replace(old_hash, sha256(wheel)))
+
+
+class Machine:
+    """A scratch root, the settings file an operator would write, and install.sh run against them."""
+
+    def __init__(self, base: Path, imds_url: str) -> None:
+        self.root = base / "root"
+        self.stand_in = base / "systemctl"
+        self.stand_in.mkdir(parents=True)
+        (self.stand_in / "bin").mkdir()
+        systemctl = self.stand_in / "bin" / "systemctl"
+        systemctl.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STAND_IN}" "$@"\n')
+        systemctl.chmod(0o755)
+        self.port = free_port()
+        self.state = base / "state"
+        etc = self.root / "etc" / "se-exporter"
+        etc.mkdir(parents=True)
+        (etc / "se-exporter.env").write_text(
+            f"SE_EXPORTER_LISTEN=127.0.0.1:{self.port}\nSE_EXPORTER_IMDS_URL={imds_url}\n"
+            f"SE_EXPORTER_STATE_DIR={self.state}\nSE_EXPORTER_POLL_INTERVAL=0.2\n")
+        self.prefix = self.root / "opt" / "se-exporter"
+
+    def run(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        environment = {**os.environ, "INSTALL_ROOT": str(self.root), "STAND_IN_DIR": str(self.stand_in),
+                       "PATH": f"{self.stand_in / 'bin'}:{os.environ['PATH']}", "HEALTH_TIMEOUT": "60",
+                       **(env or {})}
+        return subprocess.run([SH, str(SCRIPT), *args], capture_output=True, text=True, env=environment,
+                              timeout=300, check=False)
+
+    def pid(self) -> int | None:
+        try:
+            pid = int((self.stand_in / "pid").read_text())
+        except (OSError, ValueError):
+            return None
+        return pid if _alive(pid) else None
+
+    def release_of(self, pid: int) -> str:
+        """The release whose interpreter the process runs (its shebang names the release's own directory)."""
+        interpreter = Path(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode())
+        return interpreter.parent.parent.name
+
+    def current(self) -> str:
+        return os.readlink(self.prefix / "current").removeprefix("releases/")
+
+    def healthy(self) -> bool:
+        return http_get(f"http://127.0.0.1:{self.port}/healthz")[0] == 200
+
+    def stop(self) -> None:
+        pid = self.pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def machine(tmp_path: Path, simulator: SimulatorFactory) -> Iterator[Machine]:
+    _, server = simulator("live-migration")
+    made = Machine(tmp_path, server.url)
+    yield made
+    made.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _release(archive: Path) -> str:
+    with tarfile.open(archive) as bundle:
+        (wheel,) = [m for m in bundle.getnames() if "/se_exporter-" in m]
+    return f"{wheel.split('/se_exporter-')[1].split('-')[0]}-{sha256(archive)[:12]}"
+
+
+@pytest.mark.integration
+def test_install_then_upgrade_switches_after_health_and_uninstall_keeps_state(
+        machine: Machine, tmp_path: Path, reliability: Reliability) -> None:
+    """install.sh installs a release, enables and starts it; run again with another wheelhouse it builds the new
+    release beside the running one, switches, restarts, and removes the old one only once the new one answers
+    /healthz; --uninstall stops and removes everything but the settings and the state, --purge those too."""
+    first = _archive()
+    result = machine.run("--sha256", sha256(first), str(first))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert machine.current() == _release(first)
+    old_pid = wait_until(machine.pid, what="the service's process")
+    assert machine.release_of(old_pid) == _release(first)
+    assert machine.healthy()
+    assert (machine.stand_in / "enabled").exists()
+    assert (machine.root / "etc/systemd/system/se-exporter.service").read_text() == \
+        (ROOT / "deploy/systemd/se-exporter.service").read_text()
+    second = _repack(first, tmp_path / "second.tar.gz",
+                     lambda house: (house / "requirements.txt").write_text(
+                         (house / "requirements.txt").read_text() + "# rebuilt\n"))
+    result = machine.run("--sha256", sha256(second).upper(), str(second))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"upgraded from {_release(first)}" in result.stdout
+    new_pid = wait_until(machine.pid, what="the upgraded service's process")
+    assert new_pid != old_pid and not _alive(old_pid)
+    assert machine.release_of(new_pid) == _release(second) == machine.current()
+    assert sorted(p.name for p in (machine.prefix / "releases").iterdir()) == [_release(second)]
+    assert machine.healthy()
+    calls = (machine.stand_in / "calls").read_text().splitlines()
+    assert calls.count("restart se-exporter") == 2
+
+    wait_until(lambda: any(machine.state.iterdir()), what="state written")
+    result = machine.run("--uninstall")
+    assert result.returncode == 0, result.stderr
+    assert machine.pid() is None
+    assert not machine.prefix.exists() and not (machine.root / "etc/systemd/system/se-exporter.service").exists()
+    assert not (machine.stand_in / "enabled").exists()
+    assert (machine.root / "etc/se-exporter/se-exporter.env").is_file()
+    (machine.root / "var/lib/se-exporter").mkdir(parents=True)
+    result = machine.run("--uninstall", "--purge")
+    assert result.returncode == 0, result.stderr
+    assert not (machine.root / "etc/se-exporter").exists() and not (machine.root / "var/lib/se-exporter").exists()
+    reliability("Install", "install.sh: install, upgrade to another wheelhouse, uninstall, uninstall --purge",
+                "the new release built beside the running one, switched, restarted and answering /healthz before "
+                "the old one is removed; uninstall keeps settings and state, --purge removes them")
+
+
+@pytest.mark.integration
+def test_a_release_that_never_answers_is_rolled_back(machine: Machine, tmp_path: Path,
+                                                     reliability: Reliability) -> None:
+    """An upgrade whose new release installs but never answers /healthz fails, with the old release (whose files
+    were never touched) switched back, restarted and answering, and the new one removed."""
+    first = _archive()
+    assert machine.run("--sha256", sha256(first), str(first)).returncode == 0
+    installed = machine.prefix / "releases" / _release(first)
+    before = snapshot(installed, skip=tuple(str(p.relative_to(installed)) for p in installed.rglob("__pycache__")))
+    broken = _repack(first, tmp_path / "broken.tar.gz", _break_own_wheel)
+    result = machine.run("--sha256", sha256(broken), str(broken), env={"HEALTH_TIMEOUT": "15"})
+    assert result.returncode == 1
+    assert f"rolled back to {_release(first)}, which is running" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert machine.current() == _release(first)
+    pid = wait_until(machine.pid, what="the old release's process")
+    assert machine.release_of(pid) == _release(first)
+    assert machine.healthy()
+    assert sorted(p.name for p in (machine.prefix / "releases").iterdir()) == [_release(first)]
+    after = snapshot(installed, skip=tuple(str(p.relative_to(installed)) for p in installed.rglob("__pycache__")))
+    assert {k: v for k, v in after.items() if "__pycache__" not in k} == \
+        {k: v for k, v in before.items() if "__pycache__" not in k}
+    assert "this release never serves" in (machine.stand_in / "service.log").read_text()
+    reliability("Install", "install.sh upgrading to a release that never answers /healthz",
+                "exit 1 with one line; the old release, untouched, switched back, restarted and answering")
+
+
+def test_an_archive_rewritten_with_its_requirements_is_refused(tmp_path: Path) -> None:
+    """A wheelhouse whose wheels and requirements.txt were rewritten together is refused by the hash given apart
+    from it, in one line, before anything is written."""
+    house = tmp_path / "linux-wheels"
+    house.mkdir()
+    (house / "requirements.txt").write_text("se-exporter==0.1.0 --hash=sha256:" + "0" * 64 + "\n")
+    genuine = tmp_path / "genuine.tar.gz"
+    with tarfile.open(genuine, "w:gz") as bundle:
+        bundle.add(house, house.name)
+    (house / "requirements.txt").write_text("se-exporter==0.1.0 --hash=sha256:" + "1" * 64 + "\n")
+    rewritten = tmp_path / "linux-wheels.tar.gz"
+    with tarfile.open(rewritten, "w:gz") as bundle:
+        bundle.add(house, house.name)
+    machine = Machine(tmp_path / "m", "http://127.0.0.1:9")
+    written = snapshot(machine.root)
+    result = machine.run("--sha256", sha256(genuine), str(rewritten))
+    assert result.returncode == 1
+    assert result.stderr == f"install.sh: {rewritten} has sha256 {sha256(rewritten)}, not the {sha256(genuine)} " \
+                            "given: refused, nothing changed\n"
+    assert snapshot(machine.root) == written
+    assert not (machine.stand_in / "calls").exists()
+
+
+@pytest.mark.parametrize("args", [[], ["linux-wheels.tar.gz"], ["--sha256", "abc", "linux-wheels.tar.gz"]])
+def test_no_install_without_the_archives_hash(tmp_path: Path, args: list[str]) -> None:
+    """Without a wheelhouse and a well-formed sha256 for it, install.sh says what to give, in one line."""
+    (tmp_path / "linux-wheels.tar.gz").write_bytes(b"")
+    machine = Machine(tmp_path / "m", "http://127.0.0.1:9")
+    result = subprocess.run([SH, str(SCRIPT), *args], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                            env={**os.environ, "INSTALL_ROOT": str(machine.root)}, check=False)
+    assert result.returncode == 1
+    assert len(result.stderr.splitlines()) == 1 and ("--sha256" in result.stderr), result.stderr
+
+
+def test_a_python_without_ensurepip_gets_one_line_naming_python3_venv(tmp_path: Path) -> None:
+    """A python3 that has venv but not ensurepip (Debian without python3-venv) is caught before anything is done,
+    with one line that says what to install."""
+    shadow = tmp_path / "shadow"
+    (shadow / "ensurepip").mkdir(parents=True)
+    (shadow / "ensurepip" / "__init__.py").write_text("raise ImportError('No module named ensurepip')\n")
+    archive = tmp_path / "linux-wheels.tar.gz"
+    archive.write_bytes(b"x")
+    machine = Machine(tmp_path / "m", "http://127.0.0.1:9")
+    result = machine.run("--sha256", sha256(archive), str(archive), env={"PYTHONPATH": str(shadow)})
+    assert result.returncode == 1
+    assert result.stderr == "install.sh: python3 cannot create virtualenvs (no ensurepip): apt-get install " \
+                            "python3-venv, then run this again\n"
+    assert not machine.prefix.exists()
+    old_guard = [shutil.which("python3") or "python3", "-c", "import venv"]
+    assert subprocess.run(old_guard, env={**os.environ, "PYTHONPATH": str(shadow)}, timeout=60,
+                          check=False).returncode == 0, "the old guard would have passed"
+
+
+def test_cloud_init_runs_the_same_install_sh_with_the_hash() -> None:
+    """The scale-set custom data carries install.sh and the unit verbatim and runs install.sh with the archive's
+    hash, so first boot and later upgrades take one path."""
+    import yaml  # noqa: PLC0415 - only this test reads YAML
+
+    systemd = ROOT / "deploy" / "systemd"
+    data = yaml.safe_load((systemd / "cloud-init.yaml").read_text())
+    files = {item["path"]: item["content"] for item in data["write_files"]}
+    assert files[f"{SETUP}/install.sh"] == SCRIPT.read_text()
+    assert files[f"{SETUP}/se-exporter.service"] == (systemd / "se-exporter.service").read_text()
+    (run,) = [command for command in data["runcmd"] if "install.sh" in command]
+    assert run.split()[:4] == ["sh", f"{SETUP}/install.sh", "--sha256", "WHEELHOUSE_SHA256"]
