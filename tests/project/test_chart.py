@@ -198,6 +198,25 @@ def test_default_node_pods_tolerate_every_aks_taint_and_preempt_only_ordinary_po
     assert priority["globalDefault"] is False and priority["preemptionPolicy"] == "PreemptLowerPriority"
 
 
+CLUSTER_SCOPED = {"PriorityClass"}
+
+
+@pytest.mark.parametrize("release", ["se-exporter", "prod"])
+def test_every_namespaced_object_names_its_namespace(release: str) -> None:
+    """Each namespaced object says the release's namespace (so a rendered manifest applies where helm would put it),
+    the PriorityClass none; the Services keep "se-exporter" and "se-exporter-fleet" in their names, which the rules
+    find the scrape jobs by, whatever the release is called."""
+    rendered = render(VALUES["fleet"], release=release, namespace="observability")
+    for document in rendered:
+        if document["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in document["metadata"]
+        else:
+            assert document["metadata"]["namespace"] == "observability", document["kind"]
+    services = sorted(d["metadata"]["name"] for d in rendered if d["kind"] == "Service")
+    assert [re.search(r"se-exporter(-fleet)?$", name) is not None for name in services] == [True, True]
+    assert any(name.endswith("se-exporter-fleet") for name in services)
+
+
 def test_standard_and_common_labels_on_every_object() -> None:
     """Every object carries the app.kubernetes.io labels and commonLabels; selectors use only the stable ones."""
     for document in render(VALUES["pod-monitor"]):
