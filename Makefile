@@ -29,10 +29,13 @@ dashboards: $(VENV)/.installed
 	$(BIN)/python dashboards/generate.py
 	$(MAKE) --no-print-directory chart-files
 
+# The chart takes every rule file (dashboards/*.yaml with top-level groups; fleet-*.yaml for the fleet) and every
+# dashboard (dashboards/se-exporter-*.json).
 CHART_FILES := charts/se-exporter/files
 chart-files:
-	cp dashboards/alerts.yaml dashboards/fleet-alerts.yaml $(CHART_FILES)/
-	rm -f $(CHART_FILES)/dashboards/*.json && cp dashboards/*.json $(CHART_FILES)/dashboards/
+	rm -f $(CHART_FILES)/rules/*.yaml $(CHART_FILES)/dashboards/*.json
+	cp dashboards/*.yaml $(CHART_FILES)/rules/
+	cp dashboards/se-exporter-*.json $(CHART_FILES)/dashboards/
 
 # Rewrite the generated reference pages (docs/reference.md: flags and metrics; docs/modules.md: the module map)
 # from the code; tests/project/test_docs.py fails while a committed page differs from them.

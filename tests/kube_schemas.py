@@ -90,7 +90,7 @@ def run_helm(args: Sequence[str], chart: Path = CHART) -> str:
                "HELM_CACHE_HOME": f"{home}/cache", "HELM_CONFIG_HOME": f"{home}/config",
                "HELM_DATA_HOME": f"{home}/data", "HELM_PLUGINS": f"{home}/plugins",
                "HELM_REGISTRY_CONFIG": f"{home}/registry.json", "HELM_REPOSITORY_CONFIG": f"{home}/repositories.yaml",
-               "HELM_REPOSITORY_CACHE": f"{home}/repository"}
+               "HELM_REPOSITORY_CACHE": f"{home}/repository", "HELM_NO_PLUGINS": "1"}
         result = subprocess.run([helm(), *args, str(chart)], capture_output=True, text=True, timeout=120,
                                 check=False, env=env)
     if result.returncode:

@@ -139,16 +139,22 @@ def test_app_version_follows_the_package() -> None:
 
 
 def test_chart_carries_exactly_what_dashboards_ships() -> None:
-    """The chart's rules and dashboards are byte for byte dashboards/'s (make chart-files copies them), and the
-    PrometheusRules carry those rules unchanged."""
+    """The chart's rule files and dashboards are byte for byte dashboards/'s (make chart-files copies them), and its
+    PrometheusRules carry every rule group of those files: the fleet's files in the fleet's, the others in the node
+    pods'."""
     files = CHART / "files"
-    for name in ("alerts.yaml", "fleet-alerts.yaml"):
-        assert (files / name).read_bytes() == (DASHBOARDS / name).read_bytes(), f"{name}: run make chart-files"
-    shipped = {p.name: p.read_bytes() for p in DASHBOARDS.glob("*.json")}
-    assert {p.name: p.read_bytes() for p in (files / "dashboards").glob("*.json")} == shipped, "make chart-files"
-    rules = {d["metadata"]["name"]: d["spec"] for d in of_kind(objects("fleet"), "PrometheusRule")}
-    assert rules == {"se-exporter": yaml.safe_load((DASHBOARDS / "alerts.yaml").read_text()),
-                     "se-exporter-fleet": yaml.safe_load((DASHBOARDS / "fleet-alerts.yaml").read_text())}
+    copies = {p.name: p.read_bytes() for p in (files / "rules").glob("*.yaml")}
+    assert copies == {p.name: p.read_bytes() for p in DASHBOARDS.glob("*.yaml")}, "run make chart-files"
+    copies = {p.name: p.read_bytes() for p in (files / "dashboards").glob("*.json")}
+    assert copies == {p.name: p.read_bytes() for p in DASHBOARDS.glob("se-exporter-*.json")}, "run make chart-files"
+    groups: dict[str, list[Any]] = {"se-exporter": [], "se-exporter-fleet": []}
+    for path in sorted(DASHBOARDS.glob("*.yaml")):
+        content = yaml.safe_load(path.read_text())
+        if isinstance(content, dict) and "groups" in content:
+            groups["se-exporter-fleet" if path.name.startswith("fleet-") else "se-exporter"] += content["groups"]
+    assert groups["se-exporter"] and groups["se-exporter-fleet"]
+    rules = {d["metadata"]["name"]: d["spec"]["groups"] for d in of_kind(objects("fleet"), "PrometheusRule")}
+    assert rules == groups
 
 
 def test_default_node_pods_match_the_sidecar() -> None:
@@ -190,6 +196,25 @@ def test_default_node_pods_tolerate_every_aks_taint_and_preempt_only_ordinary_po
     priority = found[("PriorityClass", pod["priorityClassName"])]
     assert priority["value"] == USER_PRIORITY_MAX < SYSTEM_CLUSTER_CRITICAL
     assert priority["globalDefault"] is False and priority["preemptionPolicy"] == "PreemptLowerPriority"
+
+
+CLUSTER_SCOPED = {"PriorityClass"}
+
+
+@pytest.mark.parametrize("release", ["se-exporter", "prod"])
+def test_every_namespaced_object_names_its_namespace(release: str) -> None:
+    """Each namespaced object says the release's namespace (so a rendered manifest applies where helm would put it),
+    the PriorityClass none; the Services keep "se-exporter" and "se-exporter-fleet" in their names, which the rules
+    find the scrape jobs by, whatever the release is called."""
+    rendered = render(VALUES["fleet"], release=release, namespace="observability")
+    for document in rendered:
+        if document["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in document["metadata"]
+        else:
+            assert document["metadata"]["namespace"] == "observability", document["kind"]
+    services = sorted(d["metadata"]["name"] for d in rendered if d["kind"] == "Service")
+    assert [re.search(r"se-exporter(-fleet)?$", name) is not None for name in services] == [True, True]
+    assert any(name.endswith("se-exporter-fleet") for name in services)
 
 
 def test_standard_and_common_labels_on_every_object() -> None:
@@ -287,7 +312,8 @@ def test_fleet_refuses_to_start_without_what_it_needs() -> None:
 
 def test_windows_node_pods_install_the_winsw_service_on_the_node() -> None:
     """windows.enabled adds a HostProcess DaemonSet on Windows nodes (node network, any taint) that runs
-    deploy/windows/install.ps1 with parameters install.ps1 declares, and removes the service when it stops."""
+    deploy/windows/install.ps1 with parameters install.ps1 declares (the wheelhouse's SHA-256 required), and
+    uninstalls the service with install.ps1 -Uninstall when it stops."""
     found = objects("windows")
     pod = found[("DaemonSet", "se-exporter-windows")]["spec"]["template"]["spec"]
     assert pod["securityContext"]["windowsOptions"]["hostProcess"] is True and pod["hostNetwork"] is True
@@ -301,7 +327,11 @@ def test_windows_node_pods_install_the_winsw_service_on_the_node() -> None:
     assert passed and passed <= declared, passed - declared
     assert "-OtlpEndpoint 'http://otel-collector.monitoring:4318'" in script
     assert "-ScrapeFrom @('10.224.0.0/16','LocalSubnet')" in script
-    assert "uninstall" in container["lifecycle"]["preStop"]["exec"]["command"][-1]
+    assert "-Sha256 '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08'" in script
+    assert container["lifecycle"]["preStop"]["exec"]["command"][-1].endswith("'install.ps1') -Uninstall")
+    assert "Uninstall" in declared
+    with pytest.raises(HelmFailed, match=r"windows\.wheelhouseSha256 is required"):
+        render(VALUES["windows"], "windows.wheelhouseSha256=")
     linux = found[("DaemonSet", "se-exporter")]["spec"]["template"]["spec"]
     assert linux["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert "se-exporter.xml" in (ROOT / "deploy/windows/install.ps1").read_text()
@@ -402,7 +432,7 @@ def test_dashboards_config_maps_for_the_grafana_sidecar() -> None:
     """dashboards.enabled renders one ConfigMap per shipped dashboard, labelled for Grafana's sidecar, holding the
     dashboard's JSON unchanged."""
     maps = of_kind(objects("pod-monitor"), "ConfigMap")
-    assert len(maps) == len(list(DASHBOARDS.glob("*.json")))
+    assert len(maps) == len(list(DASHBOARDS.glob("se-exporter-*.json")))
     for config_map in maps:
         assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert config_map["metadata"]["namespace"] == "grafana"

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from se_exporter.sidecar.settings import RUN_OPTIONS
 

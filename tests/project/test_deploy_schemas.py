@@ -32,7 +32,7 @@ BROKEN = {
     "servicemonitor.yaml": ("  namespaceSelector:", "  namespaceSelecter:", "default"),
     "podmonitor.yaml": ("  podMetricsEndpoints:", "  podMetricEndpoints:", "pod-monitor"),
     "_helpers.tpl": ("  relabelings:", "  relabellings:", "default"),
-    "prometheusrule.yaml": ("spec:", "specs:", "default"),
+    "prometheusrule.yaml": ("  groups:", "  group:", "default"),
     "networkpolicy.yaml": ("policyTypes:", "policyType:", "default"),
     "dashboards.yaml": ("data:", "datas:", "pod-monitor"),
     "fleet/deployment.yaml": ("  replicas:", "  replica:", "fleet"),
