@@ -180,7 +180,7 @@ def parse_api_version(text: str) -> str:
     if text.strip().lower() == apiversion.AUTO:
         return apiversion.AUTO
     if not _API_VERSION.match(text):
-        raise ValueError(f"{text!r} is neither auto nor an api-version like 2020-07-01")
+        raise ValueError(f"{text!r} is not an api-version like 2020-07-01, nor auto")
     return text
 
 
