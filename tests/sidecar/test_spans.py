@@ -39,6 +39,9 @@ OUTCOMES: dict[str, list[tuple[str, str]]] = {
     "spot-preempt": [("Preempt", "completed")],
     "degraded-hardware": [("Redeploy", "completed")],
     "availability-set": [("Reboot", "completed"), ("Reboot", "completed")],
+    "spot-rebalance": [("Preempt", "completed"), ("SpotRebalanceRecommendation", "canceled")],
+    "auto-approved": [("Reboot", "completed"), ("Redeploy", "completed")],
+    "os-image": [("Reboot", "completed")],
     "demo": [("Freeze", "canceled"), ("Freeze", "completed"), ("Preempt", "completed"), ("Reboot", "completed"),
              ("Reboot", "completed"), ("Redeploy", "canceled")],
 }

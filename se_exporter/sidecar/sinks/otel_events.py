@@ -102,14 +102,16 @@ class EventLogSink(Sink):
 
     name = "otel_events"
 
-    def __init__(self, settings: TracingSettings, registry: CollectorRegistry) -> None:
+    def __init__(self, settings: TracingSettings, registry: CollectorRegistry, exporter: Any = None) -> None:
+        """``exporter``: the one to wrap instead of the one ``settings`` name (tests pass an in-memory one)."""
         self._settings = settings
         exported = Counter(f"{NAMESPACE}_log_records_exported", "Transition log records accepted by the OTLP log "
                            "exporter.", registry=registry)
         failed = Counter(f"{NAMESPACE}_log_record_export_errors", "Transition log records the log exporter failed "
                          "to deliver.", registry=registry)
         # Built at start-up, so a bad exporter setting fails there and not at the first event.
-        self._exporter = CountingLogExporter(make_log_exporter(settings), exported, failed)
+        inner = exporter if exporter is not None else make_log_exporter(settings)
+        self._exporter = CountingLogExporter(inner, exported, failed)
         self._provider: LoggerProvider | None = None
         self._logger: Any = None
 
