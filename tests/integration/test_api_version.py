@@ -111,7 +111,7 @@ def test_switching_versions_mid_run_makes_no_false_transition(
     caught_up(sim, process)
     request = urllib.request.Request(f"{server.url}/_simulator/versions", method="POST",
                                      data=json.dumps({"newest": "2020-07-01"}).encode())
-    with urllib.request.urlopen(request, timeout=5):  # noqa: S310 - loopback, the test's own simulator
+    with urllib.request.urlopen(request, timeout=5):
         pass
     wait_until(lambda: api_version(process) == "2020-07-01", what="the switch to 2020-07-01")
     sim.advance(38)

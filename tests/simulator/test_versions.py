@@ -16,7 +16,7 @@ from tests.conftest import SimulatorFactory
 def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
     request = urllib.request.Request(url, headers=headers or {"Metadata": "true"})
     try:
-        with urllib.request.urlopen(request, timeout=5) as answer:  # noqa: S310 - loopback, a test's own server
+        with urllib.request.urlopen(request, timeout=5) as answer:
             return answer.status, json.loads(answer.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read() or b"null")
@@ -25,7 +25,7 @@ def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
 def post(url: str, body: object) -> int:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=5) as answer:  # noqa: S310 - loopback, a test's own server
+        with urllib.request.urlopen(request, timeout=5) as answer:
             return int(answer.status)
     except urllib.error.HTTPError as error:
         return error.code
@@ -49,7 +49,7 @@ def test_the_recommendation_is_listed_under_2024_07_09_only(simulator: Simulator
 def test_a_vm_that_does_not_serve_the_version_answers_404_until_told_otherwise(simulator: SimulatorFactory) -> None:
     """spot-rebalance-unserved: 404 for 2024-07-09, 200 for 2020-07-01; POST /_simulator/versions makes it serve
     2024-07-09; the scenario-only key is not compute metadata."""
-    sim, server = simulator("spot-rebalance-unserved", held=True)
+    _, server = simulator("spot-rebalance-unserved", held=True)
     assert get(f"{server.url}/metadata/scheduledevents?api-version=2024-07-09")[0] == 404
     assert get(f"{server.url}/metadata/scheduledevents?api-version=2020-07-01")[0] == 200
     status, compute = get(f"{server.url}/metadata/instance/compute?api-version=2021-02-01")
