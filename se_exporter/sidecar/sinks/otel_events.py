@@ -123,10 +123,10 @@ class EventLogSink(Sink):
         log.info("exporting lifecycle transitions as log records with %s", self._settings.otel_logs_exporter)
 
     def export(self, change: DocumentChange) -> None:
+        if self._provider is None:  # at the first document, as the span sink: its cost shows from the start
+            self._build(change.identity)
         if not change.transitions:
             return
-        if self._provider is None:
-            self._build(change.identity)
         identity = change.identity
         vm_key = f"{identity.vm_id if identity else ''}/{change.vm_name or ''}"  # as SpanSink's
         for transition in change.transitions:
