@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from se_exporter.core.apiversion import FALLBACK, NEWEST, RETRY_NEWEST_SECONDS
-from se_exporter.sidecar.imds import ImdsClient, make_transport
+from se_exporter.core.errors import ImdsHttpError
+from se_exporter.sidecar.imds import ERROR_BODY_BYTES, ImdsClient, make_transport
 from se_exporter.sidecar.metrics import Metrics
 from se_exporter.sidecar.poller import Poller
 from se_exporter.sidecar.settings import Settings
@@ -234,5 +235,20 @@ def test_a_400_is_a_version_answer_only_when_its_body_names_the_api_version(body
         poller.poll_once()
         assert (poller.snapshot.api_version, poller.snapshot.has_document) == (
             (FALLBACK, True) if fell_back else (NEWEST, False))
+    finally:
+        imds_http.close_all()
+
+
+def test_a_refusal_is_read_only_as_far_as_its_first_bytes() -> None:
+    """A 404 with a 20 MB body is a version answer read no further than its start: the same poll reads the
+    fallback, and the error kept holds at most ERROR_BODY_BYTES of it."""
+    document = b'{"DocumentIncarnation": 1, "Events": []}'
+    try:
+        imds, _, _ = scripted_imds([httpx.Response(404, content=b"x" * 20_000_000),
+                                    httpx.Response(200, content=document)], api_version=NEWEST)
+        with pytest.raises(ImdsHttpError) as refused:
+            imds.scheduled_events(NEWEST)
+        assert refused.value.status == 404 and 0 < len(refused.value.body) <= ERROR_BODY_BYTES
+        assert imds.scheduled_events(FALLBACK) == document
     finally:
         imds_http.close_all()
