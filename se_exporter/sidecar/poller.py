@@ -29,8 +29,8 @@ log = logging.getLogger("se_exporter")
 class Poller:
     """Polls IMDS, keeps the snapshot, hands document changes to the sinks.
 
-    Work per poll is one GET and one bytes comparison: parsing, the lifecycle diff and the sinks
-    run only when the bytes changed.
+    Work per poll is one GET (two when IMDS refuses the api-version asked for: ``_fetch``) and one bytes
+    comparison: parsing, the lifecycle diff and the sinks run only when the bytes (or the api-version) changed.
     """
 
     def __init__(self, imds: ImdsClient, metrics: Metrics, sinks: FanOut, settings: Settings,
