@@ -3,15 +3,18 @@ exporter: one per transition, in the event's trace and its root span's context, 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
+from typing import Any
 
 import pytest
-from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, LogRecordExportResult
 from prometheus_client import CollectorRegistry
 
 from se_exporter.core import spot
 from se_exporter.core.lifecycle import EventRecord, diff
 from se_exporter.core.model import VmIdentity
+from se_exporter.infra import processwide
 from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks import DocumentChange
 from se_exporter.sidecar.sinks.otel_events import EventLogSink
@@ -85,3 +88,35 @@ def test_the_preempt_record_names_the_recommendation_it_follows() -> None:
                   and r.log_record.event_name == A + "scheduled"]
     assert preempt.attributes[A + "follows_recommendation_id"] == "5A0C7E21-3B4D-4F6A-8C9E-0D1F2A3B4C01"
     assert preempt.attributes[A + "recommendation_lead_seconds"] == pytest.approx(38.0)
+
+
+class RefusingExporter(InMemoryLogRecordExporter):
+    """Fails every batch, saying why on the OTLP HTTP log exporter's own logger, as the real one does."""
+
+    def export(self, batch: Any) -> LogRecordExportResult:
+        logging.getLogger("opentelemetry.exporter.otlp.proto.http._log_exporter").warning(
+            "Failed to export logs batch code: 503, reason: collector overloaded")
+        return LogRecordExportResult.FAILURE
+
+
+def test_a_failing_log_exporter_is_counted_and_said_once_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    """Every failed record is counted; the sidecar logs one line naming the exporter's reason, and the exporter's
+    own per-batch lines stay out of the log."""
+    scenario = scenarios.load("live-migration")
+    registry = CollectorRegistry()
+    sink = EventLogSink(Settings().tracing, registry, RefusingExporter())
+    identity = VmIdentity(name=scenario.vm["name"], vm_id=scenario.vm["vmId"])
+    records: Mapping[str, EventRecord] = {}
+    with processwide.restored(), caplog.at_level(logging.INFO):
+        for incarnation, t in enumerate((0.0, *scenario.key_times()), start=1):
+            document = document_at(scenario, t + 0.01, incarnation)
+            step = diff(records, document, EPOCH + t + 0.01)
+            records = step.records
+            sink.export(DocumentChange(b"", document, step.transitions, step.records, EPOCH + t + 0.01,
+                                       scenario.vm["name"], identity, "2024-07-09"))
+            sink.force_flush()
+        sink.shutdown()
+    assert registry.get_sample_value("azure_scheduled_events_log_record_export_errors_total") == 3.0
+    failing = [r.getMessage() for r in caplog.records if "log record export failing" in r.getMessage()]
+    assert len(failing) == 1 and "collector overloaded" in failing[0]
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry.exporter")]

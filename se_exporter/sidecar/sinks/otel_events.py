@@ -34,7 +34,13 @@ from se_exporter.sidecar.metrics import NAMESPACE
 from se_exporter.sidecar.settings import TracingSettings
 from se_exporter.sidecar.sinks import DocumentChange, Sink
 from se_exporter.sidecar.sinks.spans import PREFIX, attributes, span_id_for, trace_id_for, transition_extras
-from se_exporter.sidecar.sinks.tracing import EXPORT_TIMEOUT_SECONDS, MAX_RESPONSE_BYTES, resource_attributes
+from se_exporter.sidecar.sinks.tracing import (
+    EXPORT_TIMEOUT_SECONDS,
+    MAX_RESPONSE_BYTES,
+    exporter_reason,
+    quiet_exporters,
+    resource_attributes,
+)
 
 log = logging.getLogger("se_exporter.otel_events")
 EVENT_PREFIX = "azure.scheduled_event."
@@ -67,13 +73,16 @@ def make_log_exporter(settings: TracingSettings) -> Any:
 
 
 class CountingLogExporter(LogRecordExporter):
-    """Counts exported and failed records, and logs once per change of health (never per batch)."""
+    """Counts exported and failed records, and logs once per change of health, saying why in the exporter's own
+    words (its per-batch lines are kept out of the log, as the span exporters' are)."""
 
     def __init__(self, inner: Any, exported: Counter, failed: Counter) -> None:
         self._inner, self._exported, self._failed = inner, exported, failed
         self._health = Health()
+        quiet_exporters()
 
     def export(self, batch: Any) -> LogRecordExportResult:
+        exporter_reason(clear=True)
         try:
             result: LogRecordExportResult = self._inner.export(batch)
         except Exception as error:  # an exporter bug must not kill the batch thread
@@ -86,7 +95,8 @@ class CountingLogExporter(LogRecordExporter):
         else:
             self._failed.inc(len(batch))
             if self._health.fail("export"):
-                log.warning("log record export failing: transition records are dropped until the endpoint answers")
+                log.warning("log record export failing (%s): transition records are dropped until the endpoint "
+                            "answers", exporter_reason() or type(self._inner).__name__)
         return result
 
     def shutdown(self) -> None:

@@ -133,6 +133,7 @@ class _ExporterReasons(logging.Filter):
     one when it recovers is what an operator needs (``CountingExporter``)."""
 
     LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+               "opentelemetry.exporter.otlp.proto.http._log_exporter",
                "opentelemetry.exporter.otlp.proto.grpc.exporter", "opentelemetry.exporter.otlp.common.http")
 
     def __init__(self) -> None:
@@ -152,6 +153,19 @@ class _ExporterReasons(logging.Filter):
 
 
 _REASONS = _ExporterReasons()  # loggers are process-wide: one filter on them, whichever sink installed it
+
+
+def quiet_exporters() -> None:
+    """Keep the OTLP exporters' own lines (span and log exporters alike) out of the log; see ``_ExporterReasons``."""
+    _REASONS.install()
+
+
+def exporter_reason(clear: bool = False) -> str | None:
+    """Why the latest export failed, in the exporter's own words (None if it said nothing); ``clear`` forgets it."""
+    reason = _REASONS.last
+    if clear:
+        _REASONS.last = None
+    return reason
 
 
 class CountingExporter(SpanExporter):
