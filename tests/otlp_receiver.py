@@ -1,4 +1,4 @@
-"""A small OTLP trace receiver for the tests: OTLP/HTTP (protobuf) and OTLP/gRPC, on loopback.
+"""A small OTLP trace and log receiver for the tests: OTLP/HTTP (protobuf) and OTLP/gRPC, on loopback.
 
 Built on opentelemetry-proto; the official exporters deliver to it as to a collector. Beside it, hostile
 collectors on loopback: ones that flood an endless answer, drip it a byte at a time, or answer gRPC late or large.
@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
@@ -37,6 +38,19 @@ class ReceivedSpan:
     transport: str
 
 
+@dataclass(frozen=True)
+class ReceivedLog:
+    event_name: str
+    trace_id: str
+    span_id: str
+    time_ns: int
+    severity_text: str
+    body: Any
+    attributes: dict[str, Any]
+    resource: dict[str, Any]
+    transport: str
+
+
 def _value(value: AnyValue) -> Any:
     kind = value.WhichOneof("value")
     if kind == "array_value":
@@ -51,12 +65,24 @@ def _attrs(items: Any) -> dict[str, Any]:
 class OtlpReceiver:
     def __init__(self) -> None:
         self.spans: list[ReceivedSpan] = []
+        self.logs: list[ReceivedLog] = []
         self._lock = threading.Lock()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path == "/v1/logs":
+                    logs = logs_service_pb2.ExportLogsServiceRequest()
+                    logs.ParseFromString(body)
+                    receiver._take_logs(logs, "http")
+                    reply = logs_service_pb2.ExportLogsServiceResponse().SerializeToString()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/x-protobuf")
+                    self.send_header("Content-Length", str(len(reply)))
+                    self.end_headers()
+                    self.wfile.write(reply)
+                    return
                 request = trace_service_pb2.ExportTraceServiceRequest()
                 request.ParseFromString(body)
                 receiver._take(request, "http")
@@ -79,8 +105,14 @@ class OtlpReceiver:
                 receiver._take(request, "grpc")
                 return trace_service_pb2.ExportTraceServiceResponse()
 
+        class LogsService(logs_service_pb2_grpc.LogsServiceServicer):
+            def Export(self, request: Any, context: Any) -> Any:
+                receiver._take_logs(request, "grpc")
+                return logs_service_pb2.ExportLogsServiceResponse()
+
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), self._grpc)
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(LogsService(), self._grpc)
         self.grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
         self._grpc.start()
 
@@ -105,6 +137,23 @@ class OtlpReceiver:
                         span.status.code, transport))
         with self._lock:
             self.spans.extend(received)
+
+    def _take_logs(self, request: Any, transport: str) -> None:
+        received = []
+        for resource_logs in request.resource_logs:
+            resource = _attrs(resource_logs.resource.attributes)
+            for scope_logs in resource_logs.scope_logs:
+                for record in scope_logs.log_records:
+                    received.append(ReceivedLog(
+                        record.event_name, record.trace_id.hex(), record.span_id.hex(), record.time_unix_nano,
+                        record.severity_text, _value(record.body), _attrs(record.attributes), resource, transport))
+        with self._lock:
+            self.logs.extend(received)
+
+    def events(self, prefix: str = "") -> list[ReceivedLog]:
+        """The log records received so far whose event.name starts with ``prefix``, in order of arrival."""
+        with self._lock:
+            return [record for record in self.logs if record.event_name.startswith(prefix)]
 
     def named(self, name: str) -> list[ReceivedSpan]:
         with self._lock:

@@ -71,9 +71,10 @@ class ImdsThrottled(ImdsError):
 class ImdsHttpError(ImdsError):
     outcome = "http_error"
 
-    def __init__(self, message: str, status: int) -> None:
+    def __init__(self, message: str, status: int, body: bytes = b"") -> None:
         super().__init__(message)
         self.status = status
+        self.body = body  # the start of the answer's body (400 and 404 only): whether it names the api-version
 
 
 class ImdsTimeout(ImdsError):

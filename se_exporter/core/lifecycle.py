@@ -23,6 +23,12 @@ replayed answer (typically with a ``DocumentIncarnation`` going backwards). It i
 it is what IMDS lists, with the times first recorded for it, but its lifecycle stays ended: it makes no
 transition at all, so no event is ever counted ``scheduled`` (or ended) twice. (The memory is not
 kept across a restart.)
+
+Documents of different api-versions diff as one timeline: an event is its EventId whatever version listed it.
+Only one thing differs: an older version cannot list some types (``apiversion.unlisted_types``), so when the
+sidecar falls back to it, an open event of such a type missing from the document has not ended: ``unlisted``
+names those types, and their records are kept as they were (no transition) until a version that lists them
+says otherwise.
 """
 
 from __future__ import annotations
@@ -76,6 +82,12 @@ class EventRecord:
         return None if self.started_at is None else self.started_at - self.first_seen
 
     @property
+    def skipped_scheduled(self) -> bool:
+        """First seen already Started: Azure gave no notice (a host failure, or an auto-approved user-initiated
+        reboot or redeploy under a Scheduled Events Policy). Not a missed ``Scheduled``: there was none to see."""
+        return self.started_at is not None and self.started_at == self.first_seen
+
+    @property
     def impact_seconds(self) -> float | None:
         """Started -> gone."""
         if self.started_at is None or self.gone_at is None:
@@ -105,9 +117,9 @@ class Step:
 
 
 def diff(previous: Mapping[str, EventRecord], document: Document, now: float,
-         ended: Mapping[str, EventRecord] | None = None) -> Step:
+         ended: Mapping[str, EventRecord] | None = None, unlisted: frozenset[str] = frozenset()) -> Step:
     """Compare the open records (keyed by ``event_key``) with a new document observed at ``now``; ``ended`` is
-    the previous step's ``ended``."""
+    the previous step's ``ended``; ``unlisted``, the event types the document's api-version cannot list."""
     ended = {} if ended is None else ended
     records: dict[str, EventRecord] = {}
     transitions: list[Transition] = []
@@ -149,6 +161,9 @@ def diff(previous: Mapping[str, EventRecord], document: Document, now: float,
     missing = set() if records.keys() == previous.keys() else previous.keys() - records.keys()  # usually none
     for key, before in previous.items() if missing else ():
         if key in missing and key not in ended:
+            if before.event.event_type in unlisted:  # not listable by this api-version: unknown, so kept open
+                records[key] = before
+                continue
             gone = replace(before, gone_at=now)
             transitions.append(Transition(COMPLETED if before.started_at is not None else CANCELED, gone))
             newly_ended[key] = gone

@@ -40,7 +40,11 @@ from typing import Any, ClassVar, TypeVar
 
 from se_exporter.core.errors import InvalidDocument
 
-EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
+# The documented types, in the order the api-versions added them; SpotRebalanceRecommendation comes with 2024-07-09
+# (``core/apiversion.py`` says which version lists which type).
+SPOT_REBALANCE = "SpotRebalanceRecommendation"
+PREEMPT = "Preempt"
+EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate", SPOT_REBALANCE)
 
 
 class EventStatus(str, Enum):

@@ -95,9 +95,9 @@ class Sidecar:
         ProcessCollector(registry=self.registry)
         transport = make_transport()
         cleanup.callback(transport.close)
-        imds = ImdsClient(transport, settings.imds_url, settings.api_version, settings.imds_timeout,
+        imds = ImdsClient(transport, settings.imds_url, settings.first_api_version, settings.imds_timeout,
                           settings.effective_first_call_timeout, settings.max_document_bytes)
-        state = CurrentState(Snapshot(vm_name=settings.vm_name, api_version=settings.api_version))
+        state = CurrentState(Snapshot(vm_name=settings.vm_name, api_version=settings.first_api_version))
         metrics = Metrics(self.registry, state.get)
         # One sidecar per state directory, claimed before any state is read.
         state_dir = StateDir.claim(settings.state_path, settings.state_dir is not None,
@@ -111,6 +111,10 @@ class Sidecar:
             from se_exporter.sidecar.sinks.tracing import make_tracing  # loads the OpenTelemetry SDK
 
             outputs.append(make_tracing(settings.tracing, state_dir.kept, self.registry))
+        if settings.otel_logs_exporter != "none":
+            from se_exporter.sidecar.sinks.otel_events import make_event_logs  # loads the OpenTelemetry logs SDK
+
+            outputs.append(make_event_logs(settings.tracing, self.registry))
         sinks = FanOut(outputs, on_error=lambda name: metrics.sink_errors.labels(name).inc())
         cleanup.callback(sinks.shutdown)
         poller = Poller(imds, metrics, sinks, settings, state, store=store)

@@ -23,7 +23,7 @@ def banner(settings: Settings, imds_url: str, metrics_url: str, scenario: str, d
         f"se-exporter demo: the sidecar polls a simulated IMDS playing the '{scenario}' scenario ({speed}).",
         f"  {description}",
         "",
-        f"  Simulated IMDS  {imds_url}/metadata/scheduledevents?api-version={settings.api_version}",
+        f"  Simulated IMDS  {imds_url}/metadata/scheduledevents?api-version={settings.first_api_version}",
         f"                  curl -H Metadata:true '{imds_url}/metadata/scheduledevents?api-version=2020-07-01'",
         f"  Metrics         {metrics_url}   (curl -s {metrics_url} | grep azure_scheduled)",
     ]

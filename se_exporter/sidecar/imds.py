@@ -39,6 +39,7 @@ SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 COMPUTE_PATH = "/metadata/instance/compute"
 COMPUTE_API_VERSION = "2021-02-01"
 USER_AGENT = f"se-exporter/{__version__}"
+ERROR_BODY_BYTES = 4096  # of a 400 or 404 answer: enough for IMDS's error and its newest-versions list
 
 
 # identity: RFC 9110 says a request without Accept-Encoding accepts any coding; we want the bytes as they are.
@@ -70,21 +71,32 @@ class ImdsClient:
         max_body_bytes: int,
     ) -> None:
         self._transport = transport
-        base = base_url.rstrip("/")
-        # Worked out once: the URLs never change, and the hot path should not rebuild them per poll.
-        self._events_url = f"{base}{SCHEDULED_EVENTS_PATH}?{urlencode({'api-version': api_version})}"
+        base = self._base = base_url.rstrip("/")
+        # Worked out once per api-version: the URLs never change, and the hot path should not rebuild them per poll.
         self._compute_url = f"{base}{COMPUTE_PATH}?{urlencode({'api-version': COMPUTE_API_VERSION})}"
         parts = urlsplit(base)
         self._origin = (parts.scheme, parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
-        self._targets = {url: url[len(base) - len(parts.path):] for url in (self._events_url, self._compute_url)}
+        self._cut = len(base) - len(parts.path)
+        self._targets = {self._compute_url: self._compute_url[self._cut:]}
+        self._events_urls: dict[str, str] = {}
+        self._events_url = self._url_for(api_version)
         self._headers = [("Host", parts.netloc.rpartition("@")[2]), *HEADERS.items()]
         self._timeout = timeout
         self._first_call_timeout = first_call_timeout
         self._max_body_bytes = max_body_bytes
         self._answered = False
 
+    def _url_for(self, api_version: str) -> str:
+        url = self._events_urls.get(api_version)
+        if url is None:  # a handful of versions at most: the ones the poll loop negotiates between
+            url = f"{self._base}{SCHEDULED_EVENTS_PATH}?{urlencode({'api-version': api_version})}"
+            self._events_urls[api_version] = url
+            self._targets[url] = url[self._cut:]
+        return url
+
     @property
     def events_url(self) -> str:
+        """The Scheduled Events URL of the api-version last asked for."""
         return self._events_url
 
     @property
@@ -94,8 +106,11 @@ class ImdsClient:
         IMDS endpoints answering says nothing about Scheduled Events being enabled.)"""
         return self._timeout if self._answered else self._first_call_timeout
 
-    def scheduled_events(self) -> bytes:
-        """The raw body of one Scheduled Events answer (HTTP 200), or an ``ImdsError``."""
+    def scheduled_events(self, api_version: str | None = None) -> bytes:
+        """The raw body of one Scheduled Events answer (HTTP 200) for ``api_version`` (default: the one given at
+        construction, or last asked for), or an ``ImdsError``."""
+        if api_version is not None:
+            self._events_url = self._url_for(api_version)
         return self._get(self._events_url, self.current_timeout)
 
     def compute(self) -> VmIdentity:
@@ -121,7 +136,7 @@ class ImdsClient:
                 if url is self._events_url:
                     self._answered = True
                 if answer.status != 200:
-                    raise _status_error(answer)
+                    raise _status_error(answer, _error_body(answer) if answer.status in (400, 404) else b"")
                 return self._read_bounded(answer)
             finally:
                 answer.close()
@@ -149,7 +164,23 @@ class ImdsClient:
         return b"".join(chunks)
 
 
-def _status_error(response: Answer) -> ImdsError:
+def _error_body(answer: Answer) -> bytes:
+    """The first ``ERROR_BODY_BYTES`` of an error answer (the rest is left unread: the connection is then closed).
+    A body that breaks off or stalls leaves what came: the status alone already says what it says."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        for chunk in answer:
+            chunks.append(chunk)
+            size += len(chunk)
+            if size >= ERROR_BODY_BYTES:
+                break
+    except TransportError:
+        pass
+    return b"".join(chunks)[:ERROR_BODY_BYTES]
+
+
+def _status_error(response: Answer, body: bytes = b"") -> ImdsError:
     status = response.status
     if status == 429:
         retry_after = parse_retry_after(response.header("retry-after"), now=time.time())
@@ -159,7 +190,7 @@ def _status_error(response: Answer) -> ImdsError:
         location = _printable(response.header("location") or "?", 200)
         return ImdsHttpError(f"HTTP {status} redirect to {location} not followed", status)
     reason = _printable(response.reason or "error")
-    return ImdsHttpError(f"HTTP {status} {reason}", status)
+    return ImdsHttpError(f"HTTP {status} {reason}", status, body)
 
 
 def _printable(text: str, limit: int = 40) -> str:

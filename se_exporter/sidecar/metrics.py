@@ -29,6 +29,7 @@ NAMESPACE = "azure_scheduled_events"
 EVENT = "azure_scheduled_event"
 
 NOTICE_BUCKETS = (0, 1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400, 259200, 604800)
+REBALANCE_BUCKETS = (5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 IMPACT_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600)
 # Bounds on what IMDS puts in labels (nothing a VM is told is trusted): a label value is cut at MAX_LABEL characters,
 # ending in LABEL_MARK so the cut shows; a document's first MAX_EVENT_SERIES events by EventId get per-event series.
@@ -54,6 +55,10 @@ class Metrics:
         self.impact = Histogram(
             f"{NAMESPACE}_impact_seconds", "Started -> gone from the document.",
             ["event_type"], buckets=IMPACT_BUCKETS, registry=registry)
+        self.rebalance_to_preempt = Histogram(
+            f"{NAMESPACE}_spot_rebalance_to_preempt_seconds",
+            "SpotRebalanceRecommendation first seen -> the Preempt that followed it on this VM first seen: the warning "
+            "the recommendation gave.", buckets=REBALANCE_BUCKETS, registry=registry)
         self.polls = Counter(
             f"{NAMESPACE}_polls", "Polls of the Scheduled Events endpoint, by outcome.",
             ["outcome"], registry=registry)

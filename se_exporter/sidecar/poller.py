@@ -11,8 +11,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from se_exporter.core import lifecycle
-from se_exporter.core.errors import ImdsError, ImdsThrottled
+from se_exporter.core import apiversion, lifecycle, spot
+from se_exporter.core.errors import ImdsError, ImdsHttpError, ImdsThrottled
 from se_exporter.core.model import EventMemo, VmIdentity, event_key, parse_document, vm_name
 from se_exporter.core.retry import Health, backoff
 from se_exporter.infra.logs import fields
@@ -29,14 +29,15 @@ log = logging.getLogger("se_exporter")
 class Poller:
     """Polls IMDS, keeps the snapshot, hands document changes to the sinks.
 
-    Work per poll is one GET and one bytes comparison: parsing, the lifecycle diff and the sinks
-    run only when the bytes changed.
+    Work per poll is one GET (two when IMDS refuses the api-version asked for: ``_fetch``) and one bytes
+    comparison: parsing, the lifecycle diff and the sinks run only when the bytes (or the api-version) changed.
     """
 
     def __init__(self, imds: ImdsClient, metrics: Metrics, sinks: FanOut, settings: Settings,
                  state: CurrentState | None = None, clock: Callable[[], float] = time.time,
-                 store: LifecycleStore | None = None) -> None:
+                 store: LifecycleStore | None = None, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._imds = imds
+        self._monotonic = monotonic  # when the newer api-version is due again (tests move it forward)
         self._metrics = metrics
         self._sinks = sinks
         self._settings = settings
@@ -47,13 +48,16 @@ class Poller:
         self._failures = 0
         self._health = Health()  # failing: the outcome of the current run of failed polls
         # Shared with the identity watcher and the scrapes (see snapshot.py); its own when none is given.
-        self._state = state or CurrentState(Snapshot(vm_name=settings.vm_name, api_version=settings.api_version))
+        self._state = state or CurrentState(Snapshot(vm_name=settings.vm_name,
+                                                     api_version=settings.first_api_version))
+        self._versions = apiversion.VersionChoice.from_setting(settings.api_version)
         self._store = store
         # Lifecycles open before a restart: the first diff starts from them, not from nothing (keyed as diff keys).
         restored = store.load() if store is not None else {}
         self._restored = {event_key(record.event.event_id): record for record in restored.values()}
         self._ended: Mapping[str, lifecycle.EventRecord] = {}  # recently ended events, so none begins twice
-        self.heartbeat_deadline = (time.monotonic() + settings.effective_first_call_timeout
+        requests = 2 if self._versions.negotiates else 1
+        self.heartbeat_deadline = (time.monotonic() + requests * settings.effective_first_call_timeout
                                    + settings.effective_max_backoff + 10)
 
     @property
@@ -67,9 +71,9 @@ class Poller:
         """One poll; returns how long to wait before the next one."""
         started = time.monotonic()
         try:
-            body = self._imds.scheduled_events()
-            if body != self._last_body:
-                self._apply(body)  # raises InvalidDocument before anything is changed
+            body, version = self._fetch(self._monotonic())
+            if body != self._last_body or version != self.snapshot.api_version:
+                self._apply(body, version)  # raises InvalidDocument before anything is changed
         except ImdsError as error:
             self._metrics.poll_duration.observe(time.monotonic() - started)
             return self._failed(error)
@@ -82,11 +86,35 @@ class Poller:
         self._state.update(up=True, last_success=self._clock())
         return self._settings.poll_interval
 
-    def _apply(self, body: bytes) -> None:
+    def _fetch(self, now: float) -> tuple[bytes, str]:
+        """One Scheduled Events body and the api-version it answers (``core/apiversion.py``). With ``auto``, a
+        version IMDS refuses is replaced by the fallback within the same poll, so switching leaves no gap; a retry
+        of the newer version that meets an outage reads the fallback too (an outage is no version answer)."""
+        choice = self._versions
+        version = choice.to_ask(now)
+        try:
+            return self._imds.scheduled_events(version), version
+        except ImdsError as error:
+            if not choice.negotiates or version == apiversion.FALLBACK:
+                raise
+            if isinstance(error, ImdsHttpError) and apiversion.refuses_version(error.status, error.body):
+                self._versions = choice.refused(version, now)
+                if version == choice.in_use:  # not a retry: say it once, when it happens
+                    log.warning("IMDS does not serve Scheduled Events api-version %s (%s); polling %s, and asking "
+                                "for %s again every %g s", version, error, apiversion.FALLBACK, version,
+                                apiversion.RETRY_NEWEST_SECONDS,
+                                extra=fields(api_version=apiversion.FALLBACK, refused_api_version=version))
+            elif version != choice.in_use and not isinstance(error, ImdsThrottled):
+                self._versions = choice.retry_failed(now)
+            else:
+                raise
+        return self._imds.scheduled_events(apiversion.FALLBACK), apiversion.FALLBACK
+
+    def _apply(self, body: bytes, version: str) -> None:
         document = parse_document(body, self._memo)
         now = self._clock()
         previous = self.snapshot.records if self.snapshot.has_document else self._restored
-        step = lifecycle.diff(previous, document, now, self._ended)
+        step = lifecycle.diff(previous, document, now, self._ended, apiversion.unlisted_types(version))
         if self._store is not None:
             self._store.save(step.records)
         first = self._last_body is None
@@ -100,7 +128,13 @@ class Poller:
             log.warning("DocumentIncarnation went backwards from %d to %d; using the document as IMDS' current "
                         "state (events that had ended stay ended)", before, document.incarnation,
                         extra=fields(document_incarnation=document.incarnation, previous_incarnation=before))
-        snap = self._state.update(records=step.records, incarnation=document.incarnation, has_document=True)
+        was = self.snapshot.api_version
+        self._versions = self._versions.answered(version)
+        if version != was:
+            log.info("Scheduled Events api-version in use: %s (was %s)", version, was,
+                     extra=fields(api_version=version, previous_api_version=was))
+        snap = self._state.update(records=step.records, incarnation=document.incarnation, has_document=True,
+                                  api_version=version)
         self._metrics.document_changes.inc()
         if document.warnings:
             self._metrics.document_warnings.inc(len(document.warnings))
@@ -112,7 +146,8 @@ class Poller:
                                                           events=len(document.events)))
         self._sinks.export(DocumentChange(
             raw=body, document=document, transitions=step.transitions, records=step.records, observed_at=now,
-            vm_name=snap.vm_name, identity=snap.identity, api_version=self._settings.api_version))
+            vm_name=snap.vm_name, identity=snap.identity, api_version=version,
+            follows=spot.links(step.transitions, step.records, step.ended)))
 
     def _failed(self, error: ImdsError) -> float:
         self._metrics.polls.labels(error.outcome).inc()
@@ -132,7 +167,9 @@ class Poller:
         poll's own duration is inside the interval and the rate stays fixed."""
         while not stop.is_set():
             started = time.monotonic()
-            self.heartbeat_deadline = started + self._imds.current_timeout + self._settings.effective_max_backoff + 10
+            requests = 2 if self._versions.negotiates else 1  # a refused version is followed by the fallback
+            self.heartbeat_deadline = (started + requests * self._imds.current_timeout
+                                       + self._settings.effective_max_backoff + 10)
             try:
                 delay = self.poll_once()
             except Exception:  # a bug must not end the loop silently: log it, wait, go on

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from se_exporter.core import apiversion
 from se_exporter.core.errors import ConfigError
 from se_exporter.infra.options import (
     DEFAULT_PORT,
@@ -36,7 +37,7 @@ from se_exporter.infra.options import (
 from se_exporter.infra.platform_io import DEFAULT_STATE_DIR
 
 DEFAULT_IMDS_URL = "http://169.254.169.254"
-DEFAULT_API_VERSION = "2020-07-01"
+DEFAULT_API_VERSION = apiversion.AUTO
 DEFAULT_HEARTBEAT = 300.0  # seconds; with Event Hubs: a quiet VM still reaches `se-exporter fleet` 3 times in 15 min
 _API_VERSION = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
@@ -63,6 +64,11 @@ class TracingSettings:
     log_format: str = "text"  # console spans: one short line for people, or the SDK's JSON with --log-format json
     vm_name: str | None = None  # host.name, when given
     batch: SpanBatching = SpanBatching()
+    otel_logs_exporter: str = "none"
+    otel_logs_endpoint: str | None = None
+    otel_logs_protocol: str = "http/protobuf"
+    kubernetes: bool = False  # in a Kubernetes pod (KUBERNETES_SERVICE_HOST set): cloud.platform azure.aks
+    k8s_node_name: str | None = None  # k8s.node.name, from the downward API (K8S_NODE_NAME)
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,11 @@ class Settings:
     otel_protocol: str = "http/protobuf"
     otel_service_name: str = "se-exporter"
     otel_batch: SpanBatching = SpanBatching()
+    otel_logs_exporter: str = "none"
+    otel_logs_endpoint: str | None = None
+    otel_logs_protocol: str = "http/protobuf"
+    kubernetes: bool = False
+    k8s_node_name: str | None = None
 
     @property
     def eventhubs_enabled(self) -> bool:
@@ -130,7 +141,13 @@ class Settings:
     def tracing(self) -> TracingSettings:
         return TracingSettings(self.otel_traces_exporter, self.otel_endpoint, self.otel_traces_endpoint,
                                self.otel_protocol, self.otel_service_name, self.log_format, self.vm_name,
-                               self.otel_batch)
+                               self.otel_batch, self.otel_logs_exporter, self.otel_logs_endpoint,
+                               self.otel_logs_protocol, self.kubernetes, self.k8s_node_name)
+
+    @property
+    def first_api_version(self) -> str:
+        """The api-version asked for first, shown until IMDS answers: the pinned one, or auto's newest."""
+        return apiversion.NEWEST if self.api_version == apiversion.AUTO else self.api_version
 
     @property
     def effective_max_backoff(self) -> float:
@@ -160,8 +177,10 @@ class Settings:
 
 
 def parse_api_version(text: str) -> str:
+    if text.strip().lower() == apiversion.AUTO:
+        return apiversion.AUTO
     if not _API_VERSION.match(text):
-        raise ValueError(f"{text!r} is not an api-version like 2020-07-01")
+        raise ValueError(f"{text!r} is not an api-version like 2020-07-01, nor auto")
     return text
 
 
@@ -209,7 +228,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("imds_url", "--imds-url", parse_imds_url,
            f"IMDS base URL (default {DEFAULT_IMDS_URL}); never reached through a proxy", "URL"),
     Option("api_version", "--api-version", parse_api_version,
-           f"Scheduled Events api-version to request (default {DEFAULT_API_VERSION})", "VERSION"),
+           f"Scheduled Events api-version to request; auto asks for {apiversion.NEWEST} and falls back to "
+           f"{apiversion.FALLBACK} where IMDS does not serve it, asking again every "
+           f"{apiversion.RETRY_NEWEST_SECONDS / 3600:g} h (default auto)", "VERSION"),
     Option("poll_interval", "--poll-interval", POLL_INTERVAL,
            "seconds between polls; Azure recommends 1 (default 1)", "SECONDS"),
     Option("imds_timeout", "--imds-timeout", TIMEOUT,
@@ -253,6 +274,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("otel_traces_exporter", "--otel-traces-exporter", choice("otlp", "console", "none"),
            "where spans go: otlp, console or none (default otlp when an OTLP endpoint is set, else none)",
            "EXPORTER", env_name="OTEL_TRACES_EXPORTER"),
+    Option("otel_logs_exporter", "--otel-logs-exporter", choice("otlp", "console", "none"),
+           "where lifecycle transitions go as OpenTelemetry log records (events with event.name, in the event's "
+           "trace): otlp, console or none (default otlp when an OTLP endpoint is set, else none)",
+           "EXPORTER", env_name="OTEL_LOGS_EXPORTER"),
     Option("otel_endpoint", "--otel-endpoint", parse_otlp_url,
            "OTLP endpoint, e.g. http://tempo:4318 (http/protobuf; /v1/traces is added) or http://tempo:4317 (grpc)",
            "URL", env_name="OTEL_EXPORTER_OTLP_ENDPOINT"),
@@ -402,6 +427,27 @@ def _otel_extras(args: argparse.Namespace, env: Mapping[str, str], values: Mappi
         extras["otel_traces_exporter"] = "otlp" if endpoint_set else "none"
     if (extras.get("otel_traces_exporter") or values.get("otel_traces_exporter")) != "none":
         extras["otel_batch"] = _span_batching(env)
+    logs_endpoint = env.get("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT")
+    if logs_endpoint and getattr(args, "otel_endpoint", None) is None:
+        try:
+            extras["otel_logs_endpoint"] = parse_otlp_url(logs_endpoint)
+        except ValueError as exc:
+            raise ConfigError(f"OTEL_EXPORTER_OTLP_LOGS_ENDPOINT: {exc}") from None
+    logs_protocol = env.get("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL")
+    try:
+        extras["otel_logs_protocol"] = choice("http/protobuf", "grpc")(logs_protocol) if logs_protocol and \
+            getattr(args, "otel_protocol", None) is None else values.get("otel_protocol", "http/protobuf")
+    except ValueError as exc:
+        raise ConfigError(f"OTEL_EXPORTER_OTLP_LOGS_PROTOCOL: {exc}") from None
+    if "otel_logs_exporter" not in values:
+        endpoint_set = values.get("otel_endpoint") or extras.get("otel_logs_endpoint")
+        extras["otel_logs_exporter"] = "otlp" if endpoint_set else "none"
+    # Where the sidecar runs, for the resource: a pod (the API server's variable, set in every pod) on an AKS node,
+    # and the node's name from the downward API (the DaemonSet sets K8S_NODE_NAME from spec.nodeName).
+    extras["kubernetes"] = bool(env.get("KUBERNETES_SERVICE_HOST"))
+    node = env.get("K8S_NODE_NAME", "").strip()
+    if node:
+        extras["k8s_node_name"] = node[:253]  # a Kubernetes name is at most 253 characters
     return extras
 
 

@@ -6,8 +6,10 @@ What it reproduces from the Azure documents:
   ``X-Forwarded-For`` (IMDS refuses proxied requests);
 * the document shaped per api-version: 2017-03-01 has ISO 8601 NotBefore, a string
   DocumentIncarnation and underscored resource names; later versions add Preempt, Terminate,
-  Description, EventSource and DurationInSeconds in turn; events of types a version does not
-  know are not listed to it;
+  Description, EventSource and DurationInSeconds in turn, 2024-07-09 SpotRebalanceRecommendation;
+  events of types a version does not know are not listed to it;
+* 404 for a known api-version newer than the VM serves (the scenario VM's ``scheduledEventsNewest``, default the
+  newest; ``POST /_simulator/versions`` changes it): 2024-07-09 is not served everywhere;
 * ``DocumentIncarnation`` bumped on every change; NotBefore ``""`` once Started;
 * ``POST`` with ``StartRequests`` approves (starts) events; a malformed body is a 400;
 * the managed identity token endpoint (``simulator/identity.py``): JWTs for the VM's system-assigned
@@ -17,7 +19,8 @@ Control endpoints under ``/_simulator/`` (no Metadata header needed) let people 
 it: ``GET requests``, ``GET state``, ``POST faults`` (a fault object or a list), ``POST advance``
 (``{"seconds": N}`` of scenario time), ``POST clear-faults``, ``POST identity`` (``{"lifetime": S}`` of
 the tokens issued from now on, ``{"fail": N, "status": CODE}`` for the next N token requests), ``POST blind``
-(``{"EventId": ID}``: this VM's IMDS stops listing it), ``GET platform`` (the platform copy's counts).
+(``{"EventId": ID}``: this VM's IMDS stops listing it), ``GET platform`` (the platform copy's counts), ``POST
+versions`` (``{"newest": VERSION}``: the newest Scheduled Events api-version this VM serves from now on).
 
 A scenario of several VMs is served on one port: ``/vms/<name>/...`` is that VM's IMDS and control API, anything
 else the first VM's; the VMs share one ``Timeline`` (scenario time and approvals).
@@ -43,6 +46,7 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs
 
+from se_exporter.core import apiversion
 from se_exporter.core.errors import ConfigError
 from se_exporter.infra.http_server import Bounds, HttpRequest, RawWriter, Response, Server
 from se_exporter.infra.options import Listen
@@ -55,14 +59,13 @@ from se_exporter.simulator.timeline import Timeline
 log = logging.getLogger("se_exporter.simulator")
 
 # Scheduled Events api-versions with what each one added (Azure docs, "Version and region availability").
-SCHEDULED_EVENTS_VERSIONS = ("2017-03-01", "2017-08-01", "2017-11-01", "2019-01-01", "2019-04-01",
-                             "2019-08-01", "2020-07-01")
+SCHEDULED_EVENTS_VERSIONS = apiversion.VERSIONS
+NEWEST_SERVED_KEY = "scheduledEventsNewest"  # a scenario VM's newest served api-version (not compute metadata)
 INSTANCE_VERSIONS = ("2017-03-01", "2017-04-02", "2017-08-01", "2017-12-01", "2018-02-01", "2018-04-02",
                      "2018-10-01", "2019-02-01", "2019-03-11", "2019-04-30", "2019-06-01", "2019-06-04",
                      "2019-08-01", "2019-08-15", "2019-11-01", "2020-06-01", "2020-07-15", "2020-09-01",
                      "2020-10-01", "2020-12-01", "2021-01-01", "2021-02-01", "2021-03-01", "2021-05-01",
                      "2021-10-01", "2021-11-01", "2021-11-15", "2021-12-13", "2023-07-01")
-_TYPE_SINCE = {"Preempt": "2017-11-01", "Terminate": "2019-01-01"}
 _FIELD_SINCE = {"Description": "2019-04-01", "EventSource": "2019-08-01", "DurationInSeconds": "2020-07-01"}
 _PREVIEW = "2017-03-01"
 SE_PATH = "/metadata/scheduledevents"
@@ -105,6 +108,7 @@ class Simulator:
         self._hidden: set[str] = set()  # EventIds (upper case) this VM's IMDS no longer lists: a blind sidecar
         self._first_request_seen = False
         self.vm = dict(vm or scenario.vm, **({"name": vm_name} if vm_name else {}))
+        self.newest_served = self.vm.pop(NEWEST_SERVED_KEY, apiversion.NEWEST)
         self._requests: deque[RecordedRequest] = deque(maxlen=history)
         # Exact 200 bodies of Scheduled Events, in order, consecutive repeats kept once: the last ``history`` changes.
         self._served: deque[bytes] = deque(maxlen=history)
@@ -277,8 +281,7 @@ class Simulator:
 
 
 def _shape(event: dict[str, Any], api_version: str) -> dict[str, Any] | None:
-    since = _TYPE_SINCE.get(event["EventType"])
-    if since and api_version < since:
+    if not apiversion.lists_type(api_version, event["EventType"]):
         return None
     shaped = {key: value for key, value in event.items()
               if key not in _FIELD_SINCE or api_version >= _FIELD_SINCE[key]}
@@ -333,6 +336,8 @@ class _Imds:
         sim = self.simulator
         if api_version not in SCHEDULED_EVENTS_VERSIONS:
             return _bad_version(SCHEDULED_EVENTS_VERSIONS)
+        if api_version > sim.newest_served:  # as IMDS answers a version it knows of but does not serve here
+            return _json(404, {"error": "Not found"})
         if request.method == "POST":
             return self._approve(request.body)
         if request.method != "GET":
@@ -418,6 +423,13 @@ class _Imds:
                 if not isinstance(event_id, str) or not 0 < len(event_id) <= 256:
                     raise ValueError('the body must be {"EventId": "..."}: the event this VM\'s IMDS stops listing')
                 sim.hide(event_id)
+                return _json(200, {})
+            if method == "POST" and action == "versions":
+                data = _json_body(body, None)
+                newest = data.get("newest") if isinstance(data, dict) else None
+                if newest not in SCHEDULED_EVENTS_VERSIONS:
+                    raise ValueError(f"'newest' must be one of {', '.join(SCHEDULED_EVENTS_VERSIONS)}")
+                sim.newest_served = newest
                 return _json(200, {})
             if method == "POST" and action == "clear-faults":
                 sim.clear_faults()

@@ -99,7 +99,7 @@ def test_round_trip_through_the_sdk(simulator: SimulatorFactory, sidecar: Callab
     assert [p["document_incarnation"] for p in properties] == [json.loads(b)["DocumentIncarnation"] for b in served]
     for p in properties:
         assert (p["vm_name"], p["vm_id"], p["location"], p["api_version"]) == (
-            "WestNO_0", sim.vm["vmId"], "norwayeast", "2020-07-01")
+            "WestNO_0", sim.vm["vmId"], "norwayeast", "2024-07-09")
     assert {e.partition_key for e in events} == {sim.vm["vmId"].encode()}
     assert len({e.message_id for e in events}) == len(served)
     assert {e.content_type for e in events} == {"application/json"}

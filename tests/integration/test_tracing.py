@@ -73,7 +73,7 @@ def test_spans_reach_the_receiver(protocol: str, simulator: SimulatorFactory, si
     assert all(s.trace_id == root.trace_id for s in receiver.spans)
     resource = root.resource
     assert (resource["service.name"], resource["cloud.provider"], resource["cloud.platform"]) == (
-        "se-exporter", "azure", "azure_vm")
+        "se-exporter", "azure", "azure.vm")
     assert (resource["host.name"], resource["host.id"], resource["cloud.region"]) == (
         "WestNO_0", sim.vm["vmId"], "norwayeast")
     assert resource["azure.vm.sku"] == sim.vm["sku"]

@@ -17,6 +17,7 @@ from se_exporter.infra import http_server, processwide
 from se_exporter.sidecar.metrics import NAMESPACE, Metrics
 from se_exporter.sidecar.settings import RUN_OPTIONS, Settings
 from se_exporter.sidecar.sinks.forward import ForwardMetrics
+from se_exporter.sidecar.sinks.otel_events import EventLogSink
 from se_exporter.sidecar.sinks.tracing import TracingSink
 from se_exporter.sidecar.snapshot import Snapshot
 from se_exporter.simulator.settings import SIMULATE_OPTIONS
@@ -46,6 +47,7 @@ def test_every_metric_is_in_the_reference() -> None:
     http_server.rejection_counter(registry, NAMESPACE)
     with processwide.restored():  # the sink turns the exporters' loggers down; the test leaves them as they were
         TracingSink(Settings(otel_traces_exporter="console").tracing, None, registry).shutdown()
+        EventLogSink(Settings(otel_logs_exporter="console").tracing, registry).shutdown()
     names = {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}
     assert len(names) > 15
     for name in names:

@@ -26,7 +26,7 @@ def test_defaults() -> None:
     """Without flags or environment, the documented defaults apply."""
     s = settings([])
     assert (s.imds_url, s.api_version, s.poll_interval, s.first_call_timeout) == (
-        DEFAULT_IMDS_URL, "2020-07-01", 1.0, 120.0)
+        DEFAULT_IMDS_URL, "auto", 1.0, 120.0)
     assert DEFAULT_IMDS_URL == "http://169.254.169.254"  # the documented address; never contacted by tests
     assert s.listen == Listen("", 10169)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from opentelemetry.trace import StatusCode
 
 from se_exporter.core.lifecycle import EventRecord, diff
 from se_exporter.core.model import Document, ScheduledEvent, VmIdentity
-from se_exporter.sidecar.settings import Settings
+from se_exporter.sidecar.settings import Settings, run_settings
 from se_exporter.sidecar.sinks import DocumentChange
 from se_exporter.sidecar.sinks.spans import EventIdGenerator, SpanSink, span_id_for, trace_id_for
 from se_exporter.sidecar.sinks.tracing import resource_attributes
@@ -38,6 +39,9 @@ OUTCOMES: dict[str, list[tuple[str, str]]] = {
     "spot-preempt": [("Preempt", "completed")],
     "degraded-hardware": [("Redeploy", "completed")],
     "availability-set": [("Reboot", "completed"), ("Reboot", "completed")],
+    "spot-rebalance": [("Preempt", "completed"), ("SpotRebalanceRecommendation", "canceled")],
+    "auto-approved": [("Reboot", "completed"), ("Redeploy", "completed")],
+    "os-image": [("Reboot", "completed")],
     "demo": [("Freeze", "canceled"), ("Freeze", "completed"), ("Preempt", "completed"), ("Reboot", "completed"),
              ("Reboot", "completed"), ("Redeploy", "canceled")],
 }
@@ -173,17 +177,32 @@ def test_span_events_survive_a_restart(tmp_path: Path) -> None:
     assert root.context.span_id == span_id_for(root.attributes[A + "id"], "vm-id/WestNO_0", "root")  # type: ignore[arg-type]
 
 
-def test_resource_uses_the_azure_detector_keys() -> None:
-    """The resource is filled from compute metadata with the keys of opentelemetry-resource-detector-azure."""
+def test_resource_uses_the_current_semantic_conventions() -> None:
+    """The resource is filled from compute metadata under the current semantic-convention names (cloud.platform
+    azure.vm, the subscription as cloud.account.id), plus the Azure detector's scale set and SKU keys."""
     identity = VmIdentity(name="WestNO_0", vm_id="id-1", vmss_name="ss", location="norwayeast", vm_size="D2",
-                          resource_id="/subscriptions/s/x", sku="22_04-lts", os_type="Linux", os_version="22.04")
+                          resource_id="/subscriptions/s/x", sku="22_04-lts", os_type="Linux", os_version="22.04",
+                          subscription_id="sub-1", resource_group="rg-1")
     attributes = Resource.create(resource_attributes(Settings().tracing, identity)).attributes
     assert {key: attributes[key] for key in (
         "service.name", "cloud.provider", "cloud.platform", "cloud.region", "cloud.resource_id", "host.id",
-        "host.name", "host.type", "azure.vm.scaleset.name", "azure.vm.sku")} == {
-        "service.name": "se-exporter", "cloud.provider": "azure", "cloud.platform": "azure_vm",
+        "host.name", "host.type", "azure.vm.scaleset.name", "azure.vm.sku", "cloud.account.id",
+        "azure.resource_group.name")} == {
+        "service.name": "se-exporter", "cloud.provider": "azure", "cloud.platform": "azure.vm",
         "cloud.region": "norwayeast", "cloud.resource_id": "/subscriptions/s/x", "host.id": "id-1",
-        "host.name": "WestNO_0", "host.type": "D2", "azure.vm.scaleset.name": "ss", "azure.vm.sku": "22_04-lts"}
+        "host.name": "WestNO_0", "host.type": "D2", "azure.vm.scaleset.name": "ss", "azure.vm.sku": "22_04-lts",
+        "cloud.account.id": "sub-1", "azure.resource_group.name": "rg-1"}
+    assert "k8s.node.name" not in attributes
+
+
+def test_resource_on_aks_names_the_platform_and_the_node() -> None:
+    """In a Kubernetes pod with K8S_NODE_NAME from the downward API, cloud.platform is azure.aks and k8s.node.name
+    the node's name."""
+    settings = run_settings(argparse.Namespace(), {"KUBERNETES_SERVICE_HOST": "10.0.0.1",
+                                                   "K8S_NODE_NAME": "aks-pool-12345-vmss000002"})
+    attributes = Resource.create(resource_attributes(settings.tracing, VmIdentity(vm_id="id-1"))).attributes
+    assert (attributes["cloud.platform"], attributes["k8s.node.name"], attributes["host.id"]) == (
+        "azure.aks", "aks-pool-12345-vmss000002", "id-1")
 
 
 @pytest.mark.parametrize(("exporter", "protocol", "absent"), [

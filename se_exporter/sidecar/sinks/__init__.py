@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from se_exporter.core.lifecycle import EventRecord, Transition
 from se_exporter.core.model import Document, VmIdentity
@@ -29,7 +29,9 @@ class DocumentChange:
     observed_at: float
     vm_name: str | None
     identity: VmIdentity | None
-    api_version: str
+    api_version: str  # the one the document answers (with --api-version auto, the version in use)
+    # Preempts first seen in this change (by key) -> the SpotRebalanceRecommendation each follows (core/spot.py)
+    follows: Mapping[str, EventRecord] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

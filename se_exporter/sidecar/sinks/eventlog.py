@@ -49,6 +49,12 @@ def _details(transition: Transition, change: DocumentChange) -> dict[str, object
         details["duration_seconds"] = event.duration_seconds
     if transition.kind == STARTED and record.notice_seconds is not None:
         details["notice_seconds"] = round(record.notice_seconds, 3)
+        if record.skipped_scheduled:  # no Scheduled was ever listed: nothing was missed
+            details["skipped_scheduled"] = True
+    recommendation = change.follows.get(event.key)
+    if recommendation is not None:
+        details["follows_recommendation_id"] = recommendation.event.event_id
+        details["recommendation_lead_seconds"] = round(max(0.0, record.first_seen - recommendation.first_seen), 3)
     if transition.kind == COMPLETED and record.impact_seconds is not None:
         details["impact_seconds"] = round(record.impact_seconds, 3)
     return details

@@ -95,6 +95,23 @@ def attributes(event: ScheduledEvent, incarnation: int | None, vm_name: str | No
     return values
 
 
+def transition_extras(transition: Transition, change: DocumentChange) -> dict[str, Any]:
+    """What a transition adds to the event's attributes (spans' updates and the event log records alike): the
+    NotBefore it moved from, that it came without notice, the recommendation a Preempt follows, the api-version."""
+    record = transition.record
+    extra: dict[str, Any] = {PREFIX + "api_version": change.api_version}
+    if transition.previous_not_before is not None:
+        extra[PREFIX + "previous_not_before"] = transition.previous_not_before.isoformat().replace("+00:00", "Z")
+    if transition.kind == STARTED:
+        extra[PREFIX + "notice_seconds"] = max(0.0, record.notice_seconds or 0.0)
+        extra[PREFIX + "skipped_scheduled"] = record.skipped_scheduled
+    recommendation = change.follows.get(record.event.key)
+    if recommendation is not None:
+        extra[PREFIX + "follows_recommendation_id"] = recommendation.event.event_id
+        extra[PREFIX + "recommendation_lead_seconds"] = max(0.0, record.first_seen - recommendation.first_seen)
+    return extra
+
+
 @dataclass
 class _Open:
     """Span events gathered for one open event's ``scheduled_event`` span."""
@@ -156,10 +173,7 @@ class SpanSink(Sink):
     def _transition(self, transition: Transition, vm_key: str, incarnation: int | None,
                     change: DocumentChange) -> None:
         record, kind = transition.record, transition.kind
-        extra: dict[str, Any] = {}
-        if transition.previous_not_before is not None:
-            extra[PREFIX + "previous_not_before"] = transition.previous_not_before.isoformat().replace("+00:00", "Z")
-        self._note(record, kind.value, vm_key, incarnation, change, extra)
+        self._note(record, kind.value, vm_key, incarnation, change, transition_extras(transition, change))
         event_id = record.event.event_id
         attrs = attributes(record.event, incarnation, change.vm_name)
         if kind == STARTED and record.started_at is not None:

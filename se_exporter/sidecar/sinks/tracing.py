@@ -7,8 +7,11 @@ HTTP exporter, or the gRPC one when ``grpc`` is asked for (grpcio alone is heavy
 Standard variables the exporters read themselves (headers, certificates, compression) keep working.
 
 The resource is built from the compute metadata the sidecar already read through its own IMDS
-client, with the keys opentelemetry-resource-detector-azure uses; the provider is therefore created
-at the first document, when the identity is known (or known to be unavailable).
+client, under the current semantic conventions' names (taken from opentelemetry-semantic-conventions: the cloud,
+host, os and azure names are still in its ``_incubating`` package, which is where the project publishes them until
+they are stable); the provider is therefore created at the first document, when the identity is known (or known to
+be unavailable). ``azure.vm.scaleset.name`` and ``azure.vm.sku`` are opentelemetry-resource-detector-azure's keys,
+which have no semantic-convention name yet.
 """
 
 from __future__ import annotations
@@ -23,6 +26,13 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.semconv._incubating.attributes import (
+    azure_attributes,
+    cloud_attributes,
+    host_attributes,
+    os_attributes,
+)
+from opentelemetry.semconv.attributes import k8s_attributes, service_attributes
 from prometheus_client import CollectorRegistry, Counter
 
 from se_exporter import __version__
@@ -40,16 +50,28 @@ MAX_RESPONSE_BYTES = 64 * 1024  # of a collector's answer, read by either export
 
 
 def resource_attributes(settings: TracingSettings, identity: VmIdentity | None) -> dict[str, str]:
-    values = {"service.name": settings.otel_service_name, "service.version": __version__,
-              "cloud.provider": "azure", "cloud.platform": "azure_vm"}
+    """The resource of spans and log records: what backends join on (``cloud.resource_id``, ``host.id``,
+    ``k8s.node.name``). In a Kubernetes pod the platform is ``azure.aks`` (the project's Kubernetes deployment is
+    for AKS), else ``azure.vm``."""
+    platform = cloud_attributes.CloudPlatformValues.AZURE_AKS if settings.kubernetes \
+        else cloud_attributes.CloudPlatformValues.AZURE_VM
+    values = {service_attributes.SERVICE_NAME: settings.otel_service_name,
+              service_attributes.SERVICE_VERSION: __version__,
+              cloud_attributes.CLOUD_PROVIDER: cloud_attributes.CloudProviderValues.AZURE.value,
+              cloud_attributes.CLOUD_PLATFORM: platform.value,
+              k8s_attributes.K8S_NODE_NAME: settings.k8s_node_name or ""}
     if identity is not None:
         values.update({
-            "cloud.region": identity.location, "cloud.resource_id": identity.resource_id,
-            "host.id": identity.vm_id, "host.name": vm_name(settings.vm_name, identity) or "",
-            "host.type": identity.vm_size,
-            "os.type": identity.os_type.lower(), "os.version": identity.os_version,
-            "service.instance.id": identity.vm_id, "azure.vm.scaleset.name": identity.vmss_name,
-            "azure.vm.sku": identity.sku, "cloud.availability_zone": identity.zone,
+            cloud_attributes.CLOUD_REGION: identity.location, cloud_attributes.CLOUD_RESOURCE_ID: identity.resource_id,
+            cloud_attributes.CLOUD_ACCOUNT_ID: identity.subscription_id,
+            cloud_attributes.CLOUD_AVAILABILITY_ZONE: identity.zone,
+            azure_attributes.AZURE_RESOURCE_GROUP_NAME: identity.resource_group,
+            host_attributes.HOST_ID: identity.vm_id,
+            host_attributes.HOST_NAME: vm_name(settings.vm_name, identity) or "",
+            host_attributes.HOST_TYPE: identity.vm_size,
+            os_attributes.OS_TYPE: identity.os_type.lower(), os_attributes.OS_VERSION: identity.os_version,
+            service_attributes.SERVICE_INSTANCE_ID: identity.vm_id, "azure.vm.scaleset.name": identity.vmss_name,
+            "azure.vm.sku": identity.sku,
         })
     return {key: value for key, value in values.items() if value}
 
@@ -111,6 +133,7 @@ class _ExporterReasons(logging.Filter):
     one when it recovers is what an operator needs (``CountingExporter``)."""
 
     LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+               "opentelemetry.exporter.otlp.proto.http._log_exporter",
                "opentelemetry.exporter.otlp.proto.grpc.exporter", "opentelemetry.exporter.otlp.common.http")
 
     def __init__(self) -> None:
@@ -130,6 +153,19 @@ class _ExporterReasons(logging.Filter):
 
 
 _REASONS = _ExporterReasons()  # loggers are process-wide: one filter on them, whichever sink installed it
+
+
+def quiet_exporters() -> None:
+    """Keep the OTLP exporters' own lines (span and log exporters alike) out of the log; see ``_ExporterReasons``."""
+    _REASONS.install()
+
+
+def exporter_reason(clear: bool = False) -> str | None:
+    """Why the latest export failed, in the exporter's own words (None if it said nothing); ``clear`` forgets it."""
+    reason = _REASONS.last
+    if clear:
+        _REASONS.last = None
+    return reason
 
 
 class CountingExporter(SpanExporter):

@@ -31,3 +31,7 @@ class MetricsSink(Sink):
                 self._metrics.notice.labels(event_type).observe(max(0.0, record.notice_seconds))
             elif transition.kind == COMPLETED and record.impact_seconds is not None:
                 self._metrics.impact.labels(event_type).observe(max(0.0, record.impact_seconds))
+        for key, recommendation in change.follows.items():
+            preempt = change.records.get(key)
+            if preempt is not None:
+                self._metrics.rebalance_to_preempt.observe(max(0.0, preempt.first_seen - recommendation.first_seen))

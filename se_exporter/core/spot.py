@@ -1,0 +1,56 @@
+"""A ``Preempt`` linked to the ``SpotRebalanceRecommendation`` that came before it on the same VM.
+
+A SpotRebalanceRecommendation is advisory (api-version 2024-07-09): a Spot VM's eviction risk rose; nothing to
+approve, and an eviction may or may not follow. When one does, the time from the recommendation to the Preempt is
+the warning the recommendation really gave, the figure Spot users need most (evictions are reported "often in less
+than 10 seconds" after the Preempt itself). IMDS does not say which recommendation a Preempt follows, so they are
+linked by VM and time: the latest recommendation first seen at or before the Preempt, no more than
+``LINK_WINDOW_SECONDS`` earlier, whose ``Resources`` share a VM with the Preempt's (or either lists none: then it
+is this VM's own document). The recommendation may still be listed or may have ended already: both are looked at.
+Pure: records in, links out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from se_exporter.core.lifecycle import SCHEDULED, STARTED, EventRecord, Transition
+from se_exporter.core.model import PREEMPT, SPOT_REBALANCE
+
+# A day: Azure documents no bound; a recommendation older than that says little about today's eviction.
+LINK_WINDOW_SECONDS = 86400.0
+
+
+def _same_vm(one: EventRecord, other: EventRecord) -> bool:
+    if not one.event.resources or not other.event.resources:
+        return True
+    names = {name.lstrip("_").casefold() for name in one.event.resources}
+    return any(name.lstrip("_").casefold() in names for name in other.event.resources)
+
+
+def recommendation_before(preempt: EventRecord, candidates: Iterable[EventRecord]) -> EventRecord | None:
+    """The recommendation ``preempt`` follows, or None (see the module docstring)."""
+    best: EventRecord | None = None
+    for record in candidates:
+        if record.event.event_type != SPOT_REBALANCE:
+            continue
+        lead = preempt.first_seen - record.first_seen
+        if 0 <= lead <= LINK_WINDOW_SECONDS and _same_vm(preempt, record) \
+                and (best is None or record.first_seen > best.first_seen):
+            best = record
+    return best
+
+
+def links(transitions: Iterable[Transition], records: Mapping[str, EventRecord],
+          ended: Mapping[str, EventRecord]) -> dict[str, EventRecord]:
+    """For each Preempt first seen in ``transitions``: its key -> the recommendation it follows (open or ended)."""
+    found: dict[str, EventRecord] = {}
+    for transition in transitions:
+        record = transition.record
+        if record.event.event_type != PREEMPT or transition.kind not in (SCHEDULED, STARTED) \
+                or (transition.kind == STARTED and record.started_at != record.first_seen):
+            continue
+        before = recommendation_before(record, (*records.values(), *ended.values()))
+        if before is not None:
+            found[record.event.key] = before
+    return found
