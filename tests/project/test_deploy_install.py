@@ -213,7 +213,7 @@ def test_a_release_that_never_answers_is_rolled_back(machine: Machine, tmp_path:
     installed = machine.prefix / "releases" / _release(first)
     before = snapshot(installed, skip=tuple(str(p.relative_to(installed)) for p in installed.rglob("__pycache__")))
     broken = _repack(first, tmp_path / "broken.tar.gz", _break_own_wheel)
-    result = machine.run("--sha256", sha256(broken), str(broken), env={"HEALTH_TIMEOUT": "15"})
+    result = machine.run("--sha256", sha256(broken), str(broken), env={"HEALTH_TIMEOUT": "30"})
     assert result.returncode == 1
     assert f"rolled back to {_release(first)}, which is running" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -291,7 +291,7 @@ def test_cloud_init_runs_the_same_install_sh_with_the_hash() -> None:
     systemd = ROOT / "deploy" / "systemd"
     data = yaml.safe_load((systemd / "cloud-init.yaml").read_text())
     files = {item["path"]: item["content"] for item in data["write_files"]}
-    assert files[f"{SETUP}/install.sh"] == SCRIPT.read_text()
+    assert files[f"{SETUP}/install.sh"] == SCRIPT.read_text(), "copy install.sh into cloud-init.yaml (indented 6)"
     assert files[f"{SETUP}/se-exporter.service"] == (systemd / "se-exporter.service").read_text()
     (run,) = [command for command in data["runcmd"] if "install.sh" in command]
     assert run.split()[:4] == ["sh", f"{SETUP}/install.sh", "--sha256", "WHEELHOUSE_SHA256"]
