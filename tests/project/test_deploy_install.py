@@ -6,6 +6,7 @@ tests/systemctl_stand_in.py (the unit itself passes ``systemd-analyze verify`` i
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import os
 import shutil
@@ -300,3 +301,20 @@ def test_cloud_init_runs_the_same_install_sh_with_the_hash() -> None:
     assert files[f"{SETUP}/se-exporter.service"] == (systemd / "se-exporter.service").read_text()
     (run,) = [command for command in data["runcmd"] if "install.sh" in command]
     assert run.split()[:4] == ["sh", f"{SETUP}/install.sh", "--sha256", "WHEELHOUSE_SHA256"]
+
+
+def test_a_second_install_at_the_same_time_stops_in_one_line(tmp_path: Path) -> None:
+    """While one install.sh holds the machine's install lock, another (cloud-init's first boot meeting a Custom
+    Script upgrade) stops with one line before it unpacks or changes anything."""
+    archive = tmp_path / "linux-wheels.tar.gz"
+    archive.write_bytes(b"x")
+    machine = Machine(tmp_path / "m", "http://127.0.0.1:9")
+    machine.prefix.mkdir(parents=True)
+    with (machine.prefix / ".lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        before = snapshot(machine.root)
+        result = machine.run("--sha256", sha256(archive), str(archive))
+    assert result.returncode == 1
+    assert result.stderr == f"install.sh: another install.sh is running on this machine (it holds " \
+                            f"{machine.prefix}/.lock); nothing changed\n"
+    assert snapshot(machine.root) == before
