@@ -192,6 +192,7 @@ soak: $(VENV)/.installed
 # target (one without fails named), se-exporter's own wheel, and requirements.txt naming each by hash.
 # Windows: win_amd64, CPython 3.10-3.12, dist/windows-wheels(.zip), what deploy/windows/install.ps1 installs from.
 # Linux: manylinux x86_64 and aarch64, CPython 3.10-3.12, dist/linux-wheels(.tar.gz), for deploy/systemd/install.sh.
+# Each prints the archive's sha256sum line last: the hash the installers take (--sha256, -Sha256), published apart.
 # Wheels already there (hash-checked) are not fetched again. `make linux-wheels` always runs the script; what
 # make test needs (the archives, then the SBOMs) is remade only when the lock, the package (README.md is its wheel's
 # description) or these scripts changed.

@@ -100,6 +100,10 @@ python3 -c 'import ensurepip' 2>/dev/null \
 actual="$(sha256sum "$WHEELS" | cut -d ' ' -f 1)"
 SHA="$(echo "$SHA" | tr 'A-F' 'a-f')"
 [ "$actual" = "$SHA" ] || fail "$WHEELS has sha256 $actual, not the $SHA given: refused, nothing changed"
+# One install at a time (cloud-init's first boot and a Custom Script upgrade may meet): the second one stops here.
+install -d -m 0755 "$PREFIX"
+exec 9>>"$PREFIX/.lock"
+flock -n 9 || fail "another install.sh is running on this machine (it holds $PREFIX/.lock); nothing changed"
 unpacked="$(mktemp -d)"
 trap 'rm -rf "$unpacked"' EXIT
 tar -xzf "$WHEELS" -C "$unpacked"

@@ -96,3 +96,18 @@ def test_a_wheel_that_is_not_the_locked_one_stops_the_install(tmp_path: Path, re
     assert not list((tmp_path / "venv").glob("lib/python*/site-packages/idna"))
     reliability("Supply chain", "one wheel of the wheelhouse changed by a byte", "pip refused it (hash mismatch); "
                 "nothing installed")
+
+
+def test_the_printed_hash_line_is_the_one_sha256sum_prints(tmp_path: Path) -> None:
+    """The line make linux-wheels and make windows-wheels print last is what ``sha256sum`` prints for the archive
+    (the installers' --sha256 / -Sha256 take its first word), and ``sha256sum -c`` accepts it."""
+    bundle = tmp_path / "linux-wheels.tar.gz"
+    bundle.write_bytes(b"a wheelhouse\n")
+    tool = shutil.which("sha256sum")
+    assert tool, "sha256sum (coreutils) not found"
+    expected = subprocess.run([tool, bundle.name], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                              check=True).stdout
+    assert wheelhouse.checksum_line(bundle) + "\n" == expected
+    check = subprocess.run([tool, "-c", "-"], input=expected, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60, check=False)
+    assert check.returncode == 0
