@@ -1,7 +1,12 @@
-"""Generate the Grafana dashboards as code (grafana-foundation-sdk), into dashboards/*.json.
+"""Generate the Grafana dashboards as code (grafana-foundation-sdk), and render the monitoring mixin's rules.
 
-    python dashboards/generate.py            # rewrite the JSON files
+    python dashboards/generate.py            # rewrite the generated files
     python dashboards/generate.py --check    # exit 1 if the committed files differ from what this generates
+
+One source of truth: the dashboards are built here (dashboards/*.json, which mixin/dashboards.libsonnet ships as
+they are); the alert and recording rules are written in the mixin (mixin/, with its _config), and rendered here by
+the real jsonnet into dashboards/alerts.yaml, fleet-alerts.yaml, rules.yaml, the Prometheus Operator's
+PrometheusRule and Azure Monitor's prometheusRuleGroups template. Edit the mixin, then run this.
 
 The SDK leaves panel ids and query refIds empty; Grafana then invents them on import, which breaks
 links and diffs, so every panel gets an explicit id and every query an explicit refId here. The
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _jsonnet
 import yaml
 from grafana_foundation_sdk.builders import bargauge, stat, statetimeline, table, timeseries
 from grafana_foundation_sdk.builders import dashboard as db
@@ -437,22 +443,117 @@ def render(dashboard: Any) -> str:
     return json.dumps(dashboard, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
 
 
+MIXIN = HERE.parent / "mixin"
+GENERATED = "# Generated from mixin/ by dashboards/generate.py: edit the mixin, then make dashboards.\n"
+RULE_KEYS = ("alert", "record", "expr", "for", "labels", "annotations")
+# Azure Monitor alert severities (0 Critical .. 4 Verbose) for the rules' severity label.
+AZURE_SEVERITY = {"critical": 0, "warning": 2, "info": 3}
+
+
+def mixin(config: str = "{}") -> dict[str, Any]:
+    """The mixin evaluated by jsonnet, with ``config`` merged into its _config (a jsonnet object)."""
+    snippet = (f"local m = (import 'mixin.libsonnet') + {{ _config+:: {config} }};\n"
+               "{ alerts: m.prometheusAlerts, rules: m.prometheusRules, dashboards: m.grafanaDashboards }")
+    result: dict[str, Any] = json.loads(_jsonnet.evaluate_snippet("render", snippet, jpathdir=[str(MIXIN)]))
+    return result
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (PromQL) as literal blocks, as a person writes rule files."""
+
+
+_Dumper.add_representer(str, lambda dumper, value: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None))
+
+
+def _ordered(rule: dict[str, Any]) -> dict[str, Any]:
+    return {key: rule[key] for key in RULE_KEYS if key in rule}
+
+
+def _groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"name": group["name"], "rules": [_ordered(rule) for rule in group["rules"]]} for group in groups]
+
+
+def _yaml(data: Any) -> str:
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
+
+
+def rule_file(kind: str, group: str) -> str:
+    """One group of the mixin's alerts or rules as a Prometheus rule file."""
+    groups = [g for g in mixin()[kind]["groups"] if g["name"] == group]
+    return GENERATED + _yaml({"groups": _groups(groups)})
+
+
 def prometheus_rule() -> str:
-    """deploy/kubernetes/prometheusrule.yaml: the alert rules of alerts.yaml, wrapped for the Prometheus Operator."""
-    rules = yaml.safe_load((HERE / "alerts.yaml").read_text())
+    """deploy/kubernetes/prometheusrule.yaml: the sidecars' alerts and the recording rules, for the Prometheus
+    Operator."""
+    rendered = mixin()
+    groups = [g for g in rendered["alerts"]["groups"] if g["name"] == "se-exporter"] + rendered["rules"]["groups"]
     wrapped = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
                "metadata": {"name": "se-exporter", "namespace": "monitoring",
                             "labels": {"app.kubernetes.io/name": "se-exporter", "release": "prometheus"}},
-               "spec": rules}
-    header = ("# Generated from dashboards/alerts.yaml by dashboards/generate.py: "
-              "edit that file, then make dashboards.\n")
-    return header + yaml.safe_dump(wrapped, sort_keys=False, width=1000, allow_unicode=True)
+               "spec": {"groups": _groups(groups)}}
+    return GENERATED + _yaml(wrapped)
+
+
+def _iso_duration(duration: str) -> str:
+    """Prometheus' 3m as ISO 8601's PT3M (what Azure's `for` takes)."""
+    unit = {"s": "S", "m": "M", "h": "H"}[duration[-1]]
+    return f"PT{int(duration[:-1])}{unit}"
+
+
+def _azure_rule(rule: dict[str, Any]) -> dict[str, Any]:
+    if "record" in rule:
+        return {"record": rule["record"], "expression": rule["expr"], "enabled": True}
+    converted: dict[str, Any] = {"alert": rule["alert"], "expression": rule["expr"], "enabled": True,
+                                 "severity": AZURE_SEVERITY[rule["labels"]["severity"]],
+                                 "labels": rule["labels"], "annotations": rule["annotations"],
+                                 "resolveConfiguration": {"autoResolved": True, "timeToResolve": "PT10M"},
+                                 "actions": [{"actionGroupId": "[parameters('actionGroupId')]"}]}
+    if "for" in rule:
+        converted["for"] = _iso_duration(rule["for"])
+    return converted
+
+
+def azure_rule_groups() -> str:
+    """deploy/azure-monitor/prometheus-rule-groups.json: the same groups as Azure Monitor managed Prometheus rule
+    groups (an ARM template), for an Azure Monitor workspace and an action group given as parameters."""
+    rendered = mixin()
+    resources = [{
+        "type": "Microsoft.AlertsManagement/prometheusRuleGroups", "apiVersion": "2023-03-01",
+        "name": group["name"], "location": "[parameters('location')]",
+        "properties": {"description": f"se-exporter: {group['name']} (generated from mixin/)",
+                       "scopes": ["[parameters('azureMonitorWorkspaceId')]"], "enabled": True, "interval": "PT1M",
+                       "rules": [_azure_rule(rule) for rule in group["rules"]]}}
+        for group in rendered["alerts"]["groups"] + rendered["rules"]["groups"]]
+    template = {
+        "$schema": "https://schema.management.azure.com/schemas/2019-04-01/deploymentTemplate.json#",
+        "contentVersion": "1.0.0.0",
+        "metadata": {"description": "Generated from mixin/ by dashboards/generate.py: edit the mixin, then make "
+                                    "dashboards. See docs/alerting.md for what differs from Prometheus."},
+        "parameters": {
+            "azureMonitorWorkspaceId": {"type": "string", "metadata": {
+                "description": "Resource ID of the Azure Monitor workspace the sidecars' metrics go to."}},
+            "actionGroupId": {"type": "string", "metadata": {
+                "description": "Resource ID of the action group every alert notifies."}},
+            "location": {"type": "string", "defaultValue": "[resourceGroup().location]"}},
+        "resources": resources}
+    return json.dumps(template, indent=2) + "\n"
+
+
+def mixin_dashboard(name: str) -> str:
+    """A dashboard as the mixin ships it (it imports the generated file): the suite checks both agree."""
+    return json.dumps(mixin()["dashboards"][name], indent=2, sort_keys=True) + "\n"
 
 
 OUTPUTS = {"se-exporter-vm.json": lambda: render(vm_dashboard()),
            "se-exporter-fleet.json": lambda: render(fleet_dashboard()),
            "se-exporter-fleet-events.json": lambda: render(fleet_events_dashboard()),
-           "../deploy/kubernetes/prometheusrule.yaml": prometheus_rule}
+           "alerts.yaml": lambda: rule_file("alerts", "se-exporter"),
+           "fleet-alerts.yaml": lambda: rule_file("alerts", "se-exporter-fleet"),
+           "rules.yaml": lambda: rule_file("rules", "se-exporter.rules"),
+           "../deploy/kubernetes/prometheusrule.yaml": prometheus_rule,
+           "../deploy/azure-monitor/prometheus-rule-groups.json": azure_rule_groups}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -467,6 +568,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not path.exists() or path.read_text() != text:
                 stale.append(name)
         else:
+            path.parent.mkdir(exist_ok=True)
             path.write_text(text)
     if stale:
         print(f"out of date: {', '.join(stale)}; run python dashboards/generate.py", file=sys.stderr)
