@@ -23,7 +23,7 @@ SBOMS := dist/linux-wheels.cdx.json dist/windows-wheels.cdx.json
 .PHONY: demo demo-fleet test test-contended lint lint-imports typecheck unit system-deps clean dashboards reliability soak bench image \
 	windows-wheels lock linux-wheels sbom operator-schemas
 
-# Regenerate dashboards/*.json from dashboards/generate.py (the suite fails if they differ).
+# Regenerate dashboards/*.json and the rules rendered from mixin/ (the suite fails if they differ).
 dashboards: $(VENV)/.installed
 	$(BIN)/python dashboards/generate.py
 

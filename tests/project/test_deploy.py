@@ -152,7 +152,7 @@ def test_scraping_objects_point_at_the_metrics_port() -> None:
 
 def test_scraping_objects_label_series_with_the_node() -> None:
     """Both monitors copy the pod's node name into `node`, the label kube-state-metrics names nodes by: the join of
-    the VM dashboard's node-conditions panel and of the AksScheduledEventNotSeenBySeExporter rule."""
+    the VM dashboard's node-conditions panel and of the SeExporterAksEventNotSeen rule."""
     found = manifests()
     for endpoint in (found[("ServiceMonitor", "monitoring.yaml")]["spec"]["endpoints"][0],
                      found[("PodMonitor", "monitoring.yaml")]["spec"]["podMetricsEndpoints"][0]):
