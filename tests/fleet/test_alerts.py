@@ -121,7 +121,7 @@ CASES: list[promtool.Case] = [
     (F + "SidecarMissedImpactfulEvent", announced(A, "E1", "Preempt", "Started", missed=1, imds_unreachable=1),
      "1m", [(platform_alert("E1", "Preempt"), 2)]),  # at once: no `for`, a Preempt gives 30 s
     (F + "SidecarMissedImpactfulEvent", announced(A, "E1", observed=4, no_sidecar=3), "1m", []),  # nobody to miss
-    (F + "SidecarMissedImpactfulEvent", announced(A, "E1", "Freeze", missed=3), "1m", []),  # SeExporterFleetSidecarMissedFreeze
+    (F + "SidecarMissedImpactfulEvent", announced(A, "E1", "Freeze", missed=3), "1m", []),  # ...MissedFreeze
     (F + "SidecarMissedImpactfulEvent", announced(A, "E1", status="Completed", missed=3), "1m", []),  # over
     (F + "SidecarMissedImpactfulEvent", announced(A, "E1", status="Canceled", missed=3), "1m", []),
     (F + "SidecarMissedFreeze", announced(A, "E2", "Freeze", "Started", "ss", observed=1, missed=1), "1m",

@@ -283,7 +283,8 @@ SIDECAR_FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2", "--eventhub-s
 # Fleet rule expressions that cannot light up within a test's seconds, and why; promtool's unit tests cover them.
 NEEDS_MINUTES = {"SeExporterFleetConsumerLagging": "needs a backlog five minutes deep",
                  "SeExporterFleetPartitionsUnowned": "needs a partition no replica reads",
-                 "SeExporterFleetCheckpointsStale": "needs five minutes of failing checkpoint writes"}
+                 "SeExporterFleetCheckpointsStale": "needs five minutes of failing checkpoint writes",
+                 "SeExporterFleetBlind": "needs every replica down, or none owning a partition, for five minutes"}
 
 
 def platform_expressions() -> set[str]:

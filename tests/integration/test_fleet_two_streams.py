@@ -266,7 +266,8 @@ def test_platform_alerts_page_the_owners_once_per_event_warn_the_operators_and_r
                         what="the Freeze warning")[0]
     assert freeze.receiver == "vm-owners"
     assert [(a["labels"], a["annotations"]) for a in freeze.alerts] == [expected_alert(
-        "SeExporterFleetSidecarMissedFreeze", {"event_id": "E-fz", "event_type": "Freeze", "scope_name": "ss", **scope}, 1)]
+        "SeExporterFleetSidecarMissedFreeze", {"event_id": "E-fz", "event_type": "Freeze", "scope_name": "ss",
+                                               **scope}, 1)]
 
     show(streams.a, streams.b, counted=True, handover=True)
 
@@ -289,7 +290,8 @@ def test_platform_alerts_page_the_owners_once_per_event_warn_the_operators_and_r
                                   "location": "westeurope", "scope_type": "availability_set"}, 2)}
 
     show(streams.a, streams.b, counted=True, handover=True, ended="E-big")
-    wait_until(lambda: [n for n in webhook.received(event_id="E-big", alertname="SeExporterFleetSidecarMissedImpactfulEvent")
+    wait_until(lambda: [n for n in webhook.received(event_id="E-big",
+                                                    alertname="SeExporterFleetSidecarMissedImpactfulEvent")
                         if n.status == "resolved"], timeout=60, what="the page to resolve")
     assert len(firing(webhook, alertname="SeExporterFleetSidecarMissedImpactfulEvent")) == 1, webhook.notifications
     assert not webhook.received(event_id="E-done"), webhook.notifications  # it ended: a miss to count, not a page

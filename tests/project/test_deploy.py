@@ -183,9 +183,11 @@ def test_daemonset_priority_preempts_workloads_but_never_system_pods() -> None:
 
 
 def test_prometheus_rule_is_the_alert_rules_file() -> None:
-    """The PrometheusRule carries exactly the groups of dashboards/alerts.yaml."""
+    """The PrometheusRule carries exactly the groups of dashboards/alerts.yaml and the recording rules."""
     rule = manifests()[("PrometheusRule", "prometheusrule.yaml")]
-    assert rule["spec"] == yaml.safe_load((ROOT / "dashboards" / "alerts.yaml").read_text())
+    groups = [yaml.safe_load((ROOT / "dashboards" / name).read_text())["groups"] for name in ("alerts.yaml",
+                                                                                             "rules.yaml")]
+    assert rule["spec"] == {"groups": groups[0] + groups[1]}
 
 
 def test_network_policy_allows_imds_and_event_hubs_only() -> None:
