@@ -26,8 +26,9 @@
   // A text block as one paragraph (YAML's folded style): Alertmanager shows it as written.
   fold(text):: std.join(' ', std.filter(function(w) w != '', std.split(std.strReplace(text, '\n', ' '), ' '))),
 
-  // One line naming the machine, for summaries.
-  machine:: '{{ $labels.vm_name }} (scale set {{ $labels.vmss_name }}, {{ $labels.location }}, {{ $labels.instance }})',
+  // One line naming the machine, for summaries: the VM, its scale set and AKS node where it has them, its location.
+  machine:: '{{ $labels.vm_name }} ({{ with $labels.vmss_name }}scale set {{ . }}, {{ end }}'
+            + '{{ with $labels.node }}node {{ . }}, {{ end }}{{ $labels.location }}, {{ $labels.instance }})',
 
   runbook(config, alert):: '%s#%s' % [config.runbookUrl, std.asciiLower(alert)],
   vmDashboard(config):: '%s/d/%s?var-vm_name={{ $labels.vm_name }}' % [config.grafanaUrl, config.vmDashboardUid],

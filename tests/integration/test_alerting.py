@@ -152,7 +152,8 @@ def test_impactful_event_pages_once_and_a_cancellation_resolves_it(pipeline: Pip
     rule = rules_of(RULES)[IMMINENT]
     assert alert["annotations"] == {key: render(template, labels, seconds)
                                     for key, template in rule["annotations"].items()}
-    assert alert["annotations"]["summary"].startswith(f"Reboot of {vm.sim.vm['name']} (scale set , ")
+    assert alert["annotations"]["summary"].startswith(
+        f"Reboot of {vm.sim.vm['name']} ({vm.sim.vm['location']}, {vm.instance}) in ")
 
     vm.advance_to(130)  # NotBefore moved 20 minutes later: no page any more, a warning
     wait_until(lambda: vm.process.total("azure_scheduled_events_transitions_total", event_type="Reboot",
@@ -183,8 +184,8 @@ def test_host_failure_pages_at_once_as_one_notification_and_completion_resolves_
     [alert] = page.alerts
     assert (page.receiver, alert["labels"]["alertname"], alert["labels"]["severity"]) == \
         ("vm-owners", "SeExporterHostFailure", "critical")
-    assert alert["annotations"]["summary"] == (f"Reboot with no notice on {vm.sim.vm['name']} (scale set , "
-                                               f"{vm.sim.vm['location']}, {vm.instance}): host failure")
+    assert alert["annotations"]["summary"] == (f"Reboot with no notice on {vm.sim.vm['name']} "
+                                               f"({vm.sim.vm['location']}, {vm.instance}): host failure")
     started = wait_until(lambda: pipeline.alertmanager.alerts(alertname=IMMINENT, event_id=HOST_FAILURE),
                          timeout=30, what="the imminent-event alert in Alertmanager")[0]
     assert started["status"]["state"] == "suppressed" and started["status"]["inhibitedBy"], started

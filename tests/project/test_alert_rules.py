@@ -91,6 +91,9 @@ CASES: list[promtool.Case] = [
        0)]),
     ("SeExporterImpactfulEventImminent",
      named(dict([until("E1", "Reboot", "3660 3600")]) | {info("E1", "Reboot", "Scheduled"): "1 1"}), "1m", []),
+    ("SeExporterImpactfulEventImminent",  # on AKS every series of the target carries its node: so does the alert
+     {on_node(info("E5", "Terminate", "Started")): "1 1", on_node(VM_INFO): "1 1"}, "1m",
+     [({**event_labels("E5", "Terminate", "Started"), "node": NODE}, 0)]),
     ("SeExporterImpactfulEventImminent", named({info("E3", "Redeploy", "Started", "false"): "1 1"}), "1m", []),
     ("SeExporterImpactfulEventImminent", named({info("E3", "Freeze", "Started"): "1 1"}), "1m", []),
     ("SeExporterHostFailure",
