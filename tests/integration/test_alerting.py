@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -302,3 +303,38 @@ def prom_rules(prom: Prometheus) -> list[dict[str, Any]]:
 def _unix(rfc3339: str) -> float:
     text = re.sub(r"(\.\d{6})\d+", r"\1", rfc3339.replace("Z", "+00:00"))
     return datetime.fromisoformat(text).timestamp()
+
+
+def test_a_wave_is_one_notification_per_scale_set_or_per_event(tmp_path: Path) -> None:
+    """Through the shipped routing, a wave of pages is one notification per scale set (its VMs' events each have
+    their own EventId) and one per EventId outside scale sets (an availability set's event lists all its VMs), each
+    naming every VM it concerns; never one per VM."""
+    webhook = Webhook()
+    config = shortened(yaml.safe_load(ALERTMANAGER_CONFIG.read_text()), webhook, GROUP_WAIT, GROUP_INTERVAL)
+    alertmanager = Alertmanager(config, tmp_path / "alertmanager")
+    try:
+        def page(vm: str, event_id: str, vmss: str) -> dict[str, Any]:
+            return {"labels": {"alertname": IMMINENT, "severity": "critical", "job": "se-exporter",
+                               "instance": f"{vm}:10169", "vm_name": vm, "event_id": event_id,
+                               "event_type": "Reboot", **({"vmss_name": vmss} if vmss else {})}}
+
+        alerts = [*(page(f"web_{n}", f"E-web-{n}", "web") for n in range(3)),
+                  *(page(f"db_{n}", f"E-db-{n}", "db") for n in range(2)),
+                  *(page(f"legacy_{n}", "E-avset", "") for n in range(4))]
+        request = urllib.request.Request(f"{alertmanager.url}/api/v2/alerts", data=json.dumps(alerts).encode(),
+                                         method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+
+        def grouped() -> dict[str, list[str]]:
+            return {n.payload["groupKey"]: sorted(a["labels"]["vm_name"] for a in n.alerts)
+                    for n in webhook.notifications if n.status == "firing"}
+
+        wait_until(lambda: sum(len(vms) for vms in grouped().values()) == len(alerts), timeout=30,
+                   what="every alert notified")
+        assert sorted(grouped().values()) == [["db_0", "db_1"], [f"legacy_{n}" for n in range(4)],
+                                              [f"web_{n}" for n in range(3)]]
+        assert {n.receiver for n in webhook.notifications} == {"vm-owners"}
+    finally:
+        alertmanager.stop()
+        webhook.close()
