@@ -131,8 +131,10 @@ def dashboard_expressions(fleet_consumer: bool = False) -> list[tuple[str, str]]
 
 
 def rule_expressions() -> list[tuple[str, str]]:
-    data = yaml.safe_load((DASHBOARDS / "alerts.yaml").read_text())
-    return [(rule["alert"], rule["expr"]) for group in data["groups"] for rule in group["rules"]]
+    """The sidecars' alert rules and the recording rules (alerts.yaml, rules.yaml)."""
+    data = [yaml.safe_load((DASHBOARDS / name).read_text()) for name in ("alerts.yaml", "rules.yaml")]
+    return [(rule.get("alert") or rule["record"], rule["expr"]) for rules in data for group in rules["groups"]
+            for rule in group["rules"]]
 
 
 def substitute(expr: str) -> str:
