@@ -23,8 +23,8 @@ SBOMS := dist/linux-wheels.cdx.json dist/windows-wheels.cdx.json
 .PHONY: chart-files demo demo-fleet docs test test-contended lint lint-imports typecheck unit system-deps clean dashboards reliability soak bench image \
 	windows-wheels lock linux-wheels sbom operator-schemas
 
-# Regenerate dashboards/*.json from dashboards/generate.py (the suite fails if they differ), then copy the rules and
-# dashboards into the Helm chart (make chart-files; the suite fails if the chart's copies differ from dashboards/).
+# Regenerate dashboards/*.json and the rules rendered from mixin/ (the suite fails if they differ), then copy the
+# rules and dashboards into the Helm chart (make chart-files; the suite fails if the chart's copies differ).
 dashboards: $(VENV)/.installed
 	$(BIN)/python dashboards/generate.py
 	$(MAKE) --no-print-directory chart-files

@@ -1,7 +1,12 @@
-"""Generate the Grafana dashboards as code (grafana-foundation-sdk), into dashboards/*.json.
+"""Generate the Grafana dashboards as code (grafana-foundation-sdk), and render the monitoring mixin's rules.
 
-    python dashboards/generate.py            # rewrite the JSON files
+    python dashboards/generate.py            # rewrite the generated files
     python dashboards/generate.py --check    # exit 1 if the committed files differ from what this generates
+
+One source of truth: the dashboards are built here (dashboards/*.json, which mixin/dashboards.libsonnet ships as
+they are); the alert and recording rules are written in the mixin (mixin/, with its _config), and rendered here by
+the real jsonnet into dashboards/alerts.yaml, fleet-alerts.yaml, rules.yaml, the Prometheus Operator's
+PrometheusRule and Azure Monitor's prometheusRuleGroups template. Edit the mixin, then run this.
 
 The SDK leaves panel ids and query refIds empty; Grafana then invents them on import, which breaks
 links and diffs, so every panel gets an explicit id and every query an explicit refId here. The
@@ -18,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _jsonnet
+import yaml
 from grafana_foundation_sdk.builders import bargauge, stat, statetimeline, table, timeseries
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import prometheus as prom
@@ -29,6 +36,28 @@ HERE = Path(__file__).parent
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 VM = 'job=~"$job", instance=~"$instance"'
 FLEET = 'job=~"$job"'
+# The sidecars' own target labels (cluster and, on AKS, node are added at scrape time, so `up` has them too).
+TARGET = 'job=~"$job", cluster=~"$cluster", node=~"$node"'
+# The VMs the fleet dashboard's variables select, by name, scale set and location (from vm_info): fleet queries keep
+# only their series (``and on(job, instance)``), and tables join the names from it.
+VMS = (f'azure_scheduled_events_vm_info{{{TARGET}, location=~"$location", vmss_name=~"$vmss_name", '
+       'vm_name=~"$vm_name"}')
+# The fleet consumer's per-VM series carry the VM's name, scale set and location themselves.
+FLEET_VMS = 'job=~"$job", location=~"$location", vmss_name=~"$vmss_name", vm_name=~"$vm_name"'
+SPOT = "SpotRebalanceRecommendation"
+VM_UID = "se-exporter-vm"
+
+
+def scoped(selector: str) -> str:
+    """An instant vector of the sidecars' series, kept to the VMs the fleet dashboard's variables select."""
+    return f"({selector} and on(job, instance) {VMS})"
+
+
+def vm_link(field: str = "vm_name") -> Any:
+    """A table column of VM names that opens that VM's dashboard (by name), keeping the time range."""
+    return dm.DynamicConfigValue(id_val="links", value=[{
+        "title": "VM dashboard for ${__value.text}", "targetBlank": False,
+        "url": f"/d/{VM_UID}?var-vm_name=${{__value.raw}}&${{__url_time_range}}"}])
 IMPACTFUL = "Reboot|Redeploy|Preempt|Terminate"
 # AKS's node-problem-detector: the documented VMEventScheduled condition, and the per-type names (its Event
 # reasons, which some node images also set as condition types). dashboards/alerts.yaml selects the same ones.
@@ -77,16 +106,32 @@ def panel(kind: Any, ids: Ids, title: str, description: str, queries: Sequence[Q
     return targets(built, queries)
 
 
+def query_variable(name: str, label: str, query: str, all_: bool = True) -> Any:
+    variable = (db.QueryVariable(name).label(label).datasource(DS).query(query)
+                .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC))
+    return variable.include_all(True).all_value(".*").multi(True) if all_ else variable.include_all(False).multi(False)
+
+
 def variables(dashboard: Any, per_vm: bool) -> Any:
+    """Find a VM by where it runs and its name, not its address: cluster and node (target labels), location and
+    scale set (vm_info) narrow the VM names; the VM dashboard turns the chosen name into its hidden instance."""
     dashboard = dashboard.with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
-    dashboard = dashboard.with_variable(
-        db.QueryVariable("job").label("Job").datasource(DS).query("label_values(azure_scheduled_events_up, job)")
-        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).include_all(True).all_value(".*").multi(True))
+    info = "azure_scheduled_events_vm_info"
+    for variable in (
+            query_variable("job", "Job", "label_values(azure_scheduled_events_up, job)"),
+            query_variable("cluster", "Cluster", 'label_values(azure_scheduled_events_up{job=~"$job"}, cluster)'),
+            query_variable("location", "Location", f'label_values({info}{{{TARGET}}}, location)'),
+            query_variable("vmss_name", "Scale set",
+                           f'label_values({info}{{{TARGET}, location=~"$location"}}, vmss_name)'),
+            query_variable("node", "Node (AKS)",
+                           f'label_values({info}{{job=~"$job", cluster=~"$cluster"}}, node)'),
+            query_variable("vm_name", "VM", f'label_values({info}{{{TARGET}, location=~"$location", '
+                           'vmss_name=~"$vmss_name"}, vm_name)', all_=not per_vm)):
+        dashboard = dashboard.with_variable(variable)
     if per_vm:
         dashboard = dashboard.with_variable(
-            db.QueryVariable("instance").label("Instance").datasource(DS)
-            .query('label_values(azure_scheduled_events_up{job=~"$job"}, instance)')
-            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).include_all(False).multi(False))
+            query_variable("instance", "Instance", f'label_values({info}{{job=~"$job", vm_name=~"$vm_name"}}, '
+                           'instance)', all_=False).hide(dm.VariableHide.HIDE_VARIABLE))
     return dashboard
 
 
@@ -127,9 +172,13 @@ def vm_dashboard() -> Any:
                            width=4, height=4, unit="s"))
     d = d.with_panel(panel(stat, ids, "Document incarnation", "DocumentIncarnation of the last valid document.",
                            [Q(f"azure_scheduled_events_document_incarnation{{{VM}}}")], width=4, height=4))
-    d = d.with_panel(panel(stat, ids, "Host failures (range)", "Events that were Started at first sight.",
-                           [Q(f"sum(increase(azure_scheduled_events_notice_seconds_bucket{{{VM}, le=\"0.0\"}}"
-                              "[$__range]))")], width=4, height=4))
+    d = d.with_panel(panel(stat, ids, "Spot rebalance recommended", "1 while Azure advises rebalancing this Spot VM "
+                           "(its eviction risk is raised): prepare a replacement; nothing to approve.",
+                           [Q(f"count(azure_scheduled_event_info{{{VM}, event_type=\"{SPOT}\", "
+                              "affects_this_vm!=\"false\"}) or vector(0)")], width=4, height=4))
+    d = d.with_panel(panel(stat, ids, "Host failures (range)", "This VM's events that were Started at first sight.",
+                           [Q(f"sum(increase(azure_scheduled_events_notice_seconds_bucket{{{VM}, le=\"0.0\", "
+                              "affects_this_vm!=\"false\"}[$__range]))")], width=4, height=4))
     d = d.with_panel(
         panel(table, ids, "Events now",
               "Every listed event: type, status, source, whether it lists this VM, countdown to NotBefore and "
@@ -148,12 +197,16 @@ def vm_dashboard() -> Any:
                            [Q(f"max by (event_id, event_type, event_status) (azure_scheduled_event_info{{{VM}}})",
                               legend="{{event_type}} {{event_status}} {{event_id}}")], width=24))
     d = d.with_panel(node_conditions_panel(ids))
-    d = d.with_panel(panel(timeseries, ids, "Listed events by type and status", "",
-                           [Q(f"sum by (event_type, event_status) (azure_scheduled_events_pending{{{VM}}}) > 0",
-                              legend="{{event_type}} {{event_status}}")]))
+    d = d.with_panel(panel(timeseries, ids, "Listed events by type and status",
+                           "This VM's events (affects_this_vm true, or unknown without a VM name) apart from its "
+                           "neighbours' (false).",
+                           [Q(f"sum by (event_type, event_status, affects_this_vm) (azure_scheduled_events_pending"
+                              f"{{{VM}}}) > 0",
+                              legend="{{event_type}} {{event_status}} (this VM: {{affects_this_vm}})")]))
     d = d.with_panel(panel(timeseries, ids, "Transitions", "Lifecycle transitions seen, per interval.",
-                           [Q(f"sum by (event_type, transition) (increase(azure_scheduled_events_transitions_total"
-                              f"{{{VM}}}[$__rate_interval])) > 0", legend="{{event_type}} {{transition}}")]))
+                           [Q(f"sum by (event_type, transition, affects_this_vm) (increase("
+                              f"azure_scheduled_events_transitions_total{{{VM}}}[$__rate_interval])) > 0",
+                              legend="{{event_type}} {{transition}} (this VM: {{affects_this_vm}})")]))
     d = d.with_row(db.Row("Notice and impact").id(ids.take()))
     for name, what in (("notice", "First seen -> Started: the warning really given."),
                        ("impact", "Started -> gone from the document.")):
@@ -193,51 +246,78 @@ def vm_dashboard() -> Any:
     return d.build()
 
 
+def what_is_about_to_happen(ids: Ids) -> Any:
+    """The on-call's first question, first: every event that lists a VM as its own, with the VM's name, scale set,
+    zone and location, soonest first; Started ones (no NotBefore left) at 0. A VM's name opens its dashboard."""
+    info = f"azure_scheduled_event_info{{{FLEET}, affects_this_vm!=\"false\""
+    events = (f"(azure_scheduled_event_seconds_until_not_before{{{FLEET}}} * on(job, instance, event_id) "
+              f"group_left(event_status, event_source) {info}}}) or on(job, instance, event_id) "
+              f"max without (resource_type, affects_this_vm) (0 * {info}, event_status=\"Started\"}})")
+    return (panel(table, ids, "What is about to happen where, and how long you have",
+                  "Each VM's own events, soonest first: seconds until NotBefore (0: started), the VM's name, scale "
+                  "set, zone and location. Click a VM's name for its dashboard.",
+                  [Q("sort(max by (vm_name, vmss_name, zone, location, event_id, event_type, event_status) ("
+                     f"({events}) * on(job, instance) group_left(vm_name, vmss_name, zone, location) {VMS}))",
+                     instant=True, table=True)], width=24, height=10)
+            .override_by_name("vm_name", [vm_link()])
+            .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
+                "excludeByName": {"Time": True}, "renameByName": {"Value": "seconds until NotBefore"}})))
+
+
 def fleet_dashboard() -> Any:
     ids = Ids()
     d = (db.Dashboard("Azure Scheduled Events: fleet").uid("se-exporter-fleet")
          .tags(["azure", "scheduled-events"]).refresh("30s").time("now-24h", "now").editable()
          .description("Which VMs face which maintenance, and when, across every exporter."))
     d = variables(d, per_vm=False)
-    d = d.with_panel(panel(stat, ids, "Exporters down", "Scrape targets that do not answer.",
-                           [Q(f"count(up{{{FLEET}}} == 0) or vector(0)")], width=6, height=4))
+    d = d.with_panel(what_is_about_to_happen(ids))
+    d = d.with_panel(panel(stat, ids, "Exporters down", "Scrape targets that do not answer (by cluster and node).",
+                           [Q(f"count(up{{{TARGET}}} == 0) or vector(0)")], width=4, height=4))
     d = d.with_panel(panel(stat, ids, "Exporters not reading IMDS", "",
-                           [Q(f"count(azure_scheduled_events_up{{{FLEET}}} == 0) or vector(0)")], width=6, height=4))
+                           [Q(f"count({scoped(f'azure_scheduled_events_up{{{FLEET}}} == 0')}) or vector(0)")],
+                           width=4, height=4))
     d = d.with_panel(panel(stat, ids, "VMs with impactful events",
-                           "VMs listed in a Reboot, Redeploy, Preempt or Terminate event.",
-                           [Q(f"count(count by (instance) (azure_scheduled_event_info{{{FLEET}, "
-                              f"event_type=~\"{IMPACTFUL}\", affects_this_vm!=\"false\"}})) or vector(0)")],
-                           width=6, height=4))
+                           "VMs listed in a Reboot, Redeploy, Preempt or Terminate event as theirs.",
+                           [Q("count(count by (instance) (" + scoped(
+                               f"azure_scheduled_event_info{{{FLEET}, event_type=~\"{IMPACTFUL}\", "
+                               "affects_this_vm!=\"false\"}") + ")) or vector(0)")], width=4, height=4))
+    d = d.with_panel(panel(stat, ids, "Impactful events", "Distinct Reboot, Redeploy, Preempt or Terminate EventIds "
+                           "(an availability set's event counts once, however many VMs list it).",
+                           [Q("count(count by (event_id) (" + scoped(
+                               f"azure_scheduled_event_info{{{FLEET}, event_type=~\"{IMPACTFUL}\"}}") + ")) "
+                              "or vector(0)")], width=4, height=4))
+    d = d.with_panel(panel(stat, ids, "Spot VMs advised to rebalance",
+                           "VMs with a SpotRebalanceRecommendation: their eviction risk is raised. Advice to prepare, "
+                           "nothing to approve.",
+                           [Q("count(count by (job, instance) (" + scoped(
+                               f"azure_scheduled_event_info{{{FLEET}, event_type=\"{SPOT}\", "
+                               "affects_this_vm!=\"false\"}") + ")) or vector(0)")], width=4, height=4))
     d = d.with_panel(panel(stat, ids, "Documents waiting to be forwarded", "",
-                           [Q(f"sum(azure_scheduled_events_spool_documents{{{FLEET}}}) or vector(0)")],
-                           width=6, height=4))
-    d = d.with_panel(
-        panel(table, ids, "Upcoming maintenance by time to NotBefore",
-              "Scheduled events that list the VM they were seen on, soonest first.",
-              [Q(f"sort(azure_scheduled_event_seconds_until_not_before{{{FLEET}}} * on(job, instance, event_id) "
-                 f"group_left(event_status, event_source, affects_this_vm) azure_scheduled_event_info{{{FLEET}, "
-                 f"affects_this_vm!=\"false\"}} * on(job, instance) group_left(vm_name, vmss_name, zone, location) "
-                 f"azure_scheduled_events_vm_info{{{FLEET}}})", instant=True, table=True)], width=24, height=10)
-        .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
-            "excludeByName": {"Time": True, "__name__": True, "job": True},
-            "renameByName": {"Value": "seconds until NotBefore"}})))
-    d = d.with_panel(panel(bargauge, ids, "Events by type and status", "",
-                           [Q(f"sum by (event_type, event_status) (azure_scheduled_events_pending{{{FLEET}}}) > 0",
+                           [Q(f"sum({scoped(f'azure_scheduled_events_spool_documents{{{FLEET}}}')}) or vector(0)")],
+                           width=4, height=4))
+    d = d.with_panel(panel(bargauge, ids, "Events by type and status", "Each EventId once, however many VMs list it.",
+                           [Q("count by (event_type, event_status) (count by (event_id, event_type, event_status) ("
+                              + scoped(f"azure_scheduled_event_info{{{FLEET}}}") + "))",
                               legend="{{event_type}} {{event_status}}", instant=True)], width=8))
     d = d.with_panel(panel(bargauge, ids, "VMs affected per event", "How many VMs list each event as theirs.",
-                           [Q(f"count by (event_id, event_type) (azure_scheduled_event_info{{{FLEET}, "
-                              "affects_this_vm=\"true\"})", legend="{{event_type}} {{event_id}}", instant=True)],
-                           width=8))
-    d = d.with_panel(panel(bargauge, ids, "Listed events by scale set and zone", "",
-                           [Q(f"sum by (vmss_name, zone) (azure_scheduled_events_pending{{{FLEET}}} * on(job, "
-                              f"instance) group_left(vmss_name, zone) azure_scheduled_events_vm_info{{{FLEET}}})",
+                           [Q("count by (event_id, event_type) (" + scoped(
+                               f"azure_scheduled_event_info{{{FLEET}, affects_this_vm=\"true\"}}") + ")",
+                              legend="{{event_type}} {{event_id}}", instant=True)], width=8))
+    d = d.with_panel(panel(bargauge, ids, "Events by scale set and zone",
+                           "Distinct EventIds that list a VM of the scale set and zone as theirs.",
+                           [Q(f"count by (vmss_name, zone) (count by (vmss_name, zone, event_id) ("
+                              f"azure_scheduled_event_info{{{FLEET}, affects_this_vm!=\"false\"}} * on(job, instance) "
+                              f"group_left(vmss_name, zone) {VMS}))",
                               legend="{{vmss_name}} zone {{zone}}", instant=True)], width=8))
-    d = d.with_panel(panel(timeseries, ids, "Transitions across the fleet", "",
+    d = d.with_panel(panel(timeseries, ids, "Transitions across the fleet",
+                           "Each VM's transitions of its own events (a neighbour's listing is not counted).",
                            [Q(f"sum by (event_type, transition) (increase(azure_scheduled_events_transitions_total"
-                              f"{{{FLEET}}}[$__rate_interval])) > 0", legend="{{event_type}} {{transition}}")]))
+                              f"{{{FLEET}, affects_this_vm!=\"false\"}}[$__rate_interval]) and on(job, instance) "
+                              f"{VMS}) > 0", legend="{{event_type}} {{transition}}")]))
     d = d.with_panel(panel(timeseries, ids, "Poll failures across the fleet", "",
                            [Q(f"sum by (outcome) (rate(azure_scheduled_events_polls_total{{{FLEET}, outcome!=\"ok\"}}"
-                              "[$__rate_interval]))", legend="{{outcome}}")], unit="reqps"))
+                              f"[$__rate_interval]) and on(job, instance) {VMS})", legend="{{outcome}}")],
+                           unit="reqps"))
     return d.build()
 
 
@@ -255,7 +335,15 @@ def fleet_events_dashboard() -> Any:
     d = d.with_variable(
         db.QueryVariable("job").label("Job").datasource(DS).query("label_values(azure_scheduled_fleet_vms, job)")
         .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).include_all(True).all_value(".*").multi(True))
-    info = f"azure_scheduled_fleet_event_info{{{FLEET}, affects_this_vm!=\"false\""
+    seen = "azure_scheduled_fleet_vm_last_seen_timestamp_seconds"
+    for variable in (  # by the VMs' names and places, from the documents they sent (no cluster or node there)
+            query_variable("location", "Location", f'label_values({seen}{{job=~"$job"}}, location)'),
+            query_variable("vmss_name", "Scale set",
+                           f'label_values({seen}{{job=~"$job", location=~"$location"}}, vmss_name)'),
+            query_variable("vm_name", "VM", f'label_values({seen}{{job=~"$job", location=~"$location", '
+                           'vmss_name=~"$vmss_name"}, vm_name)')):
+        d = d.with_variable(variable)
+    info = f"azure_scheduled_fleet_event_info{{{FLEET_VMS}, affects_this_vm!=\"false\""
     vm = "vm_id, vm_name, vmss_name, location"  # a VM's identity, the same on every replica that shows it
     d = d.with_row(db.Row("Fleet now").id(ids.take()))
     d = d.with_panel(panel(stat, ids, "VMs known", "VMs whose documents the fleet consumer holds.",
@@ -278,6 +366,7 @@ def fleet_events_dashboard() -> Any:
                  f"azure_scheduled_fleet_event_seconds_until_not_before{{{FLEET}}} * on(job, instance, vm_id, "
                  "event_id) group_left(vm_name, vmss_name, location, event_type, event_status, event_source) "
                  f"{info}}}))", instant=True, table=True)], width=24, height=10)
+        .override_by_name("vm_name", [vm_link()])
         .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
             "excludeByName": {"Time": True, "__name__": True, "job": True, "instance": True},
             "renameByName": {"Value": "seconds until NotBefore"}})))
@@ -290,8 +379,8 @@ def fleet_events_dashboard() -> Any:
                               legend="{{vmss_name}} {{event_type}}", instant=True)], width=8))
     d = d.with_panel(panel(table, ids, "Quietest VMs", "Seconds since each VM's last document or heartbeat.",
                            [Q(f"topk(20, time() - max by ({vm}) ("
-                              f"azure_scheduled_fleet_vm_last_seen_timestamp_seconds{{{FLEET}}}))",
-                              instant=True, table=True)], width=8, unit="s"))
+                              f"azure_scheduled_fleet_vm_last_seen_timestamp_seconds{{{FLEET_VMS}}}))",
+                              instant=True, table=True)], width=8, unit="s").override_by_name("vm_name", [vm_link()]))
     d = d.with_panel(panel(timeseries, ids, "Pending VMs by type and status", "",
                            [Q("count by (event_type, event_status) (count by (event_type, event_status, vm_id) ("
                               f"{info}}}))",
@@ -300,14 +389,15 @@ def fleet_events_dashboard() -> Any:
                            "failed, or whose last successful read is over 2 minutes older than what they sent: their "
                            "maintenance goes unseen. Older sidecars do not report it.",
                            [Q("count(count by (vm_id) ("
-                              f"azure_scheduled_fleet_vm_imds_unreachable_since_timestamp_seconds{{{FLEET}}})) "
+                              f"azure_scheduled_fleet_vm_imds_unreachable_since_timestamp_seconds{{{FLEET_VMS}}})) "
                               "or vector(0)")],
                            width=6))
     d = d.with_panel(panel(table, ids, "VMs that cannot read IMDS: time since their last successful read",
                            "Per VM counted beside; a VM that never read IMDS shows the time since 1970.",
                            [Q(f"sort_desc(time() - max by ({vm}) ("
-                              f"azure_scheduled_fleet_vm_imds_unreachable_since_timestamp_seconds{{{FLEET}}}))",
+                              f"azure_scheduled_fleet_vm_imds_unreachable_since_timestamp_seconds{{{FLEET_VMS}}}))",
                               instant=True, table=True)], width=18, unit="s")
+                     .override_by_name("vm_name", [vm_link()])
                      .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
                          "excludeByName": {"Time": True, "__name__": True, "job": True, "instance": True},
                          "renameByName": {"Value": "seconds since the last IMDS read"}})))
@@ -353,7 +443,7 @@ def fleet_events_dashboard() -> Any:
 
 
 def two_streams(d: Any, ids: Ids) -> Any:
-    """The platform stream (Azure's own copy of every scheduled event) beside the sidecars'. An EventId's
+    """The platform stream (Azure's own copy of every scheduled event, issue 27) beside the sidecars'. An EventId's
     info series comes from the replica that shows its home platform partition (from two around a hand-over: EventIds
     are counted distinct, ``count by (event_id)``, and joined through ``max by (event_id, ...)``); its VMs by
     coverage from every replica, each counting the VMs it judged, so they are summed over the replicas. Counters
@@ -436,9 +526,104 @@ def render(dashboard: Any) -> str:
     return json.dumps(dashboard, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
 
 
+MIXIN = HERE.parent / "mixin"
+GENERATED = "# Generated from mixin/ by dashboards/generate.py: edit the mixin, then make dashboards.\n"
+RULE_KEYS = ("alert", "record", "expr", "for", "labels", "annotations")
+# Azure Monitor alert severities (0 Critical .. 4 Verbose) for the rules' severity label.
+AZURE_SEVERITY = {"critical": 0, "warning": 2, "info": 3}
+
+
+def mixin(config: str = "{}") -> dict[str, Any]:
+    """The mixin evaluated by jsonnet, with ``config`` merged into its _config (a jsonnet object)."""
+    snippet = (f"local m = (import 'mixin.libsonnet') + {{ _config+:: {config} }};\n"
+               "{ alerts: m.prometheusAlerts, rules: m.prometheusRules, dashboards: m.grafanaDashboards }")
+    result: dict[str, Any] = json.loads(_jsonnet.evaluate_snippet("render", snippet, jpathdir=[str(MIXIN)]))
+    return result
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (PromQL) as literal blocks, as a person writes rule files."""
+
+
+_Dumper.add_representer(str, lambda dumper, value: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None))
+
+
+def _ordered(rule: dict[str, Any]) -> dict[str, Any]:
+    return {key: rule[key] for key in RULE_KEYS if key in rule}
+
+
+def _groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"name": group["name"], "rules": [_ordered(rule) for rule in group["rules"]]} for group in groups]
+
+
+def _yaml(data: Any) -> str:
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
+
+
+def rule_file(kind: str, group: str) -> str:
+    """One group of the mixin's alerts or rules as a Prometheus rule file."""
+    groups = [g for g in mixin()[kind]["groups"] if g["name"] == group]
+    return GENERATED + _yaml({"groups": _groups(groups)})
+
+
+def _iso_duration(duration: str) -> str:
+    """Prometheus' 3m as ISO 8601's PT3M (what Azure's `for` takes)."""
+    unit = {"s": "S", "m": "M", "h": "H"}[duration[-1]]
+    return f"PT{int(duration[:-1])}{unit}"
+
+
+def _azure_rule(rule: dict[str, Any]) -> dict[str, Any]:
+    if "record" in rule:
+        return {"record": rule["record"], "expression": rule["expr"], "enabled": True}
+    converted: dict[str, Any] = {"alert": rule["alert"], "expression": rule["expr"], "enabled": True,
+                                 "severity": AZURE_SEVERITY[rule["labels"]["severity"]],
+                                 "labels": rule["labels"], "annotations": rule["annotations"],
+                                 "resolveConfiguration": {"autoResolved": True, "timeToResolve": "PT10M"},
+                                 "actions": [{"actionGroupId": "[parameters('actionGroupId')]"}]}
+    if "for" in rule:
+        converted["for"] = _iso_duration(rule["for"])
+    return converted
+
+
+def azure_rule_groups() -> str:
+    """deploy/azure-monitor/prometheus-rule-groups.json: the same groups as Azure Monitor managed Prometheus rule
+    groups (an ARM template), for an Azure Monitor workspace and an action group given as parameters."""
+    rendered = mixin()
+    resources = [{
+        "type": "Microsoft.AlertsManagement/prometheusRuleGroups", "apiVersion": "2023-03-01",
+        "name": group["name"], "location": "[parameters('location')]",
+        "properties": {"description": f"se-exporter: {group['name']} (generated from mixin/)",
+                       "scopes": ["[parameters('azureMonitorWorkspaceId')]"], "enabled": True, "interval": "PT1M",
+                       "rules": [_azure_rule(rule) for rule in group["rules"]]}}
+        for group in rendered["alerts"]["groups"] + rendered["rules"]["groups"]]
+    template = {
+        "$schema": "https://schema.management.azure.com/schemas/2019-04-01/deploymentTemplate.json#",
+        "contentVersion": "1.0.0.0",
+        "metadata": {"description": "Generated from mixin/ by dashboards/generate.py: edit the mixin, then make "
+                                    "dashboards. See docs/alerting.md for what differs from Prometheus."},
+        "parameters": {
+            "azureMonitorWorkspaceId": {"type": "string", "metadata": {
+                "description": "Resource ID of the Azure Monitor workspace the sidecars' metrics go to."}},
+            "actionGroupId": {"type": "string", "metadata": {
+                "description": "Resource ID of the action group every alert notifies."}},
+            "location": {"type": "string", "defaultValue": "[resourceGroup().location]"}},
+        "resources": resources}
+    return json.dumps(template, indent=2) + "\n"
+
+
+def mixin_dashboard(name: str) -> str:
+    """A dashboard as the mixin ships it (it imports the generated file): the suite checks both agree."""
+    return json.dumps(mixin()["dashboards"][name], indent=2, sort_keys=True) + "\n"
+
+
 OUTPUTS = {"se-exporter-vm.json": lambda: render(vm_dashboard()),
            "se-exporter-fleet.json": lambda: render(fleet_dashboard()),
-           "se-exporter-fleet-events.json": lambda: render(fleet_events_dashboard())}
+           "se-exporter-fleet-events.json": lambda: render(fleet_events_dashboard()),
+           "alerts.yaml": lambda: rule_file("alerts", "se-exporter"),
+           "fleet-alerts.yaml": lambda: rule_file("alerts", "se-exporter-fleet"),
+           "rules.yaml": lambda: rule_file("rules", "se-exporter.rules"),
+           "../deploy/azure-monitor/prometheus-rule-groups.json": azure_rule_groups}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -453,6 +638,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not path.exists() or path.read_text() != text:
                 stale.append(name)
         else:
+            path.parent.mkdir(exist_ok=True)
             path.write_text(text)
     if stale:
         print(f"out of date: {', '.join(stale)}; run python dashboards/generate.py", file=sys.stderr)

@@ -73,6 +73,13 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 
 
+def total(samples: Samples, name: str, **labels: str) -> float | None:
+    """The sum of ``name``'s samples that carry at least ``labels`` (e.g. over affects_this_vm); None if none."""
+    wanted = set(labels.items())
+    found = [v for (sample_name, have), v in samples.items() if sample_name == name and wanted <= have]
+    return sum(found) if found else None
+
+
 def series(samples: Samples, name: str) -> list[dict[str, str]]:
     return [dict(labels) for (sample_name, labels) in samples if sample_name == name]
 
@@ -125,6 +132,9 @@ class Sidecar:
 
     def value(self, name: str, **labels: str) -> float | None:
         return value(self.samples(), name, **labels)
+
+    def total(self, name: str, **labels: str) -> float | None:
+        return total(self.samples(), name, **labels)
 
     def stop(self) -> int:
         code = stop_process(self.process)

@@ -24,7 +24,9 @@ def promtool() -> str:
 
 
 def humanize_duration(value: float) -> str:
-    """Prometheus' humanizeDuration for whole seconds >= 60 (what these cases use)."""
+    """Prometheus' humanizeDuration for 0 and whole seconds (what these cases use)."""
+    if value < 60:
+        return f"{value:.4g}s"
     seconds = int(value)
     days, rest = divmod(seconds, 86400)
     hours, rest = divmod(rest, 3600)
@@ -38,7 +40,12 @@ def humanize_duration(value: float) -> str:
 
 def render(template: str, labels: dict[str, str], value: float) -> str:
     """A small independent renderer for the constructs the rules use; promtool compares it with Prometheus'."""
-    text = re.sub(r"\{\{\s*\$value\s*\|\s*humanizeDuration\s*\}\}", humanize_duration(value), template)
+    text = re.sub(r"\{\{ with \$labels\.(\w+) \}\}(.*?)\{\{ end \}\}",
+                  lambda m: m.group(2).replace("{{ . }}", labels[m.group(1)]) if labels.get(m.group(1)) else "",
+                  template)
+    text = re.sub(r'\{\{ if eq \$labels\.(\w+) "([^"]*)" \}\}(.*?)\{\{ else \}\}(.*?)\{\{ end \}\}',
+                  lambda m: m.group(3) if labels.get(m.group(1)) == m.group(2) else m.group(4), text)
+    text = re.sub(r"\{\{\s*\$value\s*\|\s*humanizeDuration\s*\}\}", humanize_duration(value), text)
     text = re.sub(r"\{\{\s*\$value\s*\}\}", f"{value:g}", text)
     return re.sub(r"\{\{\s*\$labels\.(\w+)\s*\}\}", lambda m: labels.get(m.group(1), ""), text)
 

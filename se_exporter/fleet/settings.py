@@ -36,7 +36,7 @@ DEFAULT_VM_EXPIRY = 900.0  # three missed heartbeats at the Event Hubs default o
 DEFAULT_CHECKPOINT_INTERVAL = 10.0
 HEARTBEAT_WRITES_EVERY = 6  # checkpoint intervals between writes of a partition where only heartbeats arrived
 HEARTBEAT_WRITES_AT_MOST = 120.0  # seconds: the default's cap, so the checkpoint age stays far below the 300 s at
-# which FleetCheckpointsStale fires, whatever --checkpoint-interval (up to 120 s) says
+# which SeExporterFleetCheckpointsStale fires, whatever --checkpoint-interval (up to 120 s) says
 DEFAULT_LISTEN = Listen("", DEFAULT_FLEET_PORT)
 
 CHECKPOINT_INTERVAL = Bounded(0.1, 3600)

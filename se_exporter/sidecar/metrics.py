@@ -31,6 +31,9 @@ EVENT = "azure_scheduled_event"
 NOTICE_BUCKETS = (0, 1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400, 259200, 604800)
 REBALANCE_BUCKETS = (5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 IMPACT_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600)
+# affects_this_vm on the per-type families: this VM's events apart from its neighbours' (an availability set lists
+# each VM's events on every VM of the set), so a query can count this VM's maintenance without counting a neighbour's.
+AFFECTS = ("true", "false", "unknown")
 # Bounds on what IMDS puts in labels (nothing a VM is told is trusted): a label value is cut at MAX_LABEL characters,
 # ending in LABEL_MARK so the cut shows; a document's first MAX_EVENT_SERIES events by EventId get per-event series.
 # Each hit is counted once per document (bound_hits_total). A 1 MB EventId made /metrics 5 MB; 3,000 events, 2 MB.
@@ -47,14 +50,15 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry, snapshot: Callable[[], Snapshot],
                  clock: Callable[[], float] = time.time) -> None:
         self.transitions = Counter(
-            f"{NAMESPACE}_transitions", "Lifecycle transitions seen, by event type.",
-            ["event_type", "transition"], registry=registry)
+            f"{NAMESPACE}_transitions",
+            "Lifecycle transitions seen, by event type and whether the event lists this VM.",
+            ["event_type", "transition", "affects_this_vm"], registry=registry)
         self.notice = Histogram(
             f"{NAMESPACE}_notice_seconds", "First seen -> Started: the warning we really got.",
-            ["event_type"], buckets=NOTICE_BUCKETS, registry=registry)
+            ["event_type", "affects_this_vm"], buckets=NOTICE_BUCKETS, registry=registry)
         self.impact = Histogram(
             f"{NAMESPACE}_impact_seconds", "Started -> gone from the document.",
-            ["event_type"], buckets=IMPACT_BUCKETS, registry=registry)
+            ["event_type", "affects_this_vm"], buckets=IMPACT_BUCKETS, registry=registry)
         self.rebalance_to_preempt = Histogram(
             f"{NAMESPACE}_spot_rebalance_to_preempt_seconds",
             "SpotRebalanceRecommendation first seen -> the Preempt that followed it on this VM first seen: the warning "
@@ -87,10 +91,11 @@ class Metrics:
         for outcome in POLL_OUTCOMES:
             self.polls.labels(outcome)
         for event_type in EVENT_TYPES:  # series exist from the start, so increase() sees the first event
-            self.notice.labels(event_type)
-            self.impact.labels(event_type)
-            for transition in TRANSITIONS:
-                self.transitions.labels(event_type, transition)
+            self.notice.labels(event_type, "true")  # this VM's only: a histogram is 20 series, /metrics stays small
+            self.impact.labels(event_type, "true")
+            for affects in AFFECTS:
+                for transition in TRANSITIONS:
+                    self.transitions.labels(event_type, transition, affects)
         registry.register(StateCollector(snapshot, clock, lambda bound, n: self.bound_hits.labels(bound).inc(n)))
 
 
@@ -176,8 +181,9 @@ class _EventFamilies:
 
     @classmethod
     def build(cls, snap: Snapshot, hits: Tally[str]) -> _EventFamilies:
-        pending = GaugeMetricFamily(f"{NAMESPACE}_pending", "Events listed now, by type and status.",
-                                    labels=["event_type", "event_status"])
+        pending = GaugeMetricFamily(f"{NAMESPACE}_pending", "Events listed now, by type, status and whether the "
+                                    "event lists this VM (every type and status of this VM's at 0 when none).",
+                                    labels=["event_type", "event_status", "affects_this_vm"])
         info = GaugeMetricFamily(f"{EVENT}_info", "1 per listed event.",
                                  labels=["event_id", "event_type", "event_status", "event_source",
                                          "resource_type", "affects_this_vm"])
@@ -192,11 +198,12 @@ class _EventFamilies:
         started = GaugeMetricFamily(f"{EVENT}_started_timestamp_seconds",
                                     "When this exporter first saw the event Started, as unix time.",
                                     labels=["event_id", "event_type"])
-        counts: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
+        counts: Tally[tuple[str, str, str]] = Tally({(t, s, "true"): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
         stamps: list[tuple[dict[str, str], float]] = []
         records = list(snap.records.values())
-        for record in records:
-            counts[(record.event.event_type, record.event.event_status)] += 1  # pending counts every event
+        affects = {record.event.event_id: affects_label(affects_vm(record.event, snap.vm_name)) for record in records}
+        for record in records:  # pending counts every event
+            counts[(record.event.event_type, record.event.event_status, affects[record.event.event_id])] += 1
         if len(records) > MAX_EVENT_SERIES:  # deterministic: the first by EventId, whatever the document's order
             hits["events_per_document"] += len(records) - MAX_EVENT_SERIES
             records = sorted(records, key=lambda record: record.event.event_id)[:MAX_EVENT_SERIES]
@@ -206,7 +213,7 @@ class _EventFamilies:
             info.add_metric([key[0], event.event_type, event.event_status,
                              _label(event.event_source or "unknown", hits),
                              _label(event.resource_type or "unknown", hits),
-                             affects_label(affects_vm(event, snap.vm_name))], 1.0)
+                             affects[event.event_id]], 1.0)
             first_seen.add_metric(key, record.first_seen)
             if record.started_at is not None:
                 started.add_metric(key, record.started_at)
@@ -216,8 +223,8 @@ class _EventFamilies:
                 stamps.append(({"event_id": key[0], "event_type": event.event_type}, stamp))
             if event.duration_seconds is not None:
                 duration.add_metric(key, float(event.duration_seconds))
-        for (event_type, status), count in sorted(counts.items()):
-            pending.add_metric([event_type, status], float(count))
+        for (event_type, status, affected), count in sorted(counts.items()):
+            pending.add_metric([event_type, status, affected], float(count))
         return cls(snap.records, snap.vm_name, (pending, info, not_before, duration, first_seen, started),
                    tuple(stamps))
 

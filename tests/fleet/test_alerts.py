@@ -8,6 +8,7 @@ from typing import Any
 from tests import fleet_overlap, fleet_two_streams, promtool
 
 RULES = Path(__file__).parent.parent.parent / "dashboards" / "fleet-alerts.yaml"
+F = "SeExporterFleet"  # every fleet alert's prefix
 JOB = {"job": "se-exporter-fleet"}
 A = {**JOB, "instance": "fleet-0:10170"}
 B = {**JOB, "instance": "fleet-1:10170"}
@@ -75,62 +76,68 @@ def many(count: int, **kwargs: Any) -> dict[str, str]:
 
 # (alert, input series, eval time, expected alerts as (labels, value)); an empty list means: must not fire.
 CASES: list[promtool.Case] = [
-    ("FleetImpactfulMaintenanceOnManyVms", many(6), "1m",
+    (F + "ImpactfulMaintenanceOnManyVms", many(6), "1m",
      [({**JOB, "vmss_name": "ss", "event_type": "Reboot"}, 6)]),
-    ("FleetImpactfulMaintenanceOnManyVms", many(5), "1m", []),  # five at once is within the threshold
-    ("FleetImpactfulMaintenanceOnManyVms", many(8, event_type="Freeze"), "1m", []),  # a Freeze keeps the VM
-    ("FleetImpactfulMaintenanceOnManyVms", many(8, affects="false"), "1m", []),  # listed, for other VMs
-    ("FleetImpactfulMaintenanceOnManyVms", many(8, status="Started"), "1m", []),  # no longer ahead
-    ("FleetVmsWentSilent", {f"azure_scheduled_fleet_vm_expirations_total{selector(A)}": "0 0 3 3",
+    (F + "ImpactfulMaintenanceOnManyVms", many(5), "1m", []),  # five at once is within the threshold
+    (F + "ImpactfulMaintenanceOnManyVms", many(8, event_type="Freeze"), "1m", []),  # a Freeze keeps the VM
+    (F + "ImpactfulMaintenanceOnManyVms", many(8, affects="false"), "1m", []),  # listed, for other VMs
+    (F + "ImpactfulMaintenanceOnManyVms", many(8, status="Started"), "1m", []),  # no longer ahead
+    (F + "VmsWentSilent", {f"azure_scheduled_fleet_vm_expirations_total{selector(A)}": "0 0 3 3",
                             f"azure_scheduled_fleet_vm_expirations_total{selector(B)}": "0 0 0 1"}, "3m",
      [(JOB, 4)]),
-    ("FleetVmsWentSilent", {f"azure_scheduled_fleet_vm_expirations_total{selector(A)}": "2x30"}, "25m", []),
-    ("FleetConsumerLagging", {f'azure_scheduled_fleet_partition_lag_seconds{selector({**A, "partition_id": "3"})}':
+    (F + "VmsWentSilent", {f"azure_scheduled_fleet_vm_expirations_total{selector(A)}": "2x30"}, "25m", []),
+    (F + "ConsumerLagging", {f'azure_scheduled_fleet_partition_lag_seconds{selector({**A, "partition_id": "3"})}':
                               "600x15"}, "12m", [({**JOB, "partition_id": "3"}, 600)]),
-    ("FleetConsumerLagging", {f'azure_scheduled_fleet_partition_lag_seconds{selector({**A, "partition_id": "3"})}':
+    (F + "ConsumerLagging", {f'azure_scheduled_fleet_partition_lag_seconds{selector({**A, "partition_id": "3"})}':
                               "600 0 600 0 600 0 600 0 600 0 600 0 600 0"}, "12m", []),  # catching up each time
-    ("FleetPartitionsUnowned", owned(A, 0, 1), "6m", [(JOB, 2)]),
-    ("FleetPartitionsUnowned", owned(A), "6m", [(JOB, 0)]),  # no replica reads any partition
-    ("FleetPartitionsUnowned", {**owned(A, 0, 1), **owned(B, 2, 3)}, "6m", []),
-    ("FleetCheckpointsStale",
+    (F + "PartitionsUnowned", owned(A, 0, 1), "6m", [(JOB, 2)]),
+    (F + "PartitionsUnowned", owned(A), "6m", [(JOB, 0)]),  # no replica reads any partition
+    (F + "PartitionsUnowned", {**owned(A, 0, 1), **owned(B, 2, 3)}, "6m", []),
+    (F + "CheckpointsStale",
      {f'azure_scheduled_fleet_partition_checkpoint_age_seconds{selector({**A, "partition_id": "1"})}': "0+60x15"},
      "12m", [({**A, "partition_id": "1"}, 720)]),
-    ("FleetCheckpointsStale",
+    (F + "CheckpointsStale",
      {f'azure_scheduled_fleet_partition_checkpoint_age_seconds{selector({**A, "partition_id": "1"})}': "8x10"},
      "10m", []),
-    ("FleetInvalidMessages", {f'azure_scheduled_fleet_invalid_messages_total{selector({**A, "reason": "not_json"})}':
+    (F + "InvalidMessages", {f'azure_scheduled_fleet_invalid_messages_total{selector({**A, "reason": "not_json"})}':
                               "0 0 2 2"}, "3m", [({**JOB, "reason": "not_json"}, 2)]),
-    ("FleetInvalidMessages", {f'azure_scheduled_fleet_invalid_messages_total{selector({**A, "reason": "not_json"})}':
+    (F + "InvalidMessages", {f'azure_scheduled_fleet_invalid_messages_total{selector({**A, "reason": "not_json"})}':
                               "0x30"}, "20m", []),
-    ("FleetVmsCannotReadImds", {**unreachable(A, 1), **unreachable(B, 2), **unreachable(B, 3)}, "7m", [(JOB, 3)]),
-    ("FleetVmsCannotReadImds", {f"azure_scheduled_fleet_imds_unreachable_vms{selector(A)}": "0x10"}, "7m", []),
-    ("FleetVmsCannotReadImds", unreachable(A, 1, "1 1 1 stale 1 1 1 stale 1 1"),
+    (F + "VmsCannotReadImds", {**unreachable(A, 1), **unreachable(B, 2), **unreachable(B, 3)}, "7m", [(JOB, 3)]),
+    (F + "VmsCannotReadImds", {f"azure_scheduled_fleet_imds_unreachable_vms{selector(A)}": "0x10"}, "7m", []),
+    (F + "VmsCannotReadImds", unreachable(A, 1, "1 1 1 stale 1 1 1 stale 1 1"),
      "9m", []),  # a VM failing for a few polls at a time is not held for 5 minutes
-    ("FleetConsumerDown", {f"up{selector(A)}": "0 0 0 0"}, "3m", [(A, 0)]),
-    ("FleetConsumerDown", {f"up{selector(A)}": "1 1 1 1"}, "3m", []),
+    (F + "ConsumerDown", {f"up{selector(A)}": "0 0 0 0"}, "3m", [(A, 0)]),
+    (F + "ConsumerDown", {f"up{selector(A)}": "1 1 1 1"}, "3m", []),
+    # A blind fleet pages: no replica answers, or those that answer own no partition.
+    (F + "Blind", {f"up{selector(A)}": "0x10", f"up{selector(B)}": "0x10"}, "6m", [(JOB, 2)]),
+    (F + "Blind", {f"up{selector(A)}": "1x10", **owned(A, hub=4)}, "6m", [(JOB, 4)]),
+    (F + "Blind", {f"up{selector(A)}": "0x10", f"up{selector(B)}": "1x10", **owned(B, 1, 2, 3, 4)}, "6m",
+     []),  # one replica left reads every partition
+    (F + "Blind", {f"up{selector(A)}": "0x10", f"up{selector(B)}": "0x10"}, "4m", []),  # not for 5m yet
     # The platform stream: a live sidecar missed (or could not read IMDS for) an event Azure announced.
-    ("FleetSidecarMissedImpactfulEvent", announced(A, "E1", observed=4, missed=2), "1m",
+    (F + "SidecarMissedImpactfulEvent", announced(A, "E1", observed=4, missed=2), "1m",
      [(platform_alert("E1"), 2)]),
-    ("FleetSidecarMissedImpactfulEvent", announced(A, "E1", "Preempt", "Started", missed=1, imds_unreachable=1),
+    (F + "SidecarMissedImpactfulEvent", announced(A, "E1", "Preempt", "Started", missed=1, imds_unreachable=1),
      "1m", [(platform_alert("E1", "Preempt"), 2)]),  # at once: no `for`, a Preempt gives 30 s
-    ("FleetSidecarMissedImpactfulEvent", announced(A, "E1", observed=4, no_sidecar=3), "1m", []),  # nobody to miss
-    ("FleetSidecarMissedImpactfulEvent", announced(A, "E1", "Freeze", missed=3), "1m", []),  # FleetSidecarMissedFreeze
-    ("FleetSidecarMissedImpactfulEvent", announced(A, "E1", status="Completed", missed=3), "1m", []),  # over
-    ("FleetSidecarMissedImpactfulEvent", announced(A, "E1", status="Canceled", missed=3), "1m", []),
-    ("FleetSidecarMissedFreeze", announced(A, "E2", "Freeze", "Started", "ss", observed=1, missed=1), "1m",
+    (F + "SidecarMissedImpactfulEvent", announced(A, "E1", observed=4, no_sidecar=3), "1m", []),  # nobody to miss
+    (F + "SidecarMissedImpactfulEvent", announced(A, "E1", "Freeze", missed=3), "1m", []),  # ...MissedFreeze
+    (F + "SidecarMissedImpactfulEvent", announced(A, "E1", status="Completed", missed=3), "1m", []),  # over
+    (F + "SidecarMissedImpactfulEvent", announced(A, "E1", status="Canceled", missed=3), "1m", []),
+    (F + "SidecarMissedFreeze", announced(A, "E2", "Freeze", "Started", "ss", observed=1, missed=1), "1m",
      [(platform_alert("E2", "Freeze", "ss"), 1)]),
-    ("FleetSidecarMissedFreeze", announced(A, "E2", "Reboot", "Started", missed=1), "1m", []),
-    ("FleetSidecarMissedFreeze", announced(A, "E2", "Freeze", "Started", observed=2), "1m", []),
+    (F + "SidecarMissedFreeze", announced(A, "E2", "Reboot", "Started", missed=1), "1m", []),
+    (F + "SidecarMissedFreeze", announced(A, "E2", "Freeze", "Started", observed=2), "1m", []),
     # VMs with no sidecar, in a fleet that hears from sidecars.
-    ("FleetAnnouncedEventOnVmsWithoutSidecar", {**announced(A, "E3", "Redeploy", no_sidecar=2), **sidecars(A, 1)},
+    (F + "AnnouncedEventOnVmsWithoutSidecar", {**announced(A, "E3", "Redeploy", no_sidecar=2), **sidecars(A, 1)},
      "6m", [(platform_alert("E3", "Redeploy"), 2)]),
-    ("FleetAnnouncedEventOnVmsWithoutSidecar", {**announced(A, "E3", "Redeploy", no_sidecar=2), **sidecars(A, 1)},
+    (F + "AnnouncedEventOnVmsWithoutSidecar", {**announced(A, "E3", "Redeploy", no_sidecar=2), **sidecars(A, 1)},
      "4m", []),  # not yet for 5 minutes
-    ("FleetAnnouncedEventOnVmsWithoutSidecar", announced(A, "E3", "Redeploy", no_sidecar=2), "6m",
+    (F + "AnnouncedEventOnVmsWithoutSidecar", announced(A, "E3", "Redeploy", no_sidecar=2), "6m",
      []),  # the platform stream alone (no sidecar heard from at all): every VM has none, by design
-    ("FleetAnnouncedEventOnVmsWithoutSidecar", {**announced(A, "E3", status="Completed", no_sidecar=2),
+    (F + "AnnouncedEventOnVmsWithoutSidecar", {**announced(A, "E3", status="Completed", no_sidecar=2),
                                                 **sidecars(A, 1)}, "6m", []),
-    ("FleetAnnouncedEventOnVmsWithoutSidecar", {**announced(A, "E3", observed=1, missed=1), **sidecars(A, 1)},
+    (F + "AnnouncedEventOnVmsWithoutSidecar", {**announced(A, "E3", observed=1, missed=1), **sidecars(A, 1)},
      "6m", []),
 ]
 
@@ -150,21 +157,22 @@ def overlapping(hub_partitions: int = 2) -> dict[str, str]:
 
 # Every alert over the overlap: only what the distinct VMs warrant fires, with their count.
 OVERLAP_CASES: list[tuple[str, dict[str, str], str, list[tuple[dict[str, str], float]]]] = [
-    ("FleetImpactfulMaintenanceOnManyVms", overlapping(), "6m",
+    (F + "ImpactfulMaintenanceOnManyVms", overlapping(), "6m",
      [({**JOB, "vmss_name": "big", "event_type": "Reboot"}, 6)]),  # not 9; and ss, 4 VMs shown 8 times, stays quiet
-    ("FleetVmsWentSilent", overlapping(), "6m", []),
-    ("FleetConsumerLagging", overlapping(), "12m", []),
-    ("FleetPartitionsUnowned", overlapping(), "6m", []),
-    ("FleetPartitionsUnowned", overlapping(hub_partitions=3), "6m", [(JOB, 2)]),  # partition 2: read by none
-    ("FleetCheckpointsStale", overlapping(), "6m", []),
-    ("FleetInvalidMessages", overlapping(), "6m", []),
-    ("FleetVmsCannotReadImds", overlapping(), "6m", [(JOB, 1)]),  # one VM, shown by both replicas
-    ("FleetConsumerDown", overlapping(), "6m", []),
+    (F + "VmsWentSilent", overlapping(), "6m", []),
+    (F + "ConsumerLagging", overlapping(), "12m", []),
+    (F + "PartitionsUnowned", overlapping(), "6m", []),
+    (F + "PartitionsUnowned", overlapping(hub_partitions=3), "6m", [(JOB, 2)]),  # partition 2: read by none
+    (F + "CheckpointsStale", overlapping(), "6m", []),
+    (F + "InvalidMessages", overlapping(), "6m", []),
+    (F + "VmsCannotReadImds", overlapping(), "6m", [(JOB, 1)]),  # one VM, shown by both replicas
+    (F + "ConsumerDown", overlapping(), "6m", []),
+    (F + "Blind", overlapping(), "6m", []),
     # One alert per EventId, not per replica. Its value: E-big's 3 VMs that missed it (A), plus P1's 2 that B judged
     # too for the moment (README: a value may count a moving partition's VMs twice); E-done missed one but is over.
-    ("FleetSidecarMissedImpactfulEvent", overlapping(), "6m", [(platform_alert("E-big"), 5)]),
-    ("FleetSidecarMissedFreeze", overlapping(), "6m", [(platform_alert("E-fz", "Freeze", "ss"), 1)]),
-    ("FleetAnnouncedEventOnVmsWithoutSidecar", overlapping(), "6m",  # A shows every partition: it judges no_sidecar
+    (F + "SidecarMissedImpactfulEvent", overlapping(), "6m", [(platform_alert("E-big"), 5)]),
+    (F + "SidecarMissedFreeze", overlapping(), "6m", [(platform_alert("E-fz", "Freeze", "ss"), 1)]),
+    (F + "AnnouncedEventOnVmsWithoutSidecar", overlapping(), "6m",  # A shows every partition: it judges no_sidecar
      [(platform_alert("E-big"), 1), ({**platform_alert("E-dark", "Redeploy", "dark"),
                                       "scope_type": "availability_set"}, 2)]),
 ]
@@ -180,9 +188,9 @@ def split() -> dict[str, str]:
 
 # The platform rules over two replicas that split the VMs: each EventId once, its VMs added up over the replicas.
 SPLIT_CASES: list[promtool.Case] = [
-    ("FleetSidecarMissedImpactfulEvent", split(), "6m", [(platform_alert("E-big"), 3)]),  # big_3 (A); big_8, big_4 (B)
-    ("FleetSidecarMissedFreeze", split(), "6m", [(platform_alert("E-fz", "Freeze", "ss"), 1)]),
-    ("FleetAnnouncedEventOnVmsWithoutSidecar", split(), "6m", []),
+    (F + "SidecarMissedImpactfulEvent", split(), "6m", [(platform_alert("E-big"), 3)]),  # big_3 (A); big_8, big_4 (B)
+    (F + "SidecarMissedFreeze", split(), "6m", [(platform_alert("E-fz", "Freeze", "ss"), 1)]),
+    (F + "AnnouncedEventOnVmsWithoutSidecar", split(), "6m", []),
 ]
 
 

@@ -206,7 +206,7 @@ def test_the_heartbeat_interval_is_its_flag_and_never_shorter_than_the_checkpoin
     assert FleetSettings(checkpoint_interval=2).heartbeat_write_interval == 12
     assert FleetSettings(checkpoint_interval=2, heartbeat_checkpoint_interval=30).heartbeat_write_interval == 30
     assert FleetSettings(checkpoint_interval=20, heartbeat_checkpoint_interval=5).heartbeat_write_interval == 20
-    # the default stays far below the 300 s of FleetCheckpointsStale, and never under the checkpoint interval
+    # the default stays far below the 300 s of SeExporterFleetCheckpointsStale, and never under the checkpoint interval
     assert [FleetSettings(checkpoint_interval=c).heartbeat_write_interval for c in (50, 100, 600)] == [120, 120, 600]
 
 

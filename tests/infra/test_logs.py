@@ -46,7 +46,8 @@ def test_a_transition_is_one_line_whatever_the_event_holds(captured: tuple[str, 
     fmt, stream = captured
     document = parse_document(BODY)
     step = diff({}, document, 1_000.0)
-    LogSink().export(DocumentChange(BODY, document, step.transitions, step.records, 1_000.0, "vm0", None, ""))
+    change = DocumentChange(BODY, document, step.transitions, step.records, 1_000.0, "vm0" + FORGED, None, "")
+    LogSink().export(change)
     output = stream.getvalue()
     lines = output.splitlines()
     assert len(lines) == 1, output

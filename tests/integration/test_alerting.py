@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,7 +32,12 @@ RULES = Path(__file__).parent.parent.parent / "dashboards" / "alerts.yaml"
 FLEET_RULES = RULES.parent / "fleet-alerts.yaml"
 # The fleet's alerts that go to the VMs' owners, one notification per EventId: Azure announced an event a live
 # sidecar did not see. Every other fleet alert concerns the monitoring itself and goes to its operators.
-FLEET_MAINTENANCE = {"FleetSidecarMissedImpactfulEvent", "FleetSidecarMissedFreeze"}
+FLEET_MAINTENANCE = {"SeExporterFleetSidecarMissedImpactfulEvent", "SeExporterFleetSidecarMissedFreeze",
+                     "SeExporterFleetImpactfulMaintenanceOnManyVms"}
+# The sidecars' alerts that go to the VMs' owners: their maintenance (docs/alerting.md).
+MAINTENANCE = {"SeExporterImpactfulEventScheduled", "SeExporterImpactfulEventImminent", "SeExporterHostFailure",
+               "SeExporterLongFreeze", "SeExporterLongFreezeOnLatencySensitiveVm", "SeExporterSpotRebalanceRecommended"}
+SCHEDULED, IMMINENT = "SeExporterImpactfulEventScheduled", "SeExporterImpactfulEventImminent"
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")
 INTERVAL = 0.5  # Prometheus' scrape and evaluation interval in these tests (production: 15-30 s)
 GROUP_WAIT, GROUP_INTERVAL = "2s", "1s"  # shipped: 30 s / 5 s and 1-5 min
@@ -117,68 +123,78 @@ def resolved(webhook: Webhook, event_id: str) -> list[Notification]:
     return [n for n in webhook.received(event_id=event_id) if n.status == "resolved"]
 
 
-def countdown(description: str) -> int:
-    """Seconds in the description's 'may start in 14m 52s' (Prometheus' humanizeDuration)."""
-    match = re.search(r"may start in (?:(\d+)h )?(\d+)m (\d+)s", description)
-    assert match, description
+def countdown(summary: str) -> int:
+    """Seconds in the summary's 'in 14m 52s' (Prometheus' humanizeDuration)."""
+    match = re.search(r" in (?:(\d+)h )?(\d+)m (\d+)s$", summary)
+    assert match, summary
     hours, minutes, seconds = (int(g or 0) for g in match.groups())
     return hours * 3600 + minutes * 60 + seconds
 
 
 def test_impactful_event_pages_once_and_a_cancellation_resolves_it(pipeline: Pipeline,
                                                                   reliability: Reliability) -> None:
-    """A Reboot scheduled for this VM reaches the VM owners' receiver as exactly one notification with the rule's
-    labels and its summary, description (with the countdown to NotBefore) and runbook; moving its NotBefore does
-    not page again; its cancellation resolves the page."""
+    """A Reboot scheduled for this VM within 15 minutes pages the VM owners' receiver as exactly one notification
+    with the rule's labels (the VM's name among them) and its summary (with the countdown to NotBefore), runbook and
+    dashboard links; moving its NotBefore 20 minutes later turns the page into a warning; its cancellation resolves
+    that."""
     vm, webhook = pipeline.vms["canceled"], pipeline.webhook
     page = wait_until(lambda: firing(webhook, CANCELED), timeout=60, what="the page")[0]
 
     assert page.receiver == "vm-owners"
-    assert page.payload["groupLabels"] == {"alertname": "AzureImpactfulMaintenanceScheduled", "event_id": CANCELED}
+    assert page.payload["groupLabels"] == {"alertname": IMMINENT, "event_id": CANCELED}
     [alert] = page.alerts
-    labels = {"alertname": "AzureImpactfulMaintenanceScheduled", "event_id": CANCELED, "event_type": "Reboot",
-              "event_source": "Platform", "instance": vm.instance, "job": "se-exporter", "severity": "warning"}
+    labels = {"alertname": IMMINENT, "event_id": CANCELED, "event_type": "Reboot", "event_status": "Scheduled",
+              "event_source": "Platform", "instance": vm.instance, "job": "se-exporter", "severity": "critical",
+              "vm_name": vm.sim.vm["name"], "location": vm.sim.vm["location"],
+              "subscription_id": vm.sim.vm["subscriptionId"], "resource_group": vm.sim.vm["resourceGroupName"]}
     assert alert["labels"] == labels
-    seconds = countdown(alert["annotations"]["description"])
-    assert 700 < seconds <= 900, alert["annotations"]["description"]
-    rule = rules_of(RULES)["AzureImpactfulMaintenanceScheduled"]
+    seconds = countdown(alert["annotations"]["summary"])
+    assert 700 < seconds <= 900, alert["annotations"]["summary"]
+    rule = rules_of(RULES)[IMMINENT]
     assert alert["annotations"] == {key: render(template, labels, seconds)
                                     for key, template in rule["annotations"].items()}
-    assert alert["annotations"]["summary"] == f"Reboot scheduled for {vm.instance}"
+    assert alert["annotations"]["summary"].startswith(
+        f"Reboot of {vm.sim.vm['name']} ({vm.sim.vm['location']}, {vm.instance}) in ")
 
-    vm.advance_to(130)  # NotBefore moved 20 minutes later: the same alert with a new value
-    wait_until(lambda: vm.process.value("azure_scheduled_events_transitions_total", event_type="Reboot",
+    vm.advance_to(130)  # NotBefore moved 20 minutes later: no page any more, a warning
+    wait_until(lambda: vm.process.total("azure_scheduled_events_transitions_total", event_type="Reboot",
                                         transition="rescheduled") == 1, what="the reschedule")
+    warning = wait_until(lambda: [n for n in firing(webhook, CANCELED) if n.alerts[0]["labels"]["alertname"] ==
+                                  SCHEDULED], timeout=60, what="the warning")[0]
+    assert warning.alerts[0]["labels"]["severity"] == "warning"
     vm.advance_to(310)  # removed without starting: cancelled
-    wait_until(lambda: resolved(webhook, CANCELED), timeout=60, what="the page to resolve")
-    assert vm.process.value("azure_scheduled_events_transitions_total", event_type="Reboot",
+    wait_until(lambda: [n for n in resolved(webhook, CANCELED) if n.alerts[0]["labels"]["alertname"] == SCHEDULED],
+               timeout=60, what="the warning to resolve")
+    assert vm.process.total("azure_scheduled_events_transitions_total", event_type="Reboot",
                             transition="canceled") == 1
-    assert len(firing(webhook, CANCELED)) == 1, webhook.notifications
-    reliability("Alerting", "a Reboot scheduled for the VM, rescheduled, then cancelled", "one notification with the "
-                "rule's labels, summary, countdown and runbook; not repeated on reschedule; resolved on cancel")
+    assert [n.alerts[0]["labels"]["alertname"] for n in firing(webhook, CANCELED)] == [IMMINENT, SCHEDULED], \
+        webhook.notifications
+    reliability("Alerting", "a Reboot scheduled for the VM, rescheduled, then cancelled", "one page with the rule's "
+                "labels, the VM's name, summary, countdown and links; a warning once rescheduled far; resolved on "
+                "cancel")
 
 
 def test_host_failure_pages_at_once_as_one_notification_and_completion_resolves_it(
         pipeline: Pipeline, reliability: Reliability) -> None:
-    """An event Started at first sight fires AzureHostFailure at the first evaluation that sees it (no `for`
-    wait) and pages once: the AzureMaintenanceStarted alert it also raises is inhibited by the shipped rules;
+    """An event Started at first sight fires SeExporterHostFailure at the first evaluation that sees it (no `for`
+    wait) and pages once: the SeExporterImpactfulEventImminent alert it also raises is inhibited by the shipped rules;
     the event's completion resolves the page."""
     vm, webhook, prom = pipeline.vms["host-failure"], pipeline.webhook, pipeline.prometheus
     page = wait_until(lambda: firing(webhook, HOST_FAILURE), timeout=60, what="the page")[0]
 
     [alert] = page.alerts
     assert (page.receiver, alert["labels"]["alertname"], alert["labels"]["severity"]) == \
-        ("vm-owners", "AzureHostFailure", "critical")
-    assert alert["annotations"]["summary"] == f"Reboot with no notice on {vm.instance}: host failure"
-    started = wait_until(lambda: pipeline.alertmanager.alerts(alertname="AzureMaintenanceStarted",
-                                                              event_id=HOST_FAILURE), timeout=30,
-                         what="AzureMaintenanceStarted in Alertmanager")[0]
+        ("vm-owners", "SeExporterHostFailure", "critical")
+    assert alert["annotations"]["summary"] == (f"Reboot with no notice on {vm.sim.vm['name']} "
+                                               f"({vm.sim.vm['location']}, {vm.instance}): host failure")
+    started = wait_until(lambda: pipeline.alertmanager.alerts(alertname=IMMINENT, event_id=HOST_FAILURE),
+                         timeout=30, what="the imminent-event alert in Alertmanager")[0]
     assert started["status"]["state"] == "suppressed" and started["status"]["inhibitedBy"], started
 
     # At once: active from the first evaluations after the first scrape that saw the event, no `for` wait.
     samples = prom.query(f'azure_scheduled_event_started_timestamp_seconds{{event_id="{HOST_FAILURE}"}}[10m]')
     first_seen = float(samples[0]["values"][0][0])  # type: ignore[index]
-    active = [a for group in prom_rules(prom) for rule in group["rules"] if rule["name"] == "AzureHostFailure"
+    active = [a for group in prom_rules(prom) for rule in group["rules"] if rule["name"] == "SeExporterHostFailure"
               for a in rule["alerts"] if a["labels"]["event_id"] == HOST_FAILURE]
     assert active and active[0]["state"] == "firing"
     active_at = _unix(active[0]["activeAt"])
@@ -186,10 +202,10 @@ def test_host_failure_pages_at_once_as_one_notification_and_completion_resolves_
 
     vm.advance_to(310)  # gone after 300 s Started: completed
     wait_until(lambda: resolved(webhook, HOST_FAILURE), timeout=60, what="the page to resolve")
-    assert vm.process.value("azure_scheduled_events_transitions_total", event_type="Reboot",
+    assert vm.process.total("azure_scheduled_events_transitions_total", event_type="Reboot",
                             transition="completed") == 1
     assert len(firing(webhook, HOST_FAILURE)) == 1, webhook.notifications
-    assert not webhook.received(alertname="AzureMaintenanceStarted", event_id=HOST_FAILURE), webhook.notifications
+    assert not webhook.received(alertname=IMMINENT, event_id=HOST_FAILURE), webhook.notifications
     reliability("Alerting", "a host failure (Started at first sight)", "paged at the first evaluation, once (the "
                 "'started' alert inhibited); resolved on completion")
 
@@ -200,7 +216,8 @@ def test_an_event_for_another_vm_of_the_availability_set_does_not_page_this_vm(p
     exporter and never WestNO_0's; WestNO_0 is paged when an event lists it."""
     this_vm, other_vm, webhook = pipeline.vms["WestNO_0"], pipeline.vms["WestNO_1"], pipeline.webhook
     page = wait_until(lambda: firing(webhook, NEIGHBOUR), timeout=60, what="the neighbour's page")[0]
-    assert [a["labels"]["instance"] for a in page.alerts] == [other_vm.instance]
+    assert [a["labels"]["instance"] for a in page.alerts if a["labels"]["event_id"] == NEIGHBOUR] == \
+        [other_vm.instance]
     assert this_vm.process.value("azure_scheduled_event_info", event_id=NEIGHBOUR, event_type="Reboot",
                                  event_status="Scheduled", event_source="Platform", resource_type="VirtualMachine",
                                  affects_this_vm="false") == 1  # this VM's exporter lists it too
@@ -208,8 +225,9 @@ def test_an_event_for_another_vm_of_the_availability_set_does_not_page_this_vm(p
     for vm in (this_vm, other_vm):
         vm.advance_to(1110)  # the Reboot that lists WestNO_0 appears
     own = wait_until(lambda: firing(webhook, OWN), timeout=60, what="this VM's page")[0]
-    assert [a["labels"]["instance"] for a in own.alerts] == [this_vm.instance]
-    paged_for_neighbour = {a["labels"]["instance"] for n in firing(webhook, NEIGHBOUR) for a in n.alerts}
+    assert [a["labels"]["instance"] for a in own.alerts if a["labels"]["event_id"] == OWN] == [this_vm.instance]
+    paged_for_neighbour = {a["labels"]["instance"] for n in firing(webhook, NEIGHBOUR) for a in n.alerts
+                           if a["labels"]["event_id"] == NEIGHBOUR}
     assert paged_for_neighbour == {other_vm.instance}, webhook.notifications
     reliability("Alerting", "an availability set's event that lists only the neighbour", "the neighbour is paged, "
                 "this VM is not")
@@ -226,7 +244,8 @@ def test_a_scale_set_wave_is_one_page(pipeline: Pipeline, reliability: Reliabili
     pages = firing(pipeline.webhook, WAVE)
     assert len(pages) == 1, pages
     assert sorted(a["labels"]["instance"] for a in pages[0].alerts) == sorted(vm.instance for vm in wave)
-    assert pages[0].payload["groupLabels"] == {"alertname": "AzureImpactfulMaintenanceScheduled", "event_id": WAVE}
+    assert pages[0].payload["groupLabels"] == {"alertname": IMMINENT, "event_id": WAVE}
+    assert sorted(a["labels"]["vm_name"] for a in pages[0].alerts) == WAVE_VMS
     reliability("Alerting", "a three-VM scale-set wave through Prometheus and the shipped Alertmanager configuration",
                 "one notification naming the three VMs")
 
@@ -242,7 +261,7 @@ def test_shipped_alertmanager_configuration(tmp_path: Path) -> None:
     assert route["group_by"] == ["alertname", "job", "instance"]
     [maintenance] = route["routes"]
     assert maintenance["group_by"] == ["alertname", "event_id"] and maintenance["receiver"] == "vm-owners"
-    defined = set(rules_of(RULES))
+    defined = set(rules_of(RULES)) | set(rules_of(FLEET_RULES))
     named: set[str] = set()
     for inhibit in config["inhibit_rules"]:
         for matcher in inhibit["source_matchers"] + inhibit["target_matchers"]:
@@ -250,15 +269,15 @@ def test_shipped_alertmanager_configuration(tmp_path: Path) -> None:
             assert name == "alertname"
             pattern = value.lstrip("~").strip('"')
             matched = {alert for alert in defined if re.fullmatch(pattern, alert)}
-            assert matched, f"{matcher} matches no alert of alerts.yaml"
+            assert matched, f"{matcher} matches no alert of the rule files"
             named |= matched
-    assert {"AzureHostFailure", "AzureMaintenanceStarted", "SeExporterDown"} <= named
+    assert {"SeExporterHostFailure", IMMINENT, "SeExporterDown", "SeExporterFleetBlind"} <= named
     assert all(receiver["webhook_configs"][0]["send_resolved"] for receiver in config["receivers"])
 
 
 def test_every_alert_of_both_rule_files_reaches_its_receiver_through_the_shipped_routes() -> None:
     """amtool routes each alert of alerts.yaml and fleet-alerts.yaml, with the labels its rule sets: maintenance
-    (Azure*, and the fleet's events a live sidecar missed) to vm-owners, grouped by EventId; the rest to
+    (a VM's events, and the fleet's events a live sidecar missed) to vm-owners, grouped by EventId; the rest to
     se-exporter-operators. Every alertname a route matches on names an alert of the two files."""
     config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
     defined = {**rules_of(RULES), **rules_of(FLEET_RULES)}
@@ -267,7 +286,7 @@ def test_every_alert_of_both_rule_files_reaches_its_receiver_through_the_shipped
             pattern = matcher.partition("=")[2].lstrip("~").strip('"')
             assert {alert for alert in defined if re.fullmatch(pattern, alert)}, f"{matcher} matches no alert"
     for alert, rule in defined.items():
-        receiver = "vm-owners" if alert.startswith("Azure") or alert in FLEET_MAINTENANCE else "se-exporter-operators"
+        receiver = "vm-owners" if alert in MAINTENANCE | FLEET_MAINTENANCE else "se-exporter-operators"
         labels = [f"alertname={alert}", "event_id=E", *(f"{key}={value}" for key, value in rule["labels"].items())]
         result = subprocess.run([tool("amtool"), "config", "routes", "test", f"--config.file={ALERTMANAGER_CONFIG}",
                                  f"--verify.receivers={receiver}", *labels], capture_output=True, text=True,
@@ -284,3 +303,38 @@ def prom_rules(prom: Prometheus) -> list[dict[str, Any]]:
 def _unix(rfc3339: str) -> float:
     text = re.sub(r"(\.\d{6})\d+", r"\1", rfc3339.replace("Z", "+00:00"))
     return datetime.fromisoformat(text).timestamp()
+
+
+def test_a_wave_is_one_notification_per_scale_set_or_per_event(tmp_path: Path) -> None:
+    """Through the shipped routing, a wave of pages is one notification per scale set (its VMs' events each have
+    their own EventId) and one per EventId outside scale sets (an availability set's event lists all its VMs), each
+    naming every VM it concerns; never one per VM."""
+    webhook = Webhook()
+    config = shortened(yaml.safe_load(ALERTMANAGER_CONFIG.read_text()), webhook, GROUP_WAIT, GROUP_INTERVAL)
+    alertmanager = Alertmanager(config, tmp_path / "alertmanager")
+    try:
+        def page(vm: str, event_id: str, vmss: str) -> dict[str, Any]:
+            return {"labels": {"alertname": IMMINENT, "severity": "critical", "job": "se-exporter",
+                               "instance": f"{vm}:10169", "vm_name": vm, "event_id": event_id,
+                               "event_type": "Reboot", **({"vmss_name": vmss} if vmss else {})}}
+
+        alerts = [*(page(f"web_{n}", f"E-web-{n}", "web") for n in range(3)),
+                  *(page(f"db_{n}", f"E-db-{n}", "db") for n in range(2)),
+                  *(page(f"legacy_{n}", "E-avset", "") for n in range(4))]
+        request = urllib.request.Request(f"{alertmanager.url}/api/v2/alerts", data=json.dumps(alerts).encode(),
+                                         method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+
+        def grouped() -> dict[str, list[str]]:
+            return {n.payload["groupKey"]: sorted(a["labels"]["vm_name"] for a in n.alerts)
+                    for n in webhook.notifications if n.status == "firing"}
+
+        wait_until(lambda: sum(len(vms) for vms in grouped().values()) == len(alerts), timeout=30,
+                   what="every alert notified")
+        assert sorted(grouped().values()) == [["db_0", "db_1"], [f"legacy_{n}" for n in range(4)],
+                                              [f"web_{n}" for n in range(3)]]
+        assert {n.receiver for n in webhook.notifications} == {"vm-owners"}
+    finally:
+        alertmanager.stop()
+        webhook.close()

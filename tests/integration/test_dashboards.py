@@ -30,16 +30,20 @@ pytestmark = pytest.mark.integration
 DASHBOARDS = Path(__file__).parent.parent.parent / "dashboards"
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")
 # Grafana's placeholders, as Grafana would fill them for a scrape interval of 1 s.
-PLACEHOLDERS = {"$__rate_interval": "10s", "$__interval": "1s", "$__range": "10m", "$job": ".*", "$instance": ".*"}
-# Expressions that cannot light up within a test's minutes, and why; promtool's unit tests cover them.
-NEEDS_MINUTES = {"SeExporterStale": "needs five minutes without a valid document"}
+PLACEHOLDERS = {"$__rate_interval": "10s", "$__interval": "1s", "$__range": "10m", "$job": ".*", "$instance": ".*",
+                "$cluster": ".*", "$location": ".*", "$vmss_name": ".*", "$node": ".*", "$vm_name": ".*"}
+# Expressions that cannot light up within a test's minutes or the demo scenario, and why; promtool's unit tests cover
+# them.
+NEEDS_MINUTES = {"SeExporterStale": "needs five minutes without a valid document",
+                 "SeExporterLongFreezeOnLatencySensitiveVm": "needs a target marked latency-sensitive",
+                 "SeExporterSpotRebalanceRecommended": "needs a SpotRebalanceRecommendation, which the demo lacks"}
 
 
 VALUE_SETS_DIR = CHART / "ci"
 # Kubernetes node names as AKS gives them; IMDS calls the first one's VM something else (WestNO_0 here).
 NODE, OTHER_NODE = "aks-nodepool1-12345678-vmss000000", "aks-spot-87654321-vmss000003"
 NODE_PANEL = "AKS node conditions (kube-state-metrics)"
-NPD_RULE = "AksScheduledEventNotSeenBySeExporter"
+NPD_RULE = "SeExporterAksEventNotSeen"
 
 
 class StaticTarget:
@@ -128,8 +132,10 @@ def dashboard_expressions(fleet_consumer: bool = False) -> list[tuple[str, str]]
 
 
 def rule_expressions() -> list[tuple[str, str]]:
-    data = yaml.safe_load((DASHBOARDS / "alerts.yaml").read_text())
-    return [(rule["alert"], rule["expr"]) for group in data["groups"] for rule in group["rules"]]
+    """The sidecars' alert rules and the recording rules (alerts.yaml, rules.yaml)."""
+    data = [yaml.safe_load((DASHBOARDS / name).read_text()) for name in ("alerts.yaml", "rules.yaml")]
+    return [(rule.get("alert") or rule["record"], rule["expr"]) for rules in data for group in rules["groups"]
+            for rule in group["rules"]]
 
 
 def substitute(expr: str) -> str:
@@ -280,7 +286,7 @@ def test_readme_inhibition_recipe_mutes_the_node_alert_of_the_same_node_only(tmp
     attach(f"Alertmanager (pid {process.pid})", tmp_path / "alertmanager.log", lambda: process.poll() is None)
     try:
         wait_until(lambda: http_get(f"{url}/-/ready")[0] == 200, timeout=30, what="Alertmanager ready")
-        alerts = [{"labels": {"alertname": "AzureImpactfulMaintenanceScheduled", "node": NODE, "event_type": "Reboot"}},
+        alerts = [{"labels": {"alertname": "SeExporterImpactfulEventScheduled", "node": NODE, "event_type": "Reboot"}},
                   {"labels": {"alertname": "NodeVMEventScheduled", "node": NODE}},
                   {"labels": {"alertname": "NodeVMEventScheduled", "node": OTHER_NODE}}]
         request = urllib.request.Request(f"{url}/api/v2/alerts", data=json.dumps(alerts).encode(), method="POST",
@@ -296,7 +302,7 @@ def test_readme_inhibition_recipe_mutes_the_node_alert_of_the_same_node_only(tmp
         # The inhibitor learns of source alerts asynchronously: wait for the suppression, then check all three.
         wait_until(lambda: states().get(("NodeVMEventScheduled", NODE)) == "suppressed", timeout=30,
                    what="the same node's alert to be inhibited")
-        assert states() == {("AzureImpactfulMaintenanceScheduled", NODE): "active",
+        assert states() == {("SeExporterImpactfulEventScheduled", NODE): "active",
                             ("NodeVMEventScheduled", NODE): "suppressed",
                             ("NodeVMEventScheduled", OTHER_NODE): "active"}
     finally:

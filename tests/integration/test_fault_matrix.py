@@ -56,13 +56,13 @@ def test_imds_fault(name: str, fault: Fault, outcome: str, simulator: SimulatorF
     wait_until(lambda: (process.value("azure_scheduled_events_polls_total", outcome=outcome) or 0) >= 2,
                timeout=15, what=f"{outcome} counted")
     assert process.process.poll() is None
-    assert process.value("azure_scheduled_events_pending", event_type="Freeze", event_status="Scheduled") == 1
+    assert process.total("azure_scheduled_events_pending", event_type="Freeze", event_status="Scheduled") == 1
     sim.clear_faults()
     wait_until(lambda: process.value("azure_scheduled_events_up") == 1, timeout=15, what="recovery")
     failures = re.findall(r"IMDS poll failed: .*", process.log())
     assert len(failures) == 1, failures
     assert len(re.findall(r"IMDS recovered after \d+ failed polls", process.log())) == 1
-    assert process.value("azure_scheduled_events_transitions_total", event_type="Freeze",
+    assert process.total("azure_scheduled_events_transitions_total", event_type="Freeze",
                          transition="canceled") == 0
     reliability("IMDS", name, f"alive; `up` 0 with the last state kept; `outcome=\"{outcome}\"`; one log line; "
                               "recovered on the next good poll")
@@ -129,7 +129,7 @@ def test_otlp_endpoint_down(simulator: SimulatorFactory, sidecar: Callable[..., 
         incarnation = sim.document()["DocumentIncarnation"]
         wait_until(lambda wanted=incarnation: process.value("azure_scheduled_events_document_incarnation") == wanted,
                    what="document read")
-    assert process.value("azure_scheduled_events_transitions_total", event_type="Reboot", transition="completed") == 1
+    assert process.total("azure_scheduled_events_transitions_total", event_type="Reboot", transition="completed") == 1
     wait_until(lambda: (process.value("azure_scheduled_events_span_export_errors_total") or 0) > 0, timeout=20,
                what="span export errors counted")
     assert len(re.findall(r"span export failing", process.log())) == 1
@@ -186,7 +186,7 @@ def test_a_5000_digit_incarnation_is_tolerated(simulator: SimulatorFactory, side
     assert samples[("azure_scheduled_events_up", frozenset())] == 1
     assert samples[("azure_scheduled_events_document_warnings_total", frozenset())] == 1
     assert ("azure_scheduled_events_document_incarnation", frozenset()) not in samples
-    assert process.value("azure_scheduled_events_pending", event_type="Freeze", event_status="Scheduled") == 1
+    assert process.total("azure_scheduled_events_pending", event_type="Freeze", event_status="Scheduled") == 1
     assert len(re.findall(r"parsed with 1 warnings: DocumentIncarnation <integer of 5,000 digits>", process.log())) \
         == 1
     assert "unexpected error" not in process.log()
@@ -211,12 +211,12 @@ def test_incarnation_going_backwards(simulator: SimulatorFactory, sidecar: Calla
         wait_until(lambda wanted=incarnation: process.value("azure_scheduled_events_document_incarnation") == wanted,
                    what=f"incarnation {incarnation}")
     assert process.value("azure_scheduled_events_incarnation_regressions_total") == 1
-    assert process.value("azure_scheduled_events_pending", event_type="Freeze", event_status="Scheduled") == 1
+    assert process.total("azure_scheduled_events_pending", event_type="Freeze", event_status="Scheduled") == 1
     sim.set_faults(Fault("body", text=empty.replace('"DocumentIncarnation": 18', '"DocumentIncarnation": 19'),
                          count=0))
     wait_until(lambda: process.value("azure_scheduled_events_document_incarnation") == 19, what="incarnation 19")
     for transition in ("scheduled", "canceled"):
-        assert process.value("azure_scheduled_events_transitions_total", event_type="Freeze",
+        assert process.total("azure_scheduled_events_transitions_total", event_type="Freeze",
                              transition=transition) == 1, transition
     assert len(re.findall(r"DocumentIncarnation went backwards from 18 to 10", process.log())) == 1
     reliability("IMDS", "DocumentIncarnation going backwards (17 listing an event, 18 without it, 10 listing it again)",
@@ -238,7 +238,7 @@ def test_an_event_id_changing_case(simulator: SimulatorFactory, sidecar: Callabl
     wait_until(lambda: process.value("azure_scheduled_events_document_incarnation")
                == document["DocumentIncarnation"] + 1, what="the lower-cased document")
     for transition, count in (("scheduled", 1), ("canceled", 0)):
-        assert process.value("azure_scheduled_events_transitions_total", event_type="Freeze",
+        assert process.total("azure_scheduled_events_transitions_total", event_type="Freeze",
                              transition=transition) == count, transition
     ids = [dict(labels)["event_id"] for name, labels in process.samples() if name == "azure_scheduled_event_info"]
     assert ids == [document["Events"][0]["EventId"].lower()]

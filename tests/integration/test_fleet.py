@@ -279,9 +279,10 @@ def test_bad_messages_are_counted_and_logged_and_the_consumer_goes_on(
 SIDECAR_FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2", "--eventhub-send-timeout", "1",
                 "--eventhub-retry-max", "0.3")
 # Fleet rule expressions that cannot light up within a test's seconds, and why; promtool's unit tests cover them.
-NEEDS_MINUTES = {"FleetConsumerLagging": "needs a backlog five minutes deep",
-                 "FleetPartitionsUnowned": "needs a partition no replica reads",
-                 "FleetCheckpointsStale": "needs five minutes of failing checkpoint writes"}
+NEEDS_MINUTES = {"SeExporterFleetConsumerLagging": "needs a backlog five minutes deep",
+                 "SeExporterFleetPartitionsUnowned": "needs a partition no replica reads",
+                 "SeExporterFleetCheckpointsStale": "needs five minutes of failing checkpoint writes",
+                 "SeExporterFleetBlind": "needs every replica down, or none owning a partition, for five minutes"}
 
 
 def platform_expressions() -> set[str]:

@@ -34,9 +34,9 @@ INTERVAL = 0.5  # Prometheus' scrape and evaluation interval here (production: 1
 PLATFORM = re.compile(r"azure_scheduled_fleet_(platform_event_info|platform_event_vms|platform_events_total|"
                       r"platform_duplicates_total|missed_events_total|unannounced_events_total|"
                       r"announcement_lag_seconds(?:_bucket|_sum|_count)?|impact_seconds_total)\b")
-PLATFORM_RULES = ("FleetSidecarMissedImpactfulEvent", "FleetSidecarMissedFreeze",
-                  "FleetAnnouncedEventOnVmsWithoutSidecar")
-SHORTENED_FOR = {"FleetAnnouncedEventOnVmsWithoutSidecar": "1s"}  # shipped: 5m
+PLATFORM_RULES = ("SeExporterFleetSidecarMissedImpactfulEvent", "SeExporterFleetSidecarMissedFreeze",
+                  "SeExporterFleetAnnouncedEventOnVmsWithoutSidecar")
+SHORTENED_FOR = {"SeExporterFleetAnnouncedEventOnVmsWithoutSidecar": "1s"}  # shipped: 5m
 COVERAGES = ("observed", "missed", "imds_unreachable", "no_sidecar")
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 # Counters' increase() over a range extrapolates past the first and last samples by up to half a scrape interval
@@ -253,25 +253,26 @@ def test_platform_alerts_page_the_owners_once_per_event_warn_the_operators_and_r
     to se-exporter-operators; the ended E-done never pages; E-big's completion resolves its page."""
     webhook = streams.webhook
     scope = {"scope_type": "scale_set", "location": "westeurope"}
-    page = wait_until(lambda: firing(webhook, alertname="FleetSidecarMissedImpactfulEvent"), timeout=60,
+    page = wait_until(lambda: firing(webhook, alertname="SeExporterFleetSidecarMissedImpactfulEvent"), timeout=60,
                       what="the page")[0]
     assert (page.receiver, page.payload["groupLabels"]) == (
-        "vm-owners", {"alertname": "FleetSidecarMissedImpactfulEvent", "event_id": "E-big"})
+        "vm-owners", {"alertname": "SeExporterFleetSidecarMissedImpactfulEvent", "event_id": "E-big"})
     [alert] = page.alerts
     assert (alert["labels"], alert["annotations"]) == expected_alert(
-        "FleetSidecarMissedImpactfulEvent", {"event_id": "E-big", "event_type": "Reboot", "scope_name": "big",
+        "SeExporterFleetSidecarMissedImpactfulEvent", {"event_id": "E-big", "event_type": "Reboot", "scope_name": "big",
                                              **scope}, 3)
 
-    freeze = wait_until(lambda: firing(webhook, alertname="FleetSidecarMissedFreeze"), timeout=60,
+    freeze = wait_until(lambda: firing(webhook, alertname="SeExporterFleetSidecarMissedFreeze"), timeout=60,
                         what="the Freeze warning")[0]
     assert freeze.receiver == "vm-owners"
     assert [(a["labels"], a["annotations"]) for a in freeze.alerts] == [expected_alert(
-        "FleetSidecarMissedFreeze", {"event_id": "E-fz", "event_type": "Freeze", "scope_name": "ss", **scope}, 1)]
+        "SeExporterFleetSidecarMissedFreeze", {"event_id": "E-fz", "event_type": "Freeze", "scope_name": "ss",
+                                               **scope}, 1)]
 
     show(streams.a, streams.b, counted=True, handover=True)
 
     def blind_spots() -> list[Notification]:
-        found = firing(webhook, alertname="FleetAnnouncedEventOnVmsWithoutSidecar")
+        found = firing(webhook, alertname="SeExporterFleetAnnouncedEventOnVmsWithoutSidecar")
         return [n for n in found if len(n.alerts) == 2]
 
     warning = wait_until(blind_spots, timeout=60, what="both events with VMs without a sidecar")[0]
@@ -282,16 +283,17 @@ def test_platform_alerts_page_the_owners_once_per_event_warn_the_operators_and_r
     assert listed == dict.fromkeys(fleet_two_streams.ANNOUNCED, 1.0)
     assert warning.receiver == "se-exporter-operators"
     assert {a["labels"]["event_id"]: (a["labels"], a["annotations"]) for a in warning.alerts} == {
-        "E-big": expected_alert("FleetAnnouncedEventOnVmsWithoutSidecar",
+        "E-big": expected_alert("SeExporterFleetAnnouncedEventOnVmsWithoutSidecar",
                                 {"event_id": "E-big", "event_type": "Reboot", "scope_name": "big", **scope}, 1),
-        "E-dark": expected_alert("FleetAnnouncedEventOnVmsWithoutSidecar",
+        "E-dark": expected_alert("SeExporterFleetAnnouncedEventOnVmsWithoutSidecar",
                                  {"event_id": "E-dark", "event_type": "Redeploy", "scope_name": "dark",
                                   "location": "westeurope", "scope_type": "availability_set"}, 2)}
 
     show(streams.a, streams.b, counted=True, handover=True, ended="E-big")
-    wait_until(lambda: [n for n in webhook.received(event_id="E-big", alertname="FleetSidecarMissedImpactfulEvent")
+    wait_until(lambda: [n for n in webhook.received(event_id="E-big",
+                                                    alertname="SeExporterFleetSidecarMissedImpactfulEvent")
                         if n.status == "resolved"], timeout=60, what="the page to resolve")
-    assert len(firing(webhook, alertname="FleetSidecarMissedImpactfulEvent")) == 1, webhook.notifications
+    assert len(firing(webhook, alertname="SeExporterFleetSidecarMissedImpactfulEvent")) == 1, webhook.notifications
     assert not webhook.received(event_id="E-done"), webhook.notifications  # it ended: a miss to count, not a page
     reliability("Alerting", "Azure announced a Reboot three live sidecars on two fleet replicas missed, through a "
                 "real Prometheus and the shipped Alertmanager configuration", "one critical notification to the VM "

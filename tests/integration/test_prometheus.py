@@ -131,11 +131,11 @@ def test_prometheus_scrapes_the_lifecycle(scraped: tuple[Simulator, Prometheus])
     wait_until(lambda: prom.value('azure_scheduled_events_pending{event_type="Freeze",event_status="Started"}') == 1,
                timeout=30, what="Started in Prometheus")
     sim.advance(40)  # gone
-    wait_until(lambda: prom.value('azure_scheduled_events_transitions_total{event_type="Freeze",'
-                                  'transition="completed"}') == 1, timeout=30, what="completion in Prometheus")
+    wait_until(lambda: prom.value('sum(azure_scheduled_events_transitions_total{event_type="Freeze",'
+                                  'transition="completed"})') == 1, timeout=30, what="completion in Prometheus")
     wait_until(lambda: prom.query("azure_scheduled_event_info") == [], timeout=30,
                what="the event's series to go stale")
-    assert prom.value('azure_scheduled_events_notice_seconds_count{event_type="Freeze"}') == 1
+    assert prom.value('azure_scheduled_events_notice_seconds_count{event_type="Freeze",affects_this_vm="true"}') == 1
 
 
 def test_prometheus_sees_imds_failure_and_recovery(scraped: tuple[Simulator, Prometheus]) -> None:

@@ -21,7 +21,7 @@ from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator
 from tests.child_logs import attach
 from tests.conftest import Reliability, SimulatorFactory
-from tests.helpers import Sidecar, free_port, http_get, series, stop_process, wait_until
+from tests.helpers import Sidecar, free_port, http_get, series, stop_process, total, wait_until
 
 pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2", "--imds-timeout", "0.5")
@@ -92,8 +92,8 @@ def test_scenario_end_to_end(name: str, simulator: SimulatorFactory, sidecar: Ca
     samples = process.samples()
     for event_type in EVENT_TYPES:
         for transition in TRANSITIONS:
-            count = samples[("azure_scheduled_events_transitions_total",
-                             frozenset({"event_type": event_type, "transition": transition}.items()))]
+            count = total(samples, "azure_scheduled_events_transitions_total", event_type=event_type,
+                          transition=transition)
             assert count == EXPECTED[name].get((event_type, transition), 0), (event_type, transition)
     assert process.value("azure_scheduled_events_up") == 1
     assert process.stop() == 0
@@ -117,7 +117,7 @@ def test_degraded_hardware_countdown_and_host_failure_notice(simulator: Simulato
                                                  event_type="Redeploy"), what="countdown")
     assert 604_790 < countdown <= 604_800
     sim.advance(604_800)
-    wait_until(lambda: process.value("azure_scheduled_events_notice_seconds_count", event_type="Redeploy") == 1,
+    wait_until(lambda: process.total("azure_scheduled_events_notice_seconds_count", event_type="Redeploy") == 1,
                what="notice observed")
 
 
@@ -187,7 +187,7 @@ def test_unknown_fields_and_types_end_to_end(simulator: SimulatorFactory, sideca
     sim.inject(Fault("body", text=body, count=0))
     process = sidecar("--imds-url", server.url, *FAST)
     wait_until(lambda: process.value("azure_scheduled_events_document_incarnation") == 9, what="odd document")
-    assert process.value("azure_scheduled_events_pending", event_type="Hibernate", event_status="Scheduled") == 1
+    assert process.total("azure_scheduled_events_pending", event_type="Hibernate", event_status="Scheduled") == 1
     assert process.value("azure_scheduled_events_document_warnings_total") == 1
     assert "DurationInSeconds" in process.log()
 
@@ -211,9 +211,9 @@ def test_demo_mode_shows_pending_events_and_never_posts(sidecar: Callable[..., S
                                                         reliability: Reliability) -> None:
     """`run --simulate` (what `make demo` runs) lists pending events within seconds; its simulator sees only GETs."""
     process = sidecar("--simulate", "--speed", "5")
-    wait_until(lambda: process.value("azure_scheduled_events_pending", event_type="Freeze",
+    wait_until(lambda: process.total("azure_scheduled_events_pending", event_type="Freeze",
                                      event_status="Scheduled") == 1, what="the demo's Freeze")
-    wait_until(lambda: process.value("azure_scheduled_events_pending", event_type="Redeploy",
+    wait_until(lambda: process.total("azure_scheduled_events_pending", event_type="Redeploy",
                                      event_status="Scheduled") == 1, what="the demo's degraded-hardware Redeploy")
     match = re.search(r"polling (http://127\.0\.0\.1:\d+)/metadata", process.log())
     assert match, process.log()

@@ -86,21 +86,44 @@ def test_countdown_is_computed_at_scrape_time() -> None:
 
 
 def test_pending_has_zeros_for_every_documented_type_and_status() -> None:
-    """All 5 x 2 documented combinations are present, so absent() and sum() behave in alert rules."""
+    """All documented type x status combinations of this VM's events are present, so absent() and sum() behave in
+    alert rules; a neighbour's event is counted apart, under affects_this_vm="false"."""
     registry, _ = _registry(_snapshot(_document(FREEZE, NEIGHBOUR)))
     values = {(t, s): registry.get_sample_value("azure_scheduled_events_pending",
-                                                {"event_type": t, "event_status": s})
+                                                {"event_type": t, "event_status": s, "affects_this_vm": "true"})
               for t in EVENT_TYPES for s in EVENT_STATUSES}
     assert values.pop(("Freeze", "Scheduled")) == 1.0
-    assert values.pop(("Reboot", "Started")) == 1.0
     assert set(values.values()) == {0.0}
+    assert registry.get_sample_value("azure_scheduled_events_pending", {
+        "event_type": "Reboot", "event_status": "Started", "affects_this_vm": "false"}) == 1.0
+
+
+def test_a_neighbours_event_is_never_counted_as_this_vms() -> None:
+    """A document listing only a neighbour's Reboot shows no Reboot of this VM: pending and the transition counter
+    carry it under affects_this_vm="false" (and "unknown" while the VM's name is not known)."""
+    registry, metrics = _registry(_snapshot(_document(NEIGHBOUR)))
+    get = registry.get_sample_value
+    assert get("azure_scheduled_events_pending",
+               {"event_type": "Reboot", "event_status": "Started", "affects_this_vm": "true"}) == 0.0
+    assert get("azure_scheduled_events_pending",
+               {"event_type": "Reboot", "event_status": "Started", "affects_this_vm": "false"}) == 1.0
+    body = _document(NEIGHBOUR)
+    document = parse_document(body)
+    step = diff({}, document, NOW)
+    sink = MetricsSink(metrics)
+    sink.export(DocumentChange(body, document, step.transitions, step.records, NOW, "WestNO_0", None, ""))
+    sink.export(DocumentChange(body, document, step.transitions, step.records, NOW, None, None, ""))
+    for affects, count in (("true", 0.0), ("false", 1.0), ("unknown", 1.0)):
+        assert get("azure_scheduled_events_transitions_total",
+                   {"event_type": "Reboot", "transition": "started", "affects_this_vm": affects}) == count
 
 
 def test_unknown_types_get_their_own_pending_series() -> None:
     """An EventType Azure adds later is counted under its own name, not dropped."""
     registry, _ = _registry(_snapshot(_document({**FREEZE, "EventType": "LiveMigrate"})))
     assert registry.get_sample_value("azure_scheduled_events_pending",
-                                     {"event_type": "LiveMigrate", "event_status": "Scheduled"}) == 1.0
+                                     {"event_type": "LiveMigrate", "event_status": "Scheduled",
+                                      "affects_this_vm": "true"}) == 1.0
 
 
 def test_series_vanish_with_their_event() -> None:
@@ -121,7 +144,8 @@ def test_health_gauges_while_failing_keep_the_last_state() -> None:
     assert registry.get_sample_value("azure_scheduled_events_document_incarnation") == 2.0
     assert registry.get_sample_value("azure_scheduled_events_last_success_timestamp_seconds") == NOW - 1
     assert registry.get_sample_value("azure_scheduled_events_pending",
-                                     {"event_type": "Freeze", "event_status": "Scheduled"}) == 1.0
+                                     {"event_type": "Freeze", "event_status": "Scheduled",
+                                      "affects_this_vm": "true"}) == 1.0
 
 
 def test_before_any_document() -> None:
@@ -138,7 +162,8 @@ def test_counters_start_at_zero_for_every_outcome_and_transition() -> None:
     for outcome in ("ok", "throttled", "http_error", "timeout", "connection_error", "invalid_document"):
         assert registry.get_sample_value("azure_scheduled_events_polls_total", {"outcome": outcome}) == 0.0
     assert registry.get_sample_value("azure_scheduled_events_transitions_total",
-                                     {"event_type": "Terminate", "transition": "rescheduled"}) == 0.0
+                                     {"event_type": "Terminate", "transition": "rescheduled",
+                                      "affects_this_vm": "false"}) == 0.0
 
 
 def test_vm_info_from_identity() -> None:
@@ -165,11 +190,12 @@ def test_metrics_sink_counts_transitions_and_observes_notice_and_impact() -> Non
     get = registry.get_sample_value
     for transition in ("scheduled", "started", "completed"):
         assert get("azure_scheduled_events_transitions_total",
-                   {"event_type": "Freeze", "transition": transition}) == 1.0
-    assert get("azure_scheduled_events_notice_seconds_sum", {"event_type": "Freeze"}) == 900.0
-    assert get("azure_scheduled_events_impact_seconds_sum", {"event_type": "Freeze"}) == 7.0
-    assert get("azure_scheduled_events_impact_seconds_bucket", {"event_type": "Freeze", "le": "5.0"}) == 0.0
-    assert get("azure_scheduled_events_impact_seconds_bucket", {"event_type": "Freeze", "le": "10.0"}) == 1.0
+                   {"event_type": "Freeze", "transition": transition, "affects_this_vm": "true"}) == 1.0
+    mine = {"event_type": "Freeze", "affects_this_vm": "true"}
+    assert get("azure_scheduled_events_notice_seconds_sum", mine) == 900.0
+    assert get("azure_scheduled_events_impact_seconds_sum", mine) == 7.0
+    assert get("azure_scheduled_events_impact_seconds_bucket", {**mine, "le": "5.0"}) == 0.0
+    assert get("azure_scheduled_events_impact_seconds_bucket", {**mine, "le": "10.0"}) == 1.0
 
 
 def test_scrapes_of_one_document_reuse_its_families_but_not_the_countdown() -> None:
@@ -213,8 +239,9 @@ def test_invented_event_types_cannot_grow_the_cumulative_series() -> None:
                                         "azure_scheduled_events_impact"))}
     assert types == {*EVENT_TYPES, "Other"}
     get = registry.get_sample_value
-    assert get("azure_scheduled_events_transitions_total", {"event_type": "Other", "transition": "completed"}) == 2000
-    assert get("azure_scheduled_events_impact_seconds_count", {"event_type": "Other"}) == 2000
+    mine = {"event_type": "Other", "affects_this_vm": "true"}
+    assert get("azure_scheduled_events_transitions_total", {**mine, "transition": "completed"}) == 2000
+    assert get("azure_scheduled_events_impact_seconds_count", mine) == 2000
 
 
 def test_long_labels_are_cut_and_marked_and_counted_once_per_document() -> None:
@@ -265,7 +292,8 @@ def test_per_event_series_are_kept_for_the_first_64_events_by_event_id() -> None
     assert registry.get_sample_value("azure_scheduled_events_bound_hits_total",
                                      {"bound": "events_per_document"}) == 3000 - 64
     assert registry.get_sample_value("azure_scheduled_events_pending",
-                                     {"event_type": "Reboot", "event_status": "Started"}) == 3000
+                                     {"event_type": "Reboot", "event_status": "Started",
+                                      "affects_this_vm": "false"}) == 3000
 
 
 def test_every_family_of_a_running_sidecar_is_selected_by_its_name(tmp_path: Path) -> None:

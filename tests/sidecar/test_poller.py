@@ -107,7 +107,8 @@ def test_a_failure_keeps_the_last_valid_state_and_recovers(failure: httpx.Respon
     assert polls(registry, outcome) == 1
     assert registry.get_sample_value("azure_scheduled_events_document_incarnation") == 2
     assert registry.get_sample_value("azure_scheduled_events_pending",
-                                     {"event_type": "Freeze", "event_status": "Scheduled"}) == 1
+                                     {"event_type": "Freeze", "event_status": "Scheduled",
+                                      "affects_this_vm": "true"}) == 1
     success_before = registry.get_sample_value("azure_scheduled_events_last_success_timestamp_seconds")
     poller.poll_once()
     assert registry.get_sample_value("azure_scheduled_events_up") == 1
@@ -266,7 +267,8 @@ def test_a_replayed_document_never_counts_an_event_scheduled_twice() -> None:
     poller.poll_once()
     poller.poll_once()
     assert registry.get_sample_value("azure_scheduled_events_pending",
-                                     {"event_type": "Freeze", "event_status": "Scheduled"}) == 1
+                                     {"event_type": "Freeze", "event_status": "Scheduled",
+                                      "affects_this_vm": "true"}) == 1
     poller.poll_once()
     assert kinds(sink) == [("A", "scheduled"), ("A", "canceled")]
     assert registry.get_sample_value("azure_scheduled_events_incarnation_regressions_total") == 1

@@ -16,12 +16,17 @@ _LEVELS = {SCHEDULED: logging.WARNING, STARTED: logging.WARNING, RESCHEDULED: lo
 
 
 class LogSink(Sink):
+    """A neighbour's event (one that does not list this VM) is logged at info whatever its transition: an
+    availability set lists every VM's maintenance on each of its VMs, and only this VM's own should warn."""
+
     name = "log"
 
     def export(self, change: DocumentChange) -> None:
         for transition in change.transitions:
-            log.log(_LEVELS.get(transition.kind, logging.INFO), "%s", _headline(transition),
-                    extra=fields(**_details(transition, change)))
+            details = _details(transition, change)
+            level = logging.INFO if details["affects_this_vm"] == "false" else _LEVELS.get(transition.kind,
+                                                                                         logging.INFO)
+            log.log(level, "%s", _headline(transition), extra=fields(**details))
 
 
 def _headline(transition: Transition) -> str:

@@ -8,7 +8,7 @@ otherwise add series (and memory) that never go away.
 from __future__ import annotations
 
 from se_exporter.core.lifecycle import COMPLETED, STARTED
-from se_exporter.core.model import EVENT_TYPES
+from se_exporter.core.model import EVENT_TYPES, affects_label, affects_vm
 from se_exporter.sidecar.metrics import Metrics
 from se_exporter.sidecar.sinks import DocumentChange, Sink
 
@@ -25,12 +25,13 @@ class MetricsSink(Sink):
     def export(self, change: DocumentChange) -> None:
         for transition in change.transitions:
             event_type = transition.event.event_type if transition.event.event_type in _KNOWN else OTHER
-            self._metrics.transitions.labels(event_type, transition.kind).inc()
+            affects = affects_label(affects_vm(transition.event, change.vm_name))
+            self._metrics.transitions.labels(event_type, transition.kind, affects).inc()
             record = transition.record
             if transition.kind == STARTED and record.notice_seconds is not None:
-                self._metrics.notice.labels(event_type).observe(max(0.0, record.notice_seconds))
+                self._metrics.notice.labels(event_type, affects).observe(max(0.0, record.notice_seconds))
             elif transition.kind == COMPLETED and record.impact_seconds is not None:
-                self._metrics.impact.labels(event_type).observe(max(0.0, record.impact_seconds))
+                self._metrics.impact.labels(event_type, affects).observe(max(0.0, record.impact_seconds))
         for key, recommendation in change.follows.items():
             preempt = change.records.get(key)
             if preempt is not None:
