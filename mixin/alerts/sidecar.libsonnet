@@ -60,7 +60,7 @@ local lib = import '../lib.libsonnet';
         (azure_scheduled_event_started_timestamp_seconds
            - on(job, instance, event_id, event_type) azure_scheduled_event_first_seen_timestamp_seconds) == 0
           and on(job, instance, event_id)
-        azure_scheduled_event_info{event_status="Started", %(mine)s}
+        azure_scheduled_event_info{event_status="Started", event_source!="User", %(mine)s}
       ||| % { mine: mine }, c),
       '{{ $labels.event_type }} with no notice on %s: host failure' % lib.machine,
       |||

@@ -105,6 +105,11 @@ CASES: list[promtool.Case] = [
      named({event("azure_scheduled_event_started_timestamp_seconds", "E4", "Reboot"): "1900 1900",
             event("azure_scheduled_event_first_seen_timestamp_seconds", "E4", "Reboot"): "1000 1000",
             info("E4", "Reboot", "Started"): "1 1"}), "1m", []),
+    ("SeExporterHostFailure",  # a user's auto-approved reboot (Scheduled Events Policy) skips Scheduled too: no page
+     named({event("azure_scheduled_event_started_timestamp_seconds", "E4", "Reboot"): "1000 1000",
+            event("azure_scheduled_event_first_seen_timestamp_seconds", "E4", "Reboot"): "1000 1000",
+            info("E4", "Reboot", "Started").replace('event_source="Platform"', 'event_source="User"'): "1 1"}),
+     "1m", []),
     # Freezes: only a long one warns, and pages only on a VM marked latency-sensitive; a short one is recorded.
     ("SeExporterLongFreeze",
      named({event("azure_scheduled_event_duration_seconds", "E2", "Freeze"): "12 12",
