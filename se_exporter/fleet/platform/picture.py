@@ -169,23 +169,33 @@ def combine(old: PlatformRecord, new: PlatformRecord, max_resources: int = DEFAU
         times[status] = max(when, known) if status in ENDED else min(when, known)
     ordered = tuple((status, times[status]) for status in STATUSES if status in times)
     first, second = (new, old) if _choice(new) > _choice(old) else (old, new)
-    event = first.event
-    resources = event.resources
-    if second.event.resources != resources or len(resources) > max_resources:
-        union: dict[str, str] = {}  # names compare without case: the first spelling of each is kept
-        for name in (*resources, *second.event.resources):
-            union.setdefault(name.casefold(), name)
-        if len(union) > len(resources) or len(resources) > max_resources:
-            resources = tuple(union.values())[:max_resources]
-    if resources is not event.resources or (event.not_before is None and second.event.not_before is not None) \
-            or (event.duration_seconds is None and second.event.duration_seconds is not None):
-        event = replace(event, resources=resources,
-                        not_before=event.not_before if event.not_before is not None else second.event.not_before,
-                        duration_seconds=event.duration_seconds if event.duration_seconds is not None
-                        else second.event.duration_seconds)
+    event = _completed(first.event, second.event, _union(first.event.resources, second.event.resources,
+                                                          max_resources))
     ends = [when for when in (old.ended_at, new.ended_at) if when is not None]
     return PlatformRecord(event, ordered, min(ends) if event.event_status in ENDED and ends else None,
                           max(old.changed_at, new.changed_at), _copies(old.copies, new.copies))
+
+
+def _union(resources: tuple[str, ...], others: tuple[str, ...], max_resources: int) -> tuple[str, ...]:
+    """Resources of both (names compare without case: the first spelling of each is kept), at most
+    ``max_resources``; ``resources`` itself when that adds nothing."""
+    if others == resources and len(resources) <= max_resources:
+        return resources
+    union: dict[str, str] = {}
+    for name in (*resources, *others):
+        union.setdefault(name.casefold(), name)
+    if len(union) > len(resources) or len(resources) > max_resources:
+        return tuple(union.values())[:max_resources]
+    return resources
+
+
+def _completed(event: PlatformEvent, other: PlatformEvent, resources: tuple[str, ...]) -> PlatformEvent:
+    """``event`` with ``resources``, and NotBefore and DurationInSeconds from ``other`` where it has none."""
+    not_before = event.not_before if event.not_before is not None else other.not_before
+    duration = event.duration_seconds if event.duration_seconds is not None else other.duration_seconds
+    if resources is event.resources and not_before is event.not_before and duration is event.duration_seconds:
+        return event
+    return replace(event, resources=resources, not_before=not_before, duration_seconds=duration)
 
 
 MAX_COPIES = 16  # messages per EventId whose deliveries are counted (a real event has one per status: four at most)

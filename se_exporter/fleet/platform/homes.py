@@ -1,0 +1,123 @@
+"""Each EventId's home, and what was counted of the EventIds homed at the partitions this replica shows.
+
+An EventId's home is a partition of the platform's hub (the sidecars' hub when only that one is read), by a stable
+hash of its key (``hubs.home``). Only the replica that shows the home counts the EventId (``counting.COUNTING``),
+keeping what it counted (``Counted``) in the home's blob, and applying each increment once that blob is written
+(``Held.pending``): a partition lost before its write is counted by its next owner instead, never twice.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+
+from se_exporter.fleet.collector import FleetMetrics
+from se_exporter.fleet.platform.counting import Counted, top_up
+from se_exporter.fleet.platform.hubs import HubSide, home
+from se_exporter.fleet.platform.picture import PlatformRecord
+from se_exporter.fleet.report import Report
+
+MAX_COUNTED = 100_000  # EventIds whose counting is remembered (ReconcileSettings.ids)
+
+
+class Homes:
+    """The homes shown here: what was counted of their EventIds, and which homes' blobs must be written again."""
+
+    def __init__(self, hubs: Mapping[str, HubSide], metrics: FleetMetrics, report: Report, open_expiry: float) -> None:
+        self._hubs, self._metrics, self._report, self._expiry = hubs, metrics, report, open_expiry
+        self.counted: OrderedDict[str, Counted] = OrderedDict()  # EventId key -> what was counted of it
+        self._dirty: set[str] = set()  # home partitions whose ``counted`` changed since written
+
+    @property
+    def role(self) -> str | None:
+        """The hub whose partitions are the EventIds' homes: the platform's, else the sidecars'."""
+        return "platform" if "platform" in self._hubs else next(iter(self._hubs), None)
+
+    def home_of(self, key: str) -> str | None:
+        side = self._hubs.get(self.role or "")
+        count = side.partitions() if side is not None else None
+        return home(key, count) if count else None
+
+    def is_here(self, key: str) -> bool:
+        side = self._hubs.get(self.role or "")
+        partition_id = self.home_of(key)
+        return side is not None and partition_id is not None and side.fleet.is_shown(partition_id) \
+            and partition_id in side.held
+
+    def count(self, record: PlatformRecord) -> None:
+        """Tops the EventId's counters up to what its merged record says (``counting.COUNTING``)."""
+        metrics = self._metrics
+        counters = {"platform_events": metrics.platform_events, "impact_seconds": metrics.impact_seconds,
+                    "platform_duplicates": metrics.platform_duplicates}
+        for increment in top_up(self.remember(record.key), record):
+            self.mark(record.key)
+            counter = counters[increment.counter]
+            child = counter.labels(*increment.labels) if increment.labels else counter
+            self.pending(record.key, functools.partial(child.inc, increment.amount))
+
+    def pending(self, key: str, apply: Callable[[], object]) -> None:
+        """An EventId's count, applied once its home partition's blob remembers it (see ``Held.pending``)."""
+        side = self._hubs.get(self.role or "")
+        partition_id = self.home_of(key)
+        held = side.held.get(partition_id) if side is not None and partition_id is not None else None
+        if held is None:
+            apply()  # not homed here after all: nowhere to remember it (callers ask ``is_here`` first)
+        else:
+            held.pending.append(apply)
+
+    def remember(self, key: str) -> Counted:
+        """What was counted of ``key`` (a new entry when none; the oldest dropped past ``MAX_COUNTED``)."""
+        entry = self.counted.get(key)
+        if entry is None:
+            if len(self.counted) >= MAX_COUNTED:
+                self._report.bound_hit("platform_coverage_ids")
+                dropped, _ = self.counted.popitem(last=False)
+                self.mark(dropped)
+            entry = self.counted[key] = Counted()
+            self.mark(key)
+        return entry
+
+    def mark(self, key: str) -> None:
+        partition_id = self.home_of(key)
+        if partition_id is not None:
+            self._dirty.add(partition_id)
+
+    def forget(self, listed: set[str], now: float) -> None:
+        """What was counted of an EventId no picture holds is kept as long as a forgotten EventId is (the open
+        expiry, within ``MAX_COUNTED``): a copy read later on another partition then adds only what is new."""
+        for key, entry in list(self.counted.items()):
+            if key in listed:
+                continue
+            if entry.gone_at is None:
+                entry.gone_at = now
+                self.mark(key)
+            elif entry.gone_at + self._expiry <= now:
+                del self.counted[key]
+                self.mark(key)
+
+    # ------------------------------------------------------------------ a home partition's blob
+
+    def of_partition(self, partition_id: str) -> dict[str, Counted]:
+        """What its blob keeps: the counting of the EventIds homed there."""
+        return {key: entry for key, entry in self.counted.items() if self.home_of(key) == partition_id}
+
+    def restore(self, counted: Mapping[str, Counted]) -> None:
+        for key, entry in counted.items():
+            self.counted.setdefault(key, entry)
+
+    def release(self, partition_id: str) -> None:
+        """Its EventIds' counting is the next owner's, from the blob."""
+        for key in [key for key in self.counted if self.home_of(key) == partition_id]:
+            del self.counted[key]
+        self._dirty.discard(partition_id)
+
+    def dirty(self, partition_id: str) -> bool:
+        return partition_id in self._dirty
+
+    def written(self, partition_id: str, wrote: bool) -> None:
+        """A write of the partition's blob was prepared (``wrote`` False: then failed, so it is dirty again)."""
+        if wrote:
+            self._dirty.discard(partition_id)
+        else:
+            self._dirty.add(partition_id)
