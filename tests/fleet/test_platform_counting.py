@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter as TallyOf
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
-from se_exporter.fleet.platform import PlatformEvent, PlatformPicture, merge
-from se_exporter.fleet.platform.counting import Counted, top_up
+from se_exporter.fleet.collector import FleetMetrics
+from se_exporter.fleet.platform import PlatformEvent, PlatformPicture, counting, merge
+from se_exporter.fleet.platform.counting import COUNTING, Counted, top_up
 from se_exporter.fleet.platform.fields import STATUSES
 from tests.fleet.platform_helpers import T0, body, grid, platform_event
 from tests.fleet.test_platform_service import Replica, homed
@@ -204,3 +207,20 @@ def test_every_order_and_split_over_rounds_and_partitions_counts_the_same(
         assert totals == want, order
         statuses.add(status)
     assert len(statuses) == 1
+
+
+def test_the_rule_is_stated_in_three_lines_where_users_and_maintainers_read_it() -> None:
+    """COUNTING, word for word, as the numbered rule in docs/platform-stream.md and in counting.py's docstring; the
+    duplicates counter's help says what it counts across partitions."""
+    def flat(text: str) -> str:
+        return " ".join(text.split())
+
+    assert len(COUNTING) == 3
+    docs = flat((Path(__file__).parents[2] / "docs" / "platform-stream.md").read_text(encoding="utf-8"))
+    docstring = flat(counting.__doc__ or "")
+    for number, line in enumerate(COUNTING, 1):
+        assert f"{number}. {line}" in docs and f"{number}. {line}" in docstring, number
+    registry = CollectorRegistry()
+    FleetMetrics(registry)
+    [family] = [family for family in registry.collect() if family.name.endswith("platform_duplicates")]
+    assert "any partition" in family.documentation and "home replica" in family.documentation
