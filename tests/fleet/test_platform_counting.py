@@ -180,7 +180,8 @@ def counted_in(order: tuple[int, ...], messages: list[PlatformEvent], partitions
 
 def expected(messages: list[PlatformEvent]) -> dict[tuple[str, tuple[str, ...]], float]:
     """The rule's figures, from the set of messages alone."""
-    totals = TallyOf({("platform_events", ("Reboot", status)): 1.0 for status in {m.event_status for m in messages}})
+    totals: dict[tuple[str, tuple[str, ...]], float] = {
+        ("platform_events", ("Reboot", status)): 1.0 for status in {m.event_status for m in messages}}
     started = [m.event_time for m in messages if m.event_status == "Started"]
     completed = [m.event_time for m in messages if m.event_status == "Completed"]
     vms = {name for m in messages for name in m.resources}
@@ -189,7 +190,7 @@ def expected(messages: list[PlatformEvent]) -> dict[tuple[str, tuple[str, ...]],
     copies = len(messages) - len({m.grid_id for m in messages})
     if copies:
         totals[("platform_duplicates", ())] = float(copies)
-    return dict(totals)
+    return totals
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
