@@ -5,7 +5,6 @@ fleet service and its blobs (in memory), as ``test_platform_service.py`` drives 
 from __future__ import annotations
 
 import itertools
-from collections import Counter as TallyOf
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +162,8 @@ def counted_in(order: tuple[int, ...], messages: list[PlatformEvent], partitions
     """The counters after the messages arrive in ``order`` on their partitions, a round (expire, merge the
     partitions' pictures, top up) after each position ``cuts`` marks and after the last; and the final status."""
     pictures = [PlatformPicture(), PlatformPicture()]
-    counted, totals = Counted(), TallyOf()
+    counted = Counted()
+    totals: dict[tuple[str, tuple[str, ...]], float] = {}
     now = T0 + 10
     for position, index in enumerate(order):
         pictures[partitions[index]].apply(messages[index], now)
@@ -173,9 +173,10 @@ def counted_in(order: tuple[int, ...], messages: list[PlatformEvent], partitions
                 picture.expire(now)
             for record in merge(picture.records() for picture in pictures):
                 for increment in top_up(counted, record):
-                    totals[(increment.counter, increment.labels)] += increment.amount
+                    key = (increment.counter, increment.labels)
+                    totals[key] = totals.get(key, 0.0) + increment.amount
     [record] = merge(picture.records() for picture in pictures)
-    return dict(totals), record.status
+    return totals, record.status
 
 
 def expected(messages: list[PlatformEvent]) -> dict[tuple[str, tuple[str, ...]], float]:

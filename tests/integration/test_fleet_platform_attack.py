@@ -107,7 +107,7 @@ def test_storage_stopped_then_kill_9_of_the_counting_replica_counts_each_figure_
     streams, live, last = attacked(simulate, sidecar, hubs, fleets, azurite, tmp_path)
     published = streams.platform()
     impact = 4 * (streams.published("Completed").event_time - streams.published("Started").event_time)
-    expected = {("azure_scheduled_fleet_platform_events_total", "Freeze", status): 1.0
+    expected: dict[tuple[str, str, str], Any] = {("azure_scheduled_fleet_platform_events_total", "Freeze", status): 1.0
                 for status in ("Scheduled", "Started", "Completed")}
     expected[("azure_scheduled_fleet_impact_seconds_total", "Freeze", "")] = pytest.approx(impact)
     expected[("azure_scheduled_fleet_platform_duplicates_total", "", "")] = \
