@@ -17,6 +17,9 @@ from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.platform import PlatformEvent, PlatformPicture, counting, merge
 from se_exporter.fleet.platform.counting import COUNTING, Counted, top_up
 from se_exporter.fleet.platform.fields import STATUSES
+from se_exporter.fleet.platform.homes import Homes
+from se_exporter.fleet.platform.hubs import home
+from se_exporter.fleet.report import Report
 from tests.fleet.platform_helpers import T0, body, grid, platform_event
 from tests.fleet.test_platform_service import Replica, homed
 from tests.fleet.test_service import Event, run
@@ -226,3 +229,33 @@ def test_the_rule_is_stated_in_three_lines_where_users_and_maintainers_read_it()
     FleetMetrics(registry)
     [family] = [family for family in registry.collect() if family.name.endswith("platform_duplicates")]
     assert "any partition" in family.documentation and "home replica" in family.documentation
+
+
+def test_what_was_counted_is_kept_by_home_partition_through_restore_release_and_forgetting() -> None:
+    """Each home's blob holds exactly the EventIds homed there, whatever was restored, released, forgotten, or the
+    partition count (a hub's partitions added places them again)."""
+    registry = CollectorRegistry()
+    metrics = FleetMetrics(registry)
+    partitions = [4]
+    replica = Replica(partitions=4)
+    homes = Homes({"platform": replica.platform.hubs["platform"]}, metrics, Report(metrics), 100.0)
+    replica.platform.hubs["platform"].partitions = lambda: partitions[0]
+    keys = [f"{index:08x}-0000-0000-0000-000000000000" for index in range(200)]
+    homes.restore({key: Counted() for key in keys[:100]})
+    for key in keys[100:]:
+        homes.remember(key)
+
+    def placed() -> bool:
+        return all(set(homes.of_partition(str(number))) == {key for key in homes.counted
+                                                            if home(key, partitions[0]) == str(number)}
+                   for number in range(partitions[0]))
+
+    assert placed() and len(homes.counted) == 200
+    homes.release("1")
+    assert placed() and homes.of_partition("1") == {} and len(homes.counted) == 200 - sum(
+        home(key, 4) == "1" for key in keys)
+    homes.forget(set(), 0.0)
+    homes.forget(set(keys[:50]), 200.0)  # gone since 0: past the expiry of 100 s, unless listed again
+    assert set(homes.counted) == {key for key in keys[:50] if home(key, 4) != "1"} and placed()
+    partitions[0] = 8
+    assert placed()

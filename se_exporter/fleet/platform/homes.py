@@ -27,6 +27,10 @@ class Homes:
     def __init__(self, hubs: Mapping[str, HubSide], metrics: FleetMetrics, report: Report, open_expiry: float) -> None:
         self._hubs, self._metrics, self._report, self._expiry = hubs, metrics, report, open_expiry
         self.counted: OrderedDict[str, Counted] = OrderedDict()  # EventId key -> what was counted of it
+        # The same keys by home partition, with the partition count they were placed under: a blob's write then
+        # looks at its own EventIds only (100,000 remembered over 32 partitions cost 1.4 s a round otherwise).
+        self._by_home: dict[str, set[str]] = {}
+        self._placed_for: int | None = None
         self._dirty: set[str] = set()  # home partitions whose ``counted`` changed since written
 
     @property
@@ -72,11 +76,37 @@ class Homes:
         if entry is None:
             if len(self.counted) >= MAX_COUNTED:
                 self._report.bound_hit("platform_coverage_ids")
-                dropped, _ = self.counted.popitem(last=False)
-                self.mark(dropped)
-            entry = self.counted[key] = Counted()
+                self._drop(next(iter(self.counted)))
+            entry = self._add(key, Counted())
             self.mark(key)
         return entry
+
+    def _add(self, key: str, entry: Counted) -> Counted:
+        self.counted[key] = entry
+        partition_id = self.home_of(key)
+        if partition_id is not None:
+            self._placed().setdefault(partition_id, set()).add(key)
+        return entry
+
+    def _drop(self, key: str) -> None:
+        """``key`` forgotten: its home's blob is written without it."""
+        del self.counted[key]
+        partition_id = self.home_of(key)
+        if partition_id is not None:
+            self._placed().get(partition_id, set()).discard(key)
+            self._dirty.add(partition_id)
+
+    def _placed(self) -> dict[str, set[str]]:
+        """``_by_home``, placed again when the partition count changed (a hub's partitions are added, rarely)."""
+        side = self._hubs.get(self.role or "")
+        count = side.partitions() if side is not None else None
+        if count != self._placed_for:
+            self._placed_for, self._by_home = count, {}
+            for key in self.counted:
+                partition_id = self.home_of(key)
+                if partition_id is not None:
+                    self._by_home.setdefault(partition_id, set()).add(key)
+        return self._by_home
 
     def mark(self, key: str) -> None:
         partition_id = self.home_of(key)
@@ -93,22 +123,22 @@ class Homes:
                 entry.gone_at = now
                 self.mark(key)
             elif entry.gone_at + self._expiry <= now:
-                del self.counted[key]
-                self.mark(key)
+                self._drop(key)
 
     # ------------------------------------------------------------------ a home partition's blob
 
     def of_partition(self, partition_id: str) -> dict[str, Counted]:
         """What its blob keeps: the counting of the EventIds homed there."""
-        return {key: entry for key, entry in self.counted.items() if self.home_of(key) == partition_id}
+        return {key: self.counted[key] for key in self._placed().get(partition_id, ())}
 
     def restore(self, counted: Mapping[str, Counted]) -> None:
         for key, entry in counted.items():
-            self.counted.setdefault(key, entry)
+            if key not in self.counted:
+                self._add(key, entry)
 
     def release(self, partition_id: str) -> None:
         """Its EventIds' counting is the next owner's, from the blob."""
-        for key in [key for key in self.counted if self.home_of(key) == partition_id]:
+        for key in self._placed().pop(partition_id, set()):
             del self.counted[key]
         self._dirty.discard(partition_id)
 
