@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from se_exporter.fleet import collector
 from se_exporter.fleet.message import Imds, VmState
 from se_exporter.fleet.platform import PlatformPicture, PlatformRecord, Reconciler, ReconcileSettings, read_platform
+from se_exporter.fleet.platform.counting import Counted, top_up
 from se_exporter.fleet.platform.coverage import Coverage
 from se_exporter.fleet.platform.exposition import render_platform
 from tests.fleet.platform_helpers import MAX, T0, body, grid, vm
@@ -110,6 +111,7 @@ class Fleet:
         self.missed: list[tuple[str, str]] = []  # (event_type, reason), as Reconciliation.missed counts them
         self.unannounced: list[str] = []
         self.lags: list[float] = []
+        self._counted: dict[str, Counted] = {}
         self._apply(picture, [(event_id, "Scheduled") for event_id in EVENTS], T0 + 5)
         self._reconcile(reconciler, picture.records(), _vms(T0 + 90, early=True), T0 + 90)
         self._apply(picture, [(event_id, status) for event_id, (*_, times) in EVENTS.items() for status in times
@@ -123,10 +125,14 @@ class Fleet:
             assert read is not None
             for event in read.events:
                 applied = picture.apply(event, now)
-                self.statuses += [(event_id, event.event_type, learnt) for learnt in applied.statuses]
-                if applied.impact_seconds > 0:
-                    self.impact.append((event_id, event.event_type, event.scope_name, event.location,
-                                        applied.impact_seconds))
+                # What the EventId's home adds for it (``counting.top_up``; one picture here, so its record).
+                for increment in top_up(self._counted.setdefault(event_id, Counted()), applied.record) \
+                        if applied.record else ():
+                    if increment.counter == "platform_events":
+                        self.statuses.append((event_id, event.event_type, increment.labels[1]))
+                    elif increment.counter == "impact_seconds":
+                        self.impact.append((event_id, event.event_type, event.scope_name, event.location,
+                                            increment.amount))
 
     def _reconcile(self, reconciler: Reconciler, records: list[PlatformRecord], vms: list[VmState],
                    now: float) -> tuple[Coverage, ...]:

@@ -159,8 +159,10 @@ class FleetMetrics:
         self.platform_last_applied = Gauge(f"{FLEET}_platform_last_applied_timestamp_seconds", "When this replica "
                                            "last applied a platform message, as unix time (0: not yet).",
                                            registry=registry)
-        self.platform_duplicates = Counter(f"{FLEET}_platform_duplicates", "Platform messages dropped: Event Grid "
-                                           "delivered the same id again.", registry=registry)
+        self.platform_duplicates = Counter(f"{FLEET}_platform_duplicates", "Platform messages Event Grid delivered "
+                                           "again (the same id, on any partition), beyond the first: counted by the "
+                                           "EventId's home replica once it has read that partition's picture.",
+                                           registry=registry)
         self.missed_events = Counter(f"{FLEET}_missed_events", "Affected VMs of platform events whose sidecar did not "
                                      "list them, each VM and EventId once, by why.", ["event_type", "reason"],
                                      registry=registry)

@@ -161,7 +161,7 @@ FLEET_OPTIONS: tuple[Option, ...] = (
     Option("platform_consumer_group", "--platform-consumer-group", parse_consumer_group,
            "consumer group to read the platform's event hub with (default $Default)", "GROUP"),
     Option("platform_retention", "--platform-retention", PLATFORM_RETENTION,
-           f"how long a platform event stays listed after it completed or was canceled (default "
+           f"how long a platform event stays listed after its end (Completed or Canceled) was read (default "
            f"{DEFAULT_PLATFORM_RETENTION:g})", "SECONDS"),
     Option("reconcile_grace", "--reconcile-grace", RECONCILE_GRACE,
            f"how long after the platform announced an event a live sidecar may take to list it before it counts as "

@@ -5,16 +5,21 @@ fleet service and its blobs (in memory), as ``test_platform_service.py`` drives 
 from __future__ import annotations
 
 import itertools
-from collections import Counter as TallyOf
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
-from se_exporter.fleet.platform import PlatformEvent, PlatformPicture, merge
-from se_exporter.fleet.platform.counting import Counted, top_up
+from se_exporter.fleet.collector import FleetMetrics
+from se_exporter.fleet.platform import PlatformEvent, PlatformPicture, counting, merge
+from se_exporter.fleet.platform.counting import COUNTING, Counted, top_up
 from se_exporter.fleet.platform.fields import STATUSES
+from se_exporter.fleet.platform.homes import Homes
+from se_exporter.fleet.platform.hubs import home
+from se_exporter.fleet.report import Report
 from tests.fleet.platform_helpers import T0, body, grid, platform_event
 from tests.fleet.test_platform_service import Replica, homed
 from tests.fleet.test_service import Event, run
@@ -160,7 +165,8 @@ def counted_in(order: tuple[int, ...], messages: list[PlatformEvent], partitions
     """The counters after the messages arrive in ``order`` on their partitions, a round (expire, merge the
     partitions' pictures, top up) after each position ``cuts`` marks and after the last; and the final status."""
     pictures = [PlatformPicture(), PlatformPicture()]
-    counted, totals = Counted(), TallyOf()
+    counted = Counted()
+    totals: dict[tuple[str, tuple[str, ...]], float] = {}
     now = T0 + 10
     for position, index in enumerate(order):
         pictures[partitions[index]].apply(messages[index], now)
@@ -170,14 +176,16 @@ def counted_in(order: tuple[int, ...], messages: list[PlatformEvent], partitions
                 picture.expire(now)
             for record in merge(picture.records() for picture in pictures):
                 for increment in top_up(counted, record):
-                    totals[(increment.counter, increment.labels)] += increment.amount
+                    key = (increment.counter, increment.labels)
+                    totals[key] = totals.get(key, 0.0) + increment.amount
     [record] = merge(picture.records() for picture in pictures)
-    return dict(totals), record.status
+    return totals, record.status
 
 
 def expected(messages: list[PlatformEvent]) -> dict[tuple[str, tuple[str, ...]], float]:
     """The rule's figures, from the set of messages alone."""
-    totals = TallyOf({("platform_events", ("Reboot", status)): 1.0 for status in {m.event_status for m in messages}})
+    totals: dict[tuple[str, tuple[str, ...]], float] = {
+        ("platform_events", ("Reboot", status)): 1.0 for status in {m.event_status for m in messages}}
     started = [m.event_time for m in messages if m.event_status == "Started"]
     completed = [m.event_time for m in messages if m.event_status == "Completed"]
     vms = {name for m in messages for name in m.resources}
@@ -186,7 +194,7 @@ def expected(messages: list[PlatformEvent]) -> dict[tuple[str, tuple[str, ...]],
     copies = len(messages) - len({m.grid_id for m in messages})
     if copies:
         totals[("platform_duplicates", ())] = float(copies)
-    return dict(totals)
+    return totals
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -204,3 +212,50 @@ def test_every_order_and_split_over_rounds_and_partitions_counts_the_same(
         assert totals == want, order
         statuses.add(status)
     assert len(statuses) == 1
+
+
+def test_the_rule_is_stated_in_three_lines_where_users_and_maintainers_read_it() -> None:
+    """COUNTING, word for word, as the numbered rule in docs/platform-stream.md and in counting.py's docstring; the
+    duplicates counter's help says what it counts across partitions."""
+    def flat(text: str) -> str:
+        return " ".join(text.split())
+
+    assert len(COUNTING) == 3
+    docs = flat((Path(__file__).parents[2] / "docs" / "platform-stream.md").read_text(encoding="utf-8"))
+    docstring = flat(counting.__doc__ or "")
+    for number, line in enumerate(COUNTING, 1):
+        assert f"{number}. {line}" in docs and f"{number}. {line}" in docstring, number
+    registry = CollectorRegistry()
+    FleetMetrics(registry)
+    [family] = [family for family in registry.collect() if family.name.endswith("platform_duplicates")]
+    assert "any partition" in family.documentation and "home replica" in family.documentation
+
+
+def test_what_was_counted_is_kept_by_home_partition_through_restore_release_and_forgetting() -> None:
+    """Each home's blob holds exactly the EventIds homed there, whatever was restored, released, forgotten, or the
+    partition count (a hub's partitions added places them again)."""
+    registry = CollectorRegistry()
+    metrics = FleetMetrics(registry)
+    partitions = [4]
+    replica = Replica(partitions=4)
+    homes = Homes({"platform": replica.platform.hubs["platform"]}, metrics, Report(metrics), 100.0)
+    replica.platform.hubs["platform"].partitions = lambda: partitions[0]
+    keys = [f"{index:08x}-0000-0000-0000-000000000000" for index in range(200)]
+    homes.restore({key: Counted() for key in keys[:100]})
+    for key in keys[100:]:
+        homes.remember(key)
+
+    def placed() -> bool:
+        return all(set(homes.of_partition(str(number))) == {key for key in homes.counted
+                                                            if home(key, partitions[0]) == str(number)}
+                   for number in range(partitions[0]))
+
+    assert placed() and len(homes.counted) == 200
+    homes.release("1")
+    assert placed() and homes.of_partition("1") == {} and len(homes.counted) == 200 - sum(
+        home(key, 4) == "1" for key in keys)
+    homes.forget(set(), 0.0)
+    homes.forget(set(keys[:50]), 200.0)  # gone since 0: past the expiry of 100 s, unless listed again
+    assert set(homes.counted) == {key for key in keys[:50] if home(key, 4) != "1"} and placed()
+    partitions[0] = 8
+    assert placed()

@@ -19,9 +19,10 @@ from se_exporter.fleet.consumer import Service
 from se_exporter.fleet.main import partition_vms
 from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.platform.coverage import Reconciler, ReconcileSettings
+from se_exporter.fleet.platform.hubs import Held, home
 from se_exporter.fleet.platform.picture import PlatformLimits
 from se_exporter.fleet.platform.saving import decode_platform, platform_blob_name
-from se_exporter.fleet.platform.service import BURST_MESSAGES, Held, Platform, home
+from se_exporter.fleet.platform.service import BURST_MESSAGES, Platform
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.statestore import MemoryStateStore, Stored
@@ -357,14 +358,15 @@ def test_what_was_counted_of_an_event_goes_when_the_event_is_forgotten() -> None
     replica.now[0] = T0 + GRACE + 1
     replica.gauges()
     [held] = replica.platform.hubs["platform"].held.values()
-    assert held.missed == {(KEY, "web_3"): "missed"} and replica.platform.memory[KEY].missed == {"web_7": "no_sidecar"}
+    counted = replica.platform.homes.counted
+    assert held.missed == {(KEY, "web_3"): "missed"} and counted[KEY].missed == {"web_7": "no_sidecar"}
     run(replica.read(platform("Completed", 3, resources=["web_3", "web_7"])))
     replica.now[0] = T0 + GRACE + 1 + 3600 + 1
     replica.gauges()
-    assert replica.coverage() == {} and held.missed == {} and replica.platform.memory[KEY].gone_at == replica.now[0]
+    assert replica.coverage() == {} and held.missed == {} and counted[KEY].gone_at == replica.now[0]
     replica.now[0] += replica.platform.limits.open_expiry
     replica.gauges()
-    assert KEY not in replica.platform.memory
+    assert KEY not in counted
 
 
 def test_the_events_listed_stay_within_one_pictures_bound_whatever_the_partitions_hold() -> None:

@@ -1,10 +1,11 @@
 """Azure's own copy of the scheduled events (Event Grid): read, folded, reconciled with the sidecars.
 
-The pure core only, a module per step: ``reader`` (with ``fields``: a received message to ``PlatformEvent``
-values, or None when it is not Event Grid's), ``picture`` (per EventId, statuses only moving forward, duplicates
-dropped, retention), ``saved`` (a picture as JSON with named fields and back), ``coverage`` (per EventId and VM:
-observed, missed, imds_unreachable, no_sidecar; and the reverse) and ``exposition`` (the gauges as Prometheus
-text; the counters it documents are fed from the values these return).
+The pure core, a module per step: ``reader`` (with ``fields``: a received message to ``PlatformEvent`` values, or
+None when it is not Event Grid's), ``picture`` (per EventId, statuses only moving forward, duplicates applied once
+and their copies kept, retention), ``counting`` (the once-only rule, ``COUNTING``, and what it adds), ``saved`` (a
+picture as JSON with named fields and back), ``coverage`` (per EventId and VM: observed, missed, imds_unreachable,
+no_sidecar; and the reverse) and ``exposition`` (the gauges as Prometheus text). The fleet's side of it, with I/O:
+``hubs``, ``homes``, ``partitions``, ``saving`` and ``service``.
 
 How a consumer tells the two streams apart, per received message: ``read_platform`` first (a sidecar's document
 costs it one look at the bytes, no parsing); None means not Event Grid's, for ``message.read_message``.

@@ -2,12 +2,13 @@
 
 The rule (``COUNTING``; docs/platform-stream.md says it too):
 
-1. An EventId's figures are a function of the set of its messages merged over every partition (``merge``): each
-   status heard; the earliest Started to the latest Completed times every VM any message named; copies beyond one.
-2. Only its home partition's owner counts it: each counter is topped up to that figure (``top_up``), and what was
-   counted is kept in the home's blob (``Counted``), applied once that blob is written (``service``).
-3. An ended EventId stays --platform-retention from when its end was read, and what was counted of it eight days
-   after it leaves every picture: a message read later adds only what it adds to that.
+1. An EventId's figures are a function of the set of its messages merged over every partition: each status heard
+   (`platform_events_total`); the earliest Started to the latest Completed times every VM any message named
+   (`impact_seconds_total`); deliveries of a message beyond its first (`platform_duplicates_total`).
+2. Only the owner of its home partition counts it, topping each counter up to that figure; what was counted is kept
+   in the home's blob, and an increment is applied once that blob is written.
+3. An ended EventId stays `--platform-retention` from when its end was read (not from its eventTime), and what was
+   counted of it eight days more: a message read later adds only what it adds to that.
 
 Every figure of (1) only grows as messages are added (a status, an earlier Started, a later Completed, a VM, a
 copy), so the counter ends at the figure of all its messages, whatever the order or the rounds they came in
@@ -24,12 +25,13 @@ from typing import Any
 from se_exporter.fleet.platform.picture import PlatformRecord
 
 COUNTING = (
-    "An EventId's figures are a function of all its messages merged over every partition (statuses heard; earliest "
-    "Started to latest Completed times every VM named; copies beyond one).",
-    "Only its home partition's owner counts it, topping each counter up to that figure; what was counted is kept in "
-    "the home's blob, and applied once that blob is written.",
-    "An ended EventId stays --platform-retention from when its end was read, what was counted of it 8 days more: a "
-    "message read later adds only what it adds.",
+    "An EventId's figures are a function of the set of its messages merged over every partition: each status heard "
+    '(`platform_events_total`); the earliest Started to the latest Completed times every VM any message named '
+    '(`impact_seconds_total`); deliveries of a message beyond its first (`platform_duplicates_total`).',
+    'Only the owner of its home partition counts it, topping each counter up to that figure; what was counted is '
+    "kept in the home's blob, and an increment is applied once that blob is written.",
+    'An ended EventId stays `--platform-retention` from when its end was read (not from its eventTime), and what '
+    'was counted of it eight days more: a message read later adds only what it adds to that.',
 )
 
 

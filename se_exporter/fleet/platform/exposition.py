@@ -11,16 +11,15 @@ from the next scrape, with its series; nothing is removed by hand):
 Counters and the histogram are ``collector.FleetMetrics``' (every label value created at zero where the values are a
 closed set), fed by ``service.py`` from what this package returns:
 
-* ``azure_scheduled_fleet_platform_events_total{event_type, event_status}``: ``len(Applied.statuses)`` per
-  ``PlatformPicture.apply`` (every status learnt, once per EventId and status, whatever the order);
-* ``azure_scheduled_fleet_platform_duplicates_total``: each ``Applied.outcome == "duplicate"``;
+* ``azure_scheduled_fleet_platform_events_total{event_type, event_status}``,
+  ``azure_scheduled_fleet_impact_seconds_total{event_type, scope_name, location}`` and
+  ``azure_scheduled_fleet_platform_duplicates_total``: ``counting.top_up`` of each EventId's merged record, by its
+  home's replica (``counting.COUNTING``: the same totals whatever the order and lateness of its messages);
 * ``azure_scheduled_fleet_missed_events_total{event_type, reason}``: ``Reconciliation.missed``, reason in
   ``MISSED_REASONS`` (each VM and EventId once);
 * ``azure_scheduled_fleet_unannounced_events_total{event_type}``: ``Reconciliation.unannounced`` (each EventId once);
 * ``azure_scheduled_fleet_announcement_lag_seconds`` (histogram): ``Reconciliation.lags``, negative when the VM
   knew first (buckets must cover both signs, e.g. -300 ... 3600);
-* ``azure_scheduled_fleet_impact_seconds_total{event_type, scope_name, location}``: ``Applied.impact_seconds``
-  when positive (once per EventId, when Started and Completed are both known);
 * ``azure_scheduled_fleet_invalid_messages_total{reason}``: gains ``PLATFORM_INVALID_REASONS`` (created at zero)
   and counts ``PlatformMessage.skipped`` reasons; ``bound_hits_total{bound}`` gains ``PLATFORM_BOUND_NAMES``,
   ``PICTURE_BOUND_NAMES`` and ``COVERAGE_BOUND_NAMES``.

@@ -1,24 +1,25 @@
 """The platform picture: every scheduled event Azure announced, per EventId, its statuses only moving forward.
 
 No I/O and no clock reads: the consumer hands in each ``PlatformEvent`` and the time, and reads back frozen
-values. Event Grid may deliver a message twice (the same Event Grid ``id``: a duplicate, dropped and counted) and
-in any order, so a record keeps the time of every status it has heard of, and its status is the furthest one:
-Scheduled, then Started, then Completed or Canceled. A Scheduled arriving after Started adds its time and changes
-nothing else, so the statuses and their times after any order of the same messages are the same (``combine``; the
-other fields are the furthest status's message's): a partition's picture can be folded again from its messages,
-and pictures of several partitions merged (``merge``) when one EventId's statuses land on different partitions.
+values. Event Grid may deliver a message twice (the same Event Grid ``id``: a duplicate, applied once, its copies
+kept on the record) and in any order, so a record keeps the earliest time of each open status and the latest of
+each end, and its status is the furthest one: Scheduled, then Started, then Completed or Canceled. ``combine`` is
+commutative and associative (the fields shown are those of the message ``_choice`` orders first), so any order of
+the same messages gives the same record: a partition's picture can be folded again from its messages, and
+pictures of several partitions merged (``merge``) when one EventId's messages land on different partitions.
 
 Event Grid promises that a duplicate repeats the payload and the ``id``; a message is one status of one EventId, so
 a duplicate is the same ``id`` for the same EventId and status (``message_id``): the same ``id`` reused for another
 EventId or status is news and applied, never lost as a "duplicate".
 
-An ended event stays for ``retention`` after its end (its end's eventTime, never later than when it was applied),
-then is forgotten; an event that never ends (its end was lost) is forgotten ``open_expiry`` after its last change.
-A forgotten EventId is remembered a while so a late copy does not bring it back. Everything is bounded
-(``PlatformLimits``; docs/platform-stream.md measures the bytes); each bound reached is reported as the name
-``bound_hits_total{bound}`` counts it under. At the events or VM-names bound, the events that ended here first are
-forgotten to make room for a new EventId (all of them, in order, if that is what it takes: when even that is not
-enough for its VMs, it is refused and they are gone all the same, which only a flood brings about).
+An ended event stays for ``retention`` after its end was read (not its eventTime: an end read late is still listed,
+counted and joined by its other messages), then is forgotten; an event that never ends (its end was lost) is
+forgotten ``open_expiry`` after its last change. A forgotten EventId is remembered a while so a late copy does not
+bring it back. Everything is bounded (``PlatformLimits``; docs/platform-stream.md measures the bytes); each bound
+reached is reported as the name ``bound_hits_total{bound}`` counts it under. At the events or VM-names bound, the
+events that ended here first are forgotten to make room for a new EventId (all of them, in order, if that is what it
+takes: when even that is not enough for its VMs, it is refused and they are gone all the same, which only a flood
+brings about).
 """
 
 from __future__ import annotations
@@ -125,13 +126,10 @@ class PictureState:
 
 @dataclass(frozen=True)
 class Applied:
-    """What applying one event did: ``outcome`` (OUTCOMES), the statuses newly learnt (what
-    ``platform_events_total{event_type, event_status}`` counts), and the impact seconds to add now (once per
-    EventId, when Started and Completed are first both known)."""
+    """What applying one event did: ``outcome`` (OUTCOMES), and the EventId's record after it. What the counters add
+    is not decided here but from the record merged over every partition (``counting.top_up``)."""
 
     outcome: str
-    statuses: tuple[str, ...] = ()
-    impact_seconds: float = 0.0
     record: PlatformRecord | None = None
 
 
@@ -169,23 +167,33 @@ def combine(old: PlatformRecord, new: PlatformRecord, max_resources: int = DEFAU
         times[status] = max(when, known) if status in ENDED else min(when, known)
     ordered = tuple((status, times[status]) for status in STATUSES if status in times)
     first, second = (new, old) if _choice(new) > _choice(old) else (old, new)
-    event = first.event
-    resources = event.resources
-    if second.event.resources != resources or len(resources) > max_resources:
-        union: dict[str, str] = {}  # names compare without case: the first spelling of each is kept
-        for name in (*resources, *second.event.resources):
-            union.setdefault(name.casefold(), name)
-        if len(union) > len(resources) or len(resources) > max_resources:
-            resources = tuple(union.values())[:max_resources]
-    if resources is not event.resources or (event.not_before is None and second.event.not_before is not None) \
-            or (event.duration_seconds is None and second.event.duration_seconds is not None):
-        event = replace(event, resources=resources,
-                        not_before=event.not_before if event.not_before is not None else second.event.not_before,
-                        duration_seconds=event.duration_seconds if event.duration_seconds is not None
-                        else second.event.duration_seconds)
+    event = _completed(first.event, second.event, _union(first.event.resources, second.event.resources,
+                                                          max_resources))
     ends = [when for when in (old.ended_at, new.ended_at) if when is not None]
     return PlatformRecord(event, ordered, min(ends) if event.event_status in ENDED and ends else None,
                           max(old.changed_at, new.changed_at), _copies(old.copies, new.copies))
+
+
+def _union(resources: tuple[str, ...], others: tuple[str, ...], max_resources: int) -> tuple[str, ...]:
+    """Resources of both (names compare without case: the first spelling of each is kept), at most
+    ``max_resources``; ``resources`` itself when that adds nothing."""
+    if others == resources and len(resources) <= max_resources:
+        return resources
+    union: dict[str, str] = {}
+    for name in (*resources, *others):
+        union.setdefault(name.casefold(), name)
+    if len(union) > len(resources) or len(resources) > max_resources:
+        return tuple(union.values())[:max_resources]
+    return resources
+
+
+def _completed(event: PlatformEvent, other: PlatformEvent, resources: tuple[str, ...]) -> PlatformEvent:
+    """``event`` with ``resources``, and NotBefore and DurationInSeconds from ``other`` where it has none."""
+    not_before = event.not_before if event.not_before is not None else other.not_before
+    duration = event.duration_seconds if event.duration_seconds is not None else other.duration_seconds
+    if resources is event.resources and not_before is event.not_before and duration is event.duration_seconds:
+        return event
+    return replace(event, resources=resources, not_before=not_before, duration_seconds=duration)
 
 
 MAX_COPIES = 16  # messages per EventId whose deliveries are counted (a real event has one per status: four at most)
@@ -273,17 +281,14 @@ class PlatformPicture:
             if held is None:  # one status known: no impact yet
                 self._records[event.key] = new
                 self._vms += len(event.resources)
-                return Applied("applied", (event.event_status,), 0.0, new)
+                return Applied("applied", new)
             new = self._within_room(held, new)
             repeat = held.time_of(event.event_status) is not None
             merged = combine(held, replace(new, changed_at=held.changed_at) if repeat else new,
                              self.limits.resources_per_event)
             self._records[event.key] = merged
             self._vms += len(merged.event.resources) - len(held.event.resources)
-            if repeat:
-                return Applied("repeat", (), 0.0, merged)
-            impact = merged.impact_seconds if held.impact_seconds is None else None
-            return Applied("applied", (event.event_status,), impact or 0.0, merged)
+            return Applied("repeat" if repeat else "applied", merged)
 
     def _duplicate(self, held: PlatformRecord | None, seen: str) -> bool:
         """A message folded in already: one more copy of it on its record (one past MAX_COPIES is not counted)."""

@@ -231,23 +231,11 @@ def _common_event(item: Mapping[str, Any], enqueued_at: float, bounds: PlatformB
     reads field by field. For what it accepts both build the same event (``test_platform_reader.py`` proves it);
     this one is what keeps a burst of platform messages cheap (``scripts/fleet_bench.py --platform``). An error it
     raises (``arm_scope``, ``event_status``) is the one ``_event`` would raise: every check before is stricter."""
-    if item.get("eventType") != EVENT_TYPE or "specversion" in item:
+    found = _common_fields(item)
+    if found is None:
         return None
-    data = item.get("data")
-    info = data.get("resourceInfo") if isinstance(data, dict) else None
-    props = info.get("properties") if isinstance(info, dict) else None
-    if not isinstance(info, dict) or not isinstance(props, dict):
-        return None
-    texts = (item.get("id"), props.get("EventId"), props.get("EventType"), props.get("EventSource"),
-             props.get("ResourceType"), info.get("location"))
-    for text in texts:
-        if type(text) is not str or len(text) > MAX_TEXT or not (text.isascii() and text.isprintable()):
-            return None
-    grid_id, event_id, event_type, event_source, resource_type, location = cast("tuple[str, ...]", texts)
-    description = props.get("Description", "")
-    if not (grid_id.strip() and event_id.strip()) or type(description) is not str \
-            or len(description) > MAX_DESCRIPTION or not (description.isascii() and description.isprintable()):
-        return None
+    info, props, texts = found
+    grid_id, event_id, event_type, event_source, resource_type, location, description = texts
     scope = arm_scope(info.get("id"), item.get("subject"))
     status = event_status(props.get("EventStatus"))
     warnings: list[str] = []
@@ -266,6 +254,28 @@ def _common_event(item: Mapping[str, Any], enqueued_at: float, bounds: PlatformB
         resources=resources, scope_type=scope[0], scope_name=scope[1], subscription_id=scope[2],
         resource_group=scope[3], location=location, event_time=when, not_before=before, duration_seconds=seconds,
         description=description, schema="eventgrid")
+
+
+def _common_fields(item: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any], tuple[str, ...]] | None:
+    """resourceInfo, its properties and the text fields of an event as Event Grid sends it today (see
+    ``_common_event``), or None."""
+    if item.get("eventType") != EVENT_TYPE or "specversion" in item:
+        return None
+    data = item.get("data")
+    info = data.get("resourceInfo") if isinstance(data, dict) else None
+    props = info.get("properties") if isinstance(info, dict) else None
+    if not isinstance(info, dict) or not isinstance(props, dict):
+        return None
+    texts = (item.get("id"), props.get("EventId"), props.get("EventType"), props.get("EventSource"),
+             props.get("ResourceType"), info.get("location"))
+    for text in texts:
+        if type(text) is not str or len(text) > MAX_TEXT or not (text.isascii() and text.isprintable()):
+            return None
+    description = props.get("Description", "")
+    if not (cast("str", texts[0]).strip() and cast("str", texts[1]).strip()) or type(description) is not str \
+            or len(description) > MAX_DESCRIPTION or not (description.isascii() and description.isprintable()):
+        return None
+    return info, props, (*cast("tuple[str, ...]", texts), description)
 
 
 def _data(item: Mapping[str, Any], schema: str) -> Mapping[str, Any]:

@@ -4,12 +4,12 @@
 
     {"format": 1, "partition_id": "3", "sequence_number": 4711,
      "picture": {"records": [...], "ids": [...], "forgotten": [...]},
-     "counted": [{"key": ..., "statuses": ["Scheduled", ...], "impact": true, "missed": {vm: reason, ...},
-                  "lag": [vm, ...], "unannounced": false}, ...],
+     "counted": [{"key": ..., "statuses": ["Scheduled", ...], "impact": 600.0, "duplicates": 0,
+                  "missed": {vm: reason, ...}, "lag": [vm, ...], "unannounced": false, "gone_at": null}, ...],
      "pairs": [{"key": ..., "vm": ..., "missed": reason or null, "lag": true}, ...],
      "judged": {"keys": [key, ...], "alive": {key: [vm, ...], ...}, "listed": {key: event_type, ...}}}
 
-``counted`` holds what this replica counted of the EventIds whose home is this partition (``service.home``), and
+``counted`` holds what this replica counted of the EventIds whose home is this partition (``hubs.home``), and
 ``pairs`` what it counted of the VMs of this partition, so a restart or a hand-over does not count them again; a
 miss's reason is kept too, since an ended event keeps the coverage decided while it was open and IMDS no longer
 shows anything to decide it again from. ``judged`` is what its owner judged, for the EventIds' homes. Written like

@@ -1,0 +1,161 @@
+"""One hub's platform side as the consumer sees it: ``consumer.FirstReader`` (claim, handle, release) and
+``persistence.Beside`` (the partition's platform blob, written before its VM state and so before the checkpoint).
+
+A claim restores the partition's picture (and, for a home, what was counted) before it is read: platform messages
+at or below its position are replayed ones. Only ``Platform``'s public side is used.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from azure.eventhub.aio import PartitionContext
+
+from se_exporter.core.retry import backoff
+from se_exporter.fleet.message import InvalidMessage
+from se_exporter.fleet.platform.hubs import Held, HubSide
+from se_exporter.fleet.platform.picture import PictureState, PlatformPicture
+from se_exporter.fleet.platform.reader import read_platform
+from se_exporter.fleet.platform.saving import decode_platform, encode_platform, platform_blob_name
+from se_exporter.infra.azure.clients import describe
+from se_exporter.infra.logs import fields
+
+if TYPE_CHECKING:
+    from se_exporter.fleet.platform.service import Platform
+
+log = logging.getLogger("se_exporter.fleet")
+RESTORE_RETRY_MAX = 30.0
+_EMPTY = PictureState((), (), ())
+
+
+class PlatformReader:
+    """One hub's platform side, as ``consumer.Service.first_reader`` and ``persistence.Keeper.beside``."""
+
+    def __init__(self, platform: Platform, side: HubSide) -> None:
+        self._platform = platform
+        self._side = side
+
+    # ------------------------------------------------------------------ consumer.FirstReader
+
+    async def claim(self, context: PartitionContext) -> None:
+        """Restore the partition's picture (and, for a home, what was counted) before it is read; retried while
+        the storage refuses, as the VM state is."""
+        partition_id, side, platform = context.partition_id, self._side, self._platform
+        side.prefix = (context.fully_qualified_namespace, context.eventhub_name, context.consumer_group)
+        side.store.name(partition_id, platform_blob_name(*side.prefix, partition_id))
+        side.forget_peer(partition_id)
+        failures = 0
+        while True:
+            try:
+                data = await side.store.fetch(partition_id)
+                break
+            except Exception as error:
+                platform.metrics.errors.labels("state_read").inc()
+                platform.report.once(f"platform-restore:{side.role}:{partition_id}", logging.WARNING,
+                                      "partition %s: cannot read its platform picture (%s); retrying before reading "
+                                      "it", partition_id, describe(error))
+                failures += 1
+                await platform.sleep(backoff(failures, 1.0, RESTORE_RETRY_MAX))
+        held = side.held[partition_id] = Held()
+        if data is None:
+            return
+        loaded = decode_platform(data, partition_id)
+        if loaded.damaged is not None:
+            platform.metrics.state_damaged.labels(loaded.damaged).inc()
+            platform.report.once(f"platform-damaged:{partition_id}", logging.ERROR,
+                                  "partition %s: the stored platform picture is damaged (%s); starting it from the "
+                                  "partition's checkpoint alone", partition_id, loaded.problem,
+                                  extra=fields(partition_id=partition_id, reason=loaded.damaged))
+            return
+        if loaded.rows:
+            platform.metrics.state_damaged.labels("row").inc(loaded.rows)
+        held.restored = loaded.position
+        held.missed, held.lags, held.judged = loaded.missed, loaded.lags, loaded.judged
+        if loaded.state is not None and (loaded.state.records or loaded.state.ids or loaded.state.forgotten):
+            held.picture = PlatformPicture.restored(loaded.state, platform.limits)
+        if side.role == platform.homes.role:
+            platform.homes.restore(loaded.memory)
+        log.info("partition %s: platform picture restored: %d events", partition_id,
+                 len(loaded.state.records) if loaded.state else 0, extra=fields(partition_id=partition_id))
+
+    def handle(self, partition_id: str, sequence_number: int, body: bytes, enqueued: float) -> str | None:
+        platform = self._platform
+        read = read_platform(body, platform.max_bytes, enqueued)  # InvalidMessage: counted by the Service
+        if read is None:
+            return None
+        if self._side.role == "sidecar" and "platform" in platform.hubs:
+            # Every VM may send to the sidecars' hub: Azure's copy is believed only from the hub Event Grid
+            # delivers to, or a compromised VM could end a real event early or announce one naming every VM.
+            raise InvalidMessage("platform_on_sidecars_hub", "an Event Grid event on the sidecars' hub, while "
+                                 "--platform-eventhub-* names the platform's own: not applied")
+        held = self._side.held.get(partition_id) or self._side.held.setdefault(partition_id, Held())
+        if held.restored is not None and sequence_number <= held.restored:
+            return "replayed"
+        metrics, report = platform.metrics, platform.report
+        for reason, line in read.skipped:
+            metrics.invalid.labels(reason).inc()
+            report.once(f"invalid:{reason}", logging.WARNING, "platform message partly skipped (partition %s, "
+                        "sequence number %d): %s", partition_id, sequence_number, line,
+                        extra=fields(reason=reason, partition_id=partition_id))
+        for bound in read.bounds:
+            report.bound_hit(bound)
+        if read.warnings:
+            metrics.warnings.labels("platform_event").inc(len(read.warnings))
+        if held.picture is None:
+            held.picture = PlatformPicture(platform.limits)
+        picture, now = held.picture, platform.clock()
+        before = picture.bound_hits.copy()
+        for event in read.events:
+            picture.apply(event, now)  # a duplicate is counted by its EventId's home, from the merged record
+        if picture.bound_hits != before:  # rarely: one comparison in C per message, not a loop over the bounds
+            platform.report_bounds(picture, before)
+        held.changes += 1
+        platform.note_applied()
+        return "platform"
+
+    def release(self, partition_id: str) -> None:
+        side, platform = self._side, self._platform
+        side.held.pop(partition_id, None)
+        side.store.forget(partition_id)
+        if side.role == platform.homes.role:  # its EventIds' counting is the next owner's, from the blob
+            platform.homes.release(partition_id)
+
+    # ------------------------------------------------------------------ persistence.Beside
+
+    def dirty(self, partition_id: str) -> bool:
+        held = self._side.held.get(partition_id)
+        homes = self._platform.homes
+        return (held is not None and held.changes != held.written) or (
+            self._side.role == homes.role and homes.dirty(partition_id))
+
+    def prepare(self, partition_id: str, position: int) -> Callable[[], Awaitable[bool]] | None:
+        side, platform = self._side, self._platform
+        held = side.held.get(partition_id)
+        if held is None or not self.dirty(partition_id):
+            return None
+        homes = platform.homes
+        memory = homes.of_partition(partition_id) if side.role == homes.role else {}
+        state = held.picture.state() if held.picture is not None else _EMPTY
+        data = encode_platform(partition_id, position, state, memory, held.missed, held.lags, held.judged)
+        changes, pending = held.changes, held.pending
+        held.pending = []
+        homes.written(partition_id, True)
+
+        async def write() -> bool:
+            written = False
+            try:
+                written = await side.store.save(partition_id, data, position)
+            finally:
+                if written:
+                    held.written = changes
+                    for apply in pending:  # remembered in the blob now: counted here, and never by a next owner
+                        apply()
+                else:  # written by a later round (or dropped with the partition, for its next owner to count)
+                    held.pending[:0] = pending
+                    if side.role == homes.role and memory:
+                        homes.written(partition_id, False)
+            return written
+
+        return write
