@@ -170,7 +170,9 @@ def test_default_node_pods_match_the_sidecar() -> None:
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     variables = env(container)
     assert variables["SE_EXPORTER_LISTEN"] == f":{DEFAULT_PORT}"
-    assert set(variables) <= {o.env for o in RUN_OPTIONS}
+    # K8S_NODE_NAME is no option: the sidecar reads it as OpenTelemetry does (k8s.node.name, from the downward API).
+    assert set(variables) <= {o.env for o in RUN_OPTIONS} | {"K8S_NODE_NAME"}
+    assert container_env_from_field(container, "K8S_NODE_NAME") == "spec.nodeName"
     assert not any(name.startswith("SE_EXPORTER_EVENTHUB") for name in variables)
     assert {m["mountPath"] for m in container["volumeMounts"]} == {variables["SE_EXPORTER_STATE_DIR"]}
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -456,3 +458,11 @@ def test_an_image_must_be_given() -> None:
     """Without image.repository the chart refuses to render and says how to build and push one."""
     with pytest.raises(HelmFailed, match=r"image.repository is empty: build and push the image first \(make image"):
         run_helm(["template", "se-exporter"])
+
+
+def container_env_from_field(container: dict[str, Any], name: str) -> str | None:
+    """The downward-API field an environment variable of a container is set from."""
+    for item in container["env"]:
+        if item["name"] == name:
+            return str(item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath"))
+    return None

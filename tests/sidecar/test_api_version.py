@@ -85,9 +85,9 @@ def test_auto_uses_the_newest_version_where_it_is_served_and_shows_the_recommend
     assert asked(sim) == [NEWEST]
     assert build_version(registry) == NEWEST
     assert registry.get_sample_value("azure_scheduled_events_pending", {
-        "event_type": "SpotRebalanceRecommendation", "event_status": "Scheduled"}) == 1.0
+        "event_type": "SpotRebalanceRecommendation", "event_status": "Scheduled", "affects_this_vm": "true"}) == 1.0
     assert registry.get_sample_value("azure_scheduled_events_transitions_total", {
-        "event_type": "SpotRebalanceRecommendation", "transition": "scheduled"}) == 1.0
+        "event_type": "SpotRebalanceRecommendation", "transition": "scheduled", "affects_this_vm": "true"}) == 1.0
 
 
 def test_a_404_falls_back_within_the_same_poll_and_is_said_once(
