@@ -3,7 +3,7 @@
 {
   _config+:: {
     // The scrape jobs: the sidecars' (SeExporterDown) and the fleet consumer's (SeExporterFleetConsumerDown, ...Blind).
-    sidecarJobSelector: 'job=~".*se-exporter.*"',
+    sidecarJobSelector: 'job=~".*se-exporter.*", job!~".*se-exporter-fleet.*"',
     fleetJobSelector: 'job=~".*se-exporter-fleet.*"',
 
     // Event types that take the VM away (memory lost, or the VM deleted); a Freeze only pauses it.

@@ -159,6 +159,8 @@ CASES: list[promtool.Case] = [
     ("SeExporterDown", named({f"up{{{BASE}}}": "1 0 0 0 0"}, "1 stale"), "4m", [(NAMED, 0)]),
     ("SeExporterDown", named({f"up{{{BASE}}}": "0 0 0 0"}), "1m", []),  # not for 2 minutes yet
     ("SeExporterDown", named({f"up{{{BASE}}}": "1 1 1 1"}), "3m", []),
+    ("SeExporterDown",  # a fleet replica down is the fleet's alert, not a VM whose maintenance is invisible
+     {'up{job="se-exporter-fleet", instance="fleet-0:10170"}': "1 0 0 0 0"}, "4m", []),
     ("SeExporterImdsFailing", named({f"azure_scheduled_events_up{{{BASE}}}": "0 0 0 0"}), "3m", [(NAMED, 0)]),
     ("SeExporterImdsFailing", named({f"azure_scheduled_events_up{{{BASE}}}": "0 0 1 1"}), "3m", []),
     ("SeExporterStale",
