@@ -83,6 +83,7 @@ def run_families() -> list[Metric]:
     from se_exporter.sidecar.metrics import NAMESPACE, Metrics  # noqa: PLC0415
     from se_exporter.sidecar.settings import Settings  # noqa: PLC0415
     from se_exporter.sidecar.sinks.forward import ForwardMetrics  # noqa: PLC0415
+    from se_exporter.sidecar.sinks.otel_events import EventLogSink  # noqa: PLC0415
     from se_exporter.sidecar.sinks.tracing import TracingSink  # noqa: PLC0415
     from se_exporter.sidecar.snapshot import Snapshot  # noqa: PLC0415
 
@@ -99,8 +100,7 @@ def run_families() -> list[Metric]:
     http_server.rejection_counter(registry, NAMESPACE)
     with processwide.restored():  # the sink turns the exporters' loggers down; leave them as they were
         TracingSink(Settings(otel_traces_exporter="console").tracing, None, registry).shutdown()
-        from se_exporter.sidecar.sinks.otel_events import make_event_logs  # noqa: PLC0415  (loads the logs SDK)
-        make_event_logs(Settings(otel_logs_exporter="console").tracing, registry).shutdown()
+        EventLogSink(Settings(otel_logs_exporter="console").tracing, registry).shutdown()
     return list(registry.collect())
 
 
