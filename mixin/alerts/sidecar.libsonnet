@@ -60,8 +60,8 @@ local lib = import '../lib.libsonnet';
         (azure_scheduled_event_started_timestamp_seconds
            - on(job, instance, event_id, event_type) azure_scheduled_event_first_seen_timestamp_seconds) == 0
           and on(job, instance, event_id)
-        azure_scheduled_event_info{event_status="Started", event_source!="User", %(mine)s}
-      ||| % { mine: mine }, c),
+        azure_scheduled_event_info{event_type=~"%(types)s", event_status="Started", event_source!="User", %(mine)s}
+      ||| % { types: c.impactfulTypes, mine: mine }, c),
       '{{ $labels.event_type }} with no notice on %s: host failure' % lib.machine,
       |||
         Event {{ $labels.event_id }} was already Started when se-exporter first saw it on VM {{ $labels.vm_name }}:

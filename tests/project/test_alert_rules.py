@@ -110,6 +110,10 @@ CASES: list[promtool.Case] = [
             event("azure_scheduled_event_first_seen_timestamp_seconds", "E4", "Reboot"): "1000 1000",
             info("E4", "Reboot", "Started").replace('event_source="Platform"', 'event_source="User"'): "1 1"}),
      "1m", []),
+    ("SeExporterHostFailure",  # a Freeze already Started when a sidecar (restarted without its state) first sees it
+     named({event("azure_scheduled_event_started_timestamp_seconds", "E2", "Freeze"): "1000 1000",
+            event("azure_scheduled_event_first_seen_timestamp_seconds", "E2", "Freeze"): "1000 1000",
+            info("E2", "Freeze", "Started"): "1 1"}), "1m", []),
     # Freezes: only a long one warns, and pages only on a VM marked latency-sensitive; a short one is recorded.
     ("SeExporterLongFreeze",
      named({event("azure_scheduled_event_duration_seconds", "E2", "Freeze"): "12 12",
