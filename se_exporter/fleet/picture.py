@@ -289,6 +289,12 @@ class Fleet:
                     self._touch(partition_id, key, True)
         return gone
 
+    def silent(self, partition_id: str, since: float) -> bool:
+        """Whether the partition holds a VM last seen before ``since`` (one the clock would expire)."""
+        with self._lock:
+            state = self._partitions.get(partition_id)
+            return state is not None and any(vm.seen_at < since for vm in state.vms.values())
+
     def vms(self) -> list[VmState]:
         """A consistent list for one scrape, each VM once: should one VM be held by two owned partitions (a hub whose
         partition count grew moves keys; a hand-over), the one seen last is shown. Its series would otherwise be
