@@ -129,7 +129,7 @@ def total(text: bytes, name: bytes) -> float | None:
 
 
 VM_ID = re.compile(rb'vm_id="([^"]*)"')
-WAVE_VM = re.compile(rb'vm_id="([^"]*)"[^\n]*event_id="' + WAVE_EVENT)
+WAVE_VM = re.compile(rb'vm_id="([^"]*)"[^\n]*event_id="' + WAVE_EVENT.lower())  # the fleet labels EventIds lower-cased
 
 
 @dataclass

@@ -28,9 +28,9 @@ FLEET = "azure_scheduled_fleet"
 VM_LABELS = ["vm_id", "vm_name", "vmss_name", "location"]
 # What the forwarder's classify() says, plus a partition taken over by another replica and a state blob unread.
 ERROR_REASONS = ("timeout", "auth", "connection", "service", "other", "ownership_lost", "state_read")
-# Signs that another replica may have taken an owned partition: its link stolen, its ownership record naming another
-# replica in a load-balancing round, this replica's claim of it refused (``consumer.Service``).
-LOSS_SIGNS = ("link_stolen", "owned_elsewhere", "claim_failed")
+# Signs that another replica has taken an owned partition: its link stolen, as the SDK reports it
+# (``consumer.Service``).
+LOSS_SIGNS = ("link_stolen",)
 # Why a state blob (or part of it) was not used: not gzip'd JSON, JSON of another shape, an older or unknown format,
 # rows out of type or range, a position past the partition's newest event.
 DAMAGE_REASONS = ("unreadable", "wrong_shape", "format", "row", "position")
@@ -93,8 +93,8 @@ class FleetMetrics:
                                   "Signs that an owned partition may have passed to another replica, each hiding its "
                                   "VMs until it is ours again or closed, by sign.", ["sign"], registry=registry)
         self.shown_partitions = Gauge(f"{FLEET}_shown_partitions",
-                                      "Owned partitions whose VMs this replica shows: not one whose receiver is not "
-                                      "attached yet, nor one with a sign of loss.", registry=registry)
+                                      "Owned partitions whose VMs this replica shows: not one not read yet, nor one "
+                                      "whose link was stolen.", registry=registry)
         self.state_damaged = Counter(f"{FLEET}_state_damaged",
                                      "State blobs, or rows of them, not used because they are damaged, by reason.",
                                      ["reason"], registry=registry)

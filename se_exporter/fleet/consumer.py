@@ -9,30 +9,20 @@ event is read: until it is, the partition is not read at all; see ``persistence`
 ``on_close`` (on shutdown a last state and checkpoint are written before the SDK releases ownership;
 when ownership is lost, the partition's VMs are dropped at once).
 
-Hand-overs: each VM on one replica at a time. A claimed partition is held but not shown (``Fleet.show``) until
-its receiver holds the partition; a held partition is hidden at the first sign that another replica may have
-it: its link stolen (``links``, ``on_error``), its ownership record naming another owner in a load-balancing round
-(``on_listed``), its claim refused (``on_claimed``). Hidden, it is still held and written, so a false alarm
-costs a moment of not showing; once a round shows it ours again, a batch or the link watch shows it again; else
-``on_close`` drops it. What remains: between the server attaching the new link (which closes the old one) and the old
-owner reading that close, both may show it (``docs/operations.md`` gives the measured figure).
+Hand-overs: what users query counts distinct VMs (every shipped rule and panel counts distinct ``vm_id``), which
+alone makes a hand-over exact there; the per-replica totals (``vms``, ``pending_vms``, ...) are per replica, and for
+the moment both replicas hold a partition both count it. Beyond that the consumer uses azure-eventhub's public API
+only: a claimed partition is shown from its first batch, hidden when ``on_error`` reports its link stolen, and
+dropped by ``on_close``.
 
-Facts about azure-eventhub (5.15, ``aio/_eventprocessor/event_processor.py`` and
-``aio/_transport/_pyamqp_transport_async.py``) this module is built around:
-- with a checkpoint store the SDK opens every partition as an exclusive receiver (owner level 0), so a replica
-  taking a partition over closes the previous owner's link (``amqp:link:stolen``, reported to ``on_error`` with
-  the partition's context, not fatal, then ``on_close``); duplicates around hand-overs are dropped by sequence;
-- ``EventProcessor._receive`` claims in the checkpoint store, calls ``on_initialize``, and only then has the
-  consumer open its link; the consumer's ``running`` flag is set once the link is attached (``_open`` waits for
-  ``client_ready_async``), so a batch with events comes only over an attached link; the empty batch after
-  ``max_wait_time`` does NOT imply one: its timer starts with the receive call, beside the link's opening, so an
-  empty batch is trusted only when the consumer says ``running`` (``link_attached``), and that flag shows a quiet
-  partition without waiting for its empty batch (``links``);
-- a stolen link's error is on the link as soon as the detach frame is read, a turn or more before the SDK raises
-  it to ``on_error`` (``link_stolen``);
-- a load-balancing round is ``list_ownership`` then ``claim_ownership`` of the records it wants, each carrying
-  this processor's owner id (a release empties it); the store returns only those it won, and the SDK cancels
-  the held partitions it did not win.
+Facts about azure-eventhub (5.15) this module is built around, all of its documented behaviour:
+- with a checkpoint store the SDK opens every partition as an exclusive receiver, so a replica taking a partition
+  over closes the previous owner's link (``amqp:link:stolen``, reported to ``on_error`` with the partition's
+  context, then ``on_close``); duplicates around hand-overs are dropped by sequence;
+- the SDK calls ``on_initialize`` before it reads the partition; the empty batch after ``max_wait_time`` comes
+  whether or not the link is attached (also while this replica's own connection is down and the SDK retries), so
+  an empty batch says nothing about what waits unread: whether a partition is caught up is asked of the hub
+  (``get_partition_properties``) before silence is measured on the clock (``expire_now``).
 
 What the service knows of a partition is one ``Partition``, made on claim and dropped whole on close; the
 state store is passed in (``statestore.StateStore``), so the service is tested against ``MemoryStateStore``.
@@ -43,13 +33,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
 from azure.eventhub import CloseReason, EventData
-from azure.eventhub.aio import PartitionContext
+from azure.eventhub.aio import EventHubConsumerClient, PartitionContext
 from azure.eventhub.amqp import AmqpMessageBodyType
 from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
 
@@ -65,11 +56,11 @@ from se_exporter.fleet.statestore import StateStore, state_blob_name
 from se_exporter.infra.azure.clients import classify, describe
 from se_exporter.infra.logs import fields
 
-__all__ = ["BATCH_SIZE", "EMPTY_BATCH_AFTER", "ObservedCheckpointStore", "Service", "link_attached", "link_stolen"]
+__all__ = ["BATCH_SIZE", "EMPTY_BATCH_AFTER", "NEWEST_TIMEOUT", "ObservedCheckpointStore", "Service", "newest_event"]
 log = logging.getLogger("se_exporter.fleet")
 BATCH_SIZE = 300  # the SDK's default prefetch: one batch drains what one link fetches
 EMPTY_BATCH_AFTER = 1.0  # seconds without events before the SDK says so: the partition is caught up
-LINK_POLL = 0.05  # seconds between looks at the SDK's receiver links (attached, stolen)
+NEWEST_TIMEOUT = 10.0  # seconds for the hub to say a partition's newest event; unanswered, the clock is not trusted
 
 
 class FirstReader(Protocol):
@@ -105,12 +96,10 @@ class Service:
         self.balanced = False
         self.hub_partitions: int | None = None
         self.storage_problem: str | None = None  # why the storage account is not reachable, while it is not
-        self.owner_id: str | None = None  # this processor's id in the ownership records, from its first claim
-        self.doubted: set[str] = set()  # held partitions with a sign of loss: hidden until a round shows them ours
-        # Whether the partition's receiver link is attached right now (None: unknown), or was stolen; see
-        # ``link_attached`` and ``link_stolen``.
-        self.attached: Callable[[str], bool | None] = lambda partition_id: None
-        self.stolen: Callable[[str], bool] = lambda partition_id: False
+        self.doubted: set[str] = set()  # held partitions whose link was stolen: hidden until closed
+        # The partition's newest sequence number as the hub says it now (-1: empty; None: no answer); see
+        # ``newest_event``. Unanswered, no VM expires on the clock.
+        self.newest: Callable[[str], Awaitable[int | None]] = _unknown
         self.first_reader: FirstReader | None = None  # the platform stream's reader (fleet/platform/service.py)
         self._outcomes = {reason: metrics.duplicates.labels(reason) for reason in ("resend", "older")}
 
@@ -145,14 +134,13 @@ class Service:
         if partition is None:
             return
         view = partition.view
-        if not events:  # EMPTY_BATCH_AFTER passed without an event: nothing waits in this partition
-            if self.attached(partition.partition_id) is not False:  # else the receive started, its link not yet
-                self._show(partition.partition_id)
+        if not events:  # EMPTY_BATCH_AFTER passed without an event handed over (the link may be down: see expiry)
+            self._show(partition.partition_id)
             partition.lag_from = None
             view.lag_events, view.lag_seconds = 0.0, 0.0
             return
         if not self._fleet.is_shown(partition.partition_id):  # most batches: shown already, nothing to take
-            self._show(partition.partition_id)  # events come over an attached link only
+            self._show(partition.partition_id)
         if not partition.restored_checked:
             partition.restored_checked = self._check_restored(context)
         outcomes: dict[str, int] = {}  # a plain dict: a Counter's construction and misses cost more, per batch
@@ -265,14 +253,6 @@ class Service:
             seconds = max(0.0, newest[1] - enqueued) if events else 0.0
         return replace(view, lag_events=events, lag_seconds=seconds)
 
-    def caught_up(self, partition: Partition) -> bool:
-        """Whether nothing waited in the partition after its last batch, its link attached now: its lag is 0, from
-        the last batch's last event or left by an empty batch (``_lagged``; unknown before either). Without a link
-        nothing is read, which is not nothing waiting: when this replica's own connection is lost the SDK hands over
-        no batch at all, and the last one said "caught up"; measured on the clock, every VM would expire during the
-        outage. Silence is then measured on the partition's own timeline."""
-        return self.attached(partition.partition_id) is not False and self._lagged(partition).lag_events == 0
-
     async def on_close(self, context: PartitionContext, reason: CloseReason) -> None:
         partition_id = context.partition_id
         partition = self.partitions.get(partition_id)
@@ -303,33 +283,8 @@ class Service:
                           "Event Hubs client error (%s, %s): %s", where, reason, describe(error))
 
     def on_listed(self, ownership: Iterable[Mapping[str, Any]]) -> None:
-        """A load-balancing round read the ownership records: a held partition recorded as another's is hidden;
-        one recorded as ours is no longer in doubt (its next batch shows it)."""
+        """A load-balancing round read the ownership records: the replica is ready (/readyz)."""
         self.balanced = True
-        if self.owner_id is None:  # before this processor's first claim it holds nothing
-            return
-        for record in ownership:
-            partition_id = str(record.get("partition_id"))
-            if partition_id not in self.partitions:
-                continue
-            if record.get("owner_id") == self.owner_id:
-                self.doubted.discard(partition_id)
-            else:
-                self._hide(partition_id, "owned_elsewhere")
-
-    def on_claimed(self, wanted: Iterable[Mapping[str, Any]], won: Iterable[Mapping[str, Any]]) -> None:
-        """A round claimed ``wanted`` and won ``won``: a held partition not won is hidden (the SDK closes it next);
-        one won is no longer in doubt. A release (records with the owner id emptied) says nothing of the others."""
-        owners = {str(record["owner_id"]) for record in wanted if record.get("owner_id")}
-        if not owners:
-            return
-        self.owner_id = min(owners)  # the SDK claims under one id: its processor's
-        claimed = {str(record.get("partition_id")) for record in won}
-        for partition_id in list(self.partitions):
-            if partition_id in claimed:
-                self.doubted.discard(partition_id)
-            else:
-                self._hide(partition_id, "claim_failed")
 
     def _show(self, partition_id: str) -> None:
         if partition_id in self.doubted or not self._fleet.show(partition_id):
@@ -339,7 +294,7 @@ class Service:
                  extra=fields(partition_id=partition_id))
 
     def _hide(self, partition_id: str, sign: str) -> None:
-        if partition_id not in self.partitions or partition_id in self.doubted:  # counted once, at the first sign
+        if partition_id not in self.partitions or partition_id in self.doubted:  # counted once
             return
         self.doubted.add(partition_id)
         self._metrics.loss_signs.labels(sign).inc()
@@ -372,44 +327,45 @@ class Service:
     async def expiry(self, stop: asyncio.Event) -> None:
         every = min(30.0, max(0.2, self._settings.vm_expiry / 4))
         while not await _stopped(stop, every):
-            self.expire_now()
+            await self.expire_now()
 
-    def expire_now(self) -> list[VmState]:
-        """Silence is measured on each partition's own timeline: while a partition is being caught up after an
-        outage, its VMs are old only relative to the events already read, not to the wall clock."""
-        now = self._clock()
-        cutoffs = {}
+    async def expire_now(self) -> list[VmState]:
+        """Forget the VMs silent for --vm-expiry. Silence is measured on each partition's own timeline (the enqueue
+        time of the last event read), and on the clock only up to a moment when the hub itself said nothing waited
+        unread in the partition (its newest sequence number at most the last one handled): every event enqueued
+        before that moment was read, so a VM silent on the clock then was silent on the hub. Neither a backlog after
+        an outage, nor a reconnect not yet followed by its backlog, nor an outage of this replica's own connection
+        (the hub does not answer; the SDK meanwhile hands over empty batches) expires a VM whose heartbeats wait
+        unread. The hub is asked only for partitions holding a VM that the clock would expire."""
+        now, expiry = self._clock(), self._settings.vm_expiry
+        cutoffs: dict[str, float] = {}
+        asking: list[Partition] = []
         for partition_id, partition in list(self.partitions.items()):
-            reference = now if self.caught_up(partition) else partition.handled_at
-            if reference is not None:
-                cutoffs[partition_id] = reference - self._settings.vm_expiry
+            if partition.handled_at is not None:
+                cutoffs[partition_id] = partition.handled_at - expiry
+            if cutoffs.get(partition_id, -math.inf) < now - expiry and self._fleet.silent(partition_id, now - expiry):
+                asking.append(partition)
+        answers = await asyncio.gather(*(self._nothing_waits(partition) for partition in asking))
+        for partition, since in zip(asking, answers, strict=True):
+            if since is not None and self.partitions.get(partition.partition_id) is partition:
+                cutoffs[partition.partition_id] = max(cutoffs.get(partition.partition_id, -math.inf), since - expiry)
         gone = self._fleet.expire(cutoffs)
         if gone:
             self._metrics.expirations.inc(len(gone))
             names = ", ".join(vm.vm_name or vm.key for vm in gone[:20]) + (" ..." if len(gone) > 20 else "")
-            log.warning("%d VMs expired: not heard from for %gs: %s", len(gone), self._settings.vm_expiry, names,
+            log.warning("%d VMs expired: not heard from for %gs: %s", len(gone), expiry, names,
                         extra=fields(expired=len(gone)))
         return gone
 
-    async def links(self, stop: asyncio.Event) -> None:
-        """Follow the SDK's receiver links: show a held partition as soon as its link is attached, rather than at its
-        first batch (on a quiet partition that batch is the empty one, a whole EMPTY_BATCH_AFTER later), and hide one
-        as soon as its link holds a stolen error, rather than when the SDK raises it (``link_stolen``). Polled as
-        often as the SDK itself polls its buffer (50 ms); without the SDK's flags the batches and errors do it.
-        A plain sleep per tick, not ``_stopped``'s wait on the stop event (a task and a timeout each time: most of
-        this watch's cost at 20 ticks a second); the shutdown cancels it."""
-        while not stop.is_set():
-            await asyncio.sleep(LINK_POLL)
-            self.follow_links()
-
-    def follow_links(self) -> None:
-        for partition_id in list(self.partitions):
-            if partition_id in self.doubted:  # hidden already, until closed: nothing to look at
-                continue
-            if self.stolen(partition_id):
-                self._hide(partition_id, "link_stolen")
-            elif not self._fleet.is_shown(partition_id) and self.attached(partition_id):
-                self._show(partition_id)
+    async def _nothing_waits(self, partition: Partition) -> float | None:
+        """A moment (the clock's) at which nothing waited unread in the partition, or None when the hub does not
+        say so (it does not answer, or events wait)."""
+        asked = self._clock()
+        newest = await self.newest(partition.partition_id)
+        if newest is None:
+            return None
+        position = self._fleet.position(partition.partition_id)
+        return asked if newest < 0 or (position is not None and position >= newest) else None
 
     async def watchdog(self, stop: asyncio.Event) -> None:
         while not await _stopped(stop, 1.0):
@@ -428,77 +384,36 @@ class Service:
 
 
 class ObservedCheckpointStore(BlobCheckpointStore):
-    """The official Blob checkpoint store; it also tells the service what each load-balancing round read and won
-    (/readyz: a round went through; hand-overs: ``Service.on_listed``, ``Service.on_claimed``)."""
+    """The official Blob checkpoint store; it also tells the service that a load-balancing round read the
+    ownership records (/readyz: a round went through), through the store's public interface."""
 
     on_listed: Callable[[list[dict[str, Any]]], None] = staticmethod(lambda ownership: None)
-    on_claimed: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] = staticmethod(lambda wanted, won: None)
 
     async def list_ownership(self, *args: Any, **kwargs: Any) -> Iterable[dict[str, Any]]:
         result = list(await super().list_ownership(*args, **kwargs))
         self.on_listed(result)
         return result
 
-    async def claim_ownership(self, ownership_list: Iterable[dict[str, Any]], **kwargs: Any,
-                              ) -> Iterable[dict[str, Any]]:
-        wanted = list(ownership_list)
-        won = list(await super().claim_ownership(wanted, **kwargs))
-        self.on_claimed(wanted, won)
-        return won
 
-
-def link_attached(client: Any) -> Callable[[str], bool | None]:
-    """Whether a partition's receiver link is attached right now, from the SDK's own flag: its consumer's
-    ``running``, set once ``_open`` saw the link attached and cleared when the link closes (azure-eventhub 5.15:
-    ``EventHubConsumerClient._event_processors`` -> ``EventProcessor._consumers[partition_id].running``). Private,
-    so read defensively: None (unknown; the empty batch is then trusted, as before) when the SDK is built
-    otherwise."""
-    def attached(partition_id: str) -> bool | None:
-        consumer = _consumer(client, partition_id)
-        if consumer is _UNKNOWN:
+def newest_event(client: EventHubConsumerClient, timeout: float = NEWEST_TIMEOUT,
+                 ) -> Callable[[str], Awaitable[int | None]]:
+    """The partition's newest sequence number as the hub says it now (``get_partition_properties``; -1 when the
+    partition is empty), or None when it does not answer within ``timeout``: the expiry then trusts no clock."""
+    async def newest(partition_id: str) -> int | None:
+        try:
+            properties = await asyncio.wait_for(client.get_partition_properties(partition_id), timeout)
+        except Exception as error:  # an outage: silence is then measured on the partition's own timeline
+            log.debug("partition %s: the hub did not say its newest event: %s", partition_id, describe(error))
             return None
-        running = getattr(consumer, "running", False) if consumer is not None else False
-        return running if isinstance(running, bool) else None
+        if properties.get("is_empty"):
+            return -1
+        sequence = properties.get("last_enqueued_sequence_number")
+        return int(sequence) if isinstance(sequence, int) else None
 
-    return attached
-
-
-def link_stolen(client: Any) -> Callable[[str], bool]:
-    """Whether a partition's receiver link was closed as stolen (another receiver attached), as soon as its detach
-    frame is read: the link keeps the error (``_handler._link._error.condition``, ``amqp:link:stolen``) from the
-    moment the shared connection reads that frame, while the SDK raises it to ``on_error`` only at that consumer's
-    next turn on the connection (each turn waits up to the socket timeout, 0.2 s: measured 0.25-0.5 s later with 4
-    partitions). False when unknown."""
-    def stolen(partition_id: str) -> bool:
-        try:  # every tick, nearly every link: no error, and nothing further to read (a try costs nothing then)
-            error = _consumer(client, partition_id)._handler._link._error
-        except AttributeError:  # no consumer (None, _UNKNOWN), handler or link (yet), or an SDK built otherwise
-            return False
-        if error is None:
-            return False
-        condition = getattr(error, "condition", None)
-        value = getattr(condition, "value", condition)  # ErrorCondition.LinkStolen, or the frame's own bytes
-        text = value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
-        return "link:stolen" in text
-
-    return stolen
+    return newest
 
 
-_UNKNOWN = object()
-
-
-def _consumer(client: Any, partition_id: str) -> Any:
-    """The SDK's consumer of the partition (None: none receives it; _UNKNOWN: the SDK is built otherwise)."""
-    processors = getattr(client, "_event_processors", None)
-    if not isinstance(processors, dict):
-        return _UNKNOWN
-    for processor in processors.values():  # no await in between: the SDK cannot change it meanwhile
-        consumers = getattr(processor, "_consumers", None)
-        if not isinstance(consumers, dict):
-            return _UNKNOWN
-        consumer = consumers.get(partition_id)
-        if consumer is not None:
-            return consumer
+async def _unknown(partition_id: str) -> int | None:
     return None
 
 

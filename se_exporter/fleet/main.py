@@ -44,8 +44,7 @@ from se_exporter.fleet.consumer import (
     EMPTY_BATCH_AFTER,
     ObservedCheckpointStore,
     Service,
-    link_attached,
-    link_stolen,
+    newest_event,
 )
 from se_exporter.fleet.message import VmState
 from se_exporter.fleet.picture import Fleet
@@ -271,7 +270,7 @@ def _readings(settings: FleetSettings, metrics: FleetMetrics, platform: Platform
         reader = platform.reader(hub.role, fleet, StateBlobs(container), _partitions_of(service), StateBlobs(container),
                                  partition_vms(service, fleet))
         service.first_reader, service.keeper.beside = reader, reader
-        store.on_listed, store.on_claimed = service.on_listed, service.on_claimed
+        store.on_listed = service.on_listed
         readings.append(HubReading(hub, fleet, service, store))
     return readings
 
@@ -404,11 +403,10 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         cleanup.callback(server.server_close)
         for reading in readings:
             reading.client = consumer_client(settings, reading.store, shared, reading.hub)
-            reading.service.attached = link_attached(reading.client)
-            reading.service.stolen = link_stolen(reading.client)
+            reading.service.newest = newest_event(reading.client)
         registry.register(PartitionCollector(lambda: _views(readings), lambda: _hub_partitions(services)))
         helpers = [asyncio.create_task(work(stop)) for service in services
-                   for work in (service.checkpoints, service.expiry, service.watchdog, service.links)]
+                   for work in (service.checkpoints, service.expiry, service.watchdog)]
         helpers.extend(asyncio.create_task(_count_partitions(reading.client, reading.service, stop))
                        for reading in readings if reading.client is not None)
         helpers.append(asyncio.create_task(platform.run(stop, min(RECONCILE_EVERY, settings.checkpoint_interval))))

@@ -258,7 +258,9 @@ def fleet_events(document: Document, vm_name: str, bounds: Bounds = DEFAULT_BOUN
     events: list[FleetEvent] = []
     hit: list[str] = []
     for event in document.events:
-        fields = (printable(event.event_id), printable(event.event_type), printable(event.event_status),
+        # The EventId in the core's one canonical case (``event_key``): one GUID spelt in two cases by two VMs is
+        # one event, one series of both VMs, on every replica.
+        fields = (printable(event.key), printable(event.event_type), printable(event.event_status),
                   printable(event.event_source or "unknown"))
         if any(len(text) > MAX_TEXT for text in fields):
             hit.append("label_length")

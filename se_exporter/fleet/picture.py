@@ -12,6 +12,15 @@ another installation of the same VM (its state directory was lost, or the VM rei
 sequence is further than the window from the current one, replaces the current one: the partition's
 order decides then. The window is what keeps a forged sequence of 2**62 under a VM's own installation id
 from making that VM's real documents count as older for ever: they are applied again at once.
+
+Identity. A sidecar that does not know its vm_id yet sends under its name (the key is then ``vm_name``, on the
+partition the name hashes to), and under its vm_id once known (another key, perhaps another partition). One
+installation of a sidecar is one VM, so a VM heard by name and then by vm_id is one VM from the moment its vm_id is
+known: an entry keyed by name (no vm_id) is retired by a document with a vm_id, the same ``vm_name`` and the same
+installation, seen no earlier, held in any partition this replica owns; and a document by name seen no later than
+such a document is not applied (counted as older), whichever partition is read first. Only an entry without a
+vm_id is ever retired so, and only by its own installation under its own name: no document can retire a VM known
+by its vm_id, nor a name-only VM of another installation (another VM of the same name elsewhere).
 """
 
 from __future__ import annotations
@@ -169,21 +178,31 @@ class Fleet:
         self._partitions: dict[str, PartitionState] = {}
         self._hidden: set[str] = set()  # held partitions whose VMs no scrape shows (see ``show``)
         self._followers: list[Follower] = []
+        self._named: dict[str, set[str]] = {}  # key -> partitions holding it as a VM known by name only (no vm_id)
         self.bounds = bounds
 
     def claim(self, partition_id: str, state: PartitionState | None = None, *, shown: bool = True) -> PartitionState:
         """Own a partition from ``state`` (a restored one) or from nothing; the state now held for it. With
         ``shown=False`` it is held (kept, written, folded into) but not shown until ``show``."""
         with self._lock:
+            self._unname_partition(partition_id)
             held = self._partitions[partition_id] = state or PartitionState()
             self._hidden.discard(partition_id)
             if not shown:
                 self._hidden.add(partition_id)
+            for key, vm in list(held.vms.items()):  # a restored state meets what the other partitions hold
+                if not vm.vm_id and self._known_by_id(vm):
+                    self._forget(partition_id, held, key)
+                elif not vm.vm_id:
+                    self._named.setdefault(key, set()).add(partition_id)
+                elif vm.vm_name in self._named:
+                    self._retire(vm)
         return held
 
     def release(self, partition_id: str) -> int:
         """Forget a partition (its VMs leave /metrics with it); how many VMs it held."""
         with self._lock:
+            self._unname_partition(partition_id)
             state = self._partitions.pop(partition_id, None)
             self._hidden.discard(partition_id)
         return len(state.vms) if state else 0
@@ -254,10 +273,9 @@ class Fleet:
                 state.position = sequence_number
             current = state.vms.get(new.key)
             if current is None:
-                if len(state.vms) >= self.bounds.vms_per_partition:
-                    return "vms_per_partition"
-                if state.installations.get(new.installation, 0) >= self.bounds.vms_per_installation:
-                    return "vms_per_installation"
+                refused = self._refused(state, new)
+                if refused is not None:
+                    return refused
             elif current.installation == new.installation \
                     and abs(new.sequence - current.sequence) <= SEQUENCE_WINDOW:
                 if new.sequence == current.sequence:
@@ -272,7 +290,65 @@ class Fleet:
             whole = current is None or not heartbeat_only(current, new)
             state.changes.record(new.key, whole)
             self._touch(partition_id, new.key, whole)
+            if not new.vm_id:
+                self._named.setdefault(new.key, set()).add(partition_id)
+            elif new.vm_name in self._named:  # a dict lookup: most fleets hold no VM known by name only
+                self._retire(new)
             return "applied"
+
+    def _refused(self, state: PartitionState, new: VmState) -> str | None:
+        """Why a VM new to the partition is not applied (a bound, or its vm_id known already), or None."""
+        if len(state.vms) >= self.bounds.vms_per_partition:
+            return "vms_per_partition"
+        if state.installations.get(new.installation, 0) >= self.bounds.vms_per_installation:
+            return "vms_per_installation"
+        if not new.vm_id and self._known_by_id(new):  # by name, once its vm_id is known: the VM is that one
+            return "older"
+        return None
+
+    def _known_by_id(self, named: VmState) -> bool:
+        """Whether a VM of ``named``'s installation and name, with a vm_id and seen no earlier, is held (under the
+        lock). Asked only of a VM known by name that is new here (rare): each partition's count of VMs per
+        installation first, the VMs of a partition holding the installation then."""
+        for state in self._partitions.values():
+            if state.installations.get(named.installation):
+                for vm in state.vms.values():
+                    if vm.vm_id and vm.installation == named.installation and vm.vm_name == named.vm_name \
+                            and vm.seen_at >= named.seen_at:
+                        return True
+        return False
+
+    def _retire(self, identified: VmState) -> None:
+        """Forget the entries known by name only that ``identified`` (a document with a vm_id) is: the same name
+        and installation, seen no later (under the lock)."""
+        for partition_id in list(self._named.get(identified.vm_name, ())):
+            state = self._partitions.get(partition_id)
+            named = state.vms.get(identified.vm_name) if state is not None else None
+            if state is not None and named is not None and not named.vm_id \
+                    and named.installation == identified.installation and named.seen_at <= identified.seen_at:
+                self._forget(partition_id, state, identified.vm_name)
+
+    def _forget(self, partition_id: str, state: PartitionState, key: str) -> VmState:
+        """Forget one VM of a held partition, as a state write and the followers see it (under the lock)."""
+        vm = state.forget(key)
+        state.changes.forgotten(key, self.bounds.vms_per_partition)
+        self._touch(partition_id, key, True)
+        if not vm.vm_id:
+            self._unname(partition_id, key)
+        return vm
+
+    def _unname(self, partition_id: str, key: str) -> None:
+        partitions = self._named.get(key)
+        if partitions is not None:
+            partitions.discard(partition_id)
+            if not partitions:
+                del self._named[key]
+
+    def _unname_partition(self, partition_id: str) -> None:
+        state = self._partitions.get(partition_id)
+        if state is not None and self._named:
+            for key in [key for key, vm in state.vms.items() if not vm.vm_id]:
+                self._unname(partition_id, key)
 
     def expire(self, cutoffs: Mapping[str, float]) -> list[VmState]:
         """Forget the VMs of each partition last seen before its cutoff; return them."""
@@ -283,11 +359,14 @@ class Fleet:
                 if state is None:
                     continue
                 stale = [key for key, vm in state.vms.items() if vm.seen_at < oldest]
-                gone.extend(state.forget(key) for key in stale)
-                for key in stale:
-                    state.changes.forgotten(key, self.bounds.vms_per_partition)
-                    self._touch(partition_id, key, True)
+                gone.extend(self._forget(partition_id, state, key) for key in stale)
         return gone
+
+    def silent(self, partition_id: str, since: float) -> bool:
+        """Whether the partition holds a VM last seen before ``since`` (one the clock would expire)."""
+        with self._lock:
+            state = self._partitions.get(partition_id)
+            return state is not None and any(vm.seen_at < since for vm in state.vms.values())
 
     def vms(self) -> list[VmState]:
         """A consistent list for one scrape, each VM once: should one VM be held by two owned partitions (a hub whose

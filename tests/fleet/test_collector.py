@@ -58,19 +58,19 @@ def test_each_vm_and_event_is_one_series_with_its_labels() -> None:
     """event_info carries the VM's identity and the event's labels; countdown and duration are per VM and event."""
     get = Scrape(fleet_of_three()).get
     assert get("azure_scheduled_fleet_event_info", {
-        "vm_id": "id0", "vm_name": "WestNO_0", "vmss_name": "", "location": "norwayeast", "event_id": "E1",
+        "vm_id": "id0", "vm_name": "WestNO_0", "vmss_name": "", "location": "norwayeast", "event_id": "e1",
         "event_type": "Freeze", "event_status": "Scheduled", "event_source": "Platform",
         "affects_this_vm": "true"}) == 1
     assert get("azure_scheduled_fleet_event_info", {
-        "vm_id": "id2", "vm_name": "WestNO_2", "vmss_name": "", "location": "norwayeast", "event_id": "E1",
+        "vm_id": "id2", "vm_name": "WestNO_2", "vmss_name": "", "location": "norwayeast", "event_id": "e1",
         "event_type": "Freeze", "event_status": "Scheduled", "event_source": "Platform",
         "affects_this_vm": "false"}) == 1
-    assert get("azure_scheduled_fleet_event_seconds_until_not_before", {"vm_id": "id0", "event_id": "E1"}) == \
+    assert get("azure_scheduled_fleet_event_seconds_until_not_before", {"vm_id": "id0", "event_id": "e1"}) == \
         2547224987.0 - NOW
-    assert get("azure_scheduled_fleet_event_duration_seconds", {"vm_id": "id0", "event_id": "E1"}) == 5
+    assert get("azure_scheduled_fleet_event_duration_seconds", {"vm_id": "id0", "event_id": "e1"}) == 5
     # A started event has no NotBefore, and this one no duration: no series rather than a made-up value.
-    assert get("azure_scheduled_fleet_event_seconds_until_not_before", {"vm_id": "id9", "event_id": "R1"}) is None
-    assert get("azure_scheduled_fleet_event_duration_seconds", {"vm_id": "id9", "event_id": "R1"}) is None
+    assert get("azure_scheduled_fleet_event_seconds_until_not_before", {"vm_id": "id9", "event_id": "r1"}) is None
+    assert get("azure_scheduled_fleet_event_duration_seconds", {"vm_id": "id9", "event_id": "r1"}) is None
     assert get("azure_scheduled_fleet_vm_last_seen_timestamp_seconds", {
         "vm_id": "id9", "vm_name": "ss_2", "vmss_name": "ss", "location": "norwayeast"}) == 1500.0
 
@@ -82,8 +82,8 @@ def test_fleet_counts_only_vms_an_event_concerns() -> None:
     assert get("azure_scheduled_fleet_pending_vms", {"event_type": "Freeze", "event_status": "Scheduled"}) == 1
     assert get("azure_scheduled_fleet_pending_vms", {"event_type": "Reboot", "event_status": "Started"}) == 1
     assert get("azure_scheduled_fleet_pending_vms", {"event_type": "Redeploy", "event_status": "Scheduled"}) == 0
-    assert get("azure_scheduled_fleet_event_vms", {"event_id": "E1", "event_type": "Freeze"}) == 1
-    assert get("azure_scheduled_fleet_event_vms", {"event_id": "R1", "event_type": "Reboot"}) == 1
+    assert get("azure_scheduled_fleet_event_vms", {"event_id": "e1", "event_type": "Freeze"}) == 1
+    assert get("azure_scheduled_fleet_event_vms", {"event_id": "r1", "event_type": "Reboot"}) == 1
 
 
 def test_series_vanish_with_their_event_their_vm_and_their_partition() -> None:
@@ -96,10 +96,10 @@ def test_series_vanish_with_their_event_their_vm_and_their_partition() -> None:
         "vm_id": "id0", "vm_name": "WestNO_0", "vmss_name": "", "location": "norwayeast"}) == 1600.0
     assert [labels for (name, labels) in scrape.samples if name == "azure_scheduled_fleet_event_info"
             and ("vm_id", "id0") in labels] == []
-    assert scrape.get("azure_scheduled_fleet_event_vms", {"event_id": "E1", "event_type": "Freeze"}) is None
+    assert scrape.get("azure_scheduled_fleet_event_vms", {"event_id": "e1", "event_type": "Freeze"}) is None
     fleet.release("1")
     scrape = Scrape(fleet)
-    assert "id9" not in scrape.text and "R1" not in scrape.text
+    assert "id9" not in scrape.text and "r1" not in scrape.text
     assert scrape.get("azure_scheduled_fleet_vms") == 2
 
 
@@ -265,3 +265,20 @@ def series_by_name(text: str) -> dict[str, set[frozenset[tuple[str, str]]]]:
         for sample in family.samples:
             series.setdefault(sample.name, set()).add(frozenset(sample.labels.items()))
     return series
+def test_one_event_id_in_two_letter_cases_is_one_series_of_both_vms() -> None:
+    """Two VMs listing one GUID, one in upper and one in lower case, are one event_vms series of 2 VMs, labelled in
+    the core's canonical case (lower), and their event_info series carry the same event_id."""
+    guid = "5D9B2A0E-1C3F-4B7A-9E21-0A4C6D8F1B3E"
+    fleet = Fleet()
+    fleet.claim("0")
+    fleet.claim("1")
+    for partition_id, vm_id, spelt in (("0", "id0", guid), ("1", "id1", guid.lower())):
+        body = (b'{"DocumentIncarnation": 3, "Events": [{"EventId": "' + spelt.encode() + b'", "EventType": '
+                b'"Freeze", "Resources": [], "EventStatus": "Scheduled", "NotBefore": "", "EventSource": "Platform"}]}')
+        add(fleet, partition_id, body, vm_id, f"vm_{vm_id}")
+    scrape = Scrape(fleet)
+    blast = {labels: value for (name, labels), value in scrape.samples.items()
+             if name == "azure_scheduled_fleet_event_vms"}
+    assert blast == {frozenset({("event_id", guid.lower()), ("event_type", "Freeze")}): 2}
+    assert {dict(labels)["event_id"] for (name, labels) in scrape.samples
+            if name == "azure_scheduled_fleet_event_info"} == {guid.lower()}

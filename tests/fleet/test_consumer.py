@@ -77,8 +77,8 @@ def test_a_restored_position_past_the_partitions_newest_event_is_counted_and_for
 
 def test_the_lag_shown_is_the_last_batchs_and_an_empty_batch_shows_none_waiting() -> None:
     """The lag a scrape shows is worked out from the last event handled and the newest event the SDK delivered
-    with it: after events 1 and 2 with 7 the newest (enqueued 30 s after 2), 5 events and 30 s behind, and the
-    expiry measures silence on the partition's own timeline; after an empty batch nothing waits."""
+    with it: after events 1 and 2 with 7 the newest (enqueued 30 s after 2), 5 events and 30 s behind; after an
+    empty batch nothing waits."""
     run, _fleet, _registry = service()
     enqueued = datetime(2026, 11, 22, tzinfo=timezone.utc)
     newest = {"sequence_number": 7, "enqueued_time": enqueued + timedelta(seconds=30)}
@@ -88,24 +88,42 @@ def test_the_lag_shown_is_the_last_batchs_and_an_empty_batch_shows_none_waiting(
     partition = run.partitions["0"]
     partition.context = Context(last_enqueued_event_properties=newest)  # type: ignore[assignment]
     assert (run.views["0"].lag_events, run.views["0"].lag_seconds) == (5.0, 30.0)
-    assert not run.caught_up(partition)  # VMs' silence is measured from event 2's enqueue time, not the clock
     asyncio.run(run.on_batch(Context(), []))  # type: ignore[arg-type]
-    assert (run.views["0"].lag_events, run.views["0"].lag_seconds) == (0.0, 0.0) and run.caught_up(partition)
+    assert (run.views["0"].lag_events, run.views["0"].lag_seconds) == (0.0, 0.0)
 
 
-def test_an_empty_batch_while_the_link_is_down_keeps_silence_on_the_partitions_timeline() -> None:
-    """The SDK hands empty batches over while a partition has no link (this replica's own connection lost): nothing
-    was read, which is not nothing waiting, so no VM expires on the wall clock however long that lasts; once the
-    link is attached again, an empty batch means the partition is caught up, and silence is the clock's again."""
+def newest_of(hub: dict[str, int | None]) -> Any:
+    """The hub's answer to ``get_partition_properties`` as ``Service.newest`` takes it (None: no answer)."""
+    async def newest(partition_id: str) -> int | None:
+        return hub.get(partition_id)
+
+    return newest
+
+
+def test_silence_is_measured_on_the_clock_only_up_to_when_the_hub_said_nothing_waits() -> None:
+    """Long after its last event was read, a VM expires only once the hub says the partition's newest event is one
+    already handled: not while the hub does not answer (this replica's own connection lost, the SDK meanwhile
+    handing over empty batches), nor while events wait unread (a reconnect whose backlog is not read yet)."""
     run, fleet, _registry = service()  # its clock: long after the events' enqueue time
     asyncio.run(run.on_batch(Context(), [Event(1, props())]))  # type: ignore[arg-type,list-item]
-    partition = run.partitions["0"]
-    links = {"0": False}
-    run.attached = links.get
-    asyncio.run(run.on_batch(Context(), []))  # type: ignore[arg-type]
-    assert not run.caught_up(partition)
-    assert run.expire_now() == [] and [vm.key for vm in fleet.vms()] == [VM_ID]
-    links["0"] = True
-    asyncio.run(run.on_batch(Context(), []))  # type: ignore[arg-type]
-    assert run.caught_up(partition)
-    assert [vm.key for vm in run.expire_now()] == [VM_ID] and fleet.vms() == []
+    hub: dict[str, int | None] = {"0": None}
+    run.newest = newest_of(hub)
+    asyncio.run(run.on_batch(Context(), []))  # type: ignore[arg-type]  # an empty batch during the outage
+    assert asyncio.run(run.expire_now()) == [] and [vm.key for vm in fleet.vms()] == [VM_ID]
+    hub["0"] = 5  # back, with events 2 to 5 enqueued meanwhile and not read yet
+    assert asyncio.run(run.expire_now()) == [] and [vm.key for vm in fleet.vms()] == [VM_ID]
+    hub["0"] = 1  # nothing waits: the VM was silent on the hub too
+    assert [vm.key for vm in asyncio.run(run.expire_now())] == [VM_ID] and fleet.vms() == []
+
+
+def test_silence_on_the_partitions_own_timeline_needs_no_answer_from_the_hub() -> None:
+    """A VM silent for --vm-expiry before the last event read expires though the hub never answers."""
+    run, fleet, _registry = service()
+    start = datetime(2026, 11, 22, tzinfo=timezone.utc)
+    other = {**props(), b"vm_id": b"other", b"vm_name": b"other"}
+    events = [Event(1, props(), enqueued_time=start),
+              Event(2, other, partition_key=b"other", message_id=b"other:1",
+                    enqueued_time=start + timedelta(seconds=FleetSettings().vm_expiry + 1))]
+    asyncio.run(run.on_batch(Context(), events))  # type: ignore[arg-type]
+    assert [vm.key for vm in asyncio.run(run.expire_now())] == [VM_ID]
+    assert [vm.key for vm in fleet.vms()] == ["other"]

@@ -59,7 +59,7 @@ def test_a_forwarded_document_is_read_with_its_vm_and_events() -> None:
     assert read.heartbeat is False and read.unknown_properties == ()
     [event] = vm.events
     assert (event.event_id, event.event_type, event.event_status, event.event_source) == (
-        "E1", "Freeze", "Scheduled", "Platform")
+        "e1", "Freeze", "Scheduled", "Platform")
     assert event.affects_this_vm == "true"
     assert event.not_before == datetime(2050, 9, 19, 18, 29, 47, tzinfo=timezone.utc).timestamp()
     assert event.duration_seconds == 5.0
@@ -433,7 +433,7 @@ def test_control_characters_a_vm_sends_are_spelt_out_in_labels() -> None:
     vm = read.vm
     assert (vm.vm_name, vm.vm_id, vm.location, vm.key) == ("vm\\x0d\n0", "id\\x00x", "west\\x0deurope", "id\\x00x")
     [event] = vm.events
-    assert (event.event_id, event.event_status, event.event_source) == ("E\\x001", "Scheduled\\x0d", "Platform\\x7f")
+    assert (event.event_id, event.event_status, event.event_source) == ("e\\x001", "Scheduled\\x0d", "Platform\\x7f")
     fleet = Fleet()
     fleet.claim("0")
     assert fleet.apply("0", read) == "applied"

@@ -13,10 +13,7 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from azure.eventhub import CloseReason
-from azure.eventhub.aio import PartitionContext
-from azure.eventhub.aio._eventprocessor.in_memory_checkpoint_store import (  # the SDK's own, as its tests use it
-    InMemoryCheckpointStore,
-)
+from azure.eventhub.aio import CheckpointStore, PartitionContext
 from azure.eventhub.amqp import AmqpMessageBodyType
 from prometheus_client import CollectorRegistry
 
@@ -65,18 +62,28 @@ class Event:
         return self.vm_id.encode()
 
 
-class Checkpoints(InMemoryCheckpointStore):  # type: ignore[misc]  # the SDK's class is untyped
-    """The SDK's in-memory checkpoint store, noting for each checkpoint the stored state's position at that moment."""
+class Checkpoints(CheckpointStore):  # type: ignore[misc]  # the SDK's class is untyped
+    """An in-memory checkpoint store on the SDK's public interface, noting for each checkpoint the stored state's
+    position at that moment."""
 
     def __init__(self, states: dict[str, Stored]) -> None:
-        super().__init__()
         self.states = states
         self.written: list[tuple[int, int | None]] = []  # (checkpoint, the stored state's position then)
+        self.checkpoints: dict[str, dict[str, Any]] = {}
+
+    async def list_ownership(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        return []
+
+    async def claim_ownership(self, ownership_list: list[dict[str, Any]], **kwargs: Any) -> list[dict[str, Any]]:
+        return list(ownership_list)
 
     async def update_checkpoint(self, checkpoint: dict[str, Any], **kwargs: Any) -> None:
         stored = self.states.get(NAME)
         self.written.append((int(checkpoint["sequence_number"]), stored.position if stored else None))
-        await super().update_checkpoint(checkpoint, **kwargs)
+        self.checkpoints[checkpoint["partition_id"]] = checkpoint
+
+    async def list_checkpoints(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        return list(self.checkpoints.values())
 
 
 class Context(PartitionContext):  # type: ignore[misc]  # the SDK's class is untyped
@@ -108,6 +115,11 @@ class Replica:
         self.service = Service(FleetSettings(), self.fleet, FleetMetrics(self.registry), self.store,
                                clock=lambda: self.now, sleep=sleep)
         self.context = Context("ns", "hub", "$Default", "0", self.checkpoints)
+
+        async def newest(partition_id: str) -> int | None:  # the hub's answer: the newest event the test read
+            return self.context.newest
+
+        self.service.newest = newest
 
     def value(self, name: str, **labels: str) -> float | None:
         return self.registry.get_sample_value(name, labels)
@@ -238,7 +250,7 @@ def test_a_newer_formats_state_is_left_in_place_and_no_checkpoint_written() -> N
 
 def test_a_lost_partition_is_dropped_whole_and_restored_when_regained() -> None:
     """Ownership lost: its VMs and bookkeeping leave at once, nothing written; claimed again: restored from what
-    was stored, and its reading starts afresh (no stale last event or caught-up flag)."""
+    was stored, and its reading starts afresh (no stale last event or partition clock)."""
     replica = Replica()
     run(replica.claim())
     run(replica.read(Event(1, "vm-a")))
@@ -250,8 +262,7 @@ def test_a_lost_partition_is_dropped_whole_and_restored_when_regained() -> None:
     assert replica.value("azure_scheduled_fleet_partition_releases_total", reason="ownership_lost") == 1
     run(replica.claim())
     partition = replica.service.partitions["0"]
-    assert replica.held() == ["vm-a"] and partition.last_event is None \
-        and not replica.service.caught_up(partition)
+    assert replica.held() == ["vm-a"] and partition.last_event is None and partition.handled_at is None
     assert partition.saved == 1 and partition.checkpointed == -1
 
 

@@ -205,3 +205,33 @@ def test_an_outage_of_the_fleets_own_connection_expires_no_vm(
     finally:
         beating.set()
         producer.join()
+
+
+def test_one_vm_is_one_identity_and_one_event_id_is_one_series(
+        hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess]) -> None:
+    """A VM heard first by name (its sidecar did not know its vm_id yet) and then by vm_id, the two on different
+    partitions, is one VM; with a second VM listing the same EventId in the other letter case, the fleet shows 2
+    VMs and one event_vms series of 2, labelled in lower case."""
+    store = Store(partition_count=4)
+    hub = hubs(store)
+    index = next(n for n in range(100) if store.partition_for(vm_identity(n).name)
+                 != store.partition_for(vm_identity(n).vm_id))  # the name and the vm_id on different partitions
+    guid = "5D9B2A0E-1C3F-4B7A-9E21-0A4C6D8F1B3E"
+
+    def freeze(event_id: str) -> bytes:
+        return (b'{"DocumentIncarnation": 3, "Events": [{"EventId": "' + event_id.encode() + b'", "EventType": '
+                b'"Freeze", "Resources": [], "EventStatus": "Scheduled", "NotBefore": "", "EventSource": "Platform"}]}')
+
+    identity = vm_identity(index)
+    by_name = envelope_for(replace(identity, vm_id=""), freeze(guid), 1, "inst-a")
+    assert by_name.partition_key == identity.name
+    fleet = fleets(hub)
+    send(hub.connection_string(), [event_data(by_name)])
+    wait_until(lambda: fleet.value("azure_scheduled_fleet_vms") == 1, timeout=30, what="the VM known by name")
+    send(hub.connection_string(), [event_data(envelope_for(identity, freeze(guid), 2, "inst-a")),
+                                   event_data(envelope_for(vm_identity(index + 1), freeze(guid.lower()), 1, "inst-b"))])
+    wait_until(lambda: fleet.value("azure_scheduled_fleet_documents_applied_total", kind="change") == 3, timeout=30,
+               what="the documents by vm_id")
+    assert fleet.value("azure_scheduled_fleet_vms") == 2
+    assert fleet.value("azure_scheduled_fleet_event_vms", event_id=guid.lower(), event_type="Freeze") == 2
+    assert fleet.value("azure_scheduled_fleet_event_vms", event_id=guid, event_type="Freeze") is None

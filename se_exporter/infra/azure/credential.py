@@ -147,7 +147,7 @@ def _token_transport() -> Any:
 
     class CappedTransport(AioHttpTransport):  # type: ignore[misc]  # azure-core's transport is untyped here
         async def open(self) -> None:
-            if getattr(self, "session", None) is None and self._session_owner:
+            if getattr(self, "session", None) is None:  # none given: this transport makes and owns it
                 self.session = aiohttp.ClientSession(trust_env=False, cookie_jar=aiohttp.DummyCookieJar(),
                                                      auto_decompress=False, response_class=CappedResponse)
             await super().open()
