@@ -56,7 +56,7 @@ def test_served_newest_version_shows_the_recommendation_and_logs_each_transition
     step_through(sim, process)
     assert api_version(process) == "2024-07-09"
     assert set(asked(sim)) == {"2024-07-09"}
-    assert process.value("azure_scheduled_events_transitions_total", event_type="SpotRebalanceRecommendation",
+    assert process.total("azure_scheduled_events_transitions_total", event_type="SpotRebalanceRecommendation",
                          transition="scheduled") == 1.0
     assert process.value("azure_scheduled_events_spot_rebalance_to_preempt_seconds_count") == 1.0
     expected = [(RECOMMENDATION, "scheduled"), (PREEMPT, "scheduled"), (PREEMPT, "started"),
@@ -116,11 +116,11 @@ def test_switching_versions_mid_run_makes_no_false_transition(
     wait_until(lambda: api_version(process) == "2020-07-01", what="the switch to 2020-07-01")
     sim.advance(38)
     caught_up(sim, process)
-    assert process.value("azure_scheduled_events_pending", event_type="SpotRebalanceRecommendation",
+    assert process.total("azure_scheduled_events_pending", event_type="SpotRebalanceRecommendation",
                          event_status="Scheduled") == 1.0
-    assert process.value("azure_scheduled_events_transitions_total", event_type="SpotRebalanceRecommendation",
+    assert process.total("azure_scheduled_events_transitions_total", event_type="SpotRebalanceRecommendation",
                          transition="canceled") == 0.0
-    assert process.value("azure_scheduled_events_transitions_total", event_type="Preempt",
+    assert process.total("azure_scheduled_events_transitions_total", event_type="Preempt",
                          transition="scheduled") == 1.0
     assert process.value("azure_scheduled_events_polls_total", outcome="http_error") == 0.0
     assert "api-version in use: 2020-07-01 (was 2024-07-09)" in process.log()
@@ -133,10 +133,10 @@ def test_started_without_scheduled_is_one_transition_with_zero_notice(
     sim, server = simulator("auto-approved", held=True)
     process = sidecar("--imds-url", server.url, *FAST, env=otlp(receiver, "grpc"))
     step_through(sim, process, until=3)
-    assert process.value("azure_scheduled_events_transitions_total", event_type="Reboot", transition="started") == 1.0
-    assert process.value("azure_scheduled_events_transitions_total", event_type="Reboot",
+    assert process.total("azure_scheduled_events_transitions_total", event_type="Reboot", transition="started") == 1.0
+    assert process.total("azure_scheduled_events_transitions_total", event_type="Reboot",
                          transition="scheduled") == 0.0
-    assert process.value("azure_scheduled_events_notice_seconds_bucket", event_type="Reboot", le="0.0") == 1.0
+    assert process.total("azure_scheduled_events_notice_seconds_bucket", event_type="Reboot", le="0.0") == 1.0
     (record,) = wait_until(lambda: receiver.events(A), timeout=15, what="the started record")
     assert (record.event_name, record.attributes[A + "skipped_scheduled"], record.attributes[A + "notice_seconds"]) \
         == (A + "started", True, 0.0)
