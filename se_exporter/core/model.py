@@ -76,6 +76,7 @@ _KNOWN_EVENT_FIELDS = frozenset(
 )
 _ALL_EVENT_FIELDS = operator.itemgetter("EventId", "EventType", "EventStatus", "ResourceType", "Resources",
                                         "NotBefore", "Description", "EventSource", "DurationInSeconds")
+_TEXT_OR_NULL = (str, type(None))  # an optional text field's JSON types
 _KNOWN_DOCUMENT_FIELDS = frozenset({"DocumentIncarnation", "Events"})
 _INTEGER = re.compile(r"^\s*-?\d+\s*$")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -251,25 +252,16 @@ def _parse_timestamp(text: str) -> datetime:
     return parsed.astimezone(timezone.utc)
 
 
-def _common_event(raw: object) -> ScheduledEvent | None:  # noqa: PLR0911 - one return per way to miss the shape
+def _common_event(raw: object) -> ScheduledEvent | None:
     """The event as the current api-version sends it, every field present and of its documented JSON type, read
     at the cost of a few checks; None for anything else (an older shape, an extra field, any value ``_event``
     would warn about or refuse), which ``_event`` then reads field by field. For what it accepts, both build the
     same event (``test_model.py`` proves it); this one is what keeps parsing a 1,000-event document cheap."""
-    if type(raw) is not dict or len(raw) != len(_KNOWN_EVENT_FIELDS):
+    fields = _documented_fields(raw)
+    if fields is None:
         return None
-    try:
-        (event_id, event_type, event_status, resource_type, resources, not_before, description, event_source,
-         duration) = _ALL_EVENT_FIELDS(raw)
-    except KeyError:
-        return None
-    if not (type(event_id) is str and type(event_type) is str and event_type and type(event_status) is str
-            and event_status and type(resources) is list and type(not_before) is str
-            and (resource_type is None or type(resource_type) is str)
-            and (description is None or type(description) is str)
-            and (event_source is None or type(event_source) is str)
-            and (duration is None or (type(duration) is int and _INT64_MIN <= duration <= _INT64_MAX))):
-        return None
+    event_id, event_type, event_status, resource_type, resources, not_before, description, event_source, duration \
+        = fields
     key = event_id.strip().lower()  # event_key, inline
     if not key:
         return None
@@ -289,6 +281,26 @@ def _common_event(raw: object) -> ScheduledEvent | None:  # noqa: PLR0911 - one 
         "resources": names, "not_before": when, "description": description, "event_source": event_source,
         "duration_seconds": duration, "extra": {}, "key": key})
     return made
+
+
+def _documented_fields(raw: object) -> tuple[Any, ...] | None:
+    """``_ALL_EVENT_FIELDS`` of an event object with exactly those fields, each of its documented JSON type (the
+    texts that name what happens not empty, the duration within 64 bits); None for anything else."""
+    if type(raw) is not dict or len(raw) != len(_KNOWN_EVENT_FIELDS):
+        return None
+    try:
+        fields: tuple[Any, ...] = _ALL_EVENT_FIELDS(raw)
+    except KeyError:
+        return None
+    event_id, event_type, event_status, resource_type, resources, not_before, description, event_source, duration \
+        = fields
+    if (type(event_id) is str and type(event_type) is str and event_type and type(event_status) is str
+            and event_status and type(resources) is list and type(not_before) is str
+            and type(resource_type) in _TEXT_OR_NULL and type(description) in _TEXT_OR_NULL
+            and type(event_source) in _TEXT_OR_NULL
+            and (duration is None or (type(duration) is int and _INT64_MIN <= duration <= _INT64_MAX))):
+        return fields
+    return None
 
 
 _Remembered = dict[str, tuple[dict[str, Any], ScheduledEvent]]
