@@ -123,51 +123,68 @@ def diff(previous: Mapping[str, EventRecord], document: Document, now: float,
     ended = {} if ended is None else ended
     records: dict[str, EventRecord] = {}
     transitions: list[Transition] = []
-    # Records and transitions are made with model.built rather than __init__/replace: a 1,000-event document
-    # makes a thousand of each, and that was most of the diff's cost.
     for event in document.events:
         key = event.key
         before = previous.get(key)
         if key in ended:  # listed again after it ended: a stale answer; shown, but its lifecycle stays ended
             records[key] = replace(before or ended[key], event=event, gone_at=None)
-            continue
-        if before is None:
-            started = event.event_status == model.STATUS_STARTED
-            record = built(EventRecord, {"event": event, "first_seen": now, "started_at": now if started else None,
-                                         "gone_at": None})
-            transitions.append(built(Transition, {"kind": STARTED if started else SCHEDULED, "record": record,
-                                                  "previous_not_before": None}))
+        elif before is None:
+            records[key] = _first_seen(event, now, transitions)
         elif before.event is event and (before.started_at is not None or event.event_status != model.STATUS_STARTED):
             # The very event of the last document (parsing hands out the same object for an unchanged event): no
-            # transition, and the record stays as it is.
-            record = before
+            # transition, and the record stays as it is. Inline: most events of most documents come this way.
+            records[key] = before
         else:
-            started_at = before.started_at
-            newly_started = started_at is None and event.event_status == model.STATUS_STARTED
-            record = built(EventRecord, {"event": event, "first_seen": before.first_seen,
-                                         "started_at": now if newly_started else started_at,
-                                         "gone_at": before.gone_at})
-            if newly_started:
-                transitions.append(built(Transition, {"kind": STARTED, "record": record,
-                                                      "previous_not_before": None}))
-            # NotBefore moved while not started (a started event's becomes empty: that is no move). Parsing hands
-            # out one datetime per NotBefore text, so an unchanged one is usually the very same object.
-            elif (started_at is None and (moved := event.not_before) is not None
-                  and moved is not (was := before.event.not_before) and moved != was):
-                transitions.append(built(Transition, {"kind": RESCHEDULED, "record": record,
-                                                      "previous_not_before": was}))
-        records[key] = record
-    newly_ended: dict[str, EventRecord] = {}
-    missing = set() if records.keys() == previous.keys() else previous.keys() - records.keys()  # usually none
-    for key, before in previous.items() if missing else ():
-        if key in missing and key not in ended:
-            if before.event.event_type in unlisted:  # not listable by this api-version: unknown, so kept open
-                records[key] = before
-                continue
-            gone = replace(before, gone_at=now)
-            transitions.append(Transition(COMPLETED if before.started_at is not None else CANCELED, gone))
-            newly_ended[key] = gone
-    if newly_ended:
-        merged = {**ended, **newly_ended}
-        ended = dict(list(merged.items())[-ENDED_MEMORY:]) if len(merged) > ENDED_MEMORY else merged
+            records[key] = _seen_again(before, event, now, transitions)
+    if records.keys() != previous.keys():  # usually not: then no event has ended
+        ended = _gone(previous, records, ended, now, unlisted, transitions)
     return Step(records=records, transitions=tuple(transitions), ended=ended)
+
+
+# Records and transitions are made with model.built rather than __init__/replace: a 1,000-event document makes a
+# thousand of each, and that was most of the diff's cost.
+
+def _first_seen(event: ScheduledEvent, now: float, transitions: list[Transition]) -> EventRecord:
+    """A new event's record, and its transition: scheduled, or started at once (a host failure: no notice)."""
+    started = event.event_status == model.STATUS_STARTED
+    record = built(EventRecord, {"event": event, "first_seen": now, "started_at": now if started else None,
+                                 "gone_at": None})
+    transitions.append(built(Transition, {"kind": STARTED if started else SCHEDULED, "record": record,
+                                          "previous_not_before": None}))
+    return record
+
+
+def _seen_again(before: EventRecord, event: ScheduledEvent, now: float, transitions: list[Transition]) -> EventRecord:
+    """An open event listed again, changed: its record, and its transition when it started or was rescheduled."""
+    started_at = before.started_at
+    newly_started = started_at is None and event.event_status == model.STATUS_STARTED
+    record = built(EventRecord, {"event": event, "first_seen": before.first_seen,
+                                 "started_at": now if newly_started else started_at, "gone_at": before.gone_at})
+    if newly_started:
+        transitions.append(built(Transition, {"kind": STARTED, "record": record, "previous_not_before": None}))
+    # NotBefore moved while not started (a started event's becomes empty: that is no move). Parsing hands out one
+    # datetime per NotBefore text, so an unchanged one is usually the very same object.
+    elif (started_at is None and (moved := event.not_before) is not None
+          and moved is not (was := before.event.not_before) and moved != was):
+        transitions.append(built(Transition, {"kind": RESCHEDULED, "record": record, "previous_not_before": was}))
+    return record
+
+
+def _gone(previous: Mapping[str, EventRecord], records: dict[str, EventRecord], ended: Mapping[str, EventRecord],
+          now: float, unlisted: frozenset[str], transitions: list[Transition]) -> Mapping[str, EventRecord]:
+    """End the open records the document no longer lists (completed once started, else canceled), except those
+    of a type its api-version cannot list (unknown: kept open in ``records``); the new ``ended``, newest last."""
+    newly_ended: dict[str, EventRecord] = {}
+    for key, before in previous.items():  # in their order: the transitions' and the memory's
+        if key in records or key in ended:
+            continue
+        if before.event.event_type in unlisted:
+            records[key] = before
+            continue
+        gone = replace(before, gone_at=now)
+        transitions.append(Transition(COMPLETED if before.started_at is not None else CANCELED, gone))
+        newly_ended[key] = gone
+    if not newly_ended:
+        return ended
+    merged = {**ended, **newly_ended}
+    return dict(list(merged.items())[-ENDED_MEMORY:]) if len(merged) > ENDED_MEMORY else merged

@@ -76,6 +76,7 @@ _KNOWN_EVENT_FIELDS = frozenset(
 )
 _ALL_EVENT_FIELDS = operator.itemgetter("EventId", "EventType", "EventStatus", "ResourceType", "Resources",
                                         "NotBefore", "Description", "EventSource", "DurationInSeconds")
+_TEXT_OR_NULL = (str, type(None))  # an optional text field's JSON types
 _KNOWN_DOCUMENT_FIELDS = frozenset({"DocumentIncarnation", "Events"})
 _INTEGER = re.compile(r"^\s*-?\d+\s*$")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -263,12 +264,8 @@ def _common_event(raw: object) -> ScheduledEvent | None:  # noqa: PLR0911 - one 
          duration) = _ALL_EVENT_FIELDS(raw)
     except KeyError:
         return None
-    if not (type(event_id) is str and type(event_type) is str and event_type and type(event_status) is str
-            and event_status and type(resources) is list and type(not_before) is str
-            and (resource_type is None or type(resource_type) is str)
-            and (description is None or type(description) is str)
-            and (event_source is None or type(event_source) is str)
-            and (duration is None or (type(duration) is int and _INT64_MIN <= duration <= _INT64_MAX))):
+    if not _documented_types(event_id, event_type, event_status, resource_type, resources, not_before, description,
+                             event_source, duration):
         return None
     key = event_id.strip().lower()  # event_key, inline
     if not key:
@@ -289,6 +286,17 @@ def _common_event(raw: object) -> ScheduledEvent | None:  # noqa: PLR0911 - one 
         "resources": names, "not_before": when, "description": description, "event_source": event_source,
         "duration_seconds": duration, "extra": {}, "key": key})
     return made
+
+
+def _documented_types(event_id: Any, event_type: Any, event_status: Any, resource_type: Any, resources: Any,
+                      not_before: Any, description: Any, event_source: Any, duration: Any) -> bool:
+    """``_ALL_EVENT_FIELDS``, each of its documented JSON type: the texts that say what happens not empty, the
+    optional ones text or null, the duration a 64-bit integer or null."""
+    return (type(event_id) is str and type(event_type) is str and event_type != "" and type(event_status) is str
+            and event_status != "" and type(resources) is list and type(not_before) is str
+            and type(resource_type) in _TEXT_OR_NULL and type(description) in _TEXT_OR_NULL
+            and type(event_source) in _TEXT_OR_NULL
+            and (duration is None or (type(duration) is int and _INT64_MIN <= duration <= _INT64_MAX)))
 
 
 _Remembered = dict[str, tuple[dict[str, Any], ScheduledEvent]]

@@ -257,10 +257,15 @@ def _touched(entry: Any, vms: dict[str, VmState], now: float) -> VmState | None:
     if not isinstance(entry, list) or len(entry) != 6 or not isinstance(entry[0], str) or entry[0] not in vms:
         return None
     key, sequence, seen_at, *imds = entry
-    if type(sequence) is not int or not 1 <= sequence <= MAX_SEQUENCE or type(seen_at) not in (int, float) \
-            or not math.isfinite(seen_at) or not 0 <= seen_at <= now + MAX_SKEW:
+    if not _sequenced(sequence, seen_at, now):
         return None
     return replace(vms[key], sequence=sequence, seen_at=float(seen_at), imds=_imds(imds))
+
+
+def _sequenced(sequence: Any, seen_at: Any, now: float) -> bool:
+    """A VM's sequence in range, and its ``seen_at`` a finite time no later than ``now`` allows."""
+    return type(sequence) is int and 1 <= sequence <= MAX_SEQUENCE and type(seen_at) in (int, float) \
+        and math.isfinite(seen_at) and 0 <= seen_at <= now + MAX_SKEW
 
 
 def _values(text: bytes, enough: int) -> int:
@@ -288,9 +293,7 @@ def _vm(named: Any, now: float, bounds: Bounds) -> VmState | None:
         named[name] for name in NAMED_FIELDS_ORDER)
     valid = (all(_text(value, MAX_TEXT) for value in (vm_id, vm_name, vmss_name, location))
              and key == (vm_id or vm_name or "unknown") and _text(installation, MAX_MESSAGE_ID) and installation != ""
-             and type(sequence) is int and 1 <= sequence <= MAX_SEQUENCE
-             and type(seen_at) in (int, float) and math.isfinite(seen_at) and 0 <= seen_at <= now + MAX_SKEW
-             and isinstance(body, str) and len(body) <= MAX_ROW_BODY)
+             and _sequenced(sequence, seen_at, now) and isinstance(body, str) and len(body) <= MAX_ROW_BODY)
     if not valid:
         return None
     try:

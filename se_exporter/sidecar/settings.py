@@ -407,38 +407,24 @@ def _check_kind(flag: str, path: Path, resolved: Path, file: bool) -> None:
                       "create)")
 
 
+# The signal-specific OTEL variables: (variable, the setting it gives, the flag that wins over it, how it is read).
+_OTLP_PROTOCOL = choice("http/protobuf", "grpc")
+_TRACES_VARIABLES = (("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "otel_traces_endpoint", "otel_endpoint", parse_otlp_url),
+                     ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "otel_protocol", "otel_protocol", _OTLP_PROTOCOL))
+_LOGS_VARIABLES = (("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "otel_logs_endpoint", "otel_endpoint", parse_otlp_url),
+                   ("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", "otel_logs_protocol", "otel_protocol", _OTLP_PROTOCOL))
+
+
 def _otel_extras(args: argparse.Namespace, env: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, Any]:
     """The signal-specific OTEL variables win over the general ones, as the specification says."""
-    extras: dict[str, Any] = {}
-    traces_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    if traces_endpoint and getattr(args, "otel_endpoint", None) is None:
-        try:
-            extras["otel_traces_endpoint"] = parse_otlp_url(traces_endpoint)
-        except ValueError as exc:
-            raise ConfigError(f"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: {exc}") from None
-    traces_protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-    if traces_protocol and getattr(args, "otel_protocol", None) is None:
-        try:
-            extras["otel_protocol"] = choice("http/protobuf", "grpc")(traces_protocol)
-        except ValueError as exc:
-            raise ConfigError(f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: {exc}") from None
+    extras = _signal_variables(args, env, _TRACES_VARIABLES)
     if "otel_traces_exporter" not in values:
         endpoint_set = values.get("otel_endpoint") or extras.get("otel_traces_endpoint")
         extras["otel_traces_exporter"] = "otlp" if endpoint_set else "none"
     if (extras.get("otel_traces_exporter") or values.get("otel_traces_exporter")) != "none":
         extras["otel_batch"] = _span_batching(env)
-    logs_endpoint = env.get("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT")
-    if logs_endpoint and getattr(args, "otel_endpoint", None) is None:
-        try:
-            extras["otel_logs_endpoint"] = parse_otlp_url(logs_endpoint)
-        except ValueError as exc:
-            raise ConfigError(f"OTEL_EXPORTER_OTLP_LOGS_ENDPOINT: {exc}") from None
-    logs_protocol = env.get("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL")
-    try:
-        extras["otel_logs_protocol"] = choice("http/protobuf", "grpc")(logs_protocol) if logs_protocol and \
-            getattr(args, "otel_protocol", None) is None else values.get("otel_protocol", "http/protobuf")
-    except ValueError as exc:
-        raise ConfigError(f"OTEL_EXPORTER_OTLP_LOGS_PROTOCOL: {exc}") from None
+    extras.update(_signal_variables(args, env, _LOGS_VARIABLES))
+    extras.setdefault("otel_logs_protocol", values.get("otel_protocol", "http/protobuf"))
     if "otel_logs_exporter" not in values:
         endpoint_set = values.get("otel_endpoint") or extras.get("otel_logs_endpoint")
         extras["otel_logs_exporter"] = "otlp" if endpoint_set else "none"
@@ -449,6 +435,22 @@ def _otel_extras(args: argparse.Namespace, env: Mapping[str, str], values: Mappi
     if node:
         extras["k8s_node_name"] = node[:253]  # a Kubernetes name is at most 253 characters
     return extras
+
+
+def _signal_variables(args: argparse.Namespace, env: Mapping[str, str],
+                      variables: tuple[tuple[str, str, str, Any], ...]) -> dict[str, Any]:
+    """The settings ``variables`` give (see ``_TRACES_VARIABLES``): each one set and not overridden by its flag,
+    read, or refused with a ConfigError naming it."""
+    found: dict[str, Any] = {}
+    for name, key, flag, read in variables:
+        text = env.get(name)
+        if not text or getattr(args, flag, None) is not None:
+            continue
+        try:
+            found[key] = read(text)
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+    return found
 
 
 def _span_batching(env: Mapping[str, str]) -> SpanBatching:

@@ -404,51 +404,84 @@ class _Imds:
         return False, answers[kind]
 
     def _control(self, method: str, path: str, body: bytes) -> Response:
-        sim = self.simulator
-        action = path[len("/_simulator/"):]
+        """``/_simulator/<action>``, answered by its entry in ``_CONTROLS``: 400 with the reason when the body is
+        refused, 404 for an action (or method) it does not list."""
+        control = _CONTROLS.get((method, path[len("/_simulator/"):]))
+        if control is None:
+            return _json(404, {"error": "Not found"})
         try:
-            if method == "GET" and action == "requests":
-                return _json(200, [
-                    {"time": r.time, "method": r.method, "path": r.path, "query": r.query,
-                     "user_agent": r.user_agent, "metadata": r.metadata_header} for r in sim.requests])
-            if method == "GET" and action == "state":
-                return _json(200, sim.state())
-            if method == "POST" and action == "faults":
-                data = _json_body(body, [])
-                sim.inject(*(faults_module.from_json(item) for item in (data if isinstance(data, list) else [data])))
-                return _json(200, {})
-            if method == "POST" and action == "blind":
-                data = _json_body(body, None)
-                event_id = data.get("EventId") if isinstance(data, dict) else None
-                if not isinstance(event_id, str) or not 0 < len(event_id) <= 256:
-                    raise ValueError('the body must be {"EventId": "..."}: the event this VM\'s IMDS stops listing')
-                sim.hide(event_id)
-                return _json(200, {})
-            if method == "POST" and action == "versions":
-                data = _json_body(body, None)
-                newest = data.get("newest") if isinstance(data, dict) else None
-                if newest not in SCHEDULED_EVENTS_VERSIONS:
-                    raise ValueError(f"'newest' must be one of {', '.join(SCHEDULED_EVENTS_VERSIONS)}")
-                sim.newest_served = newest
-                return _json(200, {})
-            if method == "POST" and action == "clear-faults":
-                sim.clear_faults()
-                return _json(200, {})
-            if method == "POST" and action == "identity":
-                lifetime, fail, status = _identity_settings(_json_body(body, {}))
-                sim.configure_identity(lifetime=lifetime, fail=fail, status=status)
-                return _json(200, {})
-            if method == "POST" and action == "advance":
-                data = _json_body(body, None)
-                seconds = data.get("seconds") if isinstance(data, dict) else None
-                if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-                        or seconds < 0:
-                    raise ValueError(f"'seconds' must be a number >= 0 (time only moves forward), not {seconds!r}")
-                sim.advance(float(seconds))
-                return _json(200, {"scenario_time": sim.scenario_time()})
+            return control(self.simulator, body)
         except (ValueError, ConfigError) as exc:
             return _json(400, {"error": _one_line(str(exc))})
-        return _json(404, {"error": "Not found"})
+
+
+# The control API, one function per action: each takes the simulator and the request's body, and raises ValueError
+# (or ConfigError) with a one-line reason for a body it refuses.
+
+def _requests(sim: Simulator, body: bytes) -> Response:
+    return _json(200, [{"time": r.time, "method": r.method, "path": r.path, "query": r.query,
+                        "user_agent": r.user_agent, "metadata": r.metadata_header} for r in sim.requests])
+
+
+def _state(sim: Simulator, body: bytes) -> Response:
+    return _json(200, sim.state())
+
+
+def _faults(sim: Simulator, body: bytes) -> Response:
+    data = _json_body(body, [])
+    sim.inject(*(faults_module.from_json(item) for item in (data if isinstance(data, list) else [data])))
+    return _json(200, {})
+
+
+def _clear_faults(sim: Simulator, body: bytes) -> Response:
+    sim.clear_faults()
+    return _json(200, {})
+
+
+def _blind(sim: Simulator, body: bytes) -> Response:
+    data = _json_body(body, None)
+    event_id = data.get("EventId") if isinstance(data, dict) else None
+    if not isinstance(event_id, str) or not 0 < len(event_id) <= 256:
+        raise ValueError('the body must be {"EventId": "..."}: the event this VM\'s IMDS stops listing')
+    sim.hide(event_id)
+    return _json(200, {})
+
+
+def _versions(sim: Simulator, body: bytes) -> Response:
+    data = _json_body(body, None)
+    newest = data.get("newest") if isinstance(data, dict) else None
+    if newest not in SCHEDULED_EVENTS_VERSIONS:
+        raise ValueError(f"'newest' must be one of {', '.join(SCHEDULED_EVENTS_VERSIONS)}")
+    sim.newest_served = newest
+    return _json(200, {})
+
+
+def _identity(sim: Simulator, body: bytes) -> Response:
+    lifetime, fail, status = _identity_settings(_json_body(body, {}))
+    sim.configure_identity(lifetime=lifetime, fail=fail, status=status)
+    return _json(200, {})
+
+
+def _advance(sim: Simulator, body: bytes) -> Response:
+    data = _json_body(body, None)
+    seconds = data.get("seconds") if isinstance(data, dict) else None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or seconds < 0:
+        raise ValueError(f"'seconds' must be a number >= 0 (time only moves forward), not {seconds!r}")
+    sim.advance(float(seconds))
+    return _json(200, {"scenario_time": sim.scenario_time()})
+
+
+_CONTROLS: dict[tuple[str, str], Callable[[Simulator, bytes], Response]] = {
+    ("GET", "requests"): _requests,
+    ("GET", "state"): _state,
+    ("POST", "faults"): _faults,
+    ("POST", "clear-faults"): _clear_faults,
+    ("POST", "blind"): _blind,
+    ("POST", "versions"): _versions,
+    ("POST", "identity"): _identity,
+    ("POST", "advance"): _advance,
+}
 
 
 MAX_LIFETIME = 10 * 365 * 86400  # seconds: ten years, far past any token a test needs, far below a date overflow

@@ -31,6 +31,7 @@ from tests.fleet.test_service import NAME, Checkpoints, Context, Event, run
 
 PLATFORM_NAME = platform_blob_name("ns", "hub", "$Default", "0")
 GRACE = 60.0
+OTHER_ID = "9A8B7C6D-5E4F-4A3B-8C2D-1E0F9A8B7C6D"
 
 
 def platform(status: str, sequence_number: int, **kwargs: Any) -> Event:
@@ -203,6 +204,27 @@ def test_a_picture_stored_past_the_vm_state_is_not_applied_twice() -> None:
     [record] = second.platform.reconcile().records
     assert record.status == "Started" and dict(record.times).keys() == {"Scheduled", "Started"}
     assert second.value("azure_scheduled_fleet_platform_duplicates_total") == 0
+
+
+def test_a_hub_recreated_under_the_same_name_has_its_platform_messages_applied_not_replayed() -> None:
+    """The stored platform picture claims sequence number 5, past the recreated hub's newest event 2: that position
+    is damage (counted, as the VM state's is) and forgotten, so the new hub's platform messages are applied."""
+    states: dict[str, Stored] = {}
+    first = Replica(states)
+    run(first.claim())
+    run(first.read(*(sidecar(number, f"web_{number}") for number in range(1, 5)),
+                   platform("Scheduled", 5, resources=["web_3"])))
+    first.gauges()  # counted, and saved
+    assert (states[PLATFORM_NAME].position, states[NAME].position) == (5, 5)
+    second = Replica(states)
+    run(second.claim())
+    run(second.read(platform("Scheduled", 1, event_id=OTHER_ID, resources=["web_7"]), sidecar(2, "web_7")))
+    second.gauges()
+    assert {record.key for record in second.platform.reconcile().records} == {KEY, OTHER_ID.lower()}
+    assert second.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot",
+                        event_status="Scheduled") == 1
+    assert second.value("azure_scheduled_fleet_replayed_documents_total") == 0
+    assert second.value("azure_scheduled_fleet_state_damaged_total", reason="position") == 2  # each stored state
 
 
 def test_a_replica_showing_part_of_the_fleet_claims_no_blind_spot_and_counts_its_vms_and_its_homes() -> None:

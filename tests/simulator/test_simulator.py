@@ -353,6 +353,22 @@ def test_control_endpoints(served: tuple[Simulator, SimulatorServer, FakeClock])
         assert http.get(server.url + "/_simulator/requests").json()[0]["path"] == "/_simulator/faults"
 
 
+def test_control_clears_faults_and_answers_404_for_an_action_or_method_it_does_not_list(
+        served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
+    """POST clear-faults drops a fault injected for ever; an unknown action, or a known one asked with the other
+    method, is 404."""
+    _, server, _ = served
+    with httpx.Client(trust_env=False) as http:
+        assert http.post(server.url + "/_simulator/faults", json={"kind": "status", "status": 502,
+                                                                  "count": 0}).status_code == 200
+        assert get(server).status_code == 502
+        assert http.post(server.url + "/_simulator/clear-faults").status_code == 200
+        assert get(server).status_code == 200
+        assert http.post(server.url + "/_simulator/nope").status_code == 404
+        assert http.post(server.url + "/_simulator/state").status_code == 404
+        assert http.get(server.url + "/_simulator/clear-faults").status_code == 404
+
+
 def test_keep_alive(served: tuple[Simulator, SimulatorServer, FakeClock]) -> None:
     """The simulator keeps connections open like IMDS, so a poller can reuse one."""
     _, server, _ = served

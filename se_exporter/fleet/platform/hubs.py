@@ -7,6 +7,8 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from azure.eventhub.aio import PartitionContext
+
 from se_exporter.fleet.message import VmState
 from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.platform.picture import PlatformPicture, PlatformRecord
@@ -25,6 +27,8 @@ class Held:
 
     picture: PlatformPicture | None = None  # None until it holds a platform message (or a stored picture)
     restored: int | None = None  # platform messages at or below this sequence number are in the picture already
+    # The claim's context until ``restored`` is checked against the partition's newest event (which only grows).
+    checking: PartitionContext | None = None
     changes: int = 0
     written: int = 0  # ``changes`` when last written
     # What was counted of the VMs of this partition (each (EventId key, VM name) once, by the replica that shows it):

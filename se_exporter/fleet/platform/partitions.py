@@ -2,7 +2,8 @@
 ``persistence.Beside`` (the partition's platform blob, written before its VM state and so before the checkpoint).
 
 A claim restores the partition's picture (and, for a home, what was counted) before it is read: platform messages
-at or below its position are replayed ones. Only ``Platform``'s public side is used.
+at or below its position are replayed ones (once that position is found not past the partition's newest event: a
+hub recreated under the same name starts again from 0). Only ``Platform``'s public side is used.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class PlatformReader:
                                       "it", partition_id, describe(error))
                 failures += 1
                 await platform.sleep(backoff(failures, 1.0, RESTORE_RETRY_MAX))
-        held = side.held[partition_id] = Held()
+        held = side.held[partition_id] = Held(checking=context)
         if data is None:
             return
         loaded = decode_platform(data, partition_id)
@@ -91,7 +92,7 @@ class PlatformReader:
             raise InvalidMessage("platform_on_sidecars_hub", "an Event Grid event on the sidecars' hub, while "
                                  "--platform-eventhub-* names the platform's own: not applied")
         held = self._side.held.get(partition_id) or self._side.held.setdefault(partition_id, Held())
-        if held.restored is not None and sequence_number <= held.restored:
+        if held.restored is not None and sequence_number <= held.restored and self._replayed(held, partition_id):
             return "replayed"
         metrics, report = platform.metrics, platform.report
         for reason, line in read.skipped:
@@ -114,6 +115,24 @@ class PlatformReader:
         held.changes += 1
         platform.note_applied()
         return "platform"
+
+    def _replayed(self, held: Held, partition_id: str) -> bool:
+        """Whether the restored position holds. Past the partition's newest event (a hub recreated under the same
+        name) it is damage, as the VM state's is to ``Fleet.check_restored``: counted and forgotten, so the new
+        hub's messages are applied. Checked once, when the newest event is known: it only grows."""
+        properties = held.checking.last_enqueued_event_properties if held.checking is not None else None
+        newest = properties.get("sequence_number") if properties else None
+        if newest is None or held.restored is None:
+            return True
+        held.checking = None
+        if held.restored <= int(newest):
+            return True
+        self._platform.metrics.state_damaged.labels("position").inc()
+        log.error("partition %s: the stored platform picture claims sequence number %d, past the partition's "
+                  "newest event %d; its position is ignored and every platform message from the checkpoint on is "
+                  "applied", partition_id, held.restored, int(newest), extra=fields(partition_id=partition_id))
+        held.restored = None
+        return False
 
     def release(self, partition_id: str) -> None:
         side, platform = self._side, self._platform
