@@ -367,6 +367,28 @@ async def _until_stopped(receiving: asyncio.Future[Any], stopping: asyncio.Task[
     return None
 
 
+def _start_helpers(settings: FleetSettings, readings: list[HubReading], platform: Platform,
+                   stop: asyncio.Event) -> list[asyncio.Task[Any]]:
+    """The periodic work beside receiving: each hub's checkpoints, expiry, watchdog and partition count, and the
+    platform's reconciliation and reading of its peers' blobs."""
+    helpers = [asyncio.create_task(work(stop)) for reading in readings
+               for work in (reading.service.checkpoints, reading.service.expiry, reading.service.watchdog)]
+    helpers.extend(asyncio.create_task(_count_partitions(reading.client, reading.service, stop))
+                   for reading in readings if reading.client is not None)
+    helpers.append(asyncio.create_task(platform.run(stop, min(RECONCILE_EVERY, settings.checkpoint_interval))))
+    helpers.append(asyncio.create_task(platform.peers(stop, settings.checkpoint_interval)))
+    return helpers
+
+
+def _failed(receiving: asyncio.Future[Any], stop: asyncio.Event) -> bool:
+    """Whether receiving ended on its own (not asked to stop): logged with its cause."""
+    failed = receiving.done() and not stop.is_set()
+    if failed:
+        log.error("the Event Hubs client stopped unexpectedly: %s", describe(
+            (receiving.exception() if not receiving.cancelled() else None) or Exception("no error")))
+    return failed
+
+
 async def _main(settings: FleetSettings, credential: Callable[[str | None], Any] = service_credential) -> int:
     filled = amqp_types.install()  # else one message with an AMQP char property stops its partition for good
     if filled:
@@ -405,12 +427,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
             reading.client = consumer_client(settings, reading.store, shared, reading.hub)
             reading.service.newest = newest_event(reading.client)
         registry.register(PartitionCollector(lambda: _views(readings), lambda: _hub_partitions(services)))
-        helpers = [asyncio.create_task(work(stop)) for service in services
-                   for work in (service.checkpoints, service.expiry, service.watchdog)]
-        helpers.extend(asyncio.create_task(_count_partitions(reading.client, reading.service, stop))
-                       for reading in readings if reading.client is not None)
-        helpers.append(asyncio.create_task(platform.run(stop, min(RECONCILE_EVERY, settings.checkpoint_interval))))
-        helpers.append(asyncio.create_task(platform.peers(stop, settings.checkpoint_interval)))
+        helpers = _start_helpers(settings, readings, platform, stop)
 
         def storage_problem(cause: str | None) -> None:
             for service in services:
@@ -428,10 +445,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         unusable = await _until_stopped(receiving, stopping, checking)
         if unusable is not None:
             stop.set()
-        failed = receiving.done() and not stop.is_set()
-        if failed:
-            log.error("the Event Hubs client stopped unexpectedly: %s", describe(
-                (receiving.exception() if not receiving.cancelled() else None) or Exception("no error")))
+        failed = _failed(receiving, stop)
         log.info("stopping: releasing %d partitions", sum(len(fleet.owned()) for fleet in fleets))
         stop.set()
         await _shut_down(readings, helpers, [receiving, stopping, checking])
