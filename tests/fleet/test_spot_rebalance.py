@@ -21,7 +21,8 @@ def test_the_fleet_shows_a_spot_rebalance_recommendation_under_its_type() -> Non
     get = Scrape(fleet).get
     assert get("azure_scheduled_fleet_pending_vms", {"event_type": "SpotRebalanceRecommendation",
                                                      "event_status": "Scheduled"}) == 1
-    assert get("azure_scheduled_fleet_event_vms", {"event_id": "S1", "event_type": "SpotRebalanceRecommendation"}) == 1
+    # EventIds are labelled in the core's canonical case (lower)
+    assert get("azure_scheduled_fleet_event_vms", {"event_id": "s1", "event_type": "SpotRebalanceRecommendation"}) == 1
 
 
 def test_the_type_has_its_row_before_any_such_event() -> None:
