@@ -443,7 +443,7 @@ def fleet_events_dashboard() -> Any:
 
 
 def two_streams(d: Any, ids: Ids) -> Any:
-    """The platform stream (Azure's own copy of every scheduled event, issue 27) beside the sidecars'. An EventId's
+    """The platform stream (Azure's own copy of every scheduled event) beside the sidecars'. An EventId's
     info series comes from the replica that shows its home platform partition (from two around a hand-over: EventIds
     are counted distinct, ``count by (event_id)``, and joined through ``max by (event_id, ...)``); its VMs by
     coverage from every replica, each counting the VMs it judged, so they are summed over the replicas. Counters

@@ -4,7 +4,7 @@
     python scripts/bench.py --smoke   tiny windows and sizes, to keep the script working (make test)
 
 Absolute timings on shared machines differ several-fold from one machine to the next; ratios taken in one run do
-not (issue 14). So every figure is printed with the reference it is divided by, measured at the same time on the
+not. So every figure is printed with the reference it is divided by, measured at the same time on the
 same machine, and the target is a ratio:
 
 * the Go peer (webdevops/azure-scheduledevents-exporter, in ../shared/peers; skipped, and said so, when absent)

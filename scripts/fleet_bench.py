@@ -2,7 +2,7 @@
 
     python scripts/fleet_bench.py           (make bench)  10,000 documents
     python scripts/fleet_bench.py --smoke   a few hundred, to keep the script working (make test)
-    python scripts/fleet_bench.py --platform [--smoke]   the same for a burst of platform messages (issue 27)
+    python scripts/fleet_bench.py --platform [--smoke]   the same for a burst of platform messages
 
 Two phases, each with its own Event Hubs test server in its own process (4 partitions) and nothing else running:
 first a bare `EventHubConsumerClient.receive_batch` (same batch size and prefetch as `fleet`, no checkpoint store)

@@ -38,7 +38,7 @@ def intervals(balancing: float) -> tuple[str, ...]:
     quick, and a round is then most often the first sign of it), the ownership expiry at the SDK's 6 times that."""
     return ("--load-balancing-interval", f"{balancing:g}", "--ownership-expiry", f"{6 * balancing:g}",
             "--checkpoint-interval", "0.5")
-BASELINE = "f31bb23"  # the last commit before the hand-over hold (issue 26)
+BASELINE = "f31bb23"  # the last commit before the hand-over hold
 
 
 def unpack(revision: str, into: Path) -> Path:

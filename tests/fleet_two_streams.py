@@ -7,7 +7,7 @@ stream's series, per replica"): ``platform_event_info`` of an EventId only by th
 platform partition; ``platform_event_vms`` by every replica, counting the VMs it judged, i.e. the VMs it shows, and
 ``no_sidecar`` only by a replica that shows every partition of every hub; so the fleet's figure is the sum over the
 replicas of ``platform_event_vms`` and one replica's ``platform_event_info`` per EventId. The counters are those
-issue 27's contract names, each EventId's counted by its home replica.
+the contract names, each EventId's counted by its home replica.
 
 Two moments: ``split()``, the steady state (A shows sidecar partition P0 and is home to E-fz, E-done and E-term; B
 shows P1 and is home to E-big and E-dark; neither judges ``no_sidecar``), and ``handover()``, where A still shows

@@ -15,7 +15,7 @@ DRIP_HEAD = b"GET /metrics HTTP/1.1\r\nHost: sidecar\r\nX-Drip: " + b"a" * 100_0
 
 class Drippers:
     """``count`` connections, each sending a request head one byte every ``every`` seconds and never finishing
-    it; a connection the server closes is opened again at once (the hostile client of issue 24, finding 10)."""
+    it; a connection the server closes is opened again at once (a hostile client)."""
 
     def __init__(self, port: int, count: int, every: float = 2.0) -> None:
         self.port, self.count, self.every = port, count, every

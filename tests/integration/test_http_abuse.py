@@ -1,4 +1,4 @@
-"""The sidecar's HTTP server against hostile clients, as a process (issue 24, findings 9 and 10): slow clients
+"""The sidecar's HTTP server against hostile clients, as a process: slow clients
 never take a scrape's place, and an oversized request head is refused before it is read, RSS flat."""
 
 from __future__ import annotations

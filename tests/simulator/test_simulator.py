@@ -557,7 +557,7 @@ def test_gzip_bomb_inflates_to_blanks_then_the_document(served: tuple[Simulator,
     assert json.loads(inflated) == sim.document()
 
 
-# ---------------------------------------------------------------- the double under abuse (issue 24, finding 11)
+# ---------------------------------------------------------------- the double under abuse
 
 
 def test_idle_connections_hold_no_thread_and_are_capped_and_timed_out() -> None:
