@@ -34,7 +34,7 @@ GROUP, LOCATION = "maintenance-rg", "norwayeast"
 SIDECARS = ("web_0", "web_1", "web_2")  # web_3 runs none
 ANNOUNCED, STARTED = 600.0, 1200.0  # scenario seconds: reached only by jumps, once the test is ready for them
 SCENARIO = {
-    "description": "The bar of the two streams: a Freeze of four VMs; web_1's sidecar is blind to it, web_2's cannot read "
+    "description": "Two streams: a Freeze of four VMs; web_1's sidecar is blind to it, web_2's cannot read "
                    "IMDS (a fault the test injects), web_3 runs no sidecar; a Reboot the platform never announces.",
     "vm": {"vmScaleSetName": "web", "location": LOCATION, "resourceGroupName": GROUP},
     "vms": [{"name": "web_0"}, {"name": "web_1"}, {"name": "web_2"}, {"name": "web_3"}],
