@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -348,6 +350,32 @@ def test_host_network_mode() -> None:
     assert pod["priorityClassName"] == "system-node-critical" and not of_kind(found, "PriorityClass")
     assert pod["containers"][0]["image"] == "myregistry.azurecr.io/se-exporter@sha256:" + "0123456789abcdef" * 4
     assert pod["volumes"][0]["hostPath"]["path"] == "/var/lib/se-exporter"
+
+
+def test_a_host_path_state_directory_is_handed_to_the_pods_user_first() -> None:
+    """state.hostPath: the kubelet creates the directory root-owned 0755 and fsGroup does not reach a hostPath, so an
+    init container of the same image, as root with CHOWN alone and nothing else, chowns the mounted directory to the
+    pod's user and group (its python command, run here with os.chown recorded, does exactly that); without a
+    hostPath there is no init container and nothing runs as root."""
+    pod = objects("host-network")[("DaemonSet", "se-exporter")]["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    (sidecar,) = pod["containers"]
+    assert init["image"] == sidecar["image"]
+    assert init["securityContext"] == {
+        "runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True, "privileged": False, "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]}}
+    assert init["volumeMounts"] == sidecar["volumeMounts"]
+    assert pod["volumes"][0]["hostPath"]["type"] == "DirectoryOrCreate"
+    program, flag, code = init["command"]
+    assert (program, flag) == ("python", "-c")  # the image's python: no shell needed
+    record = "import os, json; calls = []; os.chown = lambda *a: calls.append(a); exec(%r); print(json.dumps(calls))"
+    done = subprocess.run([sys.executable, "-c", record % code], capture_output=True, text=True, check=True, timeout=30)
+    user = pod["securityContext"]
+    assert json.loads(done.stdout) == [[init["volumeMounts"][0]["mountPath"], user["runAsUser"], user["runAsGroup"]]]
+    assert "initContainers" not in objects("default")[("DaemonSet", "se-exporter")]["spec"]["template"]["spec"]
+    moved = objects("host-network", "podSecurityContext.runAsUser=20002", "podSecurityContext.runAsGroup=20003")
+    code = moved[("DaemonSet", "se-exporter")]["spec"]["template"]["spec"]["initContainers"][0]["command"][2]
+    assert "20002, 20003)" in code
 
 
 def test_azure_managed_prometheus_monitors() -> None:
