@@ -482,6 +482,45 @@ def test_a_bad_value_is_refused_by_the_schema(pair: str) -> None:
     assert key in str(refused.value) or pair.partition("=")[2] in str(refused.value)
 
 
+FLEET_CLIENT_ID_NEEDED = r"set fleet\.serviceAccount\.workloadIdentity\.clientId"
+
+
+@pytest.mark.parametrize(("values", "sets", "refusal"), [
+    ("default", ["eventhubs.auth=workloadIdentity", "eventhubs.namespace=myns.servicebus.windows.net",
+                 "eventhubs.name=hub"], r"needs serviceAccount\.workloadIdentity\.clientId"),
+    ("default", ["eventhubs.namespace=myns.servicebus.windows.net"], r"eventhubs\.auth is none"),
+    ("default", ["eventhubs.name=hub"], r"eventhubs\.auth is none"),
+    ("default", ["podMonitor.enabled=true"], r"serviceMonitor\.enabled and podMonitor\.enabled are both true"),
+    ("existing-secret", ["fleet.eventhubs.existingSecret.name="], r"needs fleet\.eventhubs\.existingSecret\.name"),
+    ("existing-secret", ["fleet.checkpoint.existingSecret.name=", "fleet.checkpoint.accountUrl=https://a.blob.x"],
+     FLEET_CLIENT_ID_NEEDED),
+    ("fleet", ["fleet.serviceAccount.workloadIdentity.clientId="], FLEET_CLIENT_ID_NEEDED),
+    ("windows", ["eventhubs.name="], r"managedIdentityClientId needs eventhubs\.namespace and eventhubs\.name"),
+], ids=["wi-without-client-id", "namespace-without-auth", "name-without-auth", "both-monitors",
+        "fleet-reusing-the-send-secret", "fleet-account-url-without-client-id", "fleet-wi-without-client-id",
+        "windows-identity-without-hub"])
+def test_values_that_would_fail_at_run_time_fail_at_render_in_one_line(values: str, sets: list[str],
+                                                                      refusal: str) -> None:
+    """Values that render but could not work (a workload identity without its client id, a hub named without auth,
+    a double scrape, the fleet reading with the node pods' Send secret) stop `helm template` with one line naming
+    the value to set; the same value set without the fault renders."""
+    with pytest.raises(HelmFailed, match=refusal) as refused:
+        render(VALUES[values], *sets)
+    (line,) = [ln for ln in str(refused.value).splitlines() if "execution error" in ln]
+    assert re.search(refusal, line)
+    assert render(VALUES[values])
+
+
+def test_windows_may_forward_with_the_node_identity_while_the_linux_pods_do_not() -> None:
+    """eventhubs.namespace and name with auth=none are the Windows service's hub when windows.managedIdentityClientId
+    is set: that is not refused."""
+    found = objects("windows", "eventhubs.auth=none", "serviceAccount.workloadIdentity.clientId=")
+    pod = found[("DaemonSet", "se-exporter-windows")]["spec"]["template"]["spec"]
+    assert "-EventHubName 'scheduled-events'" in pod["containers"][0]["command"][-1]
+    assert not any(n.startswith("SE_EXPORTER_EVENTHUB") for n in env(
+        found[("DaemonSet", "se-exporter")]["spec"]["template"]["spec"]["containers"][0]))
+
+
 def test_an_image_must_be_given() -> None:
     """Without image.repository the chart refuses to render and says how to build and push one."""
     with pytest.raises(HelmFailed, match=r"image.repository is empty: build and push the image first \(make image"):

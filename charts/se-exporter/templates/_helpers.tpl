@@ -182,3 +182,35 @@ app.kubernetes.io/part-of: se-exporter
     {{- toYaml . | nindent 4 }}
   {{- end }}
 {{- end -}}
+
+{{/* Values that would render but fail (or quietly do nothing) at run time: refused at render with one line. */}}
+{{- define "se-exporter.validate" -}}
+{{- $eh := .Values.eventhubs -}}
+{{- if and (eq $eh.auth "workloadIdentity") .Values.serviceAccount.create (not .Values.serviceAccount.workloadIdentity.clientId) -}}
+{{- fail "eventhubs.auth=workloadIdentity needs serviceAccount.workloadIdentity.clientId (the identity with \"Azure Event Hubs Data Sender\" on the hub)" -}}
+{{- end -}}
+{{- $windowsForwards := and .Values.windows.enabled .Values.windows.managedIdentityClientId -}}
+{{- if and (eq $eh.auth "none") (or $eh.namespace $eh.name $eh.endpoint) (not $windowsForwards) -}}
+{{- fail "eventhubs.namespace, name or endpoint is set but eventhubs.auth is none: set eventhubs.auth (workloadIdentity or existingSecret) to forward, or clear them" -}}
+{{- end -}}
+{{- if and $windowsForwards (not (and $eh.namespace $eh.name)) -}}
+{{- fail "windows.managedIdentityClientId needs eventhubs.namespace and eventhubs.name (the hub the Windows service forwards to)" -}}
+{{- end -}}
+{{- if and .Values.serviceMonitor.enabled .Values.podMonitor.enabled -}}
+{{- fail "serviceMonitor.enabled and podMonitor.enabled are both true: every pod would be scraped twice; set one of them to false" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The fleet's values that would render but fail at run time (after the fleet's own checks). */}}
+{{- define "se-exporter.fleet.validate" -}}
+{{- $f := .Values.fleet -}}
+{{- if and (eq .Values.eventhubs.auth "existingSecret") (not $f.eventhubs.existingSecret.name) -}}
+{{- fail "fleet.enabled with eventhubs.auth=existingSecret needs fleet.eventhubs.existingSecret.name: a Listen policy's connection string (the node pods' Send policy cannot read)" -}}
+{{- end -}}
+{{- $checkpointWi := and $f.checkpoint.accountUrl (not $f.checkpoint.existingSecret.name) -}}
+{{- $platformWi := and $f.platform.namespace (not $f.platform.existingSecret.name) -}}
+{{- $needsWi := or (eq .Values.eventhubs.auth "workloadIdentity") $checkpointWi $platformWi -}}
+{{- if and $needsWi (not $f.serviceAccount.workloadIdentity.clientId) (or $f.serviceAccount.create (ne .Values.eventhubs.auth "workloadIdentity")) -}}
+{{- fail "the fleet uses workload identity (eventhubs.auth=workloadIdentity, fleet.checkpoint.accountUrl or fleet.platform.namespace): set fleet.serviceAccount.workloadIdentity.clientId" -}}
+{{- end -}}
+{{- end -}}
