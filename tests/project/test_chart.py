@@ -329,7 +329,7 @@ def test_windows_node_pods_install_the_winsw_service_on_the_node() -> None:
     declared = set(re.findall(r"^\s*\[.*\]\s*\$(\w+)", parameters, re.M))
     passed = set(re.findall(r"\s-(\w+) ", script))
     assert passed and passed <= declared, passed - declared
-    assert "-OtlpEndpoint 'http://otel-collector.monitoring:4318'" in script
+    assert "-OtlpEndpoint 'http://10.224.0.50:4318'" in script  # windows.otlpEndpoint: what the node resolves
     assert "-ScrapeFrom @('10.224.0.0/16','LocalSubnet')" in script
     assert "-Sha256 '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08'" in script
     assert container["lifecycle"]["preStop"]["exec"]["command"][-1].endswith("'install.ps1') -Uninstall")
@@ -339,6 +339,23 @@ def test_windows_node_pods_install_the_winsw_service_on_the_node() -> None:
     linux = found[("DaemonSet", "se-exporter")]["spec"]["template"]["spec"]
     assert linux["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert "se-exporter.xml" in (ROOT / "deploy/windows/install.ps1").read_text()
+
+
+def test_windows_otlp_is_http_only_and_resolved_by_the_node() -> None:
+    """install.ps1 takes an OTLP/HTTP endpoint only: with otlp.protocol=grpc the Windows pods refuse to render
+    (one line naming windows.otlpEndpoint) unless windows.otlpEndpoint gives an HTTP one, which then goes to
+    install.ps1 while the Linux pods keep gRPC; without windows.otlpEndpoint, otlp.endpoint is passed."""
+    with pytest.raises(HelmFailed, match=r"otlp\.protocol=grpc: the Windows service speaks OTLP/HTTP only; set "
+                                         r"windows\.otlpEndpoint"):
+        render(VALUES["windows"], "otlp.protocol=grpc", "windows.otlpEndpoint=")
+    found = objects("windows", "otlp.protocol=grpc", "otlp.endpoint=http://otel-collector.monitoring:4317")
+    script = found[("DaemonSet", "se-exporter-windows")]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "-OtlpEndpoint 'http://10.224.0.50:4318'" in script and "4317" not in script
+    linux = env(found[("DaemonSet", "se-exporter")]["spec"]["template"]["spec"]["containers"][0])
+    assert linux["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
+    fallback = objects("windows", "windows.otlpEndpoint=")[("DaemonSet", "se-exporter-windows")]
+    assert "-OtlpEndpoint 'http://otel-collector.monitoring:4318'" in fallback["spec"]["template"]["spec"][
+        "containers"][0]["command"][-1]
 
 
 def test_host_network_mode() -> None:
