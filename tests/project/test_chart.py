@@ -459,7 +459,7 @@ def egress_ports(policy: dict[str, Any]) -> set[int]:
 
 def test_network_policy_follows_the_enabled_outputs() -> None:
     """IMDS and DNS always; Event Hubs' ports only when forwarding; the OTLP endpoint's own port (4318, 4317, the
-    scheme's 443) only when spans are exported, to the peers given."""
+    scheme's 443, gRPC's 443 for a URL without one) only when spans are exported, to the peers given."""
     assert egress_ports(objects("default")[("NetworkPolicy", "se-exporter")]) == {80, 53}
     assert egress_ports(objects("existing-secret")[("NetworkPolicy", "se-exporter")]) == {80, 53, 5671, 443}
     windows = objects("windows")[("NetworkPolicy", "se-exporter")]
@@ -470,6 +470,13 @@ def test_network_policy_follows_the_enabled_outputs() -> None:
     assert grpc["spec"]["ingress"][0]["from"][0]["namespaceSelector"]
     https = objects("default", "otlp.endpoint=https://otlp.example.net/v1/traces")[("NetworkPolicy", "se-exporter")]
     assert egress_ports(https) == {80, 53, 443}
+    # gRPC without a port: the OTel gRPC exporter passes gRPC the URL's host alone (http:// only means no TLS), and
+    # gRPC's default port is 443 (its naming rules), not the scheme's 80.
+    for protocol, port in (("grpc", 443), ("http/protobuf", 80)):
+        plain = objects("default", "otlp.endpoint=http://otel-collector.tracing", f"otlp.protocol={protocol}")
+        (otlp,) = [r for r in plain[("NetworkPolicy", "se-exporter")]["spec"]["egress"]
+                   if r.get("to") == [{"ipBlock": {"cidr": "0.0.0.0/0"}}]]
+        assert otlp["ports"] == [{"port": port, "protocol": "TCP"}], protocol
     imds = f"{urlsplit(DEFAULT_IMDS_URL).hostname}/32"  # the documented IMDS address, never contacted here
     assert {"ipBlock": {"cidr": imds}} in objects("default")[("NetworkPolicy", "se-exporter")][
         "spec"]["egress"][0]["to"]

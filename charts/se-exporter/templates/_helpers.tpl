@@ -107,13 +107,14 @@ app.kubernetes.io/part-of: se-exporter
 {{- if or (eq .Values.eventhubs.auth "workloadIdentity") .Values.fleet.serviceAccount.workloadIdentity.clientId -}}true{{- end -}}
 {{- end -}}
 
-{{/* The OTLP endpoint's port: the one in the URL, else the scheme's (80, 443). */}}
+{{/* The OTLP endpoint's port: the one in the URL; else, over gRPC, 443 whatever the scheme (the OTel exporter
+hands gRPC the bare host, and gRPC's default port is 443), and over HTTP the scheme's (80, 443). */}}
 {{- define "se-exporter.otlpPort" -}}
 {{- $url := urlParse .Values.otlp.endpoint -}}
 {{- $hostport := splitList ":" (get $url "host") -}}
 {{- if gt (len $hostport) 1 -}}
 {{- last $hostport -}}
-{{- else if eq (get $url "scheme") "https" -}}
+{{- else if or (eq (get $url "scheme") "https") (eq .Values.otlp.protocol "grpc") -}}
 443
 {{- else -}}
 80
