@@ -187,6 +187,16 @@ def test_default_node_pods_match_the_sidecar() -> None:
                                      "PrometheusRule", "NetworkPolicy"}
 
 
+def test_upgrades_are_shown_with_the_new_charts_defaults() -> None:
+    """The chart's README and docs/aks.md show `helm upgrade --reset-then-reuse-values` (the new chart's defaults,
+    then the user's values), never `--reuse-values`, which keeps the old chart's defaults; the pinned helm has it."""
+    for path in (CHART / "README.md", ROOT / "docs" / "aks.md"):
+        commands = re.findall(r"helm upgrade[^\n`]*", path.read_text().replace("\\\n", " "))
+        assert any("--reset-then-reuse-values" in c for c in commands), path
+        assert not [c for c in commands if re.search(r"(?<!then)-reuse-values", c)], path
+    assert "--reset-then-reuse-values" in run_helm(["upgrade", "--help"])
+
+
 def test_default_node_pods_tolerate_every_aks_taint_and_preempt_only_ordinary_pods() -> None:
     """The node pods schedule on spot, system, auto-drained and GPU pools; their class ranks above ordinary
     workloads and below both built-in system classes."""
@@ -209,13 +219,17 @@ CLUSTER_SCOPED = {"PriorityClass"}
 def test_every_namespaced_object_names_its_namespace(release: str) -> None:
     """Each namespaced object says the release's namespace (so a rendered manifest applies where helm would put it),
     the PriorityClass none; the Services keep "se-exporter" and "se-exporter-fleet" in their names, which the rules
-    find the scrape jobs by, whatever the release is called."""
+    find the scrape jobs by, whatever the release is called; the PriorityClass, cluster-scoped, is named apart from
+    a release of the same name in another namespace (helm would refuse to install the second one)."""
     rendered = render(VALUES["fleet"], release=release, namespace="observability")
     for document in rendered:
         if document["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in document["metadata"]
         else:
             assert document["metadata"]["namespace"] == "observability", document["kind"]
+    (priority,) = [d["metadata"]["name"] for d in rendered if d["kind"] == "PriorityClass"]
+    elsewhere = render(VALUES["fleet"], release=release, namespace="observability-2")
+    assert priority not in {d["metadata"]["name"] for d in elsewhere if d["kind"] == "PriorityClass"}
     services = sorted(d["metadata"]["name"] for d in rendered if d["kind"] == "Service")
     assert [re.search(r"se-exporter(-fleet)?$", name) is not None for name in services] == [True, True]
     assert any(name.endswith("se-exporter-fleet") for name in services)

@@ -81,7 +81,8 @@ app.kubernetes.io/part-of: se-exporter
 {{- if .Values.priorityClassName -}}
 {{- .Values.priorityClassName -}}
 {{- else if .Values.priorityClass.create -}}
-{{- printf "%s-node" (include "se-exporter.fullname" .) -}}
+{{- /* PriorityClasses are cluster-scoped: the namespace in the name keeps two releases of one name apart. */ -}}
+{{- printf "%s-%s-node" (include "se-exporter.fullname" .) (include "se-exporter.namespace" .) -}}
 {{- end -}}
 {{- end -}}
 
