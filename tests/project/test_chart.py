@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -185,6 +187,16 @@ def test_default_node_pods_match_the_sidecar() -> None:
                                      "PrometheusRule", "NetworkPolicy"}
 
 
+def test_upgrades_are_shown_with_the_new_charts_defaults() -> None:
+    """The chart's README and docs/aks.md show `helm upgrade --reset-then-reuse-values` (the new chart's defaults,
+    then the user's values), never `--reuse-values`, which keeps the old chart's defaults; the pinned helm has it."""
+    for path in (CHART / "README.md", ROOT / "docs" / "aks.md"):
+        commands = re.findall(r"helm upgrade[^\n`]*", path.read_text().replace("\\\n", " "))
+        assert any("--reset-then-reuse-values" in c for c in commands), path
+        assert not [c for c in commands if re.search(r"(?<!then)-reuse-values", c)], path
+    assert "--reset-then-reuse-values" in run_helm(["upgrade", "--help"])
+
+
 def test_default_node_pods_tolerate_every_aks_taint_and_preempt_only_ordinary_pods() -> None:
     """The node pods schedule on spot, system, auto-drained and GPU pools; their class ranks above ordinary
     workloads and below both built-in system classes."""
@@ -207,13 +219,17 @@ CLUSTER_SCOPED = {"PriorityClass"}
 def test_every_namespaced_object_names_its_namespace(release: str) -> None:
     """Each namespaced object says the release's namespace (so a rendered manifest applies where helm would put it),
     the PriorityClass none; the Services keep "se-exporter" and "se-exporter-fleet" in their names, which the rules
-    find the scrape jobs by, whatever the release is called."""
+    find the scrape jobs by, whatever the release is called; the PriorityClass, cluster-scoped, is named apart from
+    a release of the same name in another namespace (helm would refuse to install the second one)."""
     rendered = render(VALUES["fleet"], release=release, namespace="observability")
     for document in rendered:
         if document["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in document["metadata"]
         else:
             assert document["metadata"]["namespace"] == "observability", document["kind"]
+    (priority,) = [d["metadata"]["name"] for d in rendered if d["kind"] == "PriorityClass"]
+    elsewhere = render(VALUES["fleet"], release=release, namespace="observability-2")
+    assert priority not in {d["metadata"]["name"] for d in elsewhere if d["kind"] == "PriorityClass"}
     services = sorted(d["metadata"]["name"] for d in rendered if d["kind"] == "Service")
     assert [re.search(r"se-exporter(-fleet)?$", name) is not None for name in services] == [True, True]
     assert any(name.endswith("se-exporter-fleet") for name in services)
@@ -327,7 +343,7 @@ def test_windows_node_pods_install_the_winsw_service_on_the_node() -> None:
     declared = set(re.findall(r"^\s*\[.*\]\s*\$(\w+)", parameters, re.M))
     passed = set(re.findall(r"\s-(\w+) ", script))
     assert passed and passed <= declared, passed - declared
-    assert "-OtlpEndpoint 'http://otel-collector.monitoring:4318'" in script
+    assert "-OtlpEndpoint 'http://10.224.0.50:4318'" in script  # windows.otlpEndpoint: what the node resolves
     assert "-ScrapeFrom @('10.224.0.0/16','LocalSubnet')" in script
     assert "-Sha256 '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08'" in script
     assert container["lifecycle"]["preStop"]["exec"]["command"][-1].endswith("'install.ps1') -Uninstall")
@@ -339,6 +355,23 @@ def test_windows_node_pods_install_the_winsw_service_on_the_node() -> None:
     assert "se-exporter.xml" in (ROOT / "deploy/windows/install.ps1").read_text()
 
 
+def test_windows_otlp_is_http_only_and_resolved_by_the_node() -> None:
+    """install.ps1 takes an OTLP/HTTP endpoint only: with otlp.protocol=grpc the Windows pods refuse to render
+    (one line naming windows.otlpEndpoint) unless windows.otlpEndpoint gives an HTTP one, which then goes to
+    install.ps1 while the Linux pods keep gRPC; without windows.otlpEndpoint, otlp.endpoint is passed."""
+    with pytest.raises(HelmFailed, match=r"otlp\.protocol=grpc: the Windows service speaks OTLP/HTTP only; set "
+                                         r"windows\.otlpEndpoint"):
+        render(VALUES["windows"], "otlp.protocol=grpc", "windows.otlpEndpoint=")
+    found = objects("windows", "otlp.protocol=grpc", "otlp.endpoint=http://otel-collector.monitoring:4317")
+    script = found[("DaemonSet", "se-exporter-windows")]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "-OtlpEndpoint 'http://10.224.0.50:4318'" in script and "4317" not in script
+    linux = env(found[("DaemonSet", "se-exporter")]["spec"]["template"]["spec"]["containers"][0])
+    assert linux["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
+    fallback = objects("windows", "windows.otlpEndpoint=")[("DaemonSet", "se-exporter-windows")]
+    assert "-OtlpEndpoint 'http://otel-collector.monitoring:4318'" in fallback["spec"]["template"]["spec"][
+        "containers"][0]["command"][-1]
+
+
 def test_host_network_mode() -> None:
     """hostNetwork=true puts the node pods on the node's network with cluster DNS still resolving, an existing
     priority class instead of the chart's, and the image by digest."""
@@ -348,6 +381,32 @@ def test_host_network_mode() -> None:
     assert pod["priorityClassName"] == "system-node-critical" and not of_kind(found, "PriorityClass")
     assert pod["containers"][0]["image"] == "myregistry.azurecr.io/se-exporter@sha256:" + "0123456789abcdef" * 4
     assert pod["volumes"][0]["hostPath"]["path"] == "/var/lib/se-exporter"
+
+
+def test_a_host_path_state_directory_is_handed_to_the_pods_user_first() -> None:
+    """state.hostPath: the kubelet creates the directory root-owned 0755 and fsGroup does not reach a hostPath, so an
+    init container of the same image, as root with CHOWN alone and nothing else, chowns the mounted directory to the
+    pod's user and group (its python command, run here with os.chown recorded, does exactly that); without a
+    hostPath there is no init container and nothing runs as root."""
+    pod = objects("host-network")[("DaemonSet", "se-exporter")]["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    (sidecar,) = pod["containers"]
+    assert init["image"] == sidecar["image"]
+    assert init["securityContext"] == {
+        "runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True, "privileged": False, "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]}}
+    assert init["volumeMounts"] == sidecar["volumeMounts"]
+    assert pod["volumes"][0]["hostPath"]["type"] == "DirectoryOrCreate"
+    program, flag, code = init["command"]
+    assert (program, flag) == ("python", "-c")  # the image's python: no shell needed
+    record = "import os, json; calls = []; os.chown = lambda *a: calls.append(a); exec(%r); print(json.dumps(calls))"
+    done = subprocess.run([sys.executable, "-c", record % code], capture_output=True, text=True, check=True, timeout=30)
+    user = pod["securityContext"]
+    assert json.loads(done.stdout) == [[init["volumeMounts"][0]["mountPath"], user["runAsUser"], user["runAsGroup"]]]
+    assert "initContainers" not in objects("default")[("DaemonSet", "se-exporter")]["spec"]["template"]["spec"]
+    moved = objects("host-network", "podSecurityContext.runAsUser=20002", "podSecurityContext.runAsGroup=20003")
+    code = moved[("DaemonSet", "se-exporter")]["spec"]["template"]["spec"]["initContainers"][0]["command"][2]
+    assert "20002, 20003)" in code
 
 
 def test_azure_managed_prometheus_monitors() -> None:
@@ -414,7 +473,7 @@ def egress_ports(policy: dict[str, Any]) -> set[int]:
 
 def test_network_policy_follows_the_enabled_outputs() -> None:
     """IMDS and DNS always; Event Hubs' ports only when forwarding; the OTLP endpoint's own port (4318, 4317, the
-    scheme's 443) only when spans are exported, to the peers given."""
+    scheme's 443, gRPC's 443 for a URL without one) only when spans are exported, to the peers given."""
     assert egress_ports(objects("default")[("NetworkPolicy", "se-exporter")]) == {80, 53}
     assert egress_ports(objects("existing-secret")[("NetworkPolicy", "se-exporter")]) == {80, 53, 5671, 443}
     windows = objects("windows")[("NetworkPolicy", "se-exporter")]
@@ -425,6 +484,13 @@ def test_network_policy_follows_the_enabled_outputs() -> None:
     assert grpc["spec"]["ingress"][0]["from"][0]["namespaceSelector"]
     https = objects("default", "otlp.endpoint=https://otlp.example.net/v1/traces")[("NetworkPolicy", "se-exporter")]
     assert egress_ports(https) == {80, 53, 443}
+    # gRPC without a port: the OTel gRPC exporter passes gRPC the URL's host alone (http:// only means no TLS), and
+    # gRPC's default port is 443 (its naming rules), not the scheme's 80.
+    for protocol, port in (("grpc", 443), ("http/protobuf", 80)):
+        plain = objects("default", "otlp.endpoint=http://otel-collector.tracing", f"otlp.protocol={protocol}")
+        (otlp,) = [r for r in plain[("NetworkPolicy", "se-exporter")]["spec"]["egress"]
+                   if r.get("to") == [{"ipBlock": {"cidr": "0.0.0.0/0"}}]]
+        assert otlp["ports"] == [{"port": port, "protocol": "TCP"}], protocol
     imds = f"{urlsplit(DEFAULT_IMDS_URL).hostname}/32"  # the documented IMDS address, never contacted here
     assert {"ipBlock": {"cidr": imds}} in objects("default")[("NetworkPolicy", "se-exporter")][
         "spec"]["egress"][0]["to"]
@@ -452,6 +518,45 @@ def test_a_bad_value_is_refused_by_the_schema(pair: str) -> None:
         render(VALUES["default"], pair)
     key = pair.partition("=")[0].rpartition(".")[2]
     assert key in str(refused.value) or pair.partition("=")[2] in str(refused.value)
+
+
+FLEET_CLIENT_ID_NEEDED = r"set fleet\.serviceAccount\.workloadIdentity\.clientId"
+
+
+@pytest.mark.parametrize(("values", "sets", "refusal"), [
+    ("default", ["eventhubs.auth=workloadIdentity", "eventhubs.namespace=myns.servicebus.windows.net",
+                 "eventhubs.name=hub"], r"needs serviceAccount\.workloadIdentity\.clientId"),
+    ("default", ["eventhubs.namespace=myns.servicebus.windows.net"], r"eventhubs\.auth is none"),
+    ("default", ["eventhubs.name=hub"], r"eventhubs\.auth is none"),
+    ("default", ["podMonitor.enabled=true"], r"serviceMonitor\.enabled and podMonitor\.enabled are both true"),
+    ("existing-secret", ["fleet.eventhubs.existingSecret.name="], r"needs fleet\.eventhubs\.existingSecret\.name"),
+    ("existing-secret", ["fleet.checkpoint.existingSecret.name=", "fleet.checkpoint.accountUrl=https://a.blob.x"],
+     FLEET_CLIENT_ID_NEEDED),
+    ("fleet", ["fleet.serviceAccount.workloadIdentity.clientId="], FLEET_CLIENT_ID_NEEDED),
+    ("windows", ["eventhubs.name="], r"managedIdentityClientId needs eventhubs\.namespace and eventhubs\.name"),
+], ids=["wi-without-client-id", "namespace-without-auth", "name-without-auth", "both-monitors",
+        "fleet-reusing-the-send-secret", "fleet-account-url-without-client-id", "fleet-wi-without-client-id",
+        "windows-identity-without-hub"])
+def test_values_that_would_fail_at_run_time_fail_at_render_in_one_line(values: str, sets: list[str],
+                                                                      refusal: str) -> None:
+    """Values that render but could not work (a workload identity without its client id, a hub named without auth,
+    a double scrape, the fleet reading with the node pods' Send secret) stop `helm template` with one line naming
+    the value to set; the same value set without the fault renders."""
+    with pytest.raises(HelmFailed, match=refusal) as refused:
+        render(VALUES[values], *sets)
+    (line,) = [ln for ln in str(refused.value).splitlines() if "execution error" in ln]
+    assert re.search(refusal, line)
+    assert render(VALUES[values])
+
+
+def test_windows_may_forward_with_the_node_identity_while_the_linux_pods_do_not() -> None:
+    """eventhubs.namespace and name with auth=none are the Windows service's hub when windows.managedIdentityClientId
+    is set: that is not refused."""
+    found = objects("windows", "eventhubs.auth=none", "serviceAccount.workloadIdentity.clientId=")
+    pod = found[("DaemonSet", "se-exporter-windows")]["spec"]["template"]["spec"]
+    assert "-EventHubName 'scheduled-events'" in pod["containers"][0]["command"][-1]
+    assert not any(n.startswith("SE_EXPORTER_EVENTHUB") for n in env(
+        found[("DaemonSet", "se-exporter")]["spec"]["template"]["spec"]["containers"][0]))
 
 
 def test_an_image_must_be_given() -> None:

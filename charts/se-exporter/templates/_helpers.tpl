@@ -81,7 +81,8 @@ app.kubernetes.io/part-of: se-exporter
 {{- if .Values.priorityClassName -}}
 {{- .Values.priorityClassName -}}
 {{- else if .Values.priorityClass.create -}}
-{{- printf "%s-node" (include "se-exporter.fullname" .) -}}
+{{- /* PriorityClasses are cluster-scoped: the namespace in the name keeps two releases of one name apart. */ -}}
+{{- printf "%s-%s-node" (include "se-exporter.fullname" .) (include "se-exporter.namespace" .) -}}
 {{- end -}}
 {{- end -}}
 
@@ -107,13 +108,14 @@ app.kubernetes.io/part-of: se-exporter
 {{- if or (eq .Values.eventhubs.auth "workloadIdentity") .Values.fleet.serviceAccount.workloadIdentity.clientId -}}true{{- end -}}
 {{- end -}}
 
-{{/* The OTLP endpoint's port: the one in the URL, else the scheme's (80, 443). */}}
+{{/* The OTLP endpoint's port: the one in the URL; else, over gRPC, 443 whatever the scheme (the OTel exporter
+hands gRPC the bare host, and gRPC's default port is 443), and over HTTP the scheme's (80, 443). */}}
 {{- define "se-exporter.otlpPort" -}}
 {{- $url := urlParse .Values.otlp.endpoint -}}
 {{- $hostport := splitList ":" (get $url "host") -}}
 {{- if gt (len $hostport) 1 -}}
 {{- last $hostport -}}
-{{- else if eq (get $url "scheme") "https" -}}
+{{- else if or (eq (get $url "scheme") "https") (eq .Values.otlp.protocol "grpc") -}}
 443
 {{- else -}}
 80
@@ -181,4 +183,36 @@ app.kubernetes.io/part-of: se-exporter
   metricRelabelings:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+{{- end -}}
+
+{{/* Values that would render but fail (or quietly do nothing) at run time: refused at render with one line. */}}
+{{- define "se-exporter.validate" -}}
+{{- $eh := .Values.eventhubs -}}
+{{- if and (eq $eh.auth "workloadIdentity") .Values.serviceAccount.create (not .Values.serviceAccount.workloadIdentity.clientId) -}}
+{{- fail "eventhubs.auth=workloadIdentity needs serviceAccount.workloadIdentity.clientId (the identity with \"Azure Event Hubs Data Sender\" on the hub)" -}}
+{{- end -}}
+{{- $windowsForwards := and .Values.windows.enabled .Values.windows.managedIdentityClientId -}}
+{{- if and (eq $eh.auth "none") (or $eh.namespace $eh.name $eh.endpoint) (not $windowsForwards) -}}
+{{- fail "eventhubs.namespace, name or endpoint is set but eventhubs.auth is none: set eventhubs.auth (workloadIdentity or existingSecret) to forward, or clear them" -}}
+{{- end -}}
+{{- if and $windowsForwards (not (and $eh.namespace $eh.name)) -}}
+{{- fail "windows.managedIdentityClientId needs eventhubs.namespace and eventhubs.name (the hub the Windows service forwards to)" -}}
+{{- end -}}
+{{- if and .Values.serviceMonitor.enabled .Values.podMonitor.enabled -}}
+{{- fail "serviceMonitor.enabled and podMonitor.enabled are both true: every pod would be scraped twice; set one of them to false" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The fleet's values that would render but fail at run time (after the fleet's own checks). */}}
+{{- define "se-exporter.fleet.validate" -}}
+{{- $f := .Values.fleet -}}
+{{- if and (eq .Values.eventhubs.auth "existingSecret") (not $f.eventhubs.existingSecret.name) -}}
+{{- fail "fleet.enabled with eventhubs.auth=existingSecret needs fleet.eventhubs.existingSecret.name: a Listen policy's connection string (the node pods' Send policy cannot read)" -}}
+{{- end -}}
+{{- $checkpointWi := and $f.checkpoint.accountUrl (not $f.checkpoint.existingSecret.name) -}}
+{{- $platformWi := and $f.platform.namespace (not $f.platform.existingSecret.name) -}}
+{{- $needsWi := or (eq .Values.eventhubs.auth "workloadIdentity") $checkpointWi $platformWi -}}
+{{- if and $needsWi (not $f.serviceAccount.workloadIdentity.clientId) (or $f.serviceAccount.create (ne .Values.eventhubs.auth "workloadIdentity")) -}}
+{{- fail "the fleet uses workload identity (eventhubs.auth=workloadIdentity, fleet.checkpoint.accountUrl or fleet.platform.namespace): set fleet.serviceAccount.workloadIdentity.clientId" -}}
+{{- end -}}
 {{- end -}}
