@@ -183,7 +183,6 @@ def make_forwarding(settings: Settings, state_dir: StateDir, registry: Collector
             settings.eventhub_client_id, endpoint=settings.eventhub_endpoint, ca_file=settings.eventhub_ca_file),
             metrics, send_timeout=settings.eventhub_send_timeout,
             max_retry_wait=settings.eventhub_retry_max)
-        target.start()
         targets.append(target)
         where = settings.eventhub_namespace or "the namespace of the connection string"
         if settings.eventhub_endpoint:

@@ -92,7 +92,6 @@ def test_strings_that_are_not_utf8_reach_event_hubs(hubs: Callable[..., EventHub
     spool.append(Envelope(1, "0f8fad5b-d9cb-469f-a165-70867728950e:1", "vm\ud800", odd, body, 1000.0))
     target = EventHubsTarget(spool, producer_factory(hub.connection_string(), None, None, None), metrics,
                              send_timeout=2, max_retry_wait=0.3)
-    target.start()
     try:
         wait_until(lambda: len(hub.store.all()) >= 1 and spool.count == 0, timeout=30, what="the odd envelope sent")
     finally:

@@ -7,7 +7,8 @@ Facts about azure-eventhub (5.15) this module is built around:
 * a send without ``timeout=`` never fails when the server does not settle, so every send has one,
   and an outer watchdog besides;
 * default retries make a refused connection fail only after ~12 s, so retries are explicit and few:
-  the forwarder's own loop retries, with backoff, for as long as it takes;
+  the batching processor (``batching.py``, the spool as its durable queue) retries, with backoff, for as long as
+  it takes;
 * a timed-out send may have been delivered: the documents stay spooled and are sent again with the
   same ``message_id`` (at-least-once; consumers drop duplicates by message id);
 * ``EventDataBatch.add`` raises ``ValueError`` both when the batch is full and when a property cannot be
@@ -15,7 +16,7 @@ Facts about azure-eventhub (5.15) this module is built around:
   (``envelope.carriable``, again here for envelopes spooled by older versions), so a ``ValueError`` on an
   empty batch means the document alone is larger than a message may be: the only document ever refused.
 
-The poll loop only ever appends to the spool; it never waits on Event Hubs.
+Nothing on the poll thread ever waits on the spool or on Event Hubs.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from se_exporter.core.retry import Health, backoff
 from se_exporter.infra.azure.clients import ProducerFactory, classify, describe
+from se_exporter.sidecar.sinks.batching import BatchProcessor, Exporter
 from se_exporter.sidecar.sinks.envelope import CONTENT_TYPE, Envelope, carriable
 from se_exporter.sidecar.sinks.forward import ForwardMetrics
 from se_exporter.sidecar.sinks.spool import Spool
@@ -36,117 +37,133 @@ from se_exporter.sidecar.sinks.spool import Spool
 log = logging.getLogger("se_exporter.eventhubs")
 
 
+class SpoolQueue:
+    """The spool as a ``BatchProcessor``'s durable queue: ``put`` returns once the envelope is fsynced."""
+
+    durable = True
+
+    def __init__(self, spool: Spool) -> None:
+        self.spool = spool
+
+    def put(self, item: Envelope) -> None:
+        self.spool.append(item)
+
+    def peek(self, limit: int) -> list[Envelope]:
+        return self.spool.peek(limit)
+
+    def remove(self, items: Sequence[Envelope]) -> None:
+        self.spool.remove(envelope.sequence for envelope in items)
+
+    def release(self) -> None:
+        self.spool.release()
+
+    def __len__(self) -> int:
+        return self.spool.count
+
+
 class EventHubsTarget:
+    """The forwarding target: ``accept`` spools the envelope (from then on it survives anything); a
+    ``BatchProcessor`` drains the spool to Event Hubs, in order."""
+
     name = "eventhubs"
 
     def __init__(self, spool: Spool, make_producer: ProducerFactory, metrics: ForwardMetrics,
                  batch_size: int = 100, send_timeout: float = 10.0, max_retry_wait: float = 30.0) -> None:
-        self._spool = spool
-        self._make_producer = make_producer
-        self._metrics = metrics
-        self._batch_size = batch_size
-        self._send_timeout = send_timeout
-        self._watchdog = send_timeout * 1.5 + 1.0
-        self._max_retry_wait = max_retry_wait
-        self._stop = threading.Event()
-        self._health = Health()
-        # The forwarder's event loop, made by start() before the thread runs it and never replaced: accept() (the
-        # poll thread) and close() reach into it only through call_soon_threadsafe. The forwarder sleeps on the
-        # loop itself, woken by accept(), with no helper thread (waiting through asyncio.to_thread kept two
-        # executor threads and woke twice a second when idle).
-        self._loop = asyncio.new_event_loop()
-        self._wakeup = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._task = task = self._loop.create_task(self._main())
-        self._thread = threading.Thread(target=self._run, args=(task,), name="eventhubs", daemon=True)
-        self._thread.start()
+        self._sender = EventHubsSender(spool, make_producer, metrics, send_timeout)
+        self._processor = BatchProcessor(SpoolQueue(spool), self._sender, classify,
+                                         on_error=lambda reason: metrics.errors.labels(self.name, reason).inc(),
+                                         batch_size=batch_size, retry_first=1.0, retry_max=max_retry_wait)
 
     def accept(self, envelope: Envelope) -> None:
-        self._spool.append(envelope)  # fsynced: from here on the document survives anything
-        with contextlib.suppress(RuntimeError):  # the loop has just ended: the next start drains it
-            self._loop.call_soon_threadsafe(self._wakeup.set)
+        self._processor.emit(envelope)
 
     def close(self, timeout: float) -> None:
         """Stop now: a send in flight is cancelled and, maybe delivered, stays spooled for the next start."""
-        self._stop.set()
-        task, thread = self._task, self._thread
-        if task is None or thread is None:  # never started
+        self._processor.shutdown(timeout)
+
+
+class EventHubsSender(Exporter[Envelope]):
+    """Sends the oldest spooled envelopes, on an event loop of its own run by the processor's worker thread."""
+
+    name = "eventhubs"
+
+    def __init__(self, spool: Spool, make_producer: ProducerFactory, metrics: ForwardMetrics,
+                 send_timeout: float) -> None:
+        self._spool = spool
+        self._make_producer = make_producer
+        self._metrics = metrics
+        self._send_timeout = send_timeout
+        self._watchdog = send_timeout * 1.5 + 1.0
+        self._loop = asyncio.new_event_loop()
+        self._producer: Any = None
+        self._task: asyncio.Task[int] | None = None
+        self._interrupted = False
+
+    def export(self, batch: Sequence[Envelope]) -> int:
+        if self._interrupted:
+            raise RuntimeError("stopping")
+        asyncio.set_event_loop(self._loop)  # the SDK looks for the thread's loop
+        self._task = self._loop.create_task(self._export(batch))
+        try:
+            return self._loop.run_until_complete(self._task)
+        except asyncio.CancelledError:
+            raise RuntimeError("stopping") from None
+        finally:
+            self._task = None
+
+    async def _export(self, batch: Sequence[Envelope]) -> int:
+        try:
+            if self._producer is None:
+                self._producer = self._make_producer()
+            sent, dropped = await self._send(self._producer, list(batch))
+        except BaseException:  # every SDK failure is retried; nothing is lost meanwhile
+            producer, self._producer = self._producer, None
+            await self._discard(producer, 2.0)  # a silent peer holds us 2 s at most
+            raise
+        if dropped:
+            self._metrics.errors.labels(self.name, "too_large").inc(len(dropped))
+            self._metrics.dropped.inc(len(dropped))
+        now = time.time()
+        for envelope in sent:
+            self._metrics.latency.observe(max(0.0, now - envelope.observed_at))
+        if sent:
+            self._metrics.forwarded.labels(self.name).inc(len(sent))
+        return len(sent) + len(dropped)
+
+    def label(self, item: Envelope) -> str:
+        return f"document {item.sequence}"
+
+    def failed(self, error: Exception, reason: str, item: Envelope, first: bool, queued: int) -> None:
+        """Logged once per outage (a refused connect may also show up as a timeout)."""
+        if first:
+            log.warning("Event Hubs send failed (%s): %s; %d documents stay spooled and will be retried",
+                        reason, describe(error), queued)
+        else:
+            log.debug("Event Hubs still failing, now %s: %s", reason, describe(error))
+
+    def recovered(self, failures: int) -> None:
+        log.info("Event Hubs reachable again after %d failed attempts", failures)
+
+    def interrupt(self) -> None:
+        self._interrupted = True
+        task = self._task
+        if task is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has just ended
+                self._loop.call_soon_threadsafe(task.cancel)
+
+    def shutdown(self) -> None:
+        """Close the client and the loop; the spool keeps what was not acknowledged for the next start."""
+        if self._loop.is_running():  # the worker was given up on, still inside a send: leave it be
+            return
+        log.info("Event Hubs forwarder stopped; %d documents stay spooled", self._spool.count)
+        try:
+            self._loop.run_until_complete(self._discard(self._producer, 2.0))
+            self._loop.run_until_complete(self._close_factory())
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.run_until_complete(self._loop.shutdown_default_executor())
+        finally:
             self._loop.close()
             self._spool.close()
-            return
-        with contextlib.suppress(RuntimeError):  # RuntimeError: the loop has ended already
-            self._loop.call_soon_threadsafe(task.cancel)
-        thread.join(timeout)
-        if not thread.is_alive():  # a send still running after the timeout may yet read the spool
-            self._spool.close()
-
-    async def _main(self) -> None:
-        try:
-            await self._drain(self._wakeup)
-        except asyncio.CancelledError:
-            log.info("Event Hubs forwarder stopped; %d documents stay spooled", self._spool.count)
-        finally:
-            await self._close_factory()
-
-    def _run(self, task: asyncio.Task[None]) -> None:
-        """Run the loop until the forwarder ends, then close it as ``asyncio.run`` would."""
-        loop = self._loop
-        asyncio.set_event_loop(loop)  # the SDK looks for the thread's loop
-        try:
-            loop.run_until_complete(task)
-        finally:
-            try:
-                leftovers = asyncio.all_tasks(loop)
-                for leftover in leftovers:
-                    leftover.cancel()
-                loop.run_until_complete(asyncio.gather(*leftovers, return_exceptions=True))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(loop.shutdown_default_executor())
-            finally:
-                asyncio.set_event_loop(None)
-                loop.close()
-
-    async def _drain(self, wakeup: asyncio.Event) -> None:
-        producer: Any = None
-        failures = 0
-        try:
-            while not self._stop.is_set():
-                wakeup.clear()  # before peeking: an append from now on wakes the wait below
-                batch = self._spool.peek(self._batch_size)
-                if not batch:
-                    await wakeup.wait()
-                    continue
-                try:
-                    if producer is None:
-                        producer = self._make_producer()
-                    sent, dropped = await self._send(producer, batch)
-                except Exception as error:  # every SDK failure is retried; nothing is lost meanwhile
-                    self._spool.release()
-                    failures += 1
-                    self._failed(error)
-                    await self._discard(producer)
-                    producer = None
-                    await asyncio.sleep(backoff(failures, 1.0, self._max_retry_wait))  # close() cancels it
-                    continue
-                if self._health.recover():  # before the spool shrinks: whoever sees it drained sees this line
-                    log.info("Event Hubs reachable again after %d failed attempts", failures)
-                failures = 0
-                self._spool.remove(envelope.sequence for envelope in (*dropped, *sent))
-                self._spool.release()
-                if dropped:
-                    self._metrics.errors.labels(self.name, "too_large").inc(len(dropped))
-                    self._metrics.dropped.inc(len(dropped))
-                now = time.time()
-                for envelope in sent:
-                    self._metrics.latency.observe(max(0.0, now - envelope.observed_at))
-                if sent:
-                    self._metrics.forwarded.labels(self.name).inc(len(sent))
-        finally:  # also when close() cancels: no connection is left behind; a silent peer holds us 2 s at most
-            self._spool.release()
-            await self._discard(producer, 2.0)
 
     async def _send(self, producer: Any, spooled: list[Envelope]) -> tuple[list[Envelope], list[Envelope]]:
         """Send the oldest run of envelopes sharing a partition key: (acknowledged by Event Hubs, too large to send).
@@ -174,18 +191,6 @@ class EventHubsTarget:
             return [], [run[0]]
         await asyncio.wait_for(producer.send_batch(batch, timeout=self._send_timeout), self._watchdog)
         return added, []
-
-    def _failed(self, error: Exception) -> None:
-        """Counted every time; logged once per outage (a refused connect may also show up as a timeout)."""
-        reason = classify(error)
-        self._metrics.errors.labels(self.name, reason).inc()
-        first = self._health.failing is None
-        if self._health.fail(reason):
-            if first:
-                log.warning("Event Hubs send failed (%s): %s; %d documents stay spooled and will be retried",
-                            reason, describe(error), self._spool.count)
-            else:
-                log.debug("Event Hubs still failing, now %s: %s", reason, describe(error))
 
     async def _close_factory(self) -> None:
         closer = getattr(self._make_producer, "aclose", None)

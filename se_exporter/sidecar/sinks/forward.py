@@ -1,16 +1,17 @@
 """Forwarding of raw documents: one envelope per changed document, handed to every target.
 
-Targets: the JSON-lines file (``forward_file.py``, written and fsynced at once) and the Event Hubs
-spool (``--spool-dir``, drained by the forwarder thread). The envelope is built once, so both carry
-the same sequence number and message id.
+Targets: the JSON-lines file (``forward_file.py``, written and fsynced at once) and Event Hubs (``eventhubs.py``,
+through the spool on disk). The envelope is built once, so every target carries the same sequence number and message
+id.
 
-A target that refuses a document (a full disk, an I/O error) does not lose it: the envelope waits in
-that target's in-memory queue and is offered again, in order, by a retry thread with a capped backoff,
-and every later envelope queues behind it, so each target still receives its documents in sequence
-order. The queue is bounded (``MAX_PENDING_BYTES``; past it the oldest refused document is given up,
-counted and logged, the newest always kept) and lives only in memory: what it holds when the sidecar
-stops is counted and logged as lost. A document is either accepted by a target (written whole and
-synced, counted as forwarded) or refused (nothing of it written, counted under its reason): never both.
+Nothing of it runs on the poll thread: ``export`` queues the change for a ``BatchProcessor`` (``batching.py``) whose
+worker numbers it, builds the envelope and queues it for each target's own processor. A target that refuses a
+document (a full disk, an I/O error) does not lose it and does not hold up the others: the envelope waits in that
+target's in-memory queue and is offered again, in order, with a capped backoff, and every later envelope queues
+behind it. The queue is bounded (``MAX_PENDING_BYTES``; past it the oldest refused document is given up, counted and
+logged, the newest always kept) and lives only in memory: what it holds when the sidecar stops is counted and logged
+as lost. A document is either accepted by a target (written whole and synced, counted as forwarded) or refused
+(nothing of it written, counted under its reason): never both.
 """
 
 from __future__ import annotations
@@ -18,17 +19,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from se_exporter.core.retry import Health, backoff
 from se_exporter.infra.files import is_disk_full
 from se_exporter.sidecar.metrics import NAMESPACE
 from se_exporter.sidecar.sinks import DocumentChange, ImdsHealth, Sink
+from se_exporter.sidecar.sinks.batching import BatchProcessor, Exporter, MemoryQueue
 from se_exporter.sidecar.sinks.envelope import Envelope, Sequencer, build
 
 log = logging.getLogger("se_exporter.forward")
@@ -75,27 +75,65 @@ def refusal_reason(error: BaseException) -> str:
     return "other"
 
 
-@dataclass(eq=False)
-class _Queue:
-    """One target's refused envelopes, oldest first. ``lock`` guards the deque; ``draining`` lets one thread
-    at a time offer envelopes to the target, so order holds without blocking the poll loop on a slow drain."""
-
-    target: Target
-    pending: deque[Envelope] = field(default_factory=deque)
-    bytes: int = 0
-    in_flight: Envelope | None = None
-    health: Health = field(default_factory=Health)  # failing: the reason of the current refusals
-    given_up: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    draining: threading.Lock = field(default_factory=threading.Lock)
-
-
-    def __len__(self) -> int:
-        return len(self.pending)
-
-
 def _size(envelope: Envelope) -> int:
     return len(envelope.body) + _ENVELOPE_OVERHEAD
+
+
+class TargetExporter(Exporter[Envelope]):
+    """A target as an exporter: envelopes offered one by one, oldest first, until one is refused."""
+
+    def __init__(self, target: Target, timeout: float = 8.0) -> None:
+        self.name, self._target, self._timeout = target.name, target, timeout
+
+    def export(self, batch: Sequence[Envelope]) -> int:
+        for done, envelope in enumerate(batch):
+            try:
+                self._target.accept(envelope)
+            except Exception:
+                if done:
+                    return done  # the next attempt starts with the refused one, and counts its refusal
+                raise
+        return len(batch)
+
+    def label(self, item: Envelope) -> str:
+        return f"document {item.sequence}"
+
+    def shutdown(self) -> None:
+        self._target.close(self._timeout)
+
+
+@dataclass(frozen=True)
+class _Beat:
+    """A heartbeat due: the last change forwarded again, with the IMDS health as of now."""
+
+    health: ImdsHealth | None
+
+
+class _Envelopes(Exporter["DocumentChange | _Beat"]):
+    """Numbers each change (and heartbeat) and queues its envelope for every target, in order."""
+
+    name = "forward"
+
+    def __init__(self, sequencer: Sequencer, targets: Sequence[BatchProcessor[Envelope]]) -> None:
+        self._sequencer, self._targets = sequencer, targets
+        self._last: DocumentChange | None = None
+
+    def export(self, batch: Sequence[DocumentChange | _Beat]) -> int:
+        for item in batch:
+            if isinstance(item, _Beat):
+                if self._last is None:  # before the first valid document there is nothing to repeat
+                    continue
+                # Without the poll loop's view (a sink built alone), the last change is the last read known.
+                health = item.health or ImdsHealth(self._last.observed_at, failing=False)
+                envelope = build(replace(self._last, observed_at=time.time()), self._sequencer.next(),
+                                 self._sequencer.installation_id, health)
+                envelope = replace(envelope, properties={**envelope.properties, "heartbeat": True})
+            else:
+                self._last = item
+                envelope = build(item, self._sequencer.next(), self._sequencer.installation_id)
+            for target in self._targets:
+                target.emit(envelope)
+        return len(batch)
 
 
 class ForwardSink(Sink):
@@ -116,149 +154,68 @@ class ForwardSink(Sink):
                  max_pending_bytes: int = MAX_PENDING_BYTES, retry_first: float = RETRY_FIRST,
                  retry_max: float = RETRY_MAX, heartbeat_interval: float | None = None,
                  imds_health: Callable[[], ImdsHealth] | None = None) -> None:
-        self._sequencer = sequencer
         self._imds_health = imds_health
-        self._queues = tuple(_Queue(target) for target in targets)
-        self._metrics = metrics
-        self._max_pending_bytes = max_pending_bytes
-        self._retry_first, self._retry_max = retry_first, retry_max
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._retrier: threading.Thread | None = None
-        for queue in self._queues:  # the series exist at 0 from the start, so rate() and panels work at once
-            metrics.forwarded.labels(queue.target.name)
-            metrics.given_up.labels(queue.target.name)
-            metrics.pending.labels(queue.target.name).set_function(queue.__len__)
+        self._targets = tuple(self._processor(target, metrics, max_pending_bytes, retry_first, retry_max)
+                              for target in targets)
+        # The changes not yet numbered: a handful at most, unless the state directory's disk stalls.
+        self._changes: BatchProcessor[DocumentChange | _Beat] = BatchProcessor(
+            MemoryQueue(MAX_PENDING_BYTES, _change_size, lambda item: metrics.given_up.labels(self.name).inc()),
+            _Envelopes(sequencer, self._targets), refusal_reason,
+            on_error=lambda reason: metrics.errors.labels(self.name, reason).inc(),
+            on_lost=metrics.given_up.labels(self.name).inc, retry_first=retry_first, retry_max=retry_max)
         self._interval = heartbeat_interval
-        self._last: DocumentChange | None = None
         self._forwarded_at = time.monotonic()
-        self._beat_lock = threading.Lock()
+        self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         if heartbeat_interval:
             self._heartbeat.start()
 
+    @staticmethod
+    def _processor(target: Target, metrics: ForwardMetrics, max_pending_bytes: int, retry_first: float,
+                   retry_max: float) -> BatchProcessor[Envelope]:
+        name = target.name
+        given_up = metrics.given_up.labels(name)
+        metrics.forwarded.labels(name)  # the series exist at 0 from the start, so rate() and panels work at once
+
+        def drop(envelope: Envelope) -> None:
+            log.error("%s: more than %d bytes of refused documents held in memory: gave up the oldest (document %d)",
+                      name, max_pending_bytes, envelope.sequence)
+            given_up.inc()
+
+        queue = MemoryQueue(max_pending_bytes, _size, drop)
+        metrics.pending.labels(name).set_function(queue.__len__)
+        return BatchProcessor(queue, TargetExporter(target), refusal_reason,
+                              on_error=lambda reason: metrics.errors.labels(name, reason).inc(),
+                              on_lost=given_up.inc, retry_first=retry_first, retry_max=retry_max)
+
     def export(self, change: DocumentChange) -> None:
-        with self._beat_lock:  # one forward at a time: a heartbeat never takes a later sequence than a newer change
-            self._last, self._forwarded_at = change, time.monotonic()
-            self._forward(change, heartbeat=False)
+        self._forwarded_at = time.monotonic()
+        self._changes.emit(change)
 
     def _beat(self) -> None:
         interval = float(self._interval or 0)
         while not self._stop.wait(max(0.0, self._forwarded_at + interval - time.monotonic())):
-            with self._beat_lock:
-                if time.monotonic() < self._forwarded_at + interval:
-                    continue  # a change was forwarded meanwhile: the next heartbeat is due an interval after it
-                self._forwarded_at = time.monotonic()
-                if self._last is not None:  # before the first valid document there is nothing to repeat
-                    # Without the poll loop's view (a sink built alone), the last change is the last read known.
-                    health = self._imds_health() if self._imds_health is not None \
-                        else ImdsHealth(self._last.observed_at, failing=False)
-                    self._forward(replace(self._last, observed_at=time.time()), heartbeat=True, health=health)
+            if time.monotonic() < self._forwarded_at + interval:
+                continue  # a change was forwarded meanwhile: the next heartbeat is due an interval after it
+            self._forwarded_at = time.monotonic()
+            self._changes.emit(_Beat(self._imds_health() if self._imds_health is not None else None))
 
-    def _forward(self, change: DocumentChange, heartbeat: bool, health: ImdsHealth | None = None) -> None:
-        envelope = build(change, self._sequencer.next(), self._sequencer.installation_id, health)
-        if heartbeat:
-            envelope = replace(envelope, properties={**envelope.properties, "heartbeat": True})
-        for queue in self._queues:
-            with queue.lock:
-                queue.pending.append(envelope)
-                queue.bytes += _size(envelope)
-                self._bound(queue)
-            self._drain(queue)
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Every change numbered and every envelope accepted by its target, within ``timeout_millis``."""
+        end = time.monotonic() + timeout_millis / 1000
+        flushed = self._changes.force_flush(timeout_millis)
+        for target in self._targets:
+            flushed = target.force_flush(int(max(0.0, end - time.monotonic()) * 1000)) and flushed
+        return flushed
 
     def shutdown(self, timeout: float = 8.0) -> None:
         self._stop.set()
-        self._wake.set()
-        if self._retrier is not None:
-            self._retrier.join(timeout)
         if self._heartbeat.is_alive():
             self._heartbeat.join(timeout)
-        for queue in self._queues:
-            self._drain(queue)  # one last try: space may have come back since the last attempt
-            with queue.lock:
-                lost = [envelope.sequence for envelope in queue.pending]
-            if lost:
-                log.error("%s never accepted %d documents (sequences %d-%d); they are lost as the sidecar stops",
-                          queue.target.name, len(lost), lost[0], lost[-1])
-                self._metrics.given_up.labels(queue.target.name).inc(len(lost))
-            queue.target.close(timeout)
+        self._changes.shutdown(timeout)  # every change handed to the targets' queues
+        for target in self._targets:
+            target.shutdown(timeout)
 
-    def _bound(self, queue: _Queue) -> None:
-        """Under ``queue.lock``: past the limit give up the oldest, never the newest nor one being written."""
-        while queue.bytes > self._max_pending_bytes and len(queue.pending) > 1:
-            index = 1 if queue.pending[0] is queue.in_flight else 0
-            if index == len(queue.pending) - 1:
-                return
-            envelope = queue.pending[index]
-            del queue.pending[index]
-            queue.bytes -= _size(envelope)
-            if queue.given_up == 0:
-                log.error("%s: more than %d bytes of refused documents held in memory: giving up the oldest "
-                          "(document %d first)", queue.target.name, self._max_pending_bytes, envelope.sequence)
-            queue.given_up += 1
-            self._metrics.given_up.labels(queue.target.name).inc()
 
-    def _drain(self, queue: _Queue) -> bool:
-        """Offer queued envelopes to the target, oldest first; True once none is left."""
-        while True:
-            if not queue.draining.acquire(blocking=False):
-                return False  # another thread is draining; it looks again once it is done
-            try:
-                if not self._offer_all(queue):
-                    return False
-            finally:
-                queue.draining.release()
-            with queue.lock:
-                if not queue.pending:
-                    return True
-
-    def _offer_all(self, queue: _Queue) -> bool:
-        """Under ``queue.draining``; False when the target refused, with the refused envelope still first."""
-        while True:
-            with queue.lock:
-                if not queue.pending:
-                    break
-                envelope = queue.in_flight = queue.pending[0]
-            try:
-                queue.target.accept(envelope)
-            except Exception as error:  # whatever a target raises is a refusal: counted, kept, retried
-                with queue.lock:
-                    queue.in_flight = None
-                self._refused(queue, envelope, error)
-                return False
-            with queue.lock:
-                queue.in_flight = None
-                queue.pending.popleft()
-                queue.bytes -= _size(envelope)
-        if queue.health.recover():
-            log.info("%s accepts documents again; the refused ones are written%s", queue.target.name,
-                     f" ({queue.given_up} given up while it refused)" if queue.given_up else "")
-            queue.given_up = 0
-        return True
-
-    def _refused(self, queue: _Queue, envelope: Envelope, error: Exception) -> None:
-        """Counted every time; logged once per change of the target's health, without a traceback."""
-        reason = refusal_reason(error)
-        self._metrics.errors.labels(queue.target.name, reason).inc()
-        if queue.health.fail(reason):
-            text = (error.strerror if isinstance(error, OSError) else None) or str(error) or type(error).__name__
-            log.error("%s refused document %d (%s: %s); it is kept in memory and retried, later documents queue "
-                      "behind it", queue.target.name, envelope.sequence, reason, text[:300])
-        self._start_retrier()
-        self._wake.set()
-
-    def _start_retrier(self) -> None:
-        if self._retrier is None and not self._stop.is_set():
-            self._retrier = threading.Thread(target=self._retry, name="forward-retry", daemon=True)
-            self._retrier.start()
-
-    def _retry(self) -> None:
-        """Offer refused documents again, from ``retry_first`` doubling to ``retry_max``, until none is left."""
-        while not self._stop.is_set():
-            self._wake.wait()
-            self._wake.clear()
-            attempts = 1
-            while not self._stop.wait(backoff(attempts, self._retry_first, self._retry_max)):
-                if all([self._drain(queue) for queue in self._queues]):  # a list: every queue gets its try
-                    break
-                attempts += 1
+def _change_size(item: DocumentChange | _Beat) -> int:
+    return len(item.raw) + _ENVELOPE_OVERHEAD if isinstance(item, DocumentChange) else _ENVELOPE_OVERHEAD
