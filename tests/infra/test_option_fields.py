@@ -38,7 +38,7 @@ def test_every_option_has_its_settings_field(command: str) -> None:
 
 def test_a_row_without_a_field_is_found() -> None:
     """The check itself works: an option row added without its field is named."""
-    extra = Option("webhook_url", "--webhook-url", str, "where documents are posted", "URL")
-    assert without_field((*RUN_OPTIONS, extra), Settings) == ["--webhook-url"]
+    extra = Option("pager_url", "--pager-url", str, "where to page someone", "URL")
+    assert without_field((*RUN_OPTIONS, extra), Settings) == ["--pager-url"]
     with pytest.raises(TypeError):
-        Settings(webhook_url="http://127.0.0.1:9")  # type: ignore[call-arg]  # what the program would do
+        Settings(pager_url="http://127.0.0.1:9")  # type: ignore[call-arg]  # what the program would do
