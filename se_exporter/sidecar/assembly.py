@@ -42,7 +42,7 @@ from se_exporter.sidecar.snapshot import CurrentState, Snapshot
 from se_exporter.sidecar.statedir import StateDir
 
 if TYPE_CHECKING:
-    from se_exporter.sidecar.sinks.forward import ForwardSink
+    from se_exporter.sidecar.forwarding.forward import ForwardSink
 
 log = logging.getLogger("se_exporter")
 _S = TypeVar("_S")
@@ -153,13 +153,13 @@ def make_forwarding(settings: Settings, state_dir: StateDir, registry: Collector
                     imds_health: Callable[[], ImdsHealth] | None = None) -> ForwardSink | None:
     """The forwarding sink with the targets of ``sinks/targets.py`` that are on, or None when none is; heartbeats
     carry ``imds_health()``. Imported only when forwarding is on."""
-    from se_exporter.sidecar.sinks.targets import enabled_targets
+    from se_exporter.sidecar.forwarding.targets import enabled_targets
 
     rows = enabled_targets(settings)
     if not rows:
         return None
-    from se_exporter.sidecar.sinks.envelope import Sequencer
-    from se_exporter.sidecar.sinks.forward import ForwardMetrics, ForwardSink
+    from se_exporter.sidecar.forwarding.envelope import Sequencer
+    from se_exporter.sidecar.forwarding.forward import ForwardMetrics, ForwardSink
 
     metrics = ForwardMetrics(registry)
     sequencer = Sequencer(state_dir.path)

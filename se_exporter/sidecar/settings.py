@@ -34,7 +34,7 @@ from se_exporter.infra.options import (
     resolve,
 )
 from se_exporter.infra.platform_io import DEFAULT_STATE_DIR
-from se_exporter.sidecar.sinks.targets import enabled_targets, target_flags
+from se_exporter.sidecar.forwarding.targets import enabled_targets, target_flags
 
 DEFAULT_IMDS_URL = "http://169.254.169.254"
 DEFAULT_API_VERSION = "2020-07-01"

@@ -13,10 +13,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from se_exporter.infra.azure.clients import producer_factory
-from se_exporter.sidecar.sinks.envelope import Envelope
-from se_exporter.sidecar.sinks.eventhubs import EventHubsTarget
-from se_exporter.sidecar.sinks.forward import ForwardMetrics
-from se_exporter.sidecar.sinks.spool import Spool
+from se_exporter.sidecar.forwarding.envelope import Envelope
+from se_exporter.sidecar.forwarding.eventhubs import EventHubsTarget
+from se_exporter.sidecar.forwarding.forward import ForwardMetrics
+from se_exporter.sidecar.forwarding.spool import Spool
 from se_exporter.simulator.faults import Fault
 from tests.conftest import Reliability, SimulatorFactory
 from tests.eventhubs_server import EventHubsTestServer, StoredEvent

@@ -13,13 +13,13 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from se_exporter.sidecar.forwarding.envelope import Envelope, Sequencer
+from se_exporter.sidecar.forwarding.forward import ForwardMetrics, ForwardSink
 from se_exporter.sidecar.metrics import Metrics
 from se_exporter.sidecar.poller import Poller
 from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks import FanOut
 from se_exporter.sidecar.sinks.batching import BatchProcessor, Exporter, MemoryQueue
-from se_exporter.sidecar.sinks.envelope import Envelope, Sequencer
-from se_exporter.sidecar.sinks.forward import ForwardMetrics, ForwardSink
 from se_exporter.sidecar.snapshot import CurrentState, Snapshot
 from tests.fakes import imds_http
 from tests.fakes.imds_http import scripted_imds

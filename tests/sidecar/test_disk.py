@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from se_exporter.sidecar.sinks.envelope import Envelope, Sequencer
-from se_exporter.sidecar.sinks.forward import ForwardMetrics, ForwardSink
-from se_exporter.sidecar.sinks.forward_file import FileTarget, file_line
-from se_exporter.sidecar.sinks.spool import Spool
+from se_exporter.sidecar.forwarding.envelope import Envelope, Sequencer
+from se_exporter.sidecar.forwarding.forward import ForwardMetrics, ForwardSink
+from se_exporter.sidecar.forwarding.forward_file import FileTarget, file_line
+from se_exporter.sidecar.forwarding.spool import Spool
 from tests.conftest import Reliability
 from tests.fakes.disk import FullDisk
 from tests.fakes.documents import change

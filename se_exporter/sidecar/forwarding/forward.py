@@ -26,10 +26,10 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from se_exporter.infra.files import is_disk_full
+from se_exporter.sidecar.forwarding.envelope import Envelope, Sequencer, build
 from se_exporter.sidecar.metrics import NAMESPACE
 from se_exporter.sidecar.sinks import DocumentChange, ImdsHealth, Sink
 from se_exporter.sidecar.sinks.batching import BatchProcessor, Exporter, MemoryQueue
-from se_exporter.sidecar.sinks.envelope import Envelope, Sequencer, build
 
 log = logging.getLogger("se_exporter.forward")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)

@@ -29,10 +29,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from se_exporter.infra.azure.clients import ProducerFactory, classify, describe
+from se_exporter.sidecar.forwarding.envelope import CONTENT_TYPE, Envelope, carriable
+from se_exporter.sidecar.forwarding.forward import ForwardMetrics
+from se_exporter.sidecar.forwarding.spool import Spool
 from se_exporter.sidecar.sinks.batching import BatchProcessor, Exporter
-from se_exporter.sidecar.sinks.envelope import CONTENT_TYPE, Envelope, carriable
-from se_exporter.sidecar.sinks.forward import ForwardMetrics
-from se_exporter.sidecar.sinks.spool import Spool
 
 log = logging.getLogger("se_exporter.eventhubs")
 

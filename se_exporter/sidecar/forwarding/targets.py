@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from se_exporter.sidecar.forwarding.envelope import Sequencer
+    from se_exporter.sidecar.forwarding.forward import ForwardMetrics, Target
     from se_exporter.sidecar.settings import Settings
-    from se_exporter.sidecar.sinks.envelope import Sequencer
-    from se_exporter.sidecar.sinks.forward import ForwardMetrics, Target
     from se_exporter.sidecar.statedir import StateDir
 
 log = logging.getLogger("se_exporter.forward")
@@ -31,7 +31,7 @@ class TargetRow:
 
 
 def _file(settings: Settings, state_dir: StateDir, metrics: ForwardMetrics, sequencer: Sequencer) -> Target:
-    from se_exporter.sidecar.sinks.forward_file import FileTarget  # noqa: PLC0415 - only when the target is on
+    from se_exporter.sidecar.forwarding.forward_file import FileTarget  # noqa: PLC0415 - only when the target is on
 
     assert settings.forward_file is not None  # enabled() said so
     target = FileTarget(settings.forward_file, metrics)
@@ -42,8 +42,8 @@ def _file(settings: Settings, state_dir: StateDir, metrics: ForwardMetrics, sequ
 
 def _eventhubs(settings: Settings, state_dir: StateDir, metrics: ForwardMetrics, sequencer: Sequencer) -> Target:
     from se_exporter.infra.azure.clients import producer_factory  # noqa: PLC0415 - the SDK only with Event Hubs
-    from se_exporter.sidecar.sinks.eventhubs import EventHubsTarget  # noqa: PLC0415
-    from se_exporter.sidecar.sinks.spool import Spool  # noqa: PLC0415
+    from se_exporter.sidecar.forwarding.eventhubs import EventHubsTarget  # noqa: PLC0415
+    from se_exporter.sidecar.forwarding.spool import Spool  # noqa: PLC0415
 
     spool = Spool(state_dir.spool, settings.spool_max_bytes, on_drop=metrics.dropped.inc)
     sequencer.advance_past(spool.last_sequence)
