@@ -1,4 +1,4 @@
-"""Event Hubs: documents are spooled on accept; a forwarder thread drains the spool in order.
+"""Event Hubs: documents are spooled on accept; the batching processor drains the spool to Event Hubs in order.
 
 Facts about azure-eventhub (5.15) this module is built around:
 
