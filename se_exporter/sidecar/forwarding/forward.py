@@ -209,12 +209,14 @@ class ForwardSink(Sink):
         return flushed
 
     def shutdown(self, timeout: float = 8.0) -> None:
+        """Within ``timeout`` seconds for all of it: every change handed to the targets, which then stop."""
+        end = time.monotonic() + timeout
         self._stop.set()
         if self._heartbeat.is_alive():
             self._heartbeat.join(timeout)
-        self._changes.shutdown(timeout)  # every change handed to the targets' queues
+        self._changes.shutdown(max(0.0, end - time.monotonic()))
         for target in self._targets:
-            target.shutdown(timeout)
+            target.shutdown(max(0.0, end - time.monotonic()))
 
 
 def _change_size(item: DocumentChange | _Beat) -> int:

@@ -153,6 +153,7 @@ class BatchProcessor(Generic[T]):
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._flushed = threading.Condition()
+        self._refusals = 0  # failed exports so far: a flush ends at the first one after it began
         self._worker = threading.Thread(target=self._run, name=f"{exporter.name}-export", daemon=True)
         self._worker.start()
 
@@ -162,12 +163,15 @@ class BatchProcessor(Generic[T]):
         self._wake.set()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        """True once the queue is empty (for a durable queue at once: what it holds is safe on disk)."""
+        """True once the queue is empty (for a durable queue at once: what it holds is safe on disk); False as soon
+        as the exporter refuses meanwhile (its backoff, not this call, decides when to try again)."""
         if self._queue.durable:
             return True
         self._wake.set()
         with self._flushed:
-            return self._flushed.wait_for(lambda: len(self._queue) == 0, timeout_millis / 1000)
+            refused = self._refusals
+            self._flushed.wait_for(lambda: len(self._queue) == 0 or self._refusals != refused, timeout_millis / 1000)
+            return len(self._queue) == 0
 
     def shutdown(self, timeout: float = 8.0) -> None:
         """Stop within ``timeout`` seconds: a memory queue gets one last try (what is left is counted and logged as
@@ -193,6 +197,7 @@ class BatchProcessor(Generic[T]):
             batch = [] if self._stop.is_set() and self._queue.durable else self._queue.peek(self._batch_size)
             if not batch:
                 with self._flushed:
+                    self._refusals += 1
                     self._flushed.notify_all()
                 if self._stop.is_set():
                     return
@@ -206,6 +211,9 @@ class BatchProcessor(Generic[T]):
                     return  # cut short by shutdown: the batch stays queued for the next start
                 failures += 1
                 self._failed(error, batch[0])
+                with self._flushed:
+                    self._refusals += 1
+                    self._flushed.notify_all()
                 if self._stop.is_set():
                     return  # that was the last try
                 stopped = self._stop.wait(backoff(failures, self._retry_first, self._retry_max))
