@@ -55,10 +55,10 @@ from core import document  # noqa: E402 - scripts/core.py: this script's folder 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from se_exporter.infra.azure.clients import producer_factory  # noqa: E402
-from se_exporter.sidecar.sinks.envelope import CONTENT_TYPE, Envelope  # noqa: E402
-from se_exporter.sidecar.sinks.eventhubs import EventHubsTarget  # noqa: E402
-from se_exporter.sidecar.sinks.forward import ForwardMetrics  # noqa: E402
-from se_exporter.sidecar.sinks.spool import Spool  # noqa: E402
+from se_exporter.sidecar.forwarding.envelope import CONTENT_TYPE, Envelope  # noqa: E402
+from se_exporter.sidecar.forwarding.eventhubs import EventHubsTarget  # noqa: E402
+from se_exporter.sidecar.forwarding.forward import ForwardMetrics  # noqa: E402
+from se_exporter.sidecar.forwarding.spool import Spool  # noqa: E402
 from se_exporter.simulator import scenario as scenarios  # noqa: E402
 from se_exporter.simulator.server import SE_PATH, Simulator, SimulatorServer, start  # noqa: E402
 from tests import container  # noqa: E402
@@ -348,7 +348,7 @@ def core_figures(*args: str) -> dict[str, float]:
 METRICS_ONLY_IMPORTS = ["logging", "ssl", "email.parser", "http.server", "urllib.request", "prometheus_client",
                         "asyncio", "h11", "se_exporter.cli"]
 # requests (which the OTLP/HTTP exporter sends with) and the exporter's protobuf messages apart from the exporter
-EVERY_SINK_IMPORTS = ["asyncio", "azure.eventhub.aio", "se_exporter.sidecar.sinks.eventhubs",
+EVERY_SINK_IMPORTS = ["asyncio", "azure.eventhub.aio", "se_exporter.sidecar.forwarding.eventhubs",
                       "opentelemetry.sdk.trace",
                       "urllib3", "charset_normalizer", "requests",
                       "opentelemetry.exporter.otlp.proto.common.trace_encoder",
@@ -424,10 +424,9 @@ def drain_seconds(documents: int) -> float:
             spool = WatchedSpool(Path(folder), 1 << 30)
             for envelope in envelopes(documents):
                 spool.append(envelope)
+            started = time.perf_counter()  # the target's worker starts draining as it is built
             target = EventHubsTarget(spool, producer_factory(hub.connection_string(), None, None, None),
                                      ForwardMetrics(CollectorRegistry()), batch_size=BATCH)
-            started = time.perf_counter()
-            target.start()
             if not spool.emptied.wait(600):
                 raise TimeoutError(f"the forwarder left {spool.count} documents spooled")
             elapsed = time.perf_counter() - started

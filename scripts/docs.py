@@ -80,9 +80,9 @@ def run_families() -> list[Metric]:
     from se_exporter.core.lifecycle import diff  # noqa: PLC0415
     from se_exporter.core.model import VmIdentity, parse_document  # noqa: PLC0415
     from se_exporter.infra import http_server, processwide  # noqa: PLC0415
+    from se_exporter.sidecar.forwarding.forward import ForwardMetrics  # noqa: PLC0415
     from se_exporter.sidecar.metrics import NAMESPACE, Metrics  # noqa: PLC0415
     from se_exporter.sidecar.settings import Settings  # noqa: PLC0415
-    from se_exporter.sidecar.sinks.forward import ForwardMetrics  # noqa: PLC0415
     from se_exporter.sidecar.sinks.otel_events import EventLogSink  # noqa: PLC0415
     from se_exporter.sidecar.sinks.tracing import TracingSink  # noqa: PLC0415
     from se_exporter.sidecar.snapshot import Snapshot  # noqa: PLC0415

@@ -38,7 +38,7 @@ from azure.eventhub.aio import EventHubConsumerClient  # noqa: E402 - after the 
 from proton import Message  # noqa: E402
 
 from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER  # noqa: E402
-from se_exporter.sidecar.sinks.envelope import Envelope  # noqa: E402
+from se_exporter.sidecar.forwarding.envelope import Envelope  # noqa: E402
 from tests.eventhubs_server import EventHubsTestServer, Store  # noqa: E402
 from tests.fleet_helpers import Azurite, FleetProcess, envelope_for, fleet_vm  # noqa: E402
 from tests.helpers import free_port, wait_until  # noqa: E402

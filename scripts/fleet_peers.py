@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 from azure.eventhub.aio import EventHubConsumerClient
 from fleet_bench import BARE_RECEIVE, hub_message, rss_mb  # same folder: what both fleet benchmarks use
 
-from se_exporter.sidecar.sinks.envelope import Envelope, rfc3339_millis
+from se_exporter.sidecar.forwarding.envelope import Envelope, rfc3339_millis
 from tests.eventhubs_server import EventHubsTestServer, Store
 from tests.fleet_helpers import envelope_for, fleet_vm
 from tests.helpers import free_port

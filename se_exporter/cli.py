@@ -18,7 +18,7 @@ from se_exporter import __version__
 from se_exporter.consume.settings import CONSUME_OPTIONS, consume_settings
 from se_exporter.core.errors import ConfigError, ForwardFileError, SpoolError, StateDirError, StorageError
 from se_exporter.fleet.settings import FLEET_OPTIONS, fleet_settings
-from se_exporter.infra import http_server, logs, processwide
+from se_exporter.infra import http_server, logs, outbound, processwide
 from se_exporter.infra.options import add_options, process_environment
 from se_exporter.infra.platform_io import PLATFORM
 from se_exporter.sidecar import demo
@@ -90,6 +90,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         args_list.insert(0, "run")
     args = build_parser().parse_args(args_list)
     environment = process_environment() if env is None else env
+    outbound.install()  # read-only towards IMDS, whatever a command's libraries do (for good: not restored)
     with processwide.restored():  # handlers, hooks and logging the command installs end with it
         return _dispatch(args, environment)
 

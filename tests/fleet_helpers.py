@@ -21,9 +21,9 @@ from azure.eventhub.aio import EventHubProducerClient
 
 from se_exporter.core.lifecycle import diff
 from se_exporter.core.model import VmIdentity, parse_document
+from se_exporter.sidecar.forwarding.envelope import Envelope, build
+from se_exporter.sidecar.forwarding.eventhubs import event_data as unkeyed_event_data
 from se_exporter.sidecar.sinks import DocumentChange
-from se_exporter.sidecar.sinks.envelope import Envelope, build
-from se_exporter.sidecar.sinks.eventhubs import event_data as unkeyed_event_data
 from tests.child_logs import attach
 from tests.eventhubs_server import EventHubsTestServer, Store
 from tests.helpers import Samples, free_port, http_get, parse_samples, stop_process, wait_until

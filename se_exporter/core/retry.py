@@ -1,6 +1,6 @@
 """Two decisions every loop that talks to a peer makes: how long to wait after failures, and when to say so.
 
-Used by the poll loop (IMDS), the identity watcher, the forwarding retry thread and the Event Hubs forwarder, so
+Used by the poll loop (IMDS), the identity watcher and the sidecar's batching processor (forwarding, Event Hubs), so
 that each waits and logs the same way: a wait that doubles up to a cap, and one log line when a peer starts failing
 (or fails in a new way) and one when it recovers, never one per attempt.
 """

@@ -7,7 +7,7 @@ message raises ``InvalidMessage`` with the reason it is counted under; nothing e
 (an exception in the SDK's batch handler closes the partition, which is then claimed again and fails again).
 
 The partition-key rule (a document changes only its own VM's picture): the sidecar always sends with the partition
-key ``vm_id or vm_name`` (``sidecar/sinks/envelope``), so a document is accepted only when its partition key is exactly
+key ``vm_id or vm_name`` (``forwarding/envelope``), so a document is accepted only when its partition key is exactly
 that. A forged ``vm_id`` sent with another key is refused (``wrong_partition_key``): a VM's documents all land on
 the one partition its key hashes to, and no other producer's document can appear there under its name unless sent
 with its key, which is then the same as sending as that VM (Event Hubs has no per-sender identity to check).

@@ -42,7 +42,7 @@ from se_exporter.sidecar.snapshot import CurrentState, Snapshot
 from se_exporter.sidecar.statedir import StateDir
 
 if TYPE_CHECKING:
-    from se_exporter.sidecar.sinks.forward import ForwardSink
+    from se_exporter.sidecar.forwarding.forward import ForwardSink
 
 log = logging.getLogger("se_exporter")
 _S = TypeVar("_S")
@@ -155,44 +155,19 @@ def imds_health(snapshot: Snapshot) -> ImdsHealth:
 
 def make_forwarding(settings: Settings, state_dir: StateDir, registry: CollectorRegistry,
                     imds_health: Callable[[], ImdsHealth] | None = None) -> ForwardSink | None:
-    """The forwarding sink with its targets (file, Event Hubs), or None when nothing is configured; heartbeats
-    carry ``imds_health()``.
+    """The forwarding sink with the targets of ``sinks/targets.py`` that are on, or None when none is; heartbeats
+    carry ``imds_health()``. Imported only when forwarding is on."""
+    from se_exporter.sidecar.forwarding.targets import enabled_targets
 
-    Imported only when forwarding is on: the Event Hubs target brings asyncio, its SDK comes only with it."""
-    if not (settings.forward_file or settings.eventhubs_enabled):
+    rows = enabled_targets(settings)
+    if not rows:
         return None
-    from se_exporter.sidecar.sinks.envelope import Sequencer
-    from se_exporter.sidecar.sinks.forward import ForwardMetrics, ForwardSink, Target
-    from se_exporter.sidecar.sinks.forward_file import FileTarget
+    from se_exporter.sidecar.forwarding.envelope import Sequencer
+    from se_exporter.sidecar.forwarding.forward import ForwardMetrics, ForwardSink
 
     metrics = ForwardMetrics(registry)
     sequencer = Sequencer(state_dir.path)
-    targets: list[Target] = []
-    if settings.forward_file:
-        file_target = FileTarget(settings.forward_file, metrics)
-        sequencer.advance_past(file_target.last_sequence)  # numbers used while forwarding.json could not be saved
-        targets.append(file_target)
-        log.info("forwarding documents to the file %s", settings.forward_file.resolve())
-    if settings.eventhubs_enabled:
-        from se_exporter.infra.azure.clients import producer_factory
-        from se_exporter.sidecar.sinks.eventhubs import EventHubsTarget
-        from se_exporter.sidecar.sinks.spool import Spool
-
-        spool = Spool(state_dir.spool, settings.spool_max_bytes, on_drop=metrics.dropped.inc)
-        sequencer.advance_past(spool.last_sequence)
-        metrics.spool_documents.set_function(lambda: spool.count)
-        metrics.spool_bytes.set_function(lambda: spool.size_bytes)
-        target = EventHubsTarget(spool, producer_factory(
-            settings.eventhub_connection_string, settings.eventhub_name, settings.eventhub_namespace,
-            settings.eventhub_client_id, endpoint=settings.eventhub_endpoint, ca_file=settings.eventhub_ca_file),
-            metrics, send_timeout=settings.eventhub_send_timeout,
-            max_retry_wait=settings.eventhub_retry_max)
-        target.start()
-        targets.append(target)
-        where = settings.eventhub_namespace or "the namespace of the connection string"
-        if settings.eventhub_endpoint:
-            where += f" through {settings.eventhub_endpoint}"
-        log.info("forwarding documents to Event Hubs (%s), spooled in %s", where, state_dir.spool.resolve())
+    targets = [row.build(settings, state_dir, metrics, sequencer) for row in rows]
     if settings.heartbeat_seconds:
         log.info("forwarding the current document again after %gs without a change (heartbeat)",
                  settings.heartbeat_seconds)

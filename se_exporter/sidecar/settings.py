@@ -35,6 +35,7 @@ from se_exporter.infra.options import (
     resolve,
 )
 from se_exporter.infra.platform_io import DEFAULT_STATE_DIR
+from se_exporter.sidecar.forwarding.targets import enabled_targets, target_flags
 
 DEFAULT_IMDS_URL = "http://169.254.169.254"
 DEFAULT_API_VERSION = apiversion.AUTO
@@ -324,8 +325,8 @@ def check_orphans(settings: Settings, sources: Mapping[str, str]) -> None:
     if "imds_url" in sources and settings.simulate is not None:
         raise ConfigError(f"{named('imds_url')} and {named('simulate')} exclude each other: --simulate polls its "
                           "own in-process IMDS; give one of them")
-    if settings.heartbeat_interval and not (settings.forward_file or settings.eventhubs_enabled):
-        raise ConfigError(f"{named('heartbeat_interval')} needs a forwarding target (--forward-file, or Event Hubs): "
+    if settings.heartbeat_interval and not enabled_targets(settings):
+        raise ConfigError(f"{named('heartbeat_interval')} needs a forwarding target ({target_flags()}): "
                           "heartbeats are forwarded documents; give one, or leave it out")
     if not settings.eventhubs_enabled:
         for dest in _EVENTHUB_ONLY:

@@ -8,7 +8,8 @@ per GET (figures: docs/performance.md, "Poll"). It uses ``http.client``'s public
 override ``connect``).
 
 One way in, ``get``, for the sidecar and its tests alike: it takes and returns plain values and imports nothing but
-the standard library, so a sidecar that polls IMDS never loads httpx. Its failures are this module's
+the standard library (and ``infra/outbound.py``'s guard, on the standard library too), so a sidecar that polls IMDS
+never loads httpx. Its failures are this module's
 ``TransportError`` classes, named as httpx names the same failures.
 
 What this transport does and does not do, on purpose:
@@ -41,6 +42,8 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
+
+from se_exporter.infra.outbound import get_only
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, WriteableBuffer
@@ -340,7 +343,8 @@ class _Connection(http.client.HTTPConnection):
     response_class = _Response
 
     def connect(self) -> None:
-        plain = socket.create_connection((self.host, self.port), self.timeout)  # no source_address: never given
+        with get_only():  # this client sends GET and nothing else: it may reach IMDS (infra/outbound.py)
+            plain = socket.create_connection((self.host, self.port), self.timeout)  # no source_address: never given
         sock = _DeadlineSocket(plain.family, plain.type, plain.proto, plain.detach())
         sock.settimeout(self.timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -17,10 +17,10 @@ from prometheus_client import CollectorRegistry
 
 from se_exporter.core.lifecycle import diff
 from se_exporter.core.model import VmIdentity, parse_document
+from se_exporter.sidecar.forwarding.envelope import Sequencer
+from se_exporter.sidecar.forwarding.forward import ForwardMetrics, ForwardSink
+from se_exporter.sidecar.forwarding.forward_file import FileTarget
 from se_exporter.sidecar.sinks import DocumentChange
-from se_exporter.sidecar.sinks.envelope import Sequencer
-from se_exporter.sidecar.sinks.forward import ForwardMetrics, ForwardSink
-from se_exporter.sidecar.sinks.forward_file import FileTarget
 from se_exporter.sidecar.sinks.spans import EventIdGenerator, SpanSink, trace_id_for
 from se_exporter.sidecar.sinks.tracing import span_line
 from tests.conftest import Reliability
@@ -69,8 +69,9 @@ def test_the_forward_file_carries_the_exact_bytes_and_encodable_properties(tmp_p
     are spelt out rather than breaking the line."""
     metrics = ForwardMetrics(CollectorRegistry())
     target = FileTarget(tmp_path / "documents.jsonl", metrics)
-    ForwardSink(Sequencer(tmp_path / "state"), [target], metrics).export(change(1_795_000_000.0))
-    target.close(1.0)
+    sink = ForwardSink(Sequencer(tmp_path / "state"), [target], metrics)
+    sink.export(change(1_795_000_000.0))
+    sink.shutdown(5)  # written (by the sink's worker) and closed
     lines = (tmp_path / "documents.jsonl").read_bytes().splitlines()
     assert len(lines) == 1
     record = json.loads(lines[0])

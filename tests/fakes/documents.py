@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from se_exporter.core.lifecycle import diff
 from se_exporter.core.model import VmIdentity, parse_document
+from se_exporter.sidecar.forwarding.envelope import Envelope
 from se_exporter.sidecar.sinks import DocumentChange
-from se_exporter.sidecar.sinks.envelope import Envelope
 
 RAW = b'{\r\n  "DocumentIncarnation": 3,\r\n  "Events": [ ]\r\n}'
 IDENTITY = VmIdentity(name="WestNO_0", vm_id="02aab8a4-74ef-476e-8182-f6d2ba4166a6", vmss_name="",

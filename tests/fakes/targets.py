@@ -6,7 +6,7 @@ import errno
 import os
 import threading
 
-from se_exporter.sidecar.sinks.envelope import Envelope
+from se_exporter.sidecar.forwarding.envelope import Envelope
 
 
 class Refusing:

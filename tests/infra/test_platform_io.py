@@ -37,8 +37,8 @@ from se_exporter.infra.platform_io import (
     Windows,
     utf8_stream,
 )
-from se_exporter.sidecar.sinks import spool as spool_module
-from se_exporter.sidecar.sinks.spool import Spool
+from se_exporter.sidecar.forwarding import spool as spool_module
+from se_exporter.sidecar.forwarding.spool import Spool
 from tests.conftest import Reliability
 from tests.fakes.documents import envelope
 from tests.helpers import free_port, http_get, wait_until

@@ -13,10 +13,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from se_exporter.infra.azure.clients import producer_factory
-from se_exporter.sidecar.sinks.envelope import Envelope
-from se_exporter.sidecar.sinks.eventhubs import EventHubsTarget
-from se_exporter.sidecar.sinks.forward import ForwardMetrics
-from se_exporter.sidecar.sinks.spool import Spool
+from se_exporter.sidecar.forwarding.envelope import Envelope
+from se_exporter.sidecar.forwarding.eventhubs import EventHubsTarget
+from se_exporter.sidecar.forwarding.forward import ForwardMetrics
+from se_exporter.sidecar.forwarding.spool import Spool
 from se_exporter.simulator.faults import Fault
 from tests.conftest import Reliability, SimulatorFactory
 from tests.eventhubs_server import EventHubsTestServer, StoredEvent
@@ -92,7 +92,6 @@ def test_strings_that_are_not_utf8_reach_event_hubs(hubs: Callable[..., EventHub
     spool.append(Envelope(1, "0f8fad5b-d9cb-469f-a165-70867728950e:1", "vm\ud800", odd, body, 1000.0))
     target = EventHubsTarget(spool, producer_factory(hub.connection_string(), None, None, None), metrics,
                              send_timeout=2, max_retry_wait=0.3)
-    target.start()
     try:
         wait_until(lambda: len(hub.store.all()) >= 1 and spool.count == 0, timeout=30, what="the odd envelope sent")
     finally:

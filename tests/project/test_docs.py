@@ -14,9 +14,9 @@ from se_exporter.consume.settings import CONSUME_OPTIONS
 from se_exporter.core.lifecycle import diff
 from se_exporter.core.model import VmIdentity, parse_document
 from se_exporter.infra import http_server, processwide
+from se_exporter.sidecar.forwarding.forward import ForwardMetrics
 from se_exporter.sidecar.metrics import NAMESPACE, Metrics
 from se_exporter.sidecar.settings import RUN_OPTIONS, Settings
-from se_exporter.sidecar.sinks.forward import ForwardMetrics
 from se_exporter.sidecar.sinks.otel_events import EventLogSink
 from se_exporter.sidecar.sinks.tracing import TracingSink
 from se_exporter.sidecar.snapshot import Snapshot

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from se_exporter.sidecar.sinks.envelope import Envelope, Sequencer
-from se_exporter.sidecar.sinks.forward import ForwardMetrics, ForwardSink
-from se_exporter.sidecar.sinks.forward_file import FileTarget, file_line
-from se_exporter.sidecar.sinks.spool import Spool
+from se_exporter.sidecar.forwarding.envelope import Envelope, Sequencer
+from se_exporter.sidecar.forwarding.forward import ForwardMetrics, ForwardSink
+from se_exporter.sidecar.forwarding.forward_file import FileTarget, file_line
+from se_exporter.sidecar.forwarding.spool import Spool
 from tests.conftest import Reliability
 from tests.fakes.disk import FullDisk
 from tests.fakes.documents import change
@@ -181,7 +181,8 @@ def test_refused_documents_are_retried_in_order_once_space_is_back(tmp_path: Pat
     sink, registry = forward_sink(tmp_path, full, healthy)
     for incarnation in (1, 2, 3):
         sink.export(change(b'{"DocumentIncarnation": %d, "Events": []}' % incarnation))
-    assert healthy.accepted == [1, 2, 3] and full.accepted == []
+    wait_until(lambda: healthy.accepted == [1, 2, 3], what="the healthy target holding all three")
+    assert full.accepted == []
     assert registry.get_sample_value("azure_scheduled_events_forward_pending_documents", {"sink": "file"}) == 3
     wait_until(lambda: (registry.get_sample_value("azure_scheduled_events_forward_errors_total",
                                                   {"sink": "file", "reason": "disk_full"}) or 0) >= 4,
@@ -193,7 +194,7 @@ def test_refused_documents_are_retried_in_order_once_space_is_back(tmp_path: Pat
     refusals = [r for r in caplog.records if "refused document" in r.getMessage()]
     assert len(refusals) == 1 and refusals[0].exc_info is None
     sink.export(change(b'{"DocumentIncarnation": 4, "Events": []}'))
-    assert full.accepted == [1, 2, 3, 4]
+    wait_until(lambda: full.accepted == [1, 2, 3, 4], what="the fourth written after the three")
     sink.shutdown(1)
     reliability("Forwarding", "a target refusing documents (disk full) while another accepts them",
                 "refused documents kept in memory, counted under reason disk_full, written in order once space "
@@ -209,12 +210,12 @@ def test_the_memory_queue_is_bounded_and_shutdown_says_what_is_lost(tmp_path: Pa
     sink, registry = forward_sink(tmp_path, full, max_pending_bytes=3 * (len(bodies[0]) + 512))
     for body in bodies:
         sink.export(change(body))
-    given_up = registry.get_sample_value("azure_scheduled_events_forward_dropped_documents_total", {"sink": "file"})
-    assert given_up == 7
+    wait_until(lambda: registry.get_sample_value("azure_scheduled_events_forward_dropped_documents_total",
+                                                 {"sink": "file"}) == 7, what="seven given up")
     assert registry.get_sample_value("azure_scheduled_events_forward_pending_documents", {"sink": "file"}) == 3
     with caplog.at_level(logging.ERROR):
         sink.shutdown(1)
-    assert "never accepted 3 documents (sequences 8-10)" in caplog.text
+    assert "never accepted 3 documents (document 8 to document 10)" in caplog.text
     assert registry.get_sample_value("azure_scheduled_events_forward_dropped_documents_total", {"sink": "file"}) == 10
 
 
@@ -228,6 +229,7 @@ def test_an_unwritable_state_directory_does_not_stop_forwarding(tmp_path: Path, 
     sequencer = Sequencer(state)
     sink = ForwardSink(sequencer, [FileTarget(out, ForwardMetrics(registry))], ForwardMetrics(CollectorRegistry()))
     sink.export(change(b'{"DocumentIncarnation": 1, "Events": []}'))
+    assert sink.force_flush(10_000)  # numbered and written: the state directory is left alone from now on
     saved = (state / "forwarding.json").read_bytes()
     (state / "forwarding.json").unlink()
     state.rmdir()  # from now on nothing can be saved there

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import jsonschema
 
-from se_exporter.sidecar.sinks.envelope import Sequencer, build
-from se_exporter.sidecar.sinks.forward_file import file_line
+from se_exporter.sidecar.forwarding.envelope import Sequencer, build
+from se_exporter.sidecar.forwarding.forward_file import file_line
 from tests.fakes.documents import IDENTITY, RAW, change
 from tests.helpers import FORWARDED_SCHEMA as SCHEMA
 

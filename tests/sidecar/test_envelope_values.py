@@ -12,8 +12,8 @@ import pytest
 from azure.eventhub import EventData, EventDataBatch
 
 from se_exporter.core.model import VmIdentity
-from se_exporter.sidecar.sinks.envelope import build, carriable
-from se_exporter.sidecar.sinks.forward_file import file_line
+from se_exporter.sidecar.forwarding.envelope import build, carriable
+from se_exporter.sidecar.forwarding.forward_file import file_line
 from tests.fakes.documents import IDENTITY, change
 
 SCHEMA = json.loads((Path(__file__).parent.parent.parent / "schemas" / "forwarded-document.schema.json").read_text())

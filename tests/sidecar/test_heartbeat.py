@@ -15,10 +15,10 @@ from se_exporter.cli import SimulatedImds, build_parser
 from se_exporter.core.errors import ConfigError
 from se_exporter.infra.options import Listen
 from se_exporter.sidecar.assembly import Sidecar
+from se_exporter.sidecar.forwarding.envelope import Sequencer
+from se_exporter.sidecar.forwarding.forward import ForwardMetrics, ForwardSink
+from se_exporter.sidecar.forwarding.forward_file import file_line
 from se_exporter.sidecar.settings import Settings, run_settings
-from se_exporter.sidecar.sinks.envelope import Sequencer
-from se_exporter.sidecar.sinks.forward import ForwardMetrics, ForwardSink
-from se_exporter.sidecar.sinks.forward_file import file_line
 from se_exporter.simulator.faults import Fault
 from tests.conftest import Reliability
 from tests.fakes.documents import RAW, change

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from se_exporter.sidecar.sinks.spool import Spool
+from se_exporter.sidecar.forwarding.spool import Spool
 from tests.fakes.documents import envelope
 
 

@@ -23,11 +23,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from se_exporter.core.lifecycle import EventRecord, diff
 from se_exporter.core.model import ScheduledEvent, parse_document
 from se_exporter.infra.dirlock import DirectoryBusy, lock_directory
+from se_exporter.sidecar.forwarding.envelope import Sequencer
+from se_exporter.sidecar.forwarding.spool import Spool
 from se_exporter.sidecar.lifecycle_store import LifecycleStore
 from se_exporter.sidecar.sinks import DocumentChange
-from se_exporter.sidecar.sinks.envelope import Sequencer
 from se_exporter.sidecar.sinks.spans import EventIdGenerator, SpanSink
-from se_exporter.sidecar.sinks.spool import Spool
 from tests.conftest import Reliability
 from tests.fakes.documents import envelope
 

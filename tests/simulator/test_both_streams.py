@@ -15,8 +15,8 @@ from se_exporter.fleet.platform import (
     ReconcileSettings,
     read_platform,
 )
+from se_exporter.sidecar.forwarding.envelope import build
 from se_exporter.sidecar.sinks import DocumentChange
-from se_exporter.sidecar.sinks.envelope import build
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.platform import PlatformCopy
 from se_exporter.simulator.server import Simulator, every_vm

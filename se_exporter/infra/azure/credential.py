@@ -36,8 +36,11 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from azure.core.exceptions import ClientAuthenticationError
+
+from se_exporter.infra.outbound import get_only, refuse_unless_get
 
 if TYPE_CHECKING:
     from azure.core.credentials import AccessToken
@@ -151,6 +154,14 @@ def _token_transport() -> Any:
                 self.session = aiohttp.ClientSession(trust_env=False, cookie_jar=aiohttp.DummyCookieJar(),
                                                      auto_decompress=False, response_class=CappedResponse)
             await super().open()
+
+        async def send(self, request: Any, **config: Any) -> Any:
+            """Only a GET may reach IMDS (infra/outbound.py); the workload identity's POSTs go elsewhere."""
+            refuse_unless_get(request.method, urlsplit(request.url).hostname or "")
+            if request.method.upper() != "GET":
+                return await super().send(request, **config)
+            with get_only():
+                return await super().send(request, **config)
 
     return CappedTransport(use_env_settings=False, connection_timeout=TOKEN_CONNECT_TIMEOUT,
                            read_timeout=TOKEN_READ_TIMEOUT)

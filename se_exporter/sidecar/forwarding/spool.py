@@ -41,7 +41,7 @@ from pathlib import Path
 from se_exporter.core.errors import SpoolError
 from se_exporter.infra.files import DISK, Disk, fsync_dir, write_all
 from se_exporter.infra.platform_io import PLATFORM
-from se_exporter.sidecar.sinks.envelope import Envelope
+from se_exporter.sidecar.forwarding.envelope import Envelope
 
 log = logging.getLogger("se_exporter.spool")
 SUFFIX = ".seg"

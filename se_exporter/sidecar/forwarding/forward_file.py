@@ -17,8 +17,8 @@ from typing import BinaryIO
 from se_exporter.core.errors import ForwardFileError
 from se_exporter.infra.files import DISK, Disk, write_all
 from se_exporter.infra.platform_io import PLATFORM
-from se_exporter.sidecar.sinks.envelope import Envelope
-from se_exporter.sidecar.sinks.forward import ForwardMetrics
+from se_exporter.sidecar.forwarding.envelope import Envelope
+from se_exporter.sidecar.forwarding.forward import ForwardMetrics
 
 log = logging.getLogger("se_exporter.forward")
 

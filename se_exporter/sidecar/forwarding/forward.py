@@ -1,0 +1,223 @@
+"""Forwarding of raw documents: one envelope per changed document, handed to every target.
+
+Targets: the JSON-lines file (``forward_file.py``, written and fsynced at once) and Event Hubs (``eventhubs.py``,
+through the spool on disk). The envelope is built once, so every target carries the same sequence number and message
+id.
+
+Nothing of it runs on the poll thread: ``export`` queues the change for a ``BatchProcessor`` (``batching.py``) whose
+worker numbers it, builds the envelope and queues it for each target's own processor. A target that refuses a
+document (a full disk, an I/O error) does not lose it and does not hold up the others: the envelope waits in that
+target's in-memory queue and is offered again, in order, with a capped backoff, and every later envelope queues
+behind it. The queue is bounded (``MAX_PENDING_BYTES``; past it the oldest refused document is given up, counted and
+logged, the newest always kept) and lives only in memory: what it holds when the sidecar stops is counted and logged
+as lost. A document is either accepted by a target (written whole and synced, counted as forwarded) or refused
+(nothing of it written, counted under its reason): never both.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from se_exporter.infra.files import is_disk_full
+from se_exporter.sidecar.forwarding.envelope import Envelope, Sequencer, build
+from se_exporter.sidecar.metrics import NAMESPACE
+from se_exporter.sidecar.sinks import DocumentChange, ImdsHealth, Sink
+from se_exporter.sidecar.sinks.batching import BatchProcessor, Exporter, MemoryQueue
+
+log = logging.getLogger("se_exporter.forward")
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+MAX_PENDING_BYTES = 8 << 20  # per target; the 128 Mi pod limit leaves room for this and a 4 MiB document besides
+_ENVELOPE_OVERHEAD = 512  # properties and bookkeeping, roughly, on top of the body
+RETRY_FIRST, RETRY_MAX = 0.5, 5.0  # a full disk is cheap to probe, and space coming back is worth noticing soon
+
+
+class ForwardMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.forwarded = Counter(f"{NAMESPACE}_forwarded_documents", "Documents acknowledged by a forwarding sink.",
+                                 ["sink"], registry=registry)
+        self.errors = Counter(f"{NAMESPACE}_forward_errors", "Failed forwarding attempts, by sink and reason.",
+                              ["sink", "reason"], registry=registry)
+        self.spool_documents = Gauge(f"{NAMESPACE}_spool_documents", "Documents waiting in the spool.",
+                                     registry=registry)
+        self.spool_bytes = Gauge(f"{NAMESPACE}_spool_bytes", "Bytes waiting in the spool.", registry=registry)
+        self.dropped = Counter(f"{NAMESPACE}_spool_dropped_documents",
+                               "Documents dropped from a full spool (oldest first) or unreadable.", registry=registry)
+        self.latency = Histogram(f"{NAMESPACE}_forward_latency_seconds",
+                                 "Observed -> acknowledged by Event Hubs.", buckets=LATENCY_BUCKETS, registry=registry)
+        self.pending = Gauge(f"{NAMESPACE}_forward_pending_documents",
+                             "Documents a target refused (full disk, write error), held in memory and retried.",
+                             ["sink"], registry=registry)
+        self.given_up = Counter(f"{NAMESPACE}_forward_dropped_documents",
+                                "Refused documents given up: the in-memory queue was full, or the sidecar stopped.",
+                                ["sink"], registry=registry)
+
+
+class Target(Protocol):
+    name: str
+
+    def accept(self, envelope: Envelope) -> None:
+        """Take the envelope whole, or raise and keep nothing of it."""
+
+    def close(self, timeout: float) -> None: ...
+
+
+def refusal_reason(error: BaseException) -> str:
+    """The ``reason`` label of ``forward_errors_total`` when a target refuses a document."""
+    if isinstance(error, OSError):
+        return "disk_full" if is_disk_full(error) else "write"
+    return "other"
+
+
+def _size(envelope: Envelope) -> int:
+    return len(envelope.body) + _ENVELOPE_OVERHEAD
+
+
+class TargetExporter(Exporter[Envelope]):
+    """A target as an exporter: envelopes offered one by one, oldest first, until one is refused."""
+
+    def __init__(self, target: Target, timeout: float = 8.0) -> None:
+        self.name, self._target, self._timeout = target.name, target, timeout
+
+    def export(self, batch: Sequence[Envelope]) -> int:
+        for done, envelope in enumerate(batch):
+            try:
+                self._target.accept(envelope)
+            except Exception:
+                if done:
+                    return done  # the next attempt starts with the refused one, and counts its refusal
+                raise
+        return len(batch)
+
+    def label(self, item: Envelope) -> str:
+        return f"document {item.sequence}"
+
+    def shutdown(self) -> None:
+        self._target.close(self._timeout)
+
+
+@dataclass(frozen=True)
+class _Beat:
+    """A heartbeat due: the last change forwarded again, with the IMDS health as of now."""
+
+    health: ImdsHealth | None
+
+
+class _Envelopes(Exporter["DocumentChange | _Beat"]):
+    """Numbers each change (and heartbeat) and queues its envelope for every target, in order."""
+
+    name = "forward"
+
+    def __init__(self, sequencer: Sequencer, targets: Sequence[BatchProcessor[Envelope]]) -> None:
+        self._sequencer, self._targets = sequencer, targets
+        self._last: DocumentChange | None = None
+
+    def export(self, batch: Sequence[DocumentChange | _Beat]) -> int:
+        for item in batch:
+            if isinstance(item, _Beat):
+                if self._last is None:  # before the first valid document there is nothing to repeat
+                    continue
+                # Without the poll loop's view (a sink built alone), the last change is the last read known.
+                health = item.health or ImdsHealth(self._last.observed_at, failing=False)
+                envelope = build(replace(self._last, observed_at=time.time()), self._sequencer.next(),
+                                 self._sequencer.installation_id, health)
+                envelope = replace(envelope, properties={**envelope.properties, "heartbeat": True})
+            else:
+                self._last = item
+                envelope = build(item, self._sequencer.next(), self._sequencer.installation_id)
+            for target in self._targets:
+                target.emit(envelope)
+        return len(batch)
+
+
+class ForwardSink(Sink):
+    """The ``Sink`` that builds envelopes; a refusing target keeps its documents queued, the others go on.
+
+    With ``heartbeat_interval`` the current document is forwarded again whenever nothing was forwarded for that
+    long: a quiet VM stays visible to consumers (``se-exporter fleet`` expires silent ones). A heartbeat is the
+    same envelope with a new sequence, ``observed_at`` now, and the property ``heartbeat: true``.
+
+    Every envelope carries the VM's IMDS health (``imds_last_success``, ``imds_failing``): a change is a successful
+    read itself; a heartbeat asks ``imds_health`` (the poll loop's view, passed in by the assembly), so a heartbeat
+    sent during an IMDS outage says that the document it repeats is as of the last successful read.
+    """
+
+    name = "forward"
+
+    def __init__(self, sequencer: Sequencer, targets: Sequence[Target], metrics: ForwardMetrics,
+                 max_pending_bytes: int = MAX_PENDING_BYTES, retry_first: float = RETRY_FIRST,
+                 retry_max: float = RETRY_MAX, heartbeat_interval: float | None = None,
+                 imds_health: Callable[[], ImdsHealth] | None = None) -> None:
+        self._imds_health = imds_health
+        self._targets = tuple(self._processor(target, metrics, max_pending_bytes, retry_first, retry_max)
+                              for target in targets)
+        # The changes not yet numbered: a handful at most, unless the state directory's disk stalls.
+        self._changes: BatchProcessor[DocumentChange | _Beat] = BatchProcessor(
+            MemoryQueue(MAX_PENDING_BYTES, _change_size, lambda item: metrics.given_up.labels(self.name).inc()),
+            _Envelopes(sequencer, self._targets), refusal_reason,
+            on_error=lambda reason: metrics.errors.labels(self.name, reason).inc(),
+            on_lost=metrics.given_up.labels(self.name).inc, retry_first=retry_first, retry_max=retry_max)
+        self._interval = heartbeat_interval
+        self._forwarded_at = time.monotonic()
+        self._stop = threading.Event()
+        self._heartbeat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+        if heartbeat_interval:
+            self._heartbeat.start()
+
+    @staticmethod
+    def _processor(target: Target, metrics: ForwardMetrics, max_pending_bytes: int, retry_first: float,
+                   retry_max: float) -> BatchProcessor[Envelope]:
+        name = target.name
+        given_up = metrics.given_up.labels(name)
+        metrics.forwarded.labels(name)  # the series exist at 0 from the start, so rate() and panels work at once
+
+        def drop(envelope: Envelope) -> None:
+            log.error("%s: more than %d bytes of refused documents held in memory: gave up the oldest (document %d)",
+                      name, max_pending_bytes, envelope.sequence)
+            given_up.inc()
+
+        queue = MemoryQueue(max_pending_bytes, _size, drop)
+        metrics.pending.labels(name).set_function(queue.__len__)
+        return BatchProcessor(queue, TargetExporter(target), refusal_reason,
+                              on_error=lambda reason: metrics.errors.labels(name, reason).inc(),
+                              on_lost=given_up.inc, retry_first=retry_first, retry_max=retry_max)
+
+    def export(self, change: DocumentChange) -> None:
+        self._forwarded_at = time.monotonic()
+        self._changes.emit(change)
+
+    def _beat(self) -> None:
+        interval = float(self._interval or 0)
+        while not self._stop.wait(max(0.0, self._forwarded_at + interval - time.monotonic())):
+            if time.monotonic() < self._forwarded_at + interval:
+                continue  # a change was forwarded meanwhile: the next heartbeat is due an interval after it
+            self._forwarded_at = time.monotonic()
+            self._changes.emit(_Beat(self._imds_health() if self._imds_health is not None else None))
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Every change numbered and every envelope accepted by its target, within ``timeout_millis``."""
+        end = time.monotonic() + timeout_millis / 1000
+        flushed = self._changes.force_flush(timeout_millis)
+        for target in self._targets:
+            flushed = target.force_flush(int(max(0.0, end - time.monotonic()) * 1000)) and flushed
+        return flushed
+
+    def shutdown(self, timeout: float = 8.0) -> None:
+        """Within ``timeout`` seconds for all of it: every change handed to the targets, which then stop."""
+        end = time.monotonic() + timeout
+        self._stop.set()
+        if self._heartbeat.is_alive():
+            self._heartbeat.join(timeout)
+        self._changes.shutdown(max(0.0, end - time.monotonic()))
+        for target in self._targets:
+            target.shutdown(max(0.0, end - time.monotonic()))
+
+
+def _change_size(item: DocumentChange | _Beat) -> int:
+    return len(item.raw) + _ENVELOPE_OVERHEAD if isinstance(item, DocumentChange) else _ENVELOPE_OVERHEAD

@@ -1,0 +1,155 @@
+"""The one batching processor of the sidecar's outputs: order, retries, drop-oldest, flush, shutdown; and the poll
+loop never waiting on a slow target."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from se_exporter.sidecar.forwarding.envelope import Envelope, Sequencer
+from se_exporter.sidecar.forwarding.forward import ForwardMetrics, ForwardSink
+from se_exporter.sidecar.metrics import Metrics
+from se_exporter.sidecar.poller import Poller
+from se_exporter.sidecar.settings import Settings
+from se_exporter.sidecar.sinks import FanOut
+from se_exporter.sidecar.sinks.batching import BatchProcessor, Exporter, MemoryQueue
+from se_exporter.sidecar.snapshot import CurrentState, Snapshot
+from tests.fakes import imds_http
+from tests.fakes.imds_http import scripted_imds
+from tests.helpers import wait_until
+
+
+class Flaky(Exporter[int]):
+    """Refuses while ``refusing`` is set; records what it took."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.refusing = threading.Event()
+        self.taken: list[int] = []
+
+    def export(self, batch: Sequence[int]) -> int:
+        if self.refusing.is_set():
+            raise OSError("refused")
+        self.taken.extend(batch)
+        return len(batch)
+
+
+def processor(exporter: Exporter[int], max_items: int = 100) -> tuple[BatchProcessor[int], list[str], list[int]]:
+    errors: list[str] = []
+    dropped: list[int] = []
+    queue: MemoryQueue[int] = MemoryQueue(max_items, lambda item: 1, dropped.append)
+    return BatchProcessor(queue, exporter, lambda error: "io", errors.append, retry_first=0.01,
+                          retry_max=0.02), errors, dropped
+
+
+def test_refused_items_are_retried_in_order_and_counted() -> None:
+    """While the exporter refuses, every attempt is counted and nothing is lost; once it accepts, all arrive in
+    the order emitted."""
+    exporter = Flaky()
+    exporter.refusing.set()
+    batching, errors, _ = processor(exporter)
+    for item in range(5):
+        batching.emit(item)
+    wait_until(lambda: len(errors) >= 3, what="three refusals counted")
+    exporter.refusing.clear()
+    wait_until(lambda: batching.force_flush(1_000), what="the queue flushed")  # a refusal under way ends one flush
+    assert exporter.taken == [0, 1, 2, 3, 4] and set(errors) == {"io"}
+    batching.shutdown(1)
+
+
+def test_a_full_queue_drops_the_oldest_and_counts_it() -> None:
+    """Past its bound the queue gives up its oldest items (each counted), never the newest."""
+    exporter = Flaky()
+    exporter.refusing.set()
+    batching, _, dropped = processor(exporter, max_items=3)
+    for item in range(10):
+        batching.emit(item)
+    exporter.refusing.clear()
+    wait_until(lambda: batching.force_flush(1_000), what="the queue flushed")  # a refusal under way ends one flush
+    assert exporter.taken[-2:] == [8, 9] and len(exporter.taken) + len(dropped) == 10
+    assert exporter.taken == sorted(exporter.taken) and not set(exporter.taken) & set(dropped)
+    batching.shutdown(1)
+
+
+def test_shutdown_keeps_its_deadline_and_counts_what_is_lost() -> None:
+    """An exporter that refuses for good delays shutdown by one last try, not by its backoff: what is left is
+    counted as lost."""
+    exporter = Flaky()
+    exporter.refusing.set()
+    lost: list[int] = []
+    batching = BatchProcessor(MemoryQueue(100, lambda item: 1, lambda item: None), exporter, lambda error: "io",
+                              lambda reason: None, on_lost=lost.append, retry_first=30.0, retry_max=30.0)
+    batching.emit(1)
+    batching.emit(2)
+    started = time.monotonic()
+    batching.shutdown(5)
+    assert time.monotonic() - started < 4 and lost == [2]
+
+
+class Blocking:
+    """A forwarding target that blocks until ``release`` is set (a disk that stalls, a webhook that hangs)."""
+
+    name = "blocking"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.accepted: list[Envelope] = []
+
+    def accept(self, envelope: Envelope) -> None:
+        self.release.wait(30)
+        self.accepted.append(envelope)
+
+    def close(self, timeout: float) -> None:
+        """Nothing to release."""
+
+
+@pytest.fixture
+def _close_servers() -> Iterator[None]:
+    yield
+    imds_http.close_all()
+
+
+@pytest.mark.usefixtures("_close_servers")
+def test_a_target_that_blocks_for_seconds_does_not_delay_the_next_poll(tmp_path: Path) -> None:
+    """With a forwarding target stuck for seconds, each poll (every one a new document, so every one forwarded)
+    returns in well under a second, and the target gets every document, in order, once it is unstuck."""
+    documents = [json.dumps({"DocumentIncarnation": n, "Events": []}).encode() for n in range(1, 5)]
+    imds, _, _ = scripted_imds([httpx.Response(200, content=body) for body in documents])
+    settings = Settings(vm_name="vm0")
+    registry = CollectorRegistry()
+    state = CurrentState(Snapshot(vm_name="vm0", api_version=settings.api_version))
+    metrics = Metrics(registry, state.get)
+    target = Blocking()
+    forward = ForwardSink(Sequencer(tmp_path), [target], ForwardMetrics(registry))
+    poller = Poller(imds, metrics, FanOut([forward], on_error=lambda name: None), settings, state)
+    durations = []
+    for _ in documents:
+        started = time.monotonic()
+        poller.poll_once()
+        durations.append(time.monotonic() - started)
+    assert max(durations) < 1.0, durations
+    assert target.accepted == []  # still blocked: the polls above did not wait for it
+    target.release.set()
+    wait_until(lambda: len(target.accepted) == len(documents), what="every document forwarded")
+    assert [e.body for e in target.accepted] == documents
+    forward.shutdown(5)
+
+
+def test_force_flush_does_not_wait_on_a_refusing_exporter() -> None:
+    """A flush (as at shutdown) returns False as soon as the exporter refuses, not after its whole timeout."""
+    exporter = Flaky()
+    exporter.refusing.set()
+    batching, _, _ = processor(exporter)
+    batching.emit(1)
+    started = time.monotonic()
+    assert batching.force_flush(20_000) is False
+    assert time.monotonic() - started < 10
+    batching.shutdown(1)
