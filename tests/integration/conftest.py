@@ -4,12 +4,23 @@ so it needs none of them: every test here is marked integration and would be des
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.otlp_receiver import OtlpReceiver
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     if config.getoption("markexpr").strip() == "not integration":
         return True
     return None
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    """An OTLP receiver (traces and logs, HTTP and gRPC) on loopback, for the tests that export to one."""
+    server = OtlpReceiver()
+    yield server
+    server.close()

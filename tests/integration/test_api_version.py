@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from urllib.parse import parse_qs
 
 import pytest
@@ -20,13 +20,6 @@ FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")
 A = "azure.scheduled_event."
 RECOMMENDATION = "5A0C7E21-3B4D-4F6A-8C9E-0D1F2A3B4C01"
 PREEMPT = "5A0C7E21-3B4D-4F6A-8C9E-0D1F2A3B4C02"
-
-
-@pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    server = OtlpReceiver()
-    yield server
-    server.close()
 
 
 def otlp(receiver: OtlpReceiver, protocol: str) -> dict[str, str]:

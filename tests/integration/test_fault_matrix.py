@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -244,13 +244,6 @@ def test_an_event_id_changing_case(simulator: SimulatorFactory, sidecar: Callabl
     assert ids == [document["Events"][0]["EventId"].lower()]
     reliability("IMDS", "an EventId listed again in another case", "the same event (one trace id): no cancel, no "
                                                                    "second schedule")
-
-
-@pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    server = OtlpReceiver()
-    yield server
-    server.close()
 
 
 HOSTILE_EVENTS = ('{"DocumentIncarnation": 40, "Events": ['

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +26,6 @@ pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")
 FREEZE = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
 A = "azure.scheduled_event."
-
-
-@pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    server = OtlpReceiver()
-    yield server
-    server.close()
 
 
 def advance_to(sim: Any, process: Sidecar, t: float) -> None:
