@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -92,7 +93,8 @@ def _break_own_wheel(house: Path) -> None:
 class Machine:
     """A scratch root, the settings file an operator would write, and install.sh run against them."""
 
-    def __init__(self, base: Path, imds_url: str) -> None:
+    def __init__(self, base: Path, imds_url: str, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.root = base / "root"
         self.stand_in = base / "systemctl"
         self.stand_in.mkdir(parents=True)
@@ -105,7 +107,7 @@ class Machine:
         etc = self.root / "etc" / "se-exporter"
         etc.mkdir(parents=True)
         (etc / "se-exporter.env").write_text(
-            f"SE_EXPORTER_LISTEN=127.0.0.1:{self.port}\nSE_EXPORTER_IMDS_URL={imds_url}\n"
+            f"SE_EXPORTER_LISTEN={host}:{self.port}\nSE_EXPORTER_IMDS_URL={imds_url}\n"
             f"SE_EXPORTER_STATE_DIR={self.state}\nSE_EXPORTER_POLL_INTERVAL=0.2\n")
         self.prefix = self.root / "opt" / "se-exporter"
 
@@ -132,7 +134,7 @@ class Machine:
         return os.readlink(self.prefix / "current").removeprefix("releases/")
 
     def healthy(self) -> bool:
-        return http_get(f"http://127.0.0.1:{self.port}/healthz")[0] == 200
+        return http_get(f"http://{self.host}:{self.port}/healthz")[0] == 200
 
     def stop(self) -> None:
         pid = self.pid()
@@ -234,6 +236,25 @@ def test_a_release_that_never_answers_is_rolled_back(machine: Machine, tmp_path:
     assert "this release never serves" in (machine.stand_in / "service.log").read_text()
     reliability("Install", "install.sh upgrading to a release that never answers /healthz",
                 "exit 1 with one line; the old release, untouched, switched back, restarted and answering")
+
+
+@pytest.mark.integration
+def test_the_health_check_asks_the_address_the_service_listens_on(tmp_path: Path,
+                                                                 simulator: SimulatorFactory) -> None:
+    """A service bound to one address (the VM's private one, as docs/install.md advises; here 127.0.0.2, which
+    Linux routes to loopback) is asked for /healthz there: polling 127.0.0.1 never got an answer, so a first install
+    failed and every upgrade was rolled back."""
+    _, server = simulator("live-migration")
+    machine = Machine(tmp_path, server.url, host="127.0.0.2")
+    try:
+        first = _archive()
+        result = machine.run("--sha256", sha256(first), str(first), env={"HEALTH_TIMEOUT": "30"})
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert machine.healthy()
+        with pytest.raises(ConnectionRefusedError):  # bound to 127.0.0.2 only: the old check's address is closed
+            socket.create_connection(("127.0.0.1", machine.port), timeout=5).close()
+    finally:
+        machine.stop()
 
 
 def test_an_archive_rewritten_with_its_requirements_is_refused(tmp_path: Path) -> None:
