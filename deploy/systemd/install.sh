@@ -115,6 +115,24 @@ trap 'rm -rf "$unpacked"' EXIT
 tar -xzf "$WHEELS" -C "$unpacked"
 HOUSE="$(dirname "$(find "$unpacked" -name requirements.txt | head -n 1)")"
 [ -f "$HOUSE/requirements.txt" ] || fail "no requirements.txt in $WHEELS: not a wheelhouse from make linux-wheels"
+# The wheelhouse holds compiled wheels for some CPython versions only (make linux-wheels: 3.10-3.12): a python3 it
+# has no wheels for made pip fail with a message that named neither. Read the versions from the wheels' tags.
+need="$(python3 - "$HOUSE" <<'EOF'
+import re, sys
+from pathlib import Path
+held = {}
+for wheel in Path(sys.argv[1]).glob("*.whl"):
+    name, *_, python, abi, _platform = wheel.name[:-len(".whl")].split("-")
+    for tag in python.split("."):
+        found = re.fullmatch(r"cp3([0-9]+)", tag)
+        if found and abi != "abi3":
+            held.setdefault(name.lower(), set()).add(int(found[1]))
+versions = sorted(set.intersection(*held.values())) if held else []
+if held and sys.version_info[1] not in versions:
+    print(", ".join(f"3.{minor}" for minor in versions) or "none")
+EOF
+)" || fail "python3 could not read the wheelhouse's wheel names"
+[ -z "$need" ] || fail "python3 is $(python3 -c 'import platform; print(platform.python_version())'), but this wheelhouse holds wheels for CPython $need only: run install.sh with one of those first on PATH as python3; nothing installed"
 version="$(basename "$(find "$HOUSE" -name 'se_exporter-*.whl' | head -n 1)" | cut -d - -f 2)"
 [ -n "$version" ] || fail "no se-exporter wheel in $WHEELS"
 release="$version-$(echo "$SHA" | cut -c 1-12)"

@@ -310,6 +310,36 @@ def test_a_python_without_ensurepip_gets_one_line_naming_python3_venv(tmp_path: 
                           check=False).returncode == 0, "the old guard would have passed"
 
 
+def test_a_python_the_wheelhouse_has_no_wheels_for_gets_one_line_naming_the_versions(tmp_path: Path) -> None:
+    """A python3 newer or older than every CPython the wheelhouse's compiled wheels are built for (Debian 13's 3.13
+    against 3.10-3.12) is refused before a virtualenv is made, in one line naming the versions the wheels are for:
+    those every compiled package has a wheel for (abi3 and pure-Python wheels fit any)."""
+    python3 = shutil.which("python3")
+    assert python3 is not None
+    have = subprocess.run([python3, "-c", "import platform; print(platform.python_version())"], capture_output=True,
+                          text=True, timeout=60, check=True).stdout.strip()
+    minor = int(have.split(".")[1])
+    house = tmp_path / "linux-wheels"
+    house.mkdir()
+    (house / "requirements.txt").write_text("se-exporter==0.1.0\n")
+    names = ["se_exporter-0.1.0-py3-none-any.whl", "cryptography-50.0-cp39-abi3-manylinux_2_28_x86_64.whl",
+             *(f"grpcio-1.0-cp3{m}-cp3{m}-manylinux2014_x86_64.whl" for m in (minor, minor + 1, minor + 2)),
+             *(f"multi_dict-7.0-cp3{m}-cp3{m}-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"
+               for m in (minor + 1, minor + 2))]
+    for name in names:
+        (house / name).write_bytes(b"")
+    archive = tmp_path / "linux-wheels.tar.gz"
+    with tarfile.open(archive, "w:gz") as bundle:
+        bundle.add(house, house.name)
+    machine = Machine(tmp_path / "m", "http://127.0.0.1:9")
+    result = machine.run("--sha256", sha256(archive), str(archive))
+    assert result.returncode == 1
+    assert result.stderr == f"install.sh: python3 is {have}, but this wheelhouse holds wheels for CPython " \
+                            f"3.{minor + 1}, 3.{minor + 2} only: run install.sh with one of those first on PATH " \
+                            "as python3; nothing installed\n"
+    assert not (machine.prefix / "releases").exists() and not (machine.stand_in / "calls").exists()
+
+
 def test_cloud_init_runs_the_same_install_sh_with_the_hash() -> None:
     """The scale-set custom data carries install.sh and the unit verbatim and runs install.sh with the archive's
     hash, so first boot and later upgrades take one path."""
