@@ -354,6 +354,41 @@ def test_cloud_init_runs_the_same_install_sh_with_the_hash() -> None:
     assert run.split()[:4] == ["sh", f"{SETUP}/install.sh", "--sha256", "WHEELHOUSE_SHA256"]
 
 
+@pytest.mark.parametrize(("replace", "left"), [
+    ({}, " WHEELHOUSE_URL WHEELHOUSE_SHA256 myns.servicebus.windows.net"),
+    ({"WHEELHOUSE_URL": "https://example.invalid/w.tar.gz", "WHEELHOUSE_SHA256": "ab" * 32},
+     " myns.servicebus.windows.net"),
+    ({"myns": "prod-events"}, " WHEELHOUSE_URL WHEELHOUSE_SHA256"),
+    ({"WHEELHOUSE_URL": "https://example.invalid/w.tar.gz", "WHEELHOUSE_SHA256": "ab" * 32, "myns": "prod-events"},
+     ""),
+])
+def test_cloud_init_with_a_placeholder_left_stops_first_boot_in_one_line(tmp_path: Path, replace: dict[str, str],
+                                                                          left: str) -> None:
+    """Custom data whose placeholders were not all replaced (an Event Hubs namespace that does not exist, no
+    wheelhouse) fails its first runcmd, before the download and the install, with one line on stderr (cloud-init's
+    output and the console log) naming those left; replaced the way an operator does (a text substitution of the
+    whole file), it passes."""
+    import yaml  # noqa: PLC0415 - only these tests read YAML
+
+    text = (ROOT / "deploy" / "systemd" / "cloud-init.yaml").read_text()
+    for placeholder, value in replace.items():
+        text = text.replace(placeholder, value)
+    data = yaml.safe_load(text)
+    env = tmp_path / "se-exporter.env"
+    env.write_text({item["path"]: item["content"] for item in data["write_files"]}["/etc/se-exporter/se-exporter.env"])
+    check = data["runcmd"][0]
+    assert "/etc/se-exporter/se-exporter.env" in check
+    # cloud-init writes each string item into one shell script, in order: an exit here ends it before the download.
+    script = "\n".join([check.replace("/etc/se-exporter/se-exporter.env", str(env)), "echo reached the download"])
+    result = subprocess.run([SH, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    if left:
+        assert result.returncode == 1 and result.stdout == ""
+        assert result.stderr == f"se-exporter: nothing installed: the custom data still holds the placeholder(s)" \
+                                f"{left}; replace them (cloud-init.yaml says how)\n"
+    else:
+        assert (result.returncode, result.stdout, result.stderr) == (0, "reached the download\n", "")
+
+
 def test_a_second_install_at_the_same_time_stops_in_one_line(tmp_path: Path) -> None:
     """While one install.sh holds the machine's install lock, another (cloud-init's first boot meeting a Custom
     Script upgrade) stops with one line before it unpacks or changes anything."""
