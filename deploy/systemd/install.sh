@@ -43,18 +43,24 @@ uninstall() {
   fi
 }
 
-# The port /healthz answers on: SE_EXPORTER_LISTEN from the settings file (":10169", "127.0.0.1:10169").
-port() {
-  listen="$(sed -n 's/^[[:space:]]*SE_EXPORTER_LISTEN=//p' "$ETC/se-exporter.env" 2>/dev/null | tail -n 1)"
-  listen="${listen%\"}"; listen="${listen#\"}"
-  echo "${listen##*:}" | grep -Ex '[0-9]{1,5}' || echo 10169
+# SE_EXPORTER_LISTEN from the settings file, as the service reads it (":10169", "10.0.0.4:10169", "[::]:10169").
+listen() {
+  value="$(sed -n 's/^[[:space:]]*SE_EXPORTER_LISTEN=//p' "$ETC/se-exporter.env" 2>/dev/null | tail -n 1)"
+  value="${value%\"}"; value="${value#\"}"
+  echo "$value"
 }
 
-# True once the running service answers 200 on /healthz, within HEALTH_TIMEOUT seconds.
+# True once the running service answers 200 on /healthz, within HEALTH_TIMEOUT seconds. It is asked where it listens:
+# a service bound to the VM's private address (as docs/install.md advises) does not answer on 127.0.0.1; one bound
+# to every address (empty host, 0.0.0.0, [::]) is asked on loopback.
 healthy() {
-  "$1/bin/python" - "$(port)" "$HEALTH_TIMEOUT" <<'EOF'
-import sys, time, urllib.request
-url, deadline = f"http://127.0.0.1:{sys.argv[1]}/healthz", time.monotonic() + float(sys.argv[2])
+  "$1/bin/python" - "$(listen)" "$HEALTH_TIMEOUT" <<'EOF'
+import re, sys, time, urllib.request
+found = re.fullmatch(r"(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:\[\]]*)):(?P<port>[0-9]{1,5})", sys.argv[1].strip())
+host, port = (found["v6"] or found["host"] or "", found["port"]) if found else ("", "10169")
+host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+url = f"http://{f'[{host}]' if ':' in host else host}:{port}/healthz"
+deadline = time.monotonic() + float(sys.argv[2])
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 while time.monotonic() < deadline:
     try:
@@ -109,6 +115,24 @@ trap 'rm -rf "$unpacked"' EXIT
 tar -xzf "$WHEELS" -C "$unpacked"
 HOUSE="$(dirname "$(find "$unpacked" -name requirements.txt | head -n 1)")"
 [ -f "$HOUSE/requirements.txt" ] || fail "no requirements.txt in $WHEELS: not a wheelhouse from make linux-wheels"
+# The wheelhouse holds compiled wheels for some CPython versions only (make linux-wheels: 3.10-3.12): a python3 it
+# has no wheels for made pip fail with a message that named neither. Read the versions from the wheels' tags.
+need="$(python3 - "$HOUSE" <<'EOF'
+import re, sys
+from pathlib import Path
+held = {}
+for wheel in Path(sys.argv[1]).glob("*.whl"):
+    name, *_, python, abi, _platform = wheel.name[:-len(".whl")].split("-")
+    for tag in python.split("."):
+        found = re.fullmatch(r"cp3([0-9]+)", tag)
+        if found and abi != "abi3":
+            held.setdefault(name.lower(), set()).add(int(found[1]))
+versions = sorted(set.intersection(*held.values())) if held else []
+if held and sys.version_info[1] not in versions:
+    print(", ".join(f"3.{minor}" for minor in versions) or "none")
+EOF
+)" || fail "python3 could not read the wheelhouse's wheel names"
+[ -z "$need" ] || fail "python3 is $(python3 -c 'import platform; print(platform.python_version())'), but this wheelhouse holds wheels for CPython $need only: run install.sh with one of those first on PATH as python3; nothing installed"
 version="$(basename "$(find "$HOUSE" -name 'se_exporter-*.whl' | head -n 1)" | cut -d - -f 2)"
 [ -n "$version" ] || fail "no se-exporter wheel in $WHEELS"
 release="$version-$(echo "$SHA" | cut -c 1-12)"

@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -92,7 +93,8 @@ def _break_own_wheel(house: Path) -> None:
 class Machine:
     """A scratch root, the settings file an operator would write, and install.sh run against them."""
 
-    def __init__(self, base: Path, imds_url: str) -> None:
+    def __init__(self, base: Path, imds_url: str, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.root = base / "root"
         self.stand_in = base / "systemctl"
         self.stand_in.mkdir(parents=True)
@@ -105,7 +107,7 @@ class Machine:
         etc = self.root / "etc" / "se-exporter"
         etc.mkdir(parents=True)
         (etc / "se-exporter.env").write_text(
-            f"SE_EXPORTER_LISTEN=127.0.0.1:{self.port}\nSE_EXPORTER_IMDS_URL={imds_url}\n"
+            f"SE_EXPORTER_LISTEN={host}:{self.port}\nSE_EXPORTER_IMDS_URL={imds_url}\n"
             f"SE_EXPORTER_STATE_DIR={self.state}\nSE_EXPORTER_POLL_INTERVAL=0.2\n")
         self.prefix = self.root / "opt" / "se-exporter"
 
@@ -132,7 +134,7 @@ class Machine:
         return os.readlink(self.prefix / "current").removeprefix("releases/")
 
     def healthy(self) -> bool:
-        return http_get(f"http://127.0.0.1:{self.port}/healthz")[0] == 200
+        return http_get(f"http://{self.host}:{self.port}/healthz")[0] == 200
 
     def stop(self) -> None:
         pid = self.pid()
@@ -236,6 +238,25 @@ def test_a_release_that_never_answers_is_rolled_back(machine: Machine, tmp_path:
                 "exit 1 with one line; the old release, untouched, switched back, restarted and answering")
 
 
+@pytest.mark.integration
+def test_the_health_check_asks_the_address_the_service_listens_on(tmp_path: Path,
+                                                                 simulator: SimulatorFactory) -> None:
+    """A service bound to one address (the VM's private one, as docs/install.md advises; here 127.0.0.2, which
+    Linux routes to loopback) is asked for /healthz there: polling 127.0.0.1 never got an answer, so a first install
+    failed and every upgrade was rolled back."""
+    _, server = simulator("live-migration")
+    machine = Machine(tmp_path, server.url, host="127.0.0.2")
+    try:
+        first = _archive()
+        result = machine.run("--sha256", sha256(first), str(first), env={"HEALTH_TIMEOUT": "30"})
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert machine.healthy()
+        with pytest.raises(ConnectionRefusedError):  # bound to 127.0.0.2 only: the old check's address is closed
+            socket.create_connection(("127.0.0.1", machine.port), timeout=5).close()
+    finally:
+        machine.stop()
+
+
 def test_an_archive_rewritten_with_its_requirements_is_refused(tmp_path: Path) -> None:
     """A wheelhouse whose wheels and requirements.txt were rewritten together is refused by the hash given apart
     from it, in one line, before anything is written."""
@@ -289,6 +310,36 @@ def test_a_python_without_ensurepip_gets_one_line_naming_python3_venv(tmp_path: 
                           check=False).returncode == 0, "the old guard would have passed"
 
 
+def test_a_python_the_wheelhouse_has_no_wheels_for_gets_one_line_naming_the_versions(tmp_path: Path) -> None:
+    """A python3 newer or older than every CPython the wheelhouse's compiled wheels are built for (Debian 13's 3.13
+    against 3.10-3.12) is refused before a virtualenv is made, in one line naming the versions the wheels are for:
+    those every compiled package has a wheel for (abi3 and pure-Python wheels fit any)."""
+    python3 = shutil.which("python3")
+    assert python3 is not None
+    have = subprocess.run([python3, "-c", "import platform; print(platform.python_version())"], capture_output=True,
+                          text=True, timeout=60, check=True).stdout.strip()
+    minor = int(have.split(".")[1])
+    house = tmp_path / "linux-wheels"
+    house.mkdir()
+    (house / "requirements.txt").write_text("se-exporter==0.1.0\n")
+    names = ["se_exporter-0.1.0-py3-none-any.whl", "cryptography-50.0-cp39-abi3-manylinux_2_28_x86_64.whl",
+             *(f"grpcio-1.0-cp3{m}-cp3{m}-manylinux2014_x86_64.whl" for m in (minor, minor + 1, minor + 2)),
+             *(f"multi_dict-7.0-cp3{m}-cp3{m}-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"
+               for m in (minor + 1, minor + 2))]
+    for name in names:
+        (house / name).write_bytes(b"")
+    archive = tmp_path / "linux-wheels.tar.gz"
+    with tarfile.open(archive, "w:gz") as bundle:
+        bundle.add(house, house.name)
+    machine = Machine(tmp_path / "m", "http://127.0.0.1:9")
+    result = machine.run("--sha256", sha256(archive), str(archive))
+    assert result.returncode == 1
+    assert result.stderr == f"install.sh: python3 is {have}, but this wheelhouse holds wheels for CPython " \
+                            f"3.{minor + 1}, 3.{minor + 2} only: run install.sh with one of those first on PATH " \
+                            "as python3; nothing installed\n"
+    assert not (machine.prefix / "releases").exists() and not (machine.stand_in / "calls").exists()
+
+
 def test_cloud_init_runs_the_same_install_sh_with_the_hash() -> None:
     """The scale-set custom data carries install.sh and the unit verbatim and runs install.sh with the archive's
     hash, so first boot and later upgrades take one path."""
@@ -301,6 +352,41 @@ def test_cloud_init_runs_the_same_install_sh_with_the_hash() -> None:
     assert files[f"{SETUP}/se-exporter.service"] == (systemd / "se-exporter.service").read_text()
     (run,) = [command for command in data["runcmd"] if "install.sh" in command]
     assert run.split()[:4] == ["sh", f"{SETUP}/install.sh", "--sha256", "WHEELHOUSE_SHA256"]
+
+
+@pytest.mark.parametrize(("replace", "left"), [
+    ({}, " WHEELHOUSE_URL WHEELHOUSE_SHA256 myns.servicebus.windows.net"),
+    ({"WHEELHOUSE_URL": "https://example.invalid/w.tar.gz", "WHEELHOUSE_SHA256": "ab" * 32},
+     " myns.servicebus.windows.net"),
+    ({"myns": "prod-events"}, " WHEELHOUSE_URL WHEELHOUSE_SHA256"),
+    ({"WHEELHOUSE_URL": "https://example.invalid/w.tar.gz", "WHEELHOUSE_SHA256": "ab" * 32, "myns": "prod-events"},
+     ""),
+])
+def test_cloud_init_with_a_placeholder_left_stops_first_boot_in_one_line(tmp_path: Path, replace: dict[str, str],
+                                                                          left: str) -> None:
+    """Custom data whose placeholders were not all replaced (an Event Hubs namespace that does not exist, no
+    wheelhouse) fails its first runcmd, before the download and the install, with one line on stderr (cloud-init's
+    output and the console log) naming those left; replaced the way an operator does (a text substitution of the
+    whole file), it passes."""
+    import yaml  # noqa: PLC0415 - only these tests read YAML
+
+    text = (ROOT / "deploy" / "systemd" / "cloud-init.yaml").read_text()
+    for placeholder, value in replace.items():
+        text = text.replace(placeholder, value)
+    data = yaml.safe_load(text)
+    env = tmp_path / "se-exporter.env"
+    env.write_text({item["path"]: item["content"] for item in data["write_files"]}["/etc/se-exporter/se-exporter.env"])
+    check = data["runcmd"][0]
+    assert "/etc/se-exporter/se-exporter.env" in check
+    # cloud-init writes each string item into one shell script, in order: an exit here ends it before the download.
+    script = "\n".join([check.replace("/etc/se-exporter/se-exporter.env", str(env)), "echo reached the download"])
+    result = subprocess.run([SH, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    if left:
+        assert result.returncode == 1 and result.stdout == ""
+        assert result.stderr == f"se-exporter: nothing installed: the custom data still holds the placeholder(s)" \
+                                f"{left}; replace them (cloud-init.yaml says how)\n"
+    else:
+        assert (result.returncode, result.stdout, result.stderr) == (0, "reached the download\n", "")
 
 
 def test_a_second_install_at_the_same_time_stops_in_one_line(tmp_path: Path) -> None:
