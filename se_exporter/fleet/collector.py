@@ -63,7 +63,8 @@ class FleetMetrics:
         registry.register(_Flush(self))  # before the counters it feeds: collected first
         self.consumed = Counter(f"{FLEET}_documents_consumed", "Messages received from Event Hubs.",
                                 registry=registry)
-        self.applied = Counter(f"{FLEET}_documents_applied", "Documents that became a VM's latest, by kind.",
+        self.applied = Counter(f"{FLEET}_documents_applied", "Documents that became a VM's latest, by kind (retired: a "
+                               "sidecar's message that retired the VM known by its name).",
                                ["kind"], registry=registry)
         self.duplicates = Counter(f"{FLEET}_duplicate_documents",
                                   "Documents dropped: a resend of the applied one, or older than it.",
@@ -103,7 +104,7 @@ class FleetMetrics:
         self.last_applied = Gauge(f"{FLEET}_last_applied_timestamp_seconds",
                                   "When this replica last applied a document, as unix time (0: not yet).",
                                   registry=registry)
-        for kind in ("change", "heartbeat"):
+        for kind in ("change", "heartbeat", "retired"):
             self.applied.labels(kind)
         for reason in ("resend", "older"):
             self.duplicates.labels(reason)

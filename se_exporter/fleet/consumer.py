@@ -175,6 +175,8 @@ class Service:
                 counter.inc(count)
             elif outcome == "replayed":
                 self._metrics.replayed.inc(count)
+            elif outcome == "retired":  # a VM known by name retired by its sidecar's message under that name
+                self._metrics.applied.labels("retired").inc(count)
             elif outcome in BOUND_NAMES:
                 self._report.bound_hit(outcome, count)
             elif outcome == "platform":  # the platform stream's (fleet/platform/service.py)

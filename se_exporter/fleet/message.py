@@ -11,6 +11,10 @@ key ``vm_id or vm_name`` (``forwarding/envelope``), so a document is accepted on
 that. A forged ``vm_id`` sent with another key is refused (``wrong_partition_key``): a VM's documents all land on
 the one partition its key hashes to, and no other producer's document can appear there under its name unless sent
 with its key, which is then the same as sending as that VM (Event Hubs has no per-sender identity to check).
+The one exception is a message with ``retires_name: true``: the sidecar sends it once under its old key (its
+``vm_name``) when it first knows its ``vm_id``, carrying both, so that whichever replica holds the VM known by name
+retires that entry (``picture.Fleet.apply``); it is accepted only so (a ``vm_id``, a ``vm_name``, and the key the
+``vm_name``) and changes no VM's picture.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from se_exporter.infra.logs import shorten
 KNOWN_PROPERTIES = frozenset({
     "vm_name", "vm_id", "vmss_name", "subscription_id", "resource_group", "location", "observed_at",
     "api_version", "exporter_version", "sequence", "document_incarnation", "heartbeat", "imds_last_success",
-    "imds_failing"})
+    "imds_failing", "retires_name"})
 INVALID_REASONS = ("too_large", "not_json", "invalid_document", "not_envelope", "bad_property",
                    "wrong_partition_key")
 MAX_SEQUENCE = 2**63 - 1  # the sidecar's numbering stays below 2**53; anything past a signed 64-bit value is forged
@@ -129,6 +133,7 @@ class Message:
     unknown_properties: tuple[str, ...] = ()
     document_warnings: int = 0
     bounds: tuple[str, ...] = ()
+    retires_name: bool = False  # only retires the VM known by ``vm.vm_name`` (``vm.key``), applies nothing
 
 
 def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, partition_key: Any,
@@ -148,7 +153,13 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
     vmss_name, location = sys.intern(vmss_name), sys.intern(location)
     key = vm_id or vm_name or "unknown"  # as the sidecar keys a VM that knows neither yet
     sent_key = _bounded_text("partition key", partition_key, MAX_TEXT) if partition_key is not None else None
-    if sent_key != key:
+    retires_name = _flag(properties, "retires_name") is True
+    if retires_name:  # sent under the old key, the name, and only by a sidecar that knows its vm_id
+        if not vm_id or not vm_name or sent_key != vm_name:
+            raise InvalidMessage("wrong_partition_key", f"partition key {_quote(sent_key)} of a message retiring a "
+                                 f"name is not its vm_name {_quote(vm_name)} beside a vm_id")
+        key = vm_name
+    elif sent_key != key:
         raise InvalidMessage("wrong_partition_key", f"partition key {_quote(sent_key)} is not the document's "
                              f"vm_id or vm_name {_quote(key)}: a VM's documents are sent with its own key")
     last_success, failing = _time(properties, "imds_last_success"), _flag(properties, "imds_failing")
@@ -178,7 +189,7 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
     if not properties.keys() <= _KNOWN_KEYS:  # compared in C, no set made: a current sidecar sends no other
         unknown = properties.keys() - _KNOWN_KEYS
         listed = tuple(sorted(_bounded_name(name) for name in unknown))[:MAX_UNKNOWN_LISTED]
-    return Message(vm, message_text, heartbeat, listed, warnings, hit)
+    return Message(vm, message_text, heartbeat, listed, warnings, hit, retires_name)
 
 
 def read_events(body: bytes, vm_name: str, bounds: Bounds = DEFAULT_BOUNDS,

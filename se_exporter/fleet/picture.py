@@ -20,7 +20,10 @@ known: an entry keyed by name (no vm_id) is retired by a document with a vm_id, 
 installation, seen no earlier, held in any partition this replica owns; and a document by name seen no later than
 such a document is not applied (counted as older), whichever partition is read first. Only an entry without a
 vm_id is ever retired so, and only by its own installation under its own name: no document can retire a VM known
-by its vm_id, nor a name-only VM of another installation (another VM of the same name elsewhere).
+by its vm_id, nor a name-only VM of another installation (another VM of the same name elsewhere). When another
+replica owns the vm_id's partition, the sidecar's one message with ``retires_name`` (sent under its name once it
+knows its vm_id, after its last document by name) retires the entry by name of its installation, sent earlier, on
+the replica that holds it; it changes nothing else.
 """
 
 from __future__ import annotations
@@ -261,7 +264,8 @@ class Fleet:
                 state.position = sequence_number
 
     def apply(self, partition_id: str, message: Message, sequence_number: int | None = None) -> str:
-        """Fold one document in: 'applied', 'resend' or 'older' (see the module docstring); 'unowned' if the
+        """Fold one document in: 'applied', 'resend' or 'older' (see the module docstring); 'retired' or 'older' for a
+        message retiring a name (``_retire_name``); 'unowned' if the
         partition was released meanwhile; the name of the bound that refused a new VM ('vms_per_partition',
         'vms_per_installation'). With ``sequence_number``, also what ``handled`` records."""
         new = message.vm
@@ -271,6 +275,8 @@ class Fleet:
                 return "unowned"
             if sequence_number is not None and (state.position is None or sequence_number > state.position):
                 state.position = sequence_number
+            if message.retires_name:
+                return self._retire_name(partition_id, state, new)
             current = state.vms.get(new.key)
             if current is None:
                 refused = self._refused(state, new)
@@ -305,6 +311,17 @@ class Fleet:
         if not new.vm_id and self._known_by_id(new):  # by name, once its vm_id is known: the VM is that one
             return "older"
         return None
+
+    def _retire_name(self, partition_id: str, state: PartitionState, retiring: VmState) -> str:
+        """Forget the entry known by name only that ``retiring`` (a message with ``retires_name``, its key the name)
+        says is its installation's VM, sent before it: 'retired'; else nothing changes ('older': already retired
+        here, or never held). Never creates or changes a VM (under the lock)."""
+        named = state.vms.get(retiring.key)
+        if named is None or named.vm_id or named.vm_name != retiring.vm_name \
+                or named.installation != retiring.installation or named.sequence >= retiring.sequence:
+            return "older"
+        self._forget(partition_id, state, retiring.key)
+        return "retired"
 
     def _known_by_id(self, named: VmState) -> bool:
         """Whether a VM of ``named``'s installation and name, with a vm_id and seen no earlier, is held (under the

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from se_exporter.fleet.collector import render_fleet
-from se_exporter.fleet.picture import Fleet, Message, PartitionState, read_message
+from se_exporter.fleet.picture import Fleet, InvalidMessage, Message, PartitionState, read_message
 from tests.fleet.test_picture import FREEZE, VM_ID, props
 from tests.helpers import parse_samples
 
@@ -90,3 +90,65 @@ def test_a_name_retires_nothing_it_does_not_own() -> None:
     forged = heard(True, 9, 1020.0, installation="victim", name="victim", vm_id="forged-id")
     fleet.apply("id", forged)  # the victim's name and installation under another vm_id
     assert sorted(vm.key for vm in fleet.vms()) == sorted([NAME, "victim-id", VM_ID, "forged-id"])
+
+
+def retiring(sequence: int, seen_at: float, installation: str = "inst-a", name: str = NAME, vm_id: str = VM_ID,
+             key: str | None = None) -> Message:
+    """The sidecar's one message under its old key (its name) once it knows its vm_id: it retires the name."""
+    return read_message(FREEZE, props(sequence, vm_name=name, vm_id=vm_id, retires_name=True),
+                        f"{installation}:{sequence}".encode(), (name if key is None else key).encode(), seen_at,
+                        1 << 20)
+
+
+def test_two_replicas_each_owning_one_partition_count_one_vm() -> None:
+    """The name's partition on one replica, the vm_id's on another: the retire message, read in the name's partition
+    after the documents by name, retires the entry by name there, so the two replicas together show one VM."""
+    by_name, by_id = Fleet(), Fleet()
+    by_name.claim("name")
+    by_id.claim("id")
+    assert by_name.apply("name", heard(False, 1, 1000.0), 1) == "applied"
+    assert by_name.apply("name", heard(False, 2, 1005.0), 2) == "applied"
+    assert by_id.apply("id", heard(True, 4, 1010.0), 1) == "applied"
+    assert counts(by_name)[2] + counts(by_id)[2] == [NAME, VM_ID]  # what distinct-vm_id queries counted: 2
+    assert by_name.apply("name", retiring(3, 1010.0), 3) == "retired"
+    assert counts(by_name) == (0, None, []) and counts(by_id) == (1, 1, [VM_ID])
+    assert by_name.snapshot("name").gone == [NAME]  # type: ignore[union-attr]  # the next state write drops it
+    assert by_name.position("name") == 3  # the checkpoint may pass it: nothing new to persist
+    assert by_name.apply("name", retiring(3, 1010.0), 3) == "older"  # a resend retires nothing more
+
+
+def test_a_retire_message_changes_nothing_else() -> None:
+    """It never creates a VM, never retires a VM known by vm_id, another installation's VM of that name, or a
+    document by name sent after it; and once retired on the same replica already, it is a no-op."""
+    fleet = Fleet()
+    fleet.claim("name")
+    assert fleet.apply("name", retiring(3, 1010.0)) == "older"  # nothing held: nothing created
+    assert counts(fleet) == (0, None, [])
+    fleet.apply("name", heard(False, 1, 1000.0, installation="inst-b"))
+    assert fleet.apply("name", retiring(3, 1010.0)) == "older"  # another installation's VM of that name stays
+    fleet.apply("name", heard(False, 5, 1020.0, installation="inst-a"))  # inst-a's entry replaces it, sent later
+    assert fleet.apply("name", retiring(4, 1030.0)) == "older"  # sent before that document: kept
+    assert counts(fleet) == (1, 1, [NAME])
+    one = two_partitions()
+    one.apply("name", heard(False, 1, 1000.0))
+    one.apply("id", heard(True, 3, 1010.0))  # retired already, both partitions on this replica
+    assert one.apply("name", retiring(2, 1010.0)) == "older"
+    assert counts(one) == (1, 1, [VM_ID])
+
+
+def test_a_retire_message_is_accepted_only_under_the_name_beside_a_vm_id() -> None:
+    """Under any other key, or without a vm_id or a name, it is refused like any misplaced document."""
+    for name, vm_id, key in ((NAME, VM_ID, VM_ID), (NAME, "", NAME), ("", VM_ID, ""), (NAME, VM_ID, "other")):
+        try:
+            retiring(3, 1010.0, name=name, vm_id=vm_id, key=key)
+        except InvalidMessage as error:
+            assert error.reason == "wrong_partition_key", (name, vm_id, key)
+        else:
+            raise AssertionError(f"accepted {(name, vm_id, key)}")
+    # and a document by name carrying a vm_id without the flag is still refused
+    try:
+        read_message(FREEZE, props(3, vm_name=NAME, vm_id=VM_ID), b"inst-a:3", NAME.encode(), 1010.0, 1 << 20)
+    except InvalidMessage as error:
+        assert error.reason == "wrong_partition_key"
+    else:
+        raise AssertionError("accepted a document by name carrying a vm_id")
