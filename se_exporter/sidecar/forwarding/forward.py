@@ -110,13 +110,20 @@ class _Beat:
 
 
 class _Envelopes(Exporter["DocumentChange | _Beat"]):
-    """Numbers each change (and heartbeat) and queues its envelope for every target, in order."""
+    """Numbers each change (and heartbeat) and queues its envelope for every target, in order.
+
+    A sidecar that forwarded under its name (no vm_id known yet) and then knows its vm_id sends, just before the
+    first document under its vm_id, one message under its old key: the same document with its vm_id, ``vm_name`` the
+    old key and ``retires_name: true``. It lands on the name's partition after the documents sent by name, so the
+    fleet replica holding the VM by name retires it there, whichever replica reads the vm_id's partition. Known in
+    memory only: after a restart in between, the entry by name waits for the fleet's ``--vm-expiry``."""
 
     name = "forward"
 
     def __init__(self, sequencer: Sequencer, targets: Sequence[BatchProcessor[Envelope]]) -> None:
         self._sequencer, self._targets = sequencer, targets
         self._last: DocumentChange | None = None
+        self._named: str | None = None  # the key (a name) last forwarded under while no vm_id was known
 
     def export(self, batch: Sequence[DocumentChange | _Beat]) -> int:
         for item in batch:
@@ -124,16 +131,32 @@ class _Envelopes(Exporter["DocumentChange | _Beat"]):
                 if self._last is None:  # before the first valid document there is nothing to repeat
                     continue
                 # Without the poll loop's view (a sink built alone), the last change is the last read known.
-                health = item.health or ImdsHealth(self._last.observed_at, failing=False)
-                envelope = build(replace(self._last, observed_at=time.time()), self._sequencer.next(),
-                                 self._sequencer.installation_id, health)
-                envelope = replace(envelope, properties={**envelope.properties, "heartbeat": True})
+                health: ImdsHealth | None = item.health or ImdsHealth(self._last.observed_at, failing=False)
+                change = replace(self._last, observed_at=time.time())
             else:
-                self._last = item
-                envelope = build(item, self._sequencer.next(), self._sequencer.installation_id)
-            for target in self._targets:
-                target.emit(envelope)
+                self._last = change = item
+                health = None
+            if self._named is not None and change.identity is not None and change.identity.vm_id:
+                self._emit(self._retirement(change, self._named))
+                self._named = None
+            envelope = build(change, self._sequencer.next(), self._sequencer.installation_id, health)
+            if isinstance(item, _Beat):
+                envelope = replace(envelope, properties={**envelope.properties, "heartbeat": True})
+            properties = envelope.properties
+            if not properties["vm_id"] and properties["vm_name"] and envelope.partition_key == properties["vm_name"]:
+                self._named = envelope.partition_key
+            self._emit(envelope)
         return len(batch)
+
+    def _retirement(self, change: DocumentChange, named: str) -> Envelope:
+        """The one message under the old key ``named`` that retires the VM known by that name (see the class)."""
+        envelope = build(change, self._sequencer.next(), self._sequencer.installation_id)
+        return replace(envelope, partition_key=named,
+                       properties={**envelope.properties, "vm_name": named, "retires_name": True})
+
+    def _emit(self, envelope: Envelope) -> None:
+        for target in self._targets:
+            target.emit(envelope)
 
 
 class ForwardSink(Sink):
