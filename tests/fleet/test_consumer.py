@@ -127,3 +127,19 @@ def test_silence_on_the_partitions_own_timeline_needs_no_answer_from_the_hub() -
     asyncio.run(run.on_batch(Context(), events))  # type: ignore[arg-type]
     assert [vm.key for vm in asyncio.run(run.expire_now())] == [VM_ID]
     assert [vm.key for vm in fleet.vms()] == ["other"]
+
+
+def test_a_message_retiring_a_name_is_counted_as_retired_and_leaves_no_vm() -> None:
+    """A document by name, then its sidecar's message under the name retiring it: applied{kind="retired"}; the same
+    again retires nothing and counts as older."""
+    run, fleet, registry = service()
+    name = b"WestNO_0"
+    events = [Event(1, props(1, vm_id=""), b"inst:1", name),
+              Event(2, props(2, retires_name=True), b"inst:2", name),
+              Event(3, props(2, retires_name=True), b"inst:2", name)]
+    asyncio.run(run.on_batch(Context(), events))  # type: ignore[arg-type]
+    get = registry.get_sample_value
+    assert get("azure_scheduled_fleet_documents_applied_total", {"kind": "change"}) == 1
+    assert get("azure_scheduled_fleet_documents_applied_total", {"kind": "retired"}) == 1
+    assert get("azure_scheduled_fleet_duplicate_documents_total", {"reason": "older"}) == 1
+    assert fleet.vms() == [] and fleet.position("0") == 3
