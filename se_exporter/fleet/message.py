@@ -136,6 +136,38 @@ class Message:
     retires_name: bool = False  # only retires the VM known by ``vm.vm_name`` (``vm.key``), applies nothing
 
 
+def _key(vm_id: str, vm_name: str, partition_key: Any, retires_name: bool) -> str:
+    """The VM's key (``vm_id``, else ``vm_name``, as the sidecar keys it), checked against the partition key it was
+    sent with: a VM's documents are sent under its own key, a message retiring a name under that name."""
+    key = vm_id or vm_name or "unknown"  # as the sidecar keys a VM that knows neither yet
+    sent_key = _bounded_text("partition key", partition_key, MAX_TEXT) if partition_key is not None else None
+    if retires_name:  # sent under the old key, the name, and only by a sidecar that knows its vm_id
+        if not vm_id or not vm_name or sent_key != vm_name:
+            raise InvalidMessage("wrong_partition_key", f"partition key {_quote(sent_key)} of a message retiring a "
+                                 f"name is not its vm_name {_quote(vm_name)} beside a vm_id")
+        return vm_name
+    if sent_key != key:
+        raise InvalidMessage("wrong_partition_key", f"partition key {_quote(sent_key)} is not the document's "
+                             f"vm_id or vm_name {_quote(key)}: a VM's documents are sent with its own key")
+    return key
+
+
+def _imds(properties: Mapping[Any, Any]) -> Imds:
+    """What the sidecar says of its IMDS reads, checked (times from 2000 to 2199)."""
+    last_success, failing = _time(properties, "imds_last_success"), _flag(properties, "imds_failing")
+    if last_success is not None and not MIN_TIME <= last_success < MAX_TIME:
+        raise InvalidMessage("bad_property", f"property 'imds_last_success' is {last_success:.0f}, not a time "
+                             "from 2000 to 2199")
+    if last_success is None and failing is None:
+        return NO_IMDS  # an older sidecar: unknown, and shared by most of a fleet until sidecars are upgraded
+    # observed_at is used only beside imds_last_success (see picture.imds_unreachable)
+    observed = _time(properties, "observed_at") if last_success is not None else None
+    if observed is not None and not MIN_TIME <= observed < MAX_TIME:  # else a VM unreachable for ever, or never
+        raise InvalidMessage("bad_property", f"property 'observed_at' is {observed:.0f}, not a time from 2000 to "
+                             "2199")
+    return Imds(observed, last_success, failing)
+
+
 def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, partition_key: Any,
                  enqueued_at: float, max_bytes: int, bounds: Bounds = DEFAULT_BOUNDS) -> Message:
     """Check one received event against the envelope and parse its document; raise ``InvalidMessage``."""
@@ -151,29 +183,9 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
     vm_id, vm_name, vmss_name, location = _labels(properties, _IDENTITY)
     # Shared by many VMs (a scale set, a region): one string each, not one per VM held (about 10 % of a held VM).
     vmss_name, location = sys.intern(vmss_name), sys.intern(location)
-    key = vm_id or vm_name or "unknown"  # as the sidecar keys a VM that knows neither yet
-    sent_key = _bounded_text("partition key", partition_key, MAX_TEXT) if partition_key is not None else None
     retires_name = _flag(properties, "retires_name") is True
-    if retires_name:  # sent under the old key, the name, and only by a sidecar that knows its vm_id
-        if not vm_id or not vm_name or sent_key != vm_name:
-            raise InvalidMessage("wrong_partition_key", f"partition key {_quote(sent_key)} of a message retiring a "
-                                 f"name is not its vm_name {_quote(vm_name)} beside a vm_id")
-        key = vm_name
-    elif sent_key != key:
-        raise InvalidMessage("wrong_partition_key", f"partition key {_quote(sent_key)} is not the document's "
-                             f"vm_id or vm_name {_quote(key)}: a VM's documents are sent with its own key")
-    last_success, failing = _time(properties, "imds_last_success"), _flag(properties, "imds_failing")
-    if last_success is not None and not MIN_TIME <= last_success < MAX_TIME:
-        raise InvalidMessage("bad_property", f"property 'imds_last_success' is {last_success:.0f}, not a time "
-                             "from 2000 to 2199")
-    if last_success is None and failing is None:
-        imds = NO_IMDS  # an older sidecar: unknown, and shared by most of a fleet until sidecars are upgraded
-    else:  # observed_at is used only beside imds_last_success (see picture.imds_unreachable)
-        observed = _time(properties, "observed_at") if last_success is not None else None
-        if observed is not None and not MIN_TIME <= observed < MAX_TIME:  # else a VM unreachable for ever, or never
-            raise InvalidMessage("bad_property", f"property 'observed_at' is {observed:.0f}, not a time from 2000 to "
-                                 "2199")
-        imds = Imds(observed, last_success, failing)
+    key = _key(vm_id, vm_name, partition_key, retires_name)
+    imds = _imds(properties)
     heartbeat = _flag(properties, "heartbeat") is True
     body = bytes(body)
     events, warnings, hit = read_events(body, vm_name, bounds)
