@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import ipaddress
 import json
 import socket
 import sys
@@ -28,11 +29,25 @@ SPELLINGS = ["169.254.169.254", "0xa9fea9fe", "2852039166", "0251.0376.0251.0376
 ESCAPED: list[object] = []
 
 
+def _loopback(host: str) -> bool:
+    """Whether a resolved address is loopback: decided apart from the guard's own ``is_imds``, so that a spelling
+    the guard misreads still reaches nothing off this machine."""
+    try:
+        address = ipaddress.ip_address(host.split("%", maxsplit=1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool((mapped or address).is_loopback)
+
+
 def _sentinel(event: str, args: tuple[Any, ...]) -> None:
-    if event == "socket.connect" and isinstance(args[1], tuple) and isinstance(args[1][0], str) \
-            and is_imds(args[1][0]):
-        ESCAPED.append(args[1])
-        raise ConnectionRefusedError("the probe's sentinel stopped a connection to IMDS that the guard let through")
+    if event != "socket.connect" or not isinstance(args[1], tuple) or not isinstance(args[1][0], str):
+        return
+    if not _loopback(args[1][0]):  # nothing leaves loopback, whatever the guard decided
+        if is_imds(args[1][0]):
+            ESCAPED.append(args[1])
+        raise ConnectionRefusedError("the probe's sentinel stopped a connection off loopback that the guard let "
+                                     "through")
 
 
 def _causes(error: BaseException | None) -> list[BaseException]:
