@@ -3,7 +3,7 @@ POST to IMDS through every HTTP client the programs load, and a bare socket, wit
 print, as JSON, what stopped each attempt.
 
 A separate process, because pytest's own loopback hook (tests/loopback.py) would refuse these addresses before the
-guard is asked. Nothing reaches 169.254.169.254: a second audit hook, installed behind the guard, stops (and reports as
+guard is asked. Nothing reaches IMDS: a second audit hook, installed behind the guard, stops (and reports as
 ``escaped``) any connection to that address the guard let through.
 """
 
@@ -22,10 +22,14 @@ from typing import Any
 import requests
 
 from se_exporter import cli
-from se_exporter.infra.outbound import ImdsWriteRefused, is_imds
+from se_exporter.infra.outbound import IMDS_ADDRESS, ImdsWriteRefused, is_imds
 
 APPROVAL = b'{"StartRequests": [{"EventId": "E1"}]}'
-SPELLINGS = ["169.254.169.254", "0xa9fea9fe", "2852039166", "0251.0376.0251.0376", "[::ffff:169.254.169.254]"]
+# IMDS's address written five ways (dotted, hexadecimal, one decimal number, octal, IPv4-mapped IPv6), from the
+# guard's own constant.
+_NUMBER = int(IMDS_ADDRESS)
+_OCTAL = ".".join(f"0{int(part):o}" for part in str(IMDS_ADDRESS).split("."))
+SPELLINGS = [str(IMDS_ADDRESS), f"{_NUMBER:#x}", str(_NUMBER), _OCTAL, f"[::ffff:{IMDS_ADDRESS}]"]
 ESCAPED: list[object] = []
 
 

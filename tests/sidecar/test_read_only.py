@@ -1,6 +1,6 @@
 """Never approve, proven by behaviour: the IMDS client and its transport can send nothing but GET, and no other
 connection of any program can reach the IMDS address (``infra/outbound.py``), however the address is written.
-Nothing here reaches 169.254.169.254 (see tests/imds_guard_probe.py)."""
+Nothing here reaches IMDS (see tests/imds_guard_probe.py)."""
 
 from __future__ import annotations
 
