@@ -4,8 +4,8 @@ The pure core, a module per step: ``reader`` (with ``fields``: a received messag
 None when it is not Event Grid's), ``picture`` (per EventId, statuses only moving forward, duplicates applied once
 and their copies kept, retention), ``counting`` (the once-only rule, ``COUNTING``, and what it adds), ``saved`` (a
 picture as JSON with named fields and back), ``coverage`` (per EventId and VM: observed, missed, imds_unreachable,
-no_sidecar; and the reverse) and ``exposition`` (the gauges as Prometheus text). The fleet's side of it, with I/O:
-``hubs``, ``homes``, ``partitions``, ``saving`` and ``service``.
+no_sidecar; and the reverse) and ``exposition`` (the gauges, a prometheus-client collector). The fleet's side of
+it, with I/O: ``hubs``, ``homes``, ``partitions``, ``saving`` and ``service``.
 
 How a consumer tells the two streams apart, per received message: ``read_platform`` first (a sidecar's document
 costs it one look at the bytes, no parsing); None means not Event Grid's, for ``message.read_message``.
@@ -22,7 +22,7 @@ from se_exporter.fleet.platform.coverage import (
     ReconcileSettings,
     Reconciliation,
 )
-from se_exporter.fleet.platform.exposition import render_platform
+from se_exporter.fleet.platform.exposition import PlatformCollector, platform_families
 from se_exporter.fleet.platform.picture import (
     DEFAULT_LIMITS,
     PICTURE_BOUND_NAMES,
@@ -60,6 +60,7 @@ __all__ = [
     "Coverage",
     "PictureState",
     "PlatformBounds",
+    "PlatformCollector",
     "PlatformEvent",
     "PlatformLimits",
     "PlatformMessage",
@@ -70,10 +71,10 @@ __all__ = [
     "Reconciliation",
     "looks_like_platform",
     "merge",
+    "platform_families",
     "read_platform",
     "record_from_json",
     "record_to_json",
-    "render_platform",
     "state_from_json",
     "state_to_json",
 ]

@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from se_exporter.fleet.collector import FLEET, FleetMetrics, write_gauges
+from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.message import VmState
 from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.platform.coverage import (
@@ -39,7 +39,6 @@ from se_exporter.fleet.platform.coverage import (
     Reconciliation,
     name_key,
 )
-from se_exporter.fleet.platform.exposition import render_platform
 from se_exporter.fleet.platform.homes import Homes
 from se_exporter.fleet.platform.hubs import Held, HubSide
 from se_exporter.fleet.platform.partitions import PlatformReader
@@ -466,16 +465,3 @@ class Platform:
                     write = reader.prepare(partition_id, -1)
                     if write is not None:
                         await write()
-
-    # ------------------------------------------------------------------ scrapes
-
-    def render(self) -> str:
-        """The platform gauges from the last reconciliation (empty families before any platform event)."""
-        view = self.view
-        text = render_platform(view.records, view.coverage, view.informed)
-        kept = [f'{FLEET}_platform_kept{{what="{name}"}} {float(size)!r}' for name, size in sorted(view.sizes.items())]
-        return text + write_gauges({"platform_kept": kept}, _KEPT_HELP)
-
-
-_KEPT_HELP = {"platform_kept": "What the platform side holds now, each bounded: events and Event Grid ids of the "
-                               "pictures, reconciliation pairs and EventIds, EventIds whose counting is remembered."}
