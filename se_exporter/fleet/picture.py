@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter as Tally
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -161,6 +161,19 @@ class PartitionState:
         self.installations[installation] -= 1
         if self.installations[installation] <= 0:
             del self.installations[installation]
+
+
+def latest(groups: Iterable[Iterable[VmState]]) -> list[VmState]:
+    """Each VM once, the one seen last: should one VM be held by two shown partitions (a hub whose partition count
+    grew moves keys; a hand-over), its series would otherwise be exposed twice with the same labels, which makes
+    the whole exposition invalid."""
+    shown: dict[str, VmState] = {}
+    for vms in groups:
+        for vm in vms:
+            other = shown.get(vm.key)
+            if other is None or vm.seen_at > other.seen_at:
+                shown[vm.key] = vm
+    return list(shown.values())
 
 
 # A change of one VM of a held partition, told to a watcher (``Fleet.watch``): the partition, the key, and whether it
@@ -381,20 +394,8 @@ class Fleet:
             return state is not None and any(vm.seen_at < since for vm in state.vms.values())
 
     def vms(self) -> list[VmState]:
-        """A consistent list for one scrape, each VM once: should one VM be held by two owned partitions (a hub whose
-        partition count grew moves keys; a hand-over), the one seen last is shown. Its series would otherwise be
-        exposed twice with the same labels, which makes the whole exposition invalid."""
-        with self._lock:
-            states = [state for partition_id, state in self._partitions.items() if partition_id not in self._hidden]
-            if len(states) <= 1:
-                return [vm for state in states for vm in state.vms.values()]
-            shown: dict[str, VmState] = {}
-            for state in states:
-                for key, vm in state.vms.items():
-                    other = shown.get(key)
-                    if other is None or vm.seen_at > other.seen_at:
-                        shown[key] = vm
-            return list(shown.values())
+        """A consistent list for one scrape, each VM once (``latest``)."""
+        return self.read_shown(lambda states: latest(state.vms.values() for state in states.values()))
 
     def watch(self, watcher: Watcher) -> None:
         """Tell ``watcher`` of every change of a VM from now on, under the lock ``read_shown`` holds: a reader that

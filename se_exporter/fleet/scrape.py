@@ -20,7 +20,7 @@ from prometheus_client.metrics_core import Metric
 from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES
 from se_exporter.fleet.collector import FLEET
 from se_exporter.fleet.message import NO_IMDS, VmState
-from se_exporter.fleet.picture import IMDS_STALE_AFTER, Fleet, PartitionState, imds_unreachable
+from se_exporter.fleet.picture import IMDS_STALE_AFTER, Fleet, PartitionState, imds_unreachable, latest
 from se_exporter.infra.http_pages import Joined, Part
 
 
@@ -106,7 +106,7 @@ class FleetExposition:
                 self._drop(self._parts.popitem()[1])
             parts, self._parts, self._next = self._next, self._next, {}
             if self._twice:  # a VM in two partitions: each once, the one seen last, from the fleets themselves
-                lines = [VmLines.of(vm) for vm in _latest(fleet.vms() for fleet in self._fleets)]
+                lines = [VmLines.of(vm) for vm in latest(fleet.vms() for fleet in self._fleets)]
                 return _write([[vm.seen for vm in lines]], _EventLines.of([vm for vm in lines if vm.extra]),
                               len(lines), now, names)
             return _write([part.seen.values() for part in parts.values()], self._event_lines(parts),
@@ -161,9 +161,7 @@ class _Follower:
 
     def changed(self, partition_id: str, key: str, beyond_heartbeat: bool) -> None:
         if partition_id in self.states:
-            keys = self.touched.get(partition_id)
-            if keys is None:
-                keys = self.touched[partition_id] = {}
+            keys = self.touched.setdefault(partition_id, {})
             keys[key] = beyond_heartbeat or keys.get(key, False)
 
     def take(self, shown: dict[str, PartitionState]) -> list[tuple[str, list[VmState] | None, list[Touched]]]:
@@ -179,17 +177,6 @@ class _Follower:
                 taken.append((partition_id, list(state.vms.values()), []))
         self.states, self.touched = shown, {}
         return taken
-
-
-def _latest(lists: Iterable[list[VmState]]) -> list[VmState]:
-    """Each VM once, the one seen last (``Fleet.vms`` does so within a fleet; this across the fleets of two hubs)."""
-    shown: dict[str, VmState] = {}
-    for vms in lists:
-        for vm in vms:
-            other = shown.get(vm.key)
-            if other is None or vm.seen_at > other.seen_at:
-                shown[vm.key] = vm
-    return list(shown.values())
 
 
 class _Part:
