@@ -55,7 +55,6 @@ __all__ = ["DEFAULT_BOUNDS", "INVALID_REASONS", "KNOWN_PROPERTIES", "SEQUENCE_WI
 
 # A sidecar resends at most one batch (100 documents) after a timeout; ten batches of slack.
 SEQUENCE_WINDOW = 1000
-T = TypeVar("T")
 IMDS_STALE_AFTER = 120.0  # seconds between a VM's observed_at and its last IMDS read that make it unreachable
 
 
@@ -176,6 +175,7 @@ def latest(groups: Iterable[Iterable[VmState]]) -> list[VmState]:
     return list(shown.values())
 
 
+T = TypeVar("T")
 # A change of one VM of a held partition, told to a watcher (``Fleet.watch``): the partition, the key, and whether it
 # changed beyond what a heartbeat moves (a new VM, a forgotten one, or any change of what its series say).
 Watcher = Callable[[str, str, bool], None]
@@ -399,7 +399,7 @@ class Fleet:
 
     def watch(self, watcher: Watcher) -> None:
         """Tell ``watcher`` of every change of a VM from now on, under the lock ``read_shown`` holds: a reader that
-        keeps what it wrote from one scrape to the next (``collector.FleetExposition``) takes only what changed."""
+        keeps what it wrote from one scrape to the next (``scrape.FleetExposition``) takes only what changed."""
         with self._lock:
             self._watchers.append(watcher)
 
