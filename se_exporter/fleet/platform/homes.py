@@ -1,9 +1,10 @@
 """Each EventId's home, and what was counted of the EventIds homed at the partitions this replica shows.
 
 An EventId's home is a partition of the platform's hub (the sidecars' hub when only that one is read), by a stable
-hash of its key (``hubs.home``). Only the replica that shows the home counts the EventId (``counting.COUNTING``),
-keeping what it counted (``Counted``) in the home's blob, and applying each increment once that blob is written
-(``Held.pending``): a partition lost before its write is counted by its next owner instead, never twice.
+hash of its key (``hubs.home``). Only the replica that shows the home counts the EventId (``counting.COUNTING`` and
+``counting.COVERAGE``), keeping what it counted (``Counted``) in the home's blob, and applying each increment once
+that blob is written (``Held.pending``): a partition lost before its write is counted by its next owner instead,
+never twice.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
 from se_exporter.fleet.collector import FleetMetrics
-from se_exporter.fleet.platform.counting import Counted, top_up
+from se_exporter.fleet.platform.counting import Counted, Increment, Verdict, top_up, top_up_unannounced
 from se_exporter.fleet.platform.hubs import HubSide, home
 from se_exporter.fleet.platform.picture import PlatformRecord
 from se_exporter.fleet.report import Report
@@ -49,16 +50,26 @@ class Homes:
         return side is not None and partition_id is not None and side.fleet.is_shown(partition_id) \
             and partition_id in side.held
 
-    def count(self, record: PlatformRecord) -> None:
-        """Tops the EventId's counters up to what its merged record says (``counting.COUNTING``)."""
+    def count(self, record: PlatformRecord, verdicts: dict[str, Verdict]) -> None:
+        """Tops the EventId's counters up to what its merged record and its VMs' merged verdicts say."""
+        self._apply(record.key, top_up(self.remember(record.key), record, verdicts))
+
+    def count_unannounced(self, key: str, event_type: str) -> None:
+        self._apply(key, top_up_unannounced(self.remember(key), event_type))
+
+    def _apply(self, key: str, increments: list[Increment]) -> None:
         metrics = self._metrics
         counters = {"platform_events": metrics.platform_events, "impact_seconds": metrics.impact_seconds,
-                    "platform_duplicates": metrics.platform_duplicates}
-        for increment in top_up(self.remember(record.key), record):
-            self.mark(record.key)
+                    "platform_duplicates": metrics.platform_duplicates, "missed_events": metrics.missed_events,
+                    "unannounced_events": metrics.unannounced_events}
+        for increment in increments:
+            self.mark(key)
+            if increment.counter == "announcement_lag":
+                self.pending(key, functools.partial(metrics.announcement_lag.observe, increment.amount))
+                continue
             counter = counters[increment.counter]
             child = counter.labels(*increment.labels) if increment.labels else counter
-            self.pending(record.key, functools.partial(child.inc, increment.amount))
+            self.pending(key, functools.partial(child.inc, increment.amount))
 
     def pending(self, key: str, apply: Callable[[], object]) -> None:
         """An EventId's count, applied once its home partition's blob remembers it (see ``Held.pending``)."""

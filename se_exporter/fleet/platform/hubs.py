@@ -12,7 +12,7 @@ from azure.eventhub.aio import PartitionContext
 from se_exporter.fleet.message import VmState
 from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.platform.picture import PlatformPicture, PlatformRecord
-from se_exporter.fleet.platform.saving import Judged, Loaded, decode_platform, platform_blob_name
+from se_exporter.fleet.platform.saving import NOT_JUDGED, Judged, Loaded, decode_platform, platform_blob_name
 from se_exporter.fleet.statestore import StateStore
 
 
@@ -31,15 +31,11 @@ class Held:
     checking: PartitionContext | None = None
     changes: int = 0
     written: int = 0  # ``changes`` when last written
-    # What was counted of the VMs of this partition (each (EventId key, VM name) once, by the replica that shows it):
-    # a miss with its reason, a lag. Kept in this partition's blob, so the partition's next owner counts neither again.
-    missed: dict[tuple[str, str], str] = field(default_factory=dict)
-    lags: set[tuple[str, str]] = field(default_factory=set)
-    # Per EventId known, the VMs it names that are alive in this partition (shown here): stored in the blob, so the
-    # EventId's home replica knows which named VMs no replica shows (``no_sidecar``) without showing them all.
-    judged: Judged = field(default_factory=lambda: Judged(frozenset(), {}))
-    # Counter increments decided and remembered here, applied once the blob remembering them is written: a
-    # partition lost before that is counted by its next owner instead, so nothing is counted twice.
+    # What its owner judged of the VMs it shows (``counting.COVERAGE``): stored in the blob, read by the EventIds'
+    # homes, and kept so an ended event keeps the coverage decided while it was open.
+    judged: Judged = NOT_JUDGED
+    # Counter increments decided by an EventId's home and remembered here, applied once the blob remembering them is
+    # written: a partition lost before that is counted by its next owner instead, so nothing is counted twice.
     pending: list[Callable[[], object]] = field(default_factory=list)
 
 
@@ -57,16 +53,14 @@ class HubSide:
     peers: dict[str, tuple[PlatformRecord, ...]] = field(default_factory=dict)  # partitions not held: their records
     peer_tags: dict[str, str] = field(default_factory=dict)  # the ETag of each peer's blob when read
     peer_judged: dict[str, Judged] = field(default_factory=dict)  # their ``Held.judged``
-    peer_missed: dict[str, frozenset[tuple[str, str]]] = field(default_factory=dict)  # the misses they counted
-    # The VMs of each owned partition this replica shows (None: all of ``fleet.vms()``, partitions unknown).
-    partition_vms: Callable[[], dict[str, list[VmState]]] | None = None
+    # The VMs of each owned partition this replica shows.
+    partition_vms: Callable[[], dict[str, list[VmState]]] = dict
 
     def forget_peer(self, partition_id: str) -> None:
         """What was read of a partition's blob as a peer's: it is gone, or held here now."""
         self.peers.pop(partition_id, None)
         self.peer_tags.pop(partition_id, None)
         self.peer_judged.pop(partition_id, None)
-        self.peer_missed.pop(partition_id, None)
 
     async def read_peers(self) -> None:
         """Every partition's picture this replica does not hold, from its blob (another replica's, written every
@@ -93,5 +87,3 @@ class HubSide:
         self.peers[partition_id] = loaded.state.records if loaded.state is not None else ()
         self.peer_tags[partition_id] = tag
         self.peer_judged[partition_id] = loaded.judged
-        self.peer_missed[partition_id] = frozenset(loaded.missed) | frozenset(
-            (key, name) for key, entry in loaded.memory.items() for name in entry.missed)

@@ -73,7 +73,7 @@ class PlatformReader:
         if loaded.rows:
             platform.metrics.state_damaged.labels("row").inc(loaded.rows)
         held.restored = loaded.position
-        held.missed, held.lags, held.judged = loaded.missed, loaded.lags, loaded.judged
+        held.judged = loaded.judged
         if loaded.state is not None and (loaded.state.records or loaded.state.ids or loaded.state.forgotten):
             held.picture = PlatformPicture.restored(loaded.state, platform.limits)
         if side.role == platform.homes.role:
@@ -157,7 +157,7 @@ class PlatformReader:
         homes = platform.homes
         memory = homes.of_partition(partition_id) if side.role == homes.role else {}
         state = held.picture.state() if held.picture is not None else _EMPTY
-        data = encode_platform(partition_id, position, state, memory, held.missed, held.lags, held.judged)
+        data = encode_platform(partition_id, position, state, memory, held.judged)
         changes, pending = held.changes, held.pending
         held.pending = []
         homes.written(partition_id, True)
