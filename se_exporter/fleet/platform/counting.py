@@ -128,6 +128,17 @@ def top_up_unannounced(counted: Counted, event_type: str) -> list[Increment]:
     return [Increment("unannounced_events", (event_type,), 1.0)]
 
 
+def judge(old: Verdict, coverage: str | None, lag: float | None) -> Verdict:
+    """A VM's verdict moved on by one round's coverage (COVERAGE 1): the lag of its first listing kept, a miss's
+    latest reason, neither ever taken back."""
+    reason, first = old
+    if coverage == "observed" and first is None:
+        first = lag
+    elif coverage in ("missed", "imds_unreachable"):
+        reason = coverage
+    return reason, first
+
+
 def merged(judgements: list[dict[str, Verdict]]) -> dict[str, Verdict]:
     """One EventId's verdicts over the partitions' judgements: a VM missed where any says so (the first reason in
     ``MISSED_REASONS`` order, so the merge is the same in any order), its lag the earliest listing."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from se_exporter.fleet.collector import FLEET, FleetMetrics, write_gauges
 from se_exporter.fleet.message import VmState
 from se_exporter.fleet.picture import Fleet
-from se_exporter.fleet.platform.counting import Verdict, merged
+from se_exporter.fleet.platform.counting import Verdict, judge, merged
 from se_exporter.fleet.platform.coverage import (
     COVERAGE_BOUND_NAMES,
     Coverage,
@@ -223,12 +223,12 @@ class Platform:
         there or judged there before (a listing and a miss kept, the latest reason); and the unannounced EventIds
         its VMs listed. Bounded: ``ReconcileSettings.pairs`` verdicts, ``ids`` unannounced EventIds per partition; a
         change is written with the partition's next save."""
-        fresh: dict[tuple[int, str], dict[str, Coverage]] = {}
+        fresh: dict[tuple[int, str], dict[str, tuple[str | None, float | None]]] = {}
         for row in result.coverage:
             name = _key_of(row.vm_name)
             held = where.get(name)
             if held is not None:
-                fresh.setdefault((id(held), row.event_key), {})[name] = row
+                fresh.setdefault((id(held), row.event_key), {})[name] = (row.coverage, row.lag)
         listed: dict[int, dict[str, str]] = {}
         for key, event_type, name in result.listed:
             held = where.get(name)
@@ -242,7 +242,7 @@ class Platform:
                 old, new = held.judged.vms.get(record.key, {}), fresh.get((id(held), record.key), {})
                 verdicts: dict[str, Verdict] = {}
                 for name in (named[record.key] & alive) | old.keys() | new.keys():
-                    verdict = _verdict(old.get(name, (None, None)), new.get(name))
+                    verdict = judge(old.get(name, (None, None)), *new.get(name, (None, None)))
                     if verdict == (None, None) and name not in alive:
                         continue
                     if name not in old and room <= 0:
@@ -359,17 +359,6 @@ class Platform:
         text = render_platform(view.records, view.coverage, view.informed)
         kept = [f'{FLEET}_platform_kept{{what="{name}"}} {float(size)!r}' for name, size in sorted(view.sizes.items())]
         return text + write_gauges({"platform_kept": kept}, _KEPT_HELP)
-
-
-def _verdict(old: Verdict, row: Coverage | None) -> Verdict:
-    """A VM's verdict moved on by this round's coverage: a listing's lag kept from the first, a miss's latest
-    reason, neither ever taken back."""
-    reason, lag = old
-    if row is not None and row.coverage == "observed" and lag is None:
-        lag = row.lag
-    elif row is not None and row.coverage in ("missed", "imds_unreachable"):
-        reason = row.coverage
-    return reason, lag
 
 
 _KEPT_HELP = {"platform_kept": "What the platform side holds now, each bounded: events and Event Grid ids of the "
