@@ -186,11 +186,11 @@ class Platform:
         self._judge(records, named, shown, where, result)
         judgements, complete = self._judgements()
         nowhere = self._count(records, judgements, complete)
-        rows = [Coverage(record.key, record.event.event_id, record.event.event_type, name,
+        events = {record.key: record.event for record in records}
+        rows = [Coverage(key, events[key].event_id, events[key].event_type, name,
                          "observed" if lag is not None else str(reason), lag)
-                for held, _alive in shown.values() for record in records
-                for name, (reason, lag) in held.judged.vms.get(record.key, {}).items()
-                if reason is not None or lag is not None]
+                for held, _alive in shown.values() for key, verdicts in held.judged.vms.items()
+                for name, (reason, lag) in verdicts.items() if reason is not None or lag is not None]
         return tuple(rows) + nowhere, self._count_unannounced(judgements)
 
     def _shown_vms(self, now: float, named: frozenset[str]) -> tuple[
@@ -223,38 +223,39 @@ class Platform:
         there or judged there before (a listing and a miss kept, the latest reason); and the unannounced EventIds
         its VMs listed. Bounded: ``ReconcileSettings.pairs`` verdicts, ``ids`` unannounced EventIds per partition; a
         change is written with the partition's next save."""
-        fresh: dict[tuple[int, str], dict[str, tuple[str | None, float | None]]] = {}
+        fresh: dict[int, dict[str, dict[str, tuple[str | None, float | None]]]] = {}
         for row in result.coverage:
             name = _key_of(row.vm_name)
             held = where.get(name)
             if held is not None:
-                fresh.setdefault((id(held), row.event_key), {})[name] = (row.coverage, row.lag)
+                fresh.setdefault(id(held), {}).setdefault(row.event_key, {})[name] = (row.coverage, row.lag)
         listed: dict[int, dict[str, str]] = {}
         for key, event_type, name in result.listed:
             held = where.get(name)
             if held is not None:
                 listed.setdefault(id(held), {})[key] = event_type
-        keys = frozenset(named)
-        room, over = self.reconciler.settings.pairs, 0
+        naming: dict[str, list[str]] = {}  # VM name -> the EventIds naming it
+        for key, names in named.items():
+            for name in names:
+                naming.setdefault(name, []).append(key)
+        bound = self.reconciler.settings
+        room, over = bound.pairs, 0
         for held, alive in shown.values():
+            new = fresh.get(id(held), {})
             vms: dict[str, dict[str, Verdict]] = {}
-            for record in records:
-                old, new = held.judged.vms.get(record.key, {}), fresh.get((id(held), record.key), {})
-                verdicts: dict[str, Verdict] = {}
-                for name in (named[record.key] & alive) | old.keys() | new.keys():
-                    verdict = judge(old.get(name, (None, None)), *new.get(name, (None, None)))
-                    if verdict == (None, None) and name not in alive:
-                        continue
-                    if name not in old and room <= 0:
-                        over += 1
-                        continue
-                    verdicts[name] = verdict
-                    room -= 1
-                if verdicts:
-                    vms[record.key] = verdicts
+            for key in {*(key for key in held.judged.vms if key in named), *new,
+                        *(key for name in alive for key in naming.get(name, ()))}:
+                old = held.judged.vms.get(key, {})
+                verdicts = vms[key] = _judged_vms(old, new.get(key, {}), named[key], alive)
+                added = [name for name in verdicts if name not in old]
+                cut = added[max(0, room - (len(verdicts) - len(added))):]  # new verdicts past the bound
+                for name in cut:
+                    del verdicts[name]
+                over, room = over + len(cut), room - len(verdicts)
             mine = listed.get(id(held), {})
-            over += max(0, len(mine) - self.reconciler.settings.ids)
-            judged = Judged(keys, vms, dict(list(mine.items())[:self.reconciler.settings.ids]))
+            over += max(0, len(mine) - bound.ids)
+            judged = Judged(frozenset(named), {key: verdicts for key, verdicts in vms.items() if verdicts},
+                            dict(list(mine.items())[:bound.ids]))
             if judged != held.judged:
                 held.judged = judged
                 held.changes += 1
@@ -263,16 +264,17 @@ class Platform:
 
     def _judgements(self) -> tuple[list[Judged], bool]:
         """Every partition's judgement known here: its own (held) or its blob's (read as a peer's); and whether
-        every partition of every hub has one."""
+        every partition of every hub has a current one."""
         judgements: list[Judged] = []
         complete = True
         for side in self.hubs.values():
             judgements.extend(held.judged for held in side.held.values())
             judgements.extend(judged for partition_id, judged in side.peer_judged.items()
                               if partition_id not in side.held)
-            count = side.partitions()
+            count = side.partitions()  # a held partition hidden now (a hand-over) has not judged what is new
             complete = complete and count is not None and all(
-                str(number) in side.held or str(number) in side.peer_judged for number in range(count))
+                side.fleet.is_shown(partition_id) if partition_id in side.held else partition_id in side.peer_judged
+                for partition_id in map(str, range(count)))
         return judgements, complete
 
     def _count(self, records: list[PlatformRecord], judgements: list[Judged], complete: bool) -> tuple[Coverage, ...]:
@@ -280,11 +282,13 @@ class Platform:
         verdicts merged over every partition's judgement, ``no_sidecar`` for a named VM alive in none once every
         partition has judged the EventId; those ``no_sidecar`` rows, which only the home shows."""
         rows: list[Coverage] = []
+        everywhere = frozenset.intersection(*(judged.keys for judged in judgements)) if complete and judgements \
+            else frozenset()  # the EventIds every partition has judged
         for record in records:
             if not self.is_home_here(record.key):
                 continue
             verdicts = merged([judged.vms[record.key] for judged in judgements if record.key in judged.vms])
-            if complete and all(record.key in judged.keys for judged in judgements):
+            if record.key in everywhere:
                 for resource in record.event.resources:
                     if _key_of(resource) not in verdicts:
                         verdicts[_key_of(resource)] = ("no_sidecar", None)
@@ -359,6 +363,18 @@ class Platform:
         text = render_platform(view.records, view.coverage, view.informed)
         kept = [f'{FLEET}_platform_kept{{what="{name}"}} {float(size)!r}' for name, size in sorted(view.sizes.items())]
         return text + write_gauges({"platform_kept": kept}, _KEPT_HELP)
+
+
+def _judged_vms(old: dict[str, Verdict], now: dict[str, tuple[str | None, float | None]], names: frozenset[str],
+                alive: set[str]) -> dict[str, Verdict]:
+    """One EventId's verdicts in one partition: each VM it names alive there, or judged there before, moved on by
+    this round's coverage ``now``."""
+    verdicts: dict[str, Verdict] = {}
+    for name in (names & alive) | old.keys() | now.keys():
+        verdict = judge(old.get(name, (None, None)), *now.get(name, (None, None)))
+        if verdict != (None, None) or name in alive:
+            verdicts[name] = verdict
+    return verdicts
 
 
 _KEPT_HELP = {"platform_kept": "What the platform side holds now, each bounded: events and Event Grid ids of the "
