@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from se_exporter.fleet import collector
 from se_exporter.fleet.message import Imds, VmState
 from se_exporter.fleet.platform import PlatformPicture, PlatformRecord, Reconciler, ReconcileSettings, read_platform
-from se_exporter.fleet.platform.counting import Counted, top_up, top_up_unannounced
+from se_exporter.fleet.platform.counting import Counted, judge, top_up, top_up_unannounced
 from se_exporter.fleet.platform.coverage import Coverage
 from se_exporter.fleet.platform.exposition import render_platform
 from tests.fleet.platform_helpers import MAX, T0, body, grid, vm
@@ -113,6 +113,7 @@ class Fleet:
         self.lags: list[float] = []
         self.lagged: list[tuple[str, float]] = []  # (event_id, lag): its home observes it
         self._counted: dict[str, Counted] = {}
+        self._judged: dict[str, dict[str, tuple[str | None, float | None]]] = {}  # the replicas' judgement merged
         self._apply(picture, [(event_id, "Scheduled") for event_id in EVENTS], T0 + 5)
         self._reconcile(reconciler, picture.records(), _vms(T0 + 90, early=True), T0 + 90)
         self._apply(picture, [(event_id, status) for event_id, (*_, times) in EVENTS.items() for status in times
@@ -139,13 +140,18 @@ class Fleet:
                    now: float) -> tuple[Coverage, ...]:
         result = reconciler.update(records, vms, now)
         by_key = {record.key: record for record in records}
-        verdicts: dict[str, dict[str, tuple[str | None, float | None]]] = {}
+        nowhere: list[Coverage] = []
         for row in result.coverage:  # one replica judging every VM: its judgement is the merged one
-            verdicts.setdefault(row.event_key, {})[row.vm_name] = (
-                None if row.coverage == "observed" else row.coverage, row.lag)
-        for key, judged in verdicts.items():  # what each EventId's home adds (``counting.top_up``)
+            if row.coverage == "no_sidecar":
+                nowhere.append(row)
+                continue
+            verdicts = self._judged.setdefault(row.event_key, {})
+            verdicts[row.vm_name] = judge(verdicts.get(row.vm_name, (None, None)), row.coverage, row.lag)
+        for key in {*self._judged, *(row.event_key for row in nowhere)}:  # what each home adds (``top_up``)
             record = by_key[key]
-            for increment in top_up(self._counted.setdefault(record.event.event_id, Counted()), record, judged):
+            found = {**self._judged.get(key, {}),
+                     **{row.vm_name: ("no_sidecar", None) for row in nowhere if row.event_key == key}}
+            for increment in top_up(self._counted.setdefault(record.event.event_id, Counted()), record, found):
                 if increment.counter == "missed_events":
                     self.missed.append((increment.labels[0], increment.labels[1]))
                 elif increment.counter == "announcement_lag":
@@ -154,7 +160,10 @@ class Fleet:
         for key, event_type, _name in result.listed:
             self.unannounced += [increment.labels[0] for increment in top_up_unannounced(
                 self._counted.setdefault(key, Counted()), event_type)]
-        return result.coverage
+        return tuple(nowhere) + tuple(
+            Coverage(key, by_key[key].event.event_id, by_key[key].event.event_type, name,
+                     "observed" if lag is not None else str(reason), lag)
+            for key, judged in self._judged.items() for name, (reason, lag) in judged.items())
 
     def missed_of(self, event_ids: frozenset[str]) -> list[tuple[str, str]]:
         """(event_type, reason) of every pair of these EventIds not observed: each counted once (the reconciler's

@@ -118,13 +118,15 @@ def test_a_vm_no_sidecar_has_been_heard_from_has_no_sidecar_whatever_the_status(
     assert coverage_of(ended) == {"web_3": "no_sidecar", "web_7": "no_sidecar"}
 
 
-def test_a_missed_event_stays_missed_once_ended_and_an_undecided_pair_gets_no_coverage() -> None:
-    """After the end a live sidecar cannot miss any more: a decided miss stays, an undecided pair stays undecided."""
+def test_once_ended_a_live_sidecars_pair_is_judged_no_more() -> None:
+    """After the end a live sidecar cannot miss any more, and its IMDS shows the event no more: its pair gets no
+    coverage from the reconciler (a miss said while it was open is kept by its partition's judgement)."""
     reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
-    reconcile(picture_of("Scheduled").records(), [vm("web_3")], AFTER_GRACE, reconciler)
+    assert coverage_of(reconcile(picture_of("Scheduled").records(), [vm("web_3")], AFTER_GRACE, reconciler)) == {
+        "web_3": "missed", "web_7": "no_sidecar"}
     ended = picture_of("Scheduled", "Started", "Completed").records()
     result = reconcile(ended, [vm("web_3", seen_at=T0 + 200), vm("web_7", seen_at=T0 + 200)], T0 + 200, reconciler)
-    assert coverage_of(result) == {"web_3": "missed"}
+    assert coverage_of(result) == {}
 
 
 def test_the_join_is_on_the_vm_name_without_case_narrowed_by_scale_set_and_location() -> None:

@@ -4,8 +4,8 @@ No I/O and no clock reads. ``Reconciler.update`` takes the platform's records, t
 ``Fleet.vms()`` returns them) and the time, and returns the coverage of each (EventId, VM) pair (with its lag when
 observed) and the unannounced EventIds listed: what a partition's owner judges (``counting.COVERAGE``); counting
 them is not done here. It remembers, bounded, what must outlive one look: when a VM first listed an EventId (a
-finished event vanishes from IMDS, and from the VM's next document), the coverage decided while an event was open,
-and which scopes have published a platform event.
+finished event vanishes from IMDS, and from the VM's next document), and which scopes have published a platform
+event.
 
 Coverage, for an affected VM (a name in the event's Resources):
 
@@ -16,11 +16,11 @@ Coverage, for an affected VM (a name in the event's Resources):
 * ``missed``: its sidecar is alive and has not listed the EventId ``grace`` seconds after the announcement while
   the event is Scheduled or Started.
 
-Within the grace a live sidecar's pair has no coverage yet; once the event has ended, a pair keeps the ``missed``
-or ``imds_unreachable`` it had (the VM's IMDS would no longer show the event), and a live sidecar's pair that had
-none gets none. The reverse: an EventId live sidecars listed for ``grace`` that the platform never announced,
-listed only when the VM is in a scope that has published a platform event (its scale set, itself, or a
-Resources list: an availability set is known only that way).
+Within the grace a live sidecar's pair has no coverage yet; once the event has ended, a live sidecar's pair gets
+none (the VM's IMDS would no longer show the event: a miss said while it was open is kept by the judgement of the
+VM's partition, ``counting.COVERAGE``). The reverse: an EventId live sidecars listed for ``grace`` that the
+platform never announced, listed only when the VM is in a scope that has published a platform event (its scale set,
+itself, or a Resources list: an availability set is known only that way).
 
 The join is on (subscription, resource group, VM name): the sidecars forward the first two as
 properties, ``VmState`` keeps them (and the state blobs), and ``vm_identity`` returns them. A VM name compares
@@ -88,7 +88,6 @@ class _Pair:
     # The first listing at each other place (a VM of the same name elsewhere, or a sidecar claiming the name): kept
     # apart, so none of them hides the listing of the VM the event concerns. Counted against the pairs' bound.
     elsewhere: tuple[tuple[_Place, float], ...] = ()
-    coverage: str | None = None  # the last one decided while the event was open
 
     def listings(self) -> tuple[tuple[_Place, float], ...]:
         first = ((self.place, self.first_listed),) if self.place is not None and self.first_listed is not None else ()
@@ -244,19 +243,11 @@ class Reconciler:
             return "observed", first_listed
         alive = [vm for vm in named if now - vm.seen_at <= self.settings.vm_expiry and _same_place(record, _place(vm))]
         if not alive:
-            if not self._absent:
-                return None
-            coverage = "no_sidecar"
-        elif record.ended:
-            return (pair.coverage, None) if pair.coverage in ("missed", "imds_unreachable") else None
-        elif now < min(record.announced_at, record.changed_at) + self.settings.grace:
-            return None  # an announcement the platform's clock dates in the future counts from when it was learnt
-        else:
-            vm = max(alive, key=lambda vm: vm.seen_at)
-            coverage = "imds_unreachable" if imds_blind_since(vm, record.announced_at) else "missed"
-        if not record.ended:
-            pair.coverage = coverage
-        return coverage, None
+            return ("no_sidecar", None) if self._absent else None
+        if record.ended or now < min(record.announced_at, record.changed_at) + self.settings.grace:
+            return None  # ended, IMDS shows it no more; an announcement dated in the future counts from when learnt
+        vm = max(alive, key=lambda vm: vm.seen_at)
+        return "imds_unreachable" if imds_blind_since(vm, record.announced_at) else "missed", None
 
     def _unannounced(self, listing: dict[str, list[tuple[VmState, str]]],
                      now: float) -> tuple[tuple[str, str, str], ...]:
