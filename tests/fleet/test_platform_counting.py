@@ -27,7 +27,7 @@ from se_exporter.fleet.platform.counting import (
 )
 from se_exporter.fleet.platform.fields import STATUSES
 from se_exporter.fleet.platform.homes import Homes
-from se_exporter.fleet.platform.hubs import home
+from se_exporter.fleet.platform.hubs import Held, home
 from se_exporter.fleet.platform.picture import PictureState
 from se_exporter.fleet.platform.saving import decode_platform, encode_platform
 from se_exporter.fleet.report import Report
@@ -243,34 +243,31 @@ def test_each_rule_is_stated_in_three_lines_where_users_and_maintainers_read_it(
     assert "any partition" in family.documentation and "home replica" in family.documentation
 
 
-def test_what_was_counted_is_kept_by_home_partition_through_restore_release_and_forgetting() -> None:
-    """Each home's blob holds exactly the EventIds homed there, whatever was restored, released, forgotten, or the
-    partition count (a hub's partitions added places them again)."""
+def test_what_was_counted_sits_on_its_home_partition_and_moves_when_the_hubs_partitions_are_added() -> None:
+    """Each EventId's counting is kept on its home partition's Held (so in that partition's blob); when the hub's
+    partitions are added, it moves to its new home when next counted, not started afresh; it is forgotten past the
+    expiry unless still listed."""
     registry = CollectorRegistry()
     metrics = FleetMetrics(registry)
     partitions = [4]
-    replica = Replica(partitions=4)
-    homes = Homes({"platform": replica.platform.hubs["platform"]}, metrics, Report(metrics), 100.0)
-    replica.platform.hubs["platform"].partitions = lambda: partitions[0]
+    side = Replica(partitions=4).platform.hubs["platform"]
+    side.partitions = lambda: partitions[0]
+    side.held.update({str(number): Held() for number in range(8)})
+    homes = Homes({"platform": side}, metrics, Report(metrics), 100.0)
     keys = [f"{index:08x}-0000-0000-0000-000000000000" for index in range(200)]
-    homes.restore({key: Counted() for key in keys[:100]})
-    for key in keys[100:]:
-        homes.remember(key)
 
     def placed() -> bool:
-        return all(set(homes.of_partition(str(number))) == {key for key in homes.counted
-                                                            if home(key, partitions[0]) == str(number)}
-                   for number in range(partitions[0]))
+        return all(key in side.held[home(key, partitions[0])].counted for key in keys) \
+            and sum(len(held.counted) for held in side.held.values()) == len(keys)
 
-    assert placed() and len(homes.counted) == 200
-    homes.release("1")
-    assert placed() and homes.of_partition("1") == {} and len(homes.counted) == 200 - sum(
-        home(key, 4) == "1" for key in keys)
+    for key in keys:
+        homes.remember(key).statuses.add("Scheduled")
+    assert placed()
+    partitions[0] = 8
+    assert all(homes.remember(key).statuses == {"Scheduled"} for key in keys) and placed()
     homes.forget(set(), 0.0)
     homes.forget(set(keys[:50]), 200.0)  # gone since 0: past the expiry of 100 s, unless listed again
-    assert set(homes.counted) == {key for key in keys[:50] if home(key, 4) != "1"} and placed()
-    partitions[0] = 8
-    assert placed()
+    assert {key for held in side.held.values() for key in held.counted} == set(keys[:50])
 
 
 # ---------------------------------------------------------------------------------------------- the coverage rule

@@ -390,7 +390,7 @@ def test_what_was_counted_of_an_event_goes_when_the_event_is_forgotten() -> None
     replica.now[0] = T0 + GRACE + 1
     replica.gauges()
     [held] = replica.platform.hubs["platform"].held.values()
-    counted = replica.platform.homes.counted
+    counted = held.counted  # the EventId's home is this partition
     assert held.judged.vms == {KEY: {"web_3": ("missed", None)}}
     assert counted[KEY].missed == {"web_3": "missed", "web_7": "no_sidecar"}
     run(replica.read(platform("Completed", 3, resources=["web_3", "web_7"])))

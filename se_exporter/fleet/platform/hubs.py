@@ -11,6 +11,7 @@ from azure.eventhub.aio import PartitionContext
 
 from se_exporter.fleet.message import VmState
 from se_exporter.fleet.picture import Fleet
+from se_exporter.fleet.platform.counting import Counted
 from se_exporter.fleet.platform.picture import PlatformPicture, PlatformRecord
 from se_exporter.fleet.platform.saving import NOT_JUDGED, Judged, Loaded, decode_platform, platform_blob_name
 from se_exporter.fleet.statestore import StateStore
@@ -34,6 +35,8 @@ class Held:
     # What its owner judged of the VMs it shows (``counting.COVERAGE``): stored in the blob, read by the EventIds'
     # homes, and kept so an ended event keeps the coverage decided while it was open.
     judged: Judged = NOT_JUDGED
+    # What was counted of the EventIds homed here (``homes.Homes``): stored in the blob.
+    counted: dict[str, Counted] = field(default_factory=dict)
     # Counter increments decided by an EventId's home and remembered here, applied once the blob remembering them is
     # written: a partition lost before that is counted by its next owner instead, so nothing is counted twice.
     pending: list[Callable[[], object]] = field(default_factory=list)

@@ -77,7 +77,7 @@ class PlatformReader:
         if loaded.state is not None and (loaded.state.records or loaded.state.ids or loaded.state.forgotten):
             held.picture = PlatformPicture.restored(loaded.state, platform.limits)
         if side.role == platform.homes.role:
-            platform.homes.restore(loaded.memory)
+            held.counted = loaded.memory
         log.info("partition %s: platform picture restored: %d events", partition_id,
                  len(loaded.state.records) if loaded.state else 0, extra=fields(partition_id=partition_id))
 
@@ -135,32 +135,25 @@ class PlatformReader:
         return False
 
     def release(self, partition_id: str) -> None:
-        side, platform = self._side, self._platform
+        side = self._side
         side.held.pop(partition_id, None)
-        side.store.forget(partition_id)
-        if side.role == platform.homes.role:  # its EventIds' counting is the next owner's, from the blob
-            platform.homes.release(partition_id)
+        side.store.forget(partition_id)  # its EventIds' counting (on its Held) is the next owner's, from the blob
 
     # ------------------------------------------------------------------ persistence.Beside
 
     def dirty(self, partition_id: str) -> bool:
         held = self._side.held.get(partition_id)
-        homes = self._platform.homes
-        return (held is not None and held.changes != held.written) or (
-            self._side.role == homes.role and homes.dirty(partition_id))
+        return held is not None and held.changes != held.written
 
     def prepare(self, partition_id: str, position: int) -> Callable[[], Awaitable[bool]] | None:
-        side, platform = self._side, self._platform
+        side = self._side
         held = side.held.get(partition_id)
         if held is None or not self.dirty(partition_id):
             return None
-        homes = platform.homes
-        memory = homes.of_partition(partition_id) if side.role == homes.role else {}
         state = held.picture.state() if held.picture is not None else _EMPTY
-        data = encode_platform(partition_id, position, state, memory, held.judged)
+        data = encode_platform(partition_id, position, state, held.counted, held.judged)
         changes, pending = held.changes, held.pending
         held.pending = []
-        homes.written(partition_id, True)
 
         async def write() -> bool:
             written = False
@@ -173,8 +166,6 @@ class PlatformReader:
                         apply()
                 else:  # written by a later round (or dropped with the partition, for its next owner to count)
                     held.pending[:0] = pending
-                    if side.role == homes.role and memory:
-                        homes.written(partition_id, False)
             return written
 
         return write

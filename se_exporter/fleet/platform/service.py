@@ -140,12 +140,12 @@ class Platform:
             picture.expire(now)
             self.report_bounds(picture, before)
         records = self._listed(self._merged(pictures, now))
-        if not records and not self.homes.counted and not self.view.records:
+        if not records and not self.homes.size and not self.view.records:
             return self.view  # a fleet that has not opted in costs nothing here
         coverage, unannounced = self._reconciled(records, now)
         informed = frozenset(record.key for record in records if self.is_home_here(record.key))
         self.homes.forget({record.key for record in records} | unannounced, now)
-        sizes = {**self.reconciler.sizes(), "counted": len(self.homes.counted)}
+        sizes = {**self.reconciler.sizes(), "counted": self.homes.size}
         for picture in pictures:
             for name, size in picture.sizes().items():
                 sizes[name] = sizes.get(name, 0) + size
