@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from se_exporter.core.retry import Health
-from se_exporter.infra.platform_io import PLATFORM
+from se_exporter.infra.host_os import HOST_OS
 
 STATE_FILE_LIMIT = 256 * 1024 * 1024  # far above any state this project writes; a bound on what a read may hold
 
@@ -29,7 +29,7 @@ def read_state_file(path: Path, limit: int = STATE_FILE_LIMIT) -> bytes:
     file): a FIFO there blocked start-up for ever without a line logged, and a link to ``/dev/zero`` read without
     end (2.5 GB in four seconds). Opened non-blocking (POSIX), so that opening a FIFO cannot hang either.
     """
-    fd = os.open(path, os.O_RDONLY | PLATFORM.fifo_flags | PLATFORM.open_flags)
+    fd = os.open(path, os.O_RDONLY | HOST_OS.fifo_flags | HOST_OS.open_flags)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -55,7 +55,7 @@ class Disk:
         return os.write(fd, data)
 
     def fdatasync(self, fd: int) -> None:
-        PLATFORM.datasync(fd)
+        HOST_OS.datasync(fd)
 
     def ftruncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
@@ -81,7 +81,7 @@ def is_disk_full(error: OSError) -> bool:
 def write_atomically(path: Path, data: bytes) -> None:
     """Write, fsync, rename, fsync the folder: after a crash the file is old or new, never torn.
 
-    On Windows the rename is retried for a moment while another process holds the target (see platform_io).
+    On Windows the rename is retried for a moment while another process holds the target (see host_os).
     """
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -89,7 +89,7 @@ def write_atomically(path: Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        PLATFORM.replace(temp, str(path))
+        HOST_OS.replace(temp, str(path))
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
@@ -124,4 +124,4 @@ class StateFile:
 
 def fsync_dir(directory: Path) -> None:
     """Make a new or renamed name in ``directory`` durable (on Windows the journal already did)."""
-    PLATFORM.sync_directory(directory)
+    HOST_OS.sync_directory(directory)

@@ -39,6 +39,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from se_exporter.core.errors import ConfigError
+from se_exporter.infra.host_os import HOST_OS
 from se_exporter.infra.http_connection import Bounds, Connection, Limits, first_bytes, refuse_busy, serve_connection
 from se_exporter.infra.http_pages import (
     REASONS,
@@ -55,7 +56,6 @@ from se_exporter.infra.http_pages import (
 )
 from se_exporter.infra.logs import Throttle
 from se_exporter.infra.options import Listen
-from se_exporter.infra.platform_io import PLATFORM
 
 # The one front door of every program's HTTP: what handlers use (http_pages) and the bounds (http_connection).
 __all__ = ["REASONS", "Bounds", "Handler", "HttpRequest", "Page", "RawWriter", "Response", "Server", "bind",
@@ -203,9 +203,9 @@ def serve(listen: Listen, handler: Handler, bounds: Bounds | None = None,
 def _listener(listen: Listen) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in listen.host else socket.AF_INET, socket.SOCK_STREAM)
     try:
-        if PLATFORM.reuse_address:  # on Windows it would let a second instance share the port
+        if HOST_OS.reuse_address:  # on Windows it would let a second instance share the port
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        PLATFORM.prepare_listener(sock)  # exclusive address use on Windows; [::] is dual stack
+        HOST_OS.prepare_listener(sock)  # exclusive address use on Windows; [::] is dual stack
         sock.bind((listen.host, listen.port))
         sock.listen(LISTEN_BACKLOG)
         sock.setblocking(False)

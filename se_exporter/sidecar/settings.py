@@ -17,6 +17,7 @@ from typing import Any
 
 from se_exporter.core import apiversion
 from se_exporter.core.errors import ConfigError
+from se_exporter.infra.host_os import DEFAULT_STATE_DIR
 from se_exporter.infra.options import (
     DEFAULT_PORT,
     EVENTHUB_OPTIONS,
@@ -34,7 +35,6 @@ from se_exporter.infra.options import (
     parse_url,
     resolve,
 )
-from se_exporter.infra.platform_io import DEFAULT_STATE_DIR
 from se_exporter.sidecar.forwarding.targets import enabled_targets, target_flags
 
 DEFAULT_IMDS_URL = "http://169.254.169.254"

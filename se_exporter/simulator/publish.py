@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from se_exporter.core.errors import ConfigError
 from se_exporter.core.retry import Health
 from se_exporter.infra.files import DISK, Disk, write_all
-from se_exporter.infra.platform_io import PLATFORM
+from se_exporter.infra.host_os import HOST_OS
 from se_exporter.simulator.hub import EventHubOutput, producer_factory
 from se_exporter.simulator.platform import PlatformCopy, Published
 from se_exporter.simulator.settings import SimulatorSettings
@@ -60,7 +60,7 @@ class FileOutput:
         self.written = self.failed = 0
         self._torn: int | None = None  # where the file must be cut before the next line (a cut that failed)
         try:
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | PLATFORM.fifo_flags | PLATFORM.open_flags,
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | HOST_OS.fifo_flags | HOST_OS.open_flags,
                                0o666)
         except OSError as exc:
             reason = "it is a FIFO without a reader" if exc.errno == errno.ENXIO else exc.strerror or str(exc)

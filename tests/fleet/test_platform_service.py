@@ -17,15 +17,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.consumer import Service
 from se_exporter.fleet.main import partition_vms
-from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.platform.coverage import Reconciler, ReconcileSettings
-from se_exporter.fleet.platform.hubs import Held, home
-from se_exporter.fleet.platform.picture import PlatformLimits
+from se_exporter.fleet.platform.hubs import OwnedPlatform, home
+from se_exporter.fleet.platform.records import PlatformLimits
 from se_exporter.fleet.platform.saving import decode_platform, platform_blob_name
 from se_exporter.fleet.platform.service import BURST_MESSAGES, Platform
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.statestore import MemoryStateStore, Stored
+from se_exporter.fleet.vms import Fleet
 from tests.fleet.platform_helpers import EVENT_ID, KEY, SUB, T0, body, grid
 from tests.fleet.test_service import NAME, Checkpoints, Context, Event, run
 
@@ -533,7 +533,7 @@ def test_a_partitions_memory_of_its_pairs_is_cut_to_the_bound_oldest_first_and_t
     metrics = FleetMetrics(CollectorRegistry())
     platform = Platform(metrics, Report(metrics), 3600.0, GRACE, 900.0, 1024 * 1024, lambda: T0)
     platform.reconciler = Reconciler(ReconcileSettings(900.0, GRACE, pairs=2))
-    held = Held(missed={("a", "vm1"): "missed", ("b", "vm1"): "missed", ("c", "vm1"): "missed",
+    held = OwnedPlatform(missed={("a", "vm1"): "missed", ("b", "vm1"): "missed", ("c", "vm1"): "missed",
                         ("d", "vm1"): "missed"}, lags={("a", "vm2"), ("b", "vm2"), ("c", "vm2")})
     side = platform.reader("sidecar", Fleet(), MemoryStateStore({}), lambda: 1)._side
     side.held["0"] = held

@@ -489,7 +489,7 @@ def test_refusals_are_counted_by_reason_on_the_registry() -> None:
 def fleet_app() -> Iterator[int]:
     """The fleet's own endpoints (fleet.main.make_http_app) with an empty fleet, healthy, not ready."""
     from se_exporter.fleet.main import make_http_app as fleet_http_app  # noqa: PLC0415 - brings the Azure SDKs
-    from se_exporter.fleet.picture import Fleet  # noqa: PLC0415
+    from se_exporter.fleet.vms import Fleet  # noqa: PLC0415
 
     registry = CollectorRegistry()
     Gauge("fleet_probe", "a gauge", registry=registry).set(1)

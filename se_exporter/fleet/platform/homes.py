@@ -3,7 +3,7 @@
 An EventId's home is a partition of the platform's hub (the sidecars' hub when only that one is read), by a stable
 hash of its key (``hubs.home``). Only the replica that shows the home counts the EventId (``counting.COUNTING``),
 keeping what it counted (``Counted``) in the home's blob, and applying each increment once that blob is written
-(``Held.pending``): a partition lost before its write is counted by its next owner instead, never twice.
+(``OwnedPlatform.pending``): a partition lost before its write is counted by its next owner instead, never twice.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 
 from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.platform.counting import Counted, top_up
-from se_exporter.fleet.platform.hubs import HubSide, home
-from se_exporter.fleet.platform.picture import PlatformRecord
+from se_exporter.fleet.platform.hubs import HubPlatform, home
+from se_exporter.fleet.platform.records import PlatformRecord
 from se_exporter.fleet.report import Report
 
 MAX_COUNTED = 100_000  # EventIds whose counting is remembered (ReconcileSettings.ids)
@@ -24,7 +24,8 @@ MAX_COUNTED = 100_000  # EventIds whose counting is remembered (ReconcileSetting
 class Homes:
     """The homes shown here: what was counted of their EventIds, and which homes' blobs must be written again."""
 
-    def __init__(self, hubs: Mapping[str, HubSide], metrics: FleetMetrics, report: Report, open_expiry: float) -> None:
+    def __init__(self, hubs: Mapping[str, HubPlatform], metrics: FleetMetrics, report: Report,
+                 open_expiry: float) -> None:
         self._hubs, self._metrics, self._report, self._expiry = hubs, metrics, report, open_expiry
         self.counted: OrderedDict[str, Counted] = OrderedDict()  # EventId key -> what was counted of it
         # The same keys by home partition, with the partition count they were placed under: a blob's write then
@@ -61,7 +62,7 @@ class Homes:
             self.pending(record.key, functools.partial(child.inc, increment.amount))
 
     def pending(self, key: str, apply: Callable[[], object]) -> None:
-        """An EventId's count, applied once its home partition's blob remembers it (see ``Held.pending``)."""
+        """An EventId's count, applied once its home partition's blob remembers it (see ``OwnedPlatform.pending``)."""
         side = self._hubs.get(self.role or "")
         partition_id = self.home_of(key)
         held = side.held.get(partition_id) if side is not None and partition_id is not None else None

@@ -30,7 +30,7 @@ from se_exporter.fleet.message import MAX_TEXT
 from se_exporter.fleet.platform.counting import Counted
 from se_exporter.fleet.platform.coverage import MISSED_REASONS
 from se_exporter.fleet.platform.fields import STATUSES
-from se_exporter.fleet.platform.picture import PictureState
+from se_exporter.fleet.platform.records import PictureState
 from se_exporter.fleet.platform.saved import state_from_json, state_to_json
 from se_exporter.fleet.stateformat import DamagedState
 
@@ -39,12 +39,12 @@ MAX_PLATFORM_BYTES = 256 * 1024**2  # inflated: 10,000 events naming 1,000 VMs e
 
 
 def platform_blob_name(namespace: str, eventhub_name: str, consumer_group: str, partition_id: str) -> str:
-    """Beside the partition's VM state (``statestore.state_blob_name``)."""
+    """AttachedState the partition's VM state (``statestore.state_blob_name``)."""
     return f"{namespace}/{eventhub_name}/{consumer_group}/fleet-platform/{partition_id}".lower()
 
 
 @dataclass(frozen=True)
-class Judged:
+class VmVerdicts:
     """What a partition's owner judged of the VMs the platform's events name: the EventIds it knew, and per EventId
     the named VMs alive in that partition (only where there are any); and the reverse: the EventIds (with their
     event type) that its live VMs in a publishing scope listed for the grace and the platform never announced, so
@@ -56,7 +56,7 @@ class Judged:
 
 
 @dataclass
-class Loaded:
+class PlatformBlob:
     """A platform blob read back: the picture (None: none stored), its position, what was counted, and damage."""
 
     state: PictureState | None = None
@@ -64,7 +64,7 @@ class Loaded:
     memory: dict[str, Counted] = field(default_factory=dict)
     missed: dict[tuple[str, str], str] = field(default_factory=dict)  # (key, VM) -> reason, of this partition's VMs
     lags: set[tuple[str, str]] = field(default_factory=set)
-    judged: Judged = field(default_factory=lambda: Judged(frozenset(), {}))
+    judged: VmVerdicts = field(default_factory=lambda: VmVerdicts(frozenset(), {}))
     damaged: str | None = None
     problem: str = ""
     rows: int = 0  # rows left out as damaged
@@ -72,7 +72,7 @@ class Loaded:
 
 def encode_platform(partition_id: str, position: int, state: PictureState, memory: dict[str, Counted],
                     missed: dict[tuple[str, str], str] | None = None, lags: set[tuple[str, str]] | None = None,
-                    judged: Judged | None = None) -> bytes:
+                    judged: VmVerdicts | None = None) -> bytes:
     missed, lags = missed or {}, lags or set()
     pairs = [{"key": key, "vm": name, "missed": missed.get((key, name)), "lag": (key, name) in lags}
              for key, name in sorted({*missed, *lags})]
@@ -86,19 +86,20 @@ def encode_platform(partition_id: str, position: int, state: PictureState, memor
     return gzip.compress(text.encode("utf-8", "backslashreplace"), compresslevel=1)
 
 
-def decode_platform(data: bytes, partition_id: str) -> Loaded:
-    """The blob's content; a blob that cannot be read at all is ``Loaded(damaged=reason)``."""
+def decode_platform(data: bytes, partition_id: str) -> PlatformBlob:
+    """The blob's content; a blob that cannot be read at all is ``PlatformBlob(damaged=reason)``."""
     try:
         obj = _parse(data)
     except DamagedState as damage:
-        return Loaded(damaged=damage.reason, problem=str(damage))
+        return PlatformBlob(damaged=damage.reason, problem=str(damage))
     if not isinstance(obj, dict):
-        return Loaded(damaged="wrong_shape", problem="the platform state is not a JSON object")
+        return PlatformBlob(damaged="wrong_shape", problem="the platform state is not a JSON object")
     found, position = obj.get("format"), obj.get("sequence_number")
     if type(found) is not int or found < 1:
-        return Loaded(damaged="format", problem=f"unknown platform state format {str(found)[:40]!r}")
+        return PlatformBlob(damaged="format", problem=f"unknown platform state format {str(found)[:40]!r}")
     if obj.get("partition_id", partition_id) != partition_id or type(position) is not int or position < -1:
-        return Loaded(damaged="wrong_shape", problem="the platform state is another partition's, or has no position")
+        return PlatformBlob(damaged="wrong_shape",
+                            problem="the platform state is another partition's, or has no position")
     state, rows = state_from_json(obj.get("picture"))
     memory: dict[str, Counted] = {}
     counted = obj.get("counted")
@@ -108,13 +109,13 @@ def decode_platform(data: bytes, partition_id: str) -> Loaded:
             rows += 1
         else:
             memory[entry[0]] = entry[1]
-    loaded = Loaded(state, position, memory, rows=rows)
+    loaded = PlatformBlob(state, position, memory, rows=rows)
     _pairs(obj.get("pairs"), loaded)
     _judged(obj.get("judged"), loaded)
     return loaded
 
 
-def _pairs(pairs: object, loaded: Loaded) -> None:
+def _pairs(pairs: object, loaded: PlatformBlob) -> None:
     for row in pairs if isinstance(pairs, list) else []:
         key, name, reason, lag = (row.get(field) for field in ("key", "vm", "missed", "lag")) \
             if isinstance(row, dict) else (None, None, None, None)
@@ -127,7 +128,7 @@ def _pairs(pairs: object, loaded: Loaded) -> None:
             loaded.lags.add((str(key), str(name)))
 
 
-def _judged(judged: object, loaded: Loaded) -> None:
+def _judged(judged: object, loaded: PlatformBlob) -> None:
     """What a damaged ``judged`` would claim is left out whole: an EventId not judged is never ``no_sidecar``."""
     if not isinstance(judged, dict):
         return
@@ -138,7 +139,7 @@ def _judged(judged: object, loaded: Loaded) -> None:
             and all(_text(key) and _text(event_type) for key, event_type in listed.items())):
         loaded.rows += 1
         return
-    loaded.judged = Judged(frozenset(keys), {key: frozenset(names) for key, names in alive.items()}, dict(listed))
+    loaded.judged = VmVerdicts(frozenset(keys), {key: frozenset(names) for key, names in alive.items()}, dict(listed))
 
 
 def _parse(data: bytes) -> Any:

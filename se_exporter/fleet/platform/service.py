@@ -10,13 +10,13 @@ Reconciliation runs on the loop every ``RECONCILE_EVERY`` seconds (not in a scra
 read picture, merged, against the VMs this replica shows; a scrape renders the last result.
 
 A pair's coverage, counted once over restarts and replicas: a VM's miss and lag are counted by the replica that
-shows the VM, and kept in the blob of its partition (``Held.missed`` and ``Held.lags``) so neither a restart nor a
-hand-over counts it again. A replica that does not show every partition of every hub says ``no_sidecar`` only for
-an EventId homed here, once every partition has judged it (``Held.judged``, in each partition's blob: per EventId,
-the named VMs alive there): never wrongly, at worst late. The reverse likewise: each partition's ``judged`` lists
-the unannounced EventIds its VMs listed, and an EventId's home counts it from the blobs of the partitions it does
-not show. What this leaves with several replicas (docs/fleet.md says it): every figure a few checkpoint intervals
-behind one replica's.
+shows the VM, and kept in the blob of its partition (``OwnedPlatform.missed`` and ``OwnedPlatform.lags``) so
+neither a restart nor a hand-over counts it again. A replica that does not show every partition of every hub says
+``no_sidecar`` only for an EventId homed here, once every partition has judged it (``OwnedPlatform.judged``, in
+each partition's blob: per EventId, the named VMs alive there): never wrongly, at worst late. The reverse likewise:
+each partition's ``judged`` lists the unannounced EventIds its VMs listed, and an EventId's home counts it from the
+blobs of the partitions it does not show. What this leaves with several replicas (docs/fleet.md says it): every
+figure a few checkpoint intervals behind one replica's.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from dataclasses import dataclass, field, replace
 
 from se_exporter.fleet.collector import FLEET, FleetMetrics, write_gauges
 from se_exporter.fleet.message import VmState
-from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.platform.coverage import (
     COVERAGE_BOUND_NAMES,
     Coverage,
@@ -41,19 +40,20 @@ from se_exporter.fleet.platform.coverage import (
 )
 from se_exporter.fleet.platform.exposition import render_platform
 from se_exporter.fleet.platform.homes import Homes
-from se_exporter.fleet.platform.hubs import Held, HubSide
+from se_exporter.fleet.platform.hubs import HubPlatform, OwnedPlatform
 from se_exporter.fleet.platform.partitions import PlatformReader
-from se_exporter.fleet.platform.picture import (
+from se_exporter.fleet.platform.reader import PLATFORM_BOUND_NAMES, PLATFORM_INVALID_REASONS
+from se_exporter.fleet.platform.records import (
     PICTURE_BOUND_NAMES,
     PlatformLimits,
     PlatformPicture,
     PlatformRecord,
     merge,
 )
-from se_exporter.fleet.platform.reader import PLATFORM_BOUND_NAMES, PLATFORM_INVALID_REASONS
-from se_exporter.fleet.platform.saving import Judged
+from se_exporter.fleet.platform.saving import VmVerdicts
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.statestore import StateStore
+from se_exporter.fleet.vms import Fleet
 from se_exporter.infra.azure.clients import describe
 
 log = logging.getLogger("se_exporter.fleet")
@@ -69,7 +69,7 @@ def _key_of(name: str) -> str:
 
 
 @dataclass
-class View:
+class Published:
     """The last reconciliation, for scrapes: swapped whole, read without a lock."""
 
     records: tuple[PlatformRecord, ...] = ()
@@ -89,14 +89,14 @@ class Platform:
         self.limits = limits or PlatformLimits(retention=retention)
         self.max_bytes = max_message_bytes
         self.reconciler = Reconciler(ReconcileSettings(vm_expiry, grace))
-        self.hubs: dict[str, HubSide] = {}
+        self.hubs: dict[str, HubPlatform] = {}
         self.homes = Homes(self.hubs, metrics, report, self.limits.open_expiry)
         self.applied_at = 0.0  # monotonic time of the last platform message applied
         self.applied_since = 0  # platform messages applied since the last reconciliation round
-        self._where: dict[str, Held] = {}  # VM name (name_key) -> its partition, as of the last reconciliation
+        self._where: dict[str, OwnedPlatform] = {}  # VM name (name_key) -> its partition, as of the last reconciliation
         self._missed_anywhere: set[tuple[str, str]] = set()  # (key, VM) misses counted in any memory known here
         self._left_out: set[str] = set()  # EventIds the listing left out last round (bound platform_events)
-        self.view = View()
+        self.view = Published()
         for reason in PLATFORM_INVALID_REASONS:
             metrics.invalid.labels(reason)
         for bound in (*PLATFORM_BOUND_NAMES, *PICTURE_BOUND_NAMES, *COVERAGE_BOUND_NAMES):
@@ -111,11 +111,11 @@ class Platform:
     def reader(self, role: str, fleet: Fleet, store: StateStore, partitions: Callable[[], int | None],
                peer_store: StateStore | None = None,
                partition_vms: Callable[[], dict[str, list[VmState]]] | None = None) -> PlatformReader:
-        side = self.hubs[role] = HubSide(role, fleet, store, partitions, peer_store, partition_vms=partition_vms)
+        side = self.hubs[role] = HubPlatform(role, fleet, store, partitions, peer_store, partition_vms=partition_vms)
         return PlatformReader(self, side)
 
     async def read_peers(self) -> None:
-        """Every partition's picture this replica does not hold, from its blob (``HubSide.read_peers``): so each
+        """Every partition's picture this replica does not hold, from its blob (``HubPlatform.read_peers``): so each
         replica knows every EventId, and an EventId's home replica lists and counts it wherever its messages
         landed. A blob unreadable now is counted and tried again next time."""
         for side in self.hubs.values():
@@ -139,7 +139,7 @@ class Platform:
 
     # ------------------------------------------------------------------ reconciliation
 
-    def reconcile(self) -> View:
+    def reconcile(self) -> Published:
         """Expire, merge, reconcile, count what is new; the view scrapes render."""
         now = self.clock()
         pictures = [held.picture for side in self.hubs.values() for held in side.held.values()
@@ -160,7 +160,7 @@ class Platform:
         for picture in pictures:
             for name, size in picture.sizes().items():
                 sizes[name] = sizes.get(name, 0) + size
-        self.view = View(tuple(records), result.coverage, informed, sizes)
+        self.view = Published(tuple(records), result.coverage, informed, sizes)
         return self.view
 
     def _expire(self, pictures: list[PlatformPicture], now: float) -> set[str]:
@@ -221,7 +221,7 @@ class Platform:
                 known.update(missed)
         return known
 
-    def _judge(self, records: list[PlatformRecord], shown: dict[int, tuple[Held, set[str]]],
+    def _judge(self, records: list[PlatformRecord], shown: dict[int, tuple[OwnedPlatform, set[str]]],
                unannounced: tuple[tuple[str, str, str], ...]) -> None:
         """Each shown partition's ``judged``: the EventIds known, per EventId the VMs it names alive there, and the
         unannounced EventIds its VMs listed (at most ``ReconcileSettings.ids``; a change is written with the
@@ -242,7 +242,7 @@ class Platform:
         if over:
             self.report.bound_hit("platform_coverage_ids", over)
         for held, alive in shown.values():
-            judged = Judged(keys, {key: names & alive for key, names in named if alive and not names.isdisjoint(
+            judged = VmVerdicts(keys, {key: names & alive for key, names in named if alive and not names.isdisjoint(
                 alive)}, listed.get(id(held), {}))
             if judged != held.judged:
                 held.judged = judged
@@ -267,7 +267,7 @@ class Platform:
         hub either is shown here or has judged that EventId in its blob, and none has it alive; counted once, by the
         home. A partition that has not judged it yet (its owner has not learnt of it, or not written since) leaves
         the VM without coverage: never a wrong ``no_sidecar``."""
-        judgments: list[Judged] = []
+        judgments: list[VmVerdicts] = []
         for side in self.hubs.values():
             count = side.partitions()
             if count is None:
@@ -298,13 +298,14 @@ class Platform:
                         record.event.event_type, "no_sidecar").inc)
         return replace(result, coverage=result.coverage + tuple(rows)) if rows else result
 
-    def _shown_vms(self, now: float, named: frozenset[str]) -> tuple[list[VmState], dict[int, tuple[Held, set[str]]]]:
+    def _shown_vms(self, now: float,
+                   named: frozenset[str]) -> tuple[list[VmState], dict[int, tuple[OwnedPlatform, set[str]]]]:
         """The VMs this replica shows that matter to the reconciliation (named by an event, or listing one: the
         rest of a fleet of 100,000 would only cost it time), noting each one's partition (``_where``: whose memory
         counts its pairs), and per shown partition the names of its named VMs alive (heard from within the VM
         expiry)."""
         vms: list[VmState] = []
-        alive: dict[int, tuple[Held, set[str]]] = {}  # by id() of the Held: partition ids repeat across hubs
+        alive: dict[int, tuple[OwnedPlatform, set[str]]] = {}  # by id(): partition ids repeat across hubs
         expiry = self.reconciler.settings.vm_expiry
         self._where = {}
         for side in self.hubs.values():
@@ -434,7 +435,7 @@ class Platform:
 
     async def run(self, stop: asyncio.Event, every: float) -> None:
         """Reconcile every ``every`` seconds; write the memory of homes whose partition has no position yet (no
-        event handled: the Keeper writes nothing for it). A round is put off while platform messages arrived within
+        event handled: the persistence writes nothing for it). A round is put off while platform messages arrived within
         the last ``every`` (a burst: a reconciliation over its events holds the loop, which the burst's reading would
         wait for; ``scripts/fleet_bench.py --platform`` measures the burst against the bare SDK's), for up to
         ``BURST_DEFERS_UP_TO`` seconds. Only a burst: at least ``BURST_MESSAGES``
@@ -457,7 +458,7 @@ class Platform:
                                   describe(error))
 
     async def _write_quiet_homes(self) -> None:
-        """Partitions without a position (nothing handled yet: the Keeper writes nothing for them) whose platform
+        """Partitions without a position (nothing handled yet: the persistence writes nothing for them) whose platform
         side changed: written at position -1 (behind anything; a later write at a real position replaces it)."""
         for side in self.hubs.values():
             reader = PlatformReader(self, side)

@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 from se_exporter.core.errors import ForwardFileError
 from se_exporter.infra.files import DISK, Disk, write_all
-from se_exporter.infra.platform_io import PLATFORM
+from se_exporter.infra.host_os import HOST_OS
 from se_exporter.sidecar.forwarding.envelope import Envelope
 from se_exporter.sidecar.forwarding.forward import ForwardMetrics
 
@@ -48,7 +48,7 @@ class FileTarget:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             # fifo_flags: a FIFO made after the start-up check must fail here, not wait for a reader for ever.
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | PLATFORM.fifo_flags | PLATFORM.open_flags,
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | HOST_OS.fifo_flags | HOST_OS.open_flags,
                                0o666)
             if not stat.S_ISREG(os.fstat(self._fd).st_mode):
                 os.close(self._fd)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from se_exporter.core.errors import SpoolError
 from se_exporter.infra.files import DISK, Disk, fsync_dir, write_all
-from se_exporter.infra.platform_io import PLATFORM
+from se_exporter.infra.host_os import HOST_OS
 from se_exporter.sidecar.forwarding.envelope import Envelope
 
 log = logging.getLogger("se_exporter.spool")
@@ -83,7 +83,7 @@ class Spool:
         self._doomed: dict[int, None] = {}
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            self._acked_fd = os.open(directory / ACKED, os.O_RDWR | os.O_CREAT | PLATFORM.open_flags, 0o600)
+            self._acked_fd = os.open(directory / ACKED, os.O_RDWR | os.O_CREAT | HOST_OS.open_flags, 0o600)
             self._cursor, self._slot = self._read_cursor()  # the next write takes the other slot
             self._highest = self._cursor
             segments = sorted(directory.glob(f"*{SUFFIX}"))
@@ -157,8 +157,8 @@ class Spool:
                     fd = handles.get(location.segment)
                     if fd is None:
                         fd = handles[location.segment] = os.open(self._segment_path(location.segment),
-                                                                 os.O_RDONLY | PLATFORM.open_flags)
-                    envelopes.append(_decode(PLATFORM.pread(fd, location.size, location.offset)))
+                                                                 os.O_RDONLY | HOST_OS.open_flags)
+                    envelopes.append(_decode(HOST_OS.pread(fd, location.size, location.offset)))
                 except FileNotFoundError:
                     continue  # dropped meanwhile
                 except (OSError, ValueError, KeyError) as exc:
@@ -207,7 +207,7 @@ class Spool:
                 self._delete_segment(self._writer_segment)
         if self._writer is None:
             path = self._segment_path(sequence)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | PLATFORM.open_flags, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | HOST_OS.open_flags, 0o600)
             try:
                 fsync_dir(self._dir)  # the new segment's name is durable before anything in it counts
             except OSError:
@@ -256,9 +256,9 @@ class Spool:
             return
         slot = self._slot ^ 1
         try:
-            PLATFORM.pwrite(self._acked_fd, _SLOT.pack(cursor, zlib.crc32(cursor.to_bytes(8, "big"))),
+            HOST_OS.pwrite(self._acked_fd, _SLOT.pack(cursor, zlib.crc32(cursor.to_bytes(8, "big"))),
                             slot * _SLOT.size)
-            PLATFORM.datasync(self._acked_fd)
+            HOST_OS.datasync(self._acked_fd)
         except OSError as exc:
             if self._cursor_error is None:
                 log.warning("cannot save the spool cursor in %s: %s; acknowledged documents may be sent again "
@@ -273,7 +273,7 @@ class Spool:
         """Remove a fully acknowledged segment; if the OS refuses because it is still open (Windows: ``peek`` in
         another thread, a scanner), it is tried again after the next ``remove`` or ``peek``, never lost track of."""
         try:
-            PLATFORM.remove(self._segment_path(segment))
+            HOST_OS.remove(self._segment_path(segment))
         except PermissionError:
             self._undeleted.add(segment)
         else:
@@ -300,7 +300,7 @@ class Spool:
     # --- start-up ---
 
     def _read_cursor(self) -> tuple[int, int]:
-        data = PLATFORM.pread(self._acked_fd, 2 * _SLOT.size, 0)
+        data = HOST_OS.pread(self._acked_fd, 2 * _SLOT.size, 0)
         best, best_slot = 0, 1
         for slot in (0, 1):
             chunk = data[slot * _SLOT.size:(slot + 1) * _SLOT.size]
