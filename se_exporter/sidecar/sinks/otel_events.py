@@ -29,18 +29,11 @@ from prometheus_client import CollectorRegistry, Counter
 
 from se_exporter.core.lifecycle import SCHEDULED, STARTED, Transition
 from se_exporter.core.model import VmIdentity
-from se_exporter.core.retry import Health
 from se_exporter.sidecar.metrics import NAMESPACE
 from se_exporter.sidecar.settings import TracingSettings
 from se_exporter.sidecar.sinks import DocumentChange, Sink
 from se_exporter.sidecar.sinks.spans import PREFIX, attributes, span_id_for, trace_id_for, transition_extras
-from se_exporter.sidecar.sinks.tracing import (
-    EXPORT_TIMEOUT_SECONDS,
-    MAX_RESPONSE_BYTES,
-    exporter_reason,
-    quiet_exporters,
-    resource_attributes,
-)
+from se_exporter.sidecar.sinks.tracing import Counting, bounded, resource_attributes, signal_url
 
 log = logging.getLogger("se_exporter.otel_events")
 EVENT_PREFIX = "azure.scheduled_event."
@@ -49,7 +42,7 @@ _WARN = (SCHEDULED, STARTED)  # what a person acts on, as the log sink's levels
 
 def make_log_exporter(settings: TracingSettings) -> Any:
     """The exporter ``--otel-logs-exporter`` names: console, or OTLP over HTTP (``/v1/logs`` is added to a general
-    endpoint) or gRPC, bounded as the span exporters are (``tracing.make_exporter``)."""
+    endpoint) or gRPC, bounded as the span exporters are."""
     if settings.otel_logs_exporter == "console":
         from opentelemetry.sdk._logs.export import ConsoleLogRecordExporter
 
@@ -57,53 +50,18 @@ def make_log_exporter(settings: TracingSettings) -> Any:
     if settings.otel_logs_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcExporter
 
-        endpoint = settings.otel_logs_endpoint or settings.otel_endpoint
-        options: dict[str, Any] = {"timeout": EXPORT_TIMEOUT_SECONDS,
-                                   "channel_options": (("grpc.max_receive_message_length", MAX_RESPONSE_BYTES),)}
-        return GrpcExporter(endpoint=endpoint, **options) if endpoint else GrpcExporter(**options)
+        return bounded(GrpcExporter, settings.otel_logs_endpoint or settings.otel_endpoint, grpc=True)
     from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpExporter
 
-    from se_exporter.sidecar.sinks.otlp_http import BoundedSession
-
-    endpoint = settings.otel_logs_endpoint or (
-        settings.otel_endpoint.rstrip("/") + "/v1/logs" if settings.otel_endpoint else None)
-    session = BoundedSession()
-    return HttpExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_SECONDS, session=session) if endpoint \
-        else HttpExporter(timeout=EXPORT_TIMEOUT_SECONDS, session=session)
+    return bounded(HttpExporter, settings.otel_logs_endpoint or signal_url(settings.otel_endpoint, "logs"))
 
 
-class CountingLogExporter(LogRecordExporter):
-    """Counts exported and failed records, and logs once per change of health, saying why in the exporter's own
-    words (its per-batch lines are kept out of the log, as the span exporters' are)."""
+class CountingLogExporter(Counting, LogRecordExporter):
+    """``Counting`` for transition log records."""
 
-    def __init__(self, inner: Any, exported: Counter, failed: Counter) -> None:
-        self._inner, self._exported, self._failed = inner, exported, failed
-        self._health = Health()
-        quiet_exporters()
-
-    def export(self, batch: Any) -> LogRecordExportResult:
-        exporter_reason(clear=True)
-        try:
-            result: LogRecordExportResult = self._inner.export(batch)
-        except Exception as error:  # an exporter bug must not kill the batch thread
-            log.warning("log record export raised: %s", error)
-            result = LogRecordExportResult.FAILURE
-        if result == LogRecordExportResult.SUCCESS:
-            self._exported.inc(len(batch))
-            if self._health.recover():
-                log.info("log record export recovered")
-        else:
-            self._failed.inc(len(batch))
-            if self._health.fail("export"):
-                log.warning("log record export failing (%s): transition records are dropped until the endpoint "
-                            "answers", exporter_reason() or type(self._inner).__name__)
-        return result
-
-    def shutdown(self) -> None:
-        self._inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return bool(self._inner.force_flush(timeout_millis))
+    noun = "log record"
+    dropped = "transition records"
+    results = LogRecordExportResult
 
 
 class EventLogSink(Sink):
@@ -121,7 +79,8 @@ class EventLogSink(Sink):
                          "to deliver.", registry=registry)
         # Built at start-up, so a bad exporter setting fails there and not at the first event.
         inner = exporter if exporter is not None else make_log_exporter(settings)
-        self._exporter = CountingLogExporter(inner, exported, failed)
+        self._exporter = CountingLogExporter(inner, exported, failed,
+                                             where=settings.otel_logs_endpoint or settings.otel_endpoint)
         self._provider: LoggerProvider | None = None
         self._logger: Any = None
 
