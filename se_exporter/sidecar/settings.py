@@ -198,11 +198,6 @@ HEARTBEAT = Bounded(0.1, 86400)
 THROTTLED_BELOW = 0.2  # seconds between polls: faster than IMDS serves without throttling
 
 
-def parse_bytes(text: str) -> int:
-    """A document size limit (kept for callers that parse sizes directly)."""
-    return int(DOCUMENT_BYTES(text))
-
-
 def parse_imds_url(text: str) -> str:
     """IMDS takes no credentials, so a ``user:password@`` part can only leak: it would be printed in the start-up
     line and in every failed poll's ``url=``. Refused before anything repeats the text."""
