@@ -1,17 +1,12 @@
 """OpenTelemetry events: each lifecycle transition as a log record with ``event.name``, in the event's trace.
 
-OpenTelemetry deprecates span events in favour of log records that carry ``event.name`` and the current span's
-context (OTEP 4430). So every transition (``scheduled``, ``started``, ``rescheduled``, ``completed``,
-``canceled``) is emitted as one record named ``azure.scheduled_event.<transition>``, with the attributes the spans
-carry, in the trace of the event (``spans.trace_id_for``) and the context of its ``scheduled_event`` root span
-(``spans.span_id_for(..., "root")``): a backend shows the records under the span, which ends when the event does.
-The spans and their span events stay as they are.
+OpenTelemetry deprecates span events in favour of log records carrying ``event.name`` and the span's context, so
+every transition is one record named ``azure.scheduled_event.<transition>`` with the spans' attributes, in the
+context of the event's ``scheduled_event`` root span: a backend shows the records under the span.
 
-Exported by OpenTelemetry's own ``BatchLogRecordProcessor`` and OTLP log exporters (HTTP or gRPC); ``OTEL_BLRP_*``,
-headers, certificates and compression are read by the SDK from the standard variables. The logs signal of the
-Python SDK and its OTLP exporters lives in modules named ``_logs`` and ``_log_exporter``: that is where
-OpenTelemetry publishes it while the signal's Python API is marked in development, and the only way to it.
-Imported only when ``--otel-logs-exporter`` is not ``none``.
+Exported by OpenTelemetry's own ``BatchLogRecordProcessor`` and OTLP log exporters (``OTEL_BLRP_*`` and the
+exporters' variables read by the SDK). The Python logs signal lives in modules named ``_logs`` and
+``_log_exporter``: that is where OpenTelemetry publishes it while its API is in development, and the only way to it.
 """
 
 from __future__ import annotations
@@ -19,12 +14,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from opentelemetry import trace
 from opentelemetry._logs import SeverityNumber
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExporter, LogRecordExportResult
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from prometheus_client import CollectorRegistry, Counter
 
 from se_exporter.core.lifecycle import SCHEDULED, STARTED, Transition
@@ -32,7 +25,7 @@ from se_exporter.core.model import VmIdentity
 from se_exporter.sidecar.metrics import NAMESPACE
 from se_exporter.sidecar.settings import TracingSettings
 from se_exporter.sidecar.sinks import DocumentChange, Sink
-from se_exporter.sidecar.sinks.spans import PREFIX, attributes, span_id_for, trace_id_for, transition_extras
+from se_exporter.sidecar.sinks.spans import PREFIX, attributes, root_context, transition_extras, vm_key
 from se_exporter.sidecar.sinks.tracing import Counting, bounded, resource_attributes, signal_url
 
 log = logging.getLogger("se_exporter.otel_events")
@@ -94,23 +87,17 @@ class EventLogSink(Sink):
     def export(self, change: DocumentChange) -> None:
         if self._provider is None:  # at the first document, as the span sink: its cost shows from the start
             self._build(change.identity)
-        if not change.transitions:
-            return
-        identity = change.identity
-        vm_key = f"{identity.vm_id if identity else ''}/{change.vm_name or ''}"  # as SpanSink's
         for transition in change.transitions:
-            self._emit(transition, vm_key, change)
+            self._emit(transition, change)
 
-    def _emit(self, transition: Transition, vm_key: str, change: DocumentChange) -> None:
+    def _emit(self, transition: Transition, change: DocumentChange) -> None:
         event, kind = transition.event, transition.kind
         attrs = {**attributes(event, change.document.incarnation, change.vm_name),
                  PREFIX + "transition": kind.value, **transition_extras(transition, change)}
-        context = trace.set_span_in_context(NonRecordingSpan(SpanContext(
-            trace_id=trace_id_for(event.event_id), span_id=span_id_for(event.event_id, vm_key, "root"),
-            is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))))
         warn = kind in _WARN
         self._logger.emit(
-            timestamp=int(change.observed_at * 1e9), context=context, event_name=EVENT_PREFIX + kind.value,
+            timestamp=int(change.observed_at * 1e9), context=root_context(event.event_id, vm_key(change)),
+            event_name=EVENT_PREFIX + kind.value,
             severity_number=SeverityNumber.WARN if warn else SeverityNumber.INFO,
             severity_text="WARN" if warn else "INFO", body=f"{event.event_type} {event.event_id} {kind.value}",
             attributes=attrs)

@@ -1,17 +1,13 @@
 """Tracing set-up the OpenTelemetry way, importing only what is configured.
 
-This module itself is imported only when tracing is on (``Sidecar.start``), so it may import the SDK.
-
-``none`` imports nothing from OpenTelemetry at all. ``console`` needs only the SDK. ``otlp`` adds the
-HTTP exporter, or the gRPC one when ``grpc`` is asked for (grpcio alone is heavy to import: docs/performance.md).
+Imported only when tracing or the log records are on (``Sidecar.start``), so it may import the SDK; ``console``
+needs only the SDK, ``otlp`` adds the HTTP exporter, or the gRPC one (heavy to import) when ``grpc`` is asked for.
 Standard variables the exporters read themselves (headers, certificates, compression) keep working.
 
-The resource is built from the compute metadata the sidecar already read through its own IMDS
-client, under the current semantic conventions' names (taken from opentelemetry-semantic-conventions: the cloud,
-host, os and azure names are still in its ``_incubating`` package, which is where the project publishes them until
-they are stable); the provider is therefore created at the first document, when the identity is known (or known to
-be unavailable). ``azure.vm.scaleset.name`` and ``azure.vm.sku`` are opentelemetry-resource-detector-azure's keys,
-which have no semantic-convention name yet.
+The resource is built from the compute metadata the sidecar already read, under the semantic conventions' names
+(the cloud, host, os and azure names are still in their ``_incubating`` package, where the project publishes them);
+so the provider is created at the first document, when the identity is known (or known to be unavailable).
+``azure.vm.scaleset.name`` and ``azure.vm.sku`` are opentelemetry-resource-detector-azure's keys.
 """
 
 from __future__ import annotations
