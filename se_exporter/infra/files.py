@@ -74,6 +74,47 @@ def write_all(disk: Disk, fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+class NotRegularFile(OSError):
+    """What ``LineFile`` found at its path is not a regular file (a FIFO, a device, a directory)."""
+
+
+class LineFile:
+    """A file appended to a whole line at a time (the forward file, the simulator's platform file). A line that
+    fails half-way (a short write on a full disk, then ENOSPC, or a failed sync) is cut off again, so the file never
+    holds a line reported as failed and the next line does not start in the middle of it."""
+
+    def __init__(self, path: Path, disk: Disk = DISK, sync: bool = False) -> None:
+        """Opened for appending, or ``OSError``: ``NotRegularFile``, or ENXIO for a FIFO without a reader (POSIX:
+        a FIFO put where the file belongs fails at once instead of waiting for its other end)."""
+        self.path, self._disk, self._sync = path, disk, sync
+        self._torn: int | None = None  # where the file must be cut before the next line (a cut that failed)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | PLATFORM.fifo_flags | PLATFORM.open_flags,
+                          0o666)
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+            os.close(self.fd)
+            raise NotRegularFile(errno.EINVAL, "not a regular file", str(path))
+
+    def append(self, line: bytes) -> None:
+        """Write (and with ``sync``, sync) the whole line, or raise ``OSError`` and keep nothing of it."""
+        if self._torn is not None:
+            self._disk.ftruncate(self.fd, self._torn)
+            self._torn = None
+        size = os.fstat(self.fd).st_size
+        try:
+            write_all(self._disk, self.fd, line)
+            if self._sync:
+                self._disk.fdatasync(self.fd)
+        except OSError:
+            try:
+                self._disk.ftruncate(self.fd, size)
+            except OSError:
+                self._torn = size
+            raise
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 def is_disk_full(error: OSError) -> bool:
     return error.errno in (errno.ENOSPC, errno.EDQUOT)
 
