@@ -27,6 +27,7 @@ _HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
 # The spec key and the JSON key of each field; the field itself is ``size`` (``bytes`` would shadow the type).
 _KEYS = {"count": "count", "status": "status", "retry_after": "retry_after", "seconds": "seconds",
          "location": "location", "bytes": "size", "text": "text", "error": "error"}
+_NUMBERS = {"count": int, "status": int, "seconds": float, "bytes": int}  # how a spec's numbers read; the rest is text
 _DEFAULT_SIZE = {"huge": 10 * 1024 * 1024}
 _DEFAULT_SECONDS = {"hang": 30.0, "drip": 1.0}
 
@@ -118,16 +119,7 @@ def parse_fault(spec: str) -> Fault:
     if unknown:
         raise ConfigError(f"fault {spec!r}: unknown keys {', '.join(sorted(unknown))}")
     try:
-        return _make(kind, {
-            "count": int(values["count"]) if "count" in values else None,
-            "status": int(values["status"]) if "status" in values else None,
-            "retry_after": values.get("retry_after"),
-            "seconds": float(values["seconds"]) if "seconds" in values else None,
-            "location": values.get("location"),
-            "bytes": int(values["bytes"]) if "bytes" in values else None,
-            "text": values.get("text"),
-            "error": values.get("error"),
-        })
+        return _make(kind, {key: _NUMBERS.get(key, str)(values[key]) if key in values else None for key in _KEYS})
     except ValueError as exc:
         raise ConfigError(f"fault {spec!r}: {exc}") from None
     except ConfigError as exc:
