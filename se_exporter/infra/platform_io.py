@@ -45,7 +45,7 @@ StopCallback = Callable[[], None]
 # console control events below): one list for the command's handlers, the early ones in __main__ and processwide.
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
 # Windows console control events (wincon.h).
-CTRL_CLOSE_EVENT, CTRL_LOGOFF_EVENT, CTRL_SHUTDOWN_EVENT = 2, 5, 6
+CTRL_C_EVENT, CTRL_BREAK_EVENT, CTRL_CLOSE_EVENT, CTRL_LOGOFF_EVENT, CTRL_SHUTDOWN_EVENT = 0, 1, 2, 5, 6
 # The Windows lock is taken on this byte of the lock file: far past the pid written at its start.
 LOCK_OFFSET = 1 << 20
 # How long a Windows replace keeps trying while another process holds the target open.
