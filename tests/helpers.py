@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import jwt
 from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.simulator.scenario import Scenario
@@ -190,3 +191,14 @@ def key_times(scenario: Scenario) -> tuple[float, ...]:
         else:
             times.update((start, start + spec.started_for))
     return tuple(sorted(times))
+
+
+def verify(token: str, key: bytes) -> dict[str, Any]:
+    """The claims of a token the IMDS simulator signed with ``key`` (its signature only: a peer checks the rest);
+    ValueError if it is not one."""
+    try:
+        claims: dict[str, Any] = jwt.decode(token, key, algorithms=["HS256"], options={
+            "verify_exp": False, "verify_nbf": False, "verify_iat": False, "verify_aud": False})
+    except jwt.InvalidTokenError as error:
+        raise ValueError(f"not a valid token: {error}") from None
+    return claims
