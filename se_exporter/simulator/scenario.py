@@ -144,8 +144,7 @@ class Scenario:
 
     def listed_to(self, spec: EventSpec, vm_name: str) -> bool:
         """Whether the VM's IMDS lists ``spec``: Azure shows an event to every VM of its scale set or availability
-        set (Resources says whose it is); a one-VM scenario's VM sees every event (as before scenarios had
-        several VMs); a ``blind`` VM never does."""
+        set (Resources says whose it is); a one-VM scenario's VM sees every event; a ``blind`` VM never does."""
         folded = vm_name.casefold()
         if any(name.casefold() == folded for name in spec.blind):
             return False

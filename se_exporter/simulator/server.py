@@ -146,8 +146,7 @@ class Simulator:
         walls: dict[tuple[str, float], float] = {}
         canonical = [self._canonical_event(state, now_wall, t, walls)
                      for state in self._listed(t, self.timeline.approvals())]
-        # Only the NotBefores listed now are kept: scenario time only moves forward, so one no longer listed is not
-        # shown again, and a repeating scenario (fresh EventIds each cycle) grew this by its events every cycle.
+        # Only the NotBefores listed now are kept (scenario time only moves forward): bounded, also when repeating.
         self._not_before_wall = walls
         if canonical != self._canonical:
             self._canonical = canonical
@@ -597,8 +596,7 @@ def _gzipped(document: bytes, blanks: int) -> bytes:
 
 class _Router:
     """One port for every VM of the scenario: ``/vms/<name>/...`` is that VM's IMDS, anything else the first
-    VM's (so a one-VM scenario is served exactly as before); ``GET /_simulator/platform`` is the platform copy's
-    counters when it runs."""
+    VM's; ``GET /_simulator/platform`` is the platform copy's counters when it runs."""
 
     def __init__(self, simulators: Sequence[Simulator], platform: Callable[[], dict[str, Any]] | None) -> None:
         self.first = _Imds(simulators[0])
