@@ -69,7 +69,7 @@ def _key_of(name: str) -> str:
 
 
 @dataclass
-class Published:
+class LastReconciliation:
     """The last reconciliation, for scrapes: swapped whole, read without a lock."""
 
     records: tuple[PlatformRecord, ...] = ()
@@ -96,7 +96,7 @@ class Platform:
         self._where: dict[str, OwnedPlatform] = {}  # VM name (name_key) -> its partition, as of the last reconciliation
         self._missed_anywhere: set[tuple[str, str]] = set()  # (key, VM) misses counted in any memory known here
         self._left_out: set[str] = set()  # EventIds the listing left out last round (bound platform_events)
-        self.view = Published()
+        self.view = LastReconciliation()
         for reason in PLATFORM_INVALID_REASONS:
             metrics.invalid.labels(reason)
         for bound in (*PLATFORM_BOUND_NAMES, *PICTURE_BOUND_NAMES, *COVERAGE_BOUND_NAMES):
@@ -139,7 +139,7 @@ class Platform:
 
     # ------------------------------------------------------------------ reconciliation
 
-    def reconcile(self) -> Published:
+    def reconcile(self) -> LastReconciliation:
         """Expire, merge, reconcile, count what is new; the view scrapes render."""
         now = self.clock()
         pictures = [held.picture for side in self.hubs.values() for held in side.held.values()
@@ -160,7 +160,7 @@ class Platform:
         for picture in pictures:
             for name, size in picture.sizes().items():
                 sizes[name] = sizes.get(name, 0) + size
-        self.view = Published(tuple(records), result.coverage, informed, sizes)
+        self.view = LastReconciliation(tuple(records), result.coverage, informed, sizes)
         return self.view
 
     def _expire(self, pictures: list[PlatformPicture], now: float) -> set[str]:

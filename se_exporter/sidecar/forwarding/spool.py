@@ -1,29 +1,17 @@
 """A durable, bounded, ordered on-disk queue of envelopes waiting for Event Hubs.
 
-A document counts as accepted only once it is on disk, so it survives an Event Hubs outage and a
-``kill -9`` alike: ``append`` returns after the whole record is written and fdatasync'ed. An append
-that fails (a full disk: a short write, then ENOSPC; a failed fdatasync) raises, and leaves the spool
-exactly as it was: the partial record is cut off again, so the next append lands where it should and
-every record before it stays readable. The forwarder
-reads the oldest first and removes only what Event Hubs acknowledged (at-least-once). Past
-``max_bytes`` the oldest envelopes are dropped, counted and logged: never silently, never the newest. One being
-sent meanwhile is counted only if its send then fails (``release``): delivered, it was not dropped.
+A document counts as accepted only once it is on disk, so it survives an Event Hubs outage and a ``kill -9``
+alike: ``append`` returns after the whole record is written and fdatasync'ed; one that fails (a full disk, a
+failed fdatasync) raises and leaves the spool exactly as it was, the partial record cut off again. The forwarder
+reads the oldest first and removes only what Event Hubs acknowledged (at-least-once). Past ``max_bytes`` the
+oldest envelopes are dropped, counted and logged, never the newest; one being sent meanwhile is counted only if
+its send then fails (``release``).
 
-Layout (a segmented log, like Kafka's or Fluent Bit's chunks, rather than a file per document):
-
-* ``<first sequence:020d>.seg``: records appended back to back, each
-  ``[length u32][crc32 u32][header JSON line][exact body bytes]``. A new segment starts past
-  ``segment_bytes`` and at every start-up.
-* ``acked``: two 16-byte slots ``[sequence u64][crc32 u32][pad]`` written alternately in place;
-  the valid slot with the higher sequence is the cursor. Every record at or below it was
-  acknowledged or dropped. A torn slot write leaves the other slot, i.e. a slightly older cursor:
-  a few documents are sent again with their same message ids, nothing is lost.
-
-Why not one file per document: removing a
-file whose blocks were fsynced costs a journal commit and, on a filesystem mounted with ``discard``
-(online TRIM, common on cloud disks), a discard per document, which made draining slow (figures:
-docs/performance.md, "Drain"). A segment is removed whole once every record in it
-is acknowledged, so that cost is paid once per segment.
+Layout (docs/forwarding.md): ``<first sequence:020d>.seg`` segments of records
+``[length u32][crc32 u32][header JSON line][exact body bytes]``, and ``acked``, two 16-byte cursor slots
+``[sequence u64][crc32 u32][pad]`` written alternately, so a torn write leaves the other (a few documents are sent
+again with their message ids). A segmented log rather than a file per document: removing a fsynced file costs a
+journal commit and, on a disk mounted with ``discard``, a discard per document; a segment is removed whole.
 """
 
 from __future__ import annotations
