@@ -27,8 +27,8 @@ from se_exporter.fleet.platform.counting import (
 )
 from se_exporter.fleet.platform.fields import STATUSES
 from se_exporter.fleet.platform.homes import Homes
-from se_exporter.fleet.platform.hubs import Held, home
-from se_exporter.fleet.platform.picture import PictureState
+from se_exporter.fleet.platform.hubs import OwnedPlatform, home
+from se_exporter.fleet.platform.records import PictureState
 from se_exporter.fleet.platform.saving import decode_platform, encode_platform
 from se_exporter.fleet.report import Report
 from tests.fleet.platform_helpers import T0, body, grid, platform_event
@@ -244,15 +244,15 @@ def test_each_rule_is_stated_in_three_lines_where_users_and_maintainers_read_it(
 
 
 def test_what_was_counted_sits_on_its_home_partition_and_moves_when_the_hubs_partitions_are_added() -> None:
-    """Each EventId's counting is kept on its home partition's Held (so in that partition's blob); when the hub's
-    partitions are added, it moves to its new home when next counted, not started afresh; it is forgotten past the
+    """Each EventId's counting is kept on its home partition's OwnedPlatform (so in that partition's blob); when the
+    hub's partitions are added, it moves to its new home when next counted, not started afresh; it is forgotten past the
     expiry unless still listed."""
     registry = CollectorRegistry()
     metrics = FleetMetrics(registry)
     partitions = [4]
     side = Replica(partitions=4).platform.hubs["platform"]
     side.partitions = lambda: partitions[0]
-    side.held.update({str(number): Held() for number in range(8)})
+    side.held.update({str(number): OwnedPlatform() for number in range(8)})
     homes = Homes({"platform": side}, metrics, Report(metrics), 100.0)
     keys = [f"{index:08x}-0000-0000-0000-000000000000" for index in range(200)]
 

@@ -17,15 +17,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.consumer import Service
 from se_exporter.fleet.main import partition_vms
-from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.platform.coverage import Reconciler, ReconcileSettings
 from se_exporter.fleet.platform.hubs import home
-from se_exporter.fleet.platform.picture import PlatformLimits
+from se_exporter.fleet.platform.records import PlatformLimits
 from se_exporter.fleet.platform.saving import decode_platform, platform_blob_name
 from se_exporter.fleet.platform.service import BURST_MESSAGES, Platform
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.statestore import MemoryStateStore, Stored
+from se_exporter.fleet.vms import Fleet
 from tests.fleet.platform_helpers import EVENT_ID, KEY, SUB, T0, body, grid
 from tests.fleet.test_service import NAME, Checkpoints, Context, Event, run
 

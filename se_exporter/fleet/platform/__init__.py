@@ -23,16 +23,6 @@ from se_exporter.fleet.platform.coverage import (
     Reconciliation,
 )
 from se_exporter.fleet.platform.exposition import render_platform
-from se_exporter.fleet.platform.picture import (
-    DEFAULT_LIMITS,
-    PICTURE_BOUND_NAMES,
-    Applied,
-    PictureState,
-    PlatformLimits,
-    PlatformPicture,
-    PlatformRecord,
-    merge,
-)
 from se_exporter.fleet.platform.reader import (
     DEFAULT_PLATFORM_BOUNDS,
     EVENT_TYPE,
@@ -43,6 +33,16 @@ from se_exporter.fleet.platform.reader import (
     PlatformMessage,
     looks_like_platform,
     read_platform,
+)
+from se_exporter.fleet.platform.records import (
+    DEFAULT_LIMITS,
+    PICTURE_BOUND_NAMES,
+    ApplyResult,
+    PictureState,
+    PlatformLimits,
+    PlatformPicture,
+    PlatformRecord,
+    merge,
 )
 from se_exporter.fleet.platform.saved import record_from_json, record_to_json, state_from_json, state_to_json
 
@@ -56,7 +56,7 @@ __all__ = [
     "PICTURE_BOUND_NAMES",
     "PLATFORM_BOUND_NAMES",
     "PLATFORM_INVALID_REASONS",
-    "Applied",
+    "ApplyResult",
     "Coverage",
     "PictureState",
     "PlatformBounds",

@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from se_exporter.fleet.platform.picture import PlatformRecord
+from se_exporter.fleet.platform.records import PlatformRecord
 
 COUNTING = (
     "An EventId's figures are a function of the set of its messages merged over every partition: each status heard "

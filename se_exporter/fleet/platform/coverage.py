@@ -38,7 +38,7 @@ from typing import TypeVar
 
 from se_exporter.core.model import event_key
 from se_exporter.fleet.message import VmState
-from se_exporter.fleet.platform.picture import PlatformRecord
+from se_exporter.fleet.platform.records import PlatformRecord
 
 COVERAGES = ("observed", "missed", "imds_unreachable", "no_sidecar")
 MISSED_REASONS = ("missed", "imds_unreachable", "no_sidecar")

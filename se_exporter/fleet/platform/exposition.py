@@ -32,7 +32,7 @@ from collections.abc import Container, Iterable
 
 from se_exporter.fleet.collector import FLEET, escape, write_gauges
 from se_exporter.fleet.platform.coverage import COVERAGES, Coverage
-from se_exporter.fleet.platform.picture import PlatformRecord
+from se_exporter.fleet.platform.records import PlatformRecord
 
 _HEADERS = {
     "platform_event_info": "1 per scheduled event Azure announced on the platform stream (Event Grid), ended ones "

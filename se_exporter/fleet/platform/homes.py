@@ -2,9 +2,9 @@
 
 An EventId's home is a partition of the platform's hub (the sidecars' hub when only that one is read), by a stable
 hash of its key (``hubs.home``). Only the replica that shows the home counts the EventId (``counting.COUNTING`` and
-``counting.COVERAGE``), keeping what it counted (``Counted``) on the home's ``Held`` and so in its blob, and applying
-each increment once that blob is written (``Held.pending``): a partition lost before its write is counted by its
-next owner instead, never twice.
+``counting.COVERAGE``), keeping what it counted (``Counted``) on the home's ``OwnedPlatform`` and so in its blob, and
+applying each increment once that blob is written (``OwnedPlatform.pending``): a partition lost before its write is
+counted by its next owner instead, never twice.
 """
 
 from __future__ import annotations
@@ -14,17 +14,18 @@ from collections.abc import Mapping
 
 from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.platform.counting import Counted, Increment, Verdict, top_up, top_up_unannounced
-from se_exporter.fleet.platform.hubs import Held, HubSide, home
-from se_exporter.fleet.platform.picture import PlatformRecord
+from se_exporter.fleet.platform.hubs import HubPlatform, OwnedPlatform, home
+from se_exporter.fleet.platform.records import PlatformRecord
 from se_exporter.fleet.report import Report
 
 MAX_COUNTED = 100_000  # EventIds whose counting is remembered (ReconcileSettings.ids)
 
 
 class Homes:
-    """The homes shown here, and what was counted of their EventIds (on each home's ``Held.counted``)."""
+    """The homes shown here, and what was counted of their EventIds (on each home's ``OwnedPlatform.counted``)."""
 
-    def __init__(self, hubs: Mapping[str, HubSide], metrics: FleetMetrics, report: Report, open_expiry: float) -> None:
+    def __init__(self, hubs: Mapping[str, HubPlatform], metrics: FleetMetrics, report: Report,
+                 open_expiry: float) -> None:
         self._hubs, self._metrics, self._report, self._expiry = hubs, metrics, report, open_expiry
 
     @property
@@ -32,7 +33,7 @@ class Homes:
         """The hub whose partitions are the EventIds' homes: the platform's, else the sidecars'."""
         return "platform" if "platform" in self._hubs else next(iter(self._hubs), None)
 
-    def _held(self) -> Mapping[str, Held]:
+    def _held(self) -> Mapping[str, OwnedPlatform]:
         side = self._hubs.get(self.role or "")
         return side.held if side is not None else {}
 
@@ -75,8 +76,8 @@ class Homes:
             held.pending.append(functools.partial(child.inc, increment.amount))
 
     def remember(self, key: str) -> Counted:
-        """What was counted of ``key``, on its home's ``Held`` (moved there if another held partition kept it: the
-        hub's partitions were added; a new entry when none, the home's oldest dropped past ``MAX_COUNTED``)."""
+        """What was counted of ``key``, on its home's ``OwnedPlatform`` (moved there if another held partition kept it:
+        the hub's partitions were added; a new entry when none, the home's oldest dropped past ``MAX_COUNTED``)."""
         helds = self._held()
         held = helds[self.home_of(key) or ""]
         entry = held.counted.get(key)

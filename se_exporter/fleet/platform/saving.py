@@ -31,7 +31,7 @@ from se_exporter.fleet.message import MAX_TEXT
 from se_exporter.fleet.platform.counting import Counted, Verdict
 from se_exporter.fleet.platform.coverage import MISSED_REASONS
 from se_exporter.fleet.platform.fields import STATUSES
-from se_exporter.fleet.platform.picture import PictureState
+from se_exporter.fleet.platform.records import PictureState
 from se_exporter.fleet.platform.saved import state_from_json, state_to_json
 from se_exporter.fleet.stateformat import DamagedState
 
@@ -40,12 +40,12 @@ MAX_PLATFORM_BYTES = 256 * 1024**2  # inflated: 10,000 events naming 1,000 VMs e
 
 
 def platform_blob_name(namespace: str, eventhub_name: str, consumer_group: str, partition_id: str) -> str:
-    """Beside the partition's VM state (``statestore.state_blob_name``)."""
+    """AttachedState the partition's VM state (``statestore.state_blob_name``)."""
     return f"{namespace}/{eventhub_name}/{consumer_group}/fleet-platform/{partition_id}".lower()
 
 
 @dataclass(frozen=True)
-class Judged:
+class VmVerdicts:
     """What a partition's owner judged (``counting.COVERAGE`` rule 1): the EventIds it knew, and per EventId the
     verdict of each named VM alive in that partition or judged there before (only where there are any); and the
     EventIds (with their event type) that its live VMs in a publishing scope listed for the grace and the platform
@@ -56,25 +56,25 @@ class Judged:
     listed: dict[str, str] = field(default_factory=dict)
 
 
-NOT_JUDGED = Judged(frozenset(), {})
+NOT_JUDGED = VmVerdicts(frozenset(), {})
 
 
 @dataclass
-class Loaded:
+class PlatformBlob:
     """A platform blob read back: the picture (None: none stored), its position, what was counted, its judgement,
     and damage."""
 
     state: PictureState | None = None
     position: int | None = None
     memory: dict[str, Counted] = field(default_factory=dict)
-    judged: Judged = NOT_JUDGED
+    judged: VmVerdicts = NOT_JUDGED
     damaged: str | None = None
     problem: str = ""
     rows: int = 0  # rows left out as damaged
 
 
 def encode_platform(partition_id: str, position: int, state: PictureState, memory: dict[str, Counted],
-                    judged: Judged = NOT_JUDGED) -> bytes:
+                    judged: VmVerdicts = NOT_JUDGED) -> bytes:
     obj: dict[str, Any] = {"format": PLATFORM_FORMAT, "partition_id": partition_id, "sequence_number": position,
                            "picture": state_to_json(state),
                            "counted": [entry.to_json(key) for key, entry in memory.items()]}
@@ -86,19 +86,20 @@ def encode_platform(partition_id: str, position: int, state: PictureState, memor
     return gzip.compress(text.encode("utf-8", "backslashreplace"), compresslevel=1)
 
 
-def decode_platform(data: bytes, partition_id: str) -> Loaded:
-    """The blob's content; a blob that cannot be read at all is ``Loaded(damaged=reason)``."""
+def decode_platform(data: bytes, partition_id: str) -> PlatformBlob:
+    """The blob's content; a blob that cannot be read at all is ``PlatformBlob(damaged=reason)``."""
     try:
         obj = _parse(data)
     except DamagedState as damage:
-        return Loaded(damaged=damage.reason, problem=str(damage))
+        return PlatformBlob(damaged=damage.reason, problem=str(damage))
     if not isinstance(obj, dict):
-        return Loaded(damaged="wrong_shape", problem="the platform state is not a JSON object")
+        return PlatformBlob(damaged="wrong_shape",
+                            problem="the platform state is not a JSON object")
     found, position = obj.get("format"), obj.get("sequence_number")
     if type(found) is not int or found < 1:
-        return Loaded(damaged="format", problem=f"unknown platform state format {str(found)[:40]!r}")
+        return PlatformBlob(damaged="format", problem=f"unknown platform state format {str(found)[:40]!r}")
     if obj.get("partition_id", partition_id) != partition_id or type(position) is not int or position < -1:
-        return Loaded(damaged="wrong_shape", problem="the platform state is another partition's, or has no position")
+        return PlatformBlob(damaged="wrong_shape", problem="the platform state is another partition's, or has no position")
     state, rows = state_from_json(obj.get("picture"))
     memory: dict[str, Counted] = {}
     counted = obj.get("counted")
@@ -108,12 +109,12 @@ def decode_platform(data: bytes, partition_id: str) -> Loaded:
             rows += 1
         else:
             memory[entry[0]] = entry[1]
-    loaded = Loaded(state, position, memory, rows=rows)
+    loaded = PlatformBlob(state, position, memory, rows=rows)
     _judged(obj.get("judged"), loaded)
     return loaded
 
 
-def _judged(judged: object, loaded: Loaded) -> None:
+def _judged(judged: object, loaded: PlatformBlob) -> None:
     """What a damaged ``judged`` would claim is left out whole: an EventId not judged is never ``no_sidecar``."""
     if not isinstance(judged, dict):
         return
@@ -125,7 +126,7 @@ def _judged(judged: object, loaded: Loaded) -> None:
             and all(_text(key) and _text(event_type) for key, event_type in listed.items())):
         loaded.rows += 1
         return
-    loaded.judged = Judged(frozenset(keys), {key: {name: _verdict(verdict) or (None, None)
+    loaded.judged = VmVerdicts(frozenset(keys), {key: {name: _verdict(verdict) or (None, None)
                                                    for name, verdict in verdicts.items()}
                                              for key, verdicts in vms.items()}, dict(listed))
 

@@ -11,7 +11,7 @@ read picture, merged, against the VMs this replica shows; a scrape renders the l
 
 Two rules, each stated in ``counting``: ``COUNTING`` for the statuses, the impact and the duplicates, ``COVERAGE``
 for the misses, the lags and the unannounced EventIds. Each partition's owner judges the VMs it shows and keeps its
-judgement in the partition's blob (``Held.judged``); only an EventId's home counts it, from every partition's
+judgement in the partition's blob (``OwnedPlatform.judged``); only an EventId's home counts it, from every partition's
 judgement merged (its own partitions' and the others' blobs), topping up what its blob says was counted, each
 increment applied once that blob is written. ``no_sidecar`` is said by the home once every partition has judged
 the EventId and none has the VM alive: never wrongly, at worst late. What this leaves with several replicas
@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 
 from se_exporter.fleet.collector import FLEET, FleetMetrics, write_gauges
 from se_exporter.fleet.message import VmState
-from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.platform.counting import Verdict, judge, merged
 from se_exporter.fleet.platform.coverage import (
     COVERAGE_BOUND_NAMES,
@@ -41,19 +40,20 @@ from se_exporter.fleet.platform.coverage import (
 )
 from se_exporter.fleet.platform.exposition import render_platform
 from se_exporter.fleet.platform.homes import Homes
-from se_exporter.fleet.platform.hubs import Held, HubSide
+from se_exporter.fleet.platform.hubs import HubPlatform, OwnedPlatform
 from se_exporter.fleet.platform.partitions import PlatformReader
-from se_exporter.fleet.platform.picture import (
+from se_exporter.fleet.platform.reader import PLATFORM_BOUND_NAMES, PLATFORM_INVALID_REASONS
+from se_exporter.fleet.platform.records import (
     PICTURE_BOUND_NAMES,
     PlatformLimits,
     PlatformPicture,
     PlatformRecord,
     merge,
 )
-from se_exporter.fleet.platform.reader import PLATFORM_BOUND_NAMES, PLATFORM_INVALID_REASONS
-from se_exporter.fleet.platform.saving import Judged
+from se_exporter.fleet.platform.saving import VmVerdicts
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.statestore import StateStore
+from se_exporter.fleet.vms import Fleet
 from se_exporter.infra.azure.clients import describe
 
 log = logging.getLogger("se_exporter.fleet")
@@ -69,7 +69,7 @@ def _key_of(name: str) -> str:
 
 
 @dataclass
-class View:
+class LastReconciliation:
     """The last reconciliation, for scrapes: swapped whole, read without a lock."""
 
     records: tuple[PlatformRecord, ...] = ()
@@ -89,12 +89,12 @@ class Platform:
         self.limits = limits or PlatformLimits(retention=retention)
         self.max_bytes = max_message_bytes
         self.reconciler = Reconciler(ReconcileSettings(vm_expiry, grace))
-        self.hubs: dict[str, HubSide] = {}
+        self.hubs: dict[str, HubPlatform] = {}
         self.homes = Homes(self.hubs, metrics, report, self.limits.open_expiry)
         self.applied_at = 0.0  # monotonic time of the last platform message applied
         self.applied_since = 0  # platform messages applied since the last reconciliation round
         self._left_out: set[str] = set()  # EventIds the listing left out last round (bound platform_events)
-        self.view = View()
+        self.view = LastReconciliation()
         for reason in PLATFORM_INVALID_REASONS:
             metrics.invalid.labels(reason)
         for bound in (*PLATFORM_BOUND_NAMES, *PICTURE_BOUND_NAMES, *COVERAGE_BOUND_NAMES):
@@ -109,13 +109,13 @@ class Platform:
     def reader(self, role: str, fleet: Fleet, store: StateStore, partitions: Callable[[], int | None],
                peer_store: StateStore | None = None,
                partition_vms: Callable[[], dict[str, list[VmState]]] = dict) -> PlatformReader:
-        side = self.hubs[role] = HubSide(role, fleet, store, partitions, peer_store, partition_vms=partition_vms)
+        side = self.hubs[role] = HubPlatform(role, fleet, store, partitions, peer_store, partition_vms=partition_vms)
         return PlatformReader(self, side)
 
     async def read_peers(self) -> None:
         """Every partition's picture and judgement this replica does not hold, from its blob
-        (``HubSide.read_peers``): so each replica knows every EventId, and an EventId's home replica lists and counts
-        it wherever its messages landed and whichever replica shows its VMs. A blob unreadable now is counted and
+        (``HubPlatform.read_peers``): so each replica knows every EventId, and an EventId's home replica lists and
+        counts it wherever its messages landed and whichever replica shows its VMs. A blob unreadable now is counted and
         tried again next time."""
         for side in self.hubs.values():
             try:
@@ -130,7 +130,7 @@ class Platform:
 
     # ------------------------------------------------------------------ reconciliation
 
-    def reconcile(self) -> View:
+    def reconcile(self) -> LastReconciliation:
         """Expire, merge, judge, count what is new; the view scrapes render."""
         now = self.clock()
         pictures = [held.picture for side in self.hubs.values() for held in side.held.values()
@@ -149,7 +149,7 @@ class Platform:
         for picture in pictures:
             for name, size in picture.sizes().items():
                 sizes[name] = sizes.get(name, 0) + size
-        self.view = View(tuple(records), coverage, informed, sizes)
+        self.view = LastReconciliation(tuple(records), coverage, informed, sizes)
         return self.view
 
     def _merged(self, pictures: list[PlatformPicture], now: float) -> list[PlatformRecord]:
@@ -194,13 +194,13 @@ class Platform:
         return tuple(rows) + nowhere, self._count_unannounced(judgements)
 
     def _shown_vms(self, now: float, named: frozenset[str]) -> tuple[
-            list[VmState], dict[int, tuple[Held, set[str]]], dict[str, Held]]:
+            list[VmState], dict[int, tuple[OwnedPlatform, set[str]]], dict[str, OwnedPlatform]]:
         """The VMs this replica shows that matter to the reconciliation (named by an event, or listing one: the
         rest of a fleet of 100,000 would only cost it time); per shown partition the names of its named VMs alive
         (heard from within the VM expiry); and each VM name's partition (the one whose judgement holds it)."""
         vms: list[VmState] = []
-        alive: dict[int, tuple[Held, set[str]]] = {}  # by id() of the Held: partition ids repeat across hubs
-        where: dict[str, Held] = {}
+        alive: dict[int, tuple[OwnedPlatform, set[str]]] = {}  # by id(): partition ids repeat across hubs
+        where: dict[str, OwnedPlatform] = {}
         expiry = self.reconciler.settings.vm_expiry
         for side in self.hubs.values():
             for partition_id, listed in side.partition_vms().items():
@@ -218,7 +218,8 @@ class Platform:
         return vms, alive, where
 
     def _judge(self, records: list[PlatformRecord], named: dict[str, frozenset[str]],
-               shown: dict[int, tuple[Held, set[str]]], where: dict[str, Held], result: Reconciliation) -> None:
+               shown: dict[int, tuple[OwnedPlatform, set[str]]], where: dict[str, OwnedPlatform],
+               result: Reconciliation) -> None:
         """Each shown partition's judgement (``COVERAGE`` 1): per EventId known, the verdict of each named VM alive
         there or judged there before (a listing and a miss kept, the latest reason); and the unannounced EventIds
         its VMs listed. Bounded: ``ReconcileSettings.pairs`` verdicts, ``ids`` unannounced EventIds per partition; a
@@ -254,7 +255,7 @@ class Platform:
                 over, room = over + len(cut), room - len(verdicts)
             mine = listed.get(id(held), {})
             over += max(0, len(mine) - bound.ids)
-            judged = Judged(frozenset(named), {key: verdicts for key, verdicts in vms.items() if verdicts},
+            judged = VmVerdicts(frozenset(named), {key: verdicts for key, verdicts in vms.items() if verdicts},
                             dict(list(mine.items())[:bound.ids]))
             if judged != held.judged:
                 held.judged = judged
@@ -262,10 +263,10 @@ class Platform:
         if over:
             self.report.bound_hit("platform_coverage_pairs", over)
 
-    def _judgements(self) -> tuple[list[Judged], bool]:
+    def _judgements(self) -> tuple[list[VmVerdicts], bool]:
         """Every partition's judgement known here: its own (held) or its blob's (read as a peer's); and whether
         every partition of every hub has a current one."""
-        judgements: list[Judged] = []
+        judgements: list[VmVerdicts] = []
         complete = True
         for side in self.hubs.values():
             judgements.extend(held.judged for held in side.held.values())
@@ -277,7 +278,8 @@ class Platform:
                 for partition_id in map(str, range(count)))
         return judgements, complete
 
-    def _count(self, records: list[PlatformRecord], judgements: list[Judged], complete: bool) -> tuple[Coverage, ...]:
+    def _count(self, records: list[PlatformRecord], judgements: list[VmVerdicts],
+               complete: bool) -> tuple[Coverage, ...]:
         """The EventIds homed here topped up (``COUNTING``, ``COVERAGE`` 2): their merged record, and their VMs'
         verdicts merged over every partition's judgement, ``no_sidecar`` for a named VM alive in none once every
         partition has judged the EventId; those ``no_sidecar`` rows, which only the home shows."""
@@ -297,7 +299,7 @@ class Platform:
             self.homes.count(record, verdicts)
         return tuple(rows)
 
-    def _count_unannounced(self, judgements: list[Judged]) -> set[str]:
+    def _count_unannounced(self, judgements: list[VmVerdicts]) -> set[str]:
         """The EventIds homed here that a partition's live VMs listed for the grace and the platform never
         announced, counted (``COVERAGE`` 2)."""
         keys: set[str] = set()
@@ -322,10 +324,10 @@ class Platform:
 
     async def run(self, stop: asyncio.Event, every: float) -> None:
         """Reconcile every ``every`` seconds; write the memory of homes whose partition has no position yet (no
-        event handled: the Keeper writes nothing for it). A round is put off while platform messages arrived within
-        the last ``every`` (a burst: a reconciliation over its events holds the loop, which the burst's reading would
-        wait for; ``scripts/fleet_bench.py --platform`` measures the burst against the bare SDK's), for up to
-        ``BURST_DEFERS_UP_TO`` seconds. Only a burst: at least ``BURST_MESSAGES``
+        event handled: the PartitionPersistence writes nothing for it). A round is put off while platform messages
+        arrived within the last ``every`` (a burst: a reconciliation over its events holds the loop, which the burst's
+        reading would wait for; ``scripts/fleet_bench.py --platform`` measures the burst against the bare SDK's), for up
+        to ``BURST_DEFERS_UP_TO`` seconds. Only a burst: at least ``BURST_MESSAGES``
         applied since the last round. Azure's usual trickle (a message every second or two) is never one: put off,
         a short event could end unjudged, and a live sidecar's miss of it would never be said."""
         last = time.monotonic()
@@ -345,9 +347,9 @@ class Platform:
                                   describe(error))
 
     async def _write_quiet_homes(self) -> None:
-        """Partitions without a position (nothing handled yet: the Keeper writes nothing for them) whose platform
-        side changed: written at position -1 (behind anything; a later write at a real position replaces it)."""
-        for side in self.hubs.values():
+        """Partitions without a position (nothing handled yet: the PartitionPersistence writes nothing for them) whose
+        platform side changed: written at position -1 (behind anything; a later write at a real position replaces
+        it).""" for side in self.hubs.values():
             reader = PlatformReader(self, side)
             for partition_id in sorted(side.held):
                 if side.fleet.position(partition_id) is None and reader.dirty(partition_id):
