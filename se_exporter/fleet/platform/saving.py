@@ -99,7 +99,8 @@ def decode_platform(data: bytes, partition_id: str) -> PlatformBlob:
     if type(found) is not int or found < 1:
         return PlatformBlob(damaged="format", problem=f"unknown platform state format {str(found)[:40]!r}")
     if obj.get("partition_id", partition_id) != partition_id or type(position) is not int or position < -1:
-        return PlatformBlob(damaged="wrong_shape", problem="the platform state is another partition's, or has no position")
+        return PlatformBlob(damaged="wrong_shape",
+                            problem="the platform state is another partition's, or has no position")
     state, rows = state_from_json(obj.get("picture"))
     memory: dict[str, Counted] = {}
     counted = obj.get("counted")

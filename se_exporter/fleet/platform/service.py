@@ -349,7 +349,8 @@ class Platform:
     async def _write_quiet_homes(self) -> None:
         """Partitions without a position (nothing handled yet: the PartitionPersistence writes nothing for them) whose
         platform side changed: written at position -1 (behind anything; a later write at a real position replaces
-        it).""" for side in self.hubs.values():
+        it)."""
+        for side in self.hubs.values():
             reader = PlatformReader(self, side)
             for partition_id in sorted(side.held):
                 if side.fleet.position(partition_id) is None and reader.dirty(partition_id):
