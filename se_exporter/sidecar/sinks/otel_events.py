@@ -7,8 +7,9 @@ carry, in the trace of the event (``spans.trace_id_for``) and the context of its
 (``spans.span_id_for(..., "root")``): a backend shows the records under the span, which ends when the event does.
 The spans and their span events stay as they are.
 
-Exported by OpenTelemetry's own ``BatchLogRecordProcessor`` and OTLP log exporters (HTTP or gRPC); ``OTEL_BLRP_*``,
-headers, certificates and compression are read by the SDK from the standard variables. The logs signal of the
+Exported by OpenTelemetry's OTLP log exporters (HTTP or gRPC) through the sidecar's batching processor, as spans are
+(``tracing.Batched``: ``OTEL_BLRP_*`` as the settings resolved them); headers, certificates and compression are read
+by the SDK from the standard variables. The logs signal of the
 Python SDK and its OTLP exporters lives in modules named ``_logs`` and ``_log_exporter``: that is where
 OpenTelemetry publishes it while the signal's Python API is marked in development, and the only way to it.
 Imported only when ``--otel-logs-exporter`` is not ``none``.
@@ -22,7 +23,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry._logs import SeverityNumber
 from opentelemetry.sdk._logs import LoggerProvider
-from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExporter, LogRecordExportResult
+from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult, SimpleLogRecordProcessor
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from prometheus_client import CollectorRegistry, Counter
@@ -37,6 +38,7 @@ from se_exporter.sidecar.sinks.spans import PREFIX, attributes, span_id_for, tra
 from se_exporter.sidecar.sinks.tracing import (
     EXPORT_TIMEOUT_SECONDS,
     MAX_RESPONSE_BYTES,
+    Batched,
     exporter_reason,
     quiet_exporters,
     resource_attributes,
@@ -121,13 +123,13 @@ class EventLogSink(Sink):
                          "to deliver.", registry=registry)
         # Built at start-up, so a bad exporter setting fails there and not at the first event.
         inner = exporter if exporter is not None else make_log_exporter(settings)
-        self._exporter = CountingLogExporter(inner, exported, failed)
+        self._exporter = Batched(CountingLogExporter(inner, exported, failed), "log records", settings.log_batch)
         self._provider: LoggerProvider | None = None
         self._logger: Any = None
 
     def _build(self, identity: VmIdentity | None) -> None:
         provider = LoggerProvider(resource=Resource.create(resource_attributes(self._settings, identity)))
-        provider.add_log_record_processor(BatchLogRecordProcessor(self._exporter))
+        provider.add_log_record_processor(SimpleLogRecordProcessor(self._exporter))  # type: ignore[arg-type]
         self._provider = provider
         self._logger = provider.get_logger("se_exporter")
         log.info("exporting lifecycle transitions as log records with %s", self._settings.otel_logs_exporter)
@@ -157,11 +159,11 @@ class EventLogSink(Sink):
             attributes=attrs)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True if self._provider is None else bool(self._provider.force_flush(min(timeout_millis, 3000)))
+        return self._exporter.force_flush(min(timeout_millis, 3000))
 
     def shutdown(self) -> None:
         if self._provider is not None:
-            self._provider.shutdown()
+            self._provider.shutdown()  # its processor shuts the batching processor down
         else:
             self._exporter.shutdown()
 
