@@ -102,7 +102,7 @@ def test_a_new_connection_closed_without_an_answer_is_an_error(server: ServerFac
                                                                transport: KeepAliveTransport) -> None:
     """No retry on a fresh connection: a server that hangs up without answering is reported, not hidden."""
     peer = server([b"", CLOSE])
-    with pytest.raises(errors.RemoteProtocolError, match="RemoteDisconnected"):
+    with pytest.raises(errors.RemoteProtocolError, match="closed the connection without answering"):
         get(transport, peer.url)
     assert peer.connections == 1
 
