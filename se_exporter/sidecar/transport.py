@@ -44,11 +44,8 @@ from typing import NoReturn
 from se_exporter.infra.outbound import get_only
 
 MAX_HEAD_BYTES = 64 * 1024  # the status line and headers of one answer (http.client's bound on a line)
-READ_BYTES = 65536
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")  # in a request line or header: it would forge another line
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
-# Errors meaning "the idle connection was closed by the server before our request reached it".
-_STALE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
 
 class TransportError(Exception):
@@ -116,7 +113,7 @@ class KeepAliveTransport:
         try:
             try:
                 head = connection.exchange(request, limits)
-            except _STALE:
+            except ConnectionError:  # reset, broken pipe, or no answer: a reused one was closed while idle
                 if not reused:
                     raise
                 connection.close()  # the server closed it while idle: one more try on a new connection
@@ -198,7 +195,7 @@ class _Connection:
     def receive(self, limits: _Limits) -> bytes:
         """The next bytes from the socket (b"" at its end), within what is left of the request's time."""
         self.sock.settimeout(limits.left(limits.step))
-        return self.sock.recv(READ_BYTES)
+        return self.sock.recv(65536)
 
     def exchange(self, request: bytes, limits: _Limits) -> tuple[int, str, list[tuple[str, str]], bool]:
         """Send the request and read the answer's head: status, reason, headers and whether the server keeps the
