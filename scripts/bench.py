@@ -64,7 +64,7 @@ from se_exporter.simulator.server import SE_PATH, Simulator, SimulatorServer, st
 from tests import container  # noqa: E402
 from tests.alerting import ALERTMANAGER_CONFIG, Alertmanager, Webhook, shortened  # noqa: E402
 from tests.eventhubs_server import EventHubsTestServer  # noqa: E402
-from tests.helpers import Sidecar, stop_process  # noqa: E402
+from tests.helpers import Sidecar, key_times, stop_process  # noqa: E402
 from tests.integration.test_prometheus import Prometheus  # noqa: E402
 from tests.otlp_receiver import OtlpReceiver  # noqa: E402
 
@@ -307,8 +307,8 @@ def detection(field_: Field, contender: Contender, changes: int, interval: float
     sim = contender.double
     found: dict[str, list[float]] = {"detection": [], "next_poll": [], "eventhubs": [], "span": []}
     cycle = sim.scenario.repeat_every  # a repeating scenario gives more changes than one cycle has
-    rounds = range(1 + (changes // len(sim.scenario.key_times()) if cycle else 0))
-    keys = [key + (cycle or 0.0) * round_ for round_ in rounds for key in sim.scenario.key_times()[1:]]
+    rounds = range(1 + (changes // len(key_times(sim.scenario)) if cycle else 0))
+    keys = [key + (cycle or 0.0) * round_ for round_ in rounds for key in key_times(sim.scenario)[1:]]
     phase = random.Random(14)  # noqa: S311 - not security: a reproducible spread of change times
     for key_time in keys[:changes]:
         # Changes otherwise come at one fixed phase of the poll schedule (a fixed time after the previous detection)

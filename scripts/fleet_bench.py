@@ -252,7 +252,7 @@ def library_families(vms: list[Any], now: float) -> Any:
     from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES  # noqa: PLC0415
     from se_exporter.fleet.collector import _HEADERS, FLEET  # noqa: PLC0415
     from se_exporter.fleet.message import NO_IMDS  # noqa: PLC0415
-    from se_exporter.fleet.picture import imds_unreachable  # noqa: PLC0415
+    from se_exporter.fleet.vms import imds_unreachable  # noqa: PLC0415
 
     vm_labels = ["vm_id", "vm_name", "vmss_name", "location"]
 

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES
 from se_exporter.fleet.message import BOUND_NAMES, INVALID_REASONS, NO_IMDS, VmState
-from se_exporter.fleet.picture import IMDS_STALE_AFTER, Fleet, imds_unreachable
+from se_exporter.fleet.vms import IMDS_STALE_AFTER, Fleet, imds_unreachable
 from se_exporter.infra.http_pages import Joined, Part, pieces
 
 FLEET = "azure_scheduled_fleet"

@@ -17,6 +17,7 @@ from typing import Any
 
 from se_exporter.core import apiversion
 from se_exporter.core.errors import ConfigError
+from se_exporter.infra.host_os import DEFAULT_STATE_DIR
 from se_exporter.infra.options import (
     DEFAULT_PORT,
     EVENTHUB_OPTIONS,
@@ -34,7 +35,6 @@ from se_exporter.infra.options import (
     parse_url,
     resolve,
 )
-from se_exporter.infra.platform_io import DEFAULT_STATE_DIR
 from se_exporter.sidecar.forwarding.targets import enabled_targets, target_flags
 
 DEFAULT_IMDS_URL = "http://169.254.169.254"
@@ -202,11 +202,6 @@ SEND_TIMEOUT = Bounded(0.1, 600)
 RETRY_MAX = Bounded(0.1, 3600)
 HEARTBEAT = Bounded(0.1, 86400)
 THROTTLED_BELOW = 0.2  # seconds between polls: faster than IMDS serves without throttling
-
-
-def parse_bytes(text: str) -> int:
-    """A document size limit (kept for callers that parse sizes directly)."""
-    return int(DOCUMENT_BYTES(text))
 
 
 def parse_imds_url(text: str) -> str:
@@ -424,17 +419,14 @@ _LOGS_VARIABLES = (("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "otel_logs_endpoint", "o
 
 def _otel_extras(args: argparse.Namespace, env: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, Any]:
     """The signal-specific OTEL variables win over the general ones, as the specification says."""
-    extras = _signal_variables(args, env, _TRACES_VARIABLES)
-    if "otel_traces_exporter" not in values:
-        endpoint_set = values.get("otel_endpoint") or extras.get("otel_traces_endpoint")
-        extras["otel_traces_exporter"] = "otlp" if endpoint_set else "none"
+    extras = {**_signal_variables(args, env, _TRACES_VARIABLES), **_signal_variables(args, env, _LOGS_VARIABLES)}
+    extras.setdefault("otel_logs_protocol", values.get("otel_protocol", "http/protobuf"))
+    for signal in ("traces", "logs"):  # an exporter not named is otlp where an endpoint is set
+        if f"otel_{signal}_exporter" not in values:
+            endpoint_set = values.get("otel_endpoint") or extras.get(f"otel_{signal}_endpoint")
+            extras[f"otel_{signal}_exporter"] = "otlp" if endpoint_set else "none"
     if (extras.get("otel_traces_exporter") or values.get("otel_traces_exporter")) != "none":
         extras["otel_batch"] = _batching(env, "OTEL_BSP", SpanBatching())
-    extras.update(_signal_variables(args, env, _LOGS_VARIABLES))
-    extras.setdefault("otel_logs_protocol", values.get("otel_protocol", "http/protobuf"))
-    if "otel_logs_exporter" not in values:
-        endpoint_set = values.get("otel_endpoint") or extras.get("otel_logs_endpoint")
-        extras["otel_logs_exporter"] = "otlp" if endpoint_set else "none"
     if (extras.get("otel_logs_exporter") or values.get("otel_logs_exporter")) != "none":
         extras["otel_log_batch"] = _batching(env, "OTEL_BLRP", LOG_BATCHING)
     # Where the sidecar runs, for the resource: a pod (the API server's variable, set in every pod) on an AKS node,

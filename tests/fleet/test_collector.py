@@ -9,10 +9,10 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView, render_fleet
-from se_exporter.fleet.picture import Fleet, read_message
+from se_exporter.fleet.vms import Fleet, read_message
 from se_exporter.infra.http_server import serve
 from se_exporter.infra.options import Listen
-from tests.fleet.test_picture import EMPTY, FREEZE, NEIGHBOUR, props
+from tests.fleet.test_vms import EMPTY, FREEZE, NEIGHBOUR, props
 from tests.helpers import Samples, http_get, parse_samples
 
 NOW = 2_000_000_000.0

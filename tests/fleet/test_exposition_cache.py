@@ -7,9 +7,9 @@ import random
 from typing import Any
 
 from se_exporter.fleet.collector import FleetExposition, render_fleet
-from se_exporter.fleet.picture import Fleet, read_message
+from se_exporter.fleet.vms import Fleet, read_message
 from se_exporter.infra.http_pages import Joined, Part, pieces
-from tests.fleet.test_picture import EMPTY, FREEZE, NEIGHBOUR, props
+from tests.fleet.test_vms import EMPTY, FREEZE, NEIGHBOUR, props
 
 NOW = 2_000_000_000.0
 

@@ -198,7 +198,7 @@ def test_every_bound_the_fleet_reports_says_why_in_its_log_line_and_is_in_the_do
     from se_exporter.fleet.message import BOUND_NAMES  # noqa: PLC0415 - the names, only for this check
     from se_exporter.fleet.platform import PLATFORM_BOUND_NAMES  # noqa: PLC0415
     from se_exporter.fleet.platform.coverage import COVERAGE_BOUND_NAMES  # noqa: PLC0415
-    from se_exporter.fleet.platform.picture import PICTURE_BOUND_NAMES  # noqa: PLC0415
+    from se_exporter.fleet.platform.records import PICTURE_BOUND_NAMES  # noqa: PLC0415
     from se_exporter.fleet.report import BOUND_HELP  # noqa: PLC0415
 
     readme = (Path(__file__).parents[2] / "docs" / "fleet.md").read_text()

@@ -15,11 +15,11 @@ closed set), fed by ``service.py`` from what this package returns:
   ``azure_scheduled_fleet_impact_seconds_total{event_type, scope_name, location}`` and
   ``azure_scheduled_fleet_platform_duplicates_total``: ``counting.top_up`` of each EventId's merged record, by its
   home's replica (``counting.COUNTING``: the same totals whatever the order and lateness of its messages);
-* ``azure_scheduled_fleet_missed_events_total{event_type, reason}``: ``Reconciliation.missed``, reason in
-  ``MISSED_REASONS`` (each VM and EventId once);
-* ``azure_scheduled_fleet_unannounced_events_total{event_type}``: ``Reconciliation.unannounced`` (each EventId once);
-* ``azure_scheduled_fleet_announcement_lag_seconds`` (histogram): ``Reconciliation.lags``, negative when the VM
-  knew first (buckets must cover both signs, e.g. -300 ... 3600);
+* ``azure_scheduled_fleet_missed_events_total{event_type, reason}`` (reason in ``MISSED_REASONS``),
+  ``azure_scheduled_fleet_unannounced_events_total{event_type}`` and the histogram
+  ``azure_scheduled_fleet_announcement_lag_seconds`` (negative when the VM knew first: buckets cover both signs):
+  ``counting.top_up`` of each EventId's VMs' verdicts merged over every partition's judgement, by its home's
+  replica (``counting.COVERAGE``: each VM and EventId once);
 * ``azure_scheduled_fleet_invalid_messages_total{reason}``: gains ``PLATFORM_INVALID_REASONS`` (created at zero)
   and counts ``PlatformMessage.skipped`` reasons; ``bound_hits_total{bound}`` gains ``PLATFORM_BOUND_NAMES``,
   ``PICTURE_BOUND_NAMES`` and ``COVERAGE_BOUND_NAMES``.
@@ -32,7 +32,7 @@ from collections.abc import Container, Iterable
 
 from se_exporter.fleet.collector import FLEET, escape, write_gauges
 from se_exporter.fleet.platform.coverage import COVERAGES, Coverage
-from se_exporter.fleet.platform.picture import PlatformRecord
+from se_exporter.fleet.platform.records import PlatformRecord
 
 _HEADERS = {
     "platform_event_info": "1 per scheduled event Azure announced on the platform stream (Event Grid), ended ones "

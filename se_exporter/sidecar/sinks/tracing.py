@@ -1,17 +1,13 @@
 """Tracing set-up the OpenTelemetry way, importing only what is configured.
 
-This module itself is imported only when tracing is on (``Sidecar.start``), so it may import the SDK.
-
-``none`` imports nothing from OpenTelemetry at all. ``console`` needs only the SDK. ``otlp`` adds the
-HTTP exporter, or the gRPC one when ``grpc`` is asked for (grpcio alone is heavy to import: docs/performance.md).
+Imported only when tracing or the log records are on (``Sidecar.start``), so it may import the SDK; ``console``
+needs only the SDK, ``otlp`` adds the HTTP exporter, or the gRPC one (heavy to import) when ``grpc`` is asked for.
 Standard variables the exporters read themselves (headers, certificates, compression) keep working.
 
-The resource is built from the compute metadata the sidecar already read through its own IMDS
-client, under the current semantic conventions' names (taken from opentelemetry-semantic-conventions: the cloud,
-host, os and azure names are still in its ``_incubating`` package, which is where the project publishes them until
-they are stable); the provider is therefore created at the first document, when the identity is known (or known to
-be unavailable). ``azure.vm.scaleset.name`` and ``azure.vm.sku`` are opentelemetry-resource-detector-azure's keys,
-which have no semantic-convention name yet.
+The resource is built from the compute metadata the sidecar already read, under the semantic conventions' names
+(the cloud, host, os and azure names are still in their ``_incubating`` package, where the project publishes them);
+so the provider is created at the first document, when the identity is known (or known to be unavailable).
+``azure.vm.scaleset.name`` and ``azure.vm.sku`` are opentelemetry-resource-detector-azure's keys.
 """
 
 from __future__ import annotations
@@ -109,22 +105,30 @@ def make_exporter(settings: TracingSettings) -> Any:
     if settings.otel_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
-        endpoint = settings.otel_traces_endpoint or settings.otel_endpoint
-        # gRPC's timeout is a deadline for the whole call; the answer is capped by the channel, like HTTP's below.
-        options: dict[str, Any] = {
-            "timeout": EXPORT_TIMEOUT_SECONDS,
-            "channel_options": (("grpc.max_receive_message_length", MAX_RESPONSE_BYTES),)}
-        return GrpcExporter(endpoint=endpoint, **options) if endpoint else GrpcExporter(**options)
+        return bounded(GrpcExporter, settings.otel_traces_endpoint or settings.otel_endpoint, grpc=True)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
-    from se_exporter.sidecar.sinks.otlp_http import BoundedSession
+    return bounded(HttpExporter, settings.otel_traces_endpoint or signal_url(settings.otel_endpoint, "traces"))
 
-    endpoint = settings.otel_traces_endpoint or (
-        settings.otel_endpoint.rstrip("/") + "/v1/traces" if settings.otel_endpoint else None)
-    # The session bounds the whole exchange by the timeout and the answer's bytes (otlp_http.py).
-    session = BoundedSession()
-    return HttpExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_SECONDS, session=session) if endpoint \
-        else HttpExporter(timeout=EXPORT_TIMEOUT_SECONDS, session=session)
+
+def signal_url(endpoint: str | None, signal: str) -> str | None:
+    """OTLP/HTTP's URL for one signal under a general endpoint, as the exporters make it from the variable."""
+    return f"{endpoint.rstrip('/')}/v1/{signal}" if endpoint else None
+
+
+def bounded(exporter: Callable[..., Any], endpoint: str | None, grpc: bool = False) -> Any:
+    """An OTLP exporter (spans or log records) with a deadline for each whole export and a cap on the answer read:
+    gRPC's timeout is a deadline for the call and its channel caps the answer; HTTP's session does both."""
+    options: dict[str, Any] = {"timeout": EXPORT_TIMEOUT_SECONDS}
+    if endpoint:
+        options["endpoint"] = endpoint
+    if grpc:
+        options["channel_options"] = (("grpc.max_receive_message_length", MAX_RESPONSE_BYTES),)
+    else:
+        from se_exporter.sidecar.sinks.otlp_http import BoundedSession
+
+        options["session"] = BoundedSession()
+    return exporter(**options)
 
 
 class _ExporterReasons(logging.Filter):
@@ -156,48 +160,41 @@ class _ExporterReasons(logging.Filter):
 _REASONS = _ExporterReasons()  # loggers are process-wide: one filter on them, whichever sink installed it
 
 
-def quiet_exporters() -> None:
-    """Keep the OTLP exporters' own lines (span and log exporters alike) out of the log; see ``_ExporterReasons``."""
-    _REASONS.install()
+class Counting:
+    """Wraps the real exporter: counts what it exported and failed to, logs once per change of health, saying why
+    (the exporter's own words, which ``_ExporterReasons`` keeps out of the log). ``where``: the endpoint, as said."""
 
+    noun = "span"
+    dropped = "spans"
+    results: Any = SpanExportResult  # SUCCESS and FAILURE, of the signal's own enum
 
-def exporter_reason(clear: bool = False) -> str | None:
-    """Why the latest export failed, in the exporter's own words (None if it said nothing); ``clear`` forgets it."""
-    reason = _REASONS.last
-    if clear:
-        _REASONS.last = None
-    return reason
-
-
-class CountingExporter(SpanExporter):
-    """Wraps the real exporter: counts exported and failed spans, logs once per change of health, saying why
-    (the exporter's own words, which ``_ExporterReasons`` keeps out of the log)."""
-
-    def __init__(self, inner: Any, exported: Any, failed: Any) -> None:
+    def __init__(self, inner: Any, exported: Any, failed: Any, where: str | None = None) -> None:
         self._inner, self._exported, self._failed = inner, exported, failed
+        self._where = where or type(inner).__name__
         self._health = Health()
         self._fail_fast = False
         _REASONS.install()
 
-    def export(self, spans: Any) -> SpanExportResult:
+    def export(self, batch: Any) -> Any:
         _REASONS.last = None
         if self._fail_fast and self._health.failing is not None:  # stopping: one export's timeout is enough
-            self._failed.inc(len(spans))
-            return SpanExportResult.FAILURE
+            self._failed.inc(len(batch))
+            return self.results.FAILURE
         try:
-            result: SpanExportResult = self._inner.export(spans)
+            result = self._inner.export(batch)
         except Exception as error:  # an exporter bug must not kill the batch thread
-            log.warning("span export raised: %s", error)
-            result = SpanExportResult.FAILURE
-        if result == SpanExportResult.SUCCESS:
-            self._exported.inc(len(spans))
+            log.warning("%s export raised: %s", self.noun, error)
+            result = self.results.FAILURE
+        if result == self.results.SUCCESS:
+            self._exported.inc(len(batch))
             if self._health.recover():
-                log.info("span export recovered")
+                log.info("%s export recovered", self.noun)
         else:
-            self._failed.inc(len(spans))
+            self._failed.inc(len(batch))
             if self._health.fail("export"):
-                log.warning("span export failing (%s): spans are dropped until the endpoint answers",
-                            self._describe())
+                where = f"{self._where}: {_REASONS.last}" if _REASONS.last else self._where
+                log.warning("%s export failing (%s): %s are dropped until the endpoint answers", self.noun, where,
+                            self.dropped)
         return result
 
     @contextlib.contextmanager
@@ -211,13 +208,16 @@ class CountingExporter(SpanExporter):
         finally:
             self._fail_fast = False
 
-    def _describe(self) -> str:
-        endpoint = getattr(self._inner, "_endpoint", None)
-        where = str(endpoint) if endpoint else type(self._inner).__name__
-        return f"{where}: {_REASONS.last}" if _REASONS.last else where
-
     def shutdown(self) -> None:
         self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Nothing is held here (``Batched`` holds the queue); the log exporter's interface asks for it."""
+        return True
+
+
+class CountingExporter(Counting, SpanExporter):
+    """``Counting`` for spans."""
 
 
 class Batched(SpanExporter):
@@ -290,7 +290,8 @@ class TracingSink(Sink):
         self._spans_dropped = Counter(f"{NAMESPACE}_spans_dropped", "Spans dropped before export because the span "
                                       f"queue was full ({settings.batch.max_queue_size:,} spans).", registry=registry)
         # Built at start-up, so a bad exporter setting fails there and not at the first event.
-        self._exporter = CountingExporter(make_exporter(settings), exported, failed)
+        self._exporter = CountingExporter(make_exporter(settings), exported, failed,
+                                          where=settings.otel_traces_endpoint or settings.otel_endpoint)
         self._batched = Batched(self._exporter, "spans", settings.batch, self._spans_dropped.inc)
 
     def export(self, change: DocumentChange) -> None:
