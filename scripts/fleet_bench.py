@@ -246,8 +246,8 @@ def scrape_figures(count: int, rounds: int) -> tuple[float, float]:
     nothing: a first scrape) beside prometheus-client's ``GaugeMetricFamily`` and ``generate_latest`` over the same
     VMs (tests/fleet/reference_exposition.py), alternated, median of ``rounds`` each: the figure that keeps the
     writer."""
-    from se_exporter.fleet.picture import Fleet, PartitionState  # noqa: PLC0415 - only for this part
     from se_exporter.fleet.scrape import FleetExposition  # noqa: PLC0415
+    from se_exporter.fleet.vms import Fleet, PartitionState  # noqa: PLC0415 - only for this part
     from se_exporter.infra.http_pages import pieces  # noqa: PLC0415
     from tests.fleet.reference_exposition import families, library_writer, text  # noqa: PLC0415
 

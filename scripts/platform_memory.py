@@ -6,7 +6,7 @@
 A flood of distinct EventIds (one message each, every tenth one open, the others Completed, so ended events keep
 making room) goes through one ``PlatformPicture`` at ``DEFAULT_LIMITS``, and every 5,000 EventIds (100 in --smoke)
 its records through one ``Reconciler`` at its default settings, with 100 live sidecars listing 64 EventIds each that
-the platform never announced (new ones each time, so the reverse's memory fills too while there is room for pairs).
+the platform never announced (new ones each time, so the pairs fill while there is room).
 Two string profiles: ``typical`` (GUID EventIds and Event Grid ids, VM names like ``web7_123``, two VMs per event,
 100 scale sets) and ``worst`` (every string at its bound, 256 characters of 4 bytes each; 1,024 for Description;
 20 VMs per event, so 10,000 events name the 200,000 the picture keeps and fill the reconciler's pairs; a scope per
@@ -140,7 +140,7 @@ def measure(profile: str, flood: int, every: int, limits: PlatformLimits, settin
     sample = make_event(base, 1, profile)
     return {"records": sizes["events"], "vm_names": sizes["vms"], "ids": sizes["ids"], "forgotten": sizes["forgotten"],
             "pairs": remembered["pairs"], "announced": remembered["announced"],
-            "unannounced": remembered["unannounced"], "scopes": remembered["scopes"],
+            "scopes": remembered["scopes"],
             "picture_bytes": picture_bytes, "reconciler_bytes": reconciler_bytes, "update_peak": update_peak,
             "render_peak": render_peak, "text_bytes": text_bytes, "series": series,
             "message_bytes": message_bytes(sample)}

@@ -13,7 +13,7 @@ import sys
 from types import FrameType
 from typing import NoReturn
 
-from se_exporter.infra.platform_io import STOP_SIGNALS
+from se_exporter.infra.host_os import STOP_SIGNALS
 
 
 def _stopped_while_starting(signum: int, frame: FrameType | None) -> NoReturn:

@@ -19,8 +19,8 @@ from se_exporter.consume.settings import CONSUME_OPTIONS, consume_settings
 from se_exporter.core.errors import ConfigError, ForwardFileError, SpoolError, StateDirError, StorageError
 from se_exporter.fleet.settings import FLEET_OPTIONS, fleet_settings
 from se_exporter.infra import http_server, logs, outbound, processwide
+from se_exporter.infra.host_os import HOST_OS
 from se_exporter.infra.options import add_options, process_environment
-from se_exporter.infra.platform_io import PLATFORM
 from se_exporter.sidecar import demo
 from se_exporter.sidecar.assembly import Sidecar
 from se_exporter.sidecar.settings import Settings, run_options, run_settings
@@ -184,8 +184,8 @@ def simulate(settings: SimulatorSettings, list_only: bool = False) -> int:
 
 
 def _on_signals(stop: threading.Event) -> None:
-    """SIGTERM/SIGINT/SIGHUP, or Windows' console control events: the same orderly stop (platform_io)."""
-    PLATFORM.on_stop(stop.set)
+    """SIGTERM/SIGINT/SIGHUP, or Windows' console control events: the same orderly stop (host_os)."""
+    HOST_OS.on_stop(stop.set)
 
 
 if __name__ == "__main__":

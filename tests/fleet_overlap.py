@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView
 from se_exporter.fleet.message import NO_IMDS, FleetEvent, Imds, VmState
-from se_exporter.fleet.picture import Fleet, PartitionState
 from se_exporter.fleet.scrape import FleetExposition, scrape
+from se_exporter.fleet.vms import Fleet, PartitionState
 from se_exporter.infra.http_pages import pieces
 
 NOT_BEFORE_IN = 600.0  # seconds from the scrape to each Scheduled event's NotBefore

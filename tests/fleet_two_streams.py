@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from se_exporter.fleet import collector
 from se_exporter.fleet.message import Imds, VmState
 from se_exporter.fleet.platform import PlatformPicture, PlatformRecord, Reconciler, ReconcileSettings, read_platform
-from se_exporter.fleet.platform.counting import Counted, top_up
+from se_exporter.fleet.platform.counting import Counted, judge, top_up, top_up_unannounced
 from se_exporter.fleet.platform.coverage import Coverage
 from tests.fleet.platform_helpers import MAX, T0, body, grid, platform_text, vm
 
@@ -107,10 +107,12 @@ class Fleet:
         reconciler = Reconciler(ReconcileSettings(EXPIRY, GRACE))
         self.statuses: list[tuple[str, str, str]] = []  # (event_id, event_type, status) learnt
         self.impact: list[tuple[str, str, str, str, float]] = []  # (event_id, type, scope, location, seconds)
-        self.missed: list[tuple[str, str]] = []  # (event_type, reason), as Reconciliation.missed counts them
+        self.missed: list[tuple[str, str]] = []  # (event_type, reason), as each EventId's home counts them
         self.unannounced: list[str] = []
         self.lags: list[float] = []
+        self.lagged: list[tuple[str, float]] = []  # (event_id, lag): its home observes it
         self._counted: dict[str, Counted] = {}
+        self._judged: dict[str, dict[str, tuple[str | None, float | None]]] = {}  # the replicas' judgement merged
         self._apply(picture, [(event_id, "Scheduled") for event_id in EVENTS], T0 + 5)
         self._reconcile(reconciler, picture.records(), _vms(T0 + 90, early=True), T0 + 90)
         self._apply(picture, [(event_id, status) for event_id, (*_, times) in EVENTS.items() for status in times
@@ -136,10 +138,31 @@ class Fleet:
     def _reconcile(self, reconciler: Reconciler, records: list[PlatformRecord], vms: list[VmState],
                    now: float) -> tuple[Coverage, ...]:
         result = reconciler.update(records, vms, now)
-        self.missed += list(result.missed)
-        self.unannounced += list(result.unannounced)
-        self.lags += list(result.lags)
-        return result.coverage
+        by_key = {record.key: record for record in records}
+        nowhere: list[Coverage] = []
+        for row in result.coverage:  # one replica judging every VM: its judgement is the merged one
+            if row.coverage == "no_sidecar":
+                nowhere.append(row)
+                continue
+            verdicts = self._judged.setdefault(row.event_key, {})
+            verdicts[row.vm_name] = judge(verdicts.get(row.vm_name, (None, None)), row.coverage, row.lag)
+        for key in {*self._judged, *(row.event_key for row in nowhere)}:  # what each home adds (``top_up``)
+            record = by_key[key]
+            found = {**self._judged.get(key, {}),
+                     **{row.vm_name: ("no_sidecar", None) for row in nowhere if row.event_key == key}}
+            for increment in top_up(self._counted.setdefault(record.event.event_id, Counted()), record, found):
+                if increment.counter == "missed_events":
+                    self.missed.append((increment.labels[0], increment.labels[1]))
+                elif increment.counter == "announcement_lag":
+                    self.lags.append(increment.amount)
+                    self.lagged.append((record.event.event_id, increment.amount))
+        for key, event_type, _name in result.listed:
+            self.unannounced += [increment.labels[0] for increment in top_up_unannounced(
+                self._counted.setdefault(key, Counted()), event_type)]
+        return tuple(nowhere) + tuple(
+            Coverage(key, by_key[key].event.event_id, by_key[key].event.event_type, name,
+                     "observed" if lag is not None else str(reason), lag)
+            for key, judged in self._judged.items() for name, (reason, lag) in judged.items())
 
     def missed_of(self, event_ids: frozenset[str]) -> list[tuple[str, str]]:
         """(event_type, reason) of every pair of these EventIds not observed: each counted once (the reconciler's
@@ -152,7 +175,8 @@ class Fleet:
 def counters(fleet: Fleet, home: frozenset[str], counted: bool) -> str:
     """The counters and the histogram of one replica, for the EventIds whose home partition it shows, at zero
     before the story or after it (``counted``): every label value the story reaches is there from the start, as
-    the fleet creates closed sets at zero. The unannounced EventId and the lags fall to replica A."""
+    the fleet creates closed sets at zero. The unannounced EventId falls to replica A, each lag to its EventId's
+    home."""
     registry = CollectorRegistry()
     statuses = Counter("azure_scheduled_fleet_platform_events", "h", ["event_type", "event_status"],
                        registry=registry)
@@ -180,7 +204,8 @@ def counters(fleet: Fleet, home: frozenset[str], counted: bool) -> str:
         if home == HOME_A:
             for event_type in fleet.unannounced:
                 unannounced.labels(event_type).inc()
-            for value in fleet.lags:
+        for event_id, value in fleet.lagged:
+            if event_id in home:
                 lag.observe(value)
     return generate_latest(registry).decode()
 

@@ -16,8 +16,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import jwt
 from prometheus_client.parser import text_string_to_metric_families
 
+from se_exporter.simulator.scenario import Scenario
 from tests.child_logs import attach
 
 T = TypeVar("T")
@@ -160,7 +162,7 @@ def step_through(sim: Any, process: Sidecar, until: float | None = None) -> None
     (under load that poll comes well after the sidecar reports its metrics URL) hides the document it replaced:
     the sidecar never reads it, and a test expecting it waits for ever."""
     caught_up(sim, process)
-    for key_time in sim.scenario.key_times():
+    for key_time in key_times(sim.scenario):
         if until is not None and key_time > until:
             break
         sim.advance(max(0.0, key_time + 0.01 - sim.scenario_time()))
@@ -175,3 +177,28 @@ def caught_up(sim: Any, process: Sidecar) -> None:
 
     wait_until(lambda: process.value("azure_scheduled_events_document_incarnation") == current(),
                what=f"the sidecar to read incarnation {current()}")
+
+
+def key_times(scenario: Scenario) -> tuple[float, ...]:
+    """Every scenario second at which the scenario's listed events change, in order (one cycle)."""
+    times: set[float] = set()
+    for spec in scenario.events:
+        times.add(spec.appear_at)
+        times.update(r.at for r in spec.reschedule if r.at < spec.end_time())
+        start = spec.start_time(None)
+        if spec.cancel_at is not None and spec.cancel_at < start:
+            times.add(spec.cancel_at)
+        else:
+            times.update((start, start + spec.started_for))
+    return tuple(sorted(times))
+
+
+def verify(token: str, key: bytes) -> dict[str, Any]:
+    """The claims of a token the IMDS simulator signed with ``key`` (its signature only: a peer checks the rest);
+    ValueError if it is not one."""
+    try:
+        claims: dict[str, Any] = jwt.decode(token, key, algorithms=["HS256"], options={
+            "verify_exp": False, "verify_nbf": False, "verify_iat": False, "verify_aud": False})
+    except jwt.InvalidTokenError as error:
+        raise ValueError(f"not a valid token: {error}") from None
+    return claims

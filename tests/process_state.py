@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from se_exporter.infra.platform_io import STOP_SIGNALS as SIGNALS
+from se_exporter.infra.host_os import STOP_SIGNALS as SIGNALS
 
 
 def snapshot() -> dict[str, Any]:

@@ -16,9 +16,9 @@ from typing import Any, TextIO
 from se_exporter.consume.settings import ConsumeSettings
 from se_exporter.core.errors import InvalidDocument
 from se_exporter.core.model import affects_vm, parse_document
+from se_exporter.infra.host_os import HOST_OS
 from se_exporter.infra.logs import escape, escape_json
 from se_exporter.infra.options import starting_position
-from se_exporter.infra.platform_io import PLATFORM
 
 
 def record(partition_id: str, event: Any) -> dict[str, Any]:
@@ -110,7 +110,7 @@ async def _consume(settings: ConsumeSettings, position: Any, out: TextIO) -> int
             done.set()
 
     loop = asyncio.get_running_loop()
-    PLATFORM.on_stop_async(loop, done.set)  # SIGINT/SIGTERM/SIGHUP, or Windows' console control events
+    HOST_OS.on_stop_async(loop, done.set)  # SIGINT/SIGTERM/SIGHUP, or Windows' console control events
     receiving = asyncio.create_task(client.receive(on_event, starting_position=position))
     try:
         while not done.is_set():

@@ -1,19 +1,10 @@
 """Which Scheduled Events api-version to ask for, and which event types each version lists.
 
-``--api-version auto`` (the default) asks for the newest version se-exporter knows, ``2024-07-09``, the first to
-list ``SpotRebalanceRecommendation``. It is not served everywhere: IMDS answers 404 for an api-version it does not
-serve (what OpenShift's Azure machine API provider relies on), and IMDS's other endpoints answer an unknown version
-with a 400 whose body names the api-version (``newest-versions``). Either answer means "not served here": the
-sidecar then polls ``2020-07-01``, the newest generally available version. A 5xx, a 429, a timeout or a refused
-connection says nothing about versions: that is an outage, handled as every other failed poll.
-
-While on the fallback, the newer version is asked for again every ``RETRY_NEWEST_SECONDS`` (an hour): the newer
-version arrives on a VM without a restart (a region's roll-out, the subscription's feature registration for Spot
-eviction-risk notifications), and one request an hour beside 3,600 polls costs nothing IMDS would throttle, while a
-SpotRebalanceRecommendation gives minutes of warning at best, so checking more often than hourly would buy little.
-A retry that is refused again costs no poll: the same poll reads the fallback at once (``sidecar/poller.py``).
-
-A pinned ``--api-version`` is asked for as it is, always. Pure values, no I/O, no clock: the caller passes ``now``.
+``--api-version auto`` asks for the newest version se-exporter knows and falls back to the newest generally
+available one where IMDS does not serve it (a 404, or a 400 naming the api-version); a 5xx, a 429, a timeout or a
+refused connection is an outage, not an answer about versions. On the fallback the newer version is asked for again
+every ``RETRY_NEWEST_SECONDS``: it arrives on a VM without a restart. docs/events.md says why an hour. A pinned
+``--api-version`` is asked for as it is, always. Pure values, no I/O, no clock: the caller passes ``now``.
 """
 
 from __future__ import annotations

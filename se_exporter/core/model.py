@@ -174,13 +174,8 @@ def parse_document(body: bytes | str, memo: EventMemo | None = None) -> Document
     return document
 
 
-def document_from_json(obj: object) -> Document:
-    """Build a Document from already decoded JSON (the core of ``parse_document``)."""
-    return _read_document(obj, None)
-
-
 def _read_document(obj: object, memo: EventMemo | None) -> Document:
-    """``document_from_json``; with a ``memo``, for JSON nobody else holds (parse_document's own), the events are
+    """A Document from decoded JSON; with a ``memo``, for JSON nobody else holds (parse_document's own), the events are
     also remembered for the next such read and taken from the last one (``EventMemo``)."""
     if not isinstance(obj, dict):
         raise InvalidDocument(f"document is a JSON {json_kind(obj)}, not an object")

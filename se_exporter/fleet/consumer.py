@@ -48,11 +48,11 @@ from se_exporter.fleet import received
 from se_exporter.fleet.collector import FleetMetrics, PartitionView
 from se_exporter.fleet.message import BOUND_NAMES, InvalidMessage, VmState, read_message
 from se_exporter.fleet.partition import Partition
-from se_exporter.fleet.persistence import Keeper
-from se_exporter.fleet.picture import Fleet
+from se_exporter.fleet.persistence import PartitionPersistence
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.statestore import StateStore, state_blob_name
+from se_exporter.fleet.vms import Fleet
 from se_exporter.infra.azure.clients import classify, describe
 from se_exporter.infra.logs import fields
 
@@ -89,7 +89,7 @@ class Service:
         self._metrics = metrics
         self._report = Report(metrics)
         self._clock = clock
-        self.keeper = Keeper(store, fleet, self._report, clock, sleep, settings.heartbeat_write_interval)
+        self.keeper = PartitionPersistence(store, fleet, self._report, clock, sleep, settings.heartbeat_write_interval)
         self.partitions: dict[str, Partition] = {}
         self.restoring: set[str] = set()
         self.alive = time.monotonic()
@@ -311,7 +311,7 @@ class Service:
     # ------------------------------------------------------------------ periodic work
 
     async def save(self, partition_id: str) -> None:
-        """Write the partition's state, then checkpoint the last event it covers (see ``Keeper.save``)."""
+        """Write the partition's state, then checkpoint the last event it covers (see ``PartitionPersistence.save``)."""
         partition = self.partitions.get(partition_id)
         if partition is not None:
             await self.keeper.save(partition)
@@ -321,7 +321,7 @@ class Service:
             await self.write_due()
 
     async def write_due(self) -> None:
-        """One round of the periodic writes: each owned partition whose write is due (``Keeper.due``)."""
+        """One round of the periodic writes: each owned partition whose write is due (``PartitionPersistence.due``)."""
         for partition in list(self.partitions.values()):
             if self.keeper.due(partition):
                 await self.keeper.save(partition)

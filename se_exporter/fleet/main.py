@@ -41,18 +41,18 @@ from se_exporter.fleet.consumer import (
     newest_event,
 )
 from se_exporter.fleet.message import VmState
-from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.platform.exposition import PlatformCollector
 from se_exporter.fleet.platform.service import RECONCILE_EVERY, Platform
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.scrape import FleetExposition, scrape
 from se_exporter.fleet.settings import FleetSettings, Hub
+from se_exporter.fleet.vms import Fleet
 from se_exporter.infra import generations, http_server, logs
 from se_exporter.infra.azure import amqp_types
 from se_exporter.infra.azure.clients import causes, connection_options, describe
 from se_exporter.infra.azure.credential import service_credential
+from se_exporter.infra.host_os import HOST_OS
 from se_exporter.infra.options import starting_position
-from se_exporter.infra.platform_io import PLATFORM
 
 log = logging.getLogger("se_exporter.fleet")
 CLOSE_TIMEOUT = 8.0  # SIGTERM to exit within 10 s, whatever the peers do
@@ -406,7 +406,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
 
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        PLATFORM.on_stop_async(loop, stop.set)  # SIGTERM/SIGINT/SIGHUP, or Windows' console control events
+        HOST_OS.on_stop_async(loop, stop.set)  # SIGTERM/SIGINT/SIGHUP, or Windows' console control events
         container, first_store = storage_clients(settings, shared)
         cleanup.push_async_callback(container.close)
         readings = _readings(settings, metrics, platform, container, [

@@ -272,7 +272,7 @@ def parse_body(body: bytes) -> Document:
         raise InvalidMessage(reason, f"body is not {what} ({shorten(text, 200)})") from None
 
 
-# How parse_document words a body that is not JSON at all (tests/fleet/test_picture.py pins each reason).
+# How parse_document words a body that is not JSON at all (tests/fleet/test_vms.py pins each reason).
 _NOT_JSON = ("body is not UTF-8", "body is empty", "body is not JSON", "body is JSON nested too deeply")
 
 

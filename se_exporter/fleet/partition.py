@@ -14,7 +14,7 @@ from azure.eventhub import EventData
 from azure.eventhub.aio import PartitionContext
 
 from se_exporter.fleet.collector import PartitionView
-from se_exporter.fleet.picture import PartitionState
+from se_exporter.fleet.vms import PartitionState
 
 
 @dataclass

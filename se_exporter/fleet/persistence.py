@@ -17,10 +17,10 @@ from typing import Protocol
 from se_exporter.core.retry import backoff
 from se_exporter.fleet.message import BOUND_NAMES
 from se_exporter.fleet.partition import Partition
-from se_exporter.fleet.picture import Fleet, Snapshot
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.stateformat import encode_base, encode_delta
 from se_exporter.fleet.statestore import Restored, StateStore
+from se_exporter.fleet.vms import Fleet, StateWrite
 from se_exporter.infra.azure.clients import describe
 from se_exporter.infra.logs import fields
 
@@ -28,7 +28,7 @@ log = logging.getLogger("se_exporter.fleet")
 RESTORE_RETRY_MAX = 30.0
 
 
-class Beside(Protocol):
+class AttachedState(Protocol):
     """A state kept beside a partition's VMs and written before them at the same position (so before the checkpoint
     moves past it): the platform picture (``fleet/platform/service.py``)."""
 
@@ -40,7 +40,7 @@ class Beside(Protocol):
         stored (another owner's): the partition's state and checkpoint then give way too."""
 
 
-class Keeper:
+class PartitionPersistence:
     """Restores and saves the owned partitions' states through a ``StateStore``."""
 
     def __init__(self, store: StateStore, fleet: Fleet, report: Report, clock: Callable[[], float],
@@ -52,7 +52,7 @@ class Keeper:
         self._sleep = sleep
         self.heartbeat_interval = heartbeat_interval
         store.on_written = lambda kind, size: report.metrics.state_bytes.labels(kind).inc(size)
-        self.beside: Beside | None = None  # another state written with each partition's (the platform picture)
+        self.beside: AttachedState | None = None  # another state written with each partition's (the platform picture)
 
     async def restore(self, partition_id: str) -> Restored:
         """The partition's stored state, retried for as long as the store refuses; damage counted and logged."""
@@ -148,7 +148,7 @@ class Keeper:
             partition.saved = position
             partition.view.unsaved_since = None if self._fleet.position(partition_id) == position else self._clock()
 
-    async def _write(self, partition_id: str, snapshot: Snapshot) -> bool:
+    async def _write(self, partition_id: str, snapshot: StateWrite) -> bool:
         """The state at the snapshot's position: a delta of what changed since the last write when the store can
         append one (``StateStore.save_blocks``), else a base."""
         position = snapshot.position

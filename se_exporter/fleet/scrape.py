@@ -20,7 +20,7 @@ from prometheus_client.metrics_core import Metric
 from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES
 from se_exporter.fleet.collector import FLEET
 from se_exporter.fleet.message import NO_IMDS, VmState
-from se_exporter.fleet.picture import IMDS_STALE_AFTER, Fleet, PartitionState, imds_unreachable, latest
+from se_exporter.fleet.vms import IMDS_STALE_AFTER, Fleet, PartitionState, imds_unreachable, latest
 from se_exporter.infra.http_pages import Joined, Part
 
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from se_exporter.fleet.message import DEFAULT_BOUNDS, Bounds
-from se_exporter.fleet.picture import PartitionState
 from se_exporter.fleet.stateformat import DamagedState, NewerState, decode
+from se_exporter.fleet.vms import PartitionState
 
 # Deltas past this share of the base's bytes: the next write is a base. A base costs encoding every VM of the
 # partition; at 0.5 the bases of a heartbeat fleet cost twice its deltas' bytes, at 1.0 once, for a restore that

@@ -7,7 +7,7 @@ the lock when the process ends, however it ends (``kill -9`` too), so unlike a p
 stale lock to clean up by hand. The holder writes its pid into the file, only so that the refusal can
 say who holds it.
 
-The platform part is ``PLATFORM.try_lock`` (platform_io): ``fcntl.flock`` on Linux and macOS,
+The platform part is ``HOST_OS.try_lock`` (host_os): ``fcntl.flock`` on Linux and macOS,
 ``msvcrt.locking`` on a byte past the pid on Windows, where a locked range cannot be read by others.
 """
 
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from se_exporter.infra.platform_io import PLATFORM
+from se_exporter.infra.host_os import HOST_OS
 
 LOCK_FILE = "lock"
 PID_WIDTH = 32
@@ -62,9 +62,9 @@ def lock_directory(directory: Path) -> DirectoryLock:
     """Take the directory's lock without waiting; ``DirectoryBusy`` if another process has it, OSError if the
     directory cannot hold a lock file (not writable) or its filesystem has no locks (errno in ``UNSUPPORTED``)."""
     directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | PLATFORM.open_flags, 0o644)
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | HOST_OS.open_flags, 0o644)
     try:
-        if not PLATFORM.try_lock(fd):
+        if not HOST_OS.try_lock(fd):
             raise DirectoryBusy(directory, _holder(fd))
     except BaseException:
         os.close(fd)
@@ -72,13 +72,13 @@ def lock_directory(directory: Path) -> DirectoryLock:
     # A fixed width overwrites any older pid without truncating: Windows may refuse to cut a file that has a locked
     # range. On a full disk the write fails and the lock holds all the same; a refused second process cannot name us.
     with contextlib.suppress(OSError):
-        PLATFORM.pwrite(fd, f"{os.getpid():<{PID_WIDTH - 1}}\n".encode(), 0)
+        HOST_OS.pwrite(fd, f"{os.getpid():<{PID_WIDTH - 1}}\n".encode(), 0)
     return DirectoryLock(directory, fd)
 
 
 def _holder(fd: int) -> int | None:
     try:
-        text = PLATFORM.pread(fd, PID_WIDTH, 0).decode("ascii").strip()
+        text = HOST_OS.pread(fd, PID_WIDTH, 0).decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
         return None
     return int(text) if text.isdigit() else None

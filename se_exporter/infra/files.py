@@ -1,10 +1,8 @@
 """Crash-safe file writes, shared by everything that keeps state on disk (spool, sequence, lifecycles, spans).
 
-Appends that must be all-or-nothing (a spool record, a ``--forward-file`` line) go through ``Disk``: the
-three system calls they make, behind one small object, so that a test can hand in a disk that fills up
-at any chosen byte (a short write, then ENOSPC, or a failing fsync) without patching ``os`` for the whole
-process. On a full disk ``write(2)`` first returns fewer bytes than asked, and only the next call fails:
-a caller that does not loop on the count loses the tail of its record without noticing.
+Appends that must be all-or-nothing (a spool record, a forward file line) go through ``Disk``, the three system
+calls they make, so that a test can hand in a disk that fills up at any chosen byte without patching ``os``. On a
+full disk ``write(2)`` first returns fewer bytes than asked and only the next call fails: ``write_all`` loops.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from se_exporter.core.retry import Health
-from se_exporter.infra.platform_io import PLATFORM
+from se_exporter.infra.host_os import HOST_OS
 
 STATE_FILE_LIMIT = 256 * 1024 * 1024  # far above any state this project writes; a bound on what a read may hold
 
@@ -25,11 +23,10 @@ STATE_FILE_LIMIT = 256 * 1024 * 1024  # far above any state this project writes;
 def read_state_file(path: Path, limit: int = STATE_FILE_LIMIT) -> bytes:
     """The bytes of a state file, which must be a regular file of at most ``limit`` bytes.
 
-    Anything else in its place fails with ``OSError`` (each caller already treats that as it treats an unreadable
-    file): a FIFO there blocked start-up for ever without a line logged, and a link to ``/dev/zero`` read without
-    end (2.5 GB in four seconds). Opened non-blocking (POSIX), so that opening a FIFO cannot hang either.
+    Anything else in its place (a FIFO would block start-up, a link to ``/dev/zero`` read without end) fails with
+    ``OSError``, as an unreadable file does. Opened non-blocking (POSIX), so that opening a FIFO cannot hang.
     """
-    fd = os.open(path, os.O_RDONLY | PLATFORM.fifo_flags | PLATFORM.open_flags)
+    fd = os.open(path, os.O_RDONLY | HOST_OS.fifo_flags | HOST_OS.open_flags)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -55,7 +52,7 @@ class Disk:
         return os.write(fd, data)
 
     def fdatasync(self, fd: int) -> None:
-        PLATFORM.datasync(fd)
+        HOST_OS.datasync(fd)
 
     def ftruncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
@@ -74,6 +71,45 @@ def write_all(disk: Disk, fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+class NotRegularFile(OSError):
+    """What ``LineFile`` found at its path is not a regular file (a FIFO, a device, a directory)."""
+
+
+class LineFile:
+    """A file appended to a whole line at a time: a line that fails half-way (a full disk, a failed sync) is cut off
+    again, so the file never holds a line reported as failed and the next one starts clean."""
+
+    def __init__(self, path: Path, disk: Disk = DISK, sync: bool = False) -> None:
+        """``OSError`` when it cannot be appended to: ``NotRegularFile``, or ENXIO for a FIFO (POSIX: at once)."""
+        self.path, self._disk, self._sync = path, disk, sync
+        self._torn: int | None = None  # where the file must be cut before the next line (a cut that failed)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | HOST_OS.fifo_flags | HOST_OS.open_flags,
+                          0o666)
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+            os.close(self.fd)
+            raise NotRegularFile(errno.EINVAL, "not a regular file", str(path))
+
+    def append(self, line: bytes) -> None:
+        """Write (and with ``sync``, sync) the whole line, or raise ``OSError`` and keep nothing of it."""
+        if self._torn is not None:
+            self._disk.ftruncate(self.fd, self._torn)
+            self._torn = None
+        size = os.fstat(self.fd).st_size
+        try:
+            write_all(self._disk, self.fd, line)
+            if self._sync:
+                self._disk.fdatasync(self.fd)
+        except OSError:
+            try:
+                self._disk.ftruncate(self.fd, size)
+            except OSError:
+                self._torn = size
+            raise
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 def is_disk_full(error: OSError) -> bool:
     return error.errno in (errno.ENOSPC, errno.EDQUOT)
 
@@ -81,7 +117,7 @@ def is_disk_full(error: OSError) -> bool:
 def write_atomically(path: Path, data: bytes) -> None:
     """Write, fsync, rename, fsync the folder: after a crash the file is old or new, never torn.
 
-    On Windows the rename is retried for a moment while another process holds the target (see platform_io).
+    On Windows the rename is retried for a moment while another process holds the target (see host_os).
     """
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -89,7 +125,7 @@ def write_atomically(path: Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        PLATFORM.replace(temp, str(path))
+        HOST_OS.replace(temp, str(path))
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
@@ -124,4 +160,4 @@ class StateFile:
 
 def fsync_dir(directory: Path) -> None:
     """Make a new or renamed name in ``directory`` durable (on Windows the journal already did)."""
-    PLATFORM.sync_directory(directory)
+    HOST_OS.sync_directory(directory)

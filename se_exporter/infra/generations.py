@@ -1,9 +1,8 @@
 """Full garbage collections that walk what came since the last one, not everything a process holds.
 
-A full collection walks every object the collector tracks. A fleet replica holds two per VM (its ``VmState`` and
-its IMDS health), each replaced at the VM's next heartbeat and none of them in a reference cycle: at 100,000 VMs a
-full collection walked 200,000 of them and every string they point at, about twice a bare SDK's second of CPU,
-about once a minute at the steady heartbeat rate (``scripts/fleet_scale_bench.py``; docs/performance.md).
+A full collection walks every object the collector tracks. A fleet replica holds two per VM, each replaced at the
+VM's next heartbeat and none of them in a reference cycle, so walking them all again is CPU spent for nothing
+(``scripts/fleet_scale_bench.py``; docs/performance.md).
 
 ``FreezeSurvivors`` freezes what survives each full collection (``gc.freeze``): the next one walks only what came
 later. Frozen objects are still freed by their reference counts (a VM's old state at its next heartbeat); only a

@@ -283,8 +283,6 @@ async def _body(conn: h11.Connection, reader: asyncio.StreamReader, request: h11
         except (h11.RemoteProtocolError, ValueError) as error:  # a bad chunk size line, a body cut short
             raise _unparsable(error, reader) from None
         if event is h11.NEED_DATA:
-            if size + _chunk_left(conn) > bounds.body_bytes:  # a chunk declared past the cap: refused, not awaited
-                raise _Refused(413, "body_bytes", "request body too large")
             try:
                 data = await asyncio.wait_for(reader.read(READ_CHUNK), max(0.0, deadline - loop.time()))
             except asyncio.TimeoutError:
@@ -328,13 +326,6 @@ def _no_resource(method: str, target: str) -> Response | None:
     if method == "CONNECT" or target == "*":
         return Response(405, b"method not allowed\n", headers=(("Allow", ""),))
     return None
-
-
-def _chunk_left(conn: h11.Connection) -> int:
-    """Bytes the chunk being read still declares (0 outside a chunked body): h11 knows them once it has read the
-    chunk's size line, but exposes them on no public attribute; without it (another h11), the sizes read count."""
-    left = getattr(getattr(conn, "_reader", None), "_bytes_in_chunk", 0)
-    return left if type(left) is int else 0
 
 
 def _reason(status: int) -> bytes:

@@ -1,31 +1,15 @@
 """The one HTTP/1.1 server of every program: the sidecar's and the fleet's endpoints and the IMDS simulator.
 
-h11 (a dependency of httpx) parses, asyncio serves, in one thread of its own per server. Chosen over aiohttp's web
-server for three reasons, each checked: h11's ``max_incomplete_event_size`` caps the *whole* request head and
-answers 431 as soon as that many bytes are buffered, where aiohttp's parser caps a line (8,190 bytes) and a count
-(128 headers), so about 1 MiB of head is read and held before a 400; the simulator's fault injection needs raw
-bytes on the socket (truncated, dripped, mis-chunked answers), which a bare transport gives and a framework hides;
-and importing it costs a small fraction of aiohttp.web's memory, while an idle loop with no timers sleeps in the
-kernel without a single wake-up (aiohttp's keep-alive handling arms timers). Figures: docs/performance.md.
+h11 parses, asyncio serves, in one thread of its own per server. Not aiohttp's web server: h11 caps the *whole*
+request head (aiohttp caps a line and a count of headers, about 1 MiB in all), the simulator's faults need raw
+bytes on the socket, which a framework hides, and it costs a fraction of aiohttp.web's memory, with no timer
+waking an idle loop (docs/performance.md).
 
-Bounds (``Bounds``; docs/http.md lists them), each counted by ``reason`` when hit:
-
-* ``header_bytes``: a request head (request line and headers) of more than 16 KiB is answered 431 once that much
-  is buffered; the rest is never read into memory.
-* ``deadline``: a head must arrive whole within 5 s of the connection (or, on a kept-alive connection, of its first
-  byte), a body within 5 s of its head: a client that drips bytes holds a connection 5 s at most (408).
-* ``body_bytes``: a body of more than 64 KiB is answered 413 without being read (a chunked one as soon as its
-  declared chunk sizes pass the cap).
-* ``connections``: at most 256 connections. A new one past that closes the connection that has waited longest
-  without a complete request head (idle kept-alive ones included): a flood of slow or silent clients churns among
-  itself while a scrape, whose head comes at once, is read and answered. Only when every connection is busy
-  answering is the newcomer answered 503.
-* ``malformed``: a request h11 cannot parse is answered 400.
-* ``write_deadline``: a client that does not read its answer for 10 s is disconnected.
-
-A kept-alive connection idle for 60 s is closed (not counted: that is ordinary). Connections are accepted one per
-loop turn and what came with one is read at once; a connection whose head has come (read, or still unread in the
-kernel: peeked) no longer counts as waiting, so it is never the one closed to make room.
+Every bound (``Bounds``: head and body bytes, their deadlines, connections, the write deadline; docs/http.md) is
+counted by ``reason`` when hit. Past the connection cap, the connection that has waited longest without a
+complete request head is closed to admit the new one, so slow or silent clients churn among themselves while a
+scrape, whose head comes at once, is answered; only when every connection is busy answering is the newcomer
+answered 503.
 """
 
 from __future__ import annotations
@@ -39,6 +23,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from se_exporter.core.errors import ConfigError
+from se_exporter.infra.host_os import HOST_OS
 from se_exporter.infra.http_connection import Bounds, Connection, Limits, first_bytes, refuse_busy, serve_connection
 from se_exporter.infra.http_pages import (
     REASONS,
@@ -55,7 +40,6 @@ from se_exporter.infra.http_pages import (
 )
 from se_exporter.infra.logs import Throttle
 from se_exporter.infra.options import Listen
-from se_exporter.infra.platform_io import PLATFORM
 
 # The one front door of every program's HTTP: what handlers use (http_pages) and the bounds (http_connection).
 __all__ = ["REASONS", "Bounds", "Handler", "HttpRequest", "Page", "RawWriter", "Response", "Server", "bind",
@@ -203,9 +187,9 @@ def serve(listen: Listen, handler: Handler, bounds: Bounds | None = None,
 def _listener(listen: Listen) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in listen.host else socket.AF_INET, socket.SOCK_STREAM)
     try:
-        if PLATFORM.reuse_address:  # on Windows it would let a second instance share the port
+        if HOST_OS.reuse_address:  # on Windows it would let a second instance share the port
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        PLATFORM.prepare_listener(sock)  # exclusive address use on Windows; [::] is dual stack
+        HOST_OS.prepare_listener(sock)  # exclusive address use on Windows; [::] is dual stack
         sock.bind((listen.host, listen.port))
         sock.listen(LISTEN_BACKLOG)
         sock.setblocking(False)

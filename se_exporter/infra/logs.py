@@ -22,8 +22,8 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from se_exporter.infra import platform_io
-from se_exporter.infra.platform_io import utf8_stream
+from se_exporter.infra import host_os
+from se_exporter.infra.host_os import utf8_stream
 
 _FIELDS = "se_fields"
 # Connection-string keys, SAS signatures and bearer tokens, wherever they might surface (an SDK's
@@ -123,7 +123,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup(level: str, fmt: str) -> None:
-    """Log to stderr in UTF-8 whatever its code page (platform_io.utf8_stream); with no stderr at all, to a file."""
+    """Log to stderr in UTF-8 whatever its code page (host_os.utf8_stream); with no stderr at all, to a file."""
     handler = logging.StreamHandler(utf8_stream(sys.stderr) or fallback_stream())
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
@@ -140,7 +140,7 @@ def fallback_stream(directory: str | None = None) -> TextIO:
     """``se-exporter.log`` in the default state directory, for a process without stderr (``pythonw.exe``, a service
     host that hands none; the WinSW service in deploy/windows gives one): lines are kept rather than dropped."""
     if directory is None:
-        directory = platform_io.DEFAULT_STATE_DIR  # read when needed: tests point it elsewhere
+        directory = host_os.DEFAULT_STATE_DIR  # read when needed: tests point it elsewhere
     try:
         os.makedirs(directory, exist_ok=True)
         return open(os.path.join(directory, "se-exporter.log"), "a", encoding="utf-8",

@@ -356,19 +356,24 @@ PLATFORM_EVENTHUB_OPTIONS: tuple[Option, ...] = (
 )
 
 
-def check_platform_eventhub(text: str | None, namespace: str | None, name: str | None) -> None:
-    """The rules of ``check_eventhubs`` for the platform's hub (``fleet`` reads it, ``simulate`` writes it), naming
-    its flags: one way to authenticate, and a hub name."""
+def check_hub(flags: str, text: str | None, namespace: str | None, name: str | None, whose: str = "the") -> None:
+    """The rules of one hub, naming its flags (``--eventhub`` or ``--platform-eventhub``, then ``-name`` ...): one
+    way to authenticate, and a hub name."""
     if text and namespace:
-        raise ConfigError("--platform-eventhub-connection-string and --platform-eventhub-namespace exclude each other: "
-                          "use a connection string, or a namespace with managed identity")
+        raise ConfigError(f"{flags}-connection-string and {flags}-namespace exclude each other: use a connection "
+                          "string, or a namespace with managed identity")
     if text and "entitypath" not in connection_string_parts(text) and not name:
-        raise ConfigError("--platform-eventhub-name is required: the platform's connection string has no EntityPath")
+        raise ConfigError(f"{flags}-name is required: {whose} connection string has no EntityPath")
     if namespace and not name:
-        raise ConfigError("--platform-eventhub-name is required with --platform-eventhub-namespace")
+        raise ConfigError(f"{flags}-name is required with {flags}-namespace")
     if name and not (text or namespace):
-        raise ConfigError("--platform-eventhub-name needs --platform-eventhub-connection-string or "
-                          "--platform-eventhub-namespace (it names the event hub in that namespace)")
+        raise ConfigError(f"{flags}-name needs {flags}-connection-string or {flags}-namespace (it names the event "
+                          f"hub in that namespace); give one of them, or leave {flags}-name out")
+
+
+def check_platform_eventhub(text: str | None, namespace: str | None, name: str | None) -> None:
+    """``check_hub`` for the platform's hub (``fleet`` reads it, ``simulate`` writes it)."""
+    check_hub("--platform-eventhub", text, namespace, name, "the platform's")
 
 
 # The consumer group every reader of the hub (``consume``, ``fleet``) takes.
@@ -461,18 +466,7 @@ class HubReader:
 def check_eventhubs(settings: EventHubsSettings) -> None:
     """The Event Hubs rules shared by run, consume and fleet: one way to authenticate, a hub name, and the
     options that only make sense with one of them."""
-    if settings.eventhub_connection_string and settings.eventhub_namespace:
-        raise ConfigError("--eventhub-connection-string and --eventhub-namespace exclude each other: "
-                          "use a connection string, or a namespace with managed identity")
-    if settings.eventhub_connection_string:
-        if "entitypath" not in connection_string_parts(settings.eventhub_connection_string) \
-                and not settings.eventhub_name:
-            raise ConfigError("--eventhub-name is required: the connection string has no EntityPath")
-    elif settings.eventhub_namespace and not settings.eventhub_name:
-        raise ConfigError("--eventhub-name is required with --eventhub-namespace")
-    if settings.eventhub_name and not (settings.eventhub_connection_string or settings.eventhub_namespace):
-        raise ConfigError("--eventhub-name needs --eventhub-connection-string or --eventhub-namespace (it names the "
-                          "event hub in that namespace); give one of them, or leave --eventhub-name out")
+    check_hub("--eventhub", settings.eventhub_connection_string, settings.eventhub_namespace, settings.eventhub_name)
     if settings.eventhub_client_id and not settings.eventhub_namespace:
         raise ConfigError("--eventhub-client-id needs --eventhub-namespace (it selects a managed identity)")
     for given, flag in ((settings.eventhub_endpoint, "--eventhub-endpoint"),

@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from se_exporter.infra.platform_io import STOP_SIGNALS
+from se_exporter.infra.host_os import STOP_SIGNALS
 
 
 @contextmanager

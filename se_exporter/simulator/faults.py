@@ -1,35 +1,10 @@
 """Fault injection: what can go wrong between a VM and IMDS, on demand.
 
-A fault applies to the next ``count`` GETs of the Scheduled Events endpoint (``count=0``: until
-cleared). Spec strings, for ``--fault`` and ``SE_EXPORTER_SIMULATOR_FAULTS`` (``;``-separated); the
-same keys make the JSON object of ``POST /_simulator/faults``:
-
-    throttle[,retry_after=S][,count=N]   429 Too Many Requests, with Retry-After if given
-    status,status=CODE[,count=N]         any status, 100 to 599 (500, 503, 404 ...)
-    delay,seconds=S[,count=N]            answer normally, S seconds late (slow answers)
-    first_call_delay,seconds=S           the first request only, as when the service switches on
-    hang,seconds=S[,count=N]             say nothing for S seconds, then close: a client timeout
-    reset[,count=N]                      close the connection without an answer
-    malformed[,count=N]                  truncated JSON
-    non_json[,count=N]                   an HTML page, as from a captive proxy
-    invalid[,count=N]                    valid JSON that is not a Scheduled Events document
-    empty[,count=N]                      200 with an empty body
-    redirect[,location=URL][,count=N]    302 to another place
-    huge[,bytes=N][,count=N]             a 200 body of N bytes (default 10 MB)
-    body[,count=N],text=T                200 with exactly T (for unknown fields and types); text= comes last
-                                         and takes the rest of the spec, commas included
-    truncate[,bytes=N][,count=N]         the document's Content-Length, but only its first N bytes (default
-                                         half), then the connection closes
-    drip[,seconds=S][,count=N]           the whole answer one byte every S seconds (default 1)
-    chunked[,error=E][,count=N]          the document in chunks; E: none (well formed, the default),
-                                         missing_last (no final chunk, then close), bad_size (a chunk size
-                                         that is not hexadecimal)
-    gzip[,bytes=N][,count=N]             the document gzip-compressed (Content-Encoding: gzip) although the
-                                         client asked for identity; with bytes=N, N bytes of blanks before it
-                                         (a bomb: 300 MB of blanks are ~0.3 MB compressed)
-
-Every value is checked when the fault is made, so a bad one is refused there (the CLI's one line, or
-HTTP 400 with the reason) and never reaches a request.
+A fault applies to the next ``count`` GETs of the Scheduled Events endpoint (``count=0``: until cleared). It is
+given as a spec string (``--fault``, ``SE_EXPORTER_SIMULATOR_FAULTS``, ``;``-separated) or as the JSON object of
+``POST /_simulator/faults`` with the same keys; docs/simulator.md lists the kinds and their keys. Every value is
+checked when the fault is made, so a bad one is refused there (the CLI's one line, or HTTP 400) and never reaches a
+request.
 """
 
 from __future__ import annotations
@@ -52,6 +27,7 @@ _HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
 # The spec key and the JSON key of each field; the field itself is ``size`` (``bytes`` would shadow the type).
 _KEYS = {"count": "count", "status": "status", "retry_after": "retry_after", "seconds": "seconds",
          "location": "location", "bytes": "size", "text": "text", "error": "error"}
+_NUMBERS = {"count": int, "status": int, "seconds": float, "bytes": int}  # how a spec's numbers read; the rest is text
 _DEFAULT_SIZE = {"huge": 10 * 1024 * 1024}
 _DEFAULT_SECONDS = {"hang": 30.0, "drip": 1.0}
 
@@ -143,16 +119,7 @@ def parse_fault(spec: str) -> Fault:
     if unknown:
         raise ConfigError(f"fault {spec!r}: unknown keys {', '.join(sorted(unknown))}")
     try:
-        return _make(kind, {
-            "count": int(values["count"]) if "count" in values else None,
-            "status": int(values["status"]) if "status" in values else None,
-            "retry_after": values.get("retry_after"),
-            "seconds": float(values["seconds"]) if "seconds" in values else None,
-            "location": values.get("location"),
-            "bytes": int(values["bytes"]) if "bytes" in values else None,
-            "text": values.get("text"),
-            "error": values.get("error"),
-        })
+        return _make(kind, {key: _NUMBERS.get(key, str)(values[key]) if key in values else None for key in _KEYS})
     except ValueError as exc:
         raise ConfigError(f"fault {spec!r}: {exc}") from None
     except ConfigError as exc:

@@ -10,20 +10,15 @@ with ``Metadata: true`` (400 without it), optionally choosing a user-assigned id
 
 (numbers as strings, as IMDS sends them; azure-identity's ImdsCredential reads ``access_token``,
 ``expires_in``/``expires_on``, ``resource`` and ``token_type``). The token is a JWT whose ``aud`` is the
-requested resource. Real ones are signed by Microsoft Entra ID with RS256; the simulator signs with HS256 and
-a key of its own, which a test peer (the Event Hubs test server's CBS) is given to check them with.
+requested resource. Real ones are signed by Microsoft Entra ID with RS256; the simulator signs with HS256 (PyJWT)
+and a key of its own, which a test peer (the Event Hubs test server's CBS) is given to check them with.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 IDENTITY_VERSIONS = ("2018-02-01", "2019-08-01")
 TOKEN_PATH = "/metadata/identity/oauth2/token"  # noqa: S105 - a URL path, not a password
@@ -67,38 +62,11 @@ class IdentityService:
         claims = {"aud": resource, "iss": f"https://sts.windows.net/{TENANT_ID}/", "iat": issued_at,
                   "nbf": issued_at, "exp": expires_on, "appid": client_id, "oid": object_id, "sub": object_id,
                   "tid": TENANT_ID, "xms_mirid": vm_resource_id, "uti": secrets.token_urlsafe(16)}
-        token = sign(claims, self.key)
+        import jwt  # noqa: PLC0415 - only when a token is asked for
+
+        token = jwt.encode(claims, self.key, algorithm="HS256")
         self.issued.append(token)
         return {"access_token": token, "client_id": client_id, "expires_in": str(self.lifetime),
                 "expires_on": str(expires_on), "ext_expires_in": str(self.lifetime), "not_before": str(issued_at),
                 "resource": resource, "token_type": "Bearer"}
 
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def sign(claims: Mapping[str, Any], key: bytes) -> str:
-    header = _b64(json.dumps({"alg": "HS256", "typ": "JWT"}, separators=(",", ":")).encode())
-    payload = _b64(json.dumps(claims, separators=(",", ":")).encode())
-    signature = hmac.new(key, f"{header}.{payload}".encode(), hashlib.sha256).digest()
-    return f"{header}.{payload}.{_b64(signature)}"
-
-
-def verify(token: str, key: bytes) -> dict[str, Any]:
-    """The claims of a token this simulator signed with ``key``; ValueError if it is not one."""
-    try:
-        header, payload, signature = token.split(".")
-        expected = hmac.new(key, f"{header}.{payload}".encode(), hashlib.sha256).digest()
-        if not hmac.compare_digest(expected, _unb64(signature)):
-            raise ValueError("bad signature")
-        claims = json.loads(_unb64(payload))
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"not a valid token: {exc}") from None
-    if not isinstance(claims, dict):
-        raise ValueError("not a valid token: claims are not an object")
-    return claims

@@ -1,25 +1,14 @@
 """The platform's copy of a scenario: the Event Grid messages Azure publishes for the events its VMs' IMDS lists.
 
-Since May 2026 Azure can publish every scheduled event a second time, outside the VMs, to an Event Grid system
-topic (``Microsoft.ResourceNotifications.MaintenanceResources``) that a subscription delivers to an Event Hub (the
-facts: ``azure-docs/platform-stream.md``). ``PlatformCopy`` plays that stream for a scenario, from the same pure
-timeline the simulated IMDS answers from, so one run feeds both sides of ``se-exporter fleet``:
+Azure can publish every scheduled event a second time, outside the VMs, to an Event Grid system topic delivered to
+an Event Hub (``azure-docs/platform-stream.md``). ``PlatformCopy`` plays that stream for a scenario from the same
+pure timeline the simulated IMDS answers from, so one run feeds both sides of ``se-exporter fleet``: the same
+EventIds, one message per change of status (``Completed`` or ``Canceled`` when IMDS drops an event), Event Grid's
+rare duplicates, the events a sidecar is blind to announced all the same, and each event's place that of the
+scenario's VMs, so the fleet can join the two streams (docs/simulator.md).
 
-* the same EventIds (each cycle's, for a repeating scenario);
-* one message per change of status: ``Scheduled`` when the event appears (not for one Started at first sight),
-  ``Started``, then ``Completed`` when IMDS drops a started event, or ``Canceled`` when it drops one that never
-  started (IMDS never shows either);
-* Event Grid's rare duplicates: every ``duplicate_every``-th message (the scenario's ``platform`` object, default
-  10) is published twice, with the same Event Grid ``id``;
-* the events a VM's sidecar is blind to (``blind`` in the scenario, ``POST /_simulator/blind``) are announced all
-  the same: that is the point; the reverse, an event with ``"announced": false``, is listed by IMDS and never
-  published (a delivery Event Grid lost), for the fleet's count of events it never heard announced;
-* the place of each event (subscription, resource group, location, scale set) is that of the scenario's VMs, which
-  the simulated sidecars forward as properties, so the fleet can join the two streams (``Scenario.scope``).
-
-The message is Event Grid's schema, an array of one event (as Event Grid delivers), or with ``schema=
-"cloudevents"`` one CloudEvents 1.0 event (structured JSON) carrying the same ``data``. No I/O here: ``due``
-takes the scenario time and returns the messages whose moment has come; ``publish.Publisher`` sends them.
+Event Grid's schema (an array of one event) or CloudEvents 1.0 (``schema="cloudevents"``), carrying the same
+``data``. No I/O here: ``due`` takes the scenario time and returns the messages whose moment has come.
 """
 
 from __future__ import annotations

@@ -20,8 +20,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import os
-import stat
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,8 +27,7 @@ from typing import Any, Protocol
 
 from se_exporter.core.errors import ConfigError
 from se_exporter.core.retry import Health
-from se_exporter.infra.files import DISK, Disk, write_all
-from se_exporter.infra.platform_io import PLATFORM
+from se_exporter.infra.files import DISK, Disk, LineFile, NotRegularFile
 from se_exporter.simulator.hub import EventHubOutput, producer_factory
 from se_exporter.simulator.platform import PlatformCopy, Published
 from se_exporter.simulator.settings import SimulatorSettings
@@ -56,36 +53,23 @@ class FileOutput:
     name = "file"
 
     def __init__(self, path: Path, disk: Disk = DISK) -> None:
-        self.path, self._disk, self._health = path, disk, Health()
+        self.path, self._health = path, Health()
         self.written = self.failed = 0
-        self._torn: int | None = None  # where the file must be cut before the next line (a cut that failed)
         try:
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | PLATFORM.fifo_flags | PLATFORM.open_flags,
-                               0o666)
+            self._file = LineFile(path, disk)
+        except NotRegularFile:
+            raise ConfigError(f"--platform-file {path}: not a regular file; give the path of a regular file (or of "
+                              "one to create)") from None
         except OSError as exc:
             reason = "it is a FIFO without a reader" if exc.errno == errno.ENXIO else exc.strerror or str(exc)
             raise ConfigError(f"--platform-file {path}: cannot open it for appending ({reason}); give the path of "
                               "a regular file (or of one to create) in a directory that exists") from None
-        if not stat.S_ISREG(os.fstat(self._fd).st_mode):
-            os.close(self._fd)
-            raise ConfigError(f"--platform-file {path}: not a regular file; give the path of a regular file (or of "
-                              "one to create)")
 
     def offer(self, message: Published) -> None:
-        size: int | None = None
         try:
-            if self._torn is not None:
-                self._disk.ftruncate(self._fd, self._torn)
-                self._torn = None
-            size = os.fstat(self._fd).st_size
-            write_all(self._disk, self._fd, message.body + b"\n")
+            self._file.append(message.body + b"\n")
         except OSError as exc:
             self.failed += 1
-            if size is not None:  # a line begun: cut it off again, now or before the next one
-                try:
-                    self._disk.ftruncate(self._fd, size)
-                except OSError:
-                    self._torn = size
             reason = exc.strerror or str(exc)
             if self._health.fail(reason):
                 log.error("platform copy: writing %s failed (%s): messages are dropped, counted in "
@@ -101,7 +85,7 @@ class FileOutput:
                 "failing": self._health.failing}
 
     def close(self, timeout: float) -> None:
-        os.close(self._fd)
+        self._file.close()
 
 
 class Publisher:

@@ -144,8 +144,7 @@ class Scenario:
 
     def listed_to(self, spec: EventSpec, vm_name: str) -> bool:
         """Whether the VM's IMDS lists ``spec``: Azure shows an event to every VM of its scale set or availability
-        set (Resources says whose it is); a one-VM scenario's VM sees every event (as before scenarios had
-        several VMs); a ``blind`` VM never does."""
+        set (Resources says whose it is); a one-VM scenario's VM sees every event; a ``blind`` VM never does."""
         folded = vm_name.casefold()
         if any(name.casefold() == folded for name in spec.blind):
             return False
@@ -160,19 +159,6 @@ class Scenario:
     def duration(self) -> float:
         """Scenario seconds until the last event is gone (one cycle for a repeating scenario)."""
         return max((spec.end_time() for spec in self.events), default=0.0)
-
-    def key_times(self) -> tuple[float, ...]:
-        """Every scenario second at which the listed events change, in order (one cycle)."""
-        times: set[float] = set()
-        for spec in self.events:
-            times.add(spec.appear_at)
-            times.update(r.at for r in spec.reschedule if r.at < spec.end_time())
-            start = spec.start_time(None)
-            if spec.cancel_at is not None and spec.cancel_at < start:
-                times.add(spec.cancel_at)
-            else:
-                times.update((start, start + spec.started_for))
-        return tuple(sorted(times))
 
     def state_at(self, t: float, approvals: Mapping[str, float]) -> tuple[EventState, ...]:
         """Events listed at scenario second ``t``; ``approvals`` maps listed EventIds to their approval time."""

@@ -1,29 +1,11 @@
 """A faithful IMDS double: Scheduled Events, compute metadata, approvals, faults, a request log.
 
-What it reproduces from the Azure documents:
-
-* 400 without ``Metadata: true``, with an unknown or missing ``api-version``, or with
-  ``X-Forwarded-For`` (IMDS refuses proxied requests);
-* the document shaped per api-version: 2017-03-01 has ISO 8601 NotBefore, a string
-  DocumentIncarnation and underscored resource names; later versions add Preempt, Terminate,
-  Description, EventSource and DurationInSeconds in turn, 2024-07-09 SpotRebalanceRecommendation;
-  events of types a version does not know are not listed to it;
-* 404 for a known api-version newer than the VM serves (the scenario VM's ``scheduledEventsNewest``, default the
-  newest; ``POST /_simulator/versions`` changes it): 2024-07-09 is not served everywhere;
-* ``DocumentIncarnation`` bumped on every change; NotBefore ``""`` once Started;
-* ``POST`` with ``StartRequests`` approves (starts) events; a malformed body is a 400;
-* the managed identity token endpoint (``simulator/identity.py``): JWTs for the VM's system-assigned
-  identity or a user-assigned one chosen by ``client_id``, 400 for an identity the VM does not have.
-
-Control endpoints under ``/_simulator/`` (no Metadata header needed) let people and tests drive
-it: ``GET requests``, ``GET state``, ``POST faults`` (a fault object or a list), ``POST advance``
-(``{"seconds": N}`` of scenario time), ``POST clear-faults``, ``POST identity`` (``{"lifetime": S}`` of
-the tokens issued from now on, ``{"fail": N, "status": CODE}`` for the next N token requests), ``POST blind``
-(``{"EventId": ID}``: this VM's IMDS stops listing it), ``GET platform`` (the platform copy's counts), ``POST
-versions`` (``{"newest": VERSION}``: the newest Scheduled Events api-version this VM serves from now on).
-
-A scenario of several VMs is served on one port: ``/vms/<name>/...`` is that VM's IMDS and control API, anything
-else the first VM's; the VMs share one ``Timeline`` (scenario time and approvals).
+It answers as the Azure documents say IMDS does: 400 without ``Metadata: true``, with a bad ``api-version`` or a
+proxy's ``X-Forwarded-For``; the document shaped per api-version; 404 for a version newer than the VM serves;
+``DocumentIncarnation`` bumped on every change; ``StartRequests`` approving events; the managed identity token
+endpoint (``simulator/identity.py``). Control endpoints under ``/_simulator/`` let people and tests drive it
+(``_CONTROLS``; docs/simulator.md). A scenario of several VMs is served on one port: ``/vms/<name>/...`` is that
+VM's IMDS and control API, anything else the first VM's; the VMs share one ``Timeline``.
 """
 
 from __future__ import annotations
@@ -164,8 +146,7 @@ class Simulator:
         walls: dict[tuple[str, float], float] = {}
         canonical = [self._canonical_event(state, now_wall, t, walls)
                      for state in self._listed(t, self.timeline.approvals())]
-        # Only the NotBefores listed now are kept: scenario time only moves forward, so one no longer listed is not
-        # shown again, and a repeating scenario (fresh EventIds each cycle) grew this by its events every cycle.
+        # Only the NotBefores listed now are kept (scenario time only moves forward): bounded, also when repeating.
         self._not_before_wall = walls
         if canonical != self._canonical:
             self._canonical = canonical
@@ -615,8 +596,7 @@ def _gzipped(document: bytes, blanks: int) -> bytes:
 
 class _Router:
     """One port for every VM of the scenario: ``/vms/<name>/...`` is that VM's IMDS, anything else the first
-    VM's (so a one-VM scenario is served exactly as before); ``GET /_simulator/platform`` is the platform copy's
-    counters when it runs."""
+    VM's; ``GET /_simulator/platform`` is the platform copy's counters when it runs."""
 
     def __init__(self, simulators: Sequence[Simulator], platform: Callable[[], dict[str, Any]] | None) -> None:
         self.first = _Imds(simulators[0])

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from se_exporter.fleet.message import Imds, VmState, fleet_events, parse_body
 from se_exporter.fleet.platform import Coverage, PlatformCollector, PlatformEvent, PlatformRecord, read_platform
-from se_exporter.fleet.platform.service import View
+from se_exporter.fleet.platform.service import LastReconciliation
 
 EXAMPLES = Path(__file__).parent / "platform_examples"
 SPEC_EXAMPLE = (EXAMPLES / "eventgrid-completed.json").read_bytes()
@@ -91,5 +91,5 @@ def platform_text(records: Iterable[PlatformRecord], coverage: Iterable[Coverage
     records = tuple(records)
     keys = frozenset(record.key for record in records if informed is None or record.key in informed)
     registry = CollectorRegistry()
-    registry.register(PlatformCollector(lambda: View(records, tuple(coverage), keys)))
+    registry.register(PlatformCollector(lambda: LastReconciliation(records, tuple(coverage), keys)))
     return generate_latest(registry).decode()

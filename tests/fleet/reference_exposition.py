@@ -16,8 +16,8 @@ from prometheus_client.registry import Collector
 from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES
 from se_exporter.fleet.collector import FLEET
 from se_exporter.fleet.message import NO_IMDS, VmState
-from se_exporter.fleet.picture import Fleet, imds_unreachable
 from se_exporter.fleet.scrape import FleetExposition
+from se_exporter.fleet.vms import Fleet, imds_unreachable
 from se_exporter.infra.http_pages import Part, pieces
 
 VM_LABELS = ["vm_id", "vm_name", "vmss_name", "location"]

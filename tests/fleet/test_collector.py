@@ -9,12 +9,12 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView
-from se_exporter.fleet.picture import Fleet, read_message
 from se_exporter.fleet.scrape import FleetExposition, scrape
+from se_exporter.fleet.vms import Fleet, read_message
 from se_exporter.infra.http_server import serve
 from se_exporter.infra.options import Listen
 from tests.fleet.reference_exposition import fleet_text, text
-from tests.fleet.test_picture import EMPTY, FREEZE, NEIGHBOUR, props
+from tests.fleet.test_vms import EMPTY, FREEZE, NEIGHBOUR, props
 from tests.helpers import Samples, http_get, parse_samples
 
 NOW = 2_000_000_000.0
@@ -230,7 +230,7 @@ def test_every_family_of_the_fleets_metrics_is_selected_by_its_name() -> None:
     with exactly the series named N of the whole page, for every series name on it, and several names at once."""
     from se_exporter.fleet.main import make_http_app  # noqa: PLC0415 - brings the Azure SDKs
     from se_exporter.fleet.platform.exposition import PlatformCollector  # noqa: PLC0415
-    from se_exporter.fleet.platform.service import Platform, View  # noqa: PLC0415
+    from se_exporter.fleet.platform.service import LastReconciliation, Platform  # noqa: PLC0415
     from se_exporter.fleet.report import Report  # noqa: PLC0415
 
     fleet = fleet_of_three()
@@ -241,7 +241,7 @@ def test_every_family_of_the_fleets_metrics_is_selected_by_its_name() -> None:
     registry.register(PartitionCollector(lambda: {"0": PartitionView(1, 1, 1)}, lambda: 2, clock=lambda: NOW))
     ProcessCollector(registry=registry)
     platform = Platform(metrics, Report(metrics), 3600.0, 60.0, 900.0, 1024, lambda: NOW)
-    platform.view = View(sizes={"events": 3})  # a platform gauge with a series
+    platform.view = LastReconciliation(sizes={"events": 3})  # a platform gauge with a series
     registry.register(PlatformCollector(lambda: platform.view))
     service = SimpleNamespace(healthy=True, ready=True, storage_problem=None)
     running = serve(Listen("127.0.0.1", 0), make_http_app(registry, fleet, service,  # type: ignore[arg-type]

@@ -14,10 +14,10 @@ from prometheus_client import CollectorRegistry
 from se_exporter.fleet.collector import FleetMetrics, PartitionView
 from se_exporter.fleet.consumer import Service
 from se_exporter.fleet.partition import Partition
-from se_exporter.fleet.picture import Fleet, PartitionState
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.statestore import MemoryStateStore
-from tests.fleet.test_picture import EMPTY, VM_ID, props
+from se_exporter.fleet.vms import Fleet, PartitionState
+from tests.fleet.test_vms import EMPTY, VM_ID, props
 
 
 class Exploding(dict[Any, Any]):

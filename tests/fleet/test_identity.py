@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from se_exporter.fleet.picture import Fleet, InvalidMessage, Message, PartitionState, read_message
+from se_exporter.fleet.vms import Fleet, InvalidMessage, Message, PartitionState, read_message
 from tests.fleet.reference_exposition import fleet_text
-from tests.fleet.test_picture import FREEZE, VM_ID, props
+from tests.fleet.test_vms import FREEZE, VM_ID, props
 from tests.helpers import parse_samples
 
 NAME = "WestNO_0"

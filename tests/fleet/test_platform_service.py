@@ -16,20 +16,21 @@ from prometheus_client import CollectorRegistry
 from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.consumer import Service
 from se_exporter.fleet.main import partition_vms
-from se_exporter.fleet.picture import Fleet
 from se_exporter.fleet.platform.coverage import Reconciler, ReconcileSettings
 from se_exporter.fleet.platform.exposition import PlatformCollector
-from se_exporter.fleet.platform.hubs import Held, home
-from se_exporter.fleet.platform.picture import PlatformLimits
+from se_exporter.fleet.platform.hubs import home
+from se_exporter.fleet.platform.records import PlatformLimits
 from se_exporter.fleet.platform.saving import decode_platform, platform_blob_name
 from se_exporter.fleet.platform.service import BURST_MESSAGES, Platform
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.statestore import MemoryStateStore, Stored
+from se_exporter.fleet.vms import Fleet
 from tests.fleet.platform_helpers import EVENT_ID, KEY, SUB, T0, body, grid
 from tests.fleet.test_service import NAME, Checkpoints, Context, Event, run
 
 PLATFORM_NAME = platform_blob_name("ns", "hub", "$Default", "0")
+MISSED = "azure_scheduled_fleet_missed_events_total"
 GRACE = 60.0
 OTHER_ID = "9A8B7C6D-5E4F-4A3B-8C2D-1E0F9A8B7C6D"
 
@@ -228,9 +229,9 @@ def test_a_hub_recreated_under_the_same_name_has_its_platform_messages_applied_n
 
 
 def test_a_replica_showing_part_of_the_fleet_claims_no_blind_spot_and_counts_its_vms_and_its_homes() -> None:
-    """With four partitions and one shown here, a VM not shown is not no_sidecar; the misses of the VMs shown here
-    are counted here, whatever the EventId; an EventId homed elsewhere is neither listed nor its statuses counted
-    here (its home replica does both), one homed here is."""
+    """With four partitions and one shown here, a VM not shown is not no_sidecar; the VMs shown here are judged
+    here whatever the EventId; an EventId homed elsewhere is neither listed nor counted here (its home replica does
+    both, from this partition's judgement), one homed here is."""
     assert home(KEY, 4) != "0"
     here = next(f"{index:08x}-0000-0000-0000-000000000000" for index in range(100)
                 if home(f"{index:08x}-0000-0000-0000-000000000000", 4) == "0")
@@ -247,29 +248,38 @@ def test_a_replica_showing_part_of_the_fleet_claims_no_blind_spot_and_counts_its
     no_sidecar = sum(value for (name, labels), value in gauges.items()
                      if name.endswith("event_vms") and dict(labels)["coverage"] == "no_sidecar")
     assert missed == {EVENT_ID: 1.0, here: 1.0} and no_sidecar == 0
-    assert replica.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="missed") == 2
+    assert replica.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="missed") == 1
     assert replica.value("azure_scheduled_fleet_platform_events_total", event_type="Reboot",
                          event_status="Scheduled") == 1
 
 
-def test_a_vms_miss_is_counted_by_the_replica_that_shows_it_and_not_again_by_the_partitions_next_owner() -> None:
-    """The miss of a VM on partition 1 is counted by the replica showing partition 1 (not the EventId's home) and
-    kept in partition 1's blob: the partition's next owner shows the same coverage and counts nothing again."""
+def test_a_vms_miss_is_judged_where_it_is_shown_counted_by_the_home_and_not_again_after_a_hand_over() -> None:
+    """The miss of a VM on partition 1 is judged by the replica showing partition 1 and kept in its blob; the
+    EventId's home (partition 0, another replica) counts it once from that blob; partition 1's next owner shows the
+    same coverage, and nothing is counted again."""
     states: dict[str, Stored] = {}
     event_id = homed("0", 2)
+    home_replica = Replica(states, partitions=2)
     first = Replica(states, partitions=2, partition_id="1")
-    run(first.claim())
+    for replica in (home_replica, first):
+        run(replica.claim())
+    run(home_replica.read(sidecar(1, "web_9")))
     run(first.read(platform("Scheduled", 1, resources=["web_3"], event_id=event_id), sidecar(2, "web_3")))
-    first.now[0] = T0 + GRACE + 1
-    assert first.coverage()["missed"] == 1.0
-    assert first.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="missed") == 1
-    run(first.service.save("1"))
+    first.now[0] = home_replica.now[0] = T0 + GRACE + 1
+    assert first.coverage()["missed"] == 1.0  # judged, and saved
+    assert first.value(MISSED, event_type="Reboot", reason="missed") == 0
+    run(home_replica.platform.read_peers())
+    home_replica.gauges()
+    assert home_replica.value(MISSED, event_type="Reboot", reason="missed") == 1
     successor = Replica(states, partitions=2, partition_id="1", now=[T0 + GRACE + 2])
     run(successor.claim())
     run(successor.read(platform("Scheduled", 1, resources=["web_3"], event_id=event_id), sidecar(2, "web_3"),
                        sidecar(3, "web_3", sequence=2)))
     assert successor.coverage()["missed"] == 1.0
-    assert successor.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="missed") == 0
+    run(home_replica.platform.read_peers())
+    home_replica.gauges()
+    assert successor.value(MISSED, event_type="Reboot", reason="missed") == 0
+    assert home_replica.value(MISSED, event_type="Reboot", reason="missed") == 1
 
 
 def test_a_fleet_without_platform_messages_reconciles_nothing() -> None:
@@ -371,8 +381,8 @@ def test_a_count_is_applied_once_remembered_so_a_partition_lost_before_its_write
 
 
 def test_what_was_counted_of_an_event_goes_when_the_event_is_forgotten() -> None:
-    """Past --platform-retention after its end the event leaves the picture, and its VMs' partitions' memory of its
-    pairs with it; its home's memory of its counts stays as long as a forgotten EventId is remembered (a late copy
+    """Past --platform-retention after its end the event leaves the picture, and its VMs' partitions' judgement of
+    it with it; its home's memory of its counts stays as long as a forgotten EventId is remembered (a late copy
     on another partition then adds only what is new), then goes: memory stays bounded."""
     replica = Replica()
     run(replica.claim())
@@ -380,12 +390,13 @@ def test_what_was_counted_of_an_event_goes_when_the_event_is_forgotten() -> None
     replica.now[0] = T0 + GRACE + 1
     replica.gauges()
     [held] = replica.platform.hubs["platform"].held.values()
-    counted = replica.platform.homes.counted
-    assert held.missed == {(KEY, "web_3"): "missed"} and counted[KEY].missed == {"web_7": "no_sidecar"}
+    counted = held.counted  # the EventId's home is this partition
+    assert held.judged.vms == {KEY: {"web_3": ("missed", None)}}
+    assert counted[KEY].missed == {"web_3": "missed", "web_7": "no_sidecar"}
     run(replica.read(platform("Completed", 3, resources=["web_3", "web_7"])))
     replica.now[0] = T0 + GRACE + 1 + 3600 + 1
     replica.gauges()
-    assert replica.coverage() == {} and held.missed == {} and counted[KEY].gone_at == replica.now[0]
+    assert replica.coverage() == {} and held.judged.vms == {} and counted[KEY].gone_at == replica.now[0]
     replica.now[0] += replica.platform.limits.open_expiry
     replica.gauges()
     assert KEY not in counted
@@ -527,16 +538,17 @@ def test_reconciliation_is_put_off_by_a_burst_never_by_a_trickle() -> None:
     assert rounds == []  # within BURST_DEFERS_UP_TO of the start, and messages keep "arriving" (applied_at recent)
 
 
-def test_a_partitions_memory_of_its_pairs_is_cut_to_the_bound_oldest_first_and_the_hit_counted() -> None:
-    """Past ``ReconcileSettings.pairs``, a held partition's misses and lags each lose their oldest entries, and the
-    bound hit counts every one dropped."""
-    metrics = FleetMetrics(CollectorRegistry())
-    platform = Platform(metrics, Report(metrics), 3600.0, GRACE, 900.0, 1024 * 1024, lambda: T0)
-    platform.reconciler = Reconciler(ReconcileSettings(900.0, GRACE, pairs=2))
-    held = Held(missed={("a", "vm1"): "missed", ("b", "vm1"): "missed", ("c", "vm1"): "missed",
-                        ("d", "vm1"): "missed"}, lags={("a", "vm2"), ("b", "vm2"), ("c", "vm2")})
-    side = platform.reader("sidecar", Fleet(), MemoryStateStore({}), lambda: 1)._side
-    side.held["0"] = held
-    platform._forget(set())
-    assert list(held.missed) == [("c", "vm1"), ("d", "vm1")] and len(held.lags) == 2 and held.changes == 1
-    assert metrics.bound_hits.labels("platform_coverage_pairs")._value.get() == 3  # 4 - 2 misses, 3 - 2 lags
+def test_a_partitions_judgement_is_bounded_and_the_hit_counted() -> None:
+    """Past ``ReconcileSettings.pairs`` verdicts, a partition's judgement keeps those it had and takes no new one;
+    the bound hit counts every one left out."""
+    replica = Replica()
+    replica.platform.reconciler = Reconciler(ReconcileSettings(900.0, GRACE, pairs=2))
+    run(replica.claim())
+    names = [f"web_{number}" for number in range(5)]
+    run(replica.read(platform("Scheduled", 1, resources=names), *(sidecar(2 + index, name)
+                                                                  for index, name in enumerate(names))))
+    replica.now[0] = T0 + GRACE + 1
+    replica.gauges()
+    [held] = replica.platform.hubs["platform"].held.values()
+    assert sum(map(len, held.judged.vms.values())) == 2
+    assert replica.value("azure_scheduled_fleet_bound_hits_total", bound="platform_coverage_pairs") >= 3

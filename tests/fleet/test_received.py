@@ -11,7 +11,7 @@ from azure.eventhub.amqp import AmqpAnnotatedMessage, AmqpMessageBodyType, AmqpM
 
 from se_exporter.fleet.message import read_message
 from se_exporter.fleet.received import delivery, enqueued_at
-from tests.fleet.test_picture import EMPTY, VM_ID, props
+from tests.fleet.test_vms import EMPTY, VM_ID, props
 
 
 def received(message_id: Any = b"inst:1", enqueued_ms: Any = 1_795_316_668_024, with_properties: bool = True,

@@ -19,11 +19,11 @@ from prometheus_client import CollectorRegistry
 
 from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.consumer import Service
-from se_exporter.fleet.picture import Fleet, read_message
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.stateformat import decode, encode_base
 from se_exporter.fleet.statestore import MemoryStateStore, Stored, new_block_id, state_blob_name
-from tests.fleet.test_picture import EMPTY, NOW, props
+from se_exporter.fleet.vms import Fleet, read_message
+from tests.fleet.test_vms import EMPTY, NOW, props
 
 T = TypeVar("T")
 NAME = state_blob_name("ns", "hub", "$default", "0")

@@ -12,7 +12,7 @@ from se_exporter.cli import build_parser, main
 from se_exporter.core.errors import ConfigError
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView
 from se_exporter.fleet.platform.exposition import PlatformCollector
-from se_exporter.fleet.platform.service import View
+from se_exporter.fleet.platform.service import LastReconciliation
 from se_exporter.fleet.scrape import FleetExposition
 from se_exporter.fleet.settings import FLEET_OPTIONS, FleetSettings, fleet_settings
 from se_exporter.infra.options import Listen
@@ -103,7 +103,7 @@ def test_every_fleet_setting_and_metric_is_in_the_reference() -> None:
     registry = CollectorRegistry()
     FleetMetrics(registry)
     registry.register(PartitionCollector(lambda: {"0": PartitionView(1, 1, 1)}, lambda: 1))
-    registry.register(PlatformCollector(View))
+    registry.register(PlatformCollector(LastReconciliation))
     names = {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}
     names |= {family.name for family in FleetExposition([]).describe()}
     assert len(names) > 20
@@ -192,7 +192,7 @@ def test_every_bound_the_fleet_reports_says_why_in_its_log_line_and_is_in_the_do
     from se_exporter.fleet.message import BOUND_NAMES  # noqa: PLC0415 - the names, only for this check
     from se_exporter.fleet.platform import PLATFORM_BOUND_NAMES  # noqa: PLC0415
     from se_exporter.fleet.platform.coverage import COVERAGE_BOUND_NAMES  # noqa: PLC0415
-    from se_exporter.fleet.platform.picture import PICTURE_BOUND_NAMES  # noqa: PLC0415
+    from se_exporter.fleet.platform.records import PICTURE_BOUND_NAMES  # noqa: PLC0415
     from se_exporter.fleet.report import BOUND_HELP  # noqa: PLC0415
 
     readme = (Path(__file__).parents[2] / "docs" / "fleet.md").read_text()

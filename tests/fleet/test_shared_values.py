@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from se_exporter.fleet.picture import VmState, read_message
-from tests.fleet.test_picture import EMPTY, VM_ID, props
+from se_exporter.fleet.vms import VmState, read_message
+from tests.fleet.test_vms import EMPTY, VM_ID, props
 
 
 def read(body: bytes, sequence: int, **extra: str) -> VmState:

@@ -3,9 +3,9 @@ type, with its own row in the per-type family from the start."""
 
 from __future__ import annotations
 
-from se_exporter.fleet.picture import Fleet
+from se_exporter.fleet.vms import Fleet
 from tests.fleet.test_collector import Scrape, add
-from tests.fleet.test_picture import FREEZE
+from tests.fleet.test_vms import FREEZE
 
 SPOT = (b'{"DocumentIncarnation": 4, "Events": [{"EventId": "S1", "EventType": "SpotRebalanceRecommendation", '
         b'"ResourceType": "VirtualMachine", "Resources": ["spot_1"], "EventStatus": "Scheduled", '

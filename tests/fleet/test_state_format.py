@@ -11,9 +11,9 @@ import pytest
 
 from se_exporter.fleet import stateformat
 from se_exporter.fleet.message import VmState
-from se_exporter.fleet.picture import Bounds, Fleet, Message
 from se_exporter.fleet.stateformat import DamagedState, NewerState, decode, encode_base, encode_delta
-from tests.fleet.test_picture import FREEZE, GOOD, NOW, VM_ID, message, props, read_message
+from se_exporter.fleet.vms import Bounds, Fleet, Message
+from tests.fleet.test_vms import FREEZE, GOOD, NOW, VM_ID, message, props, read_message
 
 BIG = json.dumps({"DocumentIncarnation": 9, "Events": [
     {"EventId": f"EVENT-{n:04d}-{'x' * 40}", "EventType": "Freeze", "ResourceType": "VirtualMachine",

@@ -222,13 +222,13 @@ def test_a_body_over_the_cap_is_refused_413_unread(server: Callable[..., tuple[i
     assert rejected == ["body_bytes"]
 
 
-def test_a_chunk_declared_over_the_cap_is_refused_413_at_once(server: Callable[..., tuple[int, list[str]]]) -> None:
-    """A chunked body whose declared chunk sizes pass 64 KiB is answered 413 as soon as the size line is read, not
-    408 when the body deadline (here a minute) ends."""
+def test_a_chunked_body_over_the_cap_is_refused_413_at_once(server: Callable[..., tuple[int, list[str]]]) -> None:
+    """A chunked body that passes 64 KiB is answered 413 as soon as that much is read, not 408 when the body
+    deadline (here a minute) ends, though its last chunk never comes."""
     port, rejected = server(body_timeout=60.0)
     with connect(port, timeout=20.0) as sock:
         sock.sendall(b"POST /x HTTP/1.1\r\nHost: s\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     b"8000\r\n" + b"a" * 0x8000 + b"\r\n8001\r\nab")
+                     b"8000\r\n" + b"a" * 0x8000 + b"\r\n8001\r\n" + b"b" * 0x8001)
         assert answer(sock).startswith(b"HTTP/1.1 413")
     assert rejected == ["body_bytes"]
 
@@ -489,7 +489,7 @@ def test_refusals_are_counted_by_reason_on_the_registry() -> None:
 def fleet_app() -> Iterator[int]:
     """The fleet's own endpoints (fleet.main.make_http_app) with an empty fleet, healthy, not ready."""
     from se_exporter.fleet.main import make_http_app as fleet_http_app  # noqa: PLC0415 - brings the Azure SDKs
-    from se_exporter.fleet.picture import Fleet  # noqa: PLC0415
+    from se_exporter.fleet.vms import Fleet  # noqa: PLC0415
 
     registry = CollectorRegistry()
     Gauge("fleet_probe", "a gauge", registry=registry).set(1)

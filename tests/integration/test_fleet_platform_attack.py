@@ -117,9 +117,9 @@ def test_storage_stopped_then_kill_9_of_the_counting_replica_counts_each_figure_
                what="each figure counted once over the replicas")
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: a miss decided but not yet written when its replica is killed is "
-                   "lost if the event ends before a successor reconciles it (an ended event keeps only the misses "
-                   "decided while it was open)")
+@pytest.mark.xfail(strict=True, reason="not fixed: a judgement made but not yet written when its replica is killed is "
+                   "lost if the event ends before a successor judges it again (a miss is said only while the "
+                   "event is open)")
 def test_storage_stopped_then_kill_9_keeps_every_coverage_state(
         simulate: Callable[..., Simulate], sidecar: Callable[..., Sidecar], hubs: Callable[..., EventHubsTestServer],
         fleets: Callable[..., Any], azurite: Azurite, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from scripts import lockfile
 from tests import container
 from tests.child_logs import attach
 from tests.conftest import Reliability, SimulatorFactory
-from tests.helpers import free_port, http_get, parse_samples, series, wait_until
+from tests.helpers import free_port, http_get, key_times, parse_samples, series, wait_until
 
 # The first test here pays for the module's set-up: the stand-in base (debootstrap) and the image build, both cold on
 # a machine that never built them. Measured cold (a fresh buildah storage) with two busy loops beside it on 2 shared
@@ -155,7 +155,7 @@ def test_image_runs_unprivileged_writes_only_its_volume_and_stops_on_sigterm(
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: http_get(f"{url}/healthz")[0] == 200, timeout=60, what="/healthz 200")
-        sim.advance(max(0.0, sim.scenario.key_times()[0] + 0.01 - sim.scenario_time()))
+        sim.advance(max(0.0, key_times(sim.scenario)[0] + 0.01 - sim.scenario_time()))
         listed = {e["EventId"]: e["EventStatus"] for e in sim.document()["Events"]}
         assert listed
         wait_until(lambda: {s["event_id"]: s["event_status"] for s in series(

@@ -23,7 +23,7 @@ from se_exporter.simulator.server import Simulator, SimulatorServer
 from tests.certs import self_signed_certificate
 from tests.conftest import Reliability, SimulatorFactory
 from tests.eventhubs_server import EventHubsTestServer
-from tests.helpers import Sidecar, http_get, wait_until
+from tests.helpers import Sidecar, http_get, key_times, wait_until
 from tests.otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.integration
@@ -95,7 +95,7 @@ def delivered(azure: Azure) -> list[bytes]:
 def drive(azure: Azure, process: Sidecar, changes: int) -> None:
     """Make the simulator's document change ``changes`` times (one key moment of the scenario each), waiting
     for the sidecar to read each one."""
-    times = [t for t in azure.sim.scenario.key_times() if t > azure.sim.scenario_time()][:changes]
+    times = [t for t in key_times(azure.sim.scenario) if t > azure.sim.scenario_time()][:changes]
     for key_time in times:
         azure.sim.advance(max(0.0, key_time + 0.01 - azure.sim.scenario_time()))
         incarnation = azure.sim.document()["DocumentIncarnation"]

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import Reliability, SimulatorFactory
 from tests.eventhubs_server import EventHubsTestServer
-from tests.helpers import Sidecar, wait_until
+from tests.helpers import Sidecar, key_times, wait_until
 from tests.integration.test_eventhubs import first_copies, forwarding
 
 pytestmark = pytest.mark.integration
@@ -39,7 +39,7 @@ def test_random_sigterm_and_sigkill(simulator: SimulatorFactory, sidecar: Callab
     sim, server = simulator("demo", held=True)  # its own clock would change the document 2 s after a step, unread
     hub = hubs()
     state = tmp_path / "state"
-    times = list(sim.scenario.key_times())
+    times = list(key_times(sim.scenario))
     cuts = sorted(rng.sample(range(1, len(times)), 4))
     chunks = [times[a:b] for a, b in zip([0, *cuts], [*cuts, len(times)], strict=True)]
     logs: list[str] = []

@@ -21,7 +21,7 @@ from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator
 from tests.child_logs import attach
 from tests.conftest import Reliability, SimulatorFactory
-from tests.helpers import Sidecar, free_port, http_get, series, stop_process, total, wait_until
+from tests.helpers import Sidecar, free_port, http_get, key_times, series, stop_process, total, wait_until
 
 pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2", "--imds-timeout", "0.5")
@@ -78,7 +78,7 @@ def test_scenario_end_to_end(name: str, simulator: SimulatorFactory, sidecar: Ca
     sim, server = simulator(name, held=True)  # the demo's own clock would change it 2 s after a step, unread
     process = sidecar("--imds-url", server.url, *FAST)
     wait_until(lambda: process.value("azure_scheduled_events_vm_info", **_vm_labels(sim)), what="VM identity")
-    for key_time in sim.scenario.key_times():
+    for key_time in key_times(sim.scenario):
         sim.advance(max(0.0, key_time + 0.01 - sim.scenario_time()))
         document = sim.document(sim.newest_served)  # the version --api-version auto settles on
         incarnation = document["DocumentIncarnation"]

@@ -14,7 +14,7 @@ import tree_sitter_powershell
 from tree_sitter import Language, Node, Parser
 
 from se_exporter.cli import build_parser
-from se_exporter.infra.platform_io import Windows
+from se_exporter.infra.host_os import Windows
 from se_exporter.sidecar.settings import DEFAULT_PORT, RUN_OPTIONS, run_settings
 
 ROOT = Path(__file__).parent.parent.parent

@@ -20,6 +20,7 @@ from se_exporter.sidecar.sinks import DocumentChange
 from se_exporter.sidecar.sinks.otel_events import EventLogSink
 from se_exporter.sidecar.sinks.spans import span_id_for, trace_id_for
 from se_exporter.simulator import scenario as scenarios
+from tests.helpers import key_times
 from tests.sidecar.test_spans import EPOCH, document_at
 
 A = "azure.scheduled_event."
@@ -35,7 +36,7 @@ def run(name: str) -> tuple[list[tuple[str, EventRecord | None]], InMemoryLogRec
     records: Mapping[str, EventRecord] = {}
     ended: Mapping[str, EventRecord] = {}
     made: list[tuple[str, EventRecord | None]] = []
-    for incarnation, t in enumerate((0.0, *scenario.key_times()), start=1):
+    for incarnation, t in enumerate((0.0, *key_times(scenario)), start=1):
         document = document_at(scenario, t + 0.01, incarnation)
         step = diff(records, document, EPOCH + t + 0.01, ended)
         records, ended = step.records, step.ended
@@ -108,7 +109,7 @@ def test_a_failing_log_exporter_is_counted_and_said_once_with_its_reason(caplog:
     identity = VmIdentity(name=scenario.vm["name"], vm_id=scenario.vm["vmId"])
     records: Mapping[str, EventRecord] = {}
     with processwide.restored(), caplog.at_level(logging.INFO):
-        for incarnation, t in enumerate((0.0, *scenario.key_times()), start=1):
+        for incarnation, t in enumerate((0.0, *key_times(scenario)), start=1):
             document = document_at(scenario, t + 0.01, incarnation)
             step = diff(records, document, EPOCH + t + 0.01)
             records = step.records

@@ -11,16 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry._logs import LogRecord
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.sdk._logs import ReadableLogRecord
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExportResult
 from prometheus_client import CollectorRegistry, Counter
 
 from se_exporter.sidecar.settings import TracingSettings
+from se_exporter.sidecar.sinks.otel_events import make_log_exporter
 from se_exporter.sidecar.sinks.otlp_http import BoundedSession
 from se_exporter.sidecar.sinks.tracing import (
     EXPORT_TIMEOUT_SECONDS,
-    MAX_RESPONSE_BYTES,
     CountingExporter,
     make_exporter,
 )
@@ -44,16 +47,20 @@ def spans() -> list[ReadableSpan]:
     return [span]  # type: ignore[list-item]  # an ended SDK span is a ReadableSpan
 
 
+def log_record() -> ReadableLogRecord:
+    return ReadableLogRecord(LogRecord(body="Reboot started"), Resource.create({}))
+
+
 def why(caplog: pytest.LogCaptureFixture) -> str:
     """The reason the one warning gives, as the exporter put it."""
     message = next(r.getMessage() for r in caplog.records if "span export failing" in r.getMessage())
     return message.split(": ", 1)[1].rsplit("): spans are dropped", 1)[0]
 
 
-def counting(inner: Any) -> tuple[CountingExporter, CollectorRegistry]:
+def counting(inner: Any, where: str | None = None) -> tuple[CountingExporter, CollectorRegistry]:
     registry = CollectorRegistry()
     return CountingExporter(inner, Counter("exported", "", registry=registry),
-                            Counter("failed", "", registry=registry)), registry
+                            Counter("failed", "", registry=registry), where=where), registry
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
@@ -66,7 +73,7 @@ def test_an_otlp_http_export_ends_by_its_deadline_reading_a_bounded_answer(
     stays bounded."""
     with hostile_collector(answer, tls_contexts[0] if tls else None) as endpoint:
         exporter, registry = counting(HttpExporter(endpoint=endpoint, timeout=DEADLINE, session=BoundedSession(),
-                                                   certificate_file=str(tls_cert[0]) if tls else None))
+                                                   certificate_file=str(tls_cert[0]) if tls else None), endpoint)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         started = time.monotonic()
         with caplog.at_level(logging.DEBUG):
@@ -103,20 +110,19 @@ def test_the_otlp_certificate_is_trusted_with_a_ca_bundle_variable_set(
     assert registry.get_sample_value("exported_total") == 1
 
 
-def test_the_sidecars_exporters_are_built_bounded() -> None:
-    """The OTLP/HTTP exporter posts through a BoundedSession; the gRPC one caps the answer on its channel; both
-    have the export deadline."""
-    http = make_exporter(TracingSettings(otel_traces_exporter="otlp", otel_endpoint="http://127.0.0.1:9"))
-    grpc = make_exporter(TracingSettings(otel_traces_exporter="otlp", otel_endpoint="http://127.0.0.1:9",
-                                         otel_protocol="grpc"))
-    try:
-        assert isinstance(http._client._transport._session, BoundedSession)
-        assert http._client._timeout == EXPORT_TIMEOUT_SECONDS
-        assert ("grpc.max_receive_message_length", MAX_RESPONSE_BYTES) in grpc._channel_options
-        assert grpc._timeout == EXPORT_TIMEOUT_SECONDS
-    finally:
-        http.shutdown()
-        grpc.shutdown()
+@pytest.mark.parametrize("make", [make_exporter, make_log_exporter], ids=["spans", "log records"])
+def test_the_sidecars_otlp_http_exporters_are_built_bounded(make: Callable[[TracingSettings], Any]) -> None:
+    """The span and log record exporters the sidecar builds for OTLP/HTTP end an export with a dripping collector
+    by the export deadline."""
+    with hostile_collector(drip_body) as endpoint:
+        settings = TracingSettings(otel_traces_exporter="otlp", otel_logs_exporter="otlp", otel_endpoint=endpoint)
+        exporter = make(settings)
+        started = time.monotonic()
+        result = exporter.export(spans() if make is make_exporter else [log_record()])
+        took = time.monotonic() - started
+        exporter.shutdown()
+    assert result.name == "FAILURE"
+    assert EXPORT_TIMEOUT_SECONDS - 0.5 < took < EXPORT_TIMEOUT_SECONDS + SLACK
 
 
 @pytest.mark.parametrize(("delay", "message_bytes"), [(30.0, 0), (0.0, 1024 * 1024)])
@@ -149,7 +155,8 @@ def test_an_otlp_http_answer_that_is_not_2xx_is_an_export_failure(
     """A collector answering 3xx (a redirect, never followed): the spans count as failed, not exported, with the
     one warning naming the status and not the Location (which may carry a token)."""
     with hostile_collector(answer) as endpoint:
-        exporter, registry = counting(HttpExporter(endpoint=endpoint, timeout=DEADLINE, session=BoundedSession()))
+        exporter, registry = counting(HttpExporter(endpoint=endpoint, timeout=DEADLINE, session=BoundedSession()),
+                                      endpoint)
         with caplog.at_level(logging.DEBUG):
             results = [exporter.export(spans()) for _ in range(2)]
         exporter.shutdown()

@@ -13,7 +13,7 @@ import pytest
 from se_exporter.cli import build_parser, main
 from se_exporter.core.errors import ConfigError
 from se_exporter.infra.options import Bounded, Listen, parse_endpoint, parse_listen
-from se_exporter.sidecar.settings import DEFAULT_IMDS_URL, RUN_OPTIONS, Settings, parse_bytes, run_settings
+from se_exporter.sidecar.settings import DEFAULT_IMDS_URL, DOCUMENT_BYTES, RUN_OPTIONS, Settings, run_settings
 from se_exporter.simulator.settings import simulator_settings
 from tests.conftest import Reliability
 
@@ -168,9 +168,9 @@ def test_parse_endpoint(text: str, expected: str) -> None:
 
 def test_parse_bytes() -> None:
     """Sizes accept plain bytes and binary units."""
-    assert parse_bytes("4096") == 4096
-    assert parse_bytes("4MiB") == 4 * 1024 * 1024
-    assert parse_bytes("2k") == 2048
+    assert DOCUMENT_BYTES("4096") == 4096
+    assert DOCUMENT_BYTES("4MiB") == 4 * 1024 * 1024
+    assert DOCUMENT_BYTES("2k") == 2048
 
 
 @pytest.mark.parametrize(("argv", "fragment"), [

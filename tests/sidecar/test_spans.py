@@ -24,6 +24,7 @@ from se_exporter.sidecar.sinks import DocumentChange
 from se_exporter.sidecar.sinks.spans import EventIdGenerator, SpanSink, span_id_for, trace_id_for
 from se_exporter.sidecar.sinks.tracing import resource_attributes
 from se_exporter.simulator import scenario as scenarios
+from tests.helpers import key_times
 
 EPOCH = 1_795_000_000.0
 A = "azure.scheduled_event."
@@ -69,7 +70,7 @@ def run(name: str, state_dir: Path | None = None) -> list[ReadableSpan]:
     sink = SpanSink(provider, ids, state_dir)
     identity = VmIdentity(name=scenario.vm["name"], vm_id=scenario.vm["vmId"])
     records: Mapping[str, EventRecord] = {}
-    for incarnation, t in enumerate((0.0, *scenario.key_times()), start=1):
+    for incarnation, t in enumerate((0.0, *key_times(scenario)), start=1):
         document = document_at(scenario, t + 0.01, incarnation)
         step = diff(records, document, EPOCH + t + 0.01)
         records = step.records

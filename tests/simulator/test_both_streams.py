@@ -69,7 +69,7 @@ def test_the_fleet_core_finds_each_coverage_state_the_scenario_plays() -> None:
             for event in read.events:
                 outcomes[picture.apply(event, clock.now).outcome] += 1
         result = reconciler.update(picture.records(), vms.values(), clock.now)
-        unannounced += result.unannounced
+        unannounced += [key for key, _event_type, _name in result.listed]
         for row in result.coverage:
             coverage[(row.event_id, row.vm_name)].add(row.coverage)
     freeze, blind, redeploy, canceled = (spec.event_id for spec in timeline.scenario.events)

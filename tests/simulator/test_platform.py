@@ -16,6 +16,7 @@ from se_exporter.simulator.platform import PlatformCopy, Published, lifecycle
 from se_exporter.simulator.scenario import Scenario
 from se_exporter.simulator.server import Simulator, every_vm
 from se_exporter.simulator.timeline import Timeline
+from tests.helpers import key_times
 
 EPOCH = 1_800_000_000.0  # unix time of scenario second 0 in these tests
 MAX = 1024 * 1024
@@ -35,7 +36,7 @@ def sweep(scenario: Scenario, schema: str = "eventgrid", until: float | None = N
     before it, with that moment."""
     copy = PlatformCopy(scenario, schema)
     out: list[tuple[float, Published]] = []
-    moments = sorted({0.0, *scenario.key_times(), *(t - 0.5 for t in scenario.key_times() if t >= 0.5)})
+    moments = sorted({0.0, *key_times(scenario), *(t - 0.5 for t in key_times(scenario) if t >= 0.5)})
     for t in moments:
         if until is None or t <= until:
             out += [(t, message) for message in copy.due(t, {}, lambda at: EPOCH + at)]

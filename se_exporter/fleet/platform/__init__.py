@@ -2,10 +2,10 @@
 
 The pure core, a module per step: ``reader`` (with ``fields``: a received message to ``PlatformEvent`` values, or
 None when it is not Event Grid's), ``picture`` (per EventId, statuses only moving forward, duplicates applied once
-and their copies kept, retention), ``counting`` (the once-only rule, ``COUNTING``, and what it adds), ``saved`` (a
-picture as JSON with named fields and back), ``coverage`` (per EventId and VM: observed, missed, imds_unreachable,
-no_sidecar; and the reverse) and ``exposition`` (the gauges, a prometheus-client collector). The fleet's side of
-it, with I/O: ``hubs``, ``homes``, ``partitions``, ``saving`` and ``service``.
+and their copies kept, retention), ``counting`` (the once-only rules, ``COUNTING`` and ``COVERAGE``, and what they
+add), ``saved`` (a picture as JSON with named fields and back), ``coverage`` (per EventId and VM: observed, missed,
+imds_unreachable, no_sidecar; and the reverse) and ``exposition`` (the gauges, a prometheus-client collector). The
+fleet's side of it, with I/O: ``hubs``, ``homes``, ``partitions``, ``saving`` and ``service``.
 
 How a consumer tells the two streams apart, per received message: ``read_platform`` first (a sidecar's document
 costs it one look at the bytes, no parsing); None means not Event Grid's, for ``message.read_message``.
@@ -23,16 +23,6 @@ from se_exporter.fleet.platform.coverage import (
     Reconciliation,
 )
 from se_exporter.fleet.platform.exposition import PlatformCollector, platform_families
-from se_exporter.fleet.platform.picture import (
-    DEFAULT_LIMITS,
-    PICTURE_BOUND_NAMES,
-    Applied,
-    PictureState,
-    PlatformLimits,
-    PlatformPicture,
-    PlatformRecord,
-    merge,
-)
 from se_exporter.fleet.platform.reader import (
     DEFAULT_PLATFORM_BOUNDS,
     EVENT_TYPE,
@@ -43,6 +33,16 @@ from se_exporter.fleet.platform.reader import (
     PlatformMessage,
     looks_like_platform,
     read_platform,
+)
+from se_exporter.fleet.platform.records import (
+    DEFAULT_LIMITS,
+    PICTURE_BOUND_NAMES,
+    ApplyResult,
+    PictureState,
+    PlatformLimits,
+    PlatformPicture,
+    PlatformRecord,
+    merge,
 )
 from se_exporter.fleet.platform.saved import record_from_json, record_to_json, state_from_json, state_to_json
 
@@ -56,7 +56,7 @@ __all__ = [
     "PICTURE_BOUND_NAMES",
     "PLATFORM_BOUND_NAMES",
     "PLATFORM_INVALID_REASONS",
-    "Applied",
+    "ApplyResult",
     "Coverage",
     "PictureState",
     "PlatformBounds",

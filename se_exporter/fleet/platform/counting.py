@@ -1,4 +1,4 @@
-"""Counting each EventId once, whatever the order and lateness of its messages: the rule, and what it adds.
+"""Counting each EventId once, whatever the order and lateness of its messages: the rules, and what they add.
 
 The rule (``COUNTING``; docs/platform-stream.md says it too):
 
@@ -15,6 +15,24 @@ copy), so the counter ends at the figure of all its messages, whatever the order
 (``tests/fleet/test_platform_counting.py`` proves it over every order of 400 sets). A counter is labelled with the
 EventId's fields when it is topped up: the documented stream repeats them in every message of one EventId; if two
 messages disagreed (a type said Reboot in one, Redeploy in another), the total over labels is still exact.
+
+The coverage counters follow one rule too (``COVERAGE``; docs/platform-stream.md):
+
+1. A partition's owner judges the named VMs it shows of each EventId (when each first listed it; a miss and its
+   reason, once said while the event was open, kept) and the unannounced EventIds its live VMs listed, and keeps
+   that judgement in the partition's blob beside its picture.
+2. An EventId's coverage figures are a function of every partition's judgement merged: each VM missed once
+   (`missed_events_total`; `no_sidecar`: alive in no partition once all have judged the EventId), each VM's lag once
+   (`announcement_lag_seconds`), the EventId once if unannounced (`unannounced_events_total`).
+3. They are counted as COUNTING's rules 2 and 3 count the rest: by the owner of the EventId's home partition alone,
+   topping up to those figures, kept in the same record of what was counted.
+
+A judgement only grows (a listing is kept, a miss stays a miss), so the merged figures do too, and each counter
+ends at the figure of every judgement whatever the order and the rounds in which the home read them, across
+restarts and hand-overs (``tests/fleet/test_platform_counting.py`` proves it over every order of 300 sets of
+judging rounds, read late, with the home killed before writes). A VM is counted missed once, under the reason
+merged when it is first counted: the reasons are moments of one miss, and a VM first counted ``no_sidecar`` whose
+sidecar then appears is not counted again.
 """
 
 from __future__ import annotations
@@ -22,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from se_exporter.fleet.platform.picture import PlatformRecord
+from se_exporter.fleet.platform.records import PlatformRecord
 
 COUNTING = (
     "An EventId's figures are a function of the set of its messages merged over every partition: each status heard "
@@ -33,6 +51,19 @@ COUNTING = (
     'An ended EventId stays `--platform-retention` from when its end was read (not from its eventTime), and what '
     'was counted of it eight days more: a message read later adds only what it adds to that.',
 )
+COVERAGE = (
+    "A partition's owner judges the named VMs it shows of each EventId (when each first listed it; a miss and its "
+    "reason, once said while the event was open, kept) and the unannounced EventIds its live VMs listed, and keeps "
+    "that judgement in the partition's blob beside its picture.",
+    "An EventId's coverage figures are a function of every partition's judgement merged: each VM missed once "
+    "(`missed_events_total`; `no_sidecar`: alive in no partition once all have judged the EventId), each VM's lag "
+    "once (`announcement_lag_seconds`), the EventId once if unannounced (`unannounced_events_total`).",
+    "They are counted as COUNTING's rules 2 and 3 count the rest: by the owner of the EventId's home partition "
+    "alone, topping up to those figures, kept in the same record of what was counted.",
+)
+# One VM's judgement of one EventId: the miss said while it was open (a reason of ``coverage.MISSED_REASONS``, or
+# None), and when the VM first listed it minus when the platform announced it (its lag; None: not listed).
+Verdict = tuple[str | None, float | None]
 
 
 @dataclass
@@ -57,15 +88,17 @@ class Counted:
 @dataclass(frozen=True)
 class Increment:
     """One counter's increment: ``platform_events`` (labels event_type, event_status), ``impact_seconds``
-    (event_type, scope_name, location) or ``platform_duplicates`` (none)."""
+    (event_type, scope_name, location), ``platform_duplicates`` (none), ``missed_events`` (event_type, reason),
+    ``unannounced_events`` (event_type), or ``announcement_lag`` (none; ``amount`` the value observed)."""
 
     counter: str
     labels: tuple[str, ...]
     amount: float
 
 
-def top_up(counted: Counted, record: PlatformRecord) -> list[Increment]:
-    """What the counters add to reach ``record``'s figures from ``counted`` (rule 1); ``counted`` is moved on."""
+def top_up(counted: Counted, record: PlatformRecord, verdicts: dict[str, Verdict] | None = None) -> list[Increment]:
+    """What the counters add to reach the figures of ``record`` (COUNTING 1) and of the merged ``verdicts`` of its
+    VMs (COVERAGE 2) from ``counted``; ``counted`` is moved on."""
     event = record.event
     added = [Increment("platform_events", (event.event_type, status), 1.0)
              for status, _when in record.times if status not in counted.statuses]
@@ -78,5 +111,47 @@ def top_up(counted: Counted, record: PlatformRecord) -> list[Increment]:
     if record.duplicates > counted.duplicates:
         added.append(Increment("platform_duplicates", (), float(record.duplicates - counted.duplicates)))
         counted.duplicates = record.duplicates
+    for name, (reason, lag) in sorted((verdicts or {}).items()):
+        if reason is not None and name not in counted.missed:
+            added.append(Increment("missed_events", (event.event_type, reason), 1.0))
+            counted.missed[name] = reason
+        if lag is not None and name not in counted.lag:
+            added.append(Increment("announcement_lag", (), lag))
+            counted.lag.add(name)
     counted.gone_at = None
     return added
+
+
+def top_up_unannounced(counted: Counted, event_type: str) -> list[Increment]:
+    """An EventId listed and never announced (COVERAGE 2): counted once."""
+    if counted.unannounced:
+        return []
+    counted.unannounced = True
+    return [Increment("unannounced_events", (event_type,), 1.0)]
+
+
+def judge(old: Verdict, coverage: str | None, lag: float | None) -> Verdict:
+    """A VM's verdict moved on by one round's coverage (COVERAGE 1): the lag of its first listing kept, a miss's
+    latest reason, neither ever taken back."""
+    reason, first = old
+    if coverage == "observed" and first is None:
+        first = lag
+    elif coverage in ("missed", "imds_unreachable"):
+        reason = coverage
+    return reason, first
+
+
+def merged(judgements: list[dict[str, Verdict]]) -> dict[str, Verdict]:
+    """One EventId's verdicts over the partitions' judgements: a VM missed where any says so (the first reason in
+    ``MISSED_REASONS`` order, so the merge is the same in any order), its lag the earliest listing."""
+    verdicts: dict[str, Verdict] = {}
+    for judged in judgements:
+        for name, (reason, lag) in judged.items():
+            old_reason, old_lag = verdicts.get(name, (None, None))
+            reasons = [each for each in (old_reason, reason) if each is not None]
+            lags = [each for each in (old_lag, lag) if each is not None]
+            verdicts[name] = (min(reasons, key=_RANK.__getitem__) if reasons else None, min(lags) if lags else None)
+    return verdicts
+
+
+_RANK = {"missed": 0, "imds_unreachable": 1, "no_sidecar": 2}

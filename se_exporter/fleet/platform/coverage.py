@@ -1,10 +1,11 @@
 """Reconciliation: for every EventId the platform announced and every VM it concerns, did that VM's sidecar see it?
 
 No I/O and no clock reads. ``Reconciler.update`` takes the platform's records, the fleet's VMs (as
-``Fleet.vms()`` returns them) and the time, and returns the coverage of each (EventId, VM) pair, plus what the
-counters should add since the last update. It remembers, bounded, what must outlive one look: when a VM first
-listed an EventId (a finished event vanishes from IMDS, and from the VM's next document), which pairs and EventIds
-were already counted (each once), and which scopes have published a platform event.
+``Fleet.vms()`` returns them) and the time, and returns the coverage of each (EventId, VM) pair (with its lag when
+observed) and the unannounced EventIds listed: what a partition's owner judges (``counting.COVERAGE``); counting
+them is not done here. It remembers, bounded, what must outlive one look: when a VM first listed an EventId (a
+finished event vanishes from IMDS, and from the VM's next document), and which scopes have published a platform
+event.
 
 Coverage, for an affected VM (a name in the event's Resources):
 
@@ -15,11 +16,11 @@ Coverage, for an affected VM (a name in the event's Resources):
 * ``missed``: its sidecar is alive and has not listed the EventId ``grace`` seconds after the announcement while
   the event is Scheduled or Started.
 
-Within the grace a live sidecar's pair has no coverage yet; once the event has ended, a pair keeps the ``missed``
-or ``imds_unreachable`` it had (the VM's IMDS would no longer show the event), and a live sidecar's pair that had
-none gets none. The reverse: an EventId live sidecars listed for ``grace`` that the platform never announced,
-counted once, only when the VM is in a scope that has published a platform event (its scale set, itself, or a
-Resources list: an availability set is known only that way).
+Within the grace a live sidecar's pair has no coverage yet; once the event has ended, a live sidecar's pair gets
+none (the VM's IMDS would no longer show the event: a miss said while it was open is kept by the judgement of the
+VM's partition, ``counting.COVERAGE``). The reverse: an EventId live sidecars listed for ``grace`` that the
+platform never announced, listed only when the VM is in a scope that has published a platform event (its scale set,
+itself, or a Resources list: an availability set is known only that way).
 
 The join is on (subscription, resource group, VM name): the sidecars forward the first two as
 properties, ``VmState`` keeps them (and the state blobs), and ``vm_identity`` returns them. A VM name compares
@@ -37,7 +38,7 @@ from typing import TypeVar
 
 from se_exporter.core.model import event_key
 from se_exporter.fleet.message import VmState
-from se_exporter.fleet.platform.picture import PlatformRecord
+from se_exporter.fleet.platform.records import PlatformRecord
 
 COVERAGES = ("observed", "missed", "imds_unreachable", "no_sidecar")
 MISSED_REASONS = ("missed", "imds_unreachable", "no_sidecar")
@@ -50,7 +51,7 @@ class ReconcileSettings:
     vm_expiry: float  # --vm-expiry: a sidecar heard from within it is alive
     grace: float = 60.0  # --reconcile-grace
     pairs: int = 200_000  # (EventId, VM) pairs remembered: 10,000 events of 20 VMs
-    ids: int = 100_000  # EventIds remembered as announced, or as counted unannounced (each)
+    ids: int = 100_000  # EventIds remembered as announced
     scopes: int = 100_000  # scopes that have published a platform event
 
 
@@ -63,27 +64,18 @@ class Coverage:
     event_type: str
     vm_name: str
     coverage: str
+    lag: float | None = None  # observed: when the VM first listed it minus when the platform announced it
 
 
 @dataclass(frozen=True)
 class Reconciliation:
-    """One update's result: every pair's coverage now, and what the counters add (each pair or EventId once)."""
+    """One update's result: every pair's coverage now, and the bounds reached."""
 
     coverage: tuple[Coverage, ...]
-    missed: tuple[tuple[str, str], ...] = ()  # (event_type, reason): missed_events_total
-    unannounced: tuple[str, ...] = ()  # event_type per EventId: unannounced_events_total
-    lags: tuple[float, ...] = ()  # first listed minus announced: announcement_lag_seconds
     bounds: tuple[str, ...] = ()
-    # What each of the above counted, as (kind, EventId key, VM name): kind "missed", "lag" or "unannounced" (VM
-    # name "" for it), in their order, so a caller can remember beyond this object what was counted (``Counts``).
-    counted: tuple[tuple[str, str, str], ...] = ()
     # Every EventId a live sidecar in a publishing scope listed for the grace and the platform never announced, as
-    # (EventId key, event type, VM name key), counted here or not: what a VM's partition tells the EventId's home.
+    # (EventId key, event type, VM name key) of the first VM found listing it: unannounced (``counting.COVERAGE``).
     listed: tuple[tuple[str, str, str], ...] = ()
-
-
-def count_all(kind: str, key: str, vm_name: str) -> bool:
-    return True
 
 
 _Place = tuple[str, str, str, str]
@@ -96,9 +88,6 @@ class _Pair:
     # The first listing at each other place (a VM of the same name elsewhere, or a sidecar claiming the name): kept
     # apart, so none of them hides the listing of the VM the event concerns. Counted against the pairs' bound.
     elsewhere: tuple[tuple[_Place, float], ...] = ()
-    coverage: str | None = None  # the last one decided while the event was open
-    counted: bool = False
-    lagged: bool = False
 
     def listings(self) -> tuple[tuple[_Place, float], ...]:
         first = ((self.place, self.first_listed),) if self.place is not None and self.first_listed is not None else ()
@@ -119,7 +108,7 @@ def _name(name: str) -> str:
 
 
 def name_key(name: str) -> str:
-    """A VM name as the join compares it (and as ``Reconciliation.counted`` names VMs)."""
+    """A VM name as the join compares it (and as a partition's judgement names VMs)."""
     return _name(name)
 
 
@@ -154,16 +143,13 @@ class Reconciler:
     # OrderedDicts: taken from the front when full, where a dict's iteration would first skip every entry deleted
     _announced: OrderedDict[str, None] = field(default_factory=OrderedDict)
     # These and the pairs hold hash() of names, not the names: a hostile stream's 256-character names cost up to
-    # 1 KiB each, 100,000 or 200,000 times over. A collision (64 bits, keyed per process, so it cannot be aimed at)
-    # could make one VM's listings remembered, one unannounced EventId not counted, or two VMs of one EventId share
-    # a pair: at the bounds, below one chance in a billion per update.
-    _unannounced: OrderedDict[int, None] = field(default_factory=OrderedDict)  # EventId keys counted unannounced
+    # 1 KiB each, 200,000 times over. A collision (64 bits, keyed per process, so it cannot be aimed at) could make
+    # one VM's listings remembered, or two VMs of one EventId share a pair: at the bounds, below one chance in a
+    # billion per update.
     _scopes: OrderedDict[int, None] = field(default_factory=OrderedDict)  # (scope type, scope name) that published
     _hits: list[str] = field(default_factory=list)
     _named: frozenset[int] = frozenset()  # VM names in the Resources of the records of the last update
-    _counts: Callable[[str, str, str], bool] = count_all  # the last update's (see ``update``)
     _absent: bool = True
-    _counted: list[tuple[str, str, str]] = field(default_factory=list)
     _elsewhere: int = 0  # listings kept in the pairs' ``elsewhere``, counted against ``settings.pairs``
 
     def note(self, vm: VmState) -> None:
@@ -206,15 +192,11 @@ class Reconciler:
             or bool(vm.vmss_name and hash(("scale_set", _name(vm.vmss_name))) in self._scopes)
 
     def update(self, records: Iterable[PlatformRecord], vms: Iterable[VmState], now: float,
-               counts: Callable[[str, str, str], bool] = count_all, absent: bool = True) -> Reconciliation:
-        """Every pair's coverage now and what to count. ``counts(kind, key, vm_name)`` says whether this caller
-        counts that one now (a replica counts only the EventIds it is the home of, and not what it remembers having
-        counted: see ``fleet/platform/service.py``); what it refuses is neither counted nor marked, so a later update
-        may count it. ``absent=False``: the VMs given are not all the fleet's (another replica shows the rest), so a
-        VM not among them is not ``no_sidecar`` but left out."""
+               absent: bool = True) -> Reconciliation:
+        """Every pair's coverage now. ``absent=False``: the VMs given are not all the fleet's (the fleet's service
+        says ``no_sidecar`` from every partition's judgement), so a VM not among them is left out."""
         records = list(records)
-        self._counts, self._absent = counts, absent
-        self._counted = []
+        self._absent = absent
         for record in records:
             self._remember(self._announced, record.key, self.settings.ids, "platform_coverage_ids")
             self._remember(self._scopes, hash((record.event.scope_type, _name(record.event.scope_name))),
@@ -228,66 +210,50 @@ class Reconciler:
             for event in vm.events:
                 listing.setdefault(event_key(event.event_id), []).append((vm, event.event_type))
         rows: list[Coverage] = []
-        missed: list[tuple[str, str]] = []
-        lags: list[float] = []
         for record in records:
             announced = record.event
             for resource in announced.resources:
-                coverage = self._pair_coverage(record, resource, by_name.get(_name(resource), ()), now, lags)
-                if coverage is None:
-                    continue
-                rows.append(Coverage(record.key, announced.event_id, announced.event_type, resource, coverage))
-                pair = self._pairs.get((record.key, hash(_name(resource))))
-                if coverage in MISSED_REASONS and pair is not None and not pair.counted \
-                        and counts("missed", record.key, _name(resource)):
-                    pair.counted = True
-                    missed.append((announced.event_type, coverage))
-                    self._counted.append(("missed", record.key, _name(resource)))
-        unannounced, unannounced_listed = self._unannounced_types(listing, now)
+                row = self._pair_coverage(record, resource, by_name.get(_name(resource), ()), now)
+                if row is not None:
+                    rows.append(row)
+        listed = self._unannounced(listing, now)
         self._prune({record.key for record in records} | set(listing))
         hits, self._hits = tuple(dict.fromkeys(self._hits)), []
-        counted, self._counted = tuple(self._counted), []
-        return Reconciliation(tuple(rows), tuple(missed), unannounced, tuple(lags), hits, counted, unannounced_listed)
+        return Reconciliation(tuple(rows), hits, listed)
 
     def sizes(self) -> dict[str, int]:
         """What it remembers now, each bounded by its setting."""
         return {"pairs": len(self._pairs) + self._elsewhere, "announced": len(self._announced),
-                "unannounced": len(self._unannounced), "scopes": len(self._scopes)}
+                "scopes": len(self._scopes)}
 
-    def _pair_coverage(self, record: PlatformRecord, resource: str, named: Iterable[VmState], now: float,
-                       lags: list[float]) -> str | None:
-        key = record.key
-        pair = self._pair((key, hash(_name(resource))), create=True) or _Pair()
+    def _pair_coverage(self, record: PlatformRecord, resource: str, named: Iterable[VmState],
+                       now: float) -> Coverage | None:
+        coverage = self._decide(record, resource, named, now)
+        if coverage is None:
+            return None
+        lag = coverage[1] - record.announced_at if coverage[1] is not None else None
+        return Coverage(record.key, record.event.event_id, record.event.event_type, resource, coverage[0], lag)
+
+    def _decide(self, record: PlatformRecord, resource: str, named: Iterable[VmState],
+                now: float) -> tuple[str, float | None] | None:
+        """The pair's coverage, and when it was first listed (observed)."""
+        pair = self._pair((record.key, hash(_name(resource))), create=True) or _Pair()
         first_listed = pair.listed_at(lambda place: _same_place(record, place))
         if first_listed is not None:
-            if not pair.lagged and self._counts("lag", key, _name(resource)):
-                pair.lagged = True
-                lags.append(first_listed - record.announced_at)
-                self._counted.append(("lag", key, _name(resource)))
-            return "observed"
+            return "observed", first_listed
         alive = [vm for vm in named if now - vm.seen_at <= self.settings.vm_expiry and _same_place(record, _place(vm))]
         if not alive:
-            if not self._absent:
-                return None
-            coverage: str | None = "no_sidecar"
-        elif record.ended:
-            return pair.coverage if pair.coverage in ("missed", "imds_unreachable") else None
-        elif now < min(record.announced_at, record.changed_at) + self.settings.grace:
-            return None  # an announcement the platform's clock dates in the future counts from when it was learnt
-        else:
-            vm = max(alive, key=lambda vm: vm.seen_at)
-            coverage = "imds_unreachable" if imds_blind_since(vm, record.announced_at) else "missed"
-        if not record.ended:
-            pair.coverage = coverage
-        return coverage
+            return ("no_sidecar", None) if self._absent else None
+        if record.ended or now < min(record.announced_at, record.changed_at) + self.settings.grace:
+            return None  # ended, IMDS shows it no more; an announcement dated in the future counts from when learnt
+        vm = max(alive, key=lambda vm: vm.seen_at)
+        return "imds_unreachable" if imds_blind_since(vm, record.announced_at) else "missed", None
 
-    def _unannounced_types(self, listing: dict[str, list[tuple[VmState, str]]],
-                           now: float) -> tuple[tuple[str, ...], tuple[tuple[str, str, str], ...]]:
-        """The event types of the unannounced EventIds counted now, and every unannounced one listed (see
-        ``Reconciliation.listed``)."""
+    def _unannounced(self, listing: dict[str, list[tuple[VmState, str]]],
+                     now: float) -> tuple[tuple[str, str, str], ...]:
+        """Every unannounced EventId listed (see ``Reconciliation.listed``)."""
         if not self._scopes:
-            return (), ()
-        found: list[str] = []
+            return ()
         listed_long: list[tuple[str, str, str]] = []
         for key, listed in listing.items():
             if key in self._announced:
@@ -301,13 +267,8 @@ class Reconciler:
                 if now - vm.seen_at > self.settings.vm_expiry or not self._published(vm, name):
                     continue
                 listed_long.append((key, event_type, name))
-                if hash(key) in self._unannounced or not self._counts("unannounced", key, ""):
-                    break
-                self._remember(self._unannounced, hash(key), self.settings.ids, "platform_coverage_ids")
-                found.append(event_type)
-                self._counted.append(("unannounced", key, ""))
                 break
-        return tuple(found), tuple(listed_long)
+        return tuple(listed_long)
 
     def announced(self, key: str) -> bool:
         """The platform announced this EventId (as far as this reconciler remembers: ``ReconcileSettings.ids``)."""

@@ -16,11 +16,11 @@ closed set), fed by ``service.py`` from what this package returns:
   ``azure_scheduled_fleet_impact_seconds_total{event_type, scope_name, location}`` and
   ``azure_scheduled_fleet_platform_duplicates_total``: ``counting.top_up`` of each EventId's merged record, by its
   home's replica (``counting.COUNTING``: the same totals whatever the order and lateness of its messages);
-* ``azure_scheduled_fleet_missed_events_total{event_type, reason}``: ``Reconciliation.missed``, reason in
-  ``MISSED_REASONS`` (each VM and EventId once);
-* ``azure_scheduled_fleet_unannounced_events_total{event_type}``: ``Reconciliation.unannounced`` (each EventId once);
-* ``azure_scheduled_fleet_announcement_lag_seconds`` (histogram): ``Reconciliation.lags``, negative when the VM
-  knew first (buckets must cover both signs, e.g. -300 ... 3600);
+* ``azure_scheduled_fleet_missed_events_total{event_type, reason}`` (reason in ``MISSED_REASONS``),
+  ``azure_scheduled_fleet_unannounced_events_total{event_type}`` and the histogram
+  ``azure_scheduled_fleet_announcement_lag_seconds`` (negative when the VM knew first: buckets cover both signs):
+  ``counting.top_up`` of each EventId's VMs' verdicts merged over every partition's judgement, by its home's
+  replica (``counting.COVERAGE``: each VM and EventId once);
 * ``azure_scheduled_fleet_invalid_messages_total{reason}``: gains ``PLATFORM_INVALID_REASONS`` (created at zero)
   and counts ``PlatformMessage.skipped`` reasons; ``bound_hits_total{bound}`` gains ``PLATFORM_BOUND_NAMES``,
   ``PICTURE_BOUND_NAMES`` and ``COVERAGE_BOUND_NAMES``.
@@ -38,10 +38,10 @@ from prometheus_client.registry import Collector
 
 from se_exporter.fleet.collector import FLEET
 from se_exporter.fleet.platform.coverage import COVERAGES, Coverage
-from se_exporter.fleet.platform.picture import PlatformRecord
+from se_exporter.fleet.platform.records import PlatformRecord
 
 if TYPE_CHECKING:
-    from se_exporter.fleet.platform.service import View
+    from se_exporter.fleet.platform.service import LastReconciliation
 
 INFO_LABELS = ["event_id", "event_type", "event_status", "event_source", "scope_type", "scope_name", "resource_group",
                "subscription_id", "location"]
@@ -50,7 +50,7 @@ INFO_LABELS = ["event_id", "event_type", "event_status", "event_source", "scope_
 class PlatformCollector(Collector):
     """The platform gauges of ``view()`` (the platform side's last reconciliation) on every scrape."""
 
-    def __init__(self, view: Callable[[], View]) -> None:
+    def __init__(self, view: Callable[[], LastReconciliation]) -> None:
         self._view = view
 
     def describe(self) -> list[Metric]:

@@ -20,7 +20,7 @@ STATUSES = ("Scheduled", "Started", "Completed", "Canceled")
 _MAX_INT_DIGITS = 20  # a signed 64-bit integer; longer literals are refused as wrong types, never parsed
 
 
-class Huge:
+class OutOfRangeNumber:
     """An integer literal past 20 digits, or NaN/Infinity: kept out of every number (a wrong type, where read)."""
 
     def __init__(self, text: str) -> None:
@@ -30,13 +30,13 @@ class Huge:
         return f"<number {self.text}...>"
 
 
-def int_literal(text: str) -> int | Huge:
-    return int(text) if len(text) <= _MAX_INT_DIGITS else Huge(text)
+def int_literal(text: str) -> int | OutOfRangeNumber:
+    return int(text) if len(text) <= _MAX_INT_DIGITS else OutOfRangeNumber(text)
 
 
 def kind(value: object) -> str:
-    """``json_kind``, saying "huge number" for a ``Huge`` (an integer past 20 digits, NaN or Infinity)."""
-    return "huge number" if isinstance(value, Huge) else json_kind(value)
+    """``json_kind``, saying "huge number" for a ``OutOfRangeNumber`` (an integer past 20 digits, NaN or Infinity)."""
+    return "huge number" if isinstance(value, OutOfRangeNumber) else json_kind(value)
 
 
 def object_field(parent: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any]:

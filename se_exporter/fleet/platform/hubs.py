@@ -1,5 +1,6 @@
-"""One hub's platform side in ``se-exporter fleet``: its owned partitions (``Held``) and what is known of the others
-from their blobs (``HubSide.read_peers``), so each replica knows every EventId wherever its messages landed."""
+"""One hub's platform side in ``se-exporter fleet``: its owned partitions (``OwnedPlatform``) and what is known of the
+others from their blobs (``HubPlatform.read_peers``), so each replica knows every EventId wherever its messages
+landed."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from dataclasses import dataclass, field
 from azure.eventhub.aio import PartitionContext
 
 from se_exporter.fleet.message import VmState
-from se_exporter.fleet.picture import Fleet
-from se_exporter.fleet.platform.picture import PlatformPicture, PlatformRecord
-from se_exporter.fleet.platform.saving import Judged, Loaded, decode_platform, platform_blob_name
+from se_exporter.fleet.platform.counting import Counted
+from se_exporter.fleet.platform.records import PlatformPicture, PlatformRecord
+from se_exporter.fleet.platform.saving import NOT_JUDGED, PlatformBlob, VmVerdicts, decode_platform, platform_blob_name
 from se_exporter.fleet.statestore import StateStore
+from se_exporter.fleet.vms import Fleet
 
 
 def home(key: str, partitions: int) -> str:
@@ -22,7 +24,7 @@ def home(key: str, partitions: int) -> str:
 
 
 @dataclass
-class Held:
+class OwnedPlatform:
     """One owned partition's platform side."""
 
     picture: PlatformPicture | None = None  # None until it holds a platform message (or a stored picture)
@@ -31,20 +33,18 @@ class Held:
     checking: PartitionContext | None = None
     changes: int = 0
     written: int = 0  # ``changes`` when last written
-    # What was counted of the VMs of this partition (each (EventId key, VM name) once, by the replica that shows it):
-    # a miss with its reason, a lag. Kept in this partition's blob, so the partition's next owner counts neither again.
-    missed: dict[tuple[str, str], str] = field(default_factory=dict)
-    lags: set[tuple[str, str]] = field(default_factory=set)
-    # Per EventId known, the VMs it names that are alive in this partition (shown here): stored in the blob, so the
-    # EventId's home replica knows which named VMs no replica shows (``no_sidecar``) without showing them all.
-    judged: Judged = field(default_factory=lambda: Judged(frozenset(), {}))
-    # Counter increments decided and remembered here, applied once the blob remembering them is written: a
-    # partition lost before that is counted by its next owner instead, so nothing is counted twice.
+    # What its owner judged of the VMs it shows (``counting.COVERAGE``): stored in the blob, read by the EventIds'
+    # homes, and kept so an ended event keeps the coverage decided while it was open.
+    judged: VmVerdicts = NOT_JUDGED
+    # What was counted of the EventIds homed here (``homes.Homes``): stored in the blob.
+    counted: dict[str, Counted] = field(default_factory=dict)
+    # Counter increments decided by an EventId's home and remembered here, applied once the blob remembering them is
+    # written: a partition lost before that is counted by its next owner instead, so nothing is counted twice.
     pending: list[Callable[[], object]] = field(default_factory=list)
 
 
 @dataclass
-class HubSide:
+class HubPlatform:
     """What the platform side needs of one hub read: its role, its VMs, its partition count, its blob store."""
 
     role: str
@@ -52,21 +52,19 @@ class HubSide:
     store: StateStore
     partitions: Callable[[], int | None]
     peer_store: StateStore | None = None  # reads the other partitions' pictures (another replica's, or nobody's)
-    held: dict[str, Held] = field(default_factory=dict)
+    held: dict[str, OwnedPlatform] = field(default_factory=dict)
     prefix: tuple[str, str, str] | None = None  # (namespace, hub, consumer group), from the first claim
     peers: dict[str, tuple[PlatformRecord, ...]] = field(default_factory=dict)  # partitions not held: their records
     peer_tags: dict[str, str] = field(default_factory=dict)  # the ETag of each peer's blob when read
-    peer_judged: dict[str, Judged] = field(default_factory=dict)  # their ``Held.judged``
-    peer_missed: dict[str, frozenset[tuple[str, str]]] = field(default_factory=dict)  # the misses they counted
-    # The VMs of each owned partition this replica shows (None: all of ``fleet.vms()``, partitions unknown).
-    partition_vms: Callable[[], dict[str, list[VmState]]] | None = None
+    peer_judged: dict[str, VmVerdicts] = field(default_factory=dict)  # their ``OwnedPlatform.judged``
+    # The VMs of each owned partition this replica shows.
+    partition_vms: Callable[[], dict[str, list[VmState]]] = dict
 
     def forget_peer(self, partition_id: str) -> None:
         """What was read of a partition's blob as a peer's: it is gone, or held here now."""
         self.peers.pop(partition_id, None)
         self.peer_tags.pop(partition_id, None)
         self.peer_judged.pop(partition_id, None)
-        self.peer_missed.pop(partition_id, None)
 
     async def read_peers(self) -> None:
         """Every partition's picture this replica does not hold, from its blob (another replica's, written every
@@ -89,9 +87,7 @@ class HubSide:
                              if platform_blob_name(*self.prefix, known) not in listed or known in self.held]:
             self.forget_peer(partition_id)
 
-    def _peer(self, partition_id: str, tag: str, loaded: Loaded) -> None:
+    def _peer(self, partition_id: str, tag: str, loaded: PlatformBlob) -> None:
         self.peers[partition_id] = loaded.state.records if loaded.state is not None else ()
         self.peer_tags[partition_id] = tag
         self.peer_judged[partition_id] = loaded.judged
-        self.peer_missed[partition_id] = frozenset(loaded.missed) | frozenset(
-            (key, name) for key, entry in loaded.memory.items() for name in entry.missed)

@@ -1,5 +1,5 @@
 """One hub's platform side as the consumer sees it: ``consumer.FirstReader`` (claim, handle, release) and
-``persistence.Beside`` (the partition's platform blob, written before its VM state and so before the checkpoint).
+``persistence.AttachedState`` (the partition's platform blob, written before its VM state and so before the checkpoint).
 
 A claim restores the partition's picture (and, for a home, what was counted) before it is read: platform messages
 at or below its position are replayed ones (once that position is found not past the partition's newest event: a
@@ -16,9 +16,9 @@ from azure.eventhub.aio import PartitionContext
 
 from se_exporter.core.retry import backoff
 from se_exporter.fleet.message import InvalidMessage
-from se_exporter.fleet.platform.hubs import Held, HubSide
-from se_exporter.fleet.platform.picture import PictureState, PlatformPicture
+from se_exporter.fleet.platform.hubs import HubPlatform, OwnedPlatform
 from se_exporter.fleet.platform.reader import read_platform
+from se_exporter.fleet.platform.records import PictureState, PlatformPicture
 from se_exporter.fleet.platform.saving import decode_platform, encode_platform, platform_blob_name
 from se_exporter.infra.azure.clients import describe
 from se_exporter.infra.logs import fields
@@ -32,9 +32,9 @@ _EMPTY = PictureState((), (), ())
 
 
 class PlatformReader:
-    """One hub's platform side, as ``consumer.Service.first_reader`` and ``persistence.Keeper.beside``."""
+    """One hub's platform side, as ``consumer.Service.first_reader`` and ``persistence.PartitionPersistence.beside``."""
 
-    def __init__(self, platform: Platform, side: HubSide) -> None:
+    def __init__(self, platform: Platform, side: HubPlatform) -> None:
         self._platform = platform
         self._side = side
 
@@ -59,7 +59,7 @@ class PlatformReader:
                                       "it", partition_id, describe(error))
                 failures += 1
                 await platform.sleep(backoff(failures, 1.0, RESTORE_RETRY_MAX))
-        held = side.held[partition_id] = Held(checking=context)
+        held = side.held[partition_id] = OwnedPlatform(checking=context)
         if data is None:
             return
         loaded = decode_platform(data, partition_id)
@@ -73,11 +73,11 @@ class PlatformReader:
         if loaded.rows:
             platform.metrics.state_damaged.labels("row").inc(loaded.rows)
         held.restored = loaded.position
-        held.missed, held.lags, held.judged = loaded.missed, loaded.lags, loaded.judged
+        held.judged = loaded.judged
         if loaded.state is not None and (loaded.state.records or loaded.state.ids or loaded.state.forgotten):
             held.picture = PlatformPicture.restored(loaded.state, platform.limits)
         if side.role == platform.homes.role:
-            platform.homes.restore(loaded.memory)
+            held.counted = loaded.memory
         log.info("partition %s: platform picture restored: %d events", partition_id,
                  len(loaded.state.records) if loaded.state else 0, extra=fields(partition_id=partition_id))
 
@@ -91,7 +91,7 @@ class PlatformReader:
             # delivers to, or a compromised VM could end a real event early or announce one naming every VM.
             raise InvalidMessage("platform_on_sidecars_hub", "an Event Grid event on the sidecars' hub, while "
                                  "--platform-eventhub-* names the platform's own: not applied")
-        held = self._side.held.get(partition_id) or self._side.held.setdefault(partition_id, Held())
+        held = self._side.held.get(partition_id) or self._side.held.setdefault(partition_id, OwnedPlatform())
         if held.restored is not None and sequence_number <= held.restored and self._replayed(held, partition_id):
             return "replayed"
         metrics, report = platform.metrics, platform.report
@@ -116,7 +116,7 @@ class PlatformReader:
         platform.note_applied()
         return "platform"
 
-    def _replayed(self, held: Held, partition_id: str) -> bool:
+    def _replayed(self, held: OwnedPlatform, partition_id: str) -> bool:
         """Whether the restored position holds. Past the partition's newest event (a hub recreated under the same
         name) it is damage, as the VM state's is to ``Fleet.check_restored``: counted and forgotten, so the new
         hub's messages are applied. Checked once, when the newest event is known: it only grows."""
@@ -135,32 +135,25 @@ class PlatformReader:
         return False
 
     def release(self, partition_id: str) -> None:
-        side, platform = self._side, self._platform
+        side = self._side
         side.held.pop(partition_id, None)
-        side.store.forget(partition_id)
-        if side.role == platform.homes.role:  # its EventIds' counting is the next owner's, from the blob
-            platform.homes.release(partition_id)
+        side.store.forget(partition_id)  # its EventIds' counting is the next owner's, from the blob
 
-    # ------------------------------------------------------------------ persistence.Beside
+    # ------------------------------------------------------------------ persistence.AttachedState
 
     def dirty(self, partition_id: str) -> bool:
         held = self._side.held.get(partition_id)
-        homes = self._platform.homes
-        return (held is not None and held.changes != held.written) or (
-            self._side.role == homes.role and homes.dirty(partition_id))
+        return held is not None and held.changes != held.written
 
     def prepare(self, partition_id: str, position: int) -> Callable[[], Awaitable[bool]] | None:
-        side, platform = self._side, self._platform
+        side = self._side
         held = side.held.get(partition_id)
         if held is None or not self.dirty(partition_id):
             return None
-        homes = platform.homes
-        memory = homes.of_partition(partition_id) if side.role == homes.role else {}
         state = held.picture.state() if held.picture is not None else _EMPTY
-        data = encode_platform(partition_id, position, state, memory, held.missed, held.lags, held.judged)
+        data = encode_platform(partition_id, position, state, held.counted, held.judged)
         changes, pending = held.changes, held.pending
         held.pending = []
-        homes.written(partition_id, True)
 
         async def write() -> bool:
             written = False
@@ -173,8 +166,6 @@ class PlatformReader:
                         apply()
                 else:  # written by a later round (or dropped with the partition, for its next owner to count)
                     held.pending[:0] = pending
-                    if side.role == homes.role and memory:
-                        homes.written(partition_id, False)
             return written
 
         return write

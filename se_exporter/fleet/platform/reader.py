@@ -31,7 +31,7 @@ from se_exporter.core.model import event_key
 from se_exporter.fleet.message import MAX_TEXT, InvalidMessage
 from se_exporter.fleet.platform.fields import (
     STATUSES,
-    Huge,
+    OutOfRangeNumber,
     arm_scope,
     duration,
     event_status,
@@ -170,7 +170,7 @@ def _parsed(body: bytes, bounds: PlatformBounds) -> object | None:
 
 # One decoder for every message: ``json.loads`` with parse_int builds a new one per call (a tenth of reading a
 # platform message, measured in ``scripts/fleet_bench.py --platform``).
-_DECODER = json.JSONDecoder(parse_int=int_literal, parse_constant=Huge)
+_DECODER = json.JSONDecoder(parse_int=int_literal, parse_constant=OutOfRangeNumber)
 
 
 def _decode(body: bytes, bounds: PlatformBounds | None) -> object | None:

@@ -15,8 +15,8 @@ from typing import Any
 from se_exporter.core.model import event_key
 from se_exporter.fleet.message import MAX_TEXT, MAX_TIME
 from se_exporter.fleet.platform.fields import STATUSES, kept_text
-from se_exporter.fleet.platform.picture import ENDED, MAX_COPIES, RANK, PictureState, PlatformRecord
 from se_exporter.fleet.platform.reader import MAX_DESCRIPTION, SCOPE_TYPES, PlatformEvent
+from se_exporter.fleet.platform.records import ENDED, MAX_COPIES, RANK, PictureState, PlatformRecord
 
 _TEXT = ("grid_id", "event_id", "event_type", "event_source", "resource_type", "scope_name", "subscription_id",
          "resource_group", "location", "description", "schema")

@@ -1,4 +1,5 @@
-"""A partition's platform side as a blob beside its VM state: its picture at a position, and what was counted.
+"""A partition's platform side as a blob beside its VM state: its picture at a position, its judgement, and what
+was counted.
 
 ``<ns>/<hub>/<group>/fleet-platform/<id>``, gzip'd JSON with named fields (``saved.py`` writes the picture)::
 
@@ -6,13 +7,13 @@
      "picture": {"records": [...], "ids": [...], "forgotten": [...]},
      "counted": [{"key": ..., "statuses": ["Scheduled", ...], "impact": 600.0, "duplicates": 0,
                   "missed": {vm: reason, ...}, "lag": [vm, ...], "unannounced": false, "gone_at": null}, ...],
-     "pairs": [{"key": ..., "vm": ..., "missed": reason or null, "lag": true}, ...],
-     "judged": {"keys": [key, ...], "alive": {key: [vm, ...], ...}, "listed": {key: event_type, ...}}}
+     "judged": {"keys": [key, ...], "vms": {key: {vm: {"missed": reason or null, "lag": seconds or null}, ...}},
+                "listed": {key: event_type, ...}}}
 
-``counted`` holds what this replica counted of the EventIds whose home is this partition (``hubs.home``), and
-``pairs`` what it counted of the VMs of this partition, so a restart or a hand-over does not count them again; a
-miss's reason is kept too, since an ended event keeps the coverage decided while it was open and IMDS no longer
-shows anything to decide it again from. ``judged`` is what its owner judged, for the EventIds' homes. Written like
+``counted`` holds what was counted of the EventIds whose home is this partition (``hubs.home``; rule 2 of
+``counting.COUNTING``), so a restart or a hand-over does not count them again; ``judged`` is what its owner judged
+of the VMs it shows (``counting.COVERAGE``), read by the EventIds' homes, and kept because an ended event keeps the
+coverage decided while it was open and IMDS no longer shows anything to decide it again from. Written like
 the VM state (``statestore.StateStore.save``: never backwards, ETag-conditional), before it and so before the
 checkpoint. A newer release may add fields; this one ignores what it does not know. Reading trusts nothing: bounded
 inflation, every row checked (``saved.py``); a damaged blob is counted and the partition's picture starts empty.
@@ -27,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from se_exporter.fleet.message import MAX_TEXT
-from se_exporter.fleet.platform.counting import Counted
+from se_exporter.fleet.platform.counting import Counted, Verdict
 from se_exporter.fleet.platform.coverage import MISSED_REASONS
 from se_exporter.fleet.platform.fields import STATUSES
-from se_exporter.fleet.platform.picture import PictureState
+from se_exporter.fleet.platform.records import PictureState
 from se_exporter.fleet.platform.saved import state_from_json, state_to_json
 from se_exporter.fleet.stateformat import DamagedState
 
@@ -39,66 +40,67 @@ MAX_PLATFORM_BYTES = 256 * 1024**2  # inflated: 10,000 events naming 1,000 VMs e
 
 
 def platform_blob_name(namespace: str, eventhub_name: str, consumer_group: str, partition_id: str) -> str:
-    """Beside the partition's VM state (``statestore.state_blob_name``)."""
+    """AttachedState the partition's VM state (``statestore.state_blob_name``)."""
     return f"{namespace}/{eventhub_name}/{consumer_group}/fleet-platform/{partition_id}".lower()
 
 
 @dataclass(frozen=True)
-class Judged:
-    """What a partition's owner judged of the VMs the platform's events name: the EventIds it knew, and per EventId
-    the named VMs alive in that partition (only where there are any); and the reverse: the EventIds (with their
-    event type) that its live VMs in a publishing scope listed for the grace and the platform never announced, so
-    each EventId's home counts it unannounced whichever replica shows the VMs listing it."""
+class VmVerdicts:
+    """What a partition's owner judged (``counting.COVERAGE`` rule 1): the EventIds it knew, and per EventId the
+    verdict of each named VM alive in that partition or judged there before (only where there are any); and the
+    EventIds (with their event type) that its live VMs in a publishing scope listed for the grace and the platform
+    never announced."""
 
     keys: frozenset[str]
-    alive: dict[str, frozenset[str]]
+    vms: dict[str, dict[str, Verdict]]
     listed: dict[str, str] = field(default_factory=dict)
 
 
+NOT_JUDGED = VmVerdicts(frozenset(), {})
+
+
 @dataclass
-class Loaded:
-    """A platform blob read back: the picture (None: none stored), its position, what was counted, and damage."""
+class PlatformBlob:
+    """A platform blob read back: the picture (None: none stored), its position, what was counted, its judgement,
+    and damage."""
 
     state: PictureState | None = None
     position: int | None = None
     memory: dict[str, Counted] = field(default_factory=dict)
-    missed: dict[tuple[str, str], str] = field(default_factory=dict)  # (key, VM) -> reason, of this partition's VMs
-    lags: set[tuple[str, str]] = field(default_factory=set)
-    judged: Judged = field(default_factory=lambda: Judged(frozenset(), {}))
+    judged: VmVerdicts = NOT_JUDGED
     damaged: str | None = None
     problem: str = ""
     rows: int = 0  # rows left out as damaged
 
 
 def encode_platform(partition_id: str, position: int, state: PictureState, memory: dict[str, Counted],
-                    missed: dict[tuple[str, str], str] | None = None, lags: set[tuple[str, str]] | None = None,
-                    judged: Judged | None = None) -> bytes:
-    missed, lags = missed or {}, lags or set()
-    pairs = [{"key": key, "vm": name, "missed": missed.get((key, name)), "lag": (key, name) in lags}
-             for key, name in sorted({*missed, *lags})]
+                    judged: VmVerdicts = NOT_JUDGED) -> bytes:
     obj: dict[str, Any] = {"format": PLATFORM_FORMAT, "partition_id": partition_id, "sequence_number": position,
-           "picture": state_to_json(state), "counted": [entry.to_json(key) for key, entry in memory.items()],
-           "pairs": pairs}
-    if judged is not None and (judged.keys or judged.listed):
-        obj["judged"] = {"keys": sorted(judged.keys), "alive": {key: sorted(names) for key, names in
-                                                                judged.alive.items()}, "listed": judged.listed}
+                           "picture": state_to_json(state),
+                           "counted": [entry.to_json(key) for key, entry in memory.items()]}
+    if judged.keys or judged.listed:
+        obj["judged"] = {"keys": sorted(judged.keys), "listed": judged.listed, "vms": {
+            key: {name: {"missed": reason, "lag": lag} for name, (reason, lag) in verdicts.items()}
+            for key, verdicts in judged.vms.items()}}
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     return gzip.compress(text.encode("utf-8", "backslashreplace"), compresslevel=1)
 
 
-def decode_platform(data: bytes, partition_id: str) -> Loaded:
-    """The blob's content; a blob that cannot be read at all is ``Loaded(damaged=reason)``."""
+def decode_platform(data: bytes, partition_id: str) -> PlatformBlob:
+    """The blob's content; a blob that cannot be read at all is ``PlatformBlob(damaged=reason)``."""
     try:
         obj = _parse(data)
     except DamagedState as damage:
-        return Loaded(damaged=damage.reason, problem=str(damage))
+        return PlatformBlob(damaged=damage.reason, problem=str(damage))
     if not isinstance(obj, dict):
-        return Loaded(damaged="wrong_shape", problem="the platform state is not a JSON object")
+        return PlatformBlob(damaged="wrong_shape",
+                            problem="the platform state is not a JSON object")
     found, position = obj.get("format"), obj.get("sequence_number")
     if type(found) is not int or found < 1:
-        return Loaded(damaged="format", problem=f"unknown platform state format {str(found)[:40]!r}")
+        return PlatformBlob(damaged="format", problem=f"unknown platform state format {str(found)[:40]!r}")
     if obj.get("partition_id", partition_id) != partition_id or type(position) is not int or position < -1:
-        return Loaded(damaged="wrong_shape", problem="the platform state is another partition's, or has no position")
+        return PlatformBlob(damaged="wrong_shape",
+                            problem="the platform state is another partition's, or has no position")
     state, rows = state_from_json(obj.get("picture"))
     memory: dict[str, Counted] = {}
     counted = obj.get("counted")
@@ -108,37 +110,41 @@ def decode_platform(data: bytes, partition_id: str) -> Loaded:
             rows += 1
         else:
             memory[entry[0]] = entry[1]
-    loaded = Loaded(state, position, memory, rows=rows)
-    _pairs(obj.get("pairs"), loaded)
+    loaded = PlatformBlob(state, position, memory, rows=rows)
     _judged(obj.get("judged"), loaded)
     return loaded
 
 
-def _pairs(pairs: object, loaded: Loaded) -> None:
-    for row in pairs if isinstance(pairs, list) else []:
-        key, name, reason, lag = (row.get(field) for field in ("key", "vm", "missed", "lag")) \
-            if isinstance(row, dict) else (None, None, None, None)
-        if not (_text(key) and _text(name) and (reason is None or reason in MISSED_REASONS) and isinstance(lag, bool)):
-            loaded.rows += 1
-            continue
-        if reason is not None:
-            loaded.missed[(str(key), str(name))] = str(reason)
-        if lag:
-            loaded.lags.add((str(key), str(name)))
-
-
-def _judged(judged: object, loaded: Loaded) -> None:
+def _judged(judged: object, loaded: PlatformBlob) -> None:
     """What a damaged ``judged`` would claim is left out whole: an EventId not judged is never ``no_sidecar``."""
     if not isinstance(judged, dict):
         return
-    keys, alive, listed = judged.get("keys"), judged.get("alive"), judged.get("listed", {})
-    if not (isinstance(keys, list) and all(_text(key) for key in keys) and isinstance(alive, dict) and all(
-            _text(key) and isinstance(names, list) and all(_text(name) for name in names)
-            for key, names in alive.items()) and isinstance(listed, dict)
+    keys, vms, listed = judged.get("keys"), judged.get("vms"), judged.get("listed", {})
+    if not (isinstance(keys, list) and all(_text(key) for key in keys) and isinstance(vms, dict) and all(
+            _text(key) and isinstance(verdicts, dict) and all(_text(name) and _verdict(verdict) is not None
+                                                              for name, verdict in verdicts.items())
+            for key, verdicts in vms.items()) and isinstance(listed, dict)
             and all(_text(key) and _text(event_type) for key, event_type in listed.items())):
         loaded.rows += 1
         return
-    loaded.judged = Judged(frozenset(keys), {key: frozenset(names) for key, names in alive.items()}, dict(listed))
+    loaded.judged = VmVerdicts(frozenset(keys), {key: {name: _verdict(verdict) or (None, None)
+                                                   for name, verdict in verdicts.items()}
+                                             for key, verdicts in vms.items()}, dict(listed))
+
+
+def _verdict(row: object) -> Verdict | None:
+    """(reason, lag) of a stored verdict; None when damaged."""
+    if not isinstance(row, dict):
+        return None
+    reason, lag = row.get("missed"), row.get("lag")
+    if not (reason is None or reason in MISSED_REASONS) or not (lag is None or _seconds(lag)):
+        return None
+    return reason, None if lag is None else float(lag)
+
+
+def _seconds(value: object) -> bool:
+    """A lag in seconds: a finite number of either sign (NaN and infinities fail both comparisons), not a bool."""
+    return type(value) in (int, float) and -2**53 < value < 2**53  # type: ignore[operator]
 
 
 def _parse(data: bytes) -> Any:

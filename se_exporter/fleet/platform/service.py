@@ -2,21 +2,20 @@
 
 The parts, a module each: ``partitions.PlatformReader`` (one per hub read, ``consumer.Service.first_reader``: it
 sees every message of that hub first, and writes each owned partition's picture to its blob beside the VM state),
-``hubs`` (one hub's owned partitions, and the other partitions' pictures read from their blobs), ``homes`` (each
-EventId's home partition and what was counted of it: ``counting.COUNTING`` is the rule) and this module (merging
-every picture, reconciling it with the VMs shown here, counting each pair's coverage once, rendering).
+``hubs`` (one hub's owned partitions, and the other partitions' pictures and judgements read from their blobs),
+``homes`` (each EventId's home partition and what was counted of it) and this module (merging every picture,
+judging the VMs shown here, counting the EventIds homed here, rendering).
 
 Reconciliation runs on the loop every ``RECONCILE_EVERY`` seconds (not in a scrape): the records of every held and
 read picture, merged, against the VMs this replica shows; a scrape renders the last result.
 
-A pair's coverage, counted once over restarts and replicas: a VM's miss and lag are counted by the replica that
-shows the VM, and kept in the blob of its partition (``Held.missed`` and ``Held.lags``) so neither a restart nor a
-hand-over counts it again. A replica that does not show every partition of every hub says ``no_sidecar`` only for
-an EventId homed here, once every partition has judged it (``Held.judged``, in each partition's blob: per EventId,
-the named VMs alive there): never wrongly, at worst late. The reverse likewise: each partition's ``judged`` lists
-the unannounced EventIds its VMs listed, and an EventId's home counts it from the blobs of the partitions it does
-not show. What this leaves with several replicas (docs/fleet.md says it): every figure a few checkpoint intervals
-behind one replica's.
+Two rules, each stated in ``counting``: ``COUNTING`` for the statuses, the impact and the duplicates, ``COVERAGE``
+for the misses, the lags and the unannounced EventIds. Each partition's owner judges the VMs it shows and keeps its
+judgement in the partition's blob (``OwnedPlatform.judged``); only an EventId's home counts it, from every partition's
+judgement merged (its own partitions' and the others' blobs), topping up what its blob says was counted, each
+increment applied once that blob is written. ``no_sidecar`` is said by the home once every partition has judged
+the EventId and none has the VM alive: never wrongly, at worst late. What this leaves with several replicas
+(docs/fleet.md says it): the coverage counters a few checkpoint intervals behind the judgement.
 """
 
 from __future__ import annotations
@@ -26,11 +25,11 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.message import VmState
-from se_exporter.fleet.picture import Fleet
+from se_exporter.fleet.platform.counting import Verdict, judge, merged
 from se_exporter.fleet.platform.coverage import (
     COVERAGE_BOUND_NAMES,
     Coverage,
@@ -40,19 +39,20 @@ from se_exporter.fleet.platform.coverage import (
     name_key,
 )
 from se_exporter.fleet.platform.homes import Homes
-from se_exporter.fleet.platform.hubs import Held, HubSide
+from se_exporter.fleet.platform.hubs import HubPlatform, OwnedPlatform
 from se_exporter.fleet.platform.partitions import PlatformReader
-from se_exporter.fleet.platform.picture import (
+from se_exporter.fleet.platform.reader import PLATFORM_BOUND_NAMES, PLATFORM_INVALID_REASONS
+from se_exporter.fleet.platform.records import (
     PICTURE_BOUND_NAMES,
     PlatformLimits,
     PlatformPicture,
     PlatformRecord,
     merge,
 )
-from se_exporter.fleet.platform.reader import PLATFORM_BOUND_NAMES, PLATFORM_INVALID_REASONS
-from se_exporter.fleet.platform.saving import Judged
+from se_exporter.fleet.platform.saving import VmVerdicts
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.statestore import StateStore
+from se_exporter.fleet.vms import Fleet
 from se_exporter.infra.azure.clients import describe
 
 log = logging.getLogger("se_exporter.fleet")
@@ -68,7 +68,7 @@ def _key_of(name: str) -> str:
 
 
 @dataclass
-class View:
+class LastReconciliation:
     """The last reconciliation, for scrapes: swapped whole, read without a lock."""
 
     records: tuple[PlatformRecord, ...] = ()
@@ -88,14 +88,12 @@ class Platform:
         self.limits = limits or PlatformLimits(retention=retention)
         self.max_bytes = max_message_bytes
         self.reconciler = Reconciler(ReconcileSettings(vm_expiry, grace))
-        self.hubs: dict[str, HubSide] = {}
+        self.hubs: dict[str, HubPlatform] = {}
         self.homes = Homes(self.hubs, metrics, report, self.limits.open_expiry)
         self.applied_at = 0.0  # monotonic time of the last platform message applied
         self.applied_since = 0  # platform messages applied since the last reconciliation round
-        self._where: dict[str, Held] = {}  # VM name (name_key) -> its partition, as of the last reconciliation
-        self._missed_anywhere: set[tuple[str, str]] = set()  # (key, VM) misses counted in any memory known here
         self._left_out: set[str] = set()  # EventIds the listing left out last round (bound platform_events)
-        self.view = View()
+        self.view = LastReconciliation()
         for reason in PLATFORM_INVALID_REASONS:
             metrics.invalid.labels(reason)
         for bound in (*PLATFORM_BOUND_NAMES, *PICTURE_BOUND_NAMES, *COVERAGE_BOUND_NAMES):
@@ -109,14 +107,15 @@ class Platform:
 
     def reader(self, role: str, fleet: Fleet, store: StateStore, partitions: Callable[[], int | None],
                peer_store: StateStore | None = None,
-               partition_vms: Callable[[], dict[str, list[VmState]]] | None = None) -> PlatformReader:
-        side = self.hubs[role] = HubSide(role, fleet, store, partitions, peer_store, partition_vms=partition_vms)
+               partition_vms: Callable[[], dict[str, list[VmState]]] = dict) -> PlatformReader:
+        side = self.hubs[role] = HubPlatform(role, fleet, store, partitions, peer_store, partition_vms=partition_vms)
         return PlatformReader(self, side)
 
     async def read_peers(self) -> None:
-        """Every partition's picture this replica does not hold, from its blob (``HubSide.read_peers``): so each
-        replica knows every EventId, and an EventId's home replica lists and counts it wherever its messages
-        landed. A blob unreadable now is counted and tried again next time."""
+        """Every partition's picture and judgement this replica does not hold, from its blob
+        (``HubPlatform.read_peers``): so each replica knows every EventId, and an EventId's home replica lists and
+        counts it wherever its messages landed and whichever replica shows its VMs. A blob unreadable now is counted and
+        tried again next time."""
         for side in self.hubs.values():
             try:
                 await side.read_peers()
@@ -128,48 +127,29 @@ class Platform:
     def is_home_here(self, key: str) -> bool:
         return self.homes.is_here(key)
 
-    def whole(self) -> bool:
-        """This replica shows every partition of every hub: a VM it does not show is nowhere."""
-        for side in self.hubs.values():
-            count = side.partitions()
-            if count is None or len(side.fleet.shown()) < count:
-                return False
-        return True
-
     # ------------------------------------------------------------------ reconciliation
 
-    def reconcile(self) -> View:
-        """Expire, merge, reconcile, count what is new; the view scrapes render."""
+    def reconcile(self) -> LastReconciliation:
+        """Expire, merge, judge, count what is new; the view scrapes render."""
         now = self.clock()
         pictures = [held.picture for side in self.hubs.values() for held in side.held.values()
                     if held.picture is not None]
-        gone = self._expire(pictures, now)
+        for picture in pictures:
+            before = dict(picture.bound_hits)
+            picture.expire(now)
+            self.report_bounds(picture, before)
         records = self._listed(self._merged(pictures, now))
-        if not records and not self.homes.counted and not self.view.records:
+        if not records and not self.homes.size and not self.view.records:
             return self.view  # a fleet that has not opted in costs nothing here
-        result = self._reconciled(records, now)
+        coverage, unannounced = self._reconciled(records, now)
         informed = frozenset(record.key for record in records if self.is_home_here(record.key))
-        for record in records:
-            if record.key in informed:
-                self.homes.count(record)
-        held_keys = {record.key for record in records}
-        self._forget(gone - held_keys)
-        self.homes.forget(held_keys, now)
-        sizes = {**self.reconciler.sizes(), "counted": len(self.homes.counted)}
+        self.homes.forget({record.key for record in records} | unannounced, now)
+        sizes = {**self.reconciler.sizes(), "counted": self.homes.size}
         for picture in pictures:
             for name, size in picture.sizes().items():
                 sizes[name] = sizes.get(name, 0) + size
-        self.view = View(tuple(records), result.coverage, informed, sizes)
+        self.view = LastReconciliation(tuple(records), coverage, informed, sizes)
         return self.view
-
-    def _expire(self, pictures: list[PlatformPicture], now: float) -> set[str]:
-        """The EventIds the held pictures forgot now."""
-        gone: set[str] = set()
-        for picture in pictures:
-            before = dict(picture.bound_hits)
-            gone.update(record.key for record in picture.expire(now))
-            self.report_bounds(picture, before)
-        return gone
 
     def _merged(self, pictures: list[PlatformPicture], now: float) -> list[PlatformRecord]:
         """One record per EventId over the held pictures and the others read from their blobs (those within the
@@ -193,123 +173,35 @@ class Platform:
         self._left_out = left_out
         return records[-self.limits.events:]
 
-    def _reconciled(self, records: list[PlatformRecord], now: float) -> Reconciliation:
-        """The records against the VMs shown here: each pair's coverage, and its counts (``_counts``)."""
-        named = frozenset(_key_of(resource) for record in records for resource in record.event.resources)
-        vms, alive = self._shown_vms(now, named)
-        self._missed_anywhere = self._all_missed()
-        whole = self.whole()
-        result = self.reconciler.update(records, vms, now, counts=self._counts, absent=whole)
-        self._count_result(result)
-        self._judge(records, alive, result.listed)
-        self._count_listed_elsewhere()
-        if not whole:
-            result = self._nowhere(records, result)
-        return self._decided(records, result)
+    def _reconciled(self, records: list[PlatformRecord], now: float) -> tuple[tuple[Coverage, ...], set[str]]:
+        """The records against the VMs shown here, judged (``COVERAGE`` 1) and counted where homed here (2 and 3):
+        the coverage this replica shows, and the unannounced EventIds homed here."""
+        named = {record.key: frozenset(_key_of(resource) for resource in record.event.resources)
+                 for record in records}
+        vms, shown, where = self._shown_vms(now, frozenset().union(*named.values()))
+        result = self.reconciler.update(records, vms, now, absent=False)
+        for bound in result.bounds:
+            self.report.bound_hit(bound)
+        self._judge(records, named, shown, where, result)
+        judgements, complete = self._judgements()
+        nowhere = self._count(records, judgements, complete)
+        events = {record.key: record.event for record in records}
+        rows = [Coverage(key, events[key].event_id, events[key].event_type, name,
+                         "observed" if lag is not None else str(reason), lag)
+                for held, _alive in shown.values() for key, verdicts in held.judged.vms.items()
+                for name, (reason, lag) in verdicts.items() if reason is not None or lag is not None]
+        return tuple(rows) + nowhere, self._count_unannounced(judgements)
 
-    def _all_missed(self) -> set[tuple[str, str]]:
-        """Every (EventId key, VM) miss counted that this replica knows of: in its partitions' memories, its homes',
-        and the other partitions' blobs. A pair is counted once whatever its reason: a VM first without a sidecar
-        (counted by the home) whose sidecar then appears elsewhere is not counted again as missed there (unless
-        within the couple of checkpoint intervals before that replica reads the home's blob)."""
-        known = {(key, name) for key, entry in self.homes.counted.items() for name in entry.missed}
-        for side in self.hubs.values():
-            for held in side.held.values():
-                known.update(held.missed)
-            for missed in side.peer_missed.values():
-                known.update(missed)
-        return known
-
-    def _judge(self, records: list[PlatformRecord], shown: dict[int, tuple[Held, set[str]]],
-               unannounced: tuple[tuple[str, str, str], ...]) -> None:
-        """Each shown partition's ``judged``: the EventIds known, per EventId the VMs it names alive there, and the
-        unannounced EventIds its VMs listed (at most ``ReconcileSettings.ids``; a change is written with the
-        partition's next save)."""
-        keys = frozenset(record.key for record in records)
-        named = [(record.key, frozenset(name_key(resource) for resource in record.event.resources))
-                 for record in records]
-        listed: dict[int, dict[str, str]] = {}
-        bound, over = self.reconciler.settings.ids, 0
-        for key, event_type, name in unannounced:
-            held = self._where.get(name)
-            if held is not None:
-                mine = listed.setdefault(id(held), {})
-                if len(mine) < bound:
-                    mine[key] = event_type
-                else:
-                    over += 1
-        if over:
-            self.report.bound_hit("platform_coverage_ids", over)
-        for held, alive in shown.values():
-            judged = Judged(keys, {key: names & alive for key, names in named if alive and not names.isdisjoint(
-                alive)}, listed.get(id(held), {}))
-            if judged != held.judged:
-                held.judged = judged
-                held.changes += 1
-
-    def _count_listed_elsewhere(self) -> None:
-        """The reverse across replicas: an EventId homed here that another partition's blob says its live VMs listed
-        and the platform never announced is counted unannounced here, once (remembered as the home's own are)."""
-        for side in self.hubs.values():
-            for partition_id, judged in side.peer_judged.items():
-                if partition_id in side.held:
-                    continue
-                for key, event_type in judged.listed.items():
-                    if self.reconciler.announced(key) or not self._counts("unannounced", key, ""):
-                        continue
-                    self.homes.remember(key).unannounced = True
-                    self.homes.mark(key)
-                    self.homes.pending(key, self.metrics.unannounced_events.labels(event_type).inc)
-
-    def _nowhere(self, records: list[PlatformRecord], result: Reconciliation) -> Reconciliation:
-        """With several replicas: ``no_sidecar`` for a named VM of an EventId homed here when every partition of every
-        hub either is shown here or has judged that EventId in its blob, and none has it alive; counted once, by the
-        home. A partition that has not judged it yet (its owner has not learnt of it, or not written since) leaves
-        the VM without coverage: never a wrong ``no_sidecar``."""
-        judgments: list[Judged] = []
-        for side in self.hubs.values():
-            count = side.partitions()
-            if count is None:
-                return result
-            for partition_id in map(str, range(count)):
-                if side.fleet.is_shown(partition_id) and partition_id in side.held:
-                    judgments.append(side.held[partition_id].judged)
-                elif partition_id in side.peer_judged:
-                    judgments.append(side.peer_judged[partition_id])
-                else:
-                    return result
-        covered = {(row.event_key, name_key(row.vm_name)) for row in result.coverage}
-        rows: list[Coverage] = []
-        for record in records:
-            if not self.is_home_here(record.key) or any(record.key not in judged.keys for judged in judgments):
-                continue
-            for resource in record.event.resources:
-                name = name_key(resource)
-                if (record.key, name) in covered \
-                        or any(name in judged.alive.get(record.key, ()) for judged in judgments):
-                    continue
-                rows.append(Coverage(record.key, record.event.event_id, record.event.event_type, resource,
-                                     "no_sidecar"))
-                if self._counts("missed", record.key, name):
-                    self.homes.remember(record.key).missed[name] = "no_sidecar"
-                    self.homes.mark(record.key)
-                    self.homes.pending(record.key, self.metrics.missed_events.labels(
-                        record.event.event_type, "no_sidecar").inc)
-        return replace(result, coverage=result.coverage + tuple(rows)) if rows else result
-
-    def _shown_vms(self, now: float, named: frozenset[str]) -> tuple[list[VmState], dict[int, tuple[Held, set[str]]]]:
+    def _shown_vms(self, now: float, named: frozenset[str]) -> tuple[
+            list[VmState], dict[int, tuple[OwnedPlatform, set[str]]], dict[str, OwnedPlatform]]:
         """The VMs this replica shows that matter to the reconciliation (named by an event, or listing one: the
-        rest of a fleet of 100,000 would only cost it time), noting each one's partition (``_where``: whose memory
-        counts its pairs), and per shown partition the names of its named VMs alive (heard from within the VM
-        expiry)."""
+        rest of a fleet of 100,000 would only cost it time); per shown partition the names of its named VMs alive
+        (heard from within the VM expiry); and each VM name's partition (the one whose judgement holds it)."""
         vms: list[VmState] = []
-        alive: dict[int, tuple[Held, set[str]]] = {}  # by id() of the Held: partition ids repeat across hubs
+        alive: dict[int, tuple[OwnedPlatform, set[str]]] = {}  # by id(): partition ids repeat across hubs
+        where: dict[str, OwnedPlatform] = {}
         expiry = self.reconciler.settings.vm_expiry
-        self._where = {}
         for side in self.hubs.values():
-            if side.partition_vms is None:
-                vms.extend(vm for vm in side.fleet.vms() if vm.events or _key_of(vm.vm_name) in named)
-                continue
             for partition_id, listed in side.partition_vms().items():
                 held = side.held.get(partition_id)
                 names = alive.setdefault(id(held), (held, set()))[1] if held is not None else set()
@@ -319,105 +211,103 @@ class Platform:
                         continue
                     vms.append(vm)
                     if held is not None:
-                        self._where.setdefault(name, held)
+                        where.setdefault(name, held)
                         if now - vm.seen_at <= expiry:
                             names.add(name)
-        return vms, alive
+        return vms, alive, where
 
-    def _forget(self, keys: set[str]) -> None:
-        """Each partition's memory of its VMs' pairs of EventIds forgotten goes with them, and is bounded besides
-        (past the bound, some dropped and the bound hit counted), as the reconciler's pairs are."""
-        bound = self.reconciler.settings.pairs
-        for side in self.hubs.values():
-            for held in side.held.values():
-                stale = [pair for pair in (*held.missed, *held.lags) if pair[0] in keys]
-                over_missed, over_lags = max(0, len(held.missed) - bound), max(0, len(held.lags) - bound)
-                if over_missed or over_lags:
-                    self.report.bound_hit("platform_coverage_pairs", over_missed + over_lags)
-                    stale.extend(list(held.missed)[:over_missed])
-                    stale.extend(list(held.lags)[:over_lags])
-                for pair in stale:
-                    held.missed.pop(pair, None)
-                    held.lags.discard(pair)
-                if stale:
-                    held.changes += 1
-
-    def _count_result(self, result: Reconciliation) -> None:
-        """The reconciliation's counts into the memory of what was counted, and (once that is written) into the
-        counters."""
-        missed, unannounced, lags = iter(result.missed), iter(result.unannounced), iter(result.lags)
-        reasons = {(row.event_key, name_key(row.vm_name)): row.coverage for row in result.coverage}
-        for kind, key, name in result.counted:
-            apply: Callable[[], object]
-            if kind == "missed":
-                event_type, reason = next(missed)
-                apply = self.metrics.missed_events.labels(event_type, reason).inc
-            elif kind == "unannounced":
-                apply = self.metrics.unannounced_events.labels(next(unannounced)).inc
-            else:
-                apply = functools.partial(self.metrics.announcement_lag.observe, next(lags))
-            held = self._where.get(name) if kind != "unannounced" else None
-            if held is not None:  # the VM's partition keeps it
-                if kind == "missed":
-                    held.missed[(key, name)] = reasons.get((key, name), "missed")
-                else:
-                    held.lags.add((key, name))
+    def _judge(self, records: list[PlatformRecord], named: dict[str, frozenset[str]],
+               shown: dict[int, tuple[OwnedPlatform, set[str]]], where: dict[str, OwnedPlatform],
+               result: Reconciliation) -> None:
+        """Each shown partition's judgement (``COVERAGE`` 1): per EventId known, the verdict of each named VM alive
+        there or judged there before (a listing and a miss kept, the latest reason); and the unannounced EventIds
+        its VMs listed. Bounded: ``ReconcileSettings.pairs`` verdicts, ``ids`` unannounced EventIds per partition; a
+        change is written with the partition's next save."""
+        fresh: dict[int, dict[str, dict[str, tuple[str | None, float | None]]]] = {}
+        for row in result.coverage:
+            name = _key_of(row.vm_name)
+            held = where.get(name)
+            if held is not None:
+                fresh.setdefault(id(held), {}).setdefault(row.event_key, {})[name] = (row.coverage, row.lag)
+        listed: dict[int, dict[str, str]] = {}
+        for key, event_type, name in result.listed:
+            held = where.get(name)
+            if held is not None:
+                listed.setdefault(id(held), {})[key] = event_type
+        naming: dict[str, list[str]] = {}  # VM name -> the EventIds naming it
+        for key, names in named.items():
+            for name in names:
+                naming.setdefault(name, []).append(key)
+        bound = self.reconciler.settings
+        room, over = bound.pairs, 0
+        for held, alive in shown.values():
+            new = fresh.get(id(held), {})
+            vms: dict[str, dict[str, Verdict]] = {}
+            for key in {*(key for key in held.judged.vms if key in named), *new,
+                        *(key for name in alive for key in naming.get(name, ()))}:
+                old = held.judged.vms.get(key, {})
+                verdicts = vms[key] = _judged_vms(old, new.get(key, {}), named[key], alive)
+                added = [name for name in verdicts if name not in old]
+                cut = added[max(0, room - (len(verdicts) - len(added))):]  # new verdicts past the bound
+                for name in cut:
+                    del verdicts[name]
+                over, room = over + len(cut), room - len(verdicts)
+            mine = listed.get(id(held), {})
+            over += max(0, len(mine) - bound.ids)
+            judged = VmVerdicts(frozenset(named), {key: verdicts for key, verdicts in vms.items() if verdicts},
+                            dict(list(mine.items())[:bound.ids]))
+            if judged != held.judged:
+                held.judged = judged
                 held.changes += 1
-                held.pending.append(apply)
+        if over:
+            self.report.bound_hit("platform_coverage_pairs", over)
+
+    def _judgements(self) -> tuple[list[VmVerdicts], bool]:
+        """Every partition's judgement known here: its own (held) or its blob's (read as a peer's); and whether
+        every partition of every hub has a current one."""
+        judgements: list[VmVerdicts] = []
+        complete = True
+        for side in self.hubs.values():
+            judgements.extend(held.judged for held in side.held.values())
+            judgements.extend(judged for partition_id, judged in side.peer_judged.items()
+                              if partition_id not in side.held)
+            count = side.partitions()  # a held partition hidden now (a hand-over) has not judged what is new
+            complete = complete and count is not None and all(
+                side.fleet.is_shown(partition_id) if partition_id in side.held else partition_id in side.peer_judged
+                for partition_id in map(str, range(count)))
+        return judgements, complete
+
+    def _count(self, records: list[PlatformRecord], judgements: list[VmVerdicts],
+               complete: bool) -> tuple[Coverage, ...]:
+        """The EventIds homed here topped up (``COUNTING``, ``COVERAGE`` 2): their merged record, and their VMs'
+        verdicts merged over every partition's judgement, ``no_sidecar`` for a named VM alive in none once every
+        partition has judged the EventId; those ``no_sidecar`` rows, which only the home shows."""
+        rows: list[Coverage] = []
+        everywhere = frozenset.intersection(*(judged.keys for judged in judgements)) if complete and judgements \
+            else frozenset()  # the EventIds every partition has judged
+        for record in records:
+            if not self.is_home_here(record.key):
                 continue
-            entry = self.homes.remember(key)  # its home keeps it: an EventId, or a VM no sidecar shows
-            if kind == "unannounced":
-                entry.unannounced = True
-            elif kind == "missed":
-                entry.missed[name] = reasons.get((key, name), "missed")
-            else:
-                entry.lag.add(name)
-            self.homes.mark(key)
-            self.homes.pending(key, apply)
-        for bound in result.bounds:
-            self.report.bound_hit(bound)
+            verdicts = merged([judged.vms[record.key] for judged in judgements if record.key in judged.vms])
+            if record.key in everywhere:
+                for resource in record.event.resources:
+                    if _key_of(resource) not in verdicts:
+                        verdicts[_key_of(resource)] = ("no_sidecar", None)
+                        rows.append(Coverage(record.key, record.event.event_id, record.event.event_type, resource,
+                                             "no_sidecar"))
+            self.homes.count(record, verdicts)
+        return tuple(rows)
 
-    def _decided(self, records: list[PlatformRecord], result: Reconciliation) -> Reconciliation:
-        """An ended event keeps the misses decided while it was open, and the VMs that listed it stay observed (its
-        VMs' IMDS no longer list it, and the reconciler's memory of both did not survive a restart or a hand-over;
-        the blobs did: a lag is counted exactly when a VM is first seen listing the event, so a remembered lag is a
-        remembered observation, and wins over a miss decided before the VM listed it)."""
-        decided: dict[tuple[str, str], str] = {}
-        observed: list[tuple[str, str]] = []
-        for side in self.hubs.values():  # the partitions shown: a held one hidden shows nothing (as its VMs)
-            for partition_id, held in side.held.items():
-                if side.fleet.is_shown(partition_id):
-                    decided.update(held.missed)
-                    observed.extend(held.lags)
-        for key, entry in self.homes.counted.items():
-            if self.is_home_here(key):
-                decided.update(((key, name), reason) for name, reason in entry.missed.items())
-                observed.extend((key, name) for name in entry.lag)
-        decided.update(dict.fromkeys(observed, "observed"))
-        if not decided:
-            return result
-        covered = {(row.event_key, name_key(row.vm_name)) for row in result.coverage}
-        kept = [Coverage(record.key, record.event.event_id, record.event.event_type, resource, reason)
-                for record in records if record.ended for resource in record.event.resources
-                if (pair := (record.key, name_key(resource))) not in covered and (reason := decided.get(pair))]
-        return replace(result, coverage=result.coverage + tuple(kept)) if kept else result
-
-    def _counts(self, kind: str, key: str, name: str) -> bool:
-        """A VM's miss or lag is counted by the replica that shows the VM, once per its partition's memory; an
-        EventId (its unannounced count, or a VM no sidecar shows) by its home's replica, once per the home's."""
-        if kind == "missed" and (key, name) in self._missed_anywhere:
-            return False  # counted already under another reason, where another memory keeps it
-        held = self._where.get(name) if kind != "unannounced" else None
-        if held is not None:
-            return (key, name) not in (held.missed if kind == "missed" else held.lags)
-        if not self.is_home_here(key):
-            return False
-        entry = self.homes.counted.get(key)
-        if entry is None:
-            return True
-        if kind == "unannounced":
-            return not entry.unannounced
-        return name not in (entry.missed if kind == "missed" else entry.lag)
+    def _count_unannounced(self, judgements: list[VmVerdicts]) -> set[str]:
+        """The EventIds homed here that a partition's live VMs listed for the grace and the platform never
+        announced, counted (``COVERAGE`` 2)."""
+        keys: set[str] = set()
+        for judged in judgements:
+            for key, event_type in judged.listed.items():
+                if key not in keys and self.is_home_here(key) and not self.reconciler.announced(key):
+                    keys.add(key)
+                    self.homes.count_unannounced(key, event_type)
+        return keys
 
     def report_bounds(self, picture: PlatformPicture, before: dict[str, int]) -> None:
         """The picture's bounds reached since ``before`` (its ``bound_hits`` then), reported."""
@@ -433,10 +323,10 @@ class Platform:
 
     async def run(self, stop: asyncio.Event, every: float) -> None:
         """Reconcile every ``every`` seconds; write the memory of homes whose partition has no position yet (no
-        event handled: the Keeper writes nothing for it). A round is put off while platform messages arrived within
-        the last ``every`` (a burst: a reconciliation over its events holds the loop, which the burst's reading would
-        wait for; ``scripts/fleet_bench.py --platform`` measures the burst against the bare SDK's), for up to
-        ``BURST_DEFERS_UP_TO`` seconds. Only a burst: at least ``BURST_MESSAGES``
+        event handled: the PartitionPersistence writes nothing for it). A round is put off while platform messages
+        arrived within the last ``every`` (a burst: a reconciliation over its events holds the loop, which the burst's
+        reading would wait for; ``scripts/fleet_bench.py --platform`` measures the burst against the bare SDK's), for up
+        to ``BURST_DEFERS_UP_TO`` seconds. Only a burst: at least ``BURST_MESSAGES``
         applied since the last round. Azure's usual trickle (a message every second or two) is never one: put off,
         a short event could end unjudged, and a live sidecar's miss of it would never be said."""
         last = time.monotonic()
@@ -456,8 +346,9 @@ class Platform:
                                   describe(error))
 
     async def _write_quiet_homes(self) -> None:
-        """Partitions without a position (nothing handled yet: the Keeper writes nothing for them) whose platform
-        side changed: written at position -1 (behind anything; a later write at a real position replaces it)."""
+        """Partitions without a position (nothing handled yet: the PartitionPersistence writes nothing for them) whose
+        platform side changed: written at position -1 (behind anything; a later write at a real position replaces
+        it)."""
         for side in self.hubs.values():
             reader = PlatformReader(self, side)
             for partition_id in sorted(side.held):
@@ -465,3 +356,15 @@ class Platform:
                     write = reader.prepare(partition_id, -1)
                     if write is not None:
                         await write()
+
+
+def _judged_vms(old: dict[str, Verdict], now: dict[str, tuple[str | None, float | None]], names: frozenset[str],
+                alive: set[str]) -> dict[str, Verdict]:
+    """One EventId's verdicts in one partition: each VM it names alive there, or judged there before, moved on by
+    this round's coverage ``now``."""
+    verdicts: dict[str, Verdict] = {}
+    for name in (names & alive) | old.keys() | now.keys():
+        verdict = judge(old.get(name, (None, None)), *now.get(name, (None, None)))
+        if verdict != (None, None) or name in alive:
+            verdicts[name] = verdict
+    return verdicts

@@ -13,8 +13,8 @@ Facts about azure-eventhub (5.15) this module is built around:
   same ``message_id`` (at-least-once; consumers drop duplicates by message id);
 * ``EventDataBatch.add`` raises ``ValueError`` both when the batch is full and when a property cannot be
   encoded (an ``int`` outside 32 bits, a string that is not UTF-8). Properties are made carriable first
-  (``envelope.carriable``, again here for envelopes spooled by older versions), so a ``ValueError`` on an
-  empty batch means the document alone is larger than a message may be: the only document ever refused.
+  (``envelope.carriable``), so a ``ValueError`` on an empty batch means the document alone is larger than a
+  message may be: the only document ever refused.
 
 Nothing on the poll thread ever waits on the spool or on Event Hubs.
 """

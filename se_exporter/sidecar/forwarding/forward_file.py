@@ -9,14 +9,12 @@ import errno
 import json
 import logging
 import os
-import stat
 import threading
 from pathlib import Path
 from typing import BinaryIO
 
 from se_exporter.core.errors import ForwardFileError
-from se_exporter.infra.files import DISK, Disk, write_all
-from se_exporter.infra.platform_io import PLATFORM
+from se_exporter.infra.files import DISK, Disk, LineFile, NotRegularFile, write_all
 from se_exporter.sidecar.forwarding.envelope import Envelope
 from se_exporter.sidecar.forwarding.forward import ForwardMetrics
 
@@ -32,11 +30,7 @@ def file_line(envelope: Envelope) -> bytes:
 
 
 class FileTarget:
-    """Appends envelopes to a JSON-lines file for log shippers; written whole and fsynced before a document counts.
-
-    A line that fails half-way (a short write on a full disk, then ENOSPC) is cut off again, so the file
-    never holds a line reported as failed, and the next line does not start in the middle of it.
-    """
+    """Appends envelopes to a JSON-lines file for log shippers, each line whole and fsynced before it counts."""
 
     name = "file"
 
@@ -44,17 +38,13 @@ class FileTarget:
         self._metrics = metrics
         self._disk = disk
         self._lock = threading.Lock()
-        self._torn: int | None = None  # where the file must be cut before the next line (a cut that failed)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            # fifo_flags: a FIFO made after the start-up check must fail here, not wait for a reader for ever.
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | PLATFORM.fifo_flags | PLATFORM.open_flags,
-                               0o666)
-            if not stat.S_ISREG(os.fstat(self._fd).st_mode):
-                os.close(self._fd)
-                raise ForwardFileError(path, "it is not a regular file: give the path of a regular file (or of one "
-                                             "to create)")
+            self._file = LineFile(path, disk, sync=True)
             self.last_sequence = self._recover(path)
+        except NotRegularFile:
+            raise ForwardFileError(path, "it is not a regular file: give the path of a regular file (or of one to "
+                                         "create)") from None
         except OSError as exc:
             if exc.errno == errno.ENXIO:  # what fifo_flags (O_NONBLOCK) make of a FIFO without a reader
                 raise ForwardFileError(path, "it is a FIFO, not a regular file: give the path of a regular file (or "
@@ -66,24 +56,12 @@ class FileTarget:
     def accept(self, envelope: Envelope) -> None:
         line = file_line(envelope)
         with self._lock:
-            if self._torn is not None:
-                self._disk.ftruncate(self._fd, self._torn)
-                self._torn = None
-            size = os.fstat(self._fd).st_size
-            try:
-                write_all(self._disk, self._fd, line)
-                self._disk.fdatasync(self._fd)
-            except OSError:
-                try:
-                    self._disk.ftruncate(self._fd, size)
-                except OSError:
-                    self._torn = size
-                raise
+            self._file.append(line)
         self._metrics.forwarded.labels(self.name).inc()
 
     def close(self, timeout: float) -> None:
         with self._lock:
-            os.close(self._fd)
+            self._file.close()
 
     def _recover(self, path: Path) -> int:
         """The sequence of the file's last line (0 if none), after cutting off a line of ours left incomplete by
@@ -96,11 +74,11 @@ class FileTarget:
         start = tail.rfind(b"\n", 0, len(tail) - 1) + 1
         if not tail.endswith(b"\n"):
             if not tail[start:].startswith(b'{"sequence":'):
-                write_all(self._disk, self._fd, b"\n")
+                write_all(self._disk, self._file.fd, b"\n")
                 return 0
             log.warning("%s ends in an incomplete line (%d bytes, a write cut short): removed", path,
                         len(tail) - start)
-            os.ftruncate(self._fd, size - (len(tail) - start))
+            os.ftruncate(self._file.fd, size - (len(tail) - start))
             return self._recover(path)
         try:
             sequence = json.loads(tail[start:])["sequence"]

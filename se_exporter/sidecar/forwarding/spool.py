@@ -1,29 +1,17 @@
 """A durable, bounded, ordered on-disk queue of envelopes waiting for Event Hubs.
 
-A document counts as accepted only once it is on disk, so it survives an Event Hubs outage and a
-``kill -9`` alike: ``append`` returns after the whole record is written and fdatasync'ed. An append
-that fails (a full disk: a short write, then ENOSPC; a failed fdatasync) raises, and leaves the spool
-exactly as it was: the partial record is cut off again, so the next append lands where it should and
-every record before it stays readable. The forwarder
-reads the oldest first and removes only what Event Hubs acknowledged (at-least-once). Past
-``max_bytes`` the oldest envelopes are dropped, counted and logged: never silently, never the newest. One being
-sent meanwhile is counted only if its send then fails (``release``): delivered, it was not dropped.
+A document counts as accepted only once it is on disk, so it survives an Event Hubs outage and a ``kill -9``
+alike: ``append`` returns after the whole record is written and fdatasync'ed; one that fails (a full disk, a
+failed fdatasync) raises and leaves the spool exactly as it was, the partial record cut off again. The forwarder
+reads the oldest first and removes only what Event Hubs acknowledged (at-least-once). Past ``max_bytes`` the
+oldest envelopes are dropped, counted and logged, never the newest; one being sent meanwhile is counted only if
+its send then fails (``release``).
 
-Layout (a segmented log, like Kafka's or Fluent Bit's chunks, rather than a file per document):
-
-* ``<first sequence:020d>.seg``: records appended back to back, each
-  ``[length u32][crc32 u32][header JSON line][exact body bytes]``. A new segment starts past
-  ``segment_bytes`` and at every start-up.
-* ``acked``: two 16-byte slots ``[sequence u64][crc32 u32][pad]`` written alternately in place;
-  the valid slot with the higher sequence is the cursor. Every record at or below it was
-  acknowledged or dropped. A torn slot write leaves the other slot, i.e. a slightly older cursor:
-  a few documents are sent again with their same message ids, nothing is lost.
-
-Why not one file per document: removing a
-file whose blocks were fsynced costs a journal commit and, on a filesystem mounted with ``discard``
-(online TRIM, common on cloud disks), a discard per document, which made draining slow (figures:
-docs/performance.md, "Drain"). A segment is removed whole once every record in it
-is acknowledged, so that cost is paid once per segment.
+Layout (docs/forwarding.md): ``<first sequence:020d>.seg`` segments of records
+``[length u32][crc32 u32][header JSON line][exact body bytes]``, and ``acked``, two 16-byte cursor slots
+``[sequence u64][crc32 u32][pad]`` written alternately, so a torn write leaves the other (a few documents are sent
+again with their message ids). A segmented log rather than a file per document: removing a fsynced file costs a
+journal commit and, on a disk mounted with ``discard``, a discard per document; a segment is removed whole.
 """
 
 from __future__ import annotations
@@ -40,7 +28,7 @@ from pathlib import Path
 
 from se_exporter.core.errors import SpoolError
 from se_exporter.infra.files import DISK, Disk, fsync_dir, write_all
-from se_exporter.infra.platform_io import PLATFORM
+from se_exporter.infra.host_os import HOST_OS
 from se_exporter.sidecar.forwarding.envelope import Envelope
 
 log = logging.getLogger("se_exporter.spool")
@@ -83,7 +71,7 @@ class Spool:
         self._doomed: dict[int, None] = {}
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            self._acked_fd = os.open(directory / ACKED, os.O_RDWR | os.O_CREAT | PLATFORM.open_flags, 0o600)
+            self._acked_fd = os.open(directory / ACKED, os.O_RDWR | os.O_CREAT | HOST_OS.open_flags, 0o600)
             self._cursor, self._slot = self._read_cursor()  # the next write takes the other slot
             self._highest = self._cursor
             segments = sorted(directory.glob(f"*{SUFFIX}"))
@@ -157,8 +145,8 @@ class Spool:
                     fd = handles.get(location.segment)
                     if fd is None:
                         fd = handles[location.segment] = os.open(self._segment_path(location.segment),
-                                                                 os.O_RDONLY | PLATFORM.open_flags)
-                    envelopes.append(_decode(PLATFORM.pread(fd, location.size, location.offset)))
+                                                                 os.O_RDONLY | HOST_OS.open_flags)
+                    envelopes.append(_decode(HOST_OS.pread(fd, location.size, location.offset)))
                 except FileNotFoundError:
                     continue  # dropped meanwhile
                 except (OSError, ValueError, KeyError) as exc:
@@ -207,7 +195,7 @@ class Spool:
                 self._delete_segment(self._writer_segment)
         if self._writer is None:
             path = self._segment_path(sequence)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | PLATFORM.open_flags, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | HOST_OS.open_flags, 0o600)
             try:
                 fsync_dir(self._dir)  # the new segment's name is durable before anything in it counts
             except OSError:
@@ -256,9 +244,9 @@ class Spool:
             return
         slot = self._slot ^ 1
         try:
-            PLATFORM.pwrite(self._acked_fd, _SLOT.pack(cursor, zlib.crc32(cursor.to_bytes(8, "big"))),
+            HOST_OS.pwrite(self._acked_fd, _SLOT.pack(cursor, zlib.crc32(cursor.to_bytes(8, "big"))),
                             slot * _SLOT.size)
-            PLATFORM.datasync(self._acked_fd)
+            HOST_OS.datasync(self._acked_fd)
         except OSError as exc:
             if self._cursor_error is None:
                 log.warning("cannot save the spool cursor in %s: %s; acknowledged documents may be sent again "
@@ -273,7 +261,7 @@ class Spool:
         """Remove a fully acknowledged segment; if the OS refuses because it is still open (Windows: ``peek`` in
         another thread, a scanner), it is tried again after the next ``remove`` or ``peek``, never lost track of."""
         try:
-            PLATFORM.remove(self._segment_path(segment))
+            HOST_OS.remove(self._segment_path(segment))
         except PermissionError:
             self._undeleted.add(segment)
         else:
@@ -300,7 +288,7 @@ class Spool:
     # --- start-up ---
 
     def _read_cursor(self) -> tuple[int, int]:
-        data = PLATFORM.pread(self._acked_fd, 2 * _SLOT.size, 0)
+        data = HOST_OS.pread(self._acked_fd, 2 * _SLOT.size, 0)
         best, best_slot = 0, 1
         for slot in (0, 1):
             chunk = data[slot * _SLOT.size:(slot + 1) * _SLOT.size]

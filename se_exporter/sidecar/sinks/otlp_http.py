@@ -1,72 +1,58 @@
 """The OTLP/HTTP exporter's HTTP session, bounded: a deadline for the whole exchange and a cap on the answer read.
 
-The exporter (opentelemetry-exporter-otlp-proto-http) posts with requests, which reads the whole answer into memory
-and applies its timeout to each socket read, not to the exchange: a collector answering 200 with
-``Content-Length: 4000000000`` and an endless body took the sidecar's RSS past a gigabyte, and one dripping a byte
-a second held span export for good. Its public seam is the ``session`` it is given; this one
+The exporter posts with requests, which reads the whole answer into memory and applies its timeout to each socket
+read, not to the exchange: a collector answering with an endless body, or dripping a byte a second, held span
+export for good. Its public seam is the ``session`` it is given; this one
 
-* reads at most ``MAX_RESPONSE_BYTES`` of an answer (an OTLP answer is a few bytes; an error body a few hundred):
-  past it, or when ``Content-Length`` says more, the request fails unread;
-* ends the exchange at its deadline (the exporter's timeout, counted from the request): a watchdog timer shuts the
-  connection's socket down, which ends a read under way, whether of the status line, the headers or the body;
-* never follows a redirect, and fails an answer that is neither 2xx nor an error the exporter handles (1xx, 3xx):
-  the exporter counts everything below 400 as delivered (requests' ``ok``), so a collector answering 307 had every
-  span counted as exported while none reached any collector.
+* reads at most ``MAX_RESPONSE_BYTES`` of an answer: past it the request fails;
+* ends the exchange at its deadline (the exporter's timeout): a timer shuts the sockets of the connections the
+  request uses down, which ends a read under way (status line, headers or body);
+* fails an answer that is neither 2xx nor an error the exporter handles (1xx, 3xx): the exporter counts everything
+  below 400 as delivered, so a redirecting collector had every span counted as exported.
 
-A failed request is reported to the exporter as an error it does not retry (the export counts as failed once),
-whose message says why (too large, or past the deadline). Everything else (TLS and client certificates from
-``OTEL_EXPORTER_OTLP_*``, headers, compression, proxies from the environment) is requests' and the exporter's own,
-except that the exporter's CA file is not replaced by ``REQUESTS_CA_BUNDLE`` (``merge_environment_settings``).
+A failed request is an error the exporter does not retry (the export counts as failed once), saying why.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import socket
 import threading
-import time
 from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from se_exporter.sidecar.sinks.tracing import MAX_RESPONSE_BYTES  # one bound for both exporters
 
 DEFAULT_DEADLINE = 10.0  # the exporter's own default timeout, when it gives none
-_CHUNK = 16 * 1024
-_current = threading.local()  # the deadline of the request this thread is making, for the connection to arm
+_current = threading.local()  # the watchdog of the request this thread is making, for its connections
 
 
 class ExchangeFailed(requests.exceptions.RequestException):
-    """The answer was too large or did not end in time: not a connection error, so the exporter does not retry."""
+    """The answer was too large, not 2xx-5xx, or did not end in time: not a connection error, so not retried."""
 
 
-class _Deadline:
+class _Watchdog:
     """Shuts down the sockets of the connections it watches when the time is up."""
 
     def __init__(self, seconds: float) -> None:
-        self.at = time.monotonic() + seconds
-        self.expired = False
+        self.fired = threading.Event()
         self._connections: list[HTTPConnection] = []
-        self._lock = threading.Lock()
-        self._timer = threading.Timer(seconds, self._expire)
+        self._timer = threading.Timer(seconds, self._fire)
         self._timer.daemon = True
         self._timer.start()
 
     def watch(self, connection: HTTPConnection) -> None:
-        with self._lock:
-            self._connections.append(connection)
-            expired = self.expired
-        if expired:
+        self._connections.append(connection)
+        if self.fired.is_set():  # set before the append: _fire may have missed it
             _shut(connection)
 
-    def _expire(self) -> None:
-        with self._lock:
-            self.expired = True
-            connections = list(self._connections)
-        for connection in connections:
+    def _fire(self) -> None:
+        self.fired.set()
+        for connection in list(self._connections):
             _shut(connection)
 
     def cancel(self) -> None:
@@ -74,28 +60,21 @@ class _Deadline:
 
 
 def _shut(connection: HTTPConnection) -> None:
-    sock = getattr(connection, "sock", None)
-    if sock is not None:
+    if connection.sock is not None:
         with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-def _watch(connection: HTTPConnection) -> None:
-    deadline: _Deadline | None = getattr(_current, "deadline", None)
-    if deadline is not None:
-        deadline.watch(connection)
+            connection.sock.shutdown(socket.SHUT_RDWR)
 
 
 class _WatchedHTTPConnection(HTTPConnection):
-    """Watched from its connect (a new connection) and from the wait for the answer (every exchange, a reused
-    connection too): sending is bounded by the socket timeout, which covers a whole ``sendall``."""
+    """Watched from its connect (a new connection) and from the wait for the answer (a reused one too); sending is
+    bounded by the socket timeout, which covers a whole ``sendall``."""
 
     def connect(self) -> None:
-        _watch(self)
+        _current.watchdog.watch(self)
         super().connect()
 
     def getresponse(self) -> Any:
-        _watch(self)
+        _current.watchdog.watch(self)
         return super().getresponse()
 
 
@@ -103,28 +82,13 @@ class _WatchedHTTPSConnection(_WatchedHTTPConnection, HTTPSConnection):
     """The same for https: next in line after the watching methods comes ``HTTPSConnection``'s TLS ``connect``."""
 
 
-class _WatchedPool(HTTPConnectionPool):
-    ConnectionCls = _WatchedHTTPConnection
-
-
-class _WatchedHTTPSPool(HTTPSConnectionPool):
-    ConnectionCls = _WatchedHTTPSConnection
-
-
-_POOLS = {"http": _WatchedPool, "https": _WatchedHTTPSPool}
-
-
 class _WatchedAdapter(HTTPAdapter):
-    """requests' adapter whose connection pools (direct or through a proxy) arm the thread's deadline."""
+    """requests' adapter whose connection pools (direct or through a proxy) make watched connections."""
 
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = _POOLS
-
-    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
-        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
-        manager.pool_classes_by_scheme = _POOLS
-        return manager
+    def get_connection_with_tls_context(self, *args: Any, **kwargs: Any) -> Any:
+        pool = super().get_connection_with_tls_context(*args, **kwargs)
+        pool.ConnectionCls = _WatchedHTTPSConnection if pool.scheme == "https" else _WatchedHTTPConnection
+        return pool
 
 
 class BoundedSession(requests.Session):
@@ -132,17 +96,16 @@ class BoundedSession(requests.Session):
 
     def __init__(self, max_response_bytes: int = MAX_RESPONSE_BYTES) -> None:
         super().__init__()
-        self._max = max_response_bytes
+        self.max_response_bytes = max_response_bytes
         adapter = _WatchedAdapter()
         self.mount("http://", adapter)
         self.mount("https://", adapter)
 
     def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any,
                                    cert: Any) -> dict[str, Any]:
-        """requests lets ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE`` replace a CA file set on the session, which is
-        where the exporter puts ``OTEL_EXPORTER_OTLP_CERTIFICATE``: with either variable set (many images set it),
-        the collector's CA was ignored and every export failed verification. A CA file (or ``False``) given to the
-        session wins; the variables still apply where none was given."""
+        """requests lets ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE`` replace the CA file set on the session, which is
+        where the exporter puts ``OTEL_EXPORTER_OTLP_CERTIFICATE``: a CA file (or ``False``) given to the session
+        wins; the variables still apply where none was given."""
         settings: dict[str, Any] = super().merge_environment_settings(url, proxies, stream, verify, cert)
         if verify is None and self.verify is not True:
             settings["verify"] = self.verify
@@ -151,52 +114,30 @@ class BoundedSession(requests.Session):
     def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
         timeout = kwargs.get("timeout")
         seconds = timeout if isinstance(timeout, (int, float)) and timeout > 0 else DEFAULT_DEADLINE
-        deadline = _current.deadline = _Deadline(seconds)
+        watchdog = _current.watchdog = _Watchdog(seconds)
         try:
-            try:
-                response = super().send(request, **{**kwargs, "stream": True, "allow_redirects": False})
-            except requests.exceptions.RequestException:
-                if deadline.expired:
-                    raise self._fail(f"no answer within the {seconds:.1f} s deadline") from None
+            response = super().send(request, **{**kwargs, "stream": True, "allow_redirects": False})
+            body = response.raw.read(self.max_response_bytes + 1, decode_content=True)
+        except Exception as error:  # requests', urllib3's and the socket's errors alike
+            if not watchdog.fired.is_set() and isinstance(error, requests.exceptions.RequestException):
                 raise
-            self._read(response, seconds, deadline)
-            # Whatever ended after the watchdog fired was cut by it (headers ended by the shut socket look complete
-            # to http.client, and a body without a length ends there too): not an answer.
-            if deadline.expired:
-                response.close()
-                raise self._fail(f"no complete answer within the {seconds:.1f} s deadline")
-            if response.status_code < 200 or 300 <= response.status_code < 400:  # 4xx and 5xx: the exporter's own
-                response.close()  # the Location is not logged: it may carry a token
-                raise self._fail(f"the collector answered HTTP {response.status_code}, not 2xx"
-                                 + (" (redirects are not followed)" if response.is_redirect else ""))
-            return response
+            why = "" if watchdog.fired.is_set() else f"the answer could not be read ({error})"
+            raise ExchangeFailed(why or f"no answer within the {seconds:.1f} s deadline") from None
         finally:
-            deadline.cancel()
-            _current.deadline = None
-
-    def _read(self, response: requests.Response, seconds: float, deadline: _Deadline) -> None:
-        """Read the answer into ``response`` (as requests does without ``stream``), at most ``self._max`` bytes."""
-        declared = response.headers.get("Content-Length", "")
-        if declared.strip().isascii() and declared.strip().isdigit() and int(declared) > self._max:
-            response.close()
-            raise self._fail(f"the answer declares {declared.strip()} bytes, more than the {self._max} read")
-        body = bytearray()
-        try:
-            while chunk := response.raw.read(_CHUNK, decode_content=True):
-                body += chunk
-                if len(body) > self._max:
-                    response.close()
-                    raise self._fail(f"the answer is longer than the {self._max} bytes read")
-        except ExchangeFailed:
-            raise
-        except Exception as error:  # urllib3's and the socket's errors alike: the exchange failed
-            response.close()
-            if deadline.expired:
-                raise self._fail(f"the answer did not end within the {seconds:.1f} s deadline") from None
-            raise self._fail(f"the answer could not be read ({error})") from None
-        response._content = bytes(body)  # what requests itself does when it reads a body
-        response._content_consumed = True
-
-    @staticmethod
-    def _fail(why: str) -> ExchangeFailed:
-        return ExchangeFailed(why)
+            watchdog.cancel()
+            _current.watchdog = None
+        # What ended after the watchdog fired was cut by it, even where it looks whole (headers, a body without
+        # a length): not an answer.
+        if watchdog.fired.is_set():
+            why = f"no complete answer within the {seconds:.1f} s deadline"
+        elif len(body) > self.max_response_bytes:
+            why = f"the answer is longer than the {self.max_response_bytes} bytes read"
+        elif response.status_code < 200 or 300 <= response.status_code < 400:  # 4xx and 5xx: the exporter's own
+            # Not the Location: it may carry a token.
+            why = f"the collector answered HTTP {response.status_code}, not 2xx" + (
+                " (redirects are not followed)" if response.is_redirect else "")
+        else:
+            response.raw = io.BytesIO(body)  # read again by ``content``, as requests reads a body it was not given
+            return response
+        response.close()
+        raise ExchangeFailed(why)

@@ -52,6 +52,18 @@ def span_id_for(event_id: str, vm_key: str, role: str) -> int:
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") or 1
 
 
+def vm_key(change: DocumentChange) -> str:
+    """What this VM is, as far as known: a part of its span ids."""
+    return f"{change.identity.vm_id if change.identity else ''}/{change.vm_name or ''}"
+
+
+def root_context(event_id: str, vm_key: str) -> Any:
+    """The context of the event's ``scheduled_event`` span on this VM, for what belongs under it before it ends."""
+    context = SpanContext(trace_id=trace_id_for(event_id), span_id=span_id_for(event_id, vm_key, "root"),
+                          is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    return trace.set_span_in_context(NonRecordingSpan(context))
+
+
 class EventIdGenerator(IdGenerator):
     """Hands out the ids chosen for the span being started; random ids otherwise."""
 
@@ -155,16 +167,14 @@ class SpanSink(Sink):
         self._last: dict[str, ScheduledEvent] = {}
 
     def export(self, change: DocumentChange) -> None:
-        identity = change.identity
-        vm_key = f"{identity.vm_id if identity else ''}/{change.vm_name or ''}"  # what this VM is, as far as known
-        incarnation = change.document.incarnation
+        vm, incarnation = vm_key(change), change.document.incarnation
         moved = {t.event.key for t in change.transitions}
         for transition in change.transitions:
-            self._transition(transition, vm_key, incarnation, change)
+            self._transition(transition, vm, incarnation, change)
         for key, record in change.records.items():
             before = self._last.get(key)
             if before is not None and before != record.event and key not in moved:
-                self._note(record, "changed", vm_key, incarnation, change, {})
+                self._note(record, "changed", vm, incarnation, change, {})
         self._last = {key: record.event for key, record in change.records.items()}
         # Only listed events can still end; anything else (say, state left from another stream) would grow for ever.
         self._open = {key: opened for key, opened in self._open.items() if key in change.records}
@@ -199,26 +209,21 @@ class SpanSink(Sink):
         opened = self._open.setdefault(record.event.key, _Open())
         if len(opened.events) < MAX_SPAN_EVENTS:
             opened.events.append((kind, now_ns, {k: v for k, v in attrs.items() if k != PREFIX + "id"}))
-        parent = self._parent(event_id, vm_key)
-        span = self._tracer.start_span("scheduled_event.update", context=parent, kind=SpanKind.INTERNAL,
+        span = self._tracer.start_span("scheduled_event.update", context=root_context(event_id, vm_key),
+                                       kind=SpanKind.INTERNAL,
                                        attributes=attrs, start_time=now_ns)
         span.end(end_time=now_ns)
 
     def _span(self, event_id: str, vm_key: str, name: str, role: str, start: float, end: float,
               attrs: Mapping[str, Any], events: list[tuple[str, int, dict[str, Any]]] | None = None) -> None:
         trace_id = trace_id_for(event_id)
-        context = None if role == "root" else self._parent(event_id, vm_key)
+        context = None if role == "root" else root_context(event_id, vm_key)
         with self._ids.ids(trace_id, span_id_for(event_id, vm_key, role)):
             span = self._tracer.start_span(name, context=context, kind=SpanKind.INTERNAL, attributes=dict(attrs),
                                            start_time=int(start * 1e9))
         for event_name, timestamp, event_attrs in events or ():
             span.add_event(event_name, event_attrs, timestamp=timestamp)
         span.end(end_time=int(end * 1e9))
-
-    def _parent(self, event_id: str, vm_key: str) -> Any:
-        context = SpanContext(trace_id=trace_id_for(event_id), span_id=span_id_for(event_id, vm_key, "root"),
-                              is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
-        return trace.set_span_in_context(NonRecordingSpan(context))
 
     def _load(self) -> dict[str, _Open]:
         """Span events saved before a restart; a file of any other shape is logged once and ignored."""
@@ -239,9 +244,6 @@ class SpanSink(Sink):
             return
         data = {event_id: opened.events for event_id, opened in self._open.items()}
         self._file.save(json.dumps(data, separators=(",", ":")).encode())
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return self._provider.force_flush(timeout_millis)
 
     def shutdown(self) -> None:
         self._provider.shutdown()

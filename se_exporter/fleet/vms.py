@@ -73,7 +73,7 @@ def imds_unreachable(vm: VmState) -> bool:
 class Changes:
     """What changed in a partition since its state was last written, so a write (a delta) carries only that.
 
-    Every change takes the next ``tick``; a write takes a ``Snapshot`` and, once stored, ``settle``s up to the
+    Every change takes the next ``tick``; a write takes a ``StateWrite`` and, once stored, ``settle``s up to the
     snapshot's tick only, so a change made while the write was in flight, or a write that failed, loses nothing.
     ``changed`` maps a key to the ticks of its last change and of its last change beyond what a heartbeat moves
     (sequence, seen_at, IMDS health): a VM is written whole when the latter is past ``settled``, else touched.
@@ -96,7 +96,7 @@ class Changes:
             self.beyond_heartbeat = self.tick
 
     def heartbeats_only(self) -> bool:
-        """Whether everything not yet stored is what heartbeats move (the write may wait: ``Keeper.due``)."""
+        """Whether all not yet stored is what heartbeats move (a write may wait: ``PartitionPersistence.due``)."""
         return self.beyond_heartbeat <= self.settled and self.rebase_at is None
 
     def forgotten(self, key: str, max_gone: int) -> None:
@@ -118,7 +118,7 @@ class Changes:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class StateWrite:
     """One partition at one instant, for a state write: everything, and what changed since the last write."""
 
     position: int
@@ -419,7 +419,7 @@ class Fleet:
             state = self._partitions.get(partition_id)
             return state.position if state else None
 
-    def snapshot(self, partition_id: str) -> Snapshot | None:
+    def snapshot(self, partition_id: str) -> StateWrite | None:
         """The partition as a state write needs it (see ``Changes``), or None before any event."""
         with self._lock:
             state = self._partitions.get(partition_id)
@@ -433,7 +433,7 @@ class Fleet:
                 vm = vms.get(key)
                 if vm is not None:
                     (changed if last_whole > settled else touched).append(vm)  # whole: changed beyond a heartbeat since
-            return Snapshot(state.position, changes.tick, list(vms.values()), changed, touched, list(changes.gone),
+            return StateWrite(state.position, changes.tick, list(vms.values()), changed, touched, list(changes.gone),
                             changes.rebase_at is not None)
 
     def heartbeats_only(self, partition_id: str) -> bool:

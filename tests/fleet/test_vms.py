@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from se_exporter.fleet import stateformat
-from se_exporter.fleet.picture import (
+from se_exporter.fleet.stateformat import DamagedState, NewerState, encode_base
+from se_exporter.fleet.vms import (
     Bounds,
     Fleet,
     InvalidMessage,
@@ -21,7 +22,6 @@ from se_exporter.fleet.picture import (
     imds_unreachable,
     read_message,
 )
-from se_exporter.fleet.stateformat import DamagedState, NewerState, encode_base
 
 VM_ID = "02aab8a4-74ef-476e-8182-f6d2ba4166a6"
 FREEZE = (b'{"DocumentIncarnation": 2, "Events": [{"EventId": "E1", "EventType": "Freeze", "ResourceType": '
@@ -453,7 +453,7 @@ def test_is_shown_agrees_with_shown_through_claim_show_hide_and_release() -> Non
 
 
 def written(fleet: Fleet, partition_id: str) -> tuple[bytes, int] | None:
-    """The partition's state as the Keeper writes it whole (a base), and its position; None before any event."""
+    """The partition's state as it is written whole (a base), and its position; None before any event."""
     snapshot = fleet.snapshot(partition_id)
     if snapshot is None:
         return None

@@ -1,6 +1,6 @@
 """The platform seam: the POSIX implementation for real, the Windows one on Linux with fake OS functions handed in.
 
-The Windows implementation is also put in place of ``PLATFORM`` in the modules that use it (spool, state files,
+The Windows implementation is also put in place of ``HOST_OS`` in the modules that use it (spool, state files,
 instance lock), so that the spool's crash-safety paths run with positional I/O done as seek + read under a lock, no
 directory fsync, and deletions refused while a handle is open, as on Windows.
 """
@@ -22,15 +22,15 @@ from typing import Any
 
 import pytest
 
-from se_exporter.infra import dirlock, files, logs, platform_io, processwide
-from se_exporter.infra.platform_io import (
+from se_exporter.infra import dirlock, files, host_os, logs, processwide
+from se_exporter.infra.host_os import (
     CTRL_BREAK_EVENT,
     CTRL_C_EVENT,
     CTRL_CLOSE_EVENT,
     CTRL_LOGOFF_EVENT,
     CTRL_SHUTDOWN_EVENT,
+    HOST_OS,
     LOCK_OFFSET,
-    PLATFORM,
     REPLACE_PATIENCE,
     STOP_SIGNALS,
     Posix,
@@ -83,34 +83,34 @@ class FakeWindows:
 
 @pytest.fixture
 def windows(monkeypatch: pytest.MonkeyPatch) -> FakeWindows:
-    """The Windows implementation in place of PLATFORM wherever state files, the spool and the lock use it."""
+    """The Windows implementation in place of HOST_OS wherever state files, the spool and the lock use it."""
     fake = FakeWindows()
     for module in (files, spool_module, dirlock):
-        monkeypatch.setattr(module, "PLATFORM", fake.platform)
+        monkeypatch.setattr(module, "HOST_OS", fake.platform)
     return fake
 
 
 def test_the_platform_is_chosen_by_sys_platform() -> None:
     """On this Linux machine the POSIX implementation is in use, with the Linux defaults."""
-    assert isinstance(PLATFORM, Posix)
-    assert (PLATFORM.open_flags, PLATFORM.fifo_flags, PLATFORM.reuse_address) == (0, os.O_NONBLOCK, True)
-    assert PLATFORM.default_state_dir({"ProgramData": r"C:\ProgramData"}) == "/var/lib/se-exporter"
+    assert isinstance(HOST_OS, Posix)
+    assert (HOST_OS.open_flags, HOST_OS.fifo_flags, HOST_OS.reuse_address) == (0, os.O_NONBLOCK, True)
+    assert HOST_OS.default_state_dir({"ProgramData": r"C:\ProgramData"}) == "/var/lib/se-exporter"
 
 
 def test_posix_positional_io_and_durable_calls(tmp_path: Path) -> None:
     """pread/pwrite leave the file position alone; datasync, directory sync and replace work on a real file."""
     fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        PLATFORM.pwrite(fd, b"hello world", 0)
-        PLATFORM.pwrite(fd, b"W", 6)
-        PLATFORM.datasync(fd)
+        HOST_OS.pwrite(fd, b"hello world", 0)
+        HOST_OS.pwrite(fd, b"W", 6)
+        HOST_OS.datasync(fd)
         assert os.lseek(fd, 0, os.SEEK_CUR) == 0
-        assert PLATFORM.pread(fd, 5, 6) == b"World"
+        assert HOST_OS.pread(fd, 5, 6) == b"World"
     finally:
         os.close(fd)
-    PLATFORM.sync_directory(tmp_path)
+    HOST_OS.sync_directory(tmp_path)
     (tmp_path / "new").write_bytes(b"new")
-    PLATFORM.replace(str(tmp_path / "new"), str(tmp_path / "f"))
+    HOST_OS.replace(str(tmp_path / "new"), str(tmp_path / "f"))
     assert (tmp_path / "f").read_bytes() == b"new"
 
 
@@ -119,11 +119,11 @@ def test_posix_lock_is_exclusive_per_open_file(tmp_path: Path) -> None:
     first = os.open(tmp_path / "lock", os.O_RDWR | os.O_CREAT)
     second = os.open(tmp_path / "lock", os.O_RDWR)
     try:
-        assert PLATFORM.try_lock(first)
-        assert not PLATFORM.try_lock(second)
+        assert HOST_OS.try_lock(first)
+        assert not HOST_OS.try_lock(second)
         os.close(first)
         first = -1
-        assert PLATFORM.try_lock(second)
+        assert HOST_OS.try_lock(second)
     finally:
         os.close(second)
         if first >= 0:
@@ -136,7 +136,7 @@ def test_posix_stop_signals_call_the_stop_callback(signum: int) -> None:
     saved = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     stop = threading.Event()
     try:
-        PLATFORM.on_stop(stop.set)
+        HOST_OS.on_stop(stop.set)
         signal.raise_signal(signum)
         assert stop.is_set()
     finally:
@@ -148,7 +148,7 @@ def test_posix_stop_signals_reach_an_event_loop() -> None:
     """In an asyncio program (consume, fleet) SIGTERM sets the stop event in the loop's thread."""
     async def main() -> bool:
         stop = asyncio.Event()
-        PLATFORM.on_stop_async(asyncio.get_running_loop(), stop.set)
+        HOST_OS.on_stop_async(asyncio.get_running_loop(), stop.set)
         signal.raise_signal(signal.SIGTERM)
         await asyncio.wait_for(stop.wait(), 10)
         return stop.is_set()
@@ -164,7 +164,7 @@ def test_posix_stop_signals_reach_an_event_loop() -> None:
 def test_posix_listener_keeps_reuse_and_serves_ipv4_on_ipv6_any() -> None:
     """[::] is dual stack (IPV6_V6ONLY off) and no Windows-only option is touched."""
     with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
-        PLATFORM.prepare_listener(sock)
+        HOST_OS.prepare_listener(sock)
         assert sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 0
 
 
@@ -354,7 +354,7 @@ def test_data_files_are_opened_with_the_platforms_flags(tmp_path: Path, monkeypa
     shown here with O_SYNC in its place, which the kernel reports back."""
     fake = FakeWindows(binary_flag=os.O_SYNC)
     for module in (spool_module, dirlock):
-        monkeypatch.setattr(module, "PLATFORM", fake.platform)
+        monkeypatch.setattr(module, "HOST_OS", fake.platform)
     spool = Spool(tmp_path / "spool", 1 << 20)
     spool.append(envelope(1))
     lock = dirlock.lock_directory(tmp_path / "state")
@@ -405,7 +405,7 @@ def test_without_stderr_logs_go_to_a_file_in_the_state_directory(tmp_path: Path,
     """A process with no stderr (pythonw.exe, some service hosts) writes its log lines to se-exporter.log instead of
     dropping them."""
     monkeypatch.setattr("sys.stderr", None)
-    monkeypatch.setattr("se_exporter.infra.platform_io.DEFAULT_STATE_DIR", str(tmp_path))
+    monkeypatch.setattr("se_exporter.infra.host_os.DEFAULT_STATE_DIR", str(tmp_path))
     with processwide.restored():  # the logging set-up is put back afterwards
         logs.setup("info", "text")
         logging.getLogger("se_exporter").info("stopping à l'heure")
@@ -416,8 +416,8 @@ def test_without_stderr_logs_go_to_a_file_in_the_state_directory(tmp_path: Path,
 
 
 def test_the_module_picks_its_implementation_once() -> None:
-    """PLATFORM is one object for the process: everything imports that same object."""
-    assert files.PLATFORM is platform_io.PLATFORM is dirlock.PLATFORM is spool_module.PLATFORM
+    """HOST_OS is one object for the process: everything imports that same object."""
+    assert files.HOST_OS is host_os.HOST_OS is dirlock.HOST_OS is spool_module.HOST_OS
 
 
 def test_a_console_control_event_stops_run_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -428,7 +428,7 @@ def test_a_console_control_event_stops_run_in_order(tmp_path: Path, monkeypatch:
     from se_exporter import cli  # noqa: PLC0415 - the CLI and everything it wires, only for this test
 
     fake = FakeWindows()
-    monkeypatch.setattr(cli, "PLATFORM", fake.platform)
+    monkeypatch.setattr(cli, "HOST_OS", fake.platform)
     port = free_port()
     answers: list[int] = []
 
@@ -454,7 +454,7 @@ def test_the_http_server_binds_through_the_platform(monkeypatch: pytest.MonkeyPa
     from se_exporter.infra.options import Listen  # noqa: PLC0415
 
     platform = Windows(FakeMsvcrt(), lambda handler: None, socket.SO_KEEPALIVE, 0, os.replace)
-    monkeypatch.setattr(app, "PLATFORM", platform)
+    monkeypatch.setattr(app, "HOST_OS", platform)
     server = app.serve(Listen("127.0.0.1", 0), app.pages({}))
     try:
         assert server.socket.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1

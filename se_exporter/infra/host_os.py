@@ -1,4 +1,4 @@
-"""Every way Linux (POSIX) and Windows differ for this program, behind one object chosen once: ``PLATFORM``.
+"""Every way Linux (POSIX) and Windows differ for this program, behind one object chosen once: ``HOST_OS``.
 
 What differs, and why it matters here:
 
@@ -52,7 +52,7 @@ LOCK_OFFSET = 1 << 20
 REPLACE_PATIENCE = 2.0
 
 
-class Platform:
+class HostOs:
     """The operations whose implementation differs; see the module docstring for each reason."""
 
     name: str
@@ -108,7 +108,7 @@ class _Msvcrt(Protocol):
     def locking(self, fd: int, mode: int, nbytes: int, /) -> None: ...
 
 
-class Windows(Platform):
+class Windows(HostOs):
     """Windows: the C runtime's file calls, ``msvcrt.locking``, console control events, exclusive binds."""
 
     name = "windows"
@@ -255,11 +255,11 @@ if sys.platform == "win32":
 
         return Windows(msvcrt, set_handler, socket.SO_EXCLUSIVEADDRUSE, os.O_BINARY, replace)
 
-    PLATFORM: Platform = _windows()
+    HOST_OS: HostOs = _windows()
 else:
     import fcntl
 
-    class Posix(Platform):
+    class Posix(HostOs):
         """Linux and other POSIX systems: the calls the code was first written against."""
 
         name = "posix"
@@ -311,6 +311,6 @@ else:
         def default_state_dir(self, environ: Mapping[str, str]) -> str:
             return "/var/lib/se-exporter"
 
-    PLATFORM = Posix()
+    HOST_OS = Posix()
 
-DEFAULT_STATE_DIR = PLATFORM.default_state_dir(os.environ)  # read once, where the platform is known
+DEFAULT_STATE_DIR = HOST_OS.default_state_dir(os.environ)  # read once, where the platform is known

@@ -125,7 +125,7 @@ class PictureState:
 
 
 @dataclass(frozen=True)
-class Applied:
+class ApplyResult:
     """What applying one event did: ``outcome`` (OUTCOMES), and the EventId's record after it. What the counters add
     is not decided here but from the record merged over every partition (``counting.top_up``)."""
 
@@ -260,20 +260,20 @@ class PlatformPicture:
         picture._forgotten = OrderedDict(sorted(state.forgotten, key=lambda item: item[1])[-limits.ids:])
         return picture
 
-    def apply(self, event: PlatformEvent, now: float) -> Applied:
+    def apply(self, event: PlatformEvent, now: float) -> ApplyResult:
         """Fold one platform event in (see the module docstring)."""
         with self._lock:
             seen = message_id(event)
             if event.key in self._forgotten:
-                return Applied("forgotten")
+                return ApplyResult("forgotten")
             held = self._records.get(event.key)
             if self._duplicate(held, seen):
-                return Applied("duplicate", record=self._records.get(event.key))
+                return ApplyResult("duplicate", record=self._records.get(event.key))
             if held is None:
                 refused = self._make_room(len(event.resources), now)
                 if refused:
                     self.bound_hits[refused] += 1
-                    return Applied(refused)
+                    return ApplyResult(refused)
             self._remember(self._ids, seen, now)
             new = record_of(event, now, seen)
             if new.ended:
@@ -281,14 +281,14 @@ class PlatformPicture:
             if held is None:  # one status known: no impact yet
                 self._records[event.key] = new
                 self._vms += len(event.resources)
-                return Applied("applied", new)
+                return ApplyResult("applied", new)
             new = self._within_room(held, new)
             repeat = held.time_of(event.event_status) is not None
             merged = combine(held, replace(new, changed_at=held.changed_at) if repeat else new,
                              self.limits.resources_per_event)
             self._records[event.key] = merged
             self._vms += len(merged.event.resources) - len(held.event.resources)
-            return Applied("repeat" if repeat else "applied", merged)
+            return ApplyResult("repeat" if repeat else "applied", merged)
 
     def _duplicate(self, held: PlatformRecord | None, seen: str) -> bool:
         """A message folded in already: one more copy of it on its record (one past MAX_COPIES is not counted)."""
