@@ -1,7 +1,7 @@
 """Azure's own copy of the scheduled events (Event Grid): read, folded, reconciled with the sidecars.
 
 The pure core, a module per step: ``reader`` (with ``fields``: a received message to ``PlatformEvent`` values, or
-None when it is not Event Grid's), ``picture`` (per EventId, statuses only moving forward, duplicates applied once
+None when it is not Event Grid's), ``records`` (per EventId, statuses only moving forward, duplicates applied once
 and their copies kept, retention), ``counting`` (the once-only rules, ``COUNTING`` and ``COVERAGE``, and what they
 add), ``saved`` (a picture as JSON with named fields and back), ``coverage`` (per EventId and VM: observed, missed,
 imds_unreachable, no_sidecar; and the reverse) and ``exposition`` (the gauges, a prometheus-client collector). The
