@@ -25,7 +25,7 @@ Facts about azure-eventhub (5.15) this module is built around, all of its docume
   (``get_partition_properties``) before silence is measured on the clock (``expire_now``).
 
 What the service knows of a partition is one ``Partition``, made on claim and dropped whole on close; the
-state store is passed in (``statestore.StateStore``), so the service is tested against ``MemoryStateStore``.
+state store is passed in (``statestore.StateStore``), so the service is tested against an in-memory one.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from se_exporter.fleet.collector import FleetMetrics, PartitionView
 from se_exporter.fleet.consumer import Service
 from se_exporter.fleet.partition import Partition
 from se_exporter.fleet.settings import FleetSettings
-from se_exporter.fleet.statestore import MemoryStateStore
 from se_exporter.fleet.vms import Fleet, PartitionState
+from tests.fleet.memory_store import MemoryStateStore
 from tests.fleet.test_vms import EMPTY, VM_ID, props
 
 

@@ -24,8 +24,8 @@ from se_exporter.fleet.platform.saving import decode_platform, platform_blob_nam
 from se_exporter.fleet.platform.service import BURST_MESSAGES, Platform
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.settings import FleetSettings
-from se_exporter.fleet.statestore import MemoryStateStore, Stored
 from se_exporter.fleet.vms import Fleet
+from tests.fleet.memory_store import MemoryStateStore, Stored
 from tests.fleet.platform_helpers import EVENT_ID, KEY, SUB, T0, body, grid
 from tests.fleet.test_service import NAME, Checkpoints, Context, Event, run
 

@@ -21,8 +21,9 @@ from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.consumer import Service
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.stateformat import decode, encode_base
-from se_exporter.fleet.statestore import MemoryStateStore, Stored, new_block_id, state_blob_name
+from se_exporter.fleet.statestore import new_block_id, state_blob_name
 from se_exporter.fleet.vms import Fleet, read_message
+from tests.fleet.memory_store import MemoryStateStore, Stored
 from tests.fleet.test_vms import EMPTY, NOW, props
 
 T = TypeVar("T")

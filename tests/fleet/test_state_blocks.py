@@ -13,7 +13,7 @@ from scripts import state_bytes
 from se_exporter.fleet import statestore
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.stateformat import decode
-from se_exporter.fleet.statestore import Stored
+from tests.fleet.memory_store import Stored
 from tests.fleet.test_service import NAME, NOW, Event, Replica, run, stored_state
 
 
