@@ -1,20 +1,11 @@
 """Where each partition's fleet state lives between owners: the interface.
 
-Shaped like the Event Hubs SDK's own ``CheckpointStore``: the service takes a ``StateStore``, so its claim, restore
-and save rules are tested against an in-memory store without a storage account, and run against
-``blobstate.StateBlobs`` in production.
-
-What every store shares lives here, so that both behave alike: whatever a stored state holds is read by
-``stateformat.decode`` and never trusted; a state of a newer format than this release reads is left in place
-(``frozen``: neither it nor the checkpoint is written for that partition); writes only move the stored position
-forward (an implementation's ``_upload`` gives way to a newer state written by another owner).
-
-A partition's VMs are written as blocks (``save_blocks``): a base, then one delta per write, each commit one atomic,
-ETag-conditional replacement of the block list. A delta is appended only while this replica knows the stored block
-list (it read a clean state or wrote one), its position does not go back, and the deltas stay small: past
-``COMPACT_FRACTION`` of the base's bytes or ``MAX_BLOCKS`` blocks the write is a new base instead. So a restore
-reads one base and at most ``MAX_BLOCKS - 1`` deltas holding at most ``COMPACT_FRACTION`` of the base's gzip'd
-bytes.
+Shaped like the Event Hubs SDK's own ``CheckpointStore``: the service takes a ``StateStore``, so its rules are
+tested against an in-memory store and run against ``blobstate.StateBlobs``. What every store shares lives here: a
+stored state is read by ``stateformat.decode`` and never trusted; a newer format is left in place (``frozen``:
+neither it nor the checkpoint is written); writes only move the stored position forward. Every write is a base or a
+delta appended to the block list this replica knows, each commit one ETag-conditional replacement of the list
+(``save_blocks``; docs/fleet.md, "State cost", says when a write is a base and what a restore then reads).
 """
 
 from __future__ import annotations
@@ -118,16 +109,6 @@ class StateStore(abc.ABC):
         state = PartitionState(vms=decoded.vms, position=decoded.position, restored_position=decoded.position)
         return Restored(state, dropped=dict(decoded.dropped))
 
-    async def save(self, partition_id: str, data: bytes, position: int) -> bool:
-        """Write ``data`` at ``position`` whole (a state kept beside the VMs': ``fetch``); False when a newer one is
-        already there, or the stored one is a newer release's (nothing written)."""
-        if partition_id in self._frozen:
-            return False
-        self._layouts.pop(partition_id, None)
-        written = await self._upload(partition_id, data, position)
-        self.on_written("base", len(data))
-        return written
-
     async def save_blocks(self, partition_id: str, position: int, base: Callable[[str], bytes],
                           delta: Callable[[str], bytes] | None) -> bool:
         """Write the partition's VMs at ``position``: ``delta(block_id)`` appended when the stored block list is
@@ -169,7 +150,7 @@ class StateStore(abc.ABC):
 
     async def fetch(self, partition_id: str) -> bytes | None:
         """The stored bytes as they are, for a state of another kind kept beside the VMs' (the platform picture's,
-        ``fleet/platform/service.py``), which has its own reader; written with ``save`` under the same rules."""
+        ``fleet/platform/saving.py``), which has its own reader; written as a base under the same rules."""
         return await self._download(partition_id)
 
     def forget(self, partition_id: str) -> None:
@@ -188,10 +169,6 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     async def _download(self, partition_id: str) -> bytes | None:
         """The stored bytes, None when there are none; ``DamagedState`` for bytes not to be read at all."""
-
-    @abc.abstractmethod
-    async def _upload(self, partition_id: str, data: bytes, position: int) -> bool:
-        """Write unless a state past ``position`` was written by someone else since our last read."""
 
     @abc.abstractmethod
     async def _commit(self, partition_id: str, ids: list[str], block: str, data: bytes, position: int) -> Commit:

@@ -37,18 +37,6 @@ class MemoryStateStore(StateStore):
         self._seen[partition_id] = stored.revision if stored else None
         return stored.data if stored else None
 
-    async def _upload(self, partition_id: str, data: bytes, position: int) -> bool:
-        self._fail()
-        name = self._names[partition_id]
-        stored = self.states.get(name)
-        theirs = stored.revision if stored else None
-        if theirs != self._seen.get(partition_id) and stored is not None and stored.position > position:
-            return False  # another owner wrote a newer state since our last read: give way
-        revision = (theirs or 0) + 1
-        self.states[name] = Stored(data, position, revision)
-        self._seen[partition_id] = revision
-        return True
-
     async def _commit(self, partition_id: str, ids: list[str], block: str, data: bytes, position: int) -> Commit:
         self._fail()
         name = self._names[partition_id]

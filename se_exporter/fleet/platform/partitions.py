@@ -158,7 +158,7 @@ class PlatformReader:
         async def write() -> bool:
             written = False
             try:
-                written = await side.store.save(partition_id, data, position)
+                written = await side.store.save_blocks(partition_id, position, lambda _block: data, None)
             finally:
                 if written:
                     held.written = changes

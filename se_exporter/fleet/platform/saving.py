@@ -13,10 +13,10 @@ was counted.
 ``counted`` holds what was counted of the EventIds whose home is this partition (``hubs.home``; rule 2 of
 ``counting.COUNTING``), so a restart or a hand-over does not count them again; ``judged`` is what its owner judged
 of the VMs it shows (``counting.COVERAGE``), read by the EventIds' homes, and kept because an ended event keeps the
-coverage decided while it was open and IMDS no longer shows anything to decide it again from. Written like
-the VM state (``statestore.StateStore.save``: never backwards, ETag-conditional), before it and so before the
-checkpoint. A newer release may add fields; this one ignores what it does not know. Reading trusts nothing: bounded
-inflation, every row checked (``saved.py``); a damaged blob is counted and the partition's picture starts empty.
+coverage decided while it was open and IMDS no longer shows anything to decide it again from. Written as a base
+like the VM state (``statestore.StateStore.save_blocks``: never backwards, ETag-conditional), before it and so
+before the checkpoint. A newer release may add fields; this one ignores what it does not know. Reading trusts
+nothing: bounded inflation, every row checked (``saved.py``); a damaged blob is counted and the picture starts empty.
 """
 
 from __future__ import annotations
