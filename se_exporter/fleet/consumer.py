@@ -332,13 +332,10 @@ class Service:
             await self.expire_now()
 
     async def expire_now(self) -> list[VmState]:
-        """Forget the VMs silent for --vm-expiry. Silence is measured on each partition's own timeline (the enqueue
-        time of the last event read), and on the clock only up to a moment when the hub itself said nothing waited
-        unread in the partition (its newest sequence number at most the last one handled): every event enqueued
-        before that moment was read, so a VM silent on the clock then was silent on the hub. Neither a backlog after
-        an outage, nor a reconnect not yet followed by its backlog, nor an outage of this replica's own connection
-        (the hub does not answer; the SDK meanwhile hands over empty batches) expires a VM whose heartbeats wait
-        unread. The hub is asked only for partitions holding a VM that the clock would expire."""
+        """Forget the VMs silent for --vm-expiry: on each partition's own timeline (the enqueue time of the last event
+        read), and on the clock only up to a moment when the hub said nothing waited unread in the partition, so no
+        backlog, reconnect or outage of this replica's connection expires a VM whose heartbeats wait unread
+        (docs/architecture.md). The hub is asked only for partitions holding a VM that the clock would expire."""
         now, expiry = self._clock(), self._settings.vm_expiry
         cutoffs: dict[str, float] = {}
         asking: list[Partition] = []

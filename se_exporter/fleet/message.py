@@ -1,20 +1,11 @@
 """A forwarded message read and checked: every property by type and range, the body by the sidecar's parser.
 
-Nothing a VM sends is trusted. The body goes through ``parse_document`` (the sidecar's own parser: unpaired
-surrogates spelt out as text, integers past 64 bits dropped), every application property the fleet uses is
-checked by type, range and length before use, and what the fleet keeps per VM is bounded (``Bounds``). A bad
-message raises ``InvalidMessage`` with the reason it is counted under; nothing else ever leaves ``read_message``
-(an exception in the SDK's batch handler closes the partition, which is then claimed again and fails again).
-
-The partition-key rule (a document changes only its own VM's picture): the sidecar always sends with the partition
-key ``vm_id or vm_name`` (``forwarding/envelope``), so a document is accepted only when its partition key is exactly
-that. A forged ``vm_id`` sent with another key is refused (``wrong_partition_key``): a VM's documents all land on
-the one partition its key hashes to, and no other producer's document can appear there under its name unless sent
-with its key, which is then the same as sending as that VM (Event Hubs has no per-sender identity to check).
-The one exception is a message with ``retires_name: true``: the sidecar sends it once under its old key (its
-``vm_name``) when it first knows its ``vm_id``, carrying both, so that whichever replica holds the VM known by name
-retires that entry (``picture.Fleet.apply``); it is accepted only so (a ``vm_id``, a ``vm_name``, and the key the
-``vm_name``) and changes no VM's picture.
+Nothing a VM sends is trusted, and a document changes only its own VM's picture (docs/architecture.md, "Who can
+change a VM's picture"): it is accepted only under its own partition key (``vm_id or vm_name``, as the sidecar sends
+it), a message with ``retires_name: true`` only under that name beside a ``vm_id``. What the fleet keeps per VM is
+bounded (``Bounds``). A bad message raises ``InvalidMessage`` with the reason it is counted under; nothing else ever
+leaves ``read_message`` (an exception in the SDK's batch handler closes the partition, which is then claimed again
+and fails again).
 """
 
 from __future__ import annotations

@@ -9,13 +9,8 @@ judging the VMs shown here, counting the EventIds homed here, rendering).
 Reconciliation runs on the loop every ``RECONCILE_EVERY`` seconds (not in a scrape): the records of every held and
 read picture, merged, against the VMs this replica shows; a scrape renders the last result.
 
-Two rules, each stated in ``counting``: ``COUNTING`` for the statuses, the impact and the duplicates, ``COVERAGE``
-for the misses, the lags and the unannounced EventIds. Each partition's owner judges the VMs it shows and keeps its
-judgement in the partition's blob (``OwnedPlatform.judged``); only an EventId's home counts it, from every partition's
-judgement merged (its own partitions' and the others' blobs), topping up what its blob says was counted, each
-increment applied once that blob is written. ``no_sidecar`` is said by the home once every partition has judged
-the EventId and none has the VM alive: never wrongly, at worst late. What this leaves with several replicas
-(docs/fleet.md says it): the coverage counters a few checkpoint intervals behind the judgement.
+The two rules, ``COUNTING`` and ``COVERAGE``, are stated in ``counting``; what they leave with several replicas,
+in docs/fleet.md.
 """
 
 from __future__ import annotations
