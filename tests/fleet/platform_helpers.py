@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from se_exporter.fleet.message import Imds, VmState, fleet_events, parse_body
-from se_exporter.fleet.platform import PlatformEvent, read_platform
+from se_exporter.fleet.platform.reader import PlatformEvent, read_platform
 
 EXAMPLES = Path(__file__).parent / "platform_examples"
 SPEC_EXAMPLE = (EXAMPLES / "eventgrid-completed.json").read_bytes()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from se_exporter.fleet.collector import FleetMetrics
-from se_exporter.fleet.platform import PlatformEvent, PlatformPicture, counting, merge
+from se_exporter.fleet.platform import counting
 from se_exporter.fleet.platform.counting import (
     Counted,
     Verdict,
@@ -27,7 +27,8 @@ from se_exporter.fleet.platform.counting import (
 from se_exporter.fleet.platform.fields import STATUSES
 from se_exporter.fleet.platform.homes import Homes
 from se_exporter.fleet.platform.hubs import OwnedPlatform, home
-from se_exporter.fleet.platform.records import PictureState
+from se_exporter.fleet.platform.reader import PlatformEvent
+from se_exporter.fleet.platform.records import PictureState, PlatformPicture, merge
 from se_exporter.fleet.platform.saving import decode_platform, encode_platform
 from se_exporter.fleet.report import Report
 from tests.fleet.platform_helpers import T0, body, grid, platform_event

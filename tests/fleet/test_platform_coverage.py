@@ -13,15 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from se_exporter.fleet.message import Imds, VmState
-from se_exporter.fleet.platform import (
-    PlatformPicture,
-    PlatformRecord,
-    Reconciler,
-    ReconcileSettings,
-    Reconciliation,
-    render_platform,
-)
-from se_exporter.fleet.platform.coverage import imds_blind_since
+from se_exporter.fleet.platform.coverage import Reconciler, ReconcileSettings, Reconciliation, imds_blind_since
+from se_exporter.fleet.platform.exposition import render_platform
+from se_exporter.fleet.platform.records import PlatformPicture, PlatformRecord
 from tests.fleet.platform_helpers import EVENT_ID, KEY, SUB, T0, platform_event, vm
 
 EXPIRY, GRACE = 600.0, 60.0

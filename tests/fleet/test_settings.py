@@ -196,8 +196,8 @@ def test_each_hub_is_shown_as_the_namespace_and_hub_the_sdk_reads_without_its_ke
 def test_every_bound_the_fleet_reports_says_why_in_its_log_line_and_is_in_the_docs() -> None:
     """Each bound's log line explains it (no empty text after the colon), and docs/fleet.md's table lists it."""
     from se_exporter.fleet.message import BOUND_NAMES  # noqa: PLC0415 - the names, only for this check
-    from se_exporter.fleet.platform import PLATFORM_BOUND_NAMES  # noqa: PLC0415
     from se_exporter.fleet.platform.coverage import COVERAGE_BOUND_NAMES  # noqa: PLC0415
+    from se_exporter.fleet.platform.reader import PLATFORM_BOUND_NAMES  # noqa: PLC0415
     from se_exporter.fleet.platform.records import PICTURE_BOUND_NAMES  # noqa: PLC0415
     from se_exporter.fleet.report import BOUND_HELP  # noqa: PLC0415
 
