@@ -310,15 +310,12 @@ class EventMemo:
 
 def _known_event(raw: object, known: _Remembered, read: _Remembered) -> ScheduledEvent | None:
     """The very event read from the last document when this event's JSON object is equal to the one it was read
-    from (remembering it in ``read`` for the next document); None otherwise: then it is read afresh, and
-    remembered if it takes the quick path.
+    from (remembering it in ``read`` for the next document); None otherwise: then it is read afresh.
 
-    A changed document repeats most events of the one before, and a 1,000-event document costs most of its parse in
-    building events; here a repeated one costs one comparison of two small dicts in C. Equal JSON values read the
-    same in ``_common_event`` except integers against their float and boolean twins (``1 == 1.0 == True``): the
-    remembered object holds only strings, None, a list of strings and an int or None duration, so the duration's
-    type is the one thing left to check. Handing out the same object also lets the lifecycle diff tell an
-    unchanged event by identity.
+    A changed document repeats most events of the one before: a repeated one costs one comparison of two small
+    dicts in C instead of building an event, and the lifecycle diff tells it unchanged by identity. Equal JSON
+    values read the same in ``_common_event`` but for ``1 == 1.0 == True``: the remembered object holds only
+    strings, None, a list of strings and an int or None duration, so the duration's type is the one left to check.
     """
     if type(raw) is not dict:
         return None
@@ -362,13 +359,10 @@ _T = TypeVar("_T")
 
 def built(cls: type[_T], values: dict[str, Any]) -> _T:
     """An instance of the frozen dataclass ``cls`` holding ``values`` (every field, by name), made without its
-    ``__init__``: that one sets each field through ``object.__setattr__``, one call per field, which is most of
-    the cost of building events (here) and records and transitions (the lifecycle diff). Kept, against "ordinary
-    dataclasses", for the figure it guards: ``make bench``'s "parse + lifecycle diff of a 1,000-event document",
-    target 2.5x ``json.loads`` (measured without this, side by side: it missed). Only for the hot
-    paths, with values of the right types and every field given (no defaults are applied, no ``__post_init__``
-    runs); the tests prove the results equal to what ``__init__`` makes (``test_model.py``,
-    ``test_lifecycle.py``)."""
+    ``__init__``, which sets each field through ``object.__setattr__``. Kept for the figure it guards: ``make
+    bench``'s "parse + lifecycle diff of a 1,000-event document", target 2.5x ``json.loads``. Only for the hot
+    paths, with every field given (no defaults, no ``__post_init__``); ``test_model.py`` and ``test_lifecycle.py``
+    prove the results equal to what ``__init__`` makes."""
     made = object.__new__(cls)
     made.__dict__.update(values)  # the frozen __setattr__ is not involved: the instance's dict is filled directly
     return made

@@ -162,9 +162,8 @@ class Service:
             view.unsaved_since = self._clock()
 
     def _count(self, received: int, outcomes: dict[str, int]) -> None:
-        """Counters once per batch, not per event: what every batch counts is queued (``FleetMetrics.batch``), the
-        rarer outcomes counted at once (each increment takes a lock, and each ``labels`` call validates and locks
-        too: the labelled counters are looked up once, ``_outcomes``)."""
+        """Counters once per batch, not per event (each increment and ``labels`` call takes a lock): what every batch
+        counts is queued (``FleetMetrics.batch``), the rarer outcomes counted at once."""
         changes, heartbeats = outcomes.get("change", 0), outcomes.get("heartbeat", 0)
         self._metrics.batch(received, changes, heartbeats, self._clock() if changes or heartbeats else None)
         for outcome, count in outcomes.items():
@@ -242,9 +241,8 @@ class Service:
 
     def _lagged(self, partition: Partition) -> PartitionView:
         """The partition's view with its lag as of its last batch: from the newest event the SDK delivered with that
-        batch's last one (``partition.lag_from``), or as the last empty batch left it (none waits). Worked out when
-        a scrape or the expiry asks, not at every batch (a tenth of a heartbeat's handling, one a batch); only read
-        here, so a scrape in another thread changes nothing."""
+        batch's last one (``partition.lag_from``), or as the last empty batch left it. Worked out when a scrape asks,
+        not at every batch; only read here, so a scrape in another thread changes nothing."""
         view, last = partition.view, partition.lag_from
         newest = received.newest(last, partition.context) if last is not None else None
         sequence = last.sequence_number if last is not None else None

@@ -225,10 +225,9 @@ QUIET_BODIES = 4096
 
 class Listings:
     """What each recent document that lists events gave, by body and VM name (what it says of the VM depends on
-    its name): a VM's heartbeats repeat its document, each parsed once rather than at every heartbeat (a tenth of
-    the batch handler's CPU in ``scripts/fleet_scale_bench.py``'s steady state, where one VM in ten heartbeats with
-    an event listed). Bounded in bodies and bytes (a body is the same bytes its VM's state holds while it is its
-    latest); past either bound it starts again empty. Only the consumer's loop uses it."""
+    its name): a VM's heartbeats repeat its document, parsed once rather than at every heartbeat
+    (``scripts/fleet_scale_bench.py``). Bounded in bodies and bytes; past either bound it starts again empty. Only
+    the consumer's loop uses it."""
 
     def __init__(self, max_bodies: int = 32_768, max_bytes: int = 8 * 1024**2, max_body: int = 4096) -> None:
         self.max_bodies, self.max_bytes, self.max_body = max_bodies, max_bytes, max_body

@@ -93,10 +93,8 @@ class PartitionPersistence:
 
     def due(self, partition: Partition) -> bool:
         """Whether the periodic write should write the partition now. Heartbeats alone wait until the first of them
-        has waited ``heartbeat_interval``: they move only when VMs were last seen (and their IMDS health), which the
-        next owner replays from the checkpoint anyway, so writing them every checkpoint interval bought nothing but
-        storage requests (three a partition each time: most of a quiet fleet's write CPU). Anything else (a VM new,
-        changed or gone, the platform picture) is written at once."""
+        has waited ``heartbeat_interval`` (the next owner replays them from the checkpoint anyway: docs/fleet.md,
+        "Heartbeats wait"); anything else (a VM new, changed or gone, the platform picture) is written at once."""
         waiting = partition.view.unsaved_since
         if waiting is None or self._clock() - waiting >= self.heartbeat_interval:
             return True

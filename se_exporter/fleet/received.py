@@ -1,11 +1,9 @@
 """What the fleet reads of a received event besides its body and properties, taken from the SDK's raw AMQP message.
 
-``EventData.enqueued_time`` makes a datetime from the enqueued-time annotation on every access, and
-``EventData.message_id`` first asks the message's AMQP properties for their length (which lists every field);
-per event, at the fleet's rate of one heartbeat per VM every few minutes, the two were a tenth of the batch
-handler's CPU (``scripts/fleet_scale_bench.py``, steady state). The same values are read here from the raw AMQP
-message (``EventData.raw_amqp_message``, public), and from the event's own properties when it has none (a test's
-stand-in).
+``EventData``'s accessors rebuild their values on every access (a datetime per ``enqueued_time``; ``message_id``
+first lists every AMQP property), a measurable share of the batch handler's CPU at one heartbeat per VM every few
+minutes (``scripts/fleet_scale_bench.py``). The same values are read here from ``EventData.raw_amqp_message``
+(public), and from the event's own properties when it has none (a test's stand-in).
 """
 
 from __future__ import annotations

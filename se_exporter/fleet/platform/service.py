@@ -109,9 +109,8 @@ class Platform:
 
     async def read_peers(self) -> None:
         """Every partition's picture and judgement this replica does not hold, from its blob
-        (``HubPlatform.read_peers``): so each replica knows every EventId, and an EventId's home replica lists and
-        counts it wherever its messages landed and whichever replica shows its VMs. A blob unreadable now is counted and
-        tried again next time."""
+        (``HubPlatform.read_peers``), so an EventId's home counts it wherever its messages landed and whichever
+        replica shows its VMs. A blob unreadable now is counted and tried again next time."""
         for side in self.hubs.values():
             try:
                 await side.read_peers()
@@ -318,13 +317,11 @@ class Platform:
             await self.read_peers()
 
     async def run(self, stop: asyncio.Event, every: float) -> None:
-        """Reconcile every ``every`` seconds; write the memory of homes whose partition has no position yet (no
-        event handled: the PartitionPersistence writes nothing for it). A round is put off while platform messages
-        arrived within the last ``every`` (a burst: a reconciliation over its events holds the loop, which the burst's
-        reading would wait for; ``scripts/fleet_bench.py --platform`` measures the burst against the bare SDK's), for up
-        to ``BURST_DEFERS_UP_TO`` seconds. Only a burst: at least ``BURST_MESSAGES``
-        applied since the last round. Azure's usual trickle (a message every second or two) is never one: put off,
-        a short event could end unjudged, and a live sidecar's miss of it would never be said."""
+        """Reconcile every ``every`` seconds, and write the platform side of partitions without a position yet. A
+        round is put off, for up to ``BURST_DEFERS_UP_TO`` seconds, during a burst (``BURST_MESSAGES`` applied since
+        the last round, the latest within ``every``): a reconciliation holds the loop the burst's reading waits for
+        (``scripts/fleet_bench.py --platform``). Azure's usual trickle is never one: put off, a short event could end
+        unjudged, and a live sidecar's miss of it would never be said."""
         last = time.monotonic()
         while not stop.is_set():
             await self.sleep(every)
