@@ -1,28 +1,11 @@
 """Scheduled Events documents as frozen values, parsed from every documented api-version shape.
 
-IMDS has changed the document over the years (see ``shared/azure-docs``):
-
-* 2017-03-01 (preview): ``NotBefore`` in ISO 8601, ``DocumentIncarnation`` sometimes a string,
-  resource names with a leading underscore, no ``Description``/``EventSource``/``DurationInSeconds``;
-* 2017-08-01 onwards: ``NotBefore`` in RFC 1123 (``Mon, 11 Apr 2022 22:26:58 GMT``), empty once started;
-* later versions add ``Preempt``, ``Terminate``, ``Description``, ``EventSource``, ``DurationInSeconds``.
-
-Parsing is tolerant where tolerance loses nothing (an unknown ``EventType``, an extra field, a
-wrongly typed optional field becomes ``None`` plus a warning) and strict where guessing would
-invent lifecycle transitions: without an object carrying an ``Events`` list, or without a usable
-``EventId`` per event, the whole document is invalid and the caller keeps its previous state.
-
-Whatever the body holds, parsing ends in a ``Document`` or an ``InvalidDocument``, never another
-exception, and a ``Document`` carries only values every output can carry:
-
-* integers outside the signed 64-bit range (``DocumentIncarnation``, ``DurationInSeconds``), and integer
-  literals longer than Python's int-string limit (4,300 digits), become absent plus a warning;
-* a string holding an unpaired UTF-16 surrogate (``"\\ud800"`` is a valid JSON escape, but no UTF-8
-  encoder accepts the result) is handed out with the surrogate written as the text ``\\ud800``, plus a
-  warning; the raw bytes, forwarded as they are, are untouched.
-
-EventIds are GUIDs ("globally unique identifier", in the Azure documents), and GUIDs compare without
-regard to case: ``event_key`` is what identifies an event everywhere (lifecycle, duplicates, trace ids).
+Tolerant where tolerance loses nothing (an unknown ``EventType``, an extra field, a wrongly typed optional field
+becomes ``None`` plus a warning), strict where guessing would invent lifecycle transitions (no object with an
+``Events`` list, an event without a usable ``EventId``: ``InvalidDocument``, and the caller keeps its previous
+state). Whatever the body holds, parsing ends in a ``Document`` or an ``InvalidDocument``, and a ``Document``
+carries only values every output can carry (docs/architecture.md, "Values every output can carry"; the api-version
+shapes are listed there too). ``event_key`` identifies an event everywhere: EventIds are GUIDs, which ignore case.
 """
 
 from __future__ import annotations

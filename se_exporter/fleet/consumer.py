@@ -9,11 +9,9 @@ event is read: until it is, the partition is not read at all; see ``persistence`
 ``on_close`` (on shutdown a last state and checkpoint are written before the SDK releases ownership;
 when ownership is lost, the partition's VMs are dropped at once).
 
-Hand-overs: what users query counts distinct VMs (every shipped rule and panel counts distinct ``vm_id``), which
-alone makes a hand-over exact there; the per-replica totals (``vms``, ``pending_vms``, ...) are per replica, and for
-the moment both replicas hold a partition both count it. Beyond that the consumer uses azure-eventhub's public API
-only: a claimed partition is shown from its first batch, hidden when ``on_error`` reports its link stolen, and
-dropped by ``on_close``.
+Hand-overs are exact where users query, which counts distinct VMs (docs/fleet.md); beyond that, through the SDK's
+public API only, a claimed partition is shown from its first batch, hidden when ``on_error`` reports its link
+stolen, and dropped by ``on_close``.
 
 Facts about azure-eventhub (5.15) this module is built around, all of its documented behaviour:
 - with a checkpoint store the SDK opens every partition as an exclusive receiver, so a replica taking a partition

@@ -257,11 +257,9 @@ def _sequenced(sequence: Any, seen_at: Any, now: float) -> bool:
 
 def _values(text: bytes, enough: int) -> int:
     """At most how many JSON values (object keys included) ``text`` holds: one plus the ``[ { , :`` outside strings
-    (every value but the first follows one of them). Counted over the whole text first (C speed, no copy), and only
-    when that passes ``enough`` again without what is inside strings (a body's own commas are): escaped backslashes
-    and quotes taken out, then all but quotes and ``[ { , :``, so every quote left opens or closes a string. All C
-    loops; the copies are at most the text's size, freed before it is parsed (a parse of a valid prefix, all that
-    ``json.loads`` builds before it fails, is counted exactly)."""
+    (every value but the first follows one of them). Counted over the whole text first (in C, no copy), and only
+    when that passes ``enough`` again without what is inside strings: escaped backslashes and quotes taken out,
+    then all but quotes and ``[ { , :``, so every quote left opens or closes a string."""
     def structural(part: bytes) -> int:
         return part.count(b"[") + part.count(b"{") + part.count(b",") + part.count(b":")
 
