@@ -128,7 +128,7 @@ def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_
     """The inverse of ``encode_base`` and ``encode_delta``; raise ``DamagedState`` or ``NewerState`` (see the module
     docstring)."""
     max_values = bounds.vms_per_partition * MAX_VALUES_PER_VM + MAX_VALUES_TOP
-    members = _members(data)
+    members = inflated(data, MAX_STATE_BYTES)
     text, size = next(members)
     obj = _parse(text, max_values)
     del text
@@ -165,10 +165,10 @@ def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_
     return decoded
 
 
-def _members(data: bytes) -> Iterator[tuple[bytes, int]]:
-    """Each gzip member's inflated text and its gzip'd size; at most ``MAX_MEMBERS`` of them, ``MAX_STATE_BYTES``
+def inflated(data: bytes, limit: int) -> Iterator[tuple[bytes, int]]:
+    """Each gzip member's inflated text and its gzip'd size; at most ``MAX_MEMBERS`` of them, ``limit`` bytes
     inflated in all (a small blob must not inflate to gigabytes)."""
-    budget, rest = MAX_STATE_BYTES, data
+    budget, rest = limit, data
     for _member in range(MAX_MEMBERS):
         try:
             inflate = zlib.decompressobj(wbits=31)
@@ -176,7 +176,7 @@ def _members(data: bytes) -> Iterator[tuple[bytes, int]]:
         except zlib.error as exc:
             raise DamagedState("unreadable", f"not gzip ({str(exc)[:200]})") from None
         if inflate.unconsumed_tail or (len(text) == budget and not inflate.eof):
-            raise DamagedState("unreadable", f"the state inflates past {MAX_STATE_BYTES} bytes")
+            raise DamagedState("unreadable", f"the state inflates past {limit} bytes")
         if not inflate.eof:
             raise DamagedState("unreadable", "the state is truncated gzip")
         budget -= len(text)
@@ -185,7 +185,7 @@ def _members(data: bytes) -> Iterator[tuple[bytes, int]]:
         if not rest:
             return
         if budget <= 0:  # zlib reads a max_length of 0 as no limit at all
-            raise DamagedState("unreadable", f"the state inflates past {MAX_STATE_BYTES} bytes")
+            raise DamagedState("unreadable", f"the state inflates past {limit} bytes")
     raise DamagedState("unreadable", f"the state has more than {MAX_MEMBERS} blocks")
 
 

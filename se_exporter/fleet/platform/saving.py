@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +32,7 @@ from se_exporter.fleet.platform.coverage import MISSED_REASONS
 from se_exporter.fleet.platform.fields import STATUSES
 from se_exporter.fleet.platform.records import PictureState
 from se_exporter.fleet.platform.saved import state_from_json, state_to_json
-from se_exporter.fleet.stateformat import DamagedState
+from se_exporter.fleet.stateformat import DamagedState, inflated
 
 PLATFORM_FORMAT = 1
 MAX_PLATFORM_BYTES = 256 * 1024**2  # inflated: 10,000 events naming 1,000 VMs each is about 200 MB
@@ -148,13 +147,7 @@ def _seconds(value: object) -> bool:
 
 
 def _parse(data: bytes) -> Any:
-    try:
-        inflate = zlib.decompressobj(wbits=31)
-        text = inflate.decompress(data, MAX_PLATFORM_BYTES)
-    except zlib.error as exc:
-        raise DamagedState("unreadable", f"not gzip ({str(exc)[:200]})") from None
-    if inflate.unconsumed_tail or not inflate.eof:
-        raise DamagedState("unreadable", f"truncated, or inflates past {MAX_PLATFORM_BYTES} bytes")
+    text, _size = next(inflated(data, MAX_PLATFORM_BYTES))  # one member: written as a single base
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
