@@ -82,11 +82,6 @@ class _Pair:
         return min((when for place, when in self.listings() if matches(place)), default=None)
 
 
-def vm_identity(vm: VmState) -> tuple[str, str, str]:
-    """(subscription, resource group, VM name) to join on, without case; '' where not known (see the module)."""
-    return vm.subscription_id.casefold(), vm.resource_group.casefold(), name_key(vm.vm_name)
-
-
 def name_key(name: str) -> str:
     """A VM name as the join compares it (and as a partition's judgement names VMs)."""
     return name.lstrip("_").casefold()
@@ -94,8 +89,7 @@ def name_key(name: str) -> str:
 
 def _place(vm: VmState) -> tuple[str, str, str, str]:
     """(subscription, resource group, location, scale set) of a VM, without case; '' where not known."""
-    subscription, group, _ = vm_identity(vm)
-    return subscription, group, vm.location.casefold(), vm.vmss_name.casefold()
+    return vm.subscription_id.casefold(), vm.resource_group.casefold(), vm.location.casefold(), vm.vmss_name.casefold()
 
 
 def _same_place(record: PlatformRecord, place: tuple[str, str, str, str]) -> bool:
