@@ -242,7 +242,7 @@ class Service:
         batch's last one (``partition.lag_from``), or as the last empty batch left it. Worked out when a scrape asks,
         not at every batch; only read here, so a scrape in another thread changes nothing."""
         view, last = partition.view, partition.lag_from
-        newest = received.newest(last, partition.context) if last is not None else None
+        newest = received.newest(last) if last is not None else None
         sequence = last.sequence_number if last is not None else None
         if newest is None or sequence is None:
             return view

@@ -10,6 +10,7 @@ import json
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from azure.eventhub import CloseReason
@@ -17,6 +18,7 @@ from azure.eventhub.aio import CheckpointStore, PartitionContext
 from azure.eventhub.amqp import AmqpMessageBodyType
 from prometheus_client import CollectorRegistry
 
+from se_exporter.fleet import received
 from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.consumer import Service
 from se_exporter.fleet.settings import FleetSettings
@@ -61,6 +63,28 @@ class Event:
     @property
     def partition_key(self) -> bytes:
         return self.vm_id.encode()
+
+    @property
+    def raw_amqp_message(self) -> SimpleNamespace:
+        return raw_message(self.sequence_number, self.enqueued_time, self.body_type, self.body, self.properties,
+                           self.message_id, self.partition_key)
+
+
+def raw_message(sequence_number: int, enqueued: datetime, body_type: Any, body: bytes, properties: Any,
+                message_id: bytes, partition_key: bytes, newest: tuple[int, datetime] | None = None,
+                ) -> SimpleNamespace:
+    """What the SDK's ``EventData.raw_amqp_message`` holds of an event (the fleet reads it there), with the
+    partition's newest event as the receiver delivers it beside the event."""
+    def ms(when: datetime) -> int:
+        return round(when.timestamp() * 1000)
+
+    return SimpleNamespace(
+        annotations={received.SEQUENCE_NUMBER: sequence_number, received.ENQUEUED_TIME: ms(enqueued),
+                     received.PARTITION_KEY: partition_key},
+        delivery_annotations=None if newest is None else {received.NEWEST_SEQUENCE: newest[0],
+                                                          received.NEWEST_TIME: ms(newest[1])},
+        body_type=body_type, body=body, application_properties=properties,
+        properties=SimpleNamespace(message_id=message_id))
 
 
 class Checkpoints(CheckpointStore):  # type: ignore[misc]  # the SDK's class is untyped
