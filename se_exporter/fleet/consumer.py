@@ -306,12 +306,6 @@ class Service:
 
     # ------------------------------------------------------------------ periodic work
 
-    async def save(self, partition_id: str) -> None:
-        """Write the partition's state, then checkpoint the last event it covers (see ``PartitionPersistence.save``)."""
-        partition = self.partitions.get(partition_id)
-        if partition is not None:
-            await self.keeper.save(partition)
-
     async def checkpoints(self, stop: asyncio.Event) -> None:
         while not await _stopped(stop, self._settings.checkpoint_interval):
             await self.write_due()

@@ -33,7 +33,7 @@ from se_exporter.fleet.platform.saving import decode_platform, encode_platform
 from se_exporter.fleet.report import Report
 from tests.fleet.platform_helpers import T0, body, grid, platform_event
 from tests.fleet.test_platform_service import Replica, homed
-from tests.fleet.test_service import Event, run
+from tests.fleet.test_service import Event, run, save
 
 IMPACT = "azure_scheduled_fleet_impact_seconds_total"
 EVENTS = "azure_scheduled_fleet_platform_events_total"
@@ -110,7 +110,7 @@ def test_event_grids_copy_delivered_to_another_partition_is_counted_as_a_duplica
     run(home_replica.read(message("Started", 1, T0, ["web_3"], **copy)))
     run(other.read(message("Started", 1, T0, ["web_3"], **copy)))
     other.gauges()
-    run(other.service.save("1"))
+    run(save(other.service, "1"))
     run(home_replica.platform.read_peers())
     home_replica.gauges()
     assert home_replica.value(DUPLICATES) + other.value(DUPLICATES) == 1
