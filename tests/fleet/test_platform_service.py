@@ -500,7 +500,7 @@ def test_an_event_id_listed_only_on_another_replica_is_counted_unannounced_once_
     run(successor.claim())
     run(successor.read(sidecar(1, "web_9"), sidecar(2, "web_9", sequence=2)))
     run(successor.platform.read_peers())
-    assert successor.platform.is_home_here(unannounced)
+    assert successor.platform.homes.is_here(unannounced)
     successor.gauges()
     assert successor.value("azure_scheduled_fleet_unannounced_events_total", event_type="Reboot") == 0
 

@@ -119,9 +119,6 @@ class Platform:
                 self.report.once(f"platform-peer:{side.role}", logging.WARNING, "cannot read the other partitions' "
                                  "platform pictures (%s); trying again", describe(error))
 
-    def is_home_here(self, key: str) -> bool:
-        return self.homes.is_here(key)
-
     # ------------------------------------------------------------------ reconciliation
 
     def reconcile(self) -> LastReconciliation:
@@ -137,7 +134,7 @@ class Platform:
         if not records and not self.homes.size and not self.view.records:
             return self.view  # a fleet that has not opted in costs nothing here
         coverage, unannounced = self._reconciled(records, now)
-        informed = frozenset(record.key for record in records if self.is_home_here(record.key))
+        informed = frozenset(record.key for record in records if self.homes.is_here(record.key))
         self.homes.forget({record.key for record in records} | unannounced, now)
         sizes = {**self.reconciler.sizes(), "counted": self.homes.size}
         for picture in pictures:
@@ -281,7 +278,7 @@ class Platform:
         everywhere = frozenset.intersection(*(judged.keys for judged in judgements)) if complete and judgements \
             else frozenset()  # the EventIds every partition has judged
         for record in records:
-            if not self.is_home_here(record.key):
+            if not self.homes.is_here(record.key):
                 continue
             verdicts = merged([judged.vms[record.key] for judged in judgements if record.key in judged.vms])
             if record.key in everywhere:
@@ -299,7 +296,7 @@ class Platform:
         keys: set[str] = set()
         for judged in judgements:
             for key, event_type in judged.listed.items():
-                if key not in keys and self.is_home_here(key) and not self.reconciler.announced(key):
+                if key not in keys and self.homes.is_here(key) and not self.reconciler.announced(key):
                     keys.add(key)
                     self.homes.count_unannounced(key, event_type)
         return keys
