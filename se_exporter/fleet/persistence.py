@@ -1,10 +1,9 @@
 """A partition's state read before the partition is, and written before its checkpoint.
 
-Until the state is read the partition is not read either: a partition read without its state would show (and then
-checkpoint) a fleet missing every VM that was quiet since. Only the store's refusals are retried: whatever the state
-holds is an answer (``Restored`` says what was wrong with it). A checkpoint is written only after a state at or past
-it, and never moved back (the SDK would allow it), so a replica that takes the partition over never starts reading
-after events its state lacks.
+A partition read without its state would show (and then checkpoint) a fleet missing every VM quiet since, so it is
+not read until the store answers; only the store's refusals are retried (``Restored`` says what was wrong with a
+state). A checkpoint follows a state at or past it and never moves back, so a replica that takes the partition over
+never starts reading after events its state lacks.
 """
 
 from __future__ import annotations
