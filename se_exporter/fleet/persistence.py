@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from se_exporter.core.retry import backoff
 from se_exporter.fleet.message import BOUND_NAMES
@@ -25,6 +25,22 @@ from se_exporter.infra.logs import fields
 
 log = logging.getLogger("se_exporter.fleet")
 RESTORE_RETRY_MAX = 30.0
+T = TypeVar("T")
+
+
+async def until_read(read: Callable[[], Awaitable[T]], report: Report, key: str, what: str,
+                     sleep: Callable[[float], Awaitable[object]]) -> T:
+    """``read()``, retried with backoff for as long as the store refuses: each refusal counted, logged once a
+    minute per ``key``."""
+    failures = 0
+    while True:
+        try:
+            return await read()
+        except Exception as error:  # storage unreachable or refusing: retried until it answers
+            report.metrics.errors.labels("state_read").inc()
+            report.once(key, logging.WARNING, "%s (%s); retrying before reading it", what, describe(error))
+            failures += 1
+            await sleep(backoff(failures, 1.0, RESTORE_RETRY_MAX))
 
 
 class AttachedState(Protocol):
@@ -56,18 +72,9 @@ class PartitionPersistence:
     async def restore(self, partition_id: str) -> Restored:
         """The partition's stored state, retried for as long as the store refuses; damage counted and logged."""
         report, metrics = self._report, self._report.metrics
-        failures = 0
-        while True:
-            try:
-                restored = await self.store.load(partition_id, self._clock())
-                break
-            except Exception as error:  # storage unreachable or refusing: retried until it answers
-                metrics.errors.labels("state_read").inc()
-                report.once(f"restore:{partition_id}", logging.WARNING,
-                            "partition %s: cannot read its fleet state (%s); retrying before reading it",
-                            partition_id, describe(error))
-                failures += 1
-                await self._sleep(backoff(failures, 1.0, RESTORE_RETRY_MAX))
+        restored = await until_read(lambda: self.store.load(partition_id, self._clock()), report,
+                                    f"restore:{partition_id}", f"partition {partition_id}: cannot read its fleet state",
+                                    self._sleep)
         if restored.damaged is not None:
             metrics.state_damaged.labels(restored.damaged).inc()
             report.once(f"damaged:{partition_id}", logging.ERROR,
