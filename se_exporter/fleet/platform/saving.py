@@ -136,14 +136,9 @@ def _verdict(row: object) -> Verdict | None:
     if not isinstance(row, dict):
         return None
     reason, lag = row.get("missed"), row.get("lag")
-    if not (reason is None or reason in MISSED_REASONS) or not (lag is None or _seconds(lag)):
+    if not (reason is None or reason in MISSED_REASONS) or not (lag is None or _count(lag, 1 - 2**53)):
         return None
     return reason, None if lag is None else float(lag)
-
-
-def _seconds(value: object) -> bool:
-    """A lag in seconds: a finite number of either sign (NaN and infinities fail both comparisons), not a bool."""
-    return type(value) in (int, float) and -2**53 < value < 2**53  # type: ignore[operator]
 
 
 def _parse(data: bytes) -> Any:
@@ -174,9 +169,10 @@ def _counted(row: object) -> tuple[str, Counted] | None:
                             None if gone_at is None else float(gone_at))
 
 
-def _count(value: object) -> bool:
-    """A finite number from 0 to 2**53 (seconds, a count, a unix time), not a bool."""
-    return type(value) in (int, float) and 0 <= value < 2**53  # type: ignore[operator]
+def _count(value: object, least: int = 0) -> bool:
+    """A number from ``least`` to below 2**53 (seconds, a count, a unix time; NaN and infinities fail the
+    comparisons), not a bool."""
+    return type(value) in (int, float) and least <= value < 2**53  # type: ignore[operator]
 
 
 def _text(value: object) -> bool:
