@@ -744,9 +744,13 @@ class Run:
     floor_rss: float = 0.0  # MB: a fresh interpreter that has imported prometheus-client alone
 
 
-def run(smoke: bool, peer: Path | None) -> Run:
-    slow_windows, slow_seconds = (2, 1.0) if smoke else (4, 15.0)
-    fast_windows, fast_seconds = (2, 0.5) if smoke else (4, 5.0)
+def windows_of(smoke: bool, windows: int, seconds: float) -> tuple[tuple[int, float], tuple[int, float]]:
+    """(count, seconds) of the 1 Hz and of the 20 Hz windows: a 20 Hz window is a third of a 1 Hz one."""
+    return ((2, 1.0), (2, 0.5)) if smoke else ((windows, seconds), (windows, seconds / 3))
+
+
+def run(smoke: bool, peer: Path | None, windows: int = 4, seconds: float = 15.0) -> Run:
+    (slow_windows, slow_seconds), (fast_windows, fast_seconds) = windows_of(smoke, windows, seconds)
     changes, drained = (2, 200) if smoke else (12, 10_000)
     package_dir = tempfile.TemporaryDirectory()
     package = compiled_package(Path(package_dir.name))
@@ -781,12 +785,11 @@ def run(smoke: bool, peer: Path | None) -> Run:
                imports, drained, bare, single_trip, drain, bare_runs, drain_runs, floor_rss)
 
 
-def before_after(peer: Path | None, before: Path, smoke: bool) -> int:
+def before_after(peer: Path | None, before: Path, smoke: bool, count: int = 4, length: float = 15.0) -> int:
     """``--before DIR``: the sidecar figures only (CPU per second and wake-ups at 1 Hz, CPU per poll at 20 Hz, RSS),
     this checkout's sidecars and those of another checkout (``DIR``, e.g. ``git worktree add DIR main``) side by side
     with the Go peer, each as a ratio to the peer in the same windows: a change's before/after from one run."""
-    slow_windows, slow_seconds = (2, 1.0) if smoke else (4, 15.0)
-    fast_windows, fast_seconds = (2, 0.5) if smoke else (4, 5.0)
+    (slow_windows, slow_seconds), (fast_windows, fast_seconds) = windows_of(smoke, count, length)
     kinds = [("metrics only", False), ("every sink", True)]
     with ExitStack() as stack, tempfile.TemporaryDirectory() as state, tempfile.TemporaryDirectory() as after_dir, \
             tempfile.TemporaryDirectory() as before_dir:
@@ -910,10 +913,13 @@ def main() -> int:
                         help=f"the Go peer's binary (default: {PEER_CANDIDATES[0]} if present)")
     parser.add_argument("--before", type=Path, metavar="DIR",
                         help="only the sidecar figures, this checkout beside the se-exporter checkout in DIR")
+    parser.add_argument("--windows", type=int, default=4, help="side-by-side windows per rate (default 4)")
+    parser.add_argument("--window-seconds", type=float, default=15.0,
+                        help="seconds of a 1 Hz window (default 15; a 20 Hz window is a third of it)")
     args = parser.parse_args()
     peer = args.peer if args.peer is not None and args.peer.exists() else None
     if args.before is not None:
-        return before_after(peer, args.before, args.smoke)
+        return before_after(peer, args.before, args.smoke, args.windows, args.window_seconds)
     looked_at = args.peer or PEER_CANDIDATES[0]
     host = machine()
     mode = "smoke" if args.smoke else "full"
@@ -921,7 +927,7 @@ def main() -> int:
     print(f"se-exporter benchmark ({mode}) on {about}; load average {host['load_average_at_start']}", file=sys.stderr)
     if peer is None:
         print(f"the Go peer is absent ({looked_at}): figures against it are skipped", file=sys.stderr)
-    measured = run(args.smoke, peer)
+    measured = run(args.smoke, peer, args.windows, args.window_seconds)
     rows = rows_of(measured)
     print(f"\nse-exporter benchmark ({mode}): {about}. Ratio = measured / reference, both from this run; "
           "(low-high) = the ratio's spread over the sub-windows.")

@@ -241,92 +241,27 @@ def scrape_vms(count: int) -> list[Any]:
     return vms
 
 
-def library_families(vms: list[Any], now: float) -> Any:
-    """The same families through prometheus-client's GaugeMetricFamily and generate_latest: the reference the
-    fleet's own writer (se_exporter/fleet/collector.py, render_fleet) is measured against."""
-    from collections import Counter as Tally  # noqa: PLC0415 - only for this part
-
-    from prometheus_client import CollectorRegistry, generate_latest  # noqa: PLC0415
-    from prometheus_client.core import GaugeMetricFamily  # noqa: PLC0415
-
-    from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES  # noqa: PLC0415
-    from se_exporter.fleet.collector import _HEADERS, FLEET  # noqa: PLC0415
-    from se_exporter.fleet.message import NO_IMDS  # noqa: PLC0415
-    from se_exporter.fleet.vms import imds_unreachable  # noqa: PLC0415
-
-    vm_labels = ["vm_id", "vm_name", "vmss_name", "location"]
-
-    class FleetCollector:
-        def describe(self) -> list[Any]:
-            return []
-
-        def collect(self) -> Any:
-            def family(name: str, labels: list[str] | None = None) -> GaugeMetricFamily:
-                return GaugeMetricFamily(f"{FLEET}_{name}", _HEADERS[name], labels=labels)
-
-            info = family("event_info", [*vm_labels, "event_id", "event_type", "event_status", "event_source",
-                                         "affects_this_vm"])
-            until = family("event_seconds_until_not_before", ["vm_id", "event_id"])
-            duration = family("event_duration_seconds", ["vm_id", "event_id"])
-            seen = family("vm_last_seen_timestamp_seconds", vm_labels)
-            unreachable = family("vm_imds_unreachable_since_timestamp_seconds", vm_labels)
-            pending: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
-            blast: Tally[tuple[str, str]] = Tally()
-            count = 0
-            for vm in vms:
-                count += 1
-                identity = [vm.vm_id or vm.key, vm.vm_name, vm.vmss_name, vm.location]
-                seen.add_metric(identity, vm.seen_at)
-                if vm.imds is not NO_IMDS and imds_unreachable(vm):
-                    unreachable.add_metric(identity, float(vm.imds.last_success or 0.0))
-                kinds = set()
-                for event in vm.events:
-                    info.add_metric([*identity, event.event_id, event.event_type, event.event_status,
-                                     event.event_source, event.affects_this_vm], 1.0)
-                    if event.not_before is not None:
-                        until.add_metric([identity[0], event.event_id], event.not_before - now)
-                    if event.duration_seconds is not None:
-                        duration.add_metric([identity[0], event.event_id], event.duration_seconds)
-                    if event.counts_for_vm:
-                        kinds.add((event.event_type, event.event_status))
-                        blast[(event.event_id, event.event_type)] += 1
-                pending.update(kinds)
-            yield GaugeMetricFamily(f"{FLEET}_vms", _HEADERS["vms"], value=count)
-            pending_family = family("pending_vms", ["event_type", "event_status"])
-            for (event_type, status), n in sorted(pending.items()):
-                pending_family.add_metric([event_type, status], n)
-            blast_family = family("event_vms", ["event_id", "event_type"])
-            for (event_id, event_type), n in sorted(blast.items()):
-                blast_family.add_metric([event_id, event_type], n)
-            yield from (pending_family, blast_family, info, until, duration, seen)
-            yield GaugeMetricFamily(f"{FLEET}_imds_unreachable_vms", _HEADERS["imds_unreachable_vms"],
-                                    value=len(unreachable.samples))
-            yield unreachable
-
-    registry = CollectorRegistry()
-    registry.register(FleetCollector())  # type: ignore[arg-type]
-    return lambda: generate_latest(registry)
-
-
 def scrape_figures(count: int, rounds: int) -> tuple[float, float]:
-    """Thread CPU of one scrape's fleet families at ``count`` VMs: the fleet's writer beside prometheus-client's
-    families (the same samples), alternated, median of ``rounds`` each: the figure that keeps the writer."""
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
-
-    from se_exporter.fleet.collector import render_fleet  # noqa: PLC0415
+    """Thread CPU of one scrape's per-VM families at ``count`` VMs: the fleet's writer (``FleetExposition``, from
+    nothing: a first scrape) beside prometheus-client's ``GaugeMetricFamily`` and ``generate_latest`` over the same
+    VMs (tests/fleet/reference_exposition.py), alternated, median of ``rounds`` each: the figure that keeps the
+    writer."""
+    from se_exporter.fleet.scrape import FleetExposition  # noqa: PLC0415
+    from se_exporter.fleet.vms import Fleet, PartitionState  # noqa: PLC0415 - only for this part
+    from se_exporter.infra.http_pages import pieces  # noqa: PLC0415
+    from tests.fleet.reference_exposition import families, library_writer, text  # noqa: PLC0415
 
     vms, now = scrape_vms(count), 2e9
-
-    def samples(text: str) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
-        return {(sample.name, tuple(sorted(sample.labels.items())), sample.value)
-                for family in text_string_to_metric_families(text) for sample in family.samples}
-
-    library = library_families(vms, now)
-    assert samples(render_fleet(vms, now)) == samples(library().decode()), "the two ways must write the same samples"
+    fleet = Fleet()
+    fleet.claim("0", PartitionState({vm.key: vm for vm in vms}))
+    library = library_writer(vms, now)
+    assert families(text(FleetExposition(fleet).render(now))) == families(library().decode()), \
+        "the two ways must write the same families"
     writer_ms, library_ms = [], []
     for _ in range(rounds):
+        exposition = FleetExposition(fleet)
         started = time.thread_time()
-        render_fleet(vms, now).encode()
+        b"".join(pieces(exposition.render(now)))  # every byte the scrape sends
         writer_ms.append((time.thread_time() - started) * 1000)
         started = time.thread_time()
         library()

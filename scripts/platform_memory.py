@@ -11,10 +11,10 @@ Two string profiles: ``typical`` (GUID EventIds and Event Grid ids, VM names lik
 100 scale sets) and ``worst`` (every string at its bound, 256 characters of 4 bytes each; 1,024 for Description;
 20 VMs per event, so 10,000 events name the 200,000 the picture keeps and fill the reconciler's pairs; a scope per
 event). Memory is what tracemalloc counts as still allocated after ``gc.collect()``, the picture and the reconciler
-apart, plus the peaks of one ``update`` and one ``render_platform`` (their results dropped after). Printed per
-record and in total, with the series the exposition writes; the reference, measured in the same run, is the bytes
-of one message on the wire (the ratio says what a record costs in memory per byte it took to send). The last line
-is the same figures as JSON.
+apart, plus the peaks of one ``update`` and one scrape of the platform gauges (``PlatformCollector``, written by
+prometheus-client; their results dropped after). Printed per record and in total, with the series the exposition
+writes; the reference, measured in the same run, is the bytes of one message on the wire (the ratio says what a
+record costs in memory per byte it took to send). The last line is the same figures as JSON.
 """
 
 from __future__ import annotations
@@ -33,10 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from se_exporter.fleet.message import VmState
 from se_exporter.fleet.platform.coverage import Reconciler, ReconcileSettings
-from se_exporter.fleet.platform.exposition import render_platform
 from se_exporter.fleet.platform.reader import PlatformEvent
 from se_exporter.fleet.platform.records import DEFAULT_LIMITS, PlatformLimits, PlatformPicture
-from tests.fleet.platform_helpers import T0, grid, platform_event, vm
+from tests.fleet.platform_helpers import T0, grid, platform_event, platform_text, vm
 
 WIDE = "\U0001f600"  # a 4-byte character: CPython keeps a string of them at 4 bytes per character
 
@@ -126,7 +125,7 @@ def measure(profile: str, flood: int, every: int, limits: PlatformLimits, settin
     update_peak = tracemalloc.get_traced_memory()[1] - held
     held = allocated()
     tracemalloc.reset_peak()
-    text = render_platform(picture.records(), result.coverage)
+    text = platform_text(picture.records(), result.coverage)
     render_peak = tracemalloc.get_traced_memory()[1] - held
     series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
     text_bytes = len(text.encode())

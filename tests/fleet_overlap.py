@@ -1,6 +1,6 @@
 """Two `se-exporter fleet` replicas caught in a partition hand-over: both expose partition 1's VMs at once.
 
-Each replica's /metrics is written by the consumer's own writers (``render_fleet`` and ``PartitionCollector``), so
+Each replica's /metrics is written by the consumer's own ``scrape`` (its per-VM writer and registry), so
 its totals (`vms`, `pending_vms`, `event_vms`, `imds_unreachable_vms`, `owned_partitions`) include the overlap
 exactly as a real replica's would. The rules' promtool tests (tests/fleet/test_alerts.py) and the dashboard's
 queries on a real Prometheus (tests/integration/test_fleet_overlap.py) read the same two expositions and must
@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView, render_fleet
+from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView
 from se_exporter.fleet.message import NO_IMDS, FleetEvent, Imds, VmState
+from se_exporter.fleet.scrape import FleetExposition, scrape
+from se_exporter.fleet.vms import Fleet, PartitionState
+from se_exporter.infra.http_pages import pieces
 
 NOT_BEFORE_IN = 600.0  # seconds from the scrape to each Scheduled event's NotBefore
 
@@ -51,7 +54,9 @@ def exposition(vms: list[VmState], owned: list[str], hub_partitions: int) -> str
     FleetMetrics(registry)
     views = {partition_id: PartitionView(lag_events=0.0, lag_seconds=0.0) for partition_id in owned}
     registry.register(PartitionCollector(lambda: views, lambda: hub_partitions))
-    return render_fleet(vms, time.time()) + generate_latest(registry).decode()
+    fleet = Fleet()
+    fleet.claim("0", PartitionState({vm.key: vm for vm in vms}))
+    return b"".join(pieces(scrape(registry, FleetExposition(fleet), time.time()))).decode()
 
 
 def replicas(hub_partitions: int = 2) -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """Two `se-exporter fleet` replicas reading both streams, as the fleet writes the platform's series.
 
-The gauges are written by the core's own ``render_platform`` from a ``PlatformPicture`` and a ``Reconciler`` fed
+The gauges are written by the core's own ``PlatformCollector`` from a ``PlatformPicture`` and a ``Reconciler`` fed
 with Event Grid messages (the spec's example, varied) and sidecars' VMs, so every coverage state comes out of the
 real reconciliation. What each replica writes follows the fleet's rules over replicas (README, "The platform
 stream's series, per replica"): ``platform_event_info`` of an EventId only by the replica that shows its home
@@ -37,10 +37,9 @@ from se_exporter.fleet import collector
 from se_exporter.fleet.message import Imds, VmState
 from se_exporter.fleet.platform.counting import Counted, judge, top_up, top_up_unannounced
 from se_exporter.fleet.platform.coverage import Coverage, Reconciler, ReconcileSettings
-from se_exporter.fleet.platform.exposition import render_platform
 from se_exporter.fleet.platform.reader import read_platform
 from se_exporter.fleet.platform.records import PlatformPicture, PlatformRecord
-from tests.fleet.platform_helpers import MAX, T0, body, grid, vm
+from tests.fleet.platform_helpers import MAX, T0, body, grid, platform_text, vm
 
 SUB = "00000000-0000-0000-0000-000000000000"
 EXPIRY, GRACE = 600.0, 60.0
@@ -218,7 +217,7 @@ def exposition(fleet: Fleet, informed: frozenset[str], home: frozenset[str], sho
     counts of every record for the VMs it shows (``None``: every partition of every hub, so ``no_sidecar`` too),
     then the counters of the EventIds it counted (``home``)."""
     judged = [row for row in fleet.coverage if shown is None or (row.vm_name in shown and row.coverage != "no_sidecar")]
-    text = render_platform(fleet.records, judged)
+    text = platform_text(fleet.records, judged)
     homes = {f'event_id="{event_id}"' for event_id in informed}
     kept = [line for line in text.split("\n") if not line.startswith("azure_scheduled_fleet_platform_event_info{")
             or any(ident in line for ident in homes)]

@@ -1,31 +1,23 @@
-"""The fleet's metrics: state families built from the owned partitions on every scrape, plus counters.
-
-As in the sidecar, nothing is ever removed by hand: a VM, an event or a partition that is gone from the
-state is gone from the next scrape. Labels are bounded by what the owned partitions hold right now.
-"""
+"""The fleet's registry side: the consumer's counters and its per-partition gauges, written by prometheus-client
+(the per-VM families are ``scrape.FleetExposition``'s; ``scrape.scrape`` writes both)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter as Tally
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from itertools import chain, count
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES
-from se_exporter.fleet.message import BOUND_NAMES, INVALID_REASONS, NO_IMDS, VmState
-from se_exporter.fleet.vms import IMDS_STALE_AFTER, Fleet, imds_unreachable
-from se_exporter.infra.http_pages import Joined, Part, pieces
+from se_exporter.core.model import EVENT_TYPES
+from se_exporter.fleet.message import BOUND_NAMES, INVALID_REASONS
 
 FLEET = "azure_scheduled_fleet"
-VM_LABELS = ["vm_id", "vm_name", "vmss_name", "location"]
 # What the forwarder's classify() says, plus a partition taken over by another replica and a state blob unread.
 ERROR_REASONS = ("timeout", "auth", "connection", "service", "other", "ownership_lost", "state_read")
 # Signs that another replica has taken an owned partition: its link stolen, as the SDK reports it
@@ -49,23 +41,21 @@ class PartitionView:
 
 
 class FleetMetrics:
-    """Counters of the consumer itself; the state families come from ``FleetCollector``.
+    """Counters of the consumer itself.
 
     What every batch counts (messages received, documents applied by kind, when) is queued (``batch``) and added
     to the counters when the registry is collected or ``flush`` is called (the consumer's watchdog, every second):
     one append per batch instead of three locked counter updates, at one heartbeat a batch a few per cent of a
-    replica's CPU. A scrape reads them exact (the flush is the registry's first collector); the queue holds at
-    most a second's batches."""
+    replica's CPU. A scrape reads them exact, whole or filtered by name (``_Flushed`` collects them after a flush);
+    the queue holds at most a second's batches."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._batches: deque[tuple[int, int, int, float | None]] = deque()  # thread-safe append and popleft
         self._flushing = threading.Lock()  # one flush at a time: the last-applied time never moves back
-        registry.register(_Flush(self))  # before the counters it feeds: collected first
-        self.consumed = Counter(f"{FLEET}_documents_consumed", "Messages received from Event Hubs.",
-                                registry=registry)
+        self.consumed = Counter(f"{FLEET}_documents_consumed", "Messages received from Event Hubs.", registry=None)
         self.applied = Counter(f"{FLEET}_documents_applied", "Documents that became a VM's latest, by kind (retired: a "
                                "sidecar's message that retired the VM known by its name).",
-                               ["kind"], registry=registry)
+                               ["kind"], registry=None)
         self.duplicates = Counter(f"{FLEET}_duplicate_documents",
                                   "Documents dropped: a resend of the applied one, or older than it.",
                                   ["reason"], registry=registry)
@@ -103,7 +93,8 @@ class FleetMetrics:
                                   ["bound"], registry=registry)
         self.last_applied = Gauge(f"{FLEET}_last_applied_timestamp_seconds",
                                   "When this replica last applied a document, as unix time (0: not yet).",
-                                  registry=registry)
+                                  registry=None)
+        registry.register(_Flushed(self, (self.consumed, self.applied, self.last_applied)))
         for kind in ("change", "heartbeat", "retired"):
             self.applied.labels(kind)
         for reason in ("resend", "older"):
@@ -228,328 +219,17 @@ class PartitionCollector(Collector):
         yield from (lag, lag_seconds, age)
 
 
-class _Flush(Collector):
-    """The first collector of the registry: adds the queued batches' counts before the counters are read."""
+class _Flushed(Collector):
+    """The counters every batch feeds, collected once the queued batches' counts are added to them: their names are
+    this collector's, so a scrape filtered by name (``registry.restricted_registry``) flushes them too."""
 
-    def __init__(self, metrics: FleetMetrics) -> None:
-        self._metrics = metrics
+    def __init__(self, metrics: FleetMetrics, counters: tuple[Counter | Gauge, ...]) -> None:
+        self._metrics, self._counters = metrics, counters
 
     def describe(self) -> list[Metric]:
-        return []  # no family of its own (and no collection at registration)
+        return [family for counter in self._counters for family in counter.describe()]
 
     def collect(self) -> Iterator[Metric]:
         self._metrics.flush()
-        return iter(())
-
-
-# ---------------------------------------------------------------- the per-VM families, written directly
-
-_HEADERS = {
-    "vms": "VMs known in the partitions this replica owns and shows.",
-    "pending_vms": "VMs with a listed event that concerns them, by type and status.",
-    "event_vms": "VMs one event concerns: its blast radius.",
-    "event_info": "1 per VM and event listed in its latest document.",
-    "event_seconds_until_not_before": "NotBefore minus now, at scrape time, per VM and event; negative once passed.",
-    "event_duration_seconds": "DurationInSeconds per VM and event (-1 = unknown, 0 = no impact).",
-    "vm_last_seen_timestamp_seconds": "When Event Hubs enqueued the VM's latest document or heartbeat, as unix time.",
-    "imds_unreachable_vms": "VMs whose sidecar is alive but cannot read IMDS (its latest poll failed, or its last "
-                            f"successful read is over {IMDS_STALE_AFTER:.0f} s older than the document).",
-    "vm_imds_unreachable_since_timestamp_seconds": "Per VM that cannot read IMDS: its last successful IMDS read, as "
-                                                   "unix time (0: none reported).",
-}
-
-
-def render_fleet(vms: Iterable[VmState], now: float) -> str:
-    """The fleet families in the Prometheus text format, from one consistent list of VMs (each VM once).
-
-    Written here rather than through prometheus-client's families (the one hand-built writer kept, on purpose):
-    its generic writer validates and escapes label by label, which at fleet sizes costs several times the CPU of a
-    scrape, and a scrape competes with the consumer for the interpreter. The figure it guards is the CPU of one
-    /metrics scrape: ``scripts/fleet_bench.py --scrape`` writes the same VMs both ways, checks the samples are
-    the same and prints the ratio (part of ``make bench``); should the ratio pass 0.5, use the library.
-    /metrics itself writes through ``FleetExposition``, which keeps these lines between scrapes."""
-    return b"".join(pieces(_chunks(vms, now))).decode()
-
-
-def _chunks(vms: Iterable[VmState], now: float) -> list[Part]:
-    lines = [VmLines.of(vm) for vm in vms]
-    return _write([[vm.seen for vm in lines]], _EventLines.of([vm for vm in lines if vm.extra]), len(lines), now)
-
-
-def select_families(parts: Iterable[Part], names: Collection[str]) -> bytes:
-    """The series of a text exposition named in ``names``, each after its family's HELP and TYPE lines:
-    ``/metrics?name[]=...``, with prometheus-client's rule (a name is a series' name: a counter's ``_total``, a
-    histogram's ``_bucket``; a family without such a series is left out). The fleet filters its whole exposition
-    so, the registry's families and its two hand-written writers' alike, after a whole collection (the registry's
-    first collector adds the queued batches' counts)."""
-    kept: list[bytes] = []
-    head: list[bytes] = []
-    for line in b"".join(pieces(parts)).splitlines(keepends=True):
-        if line.startswith(b"# HELP "):
-            head = [line]
-        elif line.startswith(b"#"):
-            head.append(line)
-        elif line.strip() and line.split(b"{", 1)[0].split(b" ", 1)[0].decode() in names:
-            kept += head
-            head = []
-            kept.append(line)
-    return b"".join(kept)
-
-
-class FleetExposition:
-    """``render_fleet`` of a ``Fleet``'s shown VMs, each VM's lines kept from one scrape to the next: a scrape
-    writes anew only the VMs changed since the last one (``Fleet.take_changes``: a heartbeat rewrites one line)
-    and joins the rest as they are. Between two scrapes 15 s apart a fleet heartbeating every 300 s changes 5 % of
-    its VMs; writing every VM at every scrape was a third of the replicas' CPU over the bare SDK's in
-    ``scripts/fleet_scale_bench.py``'s steady state (the figure this guards). One scrape writes at a time; what is
-    kept is one line per shown VM (and the event lines of VMs that list events), as bytes: the scrape's body is
-    joined from them once, never built as text first and then encoded (each whole copy of 100,000 VMs' lines is
-    tens of MB of memory at the peak of a scrape). A VM held by two shown partitions (a hand-over, a hub whose
-    partition count grew) is noticed as it is kept, not by a pass over every VM at each scrape."""
-
-    def __init__(self, fleet: Fleet | list[Fleet]) -> None:
-        self._fleets = fleet if isinstance(fleet, list) else [fleet]  # one per hub read
-        self._lock = threading.Lock()
-        self._followers = [each.follow() for each in self._fleets]
-        self._parts: dict[tuple[int, str], _Part] = {}  # as the last scrape left them
-        self._next: dict[tuple[int, str], _Part] = {}  # this scrape's, moved over from ``_parts`` one by one
-        self._twice: set[str] = set()  # keys kept by more than one part
-        self._events = _EventLines.of([])  # the event lines as the last scrape wrote them, and from which parts
-        self._events_from: tuple[tuple[int, int], ...] = ()
-
-    def render(self, now: float) -> list[Part]:
-        """The fleet families, as parts of the text format to be sent one after another (``http_pages.pieces``)."""
-        with self._lock:
-            self._next = {}
-            for index, (fleet, follower) in enumerate(zip(self._fleets, self._followers, strict=True)):
-                for partition_id, whole, changed in fleet.take_changes(follower):
-                    part = self._parts.pop((index, partition_id), None)
-                    if whole is not None or part is None:
-                        if part is not None:
-                            self._drop(part)
-                        part = self._next[index, partition_id] = _Part()
-                        for vm in whole or ():
-                            self._keep(part, vm.key, vm)
-                    self._next[index, partition_id] = part
-                    for key, current, beyond_heartbeat in changed:
-                        if beyond_heartbeat or current is None:
-                            self._keep(part, key, current)
-                        else:
-                            part.beat(key, current)
-            while self._parts:  # partitions no longer shown
-                self._drop(self._parts.popitem()[1])
-            parts, self._parts, self._next = self._next, self._next, {}
-            if self._twice:  # a VM in two partitions: each once, the one seen last, from the fleets themselves
-                return _chunks(_latest(fleet.vms() for fleet in self._fleets), now)
-            return _write([part.seen.values() for part in parts.values()], self._event_lines(parts),
-                          sum(len(part.seen) for part in parts.values()), now)
-
-    def _event_lines(self, parts: Mapping[tuple[int, str], _Part]) -> _EventLines:
-        """The event lines of the kept parts, written again only when one of their VMs' event (or IMDS) lines
-        changed since the last scrape: a heartbeat repeats its VM's events. Rewriting them at every scrape was most
-        of a scrape's CPU with one VM in ten listing an event (``scripts/fleet_scale_bench.py``, steady state)."""
-        source = tuple((part.serial, part.extra_changes) for part in parts.values())
-        if source != self._events_from:
-            self._events = _EventLines.of([vm for part in parts.values() for vm in part.extra.values()])
-            self._events_from = source
-        return self._events
-
-    def _kept(self) -> Iterator[_Part]:
-        return chain(self._next.values(), self._parts.values())
-
-    def _keep(self, part: _Part, key: str, vm: VmState | None) -> None:
-        """``part.keep``, noting a key that becomes (or stops being) held by another kept part too: a new key is
-        looked up in the other parts (a heartbeat's key is not new), never every key at every scrape."""
-        had = key in part.seen
-        part.keep(key, vm)
-        if vm is not None and not had:
-            if any(key in other.seen for other in self._kept() if other is not part):
-                self._twice.add(key)
-        elif vm is None and had and key in self._twice:
-            self._recount(key)
-
-    def _drop(self, part: _Part) -> None:
-        """A part no longer kept (taken out of ``_parts`` and ``_next``): its shared keys are counted again."""
-        for key in self._twice & part.seen.keys():
-            self._recount(key)
-
-    def _recount(self, key: str) -> None:
-        if sum(key in other.seen for other in self._kept()) < 2:
-            self._twice.discard(key)
-
-
-def _latest(lists: Iterable[list[VmState]]) -> list[VmState]:
-    """Each VM once, the one seen last (``Fleet.vms`` does so within a fleet; this across the fleets of two hubs)."""
-    shown: dict[str, VmState] = {}
-    for vms in lists:
-        for vm in vms:
-            other = shown.get(vm.key)
-            if other is None or vm.seen_at > other.seen_at:
-                shown[vm.key] = vm
-    return list(shown.values())
-
-
-class _Part:
-    """One shown partition's lines: every VM's last-seen line, and the other lines of the VMs that have any.
-    ``extra_changes`` counts the changes of the latter (``serial`` tells one part from another)."""
-
-    serials = count()
-
-    def __init__(self) -> None:
-        self.seen: dict[str, bytes] = {}
-        self.extra: dict[str, VmLines] = {}
-        self.serial = next(self.serials)
-        self.extra_changes = 0
-
-    def keep(self, key: str, vm: VmState | None) -> None:
-        if vm is None:
-            self.seen.pop(key, None)
-            if self.extra.pop(key, None) is not None:
-                self.extra_changes += 1
-            return
-        lines = VmLines.of(vm)
-        self.seen[key] = lines.seen
-        if lines.extra:
-            if self.extra.get(key) != lines:  # the last-seen line aside (not compared): a heartbeat's are equal
-                self.extra[key] = lines
-                self.extra_changes += 1
-        elif self.extra.pop(key, None) is not None:
-            self.extra_changes += 1
-
-    def beat(self, key: str, vm: VmState) -> None:
-        """``keep`` for a VM changed only in what a heartbeat moves: when its only line is the last-seen one and
-        stays so, the line keeps its labels and takes the new time (the labels are not written again: most of a
-        scrape's CPU once the event lines are kept, with 5 % of a fleet heartbeating between scrapes)."""
-        old = self.seen.get(key)
-        if old is None or key in self.extra or (vm.imds is not NO_IMDS and imds_unreachable(vm)):
-            self.keep(key, vm)
-            return
-        self.seen[key] = old[:old.rindex(b"} ") + 2] + repr(vm.seen_at).encode()
-
-
-@dataclass(frozen=True, slots=True)
-class VmLines:
-    """One VM's sample lines, but for those that depend on the scrape's time (its events' NotBefore - now)."""
-
-    seen: bytes = field(compare=False)  # the last-seen sample but its name (``_SEEN``): _write adds the name
-    unreachable: str | None = None
-    info: tuple[str, ...] = ()
-    until: tuple[tuple[str, float], ...] = ()  # the sample's name and labels, and NotBefore
-    duration: tuple[str, ...] = ()
-    kinds: frozenset[tuple[str, str]] = frozenset()  # (type, status) of the events that concern the VM
-    blast: tuple[tuple[str, str], ...] = ()  # (id, type) of each event that concerns the VM
-
-    @property
-    def extra(self) -> bool:
-        return bool(self.info) or self.unreachable is not None
-
-    @classmethod
-    def of(cls, vm: VmState) -> VmLines:
-        identity = (f'vm_id="{escape(vm.vm_id or vm.key)}",vm_name="{escape(vm.vm_name)}",'
-                    f'vmss_name="{escape(vm.vmss_name)}",location="{escape(vm.location)}"')
-        seen = f"{{{identity}}} {vm.seen_at!r}".encode()
-        unreachable = None
-        if vm.imds is not NO_IMDS and imds_unreachable(vm):
-            unreachable = (f"{FLEET}_vm_imds_unreachable_since_timestamp_seconds{{{identity}}} "
-                           f"{float(vm.imds.last_success or 0.0)!r}")
-        if not vm.events:
-            return cls(seen, unreachable)
-        info, until, duration, kinds, blast = [], [], [], set(), []
-        vm_id = escape(vm.vm_id or vm.key)
-        for event in vm.events:
-            info.append(f'{FLEET}_event_info{{{identity},event_id="{escape(event.event_id)}",'
-                        f'event_type="{escape(event.event_type)}",event_status="{escape(event.event_status)}",'
-                        f'event_source="{escape(event.event_source)}",affects_this_vm="{event.affects_this_vm}"}} 1.0')
-            key = f'vm_id="{vm_id}",event_id="{escape(event.event_id)}"'
-            if event.not_before is not None:
-                until.append((f"{FLEET}_event_seconds_until_not_before{{{key}}} ", event.not_before))
-            if event.duration_seconds is not None:
-                duration.append(f"{FLEET}_event_duration_seconds{{{key}}} {event.duration_seconds!r}")
-            if event.counts_for_vm:
-                kinds.add((event.event_type, event.event_status))
-                blast.append((event.event_id, event.event_type))
-        return cls(seen, unreachable, tuple(info), tuple(until), tuple(duration), frozenset(kinds), tuple(blast))
-
-
-_SEEN = f"{FLEET}_vm_last_seen_timestamp_seconds"
-_SEEN_NAME = _SEEN.encode()
-_SEEN_JOIN = b"\n" + _SEEN_NAME
-SEEN_PIECE = 2048  # last-seen lines per piece (about 300 KB): joined as they are sent, never all at once
-
-
-@dataclass(frozen=True)
-class _EventLines:
-    """The families of the VMs that list events or cannot read IMDS, as far as they do not depend on the scrape's
-    time: text ready to send, and each NotBefore with its sample's name and labels (written at each scrape)."""
-
-    pending: list[str]
-    blast: list[str]
-    info: bytes
-    until: list[tuple[str, float]]
-    duration: bytes  # and the last-seen family's header, which follows
-    after: bytes  # the IMDS families
-
-    @classmethod
-    def of(cls, extra: list[VmLines]) -> _EventLines:
-        pending: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
-        info: list[str] = []
-        until: list[tuple[str, float]] = []
-        duration: list[str] = []
-        unreachable: list[str] = []
-        kinds: list[tuple[str, str]] = []
-        events: list[tuple[str, str]] = []
-        for lines in extra:
-            if lines.unreachable is not None:
-                unreachable.append(lines.unreachable)
-            info.extend(lines.info)
-            until.extend(lines.until)
-            duration.extend(lines.duration)
-            kinds.extend(lines.kinds)
-            events.extend(lines.blast)
-        pending.update(kinds)
-        blast = Tally(events)
-        return cls(
-            [f'{FLEET}_pending_vms{{event_type="{escape(t)}",event_status="{escape(s)}"}} {float(n)!r}'
-             for (t, s), n in sorted(pending.items())],
-            [f'{FLEET}_event_vms{{event_id="{escape(e)}",event_type="{escape(t)}"}} {float(n)!r}'
-             for (e, t), n in sorted(blast.items())],
-            write_gauges({"event_info": info}, _HEADERS).encode(), until,
-            write_gauges({"event_duration_seconds": duration,
-                          "vm_last_seen_timestamp_seconds": []},  # its samples follow, as one chunk of bytes
-                         _HEADERS).encode(),
-            write_gauges({"imds_unreachable_vms": [f"{FLEET}_imds_unreachable_vms {float(len(unreachable))!r}"],
-                          "vm_imds_unreachable_since_timestamp_seconds": unreachable}, _HEADERS).encode())
-
-
-def _write(seen: list[Iterable[bytes]], events: _EventLines, count: int, now: float) -> list[Part]:
-    """The families, in the order ``render_fleet`` has always written them: the counts and the event lines of the
-    VMs that have any, every VM's last-seen line (``seen``: groups of them, in order, as one ``Joined`` over the
-    kept lines), and the IMDS lines. Parts of the text format, to be sent one after the other."""
-    counts = write_gauges({"vms": [f"{FLEET}_vms {float(count)!r}"], "pending_vms": events.pending,
-                           "event_vms": events.blast}, _HEADERS)
-    until = write_gauges({"event_seconds_until_not_before": [f"{name}{not_before - now!r}"
-                                                              for name, not_before in events.until]}, _HEADERS)
-    before = [counts.encode(), events.info, until.encode(), events.duration]
-    if not count:
-        return [*before, events.after]
-    return [*before, _SEEN_NAME, Joined(_SEEN_JOIN, list(chain.from_iterable(seen)), SEEN_PIECE), b"\n",
-            events.after]
-
-
-def write_gauges(families: Mapping[str, list[str]], headers: Mapping[str, str]) -> str:
-    """Gauge families in the text format: each family's HELP and TYPE lines, then its samples (``families``: the
-    name after ``azure_scheduled_fleet_`` and its sample lines, as ``render_fleet`` writes them)."""
-    parts = []
-    for name, lines in families.items():
-        parts.append(f"# HELP {FLEET}_{name} {headers[name]}\n# TYPE {FLEET}_{name} gauge\n")
-        if lines:
-            parts.append("\n".join(lines))
-            parts.append("\n")
-    return "".join(parts)
-
-
-def escape(value: str) -> str:
-    """Label values as the text format wants them: backslash, double quote and newline escaped."""
-    if "\\" in value or '"' in value or "\n" in value:
-        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return value
+        for counter in self._counters:
+            yield from counter.collect()

@@ -25,20 +25,14 @@ from azure.core.exceptions import ResourceExistsError
 from azure.core.pipeline.transport import AioHttpTransport
 from azure.eventhub.aio import EventHubConsumerClient
 from azure.storage.blob.aio import ContainerClient
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector
 from yarl import URL
 
 from se_exporter import __version__
 from se_exporter.core.errors import ConfigError
 from se_exporter.core.retry import backoff
 from se_exporter.fleet.blobstate import StateBlobs
-from se_exporter.fleet.collector import (
-    FleetExposition,
-    FleetMetrics,
-    PartitionCollector,
-    PartitionView,
-    select_families,
-)
+from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView
 from se_exporter.fleet.consumer import (
     BATCH_SIZE,
     EMPTY_BATCH_AFTER,
@@ -47,8 +41,10 @@ from se_exporter.fleet.consumer import (
     newest_event,
 )
 from se_exporter.fleet.message import VmState
+from se_exporter.fleet.platform.exposition import PlatformCollector
 from se_exporter.fleet.platform.service import RECONCILE_EVERY, Platform
 from se_exporter.fleet.report import Report
+from se_exporter.fleet.scrape import FleetExposition, scrape
 from se_exporter.fleet.settings import FleetSettings, Hub
 from se_exporter.fleet.vms import Fleet
 from se_exporter.infra import generations, http_server, logs
@@ -213,18 +209,15 @@ def storage_cause(error: BaseException) -> str:
 
 
 def make_http_app(registry: CollectorRegistry, fleet: Fleet | list[Fleet], service: Service | list[Service],
-                  clock: Callable[[], float] = time.time, platform: Platform | None = None) -> http_server.Handler:
-    """/metrics (the registry, the fleet's per-VM series, the platform's gauges), /healthz, /readyz and /, GET and
-    HEAD only. One fleet and service per hub read."""
+                  clock: Callable[[], float] = time.time) -> http_server.Handler:
+    """/metrics (``scrape``: the registry and the fleet's per-VM series), /healthz, /readyz and /, GET and HEAD
+    only. One fleet and service per hub read."""
     services = service if isinstance(service, list) else [service]
     exposition = FleetExposition(fleet)  # each VM's lines kept from one scrape to the next while it is unchanged
 
     def metrics(request: http_server.HttpRequest) -> http_server.Response:
-        chunks = [generate_latest(registry), *exposition.render(clock())]
-        if platform is not None:
-            chunks.append(platform.render().encode())
         names = parse_qs(request.query).get("name[]")  # families selected, as prometheus-client's own app does
-        return http_server.metrics(request, [select_families(chunks, names)] if names else chunks)
+        return http_server.metrics(request, scrape(registry, exposition, clock(), names))
 
     def healthz(request: http_server.HttpRequest) -> http_server.Response:
         return http_server.text(all(each.healthy for each in services), "consumer loop running",
@@ -393,11 +386,14 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
     filled = amqp_types.install()  # else one message with an AMQP char property stops its partition for good
     if filled:
         log.debug("AMQP decoders added to the Event Hubs SDK for constructors %s", ", ".join(map(hex, filled)))
-    registry = CollectorRegistry()
+    # auto_describe: the process collector has no describe(); collected once at registration for its names, so
+    # /metrics?name[]=... finds its families too.
+    registry = CollectorRegistry(auto_describe=True)
     ProcessCollector(registry=registry)
     metrics = FleetMetrics(registry)
     platform = Platform(metrics, Report(metrics), settings.platform_retention, settings.reconcile_grace,
                         settings.vm_expiry, settings.max_message_bytes, time.time)
+    registry.register(PlatformCollector(lambda: platform.view))
     async with contextlib.AsyncExitStack() as cleanup:
         credentials: dict[str | None, Any] = {}
 
@@ -421,7 +417,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         metrics.shown_partitions.set_function(lambda: sum(len(fleet.shown()) for fleet in fleets))
         # Listening (and the signal handlers above) before any contact with the storage or Event Hubs: a busy
         # port fails at once, /healthz answers and SIGTERM works while they are unreachable.
-        server = _listen(settings, make_http_app(registry, fleets, services, platform=platform), registry)
+        server = _listen(settings, make_http_app(registry, fleets, services), registry)
         cleanup.callback(server.server_close)
         for reading in readings:
             reading.client = consumer_client(settings, reading.store, shared, reading.hub)

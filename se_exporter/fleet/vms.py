@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import threading
 from collections import Counter as Tally
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from se_exporter.fleet.message import (
     DEFAULT_BOUNDS,
@@ -161,16 +162,23 @@ class PartitionState:
             del self.installations[installation]
 
 
-Touched = tuple[str, VmState | None, bool]  # a key changed, its VM now (None: forgotten), changed beyond a heartbeat
+def latest(groups: Iterable[Iterable[VmState]]) -> list[VmState]:
+    """Each VM once, the one seen last: should one VM be held by two shown partitions (a hub whose partition count
+    grew moves keys; a hand-over), its series would otherwise be exposed twice with the same labels, which makes
+    the whole exposition invalid."""
+    shown: dict[str, VmState] = {}
+    for vms in groups:
+        for vm in vms:
+            other = shown.get(vm.key)
+            if other is None or vm.seen_at > other.seen_at:
+                shown[vm.key] = vm
+    return list(shown.values())
 
 
-class Follower:
-    """What one reader of the shown VMs has not taken yet (``Fleet.take_changes``): per shown partition, the state
-    it took whole last, and the keys changed in it since, each with whether it changed beyond a heartbeat."""
-
-    def __init__(self) -> None:
-        self.states: dict[str, PartitionState] = {}
-        self.touched: dict[str, dict[str, bool]] = {}
+T = TypeVar("T")
+# A change of one VM of a held partition, told to a watcher (``Fleet.watch``): the partition, the key, and whether it
+# changed beyond what a heartbeat moves (a new VM, a forgotten one, or any change of what its series say).
+Watcher = Callable[[str, str, bool], None]
 
 
 class Fleet:
@@ -180,7 +188,7 @@ class Fleet:
         self._lock = threading.Lock()
         self._partitions: dict[str, PartitionState] = {}
         self._hidden: set[str] = set()  # held partitions whose VMs no scrape shows (see ``show``)
-        self._followers: list[Follower] = []
+        self._watchers: list[Watcher] = []
         self._named: dict[str, set[str]] = {}  # key -> partitions holding it as a VM known by name only (no vm_id)
         self.bounds = bounds
 
@@ -295,7 +303,7 @@ class Fleet:
             state.vms[new.key] = new
             whole = current is None or not heartbeat_only(current, new)
             state.changes.record(new.key, whole)
-            self._touch(partition_id, new.key, whole)
+            self._tell(partition_id, new.key, whole)
             if not new.vm_id:
                 self._named.setdefault(new.key, set()).add(partition_id)
             elif new.vm_name in self._named:  # a dict lookup: most fleets hold no VM known by name only
@@ -346,10 +354,10 @@ class Fleet:
                 self._forget(partition_id, state, identified.vm_name)
 
     def _forget(self, partition_id: str, state: PartitionState, key: str) -> VmState:
-        """Forget one VM of a held partition, as a state write and the followers see it (under the lock)."""
+        """Forget one VM of a held partition, as a state write and the watchers see it (under the lock)."""
         vm = state.forget(key)
         state.changes.forgotten(key, self.bounds.vms_per_partition)
-        self._touch(partition_id, key, True)
+        self._tell(partition_id, key, True)
         if not vm.vm_id:
             self._unname(partition_id, key)
         return vm
@@ -386,59 +394,25 @@ class Fleet:
             return state is not None and any(vm.seen_at < since for vm in state.vms.values())
 
     def vms(self) -> list[VmState]:
-        """A consistent list for one scrape, each VM once: should one VM be held by two owned partitions (a hub whose
-        partition count grew moves keys; a hand-over), the one seen last is shown. Its series would otherwise be
-        exposed twice with the same labels, which makes the whole exposition invalid."""
-        with self._lock:
-            states = [state for partition_id, state in self._partitions.items() if partition_id not in self._hidden]
-            if len(states) <= 1:
-                return [vm for state in states for vm in state.vms.values()]
-            shown: dict[str, VmState] = {}
-            for state in states:
-                for key, vm in state.vms.items():
-                    other = shown.get(key)
-                    if other is None or vm.seen_at > other.seen_at:
-                        shown[key] = vm
-            return list(shown.values())
+        """A consistent list for one scrape, each VM once (``latest``)."""
+        return self.read_shown(lambda states: latest(state.vms.values() for state in states.values()))
 
-    def follow(self) -> Follower:
-        """A reader of the shown VMs that takes only what changed since it last took them (``take_changes``)."""
+    def watch(self, watcher: Watcher) -> None:
+        """Tell ``watcher`` of every change of a VM from now on, under the lock ``read_shown`` holds: a reader that
+        keeps what it wrote from one scrape to the next (``scrape.FleetExposition``) takes only what changed."""
         with self._lock:
-            follower = Follower()
-            self._followers.append(follower)
-            return follower
+            self._watchers.append(watcher)
 
-    def take_changes(self, follower: Follower) -> list[tuple[str, list[VmState] | None, list[Touched]]]:
-        """Each shown partition, in ``vms``'s order: its VMs whole when ``follower`` did not take this state of it
-        last time (claimed since, or shown again), else None and the keys changed since with their VM now (None:
-        forgotten) and whether they changed beyond what a heartbeat moves. Taken: the next call gives what changes
-        after this one."""
+    def read_shown(self, reader: Callable[[dict[str, PartitionState]], T]) -> T:
+        """``reader`` of the shown partitions' states, in ``vms``'s order, under the lock: no change lands (and no
+        watcher is told of one) while it reads."""
         with self._lock:
-            taken: list[tuple[str, list[VmState] | None, list[Touched]]] = []
-            states = {}
-            for partition_id, state in self._partitions.items():
-                if partition_id in self._hidden:
-                    continue
-                states[partition_id] = state
-                touched = follower.touched.pop(partition_id, {})
-                if follower.states.get(partition_id) is state:
-                    taken.append((partition_id, None,
-                                  [(key, state.vms.get(key), whole) for key, whole in touched.items()]))
-                else:
-                    taken.append((partition_id, list(state.vms.values()), []))
-            follower.states = states
-            follower.touched = {}
-            return taken
+            return reader({partition_id: state for partition_id, state in self._partitions.items()
+                           if partition_id not in self._hidden})
 
-    def _touch(self, partition_id: str, key: str, whole: bool) -> None:
-        """``key`` changed in the partition (``whole``: beyond a heartbeat): noted for each follower that took the
-        partition (under the lock)."""
-        for follower in self._followers:
-            if partition_id in follower.states:
-                keys = follower.touched.get(partition_id)
-                if keys is None:
-                    keys = follower.touched[partition_id] = {}
-                keys[key] = whole or keys.get(key, False)
+    def _tell(self, partition_id: str, key: str, beyond_heartbeat: bool) -> None:
+        for watcher in self._watchers:  # under the lock
+            watcher(partition_id, key, beyond_heartbeat)
 
     def position(self, partition_id: str) -> int | None:
         with self._lock:

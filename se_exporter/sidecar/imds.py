@@ -2,7 +2,7 @@
 
 IMDS is a link-local service on the VM itself, so three rules hold for every request:
 
-* never through a proxy: the transport (``sidecar/transport.py``, on ``http.client``) reads no environment,
+* never through a proxy: the transport (``sidecar/transport.py``, on a bare socket) reads no environment,
   so ``HTTP_PROXY`` and friends are ignored (IMDS rejects proxied requests, and a proxy would see
   our traffic);
 * never follow a redirect: a 3xx is an error we count; something between us and IMDS is lying;

@@ -45,12 +45,16 @@ _API_VERSION = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
 @dataclass(frozen=True)
 class SpanBatching:
-    """OpenTelemetry's ``BatchSpanProcessor`` settings: ``OTEL_BSP_*`` where set, else these defaults. Only the
-    schedule delay differs from the SDK's (5 s): an update span reaches the backend within about half a second."""
+    """Batching of spans (``OTEL_BSP_*``) or log records (``OTEL_BLRP_*``, ``LOG_BATCHING``) where set, else these
+    defaults. The spans' schedule delay differs from the SDK's (5 s): an update span reaches the backend within
+    about half a second."""
 
     schedule_delay_millis: int = 500
     max_queue_size: int = 2048
     max_export_batch_size: int = 512
+
+
+LOG_BATCHING = SpanBatching(schedule_delay_millis=1000)  # the SDK's defaults for log records
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class TracingSettings:
     otel_logs_exporter: str = "none"
     otel_logs_endpoint: str | None = None
     otel_logs_protocol: str = "http/protobuf"
+    log_batch: SpanBatching = LOG_BATCHING
     kubernetes: bool = False  # in a Kubernetes pod (KUBERNETES_SERVICE_HOST set): cloud.platform azure.aks
     k8s_node_name: str | None = None  # k8s.node.name, from the downward API (K8S_NODE_NAME)
 
@@ -116,6 +121,7 @@ class Settings:
     otel_logs_exporter: str = "none"
     otel_logs_endpoint: str | None = None
     otel_logs_protocol: str = "http/protobuf"
+    otel_log_batch: SpanBatching = LOG_BATCHING
     kubernetes: bool = False
     k8s_node_name: str | None = None
 
@@ -143,7 +149,7 @@ class Settings:
         return TracingSettings(self.otel_traces_exporter, self.otel_endpoint, self.otel_traces_endpoint,
                                self.otel_protocol, self.otel_service_name, self.log_format, self.vm_name,
                                self.otel_batch, self.otel_logs_exporter, self.otel_logs_endpoint,
-                               self.otel_logs_protocol, self.kubernetes, self.k8s_node_name)
+                               self.otel_logs_protocol, self.otel_log_batch, self.kubernetes, self.k8s_node_name)
 
     @property
     def first_api_version(self) -> str:
@@ -420,7 +426,9 @@ def _otel_extras(args: argparse.Namespace, env: Mapping[str, str], values: Mappi
             endpoint_set = values.get("otel_endpoint") or extras.get(f"otel_{signal}_endpoint")
             extras[f"otel_{signal}_exporter"] = "otlp" if endpoint_set else "none"
     if (extras.get("otel_traces_exporter") or values.get("otel_traces_exporter")) != "none":
-        extras["otel_batch"] = _span_batching(env)
+        extras["otel_batch"] = _batching(env, "OTEL_BSP", SpanBatching())
+    if (extras.get("otel_logs_exporter") or values.get("otel_logs_exporter")) != "none":
+        extras["otel_log_batch"] = _batching(env, "OTEL_BLRP", LOG_BATCHING)
     # Where the sidecar runs, for the resource: a pod (the API server's variable, set in every pod) on an AKS node,
     # and the node's name from the downward API (the DaemonSet sets K8S_NODE_NAME from spec.nodeName).
     extras["kubernetes"] = bool(env.get("KUBERNETES_SERVICE_HOST"))
@@ -446,21 +454,21 @@ def _signal_variables(args: argparse.Namespace, env: Mapping[str, str],
     return found
 
 
-def _span_batching(env: Mapping[str, str]) -> SpanBatching:
-    """``OTEL_BSP_*`` (the SDK's own variables) checked at start-up, where the SDK would log and fall back at the
-    first span; the project's defaults for those not set."""
+def _batching(env: Mapping[str, str], prefix: str, defaults: SpanBatching) -> SpanBatching:
+    """``OTEL_BSP_*`` or ``OTEL_BLRP_*`` (the SDK's own variables) checked at start-up, where the SDK would log and
+    fall back at the first span or record; ``defaults`` for those not set."""
     given: dict[str, int] = {}
-    for name, key in (("OTEL_BSP_SCHEDULE_DELAY", "schedule_delay_millis"),
-                      ("OTEL_BSP_MAX_QUEUE_SIZE", "max_queue_size"),
-                      ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "max_export_batch_size")):
+    for suffix, key in (("SCHEDULE_DELAY", "schedule_delay_millis"), ("MAX_QUEUE_SIZE", "max_queue_size"),
+                        ("MAX_EXPORT_BATCH_SIZE", "max_export_batch_size")):
+        name = f"{prefix}_{suffix}"
         text = env.get(name)
         if text is None or not text.strip():
             continue
         if not text.strip().isdigit() or int(text) <= 0:
             raise ConfigError(f"{name}={text[:40]!r}: give a positive whole number")
         given[key] = int(text)
-    batching = SpanBatching(**given)
+    batching = replace(defaults, **given)
     if batching.max_export_batch_size > batching.max_queue_size:
-        raise ConfigError(f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE {batching.max_export_batch_size} exceeds the queue "
-                          f"({batching.max_queue_size}, OTEL_BSP_MAX_QUEUE_SIZE): give a batch no larger than it")
+        raise ConfigError(f"{prefix}_MAX_EXPORT_BATCH_SIZE {batching.max_export_batch_size} exceeds the queue "
+                          f"({batching.max_queue_size}, {prefix}_MAX_QUEUE_SIZE): give a batch no larger than it")
     return batching

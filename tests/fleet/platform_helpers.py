@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Container, Iterable
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
+
 from se_exporter.fleet.message import Imds, VmState, fleet_events, parse_body
+from se_exporter.fleet.platform.coverage import Coverage
+from se_exporter.fleet.platform.exposition import PlatformCollector
 from se_exporter.fleet.platform.reader import PlatformEvent, read_platform
+from se_exporter.fleet.platform.records import PlatformRecord
+from se_exporter.fleet.platform.service import LastReconciliation
 
 EXAMPLES = Path(__file__).parent / "platform_examples"
 SPEC_EXAMPLE = (EXAMPLES / "eventgrid-completed.json").read_bytes()
@@ -78,3 +85,14 @@ def vm(name: str = "web_3", listed: tuple[str, ...] = (), seen_at: float = T0 + 
     events, _hit = fleet_events(parse_body(raw), name)
     return VmState(f"id-{name}", f"id-{name}", name, vmss, location, f"inst-{name}", 1, seen_at, raw, events,
                    imds or Imds(), subscription, group)
+
+
+def platform_text(records: Iterable[PlatformRecord], coverage: Iterable[Coverage],
+                  informed: Container[str] | None = None) -> str:
+    """The platform gauges of ``records`` and ``coverage`` as a scrape writes them (``PlatformCollector``), the info
+    series of the keys in ``informed`` only when given."""
+    records = tuple(records)
+    keys = frozenset(record.key for record in records if informed is None or record.key in informed)
+    registry = CollectorRegistry()
+    registry.register(PlatformCollector(lambda: LastReconciliation(records, tuple(coverage), keys)))
+    return generate_latest(registry).decode()

@@ -11,7 +11,9 @@ import pytest
 
 from tests.helpers import smoke_report
 
-pytestmark = pytest.mark.integration
+# A smoke run is wall-clock phases of a few seconds plus Azurite and two replicas started: under a minute alone, a
+# few on a busy 2-core machine. The limit is the one ``smoke_report`` gives the script itself.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def test_fleet_benchmark_smoke_mode_reports_the_ratio_and_memory() -> None:

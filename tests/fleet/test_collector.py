@@ -8,10 +8,12 @@ from types import SimpleNamespace
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView, render_fleet
+from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView
+from se_exporter.fleet.scrape import FleetExposition, scrape
 from se_exporter.fleet.vms import Fleet, read_message
 from se_exporter.infra.http_server import serve
 from se_exporter.infra.options import Listen
+from tests.fleet.reference_exposition import fleet_text, text
 from tests.fleet.test_vms import EMPTY, FREEZE, NEIGHBOUR, props
 from tests.helpers import Samples, http_get, parse_samples
 
@@ -28,10 +30,10 @@ def registry_for(views: dict[str, PartitionView] | None = None) -> CollectorRegi
 
 
 class Scrape:
-    """The fleet families as /metrics writes them, read back with prometheus-client's own parser."""
+    """The per-VM families as /metrics writes them, read back with prometheus-client's own parser."""
 
     def __init__(self, fleet: Fleet) -> None:
-        self.text = render_fleet(fleet.vms(), NOW)
+        self.text = fleet_text(fleet, NOW)
         self.samples: Samples = parse_samples(self.text)
 
     def get(self, name: str, labels: dict[str, str] | None = None) -> float | None:
@@ -175,9 +177,9 @@ def test_a_surrogate_event_id_renders_as_utf8() -> None:
     fleet = Fleet()
     fleet.claim("0")
     add(fleet, "0", FREEZE.replace(b'"E1"', b'"\\udc00"'), "id1", "WestNO_0")
-    text = render_fleet(fleet.vms(), NOW)
-    text.encode("utf-8")
-    assert 'event_id="\\\\udc00"' in text
+    written = fleet_text(fleet, NOW)
+    written.encode("utf-8")
+    assert 'event_id="\\\\udc00"' in written
 
 
 def test_state_and_bound_counters_exist_at_zero_and_newer_format_partitions_are_counted() -> None:
@@ -227,26 +229,29 @@ def test_every_family_of_the_fleets_metrics_is_selected_by_its_name() -> None:
     """The fleet's /metrics (its registry, per-VM and platform families) answers ``/metrics?name[]=N`` over HTTP
     with exactly the series named N of the whole page, for every series name on it, and several names at once."""
     from se_exporter.fleet.main import make_http_app  # noqa: PLC0415 - brings the Azure SDKs
-    from se_exporter.fleet.platform.service import Platform  # noqa: PLC0415
+    from se_exporter.fleet.platform.exposition import PlatformCollector  # noqa: PLC0415
+    from se_exporter.fleet.platform.service import LastReconciliation, Platform  # noqa: PLC0415
     from se_exporter.fleet.report import Report  # noqa: PLC0415
 
     fleet = fleet_of_three()
     fleet.show("0")
     fleet.show("1")
-    registry = CollectorRegistry()
+    registry = CollectorRegistry(auto_describe=True)  # as the fleet's: the process collector has no describe()
     metrics = FleetMetrics(registry)
     registry.register(PartitionCollector(lambda: {"0": PartitionView(1, 1, 1)}, lambda: 2, clock=lambda: NOW))
     ProcessCollector(registry=registry)
     platform = Platform(metrics, Report(metrics), 3600.0, 60.0, 900.0, 1024, lambda: NOW)
+    platform.view = LastReconciliation(sizes={"events": 3})  # a platform gauge with a series
+    registry.register(PlatformCollector(lambda: platform.view))
     service = SimpleNamespace(healthy=True, ready=True, storage_problem=None)
     running = serve(Listen("127.0.0.1", 0), make_http_app(registry, fleet, service,  # type: ignore[arg-type]
-                                                          clock=lambda: NOW, platform=platform))
+                                                          clock=lambda: NOW))
     url = f"http://127.0.0.1:{running.server_port}/metrics"
     try:
         whole = series_by_name(http_get(url)[1])
         assert {"azure_scheduled_fleet_vms", "azure_scheduled_fleet_event_info",
                 "azure_scheduled_fleet_owned_partitions", "azure_scheduled_fleet_documents_applied_total",
-                "azure_scheduled_fleet_platform_events_total",
+                "azure_scheduled_fleet_platform_events_total", "azure_scheduled_fleet_platform_kept",
                 "azure_scheduled_fleet_announcement_lag_seconds_bucket", "process_cpu_seconds_total"} <= whole.keys()
         for name, series in sorted(whole.items()):
             status, text = http_get(f"{url}?name[]={name}")
@@ -256,6 +261,19 @@ def test_every_family_of_the_fleets_metrics_is_selected_by_its_name() -> None:
         assert series_by_name(both).keys() == {"azure_scheduled_fleet_vms", "azure_scheduled_fleet_event_info"}
     finally:
         running.server_close()
+
+
+def test_a_scrape_filtered_by_name_reads_the_queued_batch_counts_and_only_the_families_named() -> None:
+    """``scrape`` with names: the batch counters read exact (their queue flushed, as for a whole scrape), and of
+    the registry's and the per-VM families only those named."""
+    registry = CollectorRegistry()
+    metrics = FleetMetrics(registry)
+    metrics.batch(3, 1, 2, 100.0)
+    names = ["azure_scheduled_fleet_documents_consumed_total", "azure_scheduled_fleet_vms"]
+    written = text(scrape(registry, FleetExposition(fleet_of_three()), NOW, names))
+    assert series_by_name(written).keys() == set(names)
+    assert parse_samples(written) == {("azure_scheduled_fleet_documents_consumed_total", frozenset()): 3.0,
+                                      ("azure_scheduled_fleet_vms", frozenset()): 3.0}
 
 
 def series_by_name(text: str) -> dict[str, set[frozenset[tuple[str, str]]]]:

@@ -1,14 +1,15 @@
-"""The per-VM lines kept from one scrape to the next (``FleetExposition``): every scrape writes the same samples
-as a writer starting from nothing (``render_fleet``), whatever changed in between."""
+"""The per-VM lines kept from one scrape to the next (``FleetExposition``): every scrape writes the same families
+as prometheus-client's own writer over the same VMs (``reference_exposition``), whatever changed in between."""
 
 from __future__ import annotations
 
 import random
 from typing import Any
 
-from se_exporter.fleet.collector import FleetExposition, render_fleet
+from se_exporter.fleet.scrape import FleetExposition
 from se_exporter.fleet.vms import Fleet, read_message
-from se_exporter.infra.http_pages import Joined, Part, pieces
+from se_exporter.infra.http_pages import Joined, Part
+from tests.fleet.reference_exposition import Family, families, library_text, text
 from tests.fleet.test_vms import EMPTY, FREEZE, NEIGHBOUR, props
 
 NOW = 2_000_000_000.0
@@ -24,15 +25,19 @@ def send(fleet: Fleet, partition_id: str, body: bytes, vm_id: str, sequence: int
     return fleet.apply(partition_id, message)
 
 
-def lines(text: str | list[Part]) -> list[str]:
-    """The exposition's lines (its text, or its parts joined), sorted: samples of a family may come in any order
-    (the families' own order and headers are the writer's, the same both ways)."""
-    return sorted((text if isinstance(text, str) else b"".join(pieces(text)).decode()).splitlines())
+def written(parts: list[Part]) -> list[Family]:
+    """What a scrape wrote, family by family."""
+    return families(text(parts))
 
 
-def test_each_scrape_writes_what_a_fresh_writer_writes_through_every_kind_of_change() -> None:
+def library(fleet: Fleet, now: float) -> list[Family]:
+    """What prometheus-client writes for the fleet's shown VMs (each VM once: ``Fleet.vms``)."""
+    return families(library_text(fleet.vms(), now))
+
+
+def test_each_scrape_writes_what_prometheus_client_writes_through_every_kind_of_change() -> None:
     """Heartbeats, new documents, events gone, a VM renamed, IMDS failing, VMs and partitions gone or hidden, and
-    the clock moving: after each, the kept lines give the same text as rendering everything anew."""
+    the clock moving: after each, the kept lines give the families prometheus-client writes for the VMs now."""
     fleet = Fleet()
     exposition, other = FleetExposition(fleet), FleetExposition(fleet)  # each takes every change for itself
     fleet.claim("0")
@@ -40,9 +45,9 @@ def test_each_scrape_writes_what_a_fresh_writer_writes_through_every_kind_of_cha
     now = NOW
 
     def same() -> None:
-        expected = lines(render_fleet(fleet.vms(), now))
-        assert lines(exposition.render(now)) == expected
-        assert lines(other.render(now)) == expected
+        expected = library(fleet, now)
+        assert written(exposition.render(now)) == expected
+        assert written(other.render(now)) == expected
 
     for index in range(6):
         send(fleet, str(index % 2), FREEZE if index % 3 == 0 else EMPTY, f"id{index}", 1, 1000.0 + index)
@@ -94,17 +99,17 @@ def test_a_vm_in_two_shown_partitions_is_written_once_the_one_seen_last() -> Non
         send(fleet, "0", EMPTY, "id1", 1, 1500.0)
         exposition.render(NOW)
         send(fleet, "0", EMPTY, "id1", 2, 1600.0)  # a change in the other partition: the kept lines are used
-        text = b"".join(pieces(exposition.render(NOW))).decode()
-        assert lines(text) == lines(render_fleet(fleet.vms(), NOW))
-        assert text.count('vm_last_seen_timestamp_seconds{vm_id="id0"') == 1
+        scraped = text(exposition.render(NOW))
+        assert families(scraped) == library(fleet, NOW)
+        assert scraped.count('vm_last_seen_timestamp_seconds{vm_id="id0"') == 1
         assert 'vm_last_seen_timestamp_seconds{vm_id="id0",vm_name="WestNO_0",vmss_name="",location="norwayeast"} ' \
-               "2000.0" in text
+               "2000.0" in scraped
 
 
 def test_vms_held_twice_come_and_go_through_random_changes_and_every_scrape_stays_exact() -> None:
     """A VM held by two shown partitions is noticed as it is kept (not by a pass over every VM): through random
     documents, expiries, hand-overs (hidden, shown, released, claimed again) over three partitions sharing a few
-    VMs, every scrape writes what a fresh writer writes, each VM once."""
+    VMs, every scrape writes what prometheus-client writes for the shown VMs, each VM once."""
     rng = random.Random(26)
     fleet = Fleet()
     exposition = FleetExposition(fleet)
@@ -130,8 +135,7 @@ def test_vms_held_twice_come_and_go_through_random_changes_and_every_scrape_stay
             fleet.claim(partition_id)
         if rng.random() < 0.5:
             vms = fleet.vms()
-            text = b"".join(pieces(exposition.render(NOW))).decode()
-            assert lines(text) == lines(render_fleet(vms, NOW))
+            assert written(exposition.render(NOW)) == families(library_text(vms, NOW))
             assert len({vm.key for vm in vms}) == len(vms)
             held = [key for partition_id in fleet.shown() for key in fleet._partitions[partition_id].vms]
             doubled = len(held) > len(set(held))
@@ -153,7 +157,7 @@ def test_a_scrape_refers_to_the_kept_lines_and_copies_none_of_them() -> None:
     [joined] = [part for part in parts if isinstance(part, Joined)]
     kept = {id(line) for part in exposition._parts.values() for line in part.seen.values()}
     assert len(joined.items) == 50 and {id(line) for line in joined.items} == kept
-    assert lines(parts) == lines(render_fleet(fleet.vms(), NOW))
+    assert written(parts) == library(fleet, NOW)
 
 
 def test_the_event_lines_are_written_again_only_when_a_vms_event_or_imds_lines_change() -> None:
@@ -166,16 +170,16 @@ def test_the_event_lines_are_written_again_only_when_a_vms_event_or_imds_lines_c
     send(fleet, "0", FREEZE, "id0", 1, 1000.0)
     send(fleet, "0", EMPTY, "id1", 1, 1000.0)
     exposition.render(NOW)
-    written = exposition._events
+    kept = exposition._events
     send(fleet, "0", FREEZE, "id0", 2, 1100.0, heartbeat=True)
     send(fleet, "0", EMPTY, "id1", 2, 1100.0, heartbeat=True)
-    text = b"".join(pieces(exposition.render(NOW + 30))).decode()
-    assert exposition._events is written
-    assert lines(text) == lines(render_fleet(fleet.vms(), NOW + 30)) and "1100.0" in text
+    scraped = text(exposition.render(NOW + 30))
+    assert exposition._events is kept
+    assert families(scraped) == library(fleet, NOW + 30) and "1100.0" in scraped
     for body, vm_id, sequence, extra in ((EMPTY, "id1", 3, {"imds_failing": True}), (NEIGHBOUR, "id0", 3, {}),
                                          (FREEZE, "id1", 4, {})):
         send(fleet, "0", body, vm_id, sequence, 1200.0 + sequence, **extra)
-        text = b"".join(pieces(exposition.render(NOW))).decode()
-        assert exposition._events is not written
-        assert lines(text) == lines(render_fleet(fleet.vms(), NOW))
-        written = exposition._events
+        parts = exposition.render(NOW)
+        assert exposition._events is not kept
+        assert written(parts) == library(fleet, NOW)
+        kept = exposition._events

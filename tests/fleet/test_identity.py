@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from se_exporter.fleet.collector import render_fleet
 from se_exporter.fleet.vms import Fleet, InvalidMessage, Message, PartitionState, read_message
+from tests.fleet.reference_exposition import fleet_text
 from tests.fleet.test_vms import FREEZE, VM_ID, props
 from tests.helpers import parse_samples
 
@@ -25,7 +25,7 @@ def heard(by_id: bool, sequence: int, seen_at: float, installation: str = "inst-
 
 def counts(fleet: Fleet) -> tuple[float | None, float | None, list[str]]:
     """What /metrics says: azure_scheduled_fleet_vms, event_vms of the VMs' Freeze, and the vm_id labels."""
-    samples = parse_samples(render_fleet(fleet.vms(), 2_000_000_000.0))
+    samples = parse_samples(fleet_text(fleet, 2_000_000_000.0))
     ids = sorted(dict(labels)["vm_id"] for (name, labels) in samples
                  if name == "azure_scheduled_fleet_vm_last_seen_timestamp_seconds")
     return (samples.get(("azure_scheduled_fleet_vms", frozenset())),

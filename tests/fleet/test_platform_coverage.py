@@ -4,19 +4,13 @@ platform gauges as Prometheus text."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector
 
 from se_exporter.fleet.message import Imds, VmState
 from se_exporter.fleet.platform.coverage import Reconciler, ReconcileSettings, Reconciliation, imds_blind_since
-from se_exporter.fleet.platform.exposition import render_platform
 from se_exporter.fleet.platform.records import PlatformPicture, PlatformRecord
-from tests.fleet.platform_helpers import EVENT_ID, KEY, SUB, T0, platform_event, vm
+from tests.fleet.platform_helpers import EVENT_ID, KEY, SUB, T0, platform_event, platform_text, vm
 
 EXPIRY, GRACE = 600.0, 60.0
 AFTER_GRACE = T0 + GRACE + 1
@@ -241,7 +235,7 @@ def test_the_gauges_show_each_event_with_its_labels_and_its_vms_by_coverage() ->
     """platform_event_info per EventId with the issue's labels; platform_event_vms with all four coverages."""
     records = picture_of("Scheduled", "Started").records()
     result = reconcile(records, [vm("web_3", (EVENT_ID,))])
-    samples = scrape(render_platform(records, result.coverage))
+    samples = scrape(platform_text(records, result.coverage))
     info = {"event_id": EVENT_ID, "event_type": "Reboot", "event_status": "Started", "event_source": "Platform",
             "scope_type": "scale_set", "scope_name": "web", "resource_group": "rg",
             "subscription_id": "00000000-0000-0000-0000-000000000000", "location": "westeurope"}
@@ -254,7 +248,7 @@ def test_the_gauges_show_each_event_with_its_labels_and_its_vms_by_coverage() ->
 
 def test_the_families_are_declared_when_empty_and_series_go_with_their_event() -> None:
     """HELP and TYPE always; no event, no series."""
-    text = render_platform([], [])
+    text = platform_text([], [])
     assert "# TYPE azure_scheduled_fleet_platform_event_info gauge" in text
     assert "# TYPE azure_scheduled_fleet_platform_event_vms gauge" in text
     assert [sample for family in text_string_to_metric_families(text) for sample in family.samples] == []
@@ -263,9 +257,9 @@ def test_the_families_are_declared_when_empty_and_series_go_with_their_event() -
 def test_hostile_label_values_are_escaped_and_the_text_parses() -> None:
     """Quotes, backslashes, newlines and spelt-out surrogates in what Azure sent keep the exposition valid."""
     records = picture_of("Scheduled", event_id='E"\\\n\ud800', EventSource="a\nb").records()
-    samples = scrape(render_platform(records, []))
+    samples = scrape(platform_text(records, []))
     assert [dict(labels)["event_id"] for name, labels in samples if name.endswith("_info")] == ['E"\\\n\\ud800']
-    assert KEY not in render_platform(records, [])
+    assert KEY not in platform_text(records, [])
 
 
 def test_a_hundred_thousand_event_ids_leave_the_reconcilers_memory_bounded() -> None:
@@ -283,38 +277,6 @@ def test_a_hundred_thousand_event_ids_leave_the_reconcilers_memory_bounded() -> 
     assert sizes["pairs"] <= 500 and sizes["announced"] <= 1000
     assert sizes["scopes"] <= 100
     assert hits == {"platform_coverage_pairs", "platform_coverage_ids", "platform_scopes"}
-
-
-def test_the_written_text_has_the_samples_prometheus_client_would_write() -> None:
-    """The hand-written families parse to exactly the samples of prometheus-client's writer for the same values."""
-    picture = PlatformPicture()
-    for number in range(20):
-        picture.apply(platform_event(("Scheduled", "Started", "Completed")[number % 3], event_id=f'E{number}"\\',
-                                     resources=[f"web_{number}", "web_3"]), T0)
-    records = picture.records()
-    result = reconcile(records, [vm("web_3", ('E1"\\',))], AFTER_GRACE)
-    info = GaugeMetricFamily("azure_scheduled_fleet_platform_event_info", "h", labels=[
-        "event_id", "event_type", "event_status", "event_source", "scope_type", "scope_name", "resource_group",
-        "subscription_id", "location"])
-    vms = GaugeMetricFamily("azure_scheduled_fleet_platform_event_vms", "h",
-                            labels=["event_id", "event_type", "coverage"])
-    for record in records:
-        event = record.event
-        info.add_metric([event.event_id, event.event_type, event.event_status, event.event_source, event.scope_type,
-                         event.scope_name, event.resource_group, event.subscription_id, event.location], 1.0)
-        for state in ("observed", "missed", "imds_unreachable", "no_sidecar"):
-            vms.add_metric([event.event_id, event.event_type, state], float(sum(
-                row.coverage == state for row in result.coverage if row.event_key == record.key)))
-    registry = CollectorRegistry()
-
-    class Families(Collector):
-        def collect(self) -> Iterator[Metric]:
-            yield from (info, vms)
-
-    registry.register(Families())
-    assert scrape(render_platform(records, result.coverage)) == scrape(generate_latest(registry).decode())
-    assert len(scrape(render_platform(records, result.coverage))) == 20 * 5
-
 
 def test_a_replica_that_shows_part_of_the_fleet_claims_no_vm_has_no_sidecar() -> None:
     """absent=False: a named VM not among the VMs given may be shown by another replica, so it gets no coverage."""

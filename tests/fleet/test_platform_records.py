@@ -10,10 +10,9 @@ import json
 import pytest
 
 from se_exporter.fleet.platform.counting import Counted, top_up
-from se_exporter.fleet.platform.exposition import render_platform
 from se_exporter.fleet.platform.records import PictureState, PlatformLimits, PlatformPicture, PlatformRecord, merge
 from se_exporter.fleet.platform.saved import state_from_json, state_to_json
-from tests.fleet.platform_helpers import KEY, T0, platform_event
+from tests.fleet.platform_helpers import KEY, T0, platform_event, platform_text
 
 STARTED_AT, ENDED_AT = T0 + 300, T0 + 305  # a Reboot of 5 s on two VMs: 10 s of impact
 TIMES = {"Scheduled": T0, "Started": STARTED_AT, "Completed": ENDED_AT, "Canceled": STARTED_AT}
@@ -238,7 +237,7 @@ def test_a_flood_of_event_ids_naming_a_thousand_vms_each_stays_within_every_boun
     sizes = picture.sizes()
     assert sizes["events"] <= 500 and sizes["vms"] <= 20_000 and sizes["ids"] <= 2000 and sizes["forgotten"] <= 2000
     assert sum(len(record.event.resources) for record in picture.records()) == sizes["vms"]
-    series = render_platform(picture.records(), []).count("\nazure_scheduled_fleet_platform_event")
+    series = platform_text(picture.records(), []).count("\nazure_scheduled_fleet_platform_event")
     assert series == 5 * sizes["events"] <= 5 * 500
 
 

@@ -12,12 +12,12 @@ from typing import Any
 
 from azure.eventhub import CloseReason
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.consumer import Service
 from se_exporter.fleet.main import partition_vms
 from se_exporter.fleet.platform.coverage import Reconciler, ReconcileSettings
+from se_exporter.fleet.platform.exposition import PlatformCollector
 from se_exporter.fleet.platform.hubs import home
 from se_exporter.fleet.platform.records import PlatformLimits
 from se_exporter.fleet.platform.saving import decode_platform, platform_blob_name
@@ -109,7 +109,7 @@ class Replica:
         self.platform.reconcile()
         run(save(self.service, self.partition_id))
         return {(sample.name, frozenset(sample.labels.items())): sample.value
-                for family in text_string_to_metric_families(self.platform.render()) for sample in family.samples}
+                for family in PlatformCollector(lambda: self.platform.view).collect() for sample in family.samples}
 
     def coverage(self) -> dict[str, float]:
         return {dict(labels)["coverage"]: value for (name, labels), value in self.gauges().items()

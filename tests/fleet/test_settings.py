@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.cli import build_parser, main
 from se_exporter.core.errors import ConfigError
-from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView, render_fleet
-from se_exporter.fleet.platform.service import Platform
-from se_exporter.fleet.report import Report
+from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView
+from se_exporter.fleet.platform.exposition import PlatformCollector
+from se_exporter.fleet.platform.service import LastReconciliation
+from se_exporter.fleet.scrape import FleetExposition
 from se_exporter.fleet.settings import FLEET_OPTIONS, FleetSettings, fleet_settings
 from se_exporter.infra.options import Listen
 
@@ -94,12 +94,6 @@ def test_consumer_groups_event_hubs_allows_are_accepted(group: str) -> None:
     assert settings(["--consumer-group", group, "--eventhub-name", "hub.name-1_x"]).consumer_group == group
 
 
-def platform_render() -> str:
-    """The platform families as a scrape writes them (every family, if empty)."""
-    metrics = FleetMetrics(CollectorRegistry())
-    return Platform(metrics, Report(metrics), 3600.0, 60.0, 900.0, 1024, lambda: 0.0).render()
-
-
 def test_every_fleet_setting_and_metric_is_in_the_reference() -> None:
     """Each flag and variable of `fleet`, and each metric family it can expose, has its row in docs/reference.md."""
     readme = (Path(__file__).parent.parent.parent / "docs" / "reference.md").read_text()
@@ -109,9 +103,9 @@ def test_every_fleet_setting_and_metric_is_in_the_reference() -> None:
     registry = CollectorRegistry()
     FleetMetrics(registry)
     registry.register(PartitionCollector(lambda: {"0": PartitionView(1, 1, 1)}, lambda: 1))
+    registry.register(PlatformCollector(LastReconciliation))
     names = {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}
-    names |= {family.name for family in text_string_to_metric_families(render_fleet([], 0.0))}
-    names |= {family.name for family in text_string_to_metric_families(platform_render())}
+    names |= {family.name for family in FleetExposition([]).describe()}
     assert len(names) > 20
     for name in names:
         assert f"| `{name}` |" in readme, name

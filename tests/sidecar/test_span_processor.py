@@ -1,21 +1,25 @@
-"""Span batching: OpenTelemetry's own BatchSpanProcessor, OTEL_BSP_* checked at start-up with the project's
-defaults where unset, and its drops on a full queue counted and logged once per run."""
+"""Span and log record batching: OpenTelemetry's exporters behind the sidecar's batching processor, OTEL_BSP_* and
+OTEL_BLRP_* checked at start-up with the defaults where unset, drops on a full queue counted and logged once per run,
+and a worker that sleeps while nothing is queued."""
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry, Counter
 
 from se_exporter.cli import build_parser
 from se_exporter.core.errors import ConfigError
-from se_exporter.sidecar.settings import SpanBatching, TracingSettings, run_settings
-from se_exporter.sidecar.sinks.tracing import CountingExporter, TracingSink, _QueueDrops
+from se_exporter.sidecar.settings import LOG_BATCHING, SpanBatching, TracingSettings, run_settings
+from se_exporter.sidecar.sinks.tracing import Batched, CountingExporter, TracingSink
 from tests.helpers import wait_until
 
 TRACING_ON = {"OTEL_TRACES_EXPORTER": "console"}
@@ -48,6 +52,10 @@ def batching(env: dict[str, str]) -> SpanBatching:
     return run_settings(build_parser().parse_args(["run"]), {**TRACING_ON, **env}).tracing.batch
 
 
+def log_batching(env: dict[str, str]) -> SpanBatching:
+    return run_settings(build_parser().parse_args(["run"]), {"OTEL_LOGS_EXPORTER": "console", **env}).tracing.log_batch
+
+
 def test_unset_otel_bsp_variables_take_the_project_defaults() -> None:
     """Without OTEL_BSP_*, spans go out every half second (the SDK's default is 5 s), 512 at a time, 2,048 queued."""
     assert batching({}) == SpanBatching(schedule_delay_millis=500, max_queue_size=2048, max_export_batch_size=512)
@@ -72,6 +80,15 @@ def test_a_bad_otel_bsp_variable_stops_start_up_in_one_line(env: dict[str, str],
     assert message in str(caught.value) and "\n" not in str(caught.value)
 
 
+def test_otel_blrp_variables_batch_the_log_records() -> None:
+    """Log records keep the SDK's defaults (a one-second schedule), OTEL_BLRP_* replacing them; checked as OTEL_BSP_*
+    are."""
+    assert log_batching({}) == LOG_BATCHING == SpanBatching(schedule_delay_millis=1000)
+    assert log_batching({"OTEL_BLRP_SCHEDULE_DELAY": "100"}).schedule_delay_millis == 100
+    with pytest.raises(ConfigError, match="OTEL_BLRP_MAX_QUEUE_SIZE='none': give a positive whole number"):
+        log_batching({"OTEL_BLRP_MAX_QUEUE_SIZE": "none"})
+
+
 def test_otel_bsp_variables_mean_nothing_with_tracing_off() -> None:
     """With no span exporter the batching variables are not read, so a stale one cannot stop the sidecar."""
     settings = run_settings(build_parser().parse_args(["run"]), {"OTEL_BSP_SCHEDULE_DELAY": "soon"})
@@ -93,44 +110,82 @@ def test_the_drop_counters_help_names_the_queue_bound_in_force(queue: int) -> No
         sink.shutdown()
 
 
-@pytest.fixture
-def processor() -> Iterator[tuple[BatchSpanProcessor, TracerProvider, Recording, list[int]]]:
-    exporter, dropped = Recording(), []
-    drops = _QueueDrops(dropped.append)
-    drops.install()
-    made = BatchSpanProcessor(exporter, max_queue_size=3, schedule_delay_millis=60_000, max_export_batch_size=1)
-    provider = TracerProvider()
-    provider.add_span_processor(made)
-    yield made, provider, exporter, dropped
-    exporter.hold.set()
-    made.shutdown()
-    logging.getLogger(_QueueDrops.LOGGER).removeFilter(drops)
-
-
 def end_spans(provider: TracerProvider, *names: str) -> None:
     tracer = provider.get_tracer("test")
     for name in names:
         tracer.start_span(name).end()
 
 
-def test_a_full_queue_drops_the_oldest_counted_and_logged_once(
-        processor: tuple[BatchSpanProcessor, TracerProvider, Recording, list[int]],
-        caplog: pytest.LogCaptureFixture) -> None:
-    """Past OTEL_BSP_MAX_QUEUE_SIZE the SDK drops the oldest queued span: each drop is counted, one warning says
-    so for the run of them, and the SDK's own line per span stays out of the log."""
-    made, provider, exporter, dropped = processor
-    exporter.hold.clear()
-    end_spans(provider, "held")
-    assert exporter.entered.wait(10)  # the worker is inside export with "held"; the queue is empty
-    with caplog.at_level(logging.INFO):
-        end_spans(provider, *"abcde")
-    assert sum(dropped) == 2
-    assert [r.getMessage() for r in caplog.records if "dropping" in r.getMessage().lower()
-            or "queue full" in r.getMessage().lower()] == [
-        "dropping spans: the span queue is full (azure_scheduled_events_spans_dropped_total counts them)"]
-    exporter.hold.set()
-    assert made.force_flush() is True
-    assert exporter.names == ["held", "c", "d", "e"]
+def batched(exporter: SpanExporter, dropped: list[int] | None = None, **batch: int) -> tuple[Batched, TracerProvider]:
+    made = Batched(exporter, "spans", SpanBatching(**batch), (dropped if dropped is not None else []).append)
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(made))
+    return made, provider
+
+
+def test_a_full_queue_drops_the_oldest_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Past the queue's bound (which counts the spans being exported) the oldest queued span is dropped: each drop is
+    counted and one warning says so for the run of them."""
+    exporter, dropped = Recording(), []
+    made, provider = batched(exporter, dropped, max_queue_size=3, schedule_delay_millis=60_000,
+                             max_export_batch_size=1)
+    try:
+        exporter.hold.clear()
+        end_spans(provider, "held")
+        assert exporter.entered.wait(10)  # the worker is inside export with "held"
+        with caplog.at_level(logging.INFO):
+            end_spans(provider, *"abcde")
+        assert sum(dropped) == 3
+        assert [r.getMessage() for r in caplog.records if "dropping" in r.getMessage()] == [
+            "dropping spans: the queue is full (3)"]
+        exporter.hold.set()
+        assert made.force_flush() is True
+        assert exporter.names == ["held", "d", "e"]
+    finally:
+        exporter.hold.set()
+        made.shutdown()
+
+
+def test_spans_gather_for_the_schedule_delay_and_a_full_batch_goes_at_once() -> None:
+    """Spans ended together go out in one export after the schedule delay; a full batch does not wait for it."""
+    exporter = Recording()
+    made, provider = batched(exporter, schedule_delay_millis=200, max_export_batch_size=512)
+    try:
+        end_spans(provider, *"abc")
+        wait_until(lambda: exporter.batches, what="the batch exported")
+        assert exporter.batches == [["a", "b", "c"]]
+    finally:
+        made.shutdown()
+    exporter = Recording()
+    made, provider = batched(exporter, schedule_delay_millis=600_000, max_export_batch_size=2)
+    try:
+        end_spans(provider, *"de")
+        wait_until(lambda: exporter.batches, what="the full batch exported within the 10-minute delay")
+        assert exporter.batches == [["d", "e"]]
+    finally:
+        made.shutdown()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the thread's wake-ups from /proc")
+def test_the_worker_sleeps_while_nothing_is_queued() -> None:
+    """With nothing queued the worker is never woken (the SDK's batch processors wake every schedule delay): over
+    ten schedule delays after an export, its thread makes no voluntary context switch."""
+    exporter = Recording()
+    made, provider = batched(exporter, schedule_delay_millis=50)
+    try:
+        end_spans(provider, "a")
+        assert made.force_flush() is True
+        [worker] = [t for t in threading.enumerate() if t.name == "spans-export" and t.is_alive()]
+
+        def wakeups() -> int:
+            status = Path(f"/proc/self/task/{worker.native_id}/status").read_text()
+            return int(next(line.split()[1] for line in status.splitlines() if line.startswith("voluntary_ctxt")))
+
+        before = wakeups()
+        time.sleep(0.5)  # the span of time measured, not a wait for something to happen
+        assert wakeups() == before
+    finally:
+        made.shutdown()
 
 
 class Refusing(SpanExporter):
@@ -148,15 +203,13 @@ class Refusing(SpanExporter):
 
 
 def test_while_stopping_batches_after_a_failed_export_fail_at_once() -> None:
-    """At SIGTERM the SDK's force_flush exports every queued batch whatever its timeout: once one has failed, the
-    rest are failed and counted without reaching the exporter, so stopping waits for one export's timeout at most;
-    outside a stop, every batch is tried."""
+    """At SIGTERM the queued batches are flushed: once one has failed, the rest are failed and counted without
+    reaching the exporter, so stopping waits for one export's timeout at most; outside a stop, every batch is
+    tried, and a failed batch is dropped, not retried (as OpenTelemetry's processors do)."""
     inner, registry = Refusing(), CollectorRegistry()
     exporter = CountingExporter(inner, Counter("ok_spans", "", registry=registry),
                                 Counter("failed_spans", "", registry=registry))
-    made = BatchSpanProcessor(exporter, max_queue_size=16, schedule_delay_millis=60_000, max_export_batch_size=2)
-    provider = TracerProvider()
-    provider.add_span_processor(made)
+    made, provider = batched(exporter, max_queue_size=16, schedule_delay_millis=60_000, max_export_batch_size=2)
     try:
         end_spans(provider, *"ab")  # one full batch: the worker exports it at once (and fails)
         wait_until(lambda: inner.calls == 1, what="the first batch tried")

@@ -1,4 +1,4 @@
-"""The http.client transport against a scripted HTTP/1.1 server on loopback: reuse, stale connections, failures,
+"""The IMDS transport against a scripted HTTP/1.1 server on loopback: reuse, stale connections, failures,
 and byte-level faults (truncation at every offset, drip feeds, chunk errors)."""
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def test_a_new_connection_closed_without_an_answer_is_an_error(server: ServerFac
                                                                transport: KeepAliveTransport) -> None:
     """No retry on a fresh connection: a server that hangs up without answering is reported, not hidden."""
     peer = server([b"", CLOSE])
-    with pytest.raises(errors.RemoteProtocolError, match="RemoteDisconnected"):
+    with pytest.raises(errors.RemoteProtocolError, match="closed the connection without answering"):
         get(transport, peer.url)
     assert peer.connections == 1
 
@@ -141,6 +141,26 @@ def test_connection_close_is_honoured(server: ServerFactory, transport: KeepAliv
     get(transport, peer.url)
     assert get(transport, peer.url).content == b"{}"
     assert peer.connections == 2
+
+
+def test_an_http_1_0_answer_closes_its_connection(server: ServerFactory, transport: KeepAliveTransport) -> None:
+    """HTTP/1.0 ends the connection after each answer: the next GET goes out on a new connection."""
+    peer = server([b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{}", OK])
+    get(transport, peer.url)
+    assert get(transport, peer.url).content == b"{}"
+    assert peer.connections == 2
+
+
+def test_an_informational_answer_is_skipped_and_trailers_are_read(server: ServerFactory,
+                                                                  transport: KeepAliveTransport) -> None:
+    """A 100 Continue before the answer is passed over; a chunked body's trailers are read to their end, so the
+    connection is reused."""
+    answer = b"HTTP/1.1 100 Continue\r\n\r\n" + CHUNKED.replace(b"0\r\n\r\n", b"0\r\nExpires: 0\r\n\r\n")
+    peer = server([answer, OK])
+    got = get(transport, peer.url)
+    assert (got.status_code, got.content) == (200, b'{"a":1}')
+    assert get(transport, peer.url).content == b"{}"
+    assert peer.connections == 1
 
 
 def test_a_redirect_is_returned_not_followed(server: ServerFactory, transport: KeepAliveTransport) -> None:

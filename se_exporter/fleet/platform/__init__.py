@@ -4,8 +4,8 @@ The pure core, a module per step: ``reader`` (with ``fields``: a received messag
 None when it is not Event Grid's), ``records`` (per EventId, statuses only moving forward, duplicates applied once
 and their copies kept, retention), ``counting`` (the once-only rules, ``COUNTING`` and ``COVERAGE``, and what they
 add), ``saved`` (a picture as JSON with named fields and back), ``coverage`` (per EventId and VM: observed, missed,
-imds_unreachable, no_sidecar; and the reverse) and ``exposition`` (the gauges as Prometheus text). The fleet's
-side of it, with I/O: ``hubs``, ``homes``, ``partitions``, ``saving`` and ``service``.
+imds_unreachable, no_sidecar; and the reverse) and ``exposition`` (the gauges, a prometheus-client collector). The
+fleet's side of it, with I/O: ``hubs``, ``homes``, ``partitions``, ``saving`` and ``service``.
 
 How a consumer tells the two streams apart, per received message: ``read_platform`` first (a sidecar's document
 costs it one look at the bytes, no parsing); None means not Event Grid's, for ``message.read_message``.

@@ -1,4 +1,4 @@
-"""The platform families in the Prometheus text format, written as ``collector.render_fleet`` writes the fleet's.
+"""The platform gauges, a prometheus-client collector of the last reconciliation.
 
 Gauges, rebuilt from the platform picture and the last reconciliation on every scrape (an event forgotten is gone
 from the next scrape, with its series; nothing is removed by hand):
@@ -6,7 +6,8 @@ from the next scrape, with its series; nothing is removed by hand):
 * ``azure_scheduled_fleet_platform_event_info{event_id, event_type, event_status, event_source, scope_type,
   scope_name, resource_group, subscription_id, location}`` = 1 per EventId the platform announced;
 * ``azure_scheduled_fleet_platform_event_vms{event_id, event_type, coverage}``: the VMs of each coverage
-  (``coverage.COVERAGES``), all four per EventId (0 included), so a panel's series never come and go.
+  (``coverage.COVERAGES``), all four per EventId (0 included), so a panel's series never come and go;
+* ``azure_scheduled_fleet_platform_kept{what}``: what the platform side holds now, each bounded.
 
 Counters and the histogram are ``collector.FleetMetrics``' (every label value created at zero where the values are a
 closed set), fed by ``service.py`` from what this package returns:
@@ -28,40 +29,61 @@ closed set), fed by ``service.py`` from what this package returns:
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
-from se_exporter.fleet.collector import FLEET, escape, write_gauges
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from se_exporter.fleet.collector import FLEET
 from se_exporter.fleet.platform.coverage import COVERAGES, Coverage
 from se_exporter.fleet.platform.records import PlatformRecord
 
-_HEADERS = {
-    "platform_event_info": "1 per scheduled event Azure announced on the platform stream (Event Grid), ended ones "
-                           "for --platform-retention.",
-    "platform_event_vms": "VMs of one platform event by coverage: whether their sidecar listed it (observed), did "
-                          "not (missed), could not read IMDS (imds_unreachable) or was not heard from (no_sidecar).",
-}
+if TYPE_CHECKING:
+    from se_exporter.fleet.platform.service import LastReconciliation
+
+INFO_LABELS = ["event_id", "event_type", "event_status", "event_source", "scope_type", "scope_name", "resource_group",
+               "subscription_id", "location"]
 
 
-def render_platform(records: Iterable[PlatformRecord], coverage: Iterable[Coverage],
-                    informed: Container[str] | None = None) -> str:
-    """The platform gauges as text, from one consistent list of records and the reconciliation's coverage.
+class PlatformCollector(Collector):
+    """The platform gauges of ``view()`` (the platform side's last reconciliation) on every scrape."""
 
-    Written directly, as ``render_fleet`` is and for its reason (the figure it guards is the CPU of one /metrics
-    scrape: up to 50,000 series here at the default bound); the text is appended to the fleet's. Its samples are
-    proven equal to prometheus-client's for the same values (``tests/fleet/test_platform_coverage.py``).
-    ``informed``: the EventId keys whose info series this replica writes (each EventId's from one replica, its
-    home's; None: all); the VM counts are written for every record, of the VMs this replica judged."""
-    info: list[str] = []
-    vms: list[str] = []
+    def __init__(self, view: Callable[[], LastReconciliation]) -> None:
+        self._view = view
+
+    def describe(self) -> list[Metric]:
+        return platform_families([], [])
+
+    def collect(self) -> Iterator[Metric]:
+        view = self._view()
+        yield from platform_families(view.records, view.coverage, view.informed, view.sizes)
+
+
+def platform_families(records: Iterable[PlatformRecord], coverage: Iterable[Coverage],
+                      informed: Container[str] | None = None, sizes: Mapping[str, int] | None = None,
+                      ) -> list[Metric]:
+    """The platform gauges from one consistent list of records and the reconciliation's coverage. ``informed``: the
+    EventId keys whose info series this replica writes (each EventId's from one replica, its home's; None: all);
+    the VM counts are written for every record, of the VMs this replica judged. ``sizes``: what is kept, by what."""
+    info = GaugeMetricFamily(f"{FLEET}_platform_event_info", "1 per scheduled event Azure announced on the platform "
+                             "stream (Event Grid), ended ones for --platform-retention.", labels=INFO_LABELS)
+    vms = GaugeMetricFamily(f"{FLEET}_platform_event_vms", "VMs of one platform event by coverage: whether their "
+                            "sidecar listed it (observed), did not (missed), could not read IMDS (imds_unreachable) "
+                            "or was not heard from (no_sidecar).", labels=["event_id", "event_type", "coverage"])
+    kept = GaugeMetricFamily(f"{FLEET}_platform_kept", "What the platform side holds now, each bounded: events and "
+                             "Event Grid ids of the pictures, reconciliation pairs and EventIds, EventIds whose "
+                             "counting is remembered.", labels=["what"])
     counts = Tally((row.event_key, row.coverage) for row in coverage)
     for record in sorted(records, key=lambda record: record.key):
         event = record.event
-        ident = f'event_id="{escape(event.event_id)}",event_type="{escape(event.event_type)}"'
         if informed is None or record.key in informed:
-            info.append(f"{FLEET}_platform_event_info{{{ident},event_status=\"{event.event_status}\","
-                        f'event_source="{escape(event.event_source)}",scope_type="{event.scope_type}",'
-                        f'scope_name="{escape(event.scope_name)}",resource_group="{escape(event.resource_group)}",'
-                        f'subscription_id="{escape(event.subscription_id)}",location="{escape(event.location)}"}} 1.0')
-        vms.extend(f'{FLEET}_platform_event_vms{{{ident},coverage="{state}"}} {float(counts[(record.key, state)])!r}'
-                   for state in COVERAGES)
-    return write_gauges({"platform_event_info": info, "platform_event_vms": vms}, _HEADERS)
+            info.add_metric([event.event_id, event.event_type, event.event_status, event.event_source,
+                             event.scope_type, event.scope_name, event.resource_group, event.subscription_id,
+                             event.location], 1.0)
+        for state in COVERAGES:
+            vms.add_metric([event.event_id, event.event_type, state], counts[(record.key, state)])
+    for name, size in sorted((sizes or {}).items()):
+        kept.add_metric([name], size)
+    return [info, vms, kept]

@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from se_exporter.fleet.collector import FLEET, FleetMetrics, write_gauges
+from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.message import VmState
 from se_exporter.fleet.platform.counting import Verdict, judge, merged
 from se_exporter.fleet.platform.coverage import (
@@ -33,7 +33,6 @@ from se_exporter.fleet.platform.coverage import (
     Reconciliation,
     name_key,
 )
-from se_exporter.fleet.platform.exposition import render_platform
 from se_exporter.fleet.platform.homes import Homes
 from se_exporter.fleet.platform.hubs import HubPlatform, OwnedPlatform
 from se_exporter.fleet.platform.partitions import PlatformReader
@@ -347,15 +346,6 @@ class Platform:
                     if write is not None:
                         await write()
 
-    # ------------------------------------------------------------------ scrapes
-
-    def render(self) -> str:
-        """The platform gauges from the last reconciliation (empty families before any platform event)."""
-        view = self.view
-        text = render_platform(view.records, view.coverage, view.informed)
-        kept = [f'{FLEET}_platform_kept{{what="{name}"}} {float(size)!r}' for name, size in sorted(view.sizes.items())]
-        return text + write_gauges({"platform_kept": kept}, _KEPT_HELP)
-
 
 def _judged_vms(old: dict[str, Verdict], now: dict[str, tuple[str | None, float | None]], names: frozenset[str],
                 alive: set[str]) -> dict[str, Verdict]:
@@ -367,7 +357,3 @@ def _judged_vms(old: dict[str, Verdict], now: dict[str, tuple[str | None, float 
         if verdict != (None, None) or name in alive:
             verdicts[name] = verdict
     return verdicts
-
-
-_KEPT_HELP = {"platform_kept": "What the platform side holds now, each bounded: events and Event Grid ids of the "
-                               "pictures, reconciliation pairs and EventIds, EventIds whose counting is remembered."}

@@ -141,16 +141,20 @@ class BatchProcessor(Generic[T]):
 
     ``classify`` names the reason of a failure (the ``reason`` label), ``on_error`` counts it, ``on_lost`` counts
     items dropped from a full queue or left at shutdown. The backoff goes from ``retry_first`` to ``retry_max``.
+    ``linger``: seconds the first item after a quiet spell waits for a batch to gather (OpenTelemetry's schedule
+    delay); a full batch, a flush or a stop cuts it short. The worker sleeps with no timeout while nothing is queued.
     """
 
     def __init__(self, queue: Queue[T], exporter: Exporter[T], classify: Callable[[Exception], str],
                  on_error: Callable[[str], None], on_lost: Callable[[int], None] = lambda count: None,
-                 batch_size: int = 64, retry_first: float = 0.5, retry_max: float = 5.0) -> None:
+                 batch_size: int = 64, retry_first: float = 0.5, retry_max: float = 5.0, linger: float = 0.0) -> None:
         self._queue, self._exporter = queue, exporter
         self._classify, self._on_error, self._on_lost = classify, on_error, on_lost
         self._batch_size, self._retry_first, self._retry_max = batch_size, retry_first, retry_max
+        self._linger = linger
         self._health = Health()
         self._wake = threading.Event()
+        self._hurry = threading.Event()  # ends a linger early
         self._stop = threading.Event()
         self._flushed = threading.Condition()
         self._refusals = 0  # failed exports so far: a flush ends at the first one after it began
@@ -161,12 +165,15 @@ class BatchProcessor(Generic[T]):
         """Queue the item for the worker; raises only if a durable queue cannot take it (nothing of it kept)."""
         self._queue.put(item)
         self._wake.set()
+        if len(self._queue) >= self._batch_size:
+            self._hurry.set()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """True once the queue is empty (for a durable queue at once: what it holds is safe on disk); False as soon
         as the exporter refuses meanwhile (its backoff, not this call, decides when to try again)."""
         if self._queue.durable:
             return True
+        self._hurry.set()
         self._wake.set()
         with self._flushed:
             refused = self._refusals
@@ -177,6 +184,7 @@ class BatchProcessor(Generic[T]):
         """Stop within ``timeout`` seconds: a memory queue gets one last try (what is left is counted and logged as
         lost), a durable one stops at once, its export cut short, and keeps what it holds for the next start."""
         self._stop.set()
+        self._hurry.set()
         self._wake.set()
         if self._queue.durable:
             self._exporter.interrupt()
@@ -202,6 +210,9 @@ class BatchProcessor(Generic[T]):
                 if self._stop.is_set():
                     return
                 self._wake.wait()
+                if self._linger:
+                    self._hurry.wait(self._linger)
+                    self._hurry.clear()
                 continue
             try:
                 done = max(1, self._exporter.export(batch))

@@ -4,9 +4,10 @@ OpenTelemetry deprecates span events in favour of log records carrying ``event.n
 every transition is one record named ``azure.scheduled_event.<transition>`` with the spans' attributes, in the
 context of the event's ``scheduled_event`` root span: a backend shows the records under the span.
 
-Exported by OpenTelemetry's own ``BatchLogRecordProcessor`` and OTLP log exporters (``OTEL_BLRP_*`` and the
-exporters' variables read by the SDK). The Python logs signal lives in modules named ``_logs`` and
-``_log_exporter``: that is where OpenTelemetry publishes it while its API is in development, and the only way to it.
+Exported by OpenTelemetry's OTLP log exporters (HTTP or gRPC) through the sidecar's batching processor, as spans are
+(``tracing.Batched``: ``OTEL_BLRP_*`` as the settings resolved them); the exporters' own variables are read by the SDK.
+The Python logs signal lives in modules named ``_logs`` and ``_log_exporter``: that is where OpenTelemetry publishes
+it while its API is in development, and the only way to it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from opentelemetry._logs import SeverityNumber
 from opentelemetry.sdk._logs import LoggerProvider
-from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExporter, LogRecordExportResult
+from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult, SimpleLogRecordProcessor
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, Counter
 
@@ -26,7 +27,7 @@ from se_exporter.sidecar.metrics import NAMESPACE
 from se_exporter.sidecar.settings import TracingSettings
 from se_exporter.sidecar.sinks import DocumentChange, Sink
 from se_exporter.sidecar.sinks.spans import PREFIX, attributes, root_context, transition_extras, vm_key
-from se_exporter.sidecar.sinks.tracing import Counting, bounded, resource_attributes, signal_url
+from se_exporter.sidecar.sinks.tracing import Batched, Counting, bounded, resource_attributes, signal_url
 
 log = logging.getLogger("se_exporter.otel_events")
 EVENT_PREFIX = "azure.scheduled_event."
@@ -72,14 +73,15 @@ class EventLogSink(Sink):
                          "to deliver.", registry=registry)
         # Built at start-up, so a bad exporter setting fails there and not at the first event.
         inner = exporter if exporter is not None else make_log_exporter(settings)
-        self._exporter = CountingLogExporter(inner, exported, failed,
-                                             where=settings.otel_logs_endpoint or settings.otel_endpoint)
+        self._exporter = Batched(CountingLogExporter(inner, exported, failed,
+                                                     where=settings.otel_logs_endpoint or settings.otel_endpoint),
+                                 "log records", settings.log_batch)
         self._provider: LoggerProvider | None = None
         self._logger: Any = None
 
     def _build(self, identity: VmIdentity | None) -> None:
         provider = LoggerProvider(resource=Resource.create(resource_attributes(self._settings, identity)))
-        provider.add_log_record_processor(BatchLogRecordProcessor(self._exporter))
+        provider.add_log_record_processor(SimpleLogRecordProcessor(self._exporter))  # type: ignore[arg-type]
         self._provider = provider
         self._logger = provider.get_logger("se_exporter")
         log.info("exporting lifecycle transitions as log records with %s", self._settings.otel_logs_exporter)
@@ -103,11 +105,11 @@ class EventLogSink(Sink):
             attributes=attrs)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True if self._provider is None else bool(self._provider.force_flush(min(timeout_millis, 3000)))
+        return self._exporter.force_flush(min(timeout_millis, 3000))
 
     def shutdown(self) -> None:
         if self._provider is not None:
-            self._provider.shutdown()
+            self._provider.shutdown()  # its processor shuts the batching processor down
         else:
             self._exporter.shutdown()
 

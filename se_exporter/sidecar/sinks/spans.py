@@ -245,8 +245,5 @@ class SpanSink(Sink):
         data = {event_id: opened.events for event_id, opened in self._open.items()}
         self._file.save(json.dumps(data, separators=(",", ":")).encode())
 
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return self._provider.force_flush(timeout_millis)
-
     def shutdown(self) -> None:
         self._provider.shutdown()

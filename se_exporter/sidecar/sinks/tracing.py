@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.semconv._incubating.attributes import (
     azure_attributes,
     cloud_attributes,
@@ -36,8 +36,9 @@ from se_exporter.core.model import VmIdentity, vm_name
 from se_exporter.core.retry import Health
 from se_exporter.infra.logs import escape
 from se_exporter.sidecar.metrics import NAMESPACE
-from se_exporter.sidecar.settings import TracingSettings
+from se_exporter.sidecar.settings import SpanBatching, TracingSettings
 from se_exporter.sidecar.sinks import DocumentChange, Sink
+from se_exporter.sidecar.sinks.batching import BatchProcessor, Exporter, MemoryQueue
 from se_exporter.sidecar.sinks.spans import PREFIX, EventIdGenerator, SpanSink
 
 log = logging.getLogger("se_exporter.tracing")
@@ -167,10 +168,8 @@ class Counting:
     dropped = "spans"
     results: Any = SpanExportResult  # SUCCESS and FAILURE, of the signal's own enum
 
-    def __init__(self, inner: Any, exported: Any, failed: Any, on_export: Callable[[], None] | None = None,
-                 where: str | None = None) -> None:
+    def __init__(self, inner: Any, exported: Any, failed: Any, where: str | None = None) -> None:
         self._inner, self._exported, self._failed = inner, exported, failed
-        self._on_export = on_export
         self._where = where or type(inner).__name__
         self._health = Health()
         self._fail_fast = False
@@ -178,8 +177,6 @@ class Counting:
 
     def export(self, batch: Any) -> Any:
         _REASONS.last = None
-        if self._on_export is not None:
-            self._on_export()
         if self._fail_fast and self._health.failing is not None:  # stopping: one export's timeout is enough
             self._failed.inc(len(batch))
             return self.results.FAILURE
@@ -203,8 +200,8 @@ class Counting:
     @contextlib.contextmanager
     def failing_fast(self) -> Iterator[None]:
         """While stopping: once an export has failed, the batches after it fail at once, counted, instead of each
-        waiting out the exporter's timeout. The SDK's ``force_flush`` exports every queued batch whatever its
-        timeout says, so this is what keeps SIGTERM prompt with a collector that never answers."""
+        waiting out the exporter's timeout: a flush and a shutdown export every queued batch, so this is what keeps
+        SIGTERM prompt with a collector that never answers."""
         self._fail_fast = True
         try:
             yield
@@ -215,44 +212,67 @@ class Counting:
         self._inner.shutdown()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return bool(self._inner.force_flush(timeout_millis))
+        """Nothing is held here (``Batched`` holds the queue); the log exporter's interface asks for it."""
+        return True
 
 
 class CountingExporter(Counting, SpanExporter):
     """``Counting`` for spans."""
 
 
-class _QueueDrops(logging.Filter):
-    """Counts the spans OpenTelemetry's ``BatchSpanProcessor`` drops on a full queue and keeps its line per span out
-    of the log: one warning per run of drops (a run ends when an export empties part of the queue) and the count
-    in ``azure_scheduled_events_spans_dropped_total``. The SDK says so only in that log line (its own drop metrics
-    are off unless ``OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED``), so the line is what is counted; a test pins it."""
+class Batched(SpanExporter):
+    """OpenTelemetry's exporters behind the sidecar's batching processor (``batching.py``), for spans and log records
+    alike: the SDK's ``SimpleSpanProcessor`` and ``SimpleLogRecordProcessor`` hand each ended span or record to
+    ``export`` on the poll thread, which only queues it; the processor's worker exports the batches.
 
-    LOGGER = "opentelemetry.sdk._shared_internal"  # where BatchSpanProcessor's BatchProcessor logs
+    Not the SDK's ``BatchSpanProcessor`` and ``BatchLogRecordProcessor``: their threads wake every schedule delay
+    whether anything is queued or not (three wake-ups and about 0.3 ms of CPU a second together, more than half of
+    an unchanged poll's own cost), where this worker sleeps until something is queued. The figure it guards is
+    ``make bench``'s CPU per second at 1 Hz with every sink on, against the Go peer. As the SDK's processors do, it
+    lets a batch gather for the schedule delay, drops the oldest queued past the queue's bound (``dropped`` counts
+    them; one warning per run of drops) and drops a batch its exporter fails (the exporter counts those).
+    """
 
-    def __init__(self, dropped: Callable[[int], None]) -> None:
-        super().__init__()
-        self._dropped = dropped
-        self._dropping = False
+    def __init__(self, inner: Any, name: str, batching: SpanBatching,
+                 dropped: Callable[[int], None] = lambda count: None) -> None:
+        self._inner, self._name, self._dropped, self._dropping = inner, name, dropped, False
+        self._bound = batching.max_queue_size
+        self._processor: BatchProcessor[Any] = BatchProcessor(
+            MemoryQueue(batching.max_queue_size, lambda item: 1, self._drop), _Delivery(name, self),
+            classify=lambda error: "export", on_error=lambda reason: None, batch_size=batching.max_export_batch_size,
+            linger=batching.schedule_delay_millis / 1000)
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith("Queue full"):
-            return record.levelno >= logging.WARNING  # its INFO lines ("Shutdown called, ignoring Span.") say nothing
+    def export(self, items: Any) -> SpanExportResult:
+        for item in items:
+            self._processor.emit(item)
+        return SpanExportResult.SUCCESS
+
+    def deliver(self, batch: Sequence[Any]) -> None:
+        """On the worker: the exporter's own failures are counted and said by it (``Counting*Exporter``)."""
+        self._dropping = False  # a run of drops ends when an export makes room
+        self._inner.export(list(batch))
+
+    def _drop(self, item: Any) -> None:
         self._dropped(1)
         if not self._dropping:
-            log.warning("dropping spans: the span queue is full (azure_scheduled_events_spans_dropped_total counts "
-                        "them)")
+            log.warning("dropping %s: the queue is full (%d)", self._name, self._bound)
         self._dropping = True
-        return False
 
-    def exported(self) -> None:
-        self._dropping = False
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self._processor.force_flush(timeout_millis)
 
-    def install(self) -> None:
-        logger = logging.getLogger(self.LOGGER)
-        for old in [f for f in logger.filters if isinstance(f, _QueueDrops)]:
-            logger.removeFilter(old)  # one sink per process; a test's earlier one must not count this one's drops
-        logger.filters.insert(0, self)  # before the SDK's DuplicateFilter, which would hide repeated drops
+    def shutdown(self) -> None:
+        self._processor.shutdown()
+        self._inner.shutdown()
+
+
+class _Delivery(Exporter[Any]):
+    def __init__(self, name: str, batched: Batched) -> None:
+        self.name, self._batched = name, batched
+
+    def export(self, batch: Sequence[Any]) -> int:
+        self._batched.deliver(batch)
+        return len(batch)
 
 
 class TracingSink(Sink):
@@ -269,11 +289,10 @@ class TracingSink(Sink):
                          registry=registry)
         self._spans_dropped = Counter(f"{NAMESPACE}_spans_dropped", "Spans dropped before export because the span "
                                       f"queue was full ({settings.batch.max_queue_size:,} spans).", registry=registry)
-        self._drops = _QueueDrops(self._spans_dropped.inc)
-        self._drops.install()
         # Built at start-up, so a bad exporter setting fails there and not at the first event.
-        self._exporter = CountingExporter(make_exporter(settings), exported, failed, on_export=self._drops.exported,
+        self._exporter = CountingExporter(make_exporter(settings), exported, failed,
                                           where=settings.otel_traces_endpoint or settings.otel_endpoint)
+        self._batched = Batched(self._exporter, "spans", settings.batch, self._spans_dropped.inc)
 
     def export(self, change: DocumentChange) -> None:
         if self._sink is None:
@@ -284,29 +303,24 @@ class TracingSink(Sink):
         ids = EventIdGenerator()
         provider = TracerProvider(resource=Resource.create(resource_attributes(self._settings, identity)),
                                   id_generator=ids)
-        # OpenTelemetry's own processor, OTEL_BSP_* as config.SpanBatching resolved them (a half-second schedule
-        # unless set: an update span reaches the backend within about half a second of the change).
-        batch = self._settings.batch
-        provider.add_span_processor(BatchSpanProcessor(
-            self._exporter, max_queue_size=batch.max_queue_size, schedule_delay_millis=batch.schedule_delay_millis,
-            max_export_batch_size=batch.max_export_batch_size))
+        # Queued for the batching processor at once (OTEL_BSP_* as settings.SpanBatching resolved them: a
+        # half-second schedule unless set, so an update span reaches the backend within about half a second).
+        provider.add_span_processor(SimpleSpanProcessor(self._batched))
         log.info("exporting spans with %s (%s)", self._settings.otel_traces_exporter,
                  self._settings.otel_protocol if self._settings.otel_traces_exporter == "otlp" else "stdout")
         return SpanSink(provider, ids, self._state_dir)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Called when stopping (``FanOut.shutdown``): bounded by one export's timeout (``failing_fast``)."""
-        if self._sink is None:
-            return True
         with self._exporter.failing_fast():
-            return bool(self._sink.force_flush(min(timeout_millis, 3000)))
+            return self._batched.force_flush(min(timeout_millis, 3000))
 
     def shutdown(self) -> None:
         with self._exporter.failing_fast():
             if self._sink is not None:
-                self._sink.shutdown()
+                self._sink.shutdown()  # the provider's processor shuts the batching processor down
             else:
-                self._exporter.shutdown()
+                self._batched.shutdown()
 
 
 def make_tracing(settings: TracingSettings, state_dir: Path | None, registry: CollectorRegistry) -> TracingSink:
