@@ -101,18 +101,9 @@ def _account_url(settings: FleetSettings) -> str:
 
 def trusting(ca_file: str | None, url: str | None = None) -> dict[str, Any]:
     """A storage client's transport trusting the CAs of ``ca_file`` (the system's when None), its proxy read from
-    the environment once, for the account's ``url``.
-
-    Not azure-core's ``connection_verify=<path>``: its aiohttp transport then builds a new SSL context for every
-    request, and aiohttp pools connections by context, so every request opened (and kept) a TLS connection of its
-    own: 100 requests, 101 connections. One context on the session's connector keeps one connection in use. The
-    session is made as azure-core makes its own (no cookies, no automatic decompression) and is closed with the
-    client. Its timeouts are the storage SDK's own defaults (connect 20 s, each read 60 s), which it applies only to
-    a transport it builds itself: azure-core's would be 300 s each. The proxy: azure-core's own session reads the
-    proxy variables (``HTTPS_PROXY``, ``NO_PROXY``, ...) and ~/.netrc again on every request, each in a thread of
-    its own (two thread hand-overs a request: about 40 % of a checkpoint write's CPU, measured by
-    ``scripts/fleet_scale_bench.py``'s steady state); they name the same proxy for the one account every time, so
-    it is looked up once here, through aiohttp's own lookup, and set on the session."""
+    the environment once, for the account's ``url``: one TLS connection in use and no thread hand-overs a request
+    (docs/performance.md, "The storage clients' transport"). The session is made as azure-core makes its own (no
+    cookies, no automatic decompression) and is closed with the client."""
     connector = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=ca_file)) if ca_file \
         else aiohttp.TCPConnector()
     proxy, proxy_auth = env_proxy(url)
@@ -429,10 +420,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
             for service in services:
                 service.storage_problem = cause
 
-        # Everything made so far (modules, the SDK's classes, the wiring) lives as long as the process: frozen out
-        # of the collector's sight, a full collection walks only what came later. The objects a burst keeps set off
-        # full collections: a tenth to a sixth of the fleet's CPU for a burst of 10,000 platform messages, a fifth to
-        # a third of that once frozen (scripts/fleet_bench.py --platform, timed with gc.callbacks).
+        # Everything made so far lives as long as the process: out of full collections' sight (docs/performance.md).
         cleanup.callback(generations.freeze_from_now().remove)  # and each full collection's survivors after them
         checking = asyncio.create_task(ensure_container(container, settings.checkpoint_container, storage_problem))
         receiving = asyncio.gather(*(_receive(settings, reading.client, reading.service, checking)
