@@ -1,26 +1,18 @@
 """``se-exporter fleet``: the official async consumer client with the Blob checkpoint store, and its wiring.
 
-One asyncio loop runs the SDK's receive, a checkpoint task, an expiry task, a watchdog and a link watch; the HTTP
-server (the sidecar's bounded ``serve``) answers scrapes from its own threads, reading the state under
-``Fleet``'s lock.
+One asyncio loop runs the SDK's receive, a checkpoint task, an expiry task and a watchdog; the HTTP server
+(``http_server.serve``) answers scrapes from its own threads, reading the state under ``Fleet``'s lock.
 
 Per partition the SDK calls, in order: ``on_initialize`` (the stored state is loaded before a single
 event is read: until it is, the partition is not read at all; see ``persistence``), ``on_batch`` for events, and
 ``on_close`` (on shutdown a last state and checkpoint are written before the SDK releases ownership;
 when ownership is lost, the partition's VMs are dropped at once).
 
-Hand-overs are exact where users query, which counts distinct VMs (docs/fleet.md); beyond that, through the SDK's
-public API only, a claimed partition is shown from its first batch, hidden when ``on_error`` reports its link
-stolen, and dropped by ``on_close``.
-
-Facts about azure-eventhub (5.15) this module is built around, all of its documented behaviour:
-- with a checkpoint store the SDK opens every partition as an exclusive receiver, so a replica taking a partition
-  over closes the previous owner's link (``amqp:link:stolen``, reported to ``on_error`` with the partition's
-  context, then ``on_close``); duplicates around hand-overs are dropped by sequence;
-- the SDK calls ``on_initialize`` before it reads the partition; the empty batch after ``max_wait_time`` comes
-  whether or not the link is attached (also while this replica's own connection is down and the SDK retries), so
-  an empty batch says nothing about what waits unread: whether a partition is caught up is asked of the hub
-  (``get_partition_properties``) before silence is measured on the clock (``expire_now``).
+Hand-overs (exact where users query, which counts distinct VMs) and what the SDK does around them: a claimed
+partition is shown from its first batch, hidden when ``on_error`` reports its link stolen (the SDK opens exclusive
+receivers) and dropped by ``on_close`` (docs/operations.md, "The fleet's replicas"; docs/fleet.md). An empty batch
+comes after ``max_wait_time`` whether or not the link is attached, so it says nothing about what waits unread: the
+hub is asked before silence is measured on the clock (``expire_now``; docs/architecture.md, "What it keeps").
 
 What the service knows of a partition is one ``Partition``, made on claim and dropped whole on close; the
 state store is passed in (``statestore.StateStore``), so the service is tested against an in-memory one.

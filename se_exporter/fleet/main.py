@@ -1,9 +1,5 @@
-"""Start-up and shutdown of ``se-exporter fleet``: clients, the HTTP endpoints, signals.
-
-SIGTERM (or SIGINT, SIGHUP) stops the checkpoint task, then closes the consumer client: the SDK closes
-each partition (a last state and checkpoint are written) and releases its ownership, so another
-replica takes over at its next load-balancing round instead of after the ownership expiry.
-"""
+"""Start-up and shutdown of ``se-exporter fleet``: clients, the HTTP endpoints, signals (what SIGTERM writes and
+releases: docs/operations.md, "The fleet's replicas")."""
 
 from __future__ import annotations
 
