@@ -17,24 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from se_exporter.fleet.message import (
-    DEFAULT_BOUNDS,
-    INVALID_REASONS,
-    KNOWN_PROPERTIES,
-    Bounds,
-    FleetEvent,
-    Imds,
-    InvalidMessage,
-    Message,
-    VmState,
-    read_events,
-    read_message,
-)
-from se_exporter.fleet.stateformat import decode
-
-__all__ = ["DEFAULT_BOUNDS", "INVALID_REASONS", "KNOWN_PROPERTIES", "SEQUENCE_WINDOW", "Bounds", "Fleet", "FleetEvent",
-           "Imds", "InvalidMessage", "Message", "PartitionState", "VmState", "decode", "imds_unreachable",
-           "read_events", "read_message"]  # the fleet's core, as the tests and the consumer import it
+from se_exporter.fleet.message import DEFAULT_BOUNDS, Bounds, Message, VmState
 
 # A sidecar resends at most one batch (100 documents) after a timeout; ten batches of slack.
 SEQUENCE_WINDOW = 1000

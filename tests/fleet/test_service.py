@@ -21,10 +21,11 @@ from prometheus_client import CollectorRegistry
 from se_exporter.fleet import received
 from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.consumer import Service
+from se_exporter.fleet.message import read_message
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.stateformat import decode, encode_base
 from se_exporter.fleet.statestore import new_block_id, state_blob_name
-from se_exporter.fleet.vms import Fleet, read_message
+from se_exporter.fleet.vms import Fleet
 from tests.fleet.memory_store import MemoryStateStore, Stored
 from tests.fleet.test_vms import EMPTY, NOW, props
 
