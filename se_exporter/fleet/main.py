@@ -61,17 +61,13 @@ def run_fleet(settings: FleetSettings) -> int:
     return asyncio.run(_main(settings))
 
 
-def storage_clients(settings: FleetSettings, credential: Callable[[str | None], Any],
-                    ) -> tuple[ContainerClient, ObservedCheckpointStore]:
-    """The container (the state blobs) and the first hub's checkpoint store."""
+def container_client(settings: FleetSettings, credential: Callable[[str | None], Any]) -> ContainerClient:
+    """The container of the state blobs (the checkpoint stores' too)."""
     name, ca_file, url = settings.checkpoint_container, settings.checkpoint_ca_file, _account_url(settings)
     if settings.checkpoint_connection_string:
-        container = ContainerClient.from_connection_string(settings.checkpoint_connection_string, name,
-                                                           **trusting(ca_file, url))
-    else:
-        container = ContainerClient(url, name, credential=credential(settings.storage_client_id),
-                                    **trusting(ca_file, url))
-    return container, checkpoint_store(settings, credential)
+        return ContainerClient.from_connection_string(settings.checkpoint_connection_string, name,
+                                                      **trusting(ca_file, url))
+    return ContainerClient(url, name, credential=credential(settings.storage_client_id), **trusting(ca_file, url))
 
 
 def checkpoint_store(settings: FleetSettings, credential: Callable[[str | None], Any]) -> ObservedCheckpointStore:
@@ -394,10 +390,10 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         HOST_OS.on_stop_async(loop, stop.set)  # SIGTERM/SIGINT/SIGHUP, or Windows' console control events
-        container, first_store = storage_clients(settings, shared)
+        container = container_client(settings, shared)
         cleanup.push_async_callback(container.close)
-        readings = _readings(settings, metrics, platform, container, [
-            first_store if index == 0 else checkpoint_store(settings, shared) for index in range(len(settings.hubs))])
+        readings = _readings(settings, metrics, platform, container,
+                             [checkpoint_store(settings, shared) for _hub in settings.hubs])
         for reading in readings:
             cleanup.push_async_callback(reading.store.close)  # the consumer client does not close it
         fleets, services = [reading.fleet for reading in readings], [reading.service for reading in readings]
