@@ -198,8 +198,7 @@ class Fleet:
 
     def is_shown(self, partition_id: str) -> bool:
         """Whether ``vms`` shows the partition's VMs: without the lock (two set lookups, each atomic), for the
-        consumer's checks on every batch and every link-watch tick, where ``shown``'s sorted copy under the lock
-        would cost more than the check saves."""
+        consumer's check on every batch, where ``shown``'s sorted copy under the lock would cost more than it saves."""
         return partition_id in self._partitions and partition_id not in self._hidden
 
     def shown(self) -> list[str]:
@@ -238,10 +237,10 @@ class Fleet:
                 state.position = sequence_number
 
     def apply(self, partition_id: str, message: Message, sequence_number: int | None = None) -> str:
-        """Fold one document in: 'applied', 'resend' or 'older' (see the module docstring); 'retired' or 'older' for a
-        message retiring a name (``_retire_name``); 'unowned' if the
-        partition was released meanwhile; the name of the bound that refused a new VM ('vms_per_partition',
-        'vms_per_installation'). With ``sequence_number``, also what ``handled`` records."""
+        """Fold one document in: 'applied', 'resend' or 'older' (docs/architecture.md, "What it keeps"); 'retired' or
+        'older' for a message retiring a name (``_retire_name``); 'unowned' if the partition was released meanwhile;
+        the name of the bound that refused a new VM ('vms_per_partition', 'vms_per_installation'). With
+        ``sequence_number``, also what ``handled`` records."""
         new = message.vm
         with self._lock:
             state = self._partitions.get(partition_id)
