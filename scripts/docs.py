@@ -128,7 +128,8 @@ def fleet_families() -> list[Metric]:
 
 def _one_vm() -> Any:
     """A fleet of one VM listing one event, whose sidecar cannot read IMDS: every per-VM family has a series."""
-    from se_exporter.fleet.vms import Fleet, read_message  # noqa: PLC0415
+    from se_exporter.fleet.message import read_message  # noqa: PLC0415
+    from se_exporter.fleet.vms import Fleet  # noqa: PLC0415
 
     body = (b'{"DocumentIncarnation": 2, "Events": [{"EventId": "E1", "EventType": "Freeze", "ResourceType": '
             b'"VirtualMachine", "Resources": ["vm"], "EventStatus": "Scheduled", "NotBefore": '

@@ -32,14 +32,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from se_exporter.fleet.message import VmState
-from se_exporter.fleet.platform import (
-    DEFAULT_LIMITS,
-    PlatformEvent,
-    PlatformLimits,
-    PlatformPicture,
-    Reconciler,
-    ReconcileSettings,
-)
+from se_exporter.fleet.platform.coverage import Reconciler, ReconcileSettings
+from se_exporter.fleet.platform.reader import PlatformEvent
+from se_exporter.fleet.platform.records import DEFAULT_LIMITS, PlatformLimits, PlatformPicture
 from tests.fleet.platform_helpers import T0, grid, platform_event, platform_text, vm
 
 WIDE = "\U0001f600"  # a 4-byte character: CPython keeps a string of them at 4 bytes per character

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fleet.test_service import Event, Replica, run
+from tests.fleet.test_service import Event, Replica, run, save
 
 
 def document(index: int) -> bytes:
@@ -43,7 +43,7 @@ def measure(vms: int, heartbeats: int, intervals: int) -> dict[str, float]:
                   for n, index in enumerate(range(start, min(start + 1000, vms)))]
         position += len(events)
         run(replica.read(*events))
-    run(replica.service.save("0"))
+    run(save(replica.service, "0"))
     written = {kind: replica.value("azure_scheduled_fleet_state_bytes_written_total", kind=kind) or 0.0
                for kind in ("base", "delta")}
     received = 0
@@ -55,7 +55,7 @@ def measure(vms: int, heartbeats: int, intervals: int) -> dict[str, float]:
         position += len(events)
         received += sum(len(document(index)) for index in indexes)
         run(replica.read(*events))
-        run(replica.service.save("0"))
+        run(save(replica.service, "0"))
     cpu = time.process_time() - cpu
     after = {kind: replica.value("azure_scheduled_fleet_state_bytes_written_total", kind=kind) or 0.0
              for kind in ("base", "delta")}

@@ -35,9 +35,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from se_exporter.fleet import collector
 from se_exporter.fleet.message import Imds, VmState
-from se_exporter.fleet.platform import PlatformPicture, PlatformRecord, Reconciler, ReconcileSettings, read_platform
 from se_exporter.fleet.platform.counting import Counted, judge, top_up, top_up_unannounced
-from se_exporter.fleet.platform.coverage import Coverage
+from se_exporter.fleet.platform.coverage import Coverage, Reconciler, ReconcileSettings
+from se_exporter.fleet.platform.reader import read_platform
+from se_exporter.fleet.platform.records import PlatformPicture, PlatformRecord
 from tests.fleet.platform_helpers import MAX, T0, body, grid, platform_text, vm
 
 SUB = "00000000-0000-0000-0000-000000000000"

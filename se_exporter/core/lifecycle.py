@@ -16,13 +16,9 @@ table of documents a complete test.
 Records are keyed by ``event_key`` (the EventId lower-cased, as the trace id is derived): an EventId
 that comes back spelt in another case is the same event, not a cancellation and a new one.
 
-An event that has ended is remembered for a while (``ENDED_MEMORY`` events, in ``Step.ended``). The
-Azure documents say an EventId is globally unique and that once an event is removed "there will be
-no further impacts without a new event", so the same EventId listed again can only be a stale or
-replayed answer (typically with a ``DocumentIncarnation`` going backwards). It is shown again, since
-it is what IMDS lists, with the times first recorded for it, but its lifecycle stays ended: it makes no
-transition at all, so no event is ever counted ``scheduled`` (or ended) twice. (The memory is not
-kept across a restart.)
+An event that has ended is remembered (``ENDED_MEMORY`` events, in ``Step.ended``): an EventId is globally unique,
+so one listed again is a stale or replayed answer, shown with the times first recorded for it but making no
+transition, so no event is counted twice (docs/architecture.md).
 
 Documents of different api-versions diff as one timeline: an event is its EventId whatever version listed it.
 Only one thing differs: an older version cannot list some types (``apiversion.unlisted_types``), so when the

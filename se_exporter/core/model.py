@@ -1,28 +1,11 @@
 """Scheduled Events documents as frozen values, parsed from every documented api-version shape.
 
-IMDS has changed the document over the years (see ``shared/azure-docs``):
-
-* 2017-03-01 (preview): ``NotBefore`` in ISO 8601, ``DocumentIncarnation`` sometimes a string,
-  resource names with a leading underscore, no ``Description``/``EventSource``/``DurationInSeconds``;
-* 2017-08-01 onwards: ``NotBefore`` in RFC 1123 (``Mon, 11 Apr 2022 22:26:58 GMT``), empty once started;
-* later versions add ``Preempt``, ``Terminate``, ``Description``, ``EventSource``, ``DurationInSeconds``.
-
-Parsing is tolerant where tolerance loses nothing (an unknown ``EventType``, an extra field, a
-wrongly typed optional field becomes ``None`` plus a warning) and strict where guessing would
-invent lifecycle transitions: without an object carrying an ``Events`` list, or without a usable
-``EventId`` per event, the whole document is invalid and the caller keeps its previous state.
-
-Whatever the body holds, parsing ends in a ``Document`` or an ``InvalidDocument``, never another
-exception, and a ``Document`` carries only values every output can carry:
-
-* integers outside the signed 64-bit range (``DocumentIncarnation``, ``DurationInSeconds``), and integer
-  literals longer than Python's int-string limit (4,300 digits), become absent plus a warning;
-* a string holding an unpaired UTF-16 surrogate (``"\\ud800"`` is a valid JSON escape, but no UTF-8
-  encoder accepts the result) is handed out with the surrogate written as the text ``\\ud800``, plus a
-  warning; the raw bytes, forwarded as they are, are untouched.
-
-EventIds are GUIDs ("globally unique identifier", in the Azure documents), and GUIDs compare without
-regard to case: ``event_key`` is what identifies an event everywhere (lifecycle, duplicates, trace ids).
+Tolerant where tolerance loses nothing (an unknown ``EventType``, an extra field, a wrongly typed optional field
+becomes ``None`` plus a warning), strict where guessing would invent lifecycle transitions (no object with an
+``Events`` list, an event without a usable ``EventId``: ``InvalidDocument``, and the caller keeps its previous
+state). Whatever the body holds, parsing ends in a ``Document`` or an ``InvalidDocument``, and a ``Document``
+carries only values every output can carry (docs/architecture.md, "Values every output can carry"; the api-version
+shapes are listed there too). ``event_key`` identifies an event everywhere: EventIds are GUIDs, which ignore case.
 """
 
 from __future__ import annotations
@@ -310,15 +293,12 @@ class EventMemo:
 
 def _known_event(raw: object, known: _Remembered, read: _Remembered) -> ScheduledEvent | None:
     """The very event read from the last document when this event's JSON object is equal to the one it was read
-    from (remembering it in ``read`` for the next document); None otherwise: then it is read afresh, and
-    remembered if it takes the quick path.
+    from (remembering it in ``read`` for the next document); None otherwise: then it is read afresh.
 
-    A changed document repeats most events of the one before, and a 1,000-event document costs most of its parse in
-    building events; here a repeated one costs one comparison of two small dicts in C. Equal JSON values read the
-    same in ``_common_event`` except integers against their float and boolean twins (``1 == 1.0 == True``): the
-    remembered object holds only strings, None, a list of strings and an int or None duration, so the duration's
-    type is the one thing left to check. Handing out the same object also lets the lifecycle diff tell an
-    unchanged event by identity.
+    A changed document repeats most events of the one before: a repeated one costs one comparison of two small
+    dicts in C instead of building an event, and the lifecycle diff tells it unchanged by identity. Equal JSON
+    values read the same in ``_common_event`` but for ``1 == 1.0 == True``: the remembered object holds only
+    strings, None, a list of strings and an int or None duration, so the duration's type is the one left to check.
     """
     if type(raw) is not dict:
         return None
@@ -362,13 +342,10 @@ _T = TypeVar("_T")
 
 def built(cls: type[_T], values: dict[str, Any]) -> _T:
     """An instance of the frozen dataclass ``cls`` holding ``values`` (every field, by name), made without its
-    ``__init__``: that one sets each field through ``object.__setattr__``, one call per field, which is most of
-    the cost of building events (here) and records and transitions (the lifecycle diff). Kept, against "ordinary
-    dataclasses", for the figure it guards: ``make bench``'s "parse + lifecycle diff of a 1,000-event document",
-    target 2.5x ``json.loads`` (measured without this, side by side: it missed). Only for the hot
-    paths, with values of the right types and every field given (no defaults are applied, no ``__post_init__``
-    runs); the tests prove the results equal to what ``__init__`` makes (``test_model.py``,
-    ``test_lifecycle.py``)."""
+    ``__init__``, which sets each field through ``object.__setattr__``. Kept for the figure it guards: ``make
+    bench``'s "parse + lifecycle diff of a 1,000-event document", target 2.5x ``json.loads``. Only for the hot
+    paths, with every field given (no defaults, no ``__post_init__``); ``test_model.py`` and ``test_lifecycle.py``
+    prove the results equal to what ``__init__`` makes."""
     made = object.__new__(cls)
     made.__dict__.update(values)  # the frozen __setattr__ is not involved: the instance's dict is filled directly
     return made

@@ -1,24 +1,12 @@
-"""Each partition's fleet state as one blob beside the SDK's checkpoint blobs, in the same container.
+"""Each partition's fleet state as one block blob beside the SDK's checkpoint blobs, in the same container.
 
-Why state beside the checkpoints rather than re-reading a window of the hub on start: the state is a
-fold of the partition's events, so a snapshot taken at sequence number P plus the events after P is
-the whole picture, however long ago a quiet VM last spoke and whether or not its sidecar sends
-heartbeats; a restart costs one download per partition and a replay of at most one checkpoint
-interval. A window would have to span the VM expiry (15 minutes of 10,000 VMs' heartbeats by
-default) and would still lose every VM that sent nothing inside it.
+Why state rather than re-reading a window of the hub on start: the state is a fold of the partition's events, so a
+snapshot at sequence number P plus the events after P is the whole picture, however long ago a quiet VM last spoke;
+a window would have to span the VM expiry and would still lose every VM that sent nothing inside it.
 
-The rules every state store shares (what a damaged or a newer-format state leads to) are ``statestore.StateStore``'s;
-this module is only the Blob Storage side of it.
-
-Invariant: a checkpoint is written only after a state blob at or past it, so a replica that takes
-the partition over never starts reading after events its state lacks. The blob's sequence number is
-kept in its metadata and only ever moves forward: writes are conditional on the ETag last seen, and
-a write that finds a newer blob (another owner during a hand-over) gives way.
-
-Format 3 is a block blob written by blocks only (a blob written by Put Blob has no committed blocks to append to):
-a base is Put Block + Put Block List of its one id; a delta is Put Block + Put Block List of the ids known plus its
-own, one atomic commit conditional on the ETag. A block list naming a block the blob does not have (it was written
-whole since, or the ids read were not the blob's) is refused by the service: the write becomes a base.
+The rules every store shares are ``statestore.StateStore``'s; this module is the Blob Storage side: the position in
+the blob's metadata, every commit conditional on the ETag last seen, and a block list naming a block the blob does
+not have refused by the service (the write becomes a base).
 """
 
 from __future__ import annotations
@@ -74,32 +62,6 @@ class StateBlobs(StateStore):
             self._etags[partition_id] = None
             return None
         return data
-
-    async def _upload(self, partition_id: str, data: bytes, position: int) -> bool:
-        blob = self._blob(partition_id)
-        for _attempt in range(3):
-            etag = self._etags.get(partition_id)
-            conditions: dict[str, Any] = {"if_match": etag} if etag else {"if_none_match": "*"}
-            try:
-                result = await blob.upload_blob(data, overwrite=True, metadata={POSITION_KEY: str(position)},
-                                                content_settings=GZIP, **conditions)
-            except ResourceNotFoundError:  # deleted since we read it: write it anew
-                self._etags[partition_id] = None
-                continue
-            except (ResourceModifiedError, ResourceExistsError):
-                try:
-                    properties = await blob.get_blob_properties()
-                except ResourceNotFoundError:
-                    self._etags[partition_id] = None
-                    continue
-                theirs = _position(properties.metadata)
-                if theirs > position:
-                    return False
-                self._etags[partition_id] = properties.etag  # not past ours (or ours, its answer lost): overwrite it
-                continue
-            self._etags[partition_id] = result.get("etag")
-            return True
-        return False
 
     async def _commit(self, partition_id: str, ids: list[str], block: str, data: bytes, position: int) -> Commit:
         blob, etag = self._blob(partition_id), self._etags.get(partition_id)

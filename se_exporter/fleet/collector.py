@@ -188,10 +188,7 @@ class PartitionCollector(Collector):
                 for family in PartitionCollector(lambda: {}, lambda: 0).collect()]
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._consumer(self._clock())
-
-    def _consumer(self, now: float) -> Iterator[Metric]:
-        partitions = self._partitions()
+        now, partitions = self._clock(), self._partitions()
         yield GaugeMetricFamily(f"{FLEET}_owned_partitions", "Partitions this replica reads right now.",
                                 value=len(partitions))
         yield GaugeMetricFamily(f"{FLEET}_state_newer_format_partitions",

@@ -1,31 +1,21 @@
 """``se-exporter fleet``: the official async consumer client with the Blob checkpoint store, and its wiring.
 
-One asyncio loop runs the SDK's receive, a checkpoint task, an expiry task, a watchdog and a link watch; the HTTP
-server (the sidecar's bounded ``serve``) answers scrapes from its own threads, reading the state under
-``Fleet``'s lock.
+One asyncio loop runs the SDK's receive, a checkpoint task, an expiry task and a watchdog; the HTTP server
+(``http_server.serve``) answers scrapes from its own threads, reading the state under ``Fleet``'s lock.
 
 Per partition the SDK calls, in order: ``on_initialize`` (the stored state is loaded before a single
 event is read: until it is, the partition is not read at all; see ``persistence``), ``on_batch`` for events, and
 ``on_close`` (on shutdown a last state and checkpoint are written before the SDK releases ownership;
 when ownership is lost, the partition's VMs are dropped at once).
 
-Hand-overs: what users query counts distinct VMs (every shipped rule and panel counts distinct ``vm_id``), which
-alone makes a hand-over exact there; the per-replica totals (``vms``, ``pending_vms``, ...) are per replica, and for
-the moment both replicas hold a partition both count it. Beyond that the consumer uses azure-eventhub's public API
-only: a claimed partition is shown from its first batch, hidden when ``on_error`` reports its link stolen, and
-dropped by ``on_close``.
-
-Facts about azure-eventhub (5.15) this module is built around, all of its documented behaviour:
-- with a checkpoint store the SDK opens every partition as an exclusive receiver, so a replica taking a partition
-  over closes the previous owner's link (``amqp:link:stolen``, reported to ``on_error`` with the partition's
-  context, then ``on_close``); duplicates around hand-overs are dropped by sequence;
-- the SDK calls ``on_initialize`` before it reads the partition; the empty batch after ``max_wait_time`` comes
-  whether or not the link is attached (also while this replica's own connection is down and the SDK retries), so
-  an empty batch says nothing about what waits unread: whether a partition is caught up is asked of the hub
-  (``get_partition_properties``) before silence is measured on the clock (``expire_now``).
+Hand-overs (exact where users query, which counts distinct VMs) and what the SDK does around them: a claimed
+partition is shown from its first batch, hidden when ``on_error`` reports its link stolen (the SDK opens exclusive
+receivers) and dropped by ``on_close`` (docs/operations.md, "The fleet's replicas"; docs/fleet.md). An empty batch
+comes after ``max_wait_time`` whether or not the link is attached, so it says nothing about what waits unread: the
+hub is asked before silence is measured on the clock (``expire_now``; docs/architecture.md, "What it keeps").
 
 What the service knows of a partition is one ``Partition``, made on claim and dropped whole on close; the
-state store is passed in (``statestore.StateStore``), so the service is tested against ``MemoryStateStore``.
+state store is passed in (``statestore.StateStore``), so the service is tested against an in-memory one.
 """
 
 from __future__ import annotations
@@ -162,9 +152,8 @@ class Service:
             view.unsaved_since = self._clock()
 
     def _count(self, received: int, outcomes: dict[str, int]) -> None:
-        """Counters once per batch, not per event: what every batch counts is queued (``FleetMetrics.batch``), the
-        rarer outcomes counted at once (each increment takes a lock, and each ``labels`` call validates and locks
-        too: the labelled counters are looked up once, ``_outcomes``)."""
+        """Counters once per batch, not per event (each increment and ``labels`` call takes a lock): what every batch
+        counts is queued (``FleetMetrics.batch``), the rarer outcomes counted at once."""
         changes, heartbeats = outcomes.get("change", 0), outcomes.get("heartbeat", 0)
         self._metrics.batch(received, changes, heartbeats, self._clock() if changes or heartbeats else None)
         for outcome, count in outcomes.items():
@@ -242,11 +231,10 @@ class Service:
 
     def _lagged(self, partition: Partition) -> PartitionView:
         """The partition's view with its lag as of its last batch: from the newest event the SDK delivered with that
-        batch's last one (``partition.lag_from``), or as the last empty batch left it (none waits). Worked out when
-        a scrape or the expiry asks, not at every batch (a tenth of a heartbeat's handling, one a batch); only read
-        here, so a scrape in another thread changes nothing."""
+        batch's last one (``partition.lag_from``), or as the last empty batch left it. Worked out when a scrape asks,
+        not at every batch; only read here, so a scrape in another thread changes nothing."""
         view, last = partition.view, partition.lag_from
-        newest = received.newest(last, partition.context) if last is not None else None
+        newest = received.newest(last) if last is not None else None
         sequence = last.sequence_number if last is not None else None
         if newest is None or sequence is None:
             return view
@@ -310,12 +298,6 @@ class Service:
 
     # ------------------------------------------------------------------ periodic work
 
-    async def save(self, partition_id: str) -> None:
-        """Write the partition's state, then checkpoint the last event it covers (see ``PartitionPersistence.save``)."""
-        partition = self.partitions.get(partition_id)
-        if partition is not None:
-            await self.keeper.save(partition)
-
     async def checkpoints(self, stop: asyncio.Event) -> None:
         while not await _stopped(stop, self._settings.checkpoint_interval):
             await self.write_due()
@@ -332,13 +314,10 @@ class Service:
             await self.expire_now()
 
     async def expire_now(self) -> list[VmState]:
-        """Forget the VMs silent for --vm-expiry. Silence is measured on each partition's own timeline (the enqueue
-        time of the last event read), and on the clock only up to a moment when the hub itself said nothing waited
-        unread in the partition (its newest sequence number at most the last one handled): every event enqueued
-        before that moment was read, so a VM silent on the clock then was silent on the hub. Neither a backlog after
-        an outage, nor a reconnect not yet followed by its backlog, nor an outage of this replica's own connection
-        (the hub does not answer; the SDK meanwhile hands over empty batches) expires a VM whose heartbeats wait
-        unread. The hub is asked only for partitions holding a VM that the clock would expire."""
+        """Forget the VMs silent for --vm-expiry: on each partition's own timeline (the enqueue time of the last event
+        read), and on the clock only up to a moment when the hub said nothing waited unread in the partition, so no
+        backlog, reconnect or outage of this replica's connection expires a VM whose heartbeats wait unread
+        (docs/architecture.md). The hub is asked only for partitions holding a VM that the clock would expire."""
         now, expiry = self._clock(), self._settings.vm_expiry
         cutoffs: dict[str, float] = {}
         asking: list[Partition] = []

@@ -1,9 +1,5 @@
-"""Start-up and shutdown of ``se-exporter fleet``: clients, the HTTP endpoints, signals.
-
-SIGTERM (or SIGINT, SIGHUP) stops the checkpoint task, then closes the consumer client: the SDK closes
-each partition (a last state and checkpoint are written) and releases its ownership, so another
-replica takes over at its next load-balancing round instead of after the ownership expiry.
-"""
+"""Start-up and shutdown of ``se-exporter fleet``: clients, the HTTP endpoints, signals (what SIGTERM writes and
+releases: docs/operations.md, "The fleet's replicas")."""
 
 from __future__ import annotations
 
@@ -65,17 +61,13 @@ def run_fleet(settings: FleetSettings) -> int:
     return asyncio.run(_main(settings))
 
 
-def storage_clients(settings: FleetSettings, credential: Callable[[str | None], Any],
-                    ) -> tuple[ContainerClient, ObservedCheckpointStore]:
-    """The container (the state blobs) and the first hub's checkpoint store."""
+def container_client(settings: FleetSettings, credential: Callable[[str | None], Any]) -> ContainerClient:
+    """The container of the state blobs (the checkpoint stores' too)."""
     name, ca_file, url = settings.checkpoint_container, settings.checkpoint_ca_file, _account_url(settings)
     if settings.checkpoint_connection_string:
-        container = ContainerClient.from_connection_string(settings.checkpoint_connection_string, name,
-                                                           **trusting(ca_file, url))
-    else:
-        container = ContainerClient(url, name, credential=credential(settings.storage_client_id),
-                                    **trusting(ca_file, url))
-    return container, checkpoint_store(settings, credential)
+        return ContainerClient.from_connection_string(settings.checkpoint_connection_string, name,
+                                                      **trusting(ca_file, url))
+    return ContainerClient(url, name, credential=credential(settings.storage_client_id), **trusting(ca_file, url))
 
 
 def checkpoint_store(settings: FleetSettings, credential: Callable[[str | None], Any]) -> ObservedCheckpointStore:
@@ -101,18 +93,9 @@ def _account_url(settings: FleetSettings) -> str:
 
 def trusting(ca_file: str | None, url: str | None = None) -> dict[str, Any]:
     """A storage client's transport trusting the CAs of ``ca_file`` (the system's when None), its proxy read from
-    the environment once, for the account's ``url``.
-
-    Not azure-core's ``connection_verify=<path>``: its aiohttp transport then builds a new SSL context for every
-    request, and aiohttp pools connections by context, so every request opened (and kept) a TLS connection of its
-    own: 100 requests, 101 connections. One context on the session's connector keeps one connection in use. The
-    session is made as azure-core makes its own (no cookies, no automatic decompression) and is closed with the
-    client. Its timeouts are the storage SDK's own defaults (connect 20 s, each read 60 s), which it applies only to
-    a transport it builds itself: azure-core's would be 300 s each. The proxy: azure-core's own session reads the
-    proxy variables (``HTTPS_PROXY``, ``NO_PROXY``, ...) and ~/.netrc again on every request, each in a thread of
-    its own (two thread hand-overs a request: about 40 % of a checkpoint write's CPU, measured by
-    ``scripts/fleet_scale_bench.py``'s steady state); they name the same proxy for the one account every time, so
-    it is looked up once here, through aiohttp's own lookup, and set on the session."""
+    the environment once, for the account's ``url``: one TLS connection in use and no thread hand-overs a request
+    (docs/performance.md, "The storage clients' transport"). The session is made as azure-core makes its own (no
+    cookies, no automatic decompression) and is closed with the client."""
     connector = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=ca_file)) if ca_file \
         else aiohttp.TCPConnector()
     proxy, proxy_auth = env_proxy(url)
@@ -407,10 +390,10 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         HOST_OS.on_stop_async(loop, stop.set)  # SIGTERM/SIGINT/SIGHUP, or Windows' console control events
-        container, first_store = storage_clients(settings, shared)
+        container = container_client(settings, shared)
         cleanup.push_async_callback(container.close)
-        readings = _readings(settings, metrics, platform, container, [
-            first_store if index == 0 else checkpoint_store(settings, shared) for index in range(len(settings.hubs))])
+        readings = _readings(settings, metrics, platform, container,
+                             [checkpoint_store(settings, shared) for _hub in settings.hubs])
         for reading in readings:
             cleanup.push_async_callback(reading.store.close)  # the consumer client does not close it
         fleets, services = [reading.fleet for reading in readings], [reading.service for reading in readings]
@@ -429,10 +412,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
             for service in services:
                 service.storage_problem = cause
 
-        # Everything made so far (modules, the SDK's classes, the wiring) lives as long as the process: frozen out
-        # of the collector's sight, a full collection walks only what came later. The objects a burst keeps set off
-        # full collections: a tenth to a sixth of the fleet's CPU for a burst of 10,000 platform messages, a fifth to
-        # a third of that once frozen (scripts/fleet_bench.py --platform, timed with gc.callbacks).
+        # Everything made so far lives as long as the process: out of full collections' sight (docs/performance.md).
         cleanup.callback(generations.freeze_from_now().remove)  # and each full collection's survivors after them
         checking = asyncio.create_task(ensure_container(container, settings.checkpoint_container, storage_problem))
         receiving = asyncio.gather(*(_receive(settings, reading.client, reading.service, checking)

@@ -1,20 +1,11 @@
 """A forwarded message read and checked: every property by type and range, the body by the sidecar's parser.
 
-Nothing a VM sends is trusted. The body goes through ``parse_document`` (the sidecar's own parser: unpaired
-surrogates spelt out as text, integers past 64 bits dropped), every application property the fleet uses is
-checked by type, range and length before use, and what the fleet keeps per VM is bounded (``Bounds``). A bad
-message raises ``InvalidMessage`` with the reason it is counted under; nothing else ever leaves ``read_message``
-(an exception in the SDK's batch handler closes the partition, which is then claimed again and fails again).
-
-The partition-key rule (a document changes only its own VM's picture): the sidecar always sends with the partition
-key ``vm_id or vm_name`` (``forwarding/envelope``), so a document is accepted only when its partition key is exactly
-that. A forged ``vm_id`` sent with another key is refused (``wrong_partition_key``): a VM's documents all land on
-the one partition its key hashes to, and no other producer's document can appear there under its name unless sent
-with its key, which is then the same as sending as that VM (Event Hubs has no per-sender identity to check).
-The one exception is a message with ``retires_name: true``: the sidecar sends it once under its old key (its
-``vm_name``) when it first knows its ``vm_id``, carrying both, so that whichever replica holds the VM known by name
-retires that entry (``picture.Fleet.apply``); it is accepted only so (a ``vm_id``, a ``vm_name``, and the key the
-``vm_name``) and changes no VM's picture.
+Nothing a VM sends is trusted, and a document changes only its own VM's picture (docs/architecture.md, "Who can
+change a VM's picture"): it is accepted only under its own partition key (``vm_id or vm_name``, as the sidecar sends
+it), a message with ``retires_name: true`` only under that name beside a ``vm_id``. What the fleet keeps per VM is
+bounded (``Bounds``). A bad message raises ``InvalidMessage`` with the reason it is counted under; nothing else ever
+leaves ``read_message`` (an exception in the SDK's batch handler closes the partition, which is then claimed again
+and fails again).
 """
 
 from __future__ import annotations
@@ -234,10 +225,9 @@ QUIET_BODIES = 4096
 
 class Listings:
     """What each recent document that lists events gave, by body and VM name (what it says of the VM depends on
-    its name): a VM's heartbeats repeat its document, each parsed once rather than at every heartbeat (a tenth of
-    the batch handler's CPU in ``scripts/fleet_scale_bench.py``'s steady state, where one VM in ten heartbeats with
-    an event listed). Bounded in bodies and bytes (a body is the same bytes its VM's state holds while it is its
-    latest); past either bound it starts again empty. Only the consumer's loop uses it."""
+    its name): a VM's heartbeats repeat its document, parsed once rather than at every heartbeat
+    (``scripts/fleet_scale_bench.py``). Bounded in bodies and bytes; past either bound it starts again empty. Only
+    the consumer's loop uses it."""
 
     def __init__(self, max_bodies: int = 32_768, max_bytes: int = 8 * 1024**2, max_body: int = 4096) -> None:
         self.max_bodies, self.max_bytes, self.max_body = max_bodies, max_bytes, max_body

@@ -1,8 +1,7 @@
 """Everything one replica knows about one partition it owns: made whole on claim, dropped whole on loss.
 
-The VMs and the position (``picture.PartitionState``) are the core's and are also held by ``Fleet``, which scrapes
-read under its lock; the rest is the consumer's: the SDK's context, the last event (what a checkpoint points at),
-where the partition's reading stands (for expiry and lag), and what was last written (for the next save).
+The VMs and the position (``vms.PartitionState``) are also held by ``Fleet``, which scrapes read under its lock; the
+rest is the consumer's: the SDK's context, the last event, where reading stands, and what was last written.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """A partition's state read before the partition is, and written before its checkpoint.
 
-Until the state is read the partition is not read either: a partition read without its state would show (and then
-checkpoint) a fleet missing every VM that was quiet since. Only the store's refusals are retried: whatever the state
-holds is an answer (``Restored`` says what was wrong with it). A checkpoint is written only after a state at or past
-it, and never moved back (the SDK would allow it), so a replica that takes the partition over never starts reading
-after events its state lacks.
+A partition read without its state would show (and then checkpoint) a fleet missing every VM quiet since, so it is
+not read until the store answers; only the store's refusals are retried (``Restored`` says what was wrong with a
+state). A checkpoint follows a state at or past it and never moves back, so a replica that takes the partition over
+never starts reading after events its state lacks.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from se_exporter.core.retry import backoff
 from se_exporter.fleet.message import BOUND_NAMES
@@ -26,6 +25,22 @@ from se_exporter.infra.logs import fields
 
 log = logging.getLogger("se_exporter.fleet")
 RESTORE_RETRY_MAX = 30.0
+T = TypeVar("T")
+
+
+async def until_read(read: Callable[[], Awaitable[T]], report: Report, key: str, what: str,
+                     sleep: Callable[[float], Awaitable[object]]) -> T:
+    """``read()``, retried with backoff for as long as the store refuses: each refusal counted, logged once a
+    minute per ``key``."""
+    failures = 0
+    while True:
+        try:
+            return await read()
+        except Exception as error:  # storage unreachable or refusing: retried until it answers
+            report.metrics.errors.labels("state_read").inc()
+            report.once(key, logging.WARNING, "%s (%s); retrying before reading it", what, describe(error))
+            failures += 1
+            await sleep(backoff(failures, 1.0, RESTORE_RETRY_MAX))
 
 
 class AttachedState(Protocol):
@@ -57,18 +72,9 @@ class PartitionPersistence:
     async def restore(self, partition_id: str) -> Restored:
         """The partition's stored state, retried for as long as the store refuses; damage counted and logged."""
         report, metrics = self._report, self._report.metrics
-        failures = 0
-        while True:
-            try:
-                restored = await self.store.load(partition_id, self._clock())
-                break
-            except Exception as error:  # storage unreachable or refusing: retried until it answers
-                metrics.errors.labels("state_read").inc()
-                report.once(f"restore:{partition_id}", logging.WARNING,
-                            "partition %s: cannot read its fleet state (%s); retrying before reading it",
-                            partition_id, describe(error))
-                failures += 1
-                await self._sleep(backoff(failures, 1.0, RESTORE_RETRY_MAX))
+        restored = await until_read(lambda: self.store.load(partition_id, self._clock()), report,
+                                    f"restore:{partition_id}", f"partition {partition_id}: cannot read its fleet state",
+                                    self._sleep)
         if restored.damaged is not None:
             metrics.state_damaged.labels(restored.damaged).inc()
             report.once(f"damaged:{partition_id}", logging.ERROR,
@@ -93,10 +99,8 @@ class PartitionPersistence:
 
     def due(self, partition: Partition) -> bool:
         """Whether the periodic write should write the partition now. Heartbeats alone wait until the first of them
-        has waited ``heartbeat_interval``: they move only when VMs were last seen (and their IMDS health), which the
-        next owner replays from the checkpoint anyway, so writing them every checkpoint interval bought nothing but
-        storage requests (three a partition each time: most of a quiet fleet's write CPU). Anything else (a VM new,
-        changed or gone, the platform picture) is written at once."""
+        has waited ``heartbeat_interval`` (the next owner replays them from the checkpoint anyway: docs/fleet.md,
+        "Heartbeats wait"); anything else (a VM new, changed or gone, the platform picture) is written at once."""
         waiting = partition.view.unsaved_since
         if waiting is None or self._clock() - waiting >= self.heartbeat_interval:
             return True

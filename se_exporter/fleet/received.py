@@ -1,11 +1,9 @@
 """What the fleet reads of a received event besides its body and properties, taken from the SDK's raw AMQP message.
 
-``EventData.enqueued_time`` makes a datetime from the enqueued-time annotation on every access, and
-``EventData.message_id`` first asks the message's AMQP properties for their length (which lists every field);
-per event, at the fleet's rate of one heartbeat per VM every few minutes, the two were a tenth of the batch
-handler's CPU (``scripts/fleet_scale_bench.py``, steady state). The same values are read here from the raw AMQP
-message (``EventData.raw_amqp_message``, public), and from the event's own properties when it has none (a test's
-stand-in).
+``EventData``'s accessors rebuild their values on every access (a datetime per ``enqueued_time``; ``message_id``
+first lists every AMQP property), a measurable share of the batch handler's CPU at one heartbeat per VM every few
+minutes (``scripts/fleet_scale_bench.py``). The same values are read here from ``EventData.raw_amqp_message``
+(public).
 """
 
 from __future__ import annotations
@@ -39,10 +37,7 @@ def delivery(event: Any) -> Delivery:
     """What ``EventData``'s properties say (``sequence_number``, ``enqueued_time``, ``body_type``, ``body``,
     ``properties``, ``message_id``, ``partition_key``), read from the raw message at once: each of those properties
     goes through the raw message on every access, a handful of calls per event at one heartbeat a batch."""
-    raw = getattr(event, "raw_amqp_message", None)
-    if raw is None:
-        return Delivery(event.sequence_number, enqueued_at(event), event.body_type, event.body,
-                        event.properties or {}, event.message_id, event.partition_key)
+    raw = event.raw_amqp_message
     annotations = raw.annotations or {}
     properties = raw.properties
     return Delivery(annotations.get(SEQUENCE_NUMBER), _unix(annotations.get(ENQUEUED_TIME)), raw.body_type,
@@ -52,27 +47,14 @@ def delivery(event: Any) -> Delivery:
 
 def enqueued_at(event: Any) -> float | None:
     """When Event Hubs enqueued the event, as unix time (what ``enqueued_time.timestamp()`` gives); None unknown."""
-    raw = getattr(event, "raw_amqp_message", None)
-    if raw is None:
-        enqueued = event.enqueued_time
-        return float(enqueued.timestamp()) if enqueued else None
-    return _unix((raw.annotations or {}).get(ENQUEUED_TIME))
+    return _unix((event.raw_amqp_message.annotations or {}).get(ENQUEUED_TIME))
 
 
-def newest(event: Any, context: Any) -> tuple[int, float | None] | None:
+def newest(event: Any) -> tuple[int, float | None] | None:
     """The partition's newest sequence number and its enqueue time (unix time; None unknown) as delivered with
     ``event``; None when not known. ``PartitionContext.last_enqueued_event_properties`` says the same, but builds a
-    dict and two datetimes from them at every batch (which, at one heartbeat a batch, is one event each): read
-    from the raw message's delivery annotations, and from the context when the event has no raw message (a test's
-    stand-in)."""
-    raw = getattr(event, "raw_amqp_message", None)
-    if raw is None:
-        properties = context.last_enqueued_event_properties
-        if not properties or properties.get("sequence_number") is None:
-            return None
-        stamp = properties.get("enqueued_time")
-        return int(properties["sequence_number"]), stamp.timestamp() if stamp is not None else None
-    annotations = raw.delivery_annotations
+    dict and two datetimes from them at every batch: read from the raw message's delivery annotations."""
+    annotations = event.raw_amqp_message.delivery_annotations
     sequence = annotations.get(NEWEST_SEQUENCE) if annotations else None
     if sequence is None:
         return None

@@ -54,13 +54,10 @@ class FleetExposition:
     writes anew only the VMs changed since the last one (``Fleet.watch``: a heartbeat rewrites one line) and joins
     the rest as they are.
 
-    The one hand-built writer kept, for the CPU of a /metrics scrape (a scrape competes with the consumer for the
-    interpreter: prometheus-client's generic writer validates and escapes label by label). The figures it guards:
-    written from nothing (a first scrape), its CPU against the library's ``GaugeMetricFamily`` and
-    ``generate_latest`` over the same VMs, ``scripts/fleet_bench.py --scrape`` (part of ``make bench``: both give
-    the same samples; above 0.5x, use the library); kept from scrape to scrape, the replicas' CPU in
-    ``scripts/fleet_scale_bench.py``'s steady state (between two scrapes 15 s apart a fleet heartbeating every 300 s
-    changes 5 % of its VMs; writing every VM at every scrape was a third of the replicas' CPU over the bare SDK's).
+    The one hand-built writer kept, for the CPU of a /metrics scrape, which competes with the consumer for the
+    interpreter. The figures it guards: its CPU against the library's writer over the same VMs,
+    ``scripts/fleet_bench.py --scrape`` (above 0.5x, use the library), and the replicas' CPU in
+    ``scripts/fleet_scale_bench.py``'s steady state (docs/performance.md, "One hand-built writer").
 
     One scrape writes at a time; what is kept is one line per shown VM (and the event lines of VMs that list
     events), as bytes: the scrape's body is joined from them once, never built as text first and then encoded (each
@@ -114,8 +111,7 @@ class FleetExposition:
 
     def _event_lines(self, parts: Mapping[tuple[int, str], _Part]) -> _EventLines:
         """The event lines of the kept parts, written again only when one of their VMs' event (or IMDS) lines
-        changed since the last scrape: a heartbeat repeats its VM's events. Rewriting them at every scrape was most
-        of a scrape's CPU with one VM in ten listing an event (``scripts/fleet_scale_bench.py``, steady state)."""
+        changed since the last scrape: a heartbeat repeats its VM's events (docs/performance.md)."""
         source = tuple((part.serial, part.extra_changes) for part in parts.values())
         if source != self._events_from:
             self._events = _EventLines.of([vm for part in parts.values() for vm in part.extra.values()])

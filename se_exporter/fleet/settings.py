@@ -20,7 +20,6 @@ from se_exporter.infra.options import (
     Option,
     check_eventhubs,
     check_platform_eventhub,
-    connection_string_address,
     connection_string_parts,
     parse_ca_file,
     parse_consumer_group,
@@ -236,12 +235,6 @@ class Hub:
     namespace: str | None
     consumer_group: str
     endpoint: str | None  # --eventhub-endpoint: the first hub's only (a private endpoint of its namespace)
-
-    def address(self) -> str | None:
-        """Where to dial: ``--eventhub-endpoint``, or a port the connection string names."""
-        if self.endpoint:
-            return self.endpoint
-        return connection_string_address(self.connection_string) if self.connection_string else None
 
     def identity(self) -> tuple[str, str]:
         """(namespace address, hub name) without case: two ``Hub`` of one identity are one hub."""

@@ -1,8 +1,7 @@
 """A partition's state as bytes and back: gzip'd JSON, every field checked on the way in.
 
-The state is a sequence of gzip members, each one block of a block blob. The first is the BASE, every VM the
-partition holds and the position (sequence number) they reflect; each following one is a DELTA, the VMs changed
-since the block before it, so what a write costs follows what changed, not the size of the fleet::
+The state is one gzip stream of members, each one block of a block blob: a BASE holding every VM and the position
+(sequence number) they reflect, then DELTAs of what changed since the block before (docs/fleet.md, "State cost")::
 
     {"format": 3, "block": "5f0c1e2d3a4b", "partition_id": "3", "sequence_number": 4711,
      "vms": [{"key": ..., "vm_id": ..., "vm_name": ..., "vmss_name": ..., "location": ..., "installation": ...,
@@ -13,20 +12,12 @@ since the block before it, so what a write costs follows what changed, not the s
      "touched": [[key, sequence, seen_at, observed_at, last_success, failing], ...],  # a heartbeat: no body
      "gone": [key, ...]}                                       # expired or forgotten
 
-Concatenated gzip members are one gzip stream. Reading applies the deltas in order; their positions never go back
-(a writer that moves its position back writes a base: ``statestore.Layout``). Any delta out of shape makes the whole
-state damaged: a prefix would be a state at the wrong position. A field may be added that a reader can do without
-(``imds``, ``subscription_id`` and ``resource_group`` are written only when known): a reader ignores fields it does
-not know. A change a reader must not ignore takes a new format number. A state is read in three ways:
-
-* whole: every VM checked by type and range (the key is the VM's ``vm_id or vm_name``, names and ids bounded
-  strings UTF-8 can carry, the sequence a positive 64-bit integer, ``seen_at`` a finite time not past now plus
-  ``MAX_SKEW``, the body a Scheduled Events document); a VM that fails is left out and counted (as a "row"), never
-  written back;
-* ``NewerState``: a format above ``STATE_FORMAT``, written by a newer release: left in place for it, never
-  overwritten;
-* ``DamagedState``: not gzip, not JSON, not the object above, an older or unknown format, a delta out of shape:
-  counted, and the partition is read from its checkpoint alone (the next write replaces the state).
+A delta's position never goes back, and any delta out of shape makes the whole state damaged: a prefix would be a
+state at the wrong position. A reader ignores fields it does not know (``imds``, ``subscription_id`` and
+``resource_group`` are written only when known); a change it must not ignore takes a new format number. Reading
+gives the VMs (one out of type or range left out and counted as a "row", never written back), ``NewerState`` for a
+format above ``STATE_FORMAT`` (left in place for that release), or ``DamagedState`` for anything else (the
+partition is then read from its checkpoint alone, and the next write replaces the state).
 """
 
 from __future__ import annotations
@@ -60,13 +51,9 @@ MAX_MEMBERS = 1024  # gzip members (blocks) a state may hold: a writer compacts 
 MAX_SKEW = 600.0  # seconds a row's seen_at may lie past this replica's clock (Event Hubs' clock, not ours)
 MAX_STATE_BYTES = 512 * 1024**2  # decompressed: 100,000 VMs of 64 KiB bodies would be 6.4 GB; real ones are ~30 MB
 MAX_ROW_BODY = 1024 * 1024  # a body as forwarded, up to the Event Hubs limit (kept reduced past bounds.body_bytes)
-# JSON values a state may hold per VM it may keep (plus a fixed allowance for the top level): a VM is about 15 values
-# (its object, nine fields and their names, the imds object); 64 leaves room for fields added later, and lets the
-# first, copy-free count (which counts a body's own commas too) pass an ordinary state. A blob of more is damaged,
-# refused before it is parsed: each value costs Python 30-80 bytes however short its text ("[]," is three bytes, an
-# empty list 64: twenty times its text), so under the inflated-bytes cap alone a few dozen KB of gzip (20 million
-# empty rows) held gigabytes; at the default 100,000 VMs the worst blob that passes holds 3.2 million empty rows, a
-# sixth of that.
+# JSON values a state may hold per VM it may keep, plus MAX_VALUES_TOP (a VM is about 15): each value costs Python
+# 30-80 bytes however short its text, so under the inflated-bytes cap alone a few dozen KB of gzip held gigabytes. A
+# blob of more is damaged, refused before it is parsed.
 MAX_VALUES_PER_VM = 64
 MAX_VALUES_TOP = 1024
 _NOT_STRUCTURE = bytes(set(range(256)) - set(b'"[{,:'))  # what the value count deletes before it splits strings
@@ -141,7 +128,7 @@ def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_
     """The inverse of ``encode_base`` and ``encode_delta``; raise ``DamagedState`` or ``NewerState`` (see the module
     docstring)."""
     max_values = bounds.vms_per_partition * MAX_VALUES_PER_VM + MAX_VALUES_TOP
-    members = _members(data)
+    members = inflated(data, MAX_STATE_BYTES)
     text, size = next(members)
     obj = _parse(text, max_values)
     del text
@@ -178,10 +165,10 @@ def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_
     return decoded
 
 
-def _members(data: bytes) -> Iterator[tuple[bytes, int]]:
-    """Each gzip member's inflated text and its gzip'd size; at most ``MAX_MEMBERS`` of them, ``MAX_STATE_BYTES``
+def inflated(data: bytes, limit: int) -> Iterator[tuple[bytes, int]]:
+    """Each gzip member's inflated text and its gzip'd size; at most ``MAX_MEMBERS`` of them, ``limit`` bytes
     inflated in all (a small blob must not inflate to gigabytes)."""
-    budget, rest = MAX_STATE_BYTES, data
+    budget, rest = limit, data
     for _member in range(MAX_MEMBERS):
         try:
             inflate = zlib.decompressobj(wbits=31)
@@ -189,7 +176,7 @@ def _members(data: bytes) -> Iterator[tuple[bytes, int]]:
         except zlib.error as exc:
             raise DamagedState("unreadable", f"not gzip ({str(exc)[:200]})") from None
         if inflate.unconsumed_tail or (len(text) == budget and not inflate.eof):
-            raise DamagedState("unreadable", f"the state inflates past {MAX_STATE_BYTES} bytes")
+            raise DamagedState("unreadable", f"the state inflates past {limit} bytes")
         if not inflate.eof:
             raise DamagedState("unreadable", "the state is truncated gzip")
         budget -= len(text)
@@ -198,7 +185,7 @@ def _members(data: bytes) -> Iterator[tuple[bytes, int]]:
         if not rest:
             return
         if budget <= 0:  # zlib reads a max_length of 0 as no limit at all
-            raise DamagedState("unreadable", f"the state inflates past {MAX_STATE_BYTES} bytes")
+            raise DamagedState("unreadable", f"the state inflates past {limit} bytes")
     raise DamagedState("unreadable", f"the state has more than {MAX_MEMBERS} blocks")
 
 
@@ -270,11 +257,9 @@ def _sequenced(sequence: Any, seen_at: Any, now: float) -> bool:
 
 def _values(text: bytes, enough: int) -> int:
     """At most how many JSON values (object keys included) ``text`` holds: one plus the ``[ { , :`` outside strings
-    (every value but the first follows one of them). Counted over the whole text first (C speed, no copy), and only
-    when that passes ``enough`` again without what is inside strings (a body's own commas are): escaped backslashes
-    and quotes taken out, then all but quotes and ``[ { , :``, so every quote left opens or closes a string. All C
-    loops; the copies are at most the text's size, freed before it is parsed (a parse of a valid prefix, all that
-    ``json.loads`` builds before it fails, is counted exactly)."""
+    (every value but the first follows one of them). Counted over the whole text first (in C, no copy), and only
+    when that passes ``enough`` again without what is inside strings: escaped backslashes and quotes taken out,
+    then all but quotes and ``[ { , :``, so every quote left opens or closes a string."""
     def structural(part: bytes) -> int:
         return part.count(b"[") + part.count(b"{") + part.count(b",") + part.count(b":")
 

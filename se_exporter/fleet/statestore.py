@@ -1,20 +1,11 @@
-"""Where each partition's fleet state lives between owners: the interface, and an in-memory store.
+"""Where each partition's fleet state lives between owners: the interface.
 
-Shaped like the Event Hubs SDK's own ``CheckpointStore`` (abstract, with an in-memory implementation beside the Blob
-one): the service takes a ``StateStore``, so its claim, restore and save rules are tested against
-``MemoryStateStore`` without a storage account, and run against ``blobstate.StateBlobs`` in production.
-
-What every store shares lives here, so that both behave alike: whatever a stored state holds is read by
-``stateformat.decode`` and never trusted; a state of a newer format than this release reads is left in place
-(``frozen``: neither it nor the checkpoint is written for that partition); writes only move the stored position
-forward (an implementation's ``_upload`` gives way to a newer state written by another owner).
-
-A partition's VMs are written as blocks (``save_blocks``): a base, then one delta per write, each commit one atomic,
-ETag-conditional replacement of the block list. A delta is appended only while this replica knows the stored block
-list (it read a clean state or wrote one), its position does not go back, and the deltas stay small: past
-``COMPACT_FRACTION`` of the base's bytes or ``MAX_BLOCKS`` blocks the write is a new base instead. So a restore
-reads one base and at most ``MAX_BLOCKS - 1`` deltas holding at most ``COMPACT_FRACTION`` of the base's gzip'd
-bytes.
+Shaped like the Event Hubs SDK's own ``CheckpointStore``: the service takes a ``StateStore``, so its rules are
+tested against an in-memory store and run against ``blobstate.StateBlobs``. What every store shares lives here: a
+stored state is read by ``stateformat.decode`` and never trusted; a newer format is left in place (``frozen``:
+neither it nor the checkpoint is written); writes only move the stored position forward. Every write is a base or a
+delta appended to the block list this replica knows, each commit one ETag-conditional replacement of the list
+(``save_blocks``; docs/fleet.md, "State cost", says when a write is a base and what a restore then reads).
 """
 
 from __future__ import annotations
@@ -118,16 +109,6 @@ class StateStore(abc.ABC):
         state = PartitionState(vms=decoded.vms, position=decoded.position, restored_position=decoded.position)
         return Restored(state, dropped=dict(decoded.dropped))
 
-    async def save(self, partition_id: str, data: bytes, position: int) -> bool:
-        """Write ``data`` at ``position`` whole (a state kept beside the VMs': ``fetch``); False when a newer one is
-        already there, or the stored one is a newer release's (nothing written)."""
-        if partition_id in self._frozen:
-            return False
-        self._layouts.pop(partition_id, None)
-        written = await self._upload(partition_id, data, position)
-        self.on_written("base", len(data))
-        return written
-
     async def save_blocks(self, partition_id: str, position: int, base: Callable[[str], bytes],
                           delta: Callable[[str], bytes] | None) -> bool:
         """Write the partition's VMs at ``position``: ``delta(block_id)`` appended when the stored block list is
@@ -169,7 +150,7 @@ class StateStore(abc.ABC):
 
     async def fetch(self, partition_id: str) -> bytes | None:
         """The stored bytes as they are, for a state of another kind kept beside the VMs' (the platform picture's,
-        ``fleet/platform/service.py``), which has its own reader; written with ``save`` under the same rules."""
+        ``fleet/platform/saving.py``), which has its own reader; written as a base under the same rules."""
         return await self._download(partition_id)
 
     def forget(self, partition_id: str) -> None:
@@ -190,10 +171,6 @@ class StateStore(abc.ABC):
         """The stored bytes, None when there are none; ``DamagedState`` for bytes not to be read at all."""
 
     @abc.abstractmethod
-    async def _upload(self, partition_id: str, data: bytes, position: int) -> bool:
-        """Write unless a state past ``position`` was written by someone else since our last read."""
-
-    @abc.abstractmethod
     async def _commit(self, partition_id: str, ids: list[str], block: str, data: bytes, position: int) -> Commit:
         """Stage ``data`` as ``block`` and commit ``ids + [block]`` with ``position``, conditional on the state
         being the one last read or written (none: that there is none)."""
@@ -201,76 +178,3 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     async def _stored_position(self, partition_id: str) -> int | None:
         """The stored state's position (None: no state), remembering its ETag as the one to write on."""
-
-
-@dataclass
-class Stored:
-    """One state in a ``MemoryStateStore``: its bytes, its position, and a revision standing for an ETag; ``blocks``
-    its committed block ids and their bytes (empty: written whole, as by Put Blob)."""
-
-    data: bytes
-    position: int
-    revision: int
-    blocks: list[tuple[str, bytes]] = field(default_factory=list)
-
-
-class MemoryStateStore(StateStore):
-    """States in a dict; several stores given one ``states`` dict behave as replicas sharing one storage account.
-    ``failures`` are raised, one per call, before any other work (an unreachable or refusing storage)."""
-
-    def __init__(self, states: dict[str, Stored] | None = None, bounds: Bounds = DEFAULT_BOUNDS) -> None:
-        super().__init__(bounds)
-        self.states = {} if states is None else states
-        self.failures: list[Exception] = []
-        self._seen: dict[str, int | None] = {}  # the revision last read or written, per partition
-
-    async def _download(self, partition_id: str) -> bytes | None:
-        self._fail()
-        stored = self.states.get(self._names[partition_id])
-        self._seen[partition_id] = stored.revision if stored else None
-        return stored.data if stored else None
-
-    async def _upload(self, partition_id: str, data: bytes, position: int) -> bool:
-        self._fail()
-        name = self._names[partition_id]
-        stored = self.states.get(name)
-        theirs = stored.revision if stored else None
-        if theirs != self._seen.get(partition_id) and stored is not None and stored.position > position:
-            return False  # another owner wrote a newer state since our last read: give way
-        revision = (theirs or 0) + 1
-        self.states[name] = Stored(data, position, revision)
-        self._seen[partition_id] = revision
-        return True
-
-    async def _commit(self, partition_id: str, ids: list[str], block: str, data: bytes, position: int) -> Commit:
-        self._fail()
-        name = self._names[partition_id]
-        stored = self.states.get(name)
-        if (stored.revision if stored else None) != self._seen.get(partition_id):
-            return "conflict"
-        committed = dict(stored.blocks) if stored else {}
-        if any(each not in committed for each in ids):
-            return "invalid"
-        blocks = [(each, committed[each]) for each in ids] + [(block, data)]
-        revision = (stored.revision if stored else 0) + 1
-        self.states[name] = Stored(b"".join(part for _id, part in blocks), position, revision, blocks)
-        self._seen[partition_id] = revision
-        return "ok"
-
-    async def listing(self, prefix: str) -> dict[str, str]:
-        self._fail()
-        return {name: str(stored.revision) for name, stored in self.states.items() if name.startswith(prefix)}
-
-    async def _stored_position(self, partition_id: str) -> int | None:
-        self._fail()
-        stored = self.states.get(self._names[partition_id])
-        self._seen[partition_id] = stored.revision if stored else None
-        return stored.position if stored else None
-
-    def forget(self, partition_id: str) -> None:
-        super().forget(partition_id)
-        self._seen.pop(partition_id, None)
-
-    def _fail(self) -> None:
-        if self.failures:
-            raise self.failures.pop(0)

@@ -4,26 +4,9 @@ No I/O and no clock reads: the consumer hands in what the SDK received and the t
 values. Every partition's state is a fold over that partition's events in order, so it can be written
 beside the checkpoint and continued by whichever replica owns the partition next (``stateformat.py``).
 
-Ordering. A VM's documents all go to one partition (the partition key is its vm_id: ``message.py``
-refuses any other), in order. Within one installation of the sidecar (the part of ``message_id``
-before the colon) ``sequence`` decides: the same sequence again is a resend (counted, never applied
-twice), a lower one within ``SEQUENCE_WINDOW`` is older (counted, never applied). A document from
-another installation of the same VM (its state directory was lost, or the VM reinstalled), or one whose
-sequence is further than the window from the current one, replaces the current one: the partition's
-order decides then. The window is what keeps a forged sequence of 2**62 under a VM's own installation id
-from making that VM's real documents count as older for ever: they are applied again at once.
-
-Identity. A sidecar that does not know its vm_id yet sends under its name (the key is then ``vm_name``, on the
-partition the name hashes to), and under its vm_id once known (another key, perhaps another partition). One
-installation of a sidecar is one VM, so a VM heard by name and then by vm_id is one VM from the moment its vm_id is
-known: an entry keyed by name (no vm_id) is retired by a document with a vm_id, the same ``vm_name`` and the same
-installation, seen no earlier, held in any partition this replica owns; and a document by name seen no later than
-such a document is not applied (counted as older), whichever partition is read first. Only an entry without a
-vm_id is ever retired so, and only by its own installation under its own name: no document can retire a VM known
-by its vm_id, nor a name-only VM of another installation (another VM of the same name elsewhere). When another
-replica owns the vm_id's partition, the sidecar's one message with ``retires_name`` (sent under its name once it
-knows its vm_id, after its last document by name) retires the entry by name of its installation, sent earlier, on
-the replica that holds it; it changes nothing else.
+Which document of a VM wins (installation, ``sequence``, ``SEQUENCE_WINDOW``) and when an entry known by name is
+retired by one with a vm_id (``retires_name``): docs/architecture.md, "What it keeps" and "Who can change a VM's
+picture".
 """
 
 from __future__ import annotations
@@ -34,24 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from se_exporter.fleet.message import (
-    DEFAULT_BOUNDS,
-    INVALID_REASONS,
-    KNOWN_PROPERTIES,
-    Bounds,
-    FleetEvent,
-    Imds,
-    InvalidMessage,
-    Message,
-    VmState,
-    read_events,
-    read_message,
-)
-from se_exporter.fleet.stateformat import decode
-
-__all__ = ["DEFAULT_BOUNDS", "INVALID_REASONS", "KNOWN_PROPERTIES", "SEQUENCE_WINDOW", "Bounds", "Fleet", "FleetEvent",
-           "Imds", "InvalidMessage", "Message", "PartitionState", "VmState", "decode", "imds_unreachable",
-           "read_events", "read_message"]  # the fleet's core, as the tests and the consumer import it
+from se_exporter.fleet.message import DEFAULT_BOUNDS, Bounds, Message, VmState
 
 # A sidecar resends at most one batch (100 documents) after a timeout; ten batches of slack.
 SEQUENCE_WINDOW = 1000
@@ -232,8 +198,7 @@ class Fleet:
 
     def is_shown(self, partition_id: str) -> bool:
         """Whether ``vms`` shows the partition's VMs: without the lock (two set lookups, each atomic), for the
-        consumer's checks on every batch and every link-watch tick, where ``shown``'s sorted copy under the lock
-        would cost more than the check saves."""
+        consumer's check on every batch, where ``shown``'s sorted copy under the lock would cost more than it saves."""
         return partition_id in self._partitions and partition_id not in self._hidden
 
     def shown(self) -> list[str]:
@@ -272,10 +237,10 @@ class Fleet:
                 state.position = sequence_number
 
     def apply(self, partition_id: str, message: Message, sequence_number: int | None = None) -> str:
-        """Fold one document in: 'applied', 'resend' or 'older' (see the module docstring); 'retired' or 'older' for a
-        message retiring a name (``_retire_name``); 'unowned' if the
-        partition was released meanwhile; the name of the bound that refused a new VM ('vms_per_partition',
-        'vms_per_installation'). With ``sequence_number``, also what ``handled`` records."""
+        """Fold one document in: 'applied', 'resend' or 'older' (docs/architecture.md, "What it keeps"); 'retired' or
+        'older' for a message retiring a name (``_retire_name``); 'unowned' if the partition was released meanwhile;
+        the name of the bound that refused a new VM ('vms_per_partition', 'vms_per_installation'). With
+        ``sequence_number``, also what ``handled`` records."""
         new = message.vm
         with self._lock:
             state = self._partitions.get(partition_id)

@@ -55,7 +55,6 @@ REPLACE_PATIENCE = 2.0
 class HostOs:
     """The operations whose implementation differs; see the module docstring for each reason."""
 
-    name: str
     open_flags: int  # or-ed into every os.open of a data file
     fifo_flags: int  # or-ed in where a FIFO put in a file's place must fail at once (state files, forward file)
     reuse_address: bool  # socketserver's allow_reuse_address for the HTTP server
@@ -111,7 +110,6 @@ class _Msvcrt(Protocol):
 class Windows(HostOs):
     """Windows: the C runtime's file calls, ``msvcrt.locking``, console control events, exclusive binds."""
 
-    name = "windows"
     fifo_flags = 0  # no FIFOs in the file namespace (named pipes live under \\.\pipe\)
     reuse_address = False
 
@@ -262,7 +260,6 @@ else:
     class Posix(HostOs):
         """Linux and other POSIX systems: the calls the code was first written against."""
 
-        name = "posix"
         open_flags = 0  # os.open descriptors are close-on-exec already (PEP 446)
         fifo_flags = os.O_NONBLOCK  # opening a FIFO put where a file belongs must not wait for its other end
         reuse_address = True  # a restart can bind while the old connections sit in TIME_WAIT

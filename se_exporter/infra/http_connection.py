@@ -1,4 +1,4 @@
-"""One connection of the one HTTP server (``http_server``, whose docstring lists the bounds): its request heads and
+"""One connection of the one HTTP server (``http_server``; its bounds: docs/http.md): its request heads and
 bodies parsed by h11 within the size caps and deadlines, its answers written, its refusals answered and counted.
 
 Two rules of RFC 9112 h11 leaves to the server, kept here for every program: a request framed both ways

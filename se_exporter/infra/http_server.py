@@ -1,15 +1,8 @@
 """The one HTTP/1.1 server of every program: the sidecar's and the fleet's endpoints and the IMDS simulator.
 
-h11 parses, asyncio serves, in one thread of its own per server. Not aiohttp's web server: h11 caps the *whole*
-request head (aiohttp caps a line and a count of headers, about 1 MiB in all), the simulator's faults need raw
-bytes on the socket, which a framework hides, and it costs a fraction of aiohttp.web's memory, with no timer
-waking an idle loop (docs/performance.md).
-
-Every bound (``Bounds``: head and body bytes, their deadlines, connections, the write deadline; docs/http.md) is
-counted by ``reason`` when hit. Past the connection cap, the connection that has waited longest without a
-complete request head is closed to admit the new one, so slow or silent clients churn among themselves while a
-scrape, whose head comes at once, is answered; only when every connection is busy answering is the newcomer
-answered 503.
+h11 parses, asyncio serves, in one thread of its own per server (why not aiohttp's web server:
+docs/architecture.md, "The HTTP server"). Every bound (``Bounds``) is counted by ``reason`` when hit; what each
+caps and how a scrape keeps its place past the connection cap: docs/http.md.
 """
 
 from __future__ import annotations

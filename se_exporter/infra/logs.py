@@ -3,13 +3,9 @@
 Structured fields travel in ``extra=fields(...)``; the text format appends them as key=value,
 the JSON format merges them into the object.
 
-Values from IMDS (EventIds, resource names, reason phrases, Location headers) reach messages and
-fields, and a value is free to hold a newline, an ANSI escape or a Unicode line separator. So the
-formatters, not each call site, make every record one line that says what it says: control
-characters (C0, DEL, C1), line and paragraph separators, bidirectional overrides and unpaired
-surrogates are written as visible escapes (``\\n``, ``\\x1b``, ``\\u2028``), in the message and in the
-fields alike, in both formats; a traceback keeps its line breaks but every line of it is indented,
-so no part of it can pass for a record of its own.
+Values from IMDS reach messages and fields, so the formatters, not each call site, make every record one line
+that says what it says (what is escaped: docs/architecture.md, "Log lines stay lines"); a traceback keeps its line
+breaks but every line of it is indented, so no part of it can pass for a record of its own.
 """
 
 from __future__ import annotations

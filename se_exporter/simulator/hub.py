@@ -1,4 +1,4 @@
-"""The platform copy's Event Hubs output (``--platform-eventhub-*``): see ``publish`` for what it promises.
+"""The platform copy's Event Hubs output (``--platform-eventhub-*``), one of ``publish``'s outputs.
 
 A bounded queue (at most ``capacity`` messages, the one being sent among them; past it the newest are dropped and
 counted) and a thread of its own that sends them in order with the azure-eventhub SDK's async producer: the sync

@@ -11,7 +11,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from se_exporter.fleet.message import Imds, VmState, fleet_events, parse_body
-from se_exporter.fleet.platform import Coverage, PlatformCollector, PlatformEvent, PlatformRecord, read_platform
+from se_exporter.fleet.platform.coverage import Coverage
+from se_exporter.fleet.platform.exposition import PlatformCollector
+from se_exporter.fleet.platform.reader import PlatformEvent, read_platform
+from se_exporter.fleet.platform.records import PlatformRecord
 from se_exporter.fleet.platform.service import LastReconciliation
 
 EXAMPLES = Path(__file__).parent / "platform_examples"

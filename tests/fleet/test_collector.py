@@ -9,8 +9,9 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView
+from se_exporter.fleet.message import read_message
 from se_exporter.fleet.scrape import FleetExposition, scrape
-from se_exporter.fleet.vms import Fleet, read_message
+from se_exporter.fleet.vms import Fleet
 from se_exporter.infra.http_server import serve
 from se_exporter.infra.options import Listen
 from tests.fleet.reference_exposition import fleet_text, text

@@ -15,8 +15,9 @@ from se_exporter.fleet.collector import FleetMetrics, PartitionView
 from se_exporter.fleet.consumer import Service
 from se_exporter.fleet.partition import Partition
 from se_exporter.fleet.settings import FleetSettings
-from se_exporter.fleet.statestore import MemoryStateStore
 from se_exporter.fleet.vms import Fleet, PartitionState
+from tests.fleet.memory_store import MemoryStateStore
+from tests.fleet.test_service import raw_message
 from tests.fleet.test_vms import EMPTY, VM_ID, props
 
 
@@ -38,6 +39,12 @@ class Event:
     body: bytes = EMPTY
     body_type: Any = AmqpMessageBodyType.DATA
     enqueued_time: datetime = field(default_factory=lambda: datetime(2026, 11, 22, tzinfo=timezone.utc))
+    newest: tuple[int, datetime] | None = None  # the partition's newest event, as delivered beside this one
+
+    @property
+    def raw_amqp_message(self) -> Any:
+        return raw_message(self.sequence_number, self.enqueued_time, self.body_type, self.body, self.properties,
+                           self.message_id, self.partition_key, self.newest)
 
 
 @dataclass
@@ -81,12 +88,10 @@ def test_the_lag_shown_is_the_last_batchs_and_an_empty_batch_shows_none_waiting(
     empty batch nothing waits."""
     run, _fleet, _registry = service()
     enqueued = datetime(2026, 11, 22, tzinfo=timezone.utc)
-    newest = {"sequence_number": 7, "enqueued_time": enqueued + timedelta(seconds=30)}
+    newest = (7, enqueued + timedelta(seconds=30))
     events = [Event(1, props(1), enqueued_time=enqueued - timedelta(seconds=5)),
-              Event(2, props(2), message_id=b"inst:2", enqueued_time=enqueued)]
-    asyncio.run(run.on_batch(Context(last_enqueued_event_properties=newest), events))  # type: ignore[arg-type]
-    partition = run.partitions["0"]
-    partition.context = Context(last_enqueued_event_properties=newest)  # type: ignore[assignment]
+              Event(2, props(2), message_id=b"inst:2", enqueued_time=enqueued, newest=newest)]
+    asyncio.run(run.on_batch(Context(), events))  # type: ignore[arg-type]
     assert (run.views["0"].lag_events, run.views["0"].lag_seconds) == (5.0, 30.0)
     asyncio.run(run.on_batch(Context(), []))  # type: ignore[arg-type]
     assert (run.views["0"].lag_events, run.views["0"].lag_seconds) == (0.0, 0.0)

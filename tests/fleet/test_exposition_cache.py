@@ -6,8 +6,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from se_exporter.fleet.message import read_message
 from se_exporter.fleet.scrape import FleetExposition
-from se_exporter.fleet.vms import Fleet, read_message
+from se_exporter.fleet.vms import Fleet
 from se_exporter.infra.http_pages import Joined, Part
 from tests.fleet.reference_exposition import Family, families, library_text, text
 from tests.fleet.test_vms import EMPTY, FREEZE, NEIGHBOUR, props

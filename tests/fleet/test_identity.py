@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from se_exporter.fleet.vms import Fleet, InvalidMessage, Message, PartitionState, read_message
+from se_exporter.fleet.message import InvalidMessage, Message, read_message
+from se_exporter.fleet.vms import Fleet, PartitionState
 from tests.fleet.reference_exposition import fleet_text
 from tests.fleet.test_vms import FREEZE, VM_ID, props
 from tests.helpers import parse_samples

@@ -8,14 +8,8 @@ import dataclasses
 from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.fleet.message import Imds, VmState
-from se_exporter.fleet.platform import (
-    PlatformPicture,
-    PlatformRecord,
-    Reconciler,
-    ReconcileSettings,
-    Reconciliation,
-)
-from se_exporter.fleet.platform.coverage import imds_blind_since
+from se_exporter.fleet.platform.coverage import Reconciler, ReconcileSettings, Reconciliation, imds_blind_since
+from se_exporter.fleet.platform.records import PlatformPicture, PlatformRecord
 from tests.fleet.platform_helpers import EVENT_ID, KEY, SUB, T0, platform_event, platform_text, vm
 
 EXPIRY, GRACE = 600.0, 60.0

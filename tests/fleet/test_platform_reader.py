@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from se_exporter.fleet.message import InvalidMessage, read_message
-from se_exporter.fleet.platform import (
+from se_exporter.fleet.platform.reader import (
     PLATFORM_INVALID_REASONS,
     PlatformBounds,
     PlatformMessage,

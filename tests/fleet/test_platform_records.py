@@ -9,9 +9,8 @@ import json
 
 import pytest
 
-from se_exporter.fleet.platform import PlatformLimits, PlatformPicture, PlatformRecord, merge
 from se_exporter.fleet.platform.counting import Counted, top_up
-from se_exporter.fleet.platform.records import PictureState
+from se_exporter.fleet.platform.records import PictureState, PlatformLimits, PlatformPicture, PlatformRecord, merge
 from se_exporter.fleet.platform.saved import state_from_json, state_to_json
 from tests.fleet.platform_helpers import KEY, T0, platform_event, platform_text
 

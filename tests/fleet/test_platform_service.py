@@ -24,10 +24,10 @@ from se_exporter.fleet.platform.saving import decode_platform, platform_blob_nam
 from se_exporter.fleet.platform.service import BURST_MESSAGES, Platform
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.settings import FleetSettings
-from se_exporter.fleet.statestore import MemoryStateStore, Stored
 from se_exporter.fleet.vms import Fleet
+from tests.fleet.memory_store import MemoryStateStore, Stored
 from tests.fleet.platform_helpers import EVENT_ID, KEY, SUB, T0, body, grid
-from tests.fleet.test_service import NAME, Checkpoints, Context, Event, run
+from tests.fleet.test_service import NAME, Checkpoints, Context, Event, run, save
 
 PLATFORM_NAME = platform_blob_name("ns", "hub", "$Default", "0")
 MISSED = "azure_scheduled_fleet_missed_events_total"
@@ -107,7 +107,7 @@ class Replica:
     def gauges(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         """Reconciled, and saved: a count is applied once the blob that remembers it is written."""
         self.platform.reconcile()
-        run(self.service.save(self.partition_id))
+        run(save(self.service, self.partition_id))
         return {(sample.name, frozenset(sample.labels.items())): sample.value
                 for family in PlatformCollector(lambda: self.platform.view).collect() for sample in family.samples}
 
@@ -165,7 +165,7 @@ def test_the_picture_is_written_before_the_checkpoint_and_a_restart_continues_it
     run(first.read(platform("Scheduled", 1, resources=["web_3"]), sidecar(2, "web_9")))
     first.now[0] = T0 + GRACE + 1
     first.gauges()
-    run(first.service.save("0"))
+    run(save(first.service, "0"))
     assert first.checkpoints.written == [(2, 2)] and states[PLATFORM_NAME].position == 2
     assert first.value("azure_scheduled_fleet_missed_events_total", event_type="Reboot", reason="no_sidecar") == 1
     loaded = decode_platform(states[PLATFORM_NAME].data, "0")
@@ -192,7 +192,7 @@ def test_a_picture_stored_past_the_vm_state_is_not_applied_twice() -> None:
     first = Replica(states)
     run(first.claim())
     run(first.read(platform("Scheduled", 1, resources=["web_3"])))
-    run(first.service.save("0"))
+    run(save(first.service, "0"))
     run(first.read(sidecar(2, "web_3"), platform("Started", 3, resources=["web_3"])))
     write = first.service.keeper.beside.prepare("0", 3) if first.service.keeper.beside else None
     assert write is not None
@@ -322,7 +322,7 @@ def test_every_replica_knows_every_event_and_its_home_lists_and_counts_it_wherev
                    sidecar(2, "web_3", (event_id,))))
     assert [name for (name, _labels) in other.gauges() if name.endswith("event_info")] == []
     assert other.coverage() == {"observed": 1.0, "missed": 0.0, "imds_unreachable": 0.0, "no_sidecar": 0.0}
-    run(other.service.save("1"))
+    run(save(other.service, "1"))
     run(home_replica.platform.read_peers())
     gauges = home_replica.gauges()
     assert [dict(labels)["event_id"] for (name, labels) in gauges if name.endswith("event_info")] == [event_id]
@@ -345,11 +345,11 @@ def test_with_several_replicas_the_home_says_no_sidecar_once_every_partition_has
     run(home_replica.read(platform("Scheduled", 1, resources=["web_3", "web_7"], event_id=event_id)))
     run(other.read(sidecar(1, "web_3")))
     home_replica.gauges()
-    run(home_replica.service.save("0"))
+    run(save(home_replica.service, "0"))
     assert home_replica.coverage()["no_sidecar"] == 0.0  # partition 1 has not judged the event yet
     run(other.platform.read_peers())
     assert other.coverage() == {"observed": 0.0, "missed": 0.0, "imds_unreachable": 0.0, "no_sidecar": 0.0}
-    run(other.service.save("1"))
+    run(save(other.service, "1"))
     run(home_replica.platform.read_peers())
     assert home_replica.coverage() == {"observed": 0.0, "missed": 0.0, "imds_unreachable": 0.0, "no_sidecar": 1.0}
     home_replica.gauges()
@@ -411,7 +411,7 @@ def test_the_events_listed_stay_within_one_pictures_bound_whatever_the_partition
     for each in (replica, other):
         run(each.claim())
     run(other.read(platform("Scheduled", 1, event_id=homed("0", 2)), platform("Completed", 2, event_id=homed("1", 2))))
-    run(other.service.save("1"))
+    run(save(other.service, "1"))
     run(replica.read(platform("Scheduled", 1)))
     run(replica.platform.read_peers())
     assert len(replica.platform.reconcile().records) == 2
@@ -500,7 +500,7 @@ def test_an_event_id_listed_only_on_another_replica_is_counted_unannounced_once_
     run(successor.claim())
     run(successor.read(sidecar(1, "web_9"), sidecar(2, "web_9", sequence=2)))
     run(successor.platform.read_peers())
-    assert successor.platform.is_home_here(unannounced)
+    assert successor.platform.homes.is_here(unannounced)
     successor.gauges()
     assert successor.value("azure_scheduled_fleet_unannounced_events_total", event_type="Reboot") == 0
 

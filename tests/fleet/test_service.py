@@ -10,6 +10,7 @@ import json
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from azure.eventhub import CloseReason
@@ -17,12 +18,15 @@ from azure.eventhub.aio import CheckpointStore, PartitionContext
 from azure.eventhub.amqp import AmqpMessageBodyType
 from prometheus_client import CollectorRegistry
 
+from se_exporter.fleet import received
 from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.consumer import Service
+from se_exporter.fleet.message import read_message
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.stateformat import decode, encode_base
-from se_exporter.fleet.statestore import MemoryStateStore, Stored, new_block_id, state_blob_name
-from se_exporter.fleet.vms import Fleet, read_message
+from se_exporter.fleet.statestore import new_block_id, state_blob_name
+from se_exporter.fleet.vms import Fleet
+from tests.fleet.memory_store import MemoryStateStore, Stored
 from tests.fleet.test_vms import EMPTY, NOW, props
 
 T = TypeVar("T")
@@ -32,6 +36,11 @@ ENQUEUED = datetime.fromtimestamp(NOW - 60, tz=timezone.utc)
 
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coroutine)
+
+
+async def save(service: Service, partition_id: str) -> None:
+    """Write the partition's state and checkpoint now, as the periodic write does when it is due."""
+    await service.keeper.save(service.partitions[partition_id])
 
 
 @dataclass
@@ -60,6 +69,28 @@ class Event:
     @property
     def partition_key(self) -> bytes:
         return self.vm_id.encode()
+
+    @property
+    def raw_amqp_message(self) -> SimpleNamespace:
+        return raw_message(self.sequence_number, self.enqueued_time, self.body_type, self.body, self.properties,
+                           self.message_id, self.partition_key)
+
+
+def raw_message(sequence_number: int, enqueued: datetime, body_type: Any, body: bytes, properties: Any,
+                message_id: bytes, partition_key: bytes, newest: tuple[int, datetime] | None = None,
+                ) -> SimpleNamespace:
+    """What the SDK's ``EventData.raw_amqp_message`` holds of an event (the fleet reads it there), with the
+    partition's newest event as the receiver delivers it beside the event."""
+    def ms(when: datetime) -> int:
+        return round(when.timestamp() * 1000)
+
+    return SimpleNamespace(
+        annotations={received.SEQUENCE_NUMBER: sequence_number, received.ENQUEUED_TIME: ms(enqueued),
+                     received.PARTITION_KEY: partition_key},
+        delivery_annotations=None if newest is None else {received.NEWEST_SEQUENCE: newest[0],
+                                                          received.NEWEST_TIME: ms(newest[1])},
+        body_type=body_type, body=body, application_properties=properties,
+        properties=SimpleNamespace(message_id=message_id))
 
 
 class Checkpoints(CheckpointStore):  # type: ignore[misc]  # the SDK's class is untyped
@@ -180,10 +211,10 @@ def test_the_checkpoint_is_written_after_a_state_that_covers_it_and_never_moved_
     replica = Replica()
     run(replica.claim())
     run(replica.read(Event(1, "vm-a"), Event(2, "vm-b")))
-    run(replica.service.save("0"))
-    run(replica.service.save("0"))  # nothing new
+    run(save(replica.service, "0"))
+    run(save(replica.service, "0"))  # nothing new
     run(replica.read(Event(3, "vm-c")))
-    run(replica.service.save("0"))
+    run(save(replica.service, "0"))
     assert replica.checkpoints.written == [(2, 2), (3, 3)]
     assert replica.value("azure_scheduled_fleet_checkpoints_total", outcome="ok") == 2
     assert replica.service.views["0"].unsaved_since is None
@@ -198,9 +229,9 @@ def test_the_stored_state_never_moves_back_when_two_owners_write() -> None:
     run(old.read(Event(1, "vm-a")))
     run(new.claim())
     run(new.read(Event(1, "vm-a"), Event(2, "vm-b"), Event(3, "vm-c")))
-    run(new.service.save("0"))
+    run(save(new.service, "0"))
     run(old.read(Event(2, "vm-b")))
-    run(old.service.save("0"))
+    run(save(old.service, "0"))
     assert states[NAME].position == 3
     assert old.value("azure_scheduled_fleet_checkpoints_total", outcome="superseded") == 1
     assert old.checkpoints.written == []
@@ -214,12 +245,12 @@ def test_a_write_whose_answer_was_lost_is_followed_by_the_checkpoint() -> None:
     replica = Replica(states)
     run(replica.claim())
     run(replica.read(Event(1, "vm-a"), Event(2, "vm-b")))
-    run(replica.service.save("0"))
+    run(save(replica.service, "0"))
     run(replica.read(Event(3, "vm-c")))
     written = Replica(dict(states))  # the same events written by a save whose answer
     run(written.claim())  # never came back: the stored revision moves on without this replica's knowing
     run(written.read(Event(3, "vm-c")))
-    run(written.service.save("0"))
+    run(save(written.service, "0"))
     states[NAME] = written.states[NAME]
     run(replica.service.on_close(replica.context, CloseReason.SHUTDOWN))
     assert replica.checkpoints.written == [(2, 2), (3, 3)]
@@ -232,7 +263,7 @@ def test_a_damaged_state_is_counted_and_replaced_by_the_next_write() -> None:
     run(replica.claim())
     assert replica.value("azure_scheduled_fleet_state_damaged_total", reason="unreadable") == 1
     run(replica.read(Event(1, "vm-a")))
-    run(replica.service.save("0"))
+    run(save(replica.service, "0"))
     assert list(decode(replica.states[NAME].data, "0", NOW).vms) == ["vm-a"]
 
 
@@ -243,7 +274,7 @@ def test_a_newer_formats_state_is_left_in_place_and_no_checkpoint_written() -> N
     replica = Replica({NAME: Stored(newer, 7, 1)})
     run(replica.claim())
     run(replica.read(Event(8, "vm-a")))
-    run(replica.service.save("0"))
+    run(save(replica.service, "0"))
     assert replica.states[NAME].data == newer and replica.checkpoints.written == []
     assert replica.service.views["0"].newer_format and replica.keys() == ["vm-a"]
 
@@ -254,7 +285,7 @@ def test_a_lost_partition_is_dropped_whole_and_restored_when_regained() -> None:
     replica = Replica()
     run(replica.claim())
     run(replica.read(Event(1, "vm-a")))
-    run(replica.service.save("0"))
+    run(save(replica.service, "0"))
     run(replica.read(Event(2, "vm-b")))
     run(replica.service.on_close(replica.context, CloseReason.OWNERSHIP_LOST))
     assert replica.keys() == [] and replica.service.partitions == {} and replica.service.views == {}
@@ -282,10 +313,10 @@ def test_a_failed_write_keeps_the_state_in_memory_and_the_next_round_writes_it()
     run(replica.claim())
     run(replica.read(Event(1, "vm-a")))
     replica.store.failures = [OSError("connection reset")]
-    run(replica.service.save("0"))
+    run(save(replica.service, "0"))
     assert replica.value("azure_scheduled_fleet_checkpoints_total", outcome="error") == 1
     assert replica.checkpoints.written == [] and NAME not in replica.states
-    run(replica.service.save("0"))
+    run(save(replica.service, "0"))
     assert replica.checkpoints.written == [(1, 1)]
 
 

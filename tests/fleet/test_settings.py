@@ -162,18 +162,18 @@ def test_a_wrong_platform_hub_setting_stops_start_up_with_one_line(argv: list[st
 def test_use_development_storage_builds_the_checkpoint_store_for_azurites_default_address() -> None:
     """``UseDevelopmentStorage=true``, which the settings accept, builds both storage clients (no traceback at
     start-up) on Azurite's blob service at 127.0.0.1:10000 and its development account."""
-    from se_exporter.fleet.main import checkpoint_store, storage_clients  # noqa: PLC0415 - the program's wiring
+    from se_exporter.fleet.main import checkpoint_store, container_client  # noqa: PLC0415 - the program's wiring
 
     s = settings(["--checkpoint-connection-string", "UseDevelopmentStorage=true"])
 
     async def build() -> None:  # in a running loop, as the program builds them: their sessions need one
-        container, store = storage_clients(s, lambda _client_id: None)
-        another = checkpoint_store(s, lambda _client_id: None)
+        container = container_client(s, lambda _client_id: None)
+        store = checkpoint_store(s, lambda _client_id: None)
         try:
             assert container.url.startswith("http://127.0.0.1:10000/devstoreaccount1/")
             assert container.account_name == "devstoreaccount1"
         finally:
-            for client in (container, store, another):
+            for client in (container, store):
                 await client.close()
 
     asyncio.run(build())
@@ -190,8 +190,8 @@ def test_each_hub_is_shown_as_the_namespace_and_hub_the_sdk_reads_without_its_ke
 def test_every_bound_the_fleet_reports_says_why_in_its_log_line_and_is_in_the_docs() -> None:
     """Each bound's log line explains it (no empty text after the colon), and docs/fleet.md's table lists it."""
     from se_exporter.fleet.message import BOUND_NAMES  # noqa: PLC0415 - the names, only for this check
-    from se_exporter.fleet.platform import PLATFORM_BOUND_NAMES  # noqa: PLC0415
     from se_exporter.fleet.platform.coverage import COVERAGE_BOUND_NAMES  # noqa: PLC0415
+    from se_exporter.fleet.platform.reader import PLATFORM_BOUND_NAMES  # noqa: PLC0415
     from se_exporter.fleet.platform.records import PICTURE_BOUND_NAMES  # noqa: PLC0415
     from se_exporter.fleet.report import BOUND_HELP  # noqa: PLC0415
 

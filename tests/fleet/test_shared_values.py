@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from se_exporter.fleet.vms import VmState, read_message
+from se_exporter.fleet.message import VmState, read_message
 from tests.fleet.test_vms import EMPTY, VM_ID, props
 
 

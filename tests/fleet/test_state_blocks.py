@@ -13,8 +13,8 @@ from scripts import state_bytes
 from se_exporter.fleet import statestore
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.stateformat import decode
-from se_exporter.fleet.statestore import Stored
-from tests.fleet.test_service import NAME, NOW, Event, Replica, run, stored_state
+from tests.fleet.memory_store import Stored
+from tests.fleet.test_service import NAME, NOW, Event, Replica, run, save, stored_state
 
 
 def document(vm: int, version: int = 1) -> bytes:
@@ -53,12 +53,12 @@ def test_the_first_write_is_a_base_and_the_next_ones_deltas_of_what_changed() ->
     whole; the stored blocks read back as the picture, and each checkpoint follows a state that covers it."""
     replica = claimed()
     fleet_of_ten(replica)
-    run(replica.service.save("0"))
+    run(save(replica.service, "0"))
     base_bytes = written(replica, "base")
     run(replica.read(Event(11, "vm-1", sequence=2, body=document(1))))  # a heartbeat
-    run(replica.service.save("0"))
+    run(save(replica.service, "0"))
     run(replica.read(Event(12, "vm-2", sequence=2, body=document(2, 2))))  # a change
-    run(replica.service.save("0"))
+    run(save(replica.service, "0"))
     kinds = [("format" in block, block.get("touched"), len(block["vms"])) for block in blocks(replica.states)]
     assert kinds == [(True, None, 10), (False, [["vm-1", 2, NOW - 60, None, None, None]], 0), (False, [], 1)]
     decoded = decode(replica.states[NAME].data, "0", NOW)
@@ -77,10 +77,10 @@ def test_a_restored_state_takes_deltas_and_one_with_rows_left_out_a_base() -> No
     states: dict[str, Stored] = {}
     first = claimed(states)
     run(first.read(Event(1, "vm-a"), Event(2, "vm-b")))
-    run(first.service.save("0"))
+    run(save(first.service, "0"))
     second = claimed(states)
     run(second.read(Event(3, "vm-a", sequence=2)))
-    run(second.service.save("0"))
+    run(save(second.service, "0"))
     assert len(states[NAME].blocks) == 2 and second.keys() == ["vm-a", "vm-b"]
     damaged = json.loads(gzip.decompress(states[NAME].blocks[0][1]))
     damaged["vms"][1]["sequence"] = 0
@@ -89,7 +89,7 @@ def test_a_restored_state_takes_deltas_and_one_with_rows_left_out_a_base() -> No
     third = claimed(states)
     assert third.value("azure_scheduled_fleet_state_damaged_total", reason="row") == 1
     run(third.read(Event(4, "vm-c")))
-    run(third.service.save("0"))
+    run(save(third.service, "0"))
     assert len(states[NAME].blocks) == 1 and sorted(decode(states[NAME].data, "0", NOW).vms) == ["vm-a", "vm-c"]
 
 
@@ -101,19 +101,19 @@ def test_deltas_are_compacted_into_a_base_past_the_block_cap_or_a_share_of_the_b
     monkeypatch.setattr(statestore, "COMPACT_FRACTION", 0.5)  # the rule at a share of ten VMs' documents
     replica = claimed()
     fleet_of_ten(replica)
-    run(replica.service.save("0"))
+    run(save(replica.service, "0"))
     counts = []
     for n in range(11, 15):
         run(replica.read(Event(n, "vm-1", sequence=n, body=document(1))))  # heartbeats: small deltas
-        run(replica.service.save("0"))
+        run(save(replica.service, "0"))
         counts.append(len(replica.states[NAME].blocks))
     assert counts == [2, 3, 1, 2]
     monkeypatch.setattr(statestore, "MAX_BLOCKS", 64)
     run(replica.read(*(Event(n, f"vm-{n - 14}", sequence=20, body=document(n - 14, 2)) for n in range(15, 19))))
-    run(replica.service.save("0"))  # 4 of 10 VMs whole: still under half the base
+    run(save(replica.service, "0"))  # 4 of 10 VMs whole: still under half the base
     assert len(replica.states[NAME].blocks) == 3
     run(replica.read(Event(19, "vm-5", sequence=20, body=document(5, 2))))
-    run(replica.service.save("0"))  # a fifth: past half of it
+    run(save(replica.service, "0"))  # a fifth: past half of it
     assert len(replica.states[NAME].blocks) == 1
     decoded = decode(replica.states[NAME].data, "0", NOW)
     assert [decoded.vms[f"vm-{n}"].body for n in range(1, 11)] == [document(n, 2 if n <= 5 else 1)
@@ -126,16 +126,16 @@ def test_a_conflict_gives_way_to_a_newer_state_and_replaces_an_older_one_with_a_
     states: dict[str, Stored] = {}
     old, new = claimed(states), claimed(states)
     run(old.read(Event(1, "vm-a")))
-    run(old.service.save("0"))
+    run(save(old.service, "0"))
     run(new.claim())  # restores the old owner's base
     run(new.read(Event(2, "vm-b"), Event(3, "vm-c")))
-    run(new.service.save("0"))
+    run(save(new.service, "0"))
     run(old.read(Event(2, "vm-b")))
-    run(old.service.save("0"))  # behind the stored 3
+    run(save(old.service, "0"))  # behind the stored 3
     assert states[NAME].position == 3 and old.checkpoints.written == [(1, 1)]
     assert old.value("azure_scheduled_fleet_checkpoints_total", outcome="superseded") == 1
     run(old.read(Event(3, "vm-c"), Event(4, "vm-d")))
-    run(old.service.save("0"))  # ahead: a base, every VM the old owner holds
+    run(save(old.service, "0"))  # ahead: a base, every VM the old owner holds
     assert states[NAME].position == 4 and len(states[NAME].blocks) == 1
     assert sorted(decode(states[NAME].data, "0", NOW).vms) == ["vm-a", "vm-b", "vm-c", "vm-d"]
 
@@ -145,20 +145,20 @@ def test_a_failed_write_loses_no_change_and_a_block_list_not_there_becomes_a_bas
     was written whole since) refuses the block list, and the write is a base."""
     replica = claimed()
     fleet_of_ten(replica)
-    run(replica.service.save("0"))
+    run(save(replica.service, "0"))
     run(replica.read(Event(11, "vm-1", sequence=2, body=document(1))))
     replica.store.failures = [OSError("connection reset")]
-    run(replica.service.save("0"))
+    run(save(replica.service, "0"))
     assert replica.value("azure_scheduled_fleet_checkpoints_total", outcome="error") == 1
     run(replica.read(Event(12, "vm-2", sequence=2, body=document(2))))
-    run(replica.service.save("0"))
+    run(save(replica.service, "0"))
     touched = sorted(entry[0] for entry in blocks(replica.states)[1]["touched"])  # type: ignore[attr-defined]
     assert touched == ["vm-1", "vm-2"] and len(replica.states[NAME].blocks) == 2
     assert replica.checkpoints.written == [(10, 10), (12, 12)]
     stored = replica.states[NAME]
     replica.states[NAME] = Stored(stored.data, stored.position, stored.revision)  # same ETag, no blocks
     run(replica.read(Event(13, "vm-1", sequence=3, body=document(1))))
-    run(replica.service.save("0"))
+    run(save(replica.service, "0"))
     assert len(replica.states[NAME].blocks) == 1 and replica.states[NAME].position == 13
 
 
@@ -218,7 +218,7 @@ def test_a_stored_position_past_the_partitions_newest_event_is_followed_by_a_bas
     first = claimed(states)
     run(first.read(Event(1, "vm-a"), Event(2, "vm-b"), Event(3, "vm-p", sequence=2)))
     assert first.value("azure_scheduled_fleet_state_damaged_total", reason="position") == 1
-    run(first.service.save("0"))
+    run(save(first.service, "0"))
     assert states[NAME].position == 3 and len(states[NAME].blocks) == 1
     second = claimed(states)
     assert second.value("azure_scheduled_fleet_state_damaged_total", reason="wrong_shape") == 0

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from se_exporter.fleet import stateformat
-from se_exporter.fleet.message import VmState
+from se_exporter.fleet.message import Bounds, Message, VmState
 from se_exporter.fleet.stateformat import DamagedState, NewerState, decode, encode_base, encode_delta
-from se_exporter.fleet.vms import Bounds, Fleet, Message
+from se_exporter.fleet.vms import Fleet
 from tests.fleet.test_vms import FREEZE, GOOD, NOW, VM_ID, message, props, read_message
 
 BIG = json.dumps({"DocumentIncarnation": 9, "Events": [

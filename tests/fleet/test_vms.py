@@ -10,18 +10,9 @@ from typing import Any
 import pytest
 
 from se_exporter.fleet import stateformat
-from se_exporter.fleet.stateformat import DamagedState, NewerState, encode_base
-from se_exporter.fleet.vms import (
-    Bounds,
-    Fleet,
-    InvalidMessage,
-    Message,
-    PartitionState,
-    VmState,
-    decode,
-    imds_unreachable,
-    read_message,
-)
+from se_exporter.fleet.message import Bounds, InvalidMessage, Message, VmState, read_message
+from se_exporter.fleet.stateformat import DamagedState, NewerState, decode, encode_base
+from se_exporter.fleet.vms import Fleet, PartitionState, imds_unreachable
 
 VM_ID = "02aab8a4-74ef-476e-8182-f6d2ba4166a6"
 FREEZE = (b'{"DocumentIncarnation": 2, "Events": [{"EventId": "E1", "EventType": "Freeze", "ResourceType": '

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from se_exporter.fleet.platform import read_platform
+from se_exporter.fleet.platform.reader import read_platform
 from tests.child_logs import attach
 from tests.helpers import wait_until
 

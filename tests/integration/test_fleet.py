@@ -399,16 +399,17 @@ def test_the_stored_state_only_moves_forward_between_two_owners(azurite: Azurite
             old_owner, new_owner = StateBlobs(container), StateBlobs(container)
             for owner in (old_owner, new_owner):
                 owner.name("0", state_blob_name("ns", "hub", "$default", "0"))
-            def state(position: int) -> bytes:
-                return encode_base("0", position, [], "b1")
+            async def save(owner: StateBlobs, position: int) -> bool:
+                return await owner.save_blocks("0", position, lambda block: encode_base("0", position, [], block),
+                                               None)
 
-            outcomes: list[object] = [(await old_owner.load("0", NOW)).state, await old_owner.save("0", state(5), 5)]
+            outcomes: list[object] = [(await old_owner.load("0", NOW)).state, await save(old_owner, 5)]
             restored = (await new_owner.load("0", NOW)).state
             outcomes.append(restored.position if restored else None)
-            outcomes += [await old_owner.save("0", state(7), 7),  # the old owner, still reading
-                         await new_owner.save("0", state(6), 6),  # behind the stored 7: gives way
-                         await new_owner.save("0", state(9), 9),  # ahead: overwrites
-                         await old_owner.save("0", state(8), 8)]  # behind the stored 9: gives way
+            outcomes += [await save(old_owner, 7),  # the old owner, still reading
+                         await save(new_owner, 6),  # behind the stored 7: gives way
+                         await save(new_owner, 9),  # ahead: overwrites
+                         await save(old_owner, 8)]  # behind the stored 9: gives way
             reader = StateBlobs(container)
             reader.name("0", state_blob_name("ns", "hub", "$default", "0"))
             final = (await reader.load("0", NOW)).state

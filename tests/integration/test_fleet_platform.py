@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from azure.eventhub import EventData
 
-from se_exporter.fleet.platform import PlatformEvent, read_platform
+from se_exporter.fleet.platform.reader import PlatformEvent, read_platform
 from tests.conftest import Reliability
 from tests.eventhubs_server import EventHubsTestServer, Store
 from tests.fleet_helpers import FleetProcess, send

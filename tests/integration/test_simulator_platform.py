@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from se_exporter.fleet.platform import PlatformEvent, read_platform
+from se_exporter.fleet.platform.reader import PlatformEvent, read_platform
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.platform import lifecycle
 from tests.child_logs import attach

@@ -10,7 +10,8 @@ from pathlib import Path
 import jsonschema
 from prometheus_client import CollectorRegistry
 
-from se_exporter.fleet.vms import Fleet, read_message
+from se_exporter.fleet.message import read_message
+from se_exporter.fleet.vms import Fleet
 from se_exporter.sidecar.forwarding.envelope import Envelope, Sequencer
 from se_exporter.sidecar.forwarding.forward import ForwardMetrics, ForwardSink
 from se_exporter.sidecar.forwarding.forward_file import file_line

@@ -9,12 +9,9 @@ from collections import defaultdict
 from se_exporter.core.lifecycle import diff
 from se_exporter.core.model import VmIdentity, parse_document
 from se_exporter.fleet.message import VmState, read_message
-from se_exporter.fleet.platform import (
-    PlatformPicture,
-    Reconciler,
-    ReconcileSettings,
-    read_platform,
-)
+from se_exporter.fleet.platform.coverage import Reconciler, ReconcileSettings
+from se_exporter.fleet.platform.reader import read_platform
+from se_exporter.fleet.platform.records import PlatformPicture
 from se_exporter.sidecar.forwarding.envelope import build
 from se_exporter.sidecar.sinks import DocumentChange
 from se_exporter.simulator import scenario as scenarios

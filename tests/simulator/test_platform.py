@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from se_exporter.core.model import VmIdentity
-from se_exporter.fleet.platform import PlatformEvent, read_platform
+from se_exporter.fleet.platform.reader import PlatformEvent, read_platform
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.platform import PlatformCopy, Published, lifecycle
 from se_exporter.simulator.scenario import Scenario

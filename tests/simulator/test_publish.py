@@ -13,7 +13,7 @@ import pytest
 
 from se_exporter.cli import main
 from se_exporter.core.errors import ConfigError
-from se_exporter.fleet.platform import read_platform
+from se_exporter.fleet.platform.reader import read_platform
 from se_exporter.infra.files import Disk
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.hub import EventHubOutput

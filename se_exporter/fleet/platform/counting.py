@@ -10,11 +10,8 @@ The rule (``COUNTING``; docs/platform-stream.md says it too):
 3. An ended EventId stays `--platform-retention` from when its end was read (not from its eventTime), and what was
    counted of it eight days more: a message read later adds only what it adds to that.
 
-Every figure of (1) only grows as messages are added (a status, an earlier Started, a later Completed, a VM, a
-copy), so the counter ends at the figure of all its messages, whatever the order or the rounds they came in
-(``tests/fleet/test_platform_counting.py`` proves it over every order of 400 sets). A counter is labelled with the
-EventId's fields when it is topped up: the documented stream repeats them in every message of one EventId; if two
-messages disagreed (a type said Reboot in one, Redeploy in another), the total over labels is still exact.
+Every figure of (1) only grows as messages are added, so each counter ends at the figure of all its messages
+whatever their order or lateness (``tests/fleet/test_platform_counting.py`` proves it over every order).
 
 The coverage counters follow one rule too (``COVERAGE``; docs/platform-stream.md):
 
@@ -27,12 +24,9 @@ The coverage counters follow one rule too (``COVERAGE``; docs/platform-stream.md
 3. They are counted as COUNTING's rules 2 and 3 count the rest: by the owner of the EventId's home partition alone,
    topping up to those figures, kept in the same record of what was counted.
 
-A judgement only grows (a listing is kept, a miss stays a miss), so the merged figures do too, and each counter
-ends at the figure of every judgement whatever the order and the rounds in which the home read them, across
-restarts and hand-overs (``tests/fleet/test_platform_counting.py`` proves it over every order of 300 sets of
-judging rounds, read late, with the home killed before writes). A VM is counted missed once, under the reason
-merged when it is first counted: the reasons are moments of one miss, and a VM first counted ``no_sidecar`` whose
-sidecar then appears is not counted again.
+A judgement only grows (a listing is kept, a miss stays a miss), so each coverage counter ends at the figure of every
+judgement whatever the order, across restarts and hand-overs; a VM is counted missed once, under the reason merged
+when it is first counted.
 """
 
 from __future__ import annotations
@@ -42,25 +36,6 @@ from typing import Any
 
 from se_exporter.fleet.platform.records import PlatformRecord
 
-COUNTING = (
-    "An EventId's figures are a function of the set of its messages merged over every partition: each status heard "
-    '(`platform_events_total`); the earliest Started to the latest Completed times every VM any message named '
-    '(`impact_seconds_total`); deliveries of a message beyond its first (`platform_duplicates_total`).',
-    'Only the owner of its home partition counts it, topping each counter up to that figure; what was counted is '
-    "kept in the home's blob, and an increment is applied once that blob is written.",
-    'An ended EventId stays `--platform-retention` from when its end was read (not from its eventTime), and what '
-    'was counted of it eight days more: a message read later adds only what it adds to that.',
-)
-COVERAGE = (
-    "A partition's owner judges the named VMs it shows of each EventId (when each first listed it; a miss and its "
-    "reason, once said while the event was open, kept) and the unannounced EventIds its live VMs listed, and keeps "
-    "that judgement in the partition's blob beside its picture.",
-    "An EventId's coverage figures are a function of every partition's judgement merged: each VM missed once "
-    "(`missed_events_total`; `no_sidecar`: alive in no partition once all have judged the EventId), each VM's lag "
-    "once (`announcement_lag_seconds`), the EventId once if unannounced (`unannounced_events_total`).",
-    "They are counted as COUNTING's rules 2 and 3 count the rest: by the owner of the EventId's home partition "
-    "alone, topping up to those figures, kept in the same record of what was counted.",
-)
 # One VM's judgement of one EventId: the miss said while it was open (a reason of ``coverage.MISSED_REASONS``, or
 # None), and when the VM first listed it minus when the platform announced it (its lag; None: not listed).
 Verdict = tuple[str | None, float | None]

@@ -1,32 +1,16 @@
 """Reconciliation: for every EventId the platform announced and every VM it concerns, did that VM's sidecar see it?
 
-No I/O and no clock reads. ``Reconciler.update`` takes the platform's records, the fleet's VMs (as
-``Fleet.vms()`` returns them) and the time, and returns the coverage of each (EventId, VM) pair (with its lag when
-observed) and the unannounced EventIds listed: what a partition's owner judges (``counting.COVERAGE``); counting
-them is not done here. It remembers, bounded, what must outlive one look: when a VM first listed an EventId (a
-finished event vanishes from IMDS, and from the VM's next document), and which scopes have published a platform
-event.
+No I/O and no clock reads. ``Reconciler.update`` takes the platform's records, the fleet's VMs (as ``Fleet.vms()``
+returns them) and the time, and returns the coverage of each (EventId, VM) pair (``COVERAGES``, with its lag when
+observed; docs/fleet.md, "What the fleet tells you", says what each means) and the unannounced EventIds listed: what
+a partition's owner judges (``counting.COVERAGE``); counting them is not done here. It remembers, bounded, what must
+outlive one look: when a VM first listed an EventId (a finished event vanishes from IMDS, and from the VM's next
+document), and which scopes have published a platform event.
 
-Coverage, for an affected VM (a name in the event's Resources):
-
-* ``observed``: the VM's sidecar has listed the EventId (now or in an earlier document);
-* ``no_sidecar``: no sidecar of that name has been heard from within ``vm_expiry``;
-* ``imds_unreachable``: its sidecar is alive but reported, after the announcement, that its last successful IMDS
-  read was before it (or that its polls are failing): it could not have seen the event;
-* ``missed``: its sidecar is alive and has not listed the EventId ``grace`` seconds after the announcement while
-  the event is Scheduled or Started.
-
-Within the grace a live sidecar's pair has no coverage yet; once the event has ended, a live sidecar's pair gets
-none (the VM's IMDS would no longer show the event: a miss said while it was open is kept by the judgement of the
-VM's partition, ``counting.COVERAGE``). The reverse: an EventId live sidecars listed for ``grace`` that the
-platform never announced, listed only when the VM is in a scope that has published a platform event (its scale set,
-itself, or a Resources list: an availability set is known only that way).
-
-The join is on (subscription, resource group, VM name): the sidecars forward the first two as
-properties, ``VmState`` keeps them (and the state blobs), and ``vm_identity`` returns them. A VM name compares
-without case (as Azure compares names; the 2017 preview's leading underscore ignored, as ``core.model.affects_vm``
-does); where a side does not know a part (an older sidecar says neither subscription nor resource group), that part
-is not compared (``_same_place``), and the scale set's name and the location narrow it where both sides know them.
+The join is on (subscription, resource group, VM name), the name without case (the 2017 preview's leading underscore
+ignored, as ``core.model.affects_vm`` does); a part one side does not know (an older sidecar says neither
+subscription nor resource group) is not compared (``_same_place``), and the scale set's name and the location narrow
+it where both sides know them.
 """
 
 from __future__ import annotations
@@ -98,24 +82,14 @@ class _Pair:
         return min((when for place, when in self.listings() if matches(place)), default=None)
 
 
-def vm_identity(vm: VmState) -> tuple[str, str, str]:
-    """(subscription, resource group, VM name) to join on, without case; '' where not known (see the module)."""
-    return vm.subscription_id.casefold(), vm.resource_group.casefold(), _name(vm.vm_name)
-
-
-def _name(name: str) -> str:
-    return name.lstrip("_").casefold()
-
-
 def name_key(name: str) -> str:
     """A VM name as the join compares it (and as a partition's judgement names VMs)."""
-    return _name(name)
+    return name.lstrip("_").casefold()
 
 
 def _place(vm: VmState) -> tuple[str, str, str, str]:
     """(subscription, resource group, location, scale set) of a VM, without case; '' where not known."""
-    subscription, group, _ = vm_identity(vm)
-    return subscription, group, vm.location.casefold(), vm.vmss_name.casefold()
+    return vm.subscription_id.casefold(), vm.resource_group.casefold(), vm.location.casefold(), vm.vmss_name.casefold()
 
 
 def _same_place(record: PlatformRecord, place: tuple[str, str, str, str]) -> bool:
@@ -158,7 +132,7 @@ class Reconciler:
         that publishes, so a fleet that has not opted in costs nothing here."""
         if not vm.events:
             return
-        name = _name(vm.vm_name)
+        name = name_key(vm.vm_name)
         published = self._published(vm, name)
         for event in vm.events:
             key = event_key(event.event_id)
@@ -189,7 +163,7 @@ class Reconciler:
         """The VM is in a scope that has published a platform event: its scale set, itself, or a Resources list (an
         availability set is known only that way)."""
         return hash(name) in self._named or hash(("virtual_machine", name)) in self._scopes \
-            or bool(vm.vmss_name and hash(("scale_set", _name(vm.vmss_name))) in self._scopes)
+            or bool(vm.vmss_name and hash(("scale_set", name_key(vm.vmss_name))) in self._scopes)
 
     def update(self, records: Iterable[PlatformRecord], vms: Iterable[VmState], now: float,
                absent: bool = True) -> Reconciliation:
@@ -199,13 +173,13 @@ class Reconciler:
         self._absent = absent
         for record in records:
             self._remember(self._announced, record.key, self.settings.ids, "platform_coverage_ids")
-            self._remember(self._scopes, hash((record.event.scope_type, _name(record.event.scope_name))),
+            self._remember(self._scopes, hash((record.event.scope_type, name_key(record.event.scope_name))),
                            self.settings.scopes, "platform_scopes")
-        self._named = frozenset(hash(_name(resource)) for record in records for resource in record.event.resources)
+        self._named = frozenset(hash(name_key(resource)) for record in records for resource in record.event.resources)
         by_name: dict[str, list[VmState]] = {}
         listing: dict[str, list[tuple[VmState, str]]] = {}  # EventId key -> (VM, event type) listing it now
         for vm in vms:
-            by_name.setdefault(_name(vm.vm_name), []).append(vm)
+            by_name.setdefault(name_key(vm.vm_name), []).append(vm)
             self.note(vm)
             for event in vm.events:
                 listing.setdefault(event_key(event.event_id), []).append((vm, event.event_type))
@@ -213,7 +187,7 @@ class Reconciler:
         for record in records:
             announced = record.event
             for resource in announced.resources:
-                row = self._pair_coverage(record, resource, by_name.get(_name(resource), ()), now)
+                row = self._pair_coverage(record, resource, by_name.get(name_key(resource), ()), now)
                 if row is not None:
                     rows.append(row)
         listed = self._unannounced(listing, now)
@@ -237,7 +211,7 @@ class Reconciler:
     def _decide(self, record: PlatformRecord, resource: str, named: Iterable[VmState],
                 now: float) -> tuple[str, float | None] | None:
         """The pair's coverage, and when it was first listed (observed)."""
-        pair = self._pair((record.key, hash(_name(resource))), create=True) or _Pair()
+        pair = self._pair((record.key, hash(name_key(resource))), create=True) or _Pair()
         first_listed = pair.listed_at(lambda place: _same_place(record, place))
         if first_listed is not None:
             return "observed", first_listed
@@ -259,7 +233,7 @@ class Reconciler:
             if key in self._announced:
                 continue
             for vm, event_type in listed:
-                name = _name(vm.vm_name)
+                name = name_key(vm.vm_name)
                 pair = self._pairs.get((key, hash(name)))
                 first_listed = pair.listed_at(_place(vm).__eq__) if pair is not None else None
                 if first_listed is None or now < first_listed + self.settings.grace:

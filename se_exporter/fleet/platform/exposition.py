@@ -1,29 +1,9 @@
 """The platform gauges, a prometheus-client collector of the last reconciliation.
 
-Gauges, rebuilt from the platform picture and the last reconciliation on every scrape (an event forgotten is gone
-from the next scrape, with its series; nothing is removed by hand):
-
-* ``azure_scheduled_fleet_platform_event_info{event_id, event_type, event_status, event_source, scope_type,
-  scope_name, resource_group, subscription_id, location}`` = 1 per EventId the platform announced;
-* ``azure_scheduled_fleet_platform_event_vms{event_id, event_type, coverage}``: the VMs of each coverage
-  (``coverage.COVERAGES``), all four per EventId (0 included), so a panel's series never come and go;
-* ``azure_scheduled_fleet_platform_kept{what}``: what the platform side holds now, each bounded.
-
-Counters and the histogram are ``collector.FleetMetrics``' (every label value created at zero where the values are a
-closed set), fed by ``service.py`` from what this package returns:
-
-* ``azure_scheduled_fleet_platform_events_total{event_type, event_status}``,
-  ``azure_scheduled_fleet_impact_seconds_total{event_type, scope_name, location}`` and
-  ``azure_scheduled_fleet_platform_duplicates_total``: ``counting.top_up`` of each EventId's merged record, by its
-  home's replica (``counting.COUNTING``: the same totals whatever the order and lateness of its messages);
-* ``azure_scheduled_fleet_missed_events_total{event_type, reason}`` (reason in ``MISSED_REASONS``),
-  ``azure_scheduled_fleet_unannounced_events_total{event_type}`` and the histogram
-  ``azure_scheduled_fleet_announcement_lag_seconds`` (negative when the VM knew first: buckets cover both signs):
-  ``counting.top_up`` of each EventId's VMs' verdicts merged over every partition's judgement, by its home's
-  replica (``counting.COVERAGE``: each VM and EventId once);
-* ``azure_scheduled_fleet_invalid_messages_total{reason}``: gains ``PLATFORM_INVALID_REASONS`` (created at zero)
-  and counts ``PlatformMessage.skipped`` reasons; ``bound_hits_total{bound}`` gains ``PLATFORM_BOUND_NAMES``,
-  ``PICTURE_BOUND_NAMES`` and ``COVERAGE_BOUND_NAMES``.
+Rebuilt from the platform picture and the last reconciliation on every scrape, so an event forgotten is gone from
+the next scrape with its series and nothing is removed by hand. The platform's counters and histogram are
+``collector.FleetMetrics``', fed by ``service.py``; how each is counted once whatever the order and lateness of
+its messages: docs/platform-stream.md ("Counting once", "Coverage counted once"); each family: docs/reference.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Each EventId's home, and what was counted of the EventIds homed at the partitions this replica shows.
 
 An EventId's home is a partition of the platform's hub (the sidecars' hub when only that one is read), by a stable
-hash of its key (``hubs.home``). Only the replica that shows the home counts the EventId (``counting.COUNTING`` and
-``counting.COVERAGE``), keeping what it counted (``Counted``) on the home's ``OwnedPlatform`` and so in its blob, and
-applying each increment once that blob is written (``OwnedPlatform.pending``): a partition lost before its write is
-counted by its next owner instead, never twice.
+hash of its key (``hubs.home``); only the replica that shows it counts the EventId, by ``counting``'s rules.
 """
 
 from __future__ import annotations

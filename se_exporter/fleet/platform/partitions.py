@@ -14,20 +14,18 @@ from typing import TYPE_CHECKING
 
 from azure.eventhub.aio import PartitionContext
 
-from se_exporter.core.retry import backoff
 from se_exporter.fleet.message import InvalidMessage
+from se_exporter.fleet.persistence import until_read
 from se_exporter.fleet.platform.hubs import HubPlatform, OwnedPlatform
 from se_exporter.fleet.platform.reader import read_platform
 from se_exporter.fleet.platform.records import PictureState, PlatformPicture
 from se_exporter.fleet.platform.saving import decode_platform, encode_platform, platform_blob_name
-from se_exporter.infra.azure.clients import describe
 from se_exporter.infra.logs import fields
 
 if TYPE_CHECKING:
     from se_exporter.fleet.platform.service import Platform
 
 log = logging.getLogger("se_exporter.fleet")
-RESTORE_RETRY_MAX = 30.0
 _EMPTY = PictureState((), (), ())
 
 
@@ -47,18 +45,9 @@ class PlatformReader:
         side.prefix = (context.fully_qualified_namespace, context.eventhub_name, context.consumer_group)
         side.store.name(partition_id, platform_blob_name(*side.prefix, partition_id))
         side.forget_peer(partition_id)
-        failures = 0
-        while True:
-            try:
-                data = await side.store.fetch(partition_id)
-                break
-            except Exception as error:
-                platform.metrics.errors.labels("state_read").inc()
-                platform.report.once(f"platform-restore:{side.role}:{partition_id}", logging.WARNING,
-                                      "partition %s: cannot read its platform picture (%s); retrying before reading "
-                                      "it", partition_id, describe(error))
-                failures += 1
-                await platform.sleep(backoff(failures, 1.0, RESTORE_RETRY_MAX))
+        data = await until_read(lambda: side.store.fetch(partition_id), platform.report,
+                                f"platform-restore:{side.role}:{partition_id}",
+                                f"partition {partition_id}: cannot read its platform picture", platform.sleep)
         held = side.held[partition_id] = OwnedPlatform(checking=context)
         if data is None:
             return
@@ -158,7 +147,7 @@ class PlatformReader:
         async def write() -> bool:
             written = False
             try:
-                written = await side.store.save(partition_id, data, position)
+                written = await side.store.save_blocks(partition_id, position, lambda _block: data, None)
             finally:
                 if written:
                     held.written = changes

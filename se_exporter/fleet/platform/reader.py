@@ -1,20 +1,12 @@
 """A platform message read and checked: Azure's own copy of a scheduled event, from Event Grid.
 
-Recognised by content, so the platform stream may share a hub with the sidecars' documents: an Event Grid event
-(an object, or an array of them as Event Grid delivers) in the Event Grid schema (``eventType``) or CloudEvents
-1.0 (``specversion`` and ``type``). Azure's documents name the stream two ways, and both are read (``EVENT_TYPES``):
-the topic ``Microsoft.ResourceNotifications.MaintenanceResources`` or ``Microsoft.Maintenance.ScheduledEvents``
-with the type ``<topic>.ScheduledEventEmitted`` (recognised by that ending, under any prefix), or the type
-``microsoft.maintenance/scheduledevents/write``, in any case; another event type is refused as
-``other_event_type``; a body that is neither (no envelope key at the top level) is not a platform message at all
-(``read_platform`` returns None) and is left to ``message.read_message``;
-an array that does not parse is ``not_json`` here (no sidecar document is an array).
-
-Nothing in it is trusted, as in ``message.py``: the byte cap is checked before parsing, the containers in the
-body are counted before parsing (which bounds both depth and size of every value: a real event has six), integer
-literals past 20 digits and NaN/Infinity never become numbers, every string kept is checked (unpaired surrogates
-and control characters spelt out, length bounded), counts are bounded (``PlatformBounds``, each hit reported), and
-a wrong type is refused with the field it concerns. Only ``InvalidMessage`` ever leaves ``read_platform``.
+Recognised by content, so the platform stream may share a hub with the sidecars' documents: an Event Grid event (an
+object, or an array of them) in the Event Grid schema (``eventType``) or CloudEvents 1.0 (``specversion`` and
+``type``), of one of ``EVENT_TYPES`` (by their ending, in any case; another type is ``other_event_type``). A body
+that is neither is not a platform message (``read_platform`` returns None) and is left to ``message.read_message``;
+an array that does not parse is ``not_json`` here (no sidecar document is an array). Nothing in it is trusted, as in
+``message.py``: docs/platform-stream.md, "What a message may be", says what each kind of bad input gives. Only
+``InvalidMessage`` ever leaves ``read_platform``.
 """
 
 from __future__ import annotations

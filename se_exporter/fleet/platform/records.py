@@ -1,25 +1,16 @@
 """The platform picture: every scheduled event Azure announced, per EventId, its statuses only moving forward.
 
 No I/O and no clock reads: the consumer hands in each ``PlatformEvent`` and the time, and reads back frozen
-values. Event Grid may deliver a message twice (the same Event Grid ``id``: a duplicate, applied once, its copies
-kept on the record) and in any order, so a record keeps the earliest time of each open status and the latest of
-each end, and its status is the furthest one: Scheduled, then Started, then Completed or Canceled. ``combine`` is
-commutative and associative (the fields shown are those of the message ``_choice`` orders first), so any order of
-the same messages gives the same record: a partition's picture can be folded again from its messages, and
-pictures of several partitions merged (``merge``) when one EventId's messages land on different partitions.
+values. Event Grid may deliver a message twice and in any order (docs/platform-stream.md, "Order, duplicates,
+clocks"): ``combine`` is commutative and associative, so any order of the same messages gives the same record, and
+pictures of several partitions merge (``merge``) when one EventId's messages land on different partitions. A
+duplicate is the same Event Grid ``id`` for the same EventId and status (``message_id``): the same ``id`` reused for
+another EventId or status is news.
 
-Event Grid promises that a duplicate repeats the payload and the ``id``; a message is one status of one EventId, so
-a duplicate is the same ``id`` for the same EventId and status (``message_id``): the same ``id`` reused for another
-EventId or status is news and applied, never lost as a "duplicate".
-
-An ended event stays for ``retention`` after its end was read (not its eventTime: an end read late is still listed,
-counted and joined by its other messages), then is forgotten; an event that never ends (its end was lost) is
-forgotten ``open_expiry`` after its last change. A forgotten EventId is remembered a while so a late copy does not
-bring it back. Everything is bounded (``PlatformLimits``; docs/platform-stream.md measures the bytes); each bound
-reached is reported as the name ``bound_hits_total{bound}`` counts it under. At the events or VM-names bound, the
-events that ended here first are forgotten to make room for a new EventId (all of them, in order, if that is what it
-takes: when even that is not enough for its VMs, it is refused and they are gone all the same, which only a flood
-brings about).
+An ended event stays for ``retention`` after its end was read (not its eventTime), an open one ``open_expiry`` after
+its last change; a forgotten EventId is remembered a while so a late copy does not bring it back. Everything is
+bounded (``PlatformLimits``), each bound reached reported under the name ``bound_hits_total{bound}`` counts it; at
+the events or VM-names bound, the events that ended here first are forgotten to make room for a new EventId.
 """
 
 from __future__ import annotations
@@ -34,7 +25,6 @@ from se_exporter.fleet.platform.reader import DEFAULT_PLATFORM_BOUNDS, STATUSES,
 
 RANK = {"Scheduled": 0, "Started": 1, "Completed": 2, "Canceled": 2}
 ENDED = frozenset({"Completed", "Canceled"})
-OPEN = frozenset({"Scheduled", "Started"})
 PICTURE_BOUND_NAMES = ("platform_events", "platform_ids", "platform_vms")
 # What ``apply`` says of one event: a status learnt, a known status again under another Event Grid id, a
 # duplicate, an EventId forgotten a moment ago, or the bound that refused a new EventId.

@@ -13,17 +13,16 @@ was counted.
 ``counted`` holds what was counted of the EventIds whose home is this partition (``hubs.home``; rule 2 of
 ``counting.COUNTING``), so a restart or a hand-over does not count them again; ``judged`` is what its owner judged
 of the VMs it shows (``counting.COVERAGE``), read by the EventIds' homes, and kept because an ended event keeps the
-coverage decided while it was open and IMDS no longer shows anything to decide it again from. Written like
-the VM state (``statestore.StateStore.save``: never backwards, ETag-conditional), before it and so before the
-checkpoint. A newer release may add fields; this one ignores what it does not know. Reading trusts nothing: bounded
-inflation, every row checked (``saved.py``); a damaged blob is counted and the partition's picture starts empty.
+coverage decided while it was open and IMDS no longer shows anything to decide it again from. Written as a base
+like the VM state (``statestore.StateStore.save_blocks``: never backwards, ETag-conditional), before it and so
+before the checkpoint. A newer release may add fields; this one ignores what it does not know. Reading trusts
+nothing: bounded inflation, every row checked (``saved.py``); a damaged blob is counted and the picture starts empty.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +32,7 @@ from se_exporter.fleet.platform.coverage import MISSED_REASONS
 from se_exporter.fleet.platform.fields import STATUSES
 from se_exporter.fleet.platform.records import PictureState
 from se_exporter.fleet.platform.saved import state_from_json, state_to_json
-from se_exporter.fleet.stateformat import DamagedState
+from se_exporter.fleet.stateformat import DamagedState, inflated
 
 PLATFORM_FORMAT = 1
 MAX_PLATFORM_BYTES = 256 * 1024**2  # inflated: 10,000 events naming 1,000 VMs each is about 200 MB
@@ -137,24 +136,13 @@ def _verdict(row: object) -> Verdict | None:
     if not isinstance(row, dict):
         return None
     reason, lag = row.get("missed"), row.get("lag")
-    if not (reason is None or reason in MISSED_REASONS) or not (lag is None or _seconds(lag)):
+    if not (reason is None or reason in MISSED_REASONS) or not (lag is None or _count(lag, 1 - 2**53)):
         return None
     return reason, None if lag is None else float(lag)
 
 
-def _seconds(value: object) -> bool:
-    """A lag in seconds: a finite number of either sign (NaN and infinities fail both comparisons), not a bool."""
-    return type(value) in (int, float) and -2**53 < value < 2**53  # type: ignore[operator]
-
-
 def _parse(data: bytes) -> Any:
-    try:
-        inflate = zlib.decompressobj(wbits=31)
-        text = inflate.decompress(data, MAX_PLATFORM_BYTES)
-    except zlib.error as exc:
-        raise DamagedState("unreadable", f"not gzip ({str(exc)[:200]})") from None
-    if inflate.unconsumed_tail or not inflate.eof:
-        raise DamagedState("unreadable", f"truncated, or inflates past {MAX_PLATFORM_BYTES} bytes")
+    text, _size = next(inflated(data, MAX_PLATFORM_BYTES))  # one member: written as a single base
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -181,9 +169,10 @@ def _counted(row: object) -> tuple[str, Counted] | None:
                             None if gone_at is None else float(gone_at))
 
 
-def _count(value: object) -> bool:
-    """A finite number from 0 to 2**53 (seconds, a count, a unix time), not a bool."""
-    return type(value) in (int, float) and 0 <= value < 2**53  # type: ignore[operator]
+def _count(value: object, least: int = 0) -> bool:
+    """A number from ``least`` to below 2**53 (seconds, a count, a unix time; NaN and infinities fail the
+    comparisons), not a bool."""
+    return type(value) in (int, float) and least <= value < 2**53  # type: ignore[operator]
 
 
 def _text(value: object) -> bool:

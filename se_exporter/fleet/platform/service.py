@@ -9,13 +9,8 @@ judging the VMs shown here, counting the EventIds homed here, rendering).
 Reconciliation runs on the loop every ``RECONCILE_EVERY`` seconds (not in a scrape): the records of every held and
 read picture, merged, against the VMs this replica shows; a scrape renders the last result.
 
-Two rules, each stated in ``counting``: ``COUNTING`` for the statuses, the impact and the duplicates, ``COVERAGE``
-for the misses, the lags and the unannounced EventIds. Each partition's owner judges the VMs it shows and keeps its
-judgement in the partition's blob (``OwnedPlatform.judged``); only an EventId's home counts it, from every partition's
-judgement merged (its own partitions' and the others' blobs), topping up what its blob says was counted, each
-increment applied once that blob is written. ``no_sidecar`` is said by the home once every partition has judged
-the EventId and none has the VM alive: never wrongly, at worst late. What this leaves with several replicas
-(docs/fleet.md says it): the coverage counters a few checkpoint intervals behind the judgement.
+The two rules, ``COUNTING`` and ``COVERAGE``, are stated in ``counting``; what they leave with several replicas,
+in docs/fleet.md.
 """
 
 from __future__ import annotations
@@ -113,9 +108,8 @@ class Platform:
 
     async def read_peers(self) -> None:
         """Every partition's picture and judgement this replica does not hold, from its blob
-        (``HubPlatform.read_peers``): so each replica knows every EventId, and an EventId's home replica lists and
-        counts it wherever its messages landed and whichever replica shows its VMs. A blob unreadable now is counted and
-        tried again next time."""
+        (``HubPlatform.read_peers``), so an EventId's home counts it wherever its messages landed and whichever
+        replica shows its VMs. A blob unreadable now is counted and tried again next time."""
         for side in self.hubs.values():
             try:
                 await side.read_peers()
@@ -123,9 +117,6 @@ class Platform:
                 self.metrics.errors.labels("state_read").inc()
                 self.report.once(f"platform-peer:{side.role}", logging.WARNING, "cannot read the other partitions' "
                                  "platform pictures (%s); trying again", describe(error))
-
-    def is_home_here(self, key: str) -> bool:
-        return self.homes.is_here(key)
 
     # ------------------------------------------------------------------ reconciliation
 
@@ -142,7 +133,7 @@ class Platform:
         if not records and not self.homes.size and not self.view.records:
             return self.view  # a fleet that has not opted in costs nothing here
         coverage, unannounced = self._reconciled(records, now)
-        informed = frozenset(record.key for record in records if self.is_home_here(record.key))
+        informed = frozenset(record.key for record in records if self.homes.is_here(record.key))
         self.homes.forget({record.key for record in records} | unannounced, now)
         sizes = {**self.reconciler.sizes(), "counted": self.homes.size}
         for picture in pictures:
@@ -286,7 +277,7 @@ class Platform:
         everywhere = frozenset.intersection(*(judged.keys for judged in judgements)) if complete and judgements \
             else frozenset()  # the EventIds every partition has judged
         for record in records:
-            if not self.is_home_here(record.key):
+            if not self.homes.is_here(record.key):
                 continue
             verdicts = merged([judged.vms[record.key] for judged in judgements if record.key in judged.vms])
             if record.key in everywhere:
@@ -304,7 +295,7 @@ class Platform:
         keys: set[str] = set()
         for judged in judgements:
             for key, event_type in judged.listed.items():
-                if key not in keys and self.is_home_here(key) and not self.reconciler.announced(key):
+                if key not in keys and self.homes.is_here(key) and not self.reconciler.announced(key):
                     keys.add(key)
                     self.homes.count_unannounced(key, event_type)
         return keys
@@ -322,13 +313,11 @@ class Platform:
             await self.read_peers()
 
     async def run(self, stop: asyncio.Event, every: float) -> None:
-        """Reconcile every ``every`` seconds; write the memory of homes whose partition has no position yet (no
-        event handled: the PartitionPersistence writes nothing for it). A round is put off while platform messages
-        arrived within the last ``every`` (a burst: a reconciliation over its events holds the loop, which the burst's
-        reading would wait for; ``scripts/fleet_bench.py --platform`` measures the burst against the bare SDK's), for up
-        to ``BURST_DEFERS_UP_TO`` seconds. Only a burst: at least ``BURST_MESSAGES``
-        applied since the last round. Azure's usual trickle (a message every second or two) is never one: put off,
-        a short event could end unjudged, and a live sidecar's miss of it would never be said."""
+        """Reconcile every ``every`` seconds, and write the platform side of partitions without a position yet. A
+        round is put off, for up to ``BURST_DEFERS_UP_TO`` seconds, during a burst (``BURST_MESSAGES`` applied since
+        the last round, the latest within ``every``): a reconciliation holds the loop the burst's reading waits for
+        (``scripts/fleet_bench.py --platform``). Azure's usual trickle is never one: put off, a short event could end
+        unjudged, and a live sidecar's miss of it would never be said."""
         last = time.monotonic()
         while not stop.is_set():
             await self.sleep(every)
