@@ -1,28 +1,8 @@
 """Scheduled Events documents as frozen values, parsed from every documented api-version shape.
 
-IMDS has changed the document over the years (see ``shared/azure-docs``):
-
-* 2017-03-01 (preview): ``NotBefore`` in ISO 8601, ``DocumentIncarnation`` sometimes a string,
-  resource names with a leading underscore, no ``Description``/``EventSource``/``DurationInSeconds``;
-* 2017-08-01 onwards: ``NotBefore`` in RFC 1123 (``Mon, 11 Apr 2022 22:26:58 GMT``), empty once started;
-* later versions add ``Preempt``, ``Terminate``, ``Description``, ``EventSource``, ``DurationInSeconds``.
-
-Parsing is tolerant where tolerance loses nothing (an unknown ``EventType``, an extra field, a
-wrongly typed optional field becomes ``None`` plus a warning) and strict where guessing would
-invent lifecycle transitions: without an object carrying an ``Events`` list, or without a usable
-``EventId`` per event, the whole document is invalid and the caller keeps its previous state.
-
-Whatever the body holds, parsing ends in a ``Document`` or an ``InvalidDocument``, never another
-exception, and a ``Document`` carries only values every output can carry:
-
-* integers outside the signed 64-bit range (``DocumentIncarnation``, ``DurationInSeconds``), and integer
-  literals longer than Python's int-string limit (4,300 digits), become absent plus a warning;
-* a string holding an unpaired UTF-16 surrogate (``"\\ud800"`` is a valid JSON escape, but no UTF-8
-  encoder accepts the result) is handed out with the surrogate written as the text ``\\ud800``, plus a
-  warning; the raw bytes, forwarded as they are, are untouched.
-
-EventIds are GUIDs ("globally unique identifier", in the Azure documents), and GUIDs compare without
-regard to case: ``event_key`` is what identifies an event everywhere (lifecycle, duplicates, trace ids).
+What parsing tolerates, what it refuses (the caller then keeps its previous state) and why ``event_key`` ignores
+case: docs/architecture.md ("Every api-version" to "EventIds are GUIDs"). Whatever the body holds, parsing ends in
+a ``Document`` or an ``InvalidDocument``, never another exception.
 """
 
 from __future__ import annotations
@@ -61,21 +41,11 @@ class EventStatus(str, Enum):
 EVENT_STATUSES = tuple(status.value for status in EventStatus)
 STATUS_STARTED = EventStatus.STARTED.value  # a plain str for hot paths: an Enum class attribute lookup costs ~90 ns
 
-_KNOWN_EVENT_FIELDS = frozenset(
-    {
-        "EventId",
-        "EventType",
-        "EventStatus",
-        "ResourceType",
-        "Resources",
-        "NotBefore",
-        "Description",
-        "EventSource",
-        "DurationInSeconds",
-    }
-)
-_ALL_EVENT_FIELDS = operator.itemgetter("EventId", "EventType", "EventStatus", "ResourceType", "Resources",
-                                        "NotBefore", "Description", "EventSource", "DurationInSeconds")
+# Every documented event field, in the order ``_common_event`` unpacks them.
+_EVENT_FIELDS = ("EventId", "EventType", "EventStatus", "ResourceType", "Resources", "NotBefore", "Description",
+                 "EventSource", "DurationInSeconds")
+_KNOWN_EVENT_FIELDS = frozenset(_EVENT_FIELDS)
+_ALL_EVENT_FIELDS = operator.itemgetter(*_EVENT_FIELDS)
 _TEXT_OR_NULL = (str, type(None))  # an optional text field's JSON types
 _KNOWN_DOCUMENT_FIELDS = frozenset({"DocumentIncarnation", "Events"})
 _INTEGER = re.compile(r"^\s*-?\d+\s*$")
@@ -365,10 +335,9 @@ def built(cls: type[_T], values: dict[str, Any]) -> _T:
     ``__init__``: that one sets each field through ``object.__setattr__``, one call per field, which is most of
     the cost of building events (here) and records and transitions (the lifecycle diff). Kept, against "ordinary
     dataclasses", for the figure it guards: ``make bench``'s "parse + lifecycle diff of a 1,000-event document",
-    target 2.5x ``json.loads`` (measured without this, side by side: it missed). Only for the hot
-    paths, with values of the right types and every field given (no defaults are applied, no ``__post_init__``
-    runs); the tests prove the results equal to what ``__init__`` makes (``test_model.py``,
-    ``test_lifecycle.py``)."""
+    target 2.5x ``json.loads``. Only for the hot paths, with values of the right types and every field given (no
+    defaults are applied, no ``__post_init__`` runs); the tests prove the results equal to what ``__init__`` makes
+    (``test_model.py``, ``test_lifecycle.py``)."""
     made = object.__new__(cls)
     made.__dict__.update(values)  # the frozen __setattr__ is not involved: the instance's dict is filled directly
     return made
