@@ -13,9 +13,6 @@ lifecycle is inferred by comparing what we saw before with what we see now:
 No clock reads and no I/O here: the caller passes ``now`` (unix seconds), which is what makes a
 table of documents a complete test.
 
-Records are keyed by ``event_key`` (the EventId lower-cased, as the trace id is derived): an EventId
-that comes back spelt in another case is the same event, not a cancellation and a new one.
-
 An event that has ended is remembered for a while (``ENDED_MEMORY`` events, in ``Step.ended``). The
 Azure documents say an EventId is globally unique and that once an event is removed "there will be
 no further impacts without a new event", so the same EventId listed again can only be a stale or

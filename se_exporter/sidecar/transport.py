@@ -3,10 +3,8 @@
 Hand-built on purpose, the one such client kept: a poll of an unchanged document is one small GET on a kept-alive
 connection, and its cost is mostly the client's. The request is one ``sendall`` of bytes built from plain values, and
 the answer is read with ``recv`` and cut at its blank line and its framing (``Content-Length`` or chunks), with no
-file object, no e-mail header parser and no response class in between: ``http.client`` spent about 0.2 ms of CPU
-more per poll when the caches are cold, as between polls a second apart (0.28 against 0.08 ms here; h11 costs what
-``http.client`` does). The figure it guards: ``make bench``'s CPU per poll at 1 Hz against the Go peer, metrics only
-(docs/performance.md).
+file object, no e-mail header parser and no response class in between. The figure it guards: ``make bench``'s CPU
+per poll at 1 Hz against the Go peer, metrics only (docs/performance.md, with what ``http.client`` costs instead).
 
 One way in, ``get``, for the sidecar and its tests alike: it takes and returns plain values and imports nothing but
 the standard library (and ``infra/outbound.py``'s guard, on the standard library too), so a sidecar that polls IMDS

@@ -6,12 +6,8 @@ id.
 
 Nothing of it runs on the poll thread: ``export`` queues the change for a ``BatchProcessor`` (``batching.py``) whose
 worker numbers it, builds the envelope and queues it for each target's own processor. A target that refuses a
-document (a full disk, an I/O error) does not lose it and does not hold up the others: the envelope waits in that
-target's in-memory queue and is offered again, in order, with a capped backoff, and every later envelope queues
-behind it. The queue is bounded (``MAX_PENDING_BYTES``; past it the oldest refused document is given up, counted and
-logged, the newest always kept) and lives only in memory: what it holds when the sidecar stops is counted and logged
-as lost. A document is either accepted by a target (written whole and synced, counted as forwarded) or refused
-(nothing of it written, counted under its reason): never both.
+document keeps it in its bounded in-memory queue (``MAX_PENDING_BYTES``) and offers it again, in order, without
+holding up the others: docs/forwarding.md ("A full disk") says what is kept, what can be lost and how it shows.
 """
 
 from __future__ import annotations

@@ -226,9 +226,9 @@ class Batched(SpanExporter):
     ``export`` on the poll thread, which only queues it; the processor's worker exports the batches.
 
     Not the SDK's ``BatchSpanProcessor`` and ``BatchLogRecordProcessor``: their threads wake every schedule delay
-    whether anything is queued or not (three wake-ups and about 0.3 ms of CPU a second together, more than half of
-    an unchanged poll's own cost), where this worker sleeps until something is queued. The figure it guards is
-    ``make bench``'s CPU per second at 1 Hz with every sink on, against the Go peer. As the SDK's processors do, it
+    whether anything is queued or not (docs/performance.md has their cost), where this worker sleeps until something
+    is queued. The figure it guards is ``make bench``'s CPU per second at 1 Hz with every sink on, against the Go
+    peer. As the SDK's processors do, it
     lets a batch gather for the schedule delay, drops the oldest queued past the queue's bound (``dropped`` counts
     them; one warning per run of drops) and drops a batch its exporter fails (the exporter counts those).
     """
