@@ -46,18 +46,6 @@ ERROR_BODY_BYTES = 4096  # of a 400 or 404 answer: enough for IMDS's error and i
 HEADERS = {"Metadata": "true", "User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
 
 
-def make_transport() -> KeepAliveTransport:
-    """The one way to build what IMDS requests go through: GET only, no proxy, no redirects, keep-alive.
-
-    ``ImdsClient`` asks it with plain values (``KeepAliveTransport.get``), the origin, target and headers worked
-    out once: no client's per-request machinery (httpx's auth and redirect flows, cookies, hooks and header
-    merging do nothing for one fixed GET and were a fair share of a poll's CPU), and no httpx in the process at
-    all. It is the only way in: tests drive this same transport against loopback servers and
-    byte-level doubles (``tests/fakes/``), so what they prove is what the sidecar runs.
-    """
-    return KeepAliveTransport()
-
-
 class ImdsClient:
     """Reads Scheduled Events and compute metadata from one IMDS base URL."""
 
@@ -130,7 +118,7 @@ class ImdsClient:
     def _get(self, url: str, timeout: float) -> bytes:
         try:
             # The timeout bounds each step (connect, every read) and, as the total, the whole exchange. Straight to
-            # the transport, which never follows a redirect (see make_transport).
+            # the transport, which never follows a redirect (``transport.py``).
             answer = self._transport.get(self._origin, self._targets[url], self._headers, timeout, total=timeout)
             try:
                 if url is self._events_url:
