@@ -95,16 +95,9 @@ def build(change: DocumentChange, sequence: int, installation_id: str, imds: Imd
 
 
 class Sequencer:
-    """Hands out sequence numbers that never repeat for this installation, across restarts.
-
-    The state file is rewritten atomically (temp file, fsync, rename) each time a number is handed out.
-    If that fails (a full state directory), numbering goes on in memory, with one log line per change:
-    forwarding must not stop because its bookkeeping cannot be saved, and the numbers used meanwhile are
-    found again at the next start, because the caller raises the floor past what the spool and the
-    forward file hold (``advance_past``). A damaged file (any content that is not the expected object) is
-    logged and replaced by a new installation: a new installation id means message ids cannot repeat even
-    though the old numbering is unknown, and the new numbering starts above the spool's and the file's.
-    """
+    """Hands out sequence numbers that never repeat for this installation, across restarts: how, also through a
+    full or damaged state file, is docs/forwarding.md's "Sequence numbers never go back" (the caller raises the floor
+    past the spool and the forward file: ``advance_past``)."""
 
     def __init__(self, state_dir: Path) -> None:
         self._path = state_dir / STATE_FILE
