@@ -228,9 +228,9 @@ class Batched(SpanExporter):
     Not the SDK's ``BatchSpanProcessor`` and ``BatchLogRecordProcessor``: their threads wake every schedule delay
     whether anything is queued or not (docs/performance.md has their cost), where this worker sleeps until something
     is queued. The figure it guards is ``make bench``'s CPU per second at 1 Hz with every sink on, against the Go
-    peer. As the SDK's processors do, it
-    lets a batch gather for the schedule delay, drops the oldest queued past the queue's bound (``dropped`` counts
-    them; one warning per run of drops) and drops a batch its exporter fails (the exporter counts those).
+    peer. As the SDK's processors do, it lets a batch gather for the schedule delay, drops the oldest queued past the
+    queue's bound (``dropped`` counts them; one warning per run of drops) and drops a batch its exporter fails (the
+    exporter counts those).
     """
 
     def __init__(self, inner: Any, name: str, batching: SpanBatching,
