@@ -4,10 +4,10 @@ Imported only when tracing or the log records are on (``Sidecar.start``), so it 
 needs only the SDK, ``otlp`` adds the HTTP exporter, or the gRPC one (heavy to import) when ``grpc`` is asked for.
 Standard variables the exporters read themselves (headers, certificates, compression) keep working.
 
-The resource is built from the compute metadata the sidecar already read, under the semantic conventions' names
-(the cloud, host, os and azure names are still in their ``_incubating`` package, where the project publishes them);
-so the provider is created at the first document, when the identity is known (or known to be unavailable).
-``azure.vm.scaleset.name`` and ``azure.vm.sku`` are opentelemetry-resource-detector-azure's keys.
+The resource (docs/traces.md; the cloud, host, os and azure names come from the semantic conventions'
+``_incubating`` package, where the project publishes them, the ``azure.vm.*`` keys from
+opentelemetry-resource-detector-azure) needs the compute metadata, so the provider is created at the first
+document, when the identity is known (or known to be unavailable).
 """
 
 from __future__ import annotations
