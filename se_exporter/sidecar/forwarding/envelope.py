@@ -1,15 +1,11 @@
 """The forwarded message: the exact bytes IMDS returned, plus properties that say where and when.
 
-Every forwarding sink (Event Hubs, the JSON-lines file) sends the same envelope. ``sequence`` is
-monotonic per installation and survives restarts (``Sequencer`` keeps it in ``--state-dir``);
-``message_id`` is fixed when the document is accepted, so a resend after a timeout carries the
-same id and consumers can drop the duplicate.
+Every forwarding sink (Event Hubs, the JSON-lines file) sends the same envelope; its fields are docs/forwarding.md's.
 
-Property values are made carriable here, once for every target: an integer outside the 32-bit signed
-range becomes its decimal digits as a string (the Event Hubs SDK encodes a Python ``int`` as an AMQP
-``int`` and raises on anything wider, so a ``DocumentIncarnation`` of 2**70 would otherwise stop the
-document), and a string that cannot be UTF-8 (a lone surrogate from a JSON escape) is backslash-escaped.
-The body is never touched.
+Property values are made carriable here, once for every target: an integer outside the 32-bit signed range becomes
+its decimal digits as a string (the Event Hubs SDK encodes a Python ``int`` as an AMQP ``int`` and raises on
+anything wider, so a ``DocumentIncarnation`` of 2**70 would otherwise stop the document), and a string that cannot
+be UTF-8 (a lone surrogate from a JSON escape) is backslash-escaped. The body is never touched.
 """
 
 from __future__ import annotations

@@ -2,21 +2,18 @@
 
 Facts about azure-eventhub (5.15) this module is built around:
 
-* the sync client can hang for ever on a peer that accepts TCP and never answers, so the forwarder
-  uses the async client, where every call can be cancelled with ``asyncio.wait_for``;
-* a send without ``timeout=`` never fails when the server does not settle, so every send has one,
-  and an outer watchdog besides;
-* default retries make a refused connection fail only after ~12 s, so retries are explicit and few:
-  the batching processor (``batching.py``, the spool as its durable queue) retries, with backoff, for as long as
-  it takes;
-* a timed-out send may have been delivered: the documents stay spooled and are sent again with the
-  same ``message_id`` (at-least-once; consumers drop duplicates by message id);
-* ``EventDataBatch.add`` raises ``ValueError`` both when the batch is full and when a property cannot be
-  encoded (an ``int`` outside 32 bits, a string that is not UTF-8). Properties are made carriable first
-  (``envelope.carriable``), so a ``ValueError`` on an empty batch means the document alone is larger than a
-  message may be: the only document ever refused.
+* the sync client can hang for ever on a peer that accepts TCP and never answers, so the forwarder uses the async
+  client, where every call can be cancelled with ``asyncio.wait_for``;
+* a send without ``timeout=`` never fails when the server does not settle, so every send has one, and an outer
+  watchdog besides;
+* default retries make a refused connection fail only after ~12 s, so retries are explicit and few: the batching
+  processor (``batching.py``, the spool as its durable queue) retries, with backoff, for as long as it takes;
+* ``EventDataBatch.add`` raises ``ValueError`` both when the batch is full and when a property cannot be encoded (an
+  ``int`` outside 32 bits, a string that is not UTF-8). Properties are made carriable first (``envelope.carriable``),
+  so a ``ValueError`` on an empty batch means the document alone is larger than a message may be: the only document
+  ever refused.
 
-Nothing on the poll thread ever waits on the spool or on Event Hubs.
+What it guarantees (at least once, in order; a resend keeps its ``message_id``): docs/forwarding.md.
 """
 
 from __future__ import annotations
