@@ -1,8 +1,8 @@
 """A ``Preempt`` linked to the ``SpotRebalanceRecommendation`` that came before it on the same VM.
 
 IMDS does not say which recommendation a Preempt follows, so they are linked by VM and time: the rule, and why the
-warning between them is the figure Spot users need, is docs/events.md's ("SpotRebalanceRecommendation's lifecycle"). Pure:
-records in, links out.
+warning between them is the figure Spot users need, is docs/events.md's ("SpotRebalanceRecommendation's
+lifecycle"). Pure: records in, links out.
 """
 
 from __future__ import annotations
