@@ -41,9 +41,7 @@ class ImdsHealth:
     """How the VM's reads of IMDS are going, as of now: what a heartbeat says besides the document it repeats.
 
     ``last_success`` is when the sidecar last read a valid document (unix seconds; None before the first),
-    ``failing`` whether the latest poll failed. The poll loop keeps both in the snapshot; the forwarding sink reads
-    them through a callable it is given (``ForwardSink(imds_health=...)``), so that during an IMDS outage a heartbeat
-    says so instead of passing the last document off as freshly read.
+    ``failing`` whether the latest poll failed: docs/forwarding.md says why a heartbeat carries them.
     """
 
     last_success: float | None
