@@ -179,12 +179,9 @@ def _read_document(obj: object, memo: EventMemo | None) -> Document:
 
 
 def affects_vm(event: ScheduledEvent, vm_name: str | None) -> bool | None:
-    """Say whether ``vm_name`` is listed in ``Resources``; None when that cannot be told (no name, no Resources).
-
-    Events for a whole availability set or placement group reach every VM in it, so this is
-    how a VM tells its own maintenance from its neighbours'. Names compare case-insensitively
-    (Azure resource names are) and ignore the leading underscore the 2017-03-01 preview added.
-    """
+    """Say whether ``vm_name`` is listed in ``Resources`` (docs/architecture.md, "Whose event?"); None when that
+    cannot be told. Names compare case-insensitively (Azure resource names are) and ignore the leading underscore
+    the 2017-03-01 preview added."""
     if not vm_name or not event.resources:
         return None
     own = vm_name.lstrip("_").casefold()
