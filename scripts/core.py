@@ -36,7 +36,7 @@ from se_exporter.core.lifecycle import diff
 from se_exporter.core.model import EventMemo, parse_document
 from se_exporter.infra.http_server import HttpRequest
 from se_exporter.sidecar.endpoints import routes
-from se_exporter.sidecar.imds import ImdsClient, make_transport
+from se_exporter.sidecar.imds import ImdsClient
 from se_exporter.sidecar.lifecycle_store import LifecycleStore
 from se_exporter.sidecar.metrics import Metrics
 from se_exporter.sidecar.poller import Poller
@@ -45,6 +45,7 @@ from se_exporter.sidecar.sinks import FanOut
 from se_exporter.sidecar.sinks.eventlog import LogSink
 from se_exporter.sidecar.sinks.transition_metrics import MetricsSink
 from se_exporter.sidecar.snapshot import Snapshot
+from se_exporter.sidecar.transport import KeepAliveTransport
 
 
 def document(events: int, prefix: str = "E") -> bytes:
@@ -128,8 +129,8 @@ def poll_anatomy(url: str, samples: int, gap: float) -> dict[str, float]:
     socket, and the timed ``Event.wait`` that the loop sleeps in. Rounds interleave the parts.
     """
     settings = Settings(imds_url=url, poll_interval=1.0)
-    imds = ImdsClient(make_transport(), url, settings.api_version, settings.imds_timeout, settings.first_call_timeout,
-                      settings.max_document_bytes)
+    imds = ImdsClient(KeepAliveTransport(), url, settings.api_version, settings.imds_timeout,
+                      settings.first_call_timeout, settings.max_document_bytes)
     registry = CollectorRegistry()
     holder: list[Poller] = []
     metrics = Metrics(registry, lambda: holder[0].snapshot)

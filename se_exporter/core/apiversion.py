@@ -1,10 +1,7 @@
 """Which Scheduled Events api-version to ask for, and which event types each version lists.
 
-``--api-version auto`` asks for the newest version se-exporter knows and falls back to the newest generally
-available one where IMDS does not serve it (a 404, or a 400 naming the api-version); a 5xx, a 429, a timeout or a
-refused connection is an outage, not an answer about versions. On the fallback the newer version is asked for again
-every ``RETRY_NEWEST_SECONDS``: it arrives on a VM without a restart. docs/events.md says why an hour. A pinned
-``--api-version`` is asked for as it is, always. Pure values, no I/O, no clock: the caller passes ``now``.
+``--api-version auto`` and its fallback are docs/events.md's ("api-version negotiation"). Pure values, no I/O, no
+clock: the caller passes ``now``.
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """The lifecycle of each event, as a pure diff of consecutive documents.
 
-IMDS never says "completed": a finished event simply disappears from ``Events``. So the
-lifecycle is inferred by comparing what we saw before with what we see now:
+IMDS never says "completed": a finished event simply disappears, so each transition (scheduled, started,
+rescheduled, completed, canceled) is inferred by comparing what we saw before with what we see now. The rules,
+an ended event listed again included, are docs/architecture.md's ("Lifecycle", "Incarnation going backwards");
+documents of two api-versions diffing as one timeline, docs/events.md's.
 
-    first seen Scheduled ─────────────► scheduled
-    first seen Started (host failure) ─► started   (notice 0: no warning at all)
-    Scheduled ─► Started ──────────────► started   (notice = started_at - first_seen)
-    NotBefore moved while not started ─► rescheduled
-    gone after Started ────────────────► completed (impact = gone_at - started_at)
-    gone while not started ────────────► canceled
-
-No clock reads and no I/O here: the caller passes ``now`` (unix seconds), which is what makes a
-table of documents a complete test.
-
-Records are keyed by ``event_key`` (the EventId lower-cased, as the trace id is derived): an EventId
-that comes back spelt in another case is the same event, not a cancellation and a new one.
-
-An event that has ended is remembered (``ENDED_MEMORY`` events, in ``Step.ended``): an EventId is globally unique,
-so one listed again is a stale or replayed answer, shown with the times first recorded for it but making no
-transition, so no event is counted twice (docs/architecture.md).
-
-Documents of different api-versions diff as one timeline: an event is its EventId whatever version listed it.
-Only one thing differs: an older version cannot list some types (``apiversion.unlisted_types``), so when the
-sidecar falls back to it, an open event of such a type missing from the document has not ended: ``unlisted``
-names those types, and their records are kept as they were (no transition) until a version that lists them
-says otherwise.
+No clock reads and no I/O here: the caller passes ``now`` (unix seconds), which is what makes a table of documents
+a complete test.
 """
 
 from __future__ import annotations

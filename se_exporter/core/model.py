@@ -1,11 +1,8 @@
 """Scheduled Events documents as frozen values, parsed from every documented api-version shape.
 
-Tolerant where tolerance loses nothing (an unknown ``EventType``, an extra field, a wrongly typed optional field
-becomes ``None`` plus a warning), strict where guessing would invent lifecycle transitions (no object with an
-``Events`` list, an event without a usable ``EventId``: ``InvalidDocument``, and the caller keeps its previous
-state). Whatever the body holds, parsing ends in a ``Document`` or an ``InvalidDocument``, and a ``Document``
-carries only values every output can carry (docs/architecture.md, "Values every output can carry"; the api-version
-shapes are listed there too). ``event_key`` identifies an event everywhere: EventIds are GUIDs, which ignore case.
+What parsing tolerates, what it refuses (the caller then keeps its previous state) and why ``event_key`` ignores
+case: docs/architecture.md ("Every api-version" to "EventIds are GUIDs"). Whatever the body holds, parsing ends in
+a ``Document`` or an ``InvalidDocument``, never another exception.
 """
 
 from __future__ import annotations
@@ -44,21 +41,11 @@ class EventStatus(str, Enum):
 EVENT_STATUSES = tuple(status.value for status in EventStatus)
 STATUS_STARTED = EventStatus.STARTED.value  # a plain str for hot paths: an Enum class attribute lookup costs ~90 ns
 
-_KNOWN_EVENT_FIELDS = frozenset(
-    {
-        "EventId",
-        "EventType",
-        "EventStatus",
-        "ResourceType",
-        "Resources",
-        "NotBefore",
-        "Description",
-        "EventSource",
-        "DurationInSeconds",
-    }
-)
-_ALL_EVENT_FIELDS = operator.itemgetter("EventId", "EventType", "EventStatus", "ResourceType", "Resources",
-                                        "NotBefore", "Description", "EventSource", "DurationInSeconds")
+# Every documented event field, in the order ``_common_event`` unpacks them.
+_EVENT_FIELDS = ("EventId", "EventType", "EventStatus", "ResourceType", "Resources", "NotBefore", "Description",
+                 "EventSource", "DurationInSeconds")
+_KNOWN_EVENT_FIELDS = frozenset(_EVENT_FIELDS)
+_ALL_EVENT_FIELDS = operator.itemgetter(*_EVENT_FIELDS)
 _TEXT_OR_NULL = (str, type(None))  # an optional text field's JSON types
 _KNOWN_DOCUMENT_FIELDS = frozenset({"DocumentIncarnation", "Events"})
 _INTEGER = re.compile(r"^\s*-?\d+\s*$")
@@ -192,12 +179,9 @@ def _read_document(obj: object, memo: EventMemo | None) -> Document:
 
 
 def affects_vm(event: ScheduledEvent, vm_name: str | None) -> bool | None:
-    """Say whether ``vm_name`` is listed in ``Resources``; None when that cannot be told (no name, no Resources).
-
-    Events for a whole availability set or placement group reach every VM in it, so this is
-    how a VM tells its own maintenance from its neighbours'. Names compare case-insensitively
-    (Azure resource names are) and ignore the leading underscore the 2017-03-01 preview added.
-    """
+    """Say whether ``vm_name`` is listed in ``Resources`` (docs/architecture.md, "Whose event?"); None when that
+    cannot be told. Names compare case-insensitively (Azure resource names are) and ignore the leading underscore
+    the 2017-03-01 preview added."""
     if not vm_name or not event.resources:
         return None
     own = vm_name.lstrip("_").casefold()

@@ -1,13 +1,8 @@
 """A ``Preempt`` linked to the ``SpotRebalanceRecommendation`` that came before it on the same VM.
 
-A SpotRebalanceRecommendation is advisory (api-version 2024-07-09): a Spot VM's eviction risk rose; nothing to
-approve, and an eviction may or may not follow. When one does, the time from the recommendation to the Preempt is
-the warning the recommendation really gave, the figure Spot users need most (evictions are reported "often in less
-than 10 seconds" after the Preempt itself). IMDS does not say which recommendation a Preempt follows, so they are
-linked by VM and time: the latest recommendation first seen at or before the Preempt, no more than
-``LINK_WINDOW_SECONDS`` earlier, whose ``Resources`` share a VM with the Preempt's (or either lists none: then it
-is this VM's own document). The recommendation may still be listed or may have ended already: both are looked at.
-Pure: records in, links out.
+IMDS does not say which recommendation a Preempt follows, so they are linked by VM and time: the rule, and why the
+warning between them is the figure Spot users need, is docs/events.md's ("SpotRebalanceRecommendation's
+lifecycle"). Pure: records in, links out.
 """
 
 from __future__ import annotations

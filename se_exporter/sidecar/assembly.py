@@ -31,7 +31,7 @@ from se_exporter import __version__
 from se_exporter.infra import http_server
 from se_exporter.infra.options import Listen
 from se_exporter.sidecar.endpoints import make_http_app
-from se_exporter.sidecar.imds import ImdsClient, make_transport
+from se_exporter.sidecar.imds import ImdsClient
 from se_exporter.sidecar.metrics import NAMESPACE, Metrics
 from se_exporter.sidecar.poller import IdentityWatcher, Poller
 from se_exporter.sidecar.settings import THROTTLED_BELOW, Settings
@@ -40,6 +40,7 @@ from se_exporter.sidecar.sinks.eventlog import LogSink
 from se_exporter.sidecar.sinks.transition_metrics import MetricsSink
 from se_exporter.sidecar.snapshot import CurrentState, Snapshot
 from se_exporter.sidecar.statedir import StateDir
+from se_exporter.sidecar.transport import KeepAliveTransport
 
 if TYPE_CHECKING:
     from se_exporter.sidecar.forwarding.forward import ForwardSink
@@ -93,7 +94,7 @@ class Sidecar:
         # *_created series double the output and help nobody here (the function is untyped upstream).
         prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
         ProcessCollector(registry=self.registry)
-        transport = make_transport()
+        transport = KeepAliveTransport()
         cleanup.callback(transport.close)
         imds = ImdsClient(transport, settings.imds_url, settings.first_api_version, settings.imds_timeout,
                           settings.effective_first_call_timeout, settings.max_document_bytes)

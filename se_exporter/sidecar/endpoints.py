@@ -25,9 +25,7 @@ def routes(registry: CollectorRegistry, status: Status) -> dict[str, Page]:
     """The pages by path (GET and HEAD only: ``http_server.pages``)."""
 
     def metrics(request: HttpRequest) -> Response:
-        # Always the Prometheus text format, as Go's client_golang serves by default: Prometheus asks for
-        # OpenMetrics first, and prometheus-client's OpenMetrics writer takes about twice as long as the text one
-        # (docs/performance.md) for nothing we use (no exemplars; _created series are off). ``name[]`` selects
+        # Always the text format, for nothing OpenMetrics adds is used (docs/http.md says why); ``name[]`` selects
         # families, as prometheus-client's own app does.
         names = parse_qs(request.query).get("name[]")
         source = registry.restricted_registry(names) if names else registry

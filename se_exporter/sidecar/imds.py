@@ -1,19 +1,11 @@
 """The HTTP edge towards IMDS: GET only, no proxy, no redirects, explicit timeouts, bounded bodies.
 
-IMDS is a link-local service on the VM itself, so three rules hold for every request:
-
-* never through a proxy: the transport (``sidecar/transport.py``, on a bare socket) reads no environment,
-  so ``HTTP_PROXY`` and friends are ignored (IMDS rejects proxied requests, and a proxy would see
-  our traffic);
-* never follow a redirect: a 3xx is an error we count; something between us and IMDS is lying;
-* never approve: this module builds GET requests only, and the transport refuses anything else.
-
-Each request has one deadline for all of it (``--imds-timeout``, or ``--first-call-timeout`` until Scheduled
-Events has answered once): connecting, the headers and the whole body. And the body is taken exactly as sent:
-we ask for ``Accept-Encoding: identity`` and refuse an answer that is compressed anyway, unread, because the
-bytes forwarded must be the bytes IMDS returned and a 300 KB gzip body can inflate to 300 MB.
-
-Every failure becomes one of the ``ImdsError`` classes, which is what the poll loop counts.
+IMDS is a link-local service on the VM itself: never through a proxy (IMDS rejects proxied requests, and a proxy
+would see our traffic), never following a redirect (something between us and IMDS is lying), never anything but
+GET. What each fault becomes is the README's "Faults, throttling, first call" table: one deadline per request
+(``--imds-timeout``, or ``--first-call-timeout`` until Scheduled Events has answered once), the body taken exactly
+as sent (the bytes forwarded must be the bytes IMDS returned), every failure one of the ``ImdsError`` classes the
+poll loop counts.
 """
 
 from __future__ import annotations
@@ -44,18 +36,6 @@ ERROR_BODY_BYTES = 4096  # of a 400 or 404 answer: enough for IMDS's error and i
 
 # identity: RFC 9110 says a request without Accept-Encoding accepts any coding; we want the bytes as they are.
 HEADERS = {"Metadata": "true", "User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
-
-
-def make_transport() -> KeepAliveTransport:
-    """The one way to build what IMDS requests go through: GET only, no proxy, no redirects, keep-alive.
-
-    ``ImdsClient`` asks it with plain values (``KeepAliveTransport.get``), the origin, target and headers worked
-    out once: no client's per-request machinery (httpx's auth and redirect flows, cookies, hooks and header
-    merging do nothing for one fixed GET and were a fair share of a poll's CPU), and no httpx in the process at
-    all. It is the only way in: tests drive this same transport against loopback servers and
-    byte-level doubles (``tests/fakes/``), so what they prove is what the sidecar runs.
-    """
-    return KeepAliveTransport()
 
 
 class ImdsClient:
@@ -130,7 +110,7 @@ class ImdsClient:
     def _get(self, url: str, timeout: float) -> bytes:
         try:
             # The timeout bounds each step (connect, every read) and, as the total, the whole exchange. Straight to
-            # the transport, which never follows a redirect (see make_transport).
+            # the transport, which never follows a redirect (``transport.py``).
             answer = self._transport.get(self._origin, self._targets[url], self._headers, timeout, total=timeout)
             try:
                 if url is self._events_url:

@@ -1,13 +1,9 @@
 """Open lifecycles on disk, so that a restarted sidecar continues them instead of starting over.
 
-Without this, a restart would see every listed event as new: ``scheduled`` counted twice, and an
-event already ``Started`` mistaken for a host failure with no notice. The file holds the records
-of the last valid document (first seen, started at, the event as last listed); it is written
-atomically after each document change. A missing file is an empty start; a file that cannot be
-read, is not JSON, or is JSON of any other shape (``null``, a list, a field of the wrong type) is
-logged once and ignored: nothing in it is trusted half-way, because a wrongly typed value taken in
-here would fail later, in a scrape or a diff, far from its cause. A failed save is logged once per
-change (failing, saved again), not at every document.
+Without this, a restart would see every listed event as new: ``scheduled`` counted twice, and an event already
+``Started`` mistaken for a host failure with no notice. What is kept and what is ignored: docs/traces.md,
+"Restarts". Nothing in a file is trusted half-way: a wrongly typed value taken in here would fail later, in a
+scrape or a diff, far from its cause.
 """
 
 from __future__ import annotations

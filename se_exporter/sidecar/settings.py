@@ -79,12 +79,8 @@ class TracingSettings:
 
 @dataclass(frozen=True)
 class Settings:
-    """Settings of ``se-exporter run``.
-
-    Two bounds are derived rather than refused, so that ``--poll-interval 10`` alone just works:
-    the backoff cap is never below the poll interval, the first-call timeout never below the
-    ordinary timeout.
-    """
+    """Settings of ``se-exporter run``. Two bounds are raised rather than refused (``raised_bounds``), so that
+    ``--poll-interval 10`` alone just works."""
 
     imds_url: str = DEFAULT_IMDS_URL
     api_version: str = DEFAULT_API_VERSION
@@ -158,7 +154,7 @@ class Settings:
 
     @property
     def effective_max_backoff(self) -> float:
-        """``--max-backoff`` as used: never below the poll interval (see the class docstring)."""
+        """``--max-backoff`` as used: never below the poll interval."""
         return max(self.max_backoff, self.poll_interval)
 
     @property

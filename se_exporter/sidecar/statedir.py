@@ -2,10 +2,8 @@
 
 State that must survive a restart: open lifecycles (``lifecycle.json``), span events of open events
 (``spans.json``), the forwarding sequence (``forwarding.json``), and by default the Event Hubs spool (``spool/``).
-One sidecar per directory: each is locked for this process (``dirlock``), the spool too when it lies elsewhere.
-
-A default state directory that cannot be written is left alone: nothing is kept there (lifecycles and span events
-then do not survive a restart, which is logged), so nothing is shared. An explicit ``--state-dir`` must work.
+One sidecar per directory, and what happens to a default one that cannot be written: docs/forwarding.md ("One
+sidecar per state directory"). An explicit ``--state-dir`` must work.
 """
 
 from __future__ import annotations

@@ -3,32 +3,26 @@
 Hand-built on purpose, the one such client kept: a poll of an unchanged document is one small GET on a kept-alive
 connection, and its cost is mostly the client's. The request is one ``sendall`` of bytes built from plain values, and
 the answer is read with ``recv`` and cut at its blank line and its framing (``Content-Length`` or chunks), with no
-file object, no e-mail header parser and no response class in between: ``http.client`` spent about 0.2 ms of CPU
-more per poll when the caches are cold, as between polls a second apart (0.28 against 0.08 ms here; h11 costs what
-``http.client`` does). The figure it guards: ``make bench``'s CPU per poll at 1 Hz against the Go peer, metrics only
-(docs/performance.md).
+file object, no e-mail header parser and no response class in between. The figure it guards: ``make bench``'s CPU
+per poll at 1 Hz against the Go peer, metrics only (docs/performance.md, with what ``http.client`` costs instead).
 
 One way in, ``get``, for the sidecar and its tests alike: it takes and returns plain values and imports nothing but
 the standard library (and ``infra/outbound.py``'s guard, on the standard library too), so a sidecar that polls IMDS
 never loads an HTTP client library. Its failures are this module's ``TransportError`` classes, named as httpx names
-the same failures.
+the same failures, so callers classify one way.
 
 What this transport does and does not do, on purpose:
 
-* HTTP/1.1 with keep-alive; idle connections are kept per origin and reused (two threads may ask
-  at once: the poll loop and the identity watcher);
-* a reused connection the server closed meanwhile is retried once on a new one (a GET is
-  idempotent; httpcore does the same by checking an idle socket before reuse);
+* HTTP/1.1 with keep-alive; idle connections are kept per origin and reused (two threads may ask at once: the poll
+  loop and the identity watcher);
+* a reused connection the server closed meanwhile is retried once on a new one (a GET is idempotent; httpcore does
+  the same by checking an idle socket before reuse);
 * GET only: there is no other method to send;
 * never a proxy (it reads no environment) and never a redirect (it follows none);
-* one deadline for the whole exchange when the request asks for it (``get``'s ``total``, seconds):
-  connect, request, status line, headers and every byte of the body must be done by then, so a server that
-  drips one byte at a time cannot hold a poll past it: before every receive and send the socket's timeout is set
-  to what is left, so no thread or timer is needed;
-* an answer cut anywhere is an error, never handed out as if it were whole: the status line and headers must end
-  with their blank line, the body at its ``Content-Length`` or its last chunk, and a ``Content-Length`` that is
-  not one plain number is refused (a body of unknown length cannot be told from a cut one);
-* every failure is raised as this module's twin of the exception httpcore would raise, so callers classify one way.
+* one deadline for the whole exchange when the request asks for it (``get``'s ``total``, seconds): before every
+  receive and send the socket's timeout is set to what is left, so no thread or timer is needed;
+* an answer cut anywhere is an error, never handed out as if it were whole (a ``Content-Length`` that is not one
+  plain number is refused: a body of unknown length cannot be told from a cut one);
 """
 
 from __future__ import annotations

@@ -28,13 +28,14 @@ from se_exporter.core.errors import ImdsError, ImdsTimeout, InvalidDocument
 from se_exporter.core.lifecycle import CANCELED, COMPLETED, SCHEDULED, STARTED, EventRecord, diff
 from se_exporter.core.model import VmIdentity, parse_document
 from se_exporter.infra.logs import JsonFormatter, TextFormatter
-from se_exporter.sidecar.imds import ImdsClient, make_transport
+from se_exporter.sidecar.imds import ImdsClient
 from se_exporter.sidecar.metrics import EVENT, Metrics
 from se_exporter.sidecar.sinks import DocumentChange, FanOut
 from se_exporter.sidecar.sinks.eventlog import LogSink
 from se_exporter.sidecar.sinks.spans import EventIdGenerator, SpanSink
 from se_exporter.sidecar.sinks.transition_metrics import MetricsSink
 from se_exporter.sidecar.snapshot import Snapshot
+from se_exporter.sidecar.transport import KeepAliveTransport
 from tests.conftest import Reliability
 from tests.fakes.http_server import CLOSE, Drip, ScriptedServer
 
@@ -265,7 +266,7 @@ def _answer(draw: st.DrawFn) -> tuple[bytes, bytes | None, str]:
 def wire() -> Iterator[tuple[ScriptedServer, ImdsClient]]:
     """One scripted loopback server and one real client (KeepAliveTransport) for all the examples."""
     server = ScriptedServer([])
-    transport = make_transport()
+    transport = KeepAliveTransport()
     client = ImdsClient(transport, server.url, "2020-07-01", timeout=2.0, first_call_timeout=2.0,
                         max_body_bytes=4096)
     yield server, client
@@ -307,7 +308,7 @@ def test_drip_feeds_end_in_the_body_or_a_timeout(wire: tuple[ScriptedServer, Imd
     @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(st.binary(min_size=1, max_size=40), st.floats(0.001, 0.005), st.floats(0.02, 0.2), st.booleans())
     def drip(body: bytes, interval: float, total: float, whole: bool) -> None:
-        transport = make_transport()
+        transport = KeepAliveTransport()
         client = ImdsClient(transport, server.url, "2020-07-01", timeout=total, first_call_timeout=total,
                             max_body_bytes=4096)
         answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body

@@ -13,13 +13,14 @@ from prometheus_client import CollectorRegistry
 
 from se_exporter.core.apiversion import FALLBACK, NEWEST, RETRY_NEWEST_SECONDS
 from se_exporter.core.errors import ImdsHttpError
-from se_exporter.sidecar.imds import ERROR_BODY_BYTES, ImdsClient, make_transport
+from se_exporter.sidecar.imds import ERROR_BODY_BYTES, ImdsClient
 from se_exporter.sidecar.metrics import Metrics
 from se_exporter.sidecar.poller import Poller
 from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks import FanOut
 from se_exporter.sidecar.sinks.transition_metrics import MetricsSink
 from se_exporter.sidecar.snapshot import CurrentState, Snapshot
+from se_exporter.sidecar.transport import KeepAliveTransport
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator
 from tests.conftest import SimulatorFactory
@@ -47,7 +48,7 @@ def poller_for(simulator: SimulatorFactory) -> Iterator[Callable[..., tuple[Poll
                                                                 RecordingSink, Clock]:
         sim, server = simulator(scenario, held=True)
         settings = Settings(imds_url=server.url, api_version=api_version, vm_name=sim.vm["name"])
-        transport = make_transport()
+        transport = KeepAliveTransport()
         transports.append(transport)
         imds = ImdsClient(transport, settings.imds_url, settings.first_api_version, 2.0, 2.0, 1 << 20)
         registry = CollectorRegistry()

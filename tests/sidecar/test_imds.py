@@ -20,7 +20,8 @@ from se_exporter.core.errors import (
     InvalidDocument,
 )
 from se_exporter.core.model import VmIdentity
-from se_exporter.sidecar.imds import ImdsClient, make_transport, parse_retry_after
+from se_exporter.sidecar.imds import ImdsClient, parse_retry_after
+from se_exporter.sidecar.transport import KeepAliveTransport
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator, start
@@ -103,7 +104,7 @@ def test_a_gzip_bomb_costs_no_memory() -> None:
     it, as before, held the 64 MB."""
     sim = Simulator(scenarios.load("live-migration"))
     server = start(sim, "127.0.0.1", 0)
-    transport = make_transport()
+    transport = KeepAliveTransport()
     try:
         imds = ImdsClient(transport, server.url, "2020-07-01", timeout=10.0, first_call_timeout=10.0,
                           max_body_bytes=4 * 1024 * 1024)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from se_exporter.infra.outbound import is_imds
-from se_exporter.sidecar.imds import COMPUTE_PATH, SCHEDULED_EVENTS_PATH, USER_AGENT, ImdsClient, make_transport
+from se_exporter.sidecar.imds import COMPUTE_PATH, SCHEDULED_EVENTS_PATH, USER_AGENT, ImdsClient
 from se_exporter.sidecar.transport import KeepAliveTransport
 from tests.conftest import Reliability, SimulatorFactory
 from tests.imds_guard_probe import SPELLINGS
@@ -56,7 +56,7 @@ def test_every_request_the_imds_client_sends_is_a_get(simulator: SimulatorFactor
     """Through the sidecar's own transport to a real socket, the IMDS client's calls (Scheduled Events on its first
     and later timeouts, compute metadata) reach IMDS as GET and nothing else."""
     sim, server = simulator("live-migration")
-    transport = make_transport()
+    transport = KeepAliveTransport()
     client = ImdsClient(transport, server.url, "2020-07-01", timeout=5.0, first_call_timeout=10.0,
                         max_body_bytes=1 << 20)
     try:

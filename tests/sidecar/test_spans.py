@@ -229,8 +229,8 @@ def test_unconfigured_exporters_are_not_imported(exporter: str, protocol: str, a
         "    from prometheus_client import CollectorRegistry\n"
         "    make_tracing(settings.tracing, None, CollectorRegistry())\n"
         "    assert 'requests' in sys.modules or settings.otel_protocol == 'grpc'\n"
-        "from se_exporter.sidecar.imds import make_transport\n"
-        "make_transport()\n"
+        "from se_exporter.sidecar.transport import KeepAliveTransport\n"
+        "KeepAliveTransport()\n"
         f"loaded = sorted(m for m in sys.modules if m == '{absent}' or m.startswith('{absent}.'))\n"
         "print(loaded)\n"
         "sys.exit(1 if loaded else 0)\n")

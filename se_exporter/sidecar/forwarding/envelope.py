@@ -1,15 +1,11 @@
 """The forwarded message: the exact bytes IMDS returned, plus properties that say where and when.
 
-Every forwarding sink (Event Hubs, the JSON-lines file) sends the same envelope. ``sequence`` is
-monotonic per installation and survives restarts (``Sequencer`` keeps it in ``--state-dir``);
-``message_id`` is fixed when the document is accepted, so a resend after a timeout carries the
-same id and consumers can drop the duplicate.
+Every forwarding sink (Event Hubs, the JSON-lines file) sends the same envelope; its fields are docs/forwarding.md's.
 
-Property values are made carriable here, once for every target: an integer outside the 32-bit signed
-range becomes its decimal digits as a string (the Event Hubs SDK encodes a Python ``int`` as an AMQP
-``int`` and raises on anything wider, so a ``DocumentIncarnation`` of 2**70 would otherwise stop the
-document), and a string that cannot be UTF-8 (a lone surrogate from a JSON escape) is backslash-escaped.
-The body is never touched.
+Property values are made carriable here, once for every target: an integer outside the 32-bit signed range becomes
+its decimal digits as a string (the Event Hubs SDK encodes a Python ``int`` as an AMQP ``int`` and raises on
+anything wider, so a ``DocumentIncarnation`` of 2**70 would otherwise stop the document), and a string that cannot
+be UTF-8 (a lone surrogate from a JSON escape) is backslash-escaped. The body is never touched.
 """
 
 from __future__ import annotations
@@ -95,16 +91,9 @@ def build(change: DocumentChange, sequence: int, installation_id: str, imds: Imd
 
 
 class Sequencer:
-    """Hands out sequence numbers that never repeat for this installation, across restarts.
-
-    The state file is rewritten atomically (temp file, fsync, rename) each time a number is handed out.
-    If that fails (a full state directory), numbering goes on in memory, with one log line per change:
-    forwarding must not stop because its bookkeeping cannot be saved, and the numbers used meanwhile are
-    found again at the next start, because the caller raises the floor past what the spool and the
-    forward file hold (``advance_past``). A damaged file (any content that is not the expected object) is
-    logged and replaced by a new installation: a new installation id means message ids cannot repeat even
-    though the old numbering is unknown, and the new numbering starts above the spool's and the file's.
-    """
+    """Hands out sequence numbers that never repeat for this installation, across restarts: how, also through a
+    full or damaged state file, is docs/forwarding.md's "Sequence numbers never go back" (the caller raises the floor
+    past the spool and the forward file: ``advance_past``)."""
 
     def __init__(self, state_dir: Path) -> None:
         self._path = state_dir / STATE_FILE

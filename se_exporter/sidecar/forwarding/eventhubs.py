@@ -2,21 +2,18 @@
 
 Facts about azure-eventhub (5.15) this module is built around:
 
-* the sync client can hang for ever on a peer that accepts TCP and never answers, so the forwarder
-  uses the async client, where every call can be cancelled with ``asyncio.wait_for``;
-* a send without ``timeout=`` never fails when the server does not settle, so every send has one,
-  and an outer watchdog besides;
-* default retries make a refused connection fail only after ~12 s, so retries are explicit and few:
-  the batching processor (``batching.py``, the spool as its durable queue) retries, with backoff, for as long as
-  it takes;
-* a timed-out send may have been delivered: the documents stay spooled and are sent again with the
-  same ``message_id`` (at-least-once; consumers drop duplicates by message id);
-* ``EventDataBatch.add`` raises ``ValueError`` both when the batch is full and when a property cannot be
-  encoded (an ``int`` outside 32 bits, a string that is not UTF-8). Properties are made carriable first
-  (``envelope.carriable``), so a ``ValueError`` on an empty batch means the document alone is larger than a
-  message may be: the only document ever refused.
+* the sync client can hang for ever on a peer that accepts TCP and never answers, so the forwarder uses the async
+  client, where every call can be cancelled with ``asyncio.wait_for``;
+* a send without ``timeout=`` never fails when the server does not settle, so every send has one, and an outer
+  watchdog besides;
+* default retries make a refused connection fail only after ~12 s, so retries are explicit and few: the batching
+  processor (``batching.py``, the spool as its durable queue) retries, with backoff, for as long as it takes;
+* ``EventDataBatch.add`` raises ``ValueError`` both when the batch is full and when a property cannot be encoded (an
+  ``int`` outside 32 bits, a string that is not UTF-8). Properties are made carriable first (``envelope.carriable``),
+  so a ``ValueError`` on an empty batch means the document alone is larger than a message may be: the only document
+  ever refused.
 
-Nothing on the poll thread ever waits on the spool or on Event Hubs.
+What it guarantees (at least once, in order; a resend keeps its ``message_id``): docs/forwarding.md.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from se_exporter.infra.azure.clients import ProducerFactory, classify, describe
@@ -118,7 +115,8 @@ class EventHubsSender(Exporter[Envelope]):
             sent, dropped = await self._send(self._producer, list(batch))
         except BaseException:  # every SDK failure is retried; nothing is lost meanwhile
             producer, self._producer = self._producer, None
-            await self._discard(producer, 2.0)  # a silent peer holds us 2 s at most
+            await _close(producer.close if producer is not None else None, 2.0,  # a silent peer: 2 s at most
+                         "the Event Hubs client")
             raise
         if dropped:
             self._metrics.errors.labels(self.name, "too_large").inc(len(dropped))
@@ -157,8 +155,10 @@ class EventHubsSender(Exporter[Envelope]):
             return
         log.info("Event Hubs forwarder stopped; %d documents stay spooled", self._spool.count)
         try:
-            self._loop.run_until_complete(self._discard(self._producer, 2.0))
-            self._loop.run_until_complete(self._close_factory())
+            producer = self._producer.close if self._producer is not None else None
+            self._loop.run_until_complete(_close(producer, 2.0, "the Event Hubs client"))
+            closer = getattr(self._make_producer, "aclose", None)
+            self._loop.run_until_complete(_close(closer, 5.0, "the Event Hubs credential"))
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.run_until_complete(self._loop.shutdown_default_executor())
         finally:
@@ -192,22 +192,16 @@ class EventHubsSender(Exporter[Envelope]):
         await asyncio.wait_for(producer.send_batch(batch, timeout=self._send_timeout), self._watchdog)
         return added, []
 
-    async def _close_factory(self) -> None:
-        closer = getattr(self._make_producer, "aclose", None)
-        if closer is None:
-            return
-        try:
-            await asyncio.wait_for(closer(), 5.0)
-        except Exception:  # shutting down: nothing to retry, nothing to lose
-            log.debug("closing the Event Hubs credential failed", exc_info=True)
 
-    async def _discard(self, producer: Any, timeout: float = 5.0) -> None:
-        if producer is None:
-            return
-        try:
-            await asyncio.wait_for(producer.close(), timeout)
-        except Exception:  # a peer that never answers must not block us: abandon the client
-            log.debug("closing the Event Hubs client failed", exc_info=True)
+async def _close(close: Callable[[], Awaitable[Any]] | None, timeout: float, what: str) -> None:
+    """Close ``what``, if there is one, within ``timeout``: a peer that never answers must not block us (the client
+    is abandoned), and shutting down there is nothing to retry, nothing to lose."""
+    if close is None:
+        return
+    try:
+        await asyncio.wait_for(close(), timeout)
+    except Exception:
+        log.debug("closing %s failed", what, exc_info=True)
 
 
 def event_data(envelope: Envelope) -> Any:

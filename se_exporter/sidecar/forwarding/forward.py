@@ -6,12 +6,8 @@ id.
 
 Nothing of it runs on the poll thread: ``export`` queues the change for a ``BatchProcessor`` (``batching.py``) whose
 worker numbers it, builds the envelope and queues it for each target's own processor. A target that refuses a
-document (a full disk, an I/O error) does not lose it and does not hold up the others: the envelope waits in that
-target's in-memory queue and is offered again, in order, with a capped backoff, and every later envelope queues
-behind it. The queue is bounded (``MAX_PENDING_BYTES``; past it the oldest refused document is given up, counted and
-logged, the newest always kept) and lives only in memory: what it holds when the sidecar stops is counted and logged
-as lost. A document is either accepted by a target (written whole and synced, counted as forwarded) or refused
-(nothing of it written, counted under its reason): never both.
+document keeps it in its bounded in-memory queue (``MAX_PENDING_BYTES``) and offers it again, in order, without
+holding up the others: docs/forwarding.md ("A full disk") says what is kept, what can be lost and how it shows.
 """
 
 from __future__ import annotations
@@ -112,11 +108,8 @@ class _Beat:
 class _Envelopes(Exporter["DocumentChange | _Beat"]):
     """Numbers each change (and heartbeat) and queues its envelope for every target, in order.
 
-    A sidecar that forwarded under its name (no vm_id known yet) and then knows its vm_id sends, just before the
-    first document under its vm_id, one message under its old key: the same document with its vm_id, ``vm_name`` the
-    old key and ``retires_name: true``. It lands on the name's partition after the documents sent by name, so the
-    fleet replica holding the VM by name retires it there, whichever replica reads the vm_id's partition. Known in
-    memory only: after a restart in between, the entry by name waits for the fleet's ``--vm-expiry``."""
+    A sidecar that forwarded under its name and then learns its vm_id sends one ``retires_name`` message under the
+    old key first (``_retirement``; why: docs/architecture.md). Known in memory only."""
 
     name = "forward"
 
@@ -163,12 +156,8 @@ class ForwardSink(Sink):
     """The ``Sink`` that builds envelopes; a refusing target keeps its documents queued, the others go on.
 
     With ``heartbeat_interval`` the current document is forwarded again whenever nothing was forwarded for that
-    long: a quiet VM stays visible to consumers (``se-exporter fleet`` expires silent ones). A heartbeat is the
-    same envelope with a new sequence, ``observed_at`` now, and the property ``heartbeat: true``.
-
-    Every envelope carries the VM's IMDS health (``imds_last_success``, ``imds_failing``): a change is a successful
-    read itself; a heartbeat asks ``imds_health`` (the poll loop's view, passed in by the assembly), so a heartbeat
-    sent during an IMDS outage says that the document it repeats is as of the last successful read.
+    long, with the IMDS health ``imds_health`` (the poll loop's view) gives: docs/forwarding.md says what a
+    heartbeat carries and why.
     """
 
     name = "forward"

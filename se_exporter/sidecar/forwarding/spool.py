@@ -1,17 +1,8 @@
 """A durable, bounded, ordered on-disk queue of envelopes waiting for Event Hubs.
 
-A document counts as accepted only once it is on disk, so it survives an Event Hubs outage and a ``kill -9``
-alike: ``append`` returns after the whole record is written and fdatasync'ed; one that fails (a full disk, a
-failed fdatasync) raises and leaves the spool exactly as it was, the partial record cut off again. The forwarder
-reads the oldest first and removes only what Event Hubs acknowledged (at-least-once). Past ``max_bytes`` the
-oldest envelopes are dropped, counted and logged, never the newest; one being sent meanwhile is counted only if
-its send then fails (``release``).
-
-Layout (docs/forwarding.md): ``<first sequence:020d>.seg`` segments of records
-``[length u32][crc32 u32][header JSON line][exact body bytes]``, and ``acked``, two 16-byte cursor slots
-``[sequence u64][crc32 u32][pad]`` written alternately, so a torn write leaves the other (a few documents are sent
-again with their message ids). A segmented log rather than a file per document: removing a fsynced file costs a
-journal commit and, on a disk mounted with ``discard``, a discard per document; a segment is removed whole.
+What it guarantees (accepted means on disk, a full disk, the layout and why segments): docs/forwarding.md,
+"Delivery guarantees". The records are ``[length u32][crc32 u32][header JSON line][exact body bytes]``; ``acked``
+is two 16-byte cursor slots ``[sequence u64][crc32 u32][pad]`` written alternately, so a torn write leaves the other.
 """
 
 from __future__ import annotations

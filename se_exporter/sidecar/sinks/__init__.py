@@ -4,8 +4,8 @@ The poll loop hands each sink a ``DocumentChange`` only when the document's byte
 per poll, so a sink's cost is paid per change. ``FanOut`` wraps the sinks so that one failing
 sink is logged and counted and never stalls or breaks the others (as the OpenTelemetry SDK's
 ``SimpleSpanProcessor`` does with exporter errors). ``FanOut`` runs on the poll thread, so the sinks it calls directly
-only count and log; whatever does I/O queues the change for a ``BatchProcessor`` (``batching.py``: forwarding) or
-the SDK's ``BatchSpanProcessor`` (tracing), and returns at once.
+only count and log; whatever does I/O (forwarding, spans, log records) queues for a ``BatchProcessor``
+(``batching.py``) and returns at once.
 """
 
 from __future__ import annotations
@@ -41,9 +41,7 @@ class ImdsHealth:
     """How the VM's reads of IMDS are going, as of now: what a heartbeat says besides the document it repeats.
 
     ``last_success`` is when the sidecar last read a valid document (unix seconds; None before the first),
-    ``failing`` whether the latest poll failed. The poll loop keeps both in the snapshot; the forwarding sink reads
-    them through a callable it is given (``ForwardSink(imds_health=...)``), so that during an IMDS outage a heartbeat
-    says so instead of passing the last document off as freshly read.
+    ``failing`` whether the latest poll failed: docs/forwarding.md says why a heartbeat carries them.
     """
 
     last_success: float | None

@@ -7,11 +7,9 @@ queue, so whoever emits (the poll loop) never waits on an exporter.
 
 The SDK's own class lives in a private module (``opentelemetry.sdk._shared_internal``) and drops a batch its exporter
 fails, where forwarding must keep it, in order, until it is delivered; hence this mirror of it. Two kinds of queue:
-
-* ``MemoryQueue``: bounded by bytes; past the bound the oldest item not being exported is dropped (counted), never
-  the newest. What it still holds at ``shutdown``'s deadline is counted and logged as lost.
-* a durable queue (the Event Hubs spool): ``put`` returns once the item is on disk, or raises; ``shutdown`` stops at
-  once and leaves the rest for the next start.
+``MemoryQueue`` (drop-oldest, counted; what it holds at ``shutdown``'s deadline is counted and logged as lost) and a
+durable one, the Event Hubs spool (``put`` returns once the item is on disk; ``shutdown`` leaves the rest for the
+next start).
 
 Items are exported oldest first and removed only once the exporter says they are done with (at-least-once, in order).
 """

@@ -2,13 +2,9 @@
 
 The exporter posts with requests, which reads the whole answer into memory and applies its timeout to each socket
 read, not to the exchange: a collector answering with an endless body, or dripping a byte a second, held span
-export for good. Its public seam is the ``session`` it is given; this one
-
-* reads at most ``MAX_RESPONSE_BYTES`` of an answer: past it the request fails;
-* ends the exchange at its deadline (the exporter's timeout): a timer shuts the sockets of the connections the
-  request uses down, which ends a read under way (status line, headers or body);
-* fails an answer that is neither 2xx nor an error the exporter handles (1xx, 3xx): the exporter counts everything
-  below 400 as delivered, so a redirecting collector had every span counted as exported.
+export for good. Its public seam is the ``session`` it is given; this one reads at most ``MAX_RESPONSE_BYTES`` of
+an answer, ends the exchange at the exporter's timeout (a timer shuts the request's sockets down, which ends a read
+under way) and fails a 1xx or 3xx answer, which the exporter would count as delivered (docs/http.md).
 
 A failed request is an error the exporter does not retry (the export counts as failed once), saying why.
 """

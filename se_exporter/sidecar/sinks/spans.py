@@ -1,17 +1,7 @@
 """OpenTelemetry spans: one trace per EventId, shared by every VM that sees the event.
 
-Design, because a span is exported only when it ends and an event can stay Scheduled for days:
-
-* ``scheduled_event`` (first seen -> gone), ``scheduled_event.notice`` (first seen -> started, or gone
-  if cancelled) and ``scheduled_event.impact`` (started -> gone) are created *when they end*, with
-  explicit start and end times taken from the lifecycle records. Nothing lives in memory but those
-  records, which survive restarts (``sidecar/lifecycle_store.py``), so a restarted sidecar emits the very span the
-  first process began, with its true start time and its id.
-* ids are deterministic: the trace id from the EventId alone (``trace_id_for``), span ids from the
-  EventId, the VM and the span's role. Every VM and every restart lands in the same trace.
-* for prompt visibility, every transition and every change of a listed event emits a zero-length
-  ``scheduled_event.update`` child at once (exported within about a second by the batch processor);
-  the same moments are recorded as span events on ``scheduled_event`` when it ends.
+The design (spans created when they end, from the lifecycle records; deterministic ids; zero-length update spans
+for prompt visibility; continued across restarts) is docs/traces.md's.
 """
 
 from __future__ import annotations

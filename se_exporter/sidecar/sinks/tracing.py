@@ -4,10 +4,10 @@ Imported only when tracing or the log records are on (``Sidecar.start``), so it 
 needs only the SDK, ``otlp`` adds the HTTP exporter, or the gRPC one (heavy to import) when ``grpc`` is asked for.
 Standard variables the exporters read themselves (headers, certificates, compression) keep working.
 
-The resource is built from the compute metadata the sidecar already read, under the semantic conventions' names
-(the cloud, host, os and azure names are still in their ``_incubating`` package, where the project publishes them);
-so the provider is created at the first document, when the identity is known (or known to be unavailable).
-``azure.vm.scaleset.name`` and ``azure.vm.sku`` are opentelemetry-resource-detector-azure's keys.
+The resource (docs/traces.md; the cloud, host, os and azure names come from the semantic conventions'
+``_incubating`` package, where the project publishes them, the ``azure.vm.*`` keys from
+opentelemetry-resource-detector-azure) needs the compute metadata, so the provider is created at the first
+document, when the identity is known (or known to be unavailable).
 """
 
 from __future__ import annotations
@@ -226,11 +226,11 @@ class Batched(SpanExporter):
     ``export`` on the poll thread, which only queues it; the processor's worker exports the batches.
 
     Not the SDK's ``BatchSpanProcessor`` and ``BatchLogRecordProcessor``: their threads wake every schedule delay
-    whether anything is queued or not (three wake-ups and about 0.3 ms of CPU a second together, more than half of
-    an unchanged poll's own cost), where this worker sleeps until something is queued. The figure it guards is
-    ``make bench``'s CPU per second at 1 Hz with every sink on, against the Go peer. As the SDK's processors do, it
-    lets a batch gather for the schedule delay, drops the oldest queued past the queue's bound (``dropped`` counts
-    them; one warning per run of drops) and drops a batch its exporter fails (the exporter counts those).
+    whether anything is queued or not (docs/performance.md has their cost), where this worker sleeps until something
+    is queued. The figure it guards is ``make bench``'s CPU per second at 1 Hz with every sink on, against the Go
+    peer. As the SDK's processors do, it lets a batch gather for the schedule delay, drops the oldest queued past the
+    queue's bound (``dropped`` counts them; one warning per run of drops) and drops a batch its exporter fails (the
+    exporter counts those).
     """
 
     def __init__(self, inner: Any, name: str, batching: SpanBatching,
