@@ -169,7 +169,9 @@ def test_spans_gather_for_the_schedule_delay_and_a_full_batch_goes_at_once() -> 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the thread's wake-ups from /proc")
 def test_the_worker_sleeps_while_nothing_is_queued() -> None:
     """With nothing queued the worker is never woken (the SDK's batch processors wake every schedule delay): over
-    ten schedule delays after an export, its thread makes no voluntary context switch."""
+    ten schedule delays after an export, its thread makes at most the two voluntary context switches that can end
+    the flush inside the window (its last block on the empty queue, one hand-over of the interpreter lock), where a
+    timer would add ten."""
     exporter = Recording()
     made, provider = batched(exporter, schedule_delay_millis=50)
     try:
@@ -183,7 +185,7 @@ def test_the_worker_sleeps_while_nothing_is_queued() -> None:
 
         before = wakeups()
         time.sleep(0.5)  # the span of time measured, not a wait for something to happen
-        assert wakeups() == before
+        assert wakeups() - before <= 2
     finally:
         made.shutdown()
 
