@@ -99,8 +99,8 @@ def run_families() -> list[Metric]:
     ForwardMetrics(registry)
     http_server.rejection_counter(registry, NAMESPACE)
     with processwide.restored():  # the sink turns the exporters' loggers down; leave them as they were
-        TracingSink(Settings(otel_traces_exporter="console").tracing, None, registry).shutdown()
-        EventLogSink(Settings(otel_logs_exporter="console").tracing, registry).shutdown()
+        TracingSink(Settings(otel_traces_exporter="console"), None, registry).shutdown()
+        EventLogSink(Settings(otel_logs_exporter="console"), registry).shutdown()
     return list(registry.collect())
 
 

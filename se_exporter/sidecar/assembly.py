@@ -111,11 +111,11 @@ class Sidecar:
         if settings.otel_traces_exporter != "none":
             from se_exporter.sidecar.sinks.tracing import make_tracing  # loads the OpenTelemetry SDK
 
-            outputs.append(make_tracing(settings.tracing, state_dir.kept, self.registry))
+            outputs.append(make_tracing(settings, state_dir.kept, self.registry))
         if settings.otel_logs_exporter != "none":
             from se_exporter.sidecar.sinks.otel_events import make_event_logs  # loads the OpenTelemetry logs SDK
 
-            outputs.append(make_event_logs(settings.tracing, self.registry))
+            outputs.append(make_event_logs(settings, self.registry))
         sinks = FanOut(outputs, on_error=lambda name: metrics.sink_errors.labels(name).inc())
         cleanup.callback(sinks.shutdown)
         poller = Poller(imds, metrics, sinks, settings, state, store=store)

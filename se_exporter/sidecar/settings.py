@@ -58,26 +58,6 @@ LOG_BATCHING = SpanBatching(schedule_delay_millis=1000)  # the SDK's defaults fo
 
 
 @dataclass(frozen=True)
-class TracingSettings:
-    """The part of ``Settings`` the span sink is built from (``Settings.tracing``); tracing never sees the rest."""
-
-    otel_traces_exporter: str = "none"
-    otel_endpoint: str | None = None
-    otel_traces_endpoint: str | None = None
-    otel_protocol: str = "http/protobuf"
-    otel_service_name: str = "se-exporter"
-    log_format: str = "text"  # console spans: one short line for people, or the SDK's JSON with --log-format json
-    vm_name: str | None = None  # host.name, when given
-    batch: SpanBatching = SpanBatching()
-    otel_logs_exporter: str = "none"
-    otel_logs_endpoint: str | None = None
-    otel_logs_protocol: str = "http/protobuf"
-    log_batch: SpanBatching = LOG_BATCHING
-    kubernetes: bool = False  # in a Kubernetes pod (KUBERNETES_SERVICE_HOST set): cloud.platform azure.aks
-    k8s_node_name: str | None = None  # k8s.node.name, from the downward API (K8S_NODE_NAME)
-
-
-@dataclass(frozen=True)
 class Settings:
     """Settings of ``se-exporter run``. Two bounds are raised rather than refused (``raised_bounds``), so that
     ``--poll-interval 10`` alone just works."""
@@ -118,8 +98,8 @@ class Settings:
     otel_logs_endpoint: str | None = None
     otel_logs_protocol: str = "http/protobuf"
     otel_log_batch: SpanBatching = LOG_BATCHING
-    kubernetes: bool = False
-    k8s_node_name: str | None = None
+    kubernetes: bool = False  # in a Kubernetes pod (KUBERNETES_SERVICE_HOST set): cloud.platform azure.aks
+    k8s_node_name: str | None = None  # k8s.node.name, from the downward API (K8S_NODE_NAME)
 
     @property
     def eventhubs_enabled(self) -> bool:
@@ -139,13 +119,6 @@ class Settings:
     @property
     def spool_path(self) -> Path:
         return self.spool_dir or self.state_path / "spool"
-
-    @property
-    def tracing(self) -> TracingSettings:
-        return TracingSettings(self.otel_traces_exporter, self.otel_endpoint, self.otel_traces_endpoint,
-                               self.otel_protocol, self.otel_service_name, self.log_format, self.vm_name,
-                               self.otel_batch, self.otel_logs_exporter, self.otel_logs_endpoint,
-                               self.otel_logs_protocol, self.otel_log_batch, self.kubernetes, self.k8s_node_name)
 
     @property
     def first_api_version(self) -> str:

@@ -46,8 +46,8 @@ def test_every_metric_is_in_the_reference() -> None:
     ForwardMetrics(registry)
     http_server.rejection_counter(registry, NAMESPACE)
     with processwide.restored():  # the sink turns the exporters' loggers down; the test leaves them as they were
-        TracingSink(Settings(otel_traces_exporter="console").tracing, None, registry).shutdown()
-        EventLogSink(Settings(otel_logs_exporter="console").tracing, registry).shutdown()
+        TracingSink(Settings(otel_traces_exporter="console"), None, registry).shutdown()
+        EventLogSink(Settings(otel_logs_exporter="console"), registry).shutdown()
     names = {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}
     assert len(names) > 15
     for name in names:

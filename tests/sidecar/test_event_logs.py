@@ -31,7 +31,7 @@ def run(name: str) -> tuple[list[tuple[str, EventRecord | None]], InMemoryLogRec
     scenario = scenarios.load(name)
     exporter = InMemoryLogRecordExporter()
     registry = CollectorRegistry()
-    sink = EventLogSink(Settings().tracing, registry, exporter)
+    sink = EventLogSink(Settings(), registry, exporter)
     identity = VmIdentity(name=scenario.vm["name"], vm_id=scenario.vm["vmId"], subscription_id="sub-1")
     records: Mapping[str, EventRecord] = {}
     ended: Mapping[str, EventRecord] = {}
@@ -105,7 +105,7 @@ def test_a_failing_log_exporter_is_counted_and_said_once_with_its_reason(caplog:
     own per-batch lines stay out of the log."""
     scenario = scenarios.load("live-migration")
     registry = CollectorRegistry()
-    sink = EventLogSink(Settings().tracing, registry, RefusingExporter())
+    sink = EventLogSink(Settings(), registry, RefusingExporter())
     identity = VmIdentity(name=scenario.vm["name"], vm_id=scenario.vm["vmId"])
     records: Mapping[str, EventRecord] = {}
     with processwide.restored(), caplog.at_level(logging.INFO):

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExportResult
 from prometheus_client import CollectorRegistry, Counter
 
-from se_exporter.sidecar.settings import TracingSettings
+from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks.otel_events import make_log_exporter
 from se_exporter.sidecar.sinks.otlp_http import BoundedSession
 from se_exporter.sidecar.sinks.tracing import (
@@ -111,11 +111,11 @@ def test_the_otlp_certificate_is_trusted_with_a_ca_bundle_variable_set(
 
 
 @pytest.mark.parametrize("make", [make_exporter, make_log_exporter], ids=["spans", "log records"])
-def test_the_sidecars_otlp_http_exporters_are_built_bounded(make: Callable[[TracingSettings], Any]) -> None:
+def test_the_sidecars_otlp_http_exporters_are_built_bounded(make: Callable[[Settings], Any]) -> None:
     """The span and log record exporters the sidecar builds for OTLP/HTTP end an export with a dripping collector
     by the export deadline."""
     with hostile_collector(drip_body) as endpoint:
-        settings = TracingSettings(otel_traces_exporter="otlp", otel_logs_exporter="otlp", otel_endpoint=endpoint)
+        settings = Settings(otel_traces_exporter="otlp", otel_logs_exporter="otlp", otel_endpoint=endpoint)
         exporter = make(settings)
         started = time.monotonic()
         result = exporter.export(spans() if make is make_exporter else [log_record()])
@@ -129,7 +129,7 @@ def test_the_sidecars_otlp_http_exporters_are_built_bounded(make: Callable[[Trac
 def test_an_otlp_grpc_export_ends_by_its_deadline_reading_a_bounded_answer(delay: float, message_bytes: int) -> None:
     """A gRPC collector that answers too late, or with a 1 MiB answer: the export fails within the deadline."""
     with hostile_grpc_collector(delay, message_bytes) as endpoint:
-        settings = TracingSettings(otel_traces_exporter="otlp", otel_endpoint=endpoint, otel_protocol="grpc")
+        settings = Settings(otel_traces_exporter="otlp", otel_endpoint=endpoint, otel_protocol="grpc")
         exporter, registry = counting(make_exporter(settings))
         started = time.monotonic()
         result = exporter.export(spans())

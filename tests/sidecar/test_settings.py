@@ -289,7 +289,7 @@ def test_empty_otel_variables_count_as_unset() -> None:
     env = {name: "" for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_PROTOCOL",
                                  "OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
                                  "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")}
-    assert settings([], env).tracing == settings([]).tracing
+    assert settings([], env) == settings([])
     assert settings([], {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}).otel_traces_exporter == "otlp"
 
 

@@ -62,5 +62,5 @@ def test_api_version_auto_is_the_default_and_a_pinned_one_is_kept() -> None:
 def test_aks_is_read_from_the_pod_environment() -> None:
     """KUBERNETES_SERVICE_HOST marks a pod; K8S_NODE_NAME (the downward API) names the node."""
     s = settings([], {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "K8S_NODE_NAME": " aks-a-1 "})
-    assert (s.tracing.kubernetes, s.tracing.k8s_node_name) == (True, "aks-a-1")
+    assert (s.kubernetes, s.k8s_node_name) == (True, "aks-a-1")
     assert (settings([]).kubernetes, settings([]).k8s_node_name) == (False, None)

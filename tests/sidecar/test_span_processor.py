@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from se_exporter.cli import build_parser
 from se_exporter.core.errors import ConfigError
-from se_exporter.sidecar.settings import LOG_BATCHING, SpanBatching, TracingSettings, run_settings
+from se_exporter.sidecar.settings import LOG_BATCHING, Settings, SpanBatching, run_settings
 from se_exporter.sidecar.sinks.tracing import Batched, CountingExporter, TracingSink
 from tests.helpers import wait_until
 
@@ -49,11 +49,11 @@ class Recording(SpanExporter):
 
 
 def batching(env: dict[str, str]) -> SpanBatching:
-    return run_settings(build_parser().parse_args(["run"]), {**TRACING_ON, **env}).tracing.batch
+    return run_settings(build_parser().parse_args(["run"]), {**TRACING_ON, **env}).otel_batch
 
 
 def log_batching(env: dict[str, str]) -> SpanBatching:
-    return run_settings(build_parser().parse_args(["run"]), {"OTEL_LOGS_EXPORTER": "console", **env}).tracing.log_batch
+    return run_settings(build_parser().parse_args(["run"]), {"OTEL_LOGS_EXPORTER": "console", **env}).otel_log_batch
 
 
 def test_unset_otel_bsp_variables_take_the_project_defaults() -> None:
@@ -100,9 +100,8 @@ def test_the_drop_counters_help_names_the_queue_bound_in_force(queue: int) -> No
     """The help of azure_scheduled_events_spans_dropped_total gives the queue's size as configured (the default,
     or OTEL_BSP_MAX_QUEUE_SIZE), not a fixed number."""
     registry = CollectorRegistry()
-    sink = TracingSink(TracingSettings(otel_traces_exporter="console", batch=SpanBatching(max_queue_size=queue,
-                                                                                          max_export_batch_size=8)),
-                       None, registry)
+    batching = SpanBatching(max_queue_size=queue, max_export_batch_size=8)
+    sink = TracingSink(Settings(otel_traces_exporter="console", otel_batch=batching), None, registry)
     try:
         [family] = [m for m in registry.collect() if m.name == "azure_scheduled_events_spans_dropped"]
         assert f"queue was full ({queue:,} spans)" in family.documentation

@@ -184,7 +184,7 @@ def test_resource_uses_the_current_semantic_conventions() -> None:
     identity = VmIdentity(name="WestNO_0", vm_id="id-1", vmss_name="ss", location="norwayeast", vm_size="D2",
                           resource_id="/subscriptions/s/x", sku="22_04-lts", os_type="Linux", os_version="22.04",
                           subscription_id="sub-1", resource_group="rg-1")
-    attributes = Resource.create(resource_attributes(Settings().tracing, identity)).attributes
+    attributes = Resource.create(resource_attributes(Settings(), identity)).attributes
     assert {key: attributes[key] for key in (
         "service.name", "cloud.provider", "cloud.platform", "cloud.region", "cloud.resource_id", "host.id",
         "host.name", "host.type", "azure.vm.scaleset.name", "azure.vm.sku", "cloud.account.id",
@@ -201,7 +201,7 @@ def test_resource_on_aks_names_the_platform_and_the_node() -> None:
     the node's name."""
     settings = run_settings(argparse.Namespace(), {"KUBERNETES_SERVICE_HOST": "10.0.0.1",
                                                    "K8S_NODE_NAME": "aks-pool-12345-vmss000002"})
-    attributes = Resource.create(resource_attributes(settings.tracing, VmIdentity(vm_id="id-1"))).attributes
+    attributes = Resource.create(resource_attributes(settings, VmIdentity(vm_id="id-1"))).attributes
     assert (attributes["cloud.platform"], attributes["k8s.node.name"], attributes["host.id"]) == (
         "azure.aks", "aks-pool-12345-vmss000002", "id-1")
 
@@ -227,7 +227,7 @@ def test_unconfigured_exporters_are_not_imported(exporter: str, protocol: str, a
         "if settings.otel_traces_exporter != 'none':\n"
         "    from se_exporter.sidecar.sinks.tracing import make_tracing\n"
         "    from prometheus_client import CollectorRegistry\n"
-        "    make_tracing(settings.tracing, None, CollectorRegistry())\n"
+        "    make_tracing(settings, None, CollectorRegistry())\n"
         "    assert 'requests' in sys.modules or settings.otel_protocol == 'grpc'\n"
         "from se_exporter.sidecar.transport import KeepAliveTransport\n"
         "KeepAliveTransport()\n"

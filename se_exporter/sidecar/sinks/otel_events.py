@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter
 from se_exporter.core.lifecycle import SCHEDULED, STARTED, Transition
 from se_exporter.core.model import VmIdentity
 from se_exporter.sidecar.metrics import NAMESPACE
-from se_exporter.sidecar.settings import TracingSettings
+from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks import DocumentChange, Sink
 from se_exporter.sidecar.sinks.spans import PREFIX, attributes, root_context, transition_extras, vm_key
 from se_exporter.sidecar.sinks.tracing import Batched, Counting, bounded, resource_attributes, signal_url
@@ -34,7 +34,7 @@ EVENT_PREFIX = "azure.scheduled_event."
 _WARN = (SCHEDULED, STARTED)  # what a person acts on, as the log sink's levels
 
 
-def make_log_exporter(settings: TracingSettings) -> Any:
+def make_log_exporter(settings: Settings) -> Any:
     """The exporter ``--otel-logs-exporter`` names: console, or OTLP over HTTP (``/v1/logs`` is added to a general
     endpoint) or gRPC, bounded as the span exporters are."""
     if settings.otel_logs_exporter == "console":
@@ -64,7 +64,7 @@ class EventLogSink(Sink):
 
     name = "otel_events"
 
-    def __init__(self, settings: TracingSettings, registry: CollectorRegistry, exporter: Any = None) -> None:
+    def __init__(self, settings: Settings, registry: CollectorRegistry, exporter: Any = None) -> None:
         """``exporter``: the one to wrap instead of the one ``settings`` name (tests pass an in-memory one)."""
         self._settings = settings
         exported = Counter(f"{NAMESPACE}_log_records_exported", "Transition log records accepted by the OTLP log "
@@ -75,7 +75,7 @@ class EventLogSink(Sink):
         inner = exporter if exporter is not None else make_log_exporter(settings)
         self._exporter = Batched(CountingLogExporter(inner, exported, failed,
                                                      where=settings.otel_logs_endpoint or settings.otel_endpoint),
-                                 "log records", settings.log_batch)
+                                 "log records", settings.otel_log_batch)
         self._provider: LoggerProvider | None = None
         self._logger: Any = None
 
@@ -114,6 +114,6 @@ class EventLogSink(Sink):
             self._exporter.shutdown()
 
 
-def make_event_logs(settings: TracingSettings, registry: CollectorRegistry) -> EventLogSink:
+def make_event_logs(settings: Settings, registry: CollectorRegistry) -> EventLogSink:
     """Called only when the logs exporter is on: importing this module is what loads the logs SDK."""
     return EventLogSink(settings, registry)

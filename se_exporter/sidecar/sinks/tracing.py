@@ -36,7 +36,7 @@ from se_exporter.core.model import VmIdentity, vm_name
 from se_exporter.core.retry import Health
 from se_exporter.infra.logs import escape
 from se_exporter.sidecar.metrics import NAMESPACE
-from se_exporter.sidecar.settings import SpanBatching, TracingSettings
+from se_exporter.sidecar.settings import Settings, SpanBatching
 from se_exporter.sidecar.sinks import DocumentChange, Sink
 from se_exporter.sidecar.sinks.batching import BatchProcessor, Exporter, MemoryQueue
 from se_exporter.sidecar.sinks.spans import PREFIX, EventIdGenerator, SpanSink
@@ -46,7 +46,7 @@ EXPORT_TIMEOUT_SECONDS = 5  # a deadline for each whole export, retries included
 MAX_RESPONSE_BYTES = 64 * 1024  # of a collector's answer, read by either exporter (see otlp_http.py)
 
 
-def resource_attributes(settings: TracingSettings, identity: VmIdentity | None) -> dict[str, str]:
+def resource_attributes(settings: Settings, identity: VmIdentity | None) -> dict[str, str]:
     """The resource of spans and log records: what backends join on (``cloud.resource_id``, ``host.id``,
     ``k8s.node.name``). In a Kubernetes pod the platform is ``azure.aks`` (the project's Kubernetes deployment is
     for AKS), else ``azure.vm``."""
@@ -95,7 +95,7 @@ def span_line(span: ReadableSpan) -> str:
     return escape(" ".join(part for part in parts if part)) + "\n"
 
 
-def make_exporter(settings: TracingSettings) -> Any:
+def make_exporter(settings: Settings) -> Any:
     if settings.otel_traces_exporter == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -280,7 +280,7 @@ class TracingSink(Sink):
 
     name = "spans"
 
-    def __init__(self, settings: TracingSettings, state_dir: Path | None, registry: CollectorRegistry) -> None:
+    def __init__(self, settings: Settings, state_dir: Path | None, registry: CollectorRegistry) -> None:
         self._settings = settings
         self._state_dir = state_dir
         self._sink: SpanSink | None = None
@@ -288,11 +288,12 @@ class TracingSink(Sink):
         failed = Counter(f"{NAMESPACE}_span_export_errors", "Spans the trace exporter failed to deliver.",
                          registry=registry)
         self._spans_dropped = Counter(f"{NAMESPACE}_spans_dropped", "Spans dropped before export because the span "
-                                      f"queue was full ({settings.batch.max_queue_size:,} spans).", registry=registry)
+                                      f"queue was full ({settings.otel_batch.max_queue_size:,} spans).",
+                                      registry=registry)
         # Built at start-up, so a bad exporter setting fails there and not at the first event.
         self._exporter = CountingExporter(make_exporter(settings), exported, failed,
                                           where=settings.otel_traces_endpoint or settings.otel_endpoint)
-        self._batched = Batched(self._exporter, "spans", settings.batch, self._spans_dropped.inc)
+        self._batched = Batched(self._exporter, "spans", settings.otel_batch, self._spans_dropped.inc)
 
     def export(self, change: DocumentChange) -> None:
         if self._sink is None:
@@ -323,6 +324,6 @@ class TracingSink(Sink):
                 self._batched.shutdown()
 
 
-def make_tracing(settings: TracingSettings, state_dir: Path | None, registry: CollectorRegistry) -> TracingSink:
+def make_tracing(settings: Settings, state_dir: Path | None, registry: CollectorRegistry) -> TracingSink:
     """Called only when tracing is on: importing this module is what loads the SDK."""
     return TracingSink(settings, state_dir, registry)
