@@ -48,7 +48,7 @@ class ConsumeSettings(HubReader):
 
 def consume_settings(args: argparse.Namespace, env: Mapping[str, str]) -> ConsumeSettings:
     settings = ConsumeSettings(**resolve(CONSUME_OPTIONS, args, env))
-    if not (settings.eventhub_connection_string or settings.eventhub_namespace):
+    if not settings.eventhubs_enabled:
         raise ConfigError("--eventhub-connection-string or --eventhub-namespace is required to consume")
     check_eventhubs(settings)
     return settings

@@ -19,7 +19,7 @@ from se_exporter.infra.options import (
     Listen,
     Option,
     check_eventhubs,
-    check_platform_eventhub,
+    check_hub,
     connection_string_parts,
     parse_ca_file,
     parse_consumer_group,
@@ -215,7 +215,7 @@ class FleetSettings(HubReader):
         """The hubs to read: the sidecars' (``--eventhub-*``) and the platform's (``--platform-eventhub-*``), each
         when given."""
         hubs = []
-        if self.eventhub_connection_string or self.eventhub_namespace:
+        if self.eventhubs_enabled:
             hubs.append(Hub("sidecar", self.eventhub_connection_string, self.eventhub_name, self.eventhub_namespace,
                             self.consumer_group, self.eventhub_endpoint))
         if self.platform_eventhub_connection_string or self.platform_eventhub_namespace:
@@ -252,20 +252,18 @@ class Hub:
 
 def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSettings:
     settings = FleetSettings(**resolve(FLEET_OPTIONS, args, env))
-    platform = bool(settings.platform_eventhub_connection_string or settings.platform_eventhub_namespace)
-    if not (settings.eventhub_connection_string or settings.eventhub_namespace or platform):
+    hubs = settings.hubs
+    if not hubs:
         raise ConfigError("--eventhub-connection-string or --eventhub-namespace (the sidecars' hub) is required, "
                           "or --platform-eventhub-connection-string or --platform-eventhub-namespace (the platform's)")
     namespaces = settings.eventhub_namespace or settings.platform_eventhub_namespace
     if settings.eventhub_client_id and not namespaces:
         raise ConfigError("--eventhub-client-id needs --eventhub-namespace or --platform-eventhub-namespace (it "
                           "selects a managed identity)")
-    first = bool(settings.eventhub_connection_string or settings.eventhub_namespace)
     # --eventhub-client-id and --eventhub-ca-file serve the platform's hub too: checked above, not by the rules of one
     check_eventhubs(replace(settings, eventhub_client_id=None,
-                            eventhub_ca_file=settings.eventhub_ca_file if first else None))
+                            eventhub_ca_file=settings.eventhub_ca_file if settings.eventhubs_enabled else None))
     check_platform_hub(settings)
-    hubs = settings.hubs
     if len(hubs) == 2 and hubs[0].identity() == hubs[1].identity():
         raise ConfigError(f"--platform-eventhub-* names the sidecars' hub {hubs[0].shown()}: leave the platform flags "
                           "out, the fleet tells Azure's messages there by their content (read twice, each partition's "
@@ -285,7 +283,7 @@ def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSet
 def check_platform_hub(settings: FleetSettings) -> None:
     """The rules of ``check_eventhubs`` for the platform's hub, naming its flags."""
     text, namespace = settings.platform_eventhub_connection_string, settings.platform_eventhub_namespace
-    check_platform_eventhub(text, namespace, settings.platform_eventhub_name)
+    check_hub("--platform-eventhub", text, namespace, settings.platform_eventhub_name, "the platform's")
     if settings.platform_consumer_group != "$Default" and not (text or namespace):
         raise ConfigError("--platform-consumer-group needs --platform-eventhub-connection-string or "
                           "--platform-eventhub-namespace")

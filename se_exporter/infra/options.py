@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
 from se_exporter.core.errors import ConfigError
@@ -371,11 +371,6 @@ def check_hub(flags: str, text: str | None, namespace: str | None, name: str | N
                           f"hub in that namespace); give one of them, or leave {flags}-name out")
 
 
-def check_platform_eventhub(text: str | None, namespace: str | None, name: str | None) -> None:
-    """``check_hub`` for the platform's hub (``fleet`` reads it, ``simulate`` writes it)."""
-    check_hub("--platform-eventhub", text, namespace, name, "the platform's")
-
-
 # The consumer group every reader of the hub (``consume``, ``fleet``) takes.
 CONSUMER_GROUP_OPTION = Option("consumer_group", "--consumer-group", parse_consumer_group,
                                "consumer group to read with (default $Default)", "GROUP")
@@ -427,32 +422,9 @@ def given(options: Sequence[Option], args: argparse.Namespace, env: Mapping[str,
     return sources
 
 
-class EventHubsSettings(Protocol):
-    """The Event Hubs fields run, consume and fleet settings share."""
-
-    @property
-    def eventhub_connection_string(self) -> str | None: ...
-
-    @property
-    def eventhub_name(self) -> str | None: ...
-
-    @property
-    def eventhub_namespace(self) -> str | None: ...
-
-    @property
-    def eventhub_client_id(self) -> str | None: ...
-
-    @property
-    def eventhub_endpoint(self) -> str | None: ...
-
-    @property
-    def eventhub_ca_file(self) -> str | None: ...
-
-
 @dataclass(frozen=True)
-class HubReader:
-    """The settings every reader of the hub has (``consume``, ``fleet``): where the hub is, how to authenticate,
-    and the consumer group. Their settings extend it."""
+class EventHubs:
+    """The Event Hubs settings run, consume and fleet share (``EVENTHUB_OPTIONS``): their settings extend it."""
 
     eventhub_connection_string: str | None = field(default=None, repr=False)  # a secret: never in repr or logs
     eventhub_name: str | None = None
@@ -460,10 +432,20 @@ class HubReader:
     eventhub_client_id: str | None = None
     eventhub_endpoint: str | None = None
     eventhub_ca_file: str | None = None
+
+    @property
+    def eventhubs_enabled(self) -> bool:
+        return bool(self.eventhub_connection_string or self.eventhub_namespace)
+
+
+@dataclass(frozen=True)
+class HubReader(EventHubs):
+    """The settings every reader of the hub has (``consume``, ``fleet``): the hub and the consumer group."""
+
     consumer_group: str = "$Default"
 
 
-def check_eventhubs(settings: EventHubsSettings) -> None:
+def check_eventhubs(settings: EventHubs) -> None:
     """The Event Hubs rules shared by run, consume and fleet: one way to authenticate, a hub name, and the
     options that only make sense with one of them."""
     check_hub("--eventhub", settings.eventhub_connection_string, settings.eventhub_namespace, settings.eventhub_name)
@@ -471,7 +453,7 @@ def check_eventhubs(settings: EventHubsSettings) -> None:
         raise ConfigError("--eventhub-client-id needs --eventhub-namespace (it selects a managed identity)")
     for given, flag in ((settings.eventhub_endpoint, "--eventhub-endpoint"),
                         (settings.eventhub_ca_file, "--eventhub-ca-file")):
-        if given and not (settings.eventhub_connection_string or settings.eventhub_namespace):
+        if given and not settings.eventhubs_enabled:
             raise ConfigError(f"{flag} needs --eventhub-namespace or --eventhub-connection-string")
 
 

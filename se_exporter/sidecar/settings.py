@@ -11,7 +11,7 @@ import os
 import re
 import stat
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from se_exporter.infra.options import (
     LOG_OPTIONS,
     SPEED,
     Bounded,
+    EventHubs,
     Listen,
     Option,
     check_eventhubs,
@@ -58,7 +59,7 @@ LOG_BATCHING = SpanBatching(schedule_delay_millis=1000)  # the SDK's defaults fo
 
 
 @dataclass(frozen=True)
-class Settings:
+class Settings(EventHubs):
     """Settings of ``se-exporter run``. Two bounds are raised rather than refused (``raised_bounds``), so that
     ``--poll-interval 10`` alone just works."""
 
@@ -79,12 +80,6 @@ class Settings:
     forward_file: Path | None = None
     spool_dir: Path | None = None
     spool_max_bytes: int = 64 * 1024 * 1024
-    eventhub_connection_string: str | None = field(default=None, repr=False)  # a secret: never in repr or logs
-    eventhub_name: str | None = None
-    eventhub_namespace: str | None = None
-    eventhub_client_id: str | None = None
-    eventhub_endpoint: str | None = None
-    eventhub_ca_file: str | None = None
     eventhub_send_timeout: float = 10.0
     eventhub_retry_max: float = 30.0
     heartbeat_interval: float | None = None  # None: DEFAULT_HEARTBEAT with Event Hubs, else off; 0: off
@@ -100,10 +95,6 @@ class Settings:
     otel_log_batch: SpanBatching = LOG_BATCHING
     kubernetes: bool = False  # in a Kubernetes pod (KUBERNETES_SERVICE_HOST set): cloud.platform azure.aks
     k8s_node_name: str | None = None  # k8s.node.name, from the downward API (K8S_NODE_NAME)
-
-    @property
-    def eventhubs_enabled(self) -> bool:
-        return bool(self.eventhub_connection_string or self.eventhub_namespace)
 
     @property
     def heartbeat_seconds(self) -> float | None:

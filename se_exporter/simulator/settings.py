@@ -14,7 +14,7 @@ from se_exporter.infra.options import (
     SPEED,
     Listen,
     Option,
-    check_platform_eventhub,
+    check_hub,
     choice,
     parse_listen,
     parse_name,
@@ -79,8 +79,8 @@ def simulator_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Simu
 def check_platform(settings: SimulatorSettings) -> None:
     """The platform hub's rules, as ``check_eventhubs`` has them for the sidecars' hub: one way to authenticate,
     and a hub name."""
-    check_platform_eventhub(settings.platform_eventhub_connection_string, settings.platform_eventhub_namespace,
-                            settings.platform_eventhub_name)
+    check_hub("--platform-eventhub", settings.platform_eventhub_connection_string,
+              settings.platform_eventhub_namespace, settings.platform_eventhub_name, "the platform's")
     if settings.platform_schema != "eventgrid" and not settings.platform:
         raise ConfigError("--platform-schema needs --platform-file or --platform-eventhub-*: it shapes the "
                           "platform copy, which is only published to one of them")
