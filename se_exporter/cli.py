@@ -122,14 +122,10 @@ def report_crash(exc_type: type[BaseException], exc: BaseException, tb: Tracebac
     log.critical("se-exporter crashed: %s", exc, exc_info=(exc_type, exc, tb))
 
 
-def _install_crash_hooks() -> None:
-    sys.excepthook = report_crash
-    threading.excepthook = lambda args: report_crash(args.exc_type, args.exc_value or Exception(), args.exc_traceback)
-
-
 def run(settings: Settings) -> int:
     logs.setup(settings.log_level, settings.log_format)
-    _install_crash_hooks()
+    sys.excepthook = report_crash
+    threading.excepthook = lambda args: report_crash(args.exc_type, args.exc_value or Exception(), args.exc_traceback)
     started = time.monotonic()
     with Sidecar(settings, simulate=SimulatedImds) as sidecar:  # whatever was started is stopped, also on failure
         sidecar.listen()
@@ -140,7 +136,7 @@ def run(settings: Settings) -> int:
                               sim.scenario.description), flush=True)
         stop = threading.Event()
         sidecar.start(stop)
-        _on_signals(stop)
+        HOST_OS.on_stop(stop.set)  # SIGTERM/SIGINT/SIGHUP, or Windows' console control events: an orderly stop
         stop.wait()
         log.info("stopping")
     if sim is not None:  # after the orderly stop: spans flushed, documents written, counts final
@@ -175,17 +171,12 @@ def simulate(settings: SimulatorSettings, list_only: bool = False) -> int:
               + " and ".join(output.name for output in copy.outputs) + f"; counts at {server.url}/_simulator/platform",
               flush=True)
     stop = threading.Event()
-    _on_signals(stop)
+    HOST_OS.on_stop(stop.set)
     stop.wait()
     server.server_close()
     if copy is not None:
         copy.stop()
     return 0
-
-
-def _on_signals(stop: threading.Event) -> None:
-    """SIGTERM/SIGINT/SIGHUP, or Windows' console control events: the same orderly stop (host_os)."""
-    HOST_OS.on_stop(stop.set)
 
 
 if __name__ == "__main__":

@@ -81,12 +81,17 @@ class Sidecar:
     def listen(self) -> None:
         """The simulator if asked for, then the HTTP port (see the module docstring)."""
         if self.settings.simulate is not None:
-            self._start_simulator()
+            if self._simulate is None:
+                raise ValueError("--simulate needs the simulator factory (the CLI's SimulatedImds)")
+            self.simulated = self._simulate(self.settings)
+            self._cleanup.callback(self.simulated.close)
+            self.settings = replace(self.settings, imds_url=self.simulated.url)
         listen = self.settings.listen
         rejected = http_server.rejection_counter(self.registry, NAMESPACE)
         server = http_server.bind(listen, lambda: http_server.serve(listen, self._http, on_reject=rejected))
         self._cleanup.callback(server.server_close)
-        self.metrics_url = f"http://{_display(listen, server.server_port)}/metrics"
+        shown = listen.host if listen.host not in ("", "0.0.0.0", "::") else "127.0.0.1"  # noqa: S104 - display only
+        self.metrics_url = f"http://{Listen(shown, server.server_port)}/metrics"
 
     def start(self, stop: threading.Event) -> None:
         """Build the rest and start polling; the threads end when ``stop`` is set."""
@@ -141,13 +146,6 @@ class Sidecar:
         """Stop whatever was started, newest first: spans flushed, documents written, counts final."""
         self._cleanup.close()
 
-    def _start_simulator(self) -> None:
-        if self._simulate is None:
-            raise ValueError("--simulate needs the simulator factory (the CLI's SimulatedImds)")
-        self.simulated = self._simulate(self.settings)
-        self._cleanup.callback(self.simulated.close)
-        self.settings = replace(self.settings, imds_url=self.simulated.url)
-
 
 def imds_health(snapshot: Snapshot) -> ImdsHealth:
     """What heartbeats say of IMDS: the poll loop keeps both in the snapshot (``up`` is the latest poll's outcome)."""
@@ -185,8 +183,3 @@ class _Starting:
         if self.app is not None:
             return await self.app(request)
         return http_server.Response(503, b"starting\n")
-
-
-def _display(listen: Listen, port: int) -> str:
-    host = listen.host if listen.host not in ("", "0.0.0.0", "::") else "127.0.0.1"  # noqa: S104 - display only
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
