@@ -20,8 +20,6 @@ from se_exporter.infra.options import (
     resolve,
 )
 
-MAX_EVENTS = Bounded(1, 10**12, unit="", integer=True)
-IDLE_TIMEOUT = Bounded(0.1, 366 * 86400)
 CONSUME_OPTIONS: tuple[Option, ...] = (
     *EVENTHUB_OPTIONS,
     CONSUMER_GROUP_OPTION,
@@ -29,9 +27,9 @@ CONSUME_OPTIONS: tuple[Option, ...] = (
            "earliest, latest, or an ISO 8601 time to read from (default earliest)", "POSITION"),
     Option("output_format", "--format", choice("timeline", "json"),
            "timeline (one line per document, per VM) or json (one object per line) (default timeline)", "FORMAT"),
-    Option("max_events", "--max-events", MAX_EVENTS,
+    Option("max_events", "--max-events", Bounded(1, 10**12, unit="", integer=True),
            "stop after this many documents (default: run until interrupted)", "N"),
-    Option("idle_timeout", "--idle-timeout", IDLE_TIMEOUT,
+    Option("idle_timeout", "--idle-timeout", Bounded(0.1, 366 * 86400),
            "stop when no document arrived for this long (default: never)", "SECONDS"),
 )
 

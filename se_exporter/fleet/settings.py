@@ -39,12 +39,6 @@ HEARTBEAT_WRITES_AT_MOST = 120.0  # seconds: the default's cap, so the checkpoin
 DEFAULT_LISTEN = Listen("", DEFAULT_FLEET_PORT)
 
 CHECKPOINT_INTERVAL = Bounded(0.1, 3600)
-VM_EXPIRY = Bounded(1, 30 * 86400)
-BALANCING_INTERVAL = Bounded(0.1, 3600)
-OWNERSHIP_EXPIRY = Bounded(0.5, 6 * 3600)
-MESSAGE_BYTES = Bounded(1024, 64 * 1024**2, unit="bytes")
-PLATFORM_RETENTION = Bounded(0, 30 * 86400)
-RECONCILE_GRACE = Bounded(0, 86400)
 DEFAULT_PLATFORM_RETENTION = 3600.0
 DEFAULT_RECONCILE_GRACE = 60.0
 
@@ -142,27 +136,27 @@ FLEET_OPTIONS: tuple[Option, ...] = (
            f"how often a partition where only heartbeats arrived is written (default {HEARTBEAT_WRITES_EVERY} x "
            f"--checkpoint-interval, at most {HEARTBEAT_WRITES_AT_MOST:g}, never less than --checkpoint-interval): a "
            "restart replays at most this much", "SECONDS"),
-    Option("vm_expiry", "--vm-expiry", VM_EXPIRY,
+    Option("vm_expiry", "--vm-expiry", Bounded(1, 30 * 86400),
            f"forget a VM not heard from for this long (default {DEFAULT_VM_EXPIRY:g}: three missed heartbeats)",
            "SECONDS"),
     Option("starting_position", "--starting-position", parse_name,
            "where a partition without a checkpoint is read from: earliest, latest or an ISO 8601 time "
            "(default earliest)", "POSITION", "FLEET_"),
-    Option("load_balancing_interval", "--load-balancing-interval", BALANCING_INTERVAL,
+    Option("load_balancing_interval", "--load-balancing-interval", Bounded(0.1, 3600),
            "seconds between the SDK's partition load-balancing rounds (default 30)", "SECONDS"),
-    Option("ownership_expiry", "--ownership-expiry", OWNERSHIP_EXPIRY,
+    Option("ownership_expiry", "--ownership-expiry", Bounded(0.5, 6 * 3600),
            "seconds after which a silent replica's partitions are taken over (default 6 x "
            "--load-balancing-interval)", "SECONDS"),
-    Option("max_message_bytes", "--max-message-bytes", MESSAGE_BYTES,
+    Option("max_message_bytes", "--max-message-bytes", Bounded(1024, 64 * 1024**2, unit="bytes"),
            "larger message bodies are counted as invalid and skipped (default 1MiB, the Event Hubs limit)",
            "BYTES"),
     *PLATFORM_EVENTHUB_OPTIONS,
     Option("platform_consumer_group", "--platform-consumer-group", parse_consumer_group,
            "consumer group to read the platform's event hub with (default $Default)", "GROUP"),
-    Option("platform_retention", "--platform-retention", PLATFORM_RETENTION,
+    Option("platform_retention", "--platform-retention", Bounded(0, 30 * 86400),
            f"how long a platform event stays listed after its end (Completed or Canceled) was read (default "
            f"{DEFAULT_PLATFORM_RETENTION:g})", "SECONDS"),
-    Option("reconcile_grace", "--reconcile-grace", RECONCILE_GRACE,
+    Option("reconcile_grace", "--reconcile-grace", Bounded(0, 86400),
            f"how long after the platform announced an event a live sidecar may take to list it before it counts as "
            f"missed (default {DEFAULT_RECONCILE_GRACE:g})", "SECONDS"),
 )

@@ -151,15 +151,8 @@ def parse_api_version(text: str) -> str:
     return text
 
 
-# The ranges of every numeric setting (help texts and docs/reference.md show them).
-POLL_INTERVAL = Bounded(0.05, 3600)  # below 0.2 s IMDS throttles; 0.05 is the benchmarks' and tests' 20 Hz
-TIMEOUT = Bounded(0.05, 300)
-FIRST_CALL_TIMEOUT = Bounded(0.05, 600)  # the first call may take two minutes: five times that is plenty
-BACKOFF = Bounded(0.05, 3600)
+# The ranges of the numeric settings are in their rows of RUN_OPTIONS (help texts and docs/reference.md show them).
 DOCUMENT_BYTES = Bounded(1024, 64 * 1024**2, unit="bytes")
-SPOOL_BYTES = Bounded(4096, 1024**4, unit="bytes")
-SEND_TIMEOUT = Bounded(0.1, 600)
-RETRY_MAX = Bounded(0.1, 3600)
 HEARTBEAT = Bounded(0.1, 86400)
 THROTTLED_BELOW = 0.2  # seconds between polls: faster than IMDS serves without throttling
 
@@ -193,15 +186,17 @@ RUN_OPTIONS: tuple[Option, ...] = (
            f"Scheduled Events api-version to request; auto asks for {apiversion.NEWEST} and falls back to "
            f"{apiversion.FALLBACK} where IMDS does not serve it, asking again every "
            f"{apiversion.RETRY_NEWEST_SECONDS / 3600:g} h (default auto)", "VERSION"),
-    Option("poll_interval", "--poll-interval", POLL_INTERVAL,
+    # below 0.2 s IMDS throttles; 0.05 is the benchmarks' and tests' 20 Hz
+    Option("poll_interval", "--poll-interval", Bounded(0.05, 3600),
            "seconds between polls; Azure recommends 1 (default 1)", "SECONDS"),
-    Option("imds_timeout", "--imds-timeout", TIMEOUT,
+    Option("imds_timeout", "--imds-timeout", Bounded(0.05, 300),
            "timeout of each whole IMDS request (connect, headers and body) once IMDS has answered (default 2)",
            "SECONDS"),
-    Option("first_call_timeout", "--first-call-timeout", FIRST_CALL_TIMEOUT,
+    # the first call may take two minutes: five times that is plenty
+    Option("first_call_timeout", "--first-call-timeout", Bounded(0.05, 600),
            "timeout until IMDS first answers: the first call enables the service and may take "
            "up to two minutes (default 120; never shorter than --imds-timeout)", "SECONDS"),
-    Option("max_backoff", "--max-backoff", BACKOFF,
+    Option("max_backoff", "--max-backoff", Bounded(0.05, 3600),
            "longest wait between polls after failures or a 429 Retry-After; kept short because a "
            "missed notice is worse than a throttled poll (default 5; never shorter than --poll-interval)",
            "SECONDS"),
@@ -222,12 +217,12 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "append every distinct document, with its properties, to this JSON-lines file", "PATH"),
     Option("spool_dir", "--spool-dir", parse_path,
            "durable queue of documents waiting for Event Hubs (default STATE_DIR/spool)", "PATH"),
-    Option("spool_max_bytes", "--spool-max-bytes", SPOOL_BYTES,
+    Option("spool_max_bytes", "--spool-max-bytes", Bounded(4096, 1024**4, unit="bytes"),
            "spool size limit; past it the oldest documents are dropped and counted (default 64MiB)", "BYTES"),
     *EVENTHUB_OPTIONS,
-    Option("eventhub_send_timeout", "--eventhub-send-timeout", SEND_TIMEOUT,
+    Option("eventhub_send_timeout", "--eventhub-send-timeout", Bounded(0.1, 600),
            "timeout of one send to Event Hubs; a timed-out batch is kept and resent (default 10)", "SECONDS"),
-    Option("eventhub_retry_max", "--eventhub-retry-max", RETRY_MAX,
+    Option("eventhub_retry_max", "--eventhub-retry-max", Bounded(0.1, 3600),
            "longest wait between attempts while Event Hubs is unreachable (default 30)", "SECONDS"),
     Option("heartbeat_interval", "--heartbeat-interval", parse_heartbeat,
            "forward the current document again after this long without a change, marked as a heartbeat, so "
