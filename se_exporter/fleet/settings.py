@@ -257,7 +257,11 @@ def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSet
     # --eventhub-client-id and --eventhub-ca-file serve the platform's hub too: checked above, not by the rules of one
     check_eventhubs(replace(settings, eventhub_client_id=None,
                             eventhub_ca_file=settings.eventhub_ca_file if settings.eventhubs_enabled else None))
-    check_platform_hub(settings)
+    check_hub("--platform-eventhub", settings.platform_eventhub_connection_string,
+              settings.platform_eventhub_namespace, settings.platform_eventhub_name, "the platform's")
+    if settings.platform_consumer_group != "$Default" and not any(hub.role == "platform" for hub in hubs):
+        raise ConfigError("--platform-consumer-group needs --platform-eventhub-connection-string or "
+                          "--platform-eventhub-namespace")
     if len(hubs) == 2 and hubs[0].identity() == hubs[1].identity():
         raise ConfigError(f"--platform-eventhub-* names the sidecars' hub {hubs[0].shown()}: leave the platform flags "
                           "out, the fleet tells Azure's messages there by their content (read twice, each partition's "
@@ -272,12 +276,3 @@ def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSet
                           f"--load-balancing-interval {settings.load_balancing_interval:g}")
     starting_position(settings.starting_position)  # raises ConfigError naming the flag
     return settings
-
-
-def check_platform_hub(settings: FleetSettings) -> None:
-    """The rules of ``check_eventhubs`` for the platform's hub, naming its flags."""
-    text, namespace = settings.platform_eventhub_connection_string, settings.platform_eventhub_namespace
-    check_hub("--platform-eventhub", text, namespace, settings.platform_eventhub_name, "the platform's")
-    if settings.platform_consumer_group != "$Default" and not (text or namespace):
-        raise ConfigError("--platform-consumer-group needs --platform-eventhub-connection-string or "
-                          "--platform-eventhub-namespace")

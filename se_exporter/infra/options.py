@@ -255,27 +255,22 @@ def parse_endpoint(text: str) -> str:
     return f"sb://{host}" + (f":{port}" if port else "")
 
 
-def parse_file(text: str) -> str:
-    if os.path.exists(text) and not os.path.isfile(text):
-        raise ValueError(f"{text!r} is not a regular file (a directory, device or pipe)")
-    if not os.path.isfile(text):
-        raise ValueError(f"{text!r} is not a readable file")
-    return text
-
-
 def parse_ca_file(text: str) -> str:
     """A readable file of PEM certificates: checked at start-up, not at the first connection (where every send
     would fail with NO_CERTIFICATE_OR_CRL_FOUND). One check for --eventhub-ca-file and --checkpoint-ca-file."""
     import ssl  # noqa: PLC0415 - only with a CA file: a sidecar polling IMDS over http never loads ssl here
 
-    path = parse_file(text)
+    if os.path.exists(text) and not os.path.isfile(text):
+        raise ValueError(f"{text!r} is not a regular file (a directory, device or pipe)")
+    if not os.path.isfile(text):
+        raise ValueError(f"{text!r} is not a readable file")
     try:
-        ssl.create_default_context(cafile=path)
+        ssl.create_default_context(cafile=text)
     except ssl.SSLError as error:
         raise ValueError(f"{text!r} holds no PEM certificate ({error.reason or error})") from None
     except OSError as error:
         raise ValueError(f"{text!r} is not a readable file ({error.strerror or error})") from None
-    return path
+    return text
 
 
 def choice(*values: str) -> Callable[[str], str]:

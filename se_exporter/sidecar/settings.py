@@ -39,7 +39,6 @@ from se_exporter.infra.options import (
 from se_exporter.sidecar.forwarding.targets import enabled_targets, target_flags
 
 DEFAULT_IMDS_URL = "http://169.254.169.254"
-DEFAULT_API_VERSION = apiversion.AUTO
 DEFAULT_HEARTBEAT = 300.0  # seconds; with Event Hubs: a quiet VM still reaches `se-exporter fleet` 3 times in 15 min
 _API_VERSION = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
@@ -64,7 +63,7 @@ class Settings(EventHubs):
     ``--poll-interval 10`` alone just works."""
 
     imds_url: str = DEFAULT_IMDS_URL
-    api_version: str = DEFAULT_API_VERSION
+    api_version: str = apiversion.AUTO
     poll_interval: float = 1.0
     imds_timeout: float = 2.0
     first_call_timeout: float = 120.0
