@@ -386,18 +386,17 @@ def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> N
 
 
 def resolve(options: Sequence[Option], args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
-    """Flag, then environment, then the dataclass default; every value through its parser."""
+    """Flag, then environment (where ``given`` finds them), then the dataclass default; each through its parser."""
     values: dict[str, Any] = {}
+    sources = given(options, args, env)
     for option in options:
-        raw = getattr(args, option.dest, None)
-        source = option.flag
-        if raw is None and option.env in env and (env[option.env] or not option.blank_is_unset):
-            raw, source = env[option.env], option.env
-            if option.separator is not None:
-                split = option.splitter(raw) if option.splitter else raw.split(option.separator)
-                raw = [part for part in split if part.strip()]
-        if raw is None:
+        source = sources.get(option.dest)
+        if source is None:
             continue
+        raw = getattr(args, option.dest) if source == option.flag else env[source]
+        if source == option.env and option.separator is not None:
+            split = option.splitter(raw) if option.splitter else raw.split(option.separator)
+            raw = [part for part in split if part.strip()]
         try:
             values[option.dest] = tuple(map(option.parse, raw)) if option.separator else option.parse(raw)
         except ValueError as exc:
@@ -406,8 +405,8 @@ def resolve(options: Sequence[Option], args: argparse.Namespace, env: Mapping[st
 
 
 def given(options: Sequence[Option], args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, str]:
-    """Where each setting that was given came from, as ``resolve`` reads it: its flag, or its environment
-    variable. Rules between settings name what the user wrote (``--speed`` or ``SE_EXPORTER_SPEED``)."""
+    """Where each given setting came from, its flag or its environment variable: ``resolve`` reads it from there,
+    and rules between settings name what the user wrote (``--speed`` or ``SE_EXPORTER_SPEED``)."""
     sources: dict[str, str] = {}
     for option in options:
         if getattr(args, option.dest, None) is not None:

@@ -254,6 +254,7 @@ def run_options(scenarios: Sequence[str]) -> tuple[Option, ...]:
     return tuple(replace(option, help=option.help.replace("{scenarios}", ", ".join(scenarios)))
                  if option.dest == "simulate" else option for option in RUN_OPTIONS)
 
+
 def run_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     values = resolve(RUN_OPTIONS, args, env)
     values.update(_otel_extras(args, env, values))
