@@ -132,11 +132,10 @@ def setup(level: str, fmt: str) -> None:
     logging.getLogger("azure").setLevel(logging.WARNING)
 
 
-def fallback_stream(directory: str | None = None) -> TextIO:
+def fallback_stream() -> TextIO:
     """``se-exporter.log`` in the default state directory, for a process without stderr (``pythonw.exe``, a service
     host that hands none; the WinSW service in deploy/windows gives one): lines are kept rather than dropped."""
-    if directory is None:
-        directory = host_os.DEFAULT_STATE_DIR  # read when needed: tests point it elsewhere
+    directory = host_os.DEFAULT_STATE_DIR  # read when needed: tests point it elsewhere
     try:
         os.makedirs(directory, exist_ok=True)
         return open(os.path.join(directory, "se-exporter.log"), "a", encoding="utf-8",
