@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Protocol, TextIO
 if TYPE_CHECKING:
     import asyncio  # annotations only: importing it costs a sidecar without Event Hubs ~1.7 MB of RSS
 
-StopCallback = Callable[[], None]
+StopCallback = Callable[[], object]  # what it returns is ignored
 # The signals that ask for the orderly stop, where the platform has them (Windows: SIGINT and SIGTERM only, and its
 # console control events below): one list for the command's handlers, the early ones in __main__ and processwide.
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
@@ -52,44 +52,36 @@ LOCK_OFFSET = 1 << 20
 REPLACE_PATIENCE = 2.0
 
 
-class HostOs:
+class HostOs(Protocol):
     """The operations whose implementation differs; see the module docstring for each reason."""
 
     open_flags: int  # or-ed into every os.open of a data file
     fifo_flags: int  # or-ed in where a FIFO put in a file's place must fail at once (state files, forward file)
-    reuse_address: bool  # socketserver's allow_reuse_address for the HTTP server
+    reuse_address: bool  # SO_REUSEADDR on the HTTP server's listening socket
 
-    def datasync(self, fd: int) -> None:
-        raise NotImplementedError
+    def datasync(self, fd: int) -> None: ...
 
-    def sync_directory(self, directory: str | os.PathLike[str]) -> None:
-        raise NotImplementedError
+    def sync_directory(self, directory: str | os.PathLike[str]) -> None: ...
 
-    def replace(self, source: str, target: str) -> None:
-        raise NotImplementedError
+    def replace(self, source: str, target: str) -> None: ...
 
     def remove(self, path: str | os.PathLike[str]) -> None:
         """Delete a file if it is there. On Windows this fails (PermissionError) while any handle holds it open."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
-    def pread(self, fd: int, size: int, offset: int) -> bytes:
-        raise NotImplementedError
+    def pread(self, fd: int, size: int, offset: int) -> bytes: ...
 
-    def pwrite(self, fd: int, data: bytes, offset: int) -> None:
-        raise NotImplementedError
+    def pwrite(self, fd: int, data: bytes, offset: int) -> None: ...
 
     def try_lock(self, fd: int) -> bool:
         """Lock the open file ``fd`` for this process without waiting; False if another process has it."""
-        raise NotImplementedError
 
     def on_stop(self, callback: StopCallback) -> None:
         """Call ``callback`` (from any thread) when the OS asks this process to stop."""
-        raise NotImplementedError
 
     def on_stop_async(self, loop: asyncio.AbstractEventLoop, callback: StopCallback) -> None:
         """``on_stop`` for an asyncio program: ``callback`` runs in the loop's thread."""
-        raise NotImplementedError
 
     def prepare_listener(self, sock: socket.socket) -> None:
         """Socket options before bind: exclusive use where the OS needs asking, dual stack for ``[::]``."""
@@ -97,8 +89,7 @@ class HostOs:
             # [::] serves IPv4 too, on every OS: Linux does by default, Windows only when asked.
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
 
-    def default_state_dir(self, environ: Mapping[str, str]) -> str:
-        raise NotImplementedError
+    def default_state_dir(self, environ: Mapping[str, str]) -> str: ...
 
 
 class _Msvcrt(Protocol):
@@ -197,10 +188,7 @@ class Windows(HostOs):
         self._set_handler(handler)
 
     def on_stop_async(self, loop: asyncio.AbstractEventLoop, callback: StopCallback) -> None:
-        def in_loop() -> None:
-            loop.call_soon_threadsafe(callback)
-
-        self.on_stop(in_loop)
+        self.on_stop(lambda: loop.call_soon_threadsafe(callback))
 
     def prepare_listener(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.SOL_SOCKET, self._exclusive, 1)
