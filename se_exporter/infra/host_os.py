@@ -1,23 +1,18 @@
 """Every way Linux (POSIX) and Windows differ for this program, behind one object chosen once: ``HOST_OS``.
 
-What differs, and why it matters here:
+What differs, and why it matters here (what an operator sees of it: docs/deploy.md, "Run on a Windows VM"):
 
 * **Files.** ``os.open`` opens in *text* mode on Windows unless ``O_BINARY`` is given (CRLF translation, Ctrl-Z read
   as end of file): every spool record would fail its checksum. ``fdatasync``, ``pread`` and ``pwrite`` do not exist
-  there (``fsync`` is ``FlushFileBuffers``; positional I/O is a seek and a read under a lock). A directory cannot be
-  opened to fsync it; NTFS journals the rename itself, and the replace asks for write-through. A replace fails with
+  there (``fsync`` is ``FlushFileBuffers``; positional I/O is a seek and a read under a lock). A replace fails with
   "access denied" while another process (an antivirus scanner, a backup agent, the indexer) briefly holds the target
-  open, so it is retried for a moment before the error counts. There are no FIFOs in the file namespace, so opening
-  a state file needs no non-blocking flag.
-* **The instance lock.** ``flock`` on POSIX, ``msvcrt.locking`` on one byte past the owner's pid on Windows (a
-  locked range cannot be read by others there, and the pid must stay readable). Both end with the process.
+  open, so it is retried for a moment before the error counts.
+* **The instance lock** (dirlock): ``flock`` on POSIX, ``msvcrt.locking`` on one byte past the owner's pid on Windows.
 * **Stopping.** POSIX sends SIGTERM/SIGINT/SIGHUP. Windows sends console control events (Ctrl+C from the service
   wrapper, Ctrl+Break, closing the console, shutdown). They are taken with ``SetConsoleCtrlHandler``, whose handler
   runs in a thread of its own: it sets the stop event directly, so the main thread's untimed ``Event.wait()``
   (which Ctrl+C cannot interrupt on Windows with Python 3.10-3.13) returns, and neither OS needs a periodic wake-up.
-* **Listening.** ``SO_REUSEADDR`` means "share the port" on Windows: a second instance would bind the same port.
-  There it is left off and ``SO_EXCLUSIVEADDRUSE`` set, so a taken port fails as it does on Linux.
-* **Where state lives.** ``/var/lib/se-exporter``; ``%ProgramData%\\se-exporter``.
+* **Listening.** ``SO_REUSEADDR`` means "share the port" on Windows: there ``SO_EXCLUSIVEADDRUSE`` is set instead.
 
 Both implementations take the OS functions they use as arguments, so the tests run the Windows one on Linux with
 fakes through this same seam; only the end of this module looks at ``sys.platform``, once.

@@ -1,11 +1,6 @@
 """One connection of the one HTTP server (``http_server``; its bounds: docs/http.md): its request heads and
-bodies parsed by h11 within the size caps and deadlines, its answers written, its refusals answered and counted.
-
-Two rules of RFC 9112 h11 leaves to the server, kept here for every program: a request framed both ways
-(Content-Length and Transfer-Encoding; h11 reads the body as chunked, as section 6.1 says) is answered and its
-connection closed, so no bytes after it are ever read as a second request (request smuggling through a proxy that
-framed it by Content-Length); and an absolute-form target (``GET http://host/metrics``, section 3.2.2: a server
-must accept it) is routed by its path and query.
+bodies parsed by h11 within the size caps and deadlines, its answers written, its refusals answered and counted, and
+the two rules of RFC 9112 h11 leaves to the server (docs/http.md, "Request framing and targets").
 """
 
 from __future__ import annotations
