@@ -73,11 +73,9 @@ def escape_json(line: str) -> str:
     """A line ``json.dumps`` wrote, with what it leaves that can forge or disguise a line (C1 controls, line
     separators, bidi overrides, unpaired surrogates) as ``\\uXXXX``: only ever inside a string, so the same JSON,
     made visible. ``escape``'s rule for a JSON line."""
-    return _UNSAFE_IN_JSON.sub(_escaped_in_json, line) if _UNSAFE_IN_JSON.search(line) else line
-
-
-def _escaped_in_json(match: re.Match[str]) -> str:
-    return f"\\u{ord(match.group()):04x}"
+    if not _UNSAFE_IN_JSON.search(line):
+        return line
+    return _UNSAFE_IN_JSON.sub(lambda match: f"\\u{ord(match.group()):04x}", line)
 
 
 def _escaped(match: re.Match[str]) -> str:
