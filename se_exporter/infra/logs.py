@@ -123,9 +123,6 @@ def setup(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # httpx logs every request at INFO: at one poll a second that is noise, not news.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpcore").setLevel(logging.WARNING)
     # The Azure SDK narrates every AMQP connection, session and link state change at INFO.
     logging.getLogger("azure").setLevel(logging.WARNING)
 
