@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 from pathlib import Path
-from types import TracebackType
 
 from se_exporter.infra.host_os import HOST_OS
 
@@ -38,29 +38,10 @@ class DirectoryBusy(Exception):
         self.pid = pid
 
 
-class DirectoryLock:
-    """Held while open; ``release`` (or leaving the ``with`` block, or the process ending) lets it go."""
-
-    def __init__(self, directory: Path, fd: int) -> None:
-        self.directory = directory
-        self._fd: int | None = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the only descriptor of the open file drops the flock
-            self._fd = None
-
-    def __enter__(self) -> DirectoryLock:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        self.release()
-
-
-def lock_directory(directory: Path) -> DirectoryLock:
-    """Take the directory's lock without waiting; ``DirectoryBusy`` if another process has it, OSError if the
-    directory cannot hold a lock file (not writable) or its filesystem has no locks (errno in ``UNSUPPORTED``)."""
+def lock_directory(directory: Path) -> io.FileIO:
+    """Take the directory's lock without waiting: held while the lock file returned is open (closing its only
+    descriptor lets it go); ``DirectoryBusy`` if another process has it, OSError if the directory cannot hold a lock
+    file (not writable) or its filesystem has no locks (errno in ``UNSUPPORTED``)."""
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | HOST_OS.open_flags, 0o644)
     try:
@@ -73,7 +54,7 @@ def lock_directory(directory: Path) -> DirectoryLock:
     # range. On a full disk the write fails and the lock holds all the same; a refused second process cannot name us.
     with contextlib.suppress(OSError):
         HOST_OS.pwrite(fd, f"{os.getpid():<{PID_WIDTH - 1}}\n".encode(), 0)
-    return DirectoryLock(directory, fd)
+    return os.fdopen(fd, "r+b", buffering=0)
 
 
 def _holder(fd: int) -> int | None:

@@ -129,7 +129,7 @@ def write_atomically(path: Path, data: bytes) -> None:
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    HOST_OS.sync_directory(path.parent)
 
 
 class StateFile:
@@ -157,7 +157,3 @@ class StateFile:
             self._log.info(self._recovered, self.path)
         return True
 
-
-def fsync_dir(directory: Path) -> None:
-    """Make a new or renamed name in ``directory`` durable (on Windows the journal already did)."""
-    HOST_OS.sync_directory(directory)

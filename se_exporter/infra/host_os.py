@@ -1,23 +1,18 @@
 """Every way Linux (POSIX) and Windows differ for this program, behind one object chosen once: ``HOST_OS``.
 
-What differs, and why it matters here:
+What differs, and why it matters here (what an operator sees of it: docs/deploy.md, "Run on a Windows VM"):
 
 * **Files.** ``os.open`` opens in *text* mode on Windows unless ``O_BINARY`` is given (CRLF translation, Ctrl-Z read
   as end of file): every spool record would fail its checksum. ``fdatasync``, ``pread`` and ``pwrite`` do not exist
-  there (``fsync`` is ``FlushFileBuffers``; positional I/O is a seek and a read under a lock). A directory cannot be
-  opened to fsync it; NTFS journals the rename itself, and the replace asks for write-through. A replace fails with
+  there (``fsync`` is ``FlushFileBuffers``; positional I/O is a seek and a read under a lock). A replace fails with
   "access denied" while another process (an antivirus scanner, a backup agent, the indexer) briefly holds the target
-  open, so it is retried for a moment before the error counts. There are no FIFOs in the file namespace, so opening
-  a state file needs no non-blocking flag.
-* **The instance lock.** ``flock`` on POSIX, ``msvcrt.locking`` on one byte past the owner's pid on Windows (a
-  locked range cannot be read by others there, and the pid must stay readable). Both end with the process.
+  open, so it is retried for a moment before the error counts.
+* **The instance lock** (dirlock): ``flock`` on POSIX, ``msvcrt.locking`` on one byte past the owner's pid on Windows.
 * **Stopping.** POSIX sends SIGTERM/SIGINT/SIGHUP. Windows sends console control events (Ctrl+C from the service
   wrapper, Ctrl+Break, closing the console, shutdown). They are taken with ``SetConsoleCtrlHandler``, whose handler
   runs in a thread of its own: it sets the stop event directly, so the main thread's untimed ``Event.wait()``
   (which Ctrl+C cannot interrupt on Windows with Python 3.10-3.13) returns, and neither OS needs a periodic wake-up.
-* **Listening.** ``SO_REUSEADDR`` means "share the port" on Windows: a second instance would bind the same port.
-  There it is left off and ``SO_EXCLUSIVEADDRUSE`` set, so a taken port fails as it does on Linux.
-* **Where state lives.** ``/var/lib/se-exporter``; ``%ProgramData%\\se-exporter``.
+* **Listening.** ``SO_REUSEADDR`` means "share the port" on Windows: there ``SO_EXCLUSIVEADDRUSE`` is set instead.
 
 Both implementations take the OS functions they use as arguments, so the tests run the Windows one on Linux with
 fakes through this same seam; only the end of this module looks at ``sys.platform``, once.
@@ -40,7 +35,7 @@ from typing import TYPE_CHECKING, Protocol, TextIO
 if TYPE_CHECKING:
     import asyncio  # annotations only: importing it costs a sidecar without Event Hubs ~1.7 MB of RSS
 
-StopCallback = Callable[[], None]
+StopCallback = Callable[[], object]  # what it returns is ignored
 # The signals that ask for the orderly stop, where the platform has them (Windows: SIGINT and SIGTERM only, and its
 # console control events below): one list for the command's handlers, the early ones in __main__ and processwide.
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
@@ -52,44 +47,36 @@ LOCK_OFFSET = 1 << 20
 REPLACE_PATIENCE = 2.0
 
 
-class HostOs:
+class HostOs(Protocol):
     """The operations whose implementation differs; see the module docstring for each reason."""
 
     open_flags: int  # or-ed into every os.open of a data file
     fifo_flags: int  # or-ed in where a FIFO put in a file's place must fail at once (state files, forward file)
-    reuse_address: bool  # socketserver's allow_reuse_address for the HTTP server
+    reuse_address: bool  # SO_REUSEADDR on the HTTP server's listening socket
 
-    def datasync(self, fd: int) -> None:
-        raise NotImplementedError
+    def datasync(self, fd: int) -> None: ...
 
-    def sync_directory(self, directory: str | os.PathLike[str]) -> None:
-        raise NotImplementedError
+    def sync_directory(self, directory: str | os.PathLike[str]) -> None: ...
 
-    def replace(self, source: str, target: str) -> None:
-        raise NotImplementedError
+    def replace(self, source: str, target: str) -> None: ...
 
     def remove(self, path: str | os.PathLike[str]) -> None:
         """Delete a file if it is there. On Windows this fails (PermissionError) while any handle holds it open."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
-    def pread(self, fd: int, size: int, offset: int) -> bytes:
-        raise NotImplementedError
+    def pread(self, fd: int, size: int, offset: int) -> bytes: ...
 
-    def pwrite(self, fd: int, data: bytes, offset: int) -> None:
-        raise NotImplementedError
+    def pwrite(self, fd: int, data: bytes, offset: int) -> None: ...
 
     def try_lock(self, fd: int) -> bool:
         """Lock the open file ``fd`` for this process without waiting; False if another process has it."""
-        raise NotImplementedError
 
     def on_stop(self, callback: StopCallback) -> None:
         """Call ``callback`` (from any thread) when the OS asks this process to stop."""
-        raise NotImplementedError
 
     def on_stop_async(self, loop: asyncio.AbstractEventLoop, callback: StopCallback) -> None:
         """``on_stop`` for an asyncio program: ``callback`` runs in the loop's thread."""
-        raise NotImplementedError
 
     def prepare_listener(self, sock: socket.socket) -> None:
         """Socket options before bind: exclusive use where the OS needs asking, dual stack for ``[::]``."""
@@ -97,8 +84,7 @@ class HostOs:
             # [::] serves IPv4 too, on every OS: Linux does by default, Windows only when asked.
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
 
-    def default_state_dir(self, environ: Mapping[str, str]) -> str:
-        raise NotImplementedError
+    def default_state_dir(self, environ: Mapping[str, str]) -> str: ...
 
 
 class _Msvcrt(Protocol):
@@ -197,10 +183,7 @@ class Windows(HostOs):
         self._set_handler(handler)
 
     def on_stop_async(self, loop: asyncio.AbstractEventLoop, callback: StopCallback) -> None:
-        def in_loop() -> None:
-            loop.call_soon_threadsafe(callback)
-
-        self.on_stop(in_loop)
+        self.on_stop(lambda: loop.call_soon_threadsafe(callback))
 
     def prepare_listener(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.SOL_SOCKET, self._exclusive, 1)

@@ -1,11 +1,6 @@
 """One connection of the one HTTP server (``http_server``; its bounds: docs/http.md): its request heads and
-bodies parsed by h11 within the size caps and deadlines, its answers written, its refusals answered and counted.
-
-Two rules of RFC 9112 h11 leaves to the server, kept here for every program: a request framed both ways
-(Content-Length and Transfer-Encoding; h11 reads the body as chunked, as section 6.1 says) is answered and its
-connection closed, so no bytes after it are ever read as a second request (request smuggling through a proxy that
-framed it by Content-Length); and an absolute-form target (``GET http://host/metrics``, section 3.2.2: a server
-must accept it) is routed by its path and query.
+bodies parsed by h11 within the size caps and deadlines, its answers written, its refusals answered and counted, and
+the two rules of RFC 9112 h11 leaves to the server (docs/http.md, "Request framing and targets").
 """
 
 from __future__ import annotations
@@ -206,21 +201,14 @@ async def _converse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
     deadline: float | None = idle_until
     while True:
         buffered = len(conn.trailing_data[0])
-        try:
-            event, fed = await _next_event(conn, reader, connection, deadline, idle_until, bounds.head_timeout)
-        except (h11.RemoteProtocolError, ValueError) as error:
-            raise _unparsable(error, reader) from None
-        except _Timeout as timeout:
-            if timeout.idle:
-                return
-            raise _Refused(408, "deadline", "request head not complete in time") from None
+        event, fed = await _next_event(conn, reader, connection, deadline, idle_until, bounds.head_timeout, "head")
         if isinstance(event, h11.ConnectionClosed):
             return
         assert isinstance(event, h11.Request)  # the only event h11 gives a server before a body
         if buffered + fed - len(conn.trailing_data[0]) > bounds.head_bytes:  # complete, but in a read past the cap
             raise _Refused(431, "header_bytes", "request head too large")
         connection.waiting_since = None
-        body = await _body(conn, reader, event, bounds, loop.time() + bounds.body_timeout, writer)
+        body = await _body(conn, reader, connection, event, bounds, loop.time() + bounds.body_timeout, writer)
         target = event.target.decode("latin-1")
         path, _, query = _origin_form(target).partition("?")
         method = event.method.decode("latin-1")
@@ -240,26 +228,26 @@ async def _converse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
         deadline, idle_until = None, loop.time() + bounds.idle_timeout
 
 
-class _Timeout(Exception):
-    def __init__(self, idle: bool) -> None:
-        super().__init__()
-        self.idle = idle
-
-
 async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader, connection: Connection,
-                      deadline: float | None, idle_until: float, head_timeout: float) -> tuple[Any, int]:
-    """The next h11 event and the bytes read for it: nothing arriving by ``idle_until`` is an idle close, a head
-    not complete by ``deadline`` (set on its first byte when None) a refusal."""
+                      deadline: float | None, idle_until: float, head_timeout: float, what: str) -> tuple[Any, int]:
+    """The next h11 event and the bytes read for it: nothing arriving by ``idle_until`` is an idle close (given as
+    ``ConnectionClosed``), a ``what`` (head or body) not complete by ``deadline`` (set on its first byte when None)
+    a refusal, as is what h11 cannot parse."""
     loop, fed = asyncio.get_running_loop(), 0
     while True:
-        event = conn.next_event()
+        try:
+            event = conn.next_event()
+        except (h11.RemoteProtocolError, ValueError) as error:  # a bad head or chunk size line, a body cut short
+            raise _unparsable(error, reader) from None
         if event is not h11.NEED_DATA:
             return event, fed
         until = deadline if deadline is not None else idle_until
         try:
             data = await asyncio.wait_for(reader.read(READ_CHUNK), max(0.0, until - loop.time()))
         except asyncio.TimeoutError:
-            raise _Timeout(idle=deadline is None) from None
+            if deadline is None:
+                return h11.ConnectionClosed(), fed
+            raise _Refused(408, "deadline", f"request {what} not complete in time") from None
         if connection.evicted:
             raise _Evicted
         if data and deadline is None:
@@ -268,27 +256,17 @@ async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader, connec
         conn.receive_data(data)
 
 
-async def _body(conn: h11.Connection, reader: asyncio.StreamReader, request: h11.Request, bounds: Bounds,
-                deadline: float, writer: asyncio.StreamWriter) -> bytes:
+async def _body(conn: h11.Connection, reader: asyncio.StreamReader, connection: Connection, request: h11.Request,
+                bounds: Bounds, deadline: float, writer: asyncio.StreamWriter) -> bytes:
     """The request's body, whole, within the bounds; a declared size over the cap is refused before reading."""
     declared = next((value for name, value in request.headers if name == b"content-length"), None)
     if declared is not None and (len(declared) > 12 or int(declared) > bounds.body_bytes):
         raise _Refused(413, "body_bytes", "request body too large")
     if conn.they_are_waiting_for_100_continue:
         writer.write(conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
-    loop, parts, size = asyncio.get_running_loop(), [], 0
+    parts, size = [], 0
     while True:
-        try:
-            event = conn.next_event()
-        except (h11.RemoteProtocolError, ValueError) as error:  # a bad chunk size line, a body cut short
-            raise _unparsable(error, reader) from None
-        if event is h11.NEED_DATA:
-            try:
-                data = await asyncio.wait_for(reader.read(READ_CHUNK), max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
-                raise _Refused(408, "deadline", "request body not complete in time") from None
-            conn.receive_data(data)
-            continue
+        event, _fed = await _next_event(conn, reader, connection, deadline, deadline, 0.0, "body")
         if isinstance(event, h11.Data):
             size += len(event.data)
             if size > bounds.body_bytes:

@@ -24,13 +24,9 @@ class HttpRequest:
     body: bytes = b""
     raw: RawWriter | None = None  # None when called in-process (tests, benchmarks)
 
-    def header(self, name: str, default: str = "") -> str:
-        """The last value of the header ``name`` (lower case)."""
-        found = default
-        for key, value in self.headers:
-            if key == name:
-                found = value
-        return found
+    def header(self, name: str) -> str:
+        """The last value of the header ``name`` (lower case); "" when absent."""
+        return next((value for key, value in reversed(self.headers) if key == name), "")
 
 
 class Joined:

@@ -57,7 +57,7 @@ class Server:
         self._loop = asyncio.new_event_loop()
         self._loop.set_exception_handler(_quiet)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._refusing: set[socket.socket] = set()  # connections answered 503 (every connection busy answering)
+        self._refusing: set[asyncio.Task[None]] = set()  # answering 503 (every connection busy answering)
         self._accepted: set[socket.socket] = set()  # every accepted socket not known to be closed
         self._accept_failures = Throttle(ACCEPT_FAILURE_LOG_EVERY)  # out of descriptors: retried 10 times a second
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -108,15 +108,17 @@ class Server:
                 connection.received(first)  # a whole head came with the connection: it waits for nothing
                 self._spawn(serve_connection(sock, first, connection, self._handler, self._limits))
             elif len(self._refusing) < self._limits.bounds.connections:  # each lingers a second at most
-                self._refusing.add(sock)
-                self._spawn(self._refuse_busy(sock))
+                refusing = self._spawn(refuse_busy(sock, self._limits.bounds))
+                self._refusing.add(refusing)
+                refusing.add_done_callback(self._refusing.discard)
             else:
                 sock.close()
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = self._loop.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _admit(self, sock: socket.socket, now: float) -> Connection | None:
         """A place for a new connection: free, or made by closing the connection that has waited longest for a
@@ -138,12 +140,6 @@ class Server:
         connection = Connection(sock, waiting_since=now)
         limits.connections.add(connection)
         return connection
-
-    async def _refuse_busy(self, sock: socket.socket) -> None:
-        try:
-            await refuse_busy(sock, self._limits.bounds)
-        finally:
-            self._refusing.discard(sock)
 
     def shutdown(self) -> None:
         """Stop serving (open connections are closed) and wait until the thread has ended."""

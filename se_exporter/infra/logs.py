@@ -73,11 +73,9 @@ def escape_json(line: str) -> str:
     """A line ``json.dumps`` wrote, with what it leaves that can forge or disguise a line (C1 controls, line
     separators, bidi overrides, unpaired surrogates) as ``\\uXXXX``: only ever inside a string, so the same JSON,
     made visible. ``escape``'s rule for a JSON line."""
-    return _UNSAFE_IN_JSON.sub(_escaped_in_json, line) if _UNSAFE_IN_JSON.search(line) else line
-
-
-def _escaped_in_json(match: re.Match[str]) -> str:
-    return f"\\u{ord(match.group()):04x}"
+    if not _UNSAFE_IN_JSON.search(line):
+        return line
+    return _UNSAFE_IN_JSON.sub(lambda match: f"\\u{ord(match.group()):04x}", line)
 
 
 def _escaped(match: re.Match[str]) -> str:
@@ -125,18 +123,14 @@ def setup(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # httpx logs every request at INFO: at one poll a second that is noise, not news.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpcore").setLevel(logging.WARNING)
     # The Azure SDK narrates every AMQP connection, session and link state change at INFO.
     logging.getLogger("azure").setLevel(logging.WARNING)
 
 
-def fallback_stream(directory: str | None = None) -> TextIO:
+def fallback_stream() -> TextIO:
     """``se-exporter.log`` in the default state directory, for a process without stderr (``pythonw.exe``, a service
     host that hands none; the WinSW service in deploy/windows gives one): lines are kept rather than dropped."""
-    if directory is None:
-        directory = host_os.DEFAULT_STATE_DIR  # read when needed: tests point it elsewhere
+    directory = host_os.DEFAULT_STATE_DIR  # read when needed: tests point it elsewhere
     try:
         os.makedirs(directory, exist_ok=True)
         return open(os.path.join(directory, "se-exporter.log"), "a", encoding="utf-8",

@@ -59,7 +59,7 @@ class ImdsClient:
         self._cut = len(base) - len(parts.path)
         self._targets = {self._compute_url: self._compute_url[self._cut:]}
         self._events_urls: dict[str, str] = {}
-        self._events_url = self._url_for(api_version)
+        self.events_url = self._url_for(api_version)  # Scheduled Events, of the api-version last asked for
         self._headers = [("Host", parts.netloc.rpartition("@")[2]), *HEADERS.items()]
         self._timeout = timeout
         self._first_call_timeout = first_call_timeout
@@ -75,11 +75,6 @@ class ImdsClient:
         return url
 
     @property
-    def events_url(self) -> str:
-        """The Scheduled Events URL of the api-version last asked for."""
-        return self._events_url
-
-    @property
     def current_timeout(self) -> float:
         """The first Scheduled Events call may take up to two minutes because it switches that service
         on, so until it has answered once we wait ``first_call_timeout`` instead of ``timeout``. (Other
@@ -90,8 +85,8 @@ class ImdsClient:
         """The raw body of one Scheduled Events answer (HTTP 200) for ``api_version`` (default: the one given at
         construction, or last asked for), or an ``ImdsError``."""
         if api_version is not None:
-            self._events_url = self._url_for(api_version)
-        return self._get(self._events_url, self.current_timeout)
+            self.events_url = self._url_for(api_version)
+        return self._get(self.events_url, self.current_timeout)
 
     def compute(self) -> VmIdentity:
         body = self._get(self._compute_url, self._timeout)
@@ -113,7 +108,7 @@ class ImdsClient:
             # the transport, which never follows a redirect (``transport.py``).
             answer = self._transport.get(self._origin, self._targets[url], self._headers, timeout, total=timeout)
             try:
-                if url is self._events_url:
+                if url is self.events_url:
                     self._answered = True
                 if answer.status != 200:
                     raise _status_error(answer, _error_body(answer) if answer.status in (400, 404) else b"")

@@ -38,6 +38,7 @@ from typing import NoReturn
 from se_exporter.infra.outbound import get_only
 
 MAX_HEAD_BYTES = 64 * 1024  # the status line and headers of one answer (http.client's bound on a line)
+MAX_IDLE_PER_ORIGIN = 2  # connections kept: the poll loop and the identity watcher may each hold one
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")  # in a request line or header: it would forge another line
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
@@ -85,9 +86,8 @@ Origin = tuple[str, str, int]  # scheme, host, port
 class KeepAliveTransport:
     """``tls``: the context for https origins (default: the system's trust store)."""
 
-    def __init__(self, max_idle_per_origin: int = 2, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self._idle: dict[Origin, list[_Connection]] = {}
-        self._max_idle = max_idle_per_origin
         self._lock = threading.Lock()
         self._closed = False
         self._tls = tls
@@ -154,7 +154,7 @@ class KeepAliveTransport:
     def _release(self, origin: Origin, connection: _Connection) -> None:
         with self._lock:
             pool = self._idle.setdefault(origin, [])
-            if not self._closed and len(pool) < self._max_idle:
+            if not self._closed and len(pool) < MAX_IDLE_PER_ORIGIN:
                 pool.append(connection)
                 return
         connection.close()

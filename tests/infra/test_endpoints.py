@@ -233,6 +233,17 @@ def test_a_chunked_body_over_the_cap_is_refused_413_at_once(server: Callable[...
     assert rejected == ["body_bytes"]
 
 
+def test_a_body_not_complete_by_its_deadline_is_answered_408_and_counted(
+        server: Callable[..., tuple[int, list[str]]]) -> None:
+    """A body that stops short of its declared length, the client still connected, is answered 408 once the body
+    deadline passes, and counted as a deadline."""
+    port, rejected = server(body_timeout=0.3)
+    with connect(port) as sock:
+        sock.sendall(b"POST /x HTTP/1.1\r\nHost: s\r\nContent-Length: 10\r\n\r\nabc")
+        assert answer(sock).startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+    assert rejected == ["deadline"]
+
+
 def test_a_malformed_chunked_body_is_answered_400_and_counted(server: Callable[..., tuple[int, list[str]]],
                                                               caplog: pytest.LogCaptureFixture) -> None:
     """A chunked body whose size line is not hexadecimal is answered 400 and counted as malformed, like a malformed

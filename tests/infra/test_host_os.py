@@ -359,11 +359,11 @@ def test_data_files_are_opened_with_the_platforms_flags(tmp_path: Path, monkeypa
     spool.append(envelope(1))
     lock = dirlock.lock_directory(tmp_path / "state")
     try:
-        for fd in (spool._acked_fd, spool._writer, lock._fd):
+        for fd in (spool._acked_fd, spool._writer, lock.fileno()):
             assert fd is not None
             assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_SYNC == os.O_SYNC
     finally:
-        lock.release()
+        lock.close()
 
 
 def test_the_windows_lock_refuses_a_second_instance_naming_the_first(tmp_path: Path, windows: FakeWindows) -> None:

@@ -193,7 +193,7 @@ def test_a_second_lock_on_a_directory_is_refused_with_the_holders_pid(tmp_path: 
         with pytest.raises(DirectoryBusy) as busy:
             lock_directory(tmp_path)
         assert busy.value.pid == os.getpid()
-    lock_directory(tmp_path).release()
+    lock_directory(tmp_path).close()
 
 
 def test_ignoring_is_logged_once_not_per_document(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

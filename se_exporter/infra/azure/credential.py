@@ -12,19 +12,12 @@ services on a VM or in a pod, so both take the same one: azure-identity's async 
 
 ``se-exporter consume`` is a command a person runs, so it keeps the developer credentials and builds its own.
 
-A token's expiry comes from the token endpoint's answer (``expires_in``/``expires_on``) and is believed by both
-azure-identity's cache and the SDKs: an answer of ``expires_in`` 10^12 made the cache keep the token for ever and the
-Event Hubs SDK fail every send converting that expiry to a date ("year 33715 is out of range"), with no new token
-ever asked for. ``CheckedCredential`` refuses a token whose expiry is more than ``MAX_TOKEN_LIFETIME`` away from now
-(either way) with azure-core's ``ClientAuthenticationError`` (so it counts as ``auth``), and drops the cache that
-holds it by building the credential anew: the next attempt asks the endpoint again. Refused rather than clamped:
-such an answer says nothing true about the token, and using it until a clamped expiry would hide a broken endpoint.
-
-Each token request is bounded in time by azure-core's transport timeouts (``TOKEN_CONNECT_TIMEOUT``, and
-``TOKEN_READ_TIMEOUT`` per read) and, for the whole exchange, retries included, by ``TOKEN_DEADLINE`` (an answer
-dripped a byte at a time never trips a per-read timeout); in bytes by ``MAX_TOKEN_RESPONSE_BYTES``: azure-identity
-reads the answer whole, so the session it is given reads at most that much and fails the request past it (a token
-answer is a few kilobytes). Both failures are ``ClientAuthenticationError``s, counted as ``auth``.
+A token's expiry comes from the token endpoint's answer and is believed by azure-identity's cache and the SDKs: an
+``expires_in`` of 10^12 once kept a token cached for ever and failed every Event Hubs send ("year 33715 is out of
+range"). ``CheckedCredential`` refuses such a token (``ClientAuthenticationError``, counted as ``auth``) and builds
+the credential anew, dropping its cache. Refused rather than clamped: such an answer says nothing true about the
+token, and using it until a clamped expiry would hide a broken endpoint. The bounds on each token request (time,
+bytes, lifetime): docs/http.md, "Bounds on every outbound call".
 """
 
 from __future__ import annotations
@@ -50,8 +43,10 @@ log = logging.getLogger("se_exporter.credential")
 # Microsoft Entra access tokens last at most a day (28 h for continuous access evaluation's long-lived ones).
 MAX_TOKEN_LIFETIME = 48 * 3600.0
 TOKEN_CONNECT_TIMEOUT, TOKEN_READ_TIMEOUT = 5.0, 10.0
-MAX_TOKEN_RESPONSE_BYTES = 64 * 1024
-TOKEN_DEADLINE = 60.0  # seconds for one get_token, its retries included (the IMDS credential's own last ~25 s)
+MAX_TOKEN_RESPONSE_BYTES = 64 * 1024  # azure-identity reads an answer whole; a token answer is a few kilobytes
+# Seconds for one get_token, its retries included (the IMDS credential's own last ~25 s): an answer dripped a byte
+# at a time never trips the per-read timeout.
+TOKEN_DEADLINE = 60.0
 
 
 class CheckedCredential:

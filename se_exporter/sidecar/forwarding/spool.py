@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from se_exporter.core.errors import SpoolError
-from se_exporter.infra.files import DISK, Disk, fsync_dir, write_all
+from se_exporter.infra.files import DISK, Disk, write_all
 from se_exporter.infra.host_os import HOST_OS
 from se_exporter.sidecar.forwarding.envelope import Envelope
 
@@ -188,7 +188,7 @@ class Spool:
             path = self._segment_path(sequence)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | HOST_OS.open_flags, 0o600)
             try:
-                fsync_dir(self._dir)  # the new segment's name is durable before anything in it counts
+                HOST_OS.sync_directory(self._dir)  # the new segment's name is durable before anything in it counts
             except OSError:
                 os.close(fd)
                 path.unlink(missing_ok=True)
