@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from email.utils import format_datetime
 from typing import Any
 
-from se_exporter.simulator.scenario import EventSpec, Scenario, cycle_event_id
+from se_exporter.simulator.scenario import EventSpec, Scenario, cycle_event_id, lifecycle
 
 EVENT_TYPE = "Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted"
 SCHEMAS = ("eventgrid", "cloudevents")
@@ -139,18 +139,6 @@ class PlatformCopy:
             event = [{"id": grid_id, "topic": topic, "subject": arm_id, "eventType": EVENT_TYPE, "eventTime": time,
                       "dataVersion": "3.0", "metadataVersion": "1", "data": data}]
         return Published(grid_id, event_id, status, json.dumps(event, separators=(",", ":")).encode())
-
-
-def lifecycle(spec: EventSpec, approved_at: float | None) -> list[tuple[float, str]]:
-    """The statuses the platform publishes for ``spec`` (one cycle), each with its scenario second: the same
-    moments at which ``Scenario.state_at`` lists, starts and drops the event."""
-    start = spec.start_time(approved_at)
-    if spec.cancel_at is not None and spec.cancel_at < start:
-        return [(spec.appear_at, "Scheduled"), (spec.cancel_at, "Canceled")]
-    steps = [] if start <= spec.appear_at else [(spec.appear_at, "Scheduled")]
-    if math.isfinite(start):
-        steps += [(start, "Started"), (start + spec.started_for, "Completed")]
-    return steps
 
 
 def _utc(unix: float) -> datetime:

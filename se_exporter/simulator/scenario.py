@@ -166,25 +166,32 @@ class Scenario:
         if self.repeat_every:
             cycle = int(t // self.repeat_every)
             local = t - cycle * self.repeat_every
+        base = cycle * (self.repeat_every or 0)
         listed: list[EventState] = []
         for spec in self.events:
             if local < spec.appear_at:
                 continue
             event_id = cycle_event_id(spec.event_id, cycle)
             approved = approvals.get(event_id)
-            approved_local = None if approved is None else approved - cycle * (self.repeat_every or 0)
-            start = spec.start_time(approved_local)
-            if spec.cancel_at is not None and spec.cancel_at < start:
-                if local >= spec.cancel_at:
-                    continue
-            elif local >= start + spec.started_for:
-                continue
-            if local >= start:
+            reached = [status for at, status in lifecycle(spec, None if approved is None else approved - base)
+                       if at <= local]
+            if reached[-1] == "Started":
                 listed.append(EventState(spec, event_id, "Started", None))
-            else:
-                not_before = spec.not_before_at(local) + cycle * (self.repeat_every or 0)
-                listed.append(EventState(spec, event_id, "Scheduled", not_before))
+            elif reached[-1] == "Scheduled":
+                listed.append(EventState(spec, event_id, "Scheduled", spec.not_before_at(local) + base))
         return tuple(listed)
+
+
+def lifecycle(spec: EventSpec, approved_at: float | None) -> list[tuple[float, str]]:
+    """``spec``'s statuses in one cycle, each with its scenario second: the one timeline both IMDS
+    (``Scenario.state_at``) and the platform copy (``platform.PlatformCopy``) follow. Never empty."""
+    start = spec.start_time(approved_at)
+    if spec.cancel_at is not None and spec.cancel_at < start:
+        return [(spec.appear_at, "Scheduled"), (spec.cancel_at, "Canceled")]
+    steps = [] if start <= spec.appear_at else [(spec.appear_at, "Scheduled")]
+    if math.isfinite(start):
+        steps += [(start, "Started"), (start + spec.started_for, "Completed")]
+    return steps
 
 
 def cycle_event_id(event_id: str, cycle: int) -> str:
