@@ -1,17 +1,8 @@
-"""The simulator's managed identity: what IMDS' token endpoint answers, and the tokens it issues.
+"""The simulator's managed identity: what IMDS' token endpoint answers, and the tokens it issues (docs/simulator.md).
 
-Azure documents the endpoint as ``GET /metadata/identity/oauth2/token?api-version=2018-02-01&resource=URI``
-with ``Metadata: true`` (400 without it), optionally choosing a user-assigned identity with ``client_id``,
-``object_id`` or ``msi_res_id``; an identity that is not assigned to the VM is a 400 too. The answer is::
-
-    {"access_token": "eyJ0eXAi...", "client_id": "...", "expires_in": "3599", "expires_on": "1506484173",
-     "ext_expires_in": "3599", "not_before": "1506480273", "resource": "https://eventhubs.azure.net",
-     "token_type": "Bearer"}
-
-(numbers as strings, as IMDS sends them; azure-identity's ImdsCredential reads ``access_token``,
-``expires_in``/``expires_on``, ``resource`` and ``token_type``). The token is a JWT whose ``aud`` is the
-requested resource. Real ones are signed by Microsoft Entra ID with RS256; the simulator signs with HS256 (PyJWT)
-and a key of its own, which a test peer (the Event Hubs test server's CBS) is given to check them with.
+The answer carries IMDS' fields, numbers as strings, as azure-identity's ImdsCredential reads them. Real tokens are
+signed by Microsoft Entra ID with RS256; the simulator signs with HS256 (PyJWT) and a key of its own, which a test
+peer (the Event Hubs test server's CBS) is given to check them with.
 """
 
 from __future__ import annotations

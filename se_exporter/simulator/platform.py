@@ -1,14 +1,9 @@
 """The platform's copy of a scenario: the Event Grid messages Azure publishes for the events its VMs' IMDS lists.
 
 Azure can publish every scheduled event a second time, outside the VMs, to an Event Grid system topic delivered to
-an Event Hub (``azure-docs/platform-stream.md``). ``PlatformCopy`` plays that stream for a scenario from the same
-pure timeline the simulated IMDS answers from, so one run feeds both sides of ``se-exporter fleet``: the same
-EventIds, one message per change of status (``Completed`` or ``Canceled`` when IMDS drops an event), Event Grid's
-rare duplicates, the events a sidecar is blind to announced all the same, and each event's place that of the
-scenario's VMs, so the fleet can join the two streams (docs/simulator.md).
-
-Event Grid's schema (an array of one event) or CloudEvents 1.0 (``schema="cloudevents"``), carrying the same
-``data``. No I/O here: ``due`` takes the scenario time and returns the messages whose moment has come.
+an Event Hub (``azure-docs/platform-stream.md``). ``PlatformCopy`` plays that stream from the same pure timeline the
+simulated IMDS answers from, so one run feeds both sides of ``se-exporter fleet`` (what it publishes, and when:
+docs/simulator.md). No I/O here: ``due`` takes the scenario time and returns the messages whose moment has come.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Scenarios: what the simulated IMDS lists, when, as a pure function of scenario time.
 
-A scenario is a JSON file (format in docs/simulator.md, built-ins under ``scenarios/``). Each event
-appears at ``appear_at``, is ``Scheduled`` with ``NotBefore = appear_at + notice`` (moved by any
-``reschedule`` entry), starts at NotBefore or when approved, whichever is first (or at first sight
-with ``started_at_first_sight``, as a host failure does), stays ``Started`` for ``started_for``
-seconds and then disappears. ``cancel_at`` removes it before it starts. All times are scenario
-seconds; the server maps them to wall time with ``--speed``.
+A scenario is a JSON file (its format and timeline: docs/simulator.md; built-ins under ``scenarios/``). All times
+are scenario seconds; the ``Timeline`` maps them to wall time with ``--speed``.
 """
 
 from __future__ import annotations
@@ -118,7 +114,6 @@ class Scenario:
     vm: Mapping[str, str]
     events: tuple[EventSpec, ...]
     repeat_every: float | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
     vms: tuple[Mapping[str, str], ...] = ()  # every VM it plays (``vm`` first); one IMDS each
     platform: PlatformSettings = field(default_factory=PlatformSettings)
 

@@ -99,10 +99,6 @@ class Simulator:
 
     # ------------------------------------------------------------------ time and state
 
-    @property
-    def speed(self) -> float:
-        return self.timeline.speed
-
     def scenario_time(self) -> float:
         return self.timeline.scenario_time()
 
@@ -247,17 +243,13 @@ class Simulator:
                 identity.failures -= 1
                 return identity.failure_status, {"error": "unknown_error",
                                                  "error_description": "simulated token endpoint failure"}
-            vm = self.vm
-            resource_id = (f"/subscriptions/{vm.get('subscriptionId', '')}/resourceGroups/"
-                           f"{vm.get('resourceGroupName', '')}/providers/Microsoft.Compute/virtualMachines/"
-                           f"{vm.get('name', '')}")
-            try:
-                return 200, identity.token(query, self._clock(), resource_id)
+            try:  # the VM's resourceId, as its compute metadata shows it
+                return 200, identity.token(query, self._clock(), self.vm.get("resourceId", ""))
             except TokenError as error:
                 return 400, {"error": "invalid_request", "error_description": str(error)}
 
     def state(self) -> dict[str, Any]:
-        return {"scenario": self.scenario.name, "scenario_time": self.scenario_time(), "speed": self.speed,
+        return {"scenario": self.scenario.name, "scenario_time": self.scenario_time(), "speed": self.timeline.speed,
                 "vm": self.vm, "document": self.document()}
 
 
@@ -404,10 +396,6 @@ def _requests(sim: Simulator, body: bytes) -> Response:
                         "user_agent": r.user_agent, "metadata": r.metadata_header} for r in sim.requests])
 
 
-def _state(sim: Simulator, body: bytes) -> Response:
-    return _json(200, sim.state())
-
-
 def _faults(sim: Simulator, body: bytes) -> Response:
     data = _json_body(body, [])
     sim.inject(*(faults_module.from_json(item) for item in (data if isinstance(data, list) else [data])))
@@ -455,7 +443,7 @@ def _advance(sim: Simulator, body: bytes) -> Response:
 
 _CONTROLS: dict[tuple[str, str], Callable[[Simulator, bytes], Response]] = {
     ("GET", "requests"): _requests,
-    ("GET", "state"): _state,
+    ("GET", "state"): lambda sim, body: _json(200, sim.state()),
     ("POST", "faults"): _faults,
     ("POST", "clear-faults"): _clear_faults,
     ("POST", "blind"): _blind,
@@ -567,8 +555,10 @@ async def _deliver_badly(raw: RawWriter, fault: Fault, document: bytes) -> None:
             chunks = b"%x\r\n%s\r\nzz\r\n" % (len(parts[0]), parts[0])
         ending = b"" if fault.error in ("missing_last", "bad_size") else b"0\r\n\r\n"
         await raw.write(head + b"Transfer-Encoding: chunked\r\n\r\n" + chunks + ending)
-    else:  # gzip
-        body = _gzipped(document, fault.size_or(0))
+    else:  # gzip: inflates to ``bytes`` blanks, then the document (leading blanks are valid JSON)
+        prefix, compressor = _blanks_compressed(fault.size_or(0))
+        tail = compressor.copy()
+        body = prefix + tail.compress(document) + tail.flush()
         await raw.write(head + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 
 
@@ -584,14 +574,6 @@ def _blanks_compressed(size: int) -> tuple[bytes, Any]:
         out.append(compressor.compress(block[:left]))
         left -= len(block)
     return b"".join(out), compressor
-
-
-def _gzipped(document: bytes, blanks: int) -> bytes:
-    """A gzip body that inflates to ``blanks`` blanks and then the document (leading blanks are valid JSON)."""
-    prefix, compressor = _blanks_compressed(blanks)
-    tail = compressor.copy()
-    body: bytes = prefix + tail.compress(document) + tail.flush()
-    return body
 
 
 class _Router:
@@ -629,8 +611,7 @@ class SimulatorServer(Server):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        host = str(host)
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        return f"http://{Listen(str(host), port)}"
 
     def vm_url(self, name: str) -> str:
         """The base URL of one VM's IMDS (a sidecar's ``--imds-url``)."""

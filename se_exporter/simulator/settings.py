@@ -71,16 +71,11 @@ SIMULATE_OPTIONS: tuple[Option, ...] = (
 
 
 def simulator_settings(args: argparse.Namespace, env: Mapping[str, str]) -> SimulatorSettings:
+    """The settings, checked; the platform hub's rules are the sidecars' hub's: one way to authenticate, a hub name."""
     settings = SimulatorSettings(**resolve(SIMULATE_OPTIONS, args, env))
-    check_platform(settings)
-    return settings
-
-
-def check_platform(settings: SimulatorSettings) -> None:
-    """The platform hub's rules, as ``check_eventhubs`` has them for the sidecars' hub: one way to authenticate,
-    and a hub name."""
     check_platform_eventhub(settings.platform_eventhub_connection_string, settings.platform_eventhub_namespace,
                             settings.platform_eventhub_name)
     if settings.platform_schema != "eventgrid" and not settings.platform:
         raise ConfigError("--platform-schema needs --platform-file or --platform-eventhub-*: it shapes the "
                           "platform copy, which is only published to one of them")
+    return settings
