@@ -316,10 +316,10 @@ class _Imds:
         if request.method != "GET":
             return _json(405, {"error": "Method not allowed"})
         fault = sim.take_fault()
-        if fault is not None:
-            delayed, answer = await self._apply(fault, api_version, request)
-            if not delayed:
-                return answer
+        if fault is not None and fault.kind in ("delay", "first_call_delay"):  # a slow normal answer
+            await asyncio.sleep(fault.seconds)
+        elif fault is not None:
+            return await self._apply(fault, api_version, request)
         body = json.dumps(sim.document(api_version)).encode()
         sim.record_served(body)
         return Response(200, body, "application/json; charset=utf-8")
@@ -337,34 +337,27 @@ class _Imds:
             return _json(400, {"error": f"Bad request. Unknown EventId {', '.join(unknown)}"})
         return _json(200, {})
 
-    async def _apply(self, fault: Fault, api_version: str, request: HttpRequest) -> tuple[bool, Response | None]:
-        """Serve the fault: (True, None) when it only delays a normal answer, else (False, its answer; None when
-        it wrote the answer itself or closes the connection without one)."""
+    async def _apply(self, fault: Fault, api_version: str, request: HttpRequest) -> Response | None:
+        """Serve the fault instead of the document: its answer, or None when it wrote the answer itself or closes
+        the connection without one."""
         kind = fault.kind
-        if kind in ("truncate", "drip", "chunked", "gzip"):  # the document itself, delivered wrongly
+        if kind in ("truncate", "drip", "chunked", "gzip", "huge"):  # written byte by byte
             assert request.raw is not None
             await _deliver_badly(request.raw, fault, json.dumps(self.simulator.document(api_version)).encode())
-            return False, None
-        if kind in ("delay", "first_call_delay"):
-            await asyncio.sleep(fault.seconds)
-            return True, None
+            return None
         if kind == "hang":
             await asyncio.sleep(fault.seconds)
-            return False, None
+            return None
         if kind == "reset":
-            return False, None
-        if kind == "huge":
-            assert request.raw is not None
-            await _huge(request.raw, fault.size_or(0))
-            return False, None
+            return None
         if kind in ("throttle", "status"):
             headers = (("Retry-After", fault.retry_after),) if fault.retry_after is not None else ()
             answer = _json(fault.status, {"error": f"simulated HTTP {fault.status}"}, headers)
             if fault.status < 200 or fault.status in (204, 304):  # h11 frames these without a body: sent as is
                 assert request.raw is not None
                 await request.raw.write(_as_bytes(answer))
-                return False, None
-            return False, answer
+                return None
+            return answer
         answers = {
             "redirect": Response(302, b"", "text/plain", (("Location", fault.location),)),
             "malformed": Response(200, b'{"DocumentIncarnation": 7, "Events": [{"EventId": "', "application/json"),
@@ -373,8 +366,8 @@ class _Imds:
             "empty": Response(200, b"", "application/json"),
         }
         if kind == "body":
-            return False, Response(200, fault.text.encode(), "application/json")
-        return False, answers[kind]
+            return Response(200, fault.text.encode(), "application/json")
+        return answers[kind]
 
     def _control(self, method: str, path: str, body: bytes) -> Response:
         """``/_simulator/<action>``, answered by its entry in ``_CONTROLS``: 400 with the reason when the body is
@@ -525,20 +518,16 @@ def _json(status: int, payload: object, headers: tuple[tuple[str, str], ...] = (
     return Response(status, body, "application/json; charset=utf-8", headers)
 
 
-async def _huge(raw: RawWriter, size: int) -> None:
-    """A 200 body of ``size`` blanks, written as the client reads it (the client is allowed to hang up)."""
-    if not await raw.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % size):
-        return
-    chunk = b" " * 65536
-    for offset in range(0, size, len(chunk)):
-        if not await raw.write(chunk[: min(len(chunk), size - offset)]):
-            return
-
-
 async def _deliver_badly(raw: RawWriter, fault: Fault, document: bytes) -> None:
-    """The byte-level faults: the answer is the real document, but cut, dripped, mis-chunked or compressed."""
+    """The byte-level faults: the real document cut, dripped, mis-chunked or compressed, or a huge body."""
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
-    if fault.kind == "truncate":
+    if fault.kind == "huge":  # blanks, written as the client reads them (the client is allowed to hang up)
+        size, chunk = fault.size_or(0), b" " * 65536
+        if await raw.write(head + b"Content-Length: %d\r\n\r\n" % size):
+            for offset in range(0, size, len(chunk)):
+                if not await raw.write(chunk[: min(len(chunk), size - offset)]):
+                    return
+    elif fault.kind == "truncate":
         sent = min(fault.size_or(len(document) // 2), max(0, len(document) - 1))
         await raw.write(head + b"Content-Length: %d\r\n\r\n" % len(document) + document[:sent])
     elif fault.kind == "drip":
@@ -576,37 +565,30 @@ def _blanks_compressed(size: int) -> tuple[bytes, Any]:
     return b"".join(out), compressor
 
 
-class _Router:
-    """One port for every VM of the scenario: ``/vms/<name>/...`` is that VM's IMDS, anything else the first
-    VM's; ``GET /_simulator/platform`` is the platform copy's counters when it runs."""
-
-    def __init__(self, simulators: Sequence[Simulator], platform: Callable[[], dict[str, Any]] | None) -> None:
-        self.first = _Imds(simulators[0])
-        self.by_name = {sim.vm["name"].casefold(): _Imds(sim) for sim in simulators}
-        self.platform = platform
-
-    async def __call__(self, request: HttpRequest) -> Response | None:
-        if request.path.startswith(VM_PREFIX):
-            name, _, rest = request.path[len(VM_PREFIX):].partition("/")
-            handler = self.by_name.get(name.casefold())
-            if handler is None:
-                return _json(404, {"error": f"no VM {_one_line(name)[:64]!r} in this scenario"})
-            return await handler(dataclasses.replace(request, path="/" + rest))
-        if request.path == "/_simulator/platform" and request.method == "GET":
-            return _json(200, self.platform() if self.platform else {"error": "the platform copy is not published"})
-        return await self.first(request)
-
-
 class SimulatorServer(Server):
-    """The simulator on ``http_server``: bounded as every server of the project (``Bounds``). Serves
-    ``simulator`` and, under ``/vms/<name>``, each of ``others`` (the scenario's other VMs)."""
+    """The simulator on ``http_server``: bounded as every server of the project (``Bounds``). One port for every
+    VM of the scenario: ``/vms/<name>/...`` is that VM's IMDS (``others``: the scenario's other VMs), anything else
+    ``simulator``'s; ``GET /_simulator/platform`` is the platform copy's counters when it runs."""
 
     def __init__(self, address: tuple[str, int], simulator: Simulator, bounds: Bounds | None = None,
                  others: Sequence[Simulator] = (), platform: Callable[[], dict[str, Any]] | None = None) -> None:
         self.simulator = simulator
         self.simulators = (simulator, *others)
-        super().__init__(Listen(*address), _Router(self.simulators, platform), bounds or Bounds(), _count,
-                         "imds-simulator")
+        self._first = _Imds(simulator)
+        self._by_name = {sim.vm["name"].casefold(): _Imds(sim) for sim in self.simulators}
+        self._platform = platform
+        super().__init__(Listen(*address), self._route, bounds or Bounds(), _count, "imds-simulator")
+
+    async def _route(self, request: HttpRequest) -> Response | None:
+        if request.path.startswith(VM_PREFIX):
+            name, _, rest = request.path[len(VM_PREFIX):].partition("/")
+            handler = self._by_name.get(name.casefold())
+            if handler is None:
+                return _json(404, {"error": f"no VM {_one_line(name)[:64]!r} in this scenario"})
+            return await handler(dataclasses.replace(request, path="/" + rest))
+        if request.path == "/_simulator/platform" and request.method == "GET":
+            return _json(200, self._platform() if self._platform else {"error": "the platform copy is not published"})
+        return await self._first(request)
 
     @property
     def url(self) -> str:
