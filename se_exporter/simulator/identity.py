@@ -19,10 +19,6 @@ SYSTEM_ASSIGNED = ("f6c8e6b1-0b1e-4c2a-9d7e-1a2b3c4d5e6f", "3f1e0c55-7a9b-4d2e-8
 USER_ASSIGNED = {"0d6a3b1c-2e4f-4a5b-8c7d-9e0f1a2b3c4d": "7c2d4e6f-8a0b-4c1d-9e2f-3a4b5c6d7e8f"}
 
 
-class TokenError(ValueError):
-    """A token request IMDS refuses (the message is its ``error_description``)."""
-
-
 @dataclass
 class IdentityService:
     """Issues tokens for the VM's identities; thread-safety is the caller's (the Simulator's lock)."""
@@ -34,10 +30,15 @@ class IdentityService:
     failures: int = 0  # the next N requests fail with ``failure_status``
     failure_status: int = 500
 
-    def token(self, query: Mapping[str, str], now: float, vm_resource_id: str) -> dict[str, str]:
+    def token(self, query: Mapping[str, str], now: float, vm_resource_id: str) -> tuple[int, dict[str, str]]:
+        """The endpoint's status and answer: a token, or IMDS' error for a failing or refused request."""
+        if self.failures > 0:
+            self.failures -= 1
+            return self.failure_status, {"error": "unknown_error",
+                                         "error_description": "simulated token endpoint failure"}
         resource = query.get("resource", "")
         if not resource:
-            raise TokenError("Required audience parameter not specified")
+            return 400, {"error": "invalid_request", "error_description": "Required audience parameter not specified"}
         client_id, object_id = SYSTEM_ASSIGNED
         chosen = query.get("client_id") or query.get("object_id") or query.get("msi_res_id")
         if chosen:
@@ -47,7 +48,7 @@ class IdentityService:
             elif chosen in by_object:
                 client_id, object_id = by_object[chosen], chosen
             else:
-                raise TokenError("Identity not found")
+                return 400, {"error": "invalid_request", "error_description": "Identity not found"}
         issued_at = int(now)
         expires_on = issued_at + self.lifetime
         claims = {"aud": resource, "iss": f"https://sts.windows.net/{TENANT_ID}/", "iat": issued_at,
@@ -57,7 +58,7 @@ class IdentityService:
 
         token = jwt.encode(claims, self.key, algorithm="HS256")
         self.issued.append(token)
-        return {"access_token": token, "client_id": client_id, "expires_in": str(self.lifetime),
-                "expires_on": str(expires_on), "ext_expires_in": str(self.lifetime), "not_before": str(issued_at),
-                "resource": resource, "token_type": "Bearer"}
+        return 200, {"access_token": token, "client_id": client_id, "expires_in": str(self.lifetime),
+                     "expires_on": str(expires_on), "ext_expires_in": str(self.lifetime),
+                     "not_before": str(issued_at), "resource": resource, "token_type": "Bearer"}
 

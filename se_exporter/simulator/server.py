@@ -21,7 +21,7 @@ import time
 import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import format_datetime
 from http import HTTPStatus
@@ -34,7 +34,7 @@ from se_exporter.infra.http_server import Bounds, HttpRequest, RawWriter, Respon
 from se_exporter.infra.options import Listen
 from se_exporter.simulator import faults as faults_module
 from se_exporter.simulator.faults import Fault
-from se_exporter.simulator.identity import IDENTITY_VERSIONS, TOKEN_PATH, IdentityService, TokenError
+from se_exporter.simulator.identity import IDENTITY_VERSIONS, TOKEN_PATH, IdentityService
 from se_exporter.simulator.scenario import EventState, Scenario
 from se_exporter.simulator.timeline import Timeline
 
@@ -191,14 +191,12 @@ class Simulator:
             self._first_request_seen = True
             while self._faults:
                 fault = self._faults[0]
-                if fault.kind == "first_call_delay" and not first:
-                    self._faults.popleft()
-                    continue
-                if fault.count == 1 or fault.kind == "first_call_delay":
+                if fault.count == 1 or fault.kind == "first_call_delay":  # first_call_delay: once, whatever its count
                     self._faults.popleft()
                 elif fault.count > 1:
-                    self._faults[0] = Fault(**{**asdict(fault), "count": fault.count - 1})
-                return fault
+                    self._faults[0] = dataclasses.replace(fault, count=fault.count - 1)
+                if first or fault.kind != "first_call_delay":  # one past the first request is dropped unserved
+                    return fault
             return None
 
     def record(self, request: RecordedRequest) -> None:
@@ -236,17 +234,9 @@ class Simulator:
             self.identity.failures, self.identity.failure_status = fail, status
 
     def token(self, query: dict[str, str]) -> tuple[int, dict[str, str]]:
-        """The token endpoint's status and answer: a token, or IMDS' error for a refused or failing request."""
+        """The token endpoint's status and answer (``IdentityService.token``), for the VM's resourceId."""
         with self._lock:
-            identity = self.identity
-            if identity.failures > 0:
-                identity.failures -= 1
-                return identity.failure_status, {"error": "unknown_error",
-                                                 "error_description": "simulated token endpoint failure"}
-            try:  # the VM's resourceId, as its compute metadata shows it
-                return 200, identity.token(query, self._clock(), self.vm.get("resourceId", ""))
-            except TokenError as error:
-                return 400, {"error": "invalid_request", "error_description": str(error)}
+            return self.identity.token(query, self._clock(), self.vm.get("resourceId", ""))
 
     def state(self) -> dict[str, Any]:
         return {"scenario": self.scenario.name, "scenario_time": self.scenario_time(), "speed": self.timeline.speed,
