@@ -81,7 +81,6 @@ class Simulator:
         (default: a timeline of its own), which the scenario's other VMs and its platform copy share."""
         self.scenario = scenario
         self.timeline = timeline or Timeline(scenario, speed, clock)
-        self._clock = self.timeline.clock
         self._lock = threading.Lock()
         self._incarnation = 1
         self._canonical: list[dict[str, Any]] = []
@@ -236,7 +235,7 @@ class Simulator:
     def token(self, query: dict[str, str]) -> tuple[int, dict[str, str]]:
         """The token endpoint's status and answer (``IdentityService.token``), for the VM's resourceId."""
         with self._lock:
-            return self.identity.token(query, self._clock(), self.vm.get("resourceId", ""))
+            return self.identity.token(query, self.timeline.clock(), self.vm.get("resourceId", ""))
 
     def state(self) -> dict[str, Any]:
         return {"scenario": self.scenario.name, "scenario_time": self.scenario_time(), "speed": self.timeline.speed,
@@ -408,8 +407,26 @@ def _versions(sim: Simulator, body: bytes) -> Response:
     return _json(200, {})
 
 
+MAX_LIFETIME = 10 * 365 * 86400  # seconds: ten years, far past any token a test needs, far below a date overflow
+
+
 def _identity(sim: Simulator, body: bytes) -> Response:
-    lifetime, fail, status = _identity_settings(_json_body(body, {}))
+    """The body checked: lifetime finite and from 0 to ten years, fail a count, status an HTTP status (100-599)."""
+    data = _json_body(body, {})
+    if not isinstance(data, dict):
+        raise ValueError('the body must be a JSON object such as {"lifetime": 3599} or {"fail": 2, "status": 500}')
+    unknown = set(data) - {"lifetime", "fail", "status"}
+    if unknown:
+        raise ValueError(f"unknown keys {', '.join(sorted(unknown))} (lifetime, fail, status)")
+    lifetime = data.get("lifetime")
+    if lifetime is not None and (isinstance(lifetime, bool) or not isinstance(lifetime, (int, float))
+                                 or not math.isfinite(lifetime) or not 0 <= lifetime <= MAX_LIFETIME):
+        raise ValueError(f"'lifetime' must be a number of seconds from 0 to {MAX_LIFETIME}, not {lifetime!r}")
+    fail, status = data.get("fail", 0), data.get("status", 500)
+    if isinstance(fail, bool) or not isinstance(fail, int) or not 0 <= fail <= faults_module.MAX_COUNT:
+        raise ValueError(f"'fail' must be a whole number from 0 to {faults_module.MAX_COUNT}, not {fail!r}")
+    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+        raise ValueError(f"'status' must be an HTTP status from 100 to 599, not {status!r}")
     sim.configure_identity(lifetime=lifetime, fail=fail, status=status)
     return _json(200, {})
 
@@ -436,9 +453,6 @@ _CONTROLS: dict[tuple[str, str], Callable[[Simulator, bytes], Response]] = {
 }
 
 
-MAX_LIFETIME = 10 * 365 * 86400  # seconds: ten years, far past any token a test needs, far below a date overflow
-
-
 def _json_body(body: bytes, empty: object) -> Any:
     """The control API's JSON body (``empty`` when there is none); ValueError with a one-line reason."""
     if not body.strip():
@@ -455,26 +469,6 @@ def _json_body(body: bytes, empty: object) -> Any:
 
 def _no_constant(name: str) -> float:
     raise ValueError(f"the body is not JSON: {name} is not a JSON number")
-
-
-def _identity_settings(data: object) -> tuple[float | None, int, int]:
-    """``POST /_simulator/identity``'s body checked: lifetime finite and from 0 to ten years, fail a count,
-    status an HTTP status (100-599)."""
-    if not isinstance(data, dict):
-        raise ValueError('the body must be a JSON object such as {"lifetime": 3599} or {"fail": 2, "status": 500}')
-    unknown = set(data) - {"lifetime", "fail", "status"}
-    if unknown:
-        raise ValueError(f"unknown keys {', '.join(sorted(unknown))} (lifetime, fail, status)")
-    lifetime = data.get("lifetime")
-    if lifetime is not None and (isinstance(lifetime, bool) or not isinstance(lifetime, (int, float))
-                                 or not math.isfinite(lifetime) or not 0 <= lifetime <= MAX_LIFETIME):
-        raise ValueError(f"'lifetime' must be a number of seconds from 0 to {MAX_LIFETIME}, not {lifetime!r}")
-    fail, status = data.get("fail", 0), data.get("status", 500)
-    if isinstance(fail, bool) or not isinstance(fail, int) or not 0 <= fail <= faults_module.MAX_COUNT:
-        raise ValueError(f"'fail' must be a whole number from 0 to {faults_module.MAX_COUNT}, not {fail!r}")
-    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
-        raise ValueError(f"'status' must be an HTTP status from 100 to 599, not {status!r}")
-    return lifetime, fail, status
 
 
 def _one_line(text: str) -> str:
