@@ -33,6 +33,7 @@ DEFAULT_VM: dict[str, str] = {
     "version": "22.04.202411010",
 }
 _CYCLE_NAMESPACE = uuid.UUID("5b8e2b8e-1c53-4c1e-9a55-6f1f3f0b8c11")
+_BUILTINS = resources.files("se_exporter.simulator").joinpath("scenarios")
 
 
 @dataclass(frozen=True)
@@ -197,16 +198,13 @@ def cycle_event_id(event_id: str, cycle: int) -> str:
 
 
 def builtin_names() -> tuple[str, ...]:
-    folder = resources.files("se_exporter.simulator").joinpath("scenarios")
-    return tuple(sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json")))
+    return tuple(sorted(p.name[: -len(".json")] for p in _BUILTINS.iterdir() if p.name.endswith(".json")))
 
 
 def load(name_or_path: str) -> Scenario:
     """A built-in scenario by name, or a scenario JSON file by path; ConfigError says what is wrong."""
     if name_or_path in builtin_names():
-        folder = resources.files("se_exporter.simulator").joinpath("scenarios")
-        text = folder.joinpath(f"{name_or_path}.json").read_text()
-        return from_json(json.loads(text), name_or_path)
+        return from_json(json.loads(_BUILTINS.joinpath(f"{name_or_path}.json").read_text()), name_or_path)
     path = Path(name_or_path)
     if not path.is_file():
         raise ConfigError(f"scenario {name_or_path!r} is neither a built-in ({', '.join(builtin_names())}) "
