@@ -78,10 +78,8 @@ class Fault:
         return self.size if self.size is not None else _DEFAULT_SIZE.get(self.kind, default)
 
 
-def _retry_after_ok(value: object) -> bool:
+def _retry_after_ok(value: str) -> bool:
     """A Retry-After value as RFC 9110 10.2.3 defines it: delay-seconds (digits) or an HTTP date."""
-    if not isinstance(value, str):
-        return False
     if value.isascii() and value.isdigit():
         return True
     try:
@@ -120,9 +118,7 @@ def parse_fault(spec: str) -> Fault:
         raise ConfigError(f"fault {spec!r}: unknown keys {', '.join(sorted(unknown))}")
     try:
         return _make(kind, {key: _NUMBERS.get(key, str)(values[key]) if key in values else None for key in _KEYS})
-    except ValueError as exc:
-        raise ConfigError(f"fault {spec!r}: {exc}") from None
-    except ConfigError as exc:
+    except (ValueError, ConfigError) as exc:  # a number that does not read, or a value Fault refuses
         raise ConfigError(f"fault {spec!r}: {exc}") from None
 
 

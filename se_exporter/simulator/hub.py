@@ -4,7 +4,9 @@ A bounded queue (at most ``capacity`` messages, the one being sent among them; p
 counted) and a thread of its own that sends them in order with the azure-eventhub SDK's async producer: the sync
 client can hang for ever on a peer that accepts TCP and never answers, the async one can be cancelled, so every
 send has a timeout and a watchdog. A failed send is counted, logged when sending starts failing and when it
-recovers, and retried with backoff (at least once, as Event Grid delivers).
+recovers, and retried with backoff (at least once, as Event Grid delivers). The producer is the sidecar's
+forwarder's own (``infra.azure.clients.producer_factory``); ``publish`` imports this module, and so the SDK, only
+when a hub is configured.
 """
 
 from __future__ import annotations
@@ -15,17 +17,16 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
+from azure.eventhub import EventData
+
 from se_exporter.core.retry import Health, backoff
+from se_exporter.infra.azure.clients import ProducerFactory, classify, describe
 from se_exporter.simulator.platform import Published
 
 log = logging.getLogger("se_exporter.simulator.platform")
 QUEUE_CAPACITY = 10_000  # messages waiting for the hub; about 1.5 KB each
-
-
-ProducerFactory = Callable[[], Any]  # -> azure.eventhub.aio.EventHubProducerClient
 
 
 class EventHubOutput:
@@ -92,14 +93,11 @@ class EventHubOutput:
                 except Exception as exc:  # any SDK failure is counted, logged and retried
                     self.failed += 1
                     attempt += 1
-                    if self._health.fail(_classify(exc)):
+                    if self._health.fail(classify(exc)):
                         log.error("platform copy: sending to the event hub failed (%s: %s); retrying with backoff, "
-                                  "newer messages queue (at most %d)", _classify(exc), _describe(exc),
-                                  self._capacity)
-                    if producer is not None:
-                        with contextlib.suppress(Exception):
-                            loop.run_until_complete(asyncio.wait_for(producer.close(), self._send_timeout))
-                        producer = None
+                                  "newer messages queue (at most %d)", classify(exc), describe(exc), self._capacity)
+                    self._close(loop, producer)
+                    producer = None
                     self._stop.wait(backoff(attempt, 0.5, self._max_retry_wait))
                     continue
                 attempt = 0
@@ -110,41 +108,20 @@ class EventHubOutput:
                 if self._health.recover():
                     log.info("platform copy: sending to the event hub works again")
         finally:
-            if producer is not None:
-                with contextlib.suppress(Exception):
-                    loop.run_until_complete(asyncio.wait_for(producer.close(), self._send_timeout))
-            with contextlib.suppress(Exception):
-                aclose = getattr(self._make_producer, "aclose", None)
-                if aclose is not None:
-                    loop.run_until_complete(asyncio.wait_for(aclose(), self._send_timeout))
+            self._close(loop, producer)
+            self._close(loop, self._make_producer, "aclose")  # a shared credential's (``SharedCredential``)
             loop.close()
 
-    async def _send(self, producer: Any, message: Published) -> None:
-        from azure.eventhub import EventData  # noqa: PLC0415 - the SDK, only with a hub configured
+    def _close(self, loop: asyncio.AbstractEventLoop, closable: Any, method: str = "close") -> None:
+        """Close a producer (a failed one is not used again) or the credential, bounded, whatever it raises."""
+        close = getattr(closable, method, None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(asyncio.wait_for(close(), self._send_timeout))
 
+    async def _send(self, producer: Any, message: Published) -> None:
         event = EventData(message.body)
         event.content_type = "application/json"
         batch = await producer.create_batch()
         batch.add(event)
         await producer.send_batch(batch, timeout=self._send_timeout)
-
-
-def _classify(error: BaseException) -> str:
-    from se_exporter.infra.azure.clients import classify  # noqa: PLC0415 - the SDKs, only with a hub configured
-
-    return classify(error)
-
-
-def _describe(error: BaseException) -> str:
-    from se_exporter.infra.azure.clients import describe  # noqa: PLC0415 - the SDKs, only with a hub configured
-
-    return describe(error)
-
-
-def producer_factory(connection_string: str | None, eventhub_name: str | None, namespace: str | None,
-                     ) -> ProducerFactory:
-    """The async producer, from a connection string or a namespace and the machine's managed identity: the
-    sidecar's forwarder's own (``infra.azure.clients.producer_factory``), with the system-assigned identity."""
-    from se_exporter.infra.azure.clients import producer_factory as make  # noqa: PLC0415 - only with a hub configured
-
-    return make(connection_string, eventhub_name, namespace, None)

@@ -1,17 +1,8 @@
-"""The simulator's managed identity: what IMDS' token endpoint answers, and the tokens it issues.
+"""The simulator's managed identity: what IMDS' token endpoint answers, and the tokens it issues (docs/simulator.md).
 
-Azure documents the endpoint as ``GET /metadata/identity/oauth2/token?api-version=2018-02-01&resource=URI``
-with ``Metadata: true`` (400 without it), optionally choosing a user-assigned identity with ``client_id``,
-``object_id`` or ``msi_res_id``; an identity that is not assigned to the VM is a 400 too. The answer is::
-
-    {"access_token": "eyJ0eXAi...", "client_id": "...", "expires_in": "3599", "expires_on": "1506484173",
-     "ext_expires_in": "3599", "not_before": "1506480273", "resource": "https://eventhubs.azure.net",
-     "token_type": "Bearer"}
-
-(numbers as strings, as IMDS sends them; azure-identity's ImdsCredential reads ``access_token``,
-``expires_in``/``expires_on``, ``resource`` and ``token_type``). The token is a JWT whose ``aud`` is the
-requested resource. Real ones are signed by Microsoft Entra ID with RS256; the simulator signs with HS256 (PyJWT)
-and a key of its own, which a test peer (the Event Hubs test server's CBS) is given to check them with.
+The answer carries IMDS' fields, numbers as strings, as azure-identity's ImdsCredential reads them. Real tokens are
+signed by Microsoft Entra ID with RS256; the simulator signs with HS256 (PyJWT) and a key of its own, which a test
+peer (the Event Hubs test server's CBS) is given to check them with.
 """
 
 from __future__ import annotations
@@ -28,10 +19,6 @@ SYSTEM_ASSIGNED = ("f6c8e6b1-0b1e-4c2a-9d7e-1a2b3c4d5e6f", "3f1e0c55-7a9b-4d2e-8
 USER_ASSIGNED = {"0d6a3b1c-2e4f-4a5b-8c7d-9e0f1a2b3c4d": "7c2d4e6f-8a0b-4c1d-9e2f-3a4b5c6d7e8f"}
 
 
-class TokenError(ValueError):
-    """A token request IMDS refuses (the message is its ``error_description``)."""
-
-
 @dataclass
 class IdentityService:
     """Issues tokens for the VM's identities; thread-safety is the caller's (the Simulator's lock)."""
@@ -43,10 +30,15 @@ class IdentityService:
     failures: int = 0  # the next N requests fail with ``failure_status``
     failure_status: int = 500
 
-    def token(self, query: Mapping[str, str], now: float, vm_resource_id: str) -> dict[str, str]:
+    def token(self, query: Mapping[str, str], now: float, vm_resource_id: str) -> tuple[int, dict[str, str]]:
+        """The endpoint's status and answer: a token, or IMDS' error for a failing or refused request."""
+        if self.failures > 0:
+            self.failures -= 1
+            return self.failure_status, {"error": "unknown_error",
+                                         "error_description": "simulated token endpoint failure"}
         resource = query.get("resource", "")
         if not resource:
-            raise TokenError("Required audience parameter not specified")
+            return 400, {"error": "invalid_request", "error_description": "Required audience parameter not specified"}
         client_id, object_id = SYSTEM_ASSIGNED
         chosen = query.get("client_id") or query.get("object_id") or query.get("msi_res_id")
         if chosen:
@@ -56,7 +48,7 @@ class IdentityService:
             elif chosen in by_object:
                 client_id, object_id = by_object[chosen], chosen
             else:
-                raise TokenError("Identity not found")
+                return 400, {"error": "invalid_request", "error_description": "Identity not found"}
         issued_at = int(now)
         expires_on = issued_at + self.lifetime
         claims = {"aud": resource, "iss": f"https://sts.windows.net/{TENANT_ID}/", "iat": issued_at,
@@ -66,7 +58,7 @@ class IdentityService:
 
         token = jwt.encode(claims, self.key, algorithm="HS256")
         self.issued.append(token)
-        return {"access_token": token, "client_id": client_id, "expires_in": str(self.lifetime),
-                "expires_on": str(expires_on), "ext_expires_in": str(self.lifetime), "not_before": str(issued_at),
-                "resource": resource, "token_type": "Bearer"}
+        return 200, {"access_token": token, "client_id": client_id, "expires_in": str(self.lifetime),
+                     "expires_on": str(expires_on), "ext_expires_in": str(self.lifetime),
+                     "not_before": str(issued_at), "resource": resource, "token_type": "Bearer"}
 

@@ -1,14 +1,9 @@
 """The platform's copy of a scenario: the Event Grid messages Azure publishes for the events its VMs' IMDS lists.
 
 Azure can publish every scheduled event a second time, outside the VMs, to an Event Grid system topic delivered to
-an Event Hub (``azure-docs/platform-stream.md``). ``PlatformCopy`` plays that stream for a scenario from the same
-pure timeline the simulated IMDS answers from, so one run feeds both sides of ``se-exporter fleet``: the same
-EventIds, one message per change of status (``Completed`` or ``Canceled`` when IMDS drops an event), Event Grid's
-rare duplicates, the events a sidecar is blind to announced all the same, and each event's place that of the
-scenario's VMs, so the fleet can join the two streams (docs/simulator.md).
-
-Event Grid's schema (an array of one event) or CloudEvents 1.0 (``schema="cloudevents"``), carrying the same
-``data``. No I/O here: ``due`` takes the scenario time and returns the messages whose moment has come.
+an Event Hub (``azure-docs/platform-stream.md``). ``PlatformCopy`` plays that stream from the same pure timeline the
+simulated IMDS answers from, so one run feeds both sides of ``se-exporter fleet`` (what it publishes, and when:
+docs/simulator.md). No I/O here: ``due`` takes the scenario time and returns the messages whose moment has come.
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ from datetime import datetime, timezone
 from email.utils import format_datetime
 from typing import Any
 
-from se_exporter.simulator.scenario import EventSpec, Scenario, cycle_event_id
+from se_exporter.simulator.scenario import EventSpec, Scenario, cycle_event_id, lifecycle
 
 EVENT_TYPE = "Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted"
 SCHEMAS = ("eventgrid", "cloudevents")
@@ -139,18 +134,6 @@ class PlatformCopy:
             event = [{"id": grid_id, "topic": topic, "subject": arm_id, "eventType": EVENT_TYPE, "eventTime": time,
                       "dataVersion": "3.0", "metadataVersion": "1", "data": data}]
         return Published(grid_id, event_id, status, json.dumps(event, separators=(",", ":")).encode())
-
-
-def lifecycle(spec: EventSpec, approved_at: float | None) -> list[tuple[float, str]]:
-    """The statuses the platform publishes for ``spec`` (one cycle), each with its scenario second: the same
-    moments at which ``Scenario.state_at`` lists, starts and drops the event."""
-    start = spec.start_time(approved_at)
-    if spec.cancel_at is not None and spec.cancel_at < start:
-        return [(spec.appear_at, "Scheduled"), (spec.cancel_at, "Canceled")]
-    steps = [] if start <= spec.appear_at else [(spec.appear_at, "Scheduled")]
-    if math.isfinite(start):
-        steps += [(start, "Started"), (start + spec.started_for, "Completed")]
-    return steps
 
 
 def _utc(unix: float) -> datetime:

@@ -25,7 +25,6 @@ from typing import Any, Protocol
 from se_exporter.core.errors import ConfigError
 from se_exporter.core.retry import Health
 from se_exporter.infra.files import DISK, Disk, LineFile, NotRegularFile
-from se_exporter.simulator.hub import EventHubOutput, producer_factory
 from se_exporter.simulator.platform import PlatformCopy, Published
 from se_exporter.simulator.settings import SimulatorSettings
 from se_exporter.simulator.timeline import Timeline
@@ -144,7 +143,11 @@ def from_settings(settings: SimulatorSettings, timeline: Timeline) -> Publisher 
     if settings.platform_file is not None:
         outputs.append(FileOutput(Path(settings.platform_file)))
     if settings.platform_eventhub:
+        from se_exporter.infra.azure.clients import producer_factory  # noqa: PLC0415 - the SDK, only with a hub
+        from se_exporter.simulator.hub import EventHubOutput  # noqa: PLC0415 - the SDK, only with a hub
+
+        # The sidecar forwarder's producer, with the system-assigned identity (no client id).
         outputs.append(EventHubOutput(producer_factory(settings.platform_eventhub_connection_string,
                                                        settings.platform_eventhub_name,
-                                                       settings.platform_eventhub_namespace)))
+                                                       settings.platform_eventhub_namespace, None)))
     return Publisher(PlatformCopy(timeline.scenario, settings.platform_schema), timeline, outputs)

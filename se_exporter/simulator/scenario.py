@@ -1,11 +1,7 @@
 """Scenarios: what the simulated IMDS lists, when, as a pure function of scenario time.
 
-A scenario is a JSON file (format in docs/simulator.md, built-ins under ``scenarios/``). Each event
-appears at ``appear_at``, is ``Scheduled`` with ``NotBefore = appear_at + notice`` (moved by any
-``reschedule`` entry), starts at NotBefore or when approved, whichever is first (or at first sight
-with ``started_at_first_sight``, as a host failure does), stays ``Started`` for ``started_for``
-seconds and then disappears. ``cancel_at`` removes it before it starts. All times are scenario
-seconds; the server maps them to wall time with ``--speed``.
+A scenario is a JSON file (its format and timeline: docs/simulator.md; built-ins under ``scenarios/``). All times
+are scenario seconds; the ``Timeline`` maps them to wall time with ``--speed``.
 """
 
 from __future__ import annotations
@@ -37,6 +33,7 @@ DEFAULT_VM: dict[str, str] = {
     "version": "22.04.202411010",
 }
 _CYCLE_NAMESPACE = uuid.UUID("5b8e2b8e-1c53-4c1e-9a55-6f1f3f0b8c11")
+_BUILTINS = resources.files("se_exporter.simulator").joinpath("scenarios")
 
 
 @dataclass(frozen=True)
@@ -118,7 +115,6 @@ class Scenario:
     vm: Mapping[str, str]
     events: tuple[EventSpec, ...]
     repeat_every: float | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
     vms: tuple[Mapping[str, str], ...] = ()  # every VM it plays (``vm`` first); one IMDS each
     platform: PlatformSettings = field(default_factory=PlatformSettings)
 
@@ -166,25 +162,32 @@ class Scenario:
         if self.repeat_every:
             cycle = int(t // self.repeat_every)
             local = t - cycle * self.repeat_every
+        base = cycle * (self.repeat_every or 0)
         listed: list[EventState] = []
         for spec in self.events:
             if local < spec.appear_at:
                 continue
             event_id = cycle_event_id(spec.event_id, cycle)
             approved = approvals.get(event_id)
-            approved_local = None if approved is None else approved - cycle * (self.repeat_every or 0)
-            start = spec.start_time(approved_local)
-            if spec.cancel_at is not None and spec.cancel_at < start:
-                if local >= spec.cancel_at:
-                    continue
-            elif local >= start + spec.started_for:
-                continue
-            if local >= start:
+            reached = [status for at, status in lifecycle(spec, None if approved is None else approved - base)
+                       if at <= local]
+            if reached[-1] == "Started":
                 listed.append(EventState(spec, event_id, "Started", None))
-            else:
-                not_before = spec.not_before_at(local) + cycle * (self.repeat_every or 0)
-                listed.append(EventState(spec, event_id, "Scheduled", not_before))
+            elif reached[-1] == "Scheduled":
+                listed.append(EventState(spec, event_id, "Scheduled", spec.not_before_at(local) + base))
         return tuple(listed)
+
+
+def lifecycle(spec: EventSpec, approved_at: float | None) -> list[tuple[float, str]]:
+    """``spec``'s statuses in one cycle, each with its scenario second: the one timeline both IMDS
+    (``Scenario.state_at``) and the platform copy (``platform.PlatformCopy``) follow. Never empty."""
+    start = spec.start_time(approved_at)
+    if spec.cancel_at is not None and spec.cancel_at < start:
+        return [(spec.appear_at, "Scheduled"), (spec.cancel_at, "Canceled")]
+    steps = [] if start <= spec.appear_at else [(spec.appear_at, "Scheduled")]
+    if math.isfinite(start):
+        steps += [(start, "Started"), (start + spec.started_for, "Completed")]
+    return steps
 
 
 def cycle_event_id(event_id: str, cycle: int) -> str:
@@ -195,16 +198,13 @@ def cycle_event_id(event_id: str, cycle: int) -> str:
 
 
 def builtin_names() -> tuple[str, ...]:
-    folder = resources.files("se_exporter.simulator").joinpath("scenarios")
-    return tuple(sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json")))
+    return tuple(sorted(p.name[: -len(".json")] for p in _BUILTINS.iterdir() if p.name.endswith(".json")))
 
 
 def load(name_or_path: str) -> Scenario:
     """A built-in scenario by name, or a scenario JSON file by path; ConfigError says what is wrong."""
     if name_or_path in builtin_names():
-        folder = resources.files("se_exporter.simulator").joinpath("scenarios")
-        text = folder.joinpath(f"{name_or_path}.json").read_text()
-        return from_json(json.loads(text), name_or_path)
+        return from_json(json.loads(_BUILTINS.joinpath(f"{name_or_path}.json").read_text()), name_or_path)
     path = Path(name_or_path)
     if not path.is_file():
         raise ConfigError(f"scenario {name_or_path!r} is neither a built-in ({', '.join(builtin_names())}) "

@@ -21,7 +21,7 @@ import time
 import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import format_datetime
 from http import HTTPStatus
@@ -34,7 +34,7 @@ from se_exporter.infra.http_server import Bounds, HttpRequest, RawWriter, Respon
 from se_exporter.infra.options import Listen
 from se_exporter.simulator import faults as faults_module
 from se_exporter.simulator.faults import Fault
-from se_exporter.simulator.identity import IDENTITY_VERSIONS, TOKEN_PATH, IdentityService, TokenError
+from se_exporter.simulator.identity import IDENTITY_VERSIONS, TOKEN_PATH, IdentityService
 from se_exporter.simulator.scenario import EventState, Scenario
 from se_exporter.simulator.timeline import Timeline
 
@@ -81,7 +81,6 @@ class Simulator:
         (default: a timeline of its own), which the scenario's other VMs and its platform copy share."""
         self.scenario = scenario
         self.timeline = timeline or Timeline(scenario, speed, clock)
-        self._clock = self.timeline.clock
         self._lock = threading.Lock()
         self._incarnation = 1
         self._canonical: list[dict[str, Any]] = []
@@ -98,10 +97,6 @@ class Simulator:
         self.identity = IdentityService()
 
     # ------------------------------------------------------------------ time and state
-
-    @property
-    def speed(self) -> float:
-        return self.timeline.speed
 
     def scenario_time(self) -> float:
         return self.timeline.scenario_time()
@@ -195,14 +190,12 @@ class Simulator:
             self._first_request_seen = True
             while self._faults:
                 fault = self._faults[0]
-                if fault.kind == "first_call_delay" and not first:
-                    self._faults.popleft()
-                    continue
-                if fault.count == 1 or fault.kind == "first_call_delay":
+                if fault.count == 1 or fault.kind == "first_call_delay":  # first_call_delay: once, whatever its count
                     self._faults.popleft()
                 elif fault.count > 1:
-                    self._faults[0] = Fault(**{**asdict(fault), "count": fault.count - 1})
-                return fault
+                    self._faults[0] = dataclasses.replace(fault, count=fault.count - 1)
+                if first or fault.kind != "first_call_delay":  # one past the first request is dropped unserved
+                    return fault
             return None
 
     def record(self, request: RecordedRequest) -> None:
@@ -240,24 +233,12 @@ class Simulator:
             self.identity.failures, self.identity.failure_status = fail, status
 
     def token(self, query: dict[str, str]) -> tuple[int, dict[str, str]]:
-        """The token endpoint's status and answer: a token, or IMDS' error for a refused or failing request."""
+        """The token endpoint's status and answer (``IdentityService.token``), for the VM's resourceId."""
         with self._lock:
-            identity = self.identity
-            if identity.failures > 0:
-                identity.failures -= 1
-                return identity.failure_status, {"error": "unknown_error",
-                                                 "error_description": "simulated token endpoint failure"}
-            vm = self.vm
-            resource_id = (f"/subscriptions/{vm.get('subscriptionId', '')}/resourceGroups/"
-                           f"{vm.get('resourceGroupName', '')}/providers/Microsoft.Compute/virtualMachines/"
-                           f"{vm.get('name', '')}")
-            try:
-                return 200, identity.token(query, self._clock(), resource_id)
-            except TokenError as error:
-                return 400, {"error": "invalid_request", "error_description": str(error)}
+            return self.identity.token(query, self.timeline.clock(), self.vm.get("resourceId", ""))
 
     def state(self) -> dict[str, Any]:
-        return {"scenario": self.scenario.name, "scenario_time": self.scenario_time(), "speed": self.speed,
+        return {"scenario": self.scenario.name, "scenario_time": self.scenario_time(), "speed": self.timeline.speed,
                 "vm": self.vm, "document": self.document()}
 
 
@@ -324,10 +305,10 @@ class _Imds:
         if request.method != "GET":
             return _json(405, {"error": "Method not allowed"})
         fault = sim.take_fault()
-        if fault is not None:
-            delayed, answer = await self._apply(fault, api_version, request)
-            if not delayed:
-                return answer
+        if fault is not None and fault.kind in ("delay", "first_call_delay"):  # a slow normal answer
+            await asyncio.sleep(fault.seconds)
+        elif fault is not None:
+            return await self._apply(fault, api_version, request)
         body = json.dumps(sim.document(api_version)).encode()
         sim.record_served(body)
         return Response(200, body, "application/json; charset=utf-8")
@@ -345,34 +326,27 @@ class _Imds:
             return _json(400, {"error": f"Bad request. Unknown EventId {', '.join(unknown)}"})
         return _json(200, {})
 
-    async def _apply(self, fault: Fault, api_version: str, request: HttpRequest) -> tuple[bool, Response | None]:
-        """Serve the fault: (True, None) when it only delays a normal answer, else (False, its answer; None when
-        it wrote the answer itself or closes the connection without one)."""
+    async def _apply(self, fault: Fault, api_version: str, request: HttpRequest) -> Response | None:
+        """Serve the fault instead of the document: its answer, or None when it wrote the answer itself or closes
+        the connection without one."""
         kind = fault.kind
-        if kind in ("truncate", "drip", "chunked", "gzip"):  # the document itself, delivered wrongly
+        if kind in ("truncate", "drip", "chunked", "gzip", "huge"):  # written byte by byte
             assert request.raw is not None
             await _deliver_badly(request.raw, fault, json.dumps(self.simulator.document(api_version)).encode())
-            return False, None
-        if kind in ("delay", "first_call_delay"):
-            await asyncio.sleep(fault.seconds)
-            return True, None
+            return None
         if kind == "hang":
             await asyncio.sleep(fault.seconds)
-            return False, None
+            return None
         if kind == "reset":
-            return False, None
-        if kind == "huge":
-            assert request.raw is not None
-            await _huge(request.raw, fault.size_or(0))
-            return False, None
+            return None
         if kind in ("throttle", "status"):
             headers = (("Retry-After", fault.retry_after),) if fault.retry_after is not None else ()
             answer = _json(fault.status, {"error": f"simulated HTTP {fault.status}"}, headers)
             if fault.status < 200 or fault.status in (204, 304):  # h11 frames these without a body: sent as is
                 assert request.raw is not None
                 await request.raw.write(_as_bytes(answer))
-                return False, None
-            return False, answer
+                return None
+            return answer
         answers = {
             "redirect": Response(302, b"", "text/plain", (("Location", fault.location),)),
             "malformed": Response(200, b'{"DocumentIncarnation": 7, "Events": [{"EventId": "', "application/json"),
@@ -381,8 +355,8 @@ class _Imds:
             "empty": Response(200, b"", "application/json"),
         }
         if kind == "body":
-            return False, Response(200, fault.text.encode(), "application/json")
-        return False, answers[kind]
+            return Response(200, fault.text.encode(), "application/json")
+        return answers[kind]
 
     def _control(self, method: str, path: str, body: bytes) -> Response:
         """``/_simulator/<action>``, answered by its entry in ``_CONTROLS``: 400 with the reason when the body is
@@ -402,10 +376,6 @@ class _Imds:
 def _requests(sim: Simulator, body: bytes) -> Response:
     return _json(200, [{"time": r.time, "method": r.method, "path": r.path, "query": r.query,
                         "user_agent": r.user_agent, "metadata": r.metadata_header} for r in sim.requests])
-
-
-def _state(sim: Simulator, body: bytes) -> Response:
-    return _json(200, sim.state())
 
 
 def _faults(sim: Simulator, body: bytes) -> Response:
@@ -437,8 +407,26 @@ def _versions(sim: Simulator, body: bytes) -> Response:
     return _json(200, {})
 
 
+MAX_LIFETIME = 10 * 365 * 86400  # seconds: ten years, far past any token a test needs, far below a date overflow
+
+
 def _identity(sim: Simulator, body: bytes) -> Response:
-    lifetime, fail, status = _identity_settings(_json_body(body, {}))
+    """The body checked: lifetime finite and from 0 to ten years, fail a count, status an HTTP status (100-599)."""
+    data = _json_body(body, {})
+    if not isinstance(data, dict):
+        raise ValueError('the body must be a JSON object such as {"lifetime": 3599} or {"fail": 2, "status": 500}')
+    unknown = set(data) - {"lifetime", "fail", "status"}
+    if unknown:
+        raise ValueError(f"unknown keys {', '.join(sorted(unknown))} (lifetime, fail, status)")
+    lifetime = data.get("lifetime")
+    if lifetime is not None and (isinstance(lifetime, bool) or not isinstance(lifetime, (int, float))
+                                 or not math.isfinite(lifetime) or not 0 <= lifetime <= MAX_LIFETIME):
+        raise ValueError(f"'lifetime' must be a number of seconds from 0 to {MAX_LIFETIME}, not {lifetime!r}")
+    fail, status = data.get("fail", 0), data.get("status", 500)
+    if isinstance(fail, bool) or not isinstance(fail, int) or not 0 <= fail <= faults_module.MAX_COUNT:
+        raise ValueError(f"'fail' must be a whole number from 0 to {faults_module.MAX_COUNT}, not {fail!r}")
+    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+        raise ValueError(f"'status' must be an HTTP status from 100 to 599, not {status!r}")
     sim.configure_identity(lifetime=lifetime, fail=fail, status=status)
     return _json(200, {})
 
@@ -455,7 +443,7 @@ def _advance(sim: Simulator, body: bytes) -> Response:
 
 _CONTROLS: dict[tuple[str, str], Callable[[Simulator, bytes], Response]] = {
     ("GET", "requests"): _requests,
-    ("GET", "state"): _state,
+    ("GET", "state"): lambda sim, body: _json(200, sim.state()),
     ("POST", "faults"): _faults,
     ("POST", "clear-faults"): _clear_faults,
     ("POST", "blind"): _blind,
@@ -463,9 +451,6 @@ _CONTROLS: dict[tuple[str, str], Callable[[Simulator, bytes], Response]] = {
     ("POST", "identity"): _identity,
     ("POST", "advance"): _advance,
 }
-
-
-MAX_LIFETIME = 10 * 365 * 86400  # seconds: ten years, far past any token a test needs, far below a date overflow
 
 
 def _json_body(body: bytes, empty: object) -> Any:
@@ -484,26 +469,6 @@ def _json_body(body: bytes, empty: object) -> Any:
 
 def _no_constant(name: str) -> float:
     raise ValueError(f"the body is not JSON: {name} is not a JSON number")
-
-
-def _identity_settings(data: object) -> tuple[float | None, int, int]:
-    """``POST /_simulator/identity``'s body checked: lifetime finite and from 0 to ten years, fail a count,
-    status an HTTP status (100-599)."""
-    if not isinstance(data, dict):
-        raise ValueError('the body must be a JSON object such as {"lifetime": 3599} or {"fail": 2, "status": 500}')
-    unknown = set(data) - {"lifetime", "fail", "status"}
-    if unknown:
-        raise ValueError(f"unknown keys {', '.join(sorted(unknown))} (lifetime, fail, status)")
-    lifetime = data.get("lifetime")
-    if lifetime is not None and (isinstance(lifetime, bool) or not isinstance(lifetime, (int, float))
-                                 or not math.isfinite(lifetime) or not 0 <= lifetime <= MAX_LIFETIME):
-        raise ValueError(f"'lifetime' must be a number of seconds from 0 to {MAX_LIFETIME}, not {lifetime!r}")
-    fail, status = data.get("fail", 0), data.get("status", 500)
-    if isinstance(fail, bool) or not isinstance(fail, int) or not 0 <= fail <= faults_module.MAX_COUNT:
-        raise ValueError(f"'fail' must be a whole number from 0 to {faults_module.MAX_COUNT}, not {fail!r}")
-    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
-        raise ValueError(f"'status' must be an HTTP status from 100 to 599, not {status!r}")
-    return lifetime, fail, status
 
 
 def _one_line(text: str) -> str:
@@ -537,20 +502,16 @@ def _json(status: int, payload: object, headers: tuple[tuple[str, str], ...] = (
     return Response(status, body, "application/json; charset=utf-8", headers)
 
 
-async def _huge(raw: RawWriter, size: int) -> None:
-    """A 200 body of ``size`` blanks, written as the client reads it (the client is allowed to hang up)."""
-    if not await raw.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % size):
-        return
-    chunk = b" " * 65536
-    for offset in range(0, size, len(chunk)):
-        if not await raw.write(chunk[: min(len(chunk), size - offset)]):
-            return
-
-
 async def _deliver_badly(raw: RawWriter, fault: Fault, document: bytes) -> None:
-    """The byte-level faults: the answer is the real document, but cut, dripped, mis-chunked or compressed."""
+    """The byte-level faults: the real document cut, dripped, mis-chunked or compressed, or a huge body."""
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
-    if fault.kind == "truncate":
+    if fault.kind == "huge":  # blanks, written as the client reads them (the client is allowed to hang up)
+        size, chunk = fault.size_or(0), b" " * 65536
+        if await raw.write(head + b"Content-Length: %d\r\n\r\n" % size):
+            for offset in range(0, size, len(chunk)):
+                if not await raw.write(chunk[: min(len(chunk), size - offset)]):
+                    return
+    elif fault.kind == "truncate":
         sent = min(fault.size_or(len(document) // 2), max(0, len(document) - 1))
         await raw.write(head + b"Content-Length: %d\r\n\r\n" % len(document) + document[:sent])
     elif fault.kind == "drip":
@@ -567,8 +528,10 @@ async def _deliver_badly(raw: RawWriter, fault: Fault, document: bytes) -> None:
             chunks = b"%x\r\n%s\r\nzz\r\n" % (len(parts[0]), parts[0])
         ending = b"" if fault.error in ("missing_last", "bad_size") else b"0\r\n\r\n"
         await raw.write(head + b"Transfer-Encoding: chunked\r\n\r\n" + chunks + ending)
-    else:  # gzip
-        body = _gzipped(document, fault.size_or(0))
+    else:  # gzip: inflates to ``bytes`` blanks, then the document (leading blanks are valid JSON)
+        prefix, compressor = _blanks_compressed(fault.size_or(0))
+        tail = compressor.copy()
+        body = prefix + tail.compress(document) + tail.flush()
         await raw.write(head + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 
 
@@ -586,51 +549,35 @@ def _blanks_compressed(size: int) -> tuple[bytes, Any]:
     return b"".join(out), compressor
 
 
-def _gzipped(document: bytes, blanks: int) -> bytes:
-    """A gzip body that inflates to ``blanks`` blanks and then the document (leading blanks are valid JSON)."""
-    prefix, compressor = _blanks_compressed(blanks)
-    tail = compressor.copy()
-    body: bytes = prefix + tail.compress(document) + tail.flush()
-    return body
-
-
-class _Router:
-    """One port for every VM of the scenario: ``/vms/<name>/...`` is that VM's IMDS, anything else the first
-    VM's; ``GET /_simulator/platform`` is the platform copy's counters when it runs."""
-
-    def __init__(self, simulators: Sequence[Simulator], platform: Callable[[], dict[str, Any]] | None) -> None:
-        self.first = _Imds(simulators[0])
-        self.by_name = {sim.vm["name"].casefold(): _Imds(sim) for sim in simulators}
-        self.platform = platform
-
-    async def __call__(self, request: HttpRequest) -> Response | None:
-        if request.path.startswith(VM_PREFIX):
-            name, _, rest = request.path[len(VM_PREFIX):].partition("/")
-            handler = self.by_name.get(name.casefold())
-            if handler is None:
-                return _json(404, {"error": f"no VM {_one_line(name)[:64]!r} in this scenario"})
-            return await handler(dataclasses.replace(request, path="/" + rest))
-        if request.path == "/_simulator/platform" and request.method == "GET":
-            return _json(200, self.platform() if self.platform else {"error": "the platform copy is not published"})
-        return await self.first(request)
-
-
 class SimulatorServer(Server):
-    """The simulator on ``http_server``: bounded as every server of the project (``Bounds``). Serves
-    ``simulator`` and, under ``/vms/<name>``, each of ``others`` (the scenario's other VMs)."""
+    """The simulator on ``http_server``: bounded as every server of the project (``Bounds``). One port for every
+    VM of the scenario: ``/vms/<name>/...`` is that VM's IMDS (``others``: the scenario's other VMs), anything else
+    ``simulator``'s; ``GET /_simulator/platform`` is the platform copy's counters when it runs."""
 
     def __init__(self, address: tuple[str, int], simulator: Simulator, bounds: Bounds | None = None,
                  others: Sequence[Simulator] = (), platform: Callable[[], dict[str, Any]] | None = None) -> None:
         self.simulator = simulator
         self.simulators = (simulator, *others)
-        super().__init__(Listen(*address), _Router(self.simulators, platform), bounds or Bounds(), _count,
-                         "imds-simulator")
+        self._first = _Imds(simulator)
+        self._by_name = {sim.vm["name"].casefold(): _Imds(sim) for sim in self.simulators}
+        self._platform = platform
+        super().__init__(Listen(*address), self._route, bounds or Bounds(), _count, "imds-simulator")
+
+    async def _route(self, request: HttpRequest) -> Response | None:
+        if request.path.startswith(VM_PREFIX):
+            name, _, rest = request.path[len(VM_PREFIX):].partition("/")
+            handler = self._by_name.get(name.casefold())
+            if handler is None:
+                return _json(404, {"error": f"no VM {_one_line(name)[:64]!r} in this scenario"})
+            return await handler(dataclasses.replace(request, path="/" + rest))
+        if request.path == "/_simulator/platform" and request.method == "GET":
+            return _json(200, self._platform() if self._platform else {"error": "the platform copy is not published"})
+        return await self._first(request)
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        host = str(host)
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        return f"http://{Listen(str(host), port)}"
 
     def vm_url(self, name: str) -> str:
         """The base URL of one VM's IMDS (a sidecar's ``--imds-url``)."""

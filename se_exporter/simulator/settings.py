@@ -71,6 +71,7 @@ SIMULATE_OPTIONS: tuple[Option, ...] = (
 
 
 def simulator_settings(args: argparse.Namespace, env: Mapping[str, str]) -> SimulatorSettings:
+    """The settings, checked; the platform hub's rules are the sidecars' hub's: one way to authenticate, a hub name."""
     settings = SimulatorSettings(**resolve(SIMULATE_OPTIONS, args, env))
     check_hub("--platform-eventhub", settings.platform_eventhub_connection_string,
               settings.platform_eventhub_namespace, settings.platform_eventhub_name, "the platform's")

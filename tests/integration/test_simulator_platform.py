@@ -17,7 +17,7 @@ import pytest
 
 from se_exporter.fleet.platform.reader import PlatformEvent, read_platform
 from se_exporter.simulator import scenario as scenarios
-from se_exporter.simulator.platform import lifecycle
+from se_exporter.simulator.scenario import lifecycle
 from tests.child_logs import attach
 from tests.eventhubs_server import EventHubsTestServer, SilentPeer, Store
 from tests.helpers import stop_process, wait_until

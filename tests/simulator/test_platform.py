@@ -12,8 +12,8 @@ import pytest
 from se_exporter.core.model import VmIdentity
 from se_exporter.fleet.platform.reader import PlatformEvent, read_platform
 from se_exporter.simulator import scenario as scenarios
-from se_exporter.simulator.platform import PlatformCopy, Published, lifecycle
-from se_exporter.simulator.scenario import Scenario
+from se_exporter.simulator.platform import PlatformCopy, Published
+from se_exporter.simulator.scenario import Scenario, lifecycle
 from se_exporter.simulator.server import Simulator, every_vm
 from se_exporter.simulator.timeline import Timeline
 from tests.helpers import key_times
