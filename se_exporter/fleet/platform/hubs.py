@@ -33,8 +33,7 @@ class OwnedPlatform:
     checking: PartitionContext | None = None
     changes: int = 0
     written: int = 0  # ``changes`` when last written
-    # What its owner judged of the VMs it shows (``counting.COVERAGE``): stored in the blob, read by the EventIds'
-    # homes, and kept so an ended event keeps the coverage decided while it was open.
+    # What its owner judged of the VMs it shows (``counting.COVERAGE``; kept and why: ``saving``'s docstring).
     judged: VmVerdicts = NOT_JUDGED
     # What was counted of the EventIds homed here (``homes.Homes``): stored in the blob.
     counted: dict[str, Counted] = field(default_factory=dict)
