@@ -1,6 +1,6 @@
 """Counting each EventId once, whatever the order and lateness of its messages: the rules, and what they add.
 
-The rule (``COUNTING``; docs/platform-stream.md says it too):
+The rule (``COUNTING``; docs/platform-stream.md says it too, and why each counter then ends exact in any order):
 
 1. An EventId's figures are a function of the set of its messages merged over every partition: each status heard
    (`platform_events_total`); the earliest Started to the latest Completed times every VM any message named
@@ -9,9 +9,6 @@ The rule (``COUNTING``; docs/platform-stream.md says it too):
    in the home's blob, and an increment is applied once that blob is written.
 3. An ended EventId stays `--platform-retention` from when its end was read (not from its eventTime), and what was
    counted of it eight days more: a message read later adds only what it adds to that.
-
-Every figure of (1) only grows as messages are added, so each counter ends at the figure of all its messages
-whatever their order or lateness (``tests/fleet/test_platform_counting.py`` proves it over every order).
 
 The coverage counters follow one rule too (``COVERAGE``; docs/platform-stream.md):
 
@@ -23,10 +20,6 @@ The coverage counters follow one rule too (``COVERAGE``; docs/platform-stream.md
    (`announcement_lag_seconds`), the EventId once if unannounced (`unannounced_events_total`).
 3. They are counted as COUNTING's rules 2 and 3 count the rest: by the owner of the EventId's home partition alone,
    topping up to those figures, kept in the same record of what was counted.
-
-A judgement only grows (a listing is kept, a miss stays a miss), so each coverage counter ends at the figure of every
-judgement whatever the order, across restarts and hand-overs; a VM is counted missed once, under the reason merged
-when it is first counted.
 """
 
 from __future__ import annotations

@@ -87,12 +87,12 @@ def name_key(name: str) -> str:
     return name.lstrip("_").casefold()
 
 
-def _place(vm: VmState) -> tuple[str, str, str, str]:
+def _place(vm: VmState) -> _Place:
     """(subscription, resource group, location, scale set) of a VM, without case; '' where not known."""
     return vm.subscription_id.casefold(), vm.resource_group.casefold(), vm.location.casefold(), vm.vmss_name.casefold()
 
 
-def _same_place(record: PlatformRecord, place: tuple[str, str, str, str]) -> bool:
+def _same_place(record: PlatformRecord, place: _Place) -> bool:
     """Where both sides know a part of the place, it is the same."""
     event = record.event
     theirs = (event.subscription_id, event.resource_group, event.location,
@@ -187,9 +187,12 @@ class Reconciler:
         for record in records:
             announced = record.event
             for resource in announced.resources:
-                row = self._pair_coverage(record, resource, by_name.get(name_key(resource), ()), now)
-                if row is not None:
-                    rows.append(row)
+                decided = self._decide(record, resource, by_name.get(name_key(resource), ()), now)
+                if decided is not None:
+                    coverage, listed_at = decided
+                    lag = listed_at - record.announced_at if listed_at is not None else None
+                    rows.append(Coverage(record.key, announced.event_id, announced.event_type, resource, coverage,
+                                         lag))
         listed = self._unannounced(listing, now)
         self._prune({record.key for record in records} | set(listing))
         hits, self._hits = tuple(dict.fromkeys(self._hits)), []
@@ -199,14 +202,6 @@ class Reconciler:
         """What it remembers now, each bounded by its setting."""
         return {"pairs": len(self._pairs) + self._elsewhere, "announced": len(self._announced),
                 "scopes": len(self._scopes)}
-
-    def _pair_coverage(self, record: PlatformRecord, resource: str, named: Iterable[VmState],
-                       now: float) -> Coverage | None:
-        coverage = self._decide(record, resource, named, now)
-        if coverage is None:
-            return None
-        lag = coverage[1] - record.announced_at if coverage[1] is not None else None
-        return Coverage(record.key, record.event.event_id, record.event.event_type, resource, coverage[0], lag)
 
     def _decide(self, record: PlatformRecord, resource: str, named: Iterable[VmState],
                 now: float) -> tuple[str, float | None] | None:

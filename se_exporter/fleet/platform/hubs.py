@@ -13,7 +13,7 @@ from azure.eventhub.aio import PartitionContext
 from se_exporter.fleet.message import VmState
 from se_exporter.fleet.platform.counting import Counted
 from se_exporter.fleet.platform.records import PlatformPicture, PlatformRecord
-from se_exporter.fleet.platform.saving import NOT_JUDGED, PlatformBlob, VmVerdicts, decode_platform, platform_blob_name
+from se_exporter.fleet.platform.saving import NOT_JUDGED, VmVerdicts, decode_platform, platform_blob_name
 from se_exporter.fleet.statestore import StateStore
 from se_exporter.fleet.vms import Fleet
 
@@ -33,8 +33,7 @@ class OwnedPlatform:
     checking: PartitionContext | None = None
     changes: int = 0
     written: int = 0  # ``changes`` when last written
-    # What its owner judged of the VMs it shows (``counting.COVERAGE``): stored in the blob, read by the EventIds'
-    # homes, and kept so an ended event keeps the coverage decided while it was open.
+    # What its owner judged of the VMs it shows (``counting.COVERAGE``; kept and why: ``saving``'s docstring).
     judged: VmVerdicts = NOT_JUDGED
     # What was counted of the EventIds homed here (``homes.Homes``): stored in the blob.
     counted: dict[str, Counted] = field(default_factory=dict)
@@ -82,12 +81,9 @@ class HubPlatform:
             data = await store.fetch(partition_id)
             loaded = decode_platform(data, partition_id) if data is not None else None
             if partition_id not in self.held and loaded is not None and loaded.state is not None:
-                self._peer(partition_id, tag, loaded)
+                self.peers[partition_id] = loaded.state.records
+                self.peer_tags[partition_id] = tag
+                self.peer_judged[partition_id] = loaded.judged
         for partition_id in [known for known in self.peers
                              if platform_blob_name(*self.prefix, known) not in listed or known in self.held]:
             self.forget_peer(partition_id)
-
-    def _peer(self, partition_id: str, tag: str, loaded: PlatformBlob) -> None:
-        self.peers[partition_id] = loaded.state.records if loaded.state is not None else ()
-        self.peer_tags[partition_id] = tag
-        self.peer_judged[partition_id] = loaded.judged

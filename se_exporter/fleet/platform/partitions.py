@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from se_exporter.fleet.platform.service import Platform
 
 log = logging.getLogger("se_exporter.fleet")
-_EMPTY = PictureState((), (), ())
 
 
 class PlatformReader:
@@ -139,7 +138,7 @@ class PlatformReader:
         held = side.held.get(partition_id)
         if held is None or not self.dirty(partition_id):
             return None
-        state = held.picture.state() if held.picture is not None else _EMPTY
+        state = held.picture.state() if held.picture is not None else PictureState()
         data = encode_platform(partition_id, position, state, held.counted, held.judged)
         changes, pending = held.changes, held.pending
         held.pending = []

@@ -17,7 +17,7 @@ import codecs
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from se_exporter.core.model import event_key
 from se_exporter.fleet.message import MAX_TEXT, InvalidMessage
@@ -37,18 +37,17 @@ from se_exporter.fleet.platform.fields import (
     vm_names,
 )
 
-EVENT_TYPE = "Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted"
-EVENT_TYPES = (EVENT_TYPE, "Microsoft.Maintenance.ScheduledEvents.ScheduledEventEmitted",
-               "microsoft.maintenance/scheduledevents/write")
-_TYPE_ENDINGS = ("maintenanceresources.scheduledeventemitted", "maintenance.scheduledevents.scheduledeventemitted")
 _WRITE_TYPE = "microsoft.maintenance/scheduledevents/write"
+EVENT_TYPES = ("Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted",
+               "Microsoft.Maintenance.ScheduledEvents.ScheduledEventEmitted", _WRITE_TYPE)
+_TYPE_ENDINGS = ("maintenanceresources.scheduledeventemitted", "maintenance.scheduledevents.scheduledeventemitted")
 # The reasons a message recognised as Event Grid's is counted under (besides message.py's too_large): another
 # event type, a ScheduledEventEmitted event that cannot be read (the message says which field), or one on the
 # sidecars' hub while the platform's own hub is read (``service.PlatformReader.handle``).
 PLATFORM_INVALID_REASONS = ("other_event_type", "invalid_platform_event", "platform_on_sidecars_hub")
 PLATFORM_BOUND_NAMES = ("platform_events_per_message", "platform_resources_per_event")
 SCOPE_TYPES = ("scale_set", "availability_set", "virtual_machine", "unknown")
-__all__ = ["DEFAULT_PLATFORM_BOUNDS", "EVENT_TYPE", "EVENT_TYPES", "PLATFORM_BOUND_NAMES", "PLATFORM_INVALID_REASONS",
+__all__ = ["DEFAULT_PLATFORM_BOUNDS", "EVENT_TYPES", "PLATFORM_BOUND_NAMES", "PLATFORM_INVALID_REASONS",
            "SCOPE_TYPES", "STATUSES", "PlatformBounds", "PlatformEvent", "PlatformMessage", "looks_like_platform",
            "read_platform"]
 MAX_DESCRIPTION = 1024
@@ -136,7 +135,7 @@ def read_platform(body: bytes, max_bytes: int, enqueued_at: float,
     for index, item in enumerate(items):
         where = f"event [{index}]" if isinstance(found, list) else "event"
         try:
-            events.append(_common_event(item, enqueued_at, bounds) or _event(item, enqueued_at, bounds, warnings, hit))
+            events.append(_event(item, enqueued_at, bounds, warnings, hit))
         except InvalidMessage as exc:
             skipped.append((exc.reason, f"{where}: {exc}"))
     if not events:
@@ -215,59 +214,6 @@ def _event(item: Mapping[str, Any], enqueued_at: float, bounds: PlatformBounds, 
         not_before=not_before(props.get("NotBefore"), warnings),
         duration_seconds=duration(props.get("DurationInSeconds"), warnings),
         description=optional(props, "Description", MAX_DESCRIPTION, warnings), schema=schema)
-
-
-def _common_event(item: Mapping[str, Any], enqueued_at: float, bounds: PlatformBounds) -> PlatformEvent | None:
-    """The event as Event Grid sends it today (its schema, every text field present as printable ASCII within its
-    bound, nothing to warn about), read at the cost of a few checks; None for anything else, which ``_event`` then
-    reads field by field. For what it accepts both build the same event (``test_platform_reader.py`` proves it);
-    this one is what keeps a burst of platform messages cheap (``scripts/fleet_bench.py --platform``). An error it
-    raises (``arm_scope``, ``event_status``) is the one ``_event`` would raise: every check before is stricter."""
-    found = _common_fields(item)
-    if found is None:
-        return None
-    info, props, texts = found
-    grid_id, event_id, event_type, event_source, resource_type, location, description = texts
-    scope = arm_scope(info.get("id"), item.get("subject"))
-    status = event_status(props.get("EventStatus"))
-    warnings: list[str] = []
-    hit: list[str] = []
-    resources = vm_names(props.get("Resources"), bounds.resources_per_event, warnings, hit)
-    if not resources and scope[0] == "virtual_machine":
-        resources = (scope[1],)
-    when = event_time(item.get("eventTime"), enqueued_at, warnings)
-    before = not_before(props.get("NotBefore"), warnings)
-    seconds = duration(props.get("DurationInSeconds"), warnings)
-    if warnings or hit:
-        return None
-    return PlatformEvent(
-        grid_id=grid_id, event_id=event_id, key=event_key(event_id), event_type=event_type or "unknown",
-        event_status=status, event_source=event_source or "unknown", resource_type=resource_type,
-        resources=resources, scope_type=scope[0], scope_name=scope[1], subscription_id=scope[2],
-        resource_group=scope[3], location=location, event_time=when, not_before=before, duration_seconds=seconds,
-        description=description, schema="eventgrid")
-
-
-def _common_fields(item: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any], tuple[str, ...]] | None:
-    """resourceInfo, its properties and the text fields of an event as Event Grid sends it today (see
-    ``_common_event``), or None."""
-    if item.get("eventType") != EVENT_TYPE or "specversion" in item:
-        return None
-    data = item.get("data")
-    info = data.get("resourceInfo") if isinstance(data, dict) else None
-    props = info.get("properties") if isinstance(info, dict) else None
-    if not isinstance(info, dict) or not isinstance(props, dict):
-        return None
-    texts = (item.get("id"), props.get("EventId"), props.get("EventType"), props.get("EventSource"),
-             props.get("ResourceType"), info.get("location"))
-    for text in texts:
-        if type(text) is not str or len(text) > MAX_TEXT or not (text.isascii() and text.isprintable()):
-            return None
-    description = props.get("Description", "")
-    if not (cast("str", texts[0]).strip() and cast("str", texts[1]).strip()) or type(description) is not str \
-            or len(description) > MAX_DESCRIPTION or not (description.isascii() and description.isprintable()):
-        return None
-    return info, props, (*cast("tuple[str, ...]", texts), description)
 
 
 def _data(item: Mapping[str, Any], schema: str) -> Mapping[str, Any]:

@@ -1,16 +1,10 @@
 """The platform picture: every scheduled event Azure announced, per EventId, its statuses only moving forward.
 
 No I/O and no clock reads: the consumer hands in each ``PlatformEvent`` and the time, and reads back frozen
-values. Event Grid may deliver a message twice and in any order (docs/platform-stream.md, "Order, duplicates,
-clocks"): ``combine`` is commutative and associative, so any order of the same messages gives the same record, and
-pictures of several partitions merge (``merge``) when one EventId's messages land on different partitions. A
-duplicate is the same Event Grid ``id`` for the same EventId and status (``message_id``): the same ``id`` reused for
-another EventId or status is news.
-
-An ended event stays for ``retention`` after its end was read (not its eventTime), an open one ``open_expiry`` after
-its last change; a forgotten EventId is remembered a while so a late copy does not bring it back. Everything is
-bounded (``PlatformLimits``), each bound reached reported under the name ``bound_hits_total{bound}`` counts it; at
-the events or VM-names bound, the events that ended here first are forgotten to make room for a new EventId.
+values. ``combine`` is commutative and associative, so any order of the same messages gives the same record, and
+pictures of several partitions merge (``merge``). What a duplicate is, how long a record and a forgotten EventId
+stay, and what each bound (``PlatformLimits``) does when reached: docs/platform-stream.md, "Order, duplicates,
+clocks" and "Bounds".
 """
 
 from __future__ import annotations
@@ -26,9 +20,6 @@ from se_exporter.fleet.platform.reader import DEFAULT_PLATFORM_BOUNDS, STATUSES,
 RANK = {"Scheduled": 0, "Started": 1, "Completed": 2, "Canceled": 2}
 ENDED = frozenset({"Completed", "Canceled"})
 PICTURE_BOUND_NAMES = ("platform_events", "platform_ids", "platform_vms")
-# What ``apply`` says of one event: a status learnt, a known status again under another Event Grid id, a
-# duplicate, an EventId forgotten a moment ago, or the bound that refused a new EventId.
-OUTCOMES = ("applied", "repeat", "duplicate", "forgotten", "platform_events", "platform_vms")
 
 
 # No VM sits through eight days of one maintenance (the longest notice is 7 days): a platform clock that far off
@@ -109,23 +100,25 @@ class PictureState:
     """A picture's content as values: its records, and the Event Grid ids and forgotten EventIds it remembers
     with when (oldest first)."""
 
-    records: tuple[PlatformRecord, ...]
-    ids: tuple[tuple[str, float], ...]
-    forgotten: tuple[tuple[str, float], ...]
+    records: tuple[PlatformRecord, ...] = ()
+    ids: tuple[tuple[str, float], ...] = ()
+    forgotten: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
 class ApplyResult:
-    """What applying one event did: ``outcome`` (OUTCOMES), and the EventId's record after it. What the counters add
-    is not decided here but from the record merged over every partition (``counting.top_up``)."""
+    """What applying one event did: ``outcome`` (a status learnt: ``applied``; a known status again under another
+    Event Grid id: ``repeat``; ``duplicate``; an EventId forgotten a moment ago: ``forgotten``; or the bound that
+    refused a new EventId), and the EventId's record after it. What the counters add is not decided here but from
+    the record merged over every partition (``counting.top_up``)."""
 
     outcome: str
     record: PlatformRecord | None = None
 
 
 def message_id(event: PlatformEvent) -> str:
-    """What a duplicate repeats (see the module docstring): Event Grid's ``id``, EventId and status, as 32 hex
-    characters whatever the id's length, so the ids remembered cost the same per id however long a hostile one is."""
+    """What a duplicate repeats: Event Grid's ``id``, EventId and status (the same ``id`` for another is news), as 32
+    hex characters whatever the id's length, so the ids remembered cost the same however long a hostile one is."""
     text = "\n".join((event.grid_id, event.key, event.event_status))
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
@@ -251,7 +244,7 @@ class PlatformPicture:
         return picture
 
     def apply(self, event: PlatformEvent, now: float) -> ApplyResult:
-        """Fold one platform event in (see the module docstring)."""
+        """Fold one platform event in."""
         with self._lock:
             seen = message_id(event)
             if event.key in self._forgotten:
@@ -288,7 +281,9 @@ class PlatformPicture:
         return seen in self._ids
 
     def expire(self, now: float) -> list[PlatformRecord]:
-        """Forget what its time is up for (see the module docstring); the records forgotten."""
+        """Forget the records ended ``retention`` ago (from when their end was read) and the open ones unchanged for
+        ``open_expiry``, remembering their EventIds a while so a late copy does not bring them back; the records
+        forgotten."""
         limits = self.limits
         with self._lock:
             gone = [record for record in self._records.values()

@@ -20,6 +20,7 @@ from se_exporter.fleet.platform.records import ENDED, MAX_COPIES, RANK, PictureS
 
 _TEXT = ("grid_id", "event_id", "event_type", "event_source", "resource_type", "scope_name", "subscription_id",
          "resource_group", "location", "description", "schema")
+_SAVED = (*_TEXT, "event_status", "scope_type", "event_time", "not_before", "duration_seconds")  # and resources
 
 
 def state_to_json(state: PictureState) -> dict[str, Any]:
@@ -30,17 +31,15 @@ def state_to_json(state: PictureState) -> dict[str, Any]:
 
 def record_to_json(record: PlatformRecord) -> dict[str, Any]:
     event = record.event
-    return {**{name: getattr(event, name) for name in _TEXT}, "event_status": event.event_status,
-            "scope_type": event.scope_type, "resources": list(event.resources), "event_time": event.event_time,
-            "not_before": event.not_before, "duration_seconds": event.duration_seconds,
-            "times": {status: at for status, at in record.times}, "ended_at": record.ended_at,
-            "changed_at": record.changed_at, "copies": dict(record.copies)}
+    return {**{name: getattr(event, name) for name in _SAVED}, "resources": list(event.resources),
+            "times": dict(record.times), "ended_at": record.ended_at, "changed_at": record.changed_at,
+            "copies": dict(record.copies)}
 
 
 def state_from_json(obj: object) -> tuple[PictureState, int]:
     """The state in ``obj`` and how many rows were left out as damaged."""
     if not isinstance(obj, dict):
-        return PictureState((), (), ()), 1
+        return PictureState(), 1
     records: list[PlatformRecord] = []
     damaged = sum(name in obj and not isinstance(obj[name], list) for name in ("records", "ids", "forgotten"))
     for row in _rows(obj, "records"):
@@ -52,14 +51,12 @@ def state_from_json(obj: object) -> tuple[PictureState, int]:
     remembered: dict[str, list[tuple[str, float]]] = {name: [] for name in pairs}
     for name, field in pairs.items():
         for row in _rows(obj, name):
+            text = row.get(field) if isinstance(row, dict) else None
             try:
-                text, at = row.get(field) if isinstance(row, dict) else None, _time(row, "at")
+                if not (isinstance(text, str) and 0 < len(text) <= MAX_TEXT and kept_text(text, MAX_TEXT) == text):
+                    raise ValueError(field)
+                remembered[name].append((text, _time(row, "at")))
             except ValueError:
-                text, at = None, None
-            if isinstance(text, str) and 0 < len(text) <= MAX_TEXT and kept_text(text, MAX_TEXT) == text \
-                    and at is not None:
-                remembered[name].append((text, at))
-            else:
                 damaged += 1
     return PictureState(tuple(records), tuple(remembered["ids"]), tuple(remembered["forgotten"])), damaged
 
@@ -72,24 +69,14 @@ def record_from_json(row: object) -> PlatformRecord:
     status, scope_type = row.get("event_status"), row.get("scope_type")
     if status not in STATUSES or scope_type not in SCOPE_TYPES or not texts["event_id"].strip():
         raise ValueError("event_status, scope_type or event_id")
-    names = _resources(row)
     times = _times(row, str(status))
-    event_time = _time(row, "event_time")
-    if event_time is None:
-        raise ValueError("event_time")
-    event = PlatformEvent(
-        grid_id=texts["grid_id"], event_id=texts["event_id"], key=event_key(texts["event_id"]),
-        event_type=texts["event_type"], event_status=str(status), event_source=texts["event_source"],
-        resource_type=texts["resource_type"], resources=names,
-        scope_type=str(scope_type), scope_name=texts["scope_name"], subscription_id=texts["subscription_id"],
-        resource_group=texts["resource_group"], location=texts["location"], event_time=event_time,
-        not_before=_time(row, "not_before"), duration_seconds=_number(row, "duration_seconds"),
-        description=texts["description"], schema=texts["schema"])
+    event = PlatformEvent(**texts, key=event_key(texts["event_id"]), event_status=str(status),
+                          resources=_resources(row), scope_type=str(scope_type),
+                          event_time=_time(row, "event_time"), not_before=_optional_time(row, "not_before"),
+                          duration_seconds=_number(row, "duration_seconds"))
     changed_at = _time(row, "changed_at")
-    if changed_at is None:
-        raise ValueError("changed_at")
     # ended_at is set exactly when the status is an end (retention counts from it), as the picture sets it
-    ended_at = _time(row, "ended_at") if event.event_status in ENDED else None
+    ended_at = _optional_time(row, "ended_at") if event.event_status in ENDED else None
     if event.event_status in ENDED and ended_at is None:
         ended_at = changed_at
     return PlatformRecord(event, times, ended_at, changed_at, _copies(row.get("copies", {})))
@@ -119,12 +106,11 @@ def _resources(row: dict[str, Any]) -> tuple[str, ...]:
 
 def _times(row: dict[str, Any], status: str) -> tuple[tuple[str, float], ...]:
     times = row.get("times")
-    if not isinstance(times, dict) or not times or any(
-            known not in STATUSES or _time(times, known) is None for known in times):
+    if not isinstance(times, dict) or not times or any(known not in STATUSES for known in times):
         raise ValueError("times")
     if status not in times or any(RANK[known] > RANK[status] for known in times):
         raise ValueError("event_status is not the furthest status of times")  # statuses only move forward
-    return tuple((known, float(times[known])) for known in STATUSES if known in times)
+    return tuple((known, _time(times, known)) for known in STATUSES if known in times)
 
 
 def _rows(obj: dict[str, Any], name: str) -> list[Any]:
@@ -154,9 +140,13 @@ def _number(row: dict[str, Any], name: str) -> float | None:
     return float(value)
 
 
-def _time(row: object, name: str) -> float | None:
-    """A unix time below 2200 (0 allowed: a clock passed in by tests may start there), or None when absent."""
-    value = _number(row, name) if isinstance(row, dict) else None
-    if value is not None and not 0 <= value < MAX_TIME:
+def _time(row: dict[str, Any], name: str) -> float:
+    """A unix time below 2200 (0 allowed: a clock passed in by tests may start there)."""
+    value = _number(row, name)
+    if value is None or not 0 <= value < MAX_TIME:
         raise ValueError(name)
     return value
+
+
+def _optional_time(row: dict[str, Any], name: str) -> float | None:
+    return None if row.get(name) is None else _time(row, name)

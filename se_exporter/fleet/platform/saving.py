@@ -39,7 +39,7 @@ MAX_PLATFORM_BYTES = 256 * 1024**2  # inflated: 10,000 events naming 1,000 VMs e
 
 
 def platform_blob_name(namespace: str, eventhub_name: str, consumer_group: str, partition_id: str) -> str:
-    """AttachedState the partition's VM state (``statestore.state_blob_name``)."""
+    """Beside the partition's VM state (``statestore.state_blob_name``)."""
     return f"{namespace}/{eventhub_name}/{consumer_group}/fleet-platform/{partition_id}".lower()
 
 
@@ -88,9 +88,12 @@ def encode_platform(partition_id: str, position: int, state: PictureState, memor
 def decode_platform(data: bytes, partition_id: str) -> PlatformBlob:
     """The blob's content; a blob that cannot be read at all is ``PlatformBlob(damaged=reason)``."""
     try:
-        obj = _parse(data)
+        text, _size = next(inflated(data, MAX_PLATFORM_BYTES))  # one member: written as a single base
+        obj = json.loads(text)
     except DamagedState as damage:
         return PlatformBlob(damaged=damage.reason, problem=str(damage))
+    except (ValueError, RecursionError) as exc:
+        return PlatformBlob(damaged="unreadable", problem=f"not gzip'd JSON ({str(exc)[:200]})")
     if not isinstance(obj, dict):
         return PlatformBlob(damaged="wrong_shape",
                             problem="the platform state is not a JSON object")
@@ -139,14 +142,6 @@ def _verdict(row: object) -> Verdict | None:
     if not (reason is None or reason in MISSED_REASONS) or not (lag is None or _count(lag, 1 - 2**53)):
         return None
     return reason, None if lag is None else float(lag)
-
-
-def _parse(data: bytes) -> Any:
-    text, _size = next(inflated(data, MAX_PLATFORM_BYTES))  # one member: written as a single base
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise DamagedState("unreadable", f"not gzip'd JSON ({str(exc)[:200]})") from None
 
 
 def _counted(row: object) -> tuple[str, Counted] | None:

@@ -1,16 +1,9 @@
-"""The platform stream in ``se-exporter fleet``: one ``Platform`` per replica, the reconciliation loop.
-
-The parts, a module each: ``partitions.PlatformReader`` (one per hub read, ``consumer.Service.first_reader``: it
-sees every message of that hub first, and writes each owned partition's picture to its blob beside the VM state),
-``hubs`` (one hub's owned partitions, and the other partitions' pictures and judgements read from their blobs),
-``homes`` (each EventId's home partition and what was counted of it) and this module (merging every picture,
-judging the VMs shown here, counting the EventIds homed here, rendering).
+"""The platform stream in ``se-exporter fleet``: one ``Platform`` per replica, the reconciliation loop (the other
+parts, a module each: the package's docstring).
 
 Reconciliation runs on the loop every ``RECONCILE_EVERY`` seconds (not in a scrape): the records of every held and
-read picture, merged, against the VMs this replica shows; a scrape renders the last result.
-
-The two rules, ``COUNTING`` and ``COVERAGE``, are stated in ``counting``; what they leave with several replicas,
-in docs/fleet.md.
+read picture, merged, against the VMs this replica shows, judged (``counting.COVERAGE``) and counted where homed
+here (``counting.COUNTING``); a scrape renders the last result.
 """
 
 from __future__ import annotations
