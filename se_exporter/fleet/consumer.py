@@ -3,19 +3,12 @@
 One asyncio loop runs the SDK's receive, a checkpoint task, an expiry task and a watchdog; the HTTP server
 (``http_server.serve``) answers scrapes from its own threads, reading the state under ``Fleet``'s lock.
 
-Per partition the SDK calls, in order: ``on_initialize`` (the stored state is loaded before a single
-event is read: until it is, the partition is not read at all; see ``persistence``), ``on_batch`` for events, and
-``on_close`` (on shutdown a last state and checkpoint are written before the SDK releases ownership;
-when ownership is lost, the partition's VMs are dropped at once).
-
-Hand-overs (exact where users query, which counts distinct VMs) and what the SDK does around them: a claimed
-partition is shown from its first batch, hidden when ``on_error`` reports its link stolen (the SDK opens exclusive
-receivers) and dropped by ``on_close`` (docs/operations.md, "The fleet's replicas"; docs/fleet.md). An empty batch
-comes after ``max_wait_time`` whether or not the link is attached, so it says nothing about what waits unread: the
-hub is asked before silence is measured on the clock (``expire_now``; docs/architecture.md, "What it keeps").
-
-What the service knows of a partition is one ``Partition``, made on claim and dropped whole on close; the
-state store is passed in (``statestore.StateStore``), so the service is tested against an in-memory one.
+Per partition the SDK calls, in order: ``on_initialize`` (the stored state is loaded before a single event is read;
+see ``persistence``), ``on_batch`` for events, and ``on_close`` (on shutdown a last state and checkpoint are written
+before the SDK releases ownership). A claimed partition is shown from its first batch, hidden when ``on_error``
+reports its link stolen and dropped by ``on_close`` (hand-overs: docs/operations.md, "The fleet's replicas"). What
+the service knows of a partition is one ``Partition``, made on claim and dropped whole on close; the state store is
+passed in (``statestore.StateStore``), so the service is tested against an in-memory one.
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -272,7 +265,7 @@ class Service:
         self._report.once(f"error:{reason}:{where}", logging.INFO if reason == "ownership_lost" else logging.WARNING,
                           "Event Hubs client error (%s, %s): %s", where, reason, describe(error))
 
-    def on_listed(self, ownership: Iterable[Mapping[str, Any]]) -> None:
+    def on_listed(self) -> None:
         """A load-balancing round read the ownership records: the replica is ready (/readyz)."""
         self.balanced = True
 
@@ -368,11 +361,11 @@ class ObservedCheckpointStore(BlobCheckpointStore):
     """The official Blob checkpoint store; it also tells the service that a load-balancing round read the
     ownership records (/readyz: a round went through), through the store's public interface."""
 
-    on_listed: Callable[[list[dict[str, Any]]], None] = staticmethod(lambda ownership: None)
+    on_listed: Callable[[], None] = staticmethod(lambda: None)
 
     async def list_ownership(self, *args: Any, **kwargs: Any) -> Iterable[dict[str, Any]]:
-        result = list(await super().list_ownership(*args, **kwargs))
-        self.on_listed(result)
+        result = await super().list_ownership(*args, **kwargs)
+        self.on_listed()
         return result
 
 
