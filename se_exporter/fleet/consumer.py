@@ -84,7 +84,9 @@ class Service:
         # ``newest_event``. Unanswered, no VM expires on the clock.
         self.newest: Callable[[str], Awaitable[int | None]] = _unknown
         self.first_reader: FirstReader | None = None  # the platform stream's reader (fleet/platform/service.py)
-        self._outcomes = {reason: metrics.duplicates.labels(reason) for reason in ("resend", "older")}
+        self._outcomes = {  # the rarer outcomes' counters (a VM known by name retired by its sidecar's message)
+            "resend": metrics.duplicates.labels("resend"), "older": metrics.duplicates.labels("older"),
+            "replayed": metrics.replayed, "retired": metrics.applied.labels("retired")}
 
     @property
     def views(self) -> dict[str, PartitionView]:
@@ -150,15 +152,9 @@ class Service:
         changes, heartbeats = outcomes.get("change", 0), outcomes.get("heartbeat", 0)
         self._metrics.batch(received, changes, heartbeats, self._clock() if changes or heartbeats else None)
         for outcome, count in outcomes.items():
-            if outcome in ("change", "heartbeat"):
-                continue
             counter = self._outcomes.get(outcome)
             if counter is not None:
                 counter.inc(count)
-            elif outcome == "replayed":
-                self._metrics.replayed.inc(count)
-            elif outcome == "retired":  # a VM known by name retired by its sidecar's message under that name
-                self._metrics.applied.labels("retired").inc(count)
             elif outcome in BOUND_NAMES:
                 self._report.bound_hit(outcome, count)
             elif outcome == "platform":  # the platform stream's (fleet/platform/service.py)

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from se_exporter.core.model import encodable
 from se_exporter.fleet.message import (
     DEFAULT_BOUNDS,
     MAX_MESSAGE_ID,
@@ -304,13 +305,7 @@ def _place(value: Any) -> str:
 
 def _text(value: Any, limit: int) -> bool:
     """A string a label can carry: bounded, and no unpaired surrogate (JSON can spell one, UTF-8 cannot)."""
-    if not isinstance(value, str) or len(value) > limit:
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return isinstance(value, str) and len(value) <= limit and encodable(value) == value
 
 
 def _imds(entry: Any) -> Imds:
