@@ -175,12 +175,11 @@ def storage_cause(error: BaseException) -> str:
     return describe(error)
 
 
-def make_http_app(registry: CollectorRegistry, fleet: Fleet | list[Fleet], service: Service | list[Service],
+def make_http_app(registry: CollectorRegistry, fleets: list[Fleet], services: list[Service],
                   clock: Callable[[], float] = time.time) -> http_server.Handler:
     """/metrics (``scrape``: the registry and the fleet's per-VM series), /healthz, /readyz and /, GET and HEAD
     only. One fleet and service per hub read."""
-    services = service if isinstance(service, list) else [service]
-    exposition = FleetExposition(fleet)  # each VM's lines kept from one scrape to the next while it is unchanged
+    exposition = FleetExposition(fleets)  # each VM's lines kept from one scrape to the next while it is unchanged
 
     def metrics(request: http_server.HttpRequest) -> http_server.Response:
         names = parse_qs(request.query).get("name[]")  # families selected, as prometheus-client's own app does
