@@ -122,12 +122,9 @@ class FleetMetrics:
                     break
                 received, changes, heartbeats = received + count, changes + changed, heartbeats + beats
                 applied_at = at if at is not None else applied_at
-            if received:
-                self.consumed.inc(received)
-            if changes:
-                self.applied.labels("change").inc(changes)
-            if heartbeats:
-                self.applied.labels("heartbeat").inc(heartbeats)
+            self.consumed.inc(received)
+            self.applied.labels("change").inc(changes)
+            self.applied.labels("heartbeat").inc(heartbeats)
             if applied_at is not None:
                 self.last_applied.set(applied_at)
 

@@ -126,11 +126,8 @@ async def ensure_container(container: ContainerClient, name: str, report: Callab
     """Create the container when it is missing; a container that can be neither found nor made is a
     configuration error. Storage unreachable is not: checked again (1 s, doubling up to 30 s) until it answers,
     the cause logged when it changes and given to ``report`` (None once it answers: /readyz shows it); receiving
-    starts once it is done.
-
-    In the background, after the endpoints listen and the signal handlers are set: an unreachable storage
-    account delays neither liveness nor SIGTERM. One request per check, without the SDK's retries: its last
-    error then names the cause (connection refused, no answer) instead of a timeout around its retries."""
+    starts once it is done. In the background, after the endpoints listen and the signal handlers are set: an
+    unreachable storage account delays neither liveness nor SIGTERM."""
     failures, last = 0, ""
     while True:
         try:

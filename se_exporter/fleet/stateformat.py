@@ -149,9 +149,9 @@ def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_
     if not isinstance(rows, list):
         raise DamagedState("wrong_shape", "'vms' is not a list")
     decoded = Decoded({}, position, blocks=[(_block(obj), size)])
-    for row in rows:
+    for index, row in enumerate(rows):
         if len(decoded.vms) >= bounds.vms_per_partition:
-            decoded.dropped["vms_per_partition"] += len(rows) - len(decoded.vms)
+            decoded.dropped["vms_per_partition"] += len(rows) - index  # the rows not read
             break
         vm = _vm(row, now, bounds)
         if vm is None or vm.key in decoded.vms:
