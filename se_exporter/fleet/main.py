@@ -214,28 +214,21 @@ async def _shut_down(readings: list[HubReading], helpers: list[asyncio.Task[Any]
     await asyncio.gather(*waiting, return_exceptions=True)
 
 
-def _readings(settings: FleetSettings, metrics: FleetMetrics, platform: Platform, container: ContainerClient,
-              credential: Callable[[str | None], Any]) -> list[HubReading]:
-    """Per hub read: its fleet of VMs, its service with the platform's reader first, its checkpoint store's
-    callbacks, its consumer client (nothing contacted yet); all in one container (each hub's blobs under its own
-    name, as the checkpoint store's are)."""
-    readings = []
-    for hub in settings.hubs:
-        store = on_container(ObservedCheckpointStore, settings, credential)
-        fleet = Fleet()
-        service = Service(settings, fleet, metrics, StateBlobs(container))
-        reader = platform.reader(hub.role, fleet, StateBlobs(container), _partitions_of(service), StateBlobs(container),
-                                 partition_vms(service, fleet))
-        service.first_reader, service.keeper.beside = reader, reader
-        store.on_listed = service.on_listed
-        client = consumer_client(settings, store, credential, hub)
-        service.newest = newest_event(client)
-        readings.append(HubReading(hub, fleet, service, store, client))
-    return readings
-
-
-def _partitions_of(service: Service) -> Callable[[], int | None]:
-    return lambda: service.hub_partitions
+def _reading(settings: FleetSettings, hub: Hub, metrics: FleetMetrics, platform: Platform,
+             container: ContainerClient, credential: Callable[[str | None], Any]) -> HubReading:
+    """One hub read: its fleet of VMs, its service with the platform's reader first, its checkpoint store's
+    callbacks, its consumer client (nothing contacted yet); every hub's in one container (each hub's blobs under its
+    own name, as the checkpoint store's are)."""
+    store = on_container(ObservedCheckpointStore, settings, credential)
+    fleet = Fleet()
+    service = Service(settings, fleet, metrics, StateBlobs(container))
+    reader = platform.reader(hub.role, fleet, StateBlobs(container), lambda: service.hub_partitions,
+                             StateBlobs(container), partition_vms(service, fleet))
+    service.first_reader, service.keeper.beside = reader, reader
+    store.on_listed = service.on_listed
+    client = consumer_client(settings, store, credential, hub)
+    service.newest = newest_event(client)
+    return HubReading(hub, fleet, service, store, client)
 
 
 def partition_vms(service: Service, fleet: Fleet) -> Callable[[], dict[str, list[VmState]]]:
@@ -374,7 +367,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         HOST_OS.on_stop_async(loop, stop.set)  # SIGTERM/SIGINT/SIGHUP, or Windows' console control events
         container = on_container(ContainerClient, settings, shared)
         cleanup.push_async_callback(container.close)
-        readings = _readings(settings, metrics, platform, container, shared)
+        readings = [_reading(settings, hub, metrics, platform, container, shared) for hub in settings.hubs]
         for reading in readings:
             cleanup.push_async_callback(reading.store.close)  # the consumer client does not close it
         fleets, services = [reading.fleet for reading in readings], [reading.service for reading in readings]
