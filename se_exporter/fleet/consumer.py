@@ -304,9 +304,8 @@ class Service:
 
     async def expire_now(self) -> list[VmState]:
         """Forget the VMs silent for --vm-expiry: on each partition's own timeline (the enqueue time of the last event
-        read), and on the clock only up to a moment when the hub said nothing waited unread in the partition, so no
-        backlog, reconnect or outage of this replica's connection expires a VM whose heartbeats wait unread
-        (docs/architecture.md). The hub is asked only for partitions holding a VM that the clock would expire."""
+        read), on the clock only up to a moment when the hub said nothing waited unread in the partition (why:
+        docs/architecture.md, "What it keeps"). The hub is asked only for partitions holding a VM the clock expires."""
         now, expiry = self._clock(), self._settings.vm_expiry
         cutoffs: dict[str, float] = {}
         asking: list[Partition] = []
