@@ -184,8 +184,7 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
                  sys.intern(subscription_id), sys.intern(resource_group))
     listed: tuple[str, ...] = ()
     if not properties.keys() <= _KNOWN_KEYS:  # compared in C, no set made: a current sidecar sends no other
-        unknown = properties.keys() - _KNOWN_KEYS
-        listed = tuple(sorted(_bounded_name(name) for name in unknown))[:MAX_UNKNOWN_LISTED]
+        listed = tuple(sorted(_bounded_name(name) for name in properties.keys() - _KNOWN_KEYS))[:MAX_UNKNOWN_LISTED]
     return Message(vm, message_text, heartbeat, listed, warnings, hit, retires_name)
 
 
