@@ -92,17 +92,12 @@ class StateBlobs(StateStore):
             self._etags[partition_id] = None
             return None
         self._etags[partition_id] = properties.etag
-        return _position(properties.metadata)
+        try:
+            return int((properties.metadata or {}).get(POSITION_KEY, "-1"))
+        except ValueError:  # a position not a number: behind any, as none
+            return -1
 
     def forget(self, partition_id: str) -> None:
         super().forget(partition_id)
         self._etags.pop(partition_id, None)
         self._clients.pop(partition_id, None)
-
-
-def _position(metadata: dict[str, str] | None) -> int:
-    """The position a state blob's metadata names; -1 (behind any) when it names none."""
-    try:
-        return int((metadata or {}).get(POSITION_KEY, "-1"))
-    except ValueError:
-        return -1

@@ -95,24 +95,15 @@ class FleetMetrics:
                                   "When this replica last applied a document, as unix time (0: not yet).",
                                   registry=None)
         registry.register(_Flushed(self, (self.consumed, self.applied, self.last_applied)))
-        for kind in ("change", "heartbeat", "retired"):
-            self.applied.labels(kind)
-        for reason in ("resend", "older"):
-            self.duplicates.labels(reason)
-        for reason in (*INVALID_REASONS, "internal_error"):
-            self.invalid.labels(reason)
-        for reason in DAMAGE_REASONS:
-            self.state_damaged.labels(reason)
-        for bound in BOUND_NAMES:
-            self.bound_hits.labels(bound)
-        for outcome in ("ok", "error", "superseded"):
-            self.checkpoints.labels(outcome)
-        for kind in ("base", "delta"):
-            self.state_bytes.labels(kind)
-        for reason in ERROR_REASONS:
-            self.errors.labels(reason)
-        for sign in LOSS_SIGNS:
-            self.loss_signs.labels(sign)
+        for counter, values in ((self.applied, ("change", "heartbeat", "retired")),
+                                (self.duplicates, ("resend", "older")),
+                                (self.invalid, (*INVALID_REASONS, "internal_error")),
+                                (self.state_damaged, DAMAGE_REASONS), (self.bound_hits, BOUND_NAMES),
+                                (self.checkpoints, ("ok", "error", "superseded")),
+                                (self.state_bytes, ("base", "delta")), (self.errors, ERROR_REASONS),
+                                (self.loss_signs, LOSS_SIGNS)):
+            for value in values:
+                counter.labels(value)  # every series from the start, at 0
         self._platform(registry)
 
     def batch(self, received: int, changes: int, heartbeats: int, applied_at: float | None) -> None:
@@ -131,12 +122,9 @@ class FleetMetrics:
                     break
                 received, changes, heartbeats = received + count, changes + changed, heartbeats + beats
                 applied_at = at if at is not None else applied_at
-            if received:
-                self.consumed.inc(received)
-            if changes:
-                self.applied.labels("change").inc(changes)
-            if heartbeats:
-                self.applied.labels("heartbeat").inc(heartbeats)
+            self.consumed.inc(received)
+            self.applied.labels("change").inc(changes)
+            self.applied.labels("heartbeat").inc(heartbeats)
             if applied_at is not None:
                 self.last_applied.set(applied_at)
 

@@ -3,19 +3,12 @@
 One asyncio loop runs the SDK's receive, a checkpoint task, an expiry task and a watchdog; the HTTP server
 (``http_server.serve``) answers scrapes from its own threads, reading the state under ``Fleet``'s lock.
 
-Per partition the SDK calls, in order: ``on_initialize`` (the stored state is loaded before a single
-event is read: until it is, the partition is not read at all; see ``persistence``), ``on_batch`` for events, and
-``on_close`` (on shutdown a last state and checkpoint are written before the SDK releases ownership;
-when ownership is lost, the partition's VMs are dropped at once).
-
-Hand-overs (exact where users query, which counts distinct VMs) and what the SDK does around them: a claimed
-partition is shown from its first batch, hidden when ``on_error`` reports its link stolen (the SDK opens exclusive
-receivers) and dropped by ``on_close`` (docs/operations.md, "The fleet's replicas"; docs/fleet.md). An empty batch
-comes after ``max_wait_time`` whether or not the link is attached, so it says nothing about what waits unread: the
-hub is asked before silence is measured on the clock (``expire_now``; docs/architecture.md, "What it keeps").
-
-What the service knows of a partition is one ``Partition``, made on claim and dropped whole on close; the
-state store is passed in (``statestore.StateStore``), so the service is tested against an in-memory one.
+Per partition the SDK calls, in order: ``on_initialize`` (the stored state is loaded before a single event is read;
+see ``persistence``), ``on_batch`` for events, and ``on_close`` (on shutdown a last state and checkpoint are written
+before the SDK releases ownership). A claimed partition is shown from its first batch, hidden when ``on_error``
+reports its link stolen and dropped by ``on_close`` (hand-overs: docs/operations.md, "The fleet's replicas"). What
+the service knows of a partition is one ``Partition``, made on claim and dropped whole on close; the state store is
+passed in (``statestore.StateStore``), so the service is tested against an in-memory one.
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -91,7 +84,9 @@ class Service:
         # ``newest_event``. Unanswered, no VM expires on the clock.
         self.newest: Callable[[str], Awaitable[int | None]] = _unknown
         self.first_reader: FirstReader | None = None  # the platform stream's reader (fleet/platform/service.py)
-        self._outcomes = {reason: metrics.duplicates.labels(reason) for reason in ("resend", "older")}
+        self._outcomes = {  # the rarer outcomes' counters (a VM known by name retired by its sidecar's message)
+            "resend": metrics.duplicates.labels("resend"), "older": metrics.duplicates.labels("older"),
+            "replayed": metrics.replayed, "retired": metrics.applied.labels("retired")}
 
     @property
     def views(self) -> dict[str, PartitionView]:
@@ -157,15 +152,9 @@ class Service:
         changes, heartbeats = outcomes.get("change", 0), outcomes.get("heartbeat", 0)
         self._metrics.batch(received, changes, heartbeats, self._clock() if changes or heartbeats else None)
         for outcome, count in outcomes.items():
-            if outcome in ("change", "heartbeat"):
-                continue
             counter = self._outcomes.get(outcome)
             if counter is not None:
                 counter.inc(count)
-            elif outcome == "replayed":
-                self._metrics.replayed.inc(count)
-            elif outcome == "retired":  # a VM known by name retired by its sidecar's message under that name
-                self._metrics.applied.labels("retired").inc(count)
             elif outcome in BOUND_NAMES:
                 self._report.bound_hit(outcome, count)
             elif outcome == "platform":  # the platform stream's (fleet/platform/service.py)
@@ -272,7 +261,7 @@ class Service:
         self._report.once(f"error:{reason}:{where}", logging.INFO if reason == "ownership_lost" else logging.WARNING,
                           "Event Hubs client error (%s, %s): %s", where, reason, describe(error))
 
-    def on_listed(self, ownership: Iterable[Mapping[str, Any]]) -> None:
+    def on_listed(self) -> None:
         """A load-balancing round read the ownership records: the replica is ready (/readyz)."""
         self.balanced = True
 
@@ -315,9 +304,8 @@ class Service:
 
     async def expire_now(self) -> list[VmState]:
         """Forget the VMs silent for --vm-expiry: on each partition's own timeline (the enqueue time of the last event
-        read), and on the clock only up to a moment when the hub said nothing waited unread in the partition, so no
-        backlog, reconnect or outage of this replica's connection expires a VM whose heartbeats wait unread
-        (docs/architecture.md). The hub is asked only for partitions holding a VM that the clock would expire."""
+        read), on the clock only up to a moment when the hub said nothing waited unread in the partition (why:
+        docs/architecture.md, "What it keeps"). The hub is asked only for partitions holding a VM the clock expires."""
         now, expiry = self._clock(), self._settings.vm_expiry
         cutoffs: dict[str, float] = {}
         asking: list[Partition] = []
@@ -368,11 +356,11 @@ class ObservedCheckpointStore(BlobCheckpointStore):
     """The official Blob checkpoint store; it also tells the service that a load-balancing round read the
     ownership records (/readyz: a round went through), through the store's public interface."""
 
-    on_listed: Callable[[list[dict[str, Any]]], None] = staticmethod(lambda ownership: None)
+    on_listed: Callable[[], None] = staticmethod(lambda: None)
 
     async def list_ownership(self, *args: Any, **kwargs: Any) -> Iterable[dict[str, Any]]:
-        result = list(await super().list_ownership(*args, **kwargs))
-        self.on_listed(result)
+        result = await super().list_ownership(*args, **kwargs)
+        self.on_listed()
         return result
 
 

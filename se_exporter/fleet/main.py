@@ -11,7 +11,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import parse_qs
 
 import aiohttp
@@ -53,6 +53,7 @@ from se_exporter.infra.options import starting_position
 log = logging.getLogger("se_exporter.fleet")
 CLOSE_TIMEOUT = 8.0  # SIGTERM to exit within 10 s, whatever the peers do
 STORAGE_CONNECTION_TIMEOUT, STORAGE_READ_TIMEOUT = 20.0, 60.0  # azure-storage-blob's defaults (see trusting)
+C = TypeVar("C", bound=ContainerClient | ObservedCheckpointStore)
 
 
 def run_fleet(settings: FleetSettings) -> int:
@@ -61,25 +62,14 @@ def run_fleet(settings: FleetSettings) -> int:
     return asyncio.run(_main(settings))
 
 
-def container_client(settings: FleetSettings, credential: Callable[[str | None], Any]) -> ContainerClient:
-    """The container of the state blobs (the checkpoint stores' too)."""
-    name, ca_file, url = settings.checkpoint_container, settings.checkpoint_ca_file, _account_url(settings)
-    if settings.checkpoint_connection_string:
-        return ContainerClient.from_connection_string(settings.checkpoint_connection_string, name,
-                                                      **trusting(ca_file, url))
-    return ContainerClient(url, name, credential=credential(settings.storage_client_id), **trusting(ca_file, url))
-
-
-def checkpoint_store(settings: FleetSettings, credential: Callable[[str | None], Any]) -> ObservedCheckpointStore:
-    """A checkpoint store on the container (one per hub read: each tells its own service what its load-balancing
-    rounds read and won)."""
-    name, ca_file, url = settings.checkpoint_container, settings.checkpoint_ca_file, _account_url(settings)
-    if settings.checkpoint_connection_string:
-        return cast(ObservedCheckpointStore,  # the classmethod builds cls(...): our subclass
-                    ObservedCheckpointStore.from_connection_string(settings.checkpoint_connection_string, name,
-                                                                   **trusting(ca_file, url)))
-    return ObservedCheckpointStore(url, name, credential=credential(settings.storage_client_id),
-                                   **trusting(ca_file, url))
+def on_container(kind: type[C], settings: FleetSettings, credential: Callable[[str | None], Any]) -> C:
+    """A client of the container of the state blobs (the checkpoint stores' too), or a checkpoint store on it (one
+    per hub read: each tells its own service what its load-balancing rounds read)."""
+    name, url = settings.checkpoint_container, _account_url(settings)
+    transport = trusting(settings.checkpoint_ca_file, url)
+    if settings.checkpoint_connection_string:  # the classmethod builds cls(...): ``kind`` itself
+        return cast(C, kind.from_connection_string(settings.checkpoint_connection_string, name, **transport))
+    return kind(url, name, credential=credential(settings.storage_client_id), **transport)
 
 
 def _account_url(settings: FleetSettings) -> str:
@@ -92,29 +82,23 @@ def _account_url(settings: FleetSettings) -> str:
 
 
 def trusting(ca_file: str | None, url: str | None = None) -> dict[str, Any]:
-    """A storage client's transport trusting the CAs of ``ca_file`` (the system's when None), its proxy read from
-    the environment once, for the account's ``url``: one TLS connection in use and no thread hand-overs a request
+    """A storage client's transport trusting the CAs of ``ca_file`` (the system's when None), its proxy (and the
+    proxy's credentials from ~/.netrc) read from the environment once for the account's ``url``, as aiohttp's
+    ``trust_env`` would find it at each request: one TLS connection in use and no thread hands a request over
     (docs/performance.md, "The storage clients' transport"). The session is made as azure-core makes its own (no
     cookies, no automatic decompression) and is closed with the client."""
     connector = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=ca_file)) if ca_file \
         else aiohttp.TCPConnector()
-    proxy, proxy_auth = env_proxy(url)
+    proxy: URL | None = None
+    proxy_auth: aiohttp.BasicAuth | None = None
+    if url is not None:
+        with contextlib.suppress(LookupError):  # no proxy for this URL
+            proxy, proxy_auth = get_env_proxy_for_url(URL(url))
     session = aiohttp.ClientSession(connector=connector, trust_env=False, cookie_jar=aiohttp.DummyCookieJar(),
                                     auto_decompress=False, proxy=proxy, proxy_auth=proxy_auth)
     return {"transport": AioHttpTransport(session=session, session_owner=True,
                                           connection_timeout=STORAGE_CONNECTION_TIMEOUT,
                                           read_timeout=STORAGE_READ_TIMEOUT)}
-
-
-def env_proxy(url: str | None) -> tuple[URL | None, aiohttp.BasicAuth | None]:
-    """The proxy the environment names for ``url`` (and its credentials from ~/.netrc), as aiohttp's
-    ``trust_env`` would find it for each request; (None, None) when none applies."""
-    if url is None:
-        return None, None
-    try:
-        return get_env_proxy_for_url(URL(url))
-    except LookupError:
-        return None, None
 
 
 def consumer_client(settings: FleetSettings, store: ObservedCheckpointStore,
@@ -142,11 +126,8 @@ async def ensure_container(container: ContainerClient, name: str, report: Callab
     """Create the container when it is missing; a container that can be neither found nor made is a
     configuration error. Storage unreachable is not: checked again (1 s, doubling up to 30 s) until it answers,
     the cause logged when it changes and given to ``report`` (None once it answers: /readyz shows it); receiving
-    starts once it is done.
-
-    In the background, after the endpoints listen and the signal handlers are set: an unreachable storage
-    account delays neither liveness nor SIGTERM. One request per check, without the SDK's retries: its last
-    error then names the cause (connection refused, no answer) instead of a timeout around its retries."""
+    starts once it is done. In the background, after the endpoints listen and the signal handlers are set: an
+    unreachable storage account delays neither liveness nor SIGTERM."""
     failures, last = 0, ""
     while True:
         try:
@@ -191,12 +172,11 @@ def storage_cause(error: BaseException) -> str:
     return describe(error)
 
 
-def make_http_app(registry: CollectorRegistry, fleet: Fleet | list[Fleet], service: Service | list[Service],
+def make_http_app(registry: CollectorRegistry, fleets: list[Fleet], services: list[Service],
                   clock: Callable[[], float] = time.time) -> http_server.Handler:
     """/metrics (``scrape``: the registry and the fleet's per-VM series), /healthz, /readyz and /, GET and HEAD
     only. One fleet and service per hub read."""
-    services = service if isinstance(service, list) else [service]
-    exposition = FleetExposition(fleet)  # each VM's lines kept from one scrape to the next while it is unchanged
+    exposition = FleetExposition(fleets)  # each VM's lines kept from one scrape to the next while it is unchanged
 
     def metrics(request: http_server.HttpRequest) -> http_server.Response:
         names = parse_qs(request.query).get("name[]")  # families selected, as prometheus-client's own app does
@@ -226,8 +206,7 @@ async def _shut_down(readings: list[HubReading], helpers: list[asyncio.Task[Any]
         helper.cancel()
     await asyncio.gather(*helpers, return_exceptions=True)
     try:
-        await asyncio.wait_for(asyncio.gather(*(reading.client.close() for reading in readings
-                                                if reading.client is not None)), CLOSE_TIMEOUT)
+        await asyncio.wait_for(asyncio.gather(*(reading.client.close() for reading in readings)), CLOSE_TIMEOUT)
     except asyncio.TimeoutError:
         log.warning("the Event Hubs client did not close within %gs; exiting anyway", CLOSE_TIMEOUT)
     for each in waiting:
@@ -235,24 +214,21 @@ async def _shut_down(readings: list[HubReading], helpers: list[asyncio.Task[Any]
     await asyncio.gather(*waiting, return_exceptions=True)
 
 
-def _readings(settings: FleetSettings, metrics: FleetMetrics, platform: Platform, container: ContainerClient,
-              stores: list[ObservedCheckpointStore]) -> list[HubReading]:
-    """Per hub read: its fleet of VMs, its service with the platform's reader first, its checkpoint store's
-    callbacks; all in one container (each hub's blobs under its own name, as the checkpoint store's are)."""
-    readings = []
-    for hub, store in zip(settings.hubs, stores, strict=True):
-        fleet = Fleet()
-        service = Service(settings, fleet, metrics, StateBlobs(container))
-        reader = platform.reader(hub.role, fleet, StateBlobs(container), _partitions_of(service), StateBlobs(container),
-                                 partition_vms(service, fleet))
-        service.first_reader, service.keeper.beside = reader, reader
-        store.on_listed = service.on_listed
-        readings.append(HubReading(hub, fleet, service, store))
-    return readings
-
-
-def _partitions_of(service: Service) -> Callable[[], int | None]:
-    return lambda: service.hub_partitions
+def _reading(settings: FleetSettings, hub: Hub, metrics: FleetMetrics, platform: Platform,
+             container: ContainerClient, credential: Callable[[str | None], Any]) -> HubReading:
+    """One hub read: its fleet of VMs, its service with the platform's reader first, its checkpoint store's
+    callbacks, its consumer client (nothing contacted yet); every hub's in one container (each hub's blobs under its
+    own name, as the checkpoint store's are)."""
+    store = on_container(ObservedCheckpointStore, settings, credential)
+    fleet = Fleet()
+    service = Service(settings, fleet, metrics, StateBlobs(container))
+    reader = platform.reader(hub.role, fleet, StateBlobs(container), lambda: service.hub_partitions,
+                             StateBlobs(container), partition_vms(service, fleet))
+    service.first_reader, service.keeper.beside = reader, reader
+    store.on_listed = service.on_listed
+    client = consumer_client(settings, store, credential, hub)
+    service.newest = newest_event(client)
+    return HubReading(hub, fleet, service, store, client)
 
 
 def partition_vms(service: Service, fleet: Fleet) -> Callable[[], dict[str, list[VmState]]]:
@@ -316,7 +292,7 @@ class HubReading:
     fleet: Fleet
     service: Service
     store: ObservedCheckpointStore
-    client: EventHubConsumerClient | None = None
+    client: EventHubConsumerClient
 
 
 async def _receive(settings: FleetSettings, client: EventHubConsumerClient, service: Service,
@@ -347,10 +323,9 @@ def _start_helpers(settings: FleetSettings, readings: list[HubReading], platform
                    stop: asyncio.Event) -> list[asyncio.Task[Any]]:
     """The periodic work beside receiving: each hub's checkpoints, expiry, watchdog and partition count, and the
     platform's reconciliation and reading of its peers' blobs."""
-    helpers = [asyncio.create_task(work(stop)) for reading in readings
-               for work in (reading.service.checkpoints, reading.service.expiry, reading.service.watchdog)]
-    helpers.extend(asyncio.create_task(_count_partitions(reading.client, reading.service, stop))
-                   for reading in readings if reading.client is not None)
+    helpers = [asyncio.create_task(work) for reading in readings for work in (
+        reading.service.checkpoints(stop), reading.service.expiry(stop), reading.service.watchdog(stop),
+        _count_partitions(reading.client, reading.service, stop))]
     helpers.append(asyncio.create_task(platform.run(stop, min(RECONCILE_EVERY, settings.checkpoint_interval))))
     helpers.append(asyncio.create_task(platform.peers(stop, settings.checkpoint_interval)))
     return helpers
@@ -390,10 +365,9 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         HOST_OS.on_stop_async(loop, stop.set)  # SIGTERM/SIGINT/SIGHUP, or Windows' console control events
-        container = container_client(settings, shared)
+        container = on_container(ContainerClient, settings, shared)
         cleanup.push_async_callback(container.close)
-        readings = _readings(settings, metrics, platform, container,
-                             [checkpoint_store(settings, shared) for _hub in settings.hubs])
+        readings = [_reading(settings, hub, metrics, platform, container, shared) for hub in settings.hubs]
         for reading in readings:
             cleanup.push_async_callback(reading.store.close)  # the consumer client does not close it
         fleets, services = [reading.fleet for reading in readings], [reading.service for reading in readings]
@@ -402,9 +376,6 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         # port fails at once, /healthz answers and SIGTERM works while they are unreachable.
         server = _listen(settings, make_http_app(registry, fleets, services), registry)
         cleanup.callback(server.server_close)
-        for reading in readings:
-            reading.client = consumer_client(settings, reading.store, shared, reading.hub)
-            reading.service.newest = newest_event(reading.client)
         registry.register(PartitionCollector(lambda: _views(readings), lambda: _hub_partitions(services)))
         helpers = _start_helpers(settings, readings, platform, stop)
 
@@ -416,7 +387,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
         cleanup.callback(generations.freeze_from_now().remove)  # and each full collection's survivors after them
         checking = asyncio.create_task(ensure_container(container, settings.checkpoint_container, storage_problem))
         receiving = asyncio.gather(*(_receive(settings, reading.client, reading.service, checking)
-                                     for reading in readings if reading.client is not None))
+                                     for reading in readings))
         stopping = asyncio.create_task(stop.wait())
         unusable = await _until_stopped(receiving, stopping, checking)
         if unusable is not None:

@@ -144,18 +144,12 @@ def _key(vm_id: str, vm_name: str, partition_key: Any, retires_name: bool) -> st
 
 
 def _imds(properties: Mapping[Any, Any]) -> Imds:
-    """What the sidecar says of its IMDS reads, checked (times from 2000 to 2199)."""
+    """What the sidecar says of its IMDS reads, checked."""
     last_success, failing = _time(properties, "imds_last_success"), _flag(properties, "imds_failing")
-    if last_success is not None and not MIN_TIME <= last_success < MAX_TIME:
-        raise InvalidMessage("bad_property", f"property 'imds_last_success' is {last_success:.0f}, not a time "
-                             "from 2000 to 2199")
     if last_success is None and failing is None:
         return NO_IMDS  # an older sidecar: unknown, and shared by most of a fleet until sidecars are upgraded
     # observed_at is used only beside imds_last_success (see picture.imds_unreachable)
     observed = _time(properties, "observed_at") if last_success is not None else None
-    if observed is not None and not MIN_TIME <= observed < MAX_TIME:  # else a VM unreachable for ever, or never
-        raise InvalidMessage("bad_property", f"property 'observed_at' is {observed:.0f}, not a time from 2000 to "
-                             "2199")
     return Imds(observed, last_success, failing)
 
 
@@ -190,8 +184,7 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
                  sys.intern(subscription_id), sys.intern(resource_group))
     listed: tuple[str, ...] = ()
     if not properties.keys() <= _KNOWN_KEYS:  # compared in C, no set made: a current sidecar sends no other
-        unknown = properties.keys() - _KNOWN_KEYS
-        listed = tuple(sorted(_bounded_name(name) for name in unknown))[:MAX_UNKNOWN_LISTED]
+        listed = tuple(sorted(_bounded_name(name) for name in properties.keys() - _KNOWN_KEYS))[:MAX_UNKNOWN_LISTED]
     return Message(vm, message_text, heartbeat, listed, warnings, hit, retires_name)
 
 
@@ -390,7 +383,7 @@ def printable(text: str) -> str:
 
 
 def _time(properties: Mapping[Any, Any], name: str) -> float | None:
-    """An RFC 3339 time (``observed_at``, ``imds_last_success``) as unix time; absent is None."""
+    """An RFC 3339 time from 2000 to 2199 (``observed_at``, ``imds_last_success``) as unix time; absent is None."""
     value = _property(properties, name)
     if value is None or value in ("", b""):  # empty: not known (a VM that has not read IMDS yet)
         return None
@@ -399,6 +392,8 @@ def _time(properties: Mapping[Any, Any], name: str) -> float | None:
     unix = _unix(value) if isinstance(value, (str, bytes)) and len(value) <= MAX_TIME_TEXT else None
     if unix is None:
         raise InvalidMessage("bad_property", f"property {name!r} is not an RFC 3339 time ({_describe(value)})")
+    if not MIN_TIME <= unix < MAX_TIME:  # else a VM unreachable for ever, or never
+        raise InvalidMessage("bad_property", f"property {name!r} is {unix:.0f}, not a time from 2000 to 2199")
     return unix
 
 

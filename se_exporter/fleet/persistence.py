@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Protocol, TypeVar
 
 from se_exporter.core.retry import backoff
@@ -127,15 +128,15 @@ class PartitionPersistence:
             beside = self.beside
             write_beside = beside.prepare(partition_id, position) if beside is not None else None
             try:
+                newer = None  # what another owner stored already, past ours
                 if write_beside is not None and not await write_beside():
+                    newer = "platform picture"
+                elif not await self._write(partition_id, snapshot):
+                    newer = "state"
+                if newer is not None:
                     metrics.checkpoints.labels("superseded").inc()
-                    log.info("partition %s: a newer platform picture is stored already (another owner); not "
-                             "checkpointing", partition_id)
-                    return
-                if not await self._write(partition_id, snapshot):
-                    metrics.checkpoints.labels("superseded").inc()
-                    log.info("partition %s: a newer state is stored already (another owner); not checkpointing",
-                             partition_id)
+                    log.info("partition %s: a newer %s is stored already (another owner); not checkpointing",
+                             partition_id, newer)
                     return
                 sequence = event.sequence_number if event is not None else None
                 if event is not None and sequence is not None and sequence > partition.checkpointed:
@@ -156,11 +157,6 @@ class PartitionPersistence:
         """The state at the snapshot's position: a delta of what changed since the last write when the store can
         append one (``StateStore.save_blocks``), else a base."""
         position = snapshot.position
-
-        def base(block: str) -> bytes:
-            return encode_base(partition_id, position, snapshot.vms, block)
-
-        def delta(block: str) -> bytes:
-            return encode_delta(position, block, snapshot.changed, snapshot.touched, snapshot.gone)
-
+        base = partial(encode_base, partition_id, position, snapshot.vms)  # each takes the new block's id
+        delta = partial(encode_delta, position, changed=snapshot.changed, touched=snapshot.touched, gone=snapshot.gone)
         return await self.store.save_blocks(partition_id, position, base, None if snapshot.rebase else delta)

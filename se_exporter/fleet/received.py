@@ -35,8 +35,7 @@ class Delivery(NamedTuple):
 
 def delivery(event: Any) -> Delivery:
     """What ``EventData``'s properties say (``sequence_number``, ``enqueued_time``, ``body_type``, ``body``,
-    ``properties``, ``message_id``, ``partition_key``), read from the raw message at once: each of those properties
-    goes through the raw message on every access, a handful of calls per event at one heartbeat a batch."""
+    ``properties``, ``message_id``, ``partition_key``), read from the raw message at once."""
     raw = event.raw_amqp_message
     annotations = raw.annotations or {}
     properties = raw.properties

@@ -273,22 +273,12 @@ class _EventLines:
     @classmethod
     def of(cls, extra: list[VmLines]) -> _EventLines:
         pending: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
-        info: list[str] = []
-        until: list[tuple[str, float]] = []
-        duration: list[str] = []
-        unreachable: list[str] = []
-        kinds: list[tuple[str, str]] = []
-        events: list[tuple[str, str]] = []
-        for lines in extra:
-            if lines.unreachable is not None:
-                unreachable.append(lines.unreachable)
-            info.extend(lines.info)
-            until.extend(lines.until)
-            duration.extend(lines.duration)
-            kinds.extend(lines.kinds)
-            events.extend(lines.blast)
-        pending.update(kinds)
-        blast = Tally(events)
+        pending.update(kind for lines in extra for kind in lines.kinds)
+        blast = Tally(event for lines in extra for event in lines.blast)
+        info = [line for lines in extra for line in lines.info]
+        until = [countdown for lines in extra for countdown in lines.until]
+        duration = [line for lines in extra for line in lines.duration]
+        unreachable = [lines.unreachable for lines in extra if lines.unreachable is not None]
         return cls({
             "pending_vms": _gauge("pending_vms", [
                 f'{FLEET}_pending_vms{{event_type="{escape(t)}",event_status="{escape(s)}"}} {float(n)!r}'

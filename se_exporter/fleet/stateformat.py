@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from se_exporter.core.model import encodable
 from se_exporter.fleet.message import (
     DEFAULT_BOUNDS,
     MAX_MESSAGE_ID,
@@ -148,9 +149,9 @@ def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_
     if not isinstance(rows, list):
         raise DamagedState("wrong_shape", "'vms' is not a list")
     decoded = Decoded({}, position, blocks=[(_block(obj), size)])
-    for row in rows:
+    for index, row in enumerate(rows):
         if len(decoded.vms) >= bounds.vms_per_partition:
-            decoded.dropped["vms_per_partition"] += len(rows) - len(decoded.vms)
+            decoded.dropped["vms_per_partition"] += len(rows) - index  # the rows not read
             break
         vm = _vm(row, now, bounds)
         if vm is None or vm.key in decoded.vms:
@@ -304,13 +305,7 @@ def _place(value: Any) -> str:
 
 def _text(value: Any, limit: int) -> bool:
     """A string a label can carry: bounded, and no unpaired surrogate (JSON can spell one, UTF-8 cannot)."""
-    if not isinstance(value, str) or len(value) > limit:
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return isinstance(value, str) and len(value) <= limit and encodable(value) == value
 
 
 def _imds(entry: Any) -> Imds:

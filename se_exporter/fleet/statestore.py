@@ -20,10 +20,7 @@ from se_exporter.fleet.message import DEFAULT_BOUNDS, Bounds
 from se_exporter.fleet.stateformat import DamagedState, NewerState, decode
 from se_exporter.fleet.vms import PartitionState
 
-# Deltas past this share of the base's bytes: the next write is a base. A base costs encoding every VM of the
-# partition; at 0.5 the bases of a heartbeat fleet cost twice its deltas' bytes, at 1.0 once, for a restore that
-# reads at most twice the base's bytes (most of a delta is heartbeats' short rows, a fraction of a VM's to read).
-COMPACT_FRACTION = 1.0
+COMPACT_FRACTION = 1.0  # deltas past this share of the base's bytes: the next write is a base (docs/fleet.md)
 MAX_BLOCKS = 64  # a base and 63 deltas at most: bounds the restore and the block list every commit sends
 BLOCK_ID_LENGTH = 12  # hex characters; one length for every block of a blob, as Blob Storage requires
 Commit = Literal["ok", "conflict", "invalid"]  # written; the ETag moved; the block list names blocks not there

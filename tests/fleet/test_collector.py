@@ -245,7 +245,7 @@ def test_every_family_of_the_fleets_metrics_is_selected_by_its_name() -> None:
     platform.view = LastReconciliation(sizes={"events": 3})  # a platform gauge with a series
     registry.register(PlatformCollector(lambda: platform.view))
     service = SimpleNamespace(healthy=True, ready=True, storage_problem=None)
-    running = serve(Listen("127.0.0.1", 0), make_http_app(registry, fleet, service,  # type: ignore[arg-type]
+    running = serve(Listen("127.0.0.1", 0), make_http_app(registry, [fleet], [service],  # type: ignore[list-item]
                                                           clock=lambda: NOW))
     url = f"http://127.0.0.1:{running.server_port}/metrics"
     try:

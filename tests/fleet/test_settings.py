@@ -162,13 +162,16 @@ def test_a_wrong_platform_hub_setting_stops_start_up_with_one_line(argv: list[st
 def test_use_development_storage_builds_the_checkpoint_store_for_azurites_default_address() -> None:
     """``UseDevelopmentStorage=true``, which the settings accept, builds both storage clients (no traceback at
     start-up) on Azurite's blob service at 127.0.0.1:10000 and its development account."""
-    from se_exporter.fleet.main import checkpoint_store, container_client  # noqa: PLC0415 - the program's wiring
+    from azure.storage.blob.aio import ContainerClient  # noqa: PLC0415 - the program's wiring
+
+    from se_exporter.fleet.consumer import ObservedCheckpointStore  # noqa: PLC0415 - the program's wiring
+    from se_exporter.fleet.main import on_container  # noqa: PLC0415 - the program's wiring
 
     s = settings(["--checkpoint-connection-string", "UseDevelopmentStorage=true"])
 
     async def build() -> None:  # in a running loop, as the program builds them: their sessions need one
-        container = container_client(s, lambda _client_id: None)
-        store = checkpoint_store(s, lambda _client_id: None)
+        container = on_container(ContainerClient, s, lambda _client_id: None)
+        store = on_container(ObservedCheckpointStore, s, lambda _client_id: None)
         try:
             assert container.url.startswith("http://127.0.0.1:10000/devstoreaccount1/")
             assert container.account_name == "devstoreaccount1"

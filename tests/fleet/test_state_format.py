@@ -84,6 +84,15 @@ def test_a_bad_vm_or_heartbeat_in_a_delta_is_a_row_left_out_and_counted() -> Non
     assert list(decoded.vms) == ["vm-a"] and decoded.dropped == {"row": 3} and decoded.position == 9
 
 
+def test_a_base_past_the_vm_bound_counts_each_row_left_out_once() -> None:
+    """Rows past vms_per_partition are counted under that bound, a row out of shape before them under "row" only."""
+    data = member({"format": 3, "block": "b1", "partition_id": "0", "sequence_number": 9,
+                   "vms": [{"key": "vm-x", "vm_id": 5}, *(json.loads(gzip.decompress(encode_base(
+                       "0", 9, [vm("vm-a"), vm("vm-b"), vm("vm-c")], "b0")))["vms"])]})
+    decoded = decode(data, "0", NOW, Bounds(vms_per_partition=2))
+    assert list(decoded.vms) == ["vm-a", "vm-b"] and decoded.dropped == {"row": 1, "vms_per_partition": 1}
+
+
 def test_reading_is_bounded_in_blocks_inflated_bytes_and_values_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
     """More blocks than MAX_MEMBERS, more bytes inflated over all blocks than MAX_STATE_BYTES, or a block of more
     JSON values than the VMs a partition keeps need: damaged, before the rest is read."""

@@ -505,7 +505,7 @@ def fleet_app() -> Iterator[int]:
     registry = CollectorRegistry()
     Gauge("fleet_probe", "a gauge", registry=registry).set(1)
     service = SimpleNamespace(healthy=True, ready=False, storage_problem=None)
-    running = serve(Listen("127.0.0.1", 0), fleet_http_app(registry, Fleet(), service))  # type: ignore[arg-type]
+    running = serve(Listen("127.0.0.1", 0), fleet_http_app(registry, [Fleet()], [service]))  # type: ignore[list-item]
     yield int(running.server_port)
     running.server_close()
 
