@@ -38,7 +38,12 @@ _SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _BARE = re.compile(r"[^\s\"]+")
 
 
+# The password of a URL's userinfo (``http://user:password@collector``, basic auth to an OTLP collector).
+_URL_PASSWORD = re.compile(r"(//[^/?#@\s:]*:)[^/?#@\s]+@")
+
+
 def redact(text: str) -> str:
+    text = _URL_PASSWORD.sub(lambda match: match.group(1) + "<redacted>@", text)
     return _SECRETS.sub(lambda match: match.group(1) + "<redacted>", text)
 
 

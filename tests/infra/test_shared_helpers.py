@@ -9,7 +9,7 @@ import pytest
 from se_exporter.core.errors import ConfigError
 from se_exporter.infra.azure.clients import MAX_CAUSES, causes, classify, describe
 from se_exporter.infra.http_server import bind
-from se_exporter.infra.logs import Throttle, shorten
+from se_exporter.infra.logs import Throttle, redact, shorten
 from se_exporter.infra.options import Listen
 
 
@@ -43,6 +43,15 @@ def test_a_wrapped_refusal_is_a_connection_error_and_described_on_one_line() -> 
     """classify looks at the error itself for a connection failure; describe keeps one redacted line."""
     assert classify(ConnectionRefusedError()) == "connection"
     assert describe(RuntimeError("first line SharedAccessKey=abc\nsecond")) == "first line SharedAccessKey=<redacted>"
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("export failing (http://otel:pa55@10.0.0.1:4318/v1/traces)", "export failing (http://otel:<redacted>@10.0.0.1:4318/v1/traces)"),
+    ("https://:pa55@host", "https://:<redacted>@host"),
+    ("http://user@host:4318 and http://host/a:b@c", "http://user@host:4318 and http://host/a:b@c"),
+])
+def test_a_urls_password_is_redacted_and_nothing_else(text: str, shown: str) -> None:
+    assert redact(text) == shown
 
 
 def test_the_throttle_allows_one_line_per_key_per_interval() -> None:

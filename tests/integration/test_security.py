@@ -16,7 +16,7 @@ from se_exporter import cli
 from se_exporter.infra import logs, processwide
 from tests.conftest import Reliability, SimulatorFactory
 from tests.eventhubs_server import EventHubsTestServer
-from tests.helpers import Sidecar, http_get, wait_until
+from tests.helpers import Sidecar, free_port, http_get, wait_until
 
 pytestmark = pytest.mark.integration
 KEY = "S3cr3tK3yThatMustNeverShow/x+Q="
@@ -57,6 +57,26 @@ def test_secrets_never_show(simulator: SimulatorFactory, sidecar: Callable[..., 
     reliability("Security", "SharedAccessKey in the environment; debug logs (text and JSON), metrics, console spans, "
                             "--help, a refused configuration",
                 "the key appears nowhere")
+
+
+def test_a_password_in_the_otlp_endpoint_never_shows(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                                      reliability: Reliability) -> None:
+    """An OTLP endpoint given as ``http://user:password@host`` (basic auth to a collector): when exports fail, the
+    log line naming the endpoint shows the user and host, never the password; nor do the metrics."""
+    sim, server = simulator("live-migration")
+    password = "Pa55wordThatMustNeverShow"  # noqa: S105 - a fake password to hunt for
+    endpoint = f"http://collector:{password}@127.0.0.1:{free_port()}"  # nothing listens there: every export fails
+    process = sidecar("--imds-url", server.url, *FAST, env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+                                                            "OTEL_BSP_SCHEDULE_DELAY": "50"})
+    sim.advance(3)  # a Scheduled event: an update span to export
+    wait_until(lambda: "span export failing" in process.log(), timeout=30, what="the export failure logged")
+    metrics = http_get(process.metrics_url)[1]
+    process.stop()
+    text = process.log()
+    assert "collector:<redacted>@127.0.0.1" in text
+    assert password not in text and password not in metrics
+    reliability("Security", "an OTLP endpoint holding user:password@ while the collector is down",
+                "the failure line names the endpoint with the password redacted; metrics never hold it")
 
 
 def test_crash_output_is_redacted(reliability: Reliability) -> None:
