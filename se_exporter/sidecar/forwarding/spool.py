@@ -15,6 +15,7 @@ import threading
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 from se_exporter.core.errors import SpoolError
@@ -122,11 +123,7 @@ class Spool:
     def peek(self, limit: int) -> list[Envelope]:
         """The oldest ``limit`` envelopes, in order; damaged records are dropped with a log line."""
         with self._lock:
-            wanted: list[tuple[int, _Location]] = []
-            for sequence, location in self._index.items():
-                if len(wanted) == limit:
-                    break
-                wanted.append((sequence, location))
+            wanted = list(islice(self._index.items(), limit))
             self._leased = {sequence for sequence, _location in wanted}
         envelopes: list[Envelope] = []
         handles: dict[int, int] = {}
@@ -292,11 +289,8 @@ class Spool:
     def _load_segment(self, path: Path, newest: bool) -> None:
         segment = int(path.stem)
         data = path.read_bytes()
-        offset = 0
-        kept = 0
-        while offset < len(data):
-            if offset + _RECORD.size > len(data):
-                break
+        offset = kept = 0
+        while offset + _RECORD.size <= len(data):
             length = _RECORD.unpack_from(data, offset)[0]
             end = offset + _RECORD.size + length
             if end > len(data):
@@ -338,12 +332,7 @@ def _decode(record: bytes) -> Envelope:
     payload = record[_RECORD.size:_RECORD.size + length]
     if len(payload) != length or zlib.crc32(payload) != crc:
         raise ValueError("checksum mismatch")
-    return _envelope(payload)
-
-
-def _envelope(payload: bytes) -> Envelope:
-    """``header JSON line`` + ``\\n`` + ``body``: the payload of a record."""
-    header_line, _, body = payload.partition(b"\n")
+    header_line, _, body = payload.partition(b"\n")  # the header JSON line, then the body
     header = json.loads(header_line)
     return Envelope(sequence=int(header["sequence"]), message_id=str(header["message_id"]),
                     partition_key=str(header["partition_key"]), properties=dict(header["properties"]),
