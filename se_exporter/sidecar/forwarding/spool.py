@@ -39,6 +39,10 @@ class _Location:
 
 
 class Spool:
+    """The Event Hubs ``BatchProcessor``'s durable queue (``batching.Queue``): ``append`` returns once on disk."""
+
+    durable = True
+
     def __init__(self, directory: Path, max_bytes: int, on_drop: Callable[[int], None] = lambda count: None,
                  segment_bytes: int | None = None, disk: Disk = DISK) -> None:
         self._dir = directory
@@ -74,8 +78,7 @@ class Spool:
         if self._index:
             log.info("spool holds %d documents from before the restart", len(self._index))
 
-    @property
-    def count(self) -> int:
+    def __len__(self) -> int:
         return len(self._index)
 
     @property
@@ -139,7 +142,7 @@ class Spool:
                     continue  # dropped meanwhile
                 except (OSError, ValueError, KeyError) as exc:
                     log.error("spooled document %d is unreadable and is dropped: %s", sequence, exc)
-                    self.remove([sequence])
+                    self._acknowledge([sequence])
                     self._on_drop(1)
         finally:
             for fd in handles.values():
@@ -149,8 +152,11 @@ class Spool:
                 self._delete_segments()
         return envelopes
 
-    def remove(self, sequences: Iterable[int]) -> None:
+    def remove(self, envelopes: Iterable[Envelope]) -> None:
         """Acknowledge: delivered (or refused for good, and counted by the caller)."""
+        self._acknowledge(envelope.sequence for envelope in envelopes)
+
+    def _acknowledge(self, sequences: Iterable[int]) -> None:
         with self._lock:
             for sequence in sequences:
                 self._forget(sequence)
