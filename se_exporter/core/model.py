@@ -522,9 +522,22 @@ def vm_name(configured: str | None, identity: VmIdentity | None) -> str | None:
 
 def event_to_json(event: ScheduledEvent) -> dict[str, Any]:
     """The event under the names of the documented IMDS shape (the ones ``parse_document`` reads), NotBefore in
-    ISO 8601: how saved state keeps an event (``state.event_from_json`` reads it back)."""
+    ISO 8601: how saved state keeps an event (``event_from_json`` reads it back)."""
     return {"EventId": event.event_id, "EventType": event.event_type, "EventStatus": event.event_status,
             "ResourceType": event.resource_type, "Resources": list(event.resources),
             "NotBefore": event.not_before.isoformat() if event.not_before else None,
             "Description": event.description, "EventSource": event.event_source,
             "DurationInSeconds": event.duration_seconds}
+
+
+def event_from_json(data: object) -> ScheduledEvent:
+    """The inverse of ``event_to_json``, read as ``parse_document`` reads an event: ValueError for anything parsing
+    refuses or warns about, for saved state is taken whole and well typed or not at all."""
+    warnings: list[str] = []
+    try:
+        event = _event(data, 0, warnings)
+    except InvalidDocument as exc:
+        raise ValueError(f"a saved event is not as written ({exc})") from None
+    if warnings:
+        raise ValueError(f"a saved event is not as written ({warnings[0]})")
+    return event
