@@ -7,9 +7,7 @@ queue, so whoever emits (the poll loop) never waits on an exporter.
 
 The SDK's own class lives in a private module (``opentelemetry.sdk._shared_internal``) and drops a batch its exporter
 fails, where forwarding must keep it, in order, until it is delivered; hence this mirror of it. Two kinds of queue:
-``MemoryQueue`` (drop-oldest, counted; what it holds at ``shutdown``'s deadline is counted and logged as lost) and a
-durable one, the Event Hubs spool (``append`` returns once the item is on disk; ``shutdown`` leaves the rest for the
-next start).
+``MemoryQueue`` (drop-oldest, counted) and a durable one, the Event Hubs spool (``append`` returns once on disk).
 
 Items are exported oldest first and removed only once the exporter says they are done with (at-least-once, in order).
 """
