@@ -103,7 +103,7 @@ class StateCollector(Collector):
     """Yields the state families from the latest snapshot; never raises into a scrape."""
 
     def __init__(self, snapshot: Callable[[], Snapshot], clock: Callable[[], float],
-                 bound_hit: Callable[[str, int], None] | None = None) -> None:
+                 bound_hit: Callable[[str, int], None] = lambda bound, count: None) -> None:
         self._snapshot = snapshot
         self._clock = clock
         self._cached: _EventFamilies | None = None
@@ -111,10 +111,9 @@ class StateCollector(Collector):
         self._vm: tuple[VmIdentity, str | None, Metric] | None = None  # identity, VM name, vm_info built from them
 
     def _hit(self, hits: Tally[str]) -> None:
-        if self._bound_hit is not None:
-            for bound, count in hits.items():
-                if count:
-                    self._bound_hit(bound, count)
+        for bound, count in hits.items():
+            if count:
+                self._bound_hit(bound, count)
 
     def _event_families(self, snap: Snapshot) -> _EventFamilies:
         """Built once per document (and VM name): the poll loop replaces ``records`` only when the bytes changed,
