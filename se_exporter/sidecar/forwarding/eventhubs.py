@@ -35,8 +35,7 @@ log = logging.getLogger("se_exporter.eventhubs")
 
 
 class EventHubsTarget:
-    """The forwarding target: ``accept`` spools the envelope (from then on it survives anything); a
-    ``BatchProcessor`` drains the spool to Event Hubs, in order."""
+    """The forwarding target: ``accept`` spools the envelope, and from then on it survives anything."""
 
     name = "eventhubs"
 
