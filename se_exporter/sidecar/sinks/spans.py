@@ -170,14 +170,12 @@ class SpanSink(Sink):
         self._note(record, kind.value, vm_key, incarnation, change, transition_extras(transition, change))
         event_id = record.event.event_id
         attrs = attributes(record.event, incarnation, change.vm_name)
-        if kind == STARTED and record.started_at is not None:
-            self._span(event_id, vm_key, "scheduled_event.notice", "notice", record.first_seen, record.started_at,
-                       attrs)
+        # The notice ends when the event starts, or when it is canceled before it starts.
+        notice_end = {STARTED: record.started_at, CANCELED: record.gone_at}.get(kind)
+        if notice_end is not None:
+            self._span(event_id, vm_key, "scheduled_event.notice", "notice", record.first_seen, notice_end, attrs)
         if kind in (COMPLETED, CANCELED) and record.gone_at is not None:
-            if kind == CANCELED:
-                self._span(event_id, vm_key, "scheduled_event.notice", "notice", record.first_seen, record.gone_at,
-                           attrs)
-            elif record.started_at is not None:
+            if kind == COMPLETED and record.started_at is not None:
                 self._span(event_id, vm_key, "scheduled_event.impact", "impact", record.started_at, record.gone_at,
                            attrs)
             self._span(event_id, vm_key, "scheduled_event", "root", record.first_seen, record.gone_at,
