@@ -70,7 +70,7 @@ def refusal_reason(error: BaseException) -> str:
 
 def _size(item: Envelope | DocumentChange | _Beat) -> int:
     """Roughly what an item holds in memory: its document, and properties and bookkeeping besides."""
-    body = item.body if isinstance(item, Envelope) else item.raw if isinstance(item, DocumentChange) else b""
+    body = item.raw if isinstance(item, DocumentChange) else item.body if isinstance(item, Envelope) else b""
     return len(body) + _ENVELOPE_OVERHEAD
 
 
