@@ -403,15 +403,15 @@ def envelopes(count: int) -> Iterator[Envelope]:
 
 class WatchedSpool(Spool):
     """A spool that says when it has been emptied: the drain's end is waited for on an event, not by polling
-    ``count`` every few milliseconds from another thread (that loop took the GIL from the forwarder it timed)."""
+    its length every few milliseconds from another thread (that loop took the GIL from the forwarder it timed)."""
 
     def __init__(self, directory: Path, max_bytes: int) -> None:
         super().__init__(directory, max_bytes)
         self.emptied = threading.Event()
 
-    def remove(self, sequences: Iterable[int]) -> None:
-        super().remove(sequences)
-        if self.count == 0:
+    def remove(self, envelopes: Iterable[Envelope]) -> None:
+        super().remove(envelopes)
+        if len(self) == 0:
             self.emptied.set()
 
 
@@ -428,7 +428,7 @@ def drain_seconds(documents: int) -> float:
             target = EventHubsTarget(spool, producer_factory(hub.connection_string(), None, None, None),
                                      ForwardMetrics(CollectorRegistry()), batch_size=BATCH)
             if not spool.emptied.wait(600):
-                raise TimeoutError(f"the forwarder left {spool.count} documents spooled")
+                raise TimeoutError(f"the forwarder left {len(spool)} documents spooled")
             elapsed = time.perf_counter() - started
             target.close(5)
             return elapsed

@@ -11,7 +11,7 @@ import functools
 import json
 import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
@@ -306,19 +306,9 @@ def _event(raw: object, index: int, warnings: list[str]) -> ScheduledEvent:
     event_id = raw.get("EventId")
     if not isinstance(event_id, str) or not event_id.strip():
         raise InvalidDocument(f"Events[{index}] has no usable EventId (got {json_kind(event_id)})")
-    return ScheduledEvent(
-        event_id=event_id,
-        key=event_key(event_id),
-        event_type=_label_string(raw, "EventType", index, warnings),
-        event_status=_label_string(raw, "EventStatus", index, warnings),
-        resource_type=_optional_string(raw, "ResourceType", index, warnings),
-        resources=_resources(raw.get("Resources"), index, warnings),
-        not_before=_not_before(raw.get("NotBefore"), index, warnings),
-        description=_optional_string(raw, "Description", index, warnings),
-        event_source=_optional_string(raw, "EventSource", index, warnings),
-        duration_seconds=_duration(raw.get("DurationInSeconds"), index, warnings),
-        extra={key: value for key, value in raw.items() if key not in _KNOWN_EVENT_FIELDS},
-    )
+    values = {name: read(raw.get(key), key, index, warnings) for name, key, read in _FIELD_READERS}
+    return ScheduledEvent(event_id=event_id, key=event_key(event_id), **values,
+                          extra={key: value for key, value in raw.items() if key not in _KNOWN_EVENT_FIELDS})
 
 
 _T = TypeVar("_T")
@@ -360,48 +350,46 @@ def _int64(value: object, floats: bool = False) -> int | None:
     return number if _INT64_MIN <= number <= _INT64_MAX else None
 
 
-def _label_string(raw: dict[str, Any], key: str, index: int, warnings: list[str]) -> str:
-    value = raw.get(key)
+def _label_string(value: object, key: str, index: int, warnings: list[str]) -> str:
     if isinstance(value, str) and value:
         return value
     warnings.append(f"Events[{index}]: {key} is {json_kind(value)}; shown as 'unknown'")
     return "unknown"
 
 
-def _optional_string(raw: dict[str, Any], key: str, index: int, warnings: list[str]) -> str | None:
-    value = raw.get(key)
+def _optional_string(value: object, key: str, index: int, warnings: list[str]) -> str | None:
     if value is None or isinstance(value, str):
         return value
     warnings.append(f"Events[{index}]: {key} is a JSON {json_kind(value)}, not a string; ignored")
     return None
 
 
-def _resources(value: object, index: int, warnings: list[str]) -> tuple[str, ...]:
+def _resources(value: object, key: str, index: int, warnings: list[str]) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        warnings.append(f"Events[{index}]: Resources is a JSON {json_kind(value)}, not a list; ignored")
+        warnings.append(f"Events[{index}]: {key} is a JSON {json_kind(value)}, not a list; ignored")
         return ()
     names = tuple([item for item in value if isinstance(item, str)])  # a list first: faster than a generator
     if len(names) != len(value):
-        warnings.append(f"Events[{index}]: Resources has {len(value) - len(names)} non-string entries; ignored")
+        warnings.append(f"Events[{index}]: {key} has {len(value) - len(names)} non-string entries; ignored")
     return names
 
 
-def _not_before(value: object, index: int, warnings: list[str]) -> datetime | None:
+def _not_before(value: object, key: str, index: int, warnings: list[str]) -> datetime | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        warnings.append(f"Events[{index}]: NotBefore is a JSON {json_kind(value)}, not a string; ignored")
+        warnings.append(f"Events[{index}]: {key} is a JSON {json_kind(value)}, not a string; ignored")
         return None
     try:
         return parse_not_before(value)
     except (ValueError, OverflowError):
-        warnings.append(f"Events[{index}]: NotBefore {_snippet(value)!r} is neither RFC 1123 nor ISO 8601; ignored")
+        warnings.append(f"Events[{index}]: {key} {_snippet(value)!r} is neither RFC 1123 nor ISO 8601; ignored")
         return None
 
 
-def _duration(value: object, index: int, warnings: list[str]) -> int | None:
+def _duration(value: object, key: str, index: int, warnings: list[str]) -> int | None:
     if value is None:
         return None
     if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:  # the common case, first
@@ -409,8 +397,16 @@ def _duration(value: object, index: int, warnings: list[str]) -> int | None:
     number = _int64(value, floats=True)
     if number is not None:
         return number
-    warnings.append(f"Events[{index}]: DurationInSeconds {_snippet(repr(value))} is not a 64-bit integer; ignored")
+    warnings.append(f"Events[{index}]: {key} {_snippet(repr(value))} is not a 64-bit integer; ignored")
     return None
+
+
+# How ``_event`` reads each field but EventId, in this order: the ScheduledEvent field, its JSON name, its reader.
+_FIELD_READERS: tuple[tuple[str, str, Callable[[object, str, int, list[str]], Any]], ...] = (
+    ("event_type", "EventType", _label_string), ("event_status", "EventStatus", _label_string),
+    ("resource_type", "ResourceType", _optional_string), ("resources", "Resources", _resources),
+    ("not_before", "NotBefore", _not_before), ("description", "Description", _optional_string),
+    ("event_source", "EventSource", _optional_string), ("duration_seconds", "DurationInSeconds", _duration))
 
 
 class _LongInteger:
@@ -526,9 +522,22 @@ def vm_name(configured: str | None, identity: VmIdentity | None) -> str | None:
 
 def event_to_json(event: ScheduledEvent) -> dict[str, Any]:
     """The event under the names of the documented IMDS shape (the ones ``parse_document`` reads), NotBefore in
-    ISO 8601: how saved state keeps an event (``state.event_from_json`` reads it back)."""
+    ISO 8601: how saved state keeps an event (``event_from_json`` reads it back)."""
     return {"EventId": event.event_id, "EventType": event.event_type, "EventStatus": event.event_status,
             "ResourceType": event.resource_type, "Resources": list(event.resources),
             "NotBefore": event.not_before.isoformat() if event.not_before else None,
             "Description": event.description, "EventSource": event.event_source,
             "DurationInSeconds": event.duration_seconds}
+
+
+def event_from_json(data: object) -> ScheduledEvent:
+    """The inverse of ``event_to_json``, read as ``parse_document`` reads an event: ValueError for anything parsing
+    refuses or warns about, for saved state is taken whole and well typed or not at all."""
+    warnings: list[str] = []
+    try:
+        event = _event(data, 0, warnings)
+    except InvalidDocument as exc:
+        raise ValueError(f"a saved event is not as written ({exc})") from None
+    if warnings:
+        raise ValueError(f"a saved event is not as written ({warnings[0]})")
+    return event

@@ -52,21 +52,20 @@ def _total(found: Samples, name: str, **labels: str) -> float:
                if sample == name and all((key, wanted) in sample_labels for key, wanted in labels.items()))
 
 
-def _by(found: Samples, name: str, label: str) -> Iterable[tuple[str, float]]:
+def _by(found: Samples, name: str) -> Iterable[tuple[dict[str, str], float]]:
+    """The labels and value of each sample of ``name`` that is not 0."""
     for (sample, labels), value in sorted(found.items()):
         if sample == name and value:
-            yield dict(labels)[label], value
+            yield dict(labels), value
 
 
 def summary(found: Samples, elapsed: float, scenario_time: float, settings: Settings) -> str:
     """One screen: how long it ran, what IMDS served, what happened to the events, where the outputs are."""
-    polls = dict(_by(found, "azure_scheduled_events_polls_total", "outcome"))
+    polls = {labels["outcome"]: value for labels, value in _by(found, "azure_scheduled_events_polls_total")}
     failed = sum(value for outcome, value in polls.items() if outcome != "ok")
     transitions: dict[str, dict[str, int]] = defaultdict(dict)
-    for (sample, labels), value in sorted(found.items()):
-        if sample == "azure_scheduled_events_transitions_total" and value:
-            named = dict(labels)
-            transitions[named["event_type"]][named["transition"]] = int(value)
+    for labels, value in _by(found, "azure_scheduled_events_transitions_total"):
+        transitions[labels["event_type"]][labels["transition"]] = int(value)
     lines = ["", f"se-exporter demo summary: ran {elapsed:.0f} s ({scenario_time:.0f} s of scenario time)",
              f"  IMDS polls      {polls.get('ok', 0):.0f} ok, {failed:.0f} failed",
              f"  Documents       {_total(found, 'azure_scheduled_events_document_changes_total'):.0f} distinct, "
@@ -77,8 +76,8 @@ def summary(found: Samples, elapsed: float, scenario_time: float, settings: Sett
         counts = ", ".join(f"{kinds[kind]} {kind}" for kind in TRANSITION_ORDER if kind in kinds)
         lines.append(f"  {'Transitions' if index == 0 else '':<15} {event_type:<10} {counts}")
     pending: dict[str, float] = defaultdict(float)
-    for status, value in _by(found, "azure_scheduled_events_pending", "event_status"):
-        pending[status] += value
+    for labels, value in _by(found, "azure_scheduled_events_pending"):
+        pending[labels["event_status"]] += value
     if pending:
         lines.append("  Listed at exit  " + ", ".join(f"{value:.0f} {status}" for status, value in pending.items()))
     if settings.forward_file:

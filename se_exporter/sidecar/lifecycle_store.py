@@ -13,12 +13,11 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from se_exporter.core.lifecycle import EventRecord
-from se_exporter.core.model import ScheduledEvent, event_to_json, json_kind
+from se_exporter.core.model import event_from_json, event_to_json, json_kind
 from se_exporter.infra.files import StateFile, read_state_file
 
 log = logging.getLogger("se_exporter.state")
@@ -26,39 +25,6 @@ VERSION = 2
 # Scheduled Events switches itself off after 24 hours without a request, so older state describes a stream of
 # events that has ended; continuing it would invent transitions.
 MAX_AGE_SECONDS = 24 * 3600
-
-
-def event_from_json(data: Any) -> ScheduledEvent:
-    """The inverse of ``event_to_json``; ValueError for anything it could not have written."""
-    if not isinstance(data, dict):
-        raise ValueError("an event is not an object")
-    not_before = _optional(data, "NotBefore", str)
-    resources = data.get("Resources") or []
-    if not isinstance(resources, list) or not all(isinstance(name, str) for name in resources):
-        raise ValueError("Resources is not a list of strings")
-    when = datetime.fromisoformat(not_before) if not_before else None
-    if when is not None and when.tzinfo is None:
-        raise ValueError("NotBefore has no time zone")
-    duration = _optional(data, "DurationInSeconds", int)
-    return ScheduledEvent(
-        event_id=_required(data, "EventId"), event_type=_required(data, "EventType"),
-        event_status=_required(data, "EventStatus"), resource_type=_optional(data, "ResourceType", str),
-        resources=tuple(resources), not_before=when, description=_optional(data, "Description", str),
-        event_source=_optional(data, "EventSource", str), duration_seconds=duration)
-
-
-def _required(data: Mapping[str, Any], key: str) -> str:
-    value = data.get(key)
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{key} is not a non-empty string")
-    return value
-
-
-def _optional(data: Mapping[str, Any], key: str, kind: type[Any]) -> Any:
-    value = data.get(key)
-    if value is not None and (type(value) is not kind):  # type(), not isinstance(): True is not a duration
-        raise ValueError(f"{key} is not a {kind.__name__}")
-    return value
 
 
 def _time(value: Any, key: str) -> float:

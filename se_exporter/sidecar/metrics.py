@@ -103,7 +103,7 @@ class StateCollector(Collector):
     """Yields the state families from the latest snapshot; never raises into a scrape."""
 
     def __init__(self, snapshot: Callable[[], Snapshot], clock: Callable[[], float],
-                 bound_hit: Callable[[str, int], None] | None = None) -> None:
+                 bound_hit: Callable[[str, int], None] = lambda bound, count: None) -> None:
         self._snapshot = snapshot
         self._clock = clock
         self._cached: _EventFamilies | None = None
@@ -111,10 +111,9 @@ class StateCollector(Collector):
         self._vm: tuple[VmIdentity, str | None, Metric] | None = None  # identity, VM name, vm_info built from them
 
     def _hit(self, hits: Tally[str]) -> None:
-        if self._bound_hit is not None:
-            for bound, count in hits.items():
-                if count:
-                    self._bound_hit(bound, count)
+        for bound, count in hits.items():
+            if count:
+                self._bound_hit(bound, count)
 
     def _event_families(self, snap: Snapshot) -> _EventFamilies:
         """Built once per document (and VM name): the poll loop replaces ``records`` only when the bytes changed,
@@ -135,7 +134,12 @@ class StateCollector(Collector):
         if cached is not None and cached[0] is identity and cached[1] == configured:
             return cached[2]
         hits: Tally[str] = Tally()
-        family = _vm_info(identity, configured, hits)
+        family = GaugeMetricFamily(f"{NAMESPACE}_vm_info", "The VM this exporter runs on, from IMDS compute metadata.",
+                                   labels=["vm_name", "vm_id", "vmss_name", "location", "resource_group",
+                                           "subscription_id", "vm_size", "zone"])
+        family.add_metric([_label(value, hits) for value in (
+            vm_name(configured, identity) or "", identity.vm_id, identity.vmss_name, identity.location,
+            identity.resource_group, identity.subscription_id, identity.vm_size, identity.zone)], 1.0)
         if cached is None or cached[0] is not identity:
             self._hit(hits)
         self._vm = (identity, configured, family)
@@ -236,16 +240,6 @@ class _EventFamilies:
         for labels, stamp in self.not_before:  # add_sample: the label dicts are built once per document
             family.add_sample(name, labels, stamp - now)
         return family
-
-
-def _vm_info(identity: VmIdentity, configured: str | None, hits: Tally[str]) -> Metric:
-    family = GaugeMetricFamily(f"{NAMESPACE}_vm_info", "The VM this exporter runs on, from IMDS compute metadata.",
-                               labels=["vm_name", "vm_id", "vmss_name", "location", "resource_group",
-                                       "subscription_id", "vm_size", "zone"])
-    family.add_metric([_label(value, hits) for value in (
-        vm_name(configured, identity) or "", identity.vm_id, identity.vmss_name, identity.location,
-        identity.resource_group, identity.subscription_id, identity.vm_size, identity.zone)], 1.0)
-    return family
 
 
 def _label(value: str, hits: Tally[str]) -> str:

@@ -323,7 +323,7 @@ def test_spool_works_through_the_windows_implementation(tmp_path: Path, windows:
     for sequence in range(1, 7):
         spool.append(envelope(sequence))
     assert [e.sequence for e in spool.peek(3)] == [1, 2, 3]
-    spool.remove([1, 2, 3])
+    spool.remove(map(envelope, [1, 2, 3]))
     reopened = Spool(tmp_path, 1 << 20, segment_bytes=400)
     assert [e.sequence for e in reopened.peek(10)] == [4, 5, 6]
     assert not windows.sleeps
@@ -338,11 +338,11 @@ def test_a_segment_held_open_is_deleted_once_released(tmp_path: Path, windows: F
         spool.append(envelope(sequence))
     first = str(spool._segment_path(1))
     windows.held.add(first)
-    spool.remove([1])
+    spool.remove([envelope(1)])
     assert os.path.exists(first)
     assert [e.sequence for e in spool.peek(10)] == [2, 3]
     windows.held.clear()
-    spool.remove([2])
+    spool.remove([envelope(2)])
     assert not os.path.exists(first)
     assert sorted(p.name for p in tmp_path.glob("*.seg")) == [f"{3:020d}.seg"]
     reliability("Windows (on Linux, through the platform seam)", "an acknowledged spool segment held open by another "
@@ -479,11 +479,11 @@ def test_a_held_acknowledged_segment_does_not_stop_start_up(tmp_path: Path, wind
     spool.append(envelope(2))
     first = str(spool._segment_path(1))
     windows.held.add(first)
-    spool.remove([1])
+    spool.remove([envelope(1)])
     reopened = Spool(tmp_path, 1 << 20, segment_bytes=1)
     assert os.path.exists(first) and [e.sequence for e in reopened.peek(10)] == [2]
     windows.held.clear()
-    reopened.remove([2])
+    reopened.remove([envelope(2)])
     assert not list(tmp_path.glob("*.seg"))
 
 

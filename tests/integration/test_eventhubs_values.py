@@ -93,7 +93,7 @@ def test_strings_that_are_not_utf8_reach_event_hubs(hubs: Callable[..., EventHub
     target = EventHubsTarget(spool, producer_factory(hub.connection_string(), None, None, None), metrics,
                              send_timeout=2, max_retry_wait=0.3)
     try:
-        wait_until(lambda: len(hub.store.all()) >= 1 and spool.count == 0, timeout=30, what="the odd envelope sent")
+        wait_until(lambda: len(hub.store.all()) >= 1 and len(spool) == 0, timeout=30, what="the odd envelope sent")
     finally:
         target.close(5)
     event = hub.store.all()[0]

@@ -83,7 +83,7 @@ def test_spool_full_at_every_offset_leaves_it_as_it_was(tmp_path: Path, segment_
             spool.append(envelope(3))
         assert refused.value.errno == errno.ENOSPC
         assert snapshot(folder) == before, f"room {room}"
-        assert (spool.count, spool.last_sequence) == (2, 2)
+        assert (len(spool), spool.last_sequence) == (2, 2)
         disk.room, disk.fail_sync = float("inf"), False
         spool.append(envelope(3))  # the same document, retried once there is space
         spool.append(envelope(4))

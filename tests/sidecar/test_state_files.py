@@ -159,7 +159,7 @@ def test_damaged_forwarding_state_starts_a_new_installation_above_the_spool(tmp_
     spool = Spool(tmp_path / "spool", 1 << 20)
     for sequence in (40, 41):
         spool.append(envelope(sequence))
-    spool.remove([40])
+    spool.remove([envelope(40)])
     (tmp_path / "forwarding.json").write_bytes(content.encode("utf-8", "surrogateescape"))
     sequencer = Sequencer(tmp_path)
     sequencer.advance_past(Spool(tmp_path / "spool", 1 << 20).last_sequence)

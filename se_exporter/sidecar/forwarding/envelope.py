@@ -22,7 +22,7 @@ from pathlib import Path
 
 from se_exporter import __version__
 from se_exporter.core.errors import StateDirError
-from se_exporter.core.model import json_kind, vm_name
+from se_exporter.core.model import VmIdentity, json_kind, vm_name
 from se_exporter.infra.files import StateFile, read_state_file
 from se_exporter.sidecar.sinks import DocumentChange, ImdsHealth
 
@@ -65,16 +65,15 @@ def build(change: DocumentChange, sequence: int, installation_id: str, imds: Imd
     successful read at ``observed_at``, so it is what a change carries when ``imds`` is not given."""
     last_success = imds.last_success if imds is not None and imds.last_success is not None else change.observed_at
     failing = imds.failing if imds is not None else False
-    identity = change.identity
+    identity = change.identity or VmIdentity()  # not read (yet): every field empty
     name = vm_name(change.vm_name, identity) or ""
-    vm_id = identity.vm_id if identity else ""
     properties: dict[str, str | int] = {
         "vm_name": name,
-        "vm_id": vm_id,
-        "vmss_name": identity.vmss_name if identity else "",
-        "subscription_id": identity.subscription_id if identity else "",
-        "resource_group": identity.resource_group if identity else "",
-        "location": identity.location if identity else "",
+        "vm_id": identity.vm_id,
+        "vmss_name": identity.vmss_name,
+        "subscription_id": identity.subscription_id,
+        "resource_group": identity.resource_group,
+        "location": identity.location,
         "observed_at": rfc3339_millis(change.observed_at),
         "api_version": change.api_version,
         "exporter_version": __version__,
@@ -85,7 +84,7 @@ def build(change: DocumentChange, sequence: int, installation_id: str, imds: Imd
     if change.document.incarnation is not None:
         properties["document_incarnation"] = change.document.incarnation
     return Envelope(sequence=sequence, message_id=f"{installation_id}:{sequence}",
-                    partition_key=str(carriable(vm_id or name or "unknown")),
+                    partition_key=str(carriable(identity.vm_id or name or "unknown")),
                     properties={name: carriable(value) for name, value in properties.items()}, body=change.raw,
                     observed_at=change.observed_at)
 

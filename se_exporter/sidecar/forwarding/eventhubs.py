@@ -34,40 +34,15 @@ from se_exporter.sidecar.sinks.batching import BatchProcessor, Exporter
 log = logging.getLogger("se_exporter.eventhubs")
 
 
-class SpoolQueue:
-    """The spool as a ``BatchProcessor``'s durable queue: ``put`` returns once the envelope is fsynced."""
-
-    durable = True
-
-    def __init__(self, spool: Spool) -> None:
-        self.spool = spool
-
-    def put(self, item: Envelope) -> None:
-        self.spool.append(item)
-
-    def peek(self, limit: int) -> list[Envelope]:
-        return self.spool.peek(limit)
-
-    def remove(self, items: Sequence[Envelope]) -> None:
-        self.spool.remove(envelope.sequence for envelope in items)
-
-    def release(self) -> None:
-        self.spool.release()
-
-    def __len__(self) -> int:
-        return self.spool.count
-
-
 class EventHubsTarget:
-    """The forwarding target: ``accept`` spools the envelope (from then on it survives anything); a
-    ``BatchProcessor`` drains the spool to Event Hubs, in order."""
+    """The forwarding target: ``accept`` spools the envelope, and from then on it survives anything."""
 
     name = "eventhubs"
 
     def __init__(self, spool: Spool, make_producer: ProducerFactory, metrics: ForwardMetrics,
                  batch_size: int = 100, send_timeout: float = 10.0, max_retry_wait: float = 30.0) -> None:
         self._sender = EventHubsSender(spool, make_producer, metrics, send_timeout)
-        self._processor = BatchProcessor(SpoolQueue(spool), self._sender, classify,
+        self._processor = BatchProcessor(spool, self._sender, classify,
                                          on_error=lambda reason: metrics.errors.labels(self.name, reason).inc(),
                                          batch_size=batch_size, retry_first=1.0, retry_max=max_retry_wait)
 
@@ -153,7 +128,7 @@ class EventHubsSender(Exporter[Envelope]):
         """Close the client and the loop; the spool keeps what was not acknowledged for the next start."""
         if self._loop.is_running():  # the worker was given up on, still inside a send: leave it be
             return
-        log.info("Event Hubs forwarder stopped; %d documents stay spooled", self._spool.count)
+        log.info("Event Hubs forwarder stopped; %d documents stay spooled", len(self._spool))
         try:
             producer = self._producer.close if self._producer is not None else None
             self._loop.run_until_complete(_close(producer, 2.0, "the Event Hubs client"))

@@ -2,12 +2,9 @@
 
 Targets: the JSON-lines file (``forward_file.py``, written and fsynced at once) and Event Hubs (``eventhubs.py``,
 through the spool on disk). The envelope is built once, so every target carries the same sequence number and message
-id.
-
-Nothing of it runs on the poll thread: ``export`` queues the change for a ``BatchProcessor`` (``batching.py``) whose
-worker numbers it, builds the envelope and queues it for each target's own processor. A target that refuses a
-document keeps it in its bounded in-memory queue (``MAX_PENDING_BYTES``) and offers it again, in order, without
-holding up the others: docs/forwarding.md ("A full disk") says what is kept, what can be lost and how it shows.
+id. Off the poll thread: a worker numbers each change and builds its envelope, and each target has a queue and worker
+of its own (``batching.py``); what a refusing target keeps, and what can be lost, is docs/forwarding.md's ("A full
+disk").
 """
 
 from __future__ import annotations
@@ -71,8 +68,10 @@ def refusal_reason(error: BaseException) -> str:
     return "other"
 
 
-def _size(envelope: Envelope) -> int:
-    return len(envelope.body) + _ENVELOPE_OVERHEAD
+def _size(item: Envelope | DocumentChange | _Beat) -> int:
+    """Roughly what an item holds in memory: its document, and properties and bookkeeping besides."""
+    body = item.raw if isinstance(item, DocumentChange) else item.body if isinstance(item, Envelope) else b""
+    return len(body) + _ENVELOPE_OVERHEAD
 
 
 class TargetExporter(Exporter[Envelope]):
@@ -171,7 +170,7 @@ class ForwardSink(Sink):
                               for target in targets)
         # The changes not yet numbered: a handful at most, unless the state directory's disk stalls.
         self._changes: BatchProcessor[DocumentChange | _Beat] = BatchProcessor(
-            MemoryQueue(MAX_PENDING_BYTES, _change_size, lambda item: metrics.given_up.labels(self.name).inc()),
+            MemoryQueue(MAX_PENDING_BYTES, _size, lambda item: metrics.given_up.labels(self.name).inc()),
             _Envelopes(sequencer, self._targets), refusal_reason,
             on_error=lambda reason: metrics.errors.labels(self.name, reason).inc(),
             on_lost=metrics.given_up.labels(self.name).inc, retry_first=retry_first, retry_max=retry_max)
@@ -229,7 +228,3 @@ class ForwardSink(Sink):
         self._changes.shutdown(max(0.0, end - time.monotonic()))
         for target in self._targets:
             target.shutdown(max(0.0, end - time.monotonic()))
-
-
-def _change_size(item: DocumentChange | _Beat) -> int:
-    return len(item.raw) + _ENVELOPE_OVERHEAD if isinstance(item, DocumentChange) else _ENVELOPE_OVERHEAD

@@ -15,6 +15,7 @@ import threading
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 from se_exporter.core.errors import SpoolError
@@ -38,6 +39,10 @@ class _Location:
 
 
 class Spool:
+    """The Event Hubs ``BatchProcessor``'s durable queue (``batching.Queue``): ``append`` returns once on disk."""
+
+    durable = True
+
     def __init__(self, directory: Path, max_bytes: int, on_drop: Callable[[int], None] = lambda count: None,
                  segment_bytes: int | None = None, disk: Disk = DISK) -> None:
         self._dir = directory
@@ -73,8 +78,7 @@ class Spool:
         if self._index:
             log.info("spool holds %d documents from before the restart", len(self._index))
 
-    @property
-    def count(self) -> int:
+    def __len__(self) -> int:
         return len(self._index)
 
     @property
@@ -122,11 +126,7 @@ class Spool:
     def peek(self, limit: int) -> list[Envelope]:
         """The oldest ``limit`` envelopes, in order; damaged records are dropped with a log line."""
         with self._lock:
-            wanted: list[tuple[int, _Location]] = []
-            for sequence, location in self._index.items():
-                if len(wanted) == limit:
-                    break
-                wanted.append((sequence, location))
+            wanted = list(islice(self._index.items(), limit))
             self._leased = {sequence for sequence, _location in wanted}
         envelopes: list[Envelope] = []
         handles: dict[int, int] = {}
@@ -142,7 +142,7 @@ class Spool:
                     continue  # dropped meanwhile
                 except (OSError, ValueError, KeyError) as exc:
                     log.error("spooled document %d is unreadable and is dropped: %s", sequence, exc)
-                    self.remove([sequence])
+                    self._acknowledge([sequence])
                     self._on_drop(1)
         finally:
             for fd in handles.values():
@@ -152,8 +152,11 @@ class Spool:
                 self._delete_segments()
         return envelopes
 
-    def remove(self, sequences: Iterable[int]) -> None:
+    def remove(self, envelopes: Iterable[Envelope]) -> None:
         """Acknowledge: delivered (or refused for good, and counted by the caller)."""
+        self._acknowledge(envelope.sequence for envelope in envelopes)
+
+    def _acknowledge(self, sequences: Iterable[int]) -> None:
         with self._lock:
             for sequence in sequences:
                 self._forget(sequence)
@@ -292,11 +295,8 @@ class Spool:
     def _load_segment(self, path: Path, newest: bool) -> None:
         segment = int(path.stem)
         data = path.read_bytes()
-        offset = 0
-        kept = 0
-        while offset < len(data):
-            if offset + _RECORD.size > len(data):
-                break
+        offset = kept = 0
+        while offset + _RECORD.size <= len(data):
             length = _RECORD.unpack_from(data, offset)[0]
             end = offset + _RECORD.size + length
             if end > len(data):
@@ -338,12 +338,7 @@ def _decode(record: bytes) -> Envelope:
     payload = record[_RECORD.size:_RECORD.size + length]
     if len(payload) != length or zlib.crc32(payload) != crc:
         raise ValueError("checksum mismatch")
-    return _envelope(payload)
-
-
-def _envelope(payload: bytes) -> Envelope:
-    """``header JSON line`` + ``\\n`` + ``body``: the payload of a record."""
-    header_line, _, body = payload.partition(b"\n")
+    header_line, _, body = payload.partition(b"\n")  # the header JSON line, then the body
     header = json.loads(header_line)
     return Envelope(sequence=int(header["sequence"]), message_id=str(header["message_id"]),
                     partition_key=str(header["partition_key"]), properties=dict(header["properties"]),

@@ -47,7 +47,7 @@ def _eventhubs(settings: Settings, state_dir: StateDir, metrics: ForwardMetrics,
 
     spool = Spool(state_dir.spool, settings.spool_max_bytes, on_drop=metrics.dropped.inc)
     sequencer.advance_past(spool.last_sequence)
-    metrics.spool_documents.set_function(lambda: spool.count)
+    metrics.spool_documents.set_function(spool.__len__)
     metrics.spool_bytes.set_function(lambda: spool.size_bytes)
     target = EventHubsTarget(spool, producer_factory(
         settings.eventhub_connection_string, settings.eventhub_name, settings.eventhub_namespace,

@@ -7,9 +7,7 @@ queue, so whoever emits (the poll loop) never waits on an exporter.
 
 The SDK's own class lives in a private module (``opentelemetry.sdk._shared_internal``) and drops a batch its exporter
 fails, where forwarding must keep it, in order, until it is delivered; hence this mirror of it. Two kinds of queue:
-``MemoryQueue`` (drop-oldest, counted; what it holds at ``shutdown``'s deadline is counted and logged as lost) and a
-durable one, the Event Hubs spool (``put`` returns once the item is on disk; ``shutdown`` leaves the rest for the
-next start).
+``MemoryQueue`` (drop-oldest, counted) and a durable one, the Event Hubs spool (``append`` returns once on disk).
 
 Items are exported oldest first and removed only once the exporter says they are done with (at-least-once, in order).
 """
@@ -32,7 +30,7 @@ T = TypeVar("T")
 class Queue(Protocol[T]):
     durable: bool
 
-    def put(self, item: T) -> None:
+    def append(self, item: T) -> None:
         """Take the item, or raise and keep nothing of it."""
 
     def peek(self, limit: int) -> list[T]:
@@ -87,7 +85,7 @@ class MemoryQueue(Generic[T]):
         self._leased = 0  # the first items, handed out by peek and being exported
         self._lock = threading.Lock()
 
-    def put(self, item: T) -> None:
+    def append(self, item: T) -> None:
         with self._lock:
             self._items.append(item)
             self._bytes += self._size(item)
@@ -161,7 +159,7 @@ class BatchProcessor(Generic[T]):
 
     def emit(self, item: T) -> None:
         """Queue the item for the worker; raises only if a durable queue cannot take it (nothing of it kept)."""
-        self._queue.put(item)
+        self._queue.append(item)
         self._wake.set()
         if len(self._queue) >= self._batch_size:
             self._hurry.set()

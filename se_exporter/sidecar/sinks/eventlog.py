@@ -26,12 +26,8 @@ class LogSink(Sink):
             details = _details(transition, change)
             level = logging.INFO if details["affects_this_vm"] == "false" else _LEVELS.get(transition.kind,
                                                                                          logging.INFO)
-            log.log(level, "%s", _headline(transition), extra=fields(**details))
-
-
-def _headline(transition: Transition) -> str:
-    event = transition.event
-    return f"{event.event_type} {event.event_id} {transition.kind}"
+            event = transition.event
+            log.log(level, "%s %s %s", event.event_type, event.event_id, transition.kind, extra=fields(**details))
 
 
 def _details(transition: Transition, change: DocumentChange) -> dict[str, object]:

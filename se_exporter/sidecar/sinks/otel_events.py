@@ -30,7 +30,6 @@ from se_exporter.sidecar.sinks.spans import PREFIX, attributes, root_context, tr
 from se_exporter.sidecar.sinks.tracing import Batched, Counting, bounded, resource_attributes, signal_url
 
 log = logging.getLogger("se_exporter.otel_events")
-EVENT_PREFIX = "azure.scheduled_event."
 _WARN = (SCHEDULED, STARTED)  # what a person acts on, as the log sink's levels
 
 
@@ -99,7 +98,7 @@ class EventLogSink(Sink):
         warn = kind in _WARN
         self._logger.emit(
             timestamp=int(change.observed_at * 1e9), context=root_context(event.event_id, vm_key(change)),
-            event_name=EVENT_PREFIX + kind.value,
+            event_name=PREFIX + kind.value,
             severity_number=SeverityNumber.WARN if warn else SeverityNumber.INFO,
             severity_text="WARN" if warn else "INFO", body=f"{event.event_type} {event.event_id} {kind.value}",
             attributes=attrs)

@@ -12,7 +12,6 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -114,13 +113,8 @@ def transition_extras(transition: Transition, change: DocumentChange) -> dict[st
     return extra
 
 
-@dataclass
-class _Open:
-    """Span events gathered for one open event's ``scheduled_event`` span."""
-
-    events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
-
-
+# Span events gathered for one open event's ``scheduled_event`` span: (name, time in ns, attributes).
+_SpanEvents = list[tuple[str, int, dict[str, Any]]]
 _ATTRIBUTE_TYPES = (str, bool, int, float)
 
 
@@ -153,7 +147,7 @@ class SpanSink(Sink):
         self._file = StateFile(self._path, log, "cannot write the span state file %s: %s",
                                "span state file %s written again") if self._path else None
         # Keyed by event_key, as the records are (a file written before keys were lower-cased still loads).
-        self._open: dict[str, _Open] = {event_key(event_id): opened for event_id, opened in self._load().items()}
+        self._open: dict[str, _SpanEvents] = {event_key(event_id): opened for event_id, opened in self._load().items()}
         self._last: dict[str, ScheduledEvent] = {}
 
     def export(self, change: DocumentChange) -> None:
@@ -176,19 +170,16 @@ class SpanSink(Sink):
         self._note(record, kind.value, vm_key, incarnation, change, transition_extras(transition, change))
         event_id = record.event.event_id
         attrs = attributes(record.event, incarnation, change.vm_name)
-        if kind == STARTED and record.started_at is not None:
-            self._span(event_id, vm_key, "scheduled_event.notice", "notice", record.first_seen, record.started_at,
-                       attrs)
+        # The notice ends when the event starts, or when it is canceled before it starts.
+        notice_end = {STARTED: record.started_at, CANCELED: record.gone_at}.get(kind)
+        if notice_end is not None:
+            self._span(event_id, vm_key, "scheduled_event.notice", "notice", record.first_seen, notice_end, attrs)
         if kind in (COMPLETED, CANCELED) and record.gone_at is not None:
-            if kind == CANCELED:
-                self._span(event_id, vm_key, "scheduled_event.notice", "notice", record.first_seen, record.gone_at,
-                           attrs)
-            elif record.started_at is not None:
+            if kind == COMPLETED and record.started_at is not None:
                 self._span(event_id, vm_key, "scheduled_event.impact", "impact", record.started_at, record.gone_at,
                            attrs)
-            opened = self._open.pop(record.event.key, _Open())
             self._span(event_id, vm_key, "scheduled_event", "root", record.first_seen, record.gone_at,
-                       {**attrs, PREFIX + "outcome": kind.value}, opened.events)
+                       {**attrs, PREFIX + "outcome": kind.value}, self._open.pop(record.event.key, []))
 
     def _note(self, record: EventRecord, kind: str, vm_key: str, incarnation: int | None, change: DocumentChange,
               extra: Mapping[str, Any]) -> None:
@@ -196,16 +187,16 @@ class SpanSink(Sink):
         event_id = record.event.event_id
         now_ns = int(change.observed_at * 1e9)
         attrs = {**attributes(record.event, incarnation, change.vm_name), PREFIX + "transition": kind, **extra}
-        opened = self._open.setdefault(record.event.key, _Open())
-        if len(opened.events) < MAX_SPAN_EVENTS:
-            opened.events.append((kind, now_ns, {k: v for k, v in attrs.items() if k != PREFIX + "id"}))
+        opened = self._open.setdefault(record.event.key, [])
+        if len(opened) < MAX_SPAN_EVENTS:
+            opened.append((kind, now_ns, {k: v for k, v in attrs.items() if k != PREFIX + "id"}))
         span = self._tracer.start_span("scheduled_event.update", context=root_context(event_id, vm_key),
                                        kind=SpanKind.INTERNAL,
                                        attributes=attrs, start_time=now_ns)
         span.end(end_time=now_ns)
 
     def _span(self, event_id: str, vm_key: str, name: str, role: str, start: float, end: float,
-              attrs: Mapping[str, Any], events: list[tuple[str, int, dict[str, Any]]] | None = None) -> None:
+              attrs: Mapping[str, Any], events: _SpanEvents | None = None) -> None:
         trace_id = trace_id_for(event_id)
         context = None if role == "root" else root_context(event_id, vm_key)
         with self._ids.ids(trace_id, span_id_for(event_id, vm_key, role)):
@@ -215,7 +206,7 @@ class SpanSink(Sink):
             span.add_event(event_name, event_attrs, timestamp=timestamp)
         span.end(end_time=int(end * 1e9))
 
-    def _load(self) -> dict[str, _Open]:
+    def _load(self) -> dict[str, _SpanEvents]:
         """Span events saved before a restart; a file of any other shape is logged once and ignored."""
         if self._path is None or not self._path.exists():
             return {}
@@ -223,7 +214,7 @@ class SpanSink(Sink):
             data = json.loads(read_state_file(self._path))
             if not isinstance(data, dict):
                 raise ValueError(f"a JSON {json_kind(data)}, not an object")
-            return {str(event_id): _Open([_span_event(item) for item in _list(events)][:MAX_SPAN_EVENTS])
+            return {str(event_id): [_span_event(item) for item in _list(events)][:MAX_SPAN_EVENTS]
                     for event_id, events in data.items()}
         except (OSError, ValueError, RecursionError) as exc:
             log.warning("ignoring the span state file %s: %s", self._path, str(exc)[:300])
@@ -232,8 +223,7 @@ class SpanSink(Sink):
     def _save(self) -> None:
         if self._file is None:
             return
-        data = {event_id: opened.events for event_id, opened in self._open.items()}
-        self._file.save(json.dumps(data, separators=(",", ":")).encode())
+        self._file.save(json.dumps(self._open, separators=(",", ":")).encode())
 
     def shutdown(self) -> None:
         self._provider.shutdown()

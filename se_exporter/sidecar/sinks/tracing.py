@@ -1,13 +1,8 @@
-"""Tracing set-up the OpenTelemetry way, importing only what is configured.
+"""Tracing set-up the OpenTelemetry way, importing only what is configured (what each costs: docs/traces.md).
 
-Imported only when tracing or the log records are on (``Sidecar.start``), so it may import the SDK; ``console``
-needs only the SDK, ``otlp`` adds the HTTP exporter, or the gRPC one (heavy to import) when ``grpc`` is asked for.
-Standard variables the exporters read themselves (headers, certificates, compression) keep working.
-
-The resource (docs/traces.md; the cloud, host, os and azure names come from the semantic conventions'
-``_incubating`` package, where the project publishes them, the ``azure.vm.*`` keys from
-opentelemetry-resource-detector-azure) needs the compute metadata, so the provider is created at the first
-document, when the identity is known (or known to be unavailable).
+Imported only when tracing or the log records are on (``Sidecar.start``). The resource (docs/traces.md; names from
+the semantic conventions' ``_incubating`` package, where the project publishes them, the ``azure.vm.*`` keys from
+opentelemetry-resource-detector-azure) needs the compute metadata: the provider is made at the first document.
 """
 
 from __future__ import annotations
