@@ -1,8 +1,8 @@
 """Two decisions every loop that talks to a peer makes: how long to wait after failures, and when to say so.
 
-Used by the poll loop (IMDS), the identity watcher and the sidecar's batching processor (forwarding, Event Hubs), so
-that each waits and logs the same way: a wait that doubles up to a cap, and one log line when a peer starts failing
-(or fails in a new way) and one when it recovers, never one per attempt.
+Used by the poll loop (IMDS), the identity watcher and the batching processor (the sidecar's outputs, the
+simulator's Event Hubs copy), so that each waits and logs the same way: a wait that doubles up to a cap, and one log
+line when a peer starts failing (or fails in a new way) and one when it recovers, never one per attempt.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import gzip
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from se_exporter.core.lifecycle import diff
 from se_exporter.core.model import VmIdentity, parse_document
 from se_exporter.infra.http_server import HttpRequest
 from se_exporter.sidecar.endpoints import routes
+from se_exporter.sidecar.forwarding.envelope import Envelope, Sequencer
+from se_exporter.sidecar.forwarding.forward import ForwardMetrics, ForwardSink
 from se_exporter.sidecar.lifecycle_store import LifecycleStore
 from se_exporter.sidecar.metrics import Metrics
 from se_exporter.sidecar.poller import IdentityWatcher, Poller
@@ -27,6 +30,7 @@ from se_exporter.sidecar.snapshot import CurrentState, Snapshot
 from tests.fakes import imds_http
 from tests.fakes.imds_http import scripted_imds
 from tests.fakes.sinks import BrokenSink, RecordingSink
+from tests.helpers import wait_until
 
 FREEZE = {"EventId": "E1", "EventStatus": "Scheduled", "EventType": "Freeze", "ResourceType": "VirtualMachine",
           "Resources": ["vm0"], "NotBefore": "Mon, 11 Apr 2022 22:26:58 GMT", "DurationInSeconds": 5}
@@ -348,3 +352,45 @@ def test_a_scrape_survives_any_string_from_imds() -> None:
     ids = sorted(sample.labels["event_id"] for family in text_string_to_metric_families(body.decode("utf-8"))
                  for sample in family.samples if sample.name == "azure_scheduled_event_info")
     assert ids == sorted(["LLLL-\\ud800", "X\n2026-11-22T02:55:46.262Z critical \x1b[31mforged\x1b[0m", 'Q\\"=\u2028'])
+
+
+class Blocking:
+    """A forwarding target that blocks until ``release`` is set (a disk that stalls, a webhook that hangs)."""
+
+    name = "blocking"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.accepted: list[Envelope] = []
+
+    def accept(self, envelope: Envelope) -> None:
+        self.release.wait(30)
+        self.accepted.append(envelope)
+
+    def close(self, timeout: float) -> None:
+        """Nothing to release."""
+
+
+def test_a_target_that_blocks_for_seconds_does_not_delay_the_next_poll(tmp_path: Path) -> None:
+    """With a forwarding target stuck for seconds, each poll (every one a new document, so every one forwarded)
+    returns in well under a second, and the target gets every document, in order, once it is unstuck."""
+    documents = [json.dumps({"DocumentIncarnation": n, "Events": []}).encode() for n in range(1, 5)]
+    imds, _, _ = scripted_imds([httpx.Response(200, content=body) for body in documents])
+    settings = Settings(vm_name="vm0")
+    registry = CollectorRegistry()
+    state = CurrentState(Snapshot(vm_name="vm0", api_version=settings.api_version))
+    metrics = Metrics(registry, state.get)
+    target = Blocking()
+    forward = ForwardSink(Sequencer(tmp_path), [target], ForwardMetrics(registry))
+    poller = Poller(imds, metrics, FanOut([forward], on_error=lambda name: None), settings, state)
+    durations = []
+    for _ in documents:
+        started = time.monotonic()
+        poller.poll_once()
+        durations.append(time.monotonic() - started)
+    assert max(durations) < 1.0, durations
+    assert target.accepted == []  # still blocked: the polls above did not wait for it
+    target.release.set()
+    wait_until(lambda: len(target.accepted) == len(documents), what="every document forwarded")
+    assert [e.body for e in target.accepted] == documents
+    forward.shutdown(5)

@@ -7,7 +7,7 @@ Facts about azure-eventhub (5.15) this module is built around:
 * a send without ``timeout=`` never fails when the server does not settle, so every send has one, and an outer
   watchdog besides;
 * default retries make a refused connection fail only after ~12 s, so retries are explicit and few: the batching
-  processor (``batching.py``, the spool as its durable queue) retries, with backoff, for as long as it takes;
+  processor (``infra/batching.py``, the spool as its durable queue) retries, with backoff, for as long as it takes;
 * ``EventDataBatch.add`` raises ``ValueError`` both when the batch is full and when a property cannot be encoded (an
   ``int`` outside 32 bits, a string that is not UTF-8). Properties are made carriable first (``envelope.carriable``),
   so a ``ValueError`` on an empty batch means the document alone is larger than a message may be: the only document
@@ -26,10 +26,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from se_exporter.infra.azure.clients import ProducerFactory, classify, describe
+from se_exporter.infra.batching import BatchProcessor, Exporter
 from se_exporter.sidecar.forwarding.envelope import CONTENT_TYPE, Envelope, carriable
 from se_exporter.sidecar.forwarding.forward import ForwardMetrics
 from se_exporter.sidecar.forwarding.spool import Spool
-from se_exporter.sidecar.sinks.batching import BatchProcessor, Exporter
 
 log = logging.getLogger("se_exporter.eventhubs")
 

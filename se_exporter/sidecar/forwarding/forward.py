@@ -3,7 +3,7 @@
 Targets: the JSON-lines file (``forward_file.py``, written and fsynced at once) and Event Hubs (``eventhubs.py``,
 through the spool on disk). The envelope is built once, so every target carries the same sequence number and message
 id. Off the poll thread: a worker numbers each change and builds its envelope, and each target has a queue and worker
-of its own (``batching.py``); what a refusing target keeps, and what can be lost, is docs/forwarding.md's ("A full
+of its own (``infra/batching.py``); what a refusing target keeps, and what can be lost, is docs/forwarding.md's ("A full
 disk").
 """
 
@@ -18,11 +18,11 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from se_exporter.infra.batching import BatchProcessor, Exporter, MemoryQueue
 from se_exporter.infra.files import is_disk_full
 from se_exporter.sidecar.forwarding.envelope import Envelope, Sequencer, build
 from se_exporter.sidecar.metrics import NAMESPACE
 from se_exporter.sidecar.sinks import DocumentChange, ImdsHealth, Sink
-from se_exporter.sidecar.sinks.batching import BatchProcessor, Exporter, MemoryQueue
 
 log = logging.getLogger("se_exporter.forward")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)

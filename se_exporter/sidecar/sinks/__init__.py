@@ -5,7 +5,7 @@ per poll, so a sink's cost is paid per change. ``FanOut`` wraps the sinks so tha
 sink is logged and counted and never stalls or breaks the others (as the OpenTelemetry SDK's
 ``SimpleSpanProcessor`` does with exporter errors). ``FanOut`` runs on the poll thread, so the sinks it calls directly
 only count and log; whatever does I/O (forwarding, spans, log records) queues for a ``BatchProcessor``
-(``batching.py``) and returns at once.
+(``infra/batching.py``) and returns at once.
 """
 
 from __future__ import annotations

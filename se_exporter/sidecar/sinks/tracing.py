@@ -29,11 +29,11 @@ from prometheus_client import CollectorRegistry, Counter
 from se_exporter import __version__
 from se_exporter.core.model import VmIdentity, vm_name
 from se_exporter.core.retry import Health
+from se_exporter.infra.batching import BatchProcessor, Exporter, MemoryQueue
 from se_exporter.infra.logs import escape
 from se_exporter.sidecar.metrics import NAMESPACE
 from se_exporter.sidecar.settings import Settings, SpanBatching
 from se_exporter.sidecar.sinks import DocumentChange, Sink
-from se_exporter.sidecar.sinks.batching import BatchProcessor, Exporter, MemoryQueue
 from se_exporter.sidecar.sinks.spans import PREFIX, EventIdGenerator, SpanSink
 
 log = logging.getLogger("se_exporter.tracing")
@@ -216,7 +216,7 @@ class CountingExporter(Counting, SpanExporter):
 
 
 class Batched(SpanExporter):
-    """OpenTelemetry's exporters behind the sidecar's batching processor (``batching.py``), for spans and log records
+    """OpenTelemetry's exporters behind the batching processor (``infra/batching.py``), for spans and log records
     alike: the SDK's ``SimpleSpanProcessor`` and ``SimpleLogRecordProcessor`` hand each ended span or record to
     ``export`` on the poll thread, which only queues it; the processor's worker exports the batches.
 

@@ -1,13 +1,14 @@
-"""The one batching processor of the sidecar's outputs, on OpenTelemetry's model (its ``BatchSpanProcessor``).
+"""The one batching processor of every program's outputs, on OpenTelemetry's model (its ``BatchSpanProcessor``).
 
 An exporter says how to deliver a batch; the processor owns everything else, once for every output: a bounded queue,
 a worker thread, a capped backoff (``core/retry.py``) while the exporter refuses, one log line per change of its
 health, drop-oldest counted, ``force_flush`` and a ``shutdown`` with a deadline. ``emit`` only puts an item in the
-queue, so whoever emits (the poll loop) never waits on an exporter.
+queue, so whoever emits (the sidecar's poll loop, the simulator's platform copy) never waits on an exporter.
 
 The SDK's own class lives in a private module (``opentelemetry.sdk._shared_internal``) and drops a batch its exporter
 fails, where forwarding must keep it, in order, until it is delivered; hence this mirror of it. Two kinds of queue:
-``MemoryQueue`` (drop-oldest, counted) and a durable one, the Event Hubs spool (``append`` returns once on disk).
+``MemoryQueue`` (drop-oldest, counted) and a durable one, the sidecar's Event Hubs spool (``append`` returns once on
+disk).
 
 Items are exported oldest first and removed only once the exporter says they are done with (at-least-once, in order).
 """
@@ -188,7 +189,7 @@ class BatchProcessor(Generic[T]):
         if isinstance(self._queue, MemoryQueue) and not self._worker.is_alive():
             lost = self._queue.drain()
             if lost:
-                log.error("%s never accepted %d documents (%s to %s); they are lost as the sidecar stops",
+                log.error("%s never accepted %d documents (%s to %s); they are lost at shutdown",
                           self._exporter.name, len(lost), self._exporter.label(lost[0]),
                           self._exporter.label(lost[-1]))
                 self._on_lost(len(lost))

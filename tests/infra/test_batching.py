@@ -1,28 +1,12 @@
-"""The one batching processor of the sidecar's outputs: order, retries, drop-oldest, flush, shutdown; and the poll
-loop never waiting on a slow target."""
+"""The one batching processor (order, retries, drop-oldest, flush, shutdown), with an exporter of plain items."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
-import httpx
-import pytest
-from prometheus_client import CollectorRegistry
-
-from se_exporter.sidecar.forwarding.envelope import Envelope, Sequencer
-from se_exporter.sidecar.forwarding.forward import ForwardMetrics, ForwardSink
-from se_exporter.sidecar.metrics import Metrics
-from se_exporter.sidecar.poller import Poller
-from se_exporter.sidecar.settings import Settings
-from se_exporter.sidecar.sinks import FanOut
-from se_exporter.sidecar.sinks.batching import BatchProcessor, Exporter, MemoryQueue
-from se_exporter.sidecar.snapshot import CurrentState, Snapshot
-from tests.fakes import imds_http
-from tests.fakes.imds_http import scripted_imds
+from se_exporter.infra.batching import BatchProcessor, Exporter, MemoryQueue
 from tests.helpers import wait_until
 
 
@@ -92,55 +76,6 @@ def test_shutdown_keeps_its_deadline_and_counts_what_is_lost() -> None:
     started = time.monotonic()
     batching.shutdown(5)
     assert time.monotonic() - started < 4 and lost == [2]
-
-
-class Blocking:
-    """A forwarding target that blocks until ``release`` is set (a disk that stalls, a webhook that hangs)."""
-
-    name = "blocking"
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.accepted: list[Envelope] = []
-
-    def accept(self, envelope: Envelope) -> None:
-        self.release.wait(30)
-        self.accepted.append(envelope)
-
-    def close(self, timeout: float) -> None:
-        """Nothing to release."""
-
-
-@pytest.fixture
-def _close_servers() -> Iterator[None]:
-    yield
-    imds_http.close_all()
-
-
-@pytest.mark.usefixtures("_close_servers")
-def test_a_target_that_blocks_for_seconds_does_not_delay_the_next_poll(tmp_path: Path) -> None:
-    """With a forwarding target stuck for seconds, each poll (every one a new document, so every one forwarded)
-    returns in well under a second, and the target gets every document, in order, once it is unstuck."""
-    documents = [json.dumps({"DocumentIncarnation": n, "Events": []}).encode() for n in range(1, 5)]
-    imds, _, _ = scripted_imds([httpx.Response(200, content=body) for body in documents])
-    settings = Settings(vm_name="vm0")
-    registry = CollectorRegistry()
-    state = CurrentState(Snapshot(vm_name="vm0", api_version=settings.api_version))
-    metrics = Metrics(registry, state.get)
-    target = Blocking()
-    forward = ForwardSink(Sequencer(tmp_path), [target], ForwardMetrics(registry))
-    poller = Poller(imds, metrics, FanOut([forward], on_error=lambda name: None), settings, state)
-    durations = []
-    for _ in documents:
-        started = time.monotonic()
-        poller.poll_once()
-        durations.append(time.monotonic() - started)
-    assert max(durations) < 1.0, durations
-    assert target.accepted == []  # still blocked: the polls above did not wait for it
-    target.release.set()
-    wait_until(lambda: len(target.accepted) == len(documents), what="every document forwarded")
-    assert [e.body for e in target.accepted] == documents
-    forward.shutdown(5)
 
 
 def test_force_flush_does_not_wait_on_a_refusing_exporter() -> None:
