@@ -150,8 +150,8 @@ class Producers:
 
 
 def test_a_stalled_hub_never_blocks_the_offer_and_drops_past_the_bound() -> None:
-    """With the hub not answering, offers return at once; past the queue's capacity the newest are dropped and
-    counted; when the hub answers again the queued ones go in order."""
+    """With the hub not answering, offers return at once; past the queue's capacity the oldest not being sent are
+    dropped and counted, never the newest; when the hub answers again the queued ones go in order."""
     producers = Producers()
     producers.release.clear()
     output = EventHubOutput(producers, capacity=3, send_timeout=30)
@@ -163,6 +163,9 @@ def test_a_stalled_hub_never_blocks_the_offer_and_drops_past_the_bound() -> None
     wait_until(lambda: output.stats()["sent"] == 3, what="the queued messages sent")
     output.close(5)
     assert output.stats() == {"sent": 3, "failed": 0, "dropped": 3, "queued": 0, "failing": None}
+    bodies = [event.body_as_str().encode() for batch in producers.sent for event in batch.events]
+    offered = [message.body for message in items]
+    assert bodies[-2:] == offered[-2:] and bodies == sorted(bodies, key=offered.index)
 
 
 def test_a_failing_hub_is_counted_logged_once_and_retried(caplog: pytest.LogCaptureFixture) -> None:
