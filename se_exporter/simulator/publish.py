@@ -6,8 +6,8 @@ looks at the timeline every ``interval`` and hands what is due to each output; a
 * ``FileOutput`` (``--platform-file``) appends one line per message (the exact bytes a hub would carry), each
   written whole or cut off again, so a full disk leaves no torn line: the message is dropped, counted and logged
   (once when writing starts failing, once when it recovers), and the next line goes in once there is room;
-* ``hub.EventHubOutput`` (``--platform-eventhub-*``) queues them for a thread of its own that sends them with
-  the SDK, bounded and retried, at least once as Event Grid delivers (``hub.py`` says how).
+* ``hub.EventHubOutput`` (``--platform-eventhub-*``) queues them for the batching processor's worker, which sends
+  them with the SDK, bounded and retried, at least once as Event Grid delivers (``hub.py`` says how).
 
 Counts are served on ``GET /_simulator/platform``.
 """
