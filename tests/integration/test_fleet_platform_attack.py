@@ -117,9 +117,9 @@ def test_storage_stopped_then_kill_9_of_the_counting_replica_counts_each_figure_
                what="each figure counted once over the replicas")
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: a judgement made but not yet written when its replica is killed is "
-                   "lost if the event ends before a successor judges it again (a miss is said only while the "
-                   "event is open)")
+@pytest.mark.xfail(strict=True, reason="not fixed: the event ends within the reconcile grace, where COVERAGE rule 1 "
+                   "says no miss; and a judgement not yet written when its replica is killed is lost once the event "
+                   "has ended (a successor replaying the partition sees each VM's latest state only)")
 def test_storage_stopped_then_kill_9_keeps_every_coverage_state(
         simulate: Callable[..., Simulate], sidecar: Callable[..., Sidecar], hubs: Callable[..., EventHubsTestServer],
         fleets: Callable[..., Any], azurite: Azurite, tmp_path: Path) -> None:
