@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import islice
@@ -50,6 +51,7 @@ class Exporter(Generic[T]):
     """Delivers batches; ``export`` is the one method an exporter must write. The hooks say what the log says."""
 
     name = "exporter"
+    noun = "documents"  # what the items are called in the line that counts those lost at shutdown
 
     def export(self, batch: Sequence[T]) -> int:
         """Deliver the batch from its start: how many of it are done with (at least one), or raise to retry."""
@@ -153,6 +155,7 @@ class BatchProcessor(Generic[T]):
         self._wake = threading.Event()
         self._hurry = threading.Event()  # ends a linger early
         self._stop = threading.Event()
+        self._deadline = float("inf")  # set by shutdown: no export starts after it
         self._flushed = threading.Condition()
         self._refusals = 0  # failed exports so far: a flush ends at the first one after it began
         self._worker = threading.Thread(target=self._run, name=f"{exporter.name}-export", daemon=True)
@@ -178,8 +181,10 @@ class BatchProcessor(Generic[T]):
             return len(self._queue) == 0
 
     def shutdown(self, timeout: float = 8.0) -> None:
-        """Stop within ``timeout`` seconds: a memory queue gets one last try (what is left is counted and logged as
-        lost), a durable one stops at once, its export cut short, and keeps what it holds for the next start."""
+        """Stop within ``timeout`` seconds: a memory queue gets one last try until then (what is left is counted and
+        logged as lost), a durable one stops at once, its export cut short, and keeps what it holds for the next
+        start."""
+        self._deadline = time.monotonic() + timeout
         self._stop.set()
         self._hurry.set()
         self._wake.set()
@@ -189,8 +194,8 @@ class BatchProcessor(Generic[T]):
         if isinstance(self._queue, MemoryQueue) and not self._worker.is_alive():
             lost = self._queue.drain()
             if lost:
-                log.error("%s never accepted %d documents (%s to %s); they are lost at shutdown",
-                          self._exporter.name, len(lost), self._exporter.label(lost[0]),
+                log.error("%s never accepted %d %s (%s to %s); they are lost at shutdown", self._exporter.name,
+                          len(lost), self._exporter.noun, self._exporter.label(lost[0]),
                           self._exporter.label(lost[-1]))
                 self._on_lost(len(lost))
         self._exporter.shutdown()
@@ -199,7 +204,8 @@ class BatchProcessor(Generic[T]):
         failures = 0
         while True:
             self._wake.clear()  # before peeking: an emit from now on wakes the wait below
-            batch = [] if self._stop.is_set() and self._queue.durable else self._queue.peek(self._batch_size)
+            last_try_over = self._queue.durable or time.monotonic() >= self._deadline
+            batch = [] if self._stop.is_set() and last_try_over else self._queue.peek(self._batch_size)
             if not batch:
                 with self._flushed:
                     self._refusals += 1

@@ -32,6 +32,7 @@ class EventHubOutput(Exporter[Published]):
     """``--platform-eventhub-*``: ``offer`` queues, the processor's worker sends (see the module)."""
 
     name = "eventhub"
+    noun = "messages"
 
     def __init__(self, make_producer: ProducerFactory, capacity: int = QUEUE_CAPACITY, send_timeout: float = 10.0,
                  max_retry_wait: float = 30.0) -> None:
@@ -42,8 +43,8 @@ class EventHubOutput(Exporter[Published]):
         self._sent = self._failed = self._dropped = 0
         self._failing: str | None = None
         self._queue: MemoryQueue[Published] = MemoryQueue(capacity, lambda message: 1, self._drop)
-        self._processor = BatchProcessor(self._queue, self, classify, on_error=self._count_failure, batch_size=1,
-                                         retry_max=max_retry_wait)
+        self._processor = BatchProcessor(self._queue, self, classify, on_error=self._count_failure,
+                                         on_lost=self._count_lost, batch_size=1, retry_max=max_retry_wait)
 
     def offer(self, message: Published) -> None:
         self._processor.emit(message)
@@ -97,6 +98,11 @@ class EventHubOutput(Exporter[Published]):
     def _count_failure(self, reason: str) -> None:
         with self._lock:
             self._failed += 1
+
+    def _count_lost(self, count: int) -> None:
+        """Messages the hub never took before the simulator stopped count as dropped too."""
+        with self._lock:
+            self._dropped += count
 
     def _drop(self, message: Published) -> None:
         with self._lock:

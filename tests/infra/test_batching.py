@@ -78,6 +78,38 @@ def test_shutdown_keeps_its_deadline_and_counts_what_is_lost() -> None:
     assert time.monotonic() - started < 4 and lost == [2]
 
 
+class Slow(Exporter[int]):
+    """Accepts one item every 20 ms: a hub slower than what is queued for it."""
+
+    name = "slow"
+
+    def __init__(self) -> None:
+        self.taken: list[int] = []
+
+    def export(self, batch: Sequence[int]) -> int:
+        time.sleep(0.02)  # the exporter's own pace, not a wait for something to happen
+        self.taken.extend(batch[:1])
+        return 1
+
+
+def test_shutdown_stops_exporting_at_its_deadline() -> None:
+    """With 100 items queued for an exporter that takes 2 s to accept them all, shutdown(0.1) ends the last try at
+    its deadline: the worker starts no export after it, and what it did not take is counted as lost."""
+    exporter = Slow()
+    lost: list[int] = []
+    batching = BatchProcessor(MemoryQueue(1000, lambda item: 1, lambda item: None), exporter, lambda error: "io",
+                              lambda reason: None, on_lost=lost.append, batch_size=1)
+    for item in range(100):
+        batching.emit(item)
+    batching.shutdown(0.1)
+    [worker] = [t for t in threading.enumerate() if t.name == "slow-export"] or [None]
+    if worker is not None:  # still in the export under way at the deadline
+        worker.join(1.0)
+        assert not worker.is_alive()
+    assert len(exporter.taken) < 100 and exporter.taken == list(range(len(exporter.taken)))
+    assert sum(lost) in (0, 100 - len(exporter.taken))
+
+
 def test_force_flush_does_not_wait_on_a_refusing_exporter() -> None:
     """A flush (as at shutdown) returns False as soon as the exporter refuses, not after its whole timeout."""
     exporter = Flaky()
