@@ -143,9 +143,20 @@ def test_replicas_killed_with_minus_9_mid_run_restore_the_exact_picture(
         now = picture(replicas)
         return len(now) == 300 and all(now[identities[i].vm_id] > old[identities[i].vm_id] for i in indexes)
 
-    for sequence in (2, 3):
-        heartbeats(sequence, range(0, 300, 3))
-        wait_until(deltas_stored, timeout=30, interval=0.3, what="deltas after the bases")
+    def stored(sequence: int) -> bool:
+        """Each partition's state holds a heartbeat of ``sequence`` (in its base or in a delta)."""
+        blocks = stored_blocks(azurite, container, prefix)
+        return len(blocks) == 2 and all(
+            any(vm["sequence"] >= sequence for member in members for vm in member["vms"])
+            or any(row[1] >= sequence for member in members for row in member.get("touched", ()))
+            for members in blocks.values())
+
+    # A partition's new owner writes a base first, and a base written after the first heartbeats were read holds
+    # them (a loaded machine saw that): the next heartbeats, read after it, can only go as a delta.
+    heartbeats(2, range(0, 300, 3))
+    wait_until(lambda: stored(2), timeout=30, interval=0.3, what="the first heartbeats stored")
+    heartbeats(3, range(0, 300, 3))
+    wait_until(deltas_stored, timeout=30, interval=0.3, what="deltas after the bases")
 
     earlier = picture([first, second])
     heartbeats(4, range(1, 300, 3))
