@@ -279,8 +279,8 @@ def _listen(settings: FleetSettings, app: http_server.Handler, registry: Collect
     whose = {"sidecar": "sidecars'", "platform": "platform's"}
     hubs = " and the ".join(f"{whose[hub.role]} hub {hub.shown()} (consumer group {hub.consumer_group})"
                             for hub in settings.hubs)
-    log.info("se-exporter %s fleet consuming the %s; metrics at http://%s:%d/metrics", __version__, hubs,
-             settings.listen.host or "127.0.0.1", server.server_port)
+    log.info("se-exporter %s fleet consuming the %s; metrics at %s", __version__, hubs,
+             settings.listen.metrics_url(server.server_port))
     return server
 
 

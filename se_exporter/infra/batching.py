@@ -204,8 +204,8 @@ class BatchProcessor(Generic[T]):
         failures = 0
         while True:
             self._wake.clear()  # before peeking: an emit from now on wakes the wait below
-            last_try_over = self._queue.durable or time.monotonic() >= self._deadline
-            batch = [] if self._stop.is_set() and last_try_over else self._queue.peek(self._batch_size)
+            stopping = self._stop.is_set() and (self._queue.durable or time.monotonic() >= self._deadline)
+            batch = [] if stopping else self._queue.peek(self._batch_size)
             if not batch:
                 with self._flushed:
                     self._refusals += 1

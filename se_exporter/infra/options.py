@@ -34,6 +34,11 @@ class Listen:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
 
+    def metrics_url(self, port: int) -> str:
+        """Where a person on this host scrapes the listener bound to ``port``: a wildcard address as 127.0.0.1."""
+        host = self.host if self.host not in ("", "0.0.0.0", "::") else "127.0.0.1"  # noqa: S104 - display only
+        return f"http://{Listen(host, port)}/metrics"
+
 
 def process_environment() -> Mapping[str, str]:
     """The process environment; the CLI hands it to the resolvers (tests hand them a dict)."""

@@ -29,7 +29,6 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 
 from se_exporter import __version__
 from se_exporter.infra import http_server
-from se_exporter.infra.options import Listen
 from se_exporter.sidecar.endpoints import make_http_app
 from se_exporter.sidecar.imds import ImdsClient
 from se_exporter.sidecar.metrics import NAMESPACE, Metrics
@@ -90,8 +89,7 @@ class Sidecar:
         rejected = http_server.rejection_counter(self.registry, NAMESPACE)
         server = http_server.bind(listen, lambda: http_server.serve(listen, self._http, on_reject=rejected))
         self._cleanup.callback(server.server_close)
-        shown = listen.host if listen.host not in ("", "0.0.0.0", "::") else "127.0.0.1"  # noqa: S104 - display only
-        self.metrics_url = f"http://{Listen(shown, server.server_port)}/metrics"
+        self.metrics_url = listen.metrics_url(server.server_port)
 
     def start(self, stop: threading.Event) -> None:
         """Build the rest and start polling; the threads end when ``stop`` is set."""

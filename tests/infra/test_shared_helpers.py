@@ -81,3 +81,15 @@ def test_a_taken_port_is_one_configuration_error_naming_listen() -> None:
 
         with pytest.raises(ConfigError, match=r"^--listen 127\.0\.0\.1:\d+: cannot listen there"):
             bind(listen, make)
+
+
+@pytest.mark.parametrize(("host", "url"), [
+    ("", "http://127.0.0.1:9090/metrics"),
+    ("0.0.0.0", "http://127.0.0.1:9090/metrics"),  # noqa: S104 - a wildcard to display, nothing binds here
+    ("::", "http://127.0.0.1:9090/metrics"),
+    ("::1", "http://[::1]:9090/metrics"),
+    ("10.1.2.3", "http://10.1.2.3:9090/metrics"),
+])
+def test_run_and_fleet_show_one_metrics_url_for_a_listener(host: str, url: str) -> None:
+    """A wildcard listener is shown as loopback, an IPv6 host in brackets: the start-up line's URL works as shown."""
+    assert Listen(host, 8080).metrics_url(9090) == url
