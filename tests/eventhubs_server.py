@@ -34,6 +34,7 @@ same ``Store`` is an outage and a recovery; ``SilentPeer`` accepts TCP and never
 from __future__ import annotations
 
 import bisect
+import contextlib
 import re
 import selectors
 import socket
@@ -697,3 +698,29 @@ class SilentPeer:
 
     def close(self) -> None:
         self._listener.close()
+
+
+class ClosingPeer(SilentPeer):
+    """A hub that is down behind its address: every connection is accepted and closed at once, its (monotonic)
+    time kept in ``connected``, so that a test sees when each client tried."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.connected: list[float] = []
+        self._thread = threading.Thread(target=self._serve, name="closing-peer", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            self.connected.append(time.monotonic())
+            connection.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        super().close()
+        self._thread.join(5)

@@ -75,12 +75,12 @@ async def _consume(settings: ConsumeSettings, position: Any, out: TextIO) -> int
     from azure.eventhub.aio import EventHubConsumerClient
 
     from se_exporter.infra.azure import amqp_types
-    from se_exporter.infra.azure.clients import connection_options
+    from se_exporter.infra.azure.clients import connection_options, consumer_retry_options
 
     amqp_types.install()  # else one message with an AMQP char property stops the reading for good (as in the fleet)
 
-    connection = connection_options(settings.eventhub_endpoint, settings.eventhub_ca_file,
-                                    settings.eventhub_connection_string)
+    connection = {**connection_options(settings.eventhub_endpoint, settings.eventhub_ca_file,
+                                       settings.eventhub_connection_string), **consumer_retry_options()}
     if settings.eventhub_connection_string:
         client = EventHubConsumerClient.from_connection_string(
             settings.eventhub_connection_string, consumer_group=settings.consumer_group,

@@ -45,7 +45,7 @@ from se_exporter.fleet.settings import FleetSettings, Hub
 from se_exporter.fleet.vms import Fleet
 from se_exporter.infra import generations, http_server, logs
 from se_exporter.infra.azure import amqp_types
-from se_exporter.infra.azure.clients import causes, connection_options, describe
+from se_exporter.infra.azure.clients import causes, connection_options, consumer_retry_options, describe
 from se_exporter.infra.azure.credential import service_credential
 from se_exporter.infra.host_os import HOST_OS
 from se_exporter.infra.options import starting_position
@@ -109,7 +109,8 @@ def consumer_client(settings: FleetSettings, store: ObservedCheckpointStore,
         "consumer_group": hub.consumer_group, "checkpoint_store": store,
         "load_balancing_interval": settings.load_balancing_interval,
         "partition_ownership_expiration_interval": settings.ownership_timeout,
-        **connection_options(hub.endpoint, settings.eventhub_ca_file, hub.connection_string)}
+        **connection_options(hub.endpoint, settings.eventhub_ca_file, hub.connection_string),
+        **consumer_retry_options()}
     if hub.connection_string:
         return EventHubConsumerClient.from_connection_string(hub.connection_string, eventhub_name=hub.name, **options)
     return EventHubConsumerClient(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import math
 import re
 import signal
 import subprocess
@@ -19,7 +21,7 @@ from azure.eventhub.aio import EventHubConsumerClient
 
 from tests.certs import self_signed_certificate
 from tests.conftest import Reliability, SimulatorFactory
-from tests.eventhubs_server import EventHubsTestServer, SilentPeer, StoredEvent
+from tests.eventhubs_server import ClosingPeer, EventHubsTestServer, SilentPeer, StoredEvent
 from tests.helpers import Sidecar, step_through, wait_until
 
 pytestmark = pytest.mark.integration
@@ -261,6 +263,44 @@ def test_full_spool_drops_oldest_visibly(simulator: SimulatorFactory, sidecar: C
     dropped = process.value("azure_scheduled_events_spool_dropped_documents_total")
     assert len(delivered) + dropped == len(sim.distinct_served())
     reliability("Event Hubs", "spool full during an outage", "oldest dropped, counted and logged; the newest delivered")
+
+
+def attempts(connected: list[float], apart: float = 0.7) -> list[float]:
+    """When each send attempt began: a connection less than ``apart`` after the one before belongs to its attempt
+    (the SDK's one immediate retry)."""
+    begun: list[float] = []
+    for before, at in itertools.pairwise([-math.inf, *connected]):
+        if at - before >= apart:
+            begun.append(at)
+    return begun
+
+
+def test_two_sidecars_against_a_dead_hub_do_not_retry_in_lock_step(simulator: SimulatorFactory,
+                                                                   sidecar: Callable[..., Sidecar], tmp_path: Path,
+                                                                   reliability: Reliability) -> None:
+    """Two sidecars whose hub is down (every connection closed at once) wait times of their own between attempts:
+    each wait lies between the first wait (1 s) and --eventhub-retry-max, differs from the other sidecar's, and
+    the waits at the cap are not one fixed time; no wait is the SDK's own."""
+    _, server = simulator("live-migration")
+    peers = [ClosingPeer(), ClosingPeer()]
+    count = 10
+    try:
+        for index, peer in enumerate(peers):
+            forwarding(sidecar, server.url, tmp_path / f"state{index}", peer.connection_string(),
+                       "--eventhub-retry-max", "3")
+        wait_until(lambda: all(len(attempts(peer.connected)) >= count for peer in peers), timeout=90,
+                   what=f"{count} send attempts of each sidecar")
+    finally:
+        for peer in peers:
+            peer.close()
+    gaps = [[later - earlier for earlier, later in itertools.pairwise(begun)]
+            for begun in (attempts(peer.connected)[:count] for peer in peers)]
+    assert all(0.9 <= gap <= 3.6 for each in gaps for gap in each), gaps  # the first wait to the cap, and connecting
+    assert max(abs(one - other) for one, other in zip(*gaps, strict=True)) > 0.2, gaps  # lock-step: within 10-30 ms
+    assert all(max(each[2:]) - min(each[2:]) > 0.2 for each in gaps), gaps  # at the cap: drawn, not fixed
+    reliability("Event Hubs", f"two sidecars against a hub that closes every connection, {count} attempts each",
+                "every wait between attempts drawn between 1 s and --eventhub-retry-max, none the SDK's; the two "
+                "sidecars' waits differ (not in lock-step)")
 
 
 def test_consume_command_prints_the_documents(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],

@@ -139,10 +139,14 @@ def test_backoff_honours_retry_after_up_to_the_cap() -> None:
     assert [poller.poll_once() for _ in range(3)] == [3.0, 5.0, 1.0]
 
 
-def test_backoff_doubles_and_is_capped() -> None:
-    """Repeated failures double the wait from the poll interval up to max_backoff, never beyond."""
-    poller, _, _ = make_poller([httpx.Response(500)] * 6, poll_interval=0.5, max_backoff=3.0)
-    assert [poller.poll_once() for _ in range(6)] == [0.5, 1.0, 2.0, 3.0, 3.0, 3.0]
+def test_backoff_is_jittered_from_the_poll_interval_up_to_max_backoff() -> None:
+    """Repeated failures wait, jittered, between the poll interval and a ceiling that doubles up to max_backoff, never
+    beyond: no two sidecars whose IMDS failed together poll again together."""
+    poller, _, _ = make_poller([httpx.Response(500)] * 8, poll_interval=0.5, max_backoff=3.0)
+    waits = [poller.poll_once() for _ in range(8)]
+    ceilings = [1.0, 2.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0]
+    assert all(0.5 <= wait <= ceiling for wait, ceiling in zip(waits, ceilings, strict=True)), waits
+    assert len(set(waits)) == len(waits)  # drawn, not a schedule
 
 
 def test_health_is_logged_per_change_not_per_poll(caplog: pytest.LogCaptureFixture) -> None:

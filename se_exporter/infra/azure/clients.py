@@ -27,6 +27,7 @@ from azure.eventhub.exceptions import (
     OperationTimeoutError,
 )
 
+from se_exporter.core.retry import spread
 from se_exporter.infra.azure.credential import SharedCredential, service_credential
 from se_exporter.infra.logs import redact, shorten
 from se_exporter.infra.options import connection_string_address
@@ -93,9 +94,20 @@ def connection_options(endpoint: str | None, ca_file: str | None,
 
 ProducerFactory = Callable[[], Any]  # -> azure.eventhub.aio.EventHubProducerClient
 
-# The caller's loop (the sidecar's forwarder, the simulator's platform copy) retries for ever with its own backoff;
-# the SDK only gets one quick retry per call.
-RETRY_TOTAL, RETRY_BACKOFF_FACTOR, RETRY_BACKOFF_MAX = 1, 0.5, 2.0
+# The caller's loop (the sidecar's forwarder, the simulator's platform copy) retries for ever with the project's
+# jittered backoff (core/retry.py). The SDK's own retries wait a fixed schedule (its retry modes are exponential and
+# fixed, neither jittered), so every sidecar of a fleet would wait the same: here it gets one immediate retry per call
+# (a link the service closed while idle is opened again at once) and no wait of its own.
+RETRY_TOTAL, RETRY_BACKOFF_FACTOR, RETRY_BACKOFF_MAX = 1, 0.0, 2.0
+# A consumer's retries stay the SDK's (a partition given up on is opened again only at the next load-balancing
+# round), but each client waits on a schedule of its own: the SDK's default factor, drawn anew per client.
+CONSUMER_RETRY_BACKOFF_FACTOR = 0.8
+
+
+def consumer_retry_options() -> dict[str, Any]:
+    """The retry options of an Event Hubs consumer client: the SDK's retries, on a schedule no other process shares
+    (``core.retry.spread``)."""
+    return {"retry_backoff_factor": spread(CONSUMER_RETRY_BACKOFF_FACTOR)}
 
 
 def producer_factory(connection_string: str | None, eventhub_name: str | None, namespace: str | None,
