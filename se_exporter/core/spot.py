@@ -2,7 +2,8 @@
 
 IMDS does not say which recommendation a Preempt follows, so they are linked by VM and time: the rule, and why the
 warning between them is the figure Spot users need, is docs/events.md's ("SpotRebalanceRecommendation's
-lifecycle"). Pure: records in, links out.
+lifecycle"). Pure: records in, links out. The lead is measured on the monotonic clock (``EventRecord``'s
+``first_seen_elapsed``): a wall clock stepped back between the two first sightings must not unlink them.
 """
 
 from __future__ import annotations
@@ -23,17 +24,24 @@ def _same_vm(one: EventRecord, other: EventRecord) -> bool:
     return any(name.lstrip("_").casefold() in names for name in other.event.resources)
 
 
+def lead_seconds(preempt: EventRecord, recommendation: EventRecord) -> float | None:
+    """Recommendation first seen -> Preempt first seen, on the monotonic clock; None when either reading is unknown."""
+    if preempt.first_seen_elapsed is None or recommendation.first_seen_elapsed is None:
+        return None
+    return preempt.first_seen_elapsed - recommendation.first_seen_elapsed
+
+
 def recommendation_before(preempt: EventRecord, candidates: Iterable[EventRecord]) -> EventRecord | None:
     """The recommendation ``preempt`` follows, or None (see the module docstring)."""
-    best: EventRecord | None = None
+    best: tuple[float, EventRecord] | None = None
     for record in candidates:
         if record.event.event_type != SPOT_REBALANCE:
             continue
-        lead = preempt.first_seen - record.first_seen
-        if 0 <= lead <= LINK_WINDOW_SECONDS and _same_vm(preempt, record) \
-                and (best is None or record.first_seen > best.first_seen):
-            best = record
-    return best
+        lead = lead_seconds(preempt, record)
+        if lead is not None and 0 <= lead <= LINK_WINDOW_SECONDS and _same_vm(preempt, record) \
+                and (best is None or lead < best[0]):
+            best = (lead, record)
+    return None if best is None else best[1]
 
 
 def links(transitions: Iterable[Transition], records: Mapping[str, EventRecord],

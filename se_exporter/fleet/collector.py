@@ -36,7 +36,7 @@ class PartitionView:
 
     lag_events: float | None = None
     lag_seconds: float | None = None
-    unsaved_since: float | None = None  # when the first event not yet covered by a checkpoint was handled
+    unsaved_since: float | None = None  # when (monotonic) the first event not yet checkpointed was handled
     newer_format: bool = False  # its state blob is a newer release's: neither state nor checkpoint written
 
 
@@ -165,7 +165,8 @@ class PartitionCollector(Collector):
     """The consumer's per-partition gauges, from what the consumer knows right now; never raises into a scrape."""
 
     def __init__(self, partitions: Callable[[], Mapping[str, PartitionView]],
-                 hub_partitions: Callable[[], int | None], clock: Callable[[], float] = time.time) -> None:
+                 hub_partitions: Callable[[], int | None], clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: the monotonic clock ``PartitionView.unsaved_since`` is read from (the checkpoint age)."""
         self._partitions = partitions
         self._hub_partitions = hub_partitions
         self._clock = clock

@@ -66,13 +66,16 @@ class Service:
 
     def __init__(self, settings: FleetSettings, fleet: Fleet, metrics: FleetMetrics, store: StateStore,
                  clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self._settings = settings
         self._fleet = fleet
         self._metrics = metrics
         self._report = Report(metrics)
-        self._clock = clock
-        self.keeper = PartitionPersistence(store, fleet, self._report, clock, sleep, settings.heartbeat_write_interval)
+        self._clock = clock  # the wall clock: compared with the hub's enqueue times and the stored rows' times
+        self._monotonic = monotonic  # what a wait within this process is measured on
+        self.keeper = PartitionPersistence(store, fleet, self._report, clock, sleep, settings.heartbeat_write_interval,
+                                           monotonic)
         self.partitions: dict[str, Partition] = {}
         self.restoring: set[str] = set()
         self.alive = time.monotonic()
@@ -144,7 +147,7 @@ class Service:
         self._count(len(events), outcomes)
         partition.last_event = partition.lag_from = events[-1]  # the lag is worked out when asked (``_lagged``)
         if view.unsaved_since is None:
-            view.unsaved_since = self._clock()
+            view.unsaved_since = self._monotonic()
 
     def _count(self, received: int, outcomes: dict[str, int]) -> None:
         """Counters once per batch, not per event (each increment and ``labels`` call takes a lock): what every batch

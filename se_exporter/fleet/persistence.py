@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Protocol, TypeVar
@@ -60,11 +61,14 @@ class PartitionPersistence:
     """Restores and saves the owned partitions' states through a ``StateStore``."""
 
     def __init__(self, store: StateStore, fleet: Fleet, report: Report, clock: Callable[[], float],
-                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep, heartbeat_interval: float = 0.0) -> None:
+                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep, heartbeat_interval: float = 0.0,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: the wall clock (what stored rows' times are checked against); ``monotonic``: what the wait of
+        unsaved events (``PartitionView.unsaved_since``) is measured on."""
         self.store = store
         self._fleet = fleet
         self._report = report
-        self._clock = clock
+        self._clock, self._monotonic = clock, monotonic
         self._sleep = sleep
         self.heartbeat_interval = heartbeat_interval
         store.on_written = lambda kind, size: report.metrics.state_bytes.labels(kind).inc(size)
@@ -103,7 +107,7 @@ class PartitionPersistence:
         has waited ``heartbeat_interval`` (the next owner replays them from the checkpoint anyway: docs/fleet.md,
         "Heartbeats wait"); anything else (a VM new, changed or gone, the platform picture) is written at once."""
         waiting = partition.view.unsaved_since
-        if waiting is None or self._clock() - waiting >= self.heartbeat_interval:
+        if waiting is None or self._monotonic() - waiting >= self.heartbeat_interval:
             return True
         return not self._fleet.heartbeats_only(partition.partition_id) or self._beside_dirty(partition)
 
@@ -151,7 +155,8 @@ class PartitionPersistence:
             metrics.checkpoints.labels("ok").inc()
             self._fleet.settle(partition_id, snapshot.tick)
             partition.saved = position
-            partition.view.unsaved_since = None if self._fleet.position(partition_id) == position else self._clock()
+            partition.view.unsaved_since = None if self._fleet.position(partition_id) == position \
+                else self._monotonic()
 
     async def _write(self, partition_id: str, snapshot: StateWrite) -> bool:
         """The state at the snapshot's position: a delta of what changed since the last write when the store can

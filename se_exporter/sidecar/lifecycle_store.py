@@ -4,6 +4,10 @@ Without this, a restart would see every listed event as new: ``scheduled`` count
 ``Started`` mistaken for a host failure with no notice. What is kept and what is ignored: docs/traces.md,
 "Restarts". Nothing in a file is trusted half-way: a wrongly typed value taken in here would fail later, in a
 scrape or a diff, far from its cause.
+
+Each record keeps its timestamps (the wall clock's) and, for its durations, how long before the save each moment was
+on the monotonic clock (``first_seen_ago``, ``started_ago``): no monotonic reading survives a reboot, so the time the
+sidecar was down is the one duration read from the wall clock (the file's ``saved_at`` to now), never below zero.
 """
 
 from __future__ import annotations
@@ -33,7 +37,16 @@ def _time(value: Any, key: str) -> float:
     return float(value)
 
 
-def records_from_json(items: Any) -> dict[str, EventRecord]:
+def _ago(value: Any, key: str) -> float:
+    seconds = _time(value, key)
+    if seconds < 0:
+        raise ValueError(f"{key} is negative")
+    return seconds
+
+
+def records_from_json(items: Any, elapsed: float = 0.0) -> dict[str, EventRecord]:
+    """The saved records; ``elapsed``: the monotonic clock's reading at the save, as this process counts (what each
+    record's ``*_ago`` is counted back from)."""
     if not isinstance(items, list):
         raise ValueError("records is not a list")
     records: dict[str, EventRecord] = {}
@@ -42,19 +55,27 @@ def records_from_json(items: Any) -> dict[str, EventRecord]:
             raise ValueError("a record is not an object")
         event = event_from_json(item.get("event"))
         started_at = item.get("started_at")
-        records[event.event_id] = EventRecord(event=event, first_seen=_time(item.get("first_seen"), "first_seen"),
-                                              started_at=None if started_at is None else _time(started_at,
-                                                                                                "started_at"))
+        started = None if started_at is None else _time(started_at, "started_at")
+        records[event.event_id] = EventRecord(
+            event=event, first_seen=_time(item.get("first_seen"), "first_seen"), started_at=started,
+            first_seen_elapsed=elapsed - _ago(item.get("first_seen_ago"), "first_seen_ago"),
+            started_elapsed=None if started is None else elapsed - _ago(item.get("started_ago"), "started_ago"))
     return records
+
+
+def _since(reading: float | None, elapsed: float) -> float:
+    """Seconds from a monotonic reading to ``elapsed`` (0 for a record made without one)."""
+    return 0.0 if reading is None else max(0.0, elapsed - reading)
 
 
 class LifecycleStore:
     """Saved state belongs to one IMDS endpoint (``scope``): another endpoint's lifecycles are not ours."""
 
-    def __init__(self, state_dir: Path, scope: str = "", clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, state_dir: Path, scope: str = "", clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.path = state_dir / "lifecycle.json"
         self._scope = scope
-        self._clock = clock
+        self._clock, self._monotonic = clock, monotonic  # the poller's: timestamps, and what durations count on
         self._file = StateFile(self.path, log, "cannot write the lifecycle state file %s: %s; open lifecycles will "
                                "not survive a restart until it can be written again",
                                "lifecycle state file %s written again")
@@ -71,14 +92,14 @@ class LifecycleStore:
             scope, saved_at = data.get("scope"), _time(data.get("saved_at"), "saved_at")
             if not isinstance(scope, str):
                 raise ValueError("scope is not a string")
-            records = records_from_json(data.get("records"))
+            age = self._clock() - saved_at
+            records = records_from_json(data.get("records"), self._monotonic() - max(0.0, age))
         except (OSError, ValueError, RecursionError) as exc:
             log.warning("ignoring the lifecycle state file %s: %s", self.path, str(exc)[:300])
             return {}
         if scope != self._scope:
             log.info("not continuing lifecycles saved for another IMDS endpoint (%s)", scope)
             return {}
-        age = self._clock() - saved_at
         if age > MAX_AGE_SECONDS:
             log.info("not continuing lifecycles saved %.0f hours ago", age / 3600)
             return {}
@@ -87,7 +108,10 @@ class LifecycleStore:
         return records
 
     def save(self, records: Mapping[str, EventRecord]) -> None:
+        elapsed = self._monotonic()
         data = {"version": VERSION, "scope": self._scope, "saved_at": self._clock(), "records": [
-            {"event": event_to_json(r.event), "first_seen": r.first_seen, "started_at": r.started_at}
+            {"event": event_to_json(r.event), "first_seen": r.first_seen, "started_at": r.started_at,
+             "first_seen_ago": _since(r.first_seen_elapsed, elapsed),
+             "started_ago": None if r.started_at is None else _since(r.started_elapsed, elapsed)}
             for r in records.values()]}
         self._file.save(json.dumps(data, separators=(",", ":")).encode(), make_parent=True)

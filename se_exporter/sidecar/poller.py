@@ -37,7 +37,9 @@ class Poller:
                  state: CurrentState | None = None, clock: Callable[[], float] = time.time,
                  store: LifecycleStore | None = None, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._imds = imds
-        self._monotonic = monotonic  # when the newer api-version is due again (tests move it forward)
+        # Durations (the lifecycle's, when the newer api-version is due again) are measured on ``monotonic``, and
+        # timestamps read from ``clock`` (the wall clock): tests move either.
+        self._monotonic = monotonic
         self._metrics = metrics
         self._sinks = sinks
         self._settings = settings
@@ -112,9 +114,9 @@ class Poller:
 
     def _apply(self, body: bytes, version: str) -> None:
         document = parse_document(body, self._memo)
-        now = self._clock()
+        now, elapsed = self._clock(), self._monotonic()
         previous = self.snapshot.records if self.snapshot.has_document else self._restored
-        step = lifecycle.diff(previous, document, now, self._ended, apiversion.unlisted_types(version))
+        step = lifecycle.diff(previous, document, now, self._ended, apiversion.unlisted_types(version), elapsed)
         if self._store is not None:
             self._store.save(step.records)
         first = self._last_body is None

@@ -125,7 +125,8 @@ def test_records_and_transitions_are_exactly_what_their_constructors_make() -> N
     assert [t.kind for step in steps for t in step.transitions] == [SCHEDULED, SCHEDULED, STARTED, RESCHEDULED]
     for step in steps:
         for record in [*step.records.values(), *(t.record for t in step.transitions)]:
-            made = EventRecord(record.event, record.first_seen, record.started_at, record.gone_at)
+            made = EventRecord(record.event, record.first_seen, record.started_at, record.gone_at,
+                               record.first_seen_elapsed, record.started_elapsed, record.gone_elapsed)
             assert (vars(record), record, repr(record)) == (vars(made), made, repr(made))
         for transition in step.transitions:
             made_t = Transition(transition.kind, transition.record, transition.previous_not_before)
@@ -216,3 +217,24 @@ def test_transition_kinds_read_as_their_published_names() -> None:
     assert (f"{kind}", "%s" % kind, str(kind), json.dumps(kind)) == (  # noqa: UP031 - the logging module's style
         "rescheduled", "rescheduled", "rescheduled", '"rescheduled"')
     assert [str(k) for k in TRANSITIONS] == ["scheduled", "started", "completed", "canceled", "rescheduled"]
+
+
+def test_a_wall_clock_stepped_back_makes_no_duration_negative() -> None:
+    """The wall clock stepped back an hour between first sight and start (NTP after a boot, an operator): the
+    timestamps are the wall clock's, as read, and notice, impact and lifetime are the monotonic clock's."""
+    first = diff({}, doc(1, event()), 5_000.0, elapsed=100.0)
+    started = diff(first.records, doc(2, event(status="Started")), 5_000.0 - 3600 + 30, first.ended, elapsed=130.0)
+    gone = diff(started.records, doc(3), 5_000.0 - 3600 + 37, started.ended, elapsed=137.0)
+    (completed,) = gone.transitions
+    record = completed.record
+    assert (record.first_seen, record.started_at, record.gone_at) == (5_000.0, 1_430.0, 1_437.0)
+    assert (record.notice_seconds, record.impact_seconds, record.lifetime_seconds) == (30.0, 7.0, 37.0)
+    assert started.transitions[0].record.notice_seconds == 30.0
+
+
+def test_a_wall_clock_stepped_forward_makes_no_duration_longer() -> None:
+    """A day's step forward between first sight and start is no day of notice."""
+    first = diff({}, doc(1, event()), 1_000.0, elapsed=10.0)
+    started = diff(first.records, doc(2, event(status="Started")), 1_000.0 + 86_400 + 5, first.ended, elapsed=15.0)
+    assert started.transitions[0].record.notice_seconds == 5.0
+    assert started.transitions[0].record.skipped_scheduled is False

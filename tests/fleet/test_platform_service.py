@@ -84,7 +84,7 @@ class Replica:
             return self.now[0]
 
         self.service = Service(FleetSettings(), self.fleet, metrics, MemoryStateStore(self.states), clock=clock,
-                               sleep=sleep)
+                               sleep=sleep, monotonic=clock)
         self.platform = Platform(metrics, Report(metrics), 3600.0, GRACE, 900.0, 1024 * 1024, clock, sleep)
         self.service.hub_partitions = self.partitions
         reader = self.platform.reader("platform", self.fleet, MemoryStateStore(self.states),

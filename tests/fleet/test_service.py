@@ -133,7 +133,8 @@ class Replica:
 
     states: dict[str, Stored] = field(default_factory=dict)
     slept: list[float] = field(default_factory=list)
-    now: float = NOW  # the service's clock
+    now: float = NOW  # the service's clock (its monotonic clock too)
+    wall_step: float = 0.0  # how far its wall clock was stepped from ``now``
 
     def __post_init__(self) -> None:
         self.registry, self.fleet = CollectorRegistry(), Fleet()
@@ -144,7 +145,7 @@ class Replica:
             self.slept.append(seconds)
 
         self.service = Service(FleetSettings(), self.fleet, FleetMetrics(self.registry), self.store,
-                               clock=lambda: self.now, sleep=sleep)
+                               clock=lambda: self.now + self.wall_step, sleep=sleep, monotonic=lambda: self.now)
         self.context = Context("ns", "hub", "$Default", "0", self.checkpoints)
 
         async def newest(partition_id: str) -> int | None:  # the hub's answer: the newest event the test read

@@ -202,6 +202,23 @@ def test_heartbeats_alone_wait_for_the_heartbeat_interval_and_any_other_change_i
     assert replica.checkpoints.written[-1] == (14, 14) and decode(replica.states[NAME].data, "0", replica.now).vms == {}
 
 
+def test_heartbeats_wait_the_heartbeat_interval_on_the_monotonic_clock_whatever_the_wall_clock_does() -> None:
+    """The replica's wall clock stepped back an hour while a heartbeat waited: it is written once it has waited the
+    heartbeat interval on the monotonic clock, not an hour later; the checkpoint age gauge counts the same wait."""
+    replica = claimed()
+    interval = replica.service.keeper.heartbeat_interval
+    fleet_of_ten(replica)
+    run(replica.service.write_due())
+    run(replica.read(Event(11, "vm-1", sequence=2, body=document(1))))  # a heartbeat
+    replica.wall_step -= 3600
+    replica.now += interval - 1
+    run(replica.service.write_due())
+    assert replica.checkpoints.written == [(10, 10)]  # it waits
+    replica.now += 1
+    run(replica.service.write_due())
+    assert replica.checkpoints.written == [(10, 10), (11, 11)]
+
+
 def test_the_heartbeat_interval_is_its_flag_and_never_shorter_than_the_checkpoint_interval() -> None:
     assert FleetSettings(checkpoint_interval=2).heartbeat_write_interval == 12
     assert FleetSettings(checkpoint_interval=2, heartbeat_checkpoint_interval=30).heartbeat_write_interval == 30

@@ -202,19 +202,54 @@ def test_a_pinned_version_is_never_negotiated(poller_for: Callable[..., tuple[
 def test_the_recommendation_to_preempt_time_is_measured(poller_for: Callable[..., tuple[
         Poller, Simulator, CollectorRegistry, RecordingSink, Clock]]) -> None:
     """The Preempt that follows a recommendation is linked to it; the histogram holds the time between their first
-    sightings (38 scenario seconds apart, read by a poller whose clock counts one second per document)."""
-    poller, sim, registry, sink, _ = poller_for("spot-rebalance")
+    sightings on the monotonic clock (37 s here, where the poller's wall clock counts one second per document)."""
+    poller, sim, registry, sink, clock = poller_for("spot-rebalance")
     sim.advance(3)
     poller.poll_once()
     sim.advance(37)
+    clock.now += 37
     poller.poll_once()
     (change,) = [c for c in sink.changes if c.follows]
     ((key, recommendation),) = change.follows.items()
     assert (change.records[key].event.event_type, recommendation.event.event_type) == (
         "Preempt", "SpotRebalanceRecommendation")
     assert registry.get_sample_value("azure_scheduled_events_spot_rebalance_to_preempt_seconds_count") == 1.0
-    assert registry.get_sample_value("azure_scheduled_events_spot_rebalance_to_preempt_seconds_sum") == (
-        change.records[key].first_seen - recommendation.first_seen)
+    assert registry.get_sample_value("azure_scheduled_events_spot_rebalance_to_preempt_seconds_sum") == 37.0
+
+
+def test_a_wall_clock_stepped_back_keeps_the_preempt_linked_and_its_notice_positive(simulator: SimulatorFactory) -> None:
+    """The poller's wall clock stepped back ten minutes between the recommendation and the Preempt, and again before
+    the Preempt started: the Preempt is still linked (lead 37 s, on the monotonic clock) and its notice is the
+    monotonic clock's, never negative."""
+    sim, server = simulator("spot-rebalance", held=True)
+    settings = Settings(imds_url=server.url, api_version=NEWEST, vm_name=sim.vm["name"])
+    transport = KeepAliveTransport()
+    imds = ImdsClient(transport, settings.imds_url, settings.first_api_version, 2.0, 2.0, 1 << 20)
+    registry = CollectorRegistry()
+    state = CurrentState(Snapshot(vm_name=settings.vm_name, api_version=settings.first_api_version))
+    metrics = Metrics(registry, state.get)
+    sink = RecordingSink()
+    wall, elapsed = Clock(), Clock()
+    wall.now = 1_800_000_000.0
+    poller = Poller(imds, metrics, FanOut([MetricsSink(metrics), sink], on_error=lambda name: None), settings,
+                    state, clock=wall, monotonic=elapsed)
+    try:
+        sim.advance(3)
+        poller.poll_once()
+        sim.advance(37)
+        wall.now -= 600 - 37
+        elapsed.now += 37
+        poller.poll_once()
+        (start,) = [spec.start_time(None) for spec in sim.scenario.events if spec.event_type == "Preempt"]
+        sim.advance(start - sim.scenario_time() + 1)
+        wall.now -= 3600
+        elapsed.now += 31
+        poller.poll_once()
+    finally:
+        transport.close()
+    assert registry.get_sample_value("azure_scheduled_events_spot_rebalance_to_preempt_seconds_sum") == 37.0
+    assert registry.get_sample_value("azure_scheduled_events_notice_seconds_sum",
+                                     {"event_type": "Preempt", "affects_this_vm": "true"}) == 31.0
 
 
 @pytest.mark.parametrize(("body", "fell_back"), [

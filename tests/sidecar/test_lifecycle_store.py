@@ -19,12 +19,30 @@ EVENT = ScheduledEvent("E1", "Freeze", "Scheduled", "VirtualMachine", ("vm0", "v
 
 
 def test_records_round_trip(tmp_path: Path) -> None:
-    """What is saved is loaded back equal: the event as last listed, first seen, started at."""
-    store = LifecycleStore(tmp_path)
-    records = {"E1": EventRecord(EVENT, first_seen=100.5), "E2": EventRecord(
-        ScheduledEvent("E2", "Reboot", "Started", None, (), None, None, None, None), 10.0, started_at=20.0)}
+    """What is saved is loaded back equal: the event as last listed, first seen, started at (timestamps), and the
+    monotonic readings of both, counted on the clock of the process that loads them."""
+    store = LifecycleStore(tmp_path, clock=lambda: 1000.0, monotonic=lambda: 50.0)
+    records = {"E1": EventRecord(EVENT, first_seen=100.5, first_seen_elapsed=40.0), "E2": EventRecord(
+        ScheduledEvent("E2", "Reboot", "Started", None, (), None, None, None, None), 10.0, started_at=20.0,
+        first_seen_elapsed=20.0, started_elapsed=30.0)}
     store.save(records)
-    assert LifecycleStore(tmp_path).load() == records
+    assert LifecycleStore(tmp_path, clock=lambda: 1000.0, monotonic=lambda: 50.0).load() == records
+    moved = LifecycleStore(tmp_path, clock=lambda: 1000.0, monotonic=lambda: 7050.0).load()
+    assert (moved["E2"].first_seen_elapsed, moved["E2"].started_elapsed) == (7020.0, 7030.0)
+
+
+@pytest.mark.parametrize("wall_at_load", [1000.0 + 120, 1000.0 - 3600], ids=["forward", "stepped-back"])
+def test_durations_across_a_restart_count_the_downtime_from_the_wall_clock_never_below_zero(
+        tmp_path: Path, wall_at_load: float) -> None:
+    """A restart (a reboot: the monotonic clock starts again) counts the time down on the wall clock, from the
+    save to the load: a notice begun 10 s before a 120 s downtime is 130 s old at the load; a wall clock stepped back
+    meanwhile counts the downtime as 0, never a negative notice."""
+    LifecycleStore(tmp_path, clock=lambda: 1000.0, monotonic=lambda: 5000.0).save(
+        {"E1": EventRecord(EVENT, first_seen=990.0, first_seen_elapsed=4990.0)})
+    (loaded,) = LifecycleStore(tmp_path, clock=lambda: wall_at_load, monotonic=lambda: 3.0).load().values()
+    assert loaded.first_seen == 990.0  # the timestamp as it was read
+    assert loaded.first_seen_elapsed is not None
+    assert 3.0 - loaded.first_seen_elapsed == (130.0 if wall_at_load > 1000.0 else 10.0)
 
 
 def test_state_of_another_imds_endpoint_is_not_continued(tmp_path: Path) -> None:

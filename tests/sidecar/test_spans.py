@@ -117,6 +117,30 @@ def test_attributes_of_the_documented_example() -> None:
     assert (notice.end_time - notice.start_time) / 1e9 == pytest.approx(900.0)
 
 
+def test_a_wall_clock_stepped_back_never_ends_a_span_before_it_began() -> None:
+    """The wall clock stepped back an hour between first sight and start: each span starts at the wall clock's
+    reading and lasts what the monotonic clock measured (30 s of notice, 7 s of impact), never a negative time."""
+    exporter = InMemorySpanExporter()
+    ids = EventIdGenerator()
+    provider = TracerProvider(id_generator=ids)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    sink = SpanSink(provider, ids, None)
+    scenario = scenarios.load("live-migration")
+    records: Mapping[str, EventRecord] = {}
+    for incarnation, (t, wall, elapsed) in enumerate([(3.0, EPOCH, 100.0), (903.0, EPOCH - 3600 + 30, 130.0),
+                                                       (934.0, EPOCH - 3600 + 37, 137.0)], start=1):
+        document = document_at(scenario, t, incarnation)
+        step = diff(records, document, wall, elapsed=elapsed)
+        records = step.records
+        sink.export(DocumentChange(b"", document, step.transitions, step.records, wall, "WestNO_0", None,
+                                   "2020-07-01"))
+    spans = {span.name: span for span in exporter.get_finished_spans() if span.name != "scheduled_event.update"}
+    lengths = {name: ((span.end_time or 0) - (span.start_time or 0)) / 1e9 for name, span in spans.items()}
+    assert lengths == pytest.approx({"scheduled_event.notice": 30.0, "scheduled_event.impact": 7.0,
+                                     "scheduled_event": 37.0})
+    assert spans["scheduled_event"].start_time == int(EPOCH * 1e9)  # the timestamp as the wall clock read it
+
+
 def test_host_failure_has_a_zero_notice_span() -> None:
     """Started at first sight: the notice span exists and lasts 0 s, which is the point."""
     notice = next(s for s in run("host-failure") if s.name == "scheduled_event.notice")

@@ -6,6 +6,7 @@ import logging
 
 from se_exporter.core.lifecycle import CANCELED, COMPLETED, RESCHEDULED, SCHEDULED, STARTED, Transition
 from se_exporter.core.model import affects_label, affects_vm
+from se_exporter.core.spot import lead_seconds
 from se_exporter.infra.logs import fields
 from se_exporter.sidecar.sinks import DocumentChange, Sink
 
@@ -55,7 +56,7 @@ def _details(transition: Transition, change: DocumentChange) -> dict[str, object
     recommendation = change.follows.get(event.key)
     if recommendation is not None:
         details["follows_recommendation_id"] = recommendation.event.event_id
-        details["recommendation_lead_seconds"] = round(max(0.0, record.first_seen - recommendation.first_seen), 3)
+        details["recommendation_lead_seconds"] = round(max(0.0, lead_seconds(record, recommendation) or 0.0), 3)
     if transition.kind == COMPLETED and record.impact_seconds is not None:
         details["impact_seconds"] = round(record.impact_seconds, 3)
     return details

@@ -22,6 +22,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 
 from se_exporter.core.lifecycle import CANCELED, COMPLETED, STARTED, EventRecord, Transition
 from se_exporter.core.model import ScheduledEvent, affects_vm, event_key, json_kind
+from se_exporter.core.spot import lead_seconds
 from se_exporter.infra.files import StateFile, read_state_file
 from se_exporter.sidecar.sinks import DocumentChange, Sink
 
@@ -109,7 +110,7 @@ def transition_extras(transition: Transition, change: DocumentChange) -> dict[st
     recommendation = change.follows.get(record.event.key)
     if recommendation is not None:
         extra[PREFIX + "follows_recommendation_id"] = recommendation.event.event_id
-        extra[PREFIX + "recommendation_lead_seconds"] = max(0.0, record.first_seen - recommendation.first_seen)
+        extra[PREFIX + "recommendation_lead_seconds"] = max(0.0, lead_seconds(record, recommendation) or 0.0)
     return extra
 
 
@@ -170,15 +171,17 @@ class SpanSink(Sink):
         self._note(record, kind.value, vm_key, incarnation, change, transition_extras(transition, change))
         event_id = record.event.event_id
         attrs = attributes(record.event, incarnation, change.vm_name)
-        # The notice ends when the event starts, or when it is canceled before it starts.
-        notice_end = {STARTED: record.started_at, CANCELED: record.gone_at}.get(kind)
-        if notice_end is not None:
-            self._span(event_id, vm_key, "scheduled_event.notice", "notice", record.first_seen, notice_end, attrs)
+        # The notice ends when the event starts, or when it is canceled before it starts. Each span starts at the
+        # wall clock's reading and lasts what the monotonic clock measured (EventRecord), so a clock stepped back
+        # between its ends never makes it end before it began.
+        notice = {STARTED: record.notice_seconds, CANCELED: record.lifetime_seconds}.get(kind)
+        if kind in (STARTED, CANCELED):
+            self._span(event_id, vm_key, "scheduled_event.notice", "notice", record.first_seen, notice, attrs)
         if kind in (COMPLETED, CANCELED) and record.gone_at is not None:
             if kind == COMPLETED and record.started_at is not None:
-                self._span(event_id, vm_key, "scheduled_event.impact", "impact", record.started_at, record.gone_at,
-                           attrs)
-            self._span(event_id, vm_key, "scheduled_event", "root", record.first_seen, record.gone_at,
+                self._span(event_id, vm_key, "scheduled_event.impact", "impact", record.started_at,
+                           record.impact_seconds, attrs)
+            self._span(event_id, vm_key, "scheduled_event", "root", record.first_seen, record.lifetime_seconds,
                        {**attrs, PREFIX + "outcome": kind.value}, self._open.pop(record.event.key, []))
 
     def _note(self, record: EventRecord, kind: str, vm_key: str, incarnation: int | None, change: DocumentChange,
@@ -195,7 +198,7 @@ class SpanSink(Sink):
                                        attributes=attrs, start_time=now_ns)
         span.end(end_time=now_ns)
 
-    def _span(self, event_id: str, vm_key: str, name: str, role: str, start: float, end: float,
+    def _span(self, event_id: str, vm_key: str, name: str, role: str, start: float, seconds: float | None,
               attrs: Mapping[str, Any], events: _SpanEvents | None = None) -> None:
         trace_id = trace_id_for(event_id)
         context = None if role == "root" else root_context(event_id, vm_key)
@@ -204,7 +207,7 @@ class SpanSink(Sink):
                                            start_time=int(start * 1e9))
         for event_name, timestamp, event_attrs in events or ():
             span.add_event(event_name, event_attrs, timestamp=timestamp)
-        span.end(end_time=int(end * 1e9))
+        span.end(end_time=int((start + max(0.0, seconds or 0.0)) * 1e9))
 
     def _load(self) -> dict[str, _SpanEvents]:
         """Span events saved before a restart; a file of any other shape is logged once and ignored."""

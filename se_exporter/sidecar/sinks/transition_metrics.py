@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from se_exporter.core.lifecycle import COMPLETED, STARTED
 from se_exporter.core.model import EVENT_TYPES, affects_label, affects_vm
+from se_exporter.core.spot import lead_seconds
 from se_exporter.sidecar.metrics import Metrics
 from se_exporter.sidecar.sinks import DocumentChange, Sink
 
@@ -35,4 +36,4 @@ class MetricsSink(Sink):
         for key, recommendation in change.follows.items():
             preempt = change.records.get(key)
             if preempt is not None:
-                self._metrics.rebalance_to_preempt.observe(max(0.0, preempt.first_seen - recommendation.first_seen))
+                self._metrics.rebalance_to_preempt.observe(max(0.0, lead_seconds(preempt, recommendation) or 0.0))
