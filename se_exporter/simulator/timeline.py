@@ -19,13 +19,20 @@ MAX_SCENARIO_TIME = 100 * 365 * 86400  # seconds: a century of scenario, far bel
 
 
 class Timeline:
-    """Scenario time (wall time times ``speed``, plus jumps) and approvals; thread-safe."""
+    """Scenario time (elapsed time times ``speed``, plus jumps) and approvals; thread-safe.
 
-    def __init__(self, scenario: Scenario, speed: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+    Scenario time counts on ``monotonic``, and ``clock`` (the wall clock) only says when a scenario second is as a
+    timestamp (NotBefore, a token's expiry): a wall clock stepped back must not send a scenario back, nor one stepped
+    forward end its events early. ``monotonic`` None: the monotonic clock, or ``clock`` itself when a test passes one
+    (a test's clock is both)."""
+
+    def __init__(self, scenario: Scenario, speed: float = 1.0, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] | None = None) -> None:
         self.scenario = scenario
         self.speed = speed
         self.clock = clock
-        self._start = clock()
+        self.monotonic = monotonic or (time.monotonic if clock is time.time else clock)
+        self._start = self.monotonic()
         self._offset = 0.0
         self._lock = threading.Lock()
         self._approvals: dict[str, float] = {}
@@ -33,7 +40,7 @@ class Timeline:
     def now(self) -> tuple[float, float]:
         """(wall time, scenario time) read together."""
         wall = self.clock()
-        return wall, (wall - self._start) * self.speed + self._offset
+        return wall, (self.monotonic() - self._start) * self.speed + self._offset
 
     def scenario_time(self) -> float:
         return self.now()[1]

@@ -217,7 +217,8 @@ def test_the_recommendation_to_preempt_time_is_measured(poller_for: Callable[...
     assert registry.get_sample_value("azure_scheduled_events_spot_rebalance_to_preempt_seconds_sum") == 37.0
 
 
-def test_a_wall_clock_stepped_back_keeps_the_preempt_linked_and_its_notice_positive(simulator: SimulatorFactory) -> None:
+def test_a_wall_clock_stepped_back_keeps_the_preempt_linked_and_its_notice_positive(
+        simulator: SimulatorFactory) -> None:
     """The poller's wall clock stepped back ten minutes between the recommendation and the Preempt, and again before
     the Preempt started: the Preempt is still linked (lead 37 s, on the monotonic clock) and its notice is the
     monotonic clock's, never negative."""
