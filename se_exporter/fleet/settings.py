@@ -25,6 +25,7 @@ from se_exporter.infra.options import (
     parse_consumer_group,
     parse_listen,
     parse_name,
+    parse_url,
     resolve,
     starting_position,
 )
@@ -87,16 +88,12 @@ def _check_blob_endpoint(text: str) -> None:
 
 
 def parse_account_url(text: str) -> str:
-    """An https URL: the storage SDK sends managed-identity tokens over https only."""
-    import httpx  # noqa: PLC0415 - only for the fleet command: the sidecar's `run` never loads httpx
-
-    try:
-        url = httpx.URL(text.strip())
-    except (httpx.InvalidURL, TypeError) as exc:
-        raise ValueError(f"{text!r} is not a URL ({exc})") from None
-    if url.scheme != "https" or not url.host or url.query or url.fragment:
+    """An https URL: the storage SDK sends managed-identity tokens over https only. Read by ``parse_url``, whose
+    errors never repeat what ``logs.redact`` could not hide (a SAS token in the query is redacted where shown)."""
+    url = parse_url(text.strip(), example="https://myaccount.blob.core.windows.net")
+    if urllib.parse.urlsplit(url).scheme != "https":
         raise ValueError(f"{text!r} is not an https URL like https://myaccount.blob.core.windows.net")
-    return text.strip().rstrip("/")
+    return url
 
 
 def parse_container(text: str) -> str:

@@ -49,14 +49,19 @@ def process_environment() -> Mapping[str, str]:
 
 
 def parse_url(text: str, example: str = "http://169.254.169.254") -> str:
+    """An http(s) base URL. What an error repeats of it passes ``logs.redact`` on its way out, which finds a password
+    up to a blank: so a URL holding a blank is not repeated at all, nor is what urlsplit says (its message quotes the
+    port, which in ``http://user:pa/ss@host`` is the start of the password)."""
     # The standard library's urlsplit, not httpx.URL: a sidecar polling IMDS never loads httpx (~1.9 MB).
-    if any(char.isspace() or not char.isprintable() for char in text):
-        raise ValueError(f"{text!r} is not a URL (it holds a blank or a control character)")
+    for position, char in enumerate(text, 1):
+        if char.isspace() or not char.isprintable():
+            raise ValueError(f"is not a URL: character {position} is a blank or a control character ({char!r})")
     try:
         url = urlsplit(text)
         url.port  # noqa: B018 - read for its check: ValueError unless a number in 0-65535
-    except ValueError as exc:
-        raise ValueError(f"{text!r} is not a URL ({exc})") from None
+    except ValueError:
+        raise ValueError(f"{text!r} is not a URL: its port must be a number from 0 to 65535, and an IPv6 address "
+                         "is written in brackets ([::1])") from None
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ValueError(f"{text!r} is not an http(s) URL with a host, e.g. {example}")
     if url.query or url.fragment:
