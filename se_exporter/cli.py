@@ -177,8 +177,8 @@ def simulate(settings: SimulatorSettings, list_only: bool = False) -> int:
                                      for sim in (first, *others)))
     if copy is not None:
         copy.start()
-        logs.say(f"Platform copy ({settings.platform_schema}) to "
-                 + " and ".join(output.name for output in copy.outputs) + f"; counts at {server.url}/_simulator/platform")
+        outputs = " and ".join(output.name for output in copy.outputs)
+        logs.say(f"Platform copy ({settings.platform_schema}) to {outputs}; counts at {server.url}/_simulator/platform")
     stop = threading.Event()
     HOST_OS.on_stop(stop.set)
     stop.wait()

@@ -14,6 +14,7 @@ from se_exporter.infra.options import (
     EVENTHUB_OPTIONS,
     LOG_OPTIONS,
     PLATFORM_EVENTHUB_OPTIONS,
+    UNPARSED_URL,
     Bounded,
     HubReader,
     Listen,
@@ -80,8 +81,8 @@ def _check_blob_endpoint(text: str) -> None:
     try:
         url = urllib.parse.urlsplit(text.strip())
         url.port  # noqa: B018 - read for its check: ValueError when out of range or not a number
-    except ValueError as error:
-        raise ValueError(f"has a BlobEndpoint that is not a URL ({error})") from None
+    except ValueError:
+        raise ValueError(f"has a BlobEndpoint that is not a URL ({UNPARSED_URL})") from None
     if url.scheme.lower() not in ("http", "https") or not url.hostname:
         raise ValueError("has a BlobEndpoint that is not an http(s) URL like "
                          "https://myaccount.blob.core.windows.net")

@@ -48,10 +48,14 @@ def process_environment() -> Mapping[str, str]:
 # ---------------------------------------------------------------- value parsers (str -> value)
 
 
+# Why urlsplit refused a URL, said without its message: that quotes the port, which in ``http://user:pa/ss@host`` (an
+# unencoded ``/`` in a password) is the start of the password.
+UNPARSED_URL = "its port must be a number from 0 to 65535, and an IPv6 address is written in brackets ([::1])"
+
+
 def parse_url(text: str, example: str = "http://169.254.169.254") -> str:
     """An http(s) base URL. What an error repeats of it passes ``logs.redact`` on its way out, which finds a password
-    up to a blank: so a URL holding a blank is not repeated at all, nor is what urlsplit says (its message quotes the
-    port, which in ``http://user:pa/ss@host`` is the start of the password)."""
+    up to a blank: so a URL holding a blank is not repeated at all, nor is what urlsplit says (``UNPARSED_URL``)."""
     # The standard library's urlsplit, not httpx.URL: a sidecar polling IMDS never loads httpx (~1.9 MB).
     for position, char in enumerate(text, 1):
         if char.isspace() or not char.isprintable():
@@ -60,8 +64,7 @@ def parse_url(text: str, example: str = "http://169.254.169.254") -> str:
         url = urlsplit(text)
         url.port  # noqa: B018 - read for its check: ValueError unless a number in 0-65535
     except ValueError:
-        raise ValueError(f"{text!r} is not a URL: its port must be a number from 0 to 65535, and an IPv6 address "
-                         "is written in brackets ([::1])") from None
+        raise ValueError(f"{text!r} is not a URL: {UNPARSED_URL}") from None
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ValueError(f"{text!r} is not an http(s) URL with a host, e.g. {example}")
     if url.query or url.fragment:
@@ -219,8 +222,8 @@ def parse_connection_string(text: str) -> str:
     try:
         url = urlsplit(endpoint)
         url.port  # noqa: B018 - read for its check: ValueError unless a number in 0-65535
-    except ValueError as exc:
-        raise ValueError(f"has an Endpoint that is not a URL ({endpoint!r}: {exc})") from None
+    except ValueError:
+        raise ValueError(f"has an Endpoint that is not a URL ({endpoint!r}: {UNPARSED_URL})") from None
     if not url.hostname:
         raise ValueError(f"has an Endpoint without a host ({endpoint!r}); expected sb://<namespace>/")
     if "entitypath" in parts and not parts["entitypath"]:
