@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.consume.settings import CONSUME_OPTIONS
 from se_exporter.fleet.settings import FLEET_OPTIONS
-from se_exporter.infra.options import Bounded, Option
+from se_exporter.infra.options import DURATIONS, Bounded, Option
 from se_exporter.sidecar.settings import run_options
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.settings import SIMULATE_OPTIONS
@@ -160,7 +160,8 @@ def reference() -> str:
     lines = ["# Reference: flags and metrics", "", GENERATED, "",
              "Every setting is a flag and an environment variable; a flag wins over the environment, which wins over "
              "the default. A bad value stops start-up with exit code 2 and one line that names the setting. The "
-             "meaning column is the `--help` text.", ""]
+             f"meaning column is the `--help` text. {DURATIONS} The standard `OTEL_BSP_*` and `OTEL_BLRP_*` "
+             "variables keep their specification's integer milliseconds.", ""]
     for command, what in COMMANDS:
         lines += [f"## `se-exporter {command}`", "", f"{what[0].upper()}{what[1:]}.", ""]
         lines += flag_rows(command_options(command))

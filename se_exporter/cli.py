@@ -1,6 +1,9 @@
 """Command line: ``se-exporter run`` (the sidecar) and ``se-exporter simulate`` (the IMDS double).
 
-Every failure to start is one line on stderr and exit code 2, naming the setting to fix.
+Every failure to start is one line on stderr and exit code 2, naming the setting to fix. Whatever the commands tell
+a person goes through ``logs.redact``: log records (the formatters), and what is printed here (``logs.say``: the
+start-up error, argparse's, the banners; a crash, through the log), since a value given in a flag or a variable can
+reach each of them.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ _FLAGS: dict[type[StorageError], str] = {StateDirError: "--state-dir", SpoolErro
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """One line, exit 2: what a person or an init system log needs, without the usage dump."""
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, logs.redact(f"{self.prog}: error: {message} (see --help)\n"))
 
 
 class SimulatedImds:
@@ -92,7 +95,13 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     environment = process_environment() if env is None else env
     outbound.install()  # read-only towards IMDS, whatever a command's libraries do (for good: not restored)
     with processwide.restored():  # handlers, hooks and logging the command installs end with it
-        return _dispatch(args, environment)
+        threading.excepthook = lambda args: report_crash(args.exc_type, args.exc_value or Exception(),
+                                                         args.exc_traceback)
+        try:
+            return _dispatch(args, environment)
+        except Exception as error:  # reported here: past ``restored`` Python's own hook would print it unredacted
+            report_crash(type(error), error, error.__traceback__)
+            return 1
 
 
 def _dispatch(args: argparse.Namespace, environment: Mapping[str, str]) -> int:
@@ -110,38 +119,39 @@ def _dispatch(args: argparse.Namespace, environment: Mapping[str, str]) -> int:
             return run_fleet(settings)
         return run(run_settings(args, environment))
     except ConfigError as error:
-        print(f"se-exporter: error: {error}", file=sys.stderr)
+        logs.say(f"se-exporter: error: {error}", sys.stderr)
         return 2
     except StorageError as error:
-        print(f"se-exporter: error: {_FLAGS[type(error)]} {error.path}: {error.reason}", file=sys.stderr)
+        logs.say(f"se-exporter: error: {_FLAGS[type(error)]} {error.path}: {error.reason}", sys.stderr)
         return 2
 
 
 def report_crash(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-    """Uncaught exceptions go through the log formatter, which redacts secrets, not straight to stderr."""
+    """Uncaught exceptions go through the log formatter, which redacts secrets, not straight to stderr; one that
+    comes before the command set up its logging gets the text format."""
+    if not logging.getLogger().handlers:
+        logs.setup("info", "text")
     log.critical("se-exporter crashed: %s", exc, exc_info=(exc_type, exc, tb))
 
 
 def run(settings: Settings) -> int:
     logs.setup(settings.log_level, settings.log_format)
-    sys.excepthook = report_crash
-    threading.excepthook = lambda args: report_crash(args.exc_type, args.exc_value or Exception(), args.exc_traceback)
     started = time.monotonic()
     with Sidecar(settings, simulate=SimulatedImds) as sidecar:  # whatever was started is stopped, also on failure
         sidecar.listen()
         simulated, settings = sidecar.simulated, sidecar.settings
         sim = simulated.simulator if isinstance(simulated, SimulatedImds) else None
         if sim is not None:
-            print(demo.banner(settings, settings.imds_url, sidecar.metrics_url, sim.scenario.name,
-                              sim.scenario.description), flush=True)
+            logs.say(demo.banner(settings, settings.imds_url, sidecar.metrics_url, sim.scenario.name,
+                                 sim.scenario.description))
         stop = threading.Event()
         sidecar.start(stop)
         HOST_OS.on_stop(stop.set)  # SIGTERM/SIGINT/SIGHUP, or Windows' console control events: an orderly stop
         stop.wait()
         log.info("stopping")
     if sim is not None:  # after the orderly stop: spans flushed, documents written, counts final
-        print(demo.summary(demo.samples(sidecar.registry), time.monotonic() - started, sim.scenario_time(), settings),
-              flush=True)
+        logs.say(demo.summary(demo.samples(sidecar.registry), time.monotonic() - started, sim.scenario_time(),
+                              settings))
     return 0
 
 
@@ -160,16 +170,15 @@ def simulate(settings: SimulatorSettings, list_only: bool = False) -> int:
     copy = publish.from_settings(settings, first.timeline)
     server = http_server.bind(settings.listen, lambda: start(first, settings.listen.host, settings.listen.port,
                                                              others=others, platform=copy.stats if copy else None))
-    print(f"IMDS simulator ({first.scenario.name}, speed {settings.speed:g}) at {server.url}\n"
-          f"Try: curl -H Metadata:true '{server.url}/metadata/scheduledevents?api-version=2020-07-01'", flush=True)
+    logs.say(f"IMDS simulator ({first.scenario.name}, speed {settings.speed:g}) at {server.url}\n"
+             f"Try: curl -H Metadata:true '{server.url}/metadata/scheduledevents?api-version=2020-07-01'")
     if others:
-        print("VMs: " + ", ".join(f"{sim.vm['name']} at {server.vm_url(sim.vm['name'])}" for sim in (first, *others)),
-              flush=True)
+        logs.say("VMs: " + ", ".join(f"{sim.vm['name']} at {server.vm_url(sim.vm['name'])}"
+                                     for sim in (first, *others)))
     if copy is not None:
         copy.start()
-        print(f"Platform copy ({settings.platform_schema}) to "
-              + " and ".join(output.name for output in copy.outputs) + f"; counts at {server.url}/_simulator/platform",
-              flush=True)
+        outputs = " and ".join(output.name for output in copy.outputs)
+        logs.say(f"Platform copy ({settings.platform_schema}) to {outputs}; counts at {server.url}/_simulator/platform")
     stop = threading.Event()
     HOST_OS.on_stop(stop.set)
     stop.wait()

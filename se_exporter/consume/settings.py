@@ -30,7 +30,7 @@ CONSUME_OPTIONS: tuple[Option, ...] = (
     Option("max_events", "--max-events", Bounded(1, 10**12, unit="", integer=True),
            "stop after this many documents (default: run until interrupted)", "N"),
     Option("idle_timeout", "--idle-timeout", Bounded(0.1, 366 * 86400),
-           "stop when no document arrived for this long (default: never)", "SECONDS"),
+           "stop when no document arrived for this long (default: never)", "DURATION"),
 )
 
 

@@ -14,6 +14,7 @@ from se_exporter.infra.options import (
     EVENTHUB_OPTIONS,
     LOG_OPTIONS,
     PLATFORM_EVENTHUB_OPTIONS,
+    UNPARSED_URL,
     Bounded,
     HubReader,
     Listen,
@@ -25,7 +26,9 @@ from se_exporter.infra.options import (
     parse_consumer_group,
     parse_listen,
     parse_name,
+    parse_url,
     resolve,
+    show_duration,
     starting_position,
 )
 
@@ -79,24 +82,20 @@ def _check_blob_endpoint(text: str) -> None:
     try:
         url = urllib.parse.urlsplit(text.strip())
         url.port  # noqa: B018 - read for its check: ValueError when out of range or not a number
-    except ValueError as error:
-        raise ValueError(f"has a BlobEndpoint that is not a URL ({error})") from None
+    except ValueError:
+        raise ValueError(f"has a BlobEndpoint that is not a URL ({UNPARSED_URL})") from None
     if url.scheme.lower() not in ("http", "https") or not url.hostname:
         raise ValueError("has a BlobEndpoint that is not an http(s) URL like "
                          "https://myaccount.blob.core.windows.net")
 
 
 def parse_account_url(text: str) -> str:
-    """An https URL: the storage SDK sends managed-identity tokens over https only."""
-    import httpx  # noqa: PLC0415 - only for the fleet command: the sidecar's `run` never loads httpx
-
-    try:
-        url = httpx.URL(text.strip())
-    except (httpx.InvalidURL, TypeError) as exc:
-        raise ValueError(f"{text!r} is not a URL ({exc})") from None
-    if url.scheme != "https" or not url.host or url.query or url.fragment:
+    """An https URL: the storage SDK sends managed-identity tokens over https only. Read by ``parse_url``, whose
+    errors never repeat what ``logs.redact`` could not hide (a SAS token in the query is redacted where shown)."""
+    url = parse_url(text.strip(), example="https://myaccount.blob.core.windows.net")
+    if urllib.parse.urlsplit(url).scheme != "https":
         raise ValueError(f"{text!r} is not an https URL like https://myaccount.blob.core.windows.net")
-    return text.strip().rstrip("/")
+    return url
 
 
 def parse_container(text: str) -> str:
@@ -130,23 +129,23 @@ FLEET_OPTIONS: tuple[Option, ...] = (
            "client id of a user-assigned managed identity for storage (default: --eventhub-client-id)", "ID"),
     Option("checkpoint_interval", "--checkpoint-interval", CHECKPOINT_INTERVAL,
            f"how often each owned partition's state and checkpoint are written (default "
-           f"{DEFAULT_CHECKPOINT_INTERVAL:g}); a partition where only heartbeats arrived waits for "
-           "--heartbeat-checkpoint-interval", "SECONDS"),
+           f"{show_duration(DEFAULT_CHECKPOINT_INTERVAL)}); a partition where only heartbeats arrived waits for "
+           "--heartbeat-checkpoint-interval", "DURATION"),
     Option("heartbeat_checkpoint_interval", "--heartbeat-checkpoint-interval", CHECKPOINT_INTERVAL,
            f"how often a partition where only heartbeats arrived is written (default {HEARTBEAT_WRITES_EVERY} x "
-           f"--checkpoint-interval, at most {HEARTBEAT_WRITES_AT_MOST:g}, never less than --checkpoint-interval): a "
-           "restart replays at most this much", "SECONDS"),
+           f"--checkpoint-interval, at most {show_duration(HEARTBEAT_WRITES_AT_MOST)}, never less than "
+           "--checkpoint-interval): a restart replays at most this much", "DURATION"),
     Option("vm_expiry", "--vm-expiry", Bounded(1, 30 * 86400),
-           f"forget a VM not heard from for this long (default {DEFAULT_VM_EXPIRY:g}: three missed heartbeats)",
-           "SECONDS"),
+           f"forget a VM not heard from for this long (default {show_duration(DEFAULT_VM_EXPIRY)}: three missed "
+           "heartbeats)", "DURATION"),
     Option("starting_position", "--starting-position", parse_name,
            "where a partition without a checkpoint is read from: earliest, latest or an ISO 8601 time "
            "(default earliest)", "POSITION", "FLEET_"),
     Option("load_balancing_interval", "--load-balancing-interval", Bounded(0.1, 3600),
-           "seconds between the SDK's partition load-balancing rounds (default 30)", "SECONDS"),
+           "time between the SDK's partition load-balancing rounds (default 30s)", "DURATION"),
     Option("ownership_expiry", "--ownership-expiry", Bounded(0.5, 6 * 3600),
-           "seconds after which a silent replica's partitions are taken over (default 6 x "
-           "--load-balancing-interval)", "SECONDS"),
+           "time after which a silent replica's partitions are taken over (default 6 x "
+           "--load-balancing-interval)", "DURATION"),
     Option("max_message_bytes", "--max-message-bytes", Bounded(1024, 64 * 1024**2, unit="bytes"),
            "larger message bodies are counted as invalid and skipped (default 1MiB, the Event Hubs limit)",
            "BYTES"),
@@ -155,10 +154,10 @@ FLEET_OPTIONS: tuple[Option, ...] = (
            "consumer group to read the platform's event hub with (default $Default)", "GROUP"),
     Option("platform_retention", "--platform-retention", Bounded(0, 30 * 86400),
            f"how long a platform event stays listed after its end (Completed or Canceled) was read (default "
-           f"{DEFAULT_PLATFORM_RETENTION:g})", "SECONDS"),
+           f"{show_duration(DEFAULT_PLATFORM_RETENTION)})", "DURATION"),
     Option("reconcile_grace", "--reconcile-grace", Bounded(0, 86400),
            f"how long after the platform announced an event a live sidecar may take to list it before it counts as "
-           f"missed (default {DEFAULT_RECONCILE_GRACE:g})", "SECONDS"),
+           f"missed (default {show_duration(DEFAULT_RECONCILE_GRACE)})", "DURATION"),
 )
 
 

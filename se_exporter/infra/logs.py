@@ -38,13 +38,24 @@ _SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _BARE = re.compile(r"[^\s\"]+")
 
 
-# The password of a URL's userinfo (``http://user:password@collector``, basic auth to an OTLP collector).
-_URL_PASSWORD = re.compile(r"(//[^/?#@\s:]*:)[^/?#@\s]+@")
+# The password of a URL's userinfo (``http://user:password@collector``, basic auth to an OTLP collector): from the
+# ``:`` after the user name to the last ``@`` before a blank, so that a password holding an ``@``, ``/``, ``?``,
+# ``#`` or a quote (unencoded, as people paste them) is hidden whole, also inside the quotes of an error's repr. A
+# ``:`` after a ``/`` is a path's, not a password's (``http://host/a:b@c`` stays as it is).
+_URL_PASSWORD = re.compile(r"(//[^/?#@\s:'\"]*:)\S*@")
 
 
 def redact(text: str) -> str:
+    """``text`` with every secret it may hold replaced by ``<redacted>``: the one redaction of whatever reaches a
+    person, log records (the formatters) and what a command prints itself (``say``)."""
     text = _URL_PASSWORD.sub(lambda match: match.group(1) + "<redacted>@", text)
     return _SECRETS.sub(lambda match: match.group(1) + "<redacted>", text)
+
+
+def say(text: str, stream: TextIO | None = None) -> None:
+    """Print what a command tells a person outside the log (its one-line start-up error, the demo's banner and
+    summary), redacted as a log record is: a value given in a flag or a variable reaches those too."""
+    print(redact(text), file=stream or sys.stdout, flush=True)
 
 
 def shorten(text: str, limit: int) -> str:

@@ -48,15 +48,23 @@ def process_environment() -> Mapping[str, str]:
 # ---------------------------------------------------------------- value parsers (str -> value)
 
 
+# Why urlsplit refused a URL, said without its message: that quotes the port, which in ``http://user:pa/ss@host`` (an
+# unencoded ``/`` in a password) is the start of the password.
+UNPARSED_URL = "its port must be a number from 0 to 65535, and an IPv6 address is written in brackets ([::1])"
+
+
 def parse_url(text: str, example: str = "http://169.254.169.254") -> str:
+    """An http(s) base URL. What an error repeats of it passes ``logs.redact`` on its way out, which finds a password
+    up to a blank: so a URL holding a blank is not repeated at all, nor is what urlsplit says (``UNPARSED_URL``)."""
     # The standard library's urlsplit, not httpx.URL: a sidecar polling IMDS never loads httpx (~1.9 MB).
-    if any(char.isspace() or not char.isprintable() for char in text):
-        raise ValueError(f"{text!r} is not a URL (it holds a blank or a control character)")
+    for position, char in enumerate(text, 1):
+        if char.isspace() or not char.isprintable():
+            raise ValueError(f"is not a URL: character {position} is a blank or a control character ({char!r})")
     try:
         url = urlsplit(text)
         url.port  # noqa: B018 - read for its check: ValueError unless a number in 0-65535
-    except ValueError as exc:
-        raise ValueError(f"{text!r} is not a URL ({exc})") from None
+    except ValueError:
+        raise ValueError(f"{text!r} is not a URL: {UNPARSED_URL}") from None
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ValueError(f"{text!r} is not an http(s) URL with a host, e.g. {example}")
     if url.query or url.fragment:
@@ -66,7 +74,8 @@ def parse_url(text: str, example: str = "http://169.254.169.254") -> str:
 
 @dataclass(frozen=True)
 class Bounded:
-    """A number parser with the range that makes sense for its setting, stated in ``--help``.
+    """A number parser with the range that makes sense for its setting, stated in ``--help``: seconds read as a
+    duration (``parse_duration``), a plain number, or bytes.
 
     Without bounds, ``--poll-interval 1e-9`` polled IMDS thousands of times a second (it throttles above
     about 5 requests a second) and ``--first-call-timeout 1e308`` overflowed on every poll.
@@ -74,18 +83,11 @@ class Bounded:
 
     low: float
     high: float
-    unit: str = "seconds"  # "seconds", "" (a plain number) or "bytes"
+    unit: str = "seconds"  # "seconds" (a duration), "" (a plain number) or "bytes"
     integer: bool = False
 
     def __call__(self, text: str) -> float:
-        if self.unit == "bytes":
-            value: float = _size(text)
-        else:
-            # ASCII digits only: float() also takes Arabic-Indic or full-width digits and '1_0', meant by nobody.
-            if not _NUMBER.fullmatch(text):
-                what = "a number of seconds, e.g. 1 or 0.5" if self.unit == "seconds" else "a number"
-                raise ValueError(f"{text!r} is not {what} (ASCII digits, an optional '.' and exponent)")
-            value = float(text)
+        value = self.read(text)
         if not value > 0:  # NaN too
             raise ValueError(f"{text!r} must be a positive number ({self.describe()})")
         if not self.low <= value <= self.high:
@@ -94,16 +96,70 @@ class Bounded:
             raise ValueError(f"{text!r} is not a whole number")
         return int(value) if self.integer or self.unit == "bytes" else value
 
+    def read(self, text: str) -> float:
+        """The value ``text`` gives, its range not checked yet (``__call__`` checks it)."""
+        if self.unit == "bytes":
+            return _size(text)
+        if self.unit == "seconds":
+            return parse_duration(text)
+        # ASCII digits only: float() also takes Arabic-Indic or full-width digits and '1_0', meant by nobody.
+        if not _NUMBER.fullmatch(text):
+            raise ValueError(f"{text!r} is not a number (ASCII digits, an optional '.' and exponent)")
+        return float(text)
+
     def describe(self) -> str:
         if self.unit == "bytes":
             return f"{_show_size(self.low)} to {_show_size(self.high)}"
-        unit = f" {self.unit}" if self.unit else ""
-        return f"{_show_number(self.low)} to {_show_number(self.high)}{unit}"
+        if self.unit == "seconds":
+            return f"{show_duration(self.low)} to {show_duration(self.high)}"
+        return f"{_show_number(self.low)} to {_show_number(self.high)}"
 
 
 # What float() reads, in ASCII only (nan and inf are then refused by the range, with their own words).
 _NUMBER = re.compile(r"\s*[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[+-]?[0-9]+)?|nan|inf(?:inity)?)\s*",
                      flags=re.ASCII | re.IGNORECASE)
+
+# Durations as Prometheus and Go write them (``--web.timeout=5m``, ``scrape_interval: 1m30s``): each unit once,
+# largest first, a fraction allowed (Go's ``1.5h``); days as Prometheus counts them (24 h). Case matters, as there:
+# ``5M`` could be months or minutes. Every duration setting reads them, and a plain number is seconds.
+DURATION_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+DURATIONS = ("A DURATION is a number of seconds (`1.5`) or numbers with units, largest first, as Prometheus and Go "
+             "write them: `500ms`, `30s`, `5m`, `1h30m`, `2d` (units ms, s, m, h, d).")
+_DURATION = re.compile(r"([+-]?)((?:(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:ms|[dhms]))+)", flags=re.ASCII)
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?|\.[0-9]+)(ms|[dhms])", flags=re.ASCII)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a duration (``DURATIONS``): ``90``, ``1.5``, ``500ms``, ``1m30s``; the caller checks the range."""
+    if _NUMBER.fullmatch(text):
+        return float(text)
+    match = _DURATION.fullmatch(text.strip(" \t\n\r\f\v"))  # ASCII blanks, as _NUMBER's
+    if not match:
+        raise ValueError(f"{text!r} is not a duration (e.g. 30s, 5m, 1.5): a number of seconds, or numbers with "
+                         "units ms, s, m, h, d")
+    order = list(DURATION_UNITS)
+    parts = _DURATION_PART.findall(match.group(2))
+    places = [order.index(unit) for _, unit in parts]
+    if places != sorted(set(places)):
+        raise ValueError(f"{text!r} is not a duration: give each unit once, largest first (e.g. 1h30m, 2m30s)")
+    seconds = sum(float(number) * DURATION_UNITS[unit] if unit != "ms" else float(number) / 1000
+                  for number, unit in parts)
+    return -seconds if match.group(1) == "-" else seconds
+
+
+def show_duration(seconds: float) -> str:
+    """A number of seconds as ``parse_duration`` reads it, in the largest units that say it exactly: ``50ms``,
+    ``90s`` as ``1m30s``, ``3600`` as ``1h``, ``2592000`` as ``30d``; ``1.5s`` keeps its fraction."""
+    if not 0 < seconds < float("inf"):  # 0, or a value no duration setting takes: shown as Python writes it
+        return "0s" if seconds == 0 else str(seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    whole, text = int(seconds), ""
+    for unit in ("d", "h", "m"):
+        count, whole = divmod(whole, int(DURATION_UNITS[unit]))
+        text += f"{count}{unit}" if count else ""
+    rest = whole + (seconds - int(seconds))
+    return text + (f"{rest:g}s" if rest else "")
 
 
 def _show_number(value: float) -> str:
@@ -214,8 +270,8 @@ def parse_connection_string(text: str) -> str:
     try:
         url = urlsplit(endpoint)
         url.port  # noqa: B018 - read for its check: ValueError unless a number in 0-65535
-    except ValueError as exc:
-        raise ValueError(f"has an Endpoint that is not a URL ({endpoint!r}: {exc})") from None
+    except ValueError:
+        raise ValueError(f"has an Endpoint that is not a URL ({endpoint!r}: {UNPARSED_URL})") from None
     if not url.hostname:
         raise ValueError(f"has an Endpoint without a host ({endpoint!r}); expected sb://<namespace>/")
     if "entitypath" in parts and not parts["entitypath"]:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from se_exporter.core import apiversion, lifecycle, spot
-from se_exporter.core.errors import ImdsError, ImdsHttpError, ImdsThrottled
+from se_exporter.core.errors import ImdsError, ImdsHttpError, ImdsThrottled, InvalidDocument
 from se_exporter.core.model import EventMemo, VmIdentity, event_key, parse_document, vm_name
 from se_exporter.core.retry import Health, backoff
 from se_exporter.infra.logs import fields
@@ -91,11 +91,16 @@ class Poller:
     def _fetch(self, now: float) -> tuple[bytes, str]:
         """One Scheduled Events body and the api-version it answers (``core/apiversion.py``). With ``auto``, a
         version IMDS refuses is replaced by the fallback within the same poll, so switching leaves no gap; a retry
-        of the newer version that meets an outage reads the fallback too (an outage is no version answer)."""
+        of the newer version that meets an outage reads the fallback too (an outage is no version answer), and so
+        does one answered with a 200 that is not a document: it would otherwise be asked again, and fail, every poll
+        after (it is parsed here, once an hour, and again by ``_apply`` when it is one)."""
         choice = self._versions
         version = choice.to_ask(now)
         try:
-            return self._imds.scheduled_events(version), version
+            body = self._imds.scheduled_events(version)
+            if version != choice.in_use:  # a retry: only a document answers it
+                parse_document(body)
+            return body, version
         except ImdsError as error:
             if not choice.negotiates or version == apiversion.FALLBACK:
                 raise
@@ -108,6 +113,11 @@ class Poller:
                                 extra=fields(api_version=apiversion.FALLBACK, refused_api_version=version))
             elif version != choice.in_use and not isinstance(error, ImdsThrottled):
                 self._versions = choice.retry_failed(now)
+                if isinstance(error, InvalidDocument):  # not an outage: IMDS answered, with something else
+                    log.warning("IMDS answered the retry of Scheduled Events api-version %s with no document (%s); "
+                                "polling %s, and asking again in %g s", version, error, apiversion.FALLBACK,
+                                apiversion.RETRY_NEWEST_SECONDS,
+                                extra=fields(api_version=apiversion.FALLBACK, retried_api_version=version))
             else:
                 raise
         return self._imds.scheduled_events(apiversion.FALLBACK), apiversion.FALLBACK

@@ -35,6 +35,7 @@ from se_exporter.infra.options import (
     parse_path,
     parse_url,
     resolve,
+    show_duration,
 )
 from se_exporter.sidecar.forwarding.targets import enabled_targets, target_flags
 
@@ -169,8 +170,8 @@ def parse_otlp_url(text: str) -> str:
 
 
 def parse_heartbeat(text: str) -> float:
-    """Seconds between heartbeats; 0 or 'off' turns them off."""
-    if text.strip().lower() in ("0", "off"):
+    """Seconds between heartbeats (a duration); 0 (or 0s) or 'off' turns them off."""
+    if text.strip().lower() == "off" or HEARTBEAT.read(text) == 0:
         return 0.0
     return HEARTBEAT(text)
 
@@ -187,18 +188,18 @@ RUN_OPTIONS: tuple[Option, ...] = (
            f"{apiversion.RETRY_NEWEST_SECONDS / 3600:g} h (default auto)", "VERSION"),
     # below 0.2 s IMDS throttles; 0.05 is the benchmarks' and tests' 20 Hz
     Option("poll_interval", "--poll-interval", Bounded(0.05, 3600),
-           "seconds between polls; Azure recommends 1 (default 1)", "SECONDS"),
+           "time between polls; Azure recommends 1s (default 1s)", "DURATION"),
     Option("imds_timeout", "--imds-timeout", Bounded(0.05, 300),
-           "timeout of each whole IMDS request (connect, headers and body) once IMDS has answered (default 2)",
-           "SECONDS"),
+           "timeout of each whole IMDS request (connect, headers and body) once IMDS has answered (default 2s)",
+           "DURATION"),
     # the first call may take two minutes: five times that is plenty
     Option("first_call_timeout", "--first-call-timeout", Bounded(0.05, 600),
            "timeout until IMDS first answers: the first call enables the service and may take "
-           "up to two minutes (default 120; never shorter than --imds-timeout)", "SECONDS"),
+           "up to two minutes (default 2m; never shorter than --imds-timeout)", "DURATION"),
     Option("max_backoff", "--max-backoff", Bounded(0.05, 3600),
            "longest wait between polls after failures or a 429 Retry-After; kept short because a "
-           "missed notice is worse than a throttled poll (default 5; never shorter than --poll-interval)",
-           "SECONDS"),
+           "missed notice is worse than a throttled poll (default 5s; never shorter than --poll-interval)",
+           "DURATION"),
     Option("max_document_bytes", "--max-document-bytes", DOCUMENT_BYTES,
            "largest IMDS body read; larger ones are rejected unread (default 4MiB)", "BYTES"),
     Option("listen", "--listen", parse_listen,
@@ -220,13 +221,13 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "spool size limit; past it the oldest documents are dropped and counted (default 64MiB)", "BYTES"),
     *EVENTHUB_OPTIONS,
     Option("eventhub_send_timeout", "--eventhub-send-timeout", Bounded(0.1, 600),
-           "timeout of one send to Event Hubs; a timed-out batch is kept and resent (default 10)", "SECONDS"),
+           "timeout of one send to Event Hubs; a timed-out batch is kept and resent (default 10s)", "DURATION"),
     Option("eventhub_retry_max", "--eventhub-retry-max", Bounded(0.1, 3600),
-           "longest wait between attempts while Event Hubs is unreachable (default 30)", "SECONDS"),
+           "longest wait between attempts while Event Hubs is unreachable (default 30s)", "DURATION"),
     Option("heartbeat_interval", "--heartbeat-interval", parse_heartbeat,
            "forward the current document again after this long without a change, marked as a heartbeat, so "
-           "consumers know the VM is alive (default 300 with Event Hubs, else off; 0 or off: never; "
-           f"{HEARTBEAT.describe()})", "SECONDS"),
+           f"consumers know the VM is alive (default {show_duration(DEFAULT_HEARTBEAT)} with Event Hubs, else off; "
+           f"0 or off: never; {HEARTBEAT.describe()})", "DURATION"),
     Option("otel_traces_exporter", "--otel-traces-exporter", choice("otlp", "console", "none"),
            "where spans go: otlp, console or none (default otlp when an OTLP endpoint is set, else none)",
            "EXPORTER", env_name="OTEL_TRACES_EXPORTER"),

@@ -12,9 +12,11 @@ from __future__ import annotations
 import email.utils
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from se_exporter.core.errors import ConfigError
+from se_exporter.infra.options import parse_duration
 
 KINDS = ("throttle", "status", "delay", "first_call_delay", "hang", "reset", "malformed", "non_json",
          "invalid", "empty", "redirect", "huge", "body", "truncate", "drip", "chunked", "gzip")
@@ -27,7 +29,8 @@ _HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
 # The spec key and the JSON key of each field; the field itself is ``size`` (``bytes`` would shadow the type).
 _KEYS = {"count": "count", "status": "status", "retry_after": "retry_after", "seconds": "seconds",
          "location": "location", "bytes": "size", "text": "text", "error": "error"}
-_NUMBERS = {"count": int, "status": int, "seconds": float, "bytes": int}  # how a spec's numbers read; the rest is text
+# How a spec's numbers read (seconds as every duration setting does: 1.5, 500ms, 2m); the rest is text.
+_NUMBERS: dict[str, Callable[[str], float]] = {"count": int, "status": int, "seconds": parse_duration, "bytes": int}
 _DEFAULT_SIZE = {"huge": 10 * 1024 * 1024}
 _DEFAULT_SECONDS = {"hang": 30.0, "drip": 1.0}
 

@@ -49,8 +49,17 @@ def test_a_wrapped_refusal_is_a_connection_error_and_described_on_one_line() -> 
     ("export failing (http://otel:pa55@10.0.0.1:4318/v1/traces)", "export failing (http://otel:<redacted>@10.0.0.1:4318/v1/traces)"),
     ("https://:pa55@host", "https://:<redacted>@host"),
     ("http://user@host:4318 and http://host/a:b@c", "http://user@host:4318 and http://host/a:b@c"),
+    # A password as people paste it, unencoded, inside an error's repr: hidden whole, whatever it holds.
+    ("'http://u:p@ss@host:99999' is not a URL", "'http://u:<redacted>@host:99999' is not a URL"),
+    ("'http://u:pa/ss?x#y@host' is not a URL", "'http://u:<redacted>@host' is not a URL"),
+    ('"http://u:it\'s@host?q" must be a base URL', '"http://u:<redacted>@host?q" must be a base URL'),
+    ('{"url": "grpc://u:pw@h:4317", "next": "x"}', '{"url": "grpc://u:<redacted>@h:4317", "next": "x"}'),
+    ("sb://ns.servicebus.windows.net:5671/ and https://a.blob.core.windows.net/?sv=1&sig=abc%2B&se=2",
+     "sb://ns.servicebus.windows.net:5671/ and https://a.blob.core.windows.net/?sv=1&sig=<redacted>&se=2"),
 ])
 def test_a_urls_password_is_redacted_and_nothing_else(text: str, shown: str) -> None:
+    """The password of a URL's userinfo (to the last @ before a blank) and a SAS signature become <redacted>;
+    a user name, a host, a port and a path stay."""
     assert redact(text) == shown
 
 

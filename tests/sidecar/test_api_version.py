@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -181,6 +181,68 @@ def test_an_outage_during_a_retry_reads_the_fallback_in_the_same_poll(poller_for
     poller.poll_once()
     assert asked(sim) == [NEWEST, FALLBACK, NEWEST, FALLBACK, FALLBACK]
     assert registry.get_sample_value("azure_scheduled_events_polls_total", {"outcome": "ok"}) == 3.0
+
+
+@pytest.mark.parametrize("fault", [Fault("non_json"), Fault("malformed"), Fault("invalid"), Fault("empty"),
+                                   Fault("body", text="null"), Fault("huge")], ids=lambda fault: fault.kind)
+def test_a_200_that_is_not_a_document_is_a_failed_retry(fault: Fault, poller_for: Callable[..., tuple[
+        Poller, Simulator, CollectorRegistry, RecordingSink, Clock]], caplog: pytest.LogCaptureFixture) -> None:
+    """The hourly retry of 2024-07-09 answered 200 with something that is not a document (a captive portal's page,
+    cut or wrong JSON, nothing, a body past the cap): that poll reads 2020-07-01 and is ok, the retry waits another
+    hour (no poll asks for 2024-07-09 again before), and the log says so once; served properly at the next retry,
+    it is used."""
+    poller, sim, registry, _, clock = poller_for("spot-rebalance-unserved")
+    poller.poll_once()
+    clock.now += RETRY_NEWEST_SECONDS
+    sim.newest_served = NEWEST
+    sim.inject(fault)
+    with caplog.at_level(logging.WARNING, "se_exporter"):
+        for _ in range(3):
+            poller.poll_once()
+            clock.now += 60
+    assert asked(sim) == [NEWEST, FALLBACK, NEWEST, FALLBACK, FALLBACK, FALLBACK]
+    assert registry.get_sample_value("azure_scheduled_events_polls_total", {"outcome": "ok"}) == 4.0
+    assert registry.get_sample_value("azure_scheduled_events_polls_total", {"outcome": "invalid_document"}) == 0.0
+    assert (build_version(registry), poller.snapshot.up) == (FALLBACK, True)
+    assert sum("retry of Scheduled Events api-version 2024-07-09 with no document" in r.getMessage()
+               for r in caplog.records) == 1
+    clock.now += RETRY_NEWEST_SECONDS
+    poller.poll_once()
+    poller.poll_once()
+    assert asked(sim)[6:] == [NEWEST, NEWEST]
+    assert build_version(registry) == NEWEST
+
+
+def test_garbage_to_every_retry_never_costs_a_poll() -> None:
+    """IMDS answering every retry of 2024-07-09 with a 200 that is not a document, hour after hour, while 2020-07-01
+    answers: each retry is followed by 2020-07-01 in the same poll, and no poll fails."""
+    document = b'{"DocumentIncarnation": 1, "Events": []}'
+    garbage = httpx.Response(200, content=b"<html>Sign in to the network</html>")
+    hours = 3
+    script = [httpx.Response(404, content=b"{}"), httpx.Response(200, content=document)]
+    for _ in range(hours):  # each hour: one poll that retries, one that does not
+        script += [garbage, httpx.Response(200, content=document), httpx.Response(200, content=document)]
+    try:
+        imds, server, _ = scripted_imds(script, api_version=NEWEST)
+        registry = CollectorRegistry()
+        state = CurrentState(Snapshot(api_version=NEWEST))
+        metrics = Metrics(registry, state.get)
+        clock = Clock()
+        poller = Poller(imds, metrics, FanOut([], on_error=lambda name: None), Settings(), state, monotonic=clock)
+        poller.poll_once()
+        for _ in range(hours):
+            clock.now += RETRY_NEWEST_SECONDS
+            poller.poll_once()
+            clock.now += 1
+            poller.poll_once()
+        assert registry.get_sample_value("azure_scheduled_events_polls_total", {"outcome": "ok"}) == 1 + 2 * hours
+        assert registry.get_sample_value("azure_scheduled_events_polls_total", {"outcome": "invalid_document"}) == 0
+        assert (poller.snapshot.api_version, poller.snapshot.up) == (FALLBACK, True)
+        assert [
+            parse_qs(urlsplit(head.split()[1].decode()).query)["api-version"][0] for head in server.requests] == [
+            NEWEST, FALLBACK, *[NEWEST, FALLBACK, FALLBACK] * hours]
+    finally:
+        imds_http.close_all()
 
 
 def test_a_pinned_version_is_never_negotiated(poller_for: Callable[..., tuple[
