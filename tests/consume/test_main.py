@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 from azure.eventhub import EventData
 
-from se_exporter.consume.main import json_line, record, timeline_line
+from se_exporter.consume.main import dumps, json_line, plain, record, refused, timeline_line
 from se_exporter.core.errors import ConfigError
 from se_exporter.infra import logs
 from se_exporter.infra.options import starting_position
@@ -97,3 +97,53 @@ def test_a_hostile_message_prints_one_json_line_with_its_text_made_visible() -> 
 
     assert "\n" not in line and not any(char in line for char in "\x1b\x07\x9b\u2028\u202e")
     assert json.loads(line)["properties"]["vm_name"] == HOSTILE_NAME + "\u2028\u202e\x9b"
+
+
+def strict(line: str) -> object:
+    """``line`` read as strict JSON: a bare NaN or Infinity fails the test."""
+    return json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+
+
+def test_a_map_with_a_binary_key_and_a_list_holding_nan_print_one_strict_json_line() -> None:
+    """A property that is a map with binary (and numeric, null) keys, or a list holding NaN, at any depth, is one
+    strict JSON line: binary keys as text, NaN as ``nan``, and no value lost where two keys read the same."""
+    event = EventData(FREEZE)
+    event.properties = {b"m": {b"k": b"v", 1: [float("nan"), float("-inf")], None: {b"x": 1, "x": 2}},
+                        "l": [1.5, float("nan"), [b"\xff"]]}
+    line = json_line(record("0", event))
+    assert strict(line)["properties"] == {  # type: ignore[index]
+        "m": {"k": "v", "1": ["nan", "-inf"], "null": {"x": 1, "x (2)": 2}}, "l": [1.5, "nan", ["\ufffd"]]}
+    assert "incarnation 3: Freeze E1 Scheduled" in timeline_line(record("0", event))
+
+
+def test_a_value_nested_as_deep_as_the_sdk_decodes_prints_without_exhausting_the_stack() -> None:
+    """A list nested 5,000 deep (the SDK decodes nearly 1,000 levels; json's encoder recurses once per level) is one
+    line of strict JSON, through --format json and the timeline."""
+    deep: object = 1
+    for _ in range(5000):
+        deep = [deep]
+    event = EventData(FREEZE)
+    event.properties = {"vm_name": deep, "deep": {b"k": deep}}
+    item = record("0", event)
+    line = json_line(item)
+    assert line.count("[" * 5000 + "1" + "]" * 5000) == 2 and "\n" not in line
+    assert line.endswith(", \"body\": " + json.dumps(FREEZE.decode()) + "}")
+    assert " #? incarnation 3: Freeze E1" in timeline_line(item)
+
+
+@pytest.mark.parametrize("value", [
+    {"a": [1, 2.5, {"b": None, "c": True}], "d": "x\"y\u2028\u00e9", "e": [], "f": {}}, [], "text", 0, -7.25, None])
+def test_dumps_writes_what_json_dumps_writes(value: object) -> None:
+    """The encoder that does not recurse writes json.dumps's own text for every JSON value."""
+    assert dumps(plain(value)) == json.dumps(value, ensure_ascii=False)
+
+
+def test_an_error_the_sdk_reports_is_one_line_and_a_stolen_link_names_the_consumer_group() -> None:
+    """A receiver refused by another with an owner level says which consumer group and what to give instead; any
+    other error is its first line, its secrets redacted."""
+    stolen = ConnectionError("a receiver with a higher owner level is already open\nError condition: amqp:link:stolen")
+    line = refused("Event Hub 'telemetry'", "$Default", "3", stolen)
+    assert line.startswith("consume could not read partition 3 of Event Hub 'telemetry': another reader holds "
+                           "consumer group '$Default'") and line.endswith("--consumer-group NAME")
+    other = refused("Event Hub 'telemetry'", "$Default", None, OSError("refused SharedAccessKey=abc\nsecond line"))
+    assert other == "consume could not read Event Hub 'telemetry': refused SharedAccessKey=<redacted>"
