@@ -194,7 +194,7 @@ async def _consume(settings: ConsumeSettings, position: Any, out: TextIO) -> str
 def _client(settings: ConsumeSettings) -> Any:
     from azure.eventhub.aio import EventHubConsumerClient
 
-    from se_exporter.infra.azure.clients import connection_options
+    from se_exporter.infra.azure.clients import connection_options, consumer_retry_options
 
     connection = {**connection_options(settings.eventhub_endpoint, settings.eventhub_ca_file,
                                        settings.eventhub_connection_string), **consumer_retry_options()}
