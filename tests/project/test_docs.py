@@ -67,7 +67,7 @@ def test_a_page_that_drifted_from_the_code_fails_the_check(tmp_path: Path,
     """A generated page edited by hand (or left behind by a change of the code) fails --check, naming the page;
     writing it again makes it pass."""
     page = tmp_path / "reference.md"
-    page.write_text(generator.reference().replace("| `--poll-interval SECONDS` |", "| `--poll-every SECONDS` |"))
+    page.write_text(generator.reference().replace("| `--poll-interval DURATION` |", "| `--poll-every DURATION` |"))
 
     assert generator.main(["--check"], pages={page: generator.reference}) == 1
     assert "reference.md differs from what the code gives: run make docs" in capsys.readouterr().err
