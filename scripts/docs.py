@@ -93,7 +93,8 @@ def run_families() -> list[Metric]:
         "DurationInSeconds": 5}]})
     document = parse_document(body)
     identity = VmIdentity(name="vm", vm_id="id", location="loc")
-    snapshot = Snapshot(records=diff({}, document, 1.0).records, incarnation=1, identity=identity)
+    snapshot = Snapshot(records=diff({}, document, 1.0).records, incarnation=1, identity=identity,
+                        watching_since=1.0)
     registry = CollectorRegistry()
     Metrics(registry, lambda: snapshot)
     ForwardMetrics(registry)

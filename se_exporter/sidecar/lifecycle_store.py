@@ -8,6 +8,10 @@ scrape or a diff, far from its cause.
 Each record keeps its timestamps (the wall clock's) and, for its durations, how long before the save each moment was
 on the monotonic clock (``first_seen_ago``, ``started_ago``): no monotonic reading survives a reboot, so the time the
 sidecar was down is the one duration read from the wall clock (the file's ``saved_at`` to now), never below zero.
+
+The file also keeps since when this sidecar's lineage has been watching IMDS (``watching_since``): a sidecar that
+continues the state continues the watch, so the rules can tell an event it first saw Started after watching for
+an hour (a host failure) from one it found Started at its first read (docs/alerting.md, "Watched long enough").
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +73,15 @@ def _since(reading: float | None, elapsed: float) -> float:
     return 0.0 if reading is None else max(0.0, elapsed - reading)
 
 
+@dataclass(frozen=True)
+class Restored:
+    """What a restart continues: the open lifecycles, and since when the sidecar that saved them watched (None: the
+    file said nothing, or there was no file to continue: a fresh watch)."""
+
+    records: dict[str, EventRecord] = field(default_factory=dict)
+    watching_since: float | None = None
+
+
 class LifecycleStore:
     """Saved state belongs to one IMDS endpoint (``scope``): another endpoint's lifecycles are not ours."""
 
@@ -81,8 +95,11 @@ class LifecycleStore:
                                "lifecycle state file %s written again")
 
     def load(self) -> dict[str, EventRecord]:
+        return self.restore().records
+
+    def restore(self) -> Restored:
         if not self.path.exists():
-            return {}
+            return Restored()
         try:
             data = json.loads(read_state_file(self.path))
             if not isinstance(data, dict):
@@ -94,24 +111,27 @@ class LifecycleStore:
                 raise ValueError("scope is not a string")
             age = self._clock() - saved_at
             records = records_from_json(data.get("records"), self._monotonic() - max(0.0, age))
+            watching = data.get("watching_since")
+            watching_since = None if watching is None else _time(watching, "watching_since")
         except (OSError, ValueError, RecursionError) as exc:
             log.warning("ignoring the lifecycle state file %s: %s", self.path, str(exc)[:300])
-            return {}
+            return Restored()
         if scope != self._scope:
             log.info("not continuing lifecycles saved for another IMDS endpoint (%s)", scope)
-            return {}
+            return Restored()
         if age > MAX_AGE_SECONDS:
             log.info("not continuing lifecycles saved %.0f hours ago", age / 3600)
-            return {}
+            return Restored()
         if records:
             log.info("continuing %d open lifecycles from before the restart", len(records))
-        return records
+        return Restored(records, watching_since)
 
-    def save(self, records: Mapping[str, EventRecord]) -> None:
+    def save(self, records: Mapping[str, EventRecord], watching_since: float | None = None) -> None:
         elapsed = self._monotonic()
-        data = {"version": VERSION, "scope": self._scope, "saved_at": self._clock(), "records": [
-            {"event": event_to_json(r.event), "first_seen": r.first_seen, "started_at": r.started_at,
-             "first_seen_ago": _since(r.first_seen_elapsed, elapsed),
-             "started_ago": None if r.started_at is None else _since(r.started_elapsed, elapsed)}
-            for r in records.values()]}
+        data = {"version": VERSION, "scope": self._scope, "saved_at": self._clock(),
+                "watching_since": watching_since, "records": [
+                    {"event": event_to_json(r.event), "first_seen": r.first_seen, "started_at": r.started_at,
+                     "first_seen_ago": _since(r.first_seen_elapsed, elapsed),
+                     "started_ago": None if r.started_at is None else _since(r.started_elapsed, elapsed)}
+                    for r in records.values()]}
         self._file.save(json.dumps(data, separators=(",", ":")).encode(), make_parent=True)

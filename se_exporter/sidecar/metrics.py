@@ -23,7 +23,7 @@ from se_exporter import __version__
 from se_exporter.core.errors import POLL_OUTCOMES
 from se_exporter.core.lifecycle import TRANSITIONS, EventRecord
 from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES, VmIdentity, affects_label, affects_vm, vm_name
-from se_exporter.sidecar.snapshot import Snapshot
+from se_exporter.sidecar.snapshot import WATCH_GAP_SECONDS, Snapshot
 
 NAMESPACE = "azure_scheduled_events"
 EVENT = "azure_scheduled_event"
@@ -160,6 +160,11 @@ class StateCollector(Collector):
         yield _gauge(f"{NAMESPACE}_last_success_timestamp_seconds",
                      "Unix time of the last poll that returned a valid document (0: never).",
                      snap.last_success or 0.0)
+        if snap.watching_since is not None:
+            yield _gauge(f"{NAMESPACE}_watching_since_timestamp_seconds",
+                         f"Unix time since which this sidecar has read IMDS with no gap over {WATCH_GAP_SECONDS:g} s, "
+                         "continued from its state directory after a restart; absent before the first read.",
+                         snap.watching_since)
         if snap.incarnation is not None:
             yield _gauge(f"{NAMESPACE}_document_incarnation",
                          "DocumentIncarnation of the last valid document.", float(snap.incarnation))
@@ -250,7 +255,8 @@ def _label(value: str, hits: Tally[str]) -> str:
     return value[:MAX_LABEL - len(LABEL_MARK)] + LABEL_MARK
 
 
-_EVERY_FAMILY = Snapshot(incarnation=0, identity=VmIdentity())  # what ``describe`` collects: every family present
+# What ``describe`` collects: every family present.
+_EVERY_FAMILY = Snapshot(incarnation=0, identity=VmIdentity(), watching_since=0.0)
 
 
 def _gauge(name: str, documentation: str, value: float) -> Metric:

@@ -17,11 +17,11 @@ from se_exporter.core.model import EventMemo, VmIdentity, event_key, parse_docum
 from se_exporter.core.retry import Health, backoff
 from se_exporter.infra.logs import fields
 from se_exporter.sidecar.imds import ImdsClient
-from se_exporter.sidecar.lifecycle_store import LifecycleStore
+from se_exporter.sidecar.lifecycle_store import LifecycleStore, Restored
 from se_exporter.sidecar.metrics import Metrics
 from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks import DocumentChange, FanOut
-from se_exporter.sidecar.snapshot import CurrentState, Snapshot
+from se_exporter.sidecar.snapshot import WATCH_GAP_SECONDS, CurrentState, Snapshot
 
 log = logging.getLogger("se_exporter")
 
@@ -55,8 +55,9 @@ class Poller:
         self._versions = apiversion.VersionChoice.from_setting(settings.api_version)
         self._store = store
         # Lifecycles open before a restart: the first diff starts from them, not from nothing (keyed as diff keys).
-        restored = store.load() if store is not None else {}
-        self._restored = {event_key(record.event.event_id): record for record in restored.values()}
+        restored = store.restore() if store is not None else Restored()
+        self._restored = {event_key(record.event.event_id): record for record in restored.records.values()}
+        self._state.update(watching_since=restored.watching_since)
         self._ended: Mapping[str, lifecycle.EventRecord] = {}  # recently ended events, so none begins twice
         requests = 2 if self._versions.negotiates else 1
         self.heartbeat_deadline = (time.monotonic() + requests * settings.effective_first_call_timeout
@@ -74,8 +75,12 @@ class Poller:
         started = time.monotonic()
         try:
             body, version = self._fetch(self._monotonic())
+            now = self._clock()
+            watching = self._watching(now)
             if body != self._last_body or version != self.snapshot.api_version:
-                self._apply(body, version)  # raises InvalidDocument before anything is changed
+                self._apply(body, version, now, watching)  # raises InvalidDocument before anything is changed
+            elif watching != self.snapshot.watching_since and self._store is not None:
+                self._store.save(self.snapshot.records, watching)  # a restart continues this watch, not the old
         except ImdsError as error:
             self._metrics.poll_duration.observe(time.monotonic() - started)
             return self._failed(error)
@@ -85,8 +90,18 @@ class Poller:
             log.info("IMDS recovered after %d failed polls", self._failures,
                      extra=fields(imds_state="ok", failed_polls=self._failures))
         self._failures = 0
-        self._state.update(up=True, last_success=self._clock())
+        self._state.update(up=True, last_success=now, watching_since=watching)
         return self._settings.poll_interval
+
+    def _watching(self, now: float) -> float:
+        """Since when this sidecar has watched IMDS, after a successful read at ``now``: since its first read, or
+        the first read of the sidecar whose state it continues; since ``now`` after a gap (``WATCH_GAP_SECONDS``).
+        The rules read it to tell a host failure from an event that started before the sidecar watched."""
+        snap = self.snapshot
+        gap = max(WATCH_GAP_SECONDS, 2 * self._settings.effective_max_backoff)
+        if snap.watching_since is None or (snap.last_success is not None and now - snap.last_success > gap):
+            return now
+        return snap.watching_since
 
     def _fetch(self, now: float) -> tuple[bytes, str]:
         """One Scheduled Events body and the api-version it answers (``core/apiversion.py``). With ``auto``, a
@@ -122,13 +137,13 @@ class Poller:
                 raise
         return self._imds.scheduled_events(apiversion.FALLBACK), apiversion.FALLBACK
 
-    def _apply(self, body: bytes, version: str) -> None:
+    def _apply(self, body: bytes, version: str, now: float, watching: float) -> None:
         document = parse_document(body, self._memo)
-        now, elapsed = self._clock(), self._monotonic()
+        elapsed = self._monotonic()
         previous = self.snapshot.records if self.snapshot.has_document else self._restored
         step = lifecycle.diff(previous, document, now, self._ended, apiversion.unlisted_types(version), elapsed)
         if self._store is not None:
-            self._store.save(step.records)
+            self._store.save(step.records, watching)
         first = self._last_body is None
         self._last_body = body
         self._ended = step.ended

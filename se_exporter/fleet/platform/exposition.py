@@ -23,6 +23,12 @@ from se_exporter.fleet.platform.records import PlatformRecord
 if TYPE_CHECKING:
     from se_exporter.fleet.platform.service import LastReconciliation
 
+# The VMs the missed-event alerts name: of each open event, per coverage, the first NAMED_VMS by name (enough to act
+# on by hand, an alert each; platform_event_vms counts them all), and at most NAMED_VMS_TOTAL a scrape, the VMs whose
+# sidecar is alive first (they page). An event left unnamed by the total still alerts, by its count.
+NAMED_VMS = 20
+NAMED_VMS_TOTAL = 1_000
+LIVE_FIRST = ("missed", "imds_unreachable", "no_sidecar")
 INFO_LABELS = ["event_id", "event_type", "event_status", "event_source", "scope_type", "scope_name", "resource_group",
                "subscription_id", "location"]
 
@@ -52,11 +58,22 @@ def platform_families(records: Iterable[PlatformRecord], coverage: Iterable[Cove
     vms = GaugeMetricFamily(f"{FLEET}_platform_event_vms", "VMs of one platform event by coverage: whether their "
                             "sidecar listed it (observed), did not (missed), could not read IMDS (imds_unreachable) "
                             "or was not heard from (no_sidecar).", labels=["event_id", "event_type", "coverage"])
+    named = GaugeMetricFamily(f"{FLEET}_platform_event_missed_vm_info", "1 per VM of an open platform event whose "
+                              "sidecar did not see it, by coverage (missed, imds_unreachable, no_sidecar): the VMs the "
+                              f"missed-event alerts name, the first {NAMED_VMS} by name per event and coverage, at most "
+                              f"{NAMED_VMS_TOTAL:,} (missed and imds_unreachable first).",
+                              labels=["event_id", "event_type", "coverage", "vm_name"])
     kept = GaugeMetricFamily(f"{FLEET}_platform_kept", "What the platform side holds now, each bounded: events and "
                              "Event Grid ids of the pictures, reconciliation pairs and EventIds, EventIds whose "
                              "counting is remembered.", labels=["what"])
-    counts = Tally((row.event_key, row.coverage) for row in coverage)
-    for record in sorted(records, key=lambda record: record.key):
+    rows = list(coverage)
+    counts = Tally((row.event_key, row.coverage) for row in rows)
+    missed: dict[tuple[str, str], set[str]] = {}
+    for row in rows:
+        if row.coverage != "observed":
+            missed.setdefault((row.event_key, row.coverage), set()).add(row.vm_name)
+    ordered = sorted(records, key=lambda record: record.key)
+    for record in ordered:
         event = record.event
         if informed is None or record.key in informed:
             info.add_metric([event.event_id, event.event_type, event.event_status, event.event_source,
@@ -64,6 +81,13 @@ def platform_families(records: Iterable[PlatformRecord], coverage: Iterable[Cove
                              event.location], 1.0)
         for state in COVERAGES:
             vms.add_metric([event.event_id, event.event_type, state], counts[(record.key, state)])
+    left = NAMED_VMS_TOTAL
+    for state in LIVE_FIRST:
+        for record in ordered:
+            names = missed.get((record.key, state)) if not record.ended and left else None
+            for name in sorted(names or ())[:min(NAMED_VMS, left)]:
+                named.add_metric([record.event.event_id, record.event.event_type, state, name], 1.0)
+                left -= 1
     for name, size in sorted((sizes or {}).items()):
         kept.add_metric([name], size)
-    return [info, vms, kept]
+    return [info, vms, named, kept]
