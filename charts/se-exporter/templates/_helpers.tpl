@@ -31,17 +31,17 @@
 
 {{/* Selector labels of one component (node, windows, fleet): what a selector may match, never changed. */}}
 {{- define "se-exporter.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "se-exporter.name" .root }}
-app.kubernetes.io/instance: {{ .root.Release.Name }}
-app.kubernetes.io/component: {{ .component }}
+app.kubernetes.io/name: {{ include "se-exporter.name" .root | quote }}
+app.kubernetes.io/instance: {{ .root.Release.Name | quote }}
+app.kubernetes.io/component: {{ .component | quote }}
 {{- end -}}
 
 {{/* Every object's labels; call with (dict "root" $ "component" "node"). */}}
 {{- define "se-exporter.labels" -}}
-helm.sh/chart: {{ include "se-exporter.chart" .root }}
+helm.sh/chart: {{ include "se-exporter.chart" .root | quote }}
 {{ include "se-exporter.selectorLabels" . }}
 app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service | quote }}
 app.kubernetes.io/part-of: se-exporter
 {{- with .root.Values.commonLabels }}
 {{ toYaml . }}
@@ -50,11 +50,11 @@ app.kubernetes.io/part-of: se-exporter
 
 {{/* Labels of an object that belongs to no one component (rules, dashboards, the priority class). */}}
 {{- define "se-exporter.commonLabels" -}}
-helm.sh/chart: {{ include "se-exporter.chart" . }}
-app.kubernetes.io/name: {{ include "se-exporter.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+helm.sh/chart: {{ include "se-exporter.chart" . | quote }}
+app.kubernetes.io/name: {{ include "se-exporter.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 app.kubernetes.io/part-of: se-exporter
 {{- with .Values.commonLabels }}
 {{ toYaml . }}
@@ -96,6 +96,27 @@ app.kubernetes.io/part-of: se-exporter
 {{- else -}}
 {{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* A PowerShell single-quoted literal holding exactly the value: every character PowerShell ends such a literal
+at (U+0027 and the typographic U+2018, U+2019, U+201A, U+201B) doubled, as PowerShell's own
+CodeGeneration.EscapeSingleQuotedStringContent does. */}}
+{{- define "se-exporter.psLiteral" -}}
+'{{ . | toString | replace "'" "''" | replace "\u2018" "\u2018\u2018" | replace "\u2019" "\u2019\u2019" | replace "\u201a" "\u201a\u201a" | replace "\u201b" "\u201b\u201b" }}'
+{{- end -}}
+
+{{/* state.hostPath, cleaned, or a one-line refusal: the init container hands this node directory to the pod's user,
+so it must be se-exporter's own (a folder named for it, or inside one), never a directory of the node's system or container runtime. */}}
+{{- define "se-exporter.stateHostPath" -}}
+{{- $given := .Values.state.hostPath | toString -}}
+{{- $path := clean $given -}}
+{{- $system := list "/proc" "/sys" "/dev" "/run" "/var/run" "/boot" "/etc/kubernetes" "/var/lib/kubelet" "/var/lib/containerd" "/var/lib/docker" "/var/lib/cni" "/opt/cni" "/var/log" -}}
+{{- $inside := false -}}
+{{- range $system -}}{{- if or (eq $path .) (hasPrefix (printf "%s/" .) $path) -}}{{- $inside = true -}}{{- end -}}{{- end -}}
+{{- if or (not (isAbs $path)) $inside (not (contains "se-exporter" $path)) -}}
+{{- fail (printf "state.hostPath=%s is not a directory of se-exporter's own (the init container hands it to uid %d): use /var/lib/se-exporter, or another directory named for se-exporter outside the node's system and runtime directories" $given (int (.Values.podSecurityContext.runAsUser | default 10001))) -}}
+{{- end -}}
+{{- $path -}}
 {{- end -}}
 
 {{/* true when the pods use Microsoft Entra Workload ID. */}}
@@ -165,10 +186,10 @@ hands gRPC the bare host, and gRPC's default port is 443), and over HTTP the sch
 - port: metrics
   path: /metrics
   {{- with $m.interval }}
-  interval: {{ . }}
+  interval: {{ . | quote }}
   {{- end }}
   {{- with $m.scrapeTimeout }}
-  scrapeTimeout: {{ . }}
+  scrapeTimeout: {{ . | quote }}
   {{- end }}
   {{- if $m.honorLabels }}
   honorLabels: true
