@@ -132,7 +132,8 @@ def test_the_watch_round_trips_with_the_records(tmp_path: Path) -> None:
     records = {"E1": EventRecord(event, 100.0, started_at=100.0)}
     LifecycleStore(tmp_path, clock=lambda: 1000.0).save(records, watching_since=50.0)
     restored = LifecycleStore(tmp_path, clock=lambda: 1000.0).restore()
-    assert (restored.records, restored.watching_since) == (records, 50.0)
+    facts = {k: (r.event, r.first_seen, r.started_at) for k, r in restored.records.items()}
+    assert (facts, restored.watching_since) == ({"E1": (event, 100.0, 100.0)}, 50.0)
     LifecycleStore(tmp_path, clock=lambda: 1000.0).save(records)
     assert LifecycleStore(tmp_path, clock=lambda: 1000.0).restore().watching_since is None
 
