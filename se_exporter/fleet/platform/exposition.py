@@ -60,8 +60,8 @@ def platform_families(records: Iterable[PlatformRecord], coverage: Iterable[Cove
                             "or was not heard from (no_sidecar).", labels=["event_id", "event_type", "coverage"])
     named = GaugeMetricFamily(f"{FLEET}_platform_event_missed_vm_info", "1 per VM of an open platform event whose "
                               "sidecar did not see it, by coverage (missed, imds_unreachable, no_sidecar): the VMs the "
-                              f"missed-event alerts name, the first {NAMED_VMS} by name per event and coverage, at most "
-                              f"{NAMED_VMS_TOTAL:,} (missed and imds_unreachable first).",
+                              f"missed-event alerts name, the first {NAMED_VMS} by name per event and coverage, at "
+                              f"most {NAMED_VMS_TOTAL:,} (missed and imds_unreachable first).",
                               labels=["event_id", "event_type", "coverage", "vm_name"])
     kept = GaugeMetricFamily(f"{FLEET}_platform_kept", "What the platform side holds now, each bounded: events and "
                              "Event Grid ids of the pictures, reconciliation pairs and EventIds, EventIds whose "
