@@ -23,6 +23,7 @@ type SdkDashboard = Omit<Dashboard, "templating"> & { templating?: { list?: SdkV
 """
 
 
+@pytest.mark.integration  # needs tests/grafana_schema/node_modules, which make test installs and make unit does not
 def test_dashboards_match_grafana_schema_types(tmp_path: Path) -> None:
     """`const d: Dashboard = <generated JSON>` compiles with tsc --noEmit (only the SDK's auto* fields allowed)."""
     tsc = TOOLS / "node_modules" / ".bin" / "tsc"

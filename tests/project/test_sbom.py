@@ -13,6 +13,7 @@ import pytest
 from scripts import lockfile, sbom, wheelhouse
 from tests.conftest import Reliability
 
+pytestmark = pytest.mark.integration  # reads the SBOMs of the wheelhouses make test builds (dist/); make unit does not
 ROOT = Path(__file__).parent.parent.parent
 
 
