@@ -111,6 +111,16 @@ def build(tag: str, base: str | None = None, engine: str | None = None, buildah_
         return subprocess.run(command, capture_output=capture, text=True, timeout=900, check=True, env=env)
 
 
+def failure(returncode: int, base: str | None) -> str:
+    """The one line a failed build ends with. Without ``BASE`` the build pulls python:3.11-slim from Docker Hub,
+    which many machines cannot reach: say how to name a base they can."""
+    line = f"image build failed (exit {returncode})"
+    if base is None:
+        line += ("; if python:3.11-slim could not be pulled, name a Python 3.11 base image you can reach: "
+                 "make image BASE=<image>")
+    return line
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tag", default="se-exporter:latest")
@@ -122,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         build(args.tag, args.base, engine, capture=False)
     except subprocess.CalledProcessError as failed:
-        print(f"image build failed (exit {failed.returncode})", file=sys.stderr)
+        print(failure(failed.returncode, args.base), file=sys.stderr)
         return 1
     return 0
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
+
+from scripts import image
 from scripts.image import CA_SECRET, build_command, build_pip_config
 
 
@@ -72,3 +76,18 @@ def test_dockerfile_installs_the_lock_with_hashes_and_no_index() -> None:
     assert all("--no-index" in s for s in installs)
     assert 'org.opencontainers.image.sbom="/usr/share/doc/se-exporter/sbom.cdx.json"' in text
     assert "COPY --from=sbom /tmp/sbom.cdx.json /usr/share/doc/se-exporter/sbom.cdx.json" in text
+
+
+def test_a_failed_build_names_base_when_none_was_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A machine that cannot pull python:3.11-slim is told how to name another base; one that named it is not."""
+    engine = tmp_path / "buildah"
+    engine.write_text("#!/bin/sh\necho 'Error: pull access denied for python' >&2\nexit 125\n")
+    engine.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert image.main(["--engine", "buildah", "--tag", "t"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "image build failed (exit 125); if python:3.11-slim could not be pulled, name a Python 3.11 base image you "
+        "can reach: make image BASE=<image>")
+    assert image.main(["--engine", "buildah", "--tag", "t", "--base", "mirror.invalid/python:3.11"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == "image build failed (exit 125)"
