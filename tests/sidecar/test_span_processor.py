@@ -104,7 +104,7 @@ def test_the_drop_counters_help_names_the_queue_bound_in_force(queue: int) -> No
     sink = TracingSink(Settings(otel_traces_exporter="console", otel_batch=batching), None, registry)
     try:
         [family] = [m for m in registry.collect() if m.name == "azure_scheduled_events_spans_dropped"]
-        assert f"queue was full ({queue:,} spans)" in family.documentation
+        assert f"queue was full ({queue:,} spans, or 16 MiB)" in family.documentation
     finally:
         sink.shutdown()
 
@@ -136,10 +136,33 @@ def test_a_full_queue_drops_the_oldest_counted_and_logged_once(caplog: pytest.Lo
             end_spans(provider, *"abcde")
         assert sum(dropped) == 3
         assert [r.getMessage() for r in caplog.records if "dropping" in r.getMessage()] == [
-            "dropping spans: the queue is full (3)"]
+            "dropping spans: the queue is full (3 of them, or 16 MiB)"]
         exporter.hold.set()
         assert made.force_flush() is True
         assert exporter.names == ["held", "d", "e"]
+    finally:
+        exporter.hold.set()
+        made.shutdown()
+
+
+def test_the_queue_is_bounded_in_bytes_too() -> None:
+    """A collector stuck while spans of 1 MiB each are ended (attributes no sink of ours writes, so the queue's own
+    bound is what holds): at most 16 MiB of them stay queued, well within the 2,048 spans allowed; the rest are
+    dropped, oldest first, and counted."""
+    exporter, dropped = Recording(), []
+    made, provider = batched(exporter, dropped, max_queue_size=2048, schedule_delay_millis=60_000,
+                             max_export_batch_size=1)
+    tracer = provider.get_tracer("test")
+    try:
+        exporter.hold.clear()
+        end_spans(provider, "held")
+        assert exporter.entered.wait(10)
+        for n in range(40):
+            tracer.start_span(f"big{n}", attributes={"blob": "x" * (1 << 20)}).end()
+        assert 40 - 16 <= sum(dropped) < 40
+        exporter.hold.set()
+        assert made.force_flush() is True
+        assert exporter.names[-1] == "big39" and len(exporter.names) == 1 + 40 - sum(dropped)
     finally:
         exporter.hold.set()
         made.shutdown()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -18,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from se_exporter.core.lifecycle import EventRecord, diff
-from se_exporter.core.model import Document, ScheduledEvent, VmIdentity
+from se_exporter.core.model import Document, ScheduledEvent, VmIdentity, parse_document
 from se_exporter.sidecar.settings import Settings, run_settings
 from se_exporter.sidecar.sinks import DocumentChange
 from se_exporter.sidecar.sinks.spans import EventIdGenerator, SpanSink, span_id_for, trace_id_for
@@ -260,3 +261,35 @@ def test_unconfigured_exporters_are_not_imported(exporter: str, protocol: str, a
         "sys.exit(1 if loaded else 0)\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_megabyte_description_costs_kilobytes_in_spans_and_their_state_file(tmp_path: Path) -> None:
+    """Three events with a 1 MiB Description each, NotBefore moved in every document: every attribute of every span
+    and span event holds at most 1,024 characters (the Description cut and marked), and spans.json stays small
+    (span events carry neither the Description nor the Resources: their span does)."""
+    exporter = InMemorySpanExporter()
+    ids = EventIdGenerator()
+    provider = TracerProvider(id_generator=ids)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    sink = SpanSink(provider, ids, tmp_path)
+    huge = "x" * (1 << 20)
+    records: Mapping[str, EventRecord] = {}
+    for incarnation in range(1, 21):
+        not_before = datetime.fromtimestamp(EPOCH + 3600 + 60 * incarnation, timezone.utc)
+        body = json.dumps({"DocumentIncarnation": incarnation, "Events": [{
+            "EventId": f"E{n}", "EventType": "Freeze", "EventStatus": "Scheduled", "ResourceType": "VirtualMachine",
+            "Resources": ["WestNO_0"] * 1000, "NotBefore": not_before.strftime("%a, %d %b %Y %H:%M:%S GMT"),
+            "Description": huge, "EventSource": "Platform", "DurationInSeconds": 5} for n in range(3)]})
+        document = parse_document(body)
+        step = diff(records, document, EPOCH + incarnation)
+        records = step.records
+        sink.export(DocumentChange(b"", document, step.transitions, records, EPOCH + incarnation, "WestNO_0", None,
+                                   "2020-07-01"))
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 60  # one update span per document and event: scheduled, then rescheduled
+    for span in spans:
+        for value in (span.attributes or {}).values():
+            values = value if isinstance(value, tuple) else (value,)
+            assert len(values) <= 256 and all(len(str(item)) <= 1024 for item in values)
+    assert str(spans[0].attributes[A + "description"]).endswith("...[truncated]")
+    assert (tmp_path / "spans.json").stat().st_size < 256 * 1024

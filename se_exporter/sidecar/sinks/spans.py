@@ -24,11 +24,19 @@ from se_exporter.core.lifecycle import CANCELED, COMPLETED, STARTED, EventRecord
 from se_exporter.core.model import ScheduledEvent, affects_vm, event_key, json_kind
 from se_exporter.core.spot import lead_seconds
 from se_exporter.infra.files import StateFile, read_state_file
+from se_exporter.sidecar.metrics import LABEL_MARK
 from se_exporter.sidecar.sinks import DocumentChange, Sink
 
 log = logging.getLogger("se_exporter.spans")
 PREFIX = "azure.scheduled_event."
 MAX_SPAN_EVENTS = 128
+# An attribute value from IMDS holds at most this many characters (cut ones end in LABEL_MARK), a list attribute at
+# most MAX_ATTRIBUTE_ITEMS of them: a 1 MiB Description kept whole in each update span, span event and log record
+# took hundreds of MiB while the collector was down. Span events carry neither the Description nor the Resources
+# (the span they belong to does), so 128 of them per open event stay small too.
+MAX_ATTRIBUTE_CHARS = 1024
+MAX_ATTRIBUTE_ITEMS = 256
+_SPAN_ONLY = frozenset({PREFIX + "id", PREFIX + "description", PREFIX + "resources"})
 
 
 def trace_id_for(event_id: str) -> int:
@@ -78,8 +86,18 @@ class EventIdGenerator(IdGenerator):
         return chosen[1] if chosen else self._random.generate_span_id()
 
 
+def bounded(value: Any) -> Any:
+    """An attribute value within MAX_ATTRIBUTE_CHARS (and a list within MAX_ATTRIBUTE_ITEMS items of it)."""
+    if isinstance(value, str):
+        return value if len(value) <= MAX_ATTRIBUTE_CHARS else \
+            value[:MAX_ATTRIBUTE_CHARS - len(LABEL_MARK)] + LABEL_MARK
+    if isinstance(value, list):
+        return [bounded(item) for item in value[:MAX_ATTRIBUTE_ITEMS]]
+    return value
+
+
 def attributes(event: ScheduledEvent, incarnation: int | None, vm_name: str | None) -> dict[str, Any]:
-    """The contract attributes of an event as last listed."""
+    """The contract attributes of an event as last listed, each value bounded (``bounded``)."""
     values: dict[str, Any] = {
         PREFIX + "id": event.event_id,
         PREFIX + "type": event.event_type,
@@ -94,7 +112,7 @@ def attributes(event: ScheduledEvent, incarnation: int | None, vm_name: str | No
     affects = affects_vm(event, vm_name)
     if affects is not None:
         values[PREFIX + "affects_this_vm"] = affects
-    return values
+    return {key: bounded(value) for key, value in values.items()}
 
 
 def transition_extras(transition: Transition, change: DocumentChange) -> dict[str, Any]:
@@ -109,7 +127,7 @@ def transition_extras(transition: Transition, change: DocumentChange) -> dict[st
         extra[PREFIX + "skipped_scheduled"] = record.skipped_scheduled
     recommendation = change.follows.get(record.event.key)
     if recommendation is not None:
-        extra[PREFIX + "follows_recommendation_id"] = recommendation.event.event_id
+        extra[PREFIX + "follows_recommendation_id"] = bounded(recommendation.event.event_id)
         extra[PREFIX + "recommendation_lead_seconds"] = max(0.0, lead_seconds(record, recommendation) or 0.0)
     return extra
 
@@ -192,7 +210,7 @@ class SpanSink(Sink):
         attrs = {**attributes(record.event, incarnation, change.vm_name), PREFIX + "transition": kind, **extra}
         opened = self._open.setdefault(record.event.key, [])
         if len(opened) < MAX_SPAN_EVENTS:
-            opened.append((kind, now_ns, {k: v for k, v in attrs.items() if k != PREFIX + "id"}))
+            opened.append((kind, now_ns, {k: v for k, v in attrs.items() if k not in _SPAN_ONLY}))
         span = self._tracer.start_span("scheduled_event.update", context=root_context(event_id, vm_key),
                                        kind=SpanKind.INTERNAL,
                                        attributes=attrs, start_time=now_ns)

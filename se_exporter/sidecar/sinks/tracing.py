@@ -37,6 +37,9 @@ from se_exporter.sidecar.sinks import DocumentChange, Sink
 from se_exporter.sidecar.sinks.spans import PREFIX, EventIdGenerator, SpanSink
 
 log = logging.getLogger("se_exporter.tracing")
+# The spans and log records waiting for the collector hold at most this much (and OTEL_BSP_MAX_QUEUE_SIZE of them):
+# a collector down costs dropped items, counted, never memory.
+MAX_QUEUE_BYTES = 16 * 1024 * 1024
 EXPORT_TIMEOUT_SECONDS = 5  # a deadline for each whole export, retries included (both exporters count from its start)
 MAX_RESPONSE_BYTES = 64 * 1024  # of a collector's answer, read by either exporter (see otlp_http.py)
 
@@ -211,6 +214,16 @@ class Counting:
         return True
 
 
+def weight(item: Any) -> int:
+    """About the bytes a queued span or log record holds: its attributes' (and its span events') keys and values,
+    its body, and 256 for the rest. Public attributes only (``ReadableSpan``, ``LogData.log_record``)."""
+    record = getattr(item, "log_record", item)
+    groups = [getattr(record, "attributes", None) or {}]
+    groups += [event.attributes or {} for event in getattr(record, "events", None) or ()]
+    held = sum(len(key) + len(str(value)) for group in groups for key, value in group.items())
+    return 256 + held + len(str(getattr(record, "body", None) or ""))
+
+
 class CountingExporter(Counting, SpanExporter):
     """``Counting`` for spans."""
 
@@ -232,8 +245,9 @@ class Batched(SpanExporter):
                  dropped: Callable[[int], None] = lambda count: None) -> None:
         self._inner, self._name, self._dropped, self._dropping = inner, name, dropped, False
         self._bound = batching.max_queue_size
+        slot = MAX_QUEUE_BYTES // batching.max_queue_size  # what an item weighs at least: the count bound holds too
         self._processor: BatchProcessor[Any] = BatchProcessor(
-            MemoryQueue(batching.max_queue_size, lambda item: 1, self._drop), _Delivery(name, self),
+            MemoryQueue(MAX_QUEUE_BYTES, lambda item: max(slot, weight(item)), self._drop), _Delivery(name, self),
             classify=lambda error: "export", on_error=lambda reason: None, batch_size=batching.max_export_batch_size,
             linger=batching.schedule_delay_millis / 1000)
 
@@ -250,7 +264,8 @@ class Batched(SpanExporter):
     def _drop(self, item: Any) -> None:
         self._dropped(1)
         if not self._dropping:
-            log.warning("dropping %s: the queue is full (%d)", self._name, self._bound)
+            log.warning("dropping %s: the queue is full (%d of them, or %d MiB)", self._name, self._bound,
+                        MAX_QUEUE_BYTES >> 20)
         self._dropping = True
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
@@ -282,9 +297,9 @@ class TracingSink(Sink):
         exported = Counter(f"{NAMESPACE}_spans_exported", "Spans accepted by the trace exporter.", registry=registry)
         failed = Counter(f"{NAMESPACE}_span_export_errors", "Spans the trace exporter failed to deliver.",
                          registry=registry)
-        self._spans_dropped = Counter(f"{NAMESPACE}_spans_dropped", "Spans dropped before export because the span "
-                                      f"queue was full ({settings.otel_batch.max_queue_size:,} spans).",
-                                      registry=registry)
+        self._spans_dropped = Counter(
+            f"{NAMESPACE}_spans_dropped", "Spans dropped before export because the span queue was full "
+            f"({settings.otel_batch.max_queue_size:,} spans, or {MAX_QUEUE_BYTES >> 20} MiB).", registry=registry)
         # Built at start-up, so a bad exporter setting fails there and not at the first event.
         self._exporter = CountingExporter(make_exporter(settings), exported, failed,
                                           where=settings.otel_traces_endpoint or settings.otel_endpoint)
