@@ -13,7 +13,9 @@
 # prefix>; /opt/se-exporter/current points at the one the service runs. An upgrade builds the new one beside the
 # running one, switches the link, restarts the service and waits for /healthz: if the new one does not answer, the
 # link goes back, the old one is restarted and the script fails. The running virtualenv is never touched before
-# the new one answers.
+# the new one answers. Each release keeps the unit file it was installed with, and /opt/se-exporter/verified points
+# at the last release that answered: a run killed while it waits (an extension's timeout, a reboot) is finished by
+# the next one, which verifies the new release again or goes back to the verified one with its own unit file.
 # INSTALL_ROOT (default empty) prefixes every path written, for tests; HEALTH_TIMEOUT is /healthz's wait in seconds.
 set -eu
 ROOT="${INSTALL_ROOT:-}"
@@ -74,9 +76,15 @@ sys.exit(1)
 EOF
 }
 
-switch() {  # atomically: a new link renamed over the old one
-  ln -sfn "releases/$1" "$PREFIX/current.new"
-  mv -T "$PREFIX/current.new" "$PREFIX/current"
+link() {  # atomically: a new link $1 to release $2, renamed over the old one
+  ln -sfn "releases/$2" "$PREFIX/$1.new"
+  mv -T "$PREFIX/$1.new" "$PREFIX/$1"
+}
+
+switch() {  # the service onto release $1, with the unit file that release was installed with
+  install -m 0644 "$PREFIX/releases/$1/se-exporter.service" "$UNIT"
+  systemctl daemon-reload
+  link current "$1"
 }
 
 SHA=""
@@ -136,31 +144,36 @@ EOF
 version="$(basename "$(find "$HOUSE" -name 'se_exporter-*.whl' | head -n 1)" | cut -d - -f 2)"
 [ -n "$version" ] || fail "no se-exporter wheel in $WHEELS"
 release="$version-$(echo "$SHA" | cut -c 1-12)"
-old="$(basename "$(readlink "$PREFIX/current" 2>/dev/null || true)")"
+# The release to go back to: the last one that answered /healthz (not "current", which an interrupted upgrade left
+# on a release never verified).
+old="$(basename "$(readlink "$PREFIX/verified" 2>/dev/null || true)")"
+[ -z "$old" ] || [ -f "$PREFIX/releases/$old/.built" ] || old=""
 
 install -d -m 0755 "$PREFIX/releases" "$ETC" "$(dirname "$UNIT")"
-if [ "$old" != "$release" ]; then
-  rm -rf "$PREFIX/releases/$release"  # an earlier attempt that never ran: the running one is $old
+if [ ! -f "$PREFIX/releases/$release/.built" ]; then
+  rm -rf "$PREFIX/releases/$release"  # an earlier attempt killed while it built: never run, never verified
   python3 -m venv "$PREFIX/releases/$release"
   "$PREFIX/releases/$release/bin/pip" install --quiet --disable-pip-version-check --no-index --find-links "$HOUSE" \
     --require-hashes -r "$HOUSE/requirements.txt" || { rm -rf "$PREFIX/releases/$release"; fail "pip refused the wheelhouse; nothing changed"; }
   "$PREFIX/releases/$release/bin/se-exporter" --help >/dev/null \
     || { rm -rf "$PREFIX/releases/$release"; fail "the new se-exporter does not start; nothing changed"; }
+  install -m 0644 "$HERE/se-exporter.service" "$PREFIX/releases/$release/se-exporter.service"
+  touch "$PREFIX/releases/$release/.built"
 fi
 [ -f "$ETC/se-exporter.env" ] || install -m 0600 "$HERE/se-exporter.env.example" "$ETC/se-exporter.env"
-install -m 0644 "$HERE/se-exporter.service" "$UNIT"
-systemctl daemon-reload
 switch "$release"
 systemctl enable se-exporter
 systemctl restart se-exporter
 if healthy "$PREFIX/current"; then
+  link verified "$release"
   for stale in "$PREFIX"/releases/*; do
     [ "$(basename "$stale")" = "$release" ] || rm -rf "$stale"
   done
+  [ "$old" = "$release" ] && old=""
   echo "se-exporter $version is running (${old:+upgraded from $old; }$PREFIX/releases/$release)"
   exit 0
 fi
-if [ -n "$old" ] && [ "$old" != "$release" ] && [ -d "$PREFIX/releases/$old" ]; then
+if [ -n "$old" ] && [ "$old" != "$release" ]; then
   switch "$old"
   systemctl restart se-exporter
   rm -rf "$PREFIX/releases/$release"

@@ -111,12 +111,17 @@ class Machine:
             f"SE_EXPORTER_STATE_DIR={self.state}\nSE_EXPORTER_POLL_INTERVAL=0.2\n")
         self.prefix = self.root / "opt" / "se-exporter"
 
-    def run(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        environment = {**os.environ, "INSTALL_ROOT": str(self.root), "STAND_IN_DIR": str(self.stand_in),
-                       "PATH": f"{self.stand_in / 'bin'}:{os.environ['PATH']}", "HEALTH_TIMEOUT": "60",
-                       **(env or {})}
-        return subprocess.run([SH, str(SCRIPT), *args], capture_output=True, text=True, env=environment,
+    def environment(self, env: dict[str, str] | None = None) -> dict[str, str]:
+        return {**os.environ, "INSTALL_ROOT": str(self.root), "STAND_IN_DIR": str(self.stand_in),
+                "PATH": f"{self.stand_in / 'bin'}:{os.environ['PATH']}", "HEALTH_TIMEOUT": "60", **(env or {})}
+
+    def run(self, *args: str, env: dict[str, str] | None = None,
+            script: Path = SCRIPT) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([SH, str(script), *args], capture_output=True, text=True, env=self.environment(env),
                               timeout=300, check=False)
+
+    def unit(self) -> str:
+        return (self.root / "etc/systemd/system/se-exporter.service").read_text()
 
     def pid(self) -> int | None:
         try:
@@ -236,6 +241,47 @@ def test_a_release_that_never_answers_is_rolled_back(machine: Machine, tmp_path:
     assert "this release never serves" in (machine.stand_in / "service.log").read_text()
     reliability("Install", "install.sh upgrading to a release that never answers /healthz",
                 "exit 1 with one line; the old release, untouched, switched back, restarted and answering")
+
+
+@pytest.mark.integration
+@INSTALLS_TWICE
+def test_an_upgrade_killed_while_it_waits_for_health_ends_on_the_verified_release(
+        machine: Machine, tmp_path: Path, reliability: Reliability) -> None:
+    """install.sh killed -9 while it waits for the new release's /healthz (an extension's timeout, a reboot) leaves
+    the service on a release never verified, with that release's unit file; run again, as the extension retries it,
+    it finishes the upgrade: the new release fails its health check again and the verified one is back, running,
+    with the unit file it was installed with."""
+    first = _archive()
+    assert machine.run("--sha256", sha256(first), str(first)).returncode == 0
+    verified_unit = machine.unit()
+    newer = tmp_path / "newer"
+    shutil.copytree(SCRIPT.parent, newer)
+    (newer / "se-exporter.service").write_text(verified_unit + "# the unit file of the release never verified\n")
+    broken = _repack(first, tmp_path / "broken.tar.gz", _break_own_wheel)
+    upgrade = subprocess.Popen([SH, str(newer / "install.sh"), "--sha256", sha256(broken), str(broken)],
+                               env=machine.environment({"HEALTH_TIMEOUT": "300"}), start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: (machine.stand_in / "calls").read_text().splitlines().count("restart se-exporter") == 2,
+                   timeout=300, what="the upgrade waiting for the new release's /healthz")
+    finally:
+        os.killpg(upgrade.pid, signal.SIGKILL)
+        upgrade.wait()
+    assert machine.current() == _release(broken) and machine.unit() != verified_unit  # what the kill left
+
+    result = machine.run("--sha256", sha256(broken), str(broken), env={"HEALTH_TIMEOUT": "20"},
+                         script=newer / "install.sh")
+    assert result.returncode == 1
+    assert f"rolled back to {_release(first)}, which is running" in result.stderr
+    assert machine.current() == _release(first)
+    assert machine.unit() == verified_unit
+    pid = wait_until(machine.pid, what="the verified release's process")
+    assert machine.release_of(pid) == _release(first)
+    assert machine.healthy()
+    assert sorted(p.name for p in (machine.prefix / "releases").iterdir()) == [_release(first)]
+    reliability("Install", "install.sh killed -9 while it waits for an upgrade's /healthz, then run again",
+                "the next run finishes the upgrade: the unverified release fails its check and the verified one is "
+                "back with its own unit file, running")
 
 
 @pytest.mark.integration
