@@ -109,14 +109,20 @@ def test_damaged_and_newer_state_blobs_neither_stall_nor_get_overwritten(
     wait_until(lambda: fleet.value("azure_scheduled_fleet_vms") == 12, timeout=30, what="every VM, both partitions")
     assert fleet.value("azure_scheduled_fleet_state_damaged_total", reason="wrong_shape") == 1
     assert fleet.value("azure_scheduled_fleet_state_newer_format_partitions") == 1
-    wait_until(lambda: (fleet.value("azure_scheduled_fleet_checkpoints_total", outcome="ok") or 0) >= 1,
-               timeout=30, what="partition 0's state and checkpoint written")
+
+    def zero_written() -> bool:
+        """Partition 0's state, with its every VM, and then its checkpoint stored (a write may have come before
+        its last VMs were applied, and the checkpoint follows the state)."""
+        with storage(azurite, container) as blobs:  # type: ignore[arg-type]
+            zero = json.loads(gzip.decompress(blobs.download_blob(prefix + "0").readall()))
+            names = {blob.name.split("/", 3)[-1] for blob in blobs.list_blobs()}
+        complete = isinstance(zero, dict) and zero["format"] == 3 and len(zero["vms"]) == len(by_partition["0"])
+        return bool(complete and "checkpoint/0" in names)
+
+    wait_until(zero_written, timeout=30, what="partition 0's state written anew with its every VM, then checkpointed")
     with storage(azurite, container) as blobs:  # type: ignore[arg-type]
         assert blobs.download_blob(prefix + "1").readall() == newer
-        names = {blob.name.split("/", 3)[-1] for blob in blobs.list_blobs()}
-        assert "checkpoint/0" in names and "checkpoint/1" not in names
-        zero = json.loads(gzip.decompress(blobs.download_blob(prefix + "0").readall()))
-    assert zero["format"] == 3 and len(zero["vms"]) == len(by_partition["0"])
+        assert "checkpoint/1" not in {blob.name.split("/", 3)[-1] for blob in blobs.list_blobs()}
     log = fleet.log()
     assert "damaged" in log and "newer" in log and "retrying" not in log
     reliability("Fleet", "a state blob of valid gzip'd JSON in the wrong shape; one of a newer format",
