@@ -4,6 +4,7 @@ the code (so they cannot drift); the README, the operator's guide, stays under 4
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from se_exporter.sidecar.settings import RUN_OPTIONS, Settings
 from se_exporter.sidecar.sinks.otel_events import EventLogSink
 from se_exporter.sidecar.sinks.tracing import TracingSink
 from se_exporter.sidecar.snapshot import Snapshot
+from se_exporter.simulator import scenario
 from se_exporter.simulator.settings import SIMULATE_OPTIONS
 
 ROOT = Path(__file__).parent.parent.parent
@@ -90,3 +92,15 @@ def test_the_readme_is_an_operators_guide_under_40000_bytes() -> None:
     assert b"](docs/reference.md)" in readme and b"](docs/modules.md)" in readme
     for command in ("make demo", "make test"):
         assert command.encode() in readme
+
+
+def test_the_readmes_generated_parts_are_rendered_between_their_markers() -> None:
+    """A part is rewritten between its markers and nowhere else (the scenario list names every built-in); a README
+    that lost a part's markers stops make docs with one line naming them."""
+    text = "intro\n<!-- generated:scenarios -->\nstale\n<!-- /generated:scenarios -->\nrest\n"
+    rendered = generator.readme(text)
+    assert rendered.startswith("intro\n<!-- generated:scenarios -->\nBuilt-in scenarios") and rendered.endswith(
+        ".\n<!-- /generated:scenarios -->\nrest\n")
+    assert all(f"`{name}`" in rendered for name in scenario.builtin_names())
+    with pytest.raises(SystemExit, match=re.escape("README.md has no <!-- generated:scenarios --> ... ")):
+        generator.readme("intro\n")
