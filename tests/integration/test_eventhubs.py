@@ -295,7 +295,8 @@ def test_two_sidecars_against_a_dead_hub_do_not_retry_in_lock_step(simulator: Si
             peer.close()
     gaps = [[later - earlier for earlier, later in itertools.pairwise(begun)]
             for begun in (attempts(peer.connected)[:count] for peer in peers)]
-    assert all(0.9 <= gap <= 3.6 for each in gaps for gap in each), gaps  # the first wait to the cap, and connecting
+    # from the first wait (1 s) to the cap (3 s), plus connecting: up to 2 s on 2 cores under a load of 14
+    assert all(0.9 <= gap <= 5.0 for each in gaps for gap in each), gaps
     assert max(abs(one - other) for one, other in zip(*gaps, strict=True)) > 0.2, gaps  # lock-step: within 10-30 ms
     assert all(max(each[2:]) - min(each[2:]) > 0.2 for each in gaps), gaps  # at the cap: drawn, not fixed
     reliability("Event Hubs", f"two sidecars against a hub that closes every connection, {count} attempts each",
