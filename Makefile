@@ -148,7 +148,8 @@ typecheck: $(VENV)/.installed
 	$(BIN)/mypy
 	$(BIN)/mypy --platform win32
 
-unit: $(VENV)/.installed
+# The unit tests need the venv and the hash-pinned helm the chart tests render with, nothing else make test builds.
+unit: $(VENV)/.installed $(BIN)/helm
 	$(BIN)/pytest -n $(WORKERS) -m "not integration"
 
 test: $(VENV)/.installed system-deps tests/grafana_schema/node_modules/.installed tests/azurite/node_modules/.installed lint typecheck \

@@ -219,7 +219,7 @@ def _one_line_logs() -> Iterator[Any]:
 
 
 @given(st.binary(max_size=200))
-@settings(max_examples=300, database=None)
+@settings(max_examples=300, deadline=None, database=None)  # no per-example deadline: a loaded machine is not a bug
 def test_arbitrary_bytes_are_refused_cleanly(raw: bytes) -> None:
     """Bytes that are not a document raise InvalidDocument and nothing else."""
     with contextlib.suppress(InvalidDocument):
@@ -320,6 +320,6 @@ def test_drip_feeds_end_in_the_body_or_a_timeout(wire: tuple[ScriptedServer, Imd
             pass
         finally:
             transport.close()
-        assert time.monotonic() - started < total + 1.0
+        assert time.monotonic() - started < total + 2.5  # 2.5 s: the scheduler's share on 2 loaded cores
 
     drip()

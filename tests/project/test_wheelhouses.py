@@ -28,6 +28,7 @@ def _house(kind: str) -> Path:
     return house
 
 
+@pytest.mark.integration  # reads the wheelhouses make test builds (dist/); make unit does not
 @pytest.mark.parametrize("kind", sorted(HOUSES))
 def test_wheelhouse_holds_every_locked_wheel_for_every_target(kind: str) -> None:
     """For each platform and Python 3.10-3.12, each pin the lock selects has a wheel that installs there and whose
