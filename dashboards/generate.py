@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import _jsonnet
+import chart_rules
 import yaml
 from grafana_foundation_sdk.builders import bargauge, stat, statetimeline, table, timeseries
 from grafana_foundation_sdk.builders import dashboard as db
@@ -536,7 +537,8 @@ AZURE_SEVERITY = {"critical": 0, "warning": 2, "info": 3}
 def mixin(config: str = "{}") -> dict[str, Any]:
     """The mixin evaluated by jsonnet, with ``config`` merged into its _config (a jsonnet object)."""
     snippet = (f"local m = (import 'mixin.libsonnet') + {{ _config+:: {config} }};\n"
-               "{ alerts: m.prometheusAlerts, rules: m.prometheusRules, dashboards: m.grafanaDashboards }")
+               "{ alerts: m.prometheusAlerts, rules: m.prometheusRules, dashboards: m.grafanaDashboards,\n"
+               "  config: m._config }")
     result: dict[str, Any] = json.loads(_jsonnet.evaluate_snippet("render", snippet, jpathdir=[str(MIXIN)]))
     return result
 
@@ -617,13 +619,44 @@ def mixin_dashboard(name: str) -> str:
     return json.dumps(mixin()["dashboards"][name], indent=2, sort_keys=True) + "\n"
 
 
+CHART = HERE.parent / "charts" / "se-exporter"
+# The chart's PrometheusRules: the node pods' groups, and the fleet's (with fleet.enabled).
+CHART_GROUPS = {"node": ["se-exporter", "se-exporter.rules"], "fleet": ["se-exporter-fleet"]}
+VALUES_BEGIN = "  # -- generated from mixin/ by dashboards/generate.py (chart_rules.CHART_VALUES): make dashboards --\n"
+VALUES_END = "  # -- end of generated values --\n"
+
+
+def chart_rules_file() -> str:
+    """charts/se-exporter/files/prometheus-rules.yaml (dashboards/chart_rules.py)."""
+    return chart_rules.data_file(mixin, GENERATED, _yaml, CHART_GROUPS, list(AZURE_SEVERITY), _groups)
+
+
+def chart_values() -> str:
+    """values.yaml with its prometheusRule block's generated part (between the markers) rewritten."""
+    text = (CHART / "values.yaml").read_text()
+    head, _, rest = text.partition(VALUES_BEGIN)
+    _, _, tail = rest.partition(VALUES_END)
+    return head + VALUES_BEGIN + chart_rules.values_block(mixin) + VALUES_END + tail
+
+
+def chart_schema() -> str:
+    """values.schema.json with the generated properties of prometheusRule rewritten (the others kept)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    schema["properties"]["prometheusRule"]["properties"].update(
+        chart_rules.schema_properties(mixin, list(AZURE_SEVERITY)))
+    return json.dumps(schema, indent=2) + "\n"
+
+
 OUTPUTS = {"se-exporter-vm.json": lambda: render(vm_dashboard()),
            "se-exporter-fleet.json": lambda: render(fleet_dashboard()),
            "se-exporter-fleet-events.json": lambda: render(fleet_events_dashboard()),
            "alerts.yaml": lambda: rule_file("alerts", "se-exporter"),
            "fleet-alerts.yaml": lambda: rule_file("alerts", "se-exporter-fleet"),
            "rules.yaml": lambda: rule_file("rules", "se-exporter.rules"),
-           "../deploy/azure-monitor/prometheus-rule-groups.json": azure_rule_groups}
+           "../deploy/azure-monitor/prometheus-rule-groups.json": azure_rule_groups,
+           "../charts/se-exporter/files/prometheus-rules.yaml": chart_rules_file,
+           "../charts/se-exporter/values.yaml": chart_values,
+           "../charts/se-exporter/values.schema.json": chart_schema}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
