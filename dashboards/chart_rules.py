@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Iterator
+import textwrap
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,31 +51,38 @@ class ChartValue:
     path: str
     kind: str  # "integer", "number" (both at least ``minimum``) or "string" (matching ``pattern``)
     description: str
+    example: int | float | str  # a valid value other than the default (the docs show it; the tests render it)
     minimum: int = 0
     pattern: str = ""
 
     @property
     def token(self) -> str:
-        return "${%s}" % self.path
+        return "${" + self.path + "}"
 
 
 CHART_VALUES = (
-    ChartValue("runbookUrl", "runbookUrl", "string", "Where docs/operations.md is served: every alert's runbook_url "
-               "is this plus #<alert name in lower case>.", pattern=URL),
+    ChartValue("runbookUrl", "runbookUrl", "string",
+               "Where docs/operations.md is served: each alert's runbook_url is this plus #<alert name in lower case>.",
+               example="https://runbooks.corp.test/se-exporter/operations.md", pattern=URL),
     ChartValue("grafanaUrl", "grafanaUrl", "string", "Grafana's address: every alert's dashboard_url starts with it.",
-               pattern=URL),
-    ChartValue("impactfulPageSeconds", "config.impactfulPageSeconds", "integer", "An impactful event on a VM warns "
-               "when scheduled and pages once its NotBefore is this many seconds away (the paging window)."),
-    ChartValue("longFreezeSeconds", "config.longFreezeSeconds", "number", "A Freeze longer than this many seconds "
-               "warns (pages on latency-sensitive VMs); shorter ones are only recorded."),
-    ChartValue("impactfulTypes", "config.impactfulTypes", "string", "The event types that take a VM away, as a "
-               "regex alternation of event types.", pattern=EVENT_TYPES),
-    ChartValue("latencySensitiveSelector", "config.latencySensitiveSelector", "string", "The sidecars' target "
-               "labels (PromQL matchers) of VMs on which a long Freeze pages.", pattern=SELECTOR),
-    ChartValue("manyVms", "config.manyVms", "integer", "Fleet: an impactful event on more than this many VMs of one "
-               "scale set at once warns."),
-    ChartValue("vmInfoLookback", "config.vmInfoLookback", "string", "How long a sidecar that stopped answering is "
-               "still named from its last vm_info (a Prometheus duration).", pattern=DURATION),
+               example="https://grafana.corp.test", pattern=URL),
+    ChartValue("impactfulPageSeconds", "config.impactfulPageSeconds", "integer",
+               "The paging window: an impactful event on a VM warns when scheduled and pages once its NotBefore is "
+               "this many seconds away.", example=1800),
+    ChartValue("longFreezeSeconds", "config.longFreezeSeconds", "number",
+               "A Freeze longer than this many seconds warns (pages on latency-sensitive VMs); shorter ones are only "
+               "recorded.", example=12.5),
+    ChartValue("impactfulTypes", "config.impactfulTypes", "string",
+               "The event types that take a VM away, as a regex alternation (Reboot|Redeploy).",
+               example="Reboot|Redeploy", pattern=EVENT_TYPES),
+    ChartValue("latencySensitiveSelector", "config.latencySensitiveSelector", "string",
+               "PromQL matchers on the sidecars' target labels: the VMs on which a long Freeze pages.",
+               example='tier="db", env!="dev"', pattern=SELECTOR),
+    ChartValue("manyVms", "config.manyVms", "integer",
+               "Fleet: an impactful event on more than this many VMs of one scale set at once warns.", example=20),
+    ChartValue("vmInfoLookback", "config.vmInfoLookback", "string",
+               "How long a sidecar that stopped answering is still named from its last vm_info (a duration).",
+               example="3h", pattern=DURATION),
 )
 
 
@@ -112,9 +120,9 @@ def _map_strings(rendered: dict[str, Any], change: Callable[[str], str]) -> dict
     return out
 
 
-def _tokenised(render: Render, sentinels: dict[str, int | str]) -> dict[str, Any]:
+def _tokenised(render: Render, sentinels: dict[str, int | str], values: Sequence[ChartValue]) -> dict[str, Any]:
     rendered = render(json.dumps(sentinels))
-    pairs = [(str(sentinels[v.key]), v.token) for v in CHART_VALUES]
+    pairs = [(str(sentinels[v.key]), v.token) for v in values]
 
     def change(text: str) -> str:
         for sentinel, token in pairs:
@@ -136,34 +144,35 @@ def _formatted(value: Any) -> str:
     return str(value)
 
 
-def tokenised_rules(render: Render) -> dict[str, Any]:
+def tokenised_rules(render: Render, values: Sequence[ChartValue] = CHART_VALUES) -> dict[str, Any]:
     """The mixin's rules with every chart value's placeholder in its place (ChartValueError when one cannot be)."""
     defaults = render("{}")["config"]
-    for value in CHART_VALUES:
+    for value in values:
         if value.key not in defaults:
             raise ChartValueError(f"{value.key}: not a key of the mixin's _config (CHART_VALUES in {__name__})")
         default = defaults[value.key]
         expected = str if value.kind == "string" else (int, float)
         if isinstance(default, bool) or not isinstance(default, expected):
             raise ChartValueError(f"{value.key}: the mixin's default {default!r} is not a {value.kind}")
-    first = {v.key: _sentinel(v, i, second=False) for i, v in enumerate(CHART_VALUES)}
-    tokenised = _tokenised(render, first)
+    first = {v.key: _sentinel(v, i, second=False) for i, v in enumerate(values)}
+    tokenised = _tokenised(render, first, values)
     text = json.dumps(tokenised)
-    for index, value in enumerate(CHART_VALUES):
+    for index, value in enumerate(values):
         if value.token not in text:
-            raise ChartValueError(f"{value.key}: reaches no rule, so it cannot be a chart value")
-        if _tokenised(render, {**first, value.key: _sentinel(value, index, second=True)}) != tokenised:
+            raise ChartValueError(f"{value.key}: reaches no rule as written (the mixin does not use it, or only "
+                                  "computes with it), so it cannot be a chart value")
+        if _tokenised(render, {**first, value.key: _sentinel(value, index, second=True)}, values) != tokenised:
             raise ChartValueError(f"{value.key}: the mixin computes with it or branches on it; the chart can only "
                                   "carry a value the rules hold as written")
-    restored = _map_strings(tokenised, lambda s: _put_back(s, defaults))
+    restored = _map_strings(tokenised, lambda s: _put_back(s, defaults, values))
     own = render("{}")
     if restored != {k: own[k] for k in ("alerts", "rules")}:
         raise ChartValueError("the defaults put back into the placeholders are not the mixin's own rules")
     return tokenised
 
 
-def _put_back(text: str, config: dict[str, Any]) -> str:
-    for value in CHART_VALUES:
+def _put_back(text: str, config: dict[str, Any], values: Sequence[ChartValue]) -> str:
+    for value in values:
         text = text.replace(value.token, _formatted(config[value.key]))
     return text
 
@@ -215,7 +224,8 @@ def values_block(render: Render) -> str:
             lines.append(f"  {head}:")
             indent = "    "
         for value in members:
-            lines.append(f"{indent}# {value.description}")
+            lines += textwrap.wrap(value.description, 116, initial_indent=f"{indent}# ",
+                                   subsequent_indent=f"{indent}# ")
             name = value.path.rpartition(".")[2]
             lines.append(f"{indent}{name}: {json.dumps(_default(value, defaults))}")
     return "\n".join(lines) + "\n"
@@ -226,8 +236,8 @@ def schema_properties(render: Render, severities: list[str]) -> dict[str, Any]:
     names = alert_names(render("{}"))
     properties: dict[str, Any] = {
         "additionalRuleLabels": {
-            "type": "object", "propertyNames": {"pattern": LABEL_NAME, "not": {"const": "severity"}},
-            "additionalProperties": {"type": "string", "pattern": LABEL_VALUE},
+            "type": "object", "properties": {"severity": False}, "additionalProperties": False,
+            "patternProperties": {LABEL_NAME: {"type": "string", "pattern": LABEL_VALUE}},
             "description": "labels on every alert (severity: see customRules); values are literal text"},
         "disabled": {
             "type": "object", "additionalProperties": False,
