@@ -21,6 +21,7 @@ own render, byte for byte (checked here, and by tests/project/test_chart_rules.p
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
@@ -49,11 +50,15 @@ class ChartValue:
 
     key: str
     path: str
-    kind: str  # "integer", "number" (both at least ``minimum``) or "string" (matching ``pattern``)
+    # "integer" or "number" (at least ``minimum``), "string" (matching ``pattern``), "list" (of at least ``minimum``
+    # strings matching ``pattern``, joined by ``separator`` where they land) or "boolean" (the chart carries the rules
+    # for each combination of the booleans and picks one).
+    kind: str
     description: str
-    example: int | float | str  # a valid value other than the default (the docs show it; the tests render it)
+    example: Any  # a valid value other than the default (the docs show it; the tests render it)
     minimum: int = 0
     pattern: str = ""
+    separator: str = "|"
 
     @property
     def token(self) -> str:
@@ -90,10 +95,11 @@ class ChartValueError(ValueError):
     """A CHART_VALUES entry the rules cannot carry as a chart value; the message names the key."""
 
 
-def _sentinel(value: ChartValue, index: int, second: bool) -> int | str:
-    """Six digits (jsonnet's %d, %g and toString all print them as they are) or a marked string."""
-    if value.kind == "string":
-        return f"sechartvalue{index}{'b' if second else 'a'}x"
+def _sentinel(value: ChartValue, index: int, second: bool) -> int | str | list[str]:
+    """Six digits (jsonnet's %d, %g and toString all print them as they are) or a marked string (a list of one)."""
+    if value.kind in ("string", "list"):
+        marked = f"sechartvalue{index}{'b' if second else 'a'}x"
+        return [marked] if value.kind == "list" else marked
     return (314000 if second else 271000) + index
 
 
@@ -120,9 +126,14 @@ def _map_strings(rendered: dict[str, Any], change: Callable[[str], str]) -> dict
     return out
 
 
-def _tokenised(render: Render, sentinels: dict[str, int | str], values: Sequence[ChartValue]) -> dict[str, Any]:
-    rendered = render(json.dumps(sentinels))
-    pairs = [(str(sentinels[v.key]), v.token) for v in values]
+def _text(sentinel: Any) -> str:
+    return str(sentinel[0]) if isinstance(sentinel, list) else str(sentinel)
+
+
+def _tokenised(render: Render, config: dict[str, Any], values: Sequence[ChartValue]) -> dict[str, Any]:
+    """The rules rendered with ``config`` (sentinels for ``values``), each sentinel's text made its placeholder."""
+    rendered = render(json.dumps(config))
+    pairs = [(_text(config[v.key]), v.token) for v in values]
 
     def change(text: str) -> str:
         for sentinel, token in pairs:
@@ -137,43 +148,78 @@ def _tokenised(render: Render, sentinels: dict[str, int | str], values: Sequence
     return tokenised
 
 
-def _formatted(value: Any) -> str:
-    """A value as the template prints it: integers without a point, other numbers Go's shortest form."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
+def _formatted(value: ChartValue, given: Any) -> str:
+    """A value as the template prints it: integers without a point, other numbers Go's shortest form, a list joined
+    by its separator."""
+    if value.kind == "list":
+        return value.separator.join(given)
+    if isinstance(given, float) and given.is_integer():
+        return str(int(given))
+    return str(given)
 
 
-def tokenised_rules(render: Render, values: Sequence[ChartValue] = CHART_VALUES) -> dict[str, Any]:
-    """The mixin's rules with every chart value's placeholder in its place (ChartValueError when one cannot be)."""
+KINDS: dict[str, Callable[[Any], bool]] = {
+    "integer": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "list": lambda v: isinstance(v, list) and all(isinstance(item, str) for item in v),
+}
+
+
+def variants(render: Render, values: Sequence[ChartValue] = CHART_VALUES) -> list[tuple[tuple[bool, ...], Any]]:
+    """The mixin's rules with every chart value's placeholder in its place, once for each combination of the boolean
+    values (False before True, in CHART_VALUES' order): a boolean may change which rules there are, so the chart
+    carries each combination and picks one. ChartValueError names a value the rules cannot carry."""
     defaults = render("{}")["config"]
     for value in values:
         if value.key not in defaults:
             raise ChartValueError(f"{value.key}: not a key of the mixin's _config (CHART_VALUES in {__name__})")
-        default = defaults[value.key]
-        expected = str if value.kind == "string" else (int, float)
-        if isinstance(default, bool) or not isinstance(default, expected):
-            raise ChartValueError(f"{value.key}: the mixin's default {default!r} is not a {value.kind}")
-    first = {v.key: _sentinel(v, i, second=False) for i, v in enumerate(values)}
-    tokenised = _tokenised(render, first, values)
-    text = json.dumps(tokenised)
-    for index, value in enumerate(values):
+        if value.kind not in KINDS or not KINDS[value.kind](defaults[value.key]):
+            raise ChartValueError(f"{value.key}: the mixin's default {defaults[value.key]!r} is not a {value.kind}")
+    flags = [v for v in values if v.kind == "boolean"]
+    placed = [v for v in values if v.kind != "boolean"]
+    first = {v.key: _sentinel(v, i, second=False) for i, v in enumerate(placed)}
+    out = []
+    for combination in itertools.product((False, True), repeat=len(flags)):
+        config = {**first, **{flag.key: on for flag, on in zip(flags, combination, strict=True)}}
+        tokenised = _tokenised(render, config, placed)
+        second = {v.key: _sentinel(v, i, second=True) for i, v in enumerate(placed)}
+        if _tokenised(render, {**config, **second}, placed) == tokenised:
+            out.append((combination, tokenised))
+            continue  # one render with every second sentinel agrees: no value is computed with
+        for value in placed:
+            if _tokenised(render, {**config, value.key: second[value.key]}, placed) != tokenised:
+                raise ChartValueError(f"{value.key}: the mixin computes with it or branches on it; the chart can only "
+                                      "carry a value the rules hold as written")
+        raise ChartValueError("the second sentinels together change the rules, each alone does not")
+    text = json.dumps([rules for _, rules in out])
+    for value in placed:
         if value.token not in text:
             raise ChartValueError(f"{value.key}: reaches no rule as written (the mixin does not use it, or only "
                                   "computes with it), so it cannot be a chart value")
-        if _tokenised(render, {**first, value.key: _sentinel(value, index, second=True)}, values) != tokenised:
-            raise ChartValueError(f"{value.key}: the mixin computes with it or branches on it; the chart can only "
-                                  "carry a value the rules hold as written")
-    restored = _map_strings(tokenised, lambda s: _put_back(s, defaults, values))
+    for index, flag in enumerate(flags):
+        if all(rules == out[n ^ (1 << (len(flags) - 1 - index))][1] for n, (_, rules) in enumerate(out)):
+            raise ChartValueError(f"{flag.key}: changes no rule, so it cannot be a chart value")
+    default = tuple(defaults[flag.key] for flag in flags)
+    restored = _map_strings(dict(out)[default], lambda s: _put_back(s, defaults, placed))
     own = render("{}")
     if restored != {k: own[k] for k in ("alerts", "rules")}:
         raise ChartValueError("the defaults put back into the placeholders are not the mixin's own rules")
-    return tokenised
+    return out
+
+
+def tokenised_rules(render: Render, values: Sequence[ChartValue] = CHART_VALUES) -> dict[str, Any]:
+    """The rules with placeholders for the booleans' defaults (variants' checks included)."""
+    defaults = render("{}")["config"]
+    found = dict(variants(render, values))
+    rules: dict[str, Any] = found[tuple(defaults[v.key] for v in values if v.kind == "boolean")]
+    return rules
 
 
 def _put_back(text: str, config: dict[str, Any], values: Sequence[ChartValue]) -> str:
     for value in values:
-        text = text.replace(value.token, _formatted(config[value.key]))
+        text = text.replace(value.token, _formatted(value, config[value.key]))
     return text
 
 
@@ -181,30 +227,42 @@ def alert_names(rendered: dict[str, Any]) -> list[str]:
     return [r["alert"] for g in rendered["alerts"]["groups"] for r in g["rules"]]
 
 
+def every_alert(found: list[tuple[tuple[bool, ...], Any]]) -> list[str]:
+    """The alert names of every variant, in order of first appearance."""
+    return list(dict.fromkeys(name for _, rules in found for name in alert_names(rules)))
+
+
+def _key(combination: tuple[bool, ...]) -> str:
+    """A variant's name in the data file: the booleans, in order, as the template prints them (true,false)."""
+    return ",".join("true" if on else "false" for on in combination)
+
+
 def data_file(render: Render, generated: str, dump: Callable[[Any], str], groups: dict[str, list[str]],
-              severities: list[str], order: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> str:
-    """charts/se-exporter/files/prometheus-rules.yaml: the tokenised groups by PrometheusRule (``groups`` maps
-    "node" and "fleet" to group names), and what the template checks the values against."""
-    tokenised = tokenised_rules(render)
-    every = {g["name"]: g for kind in ("alerts", "rules") for g in tokenised[kind]["groups"]}
+              severities: list[str], order: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+              values: Sequence[ChartValue] = CHART_VALUES) -> str:
+    """charts/se-exporter/files/prometheus-rules.yaml: each variant's tokenised groups by PrometheusRule (``groups``
+    maps "node" and "fleet" to group names), and what the template checks the values against."""
+    found = variants(render, values)
+    by_variant = {}
+    for combination, rules in found:
+        every = {g["name"]: g for kind in ("alerts", "rules") for g in rules[kind]["groups"]}
+        by_variant[_key(combination)] = {owner: order([every[name] for name in names if name in every])
+                                         for owner, names in groups.items()}
     data = {
         "values": [{"token": v.token, "path": v.path.split("."), "kind": v.kind, "minimum": v.minimum,
-                    "pattern": v.pattern} for v in CHART_VALUES],
-        "alerts": alert_names(tokenised),
+                    "pattern": v.pattern, "separator": v.separator} for v in values if v.kind != "boolean"],
+        "flags": [{"path": v.path.split(".")} for v in values if v.kind == "boolean"],
+        "alerts": every_alert(found),
         "severities": severities,
         "duration": DURATION,
         "labelName": LABEL_NAME,
         "labelValue": LABEL_VALUE,
-        "groups": {owner: order([every[name] for name in names]) for owner, names in groups.items()},
+        "variants": by_variant,
     }
     return generated + dump(data)
 
 
-def _default(value: ChartValue, defaults: dict[str, Any]) -> Any:
-    return defaults[value.key]
-
-
-def values_block(render: Render) -> str:
+def values_block(render: Render, values: Sequence[ChartValue] = CHART_VALUES) -> str:
     """The generated part of values.yaml's prometheusRule block (indented two spaces), defaults from the mixin."""
     defaults = render("{}")["config"]
     lines = ["  # Every alert gets these labels (e.g. team: platform, for routing); an alert's own labels win.",
@@ -214,7 +272,7 @@ def values_block(render: Render) -> str:
              "  # <AlertName>: {severity: critical|warning|info, for: 5m} overrides that alert's severity and `for`.",
              "  customRules: {}"]
     nested: dict[str, list[ChartValue]] = {}
-    for value in CHART_VALUES:
+    for value in values:
         head, _, _ = value.path.rpartition(".")
         nested.setdefault(head, []).append(value)
     for head, members in nested.items():
@@ -227,13 +285,25 @@ def values_block(render: Render) -> str:
             lines += textwrap.wrap(value.description, 116, initial_indent=f"{indent}# ",
                                    subsequent_indent=f"{indent}# ")
             name = value.path.rpartition(".")[2]
-            lines.append(f"{indent}{name}: {json.dumps(_default(value, defaults))}")
+            lines.append(f"{indent}{name}: {json.dumps(defaults[value.key])}")
     return "\n".join(lines) + "\n"
 
 
-def schema_properties(render: Render, severities: list[str]) -> dict[str, Any]:
+def _schema(value: ChartValue) -> dict[str, Any]:
+    if value.kind == "string":
+        return {"type": "string", "pattern": value.pattern, "description": value.description}
+    if value.kind == "boolean":
+        return {"type": "boolean", "description": value.description}
+    if value.kind == "list":
+        return {"type": "array", "minItems": value.minimum, "items": {"type": "string", "pattern": value.pattern},
+                "description": value.description}
+    return {"type": value.kind, "minimum": value.minimum, "description": value.description}
+
+
+def schema_properties(render: Render, severities: list[str],
+                      values: Sequence[ChartValue] = CHART_VALUES) -> dict[str, Any]:
     """The generated properties of values.schema.json's prometheusRule object."""
-    names = alert_names(render("{}"))
+    names = every_alert(variants(render, values))
     properties: dict[str, Any] = {
         "additionalRuleLabels": {
             "type": "object", "properties": {"severity": False}, "additionalProperties": False,
@@ -250,15 +320,11 @@ def schema_properties(render: Render, severities: list[str]) -> dict[str, Any]:
                 for name in names},
             "description": "severity and `for` of alerts, by name"},
     }
-    nested: dict[str, Any] = properties
-    for value in CHART_VALUES:
+    for value in values:
         *heads, name = value.path.split(".")
         nested = properties
         for head in heads:
             nested = nested.setdefault(head, {"type": "object", "additionalProperties": False,
                                               "properties": {}})["properties"]
-        if value.kind == "string":
-            nested[name] = {"type": "string", "pattern": value.pattern, "description": value.description}
-        else:
-            nested[name] = {"type": value.kind, "minimum": value.minimum, "description": value.description}
+        nested[name] = _schema(value)
     return properties

@@ -16,6 +16,7 @@ data source is a dashboard variable (``$datasource``), so the files import anywh
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Sequence
@@ -624,26 +625,43 @@ CHART = HERE.parent / "charts" / "se-exporter"
 CHART_GROUPS = {"node": ["se-exporter", "se-exporter.rules"], "fleet": ["se-exporter-fleet"]}
 VALUES_BEGIN = "  # -- generated from mixin/ by dashboards/generate.py (chart_rules.CHART_VALUES): make dashboards --\n"
 VALUES_END = "  # -- end of generated values --\n"
+# The prometheusRule values the chart's template reads itself; the others are generated.
+FIXED_RULE_VALUES = ("enabled", "apiVersion", "labels", "annotations")
 
 
-def chart_rules_file() -> str:
+@functools.cache
+def mixin_rules(config: str = "{}") -> dict[str, Any]:
+    """The mixin's alerts, recording rules and _config with ``config`` merged in, once per config (the chart's
+    generator renders many; it never changes what it is given)."""
+    snippet = (f"local m = (import 'mixin.libsonnet') + {{ _config+:: {config} }};\n"
+               "{ alerts: m.prometheusAlerts, rules: m.prometheusRules, config: m._config }")
+    result: dict[str, Any] = json.loads(_jsonnet.evaluate_snippet("render", snippet, jpathdir=[str(MIXIN)]))
+    return result
+
+
+def chart_rules_file(render: chart_rules.Render = mixin_rules,
+                     values: Sequence[chart_rules.ChartValue] = chart_rules.CHART_VALUES) -> str:
     """charts/se-exporter/files/prometheus-rules.yaml (dashboards/chart_rules.py)."""
-    return chart_rules.data_file(mixin, GENERATED, _yaml, CHART_GROUPS, list(AZURE_SEVERITY), _groups)
+    return chart_rules.data_file(render, GENERATED, _yaml, CHART_GROUPS, list(AZURE_SEVERITY), _groups, values)
 
 
-def chart_values() -> str:
+def chart_values(chart: Path = CHART, render: chart_rules.Render = mixin_rules,
+                 values: Sequence[chart_rules.ChartValue] = chart_rules.CHART_VALUES) -> str:
     """values.yaml with its prometheusRule block's generated part (between the markers) rewritten."""
-    text = (CHART / "values.yaml").read_text()
+    text = (chart / "values.yaml").read_text()
     head, _, rest = text.partition(VALUES_BEGIN)
     _, _, tail = rest.partition(VALUES_END)
-    return head + VALUES_BEGIN + chart_rules.values_block(mixin) + VALUES_END + tail
+    return head + VALUES_BEGIN + chart_rules.values_block(render, values) + VALUES_END + tail
 
 
-def chart_schema() -> str:
+def chart_schema(chart: Path = CHART, render: chart_rules.Render = mixin_rules,
+                 values: Sequence[chart_rules.ChartValue] = chart_rules.CHART_VALUES) -> str:
     """values.schema.json with the generated properties of prometheusRule rewritten (the others kept)."""
-    schema = json.loads((CHART / "values.schema.json").read_text())
-    schema["properties"]["prometheusRule"]["properties"].update(
-        chart_rules.schema_properties(mixin, list(AZURE_SEVERITY)))
+    schema = json.loads((chart / "values.schema.json").read_text())
+    properties = schema["properties"]["prometheusRule"]["properties"]
+    for stale in [key for key in properties if key not in FIXED_RULE_VALUES]:
+        del properties[stale]
+    properties.update(chart_rules.schema_properties(render, list(AZURE_SEVERITY), values))
     return json.dumps(schema, indent=2) + "\n"
 
 

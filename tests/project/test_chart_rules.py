@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -233,8 +234,8 @@ def test_the_generator_puts_a_placeholder_where_a_value_lands() -> None:
 
 @pytest.mark.parametrize(("expr", "defaults", "values", "refusal"), [
     (lambda c: f"x > {c['window']} and y > {c['window'] * 2}", None, [WINDOW], "window: the mixin computes with it"),
-    (lambda c: f"x > {c['window'] // 60}", None, [WINDOW], "window: reaches no rule as written"),
-    (lambda c: "x > 1" if c["window"] > 300000 else "x > 2", None, [WINDOW], "window: reaches no rule"),
+    (lambda c: f"x > {c['window'] // 60}", None, [WINDOW], "window: the mixin computes with it"),
+    (lambda c: "x > 1" if c["window"] > 300000 else "x > 2", None, [WINDOW], "window: .* branches on it"),
     (lambda c: "x", None, [WINDOW], "window: reaches no rule"),
     (lambda c: f"x > {c['window']}", None, [chart_rules.ChartValue("nope", "nope", "integer", "", example=1)],
      "nope: not a key of the mixin's _config"),
@@ -246,3 +247,69 @@ def test_the_generator_refuses_a_value_the_rules_do_not_carry_as_written(expr: A
     value: generation stops naming it (the other helper's new knobs are checked the same way)."""
     with pytest.raises(chart_rules.ChartValueError, match=refusal):
         chart_rules.tokenised_rules(stand_in(expr, defaults), values)
+
+
+# A stand-in mixin with the kinds of knob still to come (a list of page types, a boolean that adds an alert), put
+# through the whole pipeline: the generator writes a copy of the chart's data file, values and schema, the real helm
+# renders the copy.
+KNOBS = (WINDOW,
+         chart_rules.ChartValue("pageTypes", "config.pageTypes", "list", "types that page", example=["Reboot"],
+                                minimum=1, pattern=r"^[A-Za-z]+$"),
+         chart_rules.ChartValue("spotPages", "config.spotPages", "boolean", "Spot pages", example=True))
+
+
+def knob_mixin(config: str) -> dict[str, Any]:
+    c = {"window": 900, "pageTypes": ["Reboot", "Redeploy"], "spotPages": False, **json.loads(config)}
+    rule = {"alert": "SeExporterPage", "expr": f'x{{t=~"{"|".join(c["pageTypes"])}"}} < {c["window"]}',
+            "labels": {"severity": "critical"}, "annotations": {"summary": f"pages {c['window']} s ahead"}}
+    rules = [rule] + ([{"alert": "SeExporterSpotPage", "expr": "spot > 0", "labels": {"severity": "critical"},
+                        "annotations": {}}] if c["spotPages"] else [])
+    return {"config": c, "alerts": {"groups": [{"name": "se-exporter", "rules": rules},
+                                               {"name": "se-exporter-fleet", "rules": [rule]}]},
+            "rules": {"groups": [{"name": "se-exporter.rules", "rules": [{"record": "r", "expr": "vector(1)"}]}]}}
+
+
+@pytest.fixture(scope="module")
+def knob_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    chart = tmp_path_factory.mktemp("chart") / "se-exporter"
+    shutil.copytree(CHART, chart)
+    (chart / "files" / "prometheus-rules.yaml").write_text(generate.chart_rules_file(knob_mixin, KNOBS))
+    (chart / "values.yaml").write_text(generate.chart_values(chart, knob_mixin, KNOBS))
+    (chart / "values.schema.json").write_text(generate.chart_schema(chart, knob_mixin, KNOBS))
+    return chart
+
+
+def knob_alerts(chart: Path, tmp_path: Path, rule_values: dict[str, Any], *,
+                schema: bool = True) -> dict[str, dict[str, Any]]:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"image": {"repository": "r"}, "prometheusRule": rule_values}))
+    text = run_helm(["template", "se-exporter", "--values", str(path), "--show-only", "templates/prometheusrule.yaml",
+                     *([] if schema else ["--skip-schema-validation"])], chart)
+    (rule_object,) = [d for d in yaml.safe_load_all(text) if d]
+    return {r["alert"]: r for g in rule_object["spec"]["groups"] for r in g["rules"] if "alert" in r}
+
+
+def test_a_list_and_a_boolean_knob_reach_the_rules(knob_chart: Path, tmp_path: Path) -> None:
+    """A list is joined where the mixin joins it; a boolean picks the mixin's rules for it (an alert it adds
+    appears); the defaults are the stand-in's own rules; the schema knows every variant's alerts."""
+    alerts = knob_alerts(knob_chart, tmp_path, {})
+    assert set(alerts) == {"SeExporterPage"}
+    assert alerts["SeExporterPage"]["expr"] == 'x{t=~"Reboot|Redeploy"} < 900'
+    alerts = knob_alerts(knob_chart, tmp_path, {"config": {"window": 60, "pageTypes": ["Reboot"], "spotPages": True},
+                                                "customRules": {"SeExporterSpotPage": {"severity": "warning"}}})
+    assert alerts["SeExporterPage"]["expr"] == 'x{t=~"Reboot"} < 60'
+    assert alerts["SeExporterPage"]["annotations"]["summary"] == "pages 60 s ahead"
+    assert alerts["SeExporterSpotPage"]["labels"]["severity"] == "warning"
+    assert set(knob_alerts(knob_chart, tmp_path, {"disabled": {"SeExporterSpotPage": True}})) == {"SeExporterPage"}
+
+
+@pytest.mark.parametrize("schema", [True, False], ids=["schema", "template"])
+@pytest.mark.parametrize(("config", "named"), [
+    ({"pageTypes": []}, "pageTypes"), ({"pageTypes": ['Re"boot']}, "pageTypes"), ({"spotPages": "yes"}, "spotPages"),
+    ({"window": -1}, "window")], ids=["empty-list", "bad-item", "not-a-boolean", "negative"])
+def test_bad_knob_values_are_refused(knob_chart: Path, tmp_path: Path, config: dict[str, Any], named: str,
+                                     schema: bool) -> None:
+    """The list's, the boolean's and the number's checks, by the generated schema and by the template alone."""
+    with pytest.raises(HelmFailed, match="schema" if schema else "execution error") as refused:
+        knob_alerts(knob_chart, tmp_path, {"config": config}, schema=schema)
+    assert named in str(refused.value)
