@@ -40,6 +40,10 @@ SELECTOR = r'^[a-zA-Z_][a-zA-Z0-9_]*(=|!=|=~|!~)"[^"\\{}\n]*"(, ?[a-zA-Z_][a-zA-
 # Extra labels on every alert: Prometheus label names; values are literal text (no alert-template delimiters).
 LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 LABEL_VALUE = r"^[^{}]*$"
+# What each pattern accepts, in words (the docs' table).
+IN_WORDS = {URL: "an http(s) URL without spaces, quotes or braces", EVENT_TYPES: "event types joined by `|`",
+            SELECTOR: 'PromQL matchers such as `tier="db", env!~"dev.*"` (no backslash or braces)',
+            DURATION: "a Prometheus duration (`30s`, `1h30m`)"}
 # The rule fields a value may land in (all strings, or maps of strings).
 FIELDS = ("expr", "for", "labels", "annotations")
 
@@ -67,7 +71,7 @@ class ChartValue:
 
 CHART_VALUES = (
     ChartValue("runbookUrl", "runbookUrl", "string",
-               "Where docs/operations.md is served: each alert's runbook_url is this plus #<alert name in lower case>.",
+               "Where docs/operations.md is served: each alert's runbook_url is this, #, its name in lower case.",
                example="https://runbooks.corp.test/se-exporter/operations.md", pattern=URL),
     ChartValue("grafanaUrl", "grafanaUrl", "string", "Grafana's address: every alert's dashboard_url starts with it.",
                example="https://grafana.corp.test", pattern=URL),
@@ -328,3 +332,27 @@ def schema_properties(render: Render, severities: list[str],
                                               "properties": {}})["properties"]
         nested[name] = _schema(value)
     return properties
+
+
+def _accepts(value: ChartValue) -> str:
+    words = IN_WORDS.get(value.pattern, f"text matching `{value.pattern}`")
+    if value.kind == "string":
+        return words
+    if value.kind == "list":
+        return f"a list of at least {value.minimum}, each {words}"
+    if value.kind == "boolean":
+        return "true or false"
+    return f"{'a whole number' if value.kind == 'integer' else 'a number'}, at least {value.minimum}"
+
+
+def docs_table(render: Render, values: Sequence[ChartValue] = CHART_VALUES) -> str:
+    """The Markdown table of the tunable values (docs/alerting.md), and the alert names `disabled` and
+    `customRules` take."""
+    defaults = render("{}")["config"]
+    rows = ["| value | mixin `_config` | default | accepts | what it does |", "|---|---|---|---|---|"]
+    for value in values:
+        accepts, what = (text.replace("|", "\\|") for text in (_accepts(value), value.description))
+        default = json.dumps(defaults[value.key]).replace("|", "\\|")
+        rows.append(f"| `prometheusRule.{value.path}` | `{value.key}` | `{default}` | {accepts} | {what} |")
+    names = ", ".join(f"`{name}`" for name in every_alert(variants(render, values)))
+    return "\n".join(rows) + f"\n\nThe alerts `disabled` and `customRules` take: {names}.\n"
