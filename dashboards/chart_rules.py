@@ -266,14 +266,15 @@ def data_file(render: Render, generated: str, dump: Callable[[Any], str], groups
     return generated + dump(data)
 
 
-def values_block(render: Render, values: Sequence[ChartValue] = CHART_VALUES) -> str:
+def values_block(render: Render, severities: Sequence[str], values: Sequence[ChartValue] = CHART_VALUES) -> str:
     """The generated part of values.yaml's prometheusRule block (indented two spaces), defaults from the mixin."""
     defaults = render("{}")["config"]
     lines = ["  # Every alert gets these labels (e.g. team: platform, for routing); an alert's own labels win.",
              "  additionalRuleLabels: {}",
              "  # <AlertName>: true leaves that alert out (the names: docs/alerting.md).",
              "  disabled: {}",
-             "  # <AlertName>: {severity: critical|warning|info, for: 5m} overrides that alert's severity and `for`.",
+             f"  # <AlertName>: {{severity: {'|'.join(severities)}, for: 5m}} overrides that alert's severity and "
+             "`for`.",
              "  customRules: {}"]
     nested: dict[str, list[ChartValue]] = {}
     for value in values:

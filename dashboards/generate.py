@@ -651,7 +651,7 @@ def chart_values(chart: Path = CHART, render: chart_rules.Render = mixin_rules,
     text = (chart / "values.yaml").read_text()
     head, _, rest = text.partition(VALUES_BEGIN)
     _, _, tail = rest.partition(VALUES_END)
-    return head + VALUES_BEGIN + chart_rules.values_block(render, values) + VALUES_END + tail
+    return head + VALUES_BEGIN + chart_rules.values_block(render, list(AZURE_SEVERITY), values) + VALUES_END + tail
 
 
 def chart_schema(chart: Path = CHART, render: chart_rules.Render = mixin_rules,

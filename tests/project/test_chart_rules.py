@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests import promtool
-from tests.kube_schemas import CHART, KUBERNETES_VERSIONS, VALUE_SETS, HelmFailed, errors, run_helm
+from tests.kube_schemas import CHART, KUBERNETES_VERSIONS, VALUE_SETS, HelmFailed, errors, render, run_helm
 
 ROOT = Path(__file__).parent.parent.parent
 sys.path.insert(0, str(ROOT / "dashboards"))
@@ -135,6 +135,16 @@ def test_every_value_reaches_every_rule(tmp_path: Path) -> None:
     assert "> 1800)" in by_name["SeExporterImpactfulEventScheduled"]["expr"]
     assert "> 12.5)" in by_name["SeExporterLongFreeze"]["expr"]
     assert "> 20" in by_name["SeExporterFleetImpactfulMaintenanceOnManyVms"]["expr"]
+
+
+def test_set_on_the_command_line_reaches_the_rules() -> None:
+    """`--set` gives helm whole numbers as integers (a values file gives floats): they reach the rules too."""
+    found = render(CHART / "ci" / "default-values.yaml", "prometheusRule.config.impactfulPageSeconds=1800",
+                   "prometheusRule.disabled.SeExporterDown=true")
+    (rules,) = [d for d in found if d["kind"] == "PrometheusRule"]
+    alerts = {r["alert"]: r for g in rules["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert "<= 1800)" in alerts["SeExporterImpactfulEventImminent"]["expr"]
+    assert "SeExporterDown" not in alerts
 
 
 def test_promtool_and_the_operators_schema_accept_a_tuned_render(tmp_path: Path) -> None:
