@@ -7,15 +7,18 @@ each lives, its type and what it accepts. From it (and the mixin) this writes
   each value lands, the alert names, the severities and the table itself; templates/prometheusrule.yaml reads it,
   checks the values, puts each value in place of its placeholder, applies `disabled`, `customRules` and
   `additionalRuleLabels`, and writes every rule with toYaml (so no value can add a field to a manifest);
-- the `prometheusRule` block of values.yaml (the defaults are the mixin's) and its subtree of values.schema.json
-  (every value typed; `disabled` and `customRules` accept only the mixin's alert names).
+- through chart_values.py, the `prometheusRule` block of values.yaml (the defaults are the mixin's), its subtree of
+  values.schema.json (every value typed; `disabled` and `customRules` accept only the mixin's alert names) and the
+  table of docs/alerting.md.
 
 How the placeholders are found, without a second copy of any rule: the mixin is rendered with every chart value set
 to a sentinel of its type (a six-digit number, a marked string) and each sentinel's text becomes its placeholder.
 That only works for a value the rules carry as written; one the mixin computes with (``page / 60``) or branches on
-would be wrong in the chart, so each value is also rendered with a second sentinel alone, and the two renders must
-agree once tokenised: otherwise generation stops naming the key. Putting the defaults back must give the mixin's
-own render, byte for byte (checked here, and by tests/project/test_chart_rules.py with the real helm).
+would be wrong in the chart, so the mixin is rendered again with other sentinels, and the two renders must agree once
+tokenised; where they do not, each value alone finds the one to name, and generation stops. A boolean cannot be a
+sentinel: the rules are rendered for each combination of the booleans (the chart picks one). Putting the defaults back
+must give the mixin's own render, byte for byte (checked here, and by tests/project/test_chart_rules.py with the real
+helm).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,10 +42,6 @@ SELECTOR = r'^[a-zA-Z_][a-zA-Z0-9_]*(=|!=|=~|!~)"[^"\\{}\n]*"(, ?[a-zA-Z_][a-zA-
 # Extra labels on every alert: Prometheus label names; values are literal text (no alert-template delimiters).
 LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 LABEL_VALUE = r"^[^{}]*$"
-# What each pattern accepts, in words (the docs' table).
-IN_WORDS = {URL: "an http(s) URL without spaces, quotes or braces", EVENT_TYPES: "event types joined by `|`",
-            SELECTOR: 'PromQL matchers such as `tier="db", env!~"dev.*"` (no backslash or braces)',
-            DURATION: "a Prometheus duration (`30s`, `1h30m`)"}
 # The rule fields a value may land in (all strings, or maps of strings).
 FIELDS = ("expr", "for", "labels", "annotations")
 
@@ -264,96 +262,3 @@ def data_file(render: Render, generated: str, dump: Callable[[Any], str], groups
         "variants": by_variant,
     }
     return generated + dump(data)
-
-
-def values_block(render: Render, severities: Sequence[str], values: Sequence[ChartValue] = CHART_VALUES) -> str:
-    """The generated part of values.yaml's prometheusRule block (indented two spaces), defaults from the mixin."""
-    defaults = render("{}")["config"]
-    lines = ["  # Every alert gets these labels (e.g. team: platform, for routing); an alert's own labels win.",
-             "  additionalRuleLabels: {}",
-             "  # <AlertName>: true leaves that alert out (the names: docs/alerting.md).",
-             "  disabled: {}",
-             f"  # <AlertName>: {{severity: {'|'.join(severities)}, for: 5m}} overrides that alert's severity and "
-             "`for`.",
-             "  customRules: {}"]
-    nested: dict[str, list[ChartValue]] = {}
-    for value in values:
-        head, _, _ = value.path.rpartition(".")
-        nested.setdefault(head, []).append(value)
-    for head, members in nested.items():
-        indent = "  "
-        if head:
-            lines.append("  # The mixin's _config thresholds and selectors (mixin/config.libsonnet), by their names.")
-            lines.append(f"  {head}:")
-            indent = "    "
-        for value in members:
-            lines += textwrap.wrap(value.description, 116, initial_indent=f"{indent}# ",
-                                   subsequent_indent=f"{indent}# ")
-            name = value.path.rpartition(".")[2]
-            lines.append(f"{indent}{name}: {json.dumps(defaults[value.key])}")
-    return "\n".join(lines) + "\n"
-
-
-def _schema(value: ChartValue) -> dict[str, Any]:
-    if value.kind == "string":
-        return {"type": "string", "pattern": value.pattern, "description": value.description}
-    if value.kind == "boolean":
-        return {"type": "boolean", "description": value.description}
-    if value.kind == "list":
-        return {"type": "array", "minItems": value.minimum, "items": {"type": "string", "pattern": value.pattern},
-                "description": value.description}
-    return {"type": value.kind, "minimum": value.minimum, "description": value.description}
-
-
-def schema_properties(render: Render, severities: list[str],
-                      values: Sequence[ChartValue] = CHART_VALUES) -> dict[str, Any]:
-    """The generated properties of values.schema.json's prometheusRule object."""
-    names = every_alert(variants(render, values))
-    properties: dict[str, Any] = {
-        "additionalRuleLabels": {
-            "type": "object", "properties": {"severity": False}, "additionalProperties": False,
-            "patternProperties": {LABEL_NAME: {"type": "string", "pattern": LABEL_VALUE}},
-            "description": "labels on every alert (severity: see customRules); values are literal text"},
-        "disabled": {
-            "type": "object", "additionalProperties": False,
-            "properties": {name: {"type": "boolean"} for name in names},
-            "description": "alerts to leave out, by name"},
-        "customRules": {
-            "type": "object", "additionalProperties": False,
-            "properties": {name: {"type": "object", "additionalProperties": False, "properties": {
-                "severity": {"enum": severities}, "for": {"type": "string", "pattern": DURATION}}}
-                for name in names},
-            "description": "severity and `for` of alerts, by name"},
-    }
-    for value in values:
-        *heads, name = value.path.split(".")
-        nested = properties
-        for head in heads:
-            nested = nested.setdefault(head, {"type": "object", "additionalProperties": False,
-                                              "properties": {}})["properties"]
-        nested[name] = _schema(value)
-    return properties
-
-
-def _accepts(value: ChartValue) -> str:
-    words = IN_WORDS.get(value.pattern, f"text matching `{value.pattern}`")
-    if value.kind == "string":
-        return words
-    if value.kind == "list":
-        return f"a list of at least {value.minimum}, each {words}"
-    if value.kind == "boolean":
-        return "true or false"
-    return f"{'a whole number' if value.kind == 'integer' else 'a number'}, at least {value.minimum}"
-
-
-def docs_table(render: Render, values: Sequence[ChartValue] = CHART_VALUES) -> str:
-    """The Markdown table of the tunable values (docs/alerting.md), and the alert names `disabled` and
-    `customRules` take."""
-    defaults = render("{}")["config"]
-    rows = ["| value | mixin `_config` | default | accepts | what it does |", "|---|---|---|---|---|"]
-    for value in values:
-        accepts, what = (text.replace("|", "\\|") for text in (_accepts(value), value.description))
-        default = json.dumps(defaults[value.key]).replace("|", "\\|")
-        rows.append(f"| `prometheusRule.{value.path}` | `{value.key}` | `{default}` | {accepts} | {what} |")
-    names = ", ".join(f"`{name}`" for name in every_alert(variants(render, values)))
-    return "\n".join(rows) + f"\n\nThe alerts `disabled` and `customRules` take: {names}.\n"

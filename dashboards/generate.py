@@ -5,8 +5,9 @@
 
 One source of truth: the dashboards are built here (dashboards/*.json, which mixin/dashboards.libsonnet ships as
 they are); the alert and recording rules are written in the mixin (mixin/, with its _config), and rendered here by
-the real jsonnet into dashboards/alerts.yaml, fleet-alerts.yaml, rules.yaml, the Prometheus Operator's
-PrometheusRule and Azure Monitor's prometheusRuleGroups template. Edit the mixin, then run this.
+the real jsonnet into dashboards/alerts.yaml, fleet-alerts.yaml, rules.yaml, Azure Monitor's prometheusRuleGroups
+template and the Helm chart's PrometheusRule data, values block, schema and docs/alerting.md's table of its values
+(chart_rules.py, chart_values.py). Edit the mixin, then run this.
 
 The SDK leaves panel ids and query refIds empty; Grafana then invents them on import, which breaks
 links and diffs, so every panel gets an explicit id and every query an explicit refId here. The
@@ -26,6 +27,7 @@ from typing import Any
 
 import _jsonnet
 import chart_rules
+import chart_values
 import yaml
 from grafana_foundation_sdk.builders import bargauge, stat, statetimeline, table, timeseries
 from grafana_foundation_sdk.builders import dashboard as db
@@ -645,23 +647,23 @@ def chart_rules_file(render: chart_rules.Render = mixin_rules,
     return chart_rules.data_file(render, GENERATED, _yaml, CHART_GROUPS, list(AZURE_SEVERITY), _groups, values)
 
 
-def chart_values(chart: Path = CHART, render: chart_rules.Render = mixin_rules,
+def chart_values_yaml(chart: Path = CHART, render: chart_rules.Render = mixin_rules,
                  values: Sequence[chart_rules.ChartValue] = chart_rules.CHART_VALUES) -> str:
     """values.yaml with its prometheusRule block's generated part (between the markers) rewritten."""
     text = (chart / "values.yaml").read_text()
     head, _, rest = text.partition(VALUES_BEGIN)
     _, _, tail = rest.partition(VALUES_END)
-    return head + VALUES_BEGIN + chart_rules.values_block(render, list(AZURE_SEVERITY), values) + VALUES_END + tail
+    return head + VALUES_BEGIN + chart_values.values_block(render, list(AZURE_SEVERITY), values) + VALUES_END + tail
 
 
-def chart_schema(chart: Path = CHART, render: chart_rules.Render = mixin_rules,
+def chart_schema_json(chart: Path = CHART, render: chart_rules.Render = mixin_rules,
                  values: Sequence[chart_rules.ChartValue] = chart_rules.CHART_VALUES) -> str:
     """values.schema.json with the generated properties of prometheusRule rewritten (the others kept)."""
     schema = json.loads((chart / "values.schema.json").read_text())
     properties = schema["properties"]["prometheusRule"]["properties"]
     for stale in [key for key in properties if key not in FIXED_RULE_VALUES]:
         del properties[stale]
-    properties.update(chart_rules.schema_properties(render, list(AZURE_SEVERITY), values))
+    properties.update(chart_values.schema_properties(render, list(AZURE_SEVERITY), values))
     return json.dumps(schema, indent=2) + "\n"
 
 
@@ -674,7 +676,7 @@ def alerting_doc() -> str:
     text = (HERE.parent / "docs" / "alerting.md").read_text()
     head, _, rest = text.partition(DOCS_BEGIN)
     _, _, tail = rest.partition(DOCS_END)
-    return head + DOCS_BEGIN + "\n" + chart_rules.docs_table(mixin_rules) + "\n" + DOCS_END + tail
+    return head + DOCS_BEGIN + "\n" + chart_values.docs_table(mixin_rules) + "\n" + DOCS_END + tail
 
 
 OUTPUTS = {"se-exporter-vm.json": lambda: render(vm_dashboard()),
@@ -685,8 +687,8 @@ OUTPUTS = {"se-exporter-vm.json": lambda: render(vm_dashboard()),
            "rules.yaml": lambda: rule_file("rules", "se-exporter.rules"),
            "../deploy/azure-monitor/prometheus-rule-groups.json": azure_rule_groups,
            "../charts/se-exporter/files/prometheus-rules.yaml": chart_rules_file,
-           "../charts/se-exporter/values.yaml": chart_values,
-           "../charts/se-exporter/values.schema.json": chart_schema,
+           "../charts/se-exporter/values.yaml": chart_values_yaml,
+           "../charts/se-exporter/values.schema.json": chart_schema_json,
            "../docs/alerting.md": alerting_doc}
 
 

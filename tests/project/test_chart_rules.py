@@ -284,8 +284,8 @@ def knob_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     chart = tmp_path_factory.mktemp("chart") / "se-exporter"
     shutil.copytree(CHART, chart)
     (chart / "files" / "prometheus-rules.yaml").write_text(generate.chart_rules_file(knob_mixin, KNOBS))
-    (chart / "values.yaml").write_text(generate.chart_values(chart, knob_mixin, KNOBS))
-    (chart / "values.schema.json").write_text(generate.chart_schema(chart, knob_mixin, KNOBS))
+    (chart / "values.yaml").write_text(generate.chart_values_yaml(chart, knob_mixin, KNOBS))
+    (chart / "values.schema.json").write_text(generate.chart_schema_json(chart, knob_mixin, KNOBS))
     return chart
 
 
