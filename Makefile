@@ -23,18 +23,17 @@ SBOMS := dist/linux-wheels.cdx.json dist/windows-wheels.cdx.json
 .PHONY: chart-files demo demo-fleet docs test test-contended lint lint-imports typecheck unit system-deps clean dashboards reliability soak bench image \
 	windows-wheels lock linux-wheels sbom operator-schemas
 
-# Regenerate dashboards/*.json and the rules rendered from mixin/ (the suite fails if they differ), then copy the
-# rules and dashboards into the Helm chart (make chart-files; the suite fails if the chart's copies differ).
+# Regenerate dashboards/*.json, the rules rendered from mixin/ and the chart's PrometheusRule data, values and schema
+# (dashboards/chart_rules.py; the suite fails if they differ), then copy the dashboards into the Helm chart (make
+# chart-files; the suite fails if the chart's copies differ).
 dashboards: $(VENV)/.installed
 	$(BIN)/python dashboards/generate.py
 	$(MAKE) --no-print-directory chart-files
 
-# The chart takes every rule file (dashboards/*.yaml with top-level groups; fleet-*.yaml for the fleet) and every
-# dashboard (dashboards/se-exporter-*.json).
+# The chart takes every dashboard (dashboards/se-exporter-*.json); its rules are generated (files/prometheus-rules.yaml).
 CHART_FILES := charts/se-exporter/files
 chart-files:
-	rm -f $(CHART_FILES)/rules/*.yaml $(CHART_FILES)/dashboards/*.json
-	cp dashboards/*.yaml $(CHART_FILES)/rules/
+	rm -f $(CHART_FILES)/dashboards/*.json
 	cp dashboards/se-exporter-*.json $(CHART_FILES)/dashboards/
 
 # Rewrite the generated reference pages (docs/reference.md: flags and metrics; docs/modules.md: the module map)

@@ -5,8 +5,9 @@
 
 One source of truth: the dashboards are built here (dashboards/*.json, which mixin/dashboards.libsonnet ships as
 they are); the alert and recording rules are written in the mixin (mixin/, with its _config), and rendered here by
-the real jsonnet into dashboards/alerts.yaml, fleet-alerts.yaml, rules.yaml, the Prometheus Operator's
-PrometheusRule and Azure Monitor's prometheusRuleGroups template. Edit the mixin, then run this.
+the real jsonnet into dashboards/alerts.yaml, fleet-alerts.yaml, rules.yaml, Azure Monitor's prometheusRuleGroups
+template and the Helm chart's PrometheusRule data, values block, schema and docs/alerting.md's table of its values
+(chart_rules.py, chart_values.py). Edit the mixin, then run this.
 
 The SDK leaves panel ids and query refIds empty; Grafana then invents them on import, which breaks
 links and diffs, so every panel gets an explicit id and every query an explicit refId here. The
@@ -16,6 +17,7 @@ data source is a dashboard variable (``$datasource``), so the files import anywh
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Sequence
@@ -24,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import _jsonnet
+import chart_rules
+import chart_values
 import yaml
 from grafana_foundation_sdk.builders import bargauge, stat, statetimeline, table, timeseries
 from grafana_foundation_sdk.builders import dashboard as db
@@ -536,7 +540,8 @@ AZURE_SEVERITY = {"critical": 0, "warning": 2, "info": 3}
 def mixin(config: str = "{}") -> dict[str, Any]:
     """The mixin evaluated by jsonnet, with ``config`` merged into its _config (a jsonnet object)."""
     snippet = (f"local m = (import 'mixin.libsonnet') + {{ _config+:: {config} }};\n"
-               "{ alerts: m.prometheusAlerts, rules: m.prometheusRules, dashboards: m.grafanaDashboards }")
+               "{ alerts: m.prometheusAlerts, rules: m.prometheusRules, dashboards: m.grafanaDashboards,\n"
+               "  config: m._config }")
     result: dict[str, Any] = json.loads(_jsonnet.evaluate_snippet("render", snippet, jpathdir=[str(MIXIN)]))
     return result
 
@@ -617,13 +622,74 @@ def mixin_dashboard(name: str) -> str:
     return json.dumps(mixin()["dashboards"][name], indent=2, sort_keys=True) + "\n"
 
 
+CHART = HERE.parent / "charts" / "se-exporter"
+# The chart's PrometheusRules: the node pods' groups, and the fleet's (with fleet.enabled).
+CHART_GROUPS = {"node": ["se-exporter", "se-exporter.rules"], "fleet": ["se-exporter-fleet"]}
+VALUES_BEGIN = "  # -- generated from mixin/ by dashboards/generate.py (chart_rules.CHART_VALUES): make dashboards --\n"
+VALUES_END = "  # -- end of generated values --\n"
+# The prometheusRule values the chart's template reads itself; the others are generated.
+FIXED_RULE_VALUES = ("enabled", "apiVersion", "labels", "annotations")
+
+
+@functools.cache
+def mixin_rules(config: str = "{}") -> dict[str, Any]:
+    """The mixin's alerts, recording rules and _config with ``config`` merged in, once per config (the chart's
+    generator renders many; it never changes what it is given)."""
+    snippet = (f"local m = (import 'mixin.libsonnet') + {{ _config+:: {config} }};\n"
+               "{ alerts: m.prometheusAlerts, rules: m.prometheusRules, config: m._config }")
+    result: dict[str, Any] = json.loads(_jsonnet.evaluate_snippet("render", snippet, jpathdir=[str(MIXIN)]))
+    return result
+
+
+def chart_rules_file(render: chart_rules.Render = mixin_rules,
+                     values: Sequence[chart_rules.ChartValue] = chart_rules.CHART_VALUES) -> str:
+    """charts/se-exporter/files/prometheus-rules.yaml (dashboards/chart_rules.py)."""
+    return chart_rules.data_file(render, GENERATED, _yaml, CHART_GROUPS, list(AZURE_SEVERITY), _groups, values)
+
+
+def chart_values_yaml(chart: Path = CHART, render: chart_rules.Render = mixin_rules,
+                 values: Sequence[chart_rules.ChartValue] = chart_rules.CHART_VALUES) -> str:
+    """values.yaml with its prometheusRule block's generated part (between the markers) rewritten."""
+    text = (chart / "values.yaml").read_text()
+    head, _, rest = text.partition(VALUES_BEGIN)
+    _, _, tail = rest.partition(VALUES_END)
+    return head + VALUES_BEGIN + chart_values.values_block(render, list(AZURE_SEVERITY), values) + VALUES_END + tail
+
+
+def chart_schema_json(chart: Path = CHART, render: chart_rules.Render = mixin_rules,
+                 values: Sequence[chart_rules.ChartValue] = chart_rules.CHART_VALUES) -> str:
+    """values.schema.json with the generated properties of prometheusRule rewritten (the others kept)."""
+    schema = json.loads((chart / "values.schema.json").read_text())
+    properties = schema["properties"]["prometheusRule"]["properties"]
+    for stale in [key for key in properties if key not in FIXED_RULE_VALUES]:
+        del properties[stale]
+    properties.update(chart_values.schema_properties(render, list(AZURE_SEVERITY), values))
+    return json.dumps(schema, indent=2) + "\n"
+
+
+DOCS_BEGIN = "<!-- The table below is generated by dashboards/generate.py (make dashboards): edit CHART_VALUES. -->\n"
+DOCS_END = "<!-- End of the generated table. -->\n"
+
+
+def alerting_doc() -> str:
+    """docs/alerting.md with the chart values' table (between the markers) rewritten."""
+    text = (HERE.parent / "docs" / "alerting.md").read_text()
+    head, _, rest = text.partition(DOCS_BEGIN)
+    _, _, tail = rest.partition(DOCS_END)
+    return head + DOCS_BEGIN + "\n" + chart_values.docs_table(mixin_rules) + "\n" + DOCS_END + tail
+
+
 OUTPUTS = {"se-exporter-vm.json": lambda: render(vm_dashboard()),
            "se-exporter-fleet.json": lambda: render(fleet_dashboard()),
            "se-exporter-fleet-events.json": lambda: render(fleet_events_dashboard()),
            "alerts.yaml": lambda: rule_file("alerts", "se-exporter"),
            "fleet-alerts.yaml": lambda: rule_file("alerts", "se-exporter-fleet"),
            "rules.yaml": lambda: rule_file("rules", "se-exporter.rules"),
-           "../deploy/azure-monitor/prometheus-rule-groups.json": azure_rule_groups}
+           "../deploy/azure-monitor/prometheus-rule-groups.json": azure_rule_groups,
+           "../charts/se-exporter/files/prometheus-rules.yaml": chart_rules_file,
+           "../charts/se-exporter/values.yaml": chart_values_yaml,
+           "../charts/se-exporter/values.schema.json": chart_schema_json,
+           "../docs/alerting.md": alerting_doc}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
