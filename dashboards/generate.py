@@ -561,9 +561,9 @@ def _yaml(data: Any) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
 
 
-def rule_file(kind: str, group: str) -> str:
-    """One group of the mixin's alerts or rules as a Prometheus rule file."""
-    groups = [g for g in mixin()[kind]["groups"] if g["name"] == group]
+def rule_file(kind: str, group: str, config: str = "{}") -> str:
+    """One group of the mixin's alerts or rules as a Prometheus rule file, with ``config`` merged into _config."""
+    groups = [g for g in mixin(config)[kind]["groups"] if g["name"] == group]
     return GENERATED + _yaml({"groups": _groups(groups)})
 
 
