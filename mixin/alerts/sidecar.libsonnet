@@ -18,7 +18,7 @@ local lib = import '../lib.libsonnet';
   // Of the events Started at first sight, those this sidecar had watched long enough to have seen Scheduled.
   local watched = |||
     (azure_scheduled_event_first_seen_timestamp_seconds
-       - on(job, instance) group_left() azure_scheduled_events_watching_since_timestamp_seconds) >= %(watched)g
+       - on(job, instance) group_left() azure_scheduled_events_watching_since_timestamp_seconds) >= %(watched)s
   ||| % { watched: c.hostFailureWatchedSeconds },
   local atFirstSight = |||
     (azure_scheduled_event_started_timestamp_seconds
@@ -102,7 +102,7 @@ local lib = import '../lib.libsonnet';
       '{{ $labels.event_type }} with no notice on %s: host failure' % lib.machine,
       |||
         Event {{ $labels.event_id }} was already Started when se-exporter first saw it on VM {{ $labels.vm_name }},
-        after watching IMDS for at least %(watched)g s: Azure skips the notice when the host fails, and recovers
+        after watching IMDS for at least %(watched)s s: Azure skips the notice when the host fails, and recovers
         the VM on another host.
       ||| % { watched: c.hostFailureWatchedSeconds },
     ),
@@ -123,27 +123,27 @@ local lib = import '../lib.libsonnet';
       '{{ $labels.event_type }} already in progress when se-exporter started watching %s' % lib.machine,
       |||
         Event {{ $labels.event_id }} was already Started when se-exporter first saw it on VM {{ $labels.vm_name }},
-        less than %(watched)g s after this sidecar started watching IMDS with no state to continue: it cannot tell a
+        less than %(watched)s s after this sidecar started watching IMDS with no state to continue: it cannot tell a
         host failure from maintenance announced before it watched, so this warns rather than pages.
       ||| % { watched: c.hostFailureWatchedSeconds },
     ),
     alert(
       'SeExporterLongFreeze', 'warning',
       lib.withVm(|||
-        (azure_scheduled_event_duration_seconds{event_type="Freeze"} > %(long)g)
+        (azure_scheduled_event_duration_seconds{event_type="Freeze"} > %(long)s)
           * on(job, instance, event_id) group_left(event_status)
         azure_scheduled_event_info{event_status=~"Scheduled|Started", %(mine)s}
       ||| % { long: c.longFreezeSeconds, mine: mine }, c),
       '{{ $value }} s Freeze {{ $labels.event_status }} on %s' % lib.machine,
       |||
         A Freeze of {{ $value }} seconds (event {{ $labels.event_id }}) is {{ $labels.event_status }} on VM
-        {{ $labels.vm_name }}: longer than %(long)g s. CPU and network pause; memory and open files are kept.
+        {{ $labels.vm_name }}: longer than %(long)s s. CPU and network pause; memory and open files are kept.
       ||| % { long: c.longFreezeSeconds },
     ),
     alert(
       'SeExporterLongFreezeOnLatencySensitiveVm', 'critical',
       lib.withVm(|||
-        (azure_scheduled_event_duration_seconds{event_type="Freeze"} > %(long)g)
+        (azure_scheduled_event_duration_seconds{event_type="Freeze"} > %(long)s)
           * on(job, instance, event_id) group_left(event_status)
         azure_scheduled_event_info{event_status=~"Scheduled|Started", %(mine)s}
           and on(job, instance)
