@@ -62,9 +62,11 @@ def _query(match: re.Match[str], labels: dict[str, str], series: dict[str, str])
         if (got == metric and own.get("job") == labels.get("job") and own.get("event_id") == labels.get("event_id")
                 and re.fullmatch(coverages, own.get("coverage", ""))):
             found.add((own["vm_name"], own["coverage"]))
-    return "".join(re.sub(r"\{\{ \.Labels\.(\w+) \}\}",
-                          lambda m: {"vm_name": vm, "coverage": coverage}[m.group(1)], body)
-                   for vm, coverage in sorted(found))
+    def one(vm: str, coverage: str) -> str:
+        return re.sub(r"\{\{ \.Labels\.(\w+) \}\}", lambda m: {"vm_name": vm, "coverage": coverage}[m.group(1)],
+                      body)
+
+    return "".join(one(vm, coverage) for vm, coverage in sorted(found))
 
 
 def render(template: str, labels: dict[str, str], value: float, series: dict[str, str] | None = None) -> str:

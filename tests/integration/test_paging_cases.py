@@ -75,7 +75,7 @@ def test_each_paging_case_on_the_real_sidecars_scrape(case: Paging, simulator: S
     is one."""
     scenario = tmp_path / "scenario.json"
     scenario.write_text(json.dumps({"description": case.name, "events": [case.event()]}))
-    sim, server = simulator(str(scenario), vm_name=VM)
+    _, server = simulator(str(scenario), vm_name=VM)
     state = tmp_path / "state"
     if case.watched:  # what a sidecar that ran for an hour leaves behind (restored state counts as watching)
         LifecycleStore(state, scope=server.url).save({}, watching_since=time.time() - 3600)

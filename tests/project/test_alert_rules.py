@@ -14,6 +14,7 @@ from tests import promtool
 RULES = Path(__file__).parent.parent.parent / "dashboards" / "alerts.yaml"
 sys.path.insert(0, str(RULES.parent))
 import generate  # noqa: E402  (dashboards/ is not a package: the generator is a script)
+
 BASE = 'job="se-exporter", instance="vm0:10169"'
 LABELS = {"job": "se-exporter", "instance": "vm0:10169"}
 

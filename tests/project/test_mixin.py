@@ -196,7 +196,7 @@ def test_azure_rule_groups_render_with_ones_own_config(capsys: pytest.CaptureFix
     rules = deployed(template)
     rendered = generate.mixin("{ pageSpotPreempt: true, pageSources: ['Platform', 'User'] }")
     assert_same_rules(rules, rendered, {}, set())
-    imminent = [r for r in rules["se-exporter"] if r.get("alert") == "SeExporterImpactfulEventImminent"][0]
+    imminent = next(r for r in rules["se-exporter"] if r.get("alert") == "SeExporterImpactfulEventImminent")
     assert 'event_type=~"Reboot|Redeploy|Terminate|Preempt", event_source=~"Platform|User"' in imminent["expression"]
     with pytest.raises(SystemExit):
         generate.main(["--azure-config", "{ impactfulPageSeconds: -900 }"])
