@@ -214,8 +214,8 @@ def test_host_failure_pages_at_once_as_one_notification_and_completion_resolves_
                             transition="completed") == 1
     assert len(firing(webhook, HOST_FAILURE)) == 1, webhook.notifications
     assert not webhook.received(alertname=IMMINENT, event_id=HOST_FAILURE), webhook.notifications
-    reliability("Alerting", "a host failure (Started at first sight)", "paged at the first evaluation, once (the "
-                "'started' alert inhibited); resolved on completion")
+    reliability("Alerting", "a host failure (Started at first sight by a sidecar whose state says it has watched)",
+                "paged at the first evaluation, once, and nothing else for the event; resolved on completion")
 
 
 def test_an_event_for_another_vm_of_the_availability_set_does_not_page_this_vm(pipeline: Pipeline,
@@ -257,8 +257,8 @@ def test_a_scale_in_wave_is_one_warning_never_a_page(pipeline: Pipeline, reliabi
     assert pages[0].receiver == WARNINGS
     assert sorted(a["labels"]["vm_name"] for a in pages[0].alerts) == WAVE_VMS
     assert not pipeline.alertmanager.alerts(event_id=WAVE, severity="critical")
-    reliability("Alerting", "a three-VM scale-set wave through Prometheus and the shipped Alertmanager configuration",
-                "one notification naming the three VMs")
+    reliability("Alerting", "a three-VM scale-in wave (EventSource User) through Prometheus and the shipped "
+                "Alertmanager configuration", "one warning naming the three VMs; no page")
 
 
 def test_shipped_alertmanager_configuration(tmp_path: Path) -> None:

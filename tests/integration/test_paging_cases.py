@@ -15,7 +15,7 @@ import pytest
 
 from se_exporter.sidecar.lifecycle_store import LifecycleStore
 from tests import promtool
-from tests.conftest import SimulatorFactory
+from tests.conftest import Reliability, SimulatorFactory
 from tests.fleet_overlap import promtool_series
 from tests.helpers import Sidecar, http_get, parse_samples, wait_until
 
@@ -68,8 +68,8 @@ def scrape(sidecar: Sidecar) -> str | None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
-def test_each_paging_case_on_the_real_sidecars_scrape(case: Paging, simulator: SimulatorFactory,
-                                                      tmp_path: Path) -> None:
+def test_each_paging_case_on_the_real_sidecars_scrape(case: Paging, simulator: SimulatorFactory, tmp_path: Path,
+                                                      reliability: Reliability) -> None:
     """The real sidecar's scrape, fed to promtool with the shipped rules, raises exactly the case's alert (with the
     rule's labels and rendered annotations) and no other alert of the file: in particular no page unless the case
     is one."""
@@ -98,3 +98,6 @@ def test_each_paging_case_on_the_real_sidecars_scrape(case: Paging, simulator: S
     cases: list[promtool.Case] = [(alert, series, "1m", [(labels, value)] if alert == case.fires else [])
                                   for alert in promtool.rules(RULES)]
     promtool.run_rule_tests(RULES, cases, tmp_path)
+    kind = {"critical": "a page", "warning": "a warning"}[promtool.rules(RULES)[case.fires]["labels"]["severity"]]
+    reliability("Alerting", f"{case.name}, on the real sidecar's scrape under promtool with the shipped rules",
+                f"{case.fires} ({kind}) and no other alert")
