@@ -43,11 +43,11 @@ def unreachable(replica: dict[str, str], vm: int, values: str = "1800000000x10")
 
 
 def announced(replica: dict[str, str], event_id: str, event_type: str = "Reboot", status: str = "Scheduled",
-              scope: str = "big", **vms: int) -> dict[str, str]:
+              scope: str = "big", source: str = "Platform", **vms: int) -> dict[str, str]:
     """One platform event as a replica shows it for ten minutes: its info series and its VMs by coverage (those
     not given: 0)."""
     ident = {**replica, "event_id": event_id, "event_type": event_type}
-    info_labels = {**ident, "event_status": status, "event_source": "Platform", "scope_type": "scale_set",
+    info_labels = {**ident, "event_status": status, "event_source": source, "scope_type": "scale_set",
                    "scope_name": scope, "resource_group": "rg", "subscription_id": fleet_two_streams.SUB,
                    "location": "westeurope"}
     series = {f"azure_scheduled_fleet_platform_event_info{selector(info_labels)}": "1x10"}
@@ -127,6 +127,8 @@ CASES: list[promtool.Case] = [
     (F + "SidecarMissedImpactfulEvent",  # a Spot eviction missed: nobody could have acted on it (pageSpotPreempt)
      announced(A, "E1", "Preempt", "Started", missed=1, imds_unreachable=1), "1m", []),
     (F + "SidecarMissedImpactfulEvent", announced(A, "E1", observed=4, no_sidecar=3), "1m", []),  # nobody to miss
+    (F + "SidecarMissedImpactfulEvent",  # what a user asked for does not page (_config.pageSources)
+     announced(A, "E1", "Terminate", source="User", missed=2), "1m", []),
     (F + "SidecarMissedImpactfulEvent", announced(A, "E1", "Freeze", missed=3), "1m", []),  # ...MissedFreeze
     (F + "SidecarMissedImpactfulEvent", announced(A, "E1", status="Completed", missed=3), "1m", []),  # over
     (F + "SidecarMissedImpactfulEvent", announced(A, "E1", status="Canceled", missed=3), "1m", []),
