@@ -35,8 +35,10 @@ Render = Callable[[str], dict[str, Any]]
 DURATION = r"^([0-9]+(ms|s|m|h|d|w|y))+$"
 # Where the runbooks and Grafana are: http(s), and nothing Prometheus' alert templates or a Markdown link would read.
 URL = r"^https?://[^\s\"'{}<>\\]+$"
-# Event types as a PromQL regex alternation (inside a double-quoted label matcher).
-EVENT_TYPES = r"^[A-Za-z]+(\|[A-Za-z]+)*$"
+# What each list of event types and EventSources may hold (mixin/validate.libsonnet refuses the rest too).
+PAGE_TYPES = r"^(Reboot|Redeploy|Terminate)$"
+WARN_TYPES = r"^(Reboot|Redeploy|Preempt|Terminate)$"
+SOURCES = r"^(Platform|User|unknown)$"
 # A PromQL label matcher list on target labels: name, operator, a double-quoted value without quotes or escapes.
 SELECTOR = r'^[a-zA-Z_][a-zA-Z0-9_]*(=|!=|=~|!~)"[^"\\{}\n]*"(, ?[a-zA-Z_][a-zA-Z0-9_]*(=|!=|=~|!~)"[^"\\{}\n]*")*$'
 # Extra labels on every alert: Prometheus label names; values are literal text (no alert-template delimiters).
@@ -79,9 +81,22 @@ CHART_VALUES = (
     ChartValue("longFreezeSeconds", "config.longFreezeSeconds", "number",
                "A Freeze longer than this many seconds warns (pages on latency-sensitive VMs); shorter ones are only "
                "recorded.", example=12.5),
-    ChartValue("impactfulTypes", "config.impactfulTypes", "string",
-               "The event types that take a VM away, as a regex alternation (Reboot|Redeploy).",
-               example="Reboot|Redeploy", pattern=EVENT_TYPES),
+    ChartValue("pageTypes", "config.pageTypes", "list",
+               "The event types that page (from pageSources, within the paging window, or as a host failure).",
+               example=["Reboot", "Redeploy"], pattern=PAGE_TYPES),
+    ChartValue("pageSources", "config.pageSources", "list",
+               "The EventSources whose events page: Platform (Azure's maintenance), User (a restart, a scale-in), "
+               "unknown (none given).", example=["Platform", "unknown"], pattern=SOURCES),
+    ChartValue("pageSpotPreempt", "config.pageSpotPreempt", "boolean",
+               "Page for a Spot eviction (Preempt) as for the types above; by default it only warns.", example=True),
+    ChartValue("warnTypes", "config.warnTypes", "list",
+               "The event types that warn while scheduled, when not paging.",
+               example=["Reboot", "Redeploy", "Preempt"], pattern=WARN_TYPES),
+    ChartValue("warnSources", "config.warnSources", "list",
+               "The EventSources whose events warn.", example=["Platform"], pattern=SOURCES),
+    ChartValue("hostFailureWatchedSeconds", "config.hostFailureWatchedSeconds", "integer",
+               "An event first seen Started pages as a host failure only if the sidecar had watched IMDS this many "
+               "seconds before; else it warns (it cannot know whether the event was announced).", example=120),
     ChartValue("latencySensitiveSelector", "config.latencySensitiveSelector", "string",
                "PromQL matchers on the sidecars' target labels: the VMs on which a long Freeze pages.",
                example='tier="db", env!="dev"', pattern=SELECTOR),

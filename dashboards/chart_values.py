@@ -13,11 +13,13 @@ from typing import Any
 from chart_rules import (
     CHART_VALUES,
     DURATION,
-    EVENT_TYPES,
     LABEL_NAME,
+    PAGE_TYPES,
     LABEL_VALUE,
     SELECTOR,
+    SOURCES,
     URL,
+    WARN_TYPES,
     ChartValue,
     Render,
     every_alert,
@@ -25,7 +27,8 @@ from chart_rules import (
 )
 
 # What each pattern accepts, in words (the docs' table).
-IN_WORDS = {URL: "an http(s) URL without spaces, quotes or braces", EVENT_TYPES: "event types joined by `|`",
+IN_WORDS = {URL: "an http(s) URL without spaces, quotes or braces", PAGE_TYPES: "Reboot, Redeploy, Terminate",
+            WARN_TYPES: "Reboot, Redeploy, Preempt, Terminate", SOURCES: "Platform, User, unknown",
             SELECTOR: 'PromQL matchers such as `tier="db", env!~"dev.*"` (no backslash or braces)',
             DURATION: "a Prometheus duration (`30s`, `1h30m`)"}
 

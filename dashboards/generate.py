@@ -493,7 +493,8 @@ def two_streams(d: Any, ids: Ids) -> Any:
     d = d.with_panel(
         panel(table, ids, "Blind spots",
               "Per event, the VMs whose maintenance no sidecar saw, by coverage: missed, imds_unreachable, "
-              "no_sidecar. The fleet's log names the VMs.",
+              "no_sidecar. azure_scheduled_fleet_platform_event_missed_vm_info names them (the first 20 per "
+              "event and coverage), as the missed-event alerts' `vms` annotation does.",
               [Q(f"sort_desc(sum by (event_id, event_type, coverage) ({vms}, coverage!=\"observed\"}}) "
                  f"* on(event_id) group_left(scope_name, location) max by (event_id, scope_name, location) "
                  f"({info}}}) > 0)", instant=True, table=True)], width=12)
@@ -566,9 +567,9 @@ def _yaml(data: Any) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
 
 
-def rule_file(kind: str, group: str) -> str:
-    """One group of the mixin's alerts or rules as a Prometheus rule file."""
-    groups = [g for g in mixin()[kind]["groups"] if g["name"] == group]
+def rule_file(kind: str, group: str, config: str = "{}") -> str:
+    """One group of the mixin's alerts or rules as a Prometheus rule file, with ``config`` merged into _config."""
+    groups = [g for g in mixin(config)[kind]["groups"] if g["name"] == group]
     return GENERATED + _yaml({"groups": _groups(groups)})
 
 
@@ -578,23 +579,74 @@ def _iso_duration(duration: str) -> str:
     return f"PT{int(duration[:-1])}{unit}"
 
 
+# The _config settings the ARM template takes as parameters: rendered with a sentinel in their place, and each
+# sentinel turned into the parameter where it lands (an ARM concat()), so a deployment sets them as the chart's
+# values and the mixin's _config do. (name, ARM type, sentinel, what it is.) The rest of _config (which types and
+# sources page, Spot, overrides) is rendered in: `generate.py --azure-config '{ ... }'` (docs/alerting.md).
+AZURE_SETTINGS: tuple[tuple[str, str, Any, str], ...] = (
+    ("impactfulPageSeconds", "int", 987650001, "An impactful event pages once its NotBefore is this close (s)."),
+    ("longFreezeSeconds", "int", 987650002, "A Freeze longer than this warns, or pages on a latency-sensitive VM (s)."),
+    ("hostFailureWatchedSeconds", "int", 987650003,
+     "An event Started at first sight is a host failure only after this long watching IMDS (s)."),
+    ("manyVms", "int", 987650004, "The fleet warns of an impactful event on more than this many VMs of a scale set."),
+    ("runbookUrl", "string", "https://runbook.sentinel.invalid/ops.md", "Where the runbooks (docs/operations.md) are."),
+    ("grafanaUrl", "string", "https://grafana.sentinel.invalid", "Where Grafana serves the mixin's dashboards."),
+)
+# An action group per severity: pages and warnings reach different people.
+AZURE_ACTION_GROUPS = {"critical": "criticalActionGroupId", "warning": "warningActionGroupId",
+                       "info": "infoActionGroupId"}
+
+
+def _arm_string(text: str) -> str:
+    """A string as the template writes it: with a setting's sentinel, an ARM concat() of its parameter."""
+    parts: list[tuple[bool, str]] = [(False, text)]
+    for name, _, sentinel, _ in AZURE_SETTINGS:
+        split: list[tuple[bool, str]] = []
+        for is_parameter, part in parts:
+            if is_parameter:
+                split.append((True, part))
+                continue
+            pieces = part.split(str(sentinel))
+            for index, piece in enumerate(pieces):
+                if index:
+                    split.append((True, name))
+                split.append((False, piece))
+        parts = split
+    if len(parts) == 1:
+        return text if not text.startswith("[") else "[" + text  # a literal that starts with [ is written [[
+    quoted = [f"string(parameters('{part}'))" if is_parameter else "'" + part.replace("'", "''") + "'"
+              for is_parameter, part in parts if is_parameter or part]
+    return f"[concat({', '.join(quoted)})]"
+
+
 def _azure_rule(rule: dict[str, Any]) -> dict[str, Any]:
     if "record" in rule:
-        return {"record": rule["record"], "expression": rule["expr"], "enabled": True}
-    converted: dict[str, Any] = {"alert": rule["alert"], "expression": rule["expr"], "enabled": True,
-                                 "severity": AZURE_SEVERITY[rule["labels"]["severity"]],
-                                 "labels": rule["labels"], "annotations": rule["annotations"],
-                                 "resolveConfiguration": {"autoResolved": True, "timeToResolve": "PT10M"},
-                                 "actions": [{"actionGroupId": "[parameters('actionGroupId')]"}]}
+        return {"record": rule["record"], "expression": _arm_string(rule["expr"]), "enabled": True}
+    severity = rule["labels"]["severity"]
+    others = {key: value for key, value in rule["labels"].items() if key != "severity"}
+    own = json.dumps(others).replace("'", "''")
+    labels = (f"[union(parameters('additionalRuleLabels'), json('{own}'), "
+              f"createObject('severity', '{severity}'))]")
+    converted: dict[str, Any] = {
+        "alert": rule["alert"], "expression": _arm_string(rule["expr"]),
+        "enabled": f"[not(contains(parameters('disabledAlerts'), '{rule['alert']}'))]",
+        "severity": AZURE_SEVERITY[severity], "labels": labels,
+        "annotations": {key: _arm_string(value) for key, value in rule["annotations"].items()},
+        "resolveConfiguration": {"autoResolved": True, "timeToResolve": "PT10M"},
+        "actions": [{"actionGroupId": f"[parameters('{AZURE_ACTION_GROUPS[severity]}')]"}]}
     if "for" in rule:
         converted["for"] = _iso_duration(rule["for"])
     return converted
 
 
-def azure_rule_groups() -> str:
+def azure_rule_groups(config: str = "{}") -> str:
     """deploy/azure-monitor/prometheus-rule-groups.json: the same groups as Azure Monitor managed Prometheus rule
-    groups (an ARM template), for an Azure Monitor workspace and an action group given as parameters."""
-    rendered = mixin()
+    groups (an ARM template), for an Azure Monitor workspace, an action group per severity and the settings of
+    AZURE_SETTINGS as parameters; ``config`` is merged into _config first (its own values of those settings become
+    the parameters' defaults)."""
+    defaults = mixin(config)["config"]
+    sentinels = ", ".join(f"{name}: {json.dumps(sentinel)}" for name, _, sentinel, _ in AZURE_SETTINGS)
+    rendered = mixin(f"({config}) + {{ {sentinels} }}")
     resources = [{
         "type": "Microsoft.AlertsManagement/prometheusRuleGroups", "apiVersion": "2023-03-01",
         "name": group["name"], "location": "[parameters('location')]",
@@ -602,17 +654,30 @@ def azure_rule_groups() -> str:
                        "scopes": ["[parameters('azureMonitorWorkspaceId')]"], "enabled": True, "interval": "PT1M",
                        "rules": [_azure_rule(rule) for rule in group["rules"]]}}
         for group in rendered["alerts"]["groups"] + rendered["rules"]["groups"]]
+    parameters: dict[str, Any] = {
+        "azureMonitorWorkspaceId": {"type": "string", "metadata": {
+            "description": "Resource ID of the Azure Monitor workspace the sidecars' metrics go to."}},
+        "criticalActionGroupId": {"type": "string", "metadata": {
+            "description": "Resource ID of the action group pages (severity critical) notify: the on-call."}},
+        "warningActionGroupId": {"type": "string", "metadata": {
+            "description": "Resource ID of the action group warnings notify: a queue read in working hours."}},
+        "infoActionGroupId": {"type": "string", "defaultValue": "[parameters('warningActionGroupId')]",
+                              "metadata": {"description": "Resource ID of the action group for severity info "
+                                                          "(default: the warnings' one)."}},
+        "additionalRuleLabels": {"type": "object", "defaultValue": {}, "metadata": {
+            "description": "Labels added to every alert (team routing); an alert's own labels win."}},
+        "disabledAlerts": {"type": "array", "defaultValue": [], "metadata": {
+            "description": "Names of alerts to deploy disabled."}},
+        **{name: {"type": kind, "defaultValue": defaults[name], "metadata": {"description": what}}
+           for name, kind, _, what in AZURE_SETTINGS},
+        "location": {"type": "string", "defaultValue": "[resourceGroup().location]"}}
     template = {
         "$schema": "https://schema.management.azure.com/schemas/2019-04-01/deploymentTemplate.json#",
         "contentVersion": "1.0.0.0",
         "metadata": {"description": "Generated from mixin/ by dashboards/generate.py: edit the mixin, then make "
-                                    "dashboards. See docs/alerting.md for what differs from Prometheus."},
-        "parameters": {
-            "azureMonitorWorkspaceId": {"type": "string", "metadata": {
-                "description": "Resource ID of the Azure Monitor workspace the sidecars' metrics go to."}},
-            "actionGroupId": {"type": "string", "metadata": {
-                "description": "Resource ID of the action group every alert notifies."}},
-            "location": {"type": "string", "defaultValue": "[resourceGroup().location]"}},
+                                    "dashboards. See docs/alerting.md for what differs from Prometheus, and how to "
+                                    "render it with your own _config."},
+        "parameters": parameters,
         "resources": resources}
     return json.dumps(template, indent=2) + "\n"
 
@@ -635,7 +700,7 @@ FIXED_RULE_VALUES = ("enabled", "apiVersion", "labels", "annotations")
 def mixin_rules(config: str = "{}") -> dict[str, Any]:
     """The mixin's alerts, recording rules and _config with ``config`` merged in, once per config (the chart's
     generator renders many; it never changes what it is given)."""
-    snippet = (f"local m = (import 'mixin.libsonnet') + {{ _config+:: {config} }};\n"
+    snippet = (f"local m = (import 'mixin.libsonnet') + {{ _config+:: {config}, chartPlaceholders:: true }};\n"
                "{ alerts: m.prometheusAlerts, rules: m.prometheusRules, config: m._config }")
     result: dict[str, Any] = json.loads(_jsonnet.evaluate_snippet("render", snippet, jpathdir=[str(MIXIN)]))
     return result
@@ -695,7 +760,15 @@ OUTPUTS = {"se-exporter-vm.json": lambda: render(vm_dashboard()),
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the committed JSON is not what this generates")
+    parser.add_argument("--azure-config", metavar="JSONNET", help="print the Azure Monitor rule groups rendered with "
+                        "this object merged into the mixin's _config (e.g. \"{ pageSpotPreempt: true }\"), and exit")
     args = parser.parse_args(argv)
+    if args.azure_config is not None:
+        try:
+            sys.stdout.write(azure_rule_groups(args.azure_config))
+        except RuntimeError as error:  # the mixin refused the _config: its one line
+            parser.error(str(error).splitlines()[0])
+        return 0
     stale = []
     for name, build in OUTPUTS.items():
         text = build()

@@ -38,11 +38,44 @@ def humanize_duration(value: float) -> str:
     return f"{minutes}m {secs}s"
 
 
-def render(template: str, labels: dict[str, str], value: float) -> str:
-    """A small independent renderer for the constructs the rules use; promtool compares it with Prometheus'."""
+# The one query an annotation runs (the fleet's missed-event alerts list the VMs): one metric, selected by the
+# alert's job and event_id and a coverage regex, max by (vm_name, coverage), sorted by vm_name.
+_QUERY = re.compile(r'\{\{ range query \(printf "max by \(vm_name, coverage\) \((\w+)\{job=%q, event_id=%q, '
+                    r'coverage=~%q\}\)" \$labels\.job \$labels\.event_id "([^"]*)"\) \| sortByLabel "vm_name" \}\}'
+                    r'(.*?)\{\{ end \}\}')
+_SERIES = re.compile(r"^(\w+)\{(.*)\}$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _labels_of(series: str) -> tuple[str, dict[str, str]]:
+    match = _SERIES.match(series)
+    return (match.group(1), dict(_LABEL.findall(match.group(2)))) if match else (series, {})
+
+
+def _query(match: re.Match[str], labels: dict[str, str], series: dict[str, str]) -> str:
+    """The series of the case the annotation's query selects, once per (vm_name, coverage), by vm_name, each
+    rendered with the range's body (``.Labels.<name>``). The cases' series hold their values to the eval time."""
+    metric, coverages, body = match.groups()
+    found = set()
+    for name in series:
+        got, own = _labels_of(name)
+        if (got == metric and own.get("job") == labels.get("job") and own.get("event_id") == labels.get("event_id")
+                and re.fullmatch(coverages, own.get("coverage", ""))):
+            found.add((own["vm_name"], own["coverage"]))
+    def one(vm: str, coverage: str) -> str:
+        return re.sub(r"\{\{ \.Labels\.(\w+) \}\}", lambda m: {"vm_name": vm, "coverage": coverage}[m.group(1)],
+                      body)
+
+    return "".join(one(vm, coverage) for vm, coverage in sorted(found))
+
+
+def render(template: str, labels: dict[str, str], value: float, series: dict[str, str] | None = None) -> str:
+    """A small independent renderer for the constructs the rules use; promtool compares it with Prometheus'.
+    ``series``: the case's input, for an annotation that queries it."""
+    text = _QUERY.sub(lambda m: _query(m, labels, series or {}), template)
     text = re.sub(r"\{\{ with \$labels\.(\w+) \}\}(.*?)\{\{ end \}\}",
                   lambda m: m.group(2).replace("{{ . }}", labels[m.group(1)]) if labels.get(m.group(1)) else "",
-                  template)
+                  text)
     text = re.sub(r'\{\{ if eq \$labels\.(\w+) "([^"]*)" \}\}(.*?)\{\{ else \}\}(.*?)\{\{ end \}\}',
                   lambda m: m.group(3) if labels.get(m.group(1)) == m.group(2) else m.group(4), text)
     text = re.sub(r"\{\{\s*\$value\s*\|\s*humanizeDuration\s*\}\}", humanize_duration(value), text)
@@ -55,11 +88,12 @@ def rules(path: Path) -> dict[str, dict[str, Any]]:
     return {rule["alert"]: rule for group in data["groups"] for rule in group["rules"]}
 
 
-def expected(path: Path, alert: str, labels: dict[str, str], value: float) -> dict[str, Any]:
+def expected(path: Path, alert: str, labels: dict[str, str], value: float,
+             series: dict[str, str] | None = None) -> dict[str, Any]:
     rule = rules(path)[alert]
     all_labels = {**labels, **rule.get("labels", {})}
     return {"exp_labels": all_labels,
-            "exp_annotations": {k: render(v, all_labels, value) for k, v in rule["annotations"].items()}}
+            "exp_annotations": {k: render(v, all_labels, value, series) for k, v in rule["annotations"].items()}}
 
 
 def firing_and_silent(cases: list[Case]) -> tuple[set[str], set[str]]:
@@ -79,7 +113,8 @@ def run_rule_tests(path: Path, cases: list[Case], workdir: Path) -> None:
     tests = [{"interval": "1m",
               "input_series": [{"series": name, "values": values} for name, values in series.items()],
               "alert_rule_test": [{"eval_time": eval_time, "alertname": alert,
-                                   "exp_alerts": [expected(path, alert, labels, value) for labels, value in alerts]}]}
+                                   "exp_alerts": [expected(path, alert, labels, value, series)
+                                                  for labels, value in alerts]}]}
              for alert, series, eval_time, alerts in cases]
     shutil.copy(path, workdir / path.name)
     (workdir / "rules_test.yaml").write_text(yaml.safe_dump(

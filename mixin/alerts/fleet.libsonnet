@@ -15,7 +15,7 @@ local lib = import '../lib.libsonnet';
 
 {
   local c = $._config,
-  local alert(name, severity, expr, summary, description, extra={}) = {
+  local alert(name, severity, expr, summary, description, extra={}, annotations={}) = {
     alert: name,
     expr: expr,
   } + extra + {
@@ -25,8 +25,17 @@ local lib = import '../lib.libsonnet';
       description: lib.fold(description),
       runbook_url: lib.runbook(c, name),
       dashboard_url: lib.fleetDashboard(c, c.fleetEventsDashboardUid),
-    },
+    } + annotations,
   },
+  // The VMs of one event that missed it, by name, from the fleet's bounded list of them
+  // (azure_scheduled_fleet_platform_event_missed_vm_info: the first 20 per event and coverage): the `vms`
+  // annotation of the missed-event alerts, as `vm (coverage)`, sorted by name.
+  local missedVms(coverages) =
+    '{{ range query (printf "max by (vm_name, coverage) (azure_scheduled_fleet_platform_event_missed_vm_info'
+    + '{job=%%q, event_id=%%q, coverage=~%%q})" $labels.job $labels.event_id "%s") | sortByLabel "vm_name" }}' % coverages
+    + '{{ .Labels.vm_name }} ({{ .Labels.coverage }}) {{ end }}',
+  local impactful = std.join('|', c.pageTypes + (if c.pageSpotPreempt then ['Preempt'] else [])),
+  local pageSources = std.join('|', c.pageSources),
 
   fleetAlerts:: [
     alert(
@@ -47,18 +56,19 @@ local lib = import '../lib.libsonnet';
       "SeExporterFleetSidecarMissedImpactfulEvent", "critical",
       |||
         sum by (job, event_id, event_type) (
-          azure_scheduled_fleet_platform_event_vms{coverage=~"missed|imds_unreachable", event_type=~"Reboot|Redeploy|Preempt|Terminate"}
+          azure_scheduled_fleet_platform_event_vms{coverage=~"missed|imds_unreachable", event_type=~"%(impactful)s"}
         )
         * on (job, event_id) group_left (scope_type, scope_name, location)
         max by (job, event_id, scope_type, scope_name, location) (
-          azure_scheduled_fleet_platform_event_info{event_status=~"Scheduled|Started"}
+          azure_scheduled_fleet_platform_event_info{event_status=~"Scheduled|Started", event_source=~"%(sources)s"}
         )
         > 0
-      |||,
+      ||| % { impactful: impactful, sources: pageSources },
       "Azure announced a {{ $labels.event_type }} for {{ $value }} VMs of {{ $labels.scope_name }} that their running sidecars did not see",
       |||
-        The platform stream announced {{ $labels.event_type }} {{ $labels.event_id }} ({{ $labels.scope_type }} {{ $labels.scope_name }}, {{ $labels.location }}). On {{ $value }} of its VMs the sidecar is alive but has not listed it --reconcile-grace after the announcement, or has not read IMDS since before it: nothing on those VMs prepares for it, and no alert of theirs will fire.
+        The platform stream announced {{ $labels.event_type }} {{ $labels.event_id }} ({{ $labels.scope_type }} {{ $labels.scope_name }}, {{ $labels.location }}). On {{ $value }} of its VMs the sidecar is alive but has not listed it --reconcile-grace after the announcement, or has not read IMDS since before it: nothing on those VMs prepares for it, and no alert of theirs will fire. The `vms` annotation names them (the first 20 of each kind).
       |||,
+      annotations={ vms: missedVms('missed|imds_unreachable') },
     ),
     alert(
       "SeExporterFleetSidecarMissedFreeze", "warning",
@@ -74,8 +84,9 @@ local lib = import '../lib.libsonnet';
       |||,
       "Azure announced a Freeze for {{ $value }} VMs of {{ $labels.scope_name }} that their running sidecars did not see",
       |||
-        The platform stream announced Freeze {{ $labels.event_id }} ({{ $labels.scope_type }} {{ $labels.scope_name }}, {{ $labels.location }}): a pause of a few seconds. On {{ $value }} of its VMs the sidecar is alive but did not list it, or has not read IMDS since before it.
+        The platform stream announced Freeze {{ $labels.event_id }} ({{ $labels.scope_type }} {{ $labels.scope_name }}, {{ $labels.location }}): a pause of a few seconds. On {{ $value }} of its VMs the sidecar is alive but did not list it, or has not read IMDS since before it. The `vms` annotation names them (the first 20 of each kind).
       |||,
+      annotations={ vms: missedVms('missed|imds_unreachable') },
     ),
     alert(
       "SeExporterFleetAnnouncedEventOnVmsWithoutSidecar", "warning",
@@ -91,9 +102,10 @@ local lib = import '../lib.libsonnet';
       |||,
       "Azure announced a {{ $labels.event_type }} for {{ $value }} VMs of {{ $labels.scope_name }} that run no sidecar",
       |||
-        The platform stream announced {{ $labels.event_type }} {{ $labels.event_id }} ({{ $labels.scope_type }} {{ $labels.scope_name }}, {{ $labels.location }}) for {{ $value }} VMs no sidecar has been heard from within --vm-expiry: this fleet sees their maintenance only through Azure's copy, and nothing on those VMs reacts to it. (Silent in a fleet that hears from no sidecar at all: the platform stream alone.)
+        The platform stream announced {{ $labels.event_type }} {{ $labels.event_id }} ({{ $labels.scope_type }} {{ $labels.scope_name }}, {{ $labels.location }}) for {{ $value }} VMs no sidecar has been heard from within --vm-expiry: this fleet sees their maintenance only through Azure's copy, and nothing on those VMs reacts to it. The `vms` annotation names them (the first 20). (Silent in a fleet that hears from no sidecar at all: the platform stream alone.)
       |||,
       extra={ 'for': '5m' },
+      annotations={ vms: missedVms('no_sidecar') },
     ),
     alert(
       "SeExporterFleetVmsWentSilent", "warning",

@@ -1,13 +1,29 @@
-// The sidecars' alerts, by impact and notice (docs/alerting.md): a page is an impactful event on this VM soon
-// or started, a host failure, or a long Freeze on a latency-sensitive VM; a warning is maintenance with time to
-// prepare, a long Freeze elsewhere, advice (Spot rebalance) or a sidecar that cannot see; a short Freeze, scheduled
-// or started, is only recorded (azure_scheduled_events_transitions_total, the dashboards). Every rule joins the
-// VM's identity in itself and counts only events that list this VM (affects_this_vm != "false").
+// The sidecars' alerts, by who can act and when (docs/alerting.md): a page is an impactful event on this VM that
+// Azure initiated and that is near or started after it was seen Scheduled (_config.pageTypes, pageSources,
+// pageSpotPreempt), a host failure seen by a sidecar that had been watching, or a long Freeze on a latency-sensitive
+// VM; a warning is maintenance with time to prepare, one a user asked for, a Spot eviction, an event already Started
+// before the sidecar watched, a long Freeze elsewhere, advice (Spot rebalance) or a sidecar that cannot see; a short
+// Freeze, scheduled or started, is only recorded (azure_scheduled_events_transitions_total, the dashboards). Every
+// rule joins the VM's identity in itself and counts only events that list this VM (affects_this_vm != "false").
 local lib = import '../lib.libsonnet';
 
 {
   local c = $._config,
   local mine = 'affects_this_vm!="false"',
+  local re(names) = std.join('|', names),
+  // What pages and what warns, as label selectors on azure_scheduled_event_info.
+  local pages = 'event_type=~"%s", event_source=~"%s"' % [
+    re(c.pageTypes + (if c.pageSpotPreempt then ['Preempt'] else [])), re(c.pageSources)],
+  local warns = 'event_type=~"%s", event_source=~"%s"' % [re(c.warnTypes), re(c.warnSources)],
+  // Of the events Started at first sight, those this sidecar had watched long enough to have seen Scheduled.
+  local watched = |||
+    (azure_scheduled_event_first_seen_timestamp_seconds
+       - on(job, instance) group_left() azure_scheduled_events_watching_since_timestamp_seconds) >= %(watched)s
+  ||| % { watched: c.hostFailureWatchedSeconds },
+  local atFirstSight = |||
+    (azure_scheduled_event_started_timestamp_seconds
+       - on(job, instance, event_id, event_type) azure_scheduled_event_first_seen_timestamp_seconds) == 0
+  |||,
   local alert(name, severity, expr, summary, description, dashboard='vm', extra={}) = {
     alert: name,
     expr: expr,
@@ -24,29 +40,47 @@ local lib = import '../lib.libsonnet';
   sidecarAlerts:: [
     alert(
       'SeExporterImpactfulEventScheduled', 'warning',
+      // Every Scheduled event that warns, unless it pages now: days away, or of a type or source that never pages.
       lib.withVm(|||
-        (azure_scheduled_event_seconds_until_not_before > %(page)d)
-          * on(job, instance, event_id) group_left(event_status, event_source)
-        azure_scheduled_event_info{event_type=~"%(types)s", event_status="Scheduled", %(mine)s}
-      ||| % { page: c.impactfulPageSeconds, types: c.impactfulTypes, mine: mine }, c),
+        (
+          azure_scheduled_event_seconds_until_not_before
+            * on(job, instance, event_id) group_left(event_status, event_source)
+          azure_scheduled_event_info{%(warns)s, event_status="Scheduled", %(mine)s}
+        )
+          unless on(job, instance, event_id)
+        (
+          (azure_scheduled_event_seconds_until_not_before <= %(page)d)
+            and on(job, instance, event_id)
+          azure_scheduled_event_info{%(pages)s, event_status="Scheduled", %(mine)s}
+        )
+      ||| % { page: c.impactfulPageSeconds, pages: pages, warns: warns, mine: mine }, c),
       '{{ $labels.event_type }} of %s in {{ $value | humanizeDuration }}' % lib.machine,
       |||
         Azure scheduled a {{ $labels.event_type }} ({{ $labels.event_source }}, event {{ $labels.event_id }}) for
         VM {{ $labels.vm_name }}; it may start in {{ $value | humanizeDuration }} (NotBefore), or earlier if someone
-        approves it. It pages %(page)d s before NotBefore.
-      ||| % { page: c.impactfulPageSeconds },
+        approves it. Events of %(pageTypes)s from %(pageSources)s page %(page)d s before NotBefore; others only
+        warn.
+      ||| % { page: c.impactfulPageSeconds, pageTypes: re(c.pageTypes + (if c.pageSpotPreempt then ['Preempt'] else [])),
+              pageSources: re(c.pageSources) },
     ),
     alert(
       'SeExporterImpactfulEventImminent', 'critical',
+      // Scheduled within the paging window, or Started after this sidecar saw it Scheduled (one Started at first
+      // sight is SeExporterHostFailure's, or SeExporterImpactfulEventStartedBeforeWatching's).
       lib.withVm(|||
         max without (resource_type, affects_this_vm) (
           (azure_scheduled_event_seconds_until_not_before <= %(page)d)
             * on(job, instance, event_id) group_left(event_status, event_source)
-          azure_scheduled_event_info{event_type=~"%(types)s", event_status="Scheduled", %(mine)s}
+          azure_scheduled_event_info{%(pages)s, event_status="Scheduled", %(mine)s}
           or
-          0 * azure_scheduled_event_info{event_type=~"%(types)s", event_status="Started", %(mine)s}
+          0 * (
+            azure_scheduled_event_info{%(pages)s, event_status="Started", %(mine)s}
+              and on(job, instance, event_id)
+            (azure_scheduled_event_started_timestamp_seconds
+               - on(job, instance, event_id, event_type) azure_scheduled_event_first_seen_timestamp_seconds) > 0
+          )
         )
-      ||| % { page: c.impactfulPageSeconds, types: c.impactfulTypes, mine: mine }, c),
+      ||| % { page: c.impactfulPageSeconds, pages: pages, mine: mine }, c),
       '{{ $labels.event_type }} of %s {{ if eq $labels.event_status "Started" }}in progress{{ else }}in {{ $value | humanizeDuration }}{{ end }}' % lib.machine,
       |||
         Event {{ $labels.event_id }} ({{ $labels.event_type }}, {{ $labels.event_source }}) is {{ $labels.event_status }}
@@ -56,35 +90,60 @@ local lib = import '../lib.libsonnet';
     ),
     alert(
       'SeExporterHostFailure', 'critical',
+      // Started at first sight by a sidecar that had been watching long enough to have seen it Scheduled.
       lib.withVm(|||
-        (azure_scheduled_event_started_timestamp_seconds
-           - on(job, instance, event_id, event_type) azure_scheduled_event_first_seen_timestamp_seconds) == 0
+        %(atFirstSight)s
           and on(job, instance, event_id)
-        azure_scheduled_event_info{event_type=~"%(types)s", event_status="Started", event_source!="User", %(mine)s}
-      ||| % { types: c.impactfulTypes, mine: mine }, c),
+        azure_scheduled_event_info{%(pages)s, event_status="Started", %(mine)s}
+          and on(job, instance, event_id)
+        %(watched)s
+      ||| % { atFirstSight: std.rstripChars(atFirstSight, '\n'), pages: pages, mine: mine,
+              watched: std.rstripChars(watched, '\n') }, c),
       '{{ $labels.event_type }} with no notice on %s: host failure' % lib.machine,
       |||
-        Event {{ $labels.event_id }} was already Started when se-exporter first saw it on VM {{ $labels.vm_name }}:
-        Azure skips the notice when the host fails, and recovers the VM on another host.
-      |||,
+        Event {{ $labels.event_id }} was already Started when se-exporter first saw it on VM {{ $labels.vm_name }},
+        after watching IMDS for at least %(watched)s s: Azure skips the notice when the host fails, and recovers
+        the VM on another host.
+      ||| % { watched: c.hostFailureWatchedSeconds },
+    ),
+    alert(
+      'SeExporterImpactfulEventStartedBeforeWatching', 'warning',
+      // Started at first sight by a sidecar that had not watched long enough (a pod replaced mid-wave with no state):
+      // it cannot know whether the event was announced, so it does not page.
+      lib.withVm(|||
+        (
+          %(atFirstSight)s
+            and on(job, instance, event_id)
+          azure_scheduled_event_info{%(warns)s, event_status="Started", %(mine)s}
+        )
+          unless on(job, instance, event_id)
+        %(watched)s
+      ||| % { atFirstSight: std.rstripChars(atFirstSight, '\n'), warns: warns, mine: mine,
+              watched: std.rstripChars(watched, '\n') }, c),
+      '{{ $labels.event_type }} already in progress when se-exporter started watching %s' % lib.machine,
+      |||
+        Event {{ $labels.event_id }} was already Started when se-exporter first saw it on VM {{ $labels.vm_name }},
+        less than %(watched)s s after this sidecar started watching IMDS with no state to continue: it cannot tell a
+        host failure from maintenance announced before it watched, so this warns rather than pages.
+      ||| % { watched: c.hostFailureWatchedSeconds },
     ),
     alert(
       'SeExporterLongFreeze', 'warning',
       lib.withVm(|||
-        (azure_scheduled_event_duration_seconds{event_type="Freeze"} > %(long)g)
+        (azure_scheduled_event_duration_seconds{event_type="Freeze"} > %(long)s)
           * on(job, instance, event_id) group_left(event_status)
         azure_scheduled_event_info{event_status=~"Scheduled|Started", %(mine)s}
       ||| % { long: c.longFreezeSeconds, mine: mine }, c),
       '{{ $value }} s Freeze {{ $labels.event_status }} on %s' % lib.machine,
       |||
         A Freeze of {{ $value }} seconds (event {{ $labels.event_id }}) is {{ $labels.event_status }} on VM
-        {{ $labels.vm_name }}: longer than %(long)g s. CPU and network pause; memory and open files are kept.
+        {{ $labels.vm_name }}: longer than %(long)s s. CPU and network pause; memory and open files are kept.
       ||| % { long: c.longFreezeSeconds },
     ),
     alert(
       'SeExporterLongFreezeOnLatencySensitiveVm', 'critical',
       lib.withVm(|||
-        (azure_scheduled_event_duration_seconds{event_type="Freeze"} > %(long)g)
+        (azure_scheduled_event_duration_seconds{event_type="Freeze"} > %(long)s)
           * on(job, instance, event_id) group_left(event_status)
         azure_scheduled_event_info{event_status=~"Scheduled|Started", %(mine)s}
           and on(job, instance)

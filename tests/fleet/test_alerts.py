@@ -43,17 +43,21 @@ def unreachable(replica: dict[str, str], vm: int, values: str = "1800000000x10")
 
 
 def announced(replica: dict[str, str], event_id: str, event_type: str = "Reboot", status: str = "Scheduled",
-              scope: str = "big", **vms: int) -> dict[str, str]:
+              scope: str = "big", source: str = "Platform", **vms: int) -> dict[str, str]:
     """One platform event as a replica shows it for ten minutes: its info series and its VMs by coverage (those
     not given: 0)."""
     ident = {**replica, "event_id": event_id, "event_type": event_type}
-    info_labels = {**ident, "event_status": status, "event_source": "Platform", "scope_type": "scale_set",
+    info_labels = {**ident, "event_status": status, "event_source": source, "scope_type": "scale_set",
                    "scope_name": scope, "resource_group": "rg", "subscription_id": fleet_two_streams.SUB,
                    "location": "westeurope"}
     series = {f"azure_scheduled_fleet_platform_event_info{selector(info_labels)}": "1x10"}
     for coverage in ("observed", "missed", "imds_unreachable", "no_sidecar"):
         labels = selector({**ident, "coverage": coverage})
         series[f"azure_scheduled_fleet_platform_event_vms{labels}"] = f"{vms.get(coverage, 0)}x10"
+        if coverage != "observed" and status in ("Scheduled", "Started"):  # the fleet names those of open events
+            for n in range(vms.get(coverage, 0)):
+                named = selector({**ident, "coverage": coverage, "vm_name": f"{scope}_{coverage}_{n}"})
+                series[f"azure_scheduled_fleet_platform_event_missed_vm_info{named}"] = "1x10"
     return series
 
 
@@ -118,9 +122,13 @@ CASES: list[promtool.Case] = [
     # The platform stream: a live sidecar missed (or could not read IMDS for) an event Azure announced.
     (F + "SidecarMissedImpactfulEvent", announced(A, "E1", observed=4, missed=2), "1m",
      [(platform_alert("E1"), 2)]),
-    (F + "SidecarMissedImpactfulEvent", announced(A, "E1", "Preempt", "Started", missed=1, imds_unreachable=1),
-     "1m", [(platform_alert("E1", "Preempt"), 2)]),  # at once: no `for`, a Preempt gives 30 s
+    (F + "SidecarMissedImpactfulEvent", announced(A, "E1", "Redeploy", "Started", missed=1, imds_unreachable=1),
+     "1m", [(platform_alert("E1", "Redeploy"), 2)]),  # at once: no `for`
+    (F + "SidecarMissedImpactfulEvent",  # a Spot eviction missed: nobody could have acted on it (pageSpotPreempt)
+     announced(A, "E1", "Preempt", "Started", missed=1, imds_unreachable=1), "1m", []),
     (F + "SidecarMissedImpactfulEvent", announced(A, "E1", observed=4, no_sidecar=3), "1m", []),  # nobody to miss
+    (F + "SidecarMissedImpactfulEvent",  # what a user asked for does not page (_config.pageSources)
+     announced(A, "E1", "Terminate", source="User", missed=2), "1m", []),
     (F + "SidecarMissedImpactfulEvent", announced(A, "E1", "Freeze", missed=3), "1m", []),  # ...MissedFreeze
     (F + "SidecarMissedImpactfulEvent", announced(A, "E1", status="Completed", missed=3), "1m", []),  # over
     (F + "SidecarMissedImpactfulEvent", announced(A, "E1", status="Canceled", missed=3), "1m", []),

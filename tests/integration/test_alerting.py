@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import pytest
 import yaml
 
 from se_exporter.sidecar.imds import USER_AGENT
+from se_exporter.sidecar.lifecycle_store import LifecycleStore
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.server import Simulator, SimulatorServer, start
 from tests.alerting import ALERTMANAGER_CONFIG, Alertmanager, Notification, Webhook, shortened, tool
@@ -36,8 +38,12 @@ FLEET_MAINTENANCE = {"SeExporterFleetSidecarMissedImpactfulEvent", "SeExporterFl
                      "SeExporterFleetImpactfulMaintenanceOnManyVms"}
 # The sidecars' alerts that go to the VMs' owners: their maintenance (docs/alerting.md).
 MAINTENANCE = {"SeExporterImpactfulEventScheduled", "SeExporterImpactfulEventImminent", "SeExporterHostFailure",
+               "SeExporterImpactfulEventStartedBeforeWatching",
                "SeExporterLongFreeze", "SeExporterLongFreezeOnLatencySensitiveVm", "SeExporterSpotRebalanceRecommended"}
 SCHEDULED, IMMINENT = "SeExporterImpactfulEventScheduled", "SeExporterImpactfulEventImminent"
+# The receivers of the shipped configuration: pages and warnings apart, for the VMs' owners and for the monitoring's.
+PAGES, WARNINGS = "vm-owners-pages", "vm-owners"
+OPERATOR_PAGES, OPERATORS = "se-exporter-operators-pages", "se-exporter-operators"
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")
 INTERVAL = 0.5  # Prometheus' scrape and evaluation interval in these tests (production: 15-30 s)
 GROUP_WAIT, GROUP_INTERVAL = "2s", "1s"  # shipped: 30 s / 5 s and 1-5 min
@@ -95,6 +101,8 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
         for key, (scenario, vm_name) in stories.items():
             sim = Simulator(scenarios.load(scenario), vm_name=vm_name)
             servers.append(start(sim))
+            if key == "host-failure":  # a sidecar that has watched for an hour (its state directory says so)
+                LifecycleStore(tmp / key / "state", scope=servers[-1].url).save({}, watching_since=time.time() - 3600)
             vms[key] = Vm(sim, Sidecar(["--imds-url", servers[-1].url, *FAST], tmp / key))
         targets = [vm.instance for vm in vms.values()]
         prom = Prometheus(targets[0], tmp / "prometheus", extra_targets=targets[1:], rule_file=RULES,
@@ -140,7 +148,7 @@ def test_impactful_event_pages_once_and_a_cancellation_resolves_it(pipeline: Pip
     vm, webhook = pipeline.vms["canceled"], pipeline.webhook
     page = wait_until(lambda: firing(webhook, CANCELED), timeout=60, what="the page")[0]
 
-    assert page.receiver == "vm-owners"
+    assert page.receiver == PAGES
     assert page.payload["groupLabels"] == {"alertname": IMMINENT, "event_id": CANCELED}
     [alert] = page.alerts
     labels = {"alertname": IMMINENT, "event_id": CANCELED, "event_type": "Reboot", "event_status": "Scheduled",
@@ -161,7 +169,7 @@ def test_impactful_event_pages_once_and_a_cancellation_resolves_it(pipeline: Pip
                                         transition="rescheduled") == 1, what="the reschedule")
     warning = wait_until(lambda: [n for n in firing(webhook, CANCELED) if n.alerts[0]["labels"]["alertname"] ==
                                   SCHEDULED], timeout=60, what="the warning")[0]
-    assert warning.alerts[0]["labels"]["severity"] == "warning"
+    assert (warning.receiver, warning.alerts[0]["labels"]["severity"]) == (WARNINGS, "warning")
     vm.advance_to(310)  # removed without starting: cancelled
     wait_until(lambda: [n for n in resolved(webhook, CANCELED) if n.alerts[0]["labels"]["alertname"] == SCHEDULED],
                timeout=60, what="the warning to resolve")
@@ -176,20 +184,20 @@ def test_impactful_event_pages_once_and_a_cancellation_resolves_it(pipeline: Pip
 
 def test_host_failure_pages_at_once_as_one_notification_and_completion_resolves_it(
         pipeline: Pipeline, reliability: Reliability) -> None:
-    """An event Started at first sight fires SeExporterHostFailure at the first evaluation that sees it (no `for`
-    wait) and pages once: the SeExporterImpactfulEventImminent alert it also raises is inhibited by the shipped rules;
-    the event's completion resolves the page."""
+    """An event Started at first sight by a sidecar that has been watching (its state directory continued) fires
+    SeExporterHostFailure at the first evaluation that sees it (no `for` wait) and pages once, and nothing else for
+    the event (SeExporterImpactfulEventImminent is for events seen Scheduled first); its completion resolves the
+    page."""
     vm, webhook, prom = pipeline.vms["host-failure"], pipeline.webhook, pipeline.prometheus
     page = wait_until(lambda: firing(webhook, HOST_FAILURE), timeout=60, what="the page")[0]
 
     [alert] = page.alerts
     assert (page.receiver, alert["labels"]["alertname"], alert["labels"]["severity"]) == \
-        ("vm-owners", "SeExporterHostFailure", "critical")
+        (PAGES, "SeExporterHostFailure", "critical")
     assert alert["annotations"]["summary"] == (f"Reboot with no notice on {vm.sim.vm['name']} "
                                                f"({vm.sim.vm['location']}, {vm.instance}): host failure")
-    started = wait_until(lambda: pipeline.alertmanager.alerts(alertname=IMMINENT, event_id=HOST_FAILURE),
-                         timeout=30, what="the imminent-event alert in Alertmanager")[0]
-    assert started["status"]["state"] == "suppressed" and started["status"]["inhibitedBy"], started
+    assert [a["labels"]["alertname"] for a in pipeline.alertmanager.alerts(event_id=HOST_FAILURE)] == \
+        ["SeExporterHostFailure"]
 
     # At once: active from the first evaluations after the first scrape that saw the event, no `for` wait.
     samples = prom.query(f'azure_scheduled_event_started_timestamp_seconds{{event_id="{HOST_FAILURE}"}}[10m]')
@@ -206,8 +214,8 @@ def test_host_failure_pages_at_once_as_one_notification_and_completion_resolves_
                             transition="completed") == 1
     assert len(firing(webhook, HOST_FAILURE)) == 1, webhook.notifications
     assert not webhook.received(alertname=IMMINENT, event_id=HOST_FAILURE), webhook.notifications
-    reliability("Alerting", "a host failure (Started at first sight)", "paged at the first evaluation, once (the "
-                "'started' alert inhibited); resolved on completion")
+    reliability("Alerting", "a host failure (Started at first sight by a sidecar whose state says it has watched)",
+                "paged at the first evaluation, once, and nothing else for the event; resolved on completion")
 
 
 def test_an_event_for_another_vm_of_the_availability_set_does_not_page_this_vm(pipeline: Pipeline,
@@ -233,9 +241,10 @@ def test_an_event_for_another_vm_of_the_availability_set_does_not_page_this_vm(p
                 "this VM is not")
 
 
-def test_a_scale_set_wave_is_one_page(pipeline: Pipeline, reliability: Reliability) -> None:
-    """One Terminate listing three scale-set instances, seen by each instance's exporter, is one notification
-    (grouped by EventId) that names all three VMs."""
+def test_a_scale_in_wave_is_one_warning_never_a_page(pipeline: Pipeline, reliability: Reliability) -> None:
+    """One scale-in Terminate (EventSource User) listing three scale-set instances, seen by each instance's exporter,
+    is one notification (grouped by EventId) that names all three VMs: a warning to the owners' queue, never a
+    page (they asked for it)."""
     wave = [pipeline.vms[name] for name in WAVE_VMS]
     for vm in wave:
         vm.advance_to(61)
@@ -244,10 +253,12 @@ def test_a_scale_set_wave_is_one_page(pipeline: Pipeline, reliability: Reliabili
     pages = firing(pipeline.webhook, WAVE)
     assert len(pages) == 1, pages
     assert sorted(a["labels"]["instance"] for a in pages[0].alerts) == sorted(vm.instance for vm in wave)
-    assert pages[0].payload["groupLabels"] == {"alertname": IMMINENT, "event_id": WAVE}
+    assert pages[0].payload["groupLabels"] == {"alertname": SCHEDULED, "event_id": WAVE}
+    assert pages[0].receiver == WARNINGS
     assert sorted(a["labels"]["vm_name"] for a in pages[0].alerts) == WAVE_VMS
-    reliability("Alerting", "a three-VM scale-set wave through Prometheus and the shipped Alertmanager configuration",
-                "one notification naming the three VMs")
+    assert not pipeline.alertmanager.alerts(event_id=WAVE, severity="critical")
+    reliability("Alerting", "a three-VM scale-in wave (EventSource User) through Prometheus and the shipped "
+                "Alertmanager configuration", "one warning naming the three VMs; no page")
 
 
 def test_shipped_alertmanager_configuration(tmp_path: Path) -> None:
@@ -259,8 +270,10 @@ def test_shipped_alertmanager_configuration(tmp_path: Path) -> None:
     config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
     route = config["route"]
     assert route["group_by"] == ["alertname", "job", "instance"]
-    [maintenance] = route["routes"]
-    assert maintenance["group_by"] == ["alertname", "event_id"] and maintenance["receiver"] == "vm-owners"
+    maintenance, operator_pages = route["routes"]
+    assert maintenance["group_by"] == ["alertname", "event_id"] and maintenance["receiver"] == WARNINGS
+    assert operator_pages == {"matchers": ['severity="critical"'], "receiver": OPERATOR_PAGES, "group_wait": "5s",
+                              "group_interval": "1m", "repeat_interval": "1h"}
     defined = set(rules_of(RULES)) | set(rules_of(FLEET_RULES))
     named: set[str] = set()
     for inhibit in config["inhibit_rules"]:
@@ -271,27 +284,59 @@ def test_shipped_alertmanager_configuration(tmp_path: Path) -> None:
             matched = {alert for alert in defined if re.fullmatch(pattern, alert)}
             assert matched, f"{matcher} matches no alert of the rule files"
             named |= matched
-    assert {"SeExporterHostFailure", IMMINENT, "SeExporterDown", "SeExporterFleetBlind"} <= named
+    assert {"SeExporterLongFreezeOnLatencySensitiveVm", "SeExporterDown", "SeExporterFleetBlind"} <= named
     assert all(receiver["webhook_configs"][0]["send_resolved"] for receiver in config["receivers"])
 
 
 def test_every_alert_of_both_rule_files_reaches_its_receiver_through_the_shipped_routes() -> None:
-    """amtool routes each alert of alerts.yaml and fleet-alerts.yaml, with the labels its rule sets: maintenance
-    (a VM's events, and the fleet's events a live sidecar missed) to vm-owners, grouped by EventId; the rest to
-    se-exporter-operators. Every alertname a route matches on names an alert of the two files."""
+    """amtool routes each alert of alerts.yaml and fleet-alerts.yaml, with the labels its rule sets, in a scale set
+    and outside one: maintenance (a VM's events, and the fleet's events a live sidecar missed) to the VMs' owners,
+    the rest to the monitoring's operators, and in both a page (severity critical) to the pages receiver, a warning
+    to the other; so does the same alert with its severity overridden either way. Every alertname a route matches
+    on names an alert of the two files."""
     config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
     defined = {**rules_of(RULES), **rules_of(FLEET_RULES)}
     for route in config["route"]["routes"]:
         for matcher in route["matchers"]:
+            if not matcher.startswith("alertname"):
+                continue
             pattern = matcher.partition("=")[2].lstrip("~").strip('"')
             assert {alert for alert in defined if re.fullmatch(pattern, alert)}, f"{matcher} matches no alert"
+    routed = []
     for alert, rule in defined.items():
-        receiver = "vm-owners" if alert in MAINTENANCE | FLEET_MAINTENANCE else "se-exporter-operators"
-        labels = [f"alertname={alert}", "event_id=E", *(f"{key}={value}" for key, value in rule["labels"].items())]
-        result = subprocess.run([tool("amtool"), "config", "routes", "test", f"--config.file={ALERTMANAGER_CONFIG}",
-                                 f"--verify.receivers={receiver}", *labels], capture_output=True, text=True,
-                                timeout=60, check=False)
-        assert result.returncode == 0, f"{alert}: {result.stdout}{result.stderr}"
+        for severity in {rule["labels"]["severity"], "critical", "warning"}:
+            for place in ([], ["vmss_name=web"]):
+                pages, warnings = ((PAGES, WARNINGS) if alert in MAINTENANCE | FLEET_MAINTENANCE
+                                   else (OPERATOR_PAGES, OPERATORS))
+                receiver = pages if severity == "critical" else warnings
+                labels = [f"alertname={alert}", "event_id=E", f"severity={severity}", *place]
+                result = subprocess.run([tool("amtool"), "config", "routes", "test",
+                                         f"--config.file={ALERTMANAGER_CONFIG}", f"--verify.receivers={receiver}",
+                                         *labels], capture_output=True, text=True, timeout=60, check=False)
+                assert result.returncode == 0, f"{alert} {severity} {place}: {result.stdout}{result.stderr}"
+                routed.append(severity == "critical")
+    assert any(routed) and not all(routed)  # both kinds tried
+
+
+def test_warnings_repeat_at_most_every_12_hours_and_pages_hourly() -> None:
+    """Every route of the shipped configuration repeats a warning at most every 12 h (a Redeploy announced 7 days
+    ahead is 14 notifications, not 168), a page every hour; no receiver takes both pages and warnings."""
+    config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
+
+    def walk(route: dict[str, Any], inherited: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        merged = {**inherited, **{k: v for k, v in route.items() if k != "routes"}}
+        yield merged
+        for child in route.get("routes", []):
+            yield from walk(child, merged)
+
+    routes = list(walk(config["route"], {}))
+    pages = [r for r in routes if 'severity="critical"' in r.get("matchers", [])]
+    warnings = [r for r in routes if r not in pages]
+    assert pages and warnings
+    assert {r["repeat_interval"] for r in warnings} == {"12h"}
+    assert {r["repeat_interval"] for r in pages} == {"1h"}
+    assert {r["receiver"] for r in pages} == {PAGES, OPERATOR_PAGES}
+    assert not {r["receiver"] for r in pages} & {r["receiver"] for r in warnings}
 
 
 def prom_rules(prom: Prometheus) -> list[dict[str, Any]]:
@@ -334,7 +379,7 @@ def test_a_wave_is_one_notification_per_scale_set_or_per_event(tmp_path: Path) -
                    what="every alert notified")
         assert sorted(grouped().values()) == [["db_0", "db_1"], [f"legacy_{n}" for n in range(4)],
                                               [f"web_{n}" for n in range(3)]]
-        assert {n.receiver for n in webhook.notifications} == {"vm-owners"}
+        assert {n.receiver for n in webhook.notifications} == {PAGES}
     finally:
         alertmanager.stop()
         webhook.close()

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from se_exporter.sidecar.lifecycle_store import LifecycleStore
 from se_exporter.simulator.faults import Fault
 from tests.child_logs import attach
 from tests.conftest import SimulatorFactory
@@ -36,7 +38,12 @@ PLACEHOLDERS = {"$__rate_interval": "10s", "$__interval": "1s", "$__range": "10m
 # them.
 NEEDS_MINUTES = {"SeExporterStale": "needs five minutes without a valid document",
                  "SeExporterLongFreezeOnLatencySensitiveVm": "needs a target marked latency-sensitive",
-                 "SeExporterSpotRebalanceRecommended": "needs a SpotRebalanceRecommendation, which the demo lacks"}
+                 "SeExporterSpotRebalanceRecommended": "needs a SpotRebalanceRecommendation, which the demo lacks",
+                 "SeExporterImpactfulEventImminent": "the demo's only impactful event near on this VM is a Spot "
+                 "Preempt, which warns (pageSpotPreempt); tests/integration/test_paging_cases.py lights it on the "
+                 "real sidecar's scrape",
+                 "SeExporterImpactfulEventStartedBeforeWatching": "SeExporterHostFailure's complement on the same "
+                 "event: this sidecar has watched (so the host failure lights); test_paging_cases.py lights it"}
 
 
 VALUE_SETS_DIR = CHART / "ci"
@@ -176,7 +183,10 @@ def test_every_expression_runs_on_prometheus_and_lights_up(simulator: SimulatorF
     (on AKS, beside kube-state-metrics: a Scheduled-Events condition on the sidecar's node and on a node without
     one); every azure_scheduled_* metric they name is one the sidecar exposes."""
     sim, server = simulator("demo")
-    process = sidecar("--imds-url", server.url, *FAST, "--forward-file", str(tmp_path / "docs.jsonl"),
+    # A sidecar that has watched for an hour (its state directory says so), so the demo's host failure pages.
+    LifecycleStore(tmp_path / "state", scope=server.url).save({}, watching_since=time.time() - 3600)
+    process = sidecar("--imds-url", server.url, *FAST, "--state-dir", str(tmp_path / "state"),
+                      "--forward-file", str(tmp_path / "docs.jsonl"),
                       "--spool-max-bytes", "12KiB", "--eventhub-send-timeout", "1", "--eventhub-retry-max", "0.3",
                       env={"SE_EXPORTER_EVENTHUB_CONNECTION_STRING":
                            f"Endpoint=sb://127.0.0.1:{free_port()};SharedAccessKeyName=k;SharedAccessKey=a2V5;"

@@ -238,17 +238,20 @@ def firing(webhook: Webhook, **labels: str) -> list[Notification]:
     return [n for n in webhook.received(**labels) if n.status == "firing"]
 
 
-def expected_alert(alert: str, labels: dict[str, str], value: float) -> tuple[dict[str, str], dict[str, str]]:
-    """The labels and annotations Alertmanager must carry for one alert of the shipped rules."""
+def expected_alert(alert: str, labels: dict[str, str], value: float,
+                   vms: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and annotations Alertmanager must carry for one alert of the shipped rules; ``vms``: the VMs its
+    `vms` annotation names (the fleet's own list of them, tests/fleet_two_streams.py's VMs)."""
     rule = rules_of(RULES)[alert]
     labels = {"alertname": alert, "job": JOB, **labels, **rule["labels"]}
-    return labels, {key: render(template, labels, value) for key, template in rule["annotations"].items()}
+    annotations = {key: render(template, labels, value) for key, template in rule["annotations"].items()}
+    return labels, annotations | {"vms": vms}
 
 
 def test_platform_alerts_page_the_owners_once_per_event_warn_the_operators_and_resolve(
         streams: Streams, reliability: Reliability) -> None:
     """Through the shipped routing: E-big's Reboot, which three live sidecars on two replicas missed, is one
-    critical notification to vm-owners grouped by EventId, counting the 3 VMs; E-fz's missed Freeze a warning to
+    critical notification to vm-owners-pages grouped by EventId, counting the 3 VMs; E-fz's missed Freeze a warning to
     them; at a hand-over, where one replica shows every partition, the VMs without a sidecar are one notification
     to se-exporter-operators; the ended E-done never pages; E-big's completion resolves its page."""
     webhook = streams.webhook
@@ -256,18 +259,19 @@ def test_platform_alerts_page_the_owners_once_per_event_warn_the_operators_and_r
     page = wait_until(lambda: firing(webhook, alertname="SeExporterFleetSidecarMissedImpactfulEvent"), timeout=60,
                       what="the page")[0]
     assert (page.receiver, page.payload["groupLabels"]) == (
-        "vm-owners", {"alertname": "SeExporterFleetSidecarMissedImpactfulEvent", "event_id": "E-big"})
+        "vm-owners-pages", {"alertname": "SeExporterFleetSidecarMissedImpactfulEvent", "event_id": "E-big"})
     [alert] = page.alerts
     assert (alert["labels"], alert["annotations"]) == expected_alert(
         "SeExporterFleetSidecarMissedImpactfulEvent", {"event_id": "E-big", "event_type": "Reboot", "scope_name": "big",
-                                             **scope}, 3)
+                                             **scope}, 3,
+        "big_3 (missed) big_4 (imds_unreachable) big_8 (missed) ")
 
     freeze = wait_until(lambda: firing(webhook, alertname="SeExporterFleetSidecarMissedFreeze"), timeout=60,
                         what="the Freeze warning")[0]
     assert freeze.receiver == "vm-owners"
     assert [(a["labels"], a["annotations"]) for a in freeze.alerts] == [expected_alert(
         "SeExporterFleetSidecarMissedFreeze", {"event_id": "E-fz", "event_type": "Freeze", "scope_name": "ss",
-                                               **scope}, 1)]
+                                               **scope}, 1, "ss_1 (missed) ")]
 
     show(streams.a, streams.b, counted=True, handover=True)
 
@@ -284,10 +288,12 @@ def test_platform_alerts_page_the_owners_once_per_event_warn_the_operators_and_r
     assert warning.receiver == "se-exporter-operators"
     assert {a["labels"]["event_id"]: (a["labels"], a["annotations"]) for a in warning.alerts} == {
         "E-big": expected_alert("SeExporterFleetAnnouncedEventOnVmsWithoutSidecar",
-                                {"event_id": "E-big", "event_type": "Reboot", "scope_name": "big", **scope}, 1),
+                                {"event_id": "E-big", "event_type": "Reboot", "scope_name": "big", **scope}, 1,
+                                "big_5 (no_sidecar) "),
         "E-dark": expected_alert("SeExporterFleetAnnouncedEventOnVmsWithoutSidecar",
                                  {"event_id": "E-dark", "event_type": "Redeploy", "scope_name": "dark",
-                                  "location": "westeurope", "scope_type": "availability_set"}, 2)}
+                                  "location": "westeurope", "scope_type": "availability_set"}, 2,
+                                 "dark_0 (no_sidecar) dark_1 (no_sidecar) ")}
 
     show(streams.a, streams.b, counted=True, handover=True, ended="E-big")
     wait_until(lambda: [n for n in webhook.received(event_id="E-big",

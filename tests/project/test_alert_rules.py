@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
+
+import pytest
 
 from tests import promtool
 
 RULES = Path(__file__).parent.parent.parent / "dashboards" / "alerts.yaml"
+sys.path.insert(0, str(RULES.parent))
+import generate  # noqa: E402  (dashboards/ is not a package: the generator is a script)
+
 BASE = 'job="se-exporter", instance="vm0:10169"'
 LABELS = {"job": "se-exporter", "instance": "vm0:10169"}
 
@@ -67,53 +73,97 @@ def until(event_id: str, event_type: str, values: str) -> str:
     return event("azure_scheduled_event_seconds_until_not_before", event_id, event_type), values
 
 
+WATCHING = f"azure_scheduled_events_watching_since_timestamp_seconds{{{BASE}}}"
+
+
+def sourced(series: str, source: str) -> str:
+    return series.replace('event_source="Platform"', f'event_source="{source}"')
+
+
+def scheduled(event_id: str, event_type: str, seconds: int, source: str = "Platform") -> dict[str, str]:
+    """An event Scheduled for this VM, ``seconds`` to NotBefore at 1m, on a named sidecar that has watched long."""
+    return named({until(event_id, event_type, f"{seconds + 60} {seconds}")[0]: f"{seconds + 60} {seconds}",
+                  sourced(info(event_id, event_type, "Scheduled"), source): "1 1", WATCHING: "0 0"})
+
+
+def started(event_id: str, event_type: str, first_seen: int, started_at: int, watching: int | None,
+            source: str = "Platform") -> dict[str, str]:
+    """An event Started on this VM: first seen at ``first_seen``, Started at ``started_at`` (the same: Started at
+    first sight), by a sidecar watching IMDS since ``watching`` (None: the sidecar exports no such series)."""
+    series = {event("azure_scheduled_event_first_seen_timestamp_seconds", event_id, event_type): f"{first_seen}x2",
+              event("azure_scheduled_event_started_timestamp_seconds", event_id, event_type): f"{started_at}x2",
+              sourced(info(event_id, event_type, "Started"), source): "1x2"}
+    if watching is not None:
+        series[WATCHING] = f"{watching}x2"
+    return named(series)
+
+
 # (alert, input series, eval time, expected alerts as (labels, value)); an empty list means: must not fire.
 CASES: list[promtool.Case] = [
     # An impactful event on this VM: a warning while NotBefore is far, a page once it is near or the event started.
-    ("SeExporterImpactfulEventScheduled",
-     named(dict([until("E1", "Reboot", "3660 3600")]) | {info("E1", "Reboot", "Scheduled"): "1 1"}), "1m",
+    ("SeExporterImpactfulEventScheduled", scheduled("E1", "Reboot", 3600), "1m",
      [(event_labels("E1", "Reboot", "Scheduled"), 3600)]),
-    ("SeExporterImpactfulEventScheduled",  # near: the page speaks instead
-     named(dict([until("E1", "Reboot", "660 600")]) | {info("E1", "Reboot", "Scheduled"): "1 1"}), "1m", []),
+    ("SeExporterImpactfulEventScheduled",  # days away: warns (Alertmanager repeats it at most every 12 h)
+     scheduled("E1", "Redeploy", 7 * 86400), "1m", [(event_labels("E1", "Redeploy", "Scheduled"), 7 * 86400)]),
+    ("SeExporterImpactfulEventImminent", scheduled("E1", "Redeploy", 7 * 86400), "1m", []),
+    ("SeExporterImpactfulEventScheduled", scheduled("E1", "Reboot", 600), "1m", []),  # near: the page speaks instead
     ("SeExporterImpactfulEventScheduled",  # a Freeze is not impactful in this sense
-     named(dict([until("E1", "Freeze", "3660 3600")]) | {info("E1", "Freeze", "Scheduled"): "1 1"}), "1m", []),
+     scheduled("E1", "Freeze", 3600), "1m", []),
     ("SeExporterImpactfulEventScheduled",  # a neighbour's Reboot
      named(dict([until("E1", "Reboot", "3660 3600")]) | {info("E1", "Reboot", "Scheduled", "false"): "1 1"}), "1m",
      []),
-    ("SeExporterImpactfulEventImminent",
-     named(dict([until("E1", "Reboot", "660 600")]) | {info("E1", "Reboot", "Scheduled"): "1 1"}), "1m",
+    ("SeExporterImpactfulEventImminent", scheduled("E1", "Reboot", 600), "1m",
      [(event_labels("E1", "Reboot", "Scheduled"), 600)]),
-    ("SeExporterImpactfulEventImminent",  # started: in progress, no notice left
-     named({info("E3", "Redeploy", "Started"): "1 1"}), "1m", [(event_labels("E3", "Redeploy", "Started"), 0)]),
+    ("SeExporterImpactfulEventImminent", scheduled("E1", "Reboot", 3600), "1m", []),
+    # Never a page for what a user asked for: a scale-in 60 s away, a restart from the portal. They warn.
+    ("SeExporterImpactfulEventImminent", scheduled("U1", "Terminate", 60, "User"), "1m", []),
+    ("SeExporterImpactfulEventScheduled", scheduled("U1", "Terminate", 60, "User"), "1m",
+     [({**event_labels("U1", "Terminate", "Scheduled"), "event_source": "User"}, 60)]),
+    ("SeExporterImpactfulEventImminent", scheduled("U2", "Reboot", 300, "User"), "1m", []),
+    ("SeExporterImpactfulEventScheduled", scheduled("U2", "Reboot", 300, "User"), "1m",
+     [({**event_labels("U2", "Reboot", "Scheduled"), "event_source": "User"}, 300)]),
+    ("SeExporterImpactfulEventImminent",  # a user's restart, Started: no page either
+     started("U3", "Reboot", 1000, 1060, 0, "User"), "1m", []),
+    # Nor for a Spot eviction 25 s away (pageSpotPreempt: false): nobody can act, Spot users accepted it.
+    ("SeExporterImpactfulEventImminent", scheduled("P1", "Preempt", 25), "1m", []),
+    ("SeExporterImpactfulEventScheduled", scheduled("P1", "Preempt", 25), "1m",
+     [(event_labels("P1", "Preempt", "Scheduled"), 25)]),
+    ("SeExporterImpactfulEventImminent", started("P2", "Preempt", 1000, 1020, 0), "1m", []),
+    # Started after the sidecar saw it Scheduled: in progress, it pages (it paged while near, and goes on).
+    ("SeExporterImpactfulEventImminent", started("E3", "Redeploy", 1000, 1900, 0), "1m",
+     [(event_labels("E3", "Redeploy", "Started"), 0)]),
     ("SeExporterImpactfulEventImminent",  # a sidecar that has not read its identity still pages, unnamed
-     {info("E3", "Preempt", "Started"): "1 1", f"azure_scheduled_events_up{{{BASE}}}": "1 1"}, "1m",
-     [({**LABELS, "event_id": "E3", "event_type": "Preempt", "event_status": "Started", "event_source": "Platform"},
-       0)]),
-    ("SeExporterImpactfulEventImminent",
-     named(dict([until("E1", "Reboot", "3660 3600")]) | {info("E1", "Reboot", "Scheduled"): "1 1"}), "1m", []),
+     {until("E3", "Reboot", "660 600")[0]: "660 600", info("E3", "Reboot", "Scheduled"): "1 1",
+      f"azure_scheduled_events_up{{{BASE}}}": "1 1"}, "1m",
+     [({**LABELS, "event_id": "E3", "event_type": "Reboot", "event_status": "Scheduled", "event_source": "Platform"},
+       600)]),
     ("SeExporterImpactfulEventImminent",  # on AKS every series of the target carries its node: so does the alert
-     {on_node(info("E5", "Terminate", "Started")): "1 1", on_node(VM_INFO): "1 1"}, "1m",
-     [({**event_labels("E5", "Terminate", "Started"), "node": NODE}, 0)]),
-    ("SeExporterImpactfulEventImminent", named({info("E3", "Redeploy", "Started", "false"): "1 1"}), "1m", []),
-    ("SeExporterImpactfulEventImminent", named({info("E3", "Freeze", "Started"): "1 1"}), "1m", []),
-    ("SeExporterHostFailure",
-     named({event("azure_scheduled_event_started_timestamp_seconds", "E4", "Reboot"): "1000 1000",
-            event("azure_scheduled_event_first_seen_timestamp_seconds", "E4", "Reboot"): "1000 1000",
-            info("E4", "Reboot", "Started"): "1 1"}), "1m",
+     {on_node(until("E5", "Terminate", "660 600")[0]): "660 600", on_node(info("E5", "Terminate", "Scheduled")): "1 1",
+      on_node(VM_INFO): "1 1"}, "1m",
+     [({**event_labels("E5", "Terminate", "Scheduled"), "node": NODE}, 600)]),
+    ("SeExporterImpactfulEventImminent",
+     named({info("E3", "Redeploy", "Started", "false"): "1 1"}) | started("E3", "Freeze", 1000, 1900, 0), "1m", []),
+    # Started at first sight: a host failure if the sidecar had been watching (its state restored counts), else it
+    # cannot know whether the event was announced (a pod replaced mid-wave): a warning, never a page.
+    ("SeExporterHostFailure", started("E4", "Reboot", 1000, 1000, 100), "1m",
      [({**NAMED, "event_id": "E4", "event_type": "Reboot"}, 0)]),
+    ("SeExporterImpactfulEventImminent", started("E4", "Reboot", 1000, 1000, 100), "1m", []),
+    ("SeExporterImpactfulEventStartedBeforeWatching", started("E4", "Reboot", 1000, 1000, 100), "1m", []),
+    ("SeExporterHostFailure", started("E4", "Reboot", 1000, 1000, 1000), "1m", []),  # its first read
+    ("SeExporterImpactfulEventImminent", started("E4", "Reboot", 1000, 1000, 1000), "1m", []),
+    ("SeExporterImpactfulEventStartedBeforeWatching", started("E4", "Reboot", 1000, 1000, 1000), "1m",
+     [({**NAMED, "event_id": "E4", "event_type": "Reboot"}, 0)]),
+    ("SeExporterHostFailure", started("E4", "Redeploy", 1000, 1000, 990), "1m", []),  # 10 s in: too soon to know
+    ("SeExporterImpactfulEventStartedBeforeWatching", started("E4", "Redeploy", 1000, 1000, None), "1m",
+     [({**NAMED, "event_id": "E4", "event_type": "Redeploy"}, 0)]),  # a sidecar that says nothing of its watch
     ("SeExporterHostFailure",  # scheduled first, started 15 minutes later: not a host failure
-     named({event("azure_scheduled_event_started_timestamp_seconds", "E4", "Reboot"): "1900 1900",
-            event("azure_scheduled_event_first_seen_timestamp_seconds", "E4", "Reboot"): "1000 1000",
-            info("E4", "Reboot", "Started"): "1 1"}), "1m", []),
+     started("E4", "Reboot", 1000, 1900, 100), "1m", []),
+    ("SeExporterImpactfulEventStartedBeforeWatching", started("E4", "Reboot", 1000, 1900, 1000), "1m", []),
     ("SeExporterHostFailure",  # a user's auto-approved reboot (Scheduled Events Policy) skips Scheduled too: no page
-     named({event("azure_scheduled_event_started_timestamp_seconds", "E4", "Reboot"): "1000 1000",
-            event("azure_scheduled_event_first_seen_timestamp_seconds", "E4", "Reboot"): "1000 1000",
-            info("E4", "Reboot", "Started").replace('event_source="Platform"', 'event_source="User"'): "1 1"}),
-     "1m", []),
-    ("SeExporterHostFailure",  # a Freeze already Started when a sidecar (restarted without its state) first sees it
-     named({event("azure_scheduled_event_started_timestamp_seconds", "E2", "Freeze"): "1000 1000",
-            event("azure_scheduled_event_first_seen_timestamp_seconds", "E2", "Freeze"): "1000 1000",
-            info("E2", "Freeze", "Started"): "1 1"}), "1m", []),
+     started("E4", "Reboot", 1000, 1000, 100, "User"), "1m", []),
+    ("SeExporterHostFailure",  # a Freeze already Started when a sidecar first sees it
+     started("E2", "Freeze", 1000, 1000, 100), "1m", []),
+    ("SeExporterImpactfulEventStartedBeforeWatching", started("E2", "Freeze", 1000, 1000, 1000), "1m", []),
     # Freezes: only a long one warns, and pages only on a VM marked latency-sensitive; a short one is recorded.
     ("SeExporterLongFreeze",
      named({event("azure_scheduled_event_duration_seconds", "E2", "Freeze"): "12 12",
@@ -233,6 +283,69 @@ def test_a_started_5_s_freeze_on_300_vms_pages_no_one(tmp_path: Path) -> None:
     long = [(alert, freeze_wave(300, 30), "3m", []) for alert in promtool.rules(RULES)
             if promtool.rules(RULES)[alert]["labels"]["severity"] == "critical"]
     promtool.run_rule_tests(RULES, quiet + long, tmp_path)
+
+
+def restarted_mid_wave(vms: int) -> dict[str, str]:
+    """A `helm upgrade` during a maintenance wave: each of ``vms`` sidecars of a scale set replaced with no state
+    (emptyDir) while its VM's platform Reboot is Started, so each first sees it Started, at its first read."""
+    series: dict[str, str] = {}
+    for n in range(vms):
+        vm = f'job="se-exporter", instance="10.0.{n // 250}.{n % 250}:10169"'
+        ident = f'{vm}, event_id="R{n}", event_type="Reboot"'
+        series[f'azure_scheduled_event_info{{{ident}, event_status="Started", event_source="Platform", '
+               'resource_type="VirtualMachine", affects_this_vm="true"}'] = "1x5"
+        series[f"azure_scheduled_event_first_seen_timestamp_seconds{{{ident}}}"] = "2000x5"
+        series[f"azure_scheduled_event_started_timestamp_seconds{{{ident}}}"] = "2000x5"
+        series[f"azure_scheduled_events_watching_since_timestamp_seconds{{{vm}}}"] = "2000x5"
+        series[f'azure_scheduled_events_vm_info{{{vm}, vm_name="web_{n}", vmss_name="web", location="westeurope"}}'] \
+            = "1x5"
+    return series
+
+
+def test_a_helm_upgrade_during_a_maintenance_wave_pages_no_one(tmp_path: Path) -> None:
+    """300 sidecars replaced without state mid-wave each first see their VM's platform Reboot Started: no critical
+    alert of the file fires (each warns, SeExporterImpactfulEventStartedBeforeWatching)."""
+    critical = [(alert, restarted_mid_wave(300), "3m", []) for alert, rule in promtool.rules(RULES).items()
+                if rule["labels"]["severity"] == "critical"]
+    promtool.run_rule_tests(RULES, critical, tmp_path)
+
+
+# _config overrides, and the cases that prove each knob moves what pages and what warns.
+KNOBS: list[tuple[str, list[promtool.Case]]] = [
+    ("{ pageSpotPreempt: true }", [
+        ("SeExporterImpactfulEventImminent", scheduled("P1", "Preempt", 25), "1m",
+         [(event_labels("P1", "Preempt", "Scheduled"), 25)]),
+        ("SeExporterImpactfulEventScheduled", scheduled("P1", "Preempt", 25), "1m", []),
+        ("SeExporterImpactfulEventImminent",  # a user's scale-in still does not page
+         scheduled("U1", "Terminate", 60, "User"), "1m", [])]),
+    ("{ pageSources: ['Platform', 'User'] }", [
+        ("SeExporterImpactfulEventImminent", scheduled("U1", "Terminate", 60, "User"), "1m",
+         [({**event_labels("U1", "Terminate", "Scheduled"), "event_source": "User"}, 60)]),
+        ("SeExporterHostFailure", started("E4", "Reboot", 1000, 1000, 100, "User"), "1m",
+         [({**NAMED, "event_id": "E4", "event_type": "Reboot"}, 0)])]),
+    ("{ pageTypes: ['Reboot'], warnSources: ['Platform'] }", [
+        ("SeExporterImpactfulEventImminent", scheduled("E1", "Redeploy", 600), "1m", []),
+        ("SeExporterImpactfulEventScheduled", scheduled("E1", "Redeploy", 600), "1m",
+         [(event_labels("E1", "Redeploy", "Scheduled"), 600)]),
+        ("SeExporterImpactfulEventScheduled", scheduled("U2", "Reboot", 300, "User"), "1m", [])]),
+    ("{ warnTypes: ['Reboot', 'Redeploy', 'Terminate'] }", [
+        ("SeExporterImpactfulEventScheduled", scheduled("P1", "Preempt", 25), "1m", [])]),
+    ("{ hostFailureWatchedSeconds: 0, impactfulPageSeconds: 1800 }", [
+        ("SeExporterHostFailure", started("E4", "Reboot", 1000, 1000, 1000), "1m",
+         [({**NAMED, "event_id": "E4", "event_type": "Reboot"}, 0)]),
+        ("SeExporterImpactfulEventStartedBeforeWatching", started("E4", "Reboot", 1000, 1000, 1000), "1m", []),
+        ("SeExporterImpactfulEventImminent", scheduled("E1", "Reboot", 1500), "1m",
+         [(event_labels("E1", "Reboot", "Scheduled"), 1500)])]),
+]
+
+
+@pytest.mark.parametrize(("config", "cases"), KNOBS, ids=[config for config, _ in KNOBS])
+def test_the_paging_knobs_of_config_move_what_pages(config: str, cases: list[promtool.Case], tmp_path: Path) -> None:
+    """Each _config knob of the severity model, rendered by the real jsonnet, changes exactly what its cases say."""
+    path = tmp_path / "alerts.yaml"
+    path.write_text(generate.rule_file("alerts", "se-exporter", config))
+    (tmp_path / "run").mkdir()
+    promtool.run_rule_tests(path, cases, tmp_path / "run")
 
 
 def test_the_npd_rule_and_the_vm_panel_select_the_same_node_conditions() -> None:
