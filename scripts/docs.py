@@ -74,7 +74,8 @@ def exposed_name(family: Metric) -> str:
 
 def run_families() -> list[Metric]:
     """The families ``se-exporter run`` can expose (``process_*`` aside: the platform's, not ours), with an event
-    listed so that the per-event families show their labels."""
+    listed so that the per-event families show their labels, and one count in each counter and histogram (their
+    series appear only once counted)."""
     import json  # noqa: PLC0415 - only for building the example document
 
     from se_exporter.core.lifecycle import diff  # noqa: PLC0415
@@ -96,7 +97,13 @@ def run_families() -> list[Metric]:
     snapshot = Snapshot(records=diff({}, document, 1.0).records, incarnation=1, identity=identity,
                         watching_since=1.0)
     registry = CollectorRegistry()
-    Metrics(registry, lambda: snapshot)
+    metrics = Metrics(registry, lambda: snapshot)
+    for counter, labels in ((metrics.transitions, ("Freeze", "started", "true")), (metrics.polls, ("ok",)),
+                            (metrics.sink_errors, ("eventhubs",)), (metrics.bound_hits, ("label_length",))):
+        counter.labels(*labels).inc()
+    for histogram, labels in ((metrics.notice, ("Freeze", "true")), (metrics.impact, ("Freeze", "true")),
+                              (metrics.rebalance_to_preempt, ()), (metrics.poll_duration, ())):
+        histogram.labels(*labels).observe(1.0)
     ForwardMetrics(registry)
     http_server.rejection_counter(registry, NAMESPACE)
     with processwide.restored():  # the sink turns the exporters' loggers down; leave them as they were

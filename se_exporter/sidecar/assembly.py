@@ -65,8 +65,7 @@ class Sidecar:
         # auto_describe: a collector without describe() (prometheus-client's ProcessCollector) is collected once at
         # registration for its names, so /metrics?name[]=... finds its families too.
         self.registry = CollectorRegistry(auto_describe=True)
-        self.held = HeldFamilies(settings.max_scrape_interval)  # first, so that its families come before the rest
-        self.registry.register(self.held)
+        self.held = HeldFamilies(settings.max_scrape_interval)  # registered by Metrics, once its families exist
         self.simulated: SimulatedImds | None = None
         self._simulate = simulate
         self.metrics_url = ""

@@ -50,11 +50,11 @@ POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 # histograms, which say most and cost most (20 series each once used), and the platform's process_* gauges. Nothing
 # an alert rule of the mixin reads is here.
 METRIC_GROUPS: dict[str, str] = {
-    "notice": f"{NAMESPACE}_notice_seconds (per event type seen; the dashboards' notice panels and host failures)",
-    "impact": f"{NAMESPACE}_impact_seconds (per event type seen; the dashboards' impact panels)",
-    "spot_rebalance": f"{NAMESPACE}_spot_rebalance_to_preempt_seconds (once a Preempt followed a recommendation)",
-    "poll_duration": f"{NAMESPACE}_poll_duration_seconds (18 series from the first poll; the poll latency panel)",
-    "process": "process_* (the CPU, memory and file descriptors of the sidecar's process, on Linux)",
+    "notice": "the notice_seconds histogram (per event type seen; the notice and host-failure panels)",
+    "impact": "the impact_seconds histogram (per event type seen; the impact panels)",
+    "spot_rebalance": "the spot_rebalance_to_preempt_seconds histogram (once a Preempt followed a recommendation)",
+    "poll_duration": "the poll_duration_seconds histogram (18 series from the first poll; the poll latency panel)",
+    "process": "the process_* gauges (the sidecar's CPU, memory and file descriptors, on Linux)",
 }
 
 
@@ -91,9 +91,7 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry, snapshot: Callable[[], Snapshot],
                  clock: Callable[[], float] = time.time, held: HeldFamilies | None = None,
                  disabled: Collection[str] = ()) -> None:
-        if held is None:
-            held = HeldFamilies(0.0)
-            registry.register(held)
+        held = HeldFamilies(0.0) if held is None else held
 
         def histogram(group: str, name: str, documentation: str, buckets: Sequence[float],
                       labels: Sequence[str] = ()) -> Recorder:
@@ -135,6 +133,7 @@ class Metrics:
             f"{NAMESPACE}_bound_hits", "Values from IMDS cut to the sidecar's bounds, once per document: label_length "
             f"(a label value cut at {MAX_LABEL} characters), events_per_document (events past the first "
             f"{MAX_EVENT_SERIES}, this VM's first, without per-event series).", ["bound"])
+        registry.register(held)  # once every family is made: the registry reads their names from describe() now
         registry.register(StateCollector(snapshot, clock, lambda bound, n: self.bound_hits.labels(bound).inc(n)))
 
 
@@ -189,9 +188,13 @@ class StateCollector(Collector):
         ``/metrics?name[]=...`` finds each family. Taken from a collector of its own over a snapshot that has every
         family (the snapshot of this one may not exist yet at registration, and its bounds must not be counted)."""
         every = StateCollector(lambda: _EVERY_FAMILY, lambda: 0.0)
-        return [GaugeMetricFamily(family.name, family.documentation) for family in every.collect()]
+        return [GaugeMetricFamily(family.name, family.documentation) for family in every.families()]
 
     def collect(self) -> Iterator[Metric]:
+        """The families with a series: an empty family's HELP and TYPE lines are bytes on every scrape too."""
+        return (family for family in self.families() if family.samples)
+
+    def families(self) -> Iterator[Metric]:
         snap = self._snapshot()
         now = self._clock()
         yield _gauge(f"{NAMESPACE}_up", "1 when the last poll returned a valid document, else 0.",
