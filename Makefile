@@ -20,7 +20,7 @@ WORKERS ?= 4
 # The wheelhouses' SBOMs make test reads (make sbom below), with the wheelhouses they are made from.
 SBOMS := dist/linux-wheels.cdx.json dist/windows-wheels.cdx.json
 
-.PHONY: chart-files demo demo-fleet docs test test-contended lint lint-imports typecheck unit system-deps clean dashboards reliability soak bench image \
+.PHONY: chart-files demo demo-fleet docs test test-contended lint lint-imports typecheck unit system-deps clean dashboards reliability soak bench bench-series image \
 	windows-wheels lock linux-wheels sbom operator-schemas
 
 # Regenerate dashboards/*.json and the rules rendered from mixin/ (the suite fails if they differ), then copy the
@@ -182,6 +182,10 @@ bench: $(VENV)/.installed system-deps tests/azurite/node_modules/.installed
 	$(BIN)/python scripts/fleet_bench.py
 	$(BIN)/python scripts/fleet_bench.py --platform
 	$(BIN)/python scripts/fleet_scale_bench.py
+
+# Only the series and bytes of one /metrics scrape beside the Go peer's (idle, one event listed, started): seconds.
+bench-series: $(VENV)/.installed
+	$(BIN)/python scripts/series.py
 
 # 20,000 polls at 20 Hz (the fastest --poll-interval allows; about 17 minutes) of a fast-changing simulator;
 # prints RSS, open files and threads (writes docs/measurements/soak.json).

@@ -291,12 +291,14 @@ def metrics_page(figures: dict[str, Any] | None = None) -> str:
         "Measured on real scrapes of `se-exporter run` with its defaults (the lean one with every group of "
         "`--disable-metrics` off) polling a simulated IMDS; `make bench` prints the same beside the Go peer's "
         "(webdevops/azure-scheduledevents-exporter), measured in one run.", "",
-        "| the VM lists | sidecar | series | `azure_*` series | bytes per scrape | gzip |", "|---|---|---:|---:|---:|---:|"]
+        "| the VM lists | sidecar | series | `azure_*` series | bytes per scrape | gzip |",
+        "|---|---|---:|---:|---:|---:|"]
     for stage, programs in figures.items():
         for program in (ours, lean):
             scrape = programs[program]
-            lines.append(f"| {stage.replace('one event', 'one Freeze')} | {'lean' if program == lean else 'default'}"
-                         f" | {scrape['series']} | {scrape['azure']} | {scrape['bytes']:,} | {scrape['gzip_bytes']:,} |")
+            kind = "lean" if program == lean else "default"
+            lines.append(f"| {stage.replace('one event', 'one Freeze')} | {kind} | {scrape['series']} | "
+                         f"{scrape['azure']} | {scrape['bytes']:,} | {scrape['gzip_bytes']:,} |")
     lines += ["", f"One listed event adds {listed['series'] - idle['series']} series: {added(listed, idle)}. Once "
               f"it has started, the VM has {started['series'] - idle['series']} more than idle: {added(started, idle)}"
               " (the notice histogram of its type stays, as history, after the event ends: one per event type seen "

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,9 +31,9 @@ from se_exporter.simulator.server import SE_PATH, Simulator, start  # noqa: E402
 from tests.helpers import Sidecar, free_port, http_get, stop_process, wait_until  # noqa: E402
 
 # ../shared/peers from a checkout, or from a worktree one level further down.
-PEER = next((folder / "shared" / "peers" / "azure-scheduledevents-exporter" for folder in (ROOT.parent, ROOT.parent.parent)
-             if (folder / "shared" / "peers" / "azure-scheduledevents-exporter").exists()),
-            ROOT.parent / "shared" / "peers" / "azure-scheduledevents-exporter")
+_PEERS = [folder / "shared" / "peers" / "azure-scheduledevents-exporter"
+          for folder in (ROOT.parent, ROOT.parent.parent)]
+PEER = next((path for path in _PEERS if path.exists()), _PEERS[0])
 # One Freeze for this VM, announced 10 minutes ahead and started for an hour: idle before it, then listed, then
 # Started (its notice histogram appears).
 SCENARIO = {"description": "one Freeze for this VM", "vm": {"name": "vm0"}, "events": [
@@ -89,6 +89,16 @@ def _metric(text: str, prefix: str) -> str | None:
     return next((line for line in text.splitlines() if line.startswith(prefix)), None)
 
 
+def _shows(program: str, text: str, incarnation: int, status: str | None) -> bool:
+    """Whether ``program``'s scrape ``text`` shows the document of ``incarnation`` (and ours, the event's status and
+    the first poll's series)."""
+    if program == GO:
+        return _metric(text, "azure_scheduledevent_document_incarnation ") == \
+            f"azure_scheduledevent_document_incarnation {incarnation}"
+    return f"azure_scheduled_events_document_incarnation {incarnation}.0" in text and (
+        status is None or f'event_status="{status}"' in text) and "_polls_total{" in text
+
+
 def measure(peer: Path | None = PEER) -> dict[str, dict[str, Scrape]]:
     """{stage: {program: its scrape}}; the Go peer only when ``peer`` exists."""
     with ExitStack() as stack:
@@ -111,17 +121,13 @@ def measure(peer: Path | None = PEER) -> dict[str, dict[str, Scrape]]:
         for stage, at, status in STAGES:
             sim.advance(at - sim.scenario_time())
             incarnation = sim.document()["DocumentIncarnation"]
-            ready: dict[str, Callable[[str], bool]] = {
-                OURS: lambda text: f"azure_scheduled_events_document_incarnation {incarnation}.0" in text and (
-                    status is None or f'event_status="{status}"' in text) and "_polls_total{" in text,
-                LEAN: lambda text: f"azure_scheduled_events_document_incarnation {incarnation}.0" in text and (
-                    status is None or f'event_status="{status}"' in text) and "_polls_total{" in text,
-                GO: lambda text: _metric(text, "azure_scheduledevent_document_incarnation ") ==
-                f"azure_scheduledevent_document_incarnation {incarnation}"}
             figures[stage] = {}
             for program, url in urls.items():
-                text = wait_until(lambda u=url, p=program: (lambda t: t if ready[p](t) else None)(http_get(u)[1]),
-                                  timeout=60, what=f"{program} to show the stage {stage}")
+                def shown(u: str = url, p: str = program, n: int = incarnation, st: str | None = status) -> str | None:
+                    text = http_get(u)[1]
+                    return text if _shows(p, text, n, st) else None
+
+                text = wait_until(shown, timeout=60, what=f"{program} to show the stage {stage}")
                 figures[stage][program] = Scrape.of(text)
         return figures
 

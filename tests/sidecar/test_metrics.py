@@ -227,7 +227,8 @@ def test_scrapes_of_one_document_reuse_its_families_but_not_the_countdown() -> N
 
 def test_invented_event_types_cannot_grow_the_cumulative_series() -> None:
     """Thousands of EventTypes IMDS never documented, scheduled, started and ended: the transition counters and the
-    notice/impact histograms keep to the documented types plus "Other" (here, Other alone), so no answer can add series for ever."""
+    notice/impact histograms keep to the documented types plus "Other" (here, Other alone), so no answer can add
+    series for ever."""
     registry, metrics = _registry(Snapshot())
     sink = MetricsSink(metrics)
     invented = [{**FREEZE, "EventId": f"E{i}", "EventType": f"T{i:05d}"} for i in range(2000)]
