@@ -1,10 +1,12 @@
-"""The first count of a series new to the sidecar is seen by increase(): promtool evaluates the shipped recording
-rule and the dashboards' host-failure query over what the real sidecar served, scrape after scrape."""
+"""The series budget on real scrapes: an idle VM's series and bytes beside the Go peer's, and the first count of a
+series new to the sidecar seen by increase() (promtool evaluates the shipped recording rule and the dashboards'
+host-failure query over what the real sidecar served, scrape after scrape)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -135,3 +137,21 @@ def test_increase_sees_the_first_transition_and_the_first_host_failure(
 def _series(metric: tuple[str, dict[str, str]]) -> str:
     name, labels = metric
     return name + "{" + ", ".join(f'{key}="{value}"' for key, value in sorted(labels.items())) + "}"
+
+
+def test_an_idle_vm_and_one_listed_event_keep_to_the_series_budget_beside_the_go_peer() -> None:
+    """Real scrapes in one run (scripts/series.py): an idle VM at most 30 azure_* series, one listed event at most 15
+    more, and, beside the Go peer polling the same documents, at most 1.5x its series and 2x its bytes."""
+    sys.path.insert(0, str(ROOT))
+    from scripts import series  # noqa: PLC0415 - a script's module, importable from the checkout's root
+
+    if not series.PEER.exists():
+        pytest.skip(f"the Go peer is absent ({series.PEER}): only the absolute bounds are checked by test_docs")
+    figures = series.measure()
+    idle, listed = figures["idle"], figures["one event listed"]
+    ours, go = idle[series.OURS], idle[series.GO]
+    assert ours.azure <= 30, ours
+    assert listed[series.OURS].series - ours.series <= 15
+    assert ours.series <= 1.5 * go.series, (ours.series, go.series)
+    assert ours.bytes <= 2 * go.bytes, (ours.bytes, go.bytes)
+    assert idle[series.LEAN].series < ours.series
