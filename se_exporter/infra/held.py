@@ -56,6 +56,11 @@ class HeldFamilies(Collector):
         for held in self._families:
             yield from held.collect(now)
 
+    def counted(self) -> Iterator[Metric]:
+        """What has been counted, no hold applied: for a person (the demo's summary), not for a scraper."""
+        for held in self._families:
+            yield from held.collect(float("inf"))
+
 
 class Held:
     """One counter or histogram: ``labels(...)`` as prometheus-client's (its child, to ``inc`` or ``observe``), but

@@ -32,9 +32,9 @@ EVENT = "azure_scheduled_event"
 NOTICE_BUCKETS = (0, 1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400, 259200, 604800)
 REBALANCE_BUCKETS = (5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 IMPACT_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600)
-# affects_this_vm on the per-type families: this VM's events apart from its neighbours' (an availability set lists
-# each VM's events on every VM of the set), so a query can count this VM's maintenance without counting a neighbour's.
-AFFECTS = ("true", "false", "unknown")
+# affects_this_vm (true, false, unknown) on the per-type families: this VM's events apart from its neighbours' (an
+# availability set lists each VM's events on every VM of the set), so a query can count this VM's maintenance without
+# counting a neighbour's. "false" is a neighbour's.
 NEIGHBOURS = "false"
 # Bounds on what IMDS puts in labels (nothing a VM is told is trusted): a label value is cut at MAX_LABEL characters,
 # ending in LABEL_MARK so the cut shows; a document's first MAX_EVENT_SERIES events get per-event series: this VM's
