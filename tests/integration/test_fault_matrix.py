@@ -237,7 +237,7 @@ def test_an_event_id_changing_case(simulator: SimulatorFactory, sidecar: Callabl
     sim.inject(Fault("body", text=lowered, count=0))
     wait_until(lambda: process.value("azure_scheduled_events_document_incarnation")
                == document["DocumentIncarnation"] + 1, what="the lower-cased document")
-    for transition, count in (("scheduled", 1), ("canceled", 0)):
+    for transition, count in (("scheduled", 1), ("canceled", None)):  # None: never counted, no series
         assert process.total("azure_scheduled_events_transitions_total", event_type="Freeze",
                              transition=transition) == count, transition
     ids = [dict(labels)["event_id"] for name, labels in process.samples() if name == "azure_scheduled_event_info"]
