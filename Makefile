@@ -38,7 +38,8 @@ chart-files:
 	cp dashboards/se-exporter-*.json $(CHART_FILES)/dashboards/
 
 # Rewrite the generated reference pages (docs/reference.md: flags and metrics; docs/modules.md: the module map)
-# from the code; tests/project/test_docs.py fails while a committed page differs from them.
+# from the code, and docs/metrics.md (the series budget) from real scrapes of the sidecar; tests/project/test_docs.py
+# fails while a committed page differs from them.
 docs: $(VENV)/.installed
 	$(BIN)/python scripts/docs.py
 
