@@ -54,12 +54,12 @@ class HeldFamilies(Collector):
     def collect(self) -> Iterator[Metric]:
         now = self._clock()
         for held in self._families:
-            yield from held.collect(now)
+            yield from held.collect(now, self.hold)
 
     def counted(self) -> Iterator[Metric]:
         """What has been counted, no hold applied: for a person (the demo's summary), not for a scraper."""
         for held in self._families:
-            yield from held.collect(float("inf"))
+            yield from held.collect(0.0, 0.0)
 
 
 class Held:
@@ -90,13 +90,13 @@ class Held:
     def observe(self, value: float) -> None:
         self.labels().observe(value)
 
-    def collect(self, now: float) -> Iterator[Metric]:
+    def collect(self, now: float, hold: float) -> Iterator[Metric]:
+        """The family, each label set born less than ``hold`` before ``now`` shown at 0."""
         with self._lock:
             if not self._born:
                 return
-            held = {key for key, at in self._born.items() if now - at < self._families.hold} if self._holding \
-                else set()
-            if not held:
+            held = {key for key, at in self._born.items() if now - at < hold} if self._holding and hold else set()
+            if not held and hold:
                 self._holding = False
         for family in self.metric.collect():
             if not held or not family.samples:

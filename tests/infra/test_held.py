@@ -71,6 +71,19 @@ def test_an_unlabelled_histogram_appears_with_its_first_observation() -> None:
     assert registry.get_sample_value("x_poll_seconds_count") == 1.0
 
 
+def test_what_was_counted_is_read_apart_from_the_hold() -> None:
+    """``counted`` (the demo's summary) shows the counts at once, and leaves the hold of the scrapes as it was."""
+    registry, families, clock = _registry(30)
+    counter = families.counter("x_polls", "Polls.", ["outcome"])
+    registry.register(families)
+    counter.labels("ok").inc(3)
+    assert [sample.value for family in families.counted() for sample in family.samples
+            if sample.name == "x_polls_total"] == [3.0]
+    assert registry.get_sample_value("x_polls_total", {"outcome": "ok"}) == 0.0
+    clock.now += 30
+    assert registry.get_sample_value("x_polls_total", {"outcome": "ok"}) == 3.0
+
+
 def test_no_hold_shows_counts_at_once() -> None:
     """A hold of 0: a first count is shown as it is (and missed by increase(), as a plain counter's would be)."""
     registry, families, _ = _registry(0)
