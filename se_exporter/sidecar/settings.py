@@ -182,6 +182,11 @@ def parse_heartbeat(text: str) -> float:
     return HEARTBEAT(text)
 
 
+def parse_metric_group(text: str) -> str:
+    """A group of ``metrics.METRIC_GROUPS``, in any case, spaces around it ignored (``notice, impact``)."""
+    return choice(*METRIC_GROUPS)(text.strip())
+
+
 def parse_scrape_hold(text: str) -> float:
     """Seconds a new series is held at 0 (a duration); 0 (or 0s) holds none."""
     return 0.0 if SCRAPE_HOLD.read(text) == 0 else SCRAPE_HOLD(text)
@@ -218,7 +223,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "interfaces; use 127.0.0.1:PORT to keep it local)", "HOST:PORT"),
     Option("vm_name", "--vm-name", parse_name,
            "this VM's name as listed in event Resources (default: from IMDS compute metadata)", "NAME"),
-    Option("disable_metrics", "--disable-metrics", choice(*METRIC_GROUPS),
+    Option("disable_metrics", "--disable-metrics", parse_metric_group,
            "metric families not to export, to save series: " + "; ".join(
                f"{group}: {what}" for group, what in METRIC_GROUPS.items()) + " (default: none)", "GROUP",
            separator=","),

@@ -355,3 +355,17 @@ def _series_by_name(text: str) -> dict[str, set[frozenset[tuple[str, str]]]]:
         for sample in family.samples:
             series.setdefault(sample.name, set()).add(frozenset(sample.labels.items()))
     return series
+
+
+def test_a_disabled_group_exports_nothing_and_counts_nowhere() -> None:
+    """--disable-metrics notice,poll_duration: observations go nowhere and the families have no series; the others
+    are counted as before."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, Snapshot, disabled=("notice", "poll_duration"))
+    metrics.notice.labels("Freeze", "true").observe(5.0)
+    metrics.poll_duration.observe(0.01)
+    metrics.impact.labels("Freeze", "true").observe(5.0)
+    names = {sample.name for family in registry.collect() for sample in family.samples}
+    assert not {name for name in names if "notice" in name or "poll_duration" in name}, names
+    assert registry.get_sample_value("azure_scheduled_events_impact_seconds_count",
+                                     {"event_type": "Freeze", "affects_this_vm": "true"}) == 1.0
