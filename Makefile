@@ -20,7 +20,7 @@ WORKERS ?= 4
 # The wheelhouses' SBOMs make test reads (make sbom below), with the wheelhouses they are made from.
 SBOMS := dist/linux-wheels.cdx.json dist/windows-wheels.cdx.json
 
-.PHONY: chart-files demo demo-fleet docs test test-contended lint lint-imports typecheck unit system-deps clean dashboards reliability soak bench image \
+.PHONY: chart-files demo demo-fleet docs test test-contended lint lint-imports typecheck unit system-deps clean dashboards reliability soak bench bench-series image \
 	windows-wheels lock linux-wheels sbom operator-schemas
 
 # Regenerate dashboards/*.json, the rules rendered from mixin/ and the chart's PrometheusRule data, values and schema
@@ -37,7 +37,8 @@ chart-files:
 	cp dashboards/se-exporter-*.json $(CHART_FILES)/dashboards/
 
 # Rewrite the generated reference pages (docs/reference.md: flags and metrics; docs/modules.md: the module map)
-# from the code; tests/project/test_docs.py fails while a committed page differs from them.
+# from the code, and docs/metrics.md (the series budget) from real scrapes of the sidecar; tests/project/test_docs.py
+# fails while a committed page differs from them.
 docs: $(VENV)/.installed
 	$(BIN)/python scripts/docs.py
 
@@ -182,6 +183,10 @@ bench: $(VENV)/.installed system-deps tests/azurite/node_modules/.installed
 	$(BIN)/python scripts/fleet_bench.py
 	$(BIN)/python scripts/fleet_bench.py --platform
 	$(BIN)/python scripts/fleet_scale_bench.py
+
+# Only the series and bytes of one /metrics scrape beside the Go peer's (idle, one event listed, started): seconds.
+bench-series: $(VENV)/.installed
+	$(BIN)/python scripts/series.py
 
 # 20,000 polls at 20 Hz (the fastest --poll-interval allows; about 17 minutes) of a fast-changing simulator;
 # prints RSS, open files and threads (writes docs/measurements/soak.json).

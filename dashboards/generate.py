@@ -166,7 +166,7 @@ def vm_dashboard() -> Any:
     d = d.with_panel(panel(stat, ids, "IMDS readable", "1 when the last poll returned a valid document.",
                            [Q(f"azure_scheduled_events_up{{{VM}}}")], width=4, height=4))
     d = d.with_panel(panel(stat, ids, "Events listed", "Events in the current document, for any VM of the set.",
-                           [Q(f"sum(azure_scheduled_events_pending{{{VM}}})")], width=4, height=4))
+                           [Q(f"sum(azure_scheduled_events_pending{{{VM}}}) or vector(0)")], width=4, height=4))
     d = d.with_panel(panel(
         stat, ids, "Next impact on this VM in", "Time until the earliest NotBefore of an event that lists this VM.",
         [Q(f"min(azure_scheduled_event_seconds_until_not_before{{{VM}}} and on(instance, event_id) "

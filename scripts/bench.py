@@ -13,7 +13,10 @@ same machine, and the target is a ratio:
   threads of /proc/PID/task/*/schedstat (nanoseconds), wake-ups are voluntary context switches per thread, polls
   are counted by each double. Nobody scrapes them while CPU is measured;
 * ``json.loads`` of a 1,000-event document beside parse + lifecycle diff of the same bytes;
-* the azure-eventhub SDK sending the same documents, in the same batch size, with no spool, beside the spool drain.
+* the azure-eventhub SDK sending the same documents, in the same batch size, with no spool, beside the spool drain;
+* the series and bytes of one /metrics scrape, idle, with one event listed and started, beside the Go peer's scrape
+  of the same documents (scripts/series.py), against the series budget: an idle VM at most 1.5x the peer's series
+  and 2x its bytes, at most 30 ``azure_*`` series, one listed event at most 15 more.
 
 The sidecars run through scripts/named_threads.py, which only names their OS threads so that the per-thread figures
 say which thread is which. The simulator, the Event Hubs test server and the OTLP receiver run here, on loopback.
@@ -49,6 +52,7 @@ from typing import Any
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT))
 
+import series  # noqa: E402 - scripts/series.py, as scripts/core.py below
 import yaml  # noqa: E402 - after the path set-up above
 from azure.eventhub import EventData  # noqa: E402 - after the path set-up above
 from core import document  # noqa: E402 - scripts/core.py: this script's folder is first on sys.path
@@ -905,6 +909,39 @@ def rows_of(r: Run) -> list[Row]:
     return rows
 
 
+BUDGET_SERIES, BUDGET_BYTES, BUDGET_AZURE, BUDGET_EVENT = 1.5, 2.0, 30, 15
+
+
+def budget_verdict(scrapes: dict[str, dict[str, series.Scrape]]) -> str:
+    """One line: the series budget met or not, each bound with its measured figure."""
+    idle, listed = scrapes["idle"], scrapes["one event listed"]
+    ours = idle[series.OURS]
+    checks = [(f"azure_* series idle {ours.azure} <= {BUDGET_AZURE}", ours.azure <= BUDGET_AZURE),
+              (f"one listed event adds {listed[series.OURS].series - ours.series} <= {BUDGET_EVENT}",
+               listed[series.OURS].series - ours.series <= BUDGET_EVENT)]
+    go = idle.get(series.GO)
+    if go is None:
+        checks.append(("Go peer absent: its ratios not measured", True))
+    else:
+        checks += [(f"series {ours.series / go.series:.2f}x <= {BUDGET_SERIES}x",
+                    ours.series <= BUDGET_SERIES * go.series),
+                   (f"bytes {ours.bytes / go.bytes:.2f}x <= {BUDGET_BYTES}x", ours.bytes <= BUDGET_BYTES * go.bytes)]
+    met = all(ok for _, ok in checks)
+    return ("budget met: " if met else "BUDGET MISSED: ") + "; ".join(
+        text if ok else f"{text} MISSED" for text, ok in checks)
+
+
+def print_series(peer: Path | None) -> dict[str, dict[str, series.Scrape]]:
+    """The series and bytes of one scrape beside the Go peer's, printed with the budget's verdict."""
+    with announced("one /metrics scrape beside the Go peer's: idle, one event listed, started"):
+        scrapes = series.measure(peer)
+    print("\nSeries and bytes of one scrape (the budget: idle at most 1.5x the Go peer's series and 2x its bytes, "
+          f"at most {BUDGET_AZURE} azure_* series; one listed event at most {BUDGET_EVENT} more):")
+    print("\n".join("  " + line for line in series.table(scrapes)))
+    print("  " + budget_verdict(scrapes))
+    return scrapes
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the script works, not the numbers")
@@ -966,8 +1003,9 @@ def main() -> int:
         steps.append(f"{name} {rss:.1f}" if not previous else f"+{name} {rss - previous:+.1f} = {rss:.1f}")
         previous = rss
     print("  " + "; ".join(steps))
+    scrapes = print_series(peer)
     image, paging = image_and_paging(args.smoke)
-    result = {"machine": host, "mode": mode, "go_peer": str(peer) if peer else None,
+    result = {"series": series.as_json(scrapes), "machine": host, "mode": mode, "go_peer": str(peer) if peer else None,
               "image": {k: round(v, 1) for k, v in image.items()} if isinstance(image, dict) else image,
               "paging_bound_s": PAGING, "paging_s": {k: round(v, 3) for k, v in paging.items()},
               "figures": [row.as_json() for row in rows],

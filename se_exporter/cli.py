@@ -150,8 +150,8 @@ def run(settings: Settings) -> int:
         stop.wait()
         log.info("stopping")
     if sim is not None:  # after the orderly stop: spans flushed, documents written, counts final
-        logs.say(demo.summary(demo.samples(sidecar.registry), time.monotonic() - started, sim.scenario_time(),
-                              settings))
+        found = demo.samples(sidecar.registry, sidecar.held)
+        logs.say(demo.summary(found, time.monotonic() - started, sim.scenario_time(), settings))
     return 0
 
 

@@ -101,6 +101,9 @@ class Sidecar:
                  cwd: Path | None = None) -> None:
         clean = {k: v for k, v in os.environ.items() if not k.startswith("SE_EXPORTER_")
                  and k.upper() not in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")}
+        # Counters shown at once: the suite reads a count as soon as it happened (the hold of a first count at 0,
+        # --max-scrape-interval, is proved on its own: tests/integration/test_series.py, tests/infra/test_held.py).
+        clean["SE_EXPORTER_MAX_SCRAPE_INTERVAL"] = "0"
         clean.update(env or {})
         log_dir.mkdir(parents=True, exist_ok=True)
         self.stderr_path = log_dir / "sidecar.stderr"

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
 
+from se_exporter.infra.held import HeldFamilies
+
 # The bounds that refuse a request or a connection, as ``rejection_counter`` labels them (``http_server``).
 REASONS = ("header_bytes", "deadline", "body_bytes", "connections", "malformed", "write_deadline")
 
@@ -163,10 +165,15 @@ def gzip_wanted(accept_encoding: str) -> bool:
     return False
 
 
-def rejection_counter(registry: CollectorRegistry, namespace: str) -> Callable[[str], None]:
-    """``<namespace>_http_rejected_total{reason}``, every reason shown from the start; returns its ``inc``."""
-    counter = Counter(f"{namespace}_http_rejected", "HTTP requests or connections refused by a bound, by reason.",
-                      ["reason"], registry=registry)
+def rejection_counter(registry: CollectorRegistry, namespace: str,
+                      held: HeldFamilies | None = None) -> Callable[[str], None]:
+    """``<namespace>_http_rejected_total{reason}``; returns its ``inc``. Every reason is shown from the start, or,
+    with ``held`` (the sidecar's: a series on every VM), a reason only once it happened, held at 0 first."""
+    name, documentation = f"{namespace}_http_rejected", "HTTP requests or connections refused by a bound, by reason."
+    if held is not None:
+        lazy = held.counter(name, documentation, ["reason"])
+        return lambda reason: lazy.labels(reason).inc()
+    counter = Counter(name, documentation, ["reason"], registry=registry)
     for reason in REASONS:
         counter.labels(reason)
     return lambda reason: counter.labels(reason).inc()

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 
 from se_exporter import __version__
 from se_exporter.infra import http_server
+from se_exporter.infra.held import HeldFamilies
 from se_exporter.sidecar.endpoints import make_http_app
 from se_exporter.sidecar.imds import ImdsClient
 from se_exporter.sidecar.metrics import NAMESPACE, Metrics
@@ -64,6 +65,7 @@ class Sidecar:
         # auto_describe: a collector without describe() (prometheus-client's ProcessCollector) is collected once at
         # registration for its names, so /metrics?name[]=... finds its families too.
         self.registry = CollectorRegistry(auto_describe=True)
+        self.held = HeldFamilies(settings.max_scrape_interval)  # registered by Metrics, once its families exist
         self.simulated: SimulatedImds | None = None
         self._simulate = simulate
         self.metrics_url = ""
@@ -86,7 +88,7 @@ class Sidecar:
             self._cleanup.callback(self.simulated.close)
             self.settings = replace(self.settings, imds_url=self.simulated.url)
         listen = self.settings.listen
-        rejected = http_server.rejection_counter(self.registry, NAMESPACE)
+        rejected = http_server.rejection_counter(self.registry, NAMESPACE, self.held)
         server = http_server.bind(listen, lambda: http_server.serve(listen, self._http, on_reject=rejected))
         self._cleanup.callback(server.server_close)
         self.metrics_url = listen.metrics_url(server.server_port)
@@ -96,13 +98,14 @@ class Sidecar:
         settings, cleanup = self.settings, self._cleanup
         # *_created series double the output and help nobody here (the function is untyped upstream).
         prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
-        ProcessCollector(registry=self.registry)
+        if "process" not in settings.disable_metrics:
+            ProcessCollector(registry=self.registry)
         transport = KeepAliveTransport()
         cleanup.callback(transport.close)
         imds = ImdsClient(transport, settings.imds_url, settings.first_api_version, settings.imds_timeout,
                           settings.effective_first_call_timeout, settings.max_document_bytes)
         state = CurrentState(Snapshot(vm_name=settings.vm_name, api_version=settings.first_api_version))
-        metrics = Metrics(self.registry, state.get)
+        metrics = Metrics(self.registry, state.get, held=self.held, disabled=settings.disable_metrics)
         # One sidecar per state directory, claimed before any state is read.
         state_dir = StateDir.claim(settings.state_path, settings.state_dir is not None,
                                    settings.spool_path if settings.eventhubs_enabled else None, cleanup)

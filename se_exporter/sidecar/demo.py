@@ -11,6 +11,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from se_exporter.infra.held import HeldFamilies
 from se_exporter.sidecar.settings import Settings
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -39,9 +40,10 @@ def banner(settings: Settings, imds_url: str, metrics_url: str, scenario: str, d
     return "\n".join(lines)
 
 
-def samples(registry: CollectorRegistry) -> Samples:
+def samples(registry: CollectorRegistry, held: HeldFamilies | None = None) -> Samples:
+    """Every sample of ``registry``, the held families' as counted (a first count is held at 0 only for scrapers)."""
     found: Samples = {}
-    for family in registry.collect():
+    for family in [*registry.collect(), *(held.counted() if held is not None else ())]:
         for sample in family.samples:
             found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return found

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from se_exporter import __version__
-from se_exporter.core.errors import POLL_OUTCOMES
-from se_exporter.core.lifecycle import TRANSITIONS, EventRecord
-from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES, VmIdentity, affects_label, affects_vm, vm_name
+from se_exporter.core.lifecycle import EventRecord
+from se_exporter.core.model import VmIdentity, affects_label, affects_vm, vm_name
+from se_exporter.infra.held import HeldFamilies
 from se_exporter.sidecar.snapshot import WATCH_GAP_SECONDS, Snapshot
 
 NAMESPACE = "azure_scheduled_events"
@@ -31,44 +32,90 @@ EVENT = "azure_scheduled_event"
 NOTICE_BUCKETS = (0, 1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400, 259200, 604800)
 REBALANCE_BUCKETS = (5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 IMPACT_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600)
-# affects_this_vm on the per-type families: this VM's events apart from its neighbours' (an availability set lists
-# each VM's events on every VM of the set), so a query can count this VM's maintenance without counting a neighbour's.
-AFFECTS = ("true", "false", "unknown")
+# affects_this_vm (true, false, unknown) on the per-type families: this VM's events apart from its neighbours' (an
+# availability set lists each VM's events on every VM of the set), so a query can count this VM's maintenance without
+# counting a neighbour's. "false" is a neighbour's.
+NEIGHBOURS = "false"
 # Bounds on what IMDS puts in labels (nothing a VM is told is trusted): a label value is cut at MAX_LABEL characters,
-# ending in LABEL_MARK so the cut shows; a document's first MAX_EVENT_SERIES events by EventId get per-event series.
+# ending in LABEL_MARK so the cut shows; a document's first MAX_EVENT_SERIES events get per-event series: this VM's
+# (affects_this_vm true or unknown) before its neighbours', each by EventId, so no neighbour takes this VM's alert.
 # Each hit is counted once per document (bound_hits_total). A 1 MB EventId made /metrics 5 MB; 3,000 events, 2 MB.
 MAX_LABEL = 256
 LABEL_MARK = "...[truncated]"
 MAX_EVENT_SERIES = 64
-BOUNDS = ("label_length", "events_per_document")
 POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
 
 
+# Families a user may turn off (``--disable-metrics``), each with what it costs and what is lost without it: the
+# histograms, which say most and cost most (20 series each once used), and the platform's process_* gauges. Nothing
+# an alert rule of the mixin reads is here.
+METRIC_GROUPS: dict[str, str] = {
+    "notice": "the notice_seconds histogram (per event type seen; the notice and host-failure panels)",
+    "impact": "the impact_seconds histogram (per event type seen; the impact panels)",
+    "spot_rebalance": "the spot_rebalance_to_preempt_seconds histogram (once a Preempt followed a recommendation)",
+    "poll_duration": "the poll_duration_seconds histogram (18 series from the first poll; the poll latency panel)",
+    "process": "the process_* gauges (the sidecar's CPU, memory and file descriptors, on Linux)",
+}
+
+
+class Recorder(Protocol):
+    """A counter or histogram as the sidecar counts into it: a held family (``infra/held.py``), or one turned off."""
+
+    def labels(self, *values: str) -> Any: ...
+
+    def inc(self, amount: float = 1.0) -> None: ...
+
+    def observe(self, value: float) -> None: ...
+
+
+class _Off:
+    """A family turned off with ``--disable-metrics``: every count and observation goes nowhere."""
+
+    def labels(self, *values: str) -> _Off:
+        return self
+
+    def inc(self, amount: float = 1.0) -> None:
+        """Counted nowhere."""
+
+    def observe(self, value: float) -> None:
+        """Observed nowhere."""
+
+
 class Metrics:
-    """Every metric the sidecar exposes, registered in the registry it is given."""
+    """Every metric the sidecar exposes, registered in the registry it is given.
+
+    The labelled counters and the histograms are held families (``infra/held.py``): a label set appears once it
+    is first counted, shown at 0 for ``held.hold`` seconds first, so an idle VM exports none of the series of
+    event types, transitions and outcomes it never saw, and ``increase()`` still sees the first of each."""
 
     def __init__(self, registry: CollectorRegistry, snapshot: Callable[[], Snapshot],
-                 clock: Callable[[], float] = time.time) -> None:
-        self.transitions = Counter(
+                 clock: Callable[[], float] = time.time, held: HeldFamilies | None = None,
+                 disabled: Collection[str] = ()) -> None:
+        held = HeldFamilies(0.0) if held is None else held
+
+        def histogram(group: str, name: str, documentation: str, buckets: Sequence[float],
+                      labels: Sequence[str] = ()) -> Recorder:
+            return _Off() if group in disabled else held.histogram(name, documentation, buckets, labels)
+
+        self.transitions: Recorder = held.counter(
             f"{NAMESPACE}_transitions",
             "Lifecycle transitions seen, by event type and whether the event lists this VM.",
-            ["event_type", "transition", "affects_this_vm"], registry=registry)
-        self.notice = Histogram(
-            f"{NAMESPACE}_notice_seconds", "First seen -> Started: the warning we really got.",
-            ["event_type", "affects_this_vm"], buckets=NOTICE_BUCKETS, registry=registry)
-        self.impact = Histogram(
-            f"{NAMESPACE}_impact_seconds", "Started -> gone from the document.",
-            ["event_type", "affects_this_vm"], buckets=IMPACT_BUCKETS, registry=registry)
-        self.rebalance_to_preempt = Histogram(
-            f"{NAMESPACE}_spot_rebalance_to_preempt_seconds",
+            ["event_type", "transition", "affects_this_vm"])
+        self.notice = histogram(
+            "notice", f"{NAMESPACE}_notice_seconds", "First seen -> Started: the warning we really got.",
+            NOTICE_BUCKETS, ["event_type", "affects_this_vm"])
+        self.impact = histogram(
+            "impact", f"{NAMESPACE}_impact_seconds", "Started -> gone from the document.",
+            IMPACT_BUCKETS, ["event_type", "affects_this_vm"])
+        self.rebalance_to_preempt = histogram(
+            "spot_rebalance", f"{NAMESPACE}_spot_rebalance_to_preempt_seconds",
             "SpotRebalanceRecommendation first seen -> the Preempt that followed it on this VM first seen: the warning "
-            "the recommendation gave.", buckets=REBALANCE_BUCKETS, registry=registry)
-        self.polls = Counter(
-            f"{NAMESPACE}_polls", "Polls of the Scheduled Events endpoint, by outcome.",
-            ["outcome"], registry=registry)
-        self.poll_duration = Histogram(
-            f"{NAMESPACE}_poll_duration_seconds", "Time of one poll of IMDS, failures included.",
-            buckets=POLL_BUCKETS, registry=registry)
+            "the recommendation gave.", REBALANCE_BUCKETS)
+        self.polls: Recorder = held.counter(
+            f"{NAMESPACE}_polls", "Polls of the Scheduled Events endpoint, by outcome.", ["outcome"])
+        self.poll_duration = histogram(
+            "poll_duration", f"{NAMESPACE}_poll_duration_seconds", "Time of one poll of IMDS, failures included.",
+            POLL_BUCKETS)
         self.document_changes = Counter(
             f"{NAMESPACE}_document_changes", "Valid documents whose bytes differed from the previous one.",
             registry=registry)
@@ -80,22 +127,13 @@ class Metrics:
             "Valid documents whose DocumentIncarnation was lower than the previous document's.", registry=registry)
         self.identity_errors = Counter(
             f"{NAMESPACE}_identity_errors", "Failed reads of the VM's compute metadata.", registry=registry)
-        self.sink_errors = Counter(
-            f"{NAMESPACE}_sink_errors", "Exceptions raised by an output sink.", ["sink"], registry=registry)
-        self.bound_hits = Counter(
+        self.sink_errors: Recorder = held.counter(
+            f"{NAMESPACE}_sink_errors", "Exceptions raised by an output sink.", ["sink"])
+        self.bound_hits: Recorder = held.counter(
             f"{NAMESPACE}_bound_hits", "Values from IMDS cut to the sidecar's bounds, once per document: label_length "
             f"(a label value cut at {MAX_LABEL} characters), events_per_document (events past the first "
-            f"{MAX_EVENT_SERIES} by EventId, without per-event series).", ["bound"], registry=registry)
-        for bound in BOUNDS:
-            self.bound_hits.labels(bound)
-        for outcome in POLL_OUTCOMES:
-            self.polls.labels(outcome)
-        for event_type in EVENT_TYPES:  # series exist from the start, so increase() sees the first event
-            self.notice.labels(event_type, "true")  # this VM's only: a histogram is 20 series, /metrics stays small
-            self.impact.labels(event_type, "true")
-            for affects in AFFECTS:
-                for transition in TRANSITIONS:
-                    self.transitions.labels(event_type, transition, affects)
+            f"{MAX_EVENT_SERIES}, this VM's first, without per-event series).", ["bound"])
+        registry.register(held)  # once every family is made: the registry reads their names from describe() now
         registry.register(StateCollector(snapshot, clock, lambda bound, n: self.bound_hits.labels(bound).inc(n)))
 
 
@@ -150,9 +188,13 @@ class StateCollector(Collector):
         ``/metrics?name[]=...`` finds each family. Taken from a collector of its own over a snapshot that has every
         family (the snapshot of this one may not exist yet at registration, and its bounds must not be counted)."""
         every = StateCollector(lambda: _EVERY_FAMILY, lambda: 0.0)
-        return [GaugeMetricFamily(family.name, family.documentation) for family in every.collect()]
+        return [GaugeMetricFamily(family.name, family.documentation) for family in every.families()]
 
     def collect(self) -> Iterator[Metric]:
+        """The families with a series: an empty family's HELP and TYPE lines are bytes on every scrape too."""
+        return (family for family in self.families() if family.samples)
+
+    def families(self) -> Iterator[Metric]:
         snap = self._snapshot()
         now = self._clock()
         yield _gauge(f"{NAMESPACE}_up", "1 when the last poll returned a valid document, else 0.",
@@ -191,7 +233,7 @@ class _EventFamilies:
     @classmethod
     def build(cls, snap: Snapshot, hits: Tally[str]) -> _EventFamilies:
         pending = GaugeMetricFamily(f"{NAMESPACE}_pending", "Events listed now, by type, status and whether the "
-                                    "event lists this VM (every type and status of this VM's at 0 when none).",
+                                    "event lists this VM (a combination none is listed with has no series).",
                                     labels=["event_type", "event_status", "affects_this_vm"])
         info = GaugeMetricFamily(f"{EVENT}_info", "1 per listed event.",
                                  labels=["event_id", "event_type", "event_status", "event_source",
@@ -207,15 +249,16 @@ class _EventFamilies:
         started = GaugeMetricFamily(f"{EVENT}_started_timestamp_seconds",
                                     "When this exporter first saw the event Started, as unix time.",
                                     labels=["event_id", "event_type"])
-        counts: Tally[tuple[str, str, str]] = Tally({(t, s, "true"): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
+        counts: Tally[tuple[str, str, str]] = Tally()
         stamps: list[tuple[dict[str, str], float]] = []
         records = list(snap.records.values())
         affects = {record.event.event_id: affects_label(affects_vm(record.event, snap.vm_name)) for record in records}
         for record in records:  # pending counts every event
             counts[(record.event.event_type, record.event.event_status, affects[record.event.event_id])] += 1
-        if len(records) > MAX_EVENT_SERIES:  # deterministic: the first by EventId, whatever the document's order
+        if len(records) > MAX_EVENT_SERIES:  # deterministic, whatever the document's order: this VM's first
             hits["events_per_document"] += len(records) - MAX_EVENT_SERIES
-            records = sorted(records, key=lambda record: record.event.event_id)[:MAX_EVENT_SERIES]
+            records = sorted(records, key=lambda record: (affects[record.event.event_id] == NEIGHBOURS,
+                                                          record.event.event_id))[:MAX_EVENT_SERIES]
         for record in records:
             event = record.event
             key = [_label(event.event_id, hits), event.event_type]

@@ -38,9 +38,12 @@ from se_exporter.infra.options import (
     show_duration,
 )
 from se_exporter.sidecar.forwarding.targets import enabled_targets, target_flags
+from se_exporter.sidecar.metrics import METRIC_GROUPS
 
 DEFAULT_IMDS_URL = "http://169.254.169.254"
 DEFAULT_HEARTBEAT = 300.0  # seconds; with Event Hubs: a quiet VM still reaches `se-exporter fleet` 3 times in 15 min
+# Four times the chart's scrape interval (30 s): covers a Prometheus scraping every minute, with jitter to spare.
+DEFAULT_SCRAPE_HOLD = 120.0
 _API_VERSION = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
 
@@ -72,6 +75,8 @@ class Settings(EventHubs):
     max_document_bytes: int = 4 * 1024 * 1024
     listen: Listen = Listen("", DEFAULT_PORT)  # noqa: RUF009 - Listen is frozen: one shared default is safe
     vm_name: str | None = None
+    disable_metrics: tuple[str, ...] = ()
+    max_scrape_interval: float = DEFAULT_SCRAPE_HOLD
     log_level: str = "info"
     log_format: str = "text"
     simulate: str | None = None
@@ -155,6 +160,7 @@ def parse_api_version(text: str) -> str:
 DOCUMENT_BYTES = Bounded(1024, 64 * 1024**2, unit="bytes")
 HEARTBEAT = Bounded(0.1, 86400)
 THROTTLED_BELOW = 0.2  # seconds between polls: faster than IMDS serves without throttling
+SCRAPE_HOLD = Bounded(0.05, 3600)
 
 
 def parse_imds_url(text: str) -> str:
@@ -174,6 +180,16 @@ def parse_heartbeat(text: str) -> float:
     if text.strip().lower() == "off" or HEARTBEAT.read(text) == 0:
         return 0.0
     return HEARTBEAT(text)
+
+
+def parse_metric_group(text: str) -> str:
+    """A group of ``metrics.METRIC_GROUPS``, in any case, spaces around it ignored (``notice, impact``)."""
+    return choice(*METRIC_GROUPS)(text.strip())
+
+
+def parse_scrape_hold(text: str) -> float:
+    """Seconds a new series is held at 0 (a duration); 0 (or 0s) holds none."""
+    return 0.0 if SCRAPE_HOLD.read(text) == 0 else SCRAPE_HOLD(text)
 
 
 # ---------------------------------------------------------------- the option table
@@ -207,6 +223,16 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "interfaces; use 127.0.0.1:PORT to keep it local)", "HOST:PORT"),
     Option("vm_name", "--vm-name", parse_name,
            "this VM's name as listed in event Resources (default: from IMDS compute metadata)", "NAME"),
+    Option("disable_metrics", "--disable-metrics", parse_metric_group,
+           "metric families not to export, to save series: " + "; ".join(
+               f"{group}: {what}" for group, what in METRIC_GROUPS.items()) + " (default: none)", "GROUP",
+           separator=","),
+    Option("max_scrape_interval", "--max-scrape-interval", parse_scrape_hold,
+           "the longest interval anything scrapes /metrics at: a counter or histogram series appears when first "
+           "counted, shown at 0 for this long before it counts, so that increase() of every scraper sees the first "
+           f"count (default {show_duration(DEFAULT_SCRAPE_HOLD)}; 0: shown at once, the first count missed; "
+           f"{SCRAPE_HOLD.describe()})",
+           "DURATION"),
     *LOG_OPTIONS,
     Option("speed", "--speed", SPEED,
            "with --simulate: how many times faster than real time the scenario runs (default 1)", "FACTOR"),

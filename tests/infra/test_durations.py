@@ -13,7 +13,7 @@ from se_exporter.cli import build_parser, main
 from se_exporter.consume.settings import CONSUME_OPTIONS
 from se_exporter.fleet.settings import FLEET_OPTIONS, fleet_settings
 from se_exporter.infra.options import Bounded, Option, parse_duration, resolve, show_duration
-from se_exporter.sidecar.settings import RUN_OPTIONS, parse_heartbeat, run_settings
+from se_exporter.sidecar.settings import RUN_OPTIONS, parse_heartbeat, parse_scrape_hold, run_settings
 from se_exporter.simulator.faults import parse_fault
 from se_exporter.simulator.settings import SIMULATE_OPTIONS
 
@@ -63,10 +63,11 @@ def test_every_duration_setting_of_every_program_reads_durations() -> None:
     """The options whose metavar says DURATION are read by the one duration parser, and none says SECONDS any more:
     a duration setting cannot be added that reads plain seconds only."""
     assert {program for program, _ in DURATION_OPTIONS} == {"run", "fleet", "consume"}
-    assert len(DURATION_OPTIONS) == 15  # run 7, fleet 7, consume 1
+    assert len(DURATION_OPTIONS) == 16  # run 8, fleet 7, consume 1
     for _, option in DURATION_OPTIONS:
         parse = option.parse
-        assert (isinstance(parse, Bounded) and parse.unit == "seconds") or parse is parse_heartbeat, option.flag
+        assert (isinstance(parse, Bounded) and parse.unit == "seconds") or parse in (
+            parse_heartbeat, parse_scrape_hold), option.flag
     for options in PROGRAMS.values():
         for option in options:
             assert option.metavar != "SECONDS", option.flag

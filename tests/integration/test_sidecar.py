@@ -94,7 +94,7 @@ def test_scenario_end_to_end(name: str, simulator: SimulatorFactory, sidecar: Ca
         for transition in TRANSITIONS:
             count = total(samples, "azure_scheduled_events_transitions_total", event_type=event_type,
                           transition=transition)
-            assert count == EXPECTED[name].get((event_type, transition), 0), (event_type, transition)
+            assert count == EXPECTED[name].get((event_type, transition)), (event_type, transition)  # None: no series
     assert process.value("azure_scheduled_events_up") == 1
     assert process.stop() == 0
 

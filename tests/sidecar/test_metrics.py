@@ -85,17 +85,19 @@ def test_countdown_is_computed_at_scrape_time() -> None:
                                  {"event_id": "C7061BAC", "event_type": "Freeze"}) == -30.0
 
 
-def test_pending_has_zeros_for_every_documented_type_and_status() -> None:
-    """All documented type x status combinations of this VM's events are present, so absent() and sum() behave in
-    alert rules; a neighbour's event is counted apart, under affects_this_vm="false"."""
+def test_pending_shows_only_the_combinations_listed() -> None:
+    """pending has a series for each type x status x affects_this_vm listed now and none for the others (an idle VM
+    exports none: a series costs every VM of a fleet); a neighbour's event is counted apart, under "false"."""
     registry, _ = _registry(_snapshot(_document(FREEZE, NEIGHBOUR)))
     values = {(t, s): registry.get_sample_value("azure_scheduled_events_pending",
                                                 {"event_type": t, "event_status": s, "affects_this_vm": "true"})
               for t in EVENT_TYPES for s in EVENT_STATUSES}
     assert values.pop(("Freeze", "Scheduled")) == 1.0
-    assert set(values.values()) == {0.0}
+    assert set(values.values()) == {None}
     assert registry.get_sample_value("azure_scheduled_events_pending", {
         "event_type": "Reboot", "event_status": "Started", "affects_this_vm": "false"}) == 1.0
+    idle, _ = _registry(_snapshot(_document()))
+    assert "azure_scheduled_events_pending" not in generate_latest(idle).decode()  # not even its HELP
 
 
 def test_a_neighbours_event_is_never_counted_as_this_vms() -> None:
@@ -104,7 +106,7 @@ def test_a_neighbours_event_is_never_counted_as_this_vms() -> None:
     registry, metrics = _registry(_snapshot(_document(NEIGHBOUR)))
     get = registry.get_sample_value
     assert get("azure_scheduled_events_pending",
-               {"event_type": "Reboot", "event_status": "Started", "affects_this_vm": "true"}) == 0.0
+               {"event_type": "Reboot", "event_status": "Started", "affects_this_vm": "true"}) is None
     assert get("azure_scheduled_events_pending",
                {"event_type": "Reboot", "event_status": "Started", "affects_this_vm": "false"}) == 1.0
     body = _document(NEIGHBOUR)
@@ -113,7 +115,7 @@ def test_a_neighbours_event_is_never_counted_as_this_vms() -> None:
     sink = MetricsSink(metrics)
     sink.export(DocumentChange(body, document, step.transitions, step.records, NOW, "WestNO_0", None, ""))
     sink.export(DocumentChange(body, document, step.transitions, step.records, NOW, None, None, ""))
-    for affects, count in (("true", 0.0), ("false", 1.0), ("unknown", 1.0)):
+    for affects, count in (("true", None), ("false", 1.0), ("unknown", 1.0)):
         assert get("azure_scheduled_events_transitions_total",
                    {"event_type": "Reboot", "transition": "started", "affects_this_vm": affects}) == count
 
@@ -156,14 +158,17 @@ def test_before_any_document() -> None:
     assert registry.get_sample_value("azure_scheduled_events_document_incarnation") is None
 
 
-def test_counters_start_at_zero_for_every_outcome_and_transition() -> None:
-    """rate() works from the first scrape: every documented outcome and type x transition exists at 0."""
+def test_an_idle_sidecar_exports_no_counter_of_what_never_happened() -> None:
+    """Before anything is counted there is no series of any poll outcome, transition, bound or histogram: no type,
+    transition or outcome this VM never saw costs a series (the first count of each is held at 0 first:
+    tests/infra/test_held.py)."""
     registry, _ = _registry(Snapshot())
-    for outcome in ("ok", "throttled", "http_error", "timeout", "connection_error", "invalid_document"):
-        assert registry.get_sample_value("azure_scheduled_events_polls_total", {"outcome": outcome}) == 0.0
-    assert registry.get_sample_value("azure_scheduled_events_transitions_total",
-                                     {"event_type": "Terminate", "transition": "rescheduled",
-                                      "affects_this_vm": "false"}) == 0.0
+    names = {sample.name for family in registry.collect() for sample in family.samples}
+    assert not {name for name in names if name.startswith(("azure_scheduled_events_polls",
+                                                          "azure_scheduled_events_transitions",
+                                                          "azure_scheduled_events_bound_hits",
+                                                          "azure_scheduled_events_notice",
+                                                          "azure_scheduled_events_poll_duration"))}, names
 
 
 def test_vm_info_from_identity() -> None:
@@ -222,7 +227,8 @@ def test_scrapes_of_one_document_reuse_its_families_but_not_the_countdown() -> N
 
 def test_invented_event_types_cannot_grow_the_cumulative_series() -> None:
     """Thousands of EventTypes IMDS never documented, scheduled, started and ended: the transition counters and the
-    notice/impact histograms keep to the documented types plus "Other", so no answer can add series for ever."""
+    notice/impact histograms keep to the documented types plus "Other" (here, Other alone), so no answer can add
+    series for ever."""
     registry, metrics = _registry(Snapshot())
     sink = MetricsSink(metrics)
     invented = [{**FREEZE, "EventId": f"E{i}", "EventType": f"T{i:05d}"} for i in range(2000)]
@@ -237,7 +243,7 @@ def test_invented_event_types_cannot_grow_the_cumulative_series() -> None:
     types = {sample.labels["event_type"] for family in registry.collect() for sample in family.samples
              if sample.name.startswith(("azure_scheduled_events_transitions", "azure_scheduled_events_notice",
                                         "azure_scheduled_events_impact"))}
-    assert types == {*EVENT_TYPES, "Other"}
+    assert types == {"Other"}
     get = registry.get_sample_value
     mine = {"event_type": "Other", "affects_this_vm": "true"}
     assert get("azure_scheduled_events_transitions_total", {**mine, "transition": "completed"}) == 2000
@@ -296,6 +302,27 @@ def test_per_event_series_are_kept_for_the_first_64_events_by_event_id() -> None
                                       "affects_this_vm": "false"}) == 3000
 
 
+def test_this_vms_event_keeps_its_series_when_neighbours_events_sort_first() -> None:
+    """70 neighbours' Freezes whose EventIds sort before this VM's Reboot: the Reboot keeps its per-event series (an
+    impactful-event alert needs azure_scheduled_event_info), and 64 series are kept in all; pending counts all 71."""
+    neighbours = [{**FREEZE, "EventId": f"A{n:03d}", "Resources": ["WestNO_1"]} for n in range(70)]
+    mine = {**NEIGHBOUR, "EventId": "Z-REBOOT", "Resources": ["WestNO_0"]}
+    registry, _ = _registry(_snapshot(_document(*neighbours, mine)))
+    assert registry.get_sample_value("azure_scheduled_event_info", {
+        "event_id": "Z-REBOOT", "event_type": "Reboot", "event_status": "Started", "event_source": "Platform",
+        "resource_type": "VirtualMachine", "affects_this_vm": "true"}) == 1.0
+    text = generate_latest(registry).decode()
+    ids = [line.split('event_id="')[1].split('"')[0] for line in text.splitlines()
+           if line.startswith("azure_scheduled_event_info{")]
+    assert sorted(ids) == sorted(["Z-REBOOT", *(f"A{n:03d}" for n in range(63))])
+    assert registry.get_sample_value("azure_scheduled_events_bound_hits_total", {"bound": "events_per_document"}) == 7
+    unknown, _ = _registry(_snapshot(_document(*neighbours, mine), vm_name=None))  # no name: every event "unknown"
+    assert registry.get_sample_value("azure_scheduled_events_pending", {
+        "event_type": "Freeze", "event_status": "Scheduled", "affects_this_vm": "false"}) == 70
+    assert unknown.get_sample_value("azure_scheduled_event_seconds_until_not_before",
+                                    {"event_id": "A000", "event_type": "Freeze"}) is not None
+
+
 def test_every_family_of_a_running_sidecar_is_selected_by_its_name(tmp_path: Path) -> None:
     """A running ``se-exporter run`` (simulated IMDS listing an event, documents forwarded to a file, spans to the
     console) answers ``/metrics?name[]=N`` over HTTP with exactly the series named N of its whole /metrics, for
@@ -311,9 +338,9 @@ def test_every_family_of_a_running_sidecar_is_selected_by_its_name(tmp_path: Pat
         wait_until(lambda: "azure_scheduled_event_info{" in http_get(url)[1], what="the event on /metrics")
         whole = _series_by_name(http_get(url)[1])
         assert {"azure_scheduled_events_up", "azure_scheduled_event_info", "azure_scheduled_events_polls_total",
-                "azure_scheduled_events_notice_seconds_bucket", "azure_scheduled_events_vm_info",
-                "azure_scheduled_events_forwarded_documents_total", "azure_scheduled_events_spans_exported_total",
-                "azure_scheduled_events_http_rejected_total", "process_cpu_seconds_total"} <= whole.keys()
+                "azure_scheduled_events_poll_duration_seconds_bucket", "azure_scheduled_events_transitions_total",
+                "azure_scheduled_events_vm_info", "azure_scheduled_events_forwarded_documents_total",
+                "azure_scheduled_events_spans_exported_total", "process_cpu_seconds_total"} <= whole.keys()
         for name, series in sorted(whole.items()):
             status, text = http_get(f"{url}?name[]={name}")
             assert status == 200
@@ -328,3 +355,17 @@ def _series_by_name(text: str) -> dict[str, set[frozenset[tuple[str, str]]]]:
         for sample in family.samples:
             series.setdefault(sample.name, set()).add(frozenset(sample.labels.items()))
     return series
+
+
+def test_a_disabled_group_exports_nothing_and_counts_nowhere() -> None:
+    """--disable-metrics notice,poll_duration: observations go nowhere and the families have no series; the others
+    are counted as before."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, Snapshot, disabled=("notice", "poll_duration"))
+    metrics.notice.labels("Freeze", "true").observe(5.0)
+    metrics.poll_duration.observe(0.01)
+    metrics.impact.labels("Freeze", "true").observe(5.0)
+    names = {sample.name for family in registry.collect() for sample in family.samples}
+    assert not {name for name in names if "notice" in name or "poll_duration" in name}, names
+    assert registry.get_sample_value("azure_scheduled_events_impact_seconds_count",
+                                     {"event_type": "Freeze", "affects_this_vm": "true"}) == 1.0

@@ -455,3 +455,26 @@ def test_a_path_of_the_wrong_kind_stops_start_up_with_one_line(flag: str, kind: 
     what = {"fifo": "a FIFO (named pipe)", "dir": "a directory", "file": "a regular file",
             "/dev/null": "a character device"}[kind]
     assert err.count("\n") == 1 and f"{flag} {path} is {what}, not a " in err, err
+
+
+def test_metric_groups_are_turned_off_by_flag_or_environment(capsys: pytest.CaptureFixture[str]) -> None:
+    """--disable-metrics is repeatable and SE_EXPORTER_DISABLE_METRICS comma-separated, each a group of the one
+    table (metrics.METRIC_GROUPS); an unknown group stops start-up with one line naming the groups there are."""
+    assert settings(["--disable-metrics", "notice", "--disable-metrics", "Process"]).disable_metrics == (
+        "notice", "process")
+    assert settings([], {"SE_EXPORTER_DISABLE_METRICS": "impact, poll_duration"}).disable_metrics == (
+        "impact", "poll_duration")
+    assert settings([]).disable_metrics == ()
+    assert main(["run", "--disable-metrics", "histograms"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--disable-metrics: 'histograms' is not one of notice, impact" in err
+
+
+def test_the_hold_of_a_first_count_is_a_duration_or_0() -> None:
+    """--max-scrape-interval: 2m unless given, a duration, 0 for no hold; a negative or huge one is refused."""
+    assert settings([]).max_scrape_interval == 120.0
+    assert settings(["--max-scrape-interval", "5m"]).max_scrape_interval == 300.0
+    assert settings([], {"SE_EXPORTER_MAX_SCRAPE_INTERVAL": "0"}).max_scrape_interval == 0.0
+    for bad in ("-1s", "2h"):
+        with pytest.raises(ConfigError, match="--max-scrape-interval"):
+            settings([f"--max-scrape-interval={bad}"])
