@@ -114,7 +114,7 @@ def run_families() -> list[Metric]:
     for histogram, labels in ((metrics.notice, ("Freeze", "true")), (metrics.impact, ("Freeze", "true")),
                               (metrics.rebalance_to_preempt, ()), (metrics.poll_duration, ())):
         histogram.labels(*labels).observe(1.0)
-    ForwardMetrics(registry)
+    ForwardMetrics(registry).errors.labels("eventhubs", "timeout").inc()
     http_server.rejection_counter(registry, NAMESPACE)
     with processwide.restored():  # the sink turns the exporters' loggers down; leave them as they were
         TracingSink(Settings(otel_traces_exporter="console"), None, registry).shutdown()
@@ -233,7 +233,79 @@ def scenario_list() -> str:
     return f"Built-in scenarios (`se-exporter simulate --list-scenarios`): {', '.join(names[:-1])} and {names[-1]}."
 
 
-README_PARTS: dict[str, Callable[[], str]] = {"scenarios": scenario_list}
+# The families the README's table shows first, with what each says; their labels come from the code (run_families).
+FIRST_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("azure_scheduled_events_up", "1 when the last poll returned a valid document, else 0"),
+    ("azure_scheduled_events_pending", "events listed now (a series for each combination listed, none when idle)"),
+    ("azure_scheduled_event_info", "1 per listed event; `affects_this_vm` says whether its `Resources` name this VM"),
+    ("azure_scheduled_event_seconds_until_not_before", "`NotBefore` minus now, while `NotBefore` is set"),
+    ("azure_scheduled_event_duration_seconds", "`DurationInSeconds` as reported (-1 unknown, 0 no impact)"),
+    ("azure_scheduled_events_transitions_total", "scheduled, started, completed, canceled, rescheduled"),
+    ("azure_scheduled_events_notice_seconds", "a histogram: the notice really given (first seen to Started)"),
+    ("azure_scheduled_events_impact_seconds", "a histogram: the impact measured (Started to gone)"),
+    ("azure_scheduled_events_polls_total",
+     "ok, throttled, http_error, timeout, connection_error, invalid_document"),
+    ("azure_scheduled_events_forward_errors_total", "failed forwarding attempts"),
+)
+# The README's excerpt of a real scrape: the live-migration scenario this many seconds in (its Freeze announced at
+# 2 s with 900 s of notice), the families shown, and the wall clock of the scrape (a fixed one: the page is stable).
+EXCERPT_AT, EXCERPT_WALL = 62.0, 1_795_316_086.0
+EXCERPT_FAMILIES = ("azure_scheduled_events_up", "azure_scheduled_events_document_incarnation",
+                    "azure_scheduled_events_pending", "azure_scheduled_event_info",
+                    "azure_scheduled_event_seconds_until_not_before",
+                    "azure_scheduled_event_not_before_timestamp_seconds", "azure_scheduled_event_duration_seconds",
+                    "azure_scheduled_events_transitions_total")
+
+
+def first_families() -> str:
+    """The README's table of the families a user reads first, labelled as the code labels them."""
+    families = {exposed_name(family): family for family in run_families()}
+    rows = ["| name | what it says |", "|---|---|"]
+    for name, what in FIRST_FAMILIES:
+        labels = sorted({label for sample in families[name].samples for label in sample.labels} - {"le"})
+        rows.append(f"| `{name}{'{' + ', '.join(labels) + '}' if labels else ''}` | {what} |")
+    return "\n".join(rows)
+
+
+def scrape_excerpt() -> str:
+    """Lines of a scrape of the sidecar's collectors over the simulator's live-migration document (the parser,
+    the lifecycle and the transition counters as ``run`` wires them; the clock fixed), for the README."""
+    from prometheus_client import generate_latest  # noqa: PLC0415
+
+    from se_exporter.core.lifecycle import diff  # noqa: PLC0415
+    from se_exporter.core.model import VmIdentity, parse_document  # noqa: PLC0415
+    from se_exporter.sidecar.metrics import Metrics  # noqa: PLC0415
+    from se_exporter.sidecar.sinks import DocumentChange  # noqa: PLC0415
+    from se_exporter.sidecar.sinks.transition_metrics import MetricsSink  # noqa: PLC0415
+    from se_exporter.sidecar.snapshot import Snapshot  # noqa: PLC0415
+    from se_exporter.simulator.server import Simulator  # noqa: PLC0415
+
+    scenario = scenarios.load("live-migration")
+    start = EXCERPT_WALL - EXCERPT_AT
+    simulator = Simulator(scenario, clock=lambda: start)
+    first = json.dumps(simulator.document("2024-07-09")).encode()
+    simulator.advance(EXCERPT_AT)
+    later = json.dumps(simulator.document("2024-07-09")).encode()
+    identity = VmIdentity(name=scenario.vm["name"], vm_id="id")
+    registry, records, snapshot = CollectorRegistry(), {}, Snapshot()
+    metrics = Metrics(registry, lambda: snapshot, clock=lambda: EXCERPT_WALL)
+    sink = MetricsSink(metrics)
+    for at, body in ((start, first), (EXCERPT_WALL, later)):
+        document = parse_document(body)
+        step = diff(records, document, at)
+        records = dict(step.records)
+        sink.export(DocumentChange(body, document, step.transitions, step.records, at, identity.name, identity,
+                                   "2024-07-09"))
+        snapshot = Snapshot(records=step.records, incarnation=document.incarnation, up=True, has_document=True,
+                            last_success=at, watching_since=start, vm_name=identity.name, identity=identity,
+                            api_version="2024-07-09")
+    lines = [line for line in generate_latest(registry).decode().splitlines()
+             if not line.startswith("#") and line.split("{")[0].split(" ")[0] in EXCERPT_FAMILIES]
+    return "```\n" + "\n".join(lines) + "\n```"
+
+
+README_PARTS: dict[str, Callable[[], str]] = {"scenarios": scenario_list, "first-families": first_families,
+                                              "scrape-excerpt": scrape_excerpt}
 
 
 def readme(text: str | None = None, parts: dict[str, Callable[[], str]] | None = None) -> str:

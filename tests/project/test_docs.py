@@ -102,12 +102,24 @@ def test_the_readmes_generated_parts_are_rendered_between_their_markers() -> Non
     """A part is rewritten between its markers and nowhere else (the scenario list names every built-in); a README
     that lost a part's markers stops make docs with one line naming them."""
     text = "intro\n<!-- generated:scenarios -->\nstale\n<!-- /generated:scenarios -->\nrest\n"
-    rendered = generator.readme(text)
+    rendered = generator.readme(text, {"scenarios": generator.scenario_list})
     assert rendered.startswith("intro\n<!-- generated:scenarios -->\nBuilt-in scenarios") and rendered.endswith(
         ".\n<!-- /generated:scenarios -->\nrest\n")
     assert all(f"`{name}`" in rendered for name in scenario.builtin_names())
     with pytest.raises(SystemExit, match=re.escape("README.md has no <!-- generated:scenarios --> ... ")):
         generator.readme("intro\n")
+
+
+def test_the_readmes_metric_table_and_excerpt_carry_the_labels_the_code_exports() -> None:
+    """The table of first families and the excerpt come from the sidecar's own collectors: pending and
+    transitions_total carry affects_this_vm, and the excerpt's Freeze is this VM's, Scheduled, counted once."""
+    table, excerpt = generator.first_families(), generator.scrape_excerpt()
+    assert "`azure_scheduled_events_pending{affects_this_vm, event_status, event_type}`" in table
+    assert "`azure_scheduled_events_transitions_total{affects_this_vm, event_type, transition}`" in table
+    assert ('azure_scheduled_events_transitions_total{affects_this_vm="true",event_type="Freeze",'
+            'transition="scheduled"} 1.0') in excerpt.splitlines()
+    assert ('azure_scheduled_events_pending{affects_this_vm="true",event_status="Scheduled",event_type="Freeze"} '
+            '1.0') in excerpt.splitlines()
 
 
 def test_the_budget_page_holds_the_budget_and_its_fleet_figures_follow_from_its_scrapes() -> None:
