@@ -173,7 +173,7 @@ image:
 	$(PYTHON) scripts/image.py --tag $(IMAGE) $(if $(BASE),--base $(BASE))
 
 # The sidecar's cost beside the Go peer and other references, measured in one run and reported as ratios against
-# the targets of issue 14, the image size, and IMDS change -> Alertmanager notification against the sum of the
+# their targets (docs/performance.md), the image size, and IMDS change -> Alertmanager notification against the sum of the
 # intervals that bound it (writes docs/measurements/bench.json); about five minutes. Then the fleet consumer against the
 # bare SDK (writes docs/measurements/fleet-bench.json), and the same for a burst of platform messages
 # (fleet-platform-bench.json); about two minutes each. Then the fleet at scale: 100,000 VMs over 32
