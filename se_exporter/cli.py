@@ -147,7 +147,7 @@ def run(settings: Settings) -> int:
         stop = threading.Event()
         sidecar.start(stop)
         HOST_OS.on_stop(stop.set)  # SIGTERM/SIGINT/SIGHUP, or Windows' console control events: an orderly stop
-        stop.wait()
+        HOST_OS.wait_for_stop(stop)
         log.info("stopping")
     if sim is not None:  # after the orderly stop: spans flushed, documents written, counts final
         found = demo.samples(sidecar.registry, sidecar.held)
@@ -181,7 +181,7 @@ def simulate(settings: SimulatorSettings, list_only: bool = False) -> int:
         logs.say(f"Platform copy ({settings.platform_schema}) to {outputs}; counts at {server.url}/_simulator/platform")
     stop = threading.Event()
     HOST_OS.on_stop(stop.set)
-    stop.wait()
+    HOST_OS.wait_for_stop(stop)
     server.server_close()
     if copy is not None:
         copy.stop()

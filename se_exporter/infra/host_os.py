@@ -12,6 +12,10 @@ What differs, and why it matters here (what an operator sees of it: docs/deploy.
   wrapper, Ctrl+Break, closing the console, shutdown). They are taken with ``SetConsoleCtrlHandler``, whose handler
   runs in a thread of its own: it sets the stop event directly, so the main thread's untimed ``Event.wait()``
   (which Ctrl+C cannot interrupt on Windows with Python 3.10-3.13) returns, and neither OS needs a periodic wake-up.
+  On POSIX, Python runs a signal's handler in the main thread only, and only once that thread runs again: a signal
+  the kernel gives another thread (it may, the process has many) leaves a main thread asleep in an untimed lock
+  wait asleep for good (seen: a SIGTERM that never stopped the sidecar). So the main thread waits on a pipe the C
+  handler writes to, whichever thread took the signal (``signal.set_wakeup_fd``): ``wait_for_stop``.
 * **Listening.** ``SO_REUSEADDR`` means "share the port" on Windows: there ``SO_EXCLUSIVEADDRUSE`` is set instead.
 
 Both implementations take the OS functions they use as arguments, so the tests run the Windows one on Linux with
@@ -24,6 +28,7 @@ import contextlib
 import errno
 import io
 import os
+import select
 import signal
 import socket
 import sys
@@ -77,6 +82,10 @@ class HostOs(Protocol):
 
     def on_stop_async(self, loop: asyncio.AbstractEventLoop, callback: StopCallback) -> None:
         """``on_stop`` for an asyncio program: ``callback`` runs in the loop's thread."""
+
+    def wait_for_stop(self, stop: threading.Event) -> None:
+        """Block until ``stop`` is set by ``on_stop``'s callback (Windows: its handler's thread sets it)."""
+        stop.wait()
 
     def prepare_listener(self, sock: socket.socket) -> None:
         """Socket options before bind: exclusive use where the OS needs asking, dual stack for ``[::]``."""
@@ -287,6 +296,24 @@ else:
         def on_stop_async(self, loop: asyncio.AbstractEventLoop, callback: StopCallback) -> None:
             for signum in STOP_SIGNALS:
                 loop.add_signal_handler(signum, callback)
+
+        def wait_for_stop(self, stop: threading.Event) -> None:
+            """Sleep on a wake-up pipe, not on ``stop`` itself: the main thread wakes for every signal, whichever
+            thread the kernel gave it to, and runs its handler (the module docstring says why)."""
+            if threading.current_thread() is not threading.main_thread():
+                stop.wait()  # a handler is only ever run, and the wake-up fd only set, in the main thread
+                return
+            read, write = os.pipe()
+            os.set_blocking(write, False)
+            previous = signal.set_wakeup_fd(write)
+            try:
+                while not stop.is_set():
+                    select.select([read], [], [])
+                    os.read(read, 4096)  # the signals' numbers; their handlers run as this thread goes on
+            finally:
+                signal.set_wakeup_fd(previous)
+                os.close(read)
+                os.close(write)
 
         def default_state_dir(self, environ: Mapping[str, str]) -> str:
             return "/var/lib/se-exporter"

@@ -144,6 +144,41 @@ def test_posix_stop_signals_call_the_stop_callback(signum: int) -> None:
             signal.signal(number, handler)
 
 
+@pytest.mark.timeout(30)  # what breaks here is a main thread asleep for good
+def test_a_stop_signal_another_thread_takes_still_ends_the_main_threads_wait() -> None:
+    """SIGTERM delivered to a thread other than the main one (the kernel may pick any thread of the process): the
+    main thread's wait_for_stop wakes and runs the handler. Under an untimed stop.wait() it slept on for good. The
+    stop comes only with the tenth signal, so the first ones may come before the main thread sleeps: the later ones
+    find it asleep."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers run only in the main thread")
+    saved = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+    stop, handled = threading.Event(), []
+
+    def tenth() -> None:
+        handled.append(True)
+        if len(handled) == 10:
+            stop.set()
+
+    def signal_this_thread() -> None:
+        while not stop.is_set():  # to this thread, not the process: the main thread is not interrupted
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+            stop.wait(0.05)
+
+    other = threading.Thread(target=signal_this_thread, name="taker")
+    try:
+        HOST_OS.on_stop(tenth)
+        other.start()
+        HOST_OS.wait_for_stop(stop)
+        assert len(handled) >= 10
+    finally:
+        stop.set()
+        other.join(10)
+        for number, handler in saved.items():
+            signal.signal(number, handler)
+    assert signal.set_wakeup_fd(-1) == -1  # the wake-up fd it set is put back
+
+
 def test_posix_stop_signals_reach_an_event_loop() -> None:
     """In an asyncio program (consume, fleet) SIGTERM sets the stop event in the loop's thread."""
     async def main() -> bool:

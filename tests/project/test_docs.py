@@ -63,9 +63,8 @@ def test_every_metric_is_in_the_reference() -> None:
 def test_the_committed_reference_pages_are_what_the_code_gives() -> None:
     """docs/reference.md and docs/modules.md equal what scripts/docs.py renders from today's code: `make docs`
     after a change of a flag, a metric or a module."""
-    for page, render in generator.PAGES.items():
+    for page, render in generator.PAGES.items():  # each rendered once (docs/metrics.md scrapes real sidecars)
         assert page.read_text() == render(), f"{page.name} differs from the code: run make docs"
-    assert generator.main(["--check"]) == 0
 
 
 def test_a_page_that_drifted_from_the_code_fails_the_check(tmp_path: Path,
