@@ -212,8 +212,8 @@ _Remembered = dict[str, tuple[dict[str, Any], ScheduledEvent]]
 
 class EventMemo:
     """The events of the last document parsed with this memo: EventId -> (the event's JSON object, the event read
-    from it), for events that took the quick path. The poller owns one and passes it to ``parse_document``; the JSON
-    is parse_document's own, so nobody changes it. Bounded by one document; no I/O."""
+    from it), for events read without a warning and without an extra field. The poller owns one and passes it to
+    ``parse_document``; the JSON is parse_document's own, so nobody changes it. Bounded by one document; no I/O."""
 
     __slots__ = ("last",)
 

@@ -29,8 +29,8 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from se_exporter.core import apiversion
-from se_exporter.core.model import EVENT_FIELDS
 from se_exporter.core.errors import ConfigError
+from se_exporter.core.model import EVENT_FIELDS
 from se_exporter.infra.http_server import Bounds, HttpRequest, RawWriter, Response, Server
 from se_exporter.infra.options import Listen
 from se_exporter.simulator import faults as faults_module

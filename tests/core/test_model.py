@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from datetime import datetime, timezone
@@ -17,7 +16,6 @@ from se_exporter.core.model import (
     EventMemo,
     EventStatus,
     ScheduledEvent,
-    _event,
     affects_label,
     affects_vm,
     parse_document,

@@ -8,16 +8,16 @@ import socket
 import sys
 import threading
 import urllib.request
-from importlib import resources
 from collections.abc import Iterator
+from importlib import resources
 from typing import Any
 
 import httpx
 import pytest
 
 from se_exporter.cli import main
-from se_exporter.core.errors import ConfigError
 from se_exporter.core import apiversion
+from se_exporter.core.errors import ConfigError
 from se_exporter.core.model import EVENT_FIELDS, parse_document
 from se_exporter.infra.http_server import Bounds
 from se_exporter.simulator import scenario as scenarios
