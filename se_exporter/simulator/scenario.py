@@ -67,10 +67,6 @@ class EventSpec:
         """The fields listed as given (``fields``), by JSON name."""
         return dict(self.fields)
 
-    @property
-    def event_source(self) -> Any:
-        return self.listed.get("EventSource")
-
     def start_time(self, approved_at: float | None) -> float:
         """Scenario second at which the event starts (NotBefore reached, or approved)."""
         if self.started_at_first_sight:
