@@ -1,4 +1,4 @@
-"""Which Scheduled Events api-version to ask for, and which event types each version lists.
+"""Which Scheduled Events api-version to ask for, and which event types and fields each version lists.
 
 ``--api-version auto`` and its fallback are docs/events.md's ("api-version negotiation"). Pure values, no I/O, no
 clock: the caller passes ``now``.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from se_exporter.core.model import EVENT_TYPES, PREEMPT, SPOT_REBALANCE
+from se_exporter.core.model import EVENT_FIELD, EVENT_TYPES, PREEMPT, SPOT_REBALANCE
 
 AUTO = "auto"
 NEWEST = "2024-07-09"
@@ -26,6 +26,11 @@ def lists_type(api_version: str, event_type: str) -> bool:
     """Whether a document of ``api_version`` can list ``event_type`` (versions compare as ISO dates)."""
     since = TYPE_SINCE.get(event_type)
     return since is None or api_version >= since
+
+
+def lists_field(api_version: str, json_name: str) -> bool:
+    """Whether an event of an ``api_version`` document carries the field ``json_name`` (``EventField.since``)."""
+    return api_version >= EVENT_FIELD[json_name].since
 
 
 def unlisted_types(api_version: str) -> frozenset[str]:

@@ -20,7 +20,7 @@ from datetime import datetime
 from enum import Enum
 
 from se_exporter.core import model
-from se_exporter.core.model import Document, ScheduledEvent, built
+from se_exporter.core.model import Document, ScheduledEvent
 
 
 class TransitionKind(str, Enum):
@@ -140,9 +140,6 @@ def diff(previous: Mapping[str, EventRecord], document: Document, now: float,
     return Step(records=records, transitions=tuple(transitions), ended=ended)
 
 
-# Records and transitions are made with model.built rather than __init__/replace: a 1,000-event document makes a
-# thousand of each, and that was most of the diff's cost.
-
 @dataclass(frozen=True)
 class _Moment:
     """One moment as both clocks read it: ``wall`` for timestamps, ``elapsed`` (monotonic) for durations."""
@@ -154,11 +151,10 @@ class _Moment:
 def _first_seen(event: ScheduledEvent, at: _Moment, transitions: list[Transition]) -> EventRecord:
     """A new event's record, and its transition: scheduled, or started at once (a host failure: no notice)."""
     started = event.event_status == model.STATUS_STARTED
-    record = built(EventRecord, {"event": event, "first_seen": at.wall, "started_at": at.wall if started else None,
-                                 "gone_at": None, "first_seen_elapsed": at.elapsed,
-                                 "started_elapsed": at.elapsed if started else None, "gone_elapsed": None})
-    transitions.append(built(Transition, {"kind": STARTED if started else SCHEDULED, "record": record,
-                                          "previous_not_before": None}))
+    record = EventRecord(event=event, first_seen=at.wall, started_at=at.wall if started else None, gone_at=None,
+                         first_seen_elapsed=at.elapsed, started_elapsed=at.elapsed if started else None,
+                         gone_elapsed=None)
+    transitions.append(Transition(kind=STARTED if started else SCHEDULED, record=record, previous_not_before=None))
     return record
 
 
@@ -166,18 +162,18 @@ def _seen_again(before: EventRecord, event: ScheduledEvent, at: _Moment, transit
     """An open event listed again, changed: its record, and its transition when it started or was rescheduled."""
     started_at = before.started_at
     newly_started = started_at is None and event.event_status == model.STATUS_STARTED
-    record = built(EventRecord, {"event": event, "first_seen": before.first_seen,
-                                 "started_at": at.wall if newly_started else started_at, "gone_at": before.gone_at,
-                                 "first_seen_elapsed": before.first_seen_elapsed,
-                                 "started_elapsed": at.elapsed if newly_started else before.started_elapsed,
-                                 "gone_elapsed": before.gone_elapsed})
+    record = EventRecord(event=event, first_seen=before.first_seen,
+                         started_at=at.wall if newly_started else started_at, gone_at=before.gone_at,
+                         first_seen_elapsed=before.first_seen_elapsed,
+                         started_elapsed=at.elapsed if newly_started else before.started_elapsed,
+                         gone_elapsed=before.gone_elapsed)
     if newly_started:
-        transitions.append(built(Transition, {"kind": STARTED, "record": record, "previous_not_before": None}))
+        transitions.append(Transition(kind=STARTED, record=record, previous_not_before=None))
     # NotBefore moved while not started (a started event's becomes empty: that is no move). Parsing hands out one
     # datetime per NotBefore text, so an unchanged one is usually the very same object.
     elif (started_at is None and (moved := event.not_before) is not None
           and moved is not (was := before.event.not_before) and moved != was):
-        transitions.append(built(Transition, {"kind": RESCHEDULED, "record": record, "previous_not_before": was}))
+        transitions.append(Transition(kind=RESCHEDULED, record=record, previous_not_before=was))
     return record
 
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import functools
 import json
-import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from enum import Enum
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 from se_exporter.core.errors import InvalidDocument
 
@@ -41,12 +40,6 @@ class EventStatus(str, Enum):
 EVENT_STATUSES = tuple(status.value for status in EventStatus)
 STATUS_STARTED = EventStatus.STARTED.value  # a plain str for hot paths: an Enum class attribute lookup costs ~90 ns
 
-# Every documented event field, in the order ``_common_event`` unpacks them.
-_EVENT_FIELDS = ("EventId", "EventType", "EventStatus", "ResourceType", "Resources", "NotBefore", "Description",
-                 "EventSource", "DurationInSeconds")
-_KNOWN_EVENT_FIELDS = frozenset(_EVENT_FIELDS)
-_ALL_EVENT_FIELDS = operator.itemgetter(*_EVENT_FIELDS)
-_TEXT_OR_NULL = (str, type(None))  # an optional text field's JSON types
 _KNOWN_DOCUMENT_FIELDS = frozenset({"DocumentIncarnation", "Events"})
 _INTEGER = re.compile(r"^\s*-?\d+\s*$")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -66,7 +59,8 @@ def event_key(event_id: str) -> str:
 
 @dataclass(frozen=True)
 class ScheduledEvent:
-    """One entry of ``Events``; field names follow the Azure documents."""
+    """One entry of ``Events``; field names follow the Azure documents. Each field but ``extra`` and ``key`` has its
+    row in ``EVENT_FIELDS`` (how it is read, written back and which api-version lists it)."""
 
     event_id: str
     event_type: str
@@ -79,7 +73,7 @@ class ScheduledEvent:
     duration_seconds: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
     # event_key(event_id): given by the parser, worked out here otherwise (not a cached_property: on Python 3.11 its
-    # lock costs a microsecond per event, a fifth of parsing a 1,000-event document)
+    # lock costs a microsecond per event, and the key is read on every diff and scrape)
     key: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -162,11 +156,10 @@ def _read_document(obj: object, memo: EventMemo | None) -> Document:
     for index, raw in enumerate(raw_events):
         event = _known_event(raw, known, read) if known else None
         if event is None:
-            event = _common_event(raw)
-            if event is None:
-                event = _event(raw, index, warnings)
-            elif memo is not None:
-                read[event.event_id] = (raw, event)
+            told = len(warnings)
+            event = _event(raw, index, warnings)
+            if memo is not None and len(warnings) == told and not event.extra:
+                read[event.event_id] = (raw, event)  # read as it is, nothing tolerated: the next read may take it
         if event.key in seen:  # the same GUID, perhaps spelt in another case
             warnings.append(f"Events[{index}]: duplicate EventId {_snippet(repr(event.event_id))} ignored")
             continue
@@ -214,60 +207,13 @@ def _parse_timestamp(text: str) -> datetime:
     return parsed.astimezone(timezone.utc)
 
 
-def _common_event(raw: object) -> ScheduledEvent | None:  # noqa: PLR0911 - one return per way to miss the shape
-    """The event as the current api-version sends it, every field present and of its documented JSON type, read
-    at the cost of a few checks; None for anything else (an older shape, an extra field, any value ``_event``
-    would warn about or refuse), which ``_event`` then reads field by field. For what it accepts, both build the
-    same event (``test_model.py`` proves it); this one is what keeps parsing a 1,000-event document cheap."""
-    if type(raw) is not dict or len(raw) != len(_KNOWN_EVENT_FIELDS):
-        return None
-    try:
-        (event_id, event_type, event_status, resource_type, resources, not_before, description, event_source,
-         duration) = _ALL_EVENT_FIELDS(raw)
-    except KeyError:
-        return None
-    if not _documented_types(event_id, event_type, event_status, resource_type, resources, not_before, description,
-                             event_source, duration):
-        return None
-    key = event_id.strip().lower()  # event_key, inline
-    if not key:
-        return None
-    names = tuple(resources)
-    for name in names:
-        if type(name) is not str:
-            return None
-    when = None
-    if not_before:
-        try:
-            when = _parse_timestamp(not_before.strip())
-        except (ValueError, OverflowError):
-            return None
-    made = object.__new__(ScheduledEvent)  # built(), inline: this runs once per event
-    made.__dict__.update({
-        "event_id": event_id, "event_type": event_type, "event_status": event_status, "resource_type": resource_type,
-        "resources": names, "not_before": when, "description": description, "event_source": event_source,
-        "duration_seconds": duration, "extra": {}, "key": key})
-    return made
-
-
-def _documented_types(event_id: Any, event_type: Any, event_status: Any, resource_type: Any, resources: Any,
-                      not_before: Any, description: Any, event_source: Any, duration: Any) -> bool:
-    """``_ALL_EVENT_FIELDS``, each of its documented JSON type: the texts that say what happens not empty, the
-    optional ones text or null, the duration a 64-bit integer or null."""
-    return (type(event_id) is str and type(event_type) is str and event_type != "" and type(event_status) is str
-            and event_status != "" and type(resources) is list and type(not_before) is str
-            and type(resource_type) in _TEXT_OR_NULL and type(description) in _TEXT_OR_NULL
-            and type(event_source) in _TEXT_OR_NULL
-            and (duration is None or (type(duration) is int and _INT64_MIN <= duration <= _INT64_MAX)))
-
-
 _Remembered = dict[str, tuple[dict[str, Any], ScheduledEvent]]
 
 
 class EventMemo:
     """The events of the last document parsed with this memo: EventId -> (the event's JSON object, the event read
-    from it), for events that took the quick path. The poller owns one and passes it to ``parse_document``; the JSON
-    is parse_document's own, so nobody changes it. Bounded by one document; no I/O."""
+    from it), for events read without a warning and without an extra field. The poller owns one and passes it to
+    ``parse_document``; the JSON is parse_document's own, so nobody changes it. Bounded by one document; no I/O."""
 
     __slots__ = ("last",)
 
@@ -277,12 +223,14 @@ class EventMemo:
 
 def _known_event(raw: object, known: _Remembered, read: _Remembered) -> ScheduledEvent | None:
     """The very event read from the last document when this event's JSON object is equal to the one it was read
-    from (remembering it in ``read`` for the next document); None otherwise: then it is read afresh.
+    from, each value of the same JSON type (remembering it in ``read`` for the next document); None otherwise: then
+    it is read afresh.
 
     A changed document repeats most events of the one before: a repeated one costs one comparison of two small
-    dicts in C instead of building an event, and the lifecycle diff tells it unchanged by identity. Equal JSON
-    values read the same in ``_common_event`` but for ``1 == 1.0 == True``: the remembered object holds only
-    strings, None, a list of strings and an int or None duration, so the duration's type is the one left to check.
+    dicts in C instead of building an event, and the lifecycle diff tells it unchanged by identity. The types are
+    compared because equal JSON values need not read the same: ``1 == 1.0 == True``, and a duration of ``true`` is
+    refused where ``1`` is not. (Only events read without a warning and without an extra field are remembered:
+    their values are strings, None, lists of strings and integers, so a type per value is all there is to check.)
     """
     if type(raw) is not dict:
         return None
@@ -292,37 +240,23 @@ def _known_event(raw: object, known: _Remembered, read: _Remembered) -> Schedule
     remembered = known.get(event_id)
     if remembered is None or remembered[0] != raw:
         return None
-    duration = raw["DurationInSeconds"]
-    if duration is not None and type(duration) is not int:
-        return None
+    then = remembered[0]
+    for key, value in raw.items():
+        if type(value) is not type(then[key]):
+            return None
     read[event_id] = remembered
     return remembered[1]
 
 
 def _event(raw: object, index: int, warnings: list[str]) -> ScheduledEvent:
-    # The position is passed down, not a ready "Events[i]" string: it is needed only for warnings.
+    """The one reader of an event: each ``EVENT_FIELDS`` row reads its JSON value into the dataclass's field, and the
+    dataclass's own constructor builds it. The position is passed down, not a ready "Events[i]" string: it is needed
+    only for warnings."""
     if not isinstance(raw, dict):
         raise InvalidDocument(f"Events[{index}] is a JSON {json_kind(raw)}, not an object")
-    event_id = raw.get("EventId")
-    if not isinstance(event_id, str) or not event_id.strip():
-        raise InvalidDocument(f"Events[{index}] has no usable EventId (got {json_kind(event_id)})")
-    values = {name: read(raw.get(key), key, index, warnings) for name, key, read in _FIELD_READERS}
-    return ScheduledEvent(event_id=event_id, key=event_key(event_id), **values,
-                          extra={key: value for key, value in raw.items() if key not in _KNOWN_EVENT_FIELDS})
-
-
-_T = TypeVar("_T")
-
-
-def built(cls: type[_T], values: dict[str, Any]) -> _T:
-    """An instance of the frozen dataclass ``cls`` holding ``values`` (every field, by name), made without its
-    ``__init__``, which sets each field through ``object.__setattr__``. Kept for the figure it guards: ``make
-    bench``'s "parse + lifecycle diff of a 1,000-event document", target 2.5x ``json.loads``. Only for the hot
-    paths, with every field given (no defaults, no ``__post_init__``); ``test_model.py`` and ``test_lifecycle.py``
-    prove the results equal to what ``__init__`` makes."""
-    made = object.__new__(cls)
-    made.__dict__.update(values)  # the frozen __setattr__ is not involved: the instance's dict is filled directly
-    return made
+    values = {row.attribute: row.read(raw.get(row.json), row.json, index, warnings) for row in EVENT_FIELDS}
+    extra = {key: value for key, value in raw.items() if key not in _KNOWN_EVENT_FIELDS}
+    return ScheduledEvent(**values, extra=extra, key=event_key(values["event_id"]))
 
 
 def _incarnation(value: object, warnings: list[str]) -> int | None:
@@ -348,6 +282,12 @@ def _int64(value: object, floats: bool = False) -> int | None:
     else:
         return None
     return number if _INT64_MIN <= number <= _INT64_MAX else None
+
+
+def _event_id(value: object, key: str, index: int, warnings: list[str]) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidDocument(f"Events[{index}] has no usable {key} (got {json_kind(value)})")
+    return value
 
 
 def _label_string(value: object, key: str, index: int, warnings: list[str]) -> str:
@@ -401,12 +341,51 @@ def _duration(value: object, key: str, index: int, warnings: list[str]) -> int |
     return None
 
 
-# How ``_event`` reads each field but EventId, in this order: the ScheduledEvent field, its JSON name, its reader.
-_FIELD_READERS: tuple[tuple[str, str, Callable[[object, str, int, list[str]], Any]], ...] = (
-    ("event_type", "EventType", _label_string), ("event_status", "EventStatus", _label_string),
-    ("resource_type", "ResourceType", _optional_string), ("resources", "Resources", _resources),
-    ("not_before", "NotBefore", _not_before), ("description", "Description", _optional_string),
-    ("event_source", "EventSource", _optional_string), ("duration_seconds", "DurationInSeconds", _duration))
+def _same(value: Any) -> Any:
+    return value
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+_Reader = Callable[[object, str, int, list[str]], Any]
+
+
+@dataclass(frozen=True)
+class EventField:
+    """One field of a Scheduled Events event, declared once: ``_event`` reads it, ``event_to_json`` writes it back
+    (saved state, the fleet's reduced bodies), the simulator lists it in every api-version from ``since`` on (the
+    first one that lists it: ``apiversion.lists_field``), with ``example`` where a scenario says nothing.
+    ``example`` is also what ``tests/core/test_event_fields.py`` reads and writes back: a JSON value that reads,
+    without a warning, into something other than the attribute's default.
+
+    ``read(value, json name, position, warnings)`` gets the JSON value (None when missing) and returns the
+    attribute's value, appending a warning for what it tolerates or raising ``InvalidDocument`` for what refuses
+    the document; ``write`` is its inverse into a JSON value that ``read`` takes back without a warning."""
+
+    json: str
+    attribute: str
+    read: _Reader
+    since: str = "2017-03-01"
+    write: Callable[[Any], Any] = _same
+    example: Any = None
+
+
+# Every documented event field, in the order of the Azure documents' examples; ScheduledEvent has one field each.
+EVENT_FIELDS: tuple[EventField, ...] = (
+    EventField("EventId", "event_id", _event_id, example="C7061BAC-AFDC-4513-B24B-AA5F13A16123"),
+    EventField("EventType", "event_type", _label_string, example="Freeze"),
+    EventField("ResourceType", "resource_type", _optional_string, example="VirtualMachine"),
+    EventField("Resources", "resources", _resources, write=list, example=["WestNO_0"]),
+    EventField("EventStatus", "event_status", _label_string, example="Scheduled"),
+    EventField("NotBefore", "not_before", _not_before, write=_iso, example="Mon, 11 Apr 2022 22:26:58 GMT"),
+    EventField("Description", "description", _optional_string, since="2019-04-01", example=""),
+    EventField("EventSource", "event_source", _optional_string, since="2019-08-01", example="Platform"),
+    EventField("DurationInSeconds", "duration_seconds", _duration, since="2020-07-01", example=-1),
+)
+EVENT_FIELD = {row.json: row for row in EVENT_FIELDS}
+_KNOWN_EVENT_FIELDS = frozenset(EVENT_FIELD)
 
 
 class _LongInteger:
@@ -521,13 +500,9 @@ def vm_name(configured: str | None, identity: VmIdentity | None) -> str | None:
 
 
 def event_to_json(event: ScheduledEvent) -> dict[str, Any]:
-    """The event under the names of the documented IMDS shape (the ones ``parse_document`` reads), NotBefore in
-    ISO 8601: how saved state keeps an event (``event_from_json`` reads it back)."""
-    return {"EventId": event.event_id, "EventType": event.event_type, "EventStatus": event.event_status,
-            "ResourceType": event.resource_type, "Resources": list(event.resources),
-            "NotBefore": event.not_before.isoformat() if event.not_before else None,
-            "Description": event.description, "EventSource": event.event_source,
-            "DurationInSeconds": event.duration_seconds}
+    """The event under the names of the documented IMDS shape (``EVENT_FIELDS``, the ones ``parse_document`` reads),
+    NotBefore in ISO 8601: how saved state keeps an event (``event_from_json`` reads it back)."""
+    return {row.json: row.write(getattr(event, row.attribute)) for row in EVENT_FIELDS}
 
 
 def event_from_json(data: object) -> ScheduledEvent:

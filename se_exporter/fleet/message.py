@@ -20,7 +20,15 @@ from datetime import datetime, timezone
 from typing import Any
 
 from se_exporter.core.errors import InvalidDocument, SeExporterError
-from se_exporter.core.model import Document, affects_label, affects_vm, encodable, parse_document
+from se_exporter.core.model import (
+    Document,
+    ScheduledEvent,
+    affects_label,
+    affects_vm,
+    encodable,
+    event_to_json,
+    parse_document,
+)
 from se_exporter.infra.logs import shorten
 
 # The envelope's properties (schemas/forwarded-document.schema.json); anything else is tolerated and counted.
@@ -281,19 +289,19 @@ def fleet_events(document: Document, vm_name: str, bounds: Bounds = DEFAULT_BOUN
 
 
 def reduced_body(events: tuple[FleetEvent, ...], vm_name: str) -> bytes:
-    """A document holding only what the fleet shows of ``events``: parsed again (after a restore) it gives the same
-    events. Resources keep only whether the event lists this VM."""
+    """A document holding only what the fleet shows of ``events``, written as saved state writes an event
+    (``event_to_json``): parsed again (after a restore) it gives the same events. Resources keep only whether the
+    event lists this VM."""
     import json  # noqa: PLC0415 - only for bodies past the kept-bytes bound
 
-    def resources(affects: str) -> list[str]:
-        return [vm_name] if affects == "true" else ["_"] if affects == "false" else []
+    def resources(affects: str) -> tuple[str, ...]:
+        return (vm_name,) if affects == "true" else ("_",) if affects == "false" else ()
 
-    listed = [{"EventId": e.event_id, "EventType": e.event_type, "EventStatus": e.event_status,
-               "EventSource": e.event_source, "Resources": resources(e.affects_this_vm),
-               "NotBefore": "" if e.not_before is None else
-               datetime.fromtimestamp(e.not_before, timezone.utc).isoformat(),
-               **({} if e.duration_seconds is None else {"DurationInSeconds": int(e.duration_seconds)})}
-              for e in events]
+    listed = [event_to_json(ScheduledEvent(
+        event_id=e.event_id, event_type=e.event_type, event_status=e.event_status, event_source=e.event_source,
+        resources=resources(e.affects_this_vm),
+        not_before=None if e.not_before is None else datetime.fromtimestamp(e.not_before, timezone.utc),
+        duration_seconds=None if e.duration_seconds is None else int(e.duration_seconds))) for e in events]
     return json.dumps({"Events": listed}, separators=(",", ":")).encode()
 
 

@@ -119,11 +119,10 @@ class PlatformCopy:
             "id": arm_id, "name": event_id, "type": "microsoft.maintenance/scheduledEvents",
             "location": vm.get("location", ""),
             "properties": {
-                "EventId": event_id, "EventType": spec.event_type, "ResourceType": "VirtualMachine",
-                "Resources": list(spec.resources), "EventStatus": status,
+                "EventId": event_id, "EventType": spec.event_type, "Resources": list(spec.resources),
+                "EventStatus": status,
                 "NotBefore": "" if not_before is None else format_datetime(_utc(not_before), usegmt=True),
-                "Description": spec.description, "EventSource": spec.event_source,
-                "DurationInSeconds": spec.duration_seconds,
+                **spec.listed,
                 "ScheduledEventApiVersion": SCHEDULED_EVENTS_API_VERSION}}}
         topic, time = f"/subscriptions/{subscription}", iso_time(when)
         event: Any

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from se_exporter.core.errors import ConfigError
-from se_exporter.core.model import EVENT_TYPES
+from se_exporter.core.model import EVENT_FIELDS, EVENT_TYPES
 
 DEFAULT_VM: dict[str, str] = {
     "name": "WestNO_0",
@@ -32,6 +32,9 @@ DEFAULT_VM: dict[str, str] = {
     "osType": "Linux",
     "version": "22.04.202411010",
 }
+# The event fields the timeline works out (from the spec's own attributes, the clock and approvals); every other
+# field of ``EVENT_FIELDS`` is listed as the scenario gives it, else as the field's ``example``.
+TIMED_FIELDS = frozenset({"EventId", "EventType", "Resources", "EventStatus", "NotBefore"})
 _CYCLE_NAMESPACE = uuid.UUID("5b8e2b8e-1c53-4c1e-9a55-6f1f3f0b8c11")
 _BUILTINS = resources.files("se_exporter.simulator").joinpath("scenarios")
 
@@ -50,14 +53,19 @@ class EventSpec:
     appear_at: float
     notice: float
     started_for: float
-    description: str = ""
-    event_source: str = "Platform"
-    duration_seconds: int = -1
+    # JSON name and value of each field of EVENT_FIELDS not in TIMED_FIELDS, in the table's order
+    fields: tuple[tuple[str, Any], ...] = tuple((row.json, row.example) for row in EVENT_FIELDS
+                                                if row.json not in TIMED_FIELDS)
     started_at_first_sight: bool = False
     cancel_at: float | None = None
     reschedule: tuple[Reschedule, ...] = ()
     blind: tuple[str, ...] = ()  # VMs whose IMDS never lists it (a blind sidecar); the platform publishes it still
     announced: bool = True  # False: the platform copy never tells of it (a delivery Event Grid lost); IMDS lists it
+
+    @property
+    def listed(self) -> dict[str, Any]:
+        """The fields listed as given (``fields``), by JSON name."""
+        return dict(self.fields)
 
     def start_time(self, approved_at: float | None) -> float:
         """Scenario second at which the event starts (NotBefore reached, or approved)."""
@@ -274,6 +282,14 @@ def _platform(data: dict[str, Any], name: str) -> PlatformSettings:
     return PlatformSettings(every, float(delay))
 
 
+def _listed(raw: Mapping[str, Any], name: str, example: Any) -> Any:
+    """A listed field's value from the scenario, of its example's JSON type (TypeError/ValueError otherwise)."""
+    if name not in raw:
+        return example
+    value = raw[name]
+    return value if example is None or value is None else type(example)(value)
+
+
 def _spec(raw: object, index: int, name: str, vm_name: str) -> EventSpec:
     where = f"scenario {name}: events[{index}]"
     if not isinstance(raw, dict):
@@ -287,9 +303,8 @@ def _spec(raw: object, index: int, name: str, vm_name: str) -> EventSpec:
             appear_at=float(raw.get("appear_at", 0)),
             notice=float(raw.get("notice", 0)),
             started_for=float(raw.get("started_for", 60)),
-            description=str(raw.get("Description", "")),
-            event_source=str(raw.get("EventSource", "Platform")),
-            duration_seconds=int(raw.get("DurationInSeconds", -1)),
+            fields=tuple((row.json, _listed(raw, row.json, row.example)) for row in EVENT_FIELDS
+                         if row.json not in TIMED_FIELDS),
             started_at_first_sight=bool(raw.get("started_at_first_sight", False)),
             cancel_at=None if raw.get("cancel_at") is None else float(raw["cancel_at"]),
             reschedule=tuple(Reschedule(float(r["at"]), float(r["notice"])) for r in raw.get("reschedule", [])),

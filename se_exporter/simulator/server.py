@@ -30,12 +30,13 @@ from urllib.parse import parse_qs
 
 from se_exporter.core import apiversion
 from se_exporter.core.errors import ConfigError
+from se_exporter.core.model import EVENT_FIELDS
 from se_exporter.infra.http_server import Bounds, HttpRequest, RawWriter, Response, Server
 from se_exporter.infra.options import Listen
 from se_exporter.simulator import faults as faults_module
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.identity import IDENTITY_VERSIONS, TOKEN_PATH, IdentityService
-from se_exporter.simulator.scenario import EventState, Scenario
+from se_exporter.simulator.scenario import TIMED_FIELDS, EventState, Scenario
 from se_exporter.simulator.timeline import Timeline
 
 log = logging.getLogger("se_exporter.simulator")
@@ -48,7 +49,6 @@ INSTANCE_VERSIONS = ("2017-03-01", "2017-04-02", "2017-08-01", "2017-12-01", "20
                      "2019-08-01", "2019-08-15", "2019-11-01", "2020-06-01", "2020-07-15", "2020-09-01",
                      "2020-10-01", "2020-12-01", "2021-01-01", "2021-02-01", "2021-03-01", "2021-05-01",
                      "2021-10-01", "2021-11-01", "2021-11-15", "2021-12-13", "2023-07-01")
-_FIELD_SINCE = {"Description": "2019-04-01", "EventSource": "2019-08-01", "DurationInSeconds": "2020-07-01"}
 _PREVIEW = "2017-03-01"
 SE_PATH = "/metadata/scheduledevents"
 VM_PREFIX = "/vms/"  # /vms/<name>/metadata/...: one VM of a scenario of several
@@ -156,17 +156,10 @@ class Simulator:
             key = (state.event_id, state.not_before)
             wall = walls[key] = self._not_before_wall.get(key, self.timeline.wall_at(state.not_before, (now_wall, t)))
             not_before = datetime.fromtimestamp(int(wall), timezone.utc)
-        return {
-            "EventId": state.event_id,
-            "EventStatus": state.status,
-            "EventType": spec.event_type,
-            "ResourceType": "VirtualMachine",
-            "Resources": list(spec.resources),
-            "NotBefore": not_before,
-            "Description": spec.description,
-            "EventSource": spec.event_source,
-            "DurationInSeconds": spec.duration_seconds,
-        }
+        timed = {"EventId": state.event_id, "EventStatus": state.status, "EventType": spec.event_type,
+                 "Resources": list(spec.resources), "NotBefore": not_before}
+        listed = spec.listed
+        return {row.json: timed[row.json] if row.json in TIMED_FIELDS else listed[row.json] for row in EVENT_FIELDS}
 
     # ------------------------------------------------------------------ faults and records
 
@@ -245,8 +238,7 @@ class Simulator:
 def _shape(event: dict[str, Any], api_version: str) -> dict[str, Any] | None:
     if not apiversion.lists_type(api_version, event["EventType"]):
         return None
-    shaped = {key: value for key, value in event.items()
-              if key not in _FIELD_SINCE or api_version >= _FIELD_SINCE[key]}
+    shaped = {key: value for key, value in event.items() if apiversion.lists_field(api_version, key)}
     not_before: datetime | None = event["NotBefore"]
     if api_version == _PREVIEW:
         shaped["NotBefore"] = "" if not_before is None else not_before.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from datetime import datetime, timezone
@@ -17,8 +16,6 @@ from se_exporter.core.model import (
     EventMemo,
     EventStatus,
     ScheduledEvent,
-    _common_event,
-    _event,
     affects_label,
     affects_vm,
     parse_document,
@@ -125,26 +122,6 @@ def test_extra_fields_are_kept_and_never_fatal() -> None:
     assert document.warnings == ()
 
 
-@pytest.mark.parametrize("raw", [
-    DOCS_SCHEDULED["Events"][0],
-    {**DOCS_SCHEDULED["Events"][0], "NotBefore": "", "EventStatus": "Started", "Description": None},
-    {**DOCS_SCHEDULED["Events"][0], "Impact": "low"},
-    {"EventId": " A ", "EventType": "Reboot", "EventStatus": "Started"},
-    {**DOCS_SCHEDULED["Events"][0], "Resources": ["a", 1], "NotBefore": "later", "DurationInSeconds": 2**63},
-    {**DOCS_SCHEDULED["Events"][0], "EventType": None, "Description": 3, "NotBefore": "  "},
-], ids=["complete", "started", "extra field", "older shape", "bad values in the common types", "wrong types"])
-def test_a_parsed_event_is_exactly_what_its_constructor_makes(raw: dict[str, object]) -> None:
-    """Events of the common shape are built without ``__init__`` for speed: each holds exactly the fields, values
-    and key that ``ScheduledEvent(...)`` would give it, and compares, hashes and prints the same."""
-    event = parse_document(json.dumps({"Events": [raw]}).encode()).events[0]
-    made = ScheduledEvent(**{f.name: getattr(event, f.name) for f in dataclasses.fields(ScheduledEvent)
-                             if f.name != "key"})
-    assert vars(event) == vars(made)
-    assert (event, hash(event), repr(event)) == (made, hash(made), repr(made))
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        event.event_id = "changed"  # type: ignore[misc]  # the point: it is still frozen
-
-
 _ANY = st.one_of(st.none(), st.booleans(), st.integers(-(2**64), 2**64), st.floats(allow_nan=False),
                  st.sampled_from(["", " ", "Reboot", "soon", "\ud800"]),
                  st.lists(st.one_of(st.text(max_size=3), st.integers()), max_size=3))
@@ -154,26 +131,6 @@ _VALID = {"EventId": st.sampled_from(["E", " a ", "B7"]), "EventType": st.sample
           "NotBefore": st.sampled_from(["", " ", "Mon, 11 Apr 2022 22:26:58 GMT", "2016-09-19T18:29:47Z", "later"]),
           "Description": st.sampled_from(["", None, "x"]), "EventSource": st.sampled_from(["Platform", None]),
           "DurationInSeconds": st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1))}
-
-
-@settings(max_examples=300, deadline=None, database=None)
-@given(st.fixed_dictionaries(_VALID), st.dictionaries(st.sampled_from(list(_VALID)), _ANY, max_size=2),
-       st.booleans())
-def test_the_quick_reader_builds_what_the_field_by_field_reader_builds(valid: dict[str, object],
-                                                                        spoilt: dict[str, object],
-                                                                        extra: bool) -> None:
-    """Whatever the values, an event the quick reader of the common shape accepts is exactly the one the
-    field-by-field reader builds, and one that reader has nothing to warn about: the quick way weakens no check."""
-    raw = {**valid, **spoilt, **({"Impact": "low"} if extra else {})}
-    quick = _common_event(raw)
-    if quick is not None:
-        warnings: list[str] = []
-        assert (vars(quick), warnings) == (vars(_event(raw, 0, warnings)), [])
-
-
-def test_the_quick_reader_takes_the_common_shape() -> None:
-    """The documented example is read by the quick reader (so the benchmark's 1,000 events are)."""
-    assert _common_event(dict(DOCS_SCHEDULED["Events"][0])) is not None
 
 
 def _outcome(body: bytes, memo: EventMemo) -> object:

@@ -55,9 +55,10 @@ def document_at(scenario: scenarios.Scenario, t: float, incarnation: int) -> Doc
         spec = state.spec
         not_before = None if state.not_before is None else datetime.fromtimestamp(EPOCH + state.not_before,
                                                                                   timezone.utc)
-        events.append(ScheduledEvent(state.event_id, spec.event_type, state.status, "VirtualMachine",
-                                     spec.resources, not_before, spec.description, spec.event_source,
-                                     spec.duration_seconds))
+        listed = spec.listed
+        events.append(ScheduledEvent(state.event_id, spec.event_type, state.status, listed["ResourceType"],
+                                     spec.resources, not_before, listed["Description"], listed["EventSource"],
+                                     listed["DurationInSeconds"]))
     return Document(incarnation, tuple(events))
 
 

@@ -64,7 +64,7 @@ def test_every_message_reads_as_the_event_it_tells_of(name: str, schema: str) ->
         assert (event.event_id, event.event_status, event.grid_id) == (
             message.event_id, message.event_status, message.grid_id)
         assert (event.event_type, event.resources, event.event_source) == (
-            spec.event_type, spec.resources, spec.event_source)
+            spec.event_type, spec.resources, spec.listed["EventSource"])
         assert (event.scope_type, event.scope_name) == (SCOPES[kind], scope_name)
         assert (event.subscription_id, event.resource_group, event.location) == (
             vm["subscriptionId"], vm["resourceGroupName"], vm["location"])

@@ -9,13 +9,16 @@ import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
+from importlib import resources
+from typing import Any
 
 import httpx
 import pytest
 
 from se_exporter.cli import main
+from se_exporter.core import apiversion
 from se_exporter.core.errors import ConfigError
-from se_exporter.core.model import parse_document
+from se_exporter.core.model import EVENT_FIELDS, parse_document
 from se_exporter.infra.http_server import Bounds
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault, from_json, parse_fault
@@ -247,6 +250,29 @@ def test_fields_are_shaped_per_api_version(version: str) -> None:
         assert scheduled["NotBefore"].endswith(" GMT")
     parsed = parse_document(json.dumps(doc))
     assert parsed.warnings == ()
+
+
+@pytest.mark.parametrize("version", SCHEDULED_EVENTS_VERSIONS)
+def test_every_field_of_the_table_is_served_from_its_version(version: str) -> None:
+    """Every event the simulator lists carries exactly the fields ``EVENT_FIELDS`` says its api-version lists, and a
+    field the scenario does not give is served as the row's example: a new row is served with no simulator change."""
+    clock = FakeClock()
+    sim = Simulator(scenarios.load("demo"), clock=clock)
+    clock.now += 250
+    events = sim.document(version)["Events"]
+    assert events
+    wanted = {row.json for row in EVENT_FIELDS if apiversion.lists_field(version, row.json)}
+    assert [set(event) for event in events] == [wanted] * len(events)
+    untold = [row for row in EVENT_FIELDS if row.json not in scenarios.TIMED_FIELDS and row.json in wanted
+              and all(row.json not in raw for raw in _scenario_events("demo"))]
+    for row in untold:
+        assert {event[row.json] for event in events} == {row.example}, row.json
+
+
+def _scenario_events(name: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = json.loads(
+        resources.files("se_exporter.simulator").joinpath("scenarios", f"{name}.json").read_text())["events"]
+    return events
 
 
 def test_terminate_needs_2019_01_01() -> None:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
 from se_exporter.core.lifecycle import CANCELED, COMPLETED, STARTED, EventRecord, Transition
-from se_exporter.core.model import ScheduledEvent, affects_vm, event_key, json_kind
+from se_exporter.core.model import EVENT_FIELDS, ScheduledEvent, affects_vm, event_key, json_kind
 from se_exporter.core.spot import lead_seconds
 from se_exporter.infra.files import StateFile, read_state_file
 from se_exporter.sidecar.metrics import LABEL_MARK
@@ -96,19 +97,32 @@ def bounded(value: Any) -> Any:
     return value
 
 
+def attribute_name(attribute: str) -> str:
+    """The span attribute of an ``EVENT_FIELDS`` row: its ScheduledEvent attribute under ``PREFIX``, without the
+    ``event_`` the Azure names repeat (``event_id`` is ``azure.scheduled_event.id``, ``resource_type`` stays)."""
+    return PREFIX + attribute.removeprefix("event_")
+
+
+def attribute_value(value: Any) -> Any:
+    """A field's value as an attribute: a list for a tuple, a time in ISO 8601 with ``Z``."""
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    return value
+
+
 def attributes(event: ScheduledEvent, incarnation: int | None, vm_name: str | None) -> dict[str, Any]:
-    """The contract attributes of an event as last listed, each value bounded (``bounded``)."""
-    values: dict[str, Any] = {
-        PREFIX + "id": event.event_id,
-        PREFIX + "type": event.event_type,
-        PREFIX + "status": event.event_status,
-        PREFIX + "resources": list(event.resources),
-    }
-    optional = {"source": event.event_source, "resource_type": event.resource_type,
-                "description": event.description, "duration_seconds": event.duration_seconds,
-                "not_before": event.not_before.isoformat().replace("+00:00", "Z") if event.not_before else None,
-                "document_incarnation": incarnation}
-    values.update({PREFIX + key: value for key, value in optional.items() if value is not None})
+    """The contract attributes of an event as last listed: one per field of ``EVENT_FIELDS`` that has a value
+    (``attribute_name``), the document's incarnation and whether it affects this VM; each value bounded
+    (``bounded``)."""
+    values: dict[str, Any] = {}
+    for row in EVENT_FIELDS:
+        value = getattr(event, row.attribute)
+        if value is not None:
+            values[attribute_name(row.attribute)] = attribute_value(value)
+    if incarnation is not None:
+        values[PREFIX + "document_incarnation"] = incarnation
     affects = affects_vm(event, vm_name)
     if affects is not None:
         values[PREFIX + "affects_this_vm"] = affects
@@ -121,7 +135,7 @@ def transition_extras(transition: Transition, change: DocumentChange) -> dict[st
     record = transition.record
     extra: dict[str, Any] = {PREFIX + "api_version": change.api_version}
     if transition.previous_not_before is not None:
-        extra[PREFIX + "previous_not_before"] = transition.previous_not_before.isoformat().replace("+00:00", "Z")
+        extra[PREFIX + "previous_not_before"] = attribute_value(transition.previous_not_before)
     if transition.kind == STARTED:
         extra[PREFIX + "notice_seconds"] = max(0.0, record.notice_seconds or 0.0)
         extra[PREFIX + "skipped_scheduled"] = record.skipped_scheduled
