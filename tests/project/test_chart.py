@@ -600,6 +600,19 @@ def test_node_pods_hold_a_new_series_at_least_one_scrape_interval_of_their_monit
     assert variables.get("SE_EXPORTER_MAX_SCRAPE_INTERVAL") == (interval if scraped > DEFAULT_SCRAPE_HOLD else None)
 
 
+@pytest.mark.parametrize(("interval", "passed"), [("30s", None), ("5m", "-MaxScrapeInterval '5m'")])
+def test_windows_node_pods_pass_a_longer_scrape_interval_to_install_ps1(interval: str, passed: str | None) -> None:
+    """The Windows service is configured by install.ps1 (-MaxScrapeInterval, written as
+    SE_EXPORTER_MAX_SCRAPE_INTERVAL): the same rule as the Linux pods', a PowerShell literal."""
+    found = objects("windows", f"serviceMonitor.interval={interval}")
+    (container,) = found[("DaemonSet", "se-exporter-windows")]["spec"]["template"]["spec"]["containers"]
+    (script,) = [line for line in container["command"][-1].splitlines() if "'install.ps1'" in line]
+    assert ("-MaxScrapeInterval" in script) == (passed is not None)
+    assert passed is None or passed in script
+    linux = found[("DaemonSet", "se-exporter")]["spec"]["template"]["spec"]["containers"][0]
+    assert env(linux).get("SE_EXPORTER_MAX_SCRAPE_INTERVAL") == (interval if passed else None)
+
+
 def test_a_scrape_interval_the_sidecar_cannot_hold_for_is_refused_at_render() -> None:
     """Above the sidecar's bound on --max-scrape-interval, one line at render instead of crash-looping pods."""
     longest = show_duration(SCRAPE_HOLD.high)

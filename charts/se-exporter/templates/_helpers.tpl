@@ -191,13 +191,13 @@ hands gRPC the bare host, and gRPC's default port is 443), and over HTTP the sch
 {{- end -}}
 
 {{/*
-The node pods' SE_EXPORTER_MAX_SCRAPE_INTERVAL: a counter series appears at 0 and stays so for
+The node pods' --max-scrape-interval, or "" for the default: a counter series appears at 0 and stays so for
 --max-scrape-interval (default 2m) so that increase() of every scraper sees the first count, which needs it at least
 the scrape interval. The longest interval of the enabled monitors is passed when it is longer than the default;
 otherwise nothing is (the default also covers another Prometheus scraping at 1m). More than the sidecar's bound
 (1h) is refused here, not in a crash-looping pod.
 */}}
-{{- define "se-exporter.scrapeHoldEnv" -}}
+{{- define "se-exporter.scrapeHold" -}}
 {{- $longest := "" -}}
 {{- $seconds := 120.0 -}}
 {{- range $name := list "serviceMonitor" "podMonitor" -}}
@@ -213,7 +213,12 @@ otherwise nothing is (the default also covers another Prometheus scraping at 1m)
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- with $longest }}
+{{- $longest -}}
+{{- end -}}
+
+{{/* se-exporter.scrapeHold as the Linux node pods' environment (the Windows ones pass it to install.ps1). */}}
+{{- define "se-exporter.scrapeHoldEnv" -}}
+{{- with include "se-exporter.scrapeHold" . }}
 - name: SE_EXPORTER_MAX_SCRAPE_INTERVAL
   value: {{ . | quote }}
 {{- end -}}
