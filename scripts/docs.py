@@ -414,7 +414,8 @@ def metrics_page(figures: dict[str, Any] | None = None) -> str:
               "15 minutes' notice (a platform Reboot or Redeploy) or none (a host failure, paged once seen), and a "
               f"{interval:g} s scrape adds at most {interval:g} s to either. 60 s would halve the samples again but "
               "double that delay and leave `rate()` over short dashboard ranges with too few samples; set the "
-              "interval to suit, and `--max-scrape-interval` to at least it.", "",
+              "interval to suit. `--max-scrape-interval` must be at least it: the chart passes an interval longer "
+              "than its default (2 minutes) to the node pods itself; elsewhere, set it.", "",
               f"<!-- figures: {json.dumps(figures, sort_keys=True)} -->", ""]
     return "\n".join(lines)
 

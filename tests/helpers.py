@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import jwt
 from prometheus_client.parser import text_string_to_metric_families
 
+from se_exporter.core.watch import Read
+from se_exporter.sidecar.lifecycle_store import LifecycleStore
 from se_exporter.simulator.scenario import Scenario
 from tests.child_logs import attach
 
@@ -205,3 +207,16 @@ def verify(token: str, key: bytes) -> dict[str, Any]:
     except jwt.InvalidTokenError as error:
         raise ValueError(f"not a valid token: {error}") from None
     return claims
+
+
+# Fast polls for a sidecar that is to continue a watch saved a moment before it starts: --max-backoff (reached only
+# when IMDS fails) makes the allowed gap between reads 10 s (core/watch.py), longer than a start on a busy machine.
+WATCHED_FAST = ("--poll-interval", "0.05", "--max-backoff", "5")
+
+
+def watched_for_an_hour(state: Path, url: str) -> float:
+    """What a sidecar that watched ``url`` for an hour and stopped a moment ago leaves in ``state`` (restored state
+    counts as watching, if restarted within the allowed gap); the watch's start."""
+    now = time.time()
+    LifecycleStore(state, scope=url).save({}, watching_since=now - 3600, last_read=Read(now, time.monotonic()))
+    return now - 3600

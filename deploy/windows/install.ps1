@@ -54,6 +54,9 @@ param(
     [string] $ClientId = '',
     # OTLP/HTTP endpoint for traces (optional), e.g. http://otel-collector.internal:4318
     [string] $OtlpEndpoint = '',
+    # The longest interval anything scrapes /metrics at, when longer than se-exporter's default (2m), e.g. 5m
+    # (--max-scrape-interval: a new counter series shows 0 that long, so that increase() sees its first count).
+    [string] $MaxScrapeInterval = '',
     # Seconds a new release has to answer /healthz before it is rolled back.
     [ValidateRange(1, 3600)] [int] $HealthTimeout = 60,
     # Remove the service, its firewall rule and the install folder instead (the state folder too with -Purge).
@@ -160,6 +163,7 @@ function Write-ServiceConfig {
         'SE_EXPORTER_EVENTHUB_NAME'       = $EventHubName
         'SE_EXPORTER_EVENTHUB_CLIENT_ID'  = $ClientId
         'OTEL_EXPORTER_OTLP_ENDPOINT'     = $OtlpEndpoint
+        'SE_EXPORTER_MAX_SCRAPE_INTERVAL' = $MaxScrapeInterval
     }
     foreach ($name in $settings.Keys) {
         if (-not $settings[$name]) { continue }

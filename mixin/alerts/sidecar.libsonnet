@@ -108,8 +108,8 @@ local lib = import '../lib.libsonnet';
     ),
     alert(
       'SeExporterImpactfulEventStartedBeforeWatching', 'warning',
-      // Started at first sight by a sidecar that had not watched long enough (a pod replaced mid-wave with no state):
-      // it cannot know whether the event was announced, so it does not page.
+      // Started at first sight by a sidecar that had not watched long enough (a pod replaced mid-wave with no state,
+      // or one restarted after a long stop): it cannot know whether the event was announced, so it does not page.
       lib.withVm(|||
         (
           %(atFirstSight)s
@@ -123,8 +123,9 @@ local lib = import '../lib.libsonnet';
       '{{ $labels.event_type }} already in progress when se-exporter started watching %s' % lib.machine,
       |||
         Event {{ $labels.event_id }} was already Started when se-exporter first saw it on VM {{ $labels.vm_name }},
-        less than %(watched)s s after this sidecar started watching IMDS with no state to continue: it cannot tell a
-        host failure from maintenance announced before it watched, so this warns rather than pages.
+        less than %(watched)s s after this sidecar started watching IMDS (with no state to continue, or after a stop
+        longer than its allowed gap): it cannot tell a host failure from maintenance announced before it watched, so
+        this warns rather than pages.
       ||| % { watched: c.hostFailureWatchedSeconds },
     ),
     alert(

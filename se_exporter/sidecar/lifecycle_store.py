@@ -9,9 +9,19 @@ Each record keeps its timestamps (the wall clock's) and, for its durations, how 
 on the monotonic clock (``first_seen_ago``, ``started_ago``): no monotonic reading survives a reboot, so the time the
 sidecar was down is the one duration read from the wall clock (the file's ``saved_at`` to now), never below zero.
 
-The file also keeps since when this sidecar's lineage has been watching IMDS (``watching_since``): a sidecar that
-continues the state continues the watch, so the rules can tell an event it first saw Started after watching for
-an hour (a host failure) from one it found Started at its first read (docs/alerting.md, "Watched long enough").
+The file also keeps since when this sidecar's lineage has been watching IMDS (``watching_since``) and when it last
+read IMDS (``last_read``, on the wall clock and the monotonic one), so that the rules can tell an event first seen
+Started after watching for an hour (a host failure) from one found Started at the first read (docs/alerting.md,
+"Why an event first seen Started does not always page"). A restarted sidecar continues the watch only if its first
+read comes within the allowed gap of ``last_read`` (``core/watch.py``): one stopped for an hour, while an event was
+announced and started, starts a new watch, and that event warns instead of paging.
+
+``last_read`` is written with the records, not on every poll: the file is rewritten when the document or the watch
+changes, and on a quiet VM again once half the allowed gap has passed since the last write (every 30 s at the default
+1 s poll: one small write for 30 reads; ``Poller._refresh_due``). So the recorded read is at most half a gap older
+than the real last one: a restart's downtime is over-estimated by at most that, never under-estimated, and a
+restart within half a gap always keeps the watch. (The file's own mtime would save the rewrite but is not evidence:
+a copy of the directory, or a restore from a backup, makes it new.)
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from typing import Any
 
 from se_exporter.core.lifecycle import EventRecord
 from se_exporter.core.model import event_from_json, event_to_json, json_kind
+from se_exporter.core.watch import Read
 from se_exporter.infra.files import StateFile, read_state_file
 
 log = logging.getLogger("se_exporter.state")
@@ -73,13 +84,18 @@ def _since(reading: float | None, elapsed: float) -> float:
     return 0.0 if reading is None else max(0.0, elapsed - reading)
 
 
+def _optional(value: Any, key: str) -> float | None:
+    return None if value is None else _time(value, key)
+
+
 @dataclass(frozen=True)
 class Restored:
-    """What a restart continues: the open lifecycles, and since when the sidecar that saved them watched (None: the
-    file said nothing, or there was no file to continue: a fresh watch)."""
+    """What a restart continues: the open lifecycles, since when the sidecar that saved them watched and when it last
+    read IMDS (None: the file said nothing, or there was no file to continue: a fresh watch)."""
 
     records: dict[str, EventRecord] = field(default_factory=dict)
     watching_since: float | None = None
+    last_read: Read | None = None
 
 
 class LifecycleStore:
@@ -111,8 +127,9 @@ class LifecycleStore:
                 raise ValueError("scope is not a string")
             age = self._clock() - saved_at
             records = records_from_json(data.get("records"), self._monotonic() - max(0.0, age))
-            watching = data.get("watching_since")
-            watching_since = None if watching is None else _time(watching, "watching_since")
+            watching_since = _optional(data.get("watching_since"), "watching_since")
+            read = _optional(data.get("last_read"), "last_read")
+            read_monotonic = _optional(data.get("last_read_monotonic"), "last_read_monotonic")
         except (OSError, ValueError, RecursionError) as exc:
             log.warning("ignoring the lifecycle state file %s: %s", self.path, str(exc)[:300])
             return Restored()
@@ -124,14 +141,17 @@ class LifecycleStore:
             return Restored()
         if records:
             log.info("continuing %d open lifecycles from before the restart", len(records))
-        return Restored(records, watching_since)
+        return Restored(records, watching_since, None if read is None else Read(read, read_monotonic))
 
-    def save(self, records: Mapping[str, EventRecord], watching_since: float | None = None) -> None:
+    def save(self, records: Mapping[str, EventRecord], watching_since: float | None = None,
+             last_read: Read | None = None) -> bool:
+        """Write the state; False (logged once) when it could not be written."""
         elapsed = self._monotonic()
         data = {"version": VERSION, "scope": self._scope, "saved_at": self._clock(),
-                "watching_since": watching_since, "records": [
+                "watching_since": watching_since, "last_read": None if last_read is None else last_read.wall,
+                "last_read_monotonic": None if last_read is None else last_read.monotonic, "records": [
                     {"event": event_to_json(r.event), "first_seen": r.first_seen, "started_at": r.started_at,
                      "first_seen_ago": _since(r.first_seen_elapsed, elapsed),
                      "started_ago": None if r.started_at is None else _since(r.started_elapsed, elapsed)}
                     for r in records.values()]}
-        self._file.save(json.dumps(data, separators=(",", ":")).encode(), make_parent=True)
+        return self._file.save(json.dumps(data, separators=(",", ":")).encode(), make_parent=True)

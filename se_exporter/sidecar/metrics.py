@@ -24,7 +24,7 @@ from se_exporter import __version__
 from se_exporter.core.lifecycle import EventRecord
 from se_exporter.core.model import VmIdentity, affects_label, affects_vm, vm_name
 from se_exporter.infra.held import HeldFamilies
-from se_exporter.sidecar.snapshot import WATCH_GAP_SECONDS, Snapshot
+from se_exporter.sidecar.snapshot import Snapshot
 
 NAMESPACE = "azure_scheduled_events"
 EVENT = "azure_scheduled_event"
@@ -204,8 +204,8 @@ class StateCollector(Collector):
                      snap.last_success or 0.0)
         if snap.watching_since is not None:
             yield _gauge(f"{NAMESPACE}_watching_since_timestamp_seconds",
-                         f"Unix time since which this sidecar has read IMDS with no gap over {WATCH_GAP_SECONDS:g} s, "
-                         "continued from its state directory after a restart; absent before the first read.",
+                         "Unix time since which this sidecar has read IMDS with no long gap, continued from its state "
+                         "directory after a short restart (see docs/alerting.md); absent before the first read.",
                          snap.watching_since)
         if snap.incarnation is not None:
             yield _gauge(f"{NAMESPACE}_document_incarnation",

@@ -7,11 +7,12 @@ Both write the snapshot through its owner (``CurrentState``); scrapes read it th
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
 
-from se_exporter.core import apiversion, lifecycle, spot
+from se_exporter.core import apiversion, lifecycle, spot, watch
 from se_exporter.core.errors import ImdsError, ImdsHttpError, ImdsThrottled, InvalidDocument
 from se_exporter.core.model import EventMemo, VmIdentity, event_key, parse_document, vm_name
 from se_exporter.core.retry import Health, backoff
@@ -21,7 +22,7 @@ from se_exporter.sidecar.lifecycle_store import LifecycleStore, Restored
 from se_exporter.sidecar.metrics import Metrics
 from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks import DocumentChange, FanOut
-from se_exporter.sidecar.snapshot import WATCH_GAP_SECONDS, CurrentState, Snapshot
+from se_exporter.sidecar.snapshot import CurrentState, Snapshot
 
 log = logging.getLogger("se_exporter")
 
@@ -57,7 +58,10 @@ class Poller:
         # Lifecycles open before a restart: the first diff starts from them, not from nothing (keyed as diff keys).
         restored = store.restore() if store is not None else Restored()
         self._restored = {event_key(record.event.event_id): record for record in restored.records.values()}
-        self._state.update(watching_since=restored.watching_since)
+        # The watch the next successful read continues, or not (core/watch.py), and the read it continues from:
+        # the saved ones until this process reads. The snapshot shows a watch only once a read decided it.
+        self._watch_since, self._last_read = restored.watching_since, restored.last_read
+        self._saved = -math.inf  # when the state file was last written, on the monotonic clock
         self._ended: Mapping[str, lifecycle.EventRecord] = {}  # recently ended events, so none begins twice
         requests = 2 if self._versions.negotiates else 1
         self.heartbeat_deadline = (time.monotonic() + requests * settings.effective_first_call_timeout
@@ -76,11 +80,12 @@ class Poller:
         try:
             body, version = self._fetch(self._monotonic())
             now = self._clock()
-            watching = self._watching(now)
+            read = watch.Read(now, self._monotonic())
+            watching = watch.watching_since(self._watch_since, self._last_read, read, self._settings.watch_gap)
             if body != self._last_body or version != self.snapshot.api_version:
-                self._apply(body, version, now, watching)  # raises InvalidDocument before anything is changed
-            elif watching != self.snapshot.watching_since and self._store is not None:
-                self._store.save(self.snapshot.records, watching)  # a restart continues this watch, not the old
+                self._apply(body, version, read, watching)  # raises InvalidDocument before anything is changed
+            elif watching != self._watch_since or self._refresh_due(read):
+                self._save(self.snapshot.records, watching, read)  # a restart continues this watch, not the old
         except ImdsError as error:
             self._metrics.poll_duration.observe(time.monotonic() - started)
             return self._failed(error)
@@ -90,18 +95,20 @@ class Poller:
             log.info("IMDS recovered after %d failed polls", self._failures,
                      extra=fields(imds_state="ok", failed_polls=self._failures))
         self._failures = 0
+        self._watch_since, self._last_read = watching, read
         self._state.update(up=True, last_success=now, watching_since=watching)
         return self._settings.poll_interval
 
-    def _watching(self, now: float) -> float:
-        """Since when this sidecar has watched IMDS, after a successful read at ``now``: since its first read, or
-        the first read of the sidecar whose state it continues; since ``now`` after a gap (``WATCH_GAP_SECONDS``).
-        The rules read it to tell a host failure from an event that started before the sidecar watched."""
-        snap = self.snapshot
-        gap = max(WATCH_GAP_SECONDS, 2 * self._settings.effective_max_backoff)
-        if snap.watching_since is None or (snap.last_success is not None and now - snap.last_success > gap):
-            return now
-        return snap.watching_since
+    def _refresh_due(self, read: watch.Read) -> bool:
+        """Whether a quiet VM's state file is due again, so that its ``last_read`` stays within half the allowed gap
+        of the real last read (lifecycle_store.py says why half, and why not every poll)."""
+        assert read.monotonic is not None  # this process's reads have both clocks
+        return read.monotonic - self._saved >= self._settings.watch_gap / 2
+
+    def _save(self, records: Mapping[str, lifecycle.EventRecord], watching: float, read: watch.Read) -> None:
+        if self._store is not None:
+            self._store.save(records, watching, read)
+            self._saved = read.monotonic if read.monotonic is not None else -math.inf
 
     def _fetch(self, now: float) -> tuple[bytes, str]:
         """One Scheduled Events body and the api-version it answers (``core/apiversion.py``). With ``auto``, a
@@ -137,13 +144,12 @@ class Poller:
                 raise
         return self._imds.scheduled_events(apiversion.FALLBACK), apiversion.FALLBACK
 
-    def _apply(self, body: bytes, version: str, now: float, watching: float) -> None:
+    def _apply(self, body: bytes, version: str, read: watch.Read, watching: float) -> None:
         document = parse_document(body, self._memo)
-        elapsed = self._monotonic()
+        now, elapsed = read.wall, self._monotonic()
         previous = self.snapshot.records if self.snapshot.has_document else self._restored
         step = lifecycle.diff(previous, document, now, self._ended, apiversion.unlisted_types(version), elapsed)
-        if self._store is not None:
-            self._store.save(step.records, watching)
+        self._save(step.records, watching, read)
         first = self._last_body is None
         self._last_body = body
         self._ended = step.ended
@@ -160,8 +166,9 @@ class Poller:
         if version != was:
             log.info("Scheduled Events api-version in use: %s (was %s)", version, was,
                      extra=fields(api_version=version, previous_api_version=was))
+        # The watch with the records, in one snapshot: a scrape never sees an event without the watch it came in.
         snap = self._state.update(records=step.records, incarnation=document.incarnation, has_document=True,
-                                  api_version=version)
+                                  api_version=version, watching_since=watching)
         self._metrics.document_changes.inc()
         if document.warnings:
             self._metrics.document_warnings.inc(len(document.warnings))

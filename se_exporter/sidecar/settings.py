@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from se_exporter.core import apiversion
+from se_exporter.core import apiversion, watch
 from se_exporter.core.errors import ConfigError
 from se_exporter.infra.host_os import DEFAULT_STATE_DIR
 from se_exporter.infra.options import (
@@ -125,6 +125,12 @@ class Settings(EventHubs):
     def effective_max_backoff(self) -> float:
         """``--max-backoff`` as used: never below the poll interval."""
         return max(self.max_backoff, self.poll_interval)
+
+    @property
+    def watch_gap(self) -> float:
+        """The longest time between two successful reads (or a restart's downtime) that keeps the watch:
+        ``core/watch.py``."""
+        return watch.allowed_gap(self.poll_interval, self.effective_max_backoff)
 
     @property
     def effective_first_call_timeout(self) -> float:

@@ -16,10 +16,6 @@ from typing import Any
 from se_exporter.core.lifecycle import EventRecord
 from se_exporter.core.model import VmIdentity
 
-# Reads further apart than this (and than two of the longest waits between polls) break the watch: an event can be
-# announced and started unseen in a gap of five minutes (a Terminate's shortest notice), so the watch starts again.
-WATCH_GAP_SECONDS = 300.0
-
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -30,7 +26,7 @@ class Snapshot:
     up: bool = False
     has_document: bool = False
     last_success: float | None = None
-    watching_since: float | None = None  # since when IMDS has been read with no long gap (Poller._watching)
+    watching_since: float | None = None  # since when IMDS has been read with no long gap (core/watch.py)
     vm_name: str | None = None
     identity: VmIdentity | None = None
     api_version: str = ""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,12 +18,11 @@ import pytest
 import yaml
 
 from se_exporter.sidecar.imds import USER_AGENT
-from se_exporter.sidecar.lifecycle_store import LifecycleStore
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.server import Simulator, SimulatorServer, start
 from tests.alerting import ALERTMANAGER_CONFIG, Alertmanager, Notification, Webhook, shortened, tool
 from tests.conftest import Reliability
-from tests.helpers import Sidecar, http_get, wait_until
+from tests.helpers import WATCHED_FAST, Sidecar, http_get, wait_until, watched_for_an_hour
 from tests.integration.test_prometheus import Prometheus
 from tests.promtool import render
 from tests.promtool import rules as rules_of
@@ -101,9 +99,11 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
         for key, (scenario, vm_name) in stories.items():
             sim = Simulator(scenarios.load(scenario), vm_name=vm_name)
             servers.append(start(sim))
-            if key == "host-failure":  # a sidecar that has watched for an hour (its state directory says so)
-                LifecycleStore(tmp / key / "state", scope=servers[-1].url).save({}, watching_since=time.time() - 3600)
-            vms[key] = Vm(sim, Sidecar(["--imds-url", servers[-1].url, *FAST], tmp / key))
+            watched = key == "host-failure"
+            if watched:  # a sidecar that has watched for an hour (its state directory says so)
+                watched_for_an_hour(tmp / key / "state", servers[-1].url)
+            vms[key] = Vm(sim, Sidecar(["--imds-url", servers[-1].url, *(WATCHED_FAST if watched else FAST)],
+                                       tmp / key))
         targets = [vm.instance for vm in vms.values()]
         prom = Prometheus(targets[0], tmp / "prometheus", extra_targets=targets[1:], rule_file=RULES,
                           alertmanager=alertmanager.address, interval=INTERVAL)

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,11 +19,20 @@ from typing import Any
 import pytest
 import yaml
 
-from se_exporter.sidecar.lifecycle_store import LifecycleStore
 from se_exporter.simulator.faults import Fault
 from tests.child_logs import attach
 from tests.conftest import SimulatorFactory
-from tests.helpers import Sidecar, free_port, http_get, parse_samples, step_through, stop_process, wait_until
+from tests.helpers import (
+    WATCHED_FAST,
+    Sidecar,
+    free_port,
+    http_get,
+    parse_samples,
+    step_through,
+    stop_process,
+    wait_until,
+    watched_for_an_hour,
+)
 from tests.integration.test_prometheus import Prometheus
 from tests.kube_schemas import CHART, render
 
@@ -184,8 +192,8 @@ def test_every_expression_runs_on_prometheus_and_lights_up(simulator: SimulatorF
     one); every azure_scheduled_* metric they name is one the sidecar exposes."""
     sim, server = simulator("demo")
     # A sidecar that has watched for an hour (its state directory says so), so the demo's host failure pages.
-    LifecycleStore(tmp_path / "state", scope=server.url).save({}, watching_since=time.time() - 3600)
-    process = sidecar("--imds-url", server.url, *FAST, "--state-dir", str(tmp_path / "state"),
+    watched_for_an_hour(tmp_path / "state", server.url)
+    process = sidecar("--imds-url", server.url, *WATCHED_FAST, "--state-dir", str(tmp_path / "state"),
                       "--forward-file", str(tmp_path / "docs.jsonl"),
                       "--spool-max-bytes", "12KiB", "--eventhub-send-timeout", "1", "--eventhub-retry-max", "0.3",
                       env={"SE_EXPORTER_EVENTHUB_CONNECTION_STRING":

@@ -17,9 +17,10 @@ import pytest
 import yaml
 
 import se_exporter
+from se_exporter.cli import build_parser
 from se_exporter.fleet.settings import FLEET_OPTIONS
-from se_exporter.infra.options import DEFAULT_PORT
-from se_exporter.sidecar.settings import DEFAULT_IMDS_URL, RUN_OPTIONS
+from se_exporter.infra.options import DEFAULT_PORT, parse_duration, show_duration
+from se_exporter.sidecar.settings import DEFAULT_IMDS_URL, DEFAULT_SCRAPE_HOLD, RUN_OPTIONS, SCRAPE_HOLD, run_settings
 from tests.kube_schemas import CHART, ROOT, VALUE_SETS, HelmFailed, render, run_helm
 
 VALUES = {p.name.removesuffix("-values.yaml"): p for p in VALUE_SETS}
@@ -578,3 +579,45 @@ def container_env_from_field(container: dict[str, Any], name: str) -> str | None
         if item["name"] == name:
             return str(item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath"))
     return None
+
+
+@pytest.mark.parametrize("monitor", ["serviceMonitor", "podMonitor"])
+@pytest.mark.parametrize("interval", ["30s", "2m", "2m1s", "3m500ms", "1h", ""])
+def test_node_pods_hold_a_new_series_at_least_one_scrape_interval_of_their_monitor(monitor: str,
+                                                                                  interval: str) -> None:
+    """A counter series shows 0 for --max-scrape-interval (2m) before its first count so that increase() sees
+    it: the node pods are given the monitor's interval (quoted) when it is longer, and the sidecar, reading the
+    rendered environment as it does, holds new series for the longer of the two."""
+    sets = [f"{monitor}.interval={interval}"]
+    if monitor == "podMonitor":
+        sets += ["serviceMonitor.enabled=false", "podMonitor.enabled=true"]
+    daemonset = objects("default", *sets)[("DaemonSet", "se-exporter")]
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    variables = {k: v for k, v in env(container).items() if isinstance(v, str)}
+    settings = run_settings(build_parser().parse_args(container["args"]), variables)
+    scraped = parse_duration(interval) if interval else 0.0
+    assert settings.max_scrape_interval == max(scraped, DEFAULT_SCRAPE_HOLD)
+    assert variables.get("SE_EXPORTER_MAX_SCRAPE_INTERVAL") == (interval if scraped > DEFAULT_SCRAPE_HOLD else None)
+
+
+@pytest.mark.parametrize(("interval", "passed"), [("30s", None), ("5m", "-MaxScrapeInterval '5m'")])
+def test_windows_node_pods_pass_a_longer_scrape_interval_to_install_ps1(interval: str, passed: str | None) -> None:
+    """The Windows service is configured by install.ps1 (-MaxScrapeInterval, written as
+    SE_EXPORTER_MAX_SCRAPE_INTERVAL): the same rule as the Linux pods', a PowerShell literal."""
+    found = objects("windows", f"serviceMonitor.interval={interval}")
+    (container,) = found[("DaemonSet", "se-exporter-windows")]["spec"]["template"]["spec"]["containers"]
+    (script,) = [line for line in container["command"][-1].splitlines() if "'install.ps1'" in line]
+    assert ("-MaxScrapeInterval" in script) == (passed is not None)
+    assert passed is None or passed in script
+    linux = found[("DaemonSet", "se-exporter")]["spec"]["template"]["spec"]["containers"][0]
+    assert env(linux).get("SE_EXPORTER_MAX_SCRAPE_INTERVAL") == (interval if passed else None)
+
+
+def test_a_scrape_interval_the_sidecar_cannot_hold_for_is_refused_at_render() -> None:
+    """Above the sidecar's bound on --max-scrape-interval, one line at render instead of crash-looping pods."""
+    longest = show_duration(SCRAPE_HOLD.high)
+    assert run_settings(build_parser().parse_args(["run"]), {"SE_EXPORTER_MAX_SCRAPE_INTERVAL": longest})
+    with pytest.raises(HelmFailed, match=r"serviceMonitor\.interval 1h1s is longer than the sidecar's "
+                                         r"--max-scrape-interval takes \(1h\)"):
+        render(VALUES["default"], "serviceMonitor.interval=1h1s")
+    assert longest == "1h"

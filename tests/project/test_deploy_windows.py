@@ -134,7 +134,7 @@ def test_install_script_parameters_and_no_secrets() -> None:
     parameters = {text(node).split("$")[1].split()[0].rstrip(")") for node in nodes(block, "script_parameter")}
     assert parameters == {"Wheels", "Sha256", "PythonInstaller", "PythonExe", "WinSW", "InstallDir", "StateDir", "Port",
                           "ScrapeFrom", "EventHubNamespace", "EventHubName", "ClientId", "OtlpEndpoint",
-                          "HealthTimeout", "Uninstall", "Purge"}
+                          "MaxScrapeInterval", "HealthTimeout", "Uninstall", "Purge"}
     assert re.search(rf"\[int\] \$Port = {DEFAULT_PORT}\b", source)
     assert not any(SECRET_WORDS.search(name) for name in parameters)
     assert not re.search(r"(?i)SharedAccessKey|ConnectionString|ConvertTo-SecureString|-Password", source)

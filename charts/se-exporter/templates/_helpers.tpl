@@ -180,6 +180,50 @@ hands gRPC the bare host, and gRPC's default port is 443), and over HTTP the sch
 {{- end -}}
 {{- end -}}
 
+{{/* Seconds of a duration as the monitors' interval takes it (values.schema.json: e.g. 30s, 1m30s, 500ms). */}}
+{{- define "se-exporter.durationSeconds" -}}
+{{- $seconds := 0.0 -}}
+{{- range regexFindAll "[0-9]+(ms|s|m|h)" . -1 -}}
+{{- $unit := regexFind "[a-z]+$" . -}}
+{{- $seconds = addf $seconds (mulf (trimSuffix $unit . | float64) (get (dict "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0) $unit)) -}}
+{{- end -}}
+{{- $seconds -}}
+{{- end -}}
+
+{{/*
+The node pods' --max-scrape-interval, or "" for the default: a counter series appears at 0 and stays so for
+--max-scrape-interval (default 2m) so that increase() of every scraper sees the first count, which needs it at least
+the scrape interval. The longest interval of the enabled monitors is passed when it is longer than the default;
+otherwise nothing is (the default also covers another Prometheus scraping at 1m). More than the sidecar's bound
+(1h) is refused here, not in a crash-looping pod.
+*/}}
+{{- define "se-exporter.scrapeHold" -}}
+{{- $longest := "" -}}
+{{- $seconds := 120.0 -}}
+{{- range $name := list "serviceMonitor" "podMonitor" -}}
+{{- $m := index $.Values $name -}}
+{{- if and $m.enabled $m.interval -}}
+{{- $s := include "se-exporter.durationSeconds" $m.interval | float64 -}}
+{{- if gt $s 3600.0 -}}
+{{- fail (printf "%s.interval %s is longer than the sidecar's --max-scrape-interval takes (1h)" $name $m.interval) -}}
+{{- end -}}
+{{- if gt $s $seconds -}}
+{{- $longest = $m.interval -}}
+{{- $seconds = $s -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $longest -}}
+{{- end -}}
+
+{{/* se-exporter.scrapeHold as the Linux node pods' environment (the Windows ones pass it to install.ps1). */}}
+{{- define "se-exporter.scrapeHoldEnv" -}}
+{{- with include "se-exporter.scrapeHold" . }}
+- name: SE_EXPORTER_MAX_SCRAPE_INTERVAL
+  value: {{ . | quote }}
+{{- end -}}
+{{- end -}}
+
 {{/* The sidecar's port of the monitors' endpoints and the node label they add (joins kube-state-metrics). */}}
 {{- define "se-exporter.monitorEndpoint" -}}
 {{- $m := .monitor -}}
