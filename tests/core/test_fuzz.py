@@ -156,7 +156,7 @@ class Run:
         assert listed == {record.event.event_id for record in records.values()}
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=420)
 def test_fuzzed_documents_never_break_the_core_or_its_invariants(reliability: Reliability) -> None:
     """At least 10,000 generated documents per run: no exception escapes and every invariant holds throughout."""
     documents = 0

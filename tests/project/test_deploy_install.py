@@ -168,6 +168,7 @@ def _release(archive: Path) -> str:
     return f"{wheel.split('/se_exporter-')[1].split('-')[0]}-{sha256(archive)[:12]}"
 
 
+@pytest.mark.long(seconds=230)
 @pytest.mark.integration
 @INSTALLS_TWICE
 def test_install_then_upgrade_switches_after_health_and_uninstall_keeps_state(
@@ -215,6 +216,7 @@ def test_install_then_upgrade_switches_after_health_and_uninstall_keeps_state(
                 "the old one is removed; uninstall keeps settings and state, --purge removes them")
 
 
+@pytest.mark.long(seconds=240)
 @pytest.mark.integration
 @INSTALLS_TWICE
 def test_a_release_that_never_answers_is_rolled_back(machine: Machine, tmp_path: Path,
@@ -243,6 +245,7 @@ def test_a_release_that_never_answers_is_rolled_back(machine: Machine, tmp_path:
                 "exit 1 with one line; the old release, untouched, switched back, restarted and answering")
 
 
+@pytest.mark.long(seconds=240)
 @pytest.mark.integration
 @INSTALLS_TWICE
 def test_an_upgrade_killed_while_it_waits_for_health_ends_on_the_verified_release(
@@ -284,6 +287,7 @@ def test_an_upgrade_killed_while_it_waits_for_health_ends_on_the_verified_releas
                 "back with its own unit file, running")
 
 
+@pytest.mark.long(seconds=110)
 @pytest.mark.integration
 def test_the_health_check_asks_the_address_the_service_listens_on(tmp_path: Path,
                                                                  simulator: SimulatorFactory) -> None:
