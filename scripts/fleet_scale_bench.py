@@ -405,10 +405,13 @@ def idle_default(run: Run) -> None:
 
 def steady(run: Run) -> None:
     sizes, replicas, hub, proxy = run.sizes, run.replicas, run.hub, run.proxy
-    bare = run.bare = Child("bare", replicas.hub, str(sizes.wave))
+    # The three bare SDK processes started at once (each waits seconds for its partitions' first empty batches):
+    # what is measured starts once all three are ready.
+    halves = [("pair", ",".join(str(partition) for partition in range(half, sizes.partitions, 2))) for half in (0, 1)]
+    with ThreadPoolExecutor(3) as pool:
+        bare, *run.pair = pool.map(lambda extra: Child("bare", replicas.hub, str(sizes.wave), *extra), [(), *halves])
+    run.bare = bare
     assert bare.first == "ready", bare.first
-    run.pair = [Child("bare", replicas.hub, str(sizes.wave), "pair",
-                      ",".join(str(partition) for partition in range(half, sizes.partitions, 2))) for half in (0, 1)]
     assert all(child.first == "ready" for child in run.pair), [child.first for child in run.pair]
     hub.ask(f"heartbeats {sizes.heartbeat_s}")
     wait_until(lambda: bare.ask("stats")["messages"] > 0, timeout=60, interval=0.1, what="the first heartbeats")
@@ -505,6 +508,8 @@ def measure(sizes: Sizes, args: argparse.Namespace, work: Path) -> Run:
     hub = Child("hub", str(sizes.vms), str(sizes.partitions))
     azurite = proxy = replicas = run = None
     try:
+        # Started here, not beside the test server in a thread: its orphan guard (setpriv --pdeathsig) would stop it
+        # when the thread that started it ends.
         azurite = Azurite(work / "azurite")
         proxy = Child("proxy", str(azurite.port))
         storage = azurite.connection_string.replace(f":{azurite.port}/", f":{proxy.first}/")

@@ -44,26 +44,32 @@ def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On pytest-xdist's workers (``make test``), the long tests come first: those marked ``long`` (unit tests of
-    tens of seconds, such as the fuzz test's 10,000 documents), then the integration tests (seconds to a minute
-    each, mostly waiting on processes), each in their usual order, and the other unit tests last, so that the short
-    ones fill the workers' time at the end instead of one long test running alone. Every worker collects alike,
-    so all agree on the order; a serial run keeps the collection order.
+    """On pytest-xdist's workers (``make test``), the long tests come first, costliest first: those marked
+    ``long(seconds=...)`` (unit or integration tests of tens of seconds to minutes: the fuzz test's 10,000 documents,
+    install.sh's virtualenv builds, the benchmarks' smoke runs), by the cost their mark gives; then the other
+    integration tests (seconds each, mostly waiting on processes), then the other unit tests, each in their usual
+    order, so that the short ones fill the workers' time at the end instead of one long test running alone. (The
+    ``SHARED_SET_UP`` modules go first anyway: xdist hands out the scopes with most tests first.) A long test that
+    started late was the run's tail: each worker is handed its next test before it runs the current one, so two long
+    tests collected side by side ran one after the other on one worker while the others ran out of work. Every
+    worker collects alike, so all agree on the order; a serial run keeps the collection order.
 
-    A ``long`` test gets twice the per-test time limit (pytest-timeout's, a guard against hangs): CPU-bound, it
-    shares two cores with the other workers' tests, and with busy loops beside them (make test-contended) the fuzz
-    test, about 35 s of CPU, passed the 180 s limit on a machine loaded by other runs besides."""
+    A ``long`` test gets twice the per-test time limit (pytest-timeout's, a guard against hangs) unless it sets its
+    own: CPU-bound, it shares two cores with the other workers' tests, and with busy loops beside them (make
+    test-contended) the fuzz test, about 35 s of CPU, passed the 180 s limit on a machine loaded by other runs
+    besides."""
     limit = float(config.getini("timeout") or 0)
     for item in items:
         if limit and item.get_closest_marker("long") is not None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(2 * limit))
     if hasattr(config, "workerinput"):
-        def rank(item: pytest.Item) -> int:
-            if item.get_closest_marker("long") is not None:
-                return 0
-            return 1 if item.get_closest_marker("integration") is not None else 2
+        def rank(item: pytest.Item) -> tuple[int, float]:
+            long = item.get_closest_marker("long")
+            if long is not None:
+                return 0, -float(long.kwargs.get("seconds", 0))
+            return (1 if item.get_closest_marker("integration") is not None else 2), 0.0
 
-        items.sort(key=rank)  # stable: the order within each rank is kept
+        items.sort(key=rank)  # stable: the order within each rank (and among equal costs) is kept
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:

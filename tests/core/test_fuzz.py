@@ -54,7 +54,9 @@ json_values = st.recursive(
     | st.text(max_size=20) | nasty_text | huge_numbers,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=12)
-junk = json_values | st.text(alphabet=st.characters(codec="utf-8"), max_size=30)
+# Every character UTF-8 encodes (all but the surrogates): the same set as codec="utf-8", which costs a fresh
+# checkout 4 s of CPU to compute (hypothesis then caches it in .hypothesis/).
+junk = json_values | st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=30)
 times = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(timezone.utc))
 not_before = st.one_of(
     times.map(lambda t: format_datetime(t, usegmt=True)), times.map(lambda t: t.strftime("%Y-%m-%dT%H:%M:%SZ")),
@@ -156,7 +158,7 @@ class Run:
         assert listed == {record.event.event_id for record in records.values()}
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=420)
 def test_fuzzed_documents_never_break_the_core_or_its_invariants(reliability: Reliability) -> None:
     """At least 10,000 generated documents per run: no exception escapes and every invariant holds throughout."""
     documents = 0

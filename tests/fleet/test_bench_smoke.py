@@ -16,6 +16,7 @@ from tests.helpers import smoke_report
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
+@pytest.mark.long(seconds=70)
 def test_fleet_benchmark_smoke_mode_reports_the_ratio_and_memory() -> None:
     """scripts/fleet_bench.py --smoke exits 0 and reports a number for the bare SDK, the fleet, their ratio, memory."""
     report = smoke_report("fleet_bench.py")
@@ -27,6 +28,7 @@ def test_fleet_benchmark_smoke_mode_reports_the_ratio_and_memory() -> None:
     assert "  ... its writer / prometheus-client's families" in figures  # the figure that keeps the fleet's writer
 
 
+@pytest.mark.long(seconds=190)
 def test_fleet_scale_benchmark_smoke_mode_reports_every_phase() -> None:
     """scripts/fleet_scale_bench.py --smoke exits 0 and reports each phase's figures, with a reference and a ratio
     where the issue asks for one (the shape of the report, not its numbers)."""
@@ -45,6 +47,7 @@ def test_fleet_scale_benchmark_smoke_mode_reports_every_phase() -> None:
     assert any(name.startswith("wave") for name in ratios)  # /metrics over the bare SDK's receive
 
 
+@pytest.mark.long(seconds=60)
 def test_fleet_platform_benchmark_smoke_mode_reports_the_ratio() -> None:
     """scripts/fleet_bench.py --platform --smoke exits 0 and reports the bare SDK's receive of a burst of platform
     messages, the fleet's applying them, and their ratio (the shape of the report, not its numbers)."""

@@ -208,6 +208,7 @@ def expected(messages: list[PlatformEvent]) -> dict[tuple[str, tuple[str, ...]],
     return totals
 
 
+@pytest.mark.long(seconds=67)
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(message_sets())
 def test_every_order_and_split_over_rounds_and_partitions_counts_the_same(
@@ -334,6 +335,7 @@ def coverage_counted(order: tuple[int, ...], steps: list[Step], unannounced: boo
     return totals, reasons
 
 
+@pytest.mark.long(seconds=34)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(judgement_steps())
 def test_every_order_lateness_and_kill_of_the_home_counts_each_vm_and_event_id_once(

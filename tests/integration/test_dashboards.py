@@ -160,6 +160,7 @@ def substitute(expr: str) -> str:
     return expr
 
 
+@pytest.mark.long(seconds=36)
 def test_generated_dashboards_are_committed() -> None:
     """Regenerating the dashboards reproduces the committed JSON byte for byte."""
     result = subprocess.run([sys.executable, str(DASHBOARDS / "generate.py"), "--check"], capture_output=True,

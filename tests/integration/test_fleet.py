@@ -148,6 +148,7 @@ def owners(azurite: Azurite, container: str) -> dict[str, str]:
                 for blob in blobs.list_blobs(include=["metadata"]) if "/ownership/" in blob.name}
 
 
+@pytest.mark.long(seconds=90)
 def test_ten_thousand_vms_split_over_two_replicas_survive_kill_and_restart(
         hubs: Callable[..., EventHubsTestServer], fleets: Callable[..., FleetProcess], azurite: Azurite,
         container: str, reliability: Reliability) -> None:

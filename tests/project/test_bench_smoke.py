@@ -9,6 +9,7 @@ from tests.helpers import smoke_report
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.long(seconds=70)
 def test_benchmark_smoke_mode_measures_every_figure() -> None:
     """scripts/bench.py --smoke exits 0 and reports a number for every figure of the table."""
     report = smoke_report("bench.py")

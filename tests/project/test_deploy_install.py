@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from se_exporter.simulator import scenario as scenarios
+from se_exporter.simulator.server import Simulator, start
 from tests.conftest import Reliability, SimulatorFactory
 from tests.container import snapshot
 from tests.helpers import free_port, http_get, wait_until
@@ -34,6 +36,8 @@ SETUP = "/var/tmp/se-exporter-setup"  # noqa: S108 - where the custom data write
 # Each install builds a virtualenv and pip-installs the whole wheelhouse: with two busy loops beside them on 2 shared
 # cores under other work, the two tests that install twice took 111 s and 149 s. The suite's 180 s is too close.
 INSTALLS_TWICE = pytest.mark.timeout(400)
+# The template's build (built_release) can meet another worker's waiting on it: both within one limit.
+INSTALLS_SEEDED = pytest.mark.timeout(600)
 BROKEN = '''
 
 _serving_main = main
@@ -111,6 +115,20 @@ class Machine:
             f"SE_EXPORTER_STATE_DIR={self.state}\nSE_EXPORTER_POLL_INTERVAL=0.2\n")
         self.prefix = self.root / "opt" / "se-exporter"
 
+    def seed(self, built: Path) -> None:
+        """Put a release install.sh built elsewhere (``built_release``) where it would build this one: copied, with
+        the paths its scripts' shebangs, activate scripts and pyvenv.cfg name moved to here, byte for byte what a
+        build here writes but for the bytecode's recorded source paths (which the import system corrects on load).
+        install.sh then finds it built (its ``.built`` mark, as after a run killed before its switch) and goes
+        straight to switching, restarting and checking it."""
+        target = self.prefix / "releases" / built.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(built, target, symlinks=True)
+        old, new = str(built).encode(), str(target).encode()
+        for path in [*(target / "bin").iterdir(), target / "pyvenv.cfg"]:
+            if path.is_file() and not path.is_symlink() and old in (data := path.read_bytes()):
+                path.write_bytes(data.replace(old, new))
+
     def environment(self, env: dict[str, str] | None = None) -> dict[str, str]:
         return {**os.environ, "INSTALL_ROOT": str(self.root), "STAND_IN_DIR": str(self.stand_in),
                 "PATH": f"{self.stand_in / 'bin'}:{os.environ['PATH']}", "HEALTH_TIMEOUT": "60", **(env or {})}
@@ -155,6 +173,38 @@ def machine(tmp_path: Path, simulator: SimulatorFactory) -> Iterator[Machine]:
     made.stop()
 
 
+@pytest.fixture(scope="session")
+def built_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """dist/linux-wheels.tar.gz's release as install.sh builds it (its virtualenv, the wheelhouse pip-installed, the
+    unit file, the .built mark), built once per run by a real install.sh run against the simulator and shared by the
+    pytest-xdist workers (a lock, in the run's temporary directory): the tests whose subject is not the build
+    (a rollback, an interrupted upgrade, the health check's address) start from a copy (Machine.seed) instead of
+    building it again, about 35 s of a quiet machine's time each and minutes on a busy one. install.sh's build step
+    stays exercised: the install-then-upgrade test builds both its releases, and the rollback and the interrupted
+    upgrade each build their new release."""
+    archive = _archive()
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    template = shared / f"install-template-{sha256(archive)[:12]}"
+    with (shared / "install-template.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (template / "done").exists():
+            shutil.rmtree(template, ignore_errors=True)
+            server = start(Simulator(scenarios.load("live-migration")), "127.0.0.1", 0)
+            machine = Machine(template, server.url)
+            try:
+                result = machine.run("--sha256", sha256(archive), str(archive))
+                assert result.returncode == 0, result.stdout + result.stderr
+            finally:
+                machine.stop()
+                server.shutdown()
+                server.server_close()
+            (template / "done").touch()
+    built = template / "root" / "opt" / "se-exporter" / "releases" / _release(archive)
+    assert (built / ".built").is_file()
+    return built
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
@@ -168,6 +218,7 @@ def _release(archive: Path) -> str:
     return f"{wheel.split('/se_exporter-')[1].split('-')[0]}-{sha256(archive)[:12]}"
 
 
+@pytest.mark.long(seconds=230)
 @pytest.mark.integration
 @INSTALLS_TWICE
 def test_install_then_upgrade_switches_after_health_and_uninstall_keeps_state(
@@ -215,13 +266,15 @@ def test_install_then_upgrade_switches_after_health_and_uninstall_keeps_state(
                 "the old one is removed; uninstall keeps settings and state, --purge removes them")
 
 
+@pytest.mark.long(seconds=170)
 @pytest.mark.integration
-@INSTALLS_TWICE
-def test_a_release_that_never_answers_is_rolled_back(machine: Machine, tmp_path: Path,
+@INSTALLS_SEEDED
+def test_a_release_that_never_answers_is_rolled_back(machine: Machine, tmp_path: Path, built_release: Path,
                                                      reliability: Reliability) -> None:
     """An upgrade whose new release installs but never answers /healthz fails, with the old release (whose files
     were never touched) switched back, restarted and answering, and the new one removed."""
     first = _archive()
+    machine.seed(built_release)
     assert machine.run("--sha256", sha256(first), str(first)).returncode == 0
     installed = machine.prefix / "releases" / _release(first)
     before = snapshot(installed, skip=tuple(str(p.relative_to(installed)) for p in installed.rglob("__pycache__")))
@@ -243,15 +296,17 @@ def test_a_release_that_never_answers_is_rolled_back(machine: Machine, tmp_path:
                 "exit 1 with one line; the old release, untouched, switched back, restarted and answering")
 
 
+@pytest.mark.long(seconds=170)
 @pytest.mark.integration
-@INSTALLS_TWICE
+@INSTALLS_SEEDED
 def test_an_upgrade_killed_while_it_waits_for_health_ends_on_the_verified_release(
-        machine: Machine, tmp_path: Path, reliability: Reliability) -> None:
+        machine: Machine, tmp_path: Path, built_release: Path, reliability: Reliability) -> None:
     """install.sh killed -9 while it waits for the new release's /healthz (an extension's timeout, a reboot) leaves
     the service on a release never verified, with that release's unit file; run again, as the extension retries it,
     it finishes the upgrade: the new release fails its health check again and the verified one is back, running,
     with the unit file it was installed with."""
     first = _archive()
+    machine.seed(built_release)
     assert machine.run("--sha256", sha256(first), str(first)).returncode == 0
     verified_unit = machine.unit()
     newer = tmp_path / "newer"
@@ -284,14 +339,17 @@ def test_an_upgrade_killed_while_it_waits_for_health_ends_on_the_verified_releas
                 "back with its own unit file, running")
 
 
+@pytest.mark.long(seconds=30)
 @pytest.mark.integration
-def test_the_health_check_asks_the_address_the_service_listens_on(tmp_path: Path,
+@INSTALLS_SEEDED
+def test_the_health_check_asks_the_address_the_service_listens_on(tmp_path: Path, built_release: Path,
                                                                  simulator: SimulatorFactory) -> None:
     """A service bound to one address (the VM's private one, as docs/install.md advises; here 127.0.0.2, which
     Linux routes to loopback) is asked for /healthz there: polling 127.0.0.1 never got an answer, so a first install
     failed and every upgrade was rolled back."""
     _, server = simulator("live-migration")
     machine = Machine(tmp_path, server.url, host="127.0.0.2")
+    machine.seed(built_release)
     try:
         first = _archive()
         result = machine.run("--sha256", sha256(first), str(first), env={"HEALTH_TIMEOUT": "30"})

@@ -51,7 +51,7 @@ def test_a_sideways_or_upward_import_breaks_a_contract(tmp_path: Path, module: s
     assert broken in result.stdout
 
 
-@pytest.mark.long
+@pytest.mark.long(seconds=70)
 def test_unit_tests_collect_without_the_integration_dependencies(tmp_path: Path) -> None:
     """With python-qpid-proton unimportable, `pytest -m "not integration"` still collects every unit test."""
     blocker = tmp_path / "blocked" / "proton"

@@ -57,6 +57,7 @@ def _install_command(python: Path, house: Path, requirements: Path) -> list[str]
     return [str(python), "-m", "pip", "install", *arguments, "-r", str(requirements)]
 
 
+@pytest.mark.long(seconds=80)
 @pytest.mark.integration
 def test_linux_wheelhouse_installs_offline_with_hashes_required(tmp_path: Path, reliability: Reliability) -> None:
     """The wheelhouse installs into a new virtualenv with no index, every hash checked, and the console script
@@ -80,6 +81,7 @@ def test_linux_wheelhouse_installs_offline_with_hashes_required(tmp_path: Path, 
                 "offline (--no-index), every hash checked; exactly the locked versions; se-exporter starts")
 
 
+@pytest.mark.long(seconds=30)
 @pytest.mark.integration
 def test_a_wheel_that_is_not_the_locked_one_stops_the_install(tmp_path: Path, reliability: Reliability) -> None:
     """One wheel replaced by other bytes under its name: pip refuses it (hash mismatch) and installs nothing."""
