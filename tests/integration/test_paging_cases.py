@@ -126,6 +126,25 @@ def continuing(sidecar: Sidecar, since: float) -> bool:
     return sidecar.value(WATCHING) == since
 
 
+def watching_then_stopped(tmp_path: Path, simulator: SimulatorFactory, event: dict[str, object],
+                          args: tuple[str, ...], kill: bool) -> tuple[Simulator, SimulatorServer, Path, float]:
+    """A sidecar continuing a saved hour-long watch of ``event``'s scenario, then stopped: killed -9 (no orderly
+    stop) or by SIGTERM (exit 0). The simulator, its server, the state directory and the saved watch's start."""
+    sim, server = restart_case(tmp_path, simulator, event)
+    state = tmp_path / "state"
+    since = watched_for_an_hour(state, server.url)
+    first = Sidecar(["--imds-url", server.url, *args, "--state-dir", str(state)], tmp_path / "first")
+    try:
+        wait_until(lambda: continuing(first, since), timeout=30, what="the sidecar to continue the saved watch")
+    finally:
+        if kill:
+            first.process.kill()
+            first.stop()
+        else:
+            assert first.stop() == 0
+    return sim, server, state, since
+
+
 def test_a_sidecar_stopped_longer_than_the_allowed_gap_warns_for_an_event_announced_and_started_meanwhile(
         simulator: SimulatorFactory, tmp_path: Path, reliability: Reliability) -> None:
     """The sidecar has watched for an hour, is killed (a node drained, a VM rebooted: no orderly stop), and while
@@ -138,15 +157,7 @@ def test_a_sidecar_stopped_longer_than_the_allowed_gap_warns_for_an_event_announ
     assert gap == 6.0
     event = {"EventId": EVENT_ID, "EventType": "Reboot", "EventSource": "Platform", "Resources": [VM],
              "appear_at": 60, "notice": 600, "started_for": 3600}
-    sim, server = restart_case(tmp_path, simulator, event)
-    state = tmp_path / "state"
-    since = watched_for_an_hour(state, server.url)
-    first = Sidecar(["--imds-url", server.url, *args, "--state-dir", str(state)], tmp_path / "first")
-    try:
-        wait_until(lambda: continuing(first, since), timeout=30, what="the sidecar to continue the saved watch")
-    finally:
-        first.process.kill()
-        first.stop()
+    sim, server, state, _ = watching_then_stopped(tmp_path, simulator, event, args, kill=True)
     stopped = time.monotonic()
     sim.advance(120)  # announced: Scheduled, 10 minutes of notice, unseen
     sim.advance(600)  # and started
@@ -173,14 +184,7 @@ def test_a_quick_restart_keeps_the_watch_and_a_host_failure_meanwhile_pages(
     assert gap == 20.0
     event = {"EventId": EVENT_ID, "EventType": "Reboot", "EventSource": "Platform", "Resources": [VM],
              "appear_at": 60, "started_at_first_sight": True, "started_for": 3600}
-    sim, server = restart_case(tmp_path, simulator, event)
-    state = tmp_path / "state"
-    since = watched_for_an_hour(state, server.url)
-    first = Sidecar(["--imds-url", server.url, *args, "--state-dir", str(state)], tmp_path / "first")
-    try:
-        wait_until(lambda: continuing(first, since), timeout=30, what="the sidecar to continue the saved watch")
-    finally:
-        assert first.stop() == 0
+    sim, server, state, since = watching_then_stopped(tmp_path, simulator, event, args, kill=False)
     stopped = time.monotonic()
     sim.advance(120)
     second = Sidecar(["--imds-url", server.url, *args, "--state-dir", str(state)], tmp_path / "second")
