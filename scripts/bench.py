@@ -65,12 +65,12 @@ from se_exporter.sidecar.forwarding.forward import ForwardMetrics  # noqa: E402
 from se_exporter.sidecar.forwarding.spool import Spool  # noqa: E402
 from se_exporter.simulator import scenario as scenarios  # noqa: E402
 from se_exporter.simulator.server import SE_PATH, Simulator, SimulatorServer, start  # noqa: E402
-from tests import container  # noqa: E402
-from tests.alerting import ALERTMANAGER_CONFIG, Alertmanager, Webhook, shortened  # noqa: E402
-from tests.eventhubs_server import EventHubsTestServer  # noqa: E402
-from tests.helpers import Sidecar, key_times, stop_process  # noqa: E402
 from tests.integration.test_prometheus import Prometheus  # noqa: E402
-from tests.otlp_receiver import OtlpReceiver  # noqa: E402
+from tests.support import container  # noqa: E402
+from tests.support.alerting import ALERTMANAGER_CONFIG, Alertmanager, Webhook, shortened  # noqa: E402
+from tests.support.eventhubs_server import EventHubsTestServer  # noqa: E402
+from tests.support.helpers import Sidecar, key_times, stop_process  # noqa: E402
+from tests.support.otlp_receiver import OtlpReceiver  # noqa: E402
 
 PEER_NAME = "azure-scheduledevents-exporter"
 PEER_CANDIDATES = [ROOT.parent / "shared" / "peers" / PEER_NAME, ROOT.parent.parent / "shared" / "peers" / PEER_NAME]

@@ -9,7 +9,7 @@ What runs (each on 127.0.0.1, each stopped by Ctrl-C):
   ``--platform-file``): a Freeze of web_0 and web_1, a Reboot of web_2 whose sidecar is blind to it, a Redeploy of
   web_3 (no sidecar runs there) and a Reboot of web_1 that is canceled;
 * three sidecars (web_0, web_1, web_2) forwarding to the sidecars' event hub;
-* the suite's Event Hubs test server (AMQP, tests/eventhubs_server.py) serving both hubs, ``sidecars`` and
+* the suite's Event Hubs test server (AMQP, tests/support/eventhubs_server.py) serving both hubs, ``sidecars`` and
   ``platform``, and Azurite (tests/azurite, telemetry off) as the fleet's checkpoint store;
 * ``se-exporter fleet`` reading both hubs, with a short ``--reconcile-grace`` so a missed event shows quickly.
 
@@ -34,9 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.eventhubs_server import EventHubsTestServer, Store  # noqa: E402 - after the path set-up above
-from tests.fleet_helpers import Azurite  # noqa: E402
-from tests.helpers import free_port, http_get  # noqa: E402
+from tests.support.eventhubs_server import EventHubsTestServer, Store  # noqa: E402 - after the path set-up above
+from tests.support.fleet_helpers import Azurite  # noqa: E402
+from tests.support.helpers import free_port, http_get  # noqa: E402
 
 SIDECARS = ("web_0", "web_1", "web_2")  # web_3 runs none: the platform's events for it are a blind spot
 GRACE = "5"  # seconds a live sidecar may take to list an announced event before it counts as missed

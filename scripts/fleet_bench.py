@@ -39,9 +39,9 @@ from proton import Message  # noqa: E402
 
 from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER  # noqa: E402
 from se_exporter.sidecar.forwarding.envelope import Envelope  # noqa: E402
-from tests.eventhubs_server import EventHubsTestServer, Store  # noqa: E402
-from tests.fleet_helpers import Azurite, FleetProcess, envelope_for, fleet_vm  # noqa: E402
-from tests.helpers import free_port, wait_until  # noqa: E402
+from tests.support.eventhubs_server import EventHubsTestServer, Store  # noqa: E402
+from tests.support.fleet_helpers import Azurite, FleetProcess, envelope_for, fleet_vm  # noqa: E402
+from tests.support.helpers import free_port, wait_until  # noqa: E402
 
 PARTITIONS = 4
 # /metrics is read every POLL seconds during the burst (a scrape of 10,000 VMs costs the fleet ~35 ms of CPU, which

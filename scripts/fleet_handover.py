@@ -26,10 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.eventhubs_server import EventHubsTestServer, Store  # noqa: E402 - after the path set-up above
-from tests.fleet_handover import Watch, summary  # noqa: E402
-from tests.fleet_helpers import Azurite, FleetProcess, envelope_for, fleet_vm, produce, vm_identity  # noqa: E402
-from tests.helpers import free_port, wait_until  # noqa: E402
+from tests.support.eventhubs_server import EventHubsTestServer, Store  # noqa: E402 - after the path set-up above
+from tests.support.fleet_handover import Watch, summary  # noqa: E402
+from tests.support.fleet_helpers import Azurite, FleetProcess, envelope_for, fleet_vm, produce, vm_identity  # noqa: E402
+from tests.support.helpers import free_port, wait_until  # noqa: E402
 
 PARTITIONS = 4
 

@@ -30,9 +30,9 @@ from azure.eventhub.aio import EventHubConsumerClient
 from fleet_bench import BARE_RECEIVE, hub_message, rss_mb  # same folder: what both fleet benchmarks use
 
 from se_exporter.sidecar.forwarding.envelope import Envelope, rfc3339_millis
-from tests.eventhubs_server import EventHubsTestServer, Store
-from tests.fleet_helpers import envelope_for, fleet_vm
-from tests.helpers import free_port
+from tests.support.eventhubs_server import EventHubsTestServer, Store
+from tests.support.fleet_helpers import envelope_for, fleet_vm
+from tests.support.helpers import free_port
 
 WAVE_EVENT = b"WAVE-"  # event ids of the maintenance wave: what the bare receiver and the scrapes look for
 STATE_PATH = b"/fleet-state/"  # state_blob_name(): <namespace>/<hub>/<group>/fleet-state/<partition>

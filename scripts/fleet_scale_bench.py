@@ -3,11 +3,11 @@
     python scripts/fleet_scale_bench.py           (make bench)  100,000 VMs, 32 partitions, 3 minutes of heartbeats
     python scripts/fleet_scale_bench.py --smoke   300 VMs, 4 partitions, seconds-long phases (make test)
 
-Processes, all on this machine's cores at once: the Event Hubs test server (tests/eventhubs_server.py) in its own
-process, which is also the producer (documents are appended to its store directly, built through the sidecar's own
+Processes, all on this machine's cores at once: the Event Hubs test server (tests/support/eventhubs_server.py) in its
+own process, which is also the producer (documents are appended to its store directly, built through the sidecar's own
 envelope: the SDK's AMQP sender is left out, the benchmark measures the consumers); Azurite, reached through a
 counting proxy in its own process (it counts the bodies of writes to the state blobs, and every byte sent); the
-replicas (`tests.fleet_helpers.FleetProcess`); the bare SDK (`EventHubConsumerClient.receive_batch`, same batch
+replicas (`tests.support.fleet_helpers.FleetProcess`); the bare SDK (`EventHubConsumerClient.receive_batch`, same batch
 size and prefetch as `fleet`, no checkpoint store, consumer group `bare`, in its own process); and this script,
 which scrapes and parses /metrics. Phases, in order, and what runs in each besides the hub, Azurite and the proxy:
 
@@ -77,8 +77,8 @@ ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT))
 
 from se_exporter.fleet.settings import DEFAULT_CHECKPOINT_INTERVAL, FleetSettings  # noqa: E402
-from tests.fleet_helpers import Azurite, FleetProcess  # noqa: E402
-from tests.helpers import wait_until  # noqa: E402
+from tests.support.fleet_helpers import Azurite, FleetProcess  # noqa: E402
+from tests.support.helpers import wait_until  # noqa: E402
 
 FLEET = b"azure_scheduled_fleet"
 DEFAULT_BALANCING = FleetSettings.load_balancing_interval  # what the steady state and the wave run with

@@ -1,7 +1,7 @@
 """Render the Reliability table of docs/reliability.md from what the last full run of the test suite proved
-(.test-results/reliability.json, written by tests/reliability.py) and the last soak run (docs/measurements/soak.json),
-so the table is produced by the suite, never typed by hand. A partial run (a file, -k, -m, a failure) writes no
-rows, and rows not marked as a full run's are refused: the table never shrinks to what one file proved.
+(.test-results/reliability.json, written by tests/support/reliability.py) and the last soak run
+(docs/measurements/soak.json), so the table is produced by the suite, never typed by hand. A partial run (a file, -k,
+-m, a failure) writes no rows, and rows not marked as a full run's are refused: the table never shrinks to what one
 
     python scripts/reliability.py           # rewrite the table in docs/reliability.md
     python scripts/reliability.py --check   # exit 1 if docs/reliability.md differs from what the last run proved

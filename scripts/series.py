@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from se_exporter.simulator import scenario as scenarios  # noqa: E402 - after the path set-up above
 from se_exporter.simulator.server import SE_PATH, Simulator, start  # noqa: E402
-from tests.helpers import Sidecar, free_port, http_get, stop_process, wait_until  # noqa: E402
+from tests.support.helpers import Sidecar, free_port, http_get, stop_process, wait_until  # noqa: E402
 
 # ../shared/peers from a checkout, or from a worktree one level further down.
 _PEERS = [folder / "shared" / "peers" / "azure-scheduledevents-exporter"

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from se_exporter.simulator import scenario as scenarios  # noqa: E402 - after the path set-up above
 from se_exporter.simulator.server import Simulator, start  # noqa: E402
-from tests.eventhubs_server import EventHubsTestServer  # noqa: E402
+from tests.support.eventhubs_server import EventHubsTestServer  # noqa: E402
 
 WARM_UP = 5_000
 # Memory is compared from one minute after start: by then about 900 documents went through every output and the

@@ -13,17 +13,18 @@ import pytest
 from se_exporter.sidecar.imds import USER_AGENT
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.server import Simulator, SimulatorServer, start
-from tests.helpers import Sidecar, free_port
+from tests.support.helpers import Sidecar, free_port
 
 if TYPE_CHECKING:  # the AMQP test server needs python-qpid-proton, an integration dependency: imported when used
-    from tests.eventhubs_server import EventHubsTestServer, Store
+    from tests.support.eventhubs_server import EventHubsTestServer, Store
 
 SimulatorFactory = Callable[..., tuple[Simulator, SimulatorServer]]
 Reliability = Callable[[str, str, str], None]
 # The reliability fixture and the full-run rule behind docs/reliability.md's table (pytester tests that rule); every
-# test leaving the process as it found it; loopback only (tests/loopback.py); a failing test showing the logs of the
-# processes it started (tests/process_logs.py).
-pytest_plugins = ["tests.reliability", "tests.process_state", "tests.loopback", "tests.process_logs", "pytester"]
+# test leaving the process as it found it; loopback only (tests/support/loopback.py); a failing test showing the logs
+# of the processes it started (tests/support/process_logs.py).
+pytest_plugins = ["tests.support.reliability", "tests.support.process_state", "tests.support.loopback",
+                  "tests.support.process_logs", "pytester"]
 
 
 # Modules whose tests share one expensive module-scoped set-up: under pytest-xdist each runs whole on one worker,
@@ -132,7 +133,7 @@ def hubs() -> Iterator[Callable[..., EventHubsTestServer]]:
     started: list[EventHubsTestServer] = []
 
     def make(store: Store | None = None, port: int = 0, settle: bool = True, start: bool = True) -> EventHubsTestServer:
-        from tests.eventhubs_server import EventHubsTestServer  # noqa: PLC0415 - only tests that start a hub need it
+        from tests.support.eventhubs_server import EventHubsTestServer  # noqa: PLC0415 - only tests that start a hub need it
 
         server = EventHubsTestServer(store, port=port or free_port(), settle=settle)
         if start:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from se_exporter.cli import main
-from tests.child_logs import attach
-from tests.helpers import free_port, stop_process, wait_until
+from tests.support.child_logs import attach
+from tests.support.helpers import free_port, stop_process, wait_until
 
 # Two halves no message has by chance: a password with a character between them (unencoded, as people paste them)
 # must lose both, wherever a URL parser would cut it.

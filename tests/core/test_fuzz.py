@@ -37,7 +37,7 @@ from se_exporter.sidecar.sinks.transition_metrics import MetricsSink
 from se_exporter.sidecar.snapshot import Snapshot
 from se_exporter.sidecar.transport import KeepAliveTransport
 from tests.conftest import Reliability
-from tests.fakes.http_server import CLOSE, Drip, ScriptedServer
+from tests.support.fakes.http_server import CLOSE, Drip, ScriptedServer
 
 HUGE_MARK = "<5000 digits>"  # replaced in the JSON text by a 5,000-digit number (past Python's int-string limit)
 DOCUMENTS_PER_EXAMPLE = 20

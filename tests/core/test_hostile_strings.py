@@ -24,8 +24,8 @@ from se_exporter.sidecar.sinks import DocumentChange
 from se_exporter.sidecar.sinks.spans import EventIdGenerator, SpanSink, trace_id_for
 from se_exporter.sidecar.sinks.tracing import span_line
 from tests.conftest import Reliability
-from tests.helpers import wait_until
-from tests.otlp_receiver import OtlpReceiver
+from tests.support.helpers import wait_until
+from tests.support.otlp_receiver import OtlpReceiver
 
 A = "azure.scheduled_event."
 # Exactly as IMDS could send it: JSON escapes of lone surrogates and of control characters, and a CRLF layout.

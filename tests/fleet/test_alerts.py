@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests import fleet_overlap, fleet_two_streams, promtool
+from tests.support import fleet_overlap, fleet_two_streams, promtool
 
 RULES = Path(__file__).parent.parent.parent / "dashboards" / "fleet-alerts.yaml"
 F = "SeExporterFleet"  # every fleet alert's prefix
@@ -153,9 +153,9 @@ CASES: list[promtool.Case] = [
 
 
 def overlapping(hub_partitions: int = 2) -> dict[str, str]:
-    """Ten minutes of two replicas both showing partition 1's VMs (tests/fleet_overlap.py), each with its own totals
-    counting them, and on the platform stream the moment of a hand-over (tests/fleet_two_streams.py: A judges every
-    VM, B already judges P1's too), both scraped fine."""
+    """Ten minutes of two replicas both showing partition 1's VMs (tests/support/fleet_overlap.py), each with its own
+    totals counting them, and on the platform stream the moment of a hand-over (tests/support/fleet_two_streams.py: A
+    judges every VM, B already judges P1's too), both scraped fine."""
     a, b = fleet_overlap.replicas(hub_partitions)
     platform_a, platform_b = fleet_two_streams.handover()
     return {**fleet_overlap.promtool_series(a, A, 10), **fleet_overlap.promtool_series(b, B, 10),
@@ -187,8 +187,8 @@ OVERLAP_CASES: list[tuple[str, dict[str, str], str, list[tuple[dict[str, str], f
 
 
 def split() -> dict[str, str]:
-    """Ten minutes of the platform stream's steady state over two replicas (tests/fleet_two_streams.py): each judges
-    the VMs it shows, E-big's on both; neither shows every partition, so neither judges no_sidecar."""
+    """Ten minutes of the platform stream's steady state over two replicas (tests/support/fleet_two_streams.py): each
+    judges the VMs it shows, E-big's on both; neither shows every partition, so neither judges no_sidecar."""
     platform_a, platform_b = fleet_two_streams.split()
     return {**fleet_overlap.promtool_series(platform_a, A, 10), **fleet_overlap.promtool_series(platform_b, B, 10),
             **sidecars(A, 1), **sidecars(B, 2)}

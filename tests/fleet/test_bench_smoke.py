@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import smoke_report
+from tests.support.helpers import smoke_report
 
 # A smoke run is wall-clock phases of a few seconds plus Azurite and two replicas started: under a minute alone, a
 # few on a busy 2-core machine. The limit is the one ``smoke_report`` gives the script itself.

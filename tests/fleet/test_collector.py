@@ -16,7 +16,7 @@ from se_exporter.infra.http_server import serve
 from se_exporter.infra.options import Listen
 from tests.fleet.reference_exposition import fleet_text, text
 from tests.fleet.test_vms import EMPTY, FREEZE, NEIGHBOUR, props
-from tests.helpers import Samples, http_get, parse_samples
+from tests.support.helpers import Samples, http_get, parse_samples
 
 NOW = 2_000_000_000.0
 REBOOT = (b'{"DocumentIncarnation": 9, "Events": [{"EventId": "R1", "EventType": "Reboot", "Resources": ["ss_2"], '

@@ -10,7 +10,7 @@ from se_exporter.fleet.message import InvalidMessage, Message, read_message
 from se_exporter.fleet.vms import Fleet, PartitionState
 from tests.fleet.reference_exposition import fleet_text
 from tests.fleet.test_vms import FREEZE, VM_ID, props
-from tests.helpers import parse_samples
+from tests.support.helpers import parse_samples
 
 NAME = "WestNO_0"
 

@@ -4,7 +4,7 @@ the figures are the script's to print)."""
 from __future__ import annotations
 
 from se_exporter.fleet.platform.exposition import NAMED_VMS_TOTAL
-from tests.helpers import smoke_report
+from tests.support.helpers import smoke_report
 
 
 def test_the_platform_memory_script_reports_both_profiles_within_their_bounds() -> None:

@@ -11,7 +11,7 @@ from unittest import mock
 from azure.storage.blob.aio import ContainerClient
 
 from se_exporter.fleet.main import trusting
-from tests.helpers import free_port
+from tests.support.helpers import free_port
 
 
 class Proxy:

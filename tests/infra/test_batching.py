@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 
 from se_exporter.infra.batching import BatchProcessor, Exporter, MemoryQueue
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 
 class Flaky(Exporter[int]):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.child_logs import TAIL_BYTES, tail
+from tests.support.child_logs import TAIL_BYTES, tail
 
 
 def test_a_long_log_is_cut_to_its_last_lines_with_a_note(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from se_exporter.infra.azure.credential import service_credential
 from se_exporter.simulator.identity import TOKEN_PATH, USER_ASSIGNED
 from se_exporter.simulator.server import Simulator
 from tests.conftest import SimulatorFactory
-from tests.helpers import free_port
+from tests.support.helpers import free_port
 
 STORAGE = "https://storage.azure.com/.default"
 

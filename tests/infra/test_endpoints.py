@@ -31,8 +31,8 @@ from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.server import Simulator
 from se_exporter.simulator.server import start as start_simulator
 from tests.conftest import Reliability
-from tests.helpers import wait_until
-from tests.slow_clients import Drippers, scrape
+from tests.support.helpers import wait_until
+from tests.support.slow_clients import Drippers, scrape
 
 REQUEST = b"GET /metrics HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n"
 

@@ -40,8 +40,8 @@ from se_exporter.infra.host_os import (
 from se_exporter.sidecar.forwarding import spool as spool_module
 from se_exporter.sidecar.forwarding.spool import Spool
 from tests.conftest import Reliability
-from tests.fakes.documents import envelope
-from tests.helpers import free_port, http_get, wait_until
+from tests.support.fakes.documents import envelope
+from tests.support.helpers import free_port, http_get, wait_until
 
 SO_EXCLUSIVEADDRUSE = -5  # winsock2.h: ~SO_REUSEADDR
 

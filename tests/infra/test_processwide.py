@@ -16,8 +16,8 @@ import pytest
 
 from se_exporter.cli import main
 from se_exporter.infra import processwide
-from tests.helpers import wait_until
-from tests.process_state import snapshot
+from tests.support.helpers import wait_until
+from tests.support.process_state import snapshot
 
 
 def state() -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.otlp_receiver import OtlpReceiver
+from tests.support.otlp_receiver import OtlpReceiver
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

@@ -20,12 +20,12 @@ import yaml
 from se_exporter.sidecar.imds import USER_AGENT
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.server import Simulator, SimulatorServer, start
-from tests.alerting import ALERTMANAGER_CONFIG, Alertmanager, Notification, Webhook, shortened, tool
 from tests.conftest import Reliability
-from tests.helpers import WATCHED_FAST, Sidecar, http_get, wait_until, watched_for_an_hour
 from tests.integration.test_prometheus import Prometheus
-from tests.promtool import render
-from tests.promtool import rules as rules_of
+from tests.support.alerting import ALERTMANAGER_CONFIG, Alertmanager, Notification, Webhook, shortened, tool
+from tests.support.helpers import WATCHED_FAST, Sidecar, http_get, wait_until, watched_for_an_hour
+from tests.support.promtool import render
+from tests.support.promtool import rules as rules_of
 
 pytestmark = pytest.mark.integration
 RULES = Path(__file__).parent.parent.parent / "dashboards" / "alerts.yaml"

@@ -12,8 +12,8 @@ import pytest
 
 from se_exporter.sidecar.sinks.spans import trace_id_for
 from tests.conftest import SimulatorFactory
-from tests.helpers import Sidecar, caught_up, step_through, wait_until
-from tests.otlp_receiver import OtlpReceiver
+from tests.support.helpers import Sidecar, caught_up, step_through, wait_until
+from tests.support.otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")

@@ -13,9 +13,9 @@ import pytest
 from azure.eventhub import EventHubConsumerClient
 from proton import Message, char, decimal32
 
-from tests.eventhubs_server import EventHubsTestServer, Store
-from tests.fleet_helpers import EMPTY, envelope_for, event_data, send, vm_identity
-from tests.helpers import free_port, wait_until
+from tests.support.eventhubs_server import EventHubsTestServer, Store
+from tests.support.fleet_helpers import EMPTY, envelope_for, event_data, send, vm_identity
+from tests.support.helpers import free_port, wait_until
 
 pytestmark = pytest.mark.integration
 

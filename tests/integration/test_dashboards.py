@@ -20,9 +20,10 @@ import pytest
 import yaml
 
 from se_exporter.simulator.faults import Fault
-from tests.child_logs import attach
 from tests.conftest import SimulatorFactory
-from tests.helpers import (
+from tests.integration.test_prometheus import Prometheus
+from tests.support.child_logs import attach
+from tests.support.helpers import (
     WATCHED_FAST,
     Sidecar,
     free_port,
@@ -33,8 +34,7 @@ from tests.helpers import (
     wait_until,
     watched_for_an_hour,
 )
-from tests.integration.test_prometheus import Prometheus
-from tests.kube_schemas import CHART, render
+from tests.support.kube_schemas import CHART, render
 
 pytestmark = pytest.mark.integration
 DASHBOARDS = Path(__file__).parent.parent.parent / "dashboards"

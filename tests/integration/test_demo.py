@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.child_logs import attach
-from tests.helpers import wait_until
+from tests.support.child_logs import attach
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).parent.parent.parent

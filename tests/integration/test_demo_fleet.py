@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from se_exporter.fleet.platform.reader import read_platform
-from tests.child_logs import attach
-from tests.helpers import wait_until
+from tests.support.child_logs import attach
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).parent.parent.parent

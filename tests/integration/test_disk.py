@@ -19,9 +19,9 @@ import pytest
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator
 from tests.conftest import Reliability, SimulatorFactory
-from tests.eventhubs_server import EventHubsTestServer, StoredEvent
-from tests.helpers import Sidecar, wait_until
 from tests.integration.test_eventhubs import FAST, first_copies
+from tests.support.eventhubs_server import EventHubsTestServer, StoredEvent
+from tests.support.helpers import Sidecar, wait_until
 
 pytestmark = pytest.mark.integration
 SmallDisk = Callable[..., Path]

@@ -19,10 +19,10 @@ import jsonschema
 import pytest
 from azure.eventhub.aio import EventHubConsumerClient
 
-from tests.certs import self_signed_certificate
 from tests.conftest import Reliability, SimulatorFactory
-from tests.eventhubs_server import ClosingPeer, EventHubsTestServer, SilentPeer, StoredEvent
-from tests.helpers import Sidecar, step_through, wait_until
+from tests.support.certs import self_signed_certificate
+from tests.support.eventhubs_server import ClosingPeer, EventHubsTestServer, SilentPeer, StoredEvent
+from tests.support.helpers import Sidecar, step_through, wait_until
 
 pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")

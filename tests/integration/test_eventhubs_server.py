@@ -11,8 +11,8 @@ import pytest
 from azure.eventhub.aio import EventHubConsumerClient
 from proton import Message
 
-from tests.eventhubs_server import EventHubsTestServer, Store, start_index
-from tests.helpers import wait_until
+from tests.support.eventhubs_server import EventHubsTestServer, Store, start_index
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 

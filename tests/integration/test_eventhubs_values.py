@@ -19,10 +19,10 @@ from se_exporter.sidecar.forwarding.forward import ForwardMetrics
 from se_exporter.sidecar.forwarding.spool import Spool
 from se_exporter.simulator.faults import Fault
 from tests.conftest import Reliability, SimulatorFactory
-from tests.eventhubs_server import EventHubsTestServer, StoredEvent
-from tests.helpers import Sidecar, wait_until
 from tests.integration.test_disk import delivered, file_lines, read_until, serve
 from tests.integration.test_eventhubs import FAST, SCHEMA
+from tests.support.eventhubs_server import EventHubsTestServer, StoredEvent
+from tests.support.helpers import Sidecar, wait_until
 
 pytestmark = pytest.mark.integration
 HUGE = 2**62  # beyond the SDK's 32-bit ints, within the parser's 64 bits (wider: ignored with a warning)

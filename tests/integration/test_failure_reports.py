@@ -12,7 +12,7 @@ ROOT = Path(__file__).parent.parent.parent
 SUITE = '''
 import pytest
 
-from tests.helpers import Sidecar, free_port
+from tests.support.helpers import Sidecar, free_port
 
 
 def test_a_sidecar_then_a_failure(tmp_path):
@@ -38,7 +38,7 @@ def test_a_failing_test_shows_the_log_of_the_sidecar_it_started(pytester: pytest
     line) in the failure report; a passing test, and a failing one that started no process, show no process log."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the child pytest imports this suite's helpers
     pytester.makeini("[pytest]\naddopts = -p no:hypothesispytest -p no:cacheprovider\n")
-    pytester.makeconftest('pytest_plugins = ["tests.process_logs"]')
+    pytester.makeconftest('pytest_plugins = ["tests.support.process_logs"]')
     pytester.makepyfile(test_started=SUITE)
 
     result = pytester.runpytest_subprocess(timeout=120)

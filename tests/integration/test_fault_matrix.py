@@ -14,8 +14,8 @@ from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator, start
 from tests.conftest import Reliability, SimulatorFactory
-from tests.helpers import Sidecar, free_port, wait_until
-from tests.otlp_receiver import OtlpReceiver
+from tests.support.helpers import Sidecar, free_port, wait_until
+from tests.support.otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2", "--imds-timeout", "0.5")

@@ -24,10 +24,13 @@ from azure.storage.blob.aio import ContainerClient as AsyncContainerClient
 from se_exporter.fleet.blobstate import StateBlobs, state_blob_name
 from se_exporter.fleet.stateformat import encode_base
 from se_exporter.simulator.identity import SYSTEM_ASSIGNED, TOKEN_PATH, USER_ASSIGNED
-from tests.certs import self_signed_certificate
 from tests.conftest import Reliability, SimulatorFactory
-from tests.eventhubs_server import EventHubsTestServer, Store
-from tests.fleet_helpers import (
+from tests.integration.test_dashboards import DASHBOARDS, dashboard_expressions, substitute
+from tests.integration.test_fleet_two_streams import PLATFORM
+from tests.integration.test_prometheus import Prometheus
+from tests.support.certs import self_signed_certificate
+from tests.support.eventhubs_server import EventHubsTestServer, Store
+from tests.support.fleet_helpers import (
     DEV_KEY,
     EMPTY,
     Azurite,
@@ -41,10 +44,7 @@ from tests.fleet_helpers import (
     start_producers,
     vm_identity,
 )
-from tests.helpers import Sidecar, free_port, http_get, value, wait_until
-from tests.integration.test_dashboards import DASHBOARDS, dashboard_expressions, substitute
-from tests.integration.test_fleet_two_streams import PLATFORM
-from tests.integration.test_prometheus import Prometheus
+from tests.support.helpers import Sidecar, free_port, http_get, value, wait_until
 
 pytestmark = pytest.mark.integration
 BALANCING = 0.5  # seconds between load-balancing rounds (the SDK's default is 30)

@@ -9,11 +9,11 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.eventhubs_server import EventHubsTestServer, Store
-from tests.fleet_handover import Round, Watch, summary
-from tests.fleet_helpers import FleetProcess, envelope_for, fleet_vm, produce, vm_identity
-from tests.helpers import wait_until
 from tests.integration.test_fleet import azurite, container, fleets  # noqa: F401 - the module's fixtures, shared
+from tests.support.eventhubs_server import EventHubsTestServer, Store
+from tests.support.fleet_handover import Round, Watch, summary
+from tests.support.fleet_helpers import FleetProcess, envelope_for, fleet_vm, produce, vm_identity
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 COUNT = 2_000  # VMs over 4 partitions

@@ -16,11 +16,11 @@ from proton import Message, char, decimal32, decimal64
 
 from se_exporter.fleet.blobstate import state_blob_name
 from tests.conftest import Reliability
-from tests.eventhubs_server import EventHubsTestServer, Store
-from tests.fleet_helpers import EMPTY, FleetProcess, envelope_for, event_data, send, vm_identity
-from tests.helpers import http_get, wait_until
 from tests.integration import test_fleet
 from tests.integration.test_fleet import storage
+from tests.support.eventhubs_server import EventHubsTestServer, Store
+from tests.support.fleet_helpers import EMPTY, FleetProcess, envelope_for, event_data, send, vm_identity
+from tests.support.helpers import http_get, wait_until
 
 azurite, container, fleets = test_fleet.azurite, test_fleet.container, test_fleet.fleets  # that module's fixtures
 

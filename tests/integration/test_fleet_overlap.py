@@ -1,5 +1,5 @@
 """The fleet dashboard's queries on a real Prometheus scraping two replicas caught in a partition hand-over (both
-expose partition 1's VMs, tests/fleet_overlap.py): every fleet total is the distinct count, every per-VM list
+expose partition 1's VMs, tests/support/fleet_overlap.py): every fleet total is the distinct count, every per-VM list
 shows each VM once."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from tests import fleet_overlap
-from tests.helpers import wait_until
 from tests.integration.test_dashboards import StaticTarget, dashboard_expressions, substitute
 from tests.integration.test_prometheus import Prometheus
+from tests.support import fleet_overlap
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 # Series a replica shows per VM, and the per-replica totals counted from them: a panel reading either shows the

@@ -17,12 +17,12 @@ from azure.eventhub import EventData
 
 from se_exporter.fleet.platform.reader import PlatformEvent, read_platform
 from tests.conftest import Reliability
-from tests.eventhubs_server import EventHubsTestServer, Store
-from tests.fleet_helpers import FleetProcess, send
-from tests.helpers import Sidecar, wait_until
 from tests.integration import test_fleet, test_simulator_platform
 from tests.integration.test_fleet import SIDECAR_FAST, TAKEOVER
 from tests.integration.test_simulator_platform import Simulate
+from tests.support.eventhubs_server import EventHubsTestServer, Store
+from tests.support.fleet_helpers import FleetProcess, send
+from tests.support.helpers import Sidecar, wait_until
 
 pytestmark = pytest.mark.integration
 azurite, container, fleets = test_fleet.azurite, test_fleet.container, test_fleet.fleets  # that module's fixtures

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from tests.eventhubs_server import EventHubsTestServer
-from tests.fleet_helpers import Azurite, FleetProcess
-from tests.helpers import Sidecar, wait_until
 from tests.integration import test_fleet, test_fleet_platform
 from tests.integration.test_fleet import TAKEOVER
 from tests.integration.test_fleet_platform import ANNOUNCED, EXPECTED, GRACE, STARTED, Streams, count
 from tests.integration.test_simulator_platform import Simulate
+from tests.support.eventhubs_server import EventHubsTestServer
+from tests.support.fleet_helpers import Azurite, FleetProcess
+from tests.support.helpers import Sidecar, wait_until
 
 pytestmark = pytest.mark.integration
 azurite, container, fleets = test_fleet.azurite, test_fleet.container, test_fleet.fleets  # that module's fixtures

@@ -16,10 +16,10 @@ from azure.storage.blob.aio import ContainerClient
 from se_exporter.core.errors import ConfigError
 from se_exporter.fleet import main
 from se_exporter.fleet.main import ensure_container
-from tests.eventhubs_server import EventHubsTestServer
-from tests.fakes.http_server import ScriptedServer
-from tests.fleet_helpers import DEV_ACCOUNT, DEV_KEY, FleetProcess
-from tests.helpers import free_port, http_get, wait_until
+from tests.support.eventhubs_server import EventHubsTestServer
+from tests.support.fakes.http_server import ScriptedServer
+from tests.support.fleet_helpers import DEV_ACCOUNT, DEV_KEY, FleetProcess
+from tests.support.helpers import free_port, http_get, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -15,13 +15,13 @@ from azure.storage.blob.aio import ContainerClient as AsyncContainerClient
 
 from se_exporter.fleet.blobstate import StateBlobs, state_blob_name
 from se_exporter.fleet.stateformat import encode_base, encode_delta
-from tests.eventhubs_server import EventHubsTestServer, Store
 from tests.fleet.test_state_blocks import document
 from tests.fleet.test_state_format import vm
-from tests.fleet_helpers import EMPTY, Azurite, FleetProcess, envelope_for, event_data, send, vm_identity
-from tests.helpers import wait_until
 from tests.integration import test_fleet
 from tests.integration.test_fleet import TAKEOVER, picture, settled, storage
+from tests.support.eventhubs_server import EventHubsTestServer, Store
+from tests.support.fleet_helpers import EMPTY, Azurite, FleetProcess, envelope_for, event_data, send, vm_identity
+from tests.support.helpers import wait_until
 
 azurite, container, fleets = test_fleet.azurite, test_fleet.container, test_fleet.fleets  # that module's fixtures
 

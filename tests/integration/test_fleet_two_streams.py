@@ -1,7 +1,7 @@
 """The two streams on a real Prometheus and the shipped Alertmanager configuration: two fleet replicas whose
-platform series the core writes as the fleet does (tests/fleet_two_streams.py), beside the sidecars' stream
-(tests/fleet_overlap.py). Every platform panel of the fleet dashboard lights up, counts each EventId once and adds
-up the VMs the replicas judged; the platform rules page the VM owners once per event, warn the operators of VMs
+platform series the core writes as the fleet does (tests/support/fleet_two_streams.py), beside the sidecars' stream
+(tests/support/fleet_overlap.py). Every platform panel of the fleet dashboard lights up, counts each EventId once and
+adds up the VMs the replicas judged; the platform rules page the VM owners once per event, warn the operators of VMs
 without a sidecar (at a hand-over, when one replica shows every partition), and resolve when the event ends."""
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tests import fleet_overlap, fleet_two_streams
-from tests.alerting import ALERTMANAGER_CONFIG, Alertmanager, Notification, Webhook, shortened
 from tests.conftest import Reliability
-from tests.helpers import wait_until
 from tests.integration.test_dashboards import DASHBOARDS, StaticTarget, dashboard_expressions, substitute
 from tests.integration.test_prometheus import Prometheus
-from tests.promtool import render
-from tests.promtool import rules as rules_of
+from tests.support import fleet_overlap, fleet_two_streams
+from tests.support.alerting import ALERTMANAGER_CONFIG, Alertmanager, Notification, Webhook, shortened
+from tests.support.helpers import wait_until
+from tests.support.promtool import render
+from tests.support.promtool import rules as rules_of
 
 pytestmark = pytest.mark.integration
 RULES = DASHBOARDS / "fleet-alerts.yaml"
@@ -241,7 +241,7 @@ def firing(webhook: Webhook, **labels: str) -> list[Notification]:
 def expected_alert(alert: str, labels: dict[str, str], value: float,
                    vms: str) -> tuple[dict[str, str], dict[str, str]]:
     """The labels and annotations Alertmanager must carry for one alert of the shipped rules; ``vms``: the VMs its
-    `vms` annotation names (the fleet's own list of them, tests/fleet_two_streams.py's VMs)."""
+    `vms` annotation names (the fleet's own list of them, tests/support/fleet_two_streams.py's VMs)."""
     rule = rules_of(RULES)[alert]
     labels = {"alertname": alert, "job": JOB, **labels, **rule["labels"]}
     annotations = {key: render(template, labels, value) for key, template in rule["annotations"].items()}

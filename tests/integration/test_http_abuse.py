@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Reliability, SimulatorFactory
-from tests.helpers import Sidecar, wait_until
-from tests.slow_clients import Drippers, oversized_head, scrape
+from tests.support.helpers import Sidecar, wait_until
+from tests.support.slow_clients import Drippers, oversized_head, scrape
 
 pytestmark = pytest.mark.integration
 

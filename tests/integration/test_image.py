@@ -1,6 +1,6 @@
 """The container image, built from the repository's Dockerfile and run as a user would run it, against the simulator
 on loopback. buildah builds it (as `make image` does where no docker daemon runs) on a stand-in base made from
-Debian's packages (tests/container.py), since no registry here serves python:3.11-slim."""
+Debian's packages (tests/support/container.py), since no registry here serves python:3.11-slim."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ import pytest
 from packaging.utils import canonicalize_name
 
 from scripts import lockfile
-from tests import container
-from tests.child_logs import attach
 from tests.conftest import Reliability, SimulatorFactory
-from tests.helpers import free_port, http_get, key_times, parse_samples, series, wait_until
+from tests.support import container
+from tests.support.child_logs import attach
+from tests.support.helpers import free_port, http_get, key_times, parse_samples, series, wait_until
 
 # The first test here pays for the module's set-up: the stand-in base (debootstrap) and the image build, both cold on
 # a machine that never built them. Measured cold (a fresh buildah storage) with two busy loops beside it on 2 shared

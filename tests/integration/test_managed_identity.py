@@ -20,11 +20,11 @@ from azure.identity.aio import ManagedIdentityCredential
 
 from se_exporter.simulator.identity import SYSTEM_ASSIGNED, TOKEN_PATH, USER_ASSIGNED
 from se_exporter.simulator.server import Simulator, SimulatorServer
-from tests.certs import self_signed_certificate
 from tests.conftest import Reliability, SimulatorFactory
-from tests.eventhubs_server import EventHubsTestServer
-from tests.helpers import Sidecar, http_get, key_times, wait_until
-from tests.otlp_receiver import OtlpReceiver
+from tests.support.certs import self_signed_certificate
+from tests.support.eventhubs_server import EventHubsTestServer
+from tests.support.helpers import Sidecar, http_get, key_times, wait_until
+from tests.support.otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")

@@ -15,10 +15,10 @@ import pytest
 
 from se_exporter.sidecar.settings import Settings
 from se_exporter.simulator.server import Simulator, SimulatorServer
-from tests import promtool
 from tests.conftest import Reliability, SimulatorFactory
-from tests.fleet_overlap import promtool_series
-from tests.helpers import WATCHED_FAST, Sidecar, http_get, parse_samples, wait_until, watched_for_an_hour
+from tests.support import promtool
+from tests.support.fleet_overlap import promtool_series
+from tests.support.helpers import WATCHED_FAST, Sidecar, http_get, parse_samples, wait_until, watched_for_an_hour
 
 pytestmark = pytest.mark.integration
 RULES = Path(__file__).parent.parent.parent / "dashboards" / "alerts.yaml"

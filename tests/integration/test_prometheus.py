@@ -15,9 +15,9 @@ import yaml
 
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator
-from tests.child_logs import attach
 from tests.conftest import SimulatorFactory
-from tests.helpers import Sidecar, free_port, http_get, stop_process, wait_until
+from tests.support.child_logs import attach
+from tests.support.helpers import Sidecar, free_port, http_get, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2")

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Reliability, SimulatorFactory
-from tests.eventhubs_server import EventHubsTestServer
-from tests.helpers import Sidecar, key_times, wait_until
 from tests.integration.test_eventhubs import first_copies, forwarding
+from tests.support.eventhubs_server import EventHubsTestServer
+from tests.support.helpers import Sidecar, key_times, wait_until
 
 pytestmark = pytest.mark.integration
 SEED = int(os.environ.get("SE_EXPORTER_RESTART_SEED", "20261122"))

@@ -15,8 +15,8 @@ import pytest
 from se_exporter import cli
 from se_exporter.infra import logs, processwide
 from tests.conftest import Reliability, SimulatorFactory
-from tests.eventhubs_server import EventHubsTestServer
-from tests.helpers import Sidecar, free_port, http_get, wait_until
+from tests.support.eventhubs_server import EventHubsTestServer
+from tests.support.helpers import Sidecar, free_port, http_get, wait_until
 
 pytestmark = pytest.mark.integration
 KEY = "S3cr3tK3yThatMustNeverShow/x+Q="

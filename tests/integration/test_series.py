@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from tests.conftest import SimulatorFactory
-from tests.helpers import Sidecar, http_get, parse_samples, value, wait_until
-from tests.promtool import promtool
+from tests.support.helpers import Sidecar, http_get, parse_samples, value, wait_until
+from tests.support.promtool import promtool
 
 pytestmark = pytest.mark.integration
 

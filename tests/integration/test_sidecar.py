@@ -19,9 +19,9 @@ from se_exporter.core.model import EVENT_TYPES
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator
-from tests.child_logs import attach
 from tests.conftest import Reliability, SimulatorFactory
-from tests.helpers import Sidecar, free_port, http_get, key_times, series, stop_process, total, wait_until
+from tests.support.child_logs import attach
+from tests.support.helpers import Sidecar, free_port, http_get, key_times, series, stop_process, total, wait_until
 
 pytestmark = pytest.mark.integration
 FAST = ("--poll-interval", "0.05", "--max-backoff", "0.2", "--imds-timeout", "0.5")

@@ -18,10 +18,10 @@ import pytest
 from se_exporter.fleet.platform.reader import PlatformEvent, read_platform
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.scenario import lifecycle
-from tests.child_logs import attach
-from tests.eventhubs_server import EventHubsTestServer, SilentPeer, Store
-from tests.helpers import stop_process, wait_until
 from tests.integration.test_disk import SmallDisk, fill, small_disk  # noqa: F401 - small_disk is a fixture
+from tests.support.child_logs import attach
+from tests.support.eventhubs_server import EventHubsTestServer, SilentPeer, Store
+from tests.support.helpers import stop_process, wait_until
 
 pytestmark = pytest.mark.integration
 API = "?api-version=2020-07-01"

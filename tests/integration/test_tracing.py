@@ -12,8 +12,8 @@ import pytest
 
 from se_exporter.sidecar.sinks.spans import trace_id_for
 from tests.conftest import Reliability, SimulatorFactory
-from tests.helpers import Sidecar, wait_until
-from tests.otlp_receiver import (
+from tests.support.helpers import Sidecar, wait_until
+from tests.support.otlp_receiver import (
     OtlpReceiver,
     drip_body,
     drip_headers,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import promtool
+from tests.support import promtool
 
 RULES = Path(__file__).parent.parent.parent / "dashboards" / "alerts.yaml"
 sys.path.insert(0, str(RULES.parent))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import smoke_report
+from tests.support.helpers import smoke_report
 
 pytestmark = pytest.mark.integration
 

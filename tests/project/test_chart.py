@@ -21,7 +21,7 @@ from se_exporter.cli import build_parser
 from se_exporter.fleet.settings import FLEET_OPTIONS
 from se_exporter.infra.options import DEFAULT_PORT, parse_duration, show_duration
 from se_exporter.sidecar.settings import DEFAULT_IMDS_URL, DEFAULT_SCRAPE_HOLD, RUN_OPTIONS, SCRAPE_HOLD, run_settings
-from tests.kube_schemas import CHART, ROOT, VALUE_SETS, HelmFailed, render, run_helm
+from tests.support.kube_schemas import CHART, ROOT, VALUE_SETS, HelmFailed, render, run_helm
 
 VALUES = {p.name.removesuffix("-values.yaml"): p for p in VALUE_SETS}
 DASHBOARDS = ROOT / "dashboards"

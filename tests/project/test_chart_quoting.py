@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kube_schemas import CHART, VALUE_SETS, HelmFailed, render, run_helm
+from tests.support.kube_schemas import CHART, VALUE_SETS, HelmFailed, render, run_helm
 
 VALUES = {p.name.removesuffix("-values.yaml"): p for p in VALUE_SETS}
 # PowerShell ends a single-quoted string at any of these (its tokenizer's IsSingleQuote): ASCII ' and the four

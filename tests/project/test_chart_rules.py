@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests import promtool
-from tests.kube_schemas import CHART, KUBERNETES_VERSIONS, VALUE_SETS, HelmFailed, errors, render, run_helm
+from tests.support import promtool
+from tests.support.kube_schemas import CHART, KUBERNETES_VERSIONS, VALUE_SETS, HelmFailed, errors, render, run_helm
 
 ROOT = Path(__file__).parent.parent.parent
 sys.path.insert(0, str(ROOT / "dashboards"))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 SCRIPT = Path(__file__).parent.parent.parent / "scripts" / "contended.py"
 

@@ -1,7 +1,7 @@
 """deploy/systemd/install.sh run as an operator runs it, as root, under a scratch root (INSTALL_ROOT): the real
 wheelhouse `make linux-wheels` builds, real virtualenvs and pip, the real se-exporter started from the real unit's
 ExecStart against the simulator on loopback. systemd is not PID 1 where the suite runs, so ``systemctl`` is
-tests/systemctl_stand_in.py (the unit itself passes ``systemd-analyze verify`` in test_deploy.py)."""
+tests/support/systemctl_stand_in.py (the unit itself passes ``systemd-analyze verify`` in test_deploy.py)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ import pytest
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.server import Simulator, start
 from tests.conftest import Reliability, SimulatorFactory
-from tests.container import snapshot
-from tests.helpers import free_port, http_get, wait_until
+from tests.support.container import snapshot
+from tests.support.helpers import free_port, http_get, wait_until
 
 ROOT = Path(__file__).parent.parent.parent
 SCRIPT = ROOT / "deploy" / "systemd" / "install.sh"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Reliability
-from tests.kube_schemas import (
+from tests.support.kube_schemas import (
     CHART,
     KUBERNETES_VERSIONS,
     OPERATOR_KINDS,

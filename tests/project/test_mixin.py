@@ -15,8 +15,8 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from tests import promtool
 from tests.project.test_doc_links import anchors
+from tests.support import promtool
 
 ROOT = Path(__file__).parent.parent.parent
 sys.path.insert(0, str(ROOT / "dashboards"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from scripts import reliability as renderer
-from tests.reliability import RESULTS
+from tests.support.reliability import RESULTS
 
 SUITE = {
     "test_rows_one": """
@@ -34,12 +34,12 @@ SUITE = {
 def suite(pytester: pytest.Pytester) -> pytest.Pytester:
     """A small suite laid out like ours (testpaths = tests) that records rows with the reliability fixture (its
     conftest puts this repository first on sys.path: pytest-xdist's workers, new interpreters, import
-    tests.reliability from there)."""
+    tests.support.reliability from there)."""
     # Hypothesis' plugin imports hypothesis at every session's end (seconds each); these sessions use none of it.
     pytester.makeini("[pytest]\ntestpaths = tests\naddopts = -p no:hypothesispytest\n"
                      "markers =\n    slow: a marker to select by\n")
     pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(renderer.ROOT)!r})\n"
-                          'pytest_plugins = ["tests.reliability"]')
+                          'pytest_plugins = ["tests.support.reliability"]')
     tests = pytester.mkdir("tests")
     for name, source in SUITE.items():
         pytester.makepyfile(**{f"tests/{name}": source})

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from tests import loopback
 from tests.conftest import SHARED_SET_UP
+from tests.support import loopback
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 METADATA = "169.254.169.254"  # IMDS: the address the suite must never reach
@@ -80,7 +80,7 @@ def test_a_caught_refusal_still_fails_the_test(pytester: pytest.Pytester, monkey
             except OSError:
                 pass
     """)
-    result = pytester.runpytest_subprocess("-p", "tests.loopback", "-p", "no:cacheprovider", timeout=60)
+    result = pytester.runpytest_subprocess("-p", "tests.support.loopback", "-p", "no:cacheprovider", timeout=60)
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines([f"*non-loopback network use refused: socket.getaddrinfo '{METADATA}'*"])
 

@@ -24,9 +24,9 @@ from se_exporter.sidecar.transport import KeepAliveTransport
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator
 from tests.conftest import SimulatorFactory
-from tests.fakes import imds_http
-from tests.fakes.imds_http import scripted_imds
-from tests.fakes.sinks import RecordingSink
+from tests.support.fakes import imds_http
+from tests.support.fakes.imds_http import scripted_imds
+from tests.support.fakes.sinks import RecordingSink
 
 
 class Clock:

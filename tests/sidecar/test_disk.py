@@ -19,10 +19,10 @@ from se_exporter.sidecar.forwarding.forward import ForwardMetrics, ForwardSink
 from se_exporter.sidecar.forwarding.forward_file import FileTarget, file_line
 from se_exporter.sidecar.forwarding.spool import Spool
 from tests.conftest import Reliability
-from tests.fakes.disk import FullDisk
-from tests.fakes.documents import change
-from tests.fakes.targets import Refusing
-from tests.helpers import wait_until
+from tests.support.fakes.disk import FullDisk
+from tests.support.fakes.documents import change
+from tests.support.fakes.targets import Refusing
+from tests.support.helpers import wait_until
 
 BODY = b'{"DocumentIncarnation": 3, "Events": []}'
 

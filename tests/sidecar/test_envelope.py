@@ -9,8 +9,8 @@ import jsonschema
 
 from se_exporter.sidecar.forwarding.envelope import Sequencer, build
 from se_exporter.sidecar.forwarding.forward_file import file_line
-from tests.fakes.documents import IDENTITY, RAW, change
-from tests.helpers import FORWARDED_SCHEMA as SCHEMA
+from tests.support.fakes.documents import IDENTITY, RAW, change
+from tests.support.helpers import FORWARDED_SCHEMA as SCHEMA
 
 
 def test_envelope_properties_and_ids() -> None:

@@ -14,7 +14,7 @@ from azure.eventhub import EventData, EventDataBatch
 from se_exporter.core.model import VmIdentity
 from se_exporter.sidecar.forwarding.envelope import build, carriable
 from se_exporter.sidecar.forwarding.forward_file import file_line
-from tests.fakes.documents import IDENTITY, change
+from tests.support.fakes.documents import IDENTITY, change
 
 SCHEMA = json.loads((Path(__file__).parent.parent.parent / "schemas" / "forwarded-document.schema.json").read_text())
 ODD = VmIdentity(name="West\ud800NO_0\x1b[2J", vm_id="\udcff", vmss_name="\x00", location="norwayeast",

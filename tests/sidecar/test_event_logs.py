@@ -20,8 +20,8 @@ from se_exporter.sidecar.sinks import DocumentChange
 from se_exporter.sidecar.sinks.otel_events import EventLogSink
 from se_exporter.sidecar.sinks.spans import span_id_for, trace_id_for
 from se_exporter.simulator import scenario as scenarios
-from tests.helpers import key_times
 from tests.sidecar.test_spans import EPOCH, document_at
+from tests.support.helpers import key_times
 
 A = "azure.scheduled_event."
 

@@ -15,10 +15,10 @@ from azure.eventhub import EventData
 from azure.eventhub.exceptions import AuthenticationError, ConnectError, EventHubError, OperationTimeoutError
 
 from se_exporter.infra.azure.clients import classify, producer_factory
-from tests.certs import self_signed_certificate
+from tests.support.certs import self_signed_certificate
 
 if TYPE_CHECKING:
-    from tests.eventhubs_server import EventHubsTestServer
+    from tests.support.eventhubs_server import EventHubsTestServer
 
 
 class FakeCredential:
@@ -52,7 +52,7 @@ def test_managed_identity_builds_the_right_client(tmp_path: Path) -> None:
     """Namespace + name + client id give a producer that sends to that hub with a token from that identity's
     credential (asked for an Event Hubs token) put on the CBS for sb://<namespace>/<hub>, through a custom
     endpoint over TLS."""
-    from tests.eventhubs_server import EventHubsTestServer, Store  # noqa: PLC0415 - an integration dependency
+    from tests.support.eventhubs_server import EventHubsTestServer, Store  # noqa: PLC0415 - an integration dependency
 
     made: list[FakeCredential] = []
 
@@ -86,7 +86,7 @@ def test_the_real_credential_chain_builds_without_contacting_anyone() -> None:
 @pytest.mark.integration  # the AMQP test server (python-qpid-proton)
 def test_connection_string_builds_the_right_client(hubs: Callable[..., EventHubsTestServer]) -> None:
     """A connection string with EntityPath gives a producer that sends to that namespace and hub."""
-    from tests.eventhubs_server import Store  # noqa: PLC0415 - an integration dependency: unit runs go without it
+    from tests.support.eventhubs_server import Store  # noqa: PLC0415 - an integration dependency: unit runs go without it
 
     hub = hubs(Store(hub="maintenance"))
     send_one(producer_factory(hub.connection_string(), None, None, None))

@@ -21,10 +21,10 @@ from se_exporter.sidecar.forwarding.forward_file import file_line
 from se_exporter.sidecar.settings import Settings, run_settings
 from se_exporter.simulator.faults import Fault
 from tests.conftest import Reliability
-from tests.fakes.documents import RAW, change
-from tests.fakes.targets import Collecting
-from tests.helpers import FORWARDED_SCHEMA as SCHEMA
-from tests.helpers import wait_until
+from tests.support.fakes.documents import RAW, change
+from tests.support.fakes.targets import Collecting
+from tests.support.helpers import FORWARDED_SCHEMA as SCHEMA
+from tests.support.helpers import wait_until
 
 OTHER = b'{"DocumentIncarnation": 4, "Events": []}'
 HUB = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0;EntityPath=hub"

@@ -25,9 +25,9 @@ from se_exporter.sidecar.transport import KeepAliveTransport
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.faults import Fault
 from se_exporter.simulator.server import Simulator, start
-from tests.fakes import imds_http
-from tests.fakes.http_server import HANG, ScriptedServer
-from tests.fakes.imds_http import scripted_imds
+from tests.support.fakes import imds_http
+from tests.support.fakes.http_server import HANG, ScriptedServer
+from tests.support.fakes.imds_http import scripted_imds
 
 
 @pytest.fixture(autouse=True)

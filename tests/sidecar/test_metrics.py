@@ -20,7 +20,7 @@ from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks import DocumentChange
 from se_exporter.sidecar.sinks.transition_metrics import MetricsSink
 from se_exporter.sidecar.snapshot import Snapshot
-from tests.helpers import http_get, wait_until
+from tests.support.helpers import http_get, wait_until
 
 NOW = 1_649_715_000.0  # 1018 s before the NotBefore below
 NOT_BEFORE = 1_649_716_018.0  # Mon, 11 Apr 2022 22:26:58 GMT

@@ -27,7 +27,7 @@ from se_exporter.sidecar.sinks.tracing import (
     CountingExporter,
     make_exporter,
 )
-from tests.otlp_receiver import (
+from tests.support.otlp_receiver import (
     drip_body,
     drip_headers,
     flood_declared,

@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from se_exporter.fleet.main import trusting
-from tests.certs import self_signed_certificate
+from tests.support.certs import self_signed_certificate
 
 
 def test_a_storage_transport_trusting_a_ca_file_keeps_the_storage_sdks_timeouts(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The poll loop with a scripted IMDS on loopback (tests/fakes/imds_http.py): outcomes, backoff, state kept, logs."""
+"""The poll loop with a scripted IMDS on loopback (tests/support/fakes/imds_http.py): outcomes, backoff, state kept,
+logs."""
 
 from __future__ import annotations
 
@@ -27,10 +28,10 @@ from se_exporter.sidecar.poller import IdentityWatcher, Poller
 from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks import FanOut
 from se_exporter.sidecar.snapshot import CurrentState, Snapshot
-from tests.fakes import imds_http
-from tests.fakes.imds_http import scripted_imds
-from tests.fakes.sinks import BrokenSink, RecordingSink
-from tests.helpers import wait_until
+from tests.support.fakes import imds_http
+from tests.support.fakes.imds_http import scripted_imds
+from tests.support.fakes.sinks import BrokenSink, RecordingSink
+from tests.support.helpers import wait_until
 
 FREEZE = {"EventId": "E1", "EventStatus": "Scheduled", "EventType": "Freeze", "ResourceType": "VirtualMachine",
           "Resources": ["vm0"], "NotBefore": "Mon, 11 Apr 2022 22:26:58 GMT", "DurationInSeconds": 5}
@@ -46,7 +47,7 @@ def _close_servers() -> Iterator[None]:
 
 def make_poller(script: Iterable[httpx.Response | Exception], store: LifecycleStore | None = None,
                 **overrides: float) -> tuple[Poller, CollectorRegistry, RecordingSink]:
-    """A poller reading a loopback IMDS that answers from ``script`` (see ``tests/fakes/imds_http.py``). A hang
+    """A poller reading a loopback IMDS that answers from ``script`` (see ``tests/support/fakes/imds_http.py``). A hang
     (httpx's timeouts) is waited out at a 0.5 s timeout, the only wait these tests make."""
     script = list(script)
     hangs = any(isinstance(item, httpx.TimeoutException) for item in script)

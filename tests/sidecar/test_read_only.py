@@ -1,6 +1,6 @@
 """Never approve, proven by behaviour: the IMDS client and its transport can send nothing but GET, and no other
 connection of any program can reach the IMDS address (``infra/outbound.py``), however the address is written.
-Nothing here reaches IMDS (see tests/imds_guard_probe.py)."""
+Nothing here reaches IMDS (see tests/support/imds_guard_probe.py)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from se_exporter.infra.outbound import is_imds
 from se_exporter.sidecar.imds import COMPUTE_PATH, SCHEDULED_EVENTS_PATH, USER_AGENT, ImdsClient
 from se_exporter.sidecar.transport import KeepAliveTransport
 from tests.conftest import Reliability, SimulatorFactory
-from tests.imds_guard_probe import SPELLINGS
+from tests.support.imds_guard_probe import SPELLINGS
 
 
 def test_no_program_can_reach_imds_but_through_its_get_only_clients(reliability: Reliability) -> None:
     """After any command started (``cli.main``), a POST to IMDS through requests, urllib, http.client, aiohttp, the
     managed identity's transport or a bare socket, with the address in any spelling, is refused before a connection
-    is made (tests/imds_guard_probe.py, in a process of its own)."""
-    result = subprocess.run([sys.executable, "-m", "tests.imds_guard_probe"], capture_output=True, text=True,
+    is made (tests/support/imds_guard_probe.py, in a process of its own)."""
+    result = subprocess.run([sys.executable, "-m", "tests.support.imds_guard_probe"], capture_output=True, text=True,
                             timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     outcomes = json.loads(result.stdout.splitlines()[-1])

@@ -15,9 +15,9 @@ from se_exporter.fleet.vms import Fleet
 from se_exporter.sidecar.forwarding.envelope import Envelope, Sequencer
 from se_exporter.sidecar.forwarding.forward import ForwardMetrics, ForwardSink
 from se_exporter.sidecar.forwarding.forward_file import file_line
-from tests.fakes.documents import IDENTITY, RAW, change
-from tests.fakes.targets import Collecting
-from tests.helpers import FORWARDED_SCHEMA as SCHEMA
+from tests.support.fakes.documents import IDENTITY, RAW, change
+from tests.support.fakes.targets import Collecting
+from tests.support.helpers import FORWARDED_SCHEMA as SCHEMA
 
 OTHER = b'{"DocumentIncarnation": 4, "Events": []}'
 NAME = "WestNO_0"

@@ -17,7 +17,7 @@ from se_exporter.core.errors import ForwardFileError
 from se_exporter.infra.options import Listen
 from se_exporter.sidecar.assembly import Sidecar
 from se_exporter.sidecar.settings import Settings
-from tests.helpers import http_get, parse_samples, value, wait_until
+from tests.support.helpers import http_get, parse_samples, value, wait_until
 
 CONN = "Endpoint=sb://127.0.0.1:9/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0;EntityPath=hub"
 

@@ -20,7 +20,7 @@ from se_exporter.cli import build_parser
 from se_exporter.core.errors import ConfigError
 from se_exporter.sidecar.settings import LOG_BATCHING, Settings, SpanBatching, run_settings
 from se_exporter.sidecar.sinks.tracing import Batched, CountingExporter, TracingSink
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 TRACING_ON = {"OTEL_TRACES_EXPORTER": "console"}
 

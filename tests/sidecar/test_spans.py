@@ -25,7 +25,7 @@ from se_exporter.sidecar.sinks import DocumentChange
 from se_exporter.sidecar.sinks.spans import EventIdGenerator, SpanSink, span_id_for, trace_id_for
 from se_exporter.sidecar.sinks.tracing import resource_attributes
 from se_exporter.simulator import scenario as scenarios
-from tests.helpers import key_times
+from tests.support.helpers import key_times
 
 EPOCH = 1_795_000_000.0
 A = "azure.scheduled_event."

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from se_exporter.sidecar.forwarding.spool import Spool
-from tests.fakes.documents import envelope
+from tests.support.fakes.documents import envelope
 
 
 def test_spool_keeps_order_across_reopen(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from se_exporter.sidecar.lifecycle_store import LifecycleStore
 from se_exporter.sidecar.sinks import DocumentChange
 from se_exporter.sidecar.sinks.spans import EventIdGenerator, SpanSink
 from tests.conftest import Reliability
-from tests.fakes.documents import envelope
+from tests.support.fakes.documents import envelope
 
 EVENT = ScheduledEvent("E1", "Freeze", "Scheduled", "VirtualMachine", ("vm0",),
                        datetime(2022, 4, 11, 22, 26, 58, tzinfo=timezone.utc), "Live migration", "Platform", 5)

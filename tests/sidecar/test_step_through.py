@@ -6,7 +6,7 @@ import time
 
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.server import Simulator
-from tests.helpers import step_through
+from tests.support.helpers import step_through
 
 
 class LateFirstPoll:

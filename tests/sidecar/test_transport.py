@@ -14,7 +14,7 @@ import pytest
 
 from se_exporter.sidecar import transport as errors
 from se_exporter.sidecar.transport import Answer, KeepAliveTransport
-from tests.fakes.http_server import CLOSE, HANG, Drip, ScriptedServer
+from tests.support.fakes.http_server import CLOSE, HANG, Drip, ScriptedServer
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n"

@@ -21,8 +21,8 @@ from se_exporter.sidecar.poller import Poller
 from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks import FanOut
 from se_exporter.sidecar.snapshot import CurrentState, Snapshot
-from tests.fakes import imds_http
-from tests.fakes.imds_http import scripted_imds
+from tests.support.fakes import imds_http
+from tests.support.fakes.imds_http import scripted_imds
 
 WATCHING = "azure_scheduled_events_watching_since_timestamp_seconds"
 SCOPE = "http://imds.test"

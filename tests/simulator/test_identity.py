@@ -11,7 +11,7 @@ import pytest
 from se_exporter.simulator import scenario as scenarios
 from se_exporter.simulator.identity import SYSTEM_ASSIGNED, TOKEN_PATH, USER_ASSIGNED
 from se_exporter.simulator.server import Simulator, SimulatorServer, start
-from tests.helpers import verify
+from tests.support.helpers import verify
 
 NOW = 1_700_000_000.0
 EVENTHUBS = "https://eventhubs.azure.net/"

@@ -16,7 +16,7 @@ from se_exporter.simulator.platform import PlatformCopy, Published
 from se_exporter.simulator.scenario import Scenario, lifecycle
 from se_exporter.simulator.server import Simulator, every_vm
 from se_exporter.simulator.timeline import Timeline
-from tests.helpers import key_times
+from tests.support.helpers import key_times
 
 EPOCH = 1_800_000_000.0  # unix time of scenario second 0 in these tests
 MAX = 1024 * 1024

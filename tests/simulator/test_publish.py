@@ -20,7 +20,7 @@ from se_exporter.simulator.hub import EventHubOutput
 from se_exporter.simulator.platform import PlatformCopy, Published
 from se_exporter.simulator.publish import FileOutput, Publisher
 from se_exporter.simulator.server import every_vm
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 EPOCH = 1_800_000_000.0
 

@@ -31,7 +31,7 @@ from se_exporter.simulator.server import (
     start,
 )
 from se_exporter.simulator.timeline import MAX_SCENARIO_TIME
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 SE = "/metadata/scheduledevents"
 

@@ -24,11 +24,11 @@ from se_exporter.core.model import VmIdentity, parse_document
 from se_exporter.sidecar.forwarding.envelope import Envelope, build
 from se_exporter.sidecar.forwarding.eventhubs import event_data as unkeyed_event_data
 from se_exporter.sidecar.sinks import DocumentChange
-from tests.child_logs import attach
-from tests.eventhubs_server import EventHubsTestServer, Store
-from tests.helpers import Samples, free_port, http_get, parse_samples, stop_process, wait_until
+from tests.support.child_logs import attach
+from tests.support.eventhubs_server import EventHubsTestServer, Store
+from tests.support.helpers import Samples, free_port, http_get, parse_samples, stop_process, wait_until
 
-AZURITE = Path(__file__).parent / "azurite" / "node_modules" / ".bin" / "azurite-blob"
+AZURITE = Path(__file__).parents[1] / "azurite" / "node_modules" / ".bin" / "azurite-blob"
 # Azurite's well-known development account, from its README ("Default Storage Account"): public, not a secret.
 DEV_ACCOUNT = "devstoreaccount1"
 DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -126,7 +126,7 @@ class FleetProcess:
         self._stderr = self.stderr_path.open("wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "se_exporter", "fleet", "--listen", "127.0.0.1:0", *args],
-            stdout=subprocess.DEVNULL, stderr=self._stderr, env=clean, cwd=cwd or Path(__file__).parent.parent)
+            stdout=subprocess.DEVNULL, stderr=self._stderr, env=clean, cwd=cwd or Path(__file__).parents[2])
         attach(f"{log_dir.name} (se-exporter fleet, pid {self.process.pid})", self.stderr_path,
                lambda: self.process.poll() is None)
         match = wait_until(lambda: self.process.poll() is not None
@@ -240,9 +240,9 @@ def start_producers(hub: EventHubsTestServer, count: int, shares: int = 2) -> li
     """Producers in their own processes: the SDK's pure-Python AMQP encoder costs ~0.6 ms a message, so 10,000
     documents are sent from two cores at once, while the test process serves them."""
     installation = str(uuid.uuid4())
-    return [subprocess.Popen([sys.executable, "-m", "tests.fleet_helpers", hub.connection_string(),
+    return [subprocess.Popen([sys.executable, "-m", "tests.support.fleet_helpers", hub.connection_string(),
                               str(hub.store.partition_count), str(count), str(share), str(shares), installation],
-                             cwd=Path(__file__).parent.parent)
+                             cwd=Path(__file__).parents[2])
             for share in range(shares)]
 
 

@@ -22,11 +22,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from se_exporter.core.watch import Read
 from se_exporter.sidecar.lifecycle_store import LifecycleStore
 from se_exporter.simulator.scenario import Scenario
-from tests.child_logs import attach
+from tests.support.child_logs import attach
 
 T = TypeVar("T")
 # The published schema of a forwarded document (the JSON-lines file's lines and the Event Hubs messages).
-FORWARDED_SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "forwarded-document.schema.json").read_text())
+FORWARDED_SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "forwarded-document.schema.json").read_text())
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -57,7 +57,7 @@ def free_port() -> int:
 def smoke_report(script: str) -> dict[str, Any]:
     """Run ``scripts/<script> --smoke`` (a benchmark at tiny sizes, to keep it working) and return the JSON report it
     prints last; fail with its output when it exits non-zero."""
-    root = Path(__file__).parent.parent
+    root = Path(__file__).parents[2]
     result = subprocess.run([sys.executable, str(root / "scripts" / script), "--smoke"], capture_output=True,
                             text=True, timeout=300, check=False, cwd=root)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -56,7 +56,7 @@ def _audit(event: str, args: tuple[object, ...]) -> None:
         return
     if not is_loopback(host):
         REFUSED.append(f"{event} {host!r}")
-        raise NonLoopbackError(f"tests talk to loopback only: {event} to {host!r} refused (tests/loopback.py)")
+        raise NonLoopbackError(f"tests talk to loopback only: {event} to {host!r} refused (tests/support/loopback.py)")
 
 
 sys.addaudithook(_audit)  # once, when pytest loads this plugin; audit hooks cannot be removed

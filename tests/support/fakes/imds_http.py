@@ -15,7 +15,7 @@ import httpx
 
 from se_exporter.sidecar.imds import ImdsClient
 from se_exporter.sidecar.transport import Answer, KeepAliveTransport, Origin
-from tests.fakes.http_server import HANG, ScriptedServer
+from tests.support.fakes.http_server import HANG, ScriptedServer
 
 NOT_HTTP = b"this is not HTTP\r\n\r\n"  # what a broken middlebox might say: a protocol error, never a document
 

@@ -31,7 +31,7 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 CHART = ROOT / "charts" / "se-exporter"
 # The value sets the chart is tested with, in chart-testing's place for them (ci/*-values.yaml).
 VALUE_SETS = sorted((CHART / "ci").glob("*-values.yaml"))

@@ -1,4 +1,4 @@
-"""The log files of the processes the current test started, for its failure report (tests/process_logs.py).
+"""The log files of the processes the current test started, for its failure report (tests/support/process_logs.py).
 
 The helpers that start a process (``Sidecar``, ``FleetProcess``, Azurite, Prometheus, Alertmanager) send its
 output to a file and ``attach`` that file. Apart from the plugin so that helpers can import it before pytest

@@ -62,7 +62,7 @@ from proton import (
 )
 from proton import ulong as amqp_ulong
 
-from tests.helpers import verify
+from tests.support.helpers import verify
 
 # Full field counts of every performative (AMQP 1.0 part 2.7 and 5.3), by descriptor code.
 FIELD_COUNTS = {0x10: 10, 0x11: 8, 0x12: 14, 0x13: 11, 0x14: 11, 0x15: 6, 0x16: 3, 0x17: 1, 0x18: 1,

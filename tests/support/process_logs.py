@@ -2,7 +2,7 @@
 failure report as a section of its own ("log of sidecar0 (se-exporter run, pid ...)").
 
 A failing phase (setup, call or teardown) of a test shows every log attached during the test
-(``tests.child_logs.attach``), and those of processes started earlier (a module's fixture) that still run. Each
+(``tests.support.child_logs.attach``), and those of processes started earlier (a module's fixture) that still run. Each
 log is cut to its last ``TAIL_BYTES``: the end of a log is where a failure shows, and a report stays readable.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Generator
 
 import pytest
 
-from tests.child_logs import ATTACHED, tail
+from tests.support.child_logs import ATTACHED, tail
 
 
 @pytest.hookimpl(wrapper=True)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tests.fleet_helpers import FleetProcess
+from tests.support.fleet_helpers import FleetProcess
 
 EVERY = 0.25  # seconds between rounds
 VM_ID = re.compile(rb'^azure_scheduled_fleet_vm_last_seen_timestamp_seconds\{[^}]*vm_id="([^"]+)"', re.MULTILINE)

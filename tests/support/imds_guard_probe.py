@@ -1,9 +1,9 @@
-"""Run as ``python -m tests.imds_guard_probe``: after ``cli.main`` ran a command (as every program starts), try to
-POST to IMDS through every HTTP client the programs load, and a bare socket, with the address in several spellings;
+"""Run as ``python -m tests.support.imds_guard_probe``: after ``cli.main`` ran a command (as every program starts), try
+to POST to IMDS through every HTTP client the programs load, and a bare socket, with the address in several spellings;
 print, as JSON, what stopped each attempt.
 
-A separate process, because pytest's own loopback hook (tests/loopback.py) would refuse these addresses before the
-guard is asked. Nothing reaches IMDS: a second audit hook, installed behind the guard, stops (and reports as
+A separate process, because pytest's own loopback hook (tests/support/loopback.py) would refuse these addresses before
+the guard is asked. Nothing reaches IMDS: a second audit hook, installed behind the guard, stops (and reports as
 ``escaped``) any connection to that address the guard let through.
 """
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from tests.child_logs import attach
-from tests.helpers import free_port, http_get, stop_process, wait_until
+from tests.support.child_logs import attach
+from tests.support.helpers import free_port, http_get, stop_process, wait_until
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 ALERTMANAGER_CONFIG = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 ALERTMANAGER = "prometheus-alertmanager"  # Debian's name for the alertmanager binary
 
