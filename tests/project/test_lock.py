@@ -71,8 +71,8 @@ def test_test_lock_agrees_with_pyproject_and_the_runtime_lock() -> None:
 
 
 @pytest.mark.parametrize("change", [
-    ('"httpx>=0.27,<1",', '"httpx>=0.27,<1",\n    "rich>=13",'),  # a new dependency, not locked
-    ('"httpx>=0.27,<1",', '"httpx>=0.29,<1",'),  # a range the locked version falls outside of
+    ('"h11>=0.14,<1",', '"h11>=0.14,<1",\n    "rich>=13",'),  # a new dependency, not locked
+    ('"h11>=0.14,<1",', '"h11>=0.17,<1",'),  # a range the locked version falls outside of
     ('"azure-storage-blob>=12.19,<13",', ""),  # a dependency removed from pyproject.toml, still locked
 ])
 def test_the_agreement_check_sees_a_change_to_pyproject(change: tuple[str, str], reliability: Reliability) -> None:
