@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from se_exporter.fleet.message import DEFAULT_BOUNDS, Bounds, Message, VmState
+from se_exporter.fleet.message import DEFAULT_BOUNDS, Bounds, Message, VmState, vm_facts
 
 # A sidecar resends at most one batch (100 documents) after a timeout; ten batches of slack.
 SEQUENCE_WINDOW = 1000
@@ -97,10 +97,8 @@ class StateWrite:
 
 
 def heartbeat_only(old: VmState, new: VmState) -> bool:
-    """``new`` differs from ``old`` in what a heartbeat moves at most: sequence, seen_at, IMDS health."""
-    return (old.body == new.body and old.installation == new.installation and old.vm_id == new.vm_id
-            and old.vm_name == new.vm_name and old.vmss_name == new.vmss_name and old.location == new.location
-            and old.subscription_id == new.subscription_id and old.resource_group == new.resource_group)
+    """``new`` differs from ``old`` in what a heartbeat moves at most (``message.VM_STATE_FIELDS``)."""
+    return vm_facts(old) == vm_facts(new)
 
 
 @dataclass

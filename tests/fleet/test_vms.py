@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from datetime import datetime, timezone
@@ -10,9 +11,9 @@ from typing import Any
 import pytest
 
 from se_exporter.fleet import stateformat
-from se_exporter.fleet.message import Bounds, InvalidMessage, Message, VmState, read_message
+from se_exporter.fleet.message import VM_STATE_FIELDS, Bounds, Imds, InvalidMessage, Message, VmState, read_message
 from se_exporter.fleet.stateformat import DamagedState, NewerState, decode, encode_base
-from se_exporter.fleet.vms import Fleet, PartitionState, imds_unreachable
+from se_exporter.fleet.vms import Fleet, PartitionState, heartbeat_only, imds_unreachable
 
 VM_ID = "02aab8a4-74ef-476e-8182-f6d2ba4166a6"
 FREEZE = (b'{"DocumentIncarnation": 2, "Events": [{"EventId": "E1", "EventType": "Freeze", "ResourceType": '
@@ -460,3 +461,22 @@ def kept_through_the_state(read: Message) -> VmState:
     assert stored is not None
     [vm] = decode(stored[0], "0", NOW).vms.values()
     return vm
+
+
+def test_every_vm_state_field_is_classified_once() -> None:
+    """A field added to ``VmState`` and not classified would be treated as a heartbeat's and never rewritten."""
+    names = [f.name for f in dataclasses.fields(VmState)]
+    assert sorted(VM_STATE_FIELDS) == sorted(names)
+    assert set(VM_STATE_FIELDS.values()) <= {"fact", "heartbeat", "follows_body"}
+
+
+@pytest.mark.parametrize("name", [n for n, kind in VM_STATE_FIELDS.items() if kind != "follows_body"])
+def test_only_a_heartbeats_fields_leave_a_vm_heartbeat_only(name: str) -> None:
+    """Changing one field: a heartbeat's keeps the VM heartbeat-only, any fact makes it a whole rewrite."""
+    old = VmState(key="k", vm_id="id", vm_name="vm", vmss_name="ss", location="westeurope", installation="i",
+                  sequence=1, seen_at=10.0, body=b'{"Events": []}', events=(), subscription_id="s",
+                  resource_group="rg")
+    value = getattr(old, name)
+    changed = Imds(observed_at=1.0, last_success=1.0, failing=False) if isinstance(value, Imds) else value * 2
+    new = dataclasses.replace(old, **{name: changed})
+    assert heartbeat_only(old, new) is (VM_STATE_FIELDS[name] == "heartbeat")
