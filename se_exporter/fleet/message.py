@@ -30,13 +30,11 @@ from se_exporter.core.model import (
     event_to_json,
     parse_document,
 )
+from se_exporter.core.properties import NAMES as PROPERTY_NAMES
 from se_exporter.infra.logs import shorten
 
 # The envelope's properties (schemas/forwarded-document.schema.json); anything else is tolerated and counted.
-KNOWN_PROPERTIES = frozenset({
-    "vm_name", "vm_id", "vmss_name", "subscription_id", "resource_group", "location", "observed_at",
-    "api_version", "exporter_version", "sequence", "document_incarnation", "heartbeat", "imds_last_success",
-    "imds_failing", "retires_name"})
+KNOWN_PROPERTIES = PROPERTY_NAMES
 INVALID_REASONS = ("too_large", "not_json", "invalid_document", "not_envelope", "bad_property",
                    "wrong_partition_key")
 MAX_SEQUENCE = 2**63 - 1  # the sidecar's numbering stays below 2**53; anything past a signed 64-bit value is forged
