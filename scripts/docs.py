@@ -90,12 +90,9 @@ def run_families() -> list[Metric]:
 
     from se_exporter.core.lifecycle import diff  # noqa: PLC0415
     from se_exporter.core.model import VmIdentity, parse_document  # noqa: PLC0415
-    from se_exporter.infra import http_server, processwide  # noqa: PLC0415
-    from se_exporter.sidecar.forwarding.forward import ForwardMetrics  # noqa: PLC0415
+    from se_exporter.infra import http_server  # noqa: PLC0415
     from se_exporter.sidecar.metrics import NAMESPACE, Metrics  # noqa: PLC0415
-    from se_exporter.sidecar.settings import Settings  # noqa: PLC0415
-    from se_exporter.sidecar.sinks.otel_events import EventLogSink  # noqa: PLC0415
-    from se_exporter.sidecar.sinks.tracing import TracingSink  # noqa: PLC0415
+    from se_exporter.sidecar.sinks.table import register_families  # noqa: PLC0415
     from se_exporter.sidecar.snapshot import Snapshot  # noqa: PLC0415
 
     body = json.dumps({"DocumentIncarnation": 1, "Events": [{
@@ -114,11 +111,8 @@ def run_families() -> list[Metric]:
     for histogram, labels in ((metrics.notice, ("Freeze", "true")), (metrics.impact, ("Freeze", "true")),
                               (metrics.rebalance_to_preempt, ()), (metrics.poll_duration, ())):
         histogram.labels(*labels).observe(1.0)
-    ForwardMetrics(registry).errors.labels("eventhubs", "timeout").inc()
     http_server.rejection_counter(registry, NAMESPACE)
-    with processwide.restored():  # the sink turns the exporters' loggers down; leave them as they were
-        TracingSink(Settings(otel_traces_exporter="console"), None, registry).shutdown()
-        EventLogSink(Settings(otel_logs_exporter="console"), registry).shutdown()
+    register_families(registry)
     return list(registry.collect())
 
 

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -35,15 +35,11 @@ from se_exporter.sidecar.imds import ImdsClient
 from se_exporter.sidecar.metrics import NAMESPACE, Metrics
 from se_exporter.sidecar.poller import IdentityWatcher, Poller
 from se_exporter.sidecar.settings import THROTTLED_BELOW, Settings
-from se_exporter.sidecar.sinks import FanOut, ImdsHealth, Sink
-from se_exporter.sidecar.sinks.eventlog import LogSink
-from se_exporter.sidecar.sinks.transition_metrics import MetricsSink
+from se_exporter.sidecar.sinks import FanOut, ImdsHealth
+from se_exporter.sidecar.sinks.table import Wiring, build_sinks
 from se_exporter.sidecar.snapshot import CurrentState, Snapshot
 from se_exporter.sidecar.statedir import StateDir
 from se_exporter.sidecar.transport import KeepAliveTransport
-
-if TYPE_CHECKING:
-    from se_exporter.sidecar.forwarding.forward import ForwardSink
 
 log = logging.getLogger("se_exporter")
 _S = TypeVar("_S")
@@ -110,18 +106,8 @@ class Sidecar:
         state_dir = StateDir.claim(settings.state_path, settings.state_dir is not None,
                                    settings.spool_path if settings.eventhubs_enabled else None, cleanup)
         store = state_dir.lifecycle_store(settings.imds_url)
-        outputs: list[Sink] = [MetricsSink(metrics), LogSink()]
-        forward = make_forwarding(settings, state_dir, self.registry, imds_health=lambda: imds_health(state.get()))
-        if forward is not None:
-            outputs.append(forward)
-        if settings.otel_traces_exporter != "none":
-            from se_exporter.sidecar.sinks.tracing import make_tracing  # loads the OpenTelemetry SDK
-
-            outputs.append(make_tracing(settings, state_dir.kept, self.registry))
-        if settings.otel_logs_exporter != "none":
-            from se_exporter.sidecar.sinks.otel_events import make_event_logs  # loads the OpenTelemetry logs SDK
-
-            outputs.append(make_event_logs(settings, self.registry))
+        outputs = build_sinks(Wiring(settings, state_dir, self.registry, metrics,
+                                     imds_health=lambda: imds_health(state.get())))
         sinks = FanOut(outputs, on_error=lambda name: metrics.sink_errors.labels(name).inc())
         cleanup.callback(sinks.shutdown)
         poller = Poller(imds, metrics, sinks, settings, state, store=store)
@@ -151,28 +137,6 @@ class Sidecar:
 def imds_health(snapshot: Snapshot) -> ImdsHealth:
     """What heartbeats say of IMDS: the poll loop keeps both in the snapshot (``up`` is the latest poll's outcome)."""
     return ImdsHealth(snapshot.last_success, failing=not snapshot.up)
-
-
-def make_forwarding(settings: Settings, state_dir: StateDir, registry: CollectorRegistry,
-                    imds_health: Callable[[], ImdsHealth] | None = None) -> ForwardSink | None:
-    """The forwarding sink with the targets of ``sinks/targets.py`` that are on, or None when none is; heartbeats
-    carry ``imds_health()``. Imported only when forwarding is on."""
-    from se_exporter.sidecar.forwarding.targets import enabled_targets
-
-    rows = enabled_targets(settings)
-    if not rows:
-        return None
-    from se_exporter.sidecar.forwarding.envelope import Sequencer
-    from se_exporter.sidecar.forwarding.forward import ForwardMetrics, ForwardSink
-
-    metrics = ForwardMetrics(registry)
-    sequencer = Sequencer(state_dir.path)
-    targets = [row.build(settings, state_dir, metrics, sequencer) for row in rows]
-    if settings.heartbeat_seconds:
-        log.info("forwarding the current document again after %gs without a change (heartbeat)",
-                 settings.heartbeat_seconds)
-    return ForwardSink(sequencer, targets, metrics, heartbeat_interval=settings.heartbeat_seconds,
-                       imds_health=imds_health)
 
 
 class _Starting:

@@ -14,12 +14,10 @@ from scripts import docs as generator
 from se_exporter.consume.settings import CONSUME_OPTIONS
 from se_exporter.core.lifecycle import diff
 from se_exporter.core.model import VmIdentity, parse_document
-from se_exporter.infra import http_server, processwide
-from se_exporter.sidecar.forwarding.forward import ForwardMetrics
+from se_exporter.infra import http_server
 from se_exporter.sidecar.metrics import NAMESPACE, Metrics
-from se_exporter.sidecar.settings import RUN_OPTIONS, Settings
-from se_exporter.sidecar.sinks.otel_events import EventLogSink
-from se_exporter.sidecar.sinks.tracing import TracingSink
+from se_exporter.sidecar.settings import RUN_OPTIONS
+from se_exporter.sidecar.sinks.table import register_families
 from se_exporter.sidecar.snapshot import Snapshot
 from se_exporter.simulator import scenario
 from se_exporter.simulator.settings import SIMULATE_OPTIONS
@@ -45,11 +43,8 @@ def test_every_metric_is_in_the_reference() -> None:
     snapshot = Snapshot(records=diff({}, document, 1.0).records, incarnation=1, identity=VmIdentity(name="vm"))
     registry = CollectorRegistry()
     metrics = Metrics(registry, lambda: snapshot)
-    ForwardMetrics(registry)
     http_server.rejection_counter(registry, NAMESPACE)
-    with processwide.restored():  # the sink turns the exporters' loggers down; the test leaves them as they were
-        TracingSink(Settings(otel_traces_exporter="console"), None, registry).shutdown()
-        EventLogSink(Settings(otel_logs_exporter="console"), registry).shutdown()
+    register_families(registry)
     names = {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}
     held = [metrics.transitions, metrics.polls, metrics.sink_errors, metrics.bound_hits, metrics.notice,
             metrics.impact, metrics.rebalance_to_preempt, metrics.poll_duration]  # described, not yet counted

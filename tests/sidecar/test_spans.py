@@ -247,7 +247,7 @@ def test_unconfigured_exporters_are_not_imported(exporter: str, protocol: str, a
         "import sys\n"
         "from se_exporter.cli import build_parser\n"
         "from se_exporter.sidecar.settings import run_settings\n"
-        "from se_exporter.sidecar.assembly import make_forwarding\n"
+        "from se_exporter.sidecar.sinks.table import make_forwarding\n"
         f"settings = run_settings(build_parser().parse_args(['run']), {{'OTEL_TRACES_EXPORTER': '{exporter}',"
         f" 'OTEL_EXPORTER_OTLP_PROTOCOL': '{protocol}', 'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://127.0.0.1:9'}})\n"
         "if settings.otel_traces_exporter != 'none':\n"
