@@ -1,9 +1,10 @@
 """The one batching processor of every program's outputs, on OpenTelemetry's model (its ``BatchSpanProcessor``).
 
-An exporter says how to deliver a batch; the processor owns everything else, once for every output: a bounded queue,
-a worker thread, a capped backoff (``core/retry.py``) while the exporter refuses, one log line per change of its
-health, drop-oldest counted, ``force_flush`` and a ``shutdown`` with a deadline. ``emit`` only puts an item in the
-queue, so whoever emits (the sidecar's poll loop, the simulator's platform copy) never waits on an exporter.
+A deliverer (``Deliverer``) says how to deliver a batch; the processor owns everything else, once for every output:
+a bounded queue, a worker thread, a capped backoff (``core/retry.py``) while the deliverer refuses, one log line per
+change of its health, drop-oldest counted, ``force_flush`` and a ``shutdown`` with a deadline. ``emit`` only puts an
+item in the queue, so whoever emits (the sidecar's poll loop, the simulator's platform copy) never waits on a
+deliverer.
 
 The SDK's own class lives in a private module (``opentelemetry.sdk._shared_internal``) and drops a batch its exporter
 fails, where forwarding must keep it, in order, until it is delivered; hence this mirror of it. Two kinds of queue:
@@ -47,13 +48,14 @@ class Queue(Protocol[T]):
     def __len__(self) -> int: ...
 
 
-class Exporter(Generic[T]):
-    """Delivers batches; ``export`` is the one method an exporter must write. The hooks say what the log says."""
+class Deliverer(Generic[T]):
+    """Delivers batches; ``deliver`` is the one method a deliverer must write (named apart from an OpenTelemetry
+    exporter's ``export`` and a sink's). The hooks say what the log says."""
 
-    name = "exporter"
+    name = "deliverer"
     noun = "documents"  # what the items are called in the line that counts those lost at shutdown
 
-    def export(self, batch: Sequence[T]) -> int:
+    def deliver(self, batch: Sequence[T]) -> int:
         """Deliver the batch from its start: how many of it are done with (at least one), or raise to retry."""
         raise NotImplementedError
 
@@ -144,10 +146,10 @@ class BatchProcessor(Generic[T]):
     delay); a full batch, a flush or a stop cuts it short. The worker sleeps with no timeout while nothing is queued.
     """
 
-    def __init__(self, queue: Queue[T], exporter: Exporter[T], classify: Callable[[Exception], str],
+    def __init__(self, queue: Queue[T], deliverer: Deliverer[T], classify: Callable[[Exception], str],
                  on_error: Callable[[str], None], on_lost: Callable[[int], None] = lambda count: None,
                  batch_size: int = 64, retry_first: float = 0.5, retry_max: float = 5.0, linger: float = 0.0) -> None:
-        self._queue, self._exporter = queue, exporter
+        self._queue, self._deliverer = queue, deliverer
         self._classify, self._on_error, self._on_lost = classify, on_error, on_lost
         self._batch_size, self._retry_first, self._retry_max = batch_size, retry_first, retry_max
         self._linger = linger
@@ -158,7 +160,7 @@ class BatchProcessor(Generic[T]):
         self._deadline = float("inf")  # set by shutdown: no export starts after it
         self._flushed = threading.Condition()
         self._refusals = 0  # failed exports so far: a flush ends at the first one after it began
-        self._worker = threading.Thread(target=self._run, name=f"{exporter.name}-export", daemon=True)
+        self._worker = threading.Thread(target=self._run, name=f"{deliverer.name}-export", daemon=True)
         self._worker.start()
 
     def emit(self, item: T) -> None:
@@ -189,16 +191,16 @@ class BatchProcessor(Generic[T]):
         self._hurry.set()
         self._wake.set()
         if self._queue.durable:
-            self._exporter.interrupt()
+            self._deliverer.interrupt()
         self._worker.join(timeout)
         if isinstance(self._queue, MemoryQueue) and not self._worker.is_alive():
             lost = self._queue.drain()
             if lost:
-                log.error("%s never accepted %d %s (%s to %s); they are lost at shutdown", self._exporter.name,
-                          len(lost), self._exporter.noun, self._exporter.label(lost[0]),
-                          self._exporter.label(lost[-1]))
+                log.error("%s never accepted %d %s (%s to %s); they are lost at shutdown", self._deliverer.name,
+                          len(lost), self._deliverer.noun, self._deliverer.label(lost[0]),
+                          self._deliverer.label(lost[-1]))
                 self._on_lost(len(lost))
-        self._exporter.shutdown()
+        self._deliverer.shutdown()
 
     def _run(self) -> None:
         failures = 0
@@ -218,7 +220,7 @@ class BatchProcessor(Generic[T]):
                     self._hurry.clear()
                 continue
             try:
-                done = max(1, self._exporter.export(batch))
+                done = max(1, self._deliverer.deliver(batch))
             except Exception as error:  # whatever an exporter raises is a refusal: counted, kept, retried
                 self._queue.release()
                 if self._stop.is_set() and self._queue.durable:
@@ -235,7 +237,7 @@ class BatchProcessor(Generic[T]):
                     return
                 continue  # stopped with a memory queue: one last try
             if self._health.recover():  # before the queue shrinks: whoever sees it flushed sees this line
-                self._exporter.recovered(failures)
+                self._deliverer.recovered(failures)
             failures = 0
             self._queue.remove(batch[:done])
             self._queue.release()
@@ -246,5 +248,5 @@ class BatchProcessor(Generic[T]):
         self._on_error(reason)
         first = self._health.failing is None
         if self._health.fail(reason):
-            self._exporter.failed(error, reason, item, first, len(self._queue))
+            self._deliverer.failed(error, reason, item, first, len(self._queue))
 

@@ -21,14 +21,14 @@ from typing import Any
 from azure.eventhub import EventData
 
 from se_exporter.infra.azure.clients import ProducerFactory, classify, describe
-from se_exporter.infra.batching import BatchProcessor, Exporter, MemoryQueue
+from se_exporter.infra.batching import BatchProcessor, Deliverer, MemoryQueue
 from se_exporter.simulator.platform import Published
 
 log = logging.getLogger("se_exporter.simulator.platform")
 QUEUE_CAPACITY = 10_000  # messages waiting for the hub; about 1.5 KB each
 
 
-class EventHubOutput(Exporter[Published]):
+class EventHubOutput(Deliverer[Published]):
     """``--platform-eventhub-*``: ``offer`` queues, the processor's worker sends (see the module)."""
 
     name = "eventhub"
@@ -62,7 +62,7 @@ class EventHubOutput(Exporter[Published]):
             self._processor.force_flush(int(timeout * 1000))
         self._processor.shutdown(max(0.0, deadline - time.monotonic()))
 
-    def export(self, batch: Sequence[Published]) -> int:
+    def deliver(self, batch: Sequence[Published]) -> int:
         try:
             self._producer = self._producer or self._make_producer()
             self._loop.run_until_complete(asyncio.wait_for(self._send(self._producer, batch[0]),

@@ -6,11 +6,11 @@ import threading
 import time
 from collections.abc import Sequence
 
-from se_exporter.infra.batching import BatchProcessor, Exporter, MemoryQueue
+from se_exporter.infra.batching import BatchProcessor, Deliverer, MemoryQueue
 from tests.support.helpers import wait_until
 
 
-class Flaky(Exporter[int]):
+class Flaky(Deliverer[int]):
     """Refuses while ``refusing`` is set; records what it took."""
 
     name = "flaky"
@@ -19,14 +19,14 @@ class Flaky(Exporter[int]):
         self.refusing = threading.Event()
         self.taken: list[int] = []
 
-    def export(self, batch: Sequence[int]) -> int:
+    def deliver(self, batch: Sequence[int]) -> int:
         if self.refusing.is_set():
             raise OSError("refused")
         self.taken.extend(batch)
         return len(batch)
 
 
-def processor(exporter: Exporter[int], max_items: int = 100) -> tuple[BatchProcessor[int], list[str], list[int]]:
+def processor(exporter: Deliverer[int], max_items: int = 100) -> tuple[BatchProcessor[int], list[str], list[int]]:
     errors: list[str] = []
     dropped: list[int] = []
     queue: MemoryQueue[int] = MemoryQueue(max_items, lambda item: 1, dropped.append)
@@ -78,7 +78,7 @@ def test_shutdown_keeps_its_deadline_and_counts_what_is_lost() -> None:
     assert time.monotonic() - started < 4 and lost == [2]
 
 
-class Slow(Exporter[int]):
+class Slow(Deliverer[int]):
     """Accepts one item every 20 ms: a hub slower than what is queued for it."""
 
     name = "slow"
@@ -86,7 +86,7 @@ class Slow(Exporter[int]):
     def __init__(self) -> None:
         self.taken: list[int] = []
 
-    def export(self, batch: Sequence[int]) -> int:
+    def deliver(self, batch: Sequence[int]) -> int:
         time.sleep(0.02)  # the exporter's own pace, not a wait for something to happen
         self.taken.extend(batch[:1])
         return 1

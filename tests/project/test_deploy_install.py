@@ -30,7 +30,7 @@ from tests.support.helpers import free_port, http_get, wait_until
 ROOT = Path(__file__).parent.parent.parent
 SCRIPT = ROOT / "deploy" / "systemd" / "install.sh"
 ARCHIVE = ROOT / "dist" / "linux-wheels.tar.gz"
-STAND_IN = ROOT / "tests" / "systemctl_stand_in.py"
+STAND_IN = ROOT / "tests" / "support" / "systemctl_stand_in.py"
 SH = shutil.which("sh") or "/bin/sh"
 SETUP = "/var/tmp/se-exporter-setup"  # noqa: S108 - where the custom data writes install.sh, not a file we open
 # Each install builds a virtualenv and pip-installs the whole wheelhouse: with two busy loops beside them on 2 shared

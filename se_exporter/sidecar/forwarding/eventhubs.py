@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from se_exporter.infra.azure.clients import ProducerFactory, classify, describe
-from se_exporter.infra.batching import BatchProcessor, Exporter
+from se_exporter.infra.batching import BatchProcessor, Deliverer
 from se_exporter.sidecar.forwarding.envelope import CONTENT_TYPE, Envelope, carriable
 from se_exporter.sidecar.forwarding.forward import ForwardMetrics
 from se_exporter.sidecar.forwarding.spool import Spool
@@ -54,7 +54,7 @@ class EventHubsTarget:
         self._processor.shutdown(timeout)
 
 
-class EventHubsSender(Exporter[Envelope]):
+class EventHubsSender(Deliverer[Envelope]):
     """Sends the oldest spooled envelopes, on an event loop of its own run by the processor's worker thread."""
 
     name = "eventhubs"
@@ -71,7 +71,7 @@ class EventHubsSender(Exporter[Envelope]):
         self._task: asyncio.Task[int] | None = None
         self._interrupted = False
 
-    def export(self, batch: Sequence[Envelope]) -> int:
+    def deliver(self, batch: Sequence[Envelope]) -> int:
         if self._interrupted:
             raise RuntimeError("stopping")
         asyncio.set_event_loop(self._loop)  # the SDK looks for the thread's loop

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from se_exporter.infra.batching import BatchProcessor, Exporter, MemoryQueue
+from se_exporter.infra.batching import BatchProcessor, Deliverer, MemoryQueue
 from se_exporter.infra.files import is_disk_full
 from se_exporter.sidecar.forwarding.envelope import Envelope, Sequencer, build
 from se_exporter.sidecar.metrics import NAMESPACE
@@ -74,13 +74,13 @@ def _size(item: Envelope | DocumentChange | _Beat) -> int:
     return len(body) + _ENVELOPE_OVERHEAD
 
 
-class TargetExporter(Exporter[Envelope]):
+class TargetDeliverer(Deliverer[Envelope]):
     """A target as an exporter: envelopes offered one by one, oldest first, until one is refused."""
 
     def __init__(self, target: Target, timeout: float = 8.0) -> None:
         self.name, self._target, self._timeout = target.name, target, timeout
 
-    def export(self, batch: Sequence[Envelope]) -> int:
+    def deliver(self, batch: Sequence[Envelope]) -> int:
         for done, envelope in enumerate(batch):
             try:
                 self._target.accept(envelope)
@@ -104,7 +104,7 @@ class _Beat:
     health: ImdsHealth | None
 
 
-class _Envelopes(Exporter["DocumentChange | _Beat"]):
+class _Envelopes(Deliverer["DocumentChange | _Beat"]):
     """Numbers each change (and heartbeat) and queues its envelope for every target, in order.
 
     A sidecar that forwarded under its name and then learns its vm_id sends one ``retires_name`` message under the
@@ -117,7 +117,7 @@ class _Envelopes(Exporter["DocumentChange | _Beat"]):
         self._last: DocumentChange | None = None
         self._named: str | None = None  # the key (a name) last forwarded under while no vm_id was known
 
-    def export(self, batch: Sequence[DocumentChange | _Beat]) -> int:
+    def deliver(self, batch: Sequence[DocumentChange | _Beat]) -> int:
         for item in batch:
             if isinstance(item, _Beat):
                 if self._last is None:  # before the first valid document there is nothing to repeat
@@ -195,7 +195,7 @@ class ForwardSink(Sink):
 
         queue = MemoryQueue(max_pending_bytes, _size, drop)
         metrics.pending.labels(name).set_function(queue.__len__)
-        return BatchProcessor(queue, TargetExporter(target), refusal_reason,
+        return BatchProcessor(queue, TargetDeliverer(target), refusal_reason,
                               on_error=lambda reason: metrics.errors.labels(name, reason).inc(),
                               on_lost=given_up.inc, retry_first=retry_first, retry_max=retry_max)
 

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter
 from se_exporter import __version__
 from se_exporter.core.model import VmIdentity, vm_name
 from se_exporter.core.retry import Health
-from se_exporter.infra.batching import BatchProcessor, Exporter, MemoryQueue
+from se_exporter.infra.batching import BatchProcessor, Deliverer, MemoryQueue
 from se_exporter.infra.logs import escape
 from se_exporter.sidecar.metrics import NAMESPACE
 from se_exporter.sidecar.settings import Settings, SpanBatching
@@ -276,11 +276,11 @@ class Batched(SpanExporter):
         self._inner.shutdown()
 
 
-class _Delivery(Exporter[Any]):
+class _Delivery(Deliverer[Any]):
     def __init__(self, name: str, batched: Batched) -> None:
         self.name, self._batched = name, batched
 
-    def export(self, batch: Sequence[Any]) -> int:
+    def deliver(self, batch: Sequence[Any]) -> int:
         self._batched.deliver(batch)
         return len(batch)
 
