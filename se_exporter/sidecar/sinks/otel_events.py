@@ -26,7 +26,8 @@ from se_exporter.core.model import VmIdentity
 from se_exporter.sidecar.metrics import NAMESPACE
 from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks import DocumentChange, Sink
-from se_exporter.sidecar.sinks.spans import PREFIX, attributes, root_context, transition_extras, vm_key
+from se_exporter.sidecar.sinks.facts import event_facts, transition_facts
+from se_exporter.sidecar.sinks.spans import PREFIX, attributes, root_context, vm_key
 from se_exporter.sidecar.sinks.tracing import Batched, Counting, bounded, resource_attributes, signal_url
 
 log = logging.getLogger("se_exporter.otel_events")
@@ -93,8 +94,8 @@ class EventLogSink(Sink):
 
     def _emit(self, transition: Transition, change: DocumentChange) -> None:
         event, kind = transition.event, transition.kind
-        attrs = {**attributes(event, change.document.incarnation, change.vm_name),
-                 PREFIX + "transition": kind.value, **transition_extras(transition, change)}
+        attrs = attributes(event_facts(event, change.document.incarnation, change.vm_name),
+                           transition_facts(transition, change))
         warn = kind in _WARN
         self._logger.emit(
             timestamp=int(change.observed_at * 1e9), context=root_context(event.event_id, vm_key(change)),

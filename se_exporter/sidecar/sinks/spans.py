@@ -12,7 +12,6 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterator, Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +21,16 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
 from se_exporter.core.lifecycle import CANCELED, COMPLETED, STARTED, EventRecord, Transition
-from se_exporter.core.model import EVENT_FIELDS, ScheduledEvent, affects_vm, event_key, json_kind
-from se_exporter.core.spot import lead_seconds
+from se_exporter.core.model import ScheduledEvent, event_key, json_kind
 from se_exporter.infra.files import StateFile, read_state_file
-from se_exporter.sidecar.metrics import LABEL_MARK
 from se_exporter.sidecar.sinks import DocumentChange, Sink
+from se_exporter.sidecar.sinks.facts import event_facts, transition_facts
 
 log = logging.getLogger("se_exporter.spans")
 PREFIX = "azure.scheduled_event."
 MAX_SPAN_EVENTS = 128
-# An attribute value from IMDS holds at most this many characters (cut ones end in LABEL_MARK), a list attribute at
-# most MAX_ATTRIBUTE_ITEMS of them: a 1 MiB Description kept whole in each update span, span event and log record
-# took hundreds of MiB while the collector was down. Span events carry neither the Description nor the Resources
-# (the span they belong to does), so 128 of them per open event stay small too.
-MAX_ATTRIBUTE_CHARS = 1024
-MAX_ATTRIBUTE_ITEMS = 256
+# Span events carry neither the Description nor the Resources (the span they belong to does), so 128 of them per
+# open event stay small.
 _SPAN_ONLY = frozenset({PREFIX + "id", PREFIX + "description", PREFIX + "resources"})
 
 
@@ -87,63 +81,15 @@ class EventIdGenerator(IdGenerator):
         return chosen[1] if chosen else self._random.generate_span_id()
 
 
-def bounded(value: Any) -> Any:
-    """An attribute value within MAX_ATTRIBUTE_CHARS (and a list within MAX_ATTRIBUTE_ITEMS items of it)."""
-    if isinstance(value, str):
-        return value if len(value) <= MAX_ATTRIBUTE_CHARS else \
-            value[:MAX_ATTRIBUTE_CHARS - len(LABEL_MARK)] + LABEL_MARK
-    if isinstance(value, list):
-        return [bounded(item) for item in value[:MAX_ATTRIBUTE_ITEMS]]
-    return value
+def attribute_name(fact: str) -> str:
+    """The span attribute of a fact (``facts``): its name under ``PREFIX``, without the ``event_`` the Azure names
+    repeat (``event_id`` is ``azure.scheduled_event.id``, ``resource_type`` stays)."""
+    return PREFIX + fact.removeprefix("event_")
 
 
-def attribute_name(attribute: str) -> str:
-    """The span attribute of an ``EVENT_FIELDS`` row: its ScheduledEvent attribute under ``PREFIX``, without the
-    ``event_`` the Azure names repeat (``event_id`` is ``azure.scheduled_event.id``, ``resource_type`` stays)."""
-    return PREFIX + attribute.removeprefix("event_")
-
-
-def attribute_value(value: Any) -> Any:
-    """A field's value as an attribute: a list for a tuple, a time in ISO 8601 with ``Z``."""
-    if isinstance(value, tuple):
-        return list(value)
-    if isinstance(value, datetime):
-        return value.isoformat().replace("+00:00", "Z")
-    return value
-
-
-def attributes(event: ScheduledEvent, incarnation: int | None, vm_name: str | None) -> dict[str, Any]:
-    """The contract attributes of an event as last listed: one per field of ``EVENT_FIELDS`` that has a value
-    (``attribute_name``), the document's incarnation and whether it affects this VM; each value bounded
-    (``bounded``)."""
-    values: dict[str, Any] = {}
-    for row in EVENT_FIELDS:
-        value = getattr(event, row.attribute)
-        if value is not None:
-            values[attribute_name(row.attribute)] = attribute_value(value)
-    if incarnation is not None:
-        values[PREFIX + "document_incarnation"] = incarnation
-    affects = affects_vm(event, vm_name)
-    if affects is not None:
-        values[PREFIX + "affects_this_vm"] = affects
-    return {key: bounded(value) for key, value in values.items()}
-
-
-def transition_extras(transition: Transition, change: DocumentChange) -> dict[str, Any]:
-    """What a transition adds to the event's attributes (spans' updates and the event log records alike): the
-    NotBefore it moved from, that it came without notice, the recommendation a Preempt follows, the api-version."""
-    record = transition.record
-    extra: dict[str, Any] = {PREFIX + "api_version": change.api_version}
-    if transition.previous_not_before is not None:
-        extra[PREFIX + "previous_not_before"] = attribute_value(transition.previous_not_before)
-    if transition.kind == STARTED:
-        extra[PREFIX + "notice_seconds"] = max(0.0, record.notice_seconds or 0.0)
-        extra[PREFIX + "skipped_scheduled"] = record.skipped_scheduled
-    recommendation = change.follows.get(record.event.key)
-    if recommendation is not None:
-        extra[PREFIX + "follows_recommendation_id"] = bounded(recommendation.event.event_id)
-        extra[PREFIX + "recommendation_lead_seconds"] = max(0.0, lead_seconds(record, recommendation) or 0.0)
-    return extra
+def attributes(*facts: Mapping[str, Any]) -> dict[str, Any]:
+    """Facts (``facts.event_facts``, ``facts.transition_facts``) as OpenTelemetry attributes."""
+    return {attribute_name(name): value for group in facts for name, value in group.items()}
 
 
 # Span events gathered for one open event's ``scheduled_event`` span: (name, time in ns, attributes).
@@ -191,7 +137,7 @@ class SpanSink(Sink):
         for key, record in change.records.items():
             before = self._last.get(key)
             if before is not None and before != record.event and key not in moved:
-                self._note(record, "changed", vm, incarnation, change, {})
+                self._note(record, vm, incarnation, change, {"transition": "changed"})
         self._last = {key: record.event for key, record in change.records.items()}
         # Only listed events can still end; anything else (say, state left from another stream) would grow for ever.
         self._open = {key: opened for key, opened in self._open.items() if key in change.records}
@@ -200,9 +146,9 @@ class SpanSink(Sink):
     def _transition(self, transition: Transition, vm_key: str, incarnation: int | None,
                     change: DocumentChange) -> None:
         record, kind = transition.record, transition.kind
-        self._note(record, kind.value, vm_key, incarnation, change, transition_extras(transition, change))
+        self._note(record, vm_key, incarnation, change, transition_facts(transition, change))
         event_id = record.event.event_id
-        attrs = attributes(record.event, incarnation, change.vm_name)
+        attrs = attributes(event_facts(record.event, incarnation, change.vm_name))
         # The notice ends when the event starts, or when it is canceled before it starts. Each span starts at the
         # wall clock's reading and lasts what the monotonic clock measured (EventRecord), so a clock stepped back
         # between its ends never makes it end before it began.
@@ -216,15 +162,16 @@ class SpanSink(Sink):
             self._span(event_id, vm_key, "scheduled_event", "root", record.first_seen, record.lifetime_seconds,
                        {**attrs, PREFIX + "outcome": kind.value}, self._open.pop(record.event.key, []))
 
-    def _note(self, record: EventRecord, kind: str, vm_key: str, incarnation: int | None, change: DocumentChange,
-              extra: Mapping[str, Any]) -> None:
-        """A span event for the root span later, and a zero-length update span now."""
+    def _note(self, record: EventRecord, vm_key: str, incarnation: int | None, change: DocumentChange,
+              transition: Mapping[str, Any]) -> None:
+        """A span event for the root span later, and a zero-length update span now (``transition``: the
+        transition's facts, or only its kind for a change that is not one)."""
         event_id = record.event.event_id
         now_ns = int(change.observed_at * 1e9)
-        attrs = {**attributes(record.event, incarnation, change.vm_name), PREFIX + "transition": kind, **extra}
+        attrs = attributes(event_facts(record.event, incarnation, change.vm_name), transition)
         opened = self._open.setdefault(record.event.key, [])
         if len(opened) < MAX_SPAN_EVENTS:
-            opened.append((kind, now_ns, {k: v for k, v in attrs.items() if k not in _SPAN_ONLY}))
+            opened.append((transition["transition"], now_ns, {k: v for k, v in attrs.items() if k not in _SPAN_ONLY}))
         span = self._tracer.start_span("scheduled_event.update", context=root_context(event_id, vm_key),
                                        kind=SpanKind.INTERNAL,
                                        attributes=attrs, start_time=now_ns)
