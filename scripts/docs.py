@@ -285,7 +285,7 @@ def scrape_excerpt() -> str:
         document = parse_document(body)
         step = diff(records, document, at)
         records = dict(step.records)
-        sink.export(DocumentChange(body, document, step.transitions, step.records, at, identity.name, identity,
+        sink.on_change(DocumentChange(body, document, step.transitions, step.records, at, identity.name, identity,
                                    "2024-07-09"))
         snapshot = Snapshot(records=step.records, incarnation=document.incarnation, up=True, has_document=True,
                             last_success=at, watching_since=start, vm_name=identity.name, identity=identity,

@@ -178,7 +178,7 @@ class Poller:
         if first:
             log.info("first document read", extra=fields(document_incarnation=document.incarnation,
                                                           events=len(document.events)))
-        self._sinks.export(DocumentChange(
+        self._sinks.on_change(DocumentChange(
             raw=body, document=document, transitions=step.transitions, records=step.records, observed_at=now,
             vm_name=snap.vm_name, identity=snap.identity, api_version=version,
             follows=spot.links(step.transitions, step.records, step.ended)))

@@ -139,7 +139,7 @@ class Run:
         self.ended = dict(step.ended)
         self.snapshot = Snapshot(records=step.records, incarnation=document.incarnation, up=True,
                                  has_document=True, vm_name="vm0", identity=VmIdentity(name="vm0", vm_id="id"))
-        self.sinks.export(DocumentChange(raw, document, step.transitions, step.records, now, "vm0",
+        self.sinks.on_change(DocumentChange(raw, document, step.transitions, step.records, now, "vm0",
                                          self.snapshot.identity, "2020-07-01"))
         assert self.errors == []
         self.check_metrics(step.records)

@@ -54,7 +54,7 @@ def test_spans_with_unencodable_strings_reach_an_otlp_receiver(receiver: OtlpRec
     provider = TracerProvider(id_generator=(ids := EventIdGenerator()))
     provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=receiver.http_endpoint + "/v1/traces",
                                                                      timeout=5)))
-    SpanSink(provider, ids, None).export(change(1_795_000_000.0))
+    SpanSink(provider, ids, None).on_change(change(1_795_000_000.0))
     provider.shutdown()
     spans = wait_until(lambda: receiver.named("scheduled_event.update"), what="the update span")
     attributes = spans[0].attributes
@@ -70,7 +70,7 @@ def test_the_forward_file_carries_the_exact_bytes_and_encodable_properties(tmp_p
     metrics = ForwardMetrics(CollectorRegistry())
     target = FileTarget(tmp_path / "documents.jsonl", metrics)
     sink = ForwardSink(Sequencer(tmp_path / "state"), [target], metrics)
-    sink.export(change(1_795_000_000.0))
+    sink.on_change(change(1_795_000_000.0))
     sink.shutdown(5)  # written (by the sink's worker) and closed
     lines = (tmp_path / "documents.jsonl").read_bytes().splitlines()
     assert len(lines) == 1
@@ -93,7 +93,7 @@ def test_console_span_lines_stay_one_line_and_show_escapes(reliability: Reliabil
     out = io.StringIO()
     provider = TracerProvider(id_generator=(ids := EventIdGenerator()))
     provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=out, formatter=span_line)))
-    SpanSink(provider, ids, None).export(change(1_795_000_000.0, FORGING))
+    SpanSink(provider, ids, None).on_change(change(1_795_000_000.0, FORGING))
     provider.shutdown()
     lines = out.getvalue().split("\n")
     assert lines[-1] == "" and len(lines) > 1

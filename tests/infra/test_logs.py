@@ -47,7 +47,7 @@ def test_a_transition_is_one_line_whatever_the_event_holds(captured: tuple[str, 
     document = parse_document(BODY)
     step = diff({}, document, 1_000.0)
     change = DocumentChange(BODY, document, step.transitions, step.records, 1_000.0, "vm0" + FORGED, None, "")
-    LogSink().export(change)
+    LogSink().on_change(change)
     output = stream.getvalue()
     lines = output.splitlines()
     assert len(lines) == 1, output

@@ -180,7 +180,7 @@ def test_refused_documents_are_retried_in_order_once_space_is_back(tmp_path: Pat
     healthy.open.set()
     sink, registry = forward_sink(tmp_path, full, healthy)
     for incarnation in (1, 2, 3):
-        sink.export(change(b'{"DocumentIncarnation": %d, "Events": []}' % incarnation))
+        sink.on_change(change(b'{"DocumentIncarnation": %d, "Events": []}' % incarnation))
     wait_until(lambda: healthy.accepted == [1, 2, 3], what="the healthy target holding all three")
     assert full.accepted == []
     assert registry.get_sample_value("azure_scheduled_events_forward_pending_documents", {"sink": "file"}) == 3
@@ -193,7 +193,7 @@ def test_refused_documents_are_retried_in_order_once_space_is_back(tmp_path: Pat
     assert registry.get_sample_value("azure_scheduled_events_forward_pending_documents", {"sink": "file"}) == 0
     refusals = [r for r in caplog.records if "refused document" in r.getMessage()]
     assert len(refusals) == 1 and refusals[0].exc_info is None
-    sink.export(change(b'{"DocumentIncarnation": 4, "Events": []}'))
+    sink.on_change(change(b'{"DocumentIncarnation": 4, "Events": []}'))
     wait_until(lambda: full.accepted == [1, 2, 3, 4], what="the fourth written after the three")
     sink.shutdown(1)
     reliability("Forwarding", "a target refusing documents (disk full) while another accepts them",
@@ -209,7 +209,7 @@ def test_the_memory_queue_is_bounded_and_shutdown_says_what_is_lost(tmp_path: Pa
     bodies = [b'{"DocumentIncarnation": %3d, "Events": []}' % incarnation for incarnation in range(1, 11)]
     sink, registry = forward_sink(tmp_path, full, max_pending_bytes=3 * (len(bodies[0]) + 512))
     for body in bodies:
-        sink.export(change(body))
+        sink.on_change(change(body))
     wait_until(lambda: registry.get_sample_value("azure_scheduled_events_forward_dropped_documents_total",
                                                  {"sink": "file"}) == 7, what="seven given up")
     assert registry.get_sample_value("azure_scheduled_events_forward_pending_documents", {"sink": "file"}) == 3
@@ -228,13 +228,13 @@ def test_an_unwritable_state_directory_does_not_stop_forwarding(tmp_path: Path, 
     registry = CollectorRegistry()
     sequencer = Sequencer(state)
     sink = ForwardSink(sequencer, [FileTarget(out, ForwardMetrics(registry))], ForwardMetrics(CollectorRegistry()))
-    sink.export(change(b'{"DocumentIncarnation": 1, "Events": []}'))
+    sink.on_change(change(b'{"DocumentIncarnation": 1, "Events": []}'))
     assert sink.force_flush(10_000)  # numbered and written: the state directory is left alone from now on
     saved = (state / "forwarding.json").read_bytes()
     (state / "forwarding.json").unlink()
     state.rmdir()  # from now on nothing can be saved there
     for incarnation in range(2, 9):
-        sink.export(change(b'{"DocumentIncarnation": %d, "Events": []}' % incarnation))
+        sink.on_change(change(b'{"DocumentIncarnation": %d, "Events": []}' % incarnation))
     sink.shutdown(1)
     assert [json.loads(line)["sequence"] for line in out.read_text().splitlines()] == list(range(1, 9))
     assert caplog.text.count("cannot save") == 1 and "Traceback" not in caplog.text

@@ -42,7 +42,7 @@ def run(name: str) -> tuple[list[tuple[str, EventRecord | None]], InMemoryLogRec
         records, ended = step.records, step.ended
         follows = spot.links(step.transitions, step.records, step.ended)
         made += [(f"{t.event.event_id}/{t.kind.value}", follows.get(t.event.key)) for t in step.transitions]
-        sink.export(DocumentChange(b"", document, step.transitions, step.records, EPOCH + t + 0.01,
+        sink.on_change(DocumentChange(b"", document, step.transitions, step.records, EPOCH + t + 0.01,
                                    scenario.vm["name"], identity, "2024-07-09", follows))
     assert sink.force_flush()
     assert registry.get_sample_value("azure_scheduled_events_log_records_exported_total") == len(made)
@@ -113,7 +113,7 @@ def test_a_failing_log_exporter_is_counted_and_said_once_with_its_reason(caplog:
             document = document_at(scenario, t + 0.01, incarnation)
             step = diff(records, document, EPOCH + t + 0.01)
             records = step.records
-            sink.export(DocumentChange(b"", document, step.transitions, step.records, EPOCH + t + 0.01,
+            sink.on_change(DocumentChange(b"", document, step.transitions, step.records, EPOCH + t + 0.01,
                                        scenario.vm["name"], identity, "2024-07-09"))
             sink.force_flush()
         sink.shutdown()

@@ -27,6 +27,6 @@ def test_a_neighbours_event_is_logged_at_info_and_this_vms_at_warning(caplog: py
     document = parse_document(BODY)
     step = diff({}, document, 1_000.0)
     with caplog.at_level(logging.INFO, logger="se_exporter.events"):
-        LogSink().export(DocumentChange(BODY, document, step.transitions, step.records, 1_000.0, "vm0", None, ""))
+        LogSink().on_change(DocumentChange(BODY, document, step.transitions, step.records, 1_000.0, "vm0", None, ""))
     levels = {record.getMessage().split()[1]: record.levelname for record in caplog.records}
     assert levels == {"MINE": "WARNING", "THEIRS": "INFO", "WHOSE": "WARNING"}

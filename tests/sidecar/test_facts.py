@@ -51,7 +51,7 @@ def told(name: str, caplog: pytest.LogCaptureFixture) -> tuple[list[dict[str, An
             change = DocumentChange(b"", document, step.transitions, step.records, EPOCH + t + 0.01,
                                     scenario.vm["name"], identity, "2024-07-09", follows)
             for sink in sinks:
-                sink.export(change)
+                sink.on_change(change)
     sinks[2].force_flush()
     lines = [dict(record.se_fields) for record in caplog.records if record.name == "se_exporter.events"]
     updates = [span.attributes or {} for span in spans.get_finished_spans()

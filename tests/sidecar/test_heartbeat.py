@@ -40,7 +40,7 @@ def test_a_quiet_document_is_forwarded_again_marked_as_a_heartbeat(tmp_path: Pat
     """Same body and VM, a new sequence, observed now, heartbeat: true; it validates against the schema."""
     forward, target = sink(tmp_path, 0.05)
     try:
-        forward.export(change(RAW))
+        forward.on_change(change(RAW))
         wait_until(lambda: len(target.heartbeats()) >= 2, timeout=5, what="two heartbeats")
     finally:
         forward.shutdown()
@@ -65,8 +65,8 @@ def test_heartbeats_repeat_the_latest_change_and_wait_for_a_first_document(tmp_p
         wait_until(lambda: forward._forwarded_at >= started + 4 * 0.05, timeout=5,
                    what="heartbeat ticks over four intervals")
         assert target.envelopes == []
-        forward.export(change(RAW))
-        forward.export(change(OTHER))
+        forward.on_change(change(RAW))
+        forward.on_change(change(OTHER))
         # A heartbeat of RAW may fall between the two changes (the interval is 50 ms): once OTHER is the latest
         # change, every heartbeat carries OTHER.
         wait_until(lambda: len([b for b in target.heartbeats() if b.body == OTHER]) >= 2, timeout=5,
@@ -81,7 +81,7 @@ def test_heartbeats_repeat_the_latest_change_and_wait_for_a_first_document(tmp_p
 def test_without_an_interval_nothing_is_repeated_and_shutdown_is_prompt(tmp_path: Path) -> None:
     """Off means off: no thread, no heartbeat; with one, shutdown ends the heartbeat thread."""
     forward, target = sink(tmp_path, None)
-    forward.export(change(RAW))
+    forward.on_change(change(RAW))
     forward.shutdown()
     assert len(target.envelopes) == 1
     before = {thread for thread in threading.enumerate() if thread.name == "heartbeat"}

@@ -113,8 +113,8 @@ def test_a_neighbours_event_is_never_counted_as_this_vms() -> None:
     document = parse_document(body)
     step = diff({}, document, NOW)
     sink = MetricsSink(metrics)
-    sink.export(DocumentChange(body, document, step.transitions, step.records, NOW, "WestNO_0", None, ""))
-    sink.export(DocumentChange(body, document, step.transitions, step.records, NOW, None, None, ""))
+    sink.on_change(DocumentChange(body, document, step.transitions, step.records, NOW, "WestNO_0", None, ""))
+    sink.on_change(DocumentChange(body, document, step.transitions, step.records, NOW, None, None, ""))
     for affects, count in (("true", None), ("false", 1.0), ("unknown", 1.0)):
         assert get("azure_scheduled_events_transitions_total",
                    {"event_type": "Reboot", "transition": "started", "affects_this_vm": affects}) == count
@@ -191,7 +191,7 @@ def test_metrics_sink_counts_transitions_and_observes_notice_and_impact() -> Non
         document = parse_document(body)
         step = diff(records, document, now)  # type: ignore[arg-type]
         records = dict(step.records)
-        sink.export(DocumentChange(body, document, step.transitions, step.records, now, "WestNO_0", None, ""))
+        sink.on_change(DocumentChange(body, document, step.transitions, step.records, now, "WestNO_0", None, ""))
     get = registry.get_sample_value
     for transition in ("scheduled", "started", "completed"):
         assert get("azure_scheduled_events_transitions_total",
@@ -239,7 +239,8 @@ def test_invented_event_types_cannot_grow_the_cumulative_series() -> None:
         document = parse_document(body)
         step = diff(records, document, NOW + index)
         records = dict(step.records)
-        sink.export(DocumentChange(body, document, step.transitions, step.records, NOW + index, "WestNO_0", None, ""))
+        sink.on_change(DocumentChange(body, document, step.transitions, step.records, NOW + index, "WestNO_0", None,
+                                      ""))
     types = {sample.labels["event_type"] for family in registry.collect() for sample in family.samples
              if sample.name.startswith(("azure_scheduled_events_transitions", "azure_scheduled_events_notice",
                                         "azure_scheduled_events_impact"))}

@@ -28,7 +28,7 @@ def forwarded(tmp_path: Path, *changes: object) -> list[Envelope]:
     forward = ForwardSink(Sequencer(tmp_path), [target], ForwardMetrics(CollectorRegistry()))
     try:
         for item in changes:
-            forward.export(item)  # type: ignore[arg-type]
+            forward.on_change(item)  # type: ignore[arg-type]
         assert forward.force_flush(5000)
     finally:
         forward.shutdown()

@@ -76,7 +76,7 @@ def run(name: str, state_dir: Path | None = None) -> list[ReadableSpan]:
         document = document_at(scenario, t + 0.01, incarnation)
         step = diff(records, document, EPOCH + t + 0.01)
         records = step.records
-        sink.export(DocumentChange(b"", document, step.transitions, step.records, EPOCH + t + 0.01,
+        sink.on_change(DocumentChange(b"", document, step.transitions, step.records, EPOCH + t + 0.01,
                                    scenario.vm["name"], identity, "2020-07-01"))
     return list(exporter.get_finished_spans())
 
@@ -134,7 +134,7 @@ def test_a_wall_clock_stepped_back_never_ends_a_span_before_it_began() -> None:
         document = document_at(scenario, t, incarnation)
         step = diff(records, document, wall, elapsed=elapsed)
         records = step.records
-        sink.export(DocumentChange(b"", document, step.transitions, step.records, wall, "WestNO_0", None,
+        sink.on_change(DocumentChange(b"", document, step.transitions, step.records, wall, "WestNO_0", None,
                                    "2020-07-01"))
     spans = {span.name: span for span in exporter.get_finished_spans() if span.name != "scheduled_event.update"}
     lengths = {name: ((span.end_time or 0) - (span.start_time or 0)) / 1e9 for name, span in spans.items()}
@@ -193,11 +193,12 @@ def test_span_events_survive_a_restart(tmp_path: Path) -> None:
         document = document_at(scenario, t, incarnation)
         step = diff(records, document, EPOCH + t)
         records = step.records
-        first.export(DocumentChange(b"", document, step.transitions, records, EPOCH + t, "WestNO_0", identity, ""))
+        first.on_change(DocumentChange(b"", document, step.transitions, records, EPOCH + t, "WestNO_0", identity, ""))
     second = sink()  # a new process: only the state directory carries over
     document = document_at(scenario, 400.0, 3)
     step = diff(records, document, EPOCH + 400)
-    second.export(DocumentChange(b"", document, step.transitions, step.records, EPOCH + 400, "WestNO_0", identity, ""))
+    second.on_change(DocumentChange(b"", document, step.transitions, step.records, EPOCH + 400, "WestNO_0", identity,
+                                    ""))
     root = next(s for s in exporter.get_finished_spans() if s.name == "scheduled_event")
     assert [e.name for e in root.events] == ["scheduled", "rescheduled", "canceled"]
     assert root.start_time == int((EPOCH + 10.0) * 1e9)
@@ -284,7 +285,7 @@ def test_a_megabyte_description_costs_kilobytes_in_spans_and_their_state_file(tm
         document = parse_document(body)
         step = diff(records, document, EPOCH + incarnation)
         records = step.records
-        sink.export(DocumentChange(b"", document, step.transitions, records, EPOCH + incarnation, "WestNO_0", None,
+        sink.on_change(DocumentChange(b"", document, step.transitions, records, EPOCH + incarnation, "WestNO_0", None,
                                    "2020-07-01"))
     spans = exporter.get_finished_spans()
     assert len(spans) == 60  # one update span per document and event: scheduled, then rescheduled

@@ -137,7 +137,7 @@ def test_span_file_of_any_shape_is_ignored_and_exports_go_on(tmp_path: Path, con
         document = parse_document(raw)
         step = diff(records, document, 1000.0 + when)
         records = step.records
-        sink.export(DocumentChange(raw, document, step.transitions, step.records, 1000.0 + when, "vm0", None,
+        sink.on_change(DocumentChange(raw, document, step.transitions, step.records, 1000.0 + when, "vm0", None,
                                    "2020-07-01"))
     assert caplog.text.count("ignoring the span state file") == 1
     assert "scheduled_event" in {span.name for span in exporter.get_finished_spans()}

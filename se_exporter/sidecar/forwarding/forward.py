@@ -199,7 +199,7 @@ class ForwardSink(Sink):
                               on_error=lambda reason: metrics.errors.labels(name, reason).inc(),
                               on_lost=given_up.inc, retry_first=retry_first, retry_max=retry_max)
 
-    def export(self, change: DocumentChange) -> None:
+    def on_change(self, change: DocumentChange) -> None:
         self._forwarded_at = time.monotonic()
         self._changes.emit(change)
 

@@ -49,12 +49,13 @@ class ImdsHealth:
 
 
 class Sink:
-    """Base of every output, as OpenTelemetry's ``SpanExporter``: ``export`` is the one method a sink must write;
-    ``force_flush`` and ``shutdown`` do nothing unless a sink holds something to flush or close."""
+    """Base of every output, shaped as OpenTelemetry's ``SpanExporter`` but named apart from it (a sink is handed a
+    document change, not a batch to export): ``on_change`` is the one method a sink must write; ``force_flush`` and
+    ``shutdown`` do nothing unless a sink holds something to flush or close."""
 
     name: str = "sink"
 
-    def export(self, change: DocumentChange) -> None:
+    def on_change(self, change: DocumentChange) -> None:
         raise NotImplementedError
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
@@ -62,7 +63,7 @@ class Sink:
         return True
 
     def shutdown(self) -> None:
-        """Release what the sink holds; called once, after the last export."""
+        """Release what the sink holds; called once, after the last change."""
 
 
 class FanOut:
@@ -72,12 +73,12 @@ class FanOut:
         self._sinks = tuple(sinks)
         self._on_error = on_error
 
-    def export(self, change: DocumentChange) -> None:
+    def on_change(self, change: DocumentChange) -> None:
         for sink in self._sinks:
             try:
-                sink.export(change)
+                sink.on_change(change)
             except Exception:  # a sink must never take the poll loop down
-                log.exception("sink %s failed to export incarnation %s", sink.name, change.document.incarnation)
+                log.exception("sink %s failed on incarnation %s", sink.name, change.document.incarnation)
                 self._on_error(sink.name)
 
     def shutdown(self) -> None:

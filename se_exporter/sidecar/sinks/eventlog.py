@@ -24,7 +24,7 @@ class LogSink(Sink):
 
     name = "log"
 
-    def export(self, change: DocumentChange) -> None:
+    def on_change(self, change: DocumentChange) -> None:
         for transition in change.transitions:
             event = transition.event
             affects = affects_vm(event, change.vm_name)

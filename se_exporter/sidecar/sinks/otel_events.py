@@ -86,7 +86,7 @@ class EventLogSink(Sink):
         self._logger = provider.get_logger("se_exporter")
         log.info("exporting lifecycle transitions as log records with %s", self._settings.otel_logs_exporter)
 
-    def export(self, change: DocumentChange) -> None:
+    def on_change(self, change: DocumentChange) -> None:
         if self._provider is None:  # at the first document, as the span sink: its cost shows from the start
             self._build(change.identity)
         for transition in change.transitions:

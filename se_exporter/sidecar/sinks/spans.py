@@ -129,7 +129,7 @@ class SpanSink(Sink):
         self._open: dict[str, _SpanEvents] = {event_key(event_id): opened for event_id, opened in self._load().items()}
         self._last: dict[str, ScheduledEvent] = {}
 
-    def export(self, change: DocumentChange) -> None:
+    def on_change(self, change: DocumentChange) -> None:
         vm, incarnation = vm_key(change), change.document.incarnation
         moved = {t.event.key for t in change.transitions}
         for transition in change.transitions:

@@ -305,10 +305,10 @@ class TracingSink(Sink):
                                           where=settings.otel_traces_endpoint or settings.otel_endpoint)
         self._batched = Batched(self._exporter, "spans", settings.otel_batch, self._spans_dropped.inc)
 
-    def export(self, change: DocumentChange) -> None:
+    def on_change(self, change: DocumentChange) -> None:
         if self._sink is None:
             self._sink = self._build(change.identity)
-        self._sink.export(change)
+        self._sink.on_change(change)
 
     def _build(self, identity: VmIdentity | None) -> SpanSink:
         ids = EventIdGenerator()

@@ -23,7 +23,7 @@ class MetricsSink(Sink):
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
 
-    def export(self, change: DocumentChange) -> None:
+    def on_change(self, change: DocumentChange) -> None:
         for transition in change.transitions:
             event_type = transition.event.event_type if transition.event.event_type in _KNOWN else OTHER
             affects = affects_label(affects_vm(transition.event, change.vm_name))

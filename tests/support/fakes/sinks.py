@@ -11,12 +11,12 @@ class RecordingSink(Sink):
     def __init__(self) -> None:
         self.changes: list[DocumentChange] = []
 
-    def export(self, change: DocumentChange) -> None:
+    def on_change(self, change: DocumentChange) -> None:
         self.changes.append(change)
 
 
 class BrokenSink(RecordingSink):
     name = "broken"
 
-    def export(self, change: DocumentChange) -> None:
+    def on_change(self, change: DocumentChange) -> None:
         raise RuntimeError("boom")
