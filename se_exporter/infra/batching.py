@@ -50,7 +50,7 @@ class Queue(Protocol[T]):
 
 class Deliverer(Generic[T]):
     """Delivers batches; ``deliver`` is the one method a deliverer must write (named apart from an OpenTelemetry
-    exporter's ``export`` and a sink's). The hooks say what the log says."""
+    exporter's ``export`` and a sink's ``on_change``). The hooks say what the log says."""
 
     name = "deliverer"
     noun = "documents"  # what the items are called in the line that counts those lost at shutdown
