@@ -22,6 +22,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +92,8 @@ def run_families() -> list[Metric]:
     from se_exporter.core.lifecycle import diff  # noqa: PLC0415
     from se_exporter.core.model import VmIdentity, parse_document  # noqa: PLC0415
     from se_exporter.infra import http_server  # noqa: PLC0415
-    from se_exporter.sidecar.metrics import NAMESPACE, Metrics  # noqa: PLC0415
+    from se_exporter.sidecar.metrics import EVERY_FAMILY, NAMESPACE, Metrics  # noqa: PLC0415
     from se_exporter.sidecar.sinks.table import register_families  # noqa: PLC0415
-    from se_exporter.sidecar.snapshot import Snapshot  # noqa: PLC0415
 
     body = json.dumps({"DocumentIncarnation": 1, "Events": [{
         "EventId": "E", "EventType": "Freeze", "EventStatus": "Started", "EventSource": "Platform",
@@ -101,8 +101,7 @@ def run_families() -> list[Metric]:
         "DurationInSeconds": 5}]})
     document = parse_document(body)
     identity = VmIdentity(name="vm", vm_id="id", location="loc")
-    snapshot = Snapshot(records=diff({}, document, 1.0).records, incarnation=1, identity=identity,
-                        watching_since=1.0)
+    snapshot = replace(EVERY_FAMILY, records=diff({}, document, 1.0).records, incarnation=1, identity=identity)
     registry = CollectorRegistry()
     metrics = Metrics(registry, lambda: snapshot)
     for counter, labels in ((metrics.transitions, ("Freeze", "started", "true")), (metrics.polls, ("ok",)),

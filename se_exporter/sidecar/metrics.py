@@ -187,7 +187,7 @@ class StateCollector(Collector):
         """Every family ``collect`` can yield, without samples: the registry maps names to collectors with it, so
         ``/metrics?name[]=...`` finds each family. Taken from a collector of its own over a snapshot that has every
         family (the snapshot of this one may not exist yet at registration, and its bounds must not be counted)."""
-        every = StateCollector(lambda: _EVERY_FAMILY, lambda: 0.0)
+        every = StateCollector(lambda: EVERY_FAMILY, lambda: 0.0)
         return [GaugeMetricFamily(family.name, family.documentation) for family in every.families()]
 
     def collect(self) -> Iterator[Metric]:
@@ -298,8 +298,10 @@ def _label(value: str, hits: Tally[str]) -> str:
     return value[:MAX_LABEL - len(LABEL_MARK)] + LABEL_MARK
 
 
-# What ``describe`` collects: every family present.
-_EVERY_FAMILY = Snapshot(incarnation=0, identity=VmIdentity(), watching_since=0.0)
+# A snapshot in which every state family is present (each optional field set): what ``describe`` collects, and what
+# the reference's generator (scripts/docs.py) and its test start from, so a new gauge shown only while a field is
+# set is described and documented once that field is set here.
+EVERY_FAMILY = Snapshot(incarnation=0, identity=VmIdentity(), watching_since=0.0)
 
 
 def _gauge(name: str, documentation: str, value: float) -> Metric:

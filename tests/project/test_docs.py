@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,9 @@ from se_exporter.consume.settings import CONSUME_OPTIONS
 from se_exporter.core.lifecycle import diff
 from se_exporter.core.model import VmIdentity, parse_document
 from se_exporter.infra import http_server
-from se_exporter.sidecar.metrics import NAMESPACE, Metrics
+from se_exporter.sidecar.metrics import EVERY_FAMILY, NAMESPACE, Metrics
 from se_exporter.sidecar.settings import RUN_OPTIONS
 from se_exporter.sidecar.sinks.table import register_families
-from se_exporter.sidecar.snapshot import Snapshot
 from se_exporter.simulator import scenario
 from se_exporter.simulator.settings import SIMULATE_OPTIONS
 
@@ -40,7 +40,8 @@ def test_every_metric_is_in_the_reference() -> None:
         "EventId": "E", "EventType": "Freeze", "EventStatus": "Started", "NotBefore": "Mon, 11 Apr 2022 22:26:58 GMT",
         "DurationInSeconds": 5}]})
     document = parse_document(body)
-    snapshot = Snapshot(records=diff({}, document, 1.0).records, incarnation=1, identity=VmIdentity(name="vm"))
+    snapshot = replace(EVERY_FAMILY, records=diff({}, document, 1.0).records, incarnation=1,
+                       identity=VmIdentity(name="vm"))
     registry = CollectorRegistry()
     metrics = Metrics(registry, lambda: snapshot)
     http_server.rejection_counter(registry, NAMESPACE)
