@@ -121,16 +121,31 @@ class VmState:
     resource_group: str = ""
 
 
-# What each field of ``VmState`` is, declared once: ``heartbeat`` what a heartbeat moves (a state write may only
-# touch it), ``follows_body`` what is read from ``body`` (equal bodies, equal values), ``fact`` everything else, a
-# change of which rewrites the VM whole. tests/fleet/test_vms.py fails on a field left out.
-VM_STATE_FIELDS: dict[str, str] = {
-    "key": "fact", "vm_id": "fact", "vm_name": "fact", "vmss_name": "fact", "location": "fact",
-    "installation": "fact", "sequence": "heartbeat", "seen_at": "heartbeat", "body": "fact",
-    "events": "follows_body", "imds": "heartbeat", "subscription_id": "fact", "resource_group": "fact",
+@dataclass(frozen=True)
+class StateField:
+    """What a field of ``VmState`` is. ``kind``: ``heartbeat`` what a heartbeat moves (a state write may only touch
+    it), ``follows_body`` what is read from ``body`` (equal bodies, equal values), ``fact`` everything else, a change
+    of which rewrites the VM whole. ``stored``, in a partition's state (``stateformat``): ``always`` in every VM's
+    row (a row without it is left out), ``when_known`` only when it holds something (a reader takes it as unknown
+    when absent), ``not`` never (read from ``body`` again)."""
+
+    kind: str
+    stored: str
+
+
+# Every field of ``VmState``, declared once; tests/fleet/test_vms.py fails on a field left out, and the state format
+# reads its required fields, in this order, from here.
+VM_STATE_FIELDS: dict[str, StateField] = {
+    "key": StateField("fact", "always"), "vm_id": StateField("fact", "always"),
+    "vm_name": StateField("fact", "always"), "vmss_name": StateField("fact", "always"),
+    "location": StateField("fact", "always"), "installation": StateField("fact", "always"),
+    "sequence": StateField("heartbeat", "always"), "seen_at": StateField("heartbeat", "always"),
+    "body": StateField("fact", "always"), "events": StateField("follows_body", "not"),
+    "imds": StateField("heartbeat", "when_known"), "subscription_id": StateField("fact", "when_known"),
+    "resource_group": StateField("fact", "when_known"),
 }
 # The facts of a VM, body first (it differs most often), as one tuple: compared at C speed on every message.
-vm_facts = operator.attrgetter(*sorted((name for name, kind in VM_STATE_FIELDS.items() if kind == "fact"),
+vm_facts = operator.attrgetter(*sorted((name for name, f in VM_STATE_FIELDS.items() if f.kind == "fact"),
                                        key=lambda name: name != "body"))
 
 

@@ -39,6 +39,7 @@ from se_exporter.fleet.message import (
     MAX_SEQUENCE,
     MAX_TEXT,
     NO_IMDS,
+    VM_STATE_FIELDS,
     Bounds,
     Imds,
     InvalidMessage,
@@ -58,8 +59,9 @@ MAX_ROW_BODY = 1024 * 1024  # a body as forwarded, up to the Event Hubs limit (k
 MAX_VALUES_PER_VM = 64
 MAX_VALUES_TOP = 1024
 _NOT_STRUCTURE = bytes(set(range(256)) - set(b'"[{,:'))  # what the value count deletes before it splits strings
-NAMED_FIELDS_ORDER = ("key", "vm_id", "vm_name", "vmss_name", "location", "installation", "sequence", "seen_at", "body")
-NAMED_FIELDS = frozenset(NAMED_FIELDS_ORDER)  # what a VM must have; other fields are ignored
+# What a VM's row must have, in the order ``_vm`` reads them (message.VM_STATE_FIELDS); other fields are ignored.
+NAMED_FIELDS_ORDER = tuple(name for name, f in VM_STATE_FIELDS.items() if f.stored == "always")
+NAMED_FIELDS = frozenset(NAMED_FIELDS_ORDER)
 
 
 class DamagedState(ValueError):

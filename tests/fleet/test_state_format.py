@@ -3,6 +3,7 @@ and the change tracking in the fleet's core that decides what a delta carries.""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from se_exporter.fleet import stateformat
-from se_exporter.fleet.message import Bounds, Message, VmState
+from se_exporter.fleet.message import VM_STATE_FIELDS, Bounds, Message, VmState
 from se_exporter.fleet.stateformat import DamagedState, NewerState, decode, encode_base, encode_delta
 from se_exporter.fleet.vms import Fleet
 from tests.fleet.test_vms import FREEZE, GOOD, NOW, VM_ID, message, props, read_message
@@ -126,10 +127,21 @@ def test_a_base_names_every_field_and_reads_back_the_same_vms() -> None:
     data = encode_base("0", 9, [failing], "b1")
     assert set(json.loads(gzip.decompress(data))["vms"][0]) == {
         "key", "vm_id", "vm_name", "vmss_name", "location", "installation", "sequence", "seen_at", "body", "imds",
-        "subscription_id", "resource_group"}
+        "subscription_id", "resource_group"} == {name for name, f in VM_STATE_FIELDS.items() if f.stored != "not"}
     decoded = decode(data, "0", NOW)
     assert (decoded.position, list(decoded.vms.values())) == (9, [failing])
     assert (failing.subscription_id, failing.resource_group) == ("sub", "rg")
+
+
+def test_a_field_stored_when_known_is_left_out_while_unknown_and_read_back_as_unknown() -> None:
+    """Each ``when_known`` field of ``VM_STATE_FIELDS`` is absent from the row of a VM that does not know it, and
+    such a row reads back as that VM; the ``always`` fields are in every row."""
+    vm = message().vm
+    unknown = dataclasses.replace(vm, **{f.name: f.default for f in dataclasses.fields(VmState)
+                                         if VM_STATE_FIELDS[f.name].stored == "when_known"})
+    [row] = json.loads(gzip.decompress(encode_base("0", 1, [unknown], "b1")))["vms"]
+    assert set(row) == {name for name, f in VM_STATE_FIELDS.items() if f.stored == "always"}
+    assert list(decode(encode_base("0", 1, [unknown], "b1"), "0", NOW).vms.values()) == [unknown]
 
 
 def test_fields_a_reader_does_not_know_are_ignored_and_a_bad_place_is_unknown() -> None:

@@ -467,10 +467,11 @@ def test_every_vm_state_field_is_classified_once() -> None:
     """A field added to ``VmState`` and not classified would be treated as a heartbeat's and never rewritten."""
     names = [f.name for f in dataclasses.fields(VmState)]
     assert sorted(VM_STATE_FIELDS) == sorted(names)
-    assert set(VM_STATE_FIELDS.values()) <= {"fact", "heartbeat", "follows_body"}
+    assert {f.kind for f in VM_STATE_FIELDS.values()} <= {"fact", "heartbeat", "follows_body"}
+    assert {f.stored for f in VM_STATE_FIELDS.values()} <= {"always", "when_known", "not"}
 
 
-@pytest.mark.parametrize("name", [n for n, kind in VM_STATE_FIELDS.items() if kind != "follows_body"])
+@pytest.mark.parametrize("name", [n for n, f in VM_STATE_FIELDS.items() if f.kind != "follows_body"])
 def test_only_a_heartbeats_fields_leave_a_vm_heartbeat_only(name: str) -> None:
     """Changing one field: a heartbeat's keeps the VM heartbeat-only, any fact makes it a whole rewrite."""
     old = VmState(key="k", vm_id="id", vm_name="vm", vmss_name="ss", location="westeurope", installation="i",
@@ -479,4 +480,4 @@ def test_only_a_heartbeats_fields_leave_a_vm_heartbeat_only(name: str) -> None:
     value = getattr(old, name)
     changed = Imds(observed_at=1.0, last_success=1.0, failing=False) if isinstance(value, Imds) else value * 2
     new = dataclasses.replace(old, **{name: changed})
-    assert heartbeat_only(old, new) is (VM_STATE_FIELDS[name] == "heartbeat")
+    assert heartbeat_only(old, new) is (VM_STATE_FIELDS[name].kind == "heartbeat")
