@@ -65,6 +65,23 @@ class LastReconciliation:
     sizes: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass
+class _Shown:
+    """One partition whose VMs this replica shows, in one reconciliation: its platform side, the names of its
+    named VMs alive (heard from within the VM expiry), and what this round's reconciler said of its VMs."""
+
+    held: OwnedPlatform
+    alive: set[str] = field(default_factory=set)
+    verdicts: dict[str, dict[str, Verdict]] = field(default_factory=dict)  # EventId -> VM name -> verdict
+    listed: dict[str, str] = field(default_factory=dict)  # EventId its VMs listed unannounced -> its event type
+
+    def judging(self, named: dict[str, frozenset[str]], naming: dict[str, list[str]]) -> set[str]:
+        """The EventIds judged here: those judged before and still known, those the reconciler spoke of, and those
+        naming a VM alive here."""
+        return {*(key for key in self.held.judged.vms if key in named), *self.verdicts,
+                *(key for name in self.alive for key in naming.get(name, ()))}
+
+
 class Platform:
     """The replica's platform side: the hubs' pictures, the reconciler, what was counted; one loop changes it."""
 
@@ -166,83 +183,66 @@ class Platform:
         result = self.reconciler.update(records, vms, now, absent=False)
         for bound in result.bounds:
             self.report.bound_hit(bound)
-        self._judge(records, named, shown, where, result)
+        self._judge(named, shown, where, result)
         judgements, complete = self._judgements()
         nowhere = self._count(records, judgements, complete)
         events = {record.key: record.event for record in records}
         rows = [Coverage(key, events[key].event_id, events[key].event_type, name,
                          "observed" if lag is not None else str(reason), lag)
-                for held, _alive in shown.values() for key, verdicts in held.judged.vms.items()
+                for partition in shown for key, verdicts in partition.held.judged.vms.items()
                 for name, (reason, lag) in verdicts.items() if reason is not None or lag is not None]
         return tuple(rows) + nowhere, self._count_unannounced(judgements)
 
-    def _shown_vms(self, now: float, named: frozenset[str]) -> tuple[
-            list[VmState], dict[int, tuple[OwnedPlatform, set[str]]], dict[str, OwnedPlatform]]:
+    def _shown_vms(self, now: float, named: frozenset[str]) -> tuple[list[VmState], list[_Shown], dict[str, _Shown]]:
         """The VMs this replica shows that matter to the reconciliation (named by an event, or listing one: the
-        rest of a fleet of 100,000 would only cost it time); per shown partition the names of its named VMs alive
-        (heard from within the VM expiry); and each VM name's partition (the one whose judgement holds it)."""
+        rest of a fleet of 100,000 would only cost it time); each shown partition held here; and each VM name's
+        partition (the one whose judgement holds it)."""
         vms: list[VmState] = []
-        alive: dict[int, tuple[OwnedPlatform, set[str]]] = {}  # by id(): partition ids repeat across hubs
-        where: dict[str, OwnedPlatform] = {}
+        shown: list[_Shown] = []
+        where: dict[str, _Shown] = {}
         expiry = self.reconciler.settings.vm_expiry
         for side in self.hubs.values():
             for partition_id, listed in side.partition_vms().items():
                 held = side.held.get(partition_id)
-                names = alive.setdefault(id(held), (held, set()))[1] if held is not None else set()
+                partition = _Shown(held) if held is not None else None
+                if partition is not None:
+                    shown.append(partition)
                 for vm in listed:
                     name = _key_of(vm.vm_name)
                     if not vm.events and name not in named:
                         continue
                     vms.append(vm)
-                    if held is not None:
-                        where.setdefault(name, held)
+                    if partition is not None:
+                        where.setdefault(name, partition)
                         if now - vm.seen_at <= expiry:
-                            names.add(name)
-        return vms, alive, where
+                            partition.alive.add(name)
+        return vms, shown, where
 
-    def _judge(self, records: list[PlatformRecord], named: dict[str, frozenset[str]],
-               shown: dict[int, tuple[OwnedPlatform, set[str]]], where: dict[str, OwnedPlatform],
+    def _judge(self, named: dict[str, frozenset[str]], shown: list[_Shown], where: dict[str, _Shown],
                result: Reconciliation) -> None:
         """Each shown partition's judgement (``COVERAGE`` 1): per EventId known, the verdict of each named VM alive
         there or judged there before (a listing and a miss kept, the latest reason); and the unannounced EventIds
         its VMs listed. Bounded: ``ReconcileSettings.pairs`` verdicts, ``ids`` unannounced EventIds per partition; a
         change is written with the partition's next save."""
-        fresh: dict[int, dict[str, dict[str, tuple[str | None, float | None]]]] = {}
         for row in result.coverage:
             name = _key_of(row.vm_name)
-            held = where.get(name)
-            if held is not None:
-                fresh.setdefault(id(held), {}).setdefault(row.event_key, {})[name] = (row.coverage, row.lag)
-        listed: dict[int, dict[str, str]] = {}
+            if name in where:
+                where[name].verdicts.setdefault(row.event_key, {})[name] = (row.coverage, row.lag)
         for key, event_type, name in result.listed:
-            held = where.get(name)
-            if held is not None:
-                listed.setdefault(id(held), {})[key] = event_type
+            if name in where:
+                where[name].listed[key] = event_type
         naming: dict[str, list[str]] = {}  # VM name -> the EventIds naming it
         for key, names in named.items():
             for name in names:
                 naming.setdefault(name, []).append(key)
         bound = self.reconciler.settings
         room, over = bound.pairs, 0
-        for held, alive in shown.values():
-            new = fresh.get(id(held), {})
-            vms: dict[str, dict[str, Verdict]] = {}
-            for key in {*(key for key in held.judged.vms if key in named), *new,
-                        *(key for name in alive for key in naming.get(name, ()))}:
-                old = held.judged.vms.get(key, {})
-                verdicts = vms[key] = _judged_vms(old, new.get(key, {}), named[key], alive)
-                added = [name for name in verdicts if name not in old]
-                cut = added[max(0, room - (len(verdicts) - len(added))):]  # new verdicts past the bound
-                for name in cut:
-                    del verdicts[name]
-                over, room = over + len(cut), room - len(verdicts)
-            mine = listed.get(id(held), {})
-            over += max(0, len(mine) - bound.ids)
-            judged = VmVerdicts(frozenset(named), {key: verdicts for key, verdicts in vms.items() if verdicts},
-                            dict(list(mine.items())[:bound.ids]))
-            if judged != held.judged:
-                held.judged = judged
-                held.changes += 1
+        for partition in shown:
+            judged, cut, room = _judgement(partition, named, naming, room, bound.ids)
+            over += cut
+            if judged != partition.held.judged:
+                partition.held.judged = judged
+                partition.held.changes += 1
         if over:
             self.report.bound_hit("platform_coverage_pairs", over)
 
@@ -338,6 +338,27 @@ class Platform:
                     write = reader.prepare(partition_id, -1)
                     if write is not None:
                         await write()
+
+
+def _judgement(partition: _Shown, named: dict[str, frozenset[str]], naming: dict[str, list[str]], room: int,
+               ids: int) -> tuple[VmVerdicts, int, int]:
+    """One shown partition's judgement, its new verdicts within ``room`` (the verdicts still allowed over every
+    partition) and its unannounced EventIds within ``ids``; with how many were cut and the room left."""
+    old_vms = partition.held.judged.vms
+    vms: dict[str, dict[str, Verdict]] = {}
+    over = 0
+    for key in partition.judging(named, naming):
+        old = old_vms.get(key, {})
+        verdicts = vms[key] = _judged_vms(old, partition.verdicts.get(key, {}), named[key], partition.alive)
+        added = [name for name in verdicts if name not in old]
+        cut = added[max(0, room - (len(verdicts) - len(added))):]  # new verdicts past the bound
+        for name in cut:
+            del verdicts[name]
+        over, room = over + len(cut), room - len(verdicts)
+    over += max(0, len(partition.listed) - ids)
+    judged = VmVerdicts(frozenset(named), {key: verdicts for key, verdicts in vms.items() if verdicts},
+                        dict(list(partition.listed.items())[:ids]))
+    return judged, over, room
 
 
 def _judged_vms(old: dict[str, Verdict], now: dict[str, tuple[str | None, float | None]], names: frozenset[str],
