@@ -10,28 +10,46 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from azure.eventhub.aio import PartitionContext
 
+from se_exporter.fleet.collector import FleetMetrics
 from se_exporter.fleet.message import InvalidMessage
 from se_exporter.fleet.persistence import until_read
+from se_exporter.fleet.platform.homes import Homes
 from se_exporter.fleet.platform.hubs import HubPlatform, OwnedPlatform
 from se_exporter.fleet.platform.reader import read_platform
-from se_exporter.fleet.platform.records import PictureState, PlatformPicture
+from se_exporter.fleet.platform.records import PictureState, PlatformLimits, PlatformPicture
 from se_exporter.fleet.platform.saving import decode_platform, encode_platform, platform_blob_name
+from se_exporter.fleet.report import Report
 from se_exporter.infra.logs import fields
 
-if TYPE_CHECKING:
-    from se_exporter.fleet.platform.service import Platform
-
 log = logging.getLogger("se_exporter.fleet")
+
+
+class Owner(Protocol):
+    """What a reader needs of the replica's platform side (``service.Platform``), named here so that this module
+    does not import the one that builds it."""
+
+    metrics: FleetMetrics
+    report: Report
+    limits: PlatformLimits
+    max_bytes: int
+    hubs: dict[str, HubPlatform]
+    homes: Homes
+    clock: Callable[[], float]
+    sleep: Callable[[float], Awaitable[object]]
+
+    def report_bounds(self, picture: PlatformPicture, before: dict[str, int]) -> None: ...
+
+    def note_applied(self) -> None: ...
 
 
 class PlatformReader:
     """One hub's platform side, as ``consumer.Service.first_reader`` and ``persistence.PartitionPersistence.beside``."""
 
-    def __init__(self, platform: Platform, side: HubPlatform) -> None:
+    def __init__(self, platform: Owner, side: HubPlatform) -> None:
         self._platform = platform
         self._side = side
 
