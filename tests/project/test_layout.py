@@ -28,10 +28,11 @@ def _copy(tmp_path: Path) -> Path:
 
 
 def test_the_package_keeps_every_import_contract(tmp_path: Path) -> None:
-    """Layers (core < infra < programs < cli), no program importing the simulator, no I/O library in the core."""
+    """Layers (core < infra < programs < cli), no program importing the simulator, no I/O library in the core, the
+    platform's readers not importing its service."""
     result = _lint_imports(_copy(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 kept, 0 broken" in result.stdout
+    assert "4 kept, 0 broken" in result.stdout
 
 
 @pytest.mark.parametrize(("module", "line", "broken"), [
@@ -40,6 +41,8 @@ def test_the_package_keeps_every_import_contract(tmp_path: Path) -> None:
     ("sidecar/assembly.py", "from se_exporter.simulator import scenario", "No program imports the simulator BROKEN"),
     ("core/model.py", "from se_exporter.infra import logs", "se_exporter.core.model -> se_exporter.infra.logs"),
     ("core/lifecycle.py", "import httpx", "The core does no I/O"),
+    ("fleet/platform/partitions.py", "from se_exporter.fleet.platform import service",
+     "the readers do not import it (partitions.Owner says what they use) BROKEN"),
 ])
 def test_a_sideways_or_upward_import_breaks_a_contract(tmp_path: Path, module: str, line: str, broken: str) -> None:
     """One import against the layout, added to a copy of the package, makes lint-imports fail naming it."""
