@@ -50,6 +50,12 @@ class Fault:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError(f"fault kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        self._check_numbers()
+        self._check_texts()
+        if self.error not in CHUNK_ERRORS:
+            raise ConfigError(f"fault error {self.error!r} is not one of {', '.join(CHUNK_ERRORS)}")
+
+    def _check_numbers(self) -> None:
         _integer("count", self.count, 0, MAX_COUNT, " (0: until cleared)")
         _integer("status", self.status, 100, 599, " (an HTTP status)")
         if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) \
@@ -59,9 +65,10 @@ class Fault:
             raise ConfigError("fault drip needs seconds > 0 (the pause between bytes)")
         if self.size is not None:
             _integer("bytes", self.size, 0, MAX_BYTES, "")
+
+    def _check_texts(self) -> None:
         for name, value in (("retry_after", self.retry_after), ("location", self.location)):
-            if value is not None and (not isinstance(value, str) or len(value) > 2048
-                                      or not _HEADER_VALUE.fullmatch(value)):
+            if value is not None and not _header_value(value):
                 raise ConfigError(f"fault {name} must be printable ASCII text of at most 2048 characters "
                                   f"(it is sent as a header), not {value!r}")
         if self.retry_after is not None and not _retry_after_ok(self.retry_after):
@@ -74,11 +81,14 @@ class Fault:
         except UnicodeEncodeError:
             raise ConfigError("fault text must be valid Unicode (it is sent as UTF-8); to serve an unpaired "
                               "surrogate, write its JSON escape: a backslash, then ud800") from None
-        if self.error not in CHUNK_ERRORS:
-            raise ConfigError(f"fault error {self.error!r} is not one of {', '.join(CHUNK_ERRORS)}")
 
     def size_or(self, default: int) -> int:
         return self.size if self.size is not None else _DEFAULT_SIZE.get(self.kind, default)
+
+
+def _header_value(value: object) -> bool:
+    """Text a header can carry as it is: printable ASCII, at most 2048 characters."""
+    return isinstance(value, str) and len(value) <= 2048 and _HEADER_VALUE.fullmatch(value) is not None
 
 
 def _retry_after_ok(value: str) -> bool:
@@ -110,12 +120,7 @@ def parse_fault(spec: str) -> Fault:
     """``kind,key=value,...`` as documented above; ``text=`` takes the rest of the spec, commas and all (JSON)."""
     head, sep, text = spec.partition(",text=")
     kind, *pairs = [part.strip() for part in head.split(",") if part.strip()] or [""]
-    values: dict[str, str] = {"text": text} if sep else {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ConfigError(f"fault {spec!r}: {pair!r} is not key=value")
-        values[key.strip()] = value.strip()
+    values: dict[str, str] = {**({"text": text} if sep else {}), **_pairs(spec, pairs)}
     unknown = set(values) - set(_KEYS)
     if unknown:
         raise ConfigError(f"fault {spec!r}: unknown keys {', '.join(sorted(unknown))}")
@@ -123,6 +128,17 @@ def parse_fault(spec: str) -> Fault:
         return _make(kind, {key: _NUMBERS.get(key, str)(values[key]) if key in values else None for key in _KEYS})
     except (ValueError, ConfigError) as exc:  # a number that does not read, or a value Fault refuses
         raise ConfigError(f"fault {spec!r}: {exc}") from None
+
+
+def _pairs(spec: str, pairs: list[str]) -> dict[str, str]:
+    """A spec's ``key=value`` parts, by key."""
+    values: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"fault {spec!r}: {pair!r} is not key=value")
+        values[key.strip()] = value.strip()
+    return values
 
 
 def from_json(data: object) -> Fault:
