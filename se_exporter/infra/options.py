@@ -418,13 +418,19 @@ def check_hub(flags: str, text: str | None, namespace: str | None, name: str | N
     if text and namespace:
         raise ConfigError(f"{flags}-connection-string and {flags}-namespace exclude each other: use a connection "
                           "string, or a namespace with managed identity")
-    if text and "entitypath" not in connection_string_parts(text) and not name:
-        raise ConfigError(f"{flags}-name is required: {whose} connection string has no EntityPath")
-    if namespace and not name:
-        raise ConfigError(f"{flags}-name is required with {flags}-namespace")
-    if name and not (text or namespace):
+    if not name:
+        _check_unnamed(flags, text, namespace, whose)
+    elif not (text or namespace):
         raise ConfigError(f"{flags}-name needs {flags}-connection-string or {flags}-namespace (it names the event "
                           f"hub in that namespace); give one of them, or leave {flags}-name out")
+
+
+def _check_unnamed(flags: str, text: str | None, namespace: str | None, whose: str) -> None:
+    """A hub given without ``-name``: its connection string must name it (EntityPath); a namespace cannot."""
+    if text and "entitypath" not in connection_string_parts(text):
+        raise ConfigError(f"{flags}-name is required: {whose} connection string has no EntityPath")
+    if namespace:
+        raise ConfigError(f"{flags}-name is required with {flags}-namespace")
 
 
 # The consumer group every reader of the hub (``consume``, ``fleet``) takes.
@@ -454,15 +460,20 @@ def resolve(options: Sequence[Option], args: argparse.Namespace, env: Mapping[st
         source = sources.get(option.dest)
         if source is None:
             continue
-        raw = getattr(args, option.dest) if source == option.flag else env[source]
-        if source == option.env and option.separator is not None:
-            split = option.splitter(raw) if option.splitter else raw.split(option.separator)
-            raw = [part for part in split if part.strip()]
+        raw = getattr(args, option.dest) if source == option.flag else _from_env(option, env[source])
         try:
             values[option.dest] = tuple(map(option.parse, raw)) if option.separator else option.parse(raw)
         except ValueError as exc:
             raise ConfigError(f"{source}: {exc}") from None
     return values
+
+
+def _from_env(option: Option, raw: str) -> Any:
+    """An environment variable's value as its flag would have given it: a list setting split (blanks dropped)."""
+    if option.separator is None:
+        return raw
+    split = option.splitter(raw) if option.splitter else raw.split(option.separator)
+    return [part for part in split if part.strip()]
 
 
 def given(options: Sequence[Option], args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, str]:
