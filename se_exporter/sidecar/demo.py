@@ -65,15 +65,21 @@ def summary(found: Samples, elapsed: float, scenario_time: float, settings: Sett
     """One screen: how long it ran, what IMDS served, what happened to the events, where the outputs are."""
     polls = {labels["outcome"]: value for labels, value in _by(found, "azure_scheduled_events_polls_total")}
     failed = sum(value for outcome, value in polls.items() if outcome != "ok")
-    transitions: dict[str, dict[str, int]] = defaultdict(dict)
-    for labels, value in _by(found, "azure_scheduled_events_transitions_total"):
-        transitions[labels["event_type"]][labels["transition"]] = int(value)
     lines = ["", f"se-exporter demo summary: ran {elapsed:.0f} s ({scenario_time:.0f} s of scenario time)",
              f"  IMDS polls      {polls.get('ok', 0):.0f} ok, {failed:.0f} failed",
              f"  Documents       {_total(found, 'azure_scheduled_events_document_changes_total'):.0f} distinct, "
-             f"last incarnation {_total(found, 'azure_scheduled_events_document_incarnation'):.0f}"]
-    if not transitions:
-        lines.append("  Transitions     none yet (the demo's first events appear within seconds; let it run longer)")
+             f"last incarnation {_total(found, 'azure_scheduled_events_document_incarnation'):.0f}",
+             *_events(found), *_outputs(found, settings), f"  State           {settings.state_path}"]
+    return "\n".join(lines)
+
+
+def _events(found: Samples) -> list[str]:
+    """The summary's lines of the transitions seen, per event type, and of the events listed at exit."""
+    transitions: dict[str, dict[str, int]] = defaultdict(dict)
+    for labels, value in _by(found, "azure_scheduled_events_transitions_total"):
+        transitions[labels["event_type"]][labels["transition"]] = int(value)
+    lines = [] if transitions else [
+        "  Transitions     none yet (the demo's first events appear within seconds; let it run longer)"]
     for index, (event_type, kinds) in enumerate(sorted(transitions.items())):
         counts = ", ".join(f"{kinds[kind]} {kind}" for kind in TRANSITION_ORDER if kind in kinds)
         lines.append(f"  {'Transitions' if index == 0 else '':<15} {event_type:<10} {counts}")
@@ -82,6 +88,12 @@ def summary(found: Samples, elapsed: float, scenario_time: float, settings: Sett
         pending[labels["event_status"]] += value
     if pending:
         lines.append("  Listed at exit  " + ", ".join(f"{value:.0f} {status}" for status, value in pending.items()))
+    return lines
+
+
+def _outputs(found: Samples, settings: Settings) -> list[str]:
+    """The summary's lines of what each output that is on delivered."""
+    lines = []
     if settings.forward_file:
         written = _total(found, "azure_scheduled_events_forwarded_documents_total", sink="file")
         lines.append(f"  Forwarded       {written:.0f} documents to {Path(settings.forward_file)}")
@@ -92,5 +104,4 @@ def summary(found: Samples, elapsed: float, scenario_time: float, settings: Sett
     if settings.otel_traces_exporter != "none":
         lines.append(f"  Spans           {_total(found, 'azure_scheduled_events_spans_exported_total'):.0f} exported, "
                      f"{_total(found, 'azure_scheduled_events_span_export_errors_total'):.0f} failed")
-    lines.append(f"  State           {settings.state_path}")
-    return "\n".join(lines)
+    return lines
