@@ -245,6 +245,22 @@ class Hub:
 
 def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSettings:
     settings = FleetSettings(**resolve(FLEET_OPTIONS, args, env))
+    _check_hubs(settings)
+    hubs = settings.hubs
+    if len(hubs) == 2 and hubs[0].identity() == hubs[1].identity():
+        raise ConfigError(f"--platform-eventhub-* names the sidecars' hub {hubs[0].shown()}: leave the platform flags "
+                          "out, the fleet tells Azure's messages there by their content (read twice, each partition's "
+                          "two receivers would take it from each other)")
+    _check_checkpoints(settings)
+    if settings.ownership_timeout <= settings.load_balancing_interval:
+        raise ConfigError(f"--ownership-expiry {settings.ownership_timeout:g} must be longer than "
+                          f"--load-balancing-interval {settings.load_balancing_interval:g}")
+    starting_position(settings.starting_position)  # raises ConfigError naming the flag
+    return settings
+
+
+def _check_hubs(settings: FleetSettings) -> None:
+    """The hubs read: at least one, each by one rule, the platform's another than the sidecars'."""
     hubs = settings.hubs
     if not hubs:
         raise ConfigError("--eventhub-connection-string or --eventhub-namespace (the sidecars' hub) is required, "
@@ -261,17 +277,12 @@ def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSet
     if settings.platform_consumer_group != "$Default" and not any(hub.role == "platform" for hub in hubs):
         raise ConfigError("--platform-consumer-group needs --platform-eventhub-connection-string or "
                           "--platform-eventhub-namespace")
-    if len(hubs) == 2 and hubs[0].identity() == hubs[1].identity():
-        raise ConfigError(f"--platform-eventhub-* names the sidecars' hub {hubs[0].shown()}: leave the platform flags "
-                          "out, the fleet tells Azure's messages there by their content (read twice, each partition's "
-                          "two receivers would take it from each other)")
+
+
+def _check_checkpoints(settings: FleetSettings) -> None:
+    """The checkpoint store: given one way exactly, its managed identity only with its account URL."""
     if bool(settings.checkpoint_connection_string) == bool(settings.checkpoint_account_url):
         raise ConfigError("give the checkpoint store as --checkpoint-connection-string or --checkpoint-account-url "
                           "(exactly one)")
     if settings.checkpoint_client_id and not settings.checkpoint_account_url:
         raise ConfigError("--checkpoint-client-id needs --checkpoint-account-url (it selects a managed identity)")
-    if settings.ownership_timeout <= settings.load_balancing_interval:
-        raise ConfigError(f"--ownership-expiry {settings.ownership_timeout:g} must be longer than "
-                          f"--load-balancing-interval {settings.load_balancing_interval:g}")
-    starting_position(settings.starting_position)  # raises ConfigError naming the flag
-    return settings
