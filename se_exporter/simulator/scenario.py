@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from se_exporter.core.errors import ConfigError
 from se_exporter.core.model import EVENT_FIELDS, EVENT_TYPES
@@ -244,24 +244,35 @@ def _vms(data: dict[str, Any], name: str) -> tuple[dict[str, str], ...]:
     """``vm`` (one VM), or ``vms`` (several, each on its own IMDS): every field defaults to ``vm``'s, then to the
     sample VM's; a VM after the first gets a vmId of its own, derived from its name, unless given one."""
     base, listed = data.get("vm") or {}, data.get("vms")
-    if not isinstance(base, dict) or (listed is not None and (not isinstance(listed, list) or not listed
-                                                              or not all(isinstance(v, dict) for v in listed))):
+    if not isinstance(base, dict) or (listed is not None and not _objects(listed)):
         raise ConfigError(f"scenario {name}: 'vm' must be an object and 'vms' a non-empty list of objects")
     vms: list[dict[str, str]] = []
     for index, raw in enumerate(listed or [{}]):
-        vm = {**DEFAULT_VM, **{k: str(v) for k, v in base.items()}, **{k: str(v) for k, v in raw.items()}}
-        if index and "vmId" not in raw:
-            vm["vmId"] = str(uuid.uuid5(_CYCLE_NAMESPACE, f"{name}/vm/{vm['name']}"))
-        if not _VM_NAME.fullmatch(vm["name"]):
-            raise ConfigError(f"scenario {name}: VM name {vm['name']!r} is not 1 to 64 letters, digits, '_', "
-                              "'.' or '-' (it is a URL path segment of its IMDS)")
+        vm = _vm(base, raw, index, name)
         if any(other["name"].casefold() == vm["name"].casefold() for other in vms):
             raise ConfigError(f"scenario {name}: two VMs are named {vm['name']!r}")
-        if "resourceId" not in raw and (index or "resourceId" not in base):
-            vm["resourceId"] = (f"/subscriptions/{vm['subscriptionId']}/resourceGroups/{vm['resourceGroupName']}"
-                                f"/providers/Microsoft.Compute/virtualMachines/{vm['name']}")
         vms.append(vm)
     return tuple(vms)
+
+
+def _objects(value: Any) -> bool:
+    """A non-empty list of JSON objects."""
+    return isinstance(value, list) and bool(value) and all(isinstance(item, dict) for item in value)
+
+
+def _vm(base: dict[str, Any], raw: dict[str, Any], index: int, name: str) -> dict[str, str]:
+    """The ``index``-th VM of scenario ``name``: its fields over ``vm``'s over the sample VM's, with its own vmId
+    and resourceId unless given them."""
+    vm = {**DEFAULT_VM, **{k: str(v) for k, v in base.items()}, **{k: str(v) for k, v in raw.items()}}
+    if index and "vmId" not in raw:
+        vm["vmId"] = str(uuid.uuid5(_CYCLE_NAMESPACE, f"{name}/vm/{vm['name']}"))
+    if not _VM_NAME.fullmatch(vm["name"]):
+        raise ConfigError(f"scenario {name}: VM name {vm['name']!r} is not 1 to 64 letters, digits, '_', "
+                          "'.' or '-' (it is a URL path segment of its IMDS)")
+    if "resourceId" not in raw and (index or "resourceId" not in base):
+        vm["resourceId"] = (f"/subscriptions/{vm['subscriptionId']}/resourceGroups/{vm['resourceGroupName']}"
+                            f"/providers/Microsoft.Compute/virtualMachines/{vm['name']}")
+    return vm
 
 
 _VM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -273,13 +284,18 @@ def _platform(data: dict[str, Any], name: str) -> PlatformSettings:
         if not isinstance(raw, dict) or set(raw) - {"duplicate_every", "delay"}:
             raise ValueError("must be an object with duplicate_every and delay only")
         every, delay = raw.get("duplicate_every", 10), raw.get("delay", 0.0)
-        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        if not _number(every, int, 0, float("inf")):
             raise ValueError(f"duplicate_every must be a whole number >= 0, not {every!r}")
-        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 86400:
+        if not _number(delay, (int, float), 0, 86400):
             raise ValueError(f"delay must be seconds from 0 to 86400, not {delay!r}")
     except ValueError as exc:
         raise ConfigError(f"scenario {name}: platform {exc}") from None
     return PlatformSettings(every, float(delay))
+
+
+def _number(value: Any, kinds: type | tuple[type, ...], low: float, high: float) -> bool:
+    """A JSON number of ``kinds`` (never a boolean) from ``low`` to ``high``."""
+    return not isinstance(value, bool) and isinstance(value, kinds) and low <= cast(float, value) <= high
 
 
 def _listed(raw: Mapping[str, Any], name: str, example: Any) -> Any:
@@ -313,10 +329,15 @@ def _spec(raw: object, index: int, name: str, vm_name: str) -> EventSpec:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {type(exc).__name__} {exc}") from None
-    if event_type not in EVENT_TYPES:
-        raise ConfigError(f"{where}: EventType {event_type!r} is not one of {', '.join(EVENT_TYPES)}")
+    _check_spec(spec, where)
+    return spec
+
+
+def _check_spec(spec: EventSpec, where: str) -> None:
+    """What an event's fields must be together beyond their types."""
+    if spec.event_type not in EVENT_TYPES:
+        raise ConfigError(f"{where}: EventType {spec.event_type!r} is not one of {', '.join(EVENT_TYPES)}")
     if not isinstance(spec.announced, bool):
         raise ConfigError(f"{where}: announced must be true or false, not {spec.announced!r}")
     if spec.started_for <= 0 or spec.notice < 0:
         raise ConfigError(f"{where}: started_for must be > 0 and notice >= 0")
-    return spec
