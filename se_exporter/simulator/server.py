@@ -20,12 +20,12 @@ import threading
 import time
 import zlib
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import format_datetime
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs
 
 from se_exporter.core import apiversion
@@ -274,12 +274,19 @@ class _Imds:
         path = request.path.rstrip("/")
         if path == SE_PATH:
             return await self._scheduled_events(request, api_version)
-        if path == TOKEN_PATH and request.method == "GET":
+        if request.method == "GET":
+            return self._metadata(path, api_version, query)
+        return _json(404, {"error": "Not found"})
+
+    def _metadata(self, path: str, api_version: str, query: dict[str, list[str]]) -> Response:
+        """A GET of IMDS' other paths the sidecar reads: a managed identity's token, the compute metadata."""
+        sim = self.simulator
+        if path == TOKEN_PATH:
             if api_version not in IDENTITY_VERSIONS:
                 return _bad_version(IDENTITY_VERSIONS)
             status, answer = sim.token({key: values[0] for key, values in query.items()})
             return _json(status, answer)
-        if path in (COMPUTE_PATH, INSTANCE_PATH) and request.method == "GET":
+        if path in (COMPUTE_PATH, INSTANCE_PATH):
             if api_version not in INSTANCE_VERSIONS:
                 return _bad_version(INSTANCE_VERSIONS)
             compute = sim.vm
@@ -402,6 +409,12 @@ def _versions(sim: Simulator, body: bytes) -> Response:
 MAX_LIFETIME = 10 * 365 * 86400  # seconds: ten years, far past any token a test needs, far below a date overflow
 
 
+def _within(value: Any, kinds: type | tuple[type, ...], low: float, high: float) -> bool:
+    """A finite JSON number of ``kinds`` (never a boolean) from ``low`` to ``high``."""
+    return (not isinstance(value, bool) and isinstance(value, kinds) and math.isfinite(cast(float, value))
+            and low <= cast(float, value) <= high)
+
+
 def _identity(sim: Simulator, body: bytes) -> Response:
     """The body checked: lifetime finite and from 0 to ten years, fail a count, status an HTTP status (100-599)."""
     data = _json_body(body, {})
@@ -411,13 +424,12 @@ def _identity(sim: Simulator, body: bytes) -> Response:
     if unknown:
         raise ValueError(f"unknown keys {', '.join(sorted(unknown))} (lifetime, fail, status)")
     lifetime = data.get("lifetime")
-    if lifetime is not None and (isinstance(lifetime, bool) or not isinstance(lifetime, (int, float))
-                                 or not math.isfinite(lifetime) or not 0 <= lifetime <= MAX_LIFETIME):
+    if lifetime is not None and not _within(lifetime, (int, float), 0, MAX_LIFETIME):
         raise ValueError(f"'lifetime' must be a number of seconds from 0 to {MAX_LIFETIME}, not {lifetime!r}")
     fail, status = data.get("fail", 0), data.get("status", 500)
-    if isinstance(fail, bool) or not isinstance(fail, int) or not 0 <= fail <= faults_module.MAX_COUNT:
+    if not _within(fail, int, 0, faults_module.MAX_COUNT):
         raise ValueError(f"'fail' must be a whole number from 0 to {faults_module.MAX_COUNT}, not {fail!r}")
-    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+    if not _within(status, int, 100, 599):
         raise ValueError(f"'status' must be an HTTP status from 100 to 599, not {status!r}")
     sim.configure_identity(lifetime=lifetime, fail=fail, status=status)
     return _json(200, {})
@@ -494,37 +506,56 @@ def _json(status: int, payload: object, headers: tuple[tuple[str, str], ...] = (
     return Response(status, body, "application/json; charset=utf-8", headers)
 
 
+_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
+
+
 async def _deliver_badly(raw: RawWriter, fault: Fault, document: bytes) -> None:
     """The byte-level faults: the real document cut, dripped, mis-chunked or compressed, or a huge body."""
-    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
-    if fault.kind == "huge":  # blanks, written as the client reads them (the client is allowed to hang up)
-        size, chunk = fault.size_or(0), b" " * 65536
-        if await raw.write(head + b"Content-Length: %d\r\n\r\n" % size):
-            for offset in range(0, size, len(chunk)):
-                if not await raw.write(chunk[: min(len(chunk), size - offset)]):
-                    return
-    elif fault.kind == "truncate":
-        sent = min(fault.size_or(len(document) // 2), max(0, len(document) - 1))
-        await raw.write(head + b"Content-Length: %d\r\n\r\n" % len(document) + document[:sent])
-    elif fault.kind == "drip":
-        answer = head + b"Content-Length: %d\r\n\r\n" % len(document) + document
-        for index in range(len(answer)):
-            if not await raw.write(answer[index:index + 1]):
-                return  # the client gave up: that is the point
-            await asyncio.sleep(fault.seconds)
-    elif fault.kind == "chunked":
-        third = max(1, len(document) // 3)
-        parts = [document[i:i + third] for i in range(0, len(document), third)]
-        chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts)
-        if fault.error == "bad_size":
-            chunks = b"%x\r\n%s\r\nzz\r\n" % (len(parts[0]), parts[0])
-        ending = b"" if fault.error in ("missing_last", "bad_size") else b"0\r\n\r\n"
-        await raw.write(head + b"Transfer-Encoding: chunked\r\n\r\n" + chunks + ending)
-    else:  # gzip: inflates to ``bytes`` blanks, then the document (leading blanks are valid JSON)
-        prefix, compressor = _blanks_compressed(fault.size_or(0))
-        tail = compressor.copy()
-        body = prefix + tail.compress(document) + tail.flush()
-        await raw.write(head + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    await _BADLY[fault.kind](raw, fault, document)
+
+
+async def _huge(raw: RawWriter, fault: Fault, document: bytes) -> None:
+    """Blanks, written as the client reads them (the client is allowed to hang up)."""
+    size, chunk = fault.size_or(0), b" " * 65536
+    if await raw.write(_HEAD + b"Content-Length: %d\r\n\r\n" % size):
+        for offset in range(0, size, len(chunk)):
+            if not await raw.write(chunk[: min(len(chunk), size - offset)]):
+                return
+
+
+async def _truncate(raw: RawWriter, fault: Fault, document: bytes) -> None:
+    sent = min(fault.size_or(len(document) // 2), max(0, len(document) - 1))
+    await raw.write(_HEAD + b"Content-Length: %d\r\n\r\n" % len(document) + document[:sent])
+
+
+async def _drip(raw: RawWriter, fault: Fault, document: bytes) -> None:
+    answer = _HEAD + b"Content-Length: %d\r\n\r\n" % len(document) + document
+    for index in range(len(answer)):
+        if not await raw.write(answer[index:index + 1]):
+            return  # the client gave up: that is the point
+        await asyncio.sleep(fault.seconds)
+
+
+async def _chunked(raw: RawWriter, fault: Fault, document: bytes) -> None:
+    third = max(1, len(document) // 3)
+    parts = [document[i:i + third] for i in range(0, len(document), third)]
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts)
+    if fault.error == "bad_size":
+        chunks = b"%x\r\n%s\r\nzz\r\n" % (len(parts[0]), parts[0])
+    ending = b"" if fault.error in ("missing_last", "bad_size") else b"0\r\n\r\n"
+    await raw.write(_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunks + ending)
+
+
+async def _gzip(raw: RawWriter, fault: Fault, document: bytes) -> None:
+    """Inflates to ``bytes`` blanks, then the document (leading blanks are valid JSON)."""
+    prefix, compressor = _blanks_compressed(fault.size_or(0))
+    tail = compressor.copy()
+    body = prefix + tail.compress(document) + tail.flush()
+    await raw.write(_HEAD + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+
+_BADLY: dict[str, Callable[[RawWriter, Fault, bytes], Awaitable[None]]] = {
+    "huge": _huge, "truncate": _truncate, "drip": _drip, "chunked": _chunked, "gzip": _gzip}
 
 
 @functools.lru_cache(maxsize=2)
