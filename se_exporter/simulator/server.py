@@ -339,13 +339,7 @@ class _Imds:
         if kind == "reset":
             return None
         if kind in ("throttle", "status"):
-            headers = (("Retry-After", fault.retry_after),) if fault.retry_after is not None else ()
-            answer = _json(fault.status, {"error": f"simulated HTTP {fault.status}"}, headers)
-            if fault.status < 200 or fault.status in (204, 304):  # h11 frames these without a body: sent as is
-                assert request.raw is not None
-                await request.raw.write(_as_bytes(answer))
-                return None
-            return answer
+            return await _status(fault, request)
         answers = {
             "redirect": Response(302, b"", "text/plain", (("Location", fault.location),)),
             "malformed": Response(200, b'{"DocumentIncarnation": 7, "Events": [{"EventId": "', "application/json"),
@@ -504,6 +498,18 @@ def _json(status: int, payload: object, headers: tuple[tuple[str, str], ...] = (
     except ValueError:
         status, body = 500, b'{"error": "the answer holds a number that is not finite (JSON cannot carry it)"}'
     return Response(status, body, "application/json; charset=utf-8", headers)
+
+
+async def _status(fault: Fault, request: HttpRequest) -> Response | None:
+    """A status fault's answer, with its Retry-After; one h11 frames without a body (1xx, 204, 304) written as
+    it is."""
+    headers = (("Retry-After", fault.retry_after),) if fault.retry_after is not None else ()
+    answer = _json(fault.status, {"error": f"simulated HTTP {fault.status}"}, headers)
+    if fault.status < 200 or fault.status in (204, 304):
+        assert request.raw is not None
+        await request.raw.write(_as_bytes(answer))
+        return None
+    return answer
 
 
 _HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
