@@ -82,24 +82,22 @@ class PlatformCopy:
         return out
 
     def _changes(self, t: float, approvals: Mapping[str, float]) -> list[_Change]:
-        scenario, delay = self.scenario, self.scenario.platform.delay
+        scenario = self.scenario
         period = scenario.repeat_every
         last = int(t // period) if period else 0
         first = max(0, last - MAX_CYCLES_PER_LOOK + 1)
         # What is past every cycle looked at is forgotten: the memory stays a few cycles' EventIds.
         self._published = {key: value for key, value in self._published.items() if value[0] >= first}
-        changes: list[_Change] = []
-        for cycle in range(first, last + 1):
-            base = cycle * (period or 0)
-            for spec in scenario.events:
-                if not spec.announced:
-                    continue
-                event_id = cycle_event_id(spec.event_id, cycle)
-                approved = approvals.get(event_id)
-                for at, status in lifecycle(spec, None if approved is None else approved - base):
-                    if base + at + delay <= t:
-                        changes.append(_Change(base + at + delay, spec, cycle, event_id, status))
-        return changes
+        return [change for cycle in range(first, last + 1) for spec in scenario.events if spec.announced
+                for change in self._cycle_changes(spec, cycle, approvals) if change.at <= t]
+
+    def _cycle_changes(self, spec: EventSpec, cycle: int, approvals: Mapping[str, float]) -> list[_Change]:
+        """Every status of ``spec``'s event in ``cycle``, at the scenario second the platform publishes it."""
+        base, delay = cycle * (self.scenario.repeat_every or 0), self.scenario.platform.delay
+        event_id = cycle_event_id(spec.event_id, cycle)
+        approved = approvals.get(event_id)
+        return [_Change(base + at + delay, spec, cycle, event_id, status)
+                for at, status in lifecycle(spec, None if approved is None else approved - base)]
 
     def _not_before(self, change: _Change, wall_at: Callable[[float], float]) -> float | None:
         if change.status != "Scheduled":
