@@ -251,15 +251,11 @@ class _EventFamilies:
                                     labels=["event_id", "event_type"])
         counts: Tally[tuple[str, str, str]] = Tally()
         stamps: list[tuple[dict[str, str], float]] = []
-        records = list(snap.records.values())
-        affects = {record.event.event_id: affects_label(affects_vm(record.event, snap.vm_name)) for record in records}
-        for record in records:  # pending counts every event
+        every = list(snap.records.values())
+        affects = {record.event.event_id: affects_label(affects_vm(record.event, snap.vm_name)) for record in every}
+        for record in every:  # pending counts every event
             counts[(record.event.event_type, record.event.event_status, affects[record.event.event_id])] += 1
-        if len(records) > MAX_EVENT_SERIES:  # deterministic, whatever the document's order: this VM's first
-            hits["events_per_document"] += len(records) - MAX_EVENT_SERIES
-            records = sorted(records, key=lambda record: (affects[record.event.event_id] == NEIGHBOURS,
-                                                          record.event.event_id))[:MAX_EVENT_SERIES]
-        for record in records:
+        for record in _with_series(every, affects, hits):
             event = record.event
             key = [_label(event.event_id, hits), event.event_type]
             info.add_metric([key[0], event.event_type, event.event_status,
@@ -288,6 +284,16 @@ class _EventFamilies:
         for labels, stamp in self.not_before:  # add_sample: the label dicts are built once per document
             family.add_sample(name, labels, stamp - now)
         return family
+
+
+def _with_series(records: list[EventRecord], affects: Mapping[str, str], hits: Tally[str]) -> list[EventRecord]:
+    """The events that get per-event series: all, or past MAX_EVENT_SERIES this VM's first, then by EventId
+    (deterministic, whatever the document's order), the rest counted in ``hits``."""
+    if len(records) <= MAX_EVENT_SERIES:
+        return records
+    hits["events_per_document"] += len(records) - MAX_EVENT_SERIES
+    return sorted(records, key=lambda record: (affects[record.event.event_id] == NEIGHBOURS,
+                                               record.event.event_id))[:MAX_EVENT_SERIES]
 
 
 def _label(value: str, hits: Tally[str]) -> str:
