@@ -124,25 +124,32 @@ class Poller:
                 parse_document(body)
             return body, version
         except ImdsError as error:
-            if not choice.negotiates or version == apiversion.FALLBACK:
-                raise
-            if isinstance(error, ImdsHttpError) and apiversion.refuses_version(error.status, error.body):
-                self._versions = choice.refused(version, now)
-                if version == choice.in_use:  # not a retry: say it once, when it happens
-                    log.warning("IMDS does not serve Scheduled Events api-version %s (%s); polling %s, and asking "
-                                "for %s again every %g s", version, error, apiversion.FALLBACK, version,
-                                apiversion.RETRY_NEWEST_SECONDS,
-                                extra=fields(api_version=apiversion.FALLBACK, refused_api_version=version))
-            elif version != choice.in_use and not isinstance(error, ImdsThrottled):
-                self._versions = choice.retry_failed(now)
-                if isinstance(error, InvalidDocument):  # not an outage: IMDS answered, with something else
-                    log.warning("IMDS answered the retry of Scheduled Events api-version %s with no document (%s); "
-                                "polling %s, and asking again in %g s", version, error, apiversion.FALLBACK,
-                                apiversion.RETRY_NEWEST_SECONDS,
-                                extra=fields(api_version=apiversion.FALLBACK, retried_api_version=version))
-            else:
+            if not self._falls_back(error, version, choice, now):
                 raise
         return self._imds.scheduled_events(apiversion.FALLBACK), apiversion.FALLBACK
+
+    def _falls_back(self, error: ImdsError, version: str, choice: apiversion.VersionChoice, now: float) -> bool:
+        """Whether the poll that asked ``version`` and met ``error`` reads the fallback now (see ``_fetch``); the
+        choice of version moved on, and said once, where it does."""
+        if not choice.negotiates or version == apiversion.FALLBACK:
+            return False
+        if isinstance(error, ImdsHttpError) and apiversion.refuses_version(error.status, error.body):
+            self._versions = choice.refused(version, now)
+            if version == choice.in_use:  # not a retry: say it once, when it happens
+                log.warning("IMDS does not serve Scheduled Events api-version %s (%s); polling %s, and asking "
+                            "for %s again every %g s", version, error, apiversion.FALLBACK, version,
+                            apiversion.RETRY_NEWEST_SECONDS,
+                            extra=fields(api_version=apiversion.FALLBACK, refused_api_version=version))
+            return True
+        if version == choice.in_use or isinstance(error, ImdsThrottled):
+            return False
+        self._versions = choice.retry_failed(now)
+        if isinstance(error, InvalidDocument):  # not an outage: IMDS answered, with something else
+            log.warning("IMDS answered the retry of Scheduled Events api-version %s with no document (%s); "
+                        "polling %s, and asking again in %g s", version, error, apiversion.FALLBACK,
+                        apiversion.RETRY_NEWEST_SECONDS,
+                        extra=fields(api_version=apiversion.FALLBACK, retried_api_version=version))
+        return True
 
     def _apply(self, body: bytes, version: str, read: watch.Read, watching: float) -> None:
         document = parse_document(body, self._memo)
