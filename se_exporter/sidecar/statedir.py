@@ -34,23 +34,29 @@ class StateDir:
         if spool is not None and not spool.resolve().is_relative_to(path.resolve()):
             directories.append((SpoolError, spool, True))
         for error, directory, must in directories:
-            try:
-                held.enter_context(lock_directory(directory))
-            except DirectoryBusy as busy:
-                holder = f"pid {busy.pid}" if busy.pid is not None else "a process whose pid is unknown"
-                raise error(directory, f"already used by another se-exporter ({holder}); give each instance its "
-                                       "own directory") from None
-            except OSError as exc:
-                if exc.errno in UNSUPPORTED:
-                    log.warning("%s %s: its filesystem cannot lock files (%s); make sure no other se-exporter uses it",
-                                "--state-dir" if error is StateDirError else "--spool-dir", directory, exc.strerror)
-                elif must:
-                    raise error(directory, f"cannot write there ({exc.strerror or exc})") from None
+            _lock(held, error, directory, must)
         return cls(path, spool or path / "spool", path if _writable(path, explicit) else None)
 
     def lifecycle_store(self, scope: str) -> LifecycleStore | None:
         """Where open lifecycles are kept (belonging to the IMDS endpoint ``scope``), or None."""
         return LifecycleStore(self.kept, scope=scope) if self.kept is not None else None
+
+
+def _lock(held: contextlib.ExitStack, error: type[StorageError], directory: Path, must: bool) -> None:
+    """Lock ``directory`` until ``held`` is closed: one another se-exporter holds is ``error``; one that cannot be
+    written is ``error`` when it ``must`` be; a filesystem without locks is said and used."""
+    try:
+        held.enter_context(lock_directory(directory))
+    except DirectoryBusy as busy:
+        holder = f"pid {busy.pid}" if busy.pid is not None else "a process whose pid is unknown"
+        raise error(directory, f"already used by another se-exporter ({holder}); give each instance its "
+                               "own directory") from None
+    except OSError as exc:
+        if exc.errno in UNSUPPORTED:
+            log.warning("%s %s: its filesystem cannot lock files (%s); make sure no other se-exporter uses it",
+                        "--state-dir" if error is StateDirError else "--spool-dir", directory, exc.strerror)
+        elif must:
+            raise error(directory, f"cannot write there ({exc.strerror or exc})") from None
 
 
 def _writable(directory: Path, explicit: bool) -> bool:
