@@ -84,13 +84,18 @@ def span_line(span: ReadableSpan) -> str:
     end = (span.end_time or span.start_time or 0) / 1e9
     stamp = datetime.fromtimestamp(end, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
     what = attributes.get(PREFIX + "transition") or attributes.get(PREFIX + "outcome") or ""
-    duration = ""
-    if span.name != "scheduled_event.update" and span.start_time is not None and span.end_time is not None:
-        duration = f"{(span.end_time - span.start_time) / 1e9:.1f}s"
+    duration = _lasted(span)
     trace_id = f"{span.context.trace_id:032x}" if span.context is not None else ""
     parts = [stamp, "span", f"{span.name:<24}", str(attributes.get(PREFIX + "type", "")),
              str(attributes.get(PREFIX + "id", "")), str(what), duration, f"trace {trace_id}"]
     return escape(" ".join(part for part in parts if part)) + "\n"
+
+
+def _lasted(span: ReadableSpan) -> str:
+    """How long a span lasted, for ``span_line``; nothing for a zero-length update span."""
+    if span.name == "scheduled_event.update" or span.start_time is None or span.end_time is None:
+        return ""
+    return f"{(span.end_time - span.start_time) / 1e9:.1f}s"
 
 
 def make_exporter(settings: Settings) -> Any:
