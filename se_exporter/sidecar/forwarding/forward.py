@@ -119,26 +119,36 @@ class _Envelopes(Deliverer["DocumentChange | _Beat"]):
 
     def deliver(self, batch: Sequence[DocumentChange | _Beat]) -> int:
         for item in batch:
-            if isinstance(item, _Beat):
-                if self._last is None:  # before the first valid document there is nothing to repeat
-                    continue
-                # Without the poll loop's view (a sink built alone), the last change is the last read known.
-                health: ImdsHealth | None = item.health or ImdsHealth(self._last.observed_at, failing=False)
-                change = replace(self._last, observed_at=time.time())
-            else:
-                self._last = change = item
-                health = None
-            if self._named is not None and change.identity is not None and change.identity.vm_id:
-                self._emit(self._retirement(change, self._named))
-                self._named = None
-            envelope = build(change, self._sequencer.next(), self._sequencer.installation_id, health)
-            if isinstance(item, _Beat):
-                envelope = replace(envelope, properties={**envelope.properties, "heartbeat": True})
-            properties = envelope.properties
-            if not properties["vm_id"] and properties["vm_name"] and envelope.partition_key == properties["vm_name"]:
-                self._named = envelope.partition_key
-            self._emit(envelope)
+            taken = self._take(item)
+            if taken is not None:
+                self._forward(*taken, beat=isinstance(item, _Beat))
         return len(batch)
+
+    def _take(self, item: DocumentChange | _Beat) -> tuple[DocumentChange, ImdsHealth | None] | None:
+        """The change ``item`` forwards: a document's own, or for a heartbeat the last one again, read now (none
+        before the first valid document: there is nothing to repeat)."""
+        if not isinstance(item, _Beat):
+            self._last = item
+            return item, None
+        if self._last is None:
+            return None
+        # Without the poll loop's view (a sink built alone), the last change is the last read known.
+        health = item.health or ImdsHealth(self._last.observed_at, failing=False)
+        return replace(self._last, observed_at=time.time()), health
+
+    def _forward(self, change: DocumentChange, health: ImdsHealth | None, beat: bool) -> None:
+        """One envelope of ``change``, after the message retiring the name it was last forwarded under once its
+        vm_id is known."""
+        if self._named is not None and change.identity is not None and change.identity.vm_id:
+            self._emit(self._retirement(change, self._named))
+            self._named = None
+        envelope = build(change, self._sequencer.next(), self._sequencer.installation_id, health)
+        if beat:
+            envelope = replace(envelope, properties={**envelope.properties, "heartbeat": True})
+        properties = envelope.properties
+        if not properties["vm_id"] and properties["vm_name"] and envelope.partition_key == properties["vm_name"]:
+            self._named = envelope.partition_key
+        self._emit(envelope)
 
     def _retirement(self, change: DocumentChange, named: str) -> Envelope:
         """The one message under the old key ``named`` that retires the VM known by that name (see the class)."""
