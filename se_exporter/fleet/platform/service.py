@@ -133,24 +133,33 @@ class Platform:
     def reconcile(self) -> LastReconciliation:
         """Expire, merge, judge, count what is new; the view scrapes render."""
         now = self.clock()
-        pictures = [held.picture for side in self.hubs.values() for held in side.held.values()
-                    if held.picture is not None]
-        for picture in pictures:
-            before = dict(picture.bound_hits)
-            picture.expire(now)
-            self.report_bounds(picture, before)
+        pictures = self._expired(now)
         records = self._listed(self._merged(pictures, now))
         if not records and not self.homes.size and not self.view.records:
             return self.view  # a fleet that has not opted in costs nothing here
         coverage, unannounced = self._reconciled(records, now)
         informed = frozenset(record.key for record in records if self.homes.is_here(record.key))
         self.homes.forget({record.key for record in records} | unannounced, now)
+        self.view = LastReconciliation(tuple(records), coverage, informed, self._sizes(pictures))
+        return self.view
+
+    def _expired(self, now: float) -> list[PlatformPicture]:
+        """The held pictures, each with what ended past the retention expired (and the bounds that hit said)."""
+        pictures = [held.picture for side in self.hubs.values() for held in side.held.values()
+                    if held.picture is not None]
+        for picture in pictures:
+            before = dict(picture.bound_hits)
+            picture.expire(now)
+            self.report_bounds(picture, before)
+        return pictures
+
+    def _sizes(self, pictures: list[PlatformPicture]) -> dict[str, int]:
+        """What the reconciler, the homes and the held pictures hold, by name (the memory gauges)."""
         sizes = {**self.reconciler.sizes(), "counted": self.homes.size}
         for picture in pictures:
             for name, size in picture.sizes().items():
                 sizes[name] = sizes.get(name, 0) + size
-        self.view = LastReconciliation(tuple(records), coverage, informed, sizes)
-        return self.view
+        return sizes
 
     def _merged(self, pictures: list[PlatformPicture], now: float) -> list[PlatformRecord]:
         """One record per EventId over the held pictures and the others read from their blobs (those within the
@@ -186,12 +195,7 @@ class Platform:
         self._judge(named, shown, where, result)
         judgements, complete = self._judgements()
         nowhere = self._count(records, judgements, complete)
-        events = {record.key: record.event for record in records}
-        rows = [Coverage(key, events[key].event_id, events[key].event_type, name,
-                         "observed" if lag is not None else str(reason), lag)
-                for partition in shown for key, verdicts in partition.held.judged.vms.items()
-                for name, (reason, lag) in verdicts.items() if reason is not None or lag is not None]
-        return tuple(rows) + nowhere, self._count_unannounced(judgements)
+        return _shown_coverage(records, shown) + nowhere, self._count_unannounced(judgements)
 
     def _shown_vms(self, now: float, named: frozenset[str]) -> tuple[list[VmState], list[_Shown], dict[str, _Shown]]:
         """The VMs this replica shows that matter to the reconciliation (named by an event, or listing one: the
@@ -274,11 +278,7 @@ class Platform:
                 continue
             verdicts = merged([judged.vms[record.key] for judged in judgements if record.key in judged.vms])
             if record.key in everywhere:
-                for resource in record.event.resources:
-                    if _key_of(resource) not in verdicts:
-                        verdicts[_key_of(resource)] = ("no_sidecar", None)
-                        rows.append(Coverage(record.key, record.event.event_id, record.event.event_type, resource,
-                                             "no_sidecar"))
+                rows.extend(_no_sidecar(record, verdicts))
             self.homes.count(record, verdicts)
         return tuple(rows)
 
@@ -338,6 +338,25 @@ class Platform:
                     write = reader.prepare(partition_id, -1)
                     if write is not None:
                         await write()
+
+
+def _shown_coverage(records: list[PlatformRecord], shown: list[_Shown]) -> tuple[Coverage, ...]:
+    """The coverage rows of the shown partitions' judgements: each verdict that says something."""
+    events = {record.key: record.event for record in records}
+    return tuple(Coverage(key, events[key].event_id, events[key].event_type, name,
+                          "observed" if lag is not None else str(reason), lag)
+                 for partition in shown for key, verdicts in partition.held.judged.vms.items()
+                 for name, (reason, lag) in verdicts.items() if reason is not None or lag is not None)
+
+
+def _no_sidecar(record: PlatformRecord, verdicts: dict[str, Verdict]) -> list[Coverage]:
+    """Each VM ``record`` names that no partition judged (alive in none): ``no_sidecar``, added to ``verdicts``."""
+    rows = []
+    for resource in record.event.resources:
+        if _key_of(resource) not in verdicts:
+            verdicts[_key_of(resource)] = ("no_sidecar", None)
+            rows.append(Coverage(record.key, record.event.event_id, record.event.event_type, resource, "no_sidecar"))
+    return rows
 
 
 def _judgement(partition: _Shown, named: dict[str, frozenset[str]], naming: dict[str, list[str]], room: int,
