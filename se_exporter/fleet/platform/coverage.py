@@ -176,13 +176,27 @@ class Reconciler:
             self._remember(self._scopes, hash((record.event.scope_type, name_key(record.event.scope_name))),
                            self.settings.scopes, "platform_scopes")
         self._named = frozenset(hash(name_key(resource)) for record in records for resource in record.event.resources)
+        by_name, listing = self._noted(vms)
+        rows = self._rows(records, by_name, now)
+        listed = self._unannounced(listing, now)
+        self._prune({record.key for record in records} | set(listing))
+        hits, self._hits = tuple(dict.fromkeys(self._hits)), []
+        return Reconciliation(tuple(rows), hits, listed)
+
+    def _noted(self, vms: Iterable[VmState]) -> tuple[dict[str, list[VmState]], dict[str, list[tuple[VmState, str]]]]:
+        """Each VM noted (``note``); the VMs by name, and per EventId key the VMs listing it now (and its type)."""
         by_name: dict[str, list[VmState]] = {}
-        listing: dict[str, list[tuple[VmState, str]]] = {}  # EventId key -> (VM, event type) listing it now
+        listing: dict[str, list[tuple[VmState, str]]] = {}
         for vm in vms:
             by_name.setdefault(name_key(vm.vm_name), []).append(vm)
             self.note(vm)
             for event in vm.events:
                 listing.setdefault(event_key(event.event_id), []).append((vm, event.event_type))
+        return by_name, listing
+
+    def _rows(self, records: list[PlatformRecord], by_name: dict[str, list[VmState]],
+              now: float) -> list[Coverage]:
+        """The coverage of every (EventId, named VM) pair decided now, with its lag when observed."""
         rows: list[Coverage] = []
         for record in records:
             announced = record.event
@@ -193,10 +207,7 @@ class Reconciler:
                     lag = listed_at - record.announced_at if listed_at is not None else None
                     rows.append(Coverage(record.key, announced.event_id, announced.event_type, resource, coverage,
                                          lag))
-        listed = self._unannounced(listing, now)
-        self._prune({record.key for record in records} | set(listing))
-        hits, self._hits = tuple(dict.fromkeys(self._hits)), []
-        return Reconciliation(tuple(rows), hits, listed)
+        return rows
 
     def sizes(self) -> dict[str, int]:
         """What it remembers now, each bounded by its setting."""
@@ -213,6 +224,10 @@ class Reconciler:
         alive = [vm for vm in named if now - vm.seen_at <= self.settings.vm_expiry and _same_place(record, _place(vm))]
         if not alive:
             return ("no_sidecar", None) if self._absent else None
+        return self._missed(record, alive, now)
+
+    def _missed(self, record: PlatformRecord, alive: list[VmState], now: float) -> tuple[str, float | None] | None:
+        """A named VM alive that never listed the event: missed (or IMDS unreachable) once the grace is past."""
         if record.ended or now < min(record.announced_at, record.changed_at) + self.settings.grace:
             return None  # ended, IMDS shows it no more; an announcement dated in the future counts from when learnt
         vm = max(alive, key=lambda vm: vm.seen_at)
