@@ -227,15 +227,7 @@ class PlatformPicture:
         is outside input too): each record cut to ``resources_per_event`` names, then records kept while the events
         and VM names fit, open ones first, later ones first; ids and forgotten EventIds, the latest."""
         picture = cls(limits)
-        kept: dict[str, PlatformRecord] = {}
-        for record in sorted(state.records, key=lambda record: record.ended_at is None)[::-1]:  # open ones first
-            resources = record.event.resources[: limits.resources_per_event]
-            if len(kept) >= limits.events or record.key in kept or picture._vms + len(resources) > limits.vms:
-                continue
-            cut = len(resources) < len(record.event.resources)
-            kept[record.key] = replace(record, event=replace(record.event, resources=resources)) if cut else record
-            picture._vms += len(resources)
-        records = list(kept.values())[::-1]
+        records, picture._vms = _within(state.records, limits)
         picture._records = {record.key: record for record in records}
         picture._ended = OrderedDict((record.key, None) for record in sorted(
             (record for record in records if record.ended_at is not None), key=lambda record: record.ended_at or 0.0))
@@ -350,3 +342,19 @@ def _drop_before(seen: OrderedDict[str, float], cutoff: float) -> None:
             seen[key] = when
             seen.move_to_end(key, last=False)
             return
+
+
+def _within(records: Iterable[PlatformRecord], limits: PlatformLimits) -> tuple[list[PlatformRecord], int]:
+    """Saved records held to ``limits`` (``PlatformPicture.restored``), in their order, and the VM names they keep:
+    each cut to ``resources_per_event`` names, then kept while the events and VM names fit, open ones first, later
+    ones first."""
+    kept: dict[str, PlatformRecord] = {}
+    vms = 0
+    for record in sorted(records, key=lambda record: record.ended_at is None)[::-1]:  # open ones first
+        resources = record.event.resources[: limits.resources_per_event]
+        if len(kept) >= limits.events or record.key in kept or vms + len(resources) > limits.vms:
+            continue
+        cut = len(resources) < len(record.event.resources)
+        kept[record.key] = replace(record, event=replace(record.event, resources=resources)) if cut else record
+        vms += len(resources)
+    return list(kept.values())[::-1], vms
