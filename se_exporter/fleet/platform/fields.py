@@ -175,20 +175,27 @@ def _offset_seconds(zone: str | None) -> int | None:
     return (1 if zone[0] == "+" else -1) * (hours * 3600 + minutes * 60)
 
 
+def _read_time(value: str) -> float | None:
+    """A NotBefore's unix time, or None when it does not read or is out of range."""
+    try:
+        when = parse_not_before(value)
+    except (ValueError, OverflowError):
+        return None
+    if when is None:
+        return None
+    # The year read must be the year written (give or take one: an offset may cross New Year), since email.utils
+    # reads "0001" (any year below 100) as 2001.
+    unix = when.timestamp()
+    written = str(when.year) in value or str(when.year - 1) in value or str(when.year + 1) in value
+    return unix if MIN_TIME <= unix < MAX_TIME and written else None
+
+
 def not_before(value: object, warnings: list[str]) -> float | None:
     if value is None or value == "":
         return None
-    if isinstance(value, str) and len(value) <= 64:
-        try:
-            when = parse_not_before(value)
-        except (ValueError, OverflowError):
-            when = None
-        # The year read must be the year written (give or take one: an offset may cross New Year), since email.utils
-        # reads "0001" (any year below 100) as 2001.
-        unix = when.timestamp() if when is not None else 0.0
-        if when is not None and MIN_TIME <= unix < MAX_TIME and (
-                str(when.year) in value or str(when.year - 1) in value or str(when.year + 1) in value):
-            return unix
+    unix = _read_time(value) if isinstance(value, str) and len(value) <= 64 else None
+    if unix is not None:
+        return unix
     warnings.append(f"NotBefore {shown(value)} is neither RFC 1123 nor ISO 8601 from 2000 to 2199; left out")
     return None
 
