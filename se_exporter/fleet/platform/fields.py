@@ -98,23 +98,30 @@ def arm_scope(*candidates: object) -> tuple[str, str, str, str]:
     id: ``/subscriptions/<sub>/resourceGroups/<rg>/providers/Microsoft.Compute/<kind>/<name>/providers/...``);
     refused when neither is one, since neither the scope nor the VMs can be known then."""
     for value in candidates:
-        if not isinstance(value, str) or len(value) > 2048:
-            continue
-        parts = value.split("/", 9)
-        if len(parts) >= 9 and parts[0] == "" and (parts[1].casefold(), parts[3].casefold(), parts[5].casefold(),
-                                                   parts[6].casefold()) == _ARM_WORDS:
-            sub, group, kind, name = parts[2], parts[4], parts[7], parts[8]
-            # Nearly always printable ASCII, as kept_text would keep each part (its cut changes nothing here: a longer
-            # part is refused below, a longer kind is none of _SCOPES): one look at the whole id instead of four.
-            if not (value.isascii() and value.isprintable()):
-                sub, group, kind, name = (kept_text(part, MAX_TEXT) for part in (sub, group, kind, name))
-            if all((sub, group, name)) and max(len(sub), len(group), len(name)) <= MAX_TEXT:
-                return _SCOPES.get(kind.casefold(), "unknown"), name, sub, group
+        scope = _arm_id(value) if isinstance(value, str) and len(value) <= 2048 else None
+        if scope is not None:
+            return scope
     raise InvalidMessage("invalid_platform_event", "neither data.resourceInfo.id nor subject is the ARM id of a "
                          "VM, scale set or availability set's scheduled event")
 
 
 _ARM_WORDS = ("subscriptions", "resourcegroups", "providers", "microsoft.compute")
+
+
+def _arm_id(value: str) -> tuple[str, str, str, str] | None:
+    """``arm_scope`` of one ARM id, or None when it is not one."""
+    parts = value.split("/", 9)
+    if len(parts) < 9 or parts[0] != "" or (parts[1].casefold(), parts[3].casefold(), parts[5].casefold(),
+                                            parts[6].casefold()) != _ARM_WORDS:
+        return None
+    sub, group, kind, name = parts[2], parts[4], parts[7], parts[8]
+    # Nearly always printable ASCII, as kept_text would keep each part (its cut changes nothing here: a longer
+    # part is refused below, a longer kind is none of _SCOPES): one look at the whole id instead of four.
+    if not (value.isascii() and value.isprintable()):
+        sub, group, kind, name = (kept_text(part, MAX_TEXT) for part in (sub, group, kind, name))
+    if all((sub, group, name)) and max(len(sub), len(group), len(name)) <= MAX_TEXT:
+        return _SCOPES.get(kind.casefold(), "unknown"), name, sub, group
+    return None
 
 
 def vm_names(value: object, limit: int, warnings: list[str], hit: list[str]) -> tuple[str, ...]:
