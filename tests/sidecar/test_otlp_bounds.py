@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import resource
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExportResult
 from prometheus_client import CollectorRegistry, Counter
+from urllib3.connection import HTTPConnection
 
 from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks.otel_events import make_log_exporter
@@ -166,3 +168,23 @@ def test_an_otlp_http_answer_that_is_not_2xx_is_an_export_failure(
         f"span export failing ({endpoint}: {why(caplog)}): spans are dropped until the endpoint answers"]
     assert answer.__name__ != "redirect" or ("HTTP 307" in why(caplog) and "not followed" in why(caplog))
     assert "secret" not in caplog.text
+
+
+def test_a_watchdog_that_fires_after_its_request_ended_shuts_nothing() -> None:
+    """The pool reuses a connection object for the next request: a deadline timer that woke just as its request
+    ended (a loaded machine) and fires after ``cancel`` must leave that connection's new socket alone, else the
+    next export's answer is cut and a status line alone reads as delivered."""
+    from se_exporter.sidecar.sinks import otlp_http  # noqa: PLC0415 - its private timer, driven by hand
+
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        connection = HTTPConnection("127.0.0.1")
+        connection.sock = ours
+        watchdog = otlp_http._Watchdog(60.0)
+        watchdog.watch(connection)
+        watchdog.cancel()
+        watchdog._fire()  # what the timer's thread does when it passed its check before the cancel
+        theirs.sendall(b"HTTP/1.1 200 OK\r\n")
+        ours.settimeout(5)
+        assert ours.recv(100) == b"HTTP/1.1 200 OK\r\n"  # not shut: a shut socket reads b""
+        assert not watchdog.fired.is_set()

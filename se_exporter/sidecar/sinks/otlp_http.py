@@ -32,27 +32,39 @@ class ExchangeFailed(requests.exceptions.RequestException):
 
 
 class _Watchdog:
-    """Shuts down the sockets of the connections it watches when the time is up."""
+    """Shuts down the sockets of the connections it watches when the time is up, unless cancelled first.
+
+    The pool hands the same connection object to the next request (reconnected): a timer that woke as its request
+    ended and fired late would shut the next request's socket, whose cut answer (a status line, half a header)
+    then reads as delivered. Firing and cancelling take one lock, so nothing is shut once ``cancel`` returns."""
 
     def __init__(self, seconds: float) -> None:
         self.fired = threading.Event()
         self._connections: list[HTTPConnection] = []
+        self._lock = threading.Lock()
+        self._cancelled = False
         self._timer = threading.Timer(seconds, self._fire)
         self._timer.daemon = True
         self._timer.start()
 
     def watch(self, connection: HTTPConnection) -> None:
-        self._connections.append(connection)
-        if self.fired.is_set():  # set before the append: _fire may have missed it
-            _shut(connection)
+        with self._lock:
+            self._connections.append(connection)
+            if self.fired.is_set():
+                _shut(connection)
 
     def _fire(self) -> None:
-        self.fired.set()
-        for connection in list(self._connections):
-            _shut(connection)
+        with self._lock:
+            if self._cancelled:
+                return
+            self.fired.set()
+            for connection in self._connections:
+                _shut(connection)
 
     def cancel(self) -> None:
-        self._timer.cancel()
+        with self._lock:
+            self._cancelled = True
+            self._timer.cancel()
 
 
 def _shut(connection: HTTPConnection) -> None:
