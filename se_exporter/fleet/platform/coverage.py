@@ -123,9 +123,8 @@ class Reconciler:
     _elsewhere: int = 0  # listings kept in the pairs' ``elsewhere``, counted against ``settings.pairs``
 
     def note(self, vm: VmState) -> None:
-        """Remember the EventIds one applied document lists (the consumer may call this per document, so a first
-        listing's time is the document's, not the next update's): only for an EventId announced or a VM in a scope
-        that publishes, so a fleet that has not opted in costs nothing here."""
+        """Remember the EventIds one applied document lists (so a first listing's time is the document's): only for an
+        EventId announced or a VM in a scope that publishes, so a fleet that has not opted in costs nothing here."""
         if not vm.events:
             return
         name = name_key(vm.vm_name)

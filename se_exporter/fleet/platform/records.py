@@ -266,9 +266,8 @@ class PlatformPicture:
         return seen in self._ids
 
     def expire(self, now: float) -> list[PlatformRecord]:
-        """Forget the records ended ``retention`` ago (from when their end was read) and the open ones unchanged for
-        ``open_expiry``, remembering their EventIds a while so a late copy does not bring them back; the records
-        forgotten."""
+        """Forget the records ended ``retention`` ago and the open ones unchanged for ``open_expiry``, remembering their
+        EventIds a while so a late copy does not bring them back; the records forgotten."""
         limits = self.limits
         with self._lock:
             gone = [record for record in self._records.values()
