@@ -94,8 +94,7 @@ class PlatformRecord:
 
 @dataclass(frozen=True)
 class PictureState:
-    """A picture's content as values: its records, and the Event Grid ids and forgotten EventIds it remembers
-    with when (oldest first)."""
+    """A picture's content as values; ``ids`` and ``forgotten`` with when each was remembered, oldest first."""
 
     records: tuple[PlatformRecord, ...] = ()
     ids: tuple[tuple[str, float], ...] = ()

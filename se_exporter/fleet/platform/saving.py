@@ -56,8 +56,7 @@ NOT_JUDGED = VmVerdicts(frozenset(), {})
 
 @dataclass
 class PlatformBlob:
-    """A platform blob read back: the picture (None: none stored), its position, what was counted, its judgement,
-    and damage."""
+    """A platform blob read back (``state`` None: no picture stored)."""
 
     state: PictureState | None = None
     position: int | None = None

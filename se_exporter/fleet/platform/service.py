@@ -65,8 +65,7 @@ class LastReconciliation:
 
 @dataclass
 class _Shown:
-    """One partition whose VMs this replica shows, in one reconciliation: its platform side, the names of its
-    named VMs alive (heard from within the VM expiry), and what this round's reconciler said of its VMs."""
+    """One shown partition in one reconciliation (``alive``: its named VMs heard from within the VM expiry)."""
 
     held: OwnedPlatform
     alive: set[str] = field(default_factory=set)
