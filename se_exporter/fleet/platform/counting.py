@@ -27,21 +27,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from se_exporter.fleet.platform.coverage import MISSED_REASONS
 from se_exporter.fleet.platform.records import PlatformRecord
 
-# One VM's judgement of one EventId: the miss said while it was open (a reason of ``coverage.MISSED_REASONS``, or
-# None), and when the VM first listed it minus when the platform announced it (its lag; None: not listed).
+# One VM's judgement of one EventId: the miss said while it was open (one of MISSED_REASONS, or None), and when the
+# VM first listed it minus when the platform announced it (its lag; None: not listed).
 Verdict = tuple[str | None, float | None]
 
 
 @dataclass
 class Counted:
-    """What was counted of one EventId: its statuses, its impact seconds and duplicates so far, its VMs' misses and
-    lags, as unannounced; and since when no picture holds it (rule 3)."""
+    """What was counted of one EventId; and since when no picture holds it (rule 3)."""
 
     statuses: set[str] = field(default_factory=set)
     impact: float = 0.0
-    missed: dict[str, str] = field(default_factory=dict)  # VM name -> reason (coverage.MISSED_REASONS)
+    missed: dict[str, str] = field(default_factory=dict)  # VM name -> reason (MISSED_REASONS)
     lag: set[str] = field(default_factory=set)
     unannounced: bool = False
     duplicates: int = 0
@@ -55,9 +55,10 @@ class Counted:
 
 @dataclass(frozen=True)
 class Increment:
-    """One counter's increment: ``platform_events`` (labels event_type, event_status), ``impact_seconds``
-    (event_type, scope_name, location), ``platform_duplicates`` (none), ``missed_events`` (event_type, reason),
-    ``unannounced_events`` (event_type), or ``announcement_lag`` (none; ``amount`` the value observed)."""
+    """One increment of the ``FleetMetrics`` attribute ``counter``: ``platform_events`` (labels event_type,
+    event_status), ``impact_seconds`` (event_type, scope_name, location), ``platform_duplicates`` (none),
+    ``missed_events`` (event_type, reason), ``unannounced_events`` (event_type), or ``announcement_lag`` (none;
+    ``amount`` the value observed)."""
 
     counter: str
     labels: tuple[str, ...]
@@ -118,8 +119,5 @@ def merged(judgements: list[dict[str, Verdict]]) -> dict[str, Verdict]:
             old_reason, old_lag = verdicts.get(name, (None, None))
             reasons = [each for each in (old_reason, reason) if each is not None]
             lags = [each for each in (old_lag, lag) if each is not None]
-            verdicts[name] = (min(reasons, key=_RANK.__getitem__) if reasons else None, min(lags) if lags else None)
+            verdicts[name] = (min(reasons, key=MISSED_REASONS.index) if reasons else None, min(lags) if lags else None)
     return verdicts
-
-
-_RANK = {"missed": 0, "imds_unreachable": 1, "no_sidecar": 2}

@@ -1,16 +1,15 @@
 """Reconciliation: for every EventId the platform announced and every VM it concerns, did that VM's sidecar see it?
 
-No I/O and no clock reads. ``Reconciler.update`` takes the platform's records, the fleet's VMs (as ``Fleet.vms()``
-returns them) and the time, and returns the coverage of each (EventId, VM) pair (``COVERAGES``, with its lag when
-observed; docs/fleet.md, "What the fleet tells you", says what each means) and the unannounced EventIds listed: what
-a partition's owner judges (``counting.COVERAGE``); counting them is not done here. It remembers, bounded, what must
-outlive one look: when a VM first listed an EventId (a finished event vanishes from IMDS, and from the VM's next
-document), and which scopes have published a platform event.
+No I/O and no clock reads. ``Reconciler.update`` returns the coverage of each (EventId, VM) pair (``COVERAGES``; what
+each means: docs/fleet.md, "What the fleet tells you") and the unannounced EventIds listed: what a partition's owner
+judges (``counting.COVERAGE``), not counted here. It remembers, bounded, what must outlive one look: when a VM first
+listed an EventId (a finished event vanishes from IMDS, and from the VM's next document), and which scopes have
+published a platform event.
 
 The join is on (subscription, resource group, VM name), the name without case (the 2017 preview's leading underscore
 ignored, as ``core.model.affects_vm`` does); a part one side does not know (an older sidecar says neither
-subscription nor resource group) is not compared (``_same_place``), and the scale set's name and the location narrow
-it where both sides know them.
+subscription nor resource group) is not compared, and the scale set's name and the location narrow it where both
+sides know them.
 """
 
 from __future__ import annotations
@@ -73,13 +72,10 @@ class _Pair:
     # apart, so none of them hides the listing of the VM the event concerns. Counted against the pairs' bound.
     elsewhere: tuple[tuple[_Place, float], ...] = ()
 
-    def listings(self) -> tuple[tuple[_Place, float], ...]:
-        first = ((self.place, self.first_listed),) if self.place is not None and self.first_listed is not None else ()
-        return first + self.elsewhere
-
     def listed_at(self, matches: Callable[[_Place], bool]) -> float | None:
         """When a VM at a place ``matches`` accepts first listed it (None: none did)."""
-        return min((when for place, when in self.listings() if matches(place)), default=None)
+        first = ((self.place, self.first_listed),) if self.place is not None and self.first_listed is not None else ()
+        return min((when for place, when in first + self.elsewhere if matches(place)), default=None)
 
 
 def name_key(name: str) -> str:
@@ -127,9 +123,8 @@ class Reconciler:
     _elsewhere: int = 0  # listings kept in the pairs' ``elsewhere``, counted against ``settings.pairs``
 
     def note(self, vm: VmState) -> None:
-        """Remember the EventIds one applied document lists (the consumer may call this per document, so a first
-        listing's time is the document's, not the next update's): only for an EventId announced or a VM in a scope
-        that publishes, so a fleet that has not opted in costs nothing here."""
+        """Remember the EventIds one applied document lists (so a first listing's time is the document's): only for an
+        EventId announced or a VM in a scope that publishes, so a fleet that has not opted in costs nothing here."""
         if not vm.events:
             return
         name = name_key(vm.vm_name)
@@ -138,7 +133,7 @@ class Reconciler:
             key = event_key(event.event_id)
             if not published and key not in self._announced:
                 continue
-            pair = self._pair((key, hash(name)), create=True)
+            pair = self._pair((key, hash(name)))
             if pair is not None:
                 self._listed(pair, _place(vm), vm.seen_at)
 
@@ -217,7 +212,7 @@ class Reconciler:
     def _decide(self, record: PlatformRecord, resource: str, named: Iterable[VmState],
                 now: float) -> tuple[str, float | None] | None:
         """The pair's coverage, and when it was first listed (observed)."""
-        pair = self._pair((record.key, hash(name_key(resource))), create=True) or _Pair()
+        pair = self._pair((record.key, hash(name_key(resource)))) or _Pair()
         first_listed = pair.listed_at(lambda place: _same_place(record, place))
         if first_listed is not None:
             return "observed", first_listed
@@ -246,9 +241,8 @@ class Reconciler:
                 name = name_key(vm.vm_name)
                 pair = self._pairs.get((key, hash(name)))
                 first_listed = pair.listed_at(_place(vm).__eq__) if pair is not None else None
-                if first_listed is None or now < first_listed + self.settings.grace:
-                    continue
-                if now - vm.seen_at > self.settings.vm_expiry or not self._published(vm, name):
+                if first_listed is None or now < first_listed + self.settings.grace \
+                        or now - vm.seen_at > self.settings.vm_expiry or not self._published(vm, name):
                     continue
                 listed_long.append((key, event_type, name))
                 break
@@ -258,9 +252,10 @@ class Reconciler:
         """The platform announced this EventId (as far as this reconciler remembers: ``ReconcileSettings.ids``)."""
         return key in self._announced
 
-    def _pair(self, key: tuple[str, int], create: bool) -> _Pair | None:
+    def _pair(self, key: tuple[str, int]) -> _Pair | None:
+        """The pair, made when new (None: the pairs' bound refused it)."""
         pair = self._pairs.get(key)
-        if pair is None and create:
+        if pair is None:
             if len(self._pairs) + self._elsewhere >= self.settings.pairs:
                 self._hits.append("platform_coverage_pairs")
                 return None

@@ -1,9 +1,7 @@
 """The platform gauges, a prometheus-client collector of the last reconciliation.
 
-Rebuilt from the platform picture and the last reconciliation on every scrape, so an event forgotten is gone from
-the next scrape with its series and nothing is removed by hand. The platform's counters and histogram are
-``collector.FleetMetrics``', fed by ``service.py``; how each is counted once whatever the order and lateness of
-its messages: docs/platform-stream.md ("Counting once", "Coverage counted once"); each family: docs/reference.md.
+Rebuilt on every scrape, so an event forgotten is gone from the next scrape with its series and nothing is removed
+by hand. The platform's counters are ``collector.FleetMetrics``' (counted once: docs/platform-stream.md).
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from se_exporter.fleet.collector import FLEET
-from se_exporter.fleet.platform.coverage import COVERAGES, Coverage
+from se_exporter.fleet.platform.coverage import COVERAGES, MISSED_REASONS, Coverage
 from se_exporter.fleet.platform.records import PlatformRecord
 
 if TYPE_CHECKING:
@@ -28,7 +26,6 @@ if TYPE_CHECKING:
 # sidecar is alive first (they page). An event left unnamed by the total still alerts, by its count.
 NAMED_VMS = 20
 NAMED_VMS_TOTAL = 1_000
-LIVE_FIRST = ("missed", "imds_unreachable", "no_sidecar")
 INFO_LABELS = ["event_id", "event_type", "event_status", "event_source", "scope_type", "scope_name", "resource_group",
                "subscription_id", "location"]
 
@@ -82,7 +79,7 @@ def platform_families(records: Iterable[PlatformRecord], coverage: Iterable[Cove
         for state in COVERAGES:
             vms.add_metric([event.event_id, event.event_type, state], counts[(record.key, state)])
     left = NAMED_VMS_TOTAL
-    for state in LIVE_FIRST:
+    for state in MISSED_REASONS:  # the VMs whose sidecar is alive first
         for record in ordered:
             names = missed.get((record.key, state)) if not record.ended and left else None
             for name in sorted(names or ())[:min(NAMED_VMS, left)]:

@@ -59,18 +59,14 @@ class Homes:
 
     def _apply(self, key: str, increments: list[Increment]) -> None:
         """Each increment applied once the home's blob remembers it (callers ask ``is_here`` first)."""
-        metrics, held = self._metrics, self._held()[self.home_of(key) or ""]
-        counters = {"platform_events": metrics.platform_events, "impact_seconds": metrics.impact_seconds,
-                    "platform_duplicates": metrics.platform_duplicates, "missed_events": metrics.missed_events,
-                    "unannounced_events": metrics.unannounced_events}
+        held = self._held()[self.home_of(key) or ""]
         for increment in increments:
             held.changes += 1
-            if increment.counter == "announcement_lag":
-                held.pending.append(functools.partial(metrics.announcement_lag.observe, increment.amount))
-                continue
-            counter = counters[increment.counter]
-            child = counter.labels(*increment.labels) if increment.labels else counter
-            held.pending.append(functools.partial(child.inc, increment.amount))
+            metric = getattr(self._metrics, increment.counter)
+            if increment.labels:
+                metric = metric.labels(*increment.labels)
+            add = metric.observe if increment.counter == "announcement_lag" else metric.inc
+            held.pending.append(functools.partial(add, increment.amount))
 
     def remember(self, key: str) -> Counted:
         """What was counted of ``key``, on its home's ``OwnedPlatform`` (moved there if another held partition kept it:

@@ -1,9 +1,5 @@
 """One hub's platform side as the consumer sees it: ``consumer.FirstReader`` (claim, handle, release) and
 ``persistence.AttachedState`` (the partition's platform blob, written before its VM state and so before the checkpoint).
-
-A claim restores the partition's picture (and, for a home, what was counted) before it is read: platform messages
-at or below its position are replayed ones (once that position is found not past the partition's newest event: a
-hub recreated under the same name starts again from 0). Only ``Platform``'s public side is used.
 """
 
 from __future__ import annotations

@@ -2,11 +2,9 @@
 
 Recognised by content, so the platform stream may share a hub with the sidecars' documents: an Event Grid event (an
 object, or an array of them) in the Event Grid schema (``eventType``) or CloudEvents 1.0 (``specversion`` and
-``type``), of one of ``EVENT_TYPES`` (by their ending, in any case; another type is ``other_event_type``). A body
-that is neither is not a platform message (``read_platform`` returns None) and is left to ``message.read_message``;
-an array that does not parse is ``not_json`` here (no sidecar document is an array). Nothing in it is trusted, as in
-``message.py``: docs/platform-stream.md, "What a message may be", says what each kind of bad input gives. Only
-``InvalidMessage`` ever leaves ``read_platform``.
+``type``), of one of ``EVENT_TYPES`` (by their ending, in any case). Nothing in it is trusted, as in ``message.py``:
+docs/platform-stream.md, "What a message may be", says what each kind of bad input gives. Only ``InvalidMessage``
+ever leaves ``read_platform``.
 """
 
 from __future__ import annotations
@@ -41,9 +39,8 @@ _WRITE_TYPE = "microsoft.maintenance/scheduledevents/write"
 EVENT_TYPES = ("Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted",
                "Microsoft.Maintenance.ScheduledEvents.ScheduledEventEmitted", _WRITE_TYPE)
 _TYPE_ENDINGS = ("maintenanceresources.scheduledeventemitted", "maintenance.scheduledevents.scheduledeventemitted")
-# The reasons a message recognised as Event Grid's is counted under (besides message.py's too_large): another
-# event type, a ScheduledEventEmitted event that cannot be read (the message says which field), or one on the
-# sidecars' hub while the platform's own hub is read (``service.PlatformReader.handle``).
+# The reasons an Event Grid message is counted under besides message.py's too_large: another event type, an event
+# that cannot be read, or one on the sidecars' hub while the platform's own is read (``PlatformReader.handle``).
 PLATFORM_INVALID_REASONS = ("other_event_type", "invalid_platform_event", "platform_on_sidecars_hub")
 PLATFORM_BOUND_NAMES = ("platform_events_per_message", "platform_resources_per_event")
 SCOPE_TYPES = ("scale_set", "availability_set", "virtual_machine", "unknown")

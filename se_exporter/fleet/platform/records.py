@@ -1,10 +1,7 @@
 """The platform picture: every scheduled event Azure announced, per EventId, its statuses only moving forward.
 
-No I/O and no clock reads: the consumer hands in each ``PlatformEvent`` and the time, and reads back frozen
-values. ``combine`` is commutative and associative, so any order of the same messages gives the same record, and
-pictures of several partitions merge (``merge``). What a duplicate is, how long a record and a forgotten EventId
-stay, and what each bound (``PlatformLimits``) does when reached: docs/platform-stream.md, "Order, duplicates,
-clocks" and "Bounds".
+No I/O and no clock reads. ``combine`` is commutative and associative, so any order of the same messages gives the
+same record, and several partitions' pictures merge. Duplicates, retention and bounds: docs/platform-stream.md.
 """
 
 from __future__ import annotations
@@ -97,8 +94,7 @@ class PlatformRecord:
 
 @dataclass(frozen=True)
 class PictureState:
-    """A picture's content as values: its records, and the Event Grid ids and forgotten EventIds it remembers
-    with when (oldest first)."""
+    """A picture's content as values; ``ids`` and ``forgotten`` with when each was remembered, oldest first."""
 
     records: tuple[PlatformRecord, ...] = ()
     ids: tuple[tuple[str, float], ...] = ()
@@ -109,8 +105,7 @@ class PictureState:
 class ApplyResult:
     """What applying one event did: ``outcome`` (a status learnt: ``applied``; a known status again under another
     Event Grid id: ``repeat``; ``duplicate``; an EventId forgotten a moment ago: ``forgotten``; or the bound that
-    refused a new EventId), and the EventId's record after it. What the counters add is not decided here but from
-    the record merged over every partition (``counting.top_up``)."""
+    refused a new EventId), and the EventId's record after it. The counters add what the merged record says."""
 
     outcome: str
     record: PlatformRecord | None = None
@@ -123,12 +118,11 @@ def message_id(event: PlatformEvent) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
-def record_of(event: PlatformEvent, now: float, seen: str | None = None) -> PlatformRecord:
+def record_of(event: PlatformEvent, now: float, seen: str) -> PlatformRecord:
     """The record of one message read at ``now`` (an end's retention runs from then, not from its eventTime: an
     end read late is still listed, counted and joined by its other messages)."""
     ended = now if event.event_status in ENDED else None
-    return PlatformRecord(event, ((event.event_status, event.event_time),), ended, now,
-                          ((seen or message_id(event), 1),))
+    return PlatformRecord(event, ((event.event_status, event.event_time),), ended, now, ((seen, 1),))
 
 
 def _choice(record: PlatformRecord) -> tuple[int, float, bool, str]:
@@ -216,7 +210,7 @@ class PlatformPicture:
         self.bound_hits: dict[str, int] = dict.fromkeys(PICTURE_BOUND_NAMES, 0)
 
     def state(self) -> PictureState:
-        """Everything a restart needs to continue exactly (``saved.py`` writes it as JSON)."""
+        """Everything a restart needs to continue exactly."""
         with self._lock:
             return PictureState(tuple(self._records.values()), tuple(self._ids.items()),
                                 tuple(self._forgotten.items()))
@@ -224,8 +218,7 @@ class PlatformPicture:
     @classmethod
     def restored(cls, state: PictureState, limits: PlatformLimits = DEFAULT_LIMITS) -> PlatformPicture:
         """A picture continuing from ``state``, held to ``limits`` as if its records had been applied (a state blob
-        is outside input too): each record cut to ``resources_per_event`` names, then records kept while the events
-        and VM names fit, open ones first, later ones first; ids and forgotten EventIds, the latest."""
+        is outside input too: ``_within``); of the ids and forgotten EventIds, the latest."""
         picture = cls(limits)
         records, picture._vms = _within(state.records, limits)
         picture._records = {record.key: record for record in records}
@@ -236,7 +229,6 @@ class PlatformPicture:
         return picture
 
     def apply(self, event: PlatformEvent, now: float) -> ApplyResult:
-        """Fold one platform event in."""
         with self._lock:
             seen = message_id(event)
             if event.key in self._forgotten:
@@ -273,9 +265,8 @@ class PlatformPicture:
         return seen in self._ids
 
     def expire(self, now: float) -> list[PlatformRecord]:
-        """Forget the records ended ``retention`` ago (from when their end was read) and the open ones unchanged for
-        ``open_expiry``, remembering their EventIds a while so a late copy does not bring them back; the records
-        forgotten."""
+        """Forget the records ended ``retention`` ago and the open ones unchanged for ``open_expiry``, remembering their
+        EventIds a while so a late copy does not bring them back; the records forgotten."""
         limits = self.limits
         with self._lock:
             gone = [record for record in self._records.values()
@@ -336,18 +327,13 @@ class PlatformPicture:
 
 def _drop_before(seen: OrderedDict[str, float], cutoff: float) -> None:
     """Drop entries older than ``cutoff`` from the front (insertion order is time order, the clock allowing)."""
-    while seen:
-        key, when = seen.popitem(last=False)
-        if when >= cutoff:
-            seen[key] = when
-            seen.move_to_end(key, last=False)
-            return
+    while seen and next(iter(seen.values())) < cutoff:
+        seen.popitem(last=False)
 
 
 def _within(records: Iterable[PlatformRecord], limits: PlatformLimits) -> tuple[list[PlatformRecord], int]:
-    """Saved records held to ``limits`` (``PlatformPicture.restored``), in their order, and the VM names they keep:
-    each cut to ``resources_per_event`` names, then kept while the events and VM names fit, open ones first, later
-    ones first."""
+    """Saved records held to ``limits``, in their order, and the VM names they keep: each cut to
+    ``resources_per_event`` names, then kept while the events and VM names fit, open ones first, later ones first."""
     kept: dict[str, PlatformRecord] = {}
     vms = 0
     for record in sorted(records, key=lambda record: record.ended_at is None)[::-1]:  # open ones first

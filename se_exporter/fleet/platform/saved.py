@@ -1,10 +1,8 @@
 """A platform picture as JSON with named fields, and back: what ``saving.py`` writes beside the checkpoint.
 
-Named fields only (no positional rows), so a newer release can add one and an older one ignores it; the envelope
-and its version number are the state format's (``fleet/stateformat.py``), not this module's. Reading back trusts
-nothing: a row of the wrong shape is left out and counted, never fatal, and every string goes through the same
-checks and bounds as when it was first read (``fields.py``): a state blob is outside input too (another release
-wrote it, or a person, or a replica of a newer shape), so what is restored is what the reader could have kept.
+Named fields only, so a newer release can add one and an older one ignores it. Reading back trusts nothing (a
+state blob is outside input too): a row of the wrong shape is left out and counted, never fatal, and every string
+goes through the reader's checks and bounds (``fields.py``), so what is restored is what the reader could have kept.
 """
 
 from __future__ import annotations

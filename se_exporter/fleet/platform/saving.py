@@ -10,13 +10,11 @@ was counted.
      "judged": {"keys": [key, ...], "vms": {key: {vm: {"missed": reason or null, "lag": seconds or null}, ...}},
                 "listed": {key: event_type, ...}}}
 
-``counted`` holds what was counted of the EventIds whose home is this partition (``hubs.home``; rule 2 of
-``counting.COUNTING``), so a restart or a hand-over does not count them again; ``judged`` is what its owner judged
-of the VMs it shows (``counting.COVERAGE``), read by the EventIds' homes, and kept because an ended event keeps the
-coverage decided while it was open and IMDS no longer shows anything to decide it again from. Written as a base
-like the VM state (``statestore.StateStore.save_blocks``: never backwards, ETag-conditional), before it and so
-before the checkpoint. A newer release may add fields; this one ignores what it does not know. Reading trusts
-nothing: bounded inflation, every row checked (``saved.py``); a damaged blob is counted and the picture starts empty.
+``counted`` (its EventIds homed here: ``counting.COUNTING`` rule 2) keeps a restart or a hand-over from counting them
+again; ``judged`` (``counting.COVERAGE``) is kept because an ended event keeps the coverage decided while it was
+open, and IMDS no longer shows anything to decide it again from. Written like the VM state (never backwards,
+ETag-conditional), before it and so before the checkpoint. Fields this release does not know are ignored. Reading
+trusts nothing: bounded inflation, every row checked; a damaged blob is counted and the picture starts empty.
 """
 
 from __future__ import annotations
@@ -45,10 +43,8 @@ def platform_blob_name(namespace: str, eventhub_name: str, consumer_group: str, 
 
 @dataclass(frozen=True)
 class VmVerdicts:
-    """What a partition's owner judged (``counting.COVERAGE`` rule 1): the EventIds it knew, and per EventId the
-    verdict of each named VM alive in that partition or judged there before (only where there are any); and the
-    EventIds (with their event type) that its live VMs in a publishing scope listed for the grace and the platform
-    never announced."""
+    """What a partition's owner judged (``counting.COVERAGE`` rule 1): the EventIds it knew, per EventId the verdicts
+    of its named VMs (only where there are any), and the unannounced EventIds its live VMs listed (their type)."""
 
     keys: frozenset[str]
     vms: dict[str, dict[str, Verdict]]
@@ -60,8 +56,7 @@ NOT_JUDGED = VmVerdicts(frozenset(), {})
 
 @dataclass
 class PlatformBlob:
-    """A platform blob read back: the picture (None: none stored), its position, what was counted, its judgement,
-    and damage."""
+    """A platform blob read back (``state`` None: no picture stored)."""
 
     state: PictureState | None = None
     position: int | None = None
@@ -95,8 +90,7 @@ def decode_platform(data: bytes, partition_id: str) -> PlatformBlob:
     except (ValueError, RecursionError) as exc:
         return PlatformBlob(damaged="unreadable", problem=f"not gzip'd JSON ({str(exc)[:200]})")
     if not isinstance(obj, dict):
-        return PlatformBlob(damaged="wrong_shape",
-                            problem="the platform state is not a JSON object")
+        return PlatformBlob(damaged="wrong_shape", problem="the platform state is not a JSON object")
     found, position = obj.get("format"), obj.get("sequence_number")
     if type(found) is not int or found < 1:
         return PlatformBlob(damaged="format", problem=f"unknown platform state format {str(found)[:40]!r}")

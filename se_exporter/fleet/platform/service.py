@@ -1,9 +1,7 @@
 """The platform stream in ``se-exporter fleet``: one ``Platform`` per replica, the reconciliation loop (the other
 parts, a module each: the package's docstring).
 
-Reconciliation runs on the loop every ``RECONCILE_EVERY`` seconds (not in a scrape): the records of every held and
-read picture, merged, against the VMs this replica shows, judged (``counting.COVERAGE``) and counted where homed
-here (``counting.COUNTING``); a scrape renders the last result.
+Reconciliation runs on the loop every ``RECONCILE_EVERY`` seconds, not in a scrape: a scrape renders the last result.
 """
 
 from __future__ import annotations
@@ -67,8 +65,7 @@ class LastReconciliation:
 
 @dataclass
 class _Shown:
-    """One partition whose VMs this replica shows, in one reconciliation: its platform side, the names of its
-    named VMs alive (heard from within the VM expiry), and what this round's reconciler said of its VMs."""
+    """One shown partition in one reconciliation (``alive``: its named VMs heard from within the VM expiry)."""
 
     held: OwnedPlatform
     alive: set[str] = field(default_factory=set)
@@ -117,9 +114,8 @@ class Platform:
         return PlatformReader(self, side)
 
     async def read_peers(self) -> None:
-        """Every partition's picture and judgement this replica does not hold, from its blob
-        (``HubPlatform.read_peers``), so an EventId's home counts it wherever its messages landed and whichever
-        replica shows its VMs. A blob unreadable now is counted and tried again next time."""
+        """Every hub's peers read (``HubPlatform.read_peers``), so an EventId's home counts it wherever its messages
+        landed and whichever replica shows its VMs."""
         for side in self.hubs.values():
             try:
                 await side.read_peers()
@@ -198,9 +194,8 @@ class Platform:
         return _shown_coverage(records, shown) + nowhere, self._count_unannounced(judgements)
 
     def _shown_vms(self, now: float, named: frozenset[str]) -> tuple[list[VmState], list[_Shown], dict[str, _Shown]]:
-        """The VMs this replica shows that matter to the reconciliation (named by an event, or listing one: the
-        rest of a fleet of 100,000 would only cost it time); each shown partition held here; and each VM name's
-        partition (the one whose judgement holds it)."""
+        """The VMs shown here that matter (named by an event, or listing one: the rest of a fleet of 100,000 would
+        only cost time), each shown partition held here, and each VM name's partition (whose judgement holds it)."""
         vms: list[VmState] = []
         shown: list[_Shown] = []
         where: dict[str, _Shown] = {}
@@ -224,10 +219,8 @@ class Platform:
 
     def _judge(self, named: dict[str, frozenset[str]], shown: list[_Shown], where: dict[str, _Shown],
                result: Reconciliation) -> None:
-        """Each shown partition's judgement (``COVERAGE`` 1): per EventId known, the verdict of each named VM alive
-        there or judged there before (a listing and a miss kept, the latest reason); and the unannounced EventIds
-        its VMs listed. Bounded: ``ReconcileSettings.pairs`` verdicts, ``ids`` unannounced EventIds per partition; a
-        change is written with the partition's next save."""
+        """Each shown partition's judgement (``COVERAGE`` 1), bounded: ``ReconcileSettings.pairs`` verdicts, ``ids``
+        unannounced EventIds per partition; a change is written with the partition's next save."""
         for row in result.coverage:
             name = _key_of(row.vm_name)
             if name in where:
@@ -329,8 +322,7 @@ class Platform:
 
     async def _write_quiet_homes(self) -> None:
         """Partitions without a position (nothing handled yet: the PartitionPersistence writes nothing for them) whose
-        platform side changed: written at position -1 (behind anything; a later write at a real position replaces
-        it)."""
+        platform side changed: written at position -1, which a later write at a real position replaces."""
         for side in self.hubs.values():
             reader = PlatformReader(self, side)
             for partition_id in sorted(side.held):
