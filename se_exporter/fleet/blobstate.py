@@ -80,10 +80,7 @@ class StateBlobs(StateStore):
         return "ok"
 
     async def listing(self, prefix: str) -> dict[str, str]:
-        names: dict[str, str] = {}
-        async for blob in self._container.list_blobs(name_starts_with=prefix):
-            names[blob.name] = str(blob.etag)
-        return names
+        return {blob.name: str(blob.etag) async for blob in self._container.list_blobs(name_starts_with=prefix)}
 
     async def _stored_position(self, partition_id: str) -> int | None:
         try:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -28,6 +29,7 @@ LOSS_SIGNS = ("link_stolen",)
 DAMAGE_REASONS = ("unreadable", "wrong_shape", "format", "row", "position")
 PLATFORM_STATUSES = ("Scheduled", "Started", "Completed", "Canceled")  # the platform copy's; IMDS shows the first two
 LAG_BUCKETS = (-300.0, -60.0, -10.0, 0.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, float("inf"))
+F = TypeVar("F", Counter, Gauge, Histogram)  # a family as prometheus-client makes it
 
 
 @dataclass
@@ -52,58 +54,41 @@ class FleetMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self._batches: deque[tuple[int, int, int, float | None]] = deque()  # thread-safe append and popleft
         self._flushing = threading.Lock()  # one flush at a time: the last-applied time never moves back
-        self.consumed = Counter(f"{FLEET}_documents_consumed", "Messages received from Event Hubs.", registry=None)
-        self.applied = Counter(f"{FLEET}_documents_applied", "Documents that became a VM's latest, by kind (retired: a "
-                               "sidecar's message that retired the VM known by its name).",
-                               ["kind"], registry=None)
-        self.duplicates = Counter(f"{FLEET}_duplicate_documents",
-                                  "Documents dropped: a resend of the applied one, or older than it.",
-                                  ["reason"], registry=registry)
-        self.replayed = Counter(f"{FLEET}_replayed_documents",
-                                "Documents read again after a restore that the restored state already held.",
-                                registry=registry)
-        self.invalid = Counter(f"{FLEET}_invalid_messages", "Messages that are not forwarded documents, by reason.",
-                               ["reason"], registry=registry)
-        self.warnings = Counter(f"{FLEET}_message_warnings",
+        self.consumed = _family(None, Counter, "documents_consumed", "Messages received from Event Hubs.")
+        self.applied = _family(None, Counter, "documents_applied", "Documents that became a VM's latest, by kind "
+                               "(retired: a sidecar's message that retired the VM known by its name).", ["kind"],
+                               ("change", "heartbeat", "retired"))
+        self.duplicates = _family(registry, Counter, "duplicate_documents", "Documents dropped: a resend of the "
+                                  "applied one, or older than it.", ["reason"], ("resend", "older"))
+        self.replayed = _family(registry, Counter, "replayed_documents",
+                                "Documents read again after a restore that the restored state already held.")
+        self.invalid = _family(registry, Counter, "invalid_messages", "Messages that are not forwarded documents, by "
+                               "reason.", ["reason"], (*INVALID_REASONS, "internal_error"))
+        self.warnings = _family(registry, Counter, "message_warnings",
                                 "Tolerated oddities of applied messages (unknown properties, document fields).",
-                                ["reason"], registry=registry)
-        self.expirations = Counter(f"{FLEET}_vm_expirations", "VMs forgotten after --vm-expiry of silence.",
-                                   registry=registry)
-        self.errors = Counter(f"{FLEET}_consumer_errors", "Errors the Event Hubs client reported, by reason.",
-                              ["reason"], registry=registry)
-        self.checkpoints = Counter(f"{FLEET}_checkpoints", "Writes of a partition's state and checkpoint, by outcome.",
-                                   ["outcome"], registry=registry)
-        self.state_bytes = Counter(f"{FLEET}_state_bytes_written",
-                                   "Bytes of partition states uploaded, by kind: a whole state (base) or a delta.",
-                                   ["kind"], registry=registry)
-        self.claims = Counter(f"{FLEET}_partition_claims", "Partitions this replica started reading.",
-                              registry=registry)
-        self.releases = Counter(f"{FLEET}_partition_releases", "Partitions this replica stopped reading, by reason.",
-                                ["reason"], registry=registry)
-        self.loss_signs = Counter(f"{FLEET}_partition_loss_signs",
-                                  "Signs that an owned partition may have passed to another replica, each hiding its "
-                                  "VMs until it is ours again or closed, by sign.", ["sign"], registry=registry)
-        self.shown_partitions = Gauge(f"{FLEET}_shown_partitions",
-                                      "Owned partitions whose VMs this replica shows: not one not read yet, nor one "
-                                      "whose link was stolen.", registry=registry)
-        self.state_damaged = Counter(f"{FLEET}_state_damaged",
-                                     "State blobs, or rows of them, not used because they are damaged, by reason.",
-                                     ["reason"], registry=registry)
-        self.bound_hits = Counter(f"{FLEET}_bound_hits", "Times a bound on what the fleet keeps was reached, by bound.",
-                                  ["bound"], registry=registry)
-        self.last_applied = Gauge(f"{FLEET}_last_applied_timestamp_seconds",
-                                  "When this replica last applied a document, as unix time (0: not yet).",
-                                  registry=None)
+                                ["reason"])
+        self.expirations = _family(registry, Counter, "vm_expirations", "VMs forgotten after --vm-expiry of silence.")
+        self.errors = _family(registry, Counter, "consumer_errors", "Errors the Event Hubs client reported, by "
+                              "reason.", ["reason"], ERROR_REASONS)
+        self.checkpoints = _family(registry, Counter, "checkpoints", "Writes of a partition's state and checkpoint, "
+                                   "by outcome.", ["outcome"], ("ok", "error", "superseded"))
+        self.state_bytes = _family(registry, Counter, "state_bytes_written", "Bytes of partition states uploaded, by "
+                                   "kind: a whole state (base) or a delta.", ["kind"], ("base", "delta"))
+        self.claims = _family(registry, Counter, "partition_claims", "Partitions this replica started reading.")
+        self.releases = _family(registry, Counter, "partition_releases",
+                                "Partitions this replica stopped reading, by reason.", ["reason"])
+        self.loss_signs = _family(registry, Counter, "partition_loss_signs", "Signs that an owned partition may have "
+                                  "passed to another replica, each hiding its VMs until it is ours again or closed, "
+                                  "by sign.", ["sign"], LOSS_SIGNS)
+        self.shown_partitions = _family(registry, Gauge, "shown_partitions", "Owned partitions whose VMs this "
+                                        "replica shows: not one not read yet, nor one whose link was stolen.")
+        self.state_damaged = _family(registry, Counter, "state_damaged", "State blobs, or rows of them, not used "
+                                     "because they are damaged, by reason.", ["reason"], DAMAGE_REASONS)
+        self.bound_hits = _family(registry, Counter, "bound_hits", "Times a bound on what the fleet keeps was "
+                                  "reached, by bound.", ["bound"], BOUND_NAMES)
+        self.last_applied = _family(None, Gauge, "last_applied_timestamp_seconds",
+                                    "When this replica last applied a document, as unix time (0: not yet).")
         registry.register(_Flushed(self, (self.consumed, self.applied, self.last_applied)))
-        for counter, values in ((self.applied, ("change", "heartbeat", "retired")),
-                                (self.duplicates, ("resend", "older")),
-                                (self.invalid, (*INVALID_REASONS, "internal_error")),
-                                (self.state_damaged, DAMAGE_REASONS), (self.bound_hits, BOUND_NAMES),
-                                (self.checkpoints, ("ok", "error", "superseded")),
-                                (self.state_bytes, ("base", "delta")), (self.errors, ERROR_REASONS),
-                                (self.loss_signs, LOSS_SIGNS)):
-            for value in values:
-                counter.labels(value)  # every series from the start, at 0
         self._platform(registry)
 
     def batch(self, received: int, changes: int, heartbeats: int, applied_at: float | None) -> None:
@@ -131,34 +116,42 @@ class FleetMetrics:
     def _platform(self, registry: CollectorRegistry) -> None:
         """The platform stream's counters (fed by ``fleet/platform/service.py``). Each counts on ONE
         replica per EventId, its home's, so a sum over replicas counts each once."""
-        self.platform_events = Counter(f"{FLEET}_platform_events", "Status changes of scheduled events the platform "
-                                       "announced (Event Grid), each EventId and status once.",
-                                       ["event_type", "event_status"], registry=registry)
-        self.platform_applied = Counter(f"{FLEET}_platform_messages_applied", "Platform messages (Event Grid's) "
-                                        "folded into a platform picture.", registry=registry)
-        self.platform_last_applied = Gauge(f"{FLEET}_platform_last_applied_timestamp_seconds", "When this replica "
-                                           "last applied a platform message, as unix time (0: not yet).",
-                                           registry=registry)
-        self.platform_duplicates = Counter(f"{FLEET}_platform_duplicates", "Platform messages Event Grid delivered "
-                                           "again (the same id, on any partition), beyond the first: counted by the "
-                                           "EventId's home replica once it has read that partition's picture.",
-                                           registry=registry)
-        self.missed_events = Counter(f"{FLEET}_missed_events", "Affected VMs of platform events whose sidecar did not "
-                                     "list them, each VM and EventId once, by why.", ["event_type", "reason"],
-                                     registry=registry)
-        self.unannounced_events = Counter(f"{FLEET}_unannounced_events", "EventIds sidecars listed that the platform "
-                                          "never announced (only in scopes that publish), each once.", ["event_type"],
-                                          registry=registry)
-        self.announcement_lag = Histogram(f"{FLEET}_announcement_lag_seconds", "When a VM first listed a platform "
-                                          "event minus the eventTime of its first status (negative: the VM knew "
-                                          "first).",
-                                          buckets=LAG_BUCKETS, registry=registry)
-        self.impact_seconds = Counter(f"{FLEET}_impact_seconds", "Per affected VM, Started to Completed of platform "
-                                      "events by the platform's times.", ["event_type", "scope_name", "location"],
-                                      registry=registry)
+        self.platform_events = _family(registry, Counter, "platform_events", "Status changes of scheduled events the "
+                                       "platform announced (Event Grid), each EventId and status once.",
+                                       ["event_type", "event_status"])
+        self.platform_applied = _family(registry, Counter, "platform_messages_applied", "Platform messages (Event "
+                                        "Grid's) folded into a platform picture.")
+        self.platform_last_applied = _family(registry, Gauge, "platform_last_applied_timestamp_seconds", "When this "
+                                             "replica last applied a platform message, as unix time (0: not yet).")
+        self.platform_duplicates = _family(registry, Counter, "platform_duplicates", "Platform messages Event Grid "
+                                           "delivered again (the same id, on any partition), beyond the first: "
+                                           "counted by the EventId's home replica once it has read that partition's "
+                                           "picture.")
+        self.missed_events = _family(registry, Counter, "missed_events", "Affected VMs of platform events whose "
+                                     "sidecar did not list them, each VM and EventId once, by why.",
+                                     ["event_type", "reason"])
+        self.unannounced_events = _family(registry, Counter, "unannounced_events", "EventIds sidecars listed that the "
+                                          "platform never announced (only in scopes that publish), each once.",
+                                          ["event_type"])
+        self.announcement_lag = _family(registry, Histogram, "announcement_lag_seconds", "When a VM first listed a "
+                                        "platform event minus the eventTime of its first status (negative: the VM "
+                                        "knew first).", buckets=LAG_BUCKETS)
+        self.impact_seconds = _family(registry, Counter, "impact_seconds", "Per affected VM, Started to Completed of "
+                                      "platform events by the platform's times.",
+                                      ["event_type", "scope_name", "location"])
         for event_type in EVENT_TYPES:
             for status in PLATFORM_STATUSES:
                 self.platform_events.labels(event_type, status)
+
+
+def _family(registry: CollectorRegistry | None, kind: type[F], name: str, documentation: str,
+            labels: Sequence[str] = (), values: Iterable[str] = (), **options: Any) -> F:
+    """``azure_scheduled_fleet_<name>`` on ``registry`` (None: collected by ``_Flushed``), with the series of each
+    of ``values`` (a one-label family's) from the start, at 0."""
+    family = kind(f"{FLEET}_{name}", documentation, labels, registry=registry, **options)
+    for value in values:
+        family.labels(value)
+    return family
 
 
 class PartitionCollector(Collector):

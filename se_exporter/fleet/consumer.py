@@ -254,8 +254,7 @@ class Service:
 
     async def on_error(self, context: PartitionContext | None, error: Exception) -> None:
         """Never fatal: the SDK retries and rebalances by itself; counted, and logged once a minute per kind."""
-        text = str(error)
-        reason = "ownership_lost" if "stolen" in text or type(error).__name__ == "OwnershipLostError" \
+        reason = "ownership_lost" if "stolen" in str(error) or type(error).__name__ == "OwnershipLostError" \
             else classify(error)
         self._metrics.errors.labels(reason).inc()
         if reason == "ownership_lost" and context is not None:

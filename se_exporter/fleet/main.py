@@ -102,9 +102,7 @@ def trusting(ca_file: str | None, url: str | None = None) -> dict[str, Any]:
 
 
 def consumer_client(settings: FleetSettings, store: ObservedCheckpointStore,
-                    credential: Callable[[str | None], Any], hub: Hub | None = None) -> EventHubConsumerClient:
-    """The consumer client of ``hub`` (default: the first of ``settings.hubs``)."""
-    hub = hub or settings.hubs[0]
+                    credential: Callable[[str | None], Any], hub: Hub) -> EventHubConsumerClient:
     options: dict[str, Any] = {
         "consumer_group": hub.consumer_group, "checkpoint_store": store,
         "load_balancing_interval": settings.load_balancing_interval,

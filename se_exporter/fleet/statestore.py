@@ -99,10 +99,10 @@ class StateStore(abc.ABC):
             return Restored(newer_format=newer.format, problem=str(newer))
         except DamagedState as damage:
             return Restored(damaged=damage.reason, problem=str(damage))
-        if decoded.blocks and not decoded.dropped and len({block for block, _size in decoded.blocks}) == len(
-                decoded.blocks) and all(len(block) == BLOCK_ID_LENGTH for block, _size in decoded.blocks):
-            self._layouts[partition_id] = Layout([block for block, _size in decoded.blocks], decoded.position,
-                                                 decoded.blocks[0][1], sum(size for _block, size in decoded.blocks[1:]))
+        ids = [block for block, _size in decoded.blocks]
+        if ids and not decoded.dropped and len(set(ids)) == len(ids) and all(len(i) == BLOCK_ID_LENGTH for i in ids):
+            self._layouts[partition_id] = Layout(ids, decoded.position, decoded.blocks[0][1],
+                                                 sum(size for _block, size in decoded.blocks[1:]))
         state = PartitionState(vms=decoded.vms, position=decoded.position, restored_position=decoded.position)
         return Restored(state, dropped=dict(decoded.dropped))
 
