@@ -30,6 +30,7 @@ from se_exporter.core.model import (
     event_to_json,
     parse_document,
 )
+from se_exporter.core.properties import KEPT, Property
 from se_exporter.core.properties import NAMES as PROPERTY_NAMES
 from se_exporter.infra.logs import shorten
 
@@ -102,6 +103,9 @@ class Imds:
 NO_IMDS = Imds()
 
 
+Reported = str | float | bool | int  # a kept property's value, as its kind reads (``read_property``)
+
+
 @dataclass(frozen=True, slots=True)
 class VmState:
     """The latest document of one VM and where it came from."""
@@ -119,6 +123,11 @@ class VmState:
     imds: Imds = NO_IMDS
     subscription_id: str = ""  # where the VM is, as its sidecar said: the platform stream is joined on these
     resource_group: str = ""
+    reported: tuple[tuple[str, Reported], ...] = ()  # the properties the fleet keeps (``Property.kept``), as sent
+
+    def value(self, name: str) -> Reported | None:
+        """A kept property's value (``reported``), None when this VM's sidecar did not send it."""
+        return next((value for key, value in self.reported if key == name), None)
 
 
 @dataclass(frozen=True)
@@ -142,7 +151,7 @@ VM_STATE_FIELDS: dict[str, StateField] = {
     "sequence": StateField("heartbeat", "always"), "seen_at": StateField("heartbeat", "always"),
     "body": StateField("fact", "always"), "events": StateField("follows_body", "not"),
     "imds": StateField("heartbeat", "when_known"), "subscription_id": StateField("fact", "when_known"),
-    "resource_group": StateField("fact", "when_known"),
+    "resource_group": StateField("fact", "when_known"), "reported": StateField("fact", "when_known"),
 }
 # The facts of a VM, body first (it differs most often), as one tuple: compared at C speed on every message.
 vm_facts = operator.attrgetter(*sorted((name for name, f in VM_STATE_FIELDS.items() if f.kind == "fact"),
@@ -216,7 +225,7 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
         hit = (*hit, "body_bytes")
     subscription_id, resource_group = _labels(properties, _PLACE)
     vm = VmState(key, vm_id, vm_name, vmss_name, location, installation, sequence, enqueued_at, kept, events, imds,
-                 sys.intern(subscription_id), sys.intern(resource_group))
+                 sys.intern(subscription_id), sys.intern(resource_group), _reported(properties))
     listed: tuple[str, ...] = ()
     if not properties.keys() <= _KNOWN_KEYS:  # compared in C, no set made: a current sidecar sends no other
         listed = tuple(sorted(_bounded_name(name) for name in properties.keys() - _KNOWN_KEYS))[:MAX_UNKNOWN_LISTED]
@@ -341,14 +350,35 @@ _KEYS = {name: name.encode() for name in KNOWN_PROPERTIES}  # the SDK hands prop
 _KNOWN_KEYS = frozenset(KNOWN_PROPERTIES) | frozenset(_KEYS.values())
 
 
-def _sequence(value: Any) -> int:
-    """An int from 1 to 2**63-1, or its ASCII digits (the envelope sends numbers past 32 bits as text)."""
+def _reported(properties: Mapping[Any, Any]) -> tuple[tuple[str, Reported], ...]:
+    """The kept properties sent (``Property.kept``), in their declared order."""
+    return tuple((p.name, value) for p in KEPT if (value := read_property(properties, p)) is not None)
+
+
+def read_property(properties: Mapping[Any, Any], declared: Property) -> Reported | None:
+    """A property's value as its kind says (``core/properties.KINDS``), None when absent; ``InvalidMessage`` when
+    it is not of its kind."""
+    name, kind = declared.name, declared.kind
+    if kind == "time":
+        return _time(properties, name)
+    if kind in ("flag", "mark"):
+        return _flag(properties, name)
+    if kind in ("sequence", "integer"):
+        value = _property(properties, name)
+        return None if value is None else _sequence(value, name, 1 if kind == "sequence" else -MAX_SEQUENCE)
+    return (_labels(properties, _label_names(name)) or [""])[0] or None  # text: empty is not known
+
+
+def _sequence(value: Any, name: str = "sequence", least: int = 1) -> int:
+    """An int from ``least`` to 2**63-1, or its ASCII digits (the envelope sends numbers past 32 bits as text)."""
     if isinstance(value, (bytes, bytearray)):
         value = bytes(value).decode("ascii", "replace")
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= MAX_SEQUENCE_DIGITS:
+    if isinstance(value, str) and value.isascii() and value.removeprefix("-").isdigit() \
+            and len(value) <= MAX_SEQUENCE_DIGITS:
         value = int(value)
-    if type(value) is not int or not 1 <= value <= MAX_SEQUENCE:
-        raise InvalidMessage("bad_property", f"property 'sequence' is not an integer from 1 to 2**63-1 "
+    if type(value) is not int or not least <= value <= MAX_SEQUENCE:
+        shown = least if least == 1 else "-(2**63-1)"
+        raise InvalidMessage("bad_property", f"property {name!r} is not an integer from {shown} to 2**63-1 "
                              f"({_describe(value)})")
     return value
 

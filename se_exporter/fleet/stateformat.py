@@ -13,11 +13,12 @@ The state is one gzip stream of members, each one block of a block blob: a BASE 
      "gone": [key, ...]}                                       # expired or forgotten
 
 A delta's position never goes back, and any delta out of shape makes the whole state damaged: a prefix would be a
-state at the wrong position. A reader ignores fields it does not know (``imds``, ``subscription_id`` and
-``resource_group`` are written only when known); a change it must not ignore takes a new format number. Reading
-gives the VMs (one out of type or range left out and counted as a "row", never written back), ``NewerState`` for a
-format above ``STATE_FORMAT`` (left in place for that release), or ``DamagedState`` for anything else (the
-partition is then read from its checkpoint alone, and the next write replaces the state).
+state at the wrong position. A reader ignores fields it does not know (``imds``, ``subscription_id``,
+``resource_group`` and ``reported``, the kept properties by name, are written only when known); a change it must not
+ignore takes a new format number. Reading gives the VMs (one out of type or range left out and counted as a "row",
+never written back), ``NewerState`` for a format above ``STATE_FORMAT`` (left in place for that release), or
+``DamagedState`` for anything else (the partition is then read from its checkpoint alone, and the next write
+replaces the state).
 """
 
 from __future__ import annotations
@@ -33,16 +34,20 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from se_exporter.core.model import encodable
+from se_exporter.core.properties import KEPT
 from se_exporter.fleet.message import (
     DEFAULT_BOUNDS,
     MAX_MESSAGE_ID,
     MAX_SEQUENCE,
     MAX_TEXT,
+    MAX_TIME,
+    MIN_TIME,
     NO_IMDS,
     VM_STATE_FIELDS,
     Bounds,
     Imds,
     InvalidMessage,
+    Reported,
     VmState,
     read_events,
     reduced_body,
@@ -124,6 +129,8 @@ def _named(vm: VmState) -> dict[str, Any]:
                          "failing": vm.imds.failing}
     if vm.subscription_id or vm.resource_group:
         named["subscription_id"], named["resource_group"] = vm.subscription_id, vm.resource_group
+    if vm.reported:
+        named["reported"] = dict(vm.reported)
     return named
 
 
@@ -296,7 +303,27 @@ def _vm(named: Any, now: float, bounds: Bounds) -> VmState | None:
         if isinstance(entry, dict) else NO_IMDS
     return VmState(key, vm_id, vm_name, sys.intern(vmss_name), sys.intern(location), installation, sequence,
                    float(seen_at), raw, events, imds,  # interned as message.read_message does
-                   *(_place(named.get(name, "")) for name in ("subscription_id", "resource_group")))
+                   _place(named.get("subscription_id", "")), _place(named.get("resource_group", "")),
+                   _reported(named.get("reported")))
+
+
+def _reported(entry: Any) -> tuple[tuple[str, Reported], ...]:
+    """A VM's kept properties from the state, in their declared order; one out of its kind's type or range (or a
+    newer release's) is left out, as a sidecar that did not send it."""
+    if not isinstance(entry, dict) or not KEPT:
+        return ()
+    return tuple((p.name, entry[p.name]) for p in KEPT if _of_kind(entry.get(p.name), p.kind))
+
+
+def _of_kind(value: Any, kind: str) -> bool:
+    """Whether ``value`` is one ``message.read_property`` gives for ``kind``."""
+    if kind == "time":
+        return type(value) in (int, float) and MIN_TIME <= value < MAX_TIME
+    if kind in ("flag", "mark"):
+        return isinstance(value, bool)
+    if kind in ("sequence", "integer"):
+        return type(value) is int and abs(value) <= MAX_SEQUENCE
+    return _text(value, MAX_TEXT) and value != ""
 
 
 def _place(value: Any) -> str:

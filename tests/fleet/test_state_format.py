@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from se_exporter.core.properties import Property
+from se_exporter.fleet import message as messages
 from se_exporter.fleet import stateformat
 from se_exporter.fleet.message import VM_STATE_FIELDS, Bounds, Message, VmState
 from se_exporter.fleet.stateformat import DamagedState, NewerState, decode, encode_base, encode_delta
@@ -127,7 +129,9 @@ def test_a_base_names_every_field_and_reads_back_the_same_vms() -> None:
     data = encode_base("0", 9, [failing], "b1")
     assert set(json.loads(gzip.decompress(data))["vms"][0]) == {
         "key", "vm_id", "vm_name", "vmss_name", "location", "installation", "sequence", "seen_at", "body", "imds",
-        "subscription_id", "resource_group"} == {name for name, f in VM_STATE_FIELDS.items() if f.stored != "not"}
+        "subscription_id", "resource_group"} == {name for name, f in VM_STATE_FIELDS.items()
+                                                 if f.stored == "always" or f.kind == "heartbeat" or
+                                                 name in ("subscription_id", "resource_group")}
     decoded = decode(data, "0", NOW)
     assert (decoded.position, list(decoded.vms.values())) == (9, [failing])
     assert (failing.subscription_id, failing.resource_group) == ("sub", "rg")
@@ -217,3 +221,46 @@ def test_too_many_gone_keys_ask_for_a_whole_state_instead() -> None:
     fleet.settle("0", snapshot.tick)
     snapshot = fleet.snapshot("0")
     assert snapshot is not None and not snapshot.rebase
+
+
+KEPT = (Property("os_type", False, "text", "the VM's OS", kept=True),
+        Property("booted_at", False, "time", "when the VM booted", kept=True),
+        Property("spot", False, "flag", "whether the VM is a Spot VM", kept=True),
+        Property("cores", False, "integer", "the VM's cores", kept=True))
+
+
+@pytest.fixture
+def kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``KEPT`` declared in ``core/properties.py``, as the fleet's reader and its state see it."""
+    monkeypatch.setattr(messages, "KEPT", KEPT)
+    monkeypatch.setattr(stateformat, "KEPT", KEPT)
+    for declared in KEPT:
+        monkeypatch.setitem(messages._KEYS, declared.name, declared.name.encode())
+
+
+@pytest.mark.usefixtures("kept")
+def test_a_kept_property_is_read_by_its_kind_stored_and_read_back() -> None:
+    """A property declared ``kept`` reaches ``VmState.reported`` as its kind reads it, is written to the state only
+    when sent, and comes back from it equal: the fleet figure of a new fact needs no change of the fleet's reader or
+    its state (docs/development.md, "How to add a fleet figure")."""
+    read = message(os_type="Linux", booted_at="2026-11-22T03:00:00.000Z", spot=True, cores="12").vm
+    assert read.reported == (("os_type", "Linux"), ("booted_at", 1795316400.0), ("spot", True), ("cores", 12))
+    assert (read.value("os_type"), read.value("spot"), read.value("unsent")) == ("Linux", True, None)
+    data = encode_base("0", 9, [read, message(sequence=2).vm], "b1")
+    rows = json.loads(gzip.decompress(data))["vms"]
+    assert rows[0]["reported"] == {"os_type": "Linux", "booted_at": 1795316400.0, "spot": True, "cores": 12}
+    assert "reported" not in rows[1]  # a sidecar that sent none of them
+    assert next(iter(decode(data, "0", NOW).vms.values())) == read
+    with pytest.raises(messages.InvalidMessage, match="'spot' is not a boolean"):
+        message(spot="yes")
+
+
+@pytest.mark.usefixtures("kept")
+def test_a_kept_value_out_of_its_kind_in_the_state_is_left_out() -> None:
+    """A state edited by hand (or a newer release's) holding a kept value of another type keeps the VM, without it."""
+    read = message(os_type="Linux", spot=True).vm
+    row = json.loads(gzip.decompress(encode_base("0", 9, [read], "b1")))["vms"][0]
+    row["reported"] = {"os_type": 7, "spot": True, "booted_at": 1e300, "cores": "12", "newer": "x"}
+    [back] = decode(member({"format": stateformat.STATE_FORMAT, "block": "b1", "partition_id": "0",
+                            "sequence_number": 9, "vms": [row]}), "0", NOW).vms.values()
+    assert back.reported == (("spot", True),)

@@ -478,6 +478,7 @@ def test_only_a_heartbeats_fields_leave_a_vm_heartbeat_only(name: str) -> None:
                   sequence=1, seen_at=10.0, body=b'{"Events": []}', events=(), subscription_id="s",
                   resource_group="rg")
     value = getattr(old, name)
-    changed = Imds(observed_at=1.0, last_success=1.0, failing=False) if isinstance(value, Imds) else value * 2
+    changed = Imds(observed_at=1.0, last_success=1.0, failing=False) if isinstance(value, Imds) \
+        else (("os_type", "Linux"),) if name == "reported" else value * 2
     new = dataclasses.replace(old, **{name: changed})
     assert heartbeat_only(old, new) is (VM_STATE_FIELDS[name].kind == "heartbeat")
