@@ -366,7 +366,7 @@ def read_property(properties: Mapping[Any, Any], declared: Property) -> Reported
     if kind in ("sequence", "integer"):
         value = _property(properties, name)
         return None if value is None else _sequence(value, name, 1 if kind == "sequence" else -MAX_SEQUENCE)
-    return (_labels(properties, _label_names(name)) or [""])[0] or None  # text: empty is not known
+    return _labels(properties, _label_names(name))[0] or None  # text: empty is not known
 
 
 def _sequence(value: Any, name: str = "sequence", least: int = 1) -> int:
