@@ -10,7 +10,7 @@ from unittest import mock
 
 from azure.storage.blob.aio import ContainerClient
 
-from se_exporter.fleet.main import trusting
+from se_exporter.infra.azure.storage import trusting
 from tests.support.helpers import free_port
 
 

@@ -14,8 +14,8 @@ import pytest
 from azure.storage.blob.aio import ContainerClient
 
 from se_exporter.core.errors import ConfigError
-from se_exporter.fleet import main
-from se_exporter.fleet.main import ensure_container
+from se_exporter.infra.azure import storage
+from se_exporter.infra.azure.storage import ensure_container
 from tests.support.eventhubs_server import EventHubsTestServer
 from tests.support.fakes.http_server import ScriptedServer
 from tests.support.fleet_helpers import DEV_ACCOUNT, DEV_KEY, FleetProcess
@@ -65,7 +65,7 @@ def test_a_refused_connection_is_reported_as_refused_at_the_first_attempt() -> N
 def test_a_storage_that_never_answers_is_reported_as_a_timeout(
         silent_listener: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """A peer that accepts and stays silent is reported as a timeout, not as refused."""
-    monkeypatch.setattr(main, "CHECK_TIMEOUT", 0.5)
+    monkeypatch.setattr(storage, "CHECK_TIMEOUT", 0.5)
     reports = asyncio.run(first_problem(f"http://127.0.0.1:{silent_listener}/{DEV_ACCOUNT}"))
     assert reports == ["no answer within 0.5 s (timeout)"]
 

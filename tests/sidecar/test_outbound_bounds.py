@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from se_exporter.fleet.main import trusting
+from se_exporter.infra.azure.storage import trusting
 from tests.support.certs import self_signed_certificate
 
 
