@@ -115,28 +115,23 @@ class StateStore(abc.ABC):
         if partition_id in self._frozen:
             return False
         for _attempt in range(3):
-            layout, block = self._layouts.get(partition_id), new_block_id()
-            if delta is not None and layout is not None:
-                data = delta(block)
-                if layout.room(len(data), position):
-                    outcome = await self._commit(partition_id, layout.ids, block, data, position)
-                    self.on_written("delta", len(data) + block_list_bytes(len(layout.ids) + 1))
-                    if outcome == "ok":
-                        layout.ids.append(block)
-                        layout.position, layout.delta_bytes = position, layout.delta_bytes + len(data)
-                        return True
-                    self._layouts.pop(partition_id, None)
-                    if outcome == "conflict" and not await self._behind(partition_id, position):
-                        return False
-                    continue  # a base next, conditional on the ETag just read
-            data = base(block)
-            outcome = await self._commit(partition_id, [], block, data, position)
-            self.on_written("base", len(data) + block_list_bytes(1))
+            appending, block = self._layouts.get(partition_id), new_block_id()  # the layout a delta is appended to
+            data = delta(block) if delta is not None and appending is not None else None
+            if appending is None or data is None or not appending.room(len(data), position):
+                appending, data = None, base(block)
+            ids = appending.ids if appending is not None else []
+            outcome = await self._commit(partition_id, ids, block, data, position)
+            self.on_written("base" if appending is None else "delta", len(data) + block_list_bytes(len(ids) + 1))
             if outcome == "ok":
-                self._layouts[partition_id] = Layout([block], position, len(data))
+                if appending is not None:
+                    appending.ids.append(block)
+                    appending.position, appending.delta_bytes = position, appending.delta_bytes + len(data)
+                else:
+                    self._layouts[partition_id] = Layout([block], position, len(data))
                 return True
             self._layouts.pop(partition_id, None)
-            if not await self._behind(partition_id, position):
+            # a delta naming blocks not there is written again as a base; a conflict gives way to a newer state
+            if (outcome == "conflict" or appending is None) and not await self._behind(partition_id, position):
                 return False
         return False
 
