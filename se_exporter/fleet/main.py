@@ -19,7 +19,6 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 
 from se_exporter import __version__
 from se_exporter.core.retry import backoff
-from se_exporter.fleet.blobstate import StateBlobs
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView
 from se_exporter.fleet.consumer import (
     BATCH_SIZE,
@@ -34,6 +33,7 @@ from se_exporter.fleet.platform.service import RECONCILE_EVERY, Platform
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.scrape import FleetExposition, scrape
 from se_exporter.fleet.settings import FleetSettings, Hub
+from se_exporter.fleet.statestore import StateBlobs
 from se_exporter.fleet.vms import Fleet
 from se_exporter.infra import generations, http_server, logs
 from se_exporter.infra.azure import amqp_types

@@ -1,11 +1,17 @@
-"""Where each partition's fleet state lives between owners: the interface.
+"""Where each partition's fleet state lives between owners: the interface, and the store in Blob Storage.
+
+Why state rather than re-reading a window of the hub on start: the state is a fold of the partition's events, so a
+snapshot at sequence number P plus the events after P is the whole picture, however long ago a quiet VM last spoke;
+a window would have to span the VM expiry and would still lose every VM that sent nothing inside it.
 
 Shaped like the Event Hubs SDK's own ``CheckpointStore``: the service takes a ``StateStore``, so its rules are
-tested against an in-memory store and run against ``blobstate.StateBlobs``. What every store shares lives here: a
-stored state is read by ``stateformat.decode`` and never trusted; a newer format is left in place (``frozen``:
-neither it nor the checkpoint is written); writes only move the stored position forward. Every write is a base or a
-delta appended to the block list this replica knows, each commit one ETag-conditional replacement of the list
-(``save_blocks``; docs/fleet.md, "State cost", says when a write is a base and what a restore then reads).
+tested against an in-memory store and run against ``StateBlobs``. What every store shares: a stored state is read by
+``stateformat.decode`` and never trusted; a newer format is left in place (``frozen``: neither it nor the checkpoint
+is written); writes only move the stored position forward. Every write is a base or a delta appended to the block
+list this replica knows, each commit one ETag-conditional replacement of the list (``save_blocks``; docs/fleet.md,
+"State cost", says when a write is a base and what a restore then reads). In Blob Storage the position is the blob's
+metadata, and a block list naming a block the blob does not have is refused by the service (the write becomes a
+base).
 """
 
 from __future__ import annotations
@@ -14,7 +20,16 @@ import abc
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+from azure.core.exceptions import (
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
+from azure.storage.blob import ContentSettings
+from azure.storage.blob.aio import ContainerClient
 
 from se_exporter.fleet.message import DEFAULT_BOUNDS, Bounds
 from se_exporter.fleet.stateformat import DamagedState, NewerState, decode
@@ -23,6 +38,9 @@ from se_exporter.fleet.vms import PartitionState
 COMPACT_FRACTION = 1.0  # deltas past this share of the base's bytes: the next write is a base (docs/fleet.md)
 MAX_BLOCKS = 64  # a base and 63 deltas at most: bounds the restore and the block list every commit sends
 BLOCK_ID_LENGTH = 12  # hex characters; one length for every block of a blob, as Blob Storage requires
+MAX_STATE_BLOB_BYTES = 128 * 1024**2  # gzip'd; 100,000 VMs of ordinary documents are a few MB
+POSITION_KEY = "sequencenumber"  # the same metadata name the checkpoint store uses for its position
+GZIP = ContentSettings(content_type="application/gzip")
 Commit = Literal["ok", "conflict", "invalid"]  # written; the ETag moved; the block list names blocks not there
 
 
@@ -170,3 +188,71 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     async def _stored_position(self, partition_id: str) -> int | None:
         """The stored state's position (None: no state), remembering its ETag as the one to write on."""
+
+
+class StateBlobs(StateStore):
+    """The state store in Blob Storage: one blob per partition, its position in the blob's metadata."""
+
+    def __init__(self, container: ContainerClient, bounds: Bounds = DEFAULT_BOUNDS) -> None:
+        super().__init__(bounds)
+        self._container = container
+        self._etags: dict[str, str | None] = {}
+        self._clients: dict[str, Any] = {}  # the partition's blob client, kept while the partition is ours
+
+    def _blob(self, partition_id: str) -> Any:
+        """One client per partition's blob, made once: making one builds a request pipeline, a sixth of a state
+        write's CPU when made anew for each of its requests."""
+        name = self._names[partition_id]
+        client = self._clients.get(partition_id)
+        if client is None or client.blob_name != name:
+            client = self._clients[partition_id] = self._container.get_blob_client(name)
+        return client
+
+    async def _download(self, partition_id: str) -> bytes | None:
+        try:
+            download = await self._blob(partition_id).download_blob()
+            self._etags[partition_id] = download.properties.etag
+            if download.size > MAX_STATE_BLOB_BYTES:  # never read: damaged, replaced by the next write
+                raise DamagedState("unreadable", f"the state blob is {download.size} bytes, more than "
+                                   f"{MAX_STATE_BLOB_BYTES} (gzip'd)")
+            data: bytes = await download.readall()
+        except ResourceNotFoundError:
+            self._etags[partition_id] = None
+            return None
+        return data
+
+    async def _commit(self, partition_id: str, ids: list[str], block: str, data: bytes, position: int) -> Commit:
+        blob, etag = self._blob(partition_id), self._etags.get(partition_id)
+        conditions: dict[str, Any] = {"if_match": etag} if etag else {"if_none_match": "*"}
+        await blob.stage_block(block, data)
+        try:
+            result = await blob.commit_block_list([*ids, block], metadata={POSITION_KEY: str(position)},
+                                                  content_settings=GZIP, **conditions)
+        except (ResourceModifiedError, ResourceExistsError, ResourceNotFoundError):
+            return "conflict"
+        except HttpResponseError as error:
+            if getattr(error, "error_code", None) == "InvalidBlockList":
+                return "invalid"
+            raise
+        self._etags[partition_id] = result.get("etag")
+        return "ok"
+
+    async def listing(self, prefix: str) -> dict[str, str]:
+        return {blob.name: str(blob.etag) async for blob in self._container.list_blobs(name_starts_with=prefix)}
+
+    async def _stored_position(self, partition_id: str) -> int | None:
+        try:
+            properties = await self._blob(partition_id).get_blob_properties()
+        except ResourceNotFoundError:
+            self._etags[partition_id] = None
+            return None
+        self._etags[partition_id] = properties.etag
+        try:
+            return int((properties.metadata or {}).get(POSITION_KEY, "-1"))
+        except ValueError:  # a position not a number: behind any, as none
+            return -1
+
+    def forget(self, partition_id: str) -> None:
+        super().forget(partition_id)
+        self._etags.pop(partition_id, None)
+        self._clients.pop(partition_id, None)

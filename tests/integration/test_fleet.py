@@ -21,8 +21,8 @@ from azure.identity.aio import ManagedIdentityCredential
 from azure.storage.blob import ContainerClient
 from azure.storage.blob.aio import ContainerClient as AsyncContainerClient
 
-from se_exporter.fleet.blobstate import StateBlobs, state_blob_name
 from se_exporter.fleet.stateformat import encode_base
+from se_exporter.fleet.statestore import StateBlobs, state_blob_name
 from se_exporter.simulator.identity import SYSTEM_ASSIGNED, TOKEN_PATH, USER_ASSIGNED
 from tests.conftest import Reliability, SimulatorFactory
 from tests.integration.test_dashboards import DASHBOARDS, dashboard_expressions, substitute

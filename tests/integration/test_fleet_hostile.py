@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 from proton import Message, char, decimal32, decimal64
 
-from se_exporter.fleet.blobstate import state_blob_name
+from se_exporter.fleet.statestore import state_blob_name
 from tests.conftest import Reliability
 from tests.integration import test_fleet
 from tests.integration.test_fleet import storage

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from azure.storage.blob.aio import ContainerClient as AsyncContainerClient
 
-from se_exporter.fleet.blobstate import StateBlobs, state_blob_name
 from se_exporter.fleet.stateformat import encode_base, encode_delta
+from se_exporter.fleet.statestore import StateBlobs, state_blob_name
 from tests.fleet.test_state_blocks import document
 from tests.fleet.test_state_format import vm
 from tests.integration import test_fleet
