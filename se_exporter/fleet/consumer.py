@@ -1,14 +1,11 @@
 """``se-exporter fleet``: the official async consumer client with the Blob checkpoint store, and its wiring.
 
-One asyncio loop runs the SDK's receive, a checkpoint task, an expiry task and a watchdog; the HTTP server
-(``http_server.serve``) answers scrapes from its own threads, reading the state under ``Fleet``'s lock.
-
-Per partition the SDK calls, in order: ``on_initialize`` (the stored state is loaded before a single event is read;
-see ``persistence``), ``on_batch`` for events, and ``on_close`` (on shutdown a last state and checkpoint are written
-before the SDK releases ownership). A claimed partition is shown from its first batch, hidden when ``on_error``
-reports its link stolen and dropped by ``on_close`` (hand-overs: docs/operations.md, "The fleet's replicas"). What
-the service knows of a partition is one ``Partition``, made on claim and dropped whole on close; the state store is
-passed in (``statestore.StateStore``), so the service is tested against an in-memory one.
+One asyncio loop runs the SDK's receive and the periodic tasks; scrapes are answered from the HTTP server's threads
+under ``Fleet``'s lock. Per partition the SDK calls ``on_initialize`` (the stored state is loaded before a single
+event is read: ``persistence``), ``on_batch``, and ``on_close`` (on shutdown a last state and checkpoint are written
+before ownership is released). A partition is shown from its first batch and hidden when ``on_error`` reports its
+link stolen (docs/operations.md, "The fleet's replicas"); the state store is passed in, so the service is tested
+against an in-memory one.
 """
 
 from __future__ import annotations
@@ -78,7 +75,7 @@ class Service:
                                            monotonic)
         self.partitions: dict[str, Partition] = {}
         self.restoring: set[str] = set()
-        self.alive = time.monotonic()
+        self.alive = monotonic()
         self.balanced = False
         self.hub_partitions: int | None = None
         self.storage_problem: str | None = None  # why the storage account is not reachable, while it is not
@@ -340,14 +337,14 @@ class Service:
 
     async def watchdog(self, stop: asyncio.Event) -> None:
         while not await _stopped(stop, 1.0):
-            self.alive = time.monotonic()
+            self.alive = self._monotonic()
             self._metrics.flush()  # the batches' counts, for a registry nobody scrapes: its queue stays short
 
     # ------------------------------------------------------------------ what the endpoints say
 
     @property
     def healthy(self) -> bool:
-        return time.monotonic() - self.alive < 15.0
+        return self._monotonic() - self.alive < 15.0
 
     @property
     def ready(self) -> bool:

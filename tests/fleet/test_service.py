@@ -333,3 +333,14 @@ def test_a_bound_is_counted_for_the_document_kept_not_for_an_older_one_dropped()
     run(replica.claim())
     run(replica.read(Event(1, "vm-a", sequence=2, body=many), Event(2, "vm-a", sequence=1, body=many)))
     assert replica.value("azure_scheduled_fleet_bound_hits_total", bound="events_per_vm") == 1
+
+
+def test_liveness_is_measured_on_the_injected_monotonic_clock() -> None:
+    """/healthz turns unhealthy 15 s after the watchdog last ran, on the service's own monotonic clock (a wall-clock
+    step or the process's real clock does not move it)."""
+    replica = Replica()
+    assert replica.service.healthy
+    replica.wall_step = 3600.0
+    assert replica.service.healthy
+    replica.now += 16.0
+    assert not replica.service.healthy
