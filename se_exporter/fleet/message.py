@@ -1,11 +1,9 @@
 """A forwarded message read and checked: every property by type and range, the body by the sidecar's parser.
 
-Nothing a VM sends is trusted, and a document changes only its own VM's picture (docs/architecture.md, "Who can
-change a VM's picture"): it is accepted only under its own partition key (``vm_id or vm_name``, as the sidecar sends
-it), a message with ``retires_name: true`` only under that name beside a ``vm_id``. What the fleet keeps per VM is
-bounded (``Bounds``). A bad message raises ``InvalidMessage`` with the reason it is counted under; nothing else ever
-leaves ``read_message`` (an exception in the SDK's batch handler closes the partition, which is then claimed again
-and fails again).
+Nothing a VM sends is trusted, and a document changes only its own VM's picture, so it is accepted only under its
+own partition key (``_key``; docs/architecture.md, "Who can change a VM's picture"). A bad message raises
+``InvalidMessage`` with the reason it is counted under; nothing else ever leaves ``read_message`` (an exception in
+the SDK's batch handler closes the partition, which is then claimed again and fails again).
 """
 
 from __future__ import annotations
@@ -51,9 +49,8 @@ MAX_UNKNOWN_LISTED = 10
 @dataclass(frozen=True)
 class Bounds:
     """What one replica keeps at most; each limit reached is counted (``bound_hits_total{bound}``) and logged once.
-
-    The defaults hold a 100,000-VM fleet on one partition with room to spare; a real Scheduled Events document
-    lists a handful of events in well under a kilobyte."""
+    The defaults hold a 100,000-VM fleet on one partition with room to spare; a real Scheduled Events document lists
+    a handful of events in well under a kilobyte."""
 
     vms_per_partition: int = 100_000
     vms_per_installation: int = 4  # one sidecar installation is one VM (known first by name, then by vm_id)
@@ -132,11 +129,10 @@ class VmState:
 
 @dataclass(frozen=True)
 class StateField:
-    """What a field of ``VmState`` is. ``kind``: ``heartbeat`` what a heartbeat moves (a state write may only touch
-    it), ``follows_body`` what is read from ``body`` (equal bodies, equal values), ``fact`` everything else, a change
-    of which rewrites the VM whole. ``stored``, in a partition's state (``stateformat``): ``always`` in every VM's
-    row (a row without it is left out), ``when_known`` only when it holds something (a reader takes it as unknown
-    when absent), ``not`` never (read from ``body`` again)."""
+    """A ``VmState`` field's ``kind``: ``heartbeat`` what a heartbeat moves (a state write may only touch it),
+    ``follows_body`` read from ``body`` (equal bodies, equal values), ``fact`` everything else (a change rewrites the
+    VM whole). ``stored`` in a partition's state (``stateformat``): ``always`` in every row (a row without it is left
+    out), ``when_known`` only when it holds something (absent reads as unknown), ``not`` never (read from ``body``)."""
 
     kind: str
     stored: str
@@ -192,7 +188,7 @@ def _imds(properties: Mapping[Any, Any]) -> Imds:
     last_success, failing = _time(properties, "imds_last_success"), _flag(properties, "imds_failing")
     if last_success is None and failing is None:
         return NO_IMDS  # an older sidecar: unknown, and shared by most of a fleet until sidecars are upgraded
-    # observed_at is used only beside imds_last_success (see picture.imds_unreachable)
+    # observed_at is used only beside imds_last_success (see vms.imds_unreachable)
     observed = _time(properties, "observed_at") if last_success is not None else None
     return Imds(observed, last_success, failing)
 
@@ -232,13 +228,15 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
     return Message(vm, message_text, heartbeat, listed, warnings, hit, retires_name)
 
 
-def read_events(body: bytes, vm_name: str, bounds: Bounds = DEFAULT_BOUNDS,
-                ) -> tuple[tuple[FleetEvent, ...], int, tuple[str, ...]]:
+Listed = tuple[tuple[FleetEvent, ...], int, tuple[str, ...]]  # what ``read_events`` gives
+
+
+def read_events(body: bytes, vm_name: str, bounds: Bounds = DEFAULT_BOUNDS) -> Listed:
     """The document's events for this VM (at most ``bounds.events_per_vm``; an event with a field longer than a
     label may be is left out), how many warnings parsing gave, and the bounds reached."""
     if body in _QUIET:  # most of a fleet, most of the time: parsed once, the same for every VM
         return (), 0, ()
-    known = _LISTING.get((body, vm_name, bounds))
+    known = _LISTING.read.get((body, vm_name, bounds))
     if known is not None:  # a heartbeat repeating its VM's document: parsed when the document was new
         return known
     document = parse_body(body)
@@ -253,35 +251,30 @@ def read_events(body: bytes, vm_name: str, bounds: Bounds = DEFAULT_BOUNDS,
     return events, warnings, hit
 
 
-# Bodies of valid documents that list no event ({"DocumentIncarnation": 7, "Events": []} and its variants): a
-# quiet fleet sends few distinct ones, so each is parsed once, and the VMs that hold one share one copy of it (about
-# 80 bytes a VM). Bounded: cleared when full.
+# Bodies of valid documents listing no event ({"DocumentIncarnation": 7, "Events": []} and variants): a quiet fleet
+# sends few distinct ones, so each is parsed once and the VMs holding one share one copy (about 80 bytes a VM).
 _QUIET: dict[bytes, bytes] = {}
 QUIET_BODIES = 4096
 
 
 class Listings:
-    """What each recent document that lists events gave, by body and VM name (what it says of the VM depends on
-    its name): a VM's heartbeats repeat its document, parsed once rather than at every heartbeat
-    (``scripts/fleet_scale_bench.py``). Bounded in bodies and bytes; past either bound it starts again empty. Only
-    the consumer's loop uses it."""
+    """What each recent document listing events gave, by body and VM name (what it says of the VM depends on its
+    name): a VM's heartbeats repeat its document, parsed once rather than at every heartbeat
+    (``scripts/fleet_scale_bench.py``). Bounded in bodies and bytes; only the consumer's loop uses it."""
 
     def __init__(self, max_bodies: int = 32_768, max_bytes: int = 8 * 1024**2, max_body: int = 4096) -> None:
         self.max_bodies, self.max_bytes, self.max_body = max_bodies, max_bytes, max_body
-        self._read: dict[tuple[bytes, str, Bounds], tuple[tuple[FleetEvent, ...], int, tuple[str, ...]]] = {}
+        self.read: dict[tuple[bytes, str, Bounds], Listed] = {}
         self._bytes = 0
 
-    def get(self, key: tuple[bytes, str, Bounds]) -> tuple[tuple[FleetEvent, ...], int, tuple[str, ...]] | None:
-        return self._read.get(key)
-
-    def keep(self, key: tuple[bytes, str, Bounds], read: tuple[tuple[FleetEvent, ...], int, tuple[str, ...]]) -> None:
+    def keep(self, key: tuple[bytes, str, Bounds], read: Listed) -> None:
         size = len(key[0]) + len(key[1])
         if size > self.max_body:
             return
-        if len(self._read) >= self.max_bodies or self._bytes + size > self.max_bytes:
-            self._read.clear()
+        if len(self.read) >= self.max_bodies or self._bytes + size > self.max_bytes:
+            self.read.clear()
             self._bytes = 0
-        self._read[key] = read
+        self.read[key] = read
         self._bytes += size
 
 
@@ -325,17 +318,14 @@ def fleet_events(document: Document, vm_name: str, bounds: Bounds = DEFAULT_BOUN
 
 
 def reduced_body(events: tuple[FleetEvent, ...], vm_name: str) -> bytes:
-    """A document holding only what the fleet shows of ``events``, written as saved state writes an event
-    (``event_to_json``): parsed again (after a restore) it gives the same events. Resources keep only whether the
-    event lists this VM."""
+    """A document of only what the fleet shows of ``events``, written as saved state writes an event
+    (``event_to_json``): parsed again (after a restore) it gives the same events."""
     import json  # noqa: PLC0415 - only for bodies past the kept-bytes bound
 
-    def resources(affects: str) -> tuple[str, ...]:
-        return (vm_name,) if affects == "true" else ("_",) if affects == "false" else ()
-
+    resources = {"true": (vm_name,), "false": ("_",)}  # by affects_this_vm; "unknown" lists none
     listed = [event_to_json(ScheduledEvent(
         event_id=e.event_id, event_type=e.event_type, event_status=e.event_status, event_source=e.event_source,
-        resources=resources(e.affects_this_vm),
+        resources=resources.get(e.affects_this_vm, ()),
         not_before=None if e.not_before is None else datetime.fromtimestamp(e.not_before, timezone.utc),
         duration_seconds=None if e.duration_seconds is None else int(e.duration_seconds))) for e in events]
     return json.dumps({"Events": listed}, separators=(",", ":")).encode()
@@ -385,8 +375,7 @@ def _sequence(value: Any, name: str = "sequence", least: int = 1) -> int:
 
 def _labels(properties: Mapping[Any, Any], names: tuple[tuple[str, bytes, str], ...]) -> list[str]:
     """String properties shown as labels, in order: absent is empty; anything but text (or longer than a label)
-    refused. One call for the VM's labels, each name looked up under its bytes form first (the SDK's), and the
-    value read by ``_bounded_text`` (whose fast path takes the usual printable ASCII bytes)."""
+    refused. One call for all of a VM's labels, each looked up under its bytes form (the SDK's) first."""
     texts = []
     get = properties.get
     for name, key, what in names:
@@ -441,9 +430,8 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # tab and newline are not: t
 
 
 def printable(text: str) -> str:
-    """``text`` with control characters but tab and newline (NUL, CR, ...) spelt out as ``\\xNN``: labels, logs
-    and the state carry what a VM sent visibly, never raw (nothing a VM sends is trusted). Idempotent, so a state
-    read back is equal."""
+    """``text`` with control characters but tab and newline spelt out as ``\\xNN``: labels, logs and the state carry
+    what a VM sent visibly, never raw. Idempotent, so a state read back is equal."""
     return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text) if _CONTROL.search(text) else text
 
 

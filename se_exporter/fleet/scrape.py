@@ -28,8 +28,7 @@ def scrape(registry: CollectorRegistry, exposition: FleetExposition, now: float,
            names: Collection[str] | None = None) -> list[Part]:
     """The fleet's /metrics: every family of ``registry`` and of ``exposition``, or only the series named in
     ``names`` (``/metrics?name[]=...``, with prometheus-client's rule: a name is a series' name, a counter's
-    ``_total``, a histogram's ``_bucket``; a family without such a series is left out). Parts of the text format,
-    to be sent one after the other."""
+    ``_total``, a histogram's ``_bucket``; a family without such a series is left out)."""
     source = registry.restricted_registry(names) if names else registry
     return [generate_latest(source), *exposition.render(now, names)]
 
@@ -51,19 +50,16 @@ _HEADERS = {
 
 class FleetExposition:
     """The per-VM families of a ``Fleet``'s shown VMs, each VM's lines kept from one scrape to the next: a scrape
-    writes anew only the VMs changed since the last one (``Fleet.watch``: a heartbeat rewrites one line) and joins
-    the rest as they are.
+    writes anew only the VMs changed since the last one (``Fleet.watch``: a heartbeat rewrites one line).
 
     The one hand-built writer kept, for the CPU of a /metrics scrape, which competes with the consumer for the
     interpreter. The figures it guards: its CPU against the library's writer over the same VMs,
     ``scripts/fleet_bench.py --scrape`` (above 0.5x, use the library), and the replicas' CPU in
     ``scripts/fleet_scale_bench.py``'s steady state (docs/performance.md, "One hand-built writer").
 
-    One scrape writes at a time; what is kept is one line per shown VM (and the event lines of VMs that list
-    events), as bytes: the scrape's body is joined from them once, never built as text first and then encoded (each
-    whole copy of 100,000 VMs' lines is tens of MB of memory at the peak of a scrape). A VM held by two shown
-    partitions (a hand-over, a hub whose partition count grew) is noticed as it is kept, not by a pass over every
-    VM at each scrape."""
+    The lines are kept as bytes and the body joined from them once, never built as text and then encoded (each whole
+    copy of 100,000 VMs' lines is tens of MB at the peak of a scrape). A VM held by two shown partitions (a
+    hand-over, a hub whose partition count grew) is noticed as it is kept, not by a pass over every VM each scrape."""
 
     def __init__(self, fleet: Fleet | list[Fleet]) -> None:
         self._fleets = fleet if isinstance(fleet, list) else [fleet]  # one per hub read
@@ -80,8 +76,7 @@ class FleetExposition:
         return [GaugeMetricFamily(f"{FLEET}_{name}", documentation) for name, documentation in _HEADERS.items()]
 
     def render(self, now: float, names: Collection[str] | None = None) -> list[Part]:
-        """The per-VM families (those named in ``names``, when given), as parts of the text format to be sent one
-        after another (``http_pages.pieces``)."""
+        """The per-VM families (those named in ``names``, when given), as parts sent in turn (``http_pages.pieces``)."""
         with self._lock:
             self._next = {}
             for index, (fleet, follower) in enumerate(zip(self._fleets, self._followers, strict=True)):
@@ -90,7 +85,7 @@ class FleetExposition:
                     if whole is not None or part is None:
                         if part is not None:
                             self._drop(part)
-                        part = self._next[index, partition_id] = _Part()
+                        part = _Part()
                         for vm in whole or ():
                             self._keep(part, vm.key, vm)
                     self._next[index, partition_id] = part
@@ -126,9 +121,8 @@ class FleetExposition:
         looked up in the other parts (a heartbeat's key is not new), never every key at every scrape."""
         had = key in part.seen
         part.keep(key, vm)
-        if vm is not None and not had:
-            if any(key in other.seen for other in self._kept() if other is not part):
-                self._twice.add(key)
+        if vm is not None and not had and any(key in other.seen for other in self._kept() if other is not part):
+            self._twice.add(key)
         elif vm is None and had and key in self._twice:
             self._recount(key)
 
@@ -147,8 +141,7 @@ Touched = tuple[str, VmState | None, bool]  # a key changed, its VM now (None: f
 
 class _Follower:
     """What one ``FleetExposition`` has not taken yet of one fleet's shown VMs: per shown partition, the state it took
-    whole last, and the keys changed in it since, each with whether it changed beyond a heartbeat. ``changed`` (the
-    fleet's watcher) and ``take`` (its reader) both run under the fleet's lock."""
+    whole last and the keys changed in it since. ``changed`` (the watcher) and ``take`` run under the fleet's lock."""
 
     def __init__(self, fleet: Fleet) -> None:
         self.states: dict[str, PartitionState] = {}
@@ -162,8 +155,7 @@ class _Follower:
 
     def take(self, shown: dict[str, PartitionState]) -> list[tuple[str, list[VmState] | None, list[Touched]]]:
         """Each shown partition: its VMs whole when this follower did not take this state of it last time (claimed
-        since, or shown again), else None and the keys changed since with their VM now (None: forgotten) and
-        whether they changed beyond what a heartbeat moves. Taken: the next call gives what changes after this."""
+        since, or shown again), else None and what changed since (``Touched``); the next call gives what follows."""
         taken: list[tuple[str, list[VmState] | None, list[Touched]]] = []
         for partition_id, state in shown.items():
             touched = self.touched.pop(partition_id, {})
@@ -188,14 +180,12 @@ class _Part:
         self.extra_changes = 0
 
     def keep(self, key: str, vm: VmState | None) -> None:
-        if vm is None:
+        lines = None if vm is None else VmLines.of(vm)
+        if lines is None:
             self.seen.pop(key, None)
-            if self.extra.pop(key, None) is not None:
-                self.extra_changes += 1
-            return
-        lines = VmLines.of(vm)
-        self.seen[key] = lines.seen
-        if lines.extra:
+        else:
+            self.seen[key] = lines.seen
+        if lines is not None and lines.extra:
             if self.extra.get(key) != lines:  # the last-seen line aside (not compared): a heartbeat's are equal
                 self.extra[key] = lines
                 self.extra_changes += 1
@@ -231,7 +221,8 @@ class VmLines:
 
     @classmethod
     def of(cls, vm: VmState) -> VmLines:
-        identity = (f'vm_id="{escape(vm.vm_id or vm.key)}",vm_name="{escape(vm.vm_name)}",'
+        vm_id = escape(vm.vm_id or vm.key)
+        identity = (f'vm_id="{vm_id}",vm_name="{escape(vm.vm_name)}",'
                     f'vmss_name="{escape(vm.vmss_name)}",location="{escape(vm.location)}"')
         seen = f"{{{identity}}} {vm.seen_at!r}".encode()
         unreachable = None
@@ -241,7 +232,6 @@ class VmLines:
         if not vm.events:
             return cls(seen, unreachable)
         info, until, duration, kinds, blast = [], [], [], set(), []
-        vm_id = escape(vm.vm_id or vm.key)
         for event in vm.events:
             info.append(f'{FLEET}_event_info{{{identity},event_id="{escape(event.event_id)}",'
                         f'event_type="{escape(event.event_type)}",event_status="{escape(event.event_status)}",'
@@ -297,9 +287,8 @@ class _EventLines:
 
 def _write(seen: list[Iterable[bytes]], events: _EventLines, count: int, now: float,
            names: Collection[str] | None) -> list[Part]:
-    """The per-VM families (those named in ``names``, when given): the count of VMs, every VM's last-seen line
-    (``seen``: groups of them, in order, as one ``Joined`` over the kept lines), the countdowns, and the families of
-    the VMs that list events or cannot read IMDS. Parts of the text format, to be sent one after the other."""
+    """``render``'s parts: the count of VMs, every VM's last-seen line (``seen``: groups of them, in order, as one
+    ``Joined`` over the kept lines), the countdowns, and ``events``' families."""
     seen_lines: list[Part] = [_SEEN_NAME, Joined(_SEEN_JOIN, list(chain.from_iterable(seen)), SEEN_PIECE), b"\n"]
     families: dict[str, list[Part]] = {
         "vms": [_gauge("vms", [f"{FLEET}_vms {float(count)!r}"])],

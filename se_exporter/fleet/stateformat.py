@@ -15,10 +15,9 @@ The state is one gzip stream of members, each one block of a block blob: a BASE 
 A delta's position never goes back, and any delta out of shape makes the whole state damaged: a prefix would be a
 state at the wrong position. A reader ignores fields it does not know (``imds``, ``subscription_id``,
 ``resource_group`` and ``reported``, the kept properties by name, are written only when known); a change it must not
-ignore takes a new format number. Reading gives the VMs (one out of type or range left out and counted as a "row",
-never written back), ``NewerState`` for a format above ``STATE_FORMAT`` (left in place for that release), or
-``DamagedState`` for anything else (the partition is then read from its checkpoint alone, and the next write
-replaces the state).
+ignore takes a new format number. A row out of type or range is left out (counted as a "row", never written back);
+a ``NewerState`` is left in place for its release; on ``DamagedState`` the partition is read from its checkpoint
+alone, and the next write replaces the state.
 """
 
 from __future__ import annotations
@@ -96,22 +95,19 @@ class Decoded:
 
 
 def encode_base(partition_id: str, position: int, vms: Iterable[VmState], block: str) -> bytes:
-    """The first block: every VM, the documents as forwarded plus what ordering needs (installation, sequence,
-    seen_at)."""
-    state = {"format": STATE_FORMAT, "block": block, "partition_id": partition_id, "sequence_number": position,
-             "vms": [_named(vm) for vm in vms]}
-    return _gzip(state)
+    """The first block: every VM, as forwarded plus what ordering needs (installation, sequence, seen_at)."""
+    return _gzip({"format": STATE_FORMAT, "block": block, "partition_id": partition_id, "sequence_number": position,
+                  "vms": [_named(vm) for vm in vms]})
 
 
 def encode_delta(position: int, block: str, changed: Iterable[VmState], touched: Iterable[VmState],
                  gone: Iterable[str]) -> bytes:
     """A block after the base: whole VMs for what changed beyond a heartbeat, only the fields a heartbeat
     moves for ``touched``, the keys of ``gone``."""
-    state = {"block": block, "sequence_number": position, "vms": [_named(vm) for vm in changed],
-             "touched": [[vm.key, vm.sequence, vm.seen_at, vm.imds.observed_at, vm.imds.last_success,
-                          vm.imds.failing] for vm in touched],
-             "gone": list(gone)}
-    return _gzip(state)
+    return _gzip({"block": block, "sequence_number": position, "vms": [_named(vm) for vm in changed],
+                  "touched": [[vm.key, vm.sequence, vm.seen_at, vm.imds.observed_at, vm.imds.last_success,
+                               vm.imds.failing] for vm in touched],
+                  "gone": list(gone)})
 
 
 def _gzip(state: dict[str, Any]) -> bytes:
@@ -135,8 +131,7 @@ def _named(vm: VmState) -> dict[str, Any]:
 
 
 def decode(data: bytes, partition_id: str, now: float, bounds: Bounds = DEFAULT_BOUNDS) -> Decoded:
-    """The inverse of ``encode_base`` and ``encode_delta``; raise ``DamagedState`` or ``NewerState`` (see the module
-    docstring)."""
+    """The inverse of ``encode_base`` and ``encode_delta``; raise ``DamagedState`` or ``NewerState``."""
     max_values = bounds.vms_per_partition * MAX_VALUES_PER_VM + MAX_VALUES_TOP
     members = inflated(data, MAX_STATE_BYTES)
     text, size = next(members)
@@ -219,9 +214,9 @@ def _block(obj: Any) -> str:
 
 
 def _apply(decoded: Decoded, delta: Any, now: float, bounds: Bounds) -> None:
-    """Fold one delta into what the blocks before it gave; ``DamagedState`` for one out of shape."""
-    position = delta.get("sequence_number") if isinstance(delta, dict) else None
-    changed, touched, gone = (delta.get(name) for name in ("vms", "touched", "gone"))
+    """Fold one delta (a dict: ``_block`` read it) into what the blocks before it gave; ``DamagedState`` for one
+    out of shape."""
+    position, changed, touched, gone = (delta.get(name) for name in ("sequence_number", "vms", "touched", "gone"))
     if type(position) is not int or not decoded.position <= position <= MAX_SEQUENCE:
         raise DamagedState("wrong_shape", f"a delta's sequence_number {str(position)[:40]!r} is not one at or past "
                            f"{decoded.position}")
@@ -256,7 +251,7 @@ def _touched(entry: Any, vms: dict[str, VmState], now: float) -> VmState | None:
     key, sequence, seen_at, *imds = entry
     if not _sequenced(sequence, seen_at, now):
         return None
-    return replace(vms[key], sequence=sequence, seen_at=float(seen_at), imds=_imds(imds))
+    return replace(vms[key], sequence=sequence, seen_at=float(seen_at), imds=_imds(*imds))
 
 
 def _sequenced(sequence: Any, seen_at: Any, now: float) -> bool:
@@ -270,10 +265,7 @@ def _values(text: bytes, enough: int) -> int:
     (every value but the first follows one of them). Counted over the whole text first (in C, no copy), and only
     when that passes ``enough`` again without what is inside strings: escaped backslashes and quotes taken out,
     then all but quotes and ``[ { , :``, so every quote left opens or closes a string."""
-    def structural(part: bytes) -> int:
-        return part.count(b"[") + part.count(b"{") + part.count(b",") + part.count(b":")
-
-    rough = 1 + structural(text)
+    rough = 1 + text.count(b"[") + text.count(b"{") + text.count(b",") + text.count(b":")
     if rough <= enough:
         return rough
     reduced = text.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
@@ -299,7 +291,7 @@ def _vm(named: Any, now: float, bounds: Bounds) -> VmState | None:
     if len(raw) > bounds.body_bytes:
         raw = reduced_body(events, vm_name)
     entry = named.get("imds")
-    imds = _imds([entry.get(name) for name in ("observed_at", "last_success", "failing")]) \
+    imds = _imds(entry.get("observed_at"), entry.get("last_success"), entry.get("failing")) \
         if isinstance(entry, dict) else NO_IMDS
     return VmState(key, vm_id, vm_name, sys.intern(vmss_name), sys.intern(location), installation, sequence,
                    float(seen_at), raw, events, imds,  # interned as message.read_message does
@@ -310,9 +302,8 @@ def _vm(named: Any, now: float, bounds: Bounds) -> VmState | None:
 def _reported(entry: Any) -> tuple[tuple[str, Reported], ...]:
     """A VM's kept properties from the state, in their declared order; one out of its kind's type or range (or a
     newer release's) is left out, as a sidecar that did not send it."""
-    if not isinstance(entry, dict) or not KEPT:
-        return ()
-    return tuple((p.name, entry[p.name]) for p in KEPT if _of_kind(entry.get(p.name), p.kind))
+    return tuple((p.name, entry[p.name]) for p in KEPT if _of_kind(entry.get(p.name), p.kind)) \
+        if isinstance(entry, dict) else ()
 
 
 def _of_kind(value: Any, kind: str) -> bool:
@@ -327,8 +318,7 @@ def _of_kind(value: Any, kind: str) -> bool:
 
 
 def _place(value: Any) -> str:
-    """A VM's subscription or resource group from a state, interned (many VMs share one); anything out of shape is
-    unknown (empty)."""
+    """A VM's subscription or resource group, interned (many VMs share one); out of shape: unknown (empty)."""
     return sys.intern(value) if _text(value, MAX_TEXT) else ""
 
 
@@ -337,11 +327,8 @@ def _text(value: Any, limit: int) -> bool:
     return isinstance(value, str) and len(value) <= limit and encodable(value) == value
 
 
-def _imds(entry: Any) -> Imds:
+def _imds(observed_at: Any, last_success: Any, failing: Any) -> Imds:
     """A VM's IMDS health from the state; anything out of shape is unknown (as from an older sidecar)."""
-    if not isinstance(entry, list) or len(entry) != 3:
-        return NO_IMDS
-    observed_at, last_success, failing = entry
     times = [value if type(value) in (int, float) and math.isfinite(value) else None
              for value in (observed_at, last_success)]
     flag = failing if isinstance(failing, bool) else None

@@ -1,12 +1,9 @@
 """The fleet's core: the latest document of every VM, per partition, and the bounds on what it keeps.
 
-No I/O and no clock reads: the consumer hands in what the SDK received and the time, and reads back
-values. Every partition's state is a fold over that partition's events in order, so it can be written
-beside the checkpoint and continued by whichever replica owns the partition next (``stateformat.py``).
-
-Which document of a VM wins (installation, ``sequence``, ``SEQUENCE_WINDOW``) and when an entry known by name is
-retired by one with a vm_id (``retires_name``): docs/architecture.md, "What it keeps" and "Who can change a VM's
-picture".
+No I/O and no clock reads: the consumer hands in what the SDK received and the time. Every partition's state is a
+fold over that partition's events in order, so it can be written beside the checkpoint and continued by whichever
+replica owns the partition next (``stateformat.py``). Which document of a VM wins and when an entry known by name is
+retired: docs/architecture.md, "What it keeps" and "Who can change a VM's picture".
 """
 
 from __future__ import annotations
@@ -25,26 +22,23 @@ IMDS_STALE_AFTER = 120.0  # seconds between a VM's observed_at and its last IMDS
 
 
 def imds_unreachable(vm: VmState) -> bool:
-    """The VM's sidecar is alive (it sent this) but cannot read IMDS: its latest poll failed, or its last
-    successful read is more than IMDS_STALE_AFTER older than the document's observation. An older sidecar that
-    reports neither is unknown, not unreachable."""
+    """The VM's sidecar is alive (it sent this) but cannot read IMDS: its latest poll failed, or its last successful
+    read is over IMDS_STALE_AFTER older than the document's observation. An older sidecar reporting neither is
+    unknown, not unreachable."""
     imds = vm.imds
-    if imds.failing:
-        return True
-    return imds.last_success is not None and imds.observed_at is not None \
-        and imds.observed_at - imds.last_success > IMDS_STALE_AFTER
+    return imds.failing is True or (imds.last_success is not None and imds.observed_at is not None
+                                    and imds.observed_at - imds.last_success > IMDS_STALE_AFTER)
 
 
 @dataclass
 class Changes:
     """What changed in a partition since its state was last written, so a write (a delta) carries only that.
 
-    Every change takes the next ``tick``; a write takes a ``StateWrite`` and, once stored, ``settle``s up to the
-    snapshot's tick only, so a change made while the write was in flight, or a write that failed, loses nothing.
-    ``changed`` maps a key to the ticks of its last change and of its last change beyond what a heartbeat moves
-    (sequence, seen_at, IMDS health): a VM is written whole when the latter is past ``settled``, else touched.
-    ``gone`` maps forgotten keys to their tick. Past ``max_gone`` keys (many VMs come and go while writes fail) the
-    keys are dropped and ``rebase_at`` asks for a whole state instead."""
+    Every change takes the next ``tick``; a stored write ``settle``s up to its snapshot's tick only, so a change made
+    while the write was in flight, or a write that failed, loses nothing. ``changed`` maps a key to the ticks of its
+    last change and of its last change beyond a heartbeat: a VM is written whole when the latter is past
+    ``settled``, else touched. Past ``max_gone`` forgotten keys (many VMs come and go while writes fail) ``gone`` is
+    dropped and ``rebase_at`` asks for a whole state instead."""
 
     tick: int = 0
     settled: int = 0  # every change up to this tick is in the stored state
@@ -115,11 +109,6 @@ class PartitionState:
         if self.vms and not self.installations:
             self.installations.update(vm.installation for vm in self.vms.values())
 
-    def forget(self, key: str) -> VmState:
-        vm = self.vms.pop(key)
-        self.uncount(vm.installation)
-        return vm
-
     def uncount(self, installation: str) -> None:
         self.installations[installation] -= 1
         if self.installations[installation] <= 0:
@@ -127,9 +116,8 @@ class PartitionState:
 
 
 def latest(groups: Iterable[Iterable[VmState]]) -> list[VmState]:
-    """Each VM once, the one seen last: should one VM be held by two shown partitions (a hub whose partition count
-    grew moves keys; a hand-over), its series would otherwise be exposed twice with the same labels, which makes
-    the whole exposition invalid."""
+    """Each VM once, the one seen last: a VM held by two shown partitions (a hub whose partition count grew moves
+    keys; a hand-over) would otherwise be exposed twice with the same labels, invalidating the whole exposition."""
     shown: dict[str, VmState] = {}
     for vms in groups:
         for vm in vms:
@@ -188,10 +176,7 @@ class Fleet:
         with self._lock:
             if partition_id not in self._partitions or (partition_id not in self._hidden) == shown:
                 return False
-            if shown:
-                self._hidden.discard(partition_id)
-            else:
-                self._hidden.add(partition_id)
+            self._hidden ^= {partition_id}  # not as asked (checked above): toggled
             return True
 
     def is_shown(self, partition_id: str) -> bool:
@@ -250,8 +235,7 @@ class Fleet:
                 return self._retire_name(partition_id, state, new)
             current = state.vms.get(new.key)
             if current is None:
-                refused = self._refused(state, new)
-                if refused is not None:
+                if (refused := self._refused(state, new)) is not None:
                     return refused
             elif current.installation == new.installation \
                     and abs(new.sequence - current.sequence) <= SEQUENCE_WINDOW:
@@ -298,13 +282,10 @@ class Fleet:
         """Whether a VM of ``named``'s installation and name, with a vm_id and seen no earlier, is held (under the
         lock). Asked only of a VM known by name that is new here (rare): each partition's count of VMs per
         installation first, the VMs of a partition holding the installation then."""
-        for state in self._partitions.values():
-            if state.installations.get(named.installation):
-                for vm in state.vms.values():
-                    if vm.vm_id and vm.installation == named.installation and vm.vm_name == named.vm_name \
-                            and vm.seen_at >= named.seen_at:
-                        return True
-        return False
+        return any(vm.vm_id and vm.installation == named.installation and vm.vm_name == named.vm_name
+                   and vm.seen_at >= named.seen_at
+                   for state in self._partitions.values() if state.installations.get(named.installation)
+                   for vm in state.vms.values())
 
     def _retire(self, identified: VmState) -> None:
         """Forget the entries known by name only that ``identified`` (a document with a vm_id) is: the same name
@@ -318,7 +299,8 @@ class Fleet:
 
     def _forget(self, partition_id: str, state: PartitionState, key: str) -> VmState:
         """Forget one VM of a held partition, as a state write and the watchers see it (under the lock)."""
-        vm = state.forget(key)
+        vm = state.vms.pop(key)
+        state.uncount(vm.installation)
         state.changes.forgotten(key, self.bounds.vms_per_partition)
         self._tell(partition_id, key, True)
         if not vm.vm_id:
@@ -343,11 +325,9 @@ class Fleet:
         gone: list[VmState] = []
         with self._lock:
             for partition_id, oldest in cutoffs.items():
-                state = self._partitions.get(partition_id)
-                if state is None:
-                    continue
-                stale = [key for key, vm in state.vms.items() if vm.seen_at < oldest]
-                gone.extend(self._forget(partition_id, state, key) for key in stale)
+                if (state := self._partitions.get(partition_id)) is not None:
+                    stale = [key for key, vm in state.vms.items() if vm.seen_at < oldest]
+                    gone.extend(self._forget(partition_id, state, key) for key in stale)
         return gone
 
     def silent(self, partition_id: str, since: float) -> bool:
