@@ -62,6 +62,8 @@ class EventRecord:
     first_seen_elapsed: float | None = None
     started_elapsed: float | None = None
     gone_elapsed: float | None = None
+    longest_pause: float = 0.0  # seconds: the longest pause the VM felt while the event was listed (core/pause.py)
+    paused_seconds: float = 0.0  # seconds: every such pause summed
 
     @property
     def notice_seconds(self) -> float | None:
@@ -162,11 +164,8 @@ def _seen_again(before: EventRecord, event: ScheduledEvent, at: _Moment, transit
     """An open event listed again, changed: its record, and its transition when it started or was rescheduled."""
     started_at = before.started_at
     newly_started = started_at is None and event.event_status == model.STATUS_STARTED
-    record = EventRecord(event=event, first_seen=before.first_seen,
-                         started_at=at.wall if newly_started else started_at, gone_at=before.gone_at,
-                         first_seen_elapsed=before.first_seen_elapsed,
-                         started_elapsed=at.elapsed if newly_started else before.started_elapsed,
-                         gone_elapsed=before.gone_elapsed)
+    record = replace(before, event=event, started_at=at.wall if newly_started else started_at,
+                     started_elapsed=at.elapsed if newly_started else before.started_elapsed)
     if newly_started:
         transitions.append(Transition(kind=STARTED, record=record, previous_not_before=None))
     # NotBefore moved while not started (a started event's becomes empty: that is no move). Parsing hands out one

@@ -33,6 +33,7 @@ from se_exporter.infra.held import HeldFamilies
 from se_exporter.sidecar.endpoints import make_http_app
 from se_exporter.sidecar.imds import ImdsClient
 from se_exporter.sidecar.metrics import NAMESPACE, Metrics
+from se_exporter.sidecar.pauses import PauseDetector
 from se_exporter.sidecar.poller import IdentityWatcher, Poller
 from se_exporter.sidecar.settings import THROTTLED_BELOW, Settings
 from se_exporter.sidecar.sinks import FanOut, ImdsHealth
@@ -110,7 +111,9 @@ class Sidecar:
                                      imds_health=lambda: imds_health(state.get())))
         sinks = FanOut(outputs, on_error=lambda name: metrics.sink_errors.labels(name).inc())
         cleanup.callback(sinks.shutdown)
-        poller = Poller(imds, metrics, sinks, settings, state, store=store)
+        pauses = PauseDetector(metrics)
+        cleanup.callback(pauses.close)
+        poller = Poller(imds, metrics, sinks, settings, state, store=store, pauses=pauses)
         self._http.app = make_http_app(self.registry, poller)
 
         watcher = IdentityWatcher(imds, poller, metrics)
@@ -121,6 +124,7 @@ class Sidecar:
             poller.run(stop)
 
         threading.Thread(target=poll, name="poll", daemon=True).start()
+        threading.Thread(target=pauses.run, args=(stop,), name="pauses", daemon=True).start()
         if settings.poll_interval < THROTTLED_BELOW and settings.simulate is None:
             log.warning("--poll-interval %g is below %g s: IMDS throttles above about 5 requests a second",
                         settings.poll_interval, THROTTLED_BELOW)

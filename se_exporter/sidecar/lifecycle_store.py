@@ -75,7 +75,9 @@ def records_from_json(items: Any, elapsed: float = 0.0) -> dict[str, EventRecord
         records[event.event_id] = EventRecord(
             event=event, first_seen=_time(item.get("first_seen"), "first_seen"), started_at=started,
             first_seen_elapsed=elapsed - _ago(item.get("first_seen_ago"), "first_seen_ago"),
-            started_elapsed=None if started is None else elapsed - _ago(item.get("started_ago"), "started_ago"))
+            started_elapsed=None if started is None else elapsed - _ago(item.get("started_ago"), "started_ago"),
+            longest_pause=_ago(item.get("longest_pause", 0.0), "longest_pause"),
+            paused_seconds=_ago(item.get("paused_seconds", 0.0), "paused_seconds"))
     return records
 
 
@@ -152,6 +154,8 @@ class LifecycleStore:
                 "last_read_monotonic": None if last_read is None else last_read.monotonic, "records": [
                     {"event": event_to_json(r.event), "first_seen": r.first_seen, "started_at": r.started_at,
                      "first_seen_ago": _since(r.first_seen_elapsed, elapsed),
-                     "started_ago": None if r.started_at is None else _since(r.started_elapsed, elapsed)}
+                     "started_ago": None if r.started_at is None else _since(r.started_elapsed, elapsed),
+                     **({"longest_pause": r.longest_pause, "paused_seconds": r.paused_seconds}
+                        if r.paused_seconds else {})}
                     for r in records.values()]}
         return self._file.save(json.dumps(data, separators=(",", ":")).encode(), make_parent=True)

@@ -43,6 +43,7 @@ NEIGHBOURS = "false"
 MAX_LABEL = 256
 LABEL_MARK = "...[truncated]"
 MAX_EVENT_SERIES = 64
+PAUSE_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 30, 60)
 POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
 
 
@@ -133,6 +134,13 @@ class Metrics:
             f"{NAMESPACE}_bound_hits", "Values from IMDS cut to the sidecar's bounds, once per document: label_length "
             f"(a label value cut at {MAX_LABEL} characters), events_per_document (events past the first "
             f"{MAX_EVENT_SERIES}, this VM's first, without per-event series).", ["bound"])
+        self.pauses: Recorder = held.histogram(
+            f"{NAMESPACE}_pause_seconds", "Pauses this VM (or this process) lived through, by the type of this VM's "
+            "event listed when each began (none: unannounced); from 0.25 s while one is listed, from 1 s otherwise.",
+            PAUSE_BUCKETS, ["event_type"])
+        self.throttled_pauses: Recorder = held.counter(
+            f"{NAMESPACE}_throttled_pauses", "Pauses explained by CPU throttling of this sidecar's cgroup (not counted "
+            "as pauses of the VM).")
         registry.register(held)  # once every family is made: the registry reads their names from describe() now
         registry.register(StateCollector(snapshot, clock, lambda bound, n: self.bound_hits.labels(bound).inc(n)))
 
@@ -249,6 +257,9 @@ class _EventFamilies:
         started = GaugeMetricFamily(f"{EVENT}_started_timestamp_seconds",
                                     "When this exporter first saw the event Started, as unix time.",
                                     labels=["event_id", "event_type"])
+        longest = GaugeMetricFamily(f"{EVENT}_longest_pause_seconds",
+                                    "The longest pause this VM felt while the event was listed (0: none yet); "
+                                    "for events that may be this VM's.", labels=["event_id", "event_type"])
         counts: Tally[tuple[str, str, str]] = Tally()
         stamps: list[tuple[dict[str, str], float]] = []
         every = list(snap.records.values())
@@ -271,10 +282,12 @@ class _EventFamilies:
                 stamps.append(({"event_id": key[0], "event_type": event.event_type}, stamp))
             if event.duration_seconds is not None:
                 duration.add_metric(key, float(event.duration_seconds))
+            if affects[event.event_id] != NEIGHBOURS:
+                longest.add_metric(key, record.longest_pause)
         for (event_type, status, affected), count in sorted(counts.items()):
             pending.add_metric([event_type, status, affected], float(count))
-        return cls(snap.records, snap.vm_name, (pending, info, not_before, duration, first_seen, started),
-                   tuple(stamps))
+        families = (pending, info, not_before, duration, first_seen, started, longest)
+        return cls(snap.records, snap.vm_name, families, tuple(stamps))
 
     def until(self, now: float) -> Metric:
         family = GaugeMetricFamily(f"{EVENT}_seconds_until_not_before",

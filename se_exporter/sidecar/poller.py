@@ -12,14 +12,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from se_exporter.core import apiversion, lifecycle, spot, watch
-from se_exporter.core.errors import ImdsError, ImdsHttpError, ImdsThrottled, InvalidDocument
+from se_exporter.core import apiversion, lifecycle, pause, spot, watch
+from se_exporter.core.errors import ImdsError, ImdsHttpError, ImdsThrottled, ImdsTimeout, InvalidDocument
 from se_exporter.core.model import EventMemo, VmIdentity, event_key, parse_document, vm_name
 from se_exporter.core.retry import Health, backoff
 from se_exporter.infra.logs import fields
 from se_exporter.sidecar.imds import ImdsClient
 from se_exporter.sidecar.lifecycle_store import LifecycleStore, Restored
 from se_exporter.sidecar.metrics import Metrics
+from se_exporter.sidecar.pauses import PauseDetector, told
 from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks import DocumentChange, FanOut
 from se_exporter.sidecar.snapshot import CurrentState, Snapshot
@@ -36,8 +37,10 @@ class Poller:
 
     def __init__(self, imds: ImdsClient, metrics: Metrics, sinks: FanOut, settings: Settings,
                  state: CurrentState | None = None, clock: Callable[[], float] = time.time,
-                 store: LifecycleStore | None = None, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 store: LifecycleStore | None = None, monotonic: Callable[[], float] = time.monotonic,
+                 pauses: PauseDetector | None = None) -> None:
         self._imds = imds
+        self._pauses = pauses  # read at the start of each poll and on its timeout (time.monotonic, as ``run``)
         # Durations (the lifecycle's, when the newer api-version is due again) are measured on ``monotonic``, and
         # timestamps read from ``clock`` (the wall clock): tests move either.
         self._monotonic = monotonic
@@ -77,6 +80,7 @@ class Poller:
     def poll_once(self) -> float:
         """One poll; returns how long to wait before the next one."""
         started = time.monotonic()
+        self._felt(started)
         try:
             body, version = self._fetch(self._monotonic())
             now = self._clock()
@@ -88,7 +92,11 @@ class Poller:
                 self._save(self.snapshot.records, watching, read)  # a restart continues this watch, not the old
         except ImdsError as error:
             self._metrics.poll_duration.observe(time.monotonic() - started)
+            if self._paused_through(error, started):
+                return 0.0  # not IMDS' failure: asked again at once
             return self._failed(error)
+        finally:
+            self._listed()
         self._metrics.poll_duration.observe(time.monotonic() - started)
         self._polls_ok.inc()
         if self._health.recover():
@@ -98,6 +106,29 @@ class Poller:
         self._watch_since, self._last_read = watching, read
         self._state.update(up=True, last_success=now, watching_since=watching)
         return self._settings.poll_interval
+
+    def _felt(self, now: float) -> bool:
+        """The pauses found up to ``now`` folded into the records (their one writer) and logged; whether there were."""
+        found = self._pauses.take(now) if self._pauses is not None else []
+        if found:
+            records = self.snapshot.records
+            for each in found:
+                told(each, records)
+            self._state.update(records=pause.fold(records, found))
+        return bool(found)
+
+    def _paused_through(self, error: ImdsError, started: float) -> bool:
+        """Whether a timed-out poll was paused past its deadline: the VM, not IMDS, did not answer in time."""
+        if self._pauses is None or not isinstance(error, ImdsTimeout):
+            return False
+        now = time.monotonic()
+        self._pauses.overslept(started + self._imds.current_timeout, now)
+        return self._felt(now)
+
+    def _listed(self) -> None:
+        if self._pauses is not None:
+            snap = self.snapshot
+            self._pauses.listed(snap.records, snap.vm_name, time.monotonic())
 
     def _refresh_due(self, read: watch.Read) -> bool:
         """Whether a quiet VM's state file is due again, so that its ``last_read`` stays within half the allowed gap
@@ -216,7 +247,10 @@ class Poller:
             except Exception:  # a bug must not end the loop silently: log it, wait, go on
                 log.exception("unexpected error in the poll loop")
                 delay = self._settings.effective_max_backoff
-            stop.wait(max(0.0, started + delay - time.monotonic()))
+            waiting = time.monotonic()
+            due = max(started + delay, waiting)  # a poll longer than its interval is no pause
+            if not stop.wait(due - waiting) and self._pauses is not None:
+                self._pauses.overslept(due, time.monotonic())
 
     @property
     def healthy(self) -> bool:

@@ -1,0 +1,152 @@
+"""The pause detector: a thread that wakes every 40 ms while this VM has an event listed (and for a minute after),
+and sleeps without a timeout otherwise.
+
+Armed, any thread that runs may look (``check``): the poll loop does at the start of every poll, so a pause that
+ends an event is counted into the event's record before the document that ends it is read. Idle, the poll loop's
+own wait is the detector (``overslept``): at one poll a second, a pause of P seconds shows as P-1 to P. What is found
+is counted on the histogram at once and handed to the poll loop (``take``), which folds it into the records (the
+records' one writer) and logs it. The rules (what a pause is, whose it is) are ``core/pause.py``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from se_exporter.core import pause
+from se_exporter.core.lifecycle import EventRecord
+from se_exporter.core.pause import Pause
+from se_exporter.infra.logs import fields
+from se_exporter.sidecar.metrics import Metrics
+
+log = logging.getLogger("se_exporter")
+HELD = 256  # pauses found and not yet taken by the poll loop: a VM pausing every second fills none of it
+
+
+class PauseDetector:
+    """Finds pauses (see the module docstring); ``throttled`` reads the cgroup's throttled seconds (None: unknown)."""
+
+    def __init__(self, metrics: Metrics, monotonic: Callable[[], float] = time.monotonic,
+                 throttled: Callable[[], float | None] | None = None) -> None:
+        self._metrics = metrics
+        self._monotonic = monotonic
+        self._throttled = cgroup_throttled() if throttled is None else throttled
+        self._lock = threading.Lock()
+        self._due: float | None = None  # armed: when a thread is next due to have looked; None: idle
+        self._armed_until = -math.inf
+        self._records: Mapping[str, EventRecord] = {}  # listed at the last poll: a pause belongs to one of them
+        self._vm_name: str | None = None
+        self._throttled_at = self._throttled()
+        self._found: deque[Pause] = deque(maxlen=HELD)
+        self._wake = threading.Event()
+        self._closed = False
+
+    @property
+    def armed(self) -> bool:
+        return self._due is not None
+
+    def listed(self, records: Mapping[str, EventRecord], vm_name: str | None, now: float) -> None:
+        """What the poll loop read at ``now`` (monotonic): arms the detector while an event of this VM's is listed."""
+        with self._lock:
+            self._records, self._vm_name = records, vm_name
+            if pause.arms(records.values(), vm_name):
+                self._armed_until = now + pause.ARMED_FOR
+                if self._due is None:
+                    self._due = now + pause.TICK
+                    self._wake.set()
+
+    def check(self, now: float) -> None:
+        """Armed: a pause if no thread has looked since it was due (any thread that runs may call this)."""
+        with self._lock:
+            if self._due is None:
+                return
+            late = pause.late_by(self._due, now, pause.ARMED_MIN)
+            self._due = now + pause.TICK if now <= self._armed_until else None
+            self._note(now, late)
+
+    def overslept(self, due: float, now: float) -> None:
+        """Idle: the poll loop's wait that was to end at ``due`` ended at ``now``; a pause when a second late."""
+        with self._lock:
+            if self._due is None:
+                self._note(now, pause.late_by(due, now, pause.IDLE_MIN))
+
+    def take(self, now: float) -> list[Pause]:
+        """The pauses found since the last call, the one ending now included (the poll loop's, at each poll)."""
+        self.check(now)
+        with self._lock:
+            found = list(self._found)
+            self._found.clear()
+        return found
+
+    def _note(self, now: float, late: float | None) -> None:
+        """Under the lock: a pause of ``late`` seconds (None: none) counted and held for ``take``."""
+        reading = self._throttled()
+        if late is None:
+            self._throttled_at = reading
+            return
+        grew = None if reading is None or self._throttled_at is None else reading - self._throttled_at
+        self._throttled_at = reading
+        found = pause.felt(now, late, self._records.values(), self._vm_name, grew)
+        if found.throttled:
+            self._metrics.throttled_pauses.inc()
+        else:
+            self._metrics.pauses.labels(found.event_type).observe(found.seconds)
+        self._found.append(found)
+
+    def run(self, stop: threading.Event) -> None:
+        """The detector's thread: a look every ``TICK`` while armed, asleep (no timeout) while idle."""
+        while not stop.is_set() and not self._closed:
+            if self._due is None:
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            stop.wait(pause.TICK)
+            self.check(self._monotonic())
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+
+
+def told(found: Pause, records: Mapping[str, EventRecord]) -> None:
+    """The log line of one pause, with its event's id when it has one."""
+    record = records.get(found.event_key) if found.event_key is not None else None
+    what = "CPU throttling of this sidecar's cgroup" if found.throttled else (
+        f"while {record.event.event_type} {record.event.event_id} was {record.event.event_status}"
+        if record is not None else "with no event of this VM listed (unannounced)")
+    log.warning("the VM (or this process) was paused for %.2f s, %s", found.seconds, what,
+                extra=fields(pause_seconds=round(found.seconds, 3), event_type=found.event_type,
+                             event_id=None if record is None else record.event.event_id, throttled=found.throttled))
+
+
+def cgroup_throttled(root: Path = Path("/sys/fs/cgroup")) -> Callable[[], float | None]:
+    """A reader of this process's cgroup's throttled CPU seconds, or one that says None: on Windows, without cgroup
+    v2, or with no CPU limit (nothing can throttle it, so nothing is read every tick)."""
+    if sys.platform == "win32":
+        return lambda: None
+    try:
+        line = Path("/proc/self/cgroup").read_text().splitlines()[0]
+        group = root / line.partition("::")[2].lstrip("/")
+        if not line.startswith("0::") or (group / "cpu.max").read_text().split()[0] == "max":
+            return lambda: None
+        fd = os.open(group / "cpu.stat", os.O_RDONLY)
+    except (OSError, IndexError):
+        return lambda: None
+
+    def read() -> float | None:
+        try:
+            for row in os.pread(fd, 4096, 0).split(b"\n"):
+                if row.startswith(b"throttled_usec "):
+                    return int(row.split()[1]) / 1e6
+        except (OSError, ValueError):
+            pass
+        return None
+
+    return read
