@@ -109,10 +109,12 @@ def run_families() -> list[Metric]:
     registry = CollectorRegistry()
     metrics = Metrics(registry, lambda: snapshot)
     for counter, labels in ((metrics.transitions, ("Freeze", "started", "true")), (metrics.polls, ("ok",)),
-                            (metrics.sink_errors, ("eventhubs",)), (metrics.bound_hits, ("label_length",))):
+                            (metrics.sink_errors, ("eventhubs",)), (metrics.bound_hits, ("label_length",)),
+                            (metrics.throttled_pauses, ())):
         counter.labels(*labels).inc()
     for histogram, labels in ((metrics.notice, ("Freeze", "true")), (metrics.impact, ("Freeze", "true")),
-                              (metrics.rebalance_to_preempt, ()), (metrics.poll_duration, ())):
+                              (metrics.rebalance_to_preempt, ()), (metrics.poll_duration, ()),
+                              (metrics.pauses, ("Freeze",))):
         histogram.labels(*labels).observe(1.0)
     http_server.rejection_counter(registry, NAMESPACE)
     register_families(registry)

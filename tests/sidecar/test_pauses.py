@@ -1,0 +1,128 @@
+"""The pause detector: armed and idle, what it counts on /metrics, what it hands the poll loop, what bounds it."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from se_exporter.core import pause
+from se_exporter.core.lifecycle import EventRecord, diff
+from se_exporter.core.model import parse_document
+from se_exporter.sidecar.metrics import Metrics
+from se_exporter.sidecar.pauses import HELD, PauseDetector, cgroup_throttled
+from se_exporter.sidecar.snapshot import Snapshot
+
+FREEZE = {"EventId": "F1", "EventStatus": "Started", "EventType": "Freeze", "ResourceType": "VirtualMachine",
+          "Resources": ["vm0"], "NotBefore": "", "DurationInSeconds": 5}
+
+
+def listed(*events: Mapping[str, object]) -> Mapping[str, EventRecord]:
+    document = parse_document(json.dumps({"DocumentIncarnation": 1, "Events": list(events)}).encode())
+    return diff({}, document, 1000.0).records
+
+
+def detector(throttled: list[float | None] | None = None) -> tuple[PauseDetector, CollectorRegistry]:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, Snapshot)
+    readings = iter(throttled or [])
+    return PauseDetector(metrics, throttled=lambda: next(readings, None)), registry
+
+
+def pauses(registry: CollectorRegistry, event_type: str) -> tuple[float | None, float | None]:
+    labels = {"event_type": event_type}
+    return (registry.get_sample_value("azure_scheduled_events_pause_seconds_count", labels),
+            registry.get_sample_value("azure_scheduled_events_pause_seconds_sum", labels))
+
+
+def test_armed_a_late_look_is_a_pause_of_the_listed_event() -> None:
+    found, registry = detector()
+    found.listed(listed(FREEZE), "vm0", 100.0)
+    assert found.armed
+    found.check(100.04)
+    found.check(102.08)  # due at 100.08: two seconds late
+    assert pauses(registry, "Freeze") == (1.0, pytest.approx(2.0))
+    [taken] = found.take(102.1)
+    assert (taken.event_key, taken.seconds) == ("f1", pytest.approx(2.0))
+    assert found.take(102.12) == []  # taken once
+
+
+def test_armed_lateness_under_the_threshold_is_not_counted() -> None:
+    found, registry = detector()
+    found.listed(listed(FREEZE), "vm0", 100.0)
+    found.check(100.04 + pause.ARMED_MIN - 0.01)
+    assert pauses(registry, "Freeze") == (None, None)
+    assert found.take(100.3) == []
+
+
+def test_idle_only_the_poll_loops_oversleep_of_a_second_counts_and_as_unannounced() -> None:
+    found, registry = detector()
+    assert not found.armed
+    found.overslept(100.0, 100.9)
+    found.overslept(200.0, 203.0)
+    assert pauses(registry, pause.UNANNOUNCED) == (1.0, pytest.approx(3.0))
+
+
+def test_armed_the_poll_loops_oversleep_is_left_to_the_armed_looks() -> None:
+    """One pause, one observation: armed, the poll loop's own lateness is not counted a second time."""
+    found, registry = detector()
+    found.listed(listed(FREEZE), "vm0", 100.0)
+    found.overslept(101.0, 103.0)
+    found.check(103.0)
+    assert pauses(registry, "Freeze") == (1.0, pytest.approx(2.96))
+
+
+def test_it_stays_armed_a_minute_after_the_last_event_is_gone_then_sleeps() -> None:
+    found, _ = detector()
+    found.listed(listed(FREEZE), "vm0", 100.0)
+    found.listed({}, "vm0", 100.5)  # gone: armed until a minute after it was last listed
+    now = 100.0
+    while now + pause.TICK < 100.0 + pause.ARMED_FOR:
+        now += pause.TICK
+        found.check(now)
+        assert found.armed
+    found.check(100.0 + pause.ARMED_FOR + 0.01)
+    assert not found.armed
+
+
+def test_a_pause_the_cgroups_throttling_explains_is_counted_as_throttling() -> None:
+    found, registry = detector(throttled=[10.0, 10.0, 10.0, 12.0])  # at start, two looks, after the pause
+    found.listed(listed(FREEZE), "vm0", 100.0)
+    found.check(100.04)
+    found.check(100.08)
+    found.check(102.5)
+    assert registry.get_sample_value("azure_scheduled_events_throttled_pauses_total") == 1.0
+    assert pauses(registry, "Freeze") == (None, None)
+
+
+def test_pauses_held_for_the_poll_loop_are_bounded() -> None:
+    found, registry = detector()
+    for second in range(2 * HELD):
+        found.overslept(10.0 * second, 10.0 * second + 2)
+    assert len(found.take(100_000.0)) == HELD
+    assert pauses(registry, pause.UNANNOUNCED)[0] == 2 * HELD  # counted on /metrics all the same
+
+
+def test_the_thread_sleeps_without_a_timeout_idle_and_ends_on_close_or_stop() -> None:
+    found, _ = detector()
+    stop = threading.Event()
+    thread = threading.Thread(target=found.run, args=(stop,))
+    thread.start()
+    found.listed(listed(FREEZE), "vm0", 0.0)  # armed: looks every TICK until stop
+    stop.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    idle, _ = detector()
+    thread = threading.Thread(target=idle.run, args=(threading.Event(),))
+    thread.start()
+    idle.close()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_no_cgroup_limit_means_nothing_is_read(tmp_path: Path) -> None:
+    assert cgroup_throttled(tmp_path)() is None
