@@ -5,12 +5,11 @@ Armed, any thread that runs may look (``check``): the poll loop does at the star
 ends an event is counted into the event's record before the document that ends it is read. Idle, the poll loop's
 own wait is the detector (``overslept``): at one poll a second, a pause of P seconds shows as P-1 to P. What is found
 is counted on the histogram at once and handed to the poll loop (``take``), which folds it into the records (the
-records' one writer) and logs it. The rules (what a pause is, whose it is) are ``core/pause.py``'s.
+records' one writer) and hands it to the outputs. The rules (what a pause is, whose it is) are ``core/pause.py``'s.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import sys
@@ -23,10 +22,8 @@ from pathlib import Path
 from se_exporter.core import pause
 from se_exporter.core.lifecycle import EventRecord
 from se_exporter.core.pause import Pause
-from se_exporter.infra.logs import fields
 from se_exporter.sidecar.metrics import Metrics
 
-log = logging.getLogger("se_exporter")
 HELD = 256  # pauses found and not yet taken by the poll loop: a VM pausing every second fills none of it
 
 
@@ -113,17 +110,6 @@ class PauseDetector:
     def close(self) -> None:
         self._closed = True
         self._wake.set()
-
-
-def told(found: Pause, records: Mapping[str, EventRecord]) -> None:
-    """The log line of one pause, with its event's id when it has one."""
-    record = records.get(found.event_key) if found.event_key is not None else None
-    what = "CPU throttling of this sidecar's cgroup" if found.throttled else (
-        f"while {record.event.event_type} {record.event.event_id} was {record.event.event_status}"
-        if record is not None else "with no event of this VM listed (unannounced)")
-    log.warning("the VM (or this process) was paused for %.2f s, %s", found.seconds, what,
-                extra=fields(pause_seconds=round(found.seconds, 3), event_type=found.event_type,
-                             event_id=None if record is None else record.event.event_id, throttled=found.throttled))
 
 
 def cgroup_throttled(root: Path = Path("/sys/fs/cgroup")) -> Callable[[], float | None]:

@@ -20,9 +20,9 @@ from se_exporter.infra.logs import fields
 from se_exporter.sidecar.imds import ImdsClient
 from se_exporter.sidecar.lifecycle_store import LifecycleStore, Restored
 from se_exporter.sidecar.metrics import Metrics
-from se_exporter.sidecar.pauses import PauseDetector, told
+from se_exporter.sidecar.pauses import PauseDetector
 from se_exporter.sidecar.settings import Settings
-from se_exporter.sidecar.sinks import DocumentChange, FanOut
+from se_exporter.sidecar.sinks import DocumentChange, FanOut, PauseFelt
 from se_exporter.sidecar.snapshot import CurrentState, Snapshot
 
 log = logging.getLogger("se_exporter")
@@ -108,13 +108,15 @@ class Poller:
         return self._settings.poll_interval
 
     def _felt(self, now: float) -> bool:
-        """The pauses found up to ``now`` folded into the records (their one writer) and logged; whether there were."""
+        """The pauses found up to ``now`` folded into the records (their one writer) and handed to the sinks;
+        whether there were."""
         found = self._pauses.take(now) if self._pauses is not None else []
         if found:
-            records = self.snapshot.records
+            snap = self._state.update(records=pause.fold(self.snapshot.records, found))
+            wall = self._clock() - now  # a monotonic reading plus this is the wall clock's
             for each in found:
-                told(each, records)
-            self._state.update(records=pause.fold(records, found))
+                record = snap.records.get(each.event_key) if each.event_key is not None else None
+                self._sinks.on_pause(PauseFelt(each, record, wall + each.began, snap.vm_name, snap.identity))
         return bool(found)
 
     def _paused_through(self, error: ImdsError, started: float) -> bool:

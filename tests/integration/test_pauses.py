@@ -15,12 +15,19 @@ import pytest
 from se_exporter.simulator.faults import Fault
 from tests.conftest import SimulatorFactory
 from tests.support.helpers import Sidecar, series, wait_until
+from tests.support.otlp_receiver import OtlpReceiver
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(sys.platform == "win32", reason="SIGSTOP and SIGCONT are POSIX signals")]
 FREEZE_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"  # live-migration's Freeze
 FREEZE_STARTS = 902.0  # scenario seconds: appears at 2, 900 s of notice
 HISTOGRAM = "azure_scheduled_events_pause_seconds"
+A = "azure.scheduled_event."
+
+
+def otlp(receiver: OtlpReceiver) -> dict[str, str]:
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "OTEL_BLRP_SCHEDULE_DELAY": "100"}
 
 
 def paused(process: Sidecar, seconds: float) -> float:
@@ -42,11 +49,12 @@ def felt(process: Sidecar, event_type: str) -> tuple[float, float] | None:
     return None if count is None or total is None else (count, total)
 
 
-def test_a_pause_during_a_started_freeze_is_that_freezes(simulator: SimulatorFactory,
-                                                         sidecar: Callable[..., Sidecar]) -> None:
+def test_a_pause_during_a_started_freeze_is_that_freezes(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                                         receiver: OtlpReceiver) -> None:
+    """One pause on the histogram, the event's gauge, a span in the event's trace and a log record."""
     sim, server = simulator("live-migration", held=True)
     sim.advance(FREEZE_STARTS)
-    process = sidecar("--imds-url", server.url)
+    process = sidecar("--imds-url", server.url, env=otlp(receiver))
     wait_until(lambda: process.value("azure_scheduled_event_info", event_id=FREEZE_ID, event_type="Freeze",
                                      event_status="Started", event_source="Platform",
                                      resource_type="VirtualMachine", affects_this_vm="true"),
@@ -61,19 +69,30 @@ def test_a_pause_during_a_started_freeze_is_that_freezes(simulator: SimulatorFac
     assert longest == pytest.approx(seconds)
     assert felt(process, "none") is None
     assert "paused for" in process.log() and FREEZE_ID in process.log()
+    (span,) = wait_until(lambda: receiver.named("scheduled_event.pause"), what="the pause span")
+    (root,) = receiver.named("scheduled_event.update")
+    assert span.trace_id == root.trace_id and span.parent_id == root.parent_id  # under the event's root span
+    assert span.attributes[A + "pause_seconds"] == pytest.approx(seconds, abs=0.001)
+    assert (span.end_ns - span.start_ns) / 1e9 == pytest.approx(seconds, abs=0.001)
+    (record,) = wait_until(lambda: receiver.events(A + "pause"), what="the pause's log record")
+    assert (record.trace_id, record.attributes[A + "id"]) == (span.trace_id, FREEZE_ID)
 
 
-def test_a_pause_with_nothing_listed_is_unannounced(simulator: SimulatorFactory,
-                                                   sidecar: Callable[..., Sidecar]) -> None:
-    """Idle (nothing listed: no detector thread awake), the poll loop's own lateness finds it: P-1 to P seconds."""
+def test_a_pause_with_nothing_listed_is_unannounced(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                                   receiver: OtlpReceiver) -> None:
+    """Idle (nothing listed: no detector thread awake), the poll loop's own lateness finds it: P-1 to P seconds.
+    A log record in no trace, no span."""
     _, server = simulator("live-migration", held=True)  # the Freeze appears at 2 s of scenario time: not yet
-    process = sidecar("--imds-url", server.url)
+    process = sidecar("--imds-url", server.url, env=otlp(receiver))
     wait_until(lambda: process.value("azure_scheduled_events_up") == 1, what="a first document")
     stopped = paused(process, 3.0)
     count, seconds = wait_until(lambda: felt(process, "none"), what="the pause on the histogram")
     assert count == 1
     assert stopped - 1.2 <= seconds <= stopped + 0.05, (seconds, stopped)
     assert not series(process.samples(), "azure_scheduled_event_longest_pause_seconds")
+    (record,) = wait_until(lambda: receiver.events(A + "pause"), what="the pause's log record")
+    assert not record.trace_id and record.attributes[A + "pause_seconds"] == pytest.approx(seconds, abs=0.001)
+    assert not receiver.named("scheduled_event.pause")
 
 
 def test_a_pause_past_the_poll_timeout_is_not_an_imds_failure(simulator: SimulatorFactory,

@@ -113,7 +113,7 @@ def test_attributes_of_the_documented_example() -> None:
         A + "resources": ("WestNO_0", "WestNO_1"), A + "source": "Platform", A + "resource_type": "VirtualMachine",
         A + "description": "Virtual machine is being paused because of a memory-preserving Live Migration operation.",
         A + "duration_seconds": 5, A + "document_incarnation": 4, A + "affects_this_vm": True,
-        A + "outcome": "completed"}
+        A + "outcome": "completed", A + "longest_pause_seconds": 0.0}
     notice = next(s for s in run("live-migration") if s.name == "scheduled_event.notice")
     assert notice.end_time is not None and notice.start_time is not None
     assert (notice.end_time - notice.start_time) / 1e9 == pytest.approx(900.0)

@@ -1,8 +1,8 @@
 """One small interface for every output, shaped like OpenTelemetry's ``SpanExporter``.
 
-The poll loop hands each sink a ``DocumentChange`` only when the document's bytes changed, never
-per poll, so a sink's cost is paid per change. ``FanOut`` wraps the sinks so that one failing
-sink is logged and counted and never stalls or breaks the others (as the OpenTelemetry SDK's
+The poll loop hands each sink a ``DocumentChange`` only when the document's bytes changed, never per poll, so a
+sink's cost is paid per change, and a ``PauseFelt`` for each pause the VM lived through. ``FanOut`` wraps the sinks
+so that one failing sink is logged and counted and never stalls or breaks the others (as the OpenTelemetry SDK's
 ``SimpleSpanProcessor`` does with exporter errors). ``FanOut`` runs on the poll thread, so the sinks it calls directly
 only count and log; whatever does I/O (forwarding, spans, log records) queues for a ``BatchProcessor``
 (``infra/batching.py``) and returns at once.
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from se_exporter.core.lifecycle import EventRecord, Transition
 from se_exporter.core.model import Document, VmIdentity
+from se_exporter.core.pause import Pause
 
 log = logging.getLogger("se_exporter.sinks")
 
@@ -34,6 +35,18 @@ class DocumentChange:
     api_version: str  # the one the document answers (with --api-version auto, the version in use)
     # Preempts first seen in this change (by key) -> the SpotRebalanceRecommendation each follows (core/spot.py)
     follows: Mapping[str, EventRecord] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PauseFelt:
+    """A pause (``core/pause.py``) as the outputs tell it: the record of the event it belongs to as folded (None:
+    unannounced, or the event is gone), when it began on the wall clock, and the VM as in a ``DocumentChange``."""
+
+    pause: Pause
+    record: EventRecord | None
+    began_at: float  # unix seconds
+    vm_name: str | None
+    identity: VmIdentity | None
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,9 @@ class Sink:
     def on_change(self, change: DocumentChange) -> None:
         raise NotImplementedError
 
+    def on_pause(self, felt: PauseFelt) -> None:
+        """A pause the VM lived through; most outputs do not tell pauses."""
+
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Deliver whatever is buffered within ``timeout_millis``; True when all of it was."""
         return True
@@ -79,6 +95,14 @@ class FanOut:
                 sink.on_change(change)
             except Exception:  # a sink must never take the poll loop down
                 log.exception("sink %s failed on incarnation %s", sink.name, change.document.incarnation)
+                self._on_error(sink.name)
+
+    def on_pause(self, felt: PauseFelt) -> None:
+        for sink in self._sinks:
+            try:
+                sink.on_pause(felt)
+            except Exception:
+                log.exception("sink %s failed on a pause", sink.name)
                 self._on_error(sink.name)
 
     def shutdown(self) -> None:

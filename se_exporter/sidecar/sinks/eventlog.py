@@ -7,8 +7,8 @@ import logging
 from se_exporter.core.lifecycle import CANCELED, COMPLETED, RESCHEDULED, SCHEDULED, STARTED
 from se_exporter.core.model import affects_label, affects_vm
 from se_exporter.infra.logs import fields
-from se_exporter.sidecar.sinks import DocumentChange, Sink
-from se_exporter.sidecar.sinks.facts import event_facts, transition_facts
+from se_exporter.sidecar.sinks import DocumentChange, PauseFelt, Sink
+from se_exporter.sidecar.sinks.facts import event_facts, pause_facts, transition_facts
 
 log = logging.getLogger("se_exporter.events")
 
@@ -35,3 +35,13 @@ class LogSink(Sink):
                        **told}
             level = logging.INFO if affects is False else _LEVELS.get(transition.kind, logging.INFO)
             log.log(level, "%s %s %s", event.event_type, event.event_id, transition.kind, extra=fields(**details))
+
+    def on_pause(self, felt: PauseFelt) -> None:
+        """A warning: a pause is what a person asks about after an incident, announced or not."""
+        event = felt.record.event if felt.record is not None else None
+        what = "CPU throttling of this sidecar's cgroup" if felt.pause.throttled else (
+            f"while {event.event_type} {event.event_id} was {event.event_status}" if event is not None
+            else "with no event of this VM listed (unannounced)")
+        log.warning("the VM (or this process) was paused for %.2f s, %s", felt.pause.seconds, what,
+                    extra=fields(**pause_facts(felt), event_type=felt.pause.event_type,
+                                 event_id=None if event is None else event.event_id))

@@ -5,14 +5,14 @@ them: times are ISO 8601 in UTC with ``Z``, seconds are at least 0 and kept to t
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
-from se_exporter.core.lifecycle import COMPLETED, STARTED, Transition
+from se_exporter.core.lifecycle import CANCELED, COMPLETED, STARTED, Transition
 from se_exporter.core.model import EVENT_FIELDS, ScheduledEvent, affects_vm
 from se_exporter.core.spot import lead_seconds
 from se_exporter.sidecar.metrics import LABEL_MARK
-from se_exporter.sidecar.sinks import DocumentChange
+from se_exporter.sidecar.sinks import DocumentChange, PauseFelt
 
 # A value from IMDS holds at most this many characters (cut ones end in LABEL_MARK), a list at most
 # MAX_ITEMS of them: a 1 MiB Description kept whole in each update span, span event and log record took hundreds
@@ -81,4 +81,14 @@ def transition_facts(transition: Transition, change: DocumentChange) -> dict[str
         facts["recommendation_lead_seconds"] = seconds_fact(lead_seconds(record, recommendation))
     if transition.kind == COMPLETED and record.impact_seconds is not None:
         facts["impact_seconds"] = seconds_fact(record.impact_seconds)
+    if transition.kind in (COMPLETED, CANCELED):
+        facts["longest_pause_seconds"] = seconds_fact(record.longest_pause)
     return facts
+
+
+def pause_facts(felt: PauseFelt) -> dict[str, Any]:
+    """What a pause adds to its event's facts (or says alone, unannounced): how long, when it began, and whether
+    CPU throttling of the sidecar's cgroup explains it."""
+    return {"pause_seconds": seconds_fact(felt.pause.seconds),
+            "pause_began": time_fact(datetime.fromtimestamp(felt.began_at, timezone.utc)),
+            "throttled": felt.pause.throttled}

@@ -25,8 +25,8 @@ from se_exporter.core.lifecycle import SCHEDULED, STARTED, Transition
 from se_exporter.core.model import VmIdentity
 from se_exporter.sidecar.metrics import NAMESPACE
 from se_exporter.sidecar.settings import Settings
-from se_exporter.sidecar.sinks import DocumentChange, Sink
-from se_exporter.sidecar.sinks.facts import event_facts, transition_facts
+from se_exporter.sidecar.sinks import DocumentChange, PauseFelt, Sink
+from se_exporter.sidecar.sinks.facts import event_facts, pause_facts, transition_facts
 from se_exporter.sidecar.sinks.spans import PREFIX, attributes, root_context, vm_key
 from se_exporter.sidecar.sinks.tracing import Batched, Counting, bounded, resource_attributes, signal_url
 
@@ -103,6 +103,19 @@ class EventLogSink(Sink):
             severity_number=SeverityNumber.WARN if warn else SeverityNumber.INFO,
             severity_text="WARN" if warn else "INFO", body=f"{event.event_type} {event.event_id} {kind.value}",
             attributes=attrs)
+
+    def on_pause(self, felt: PauseFelt) -> None:
+        """One record ``azure.scheduled_event.pause`` per pause: in its event's trace, or in none (unannounced)."""
+        if self._provider is None:
+            self._build(felt.identity)
+        record = felt.record
+        facts = event_facts(record.event, None, felt.vm_name) if record is not None else {}
+        what = f"during {record.event.event_type} {record.event.event_id}" if record is not None else "unannounced"
+        self._logger.emit(
+            timestamp=int((felt.began_at + felt.pause.seconds) * 1e9),
+            context=None if record is None else root_context(record.event.event_id, vm_key(felt)),
+            event_name=PREFIX + "pause", severity_number=SeverityNumber.WARN, severity_text="WARN",
+            body=f"paused {felt.pause.seconds:.2f} s {what}", attributes=attributes(facts, pause_facts(felt)))
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return self._exporter.force_flush(min(timeout_millis, 3000))

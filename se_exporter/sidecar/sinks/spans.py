@@ -23,8 +23,8 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 from se_exporter.core.lifecycle import CANCELED, COMPLETED, STARTED, EventRecord, Transition
 from se_exporter.core.model import ScheduledEvent, event_key, json_kind
 from se_exporter.infra.files import StateFile, read_state_file
-from se_exporter.sidecar.sinks import DocumentChange, Sink
-from se_exporter.sidecar.sinks.facts import event_facts, transition_facts
+from se_exporter.sidecar.sinks import DocumentChange, PauseFelt, Sink
+from se_exporter.sidecar.sinks.facts import event_facts, pause_facts, seconds_fact, transition_facts
 
 log = logging.getLogger("se_exporter.spans")
 PREFIX = "azure.scheduled_event."
@@ -45,7 +45,7 @@ def span_id_for(event_id: str, vm_key: str, role: str) -> int:
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") or 1
 
 
-def vm_key(change: DocumentChange) -> str:
+def vm_key(change: DocumentChange | PauseFelt) -> str:
     """What this VM is, as far as known: a part of its span ids."""
     return f"{change.identity.vm_id if change.identity else ''}/{change.vm_name or ''}"
 
@@ -143,6 +143,19 @@ class SpanSink(Sink):
         self._open = {key: opened for key, opened in self._open.items() if key in change.records}
         self._save()
 
+    def on_pause(self, felt: PauseFelt) -> None:
+        """A ``scheduled_event.pause`` span in the trace of the event the pause belongs to, lasting what it did; a
+        pause of no event's (unannounced) or explained by throttling is a log record only."""
+        record = felt.record
+        if record is None or felt.pause.throttled:
+            return
+        event_id = record.event.event_id
+        attrs = attributes(event_facts(record.event, None, felt.vm_name), pause_facts(felt))
+        start = int(felt.began_at * 1e9)
+        span = self._tracer.start_span("scheduled_event.pause", context=root_context(event_id, vm_key(felt)),
+                                       kind=SpanKind.INTERNAL, attributes=attrs, start_time=start)
+        span.end(end_time=start + int(felt.pause.seconds * 1e9))
+
     def _transition(self, transition: Transition, vm_key: str, incarnation: int | None,
                     change: DocumentChange) -> None:
         record, kind = transition.record, transition.kind
@@ -160,7 +173,9 @@ class SpanSink(Sink):
                 self._span(event_id, vm_key, "scheduled_event.impact", "impact", record.started_at,
                            record.impact_seconds, attrs)
             self._span(event_id, vm_key, "scheduled_event", "root", record.first_seen, record.lifetime_seconds,
-                       {**attrs, PREFIX + "outcome": kind.value}, self._open.pop(record.event.key, []))
+                       {**attrs, PREFIX + "outcome": kind.value,
+                        PREFIX + "longest_pause_seconds": seconds_fact(record.longest_pause)},
+                       self._open.pop(record.event.key, []))
 
     def _note(self, record: EventRecord, vm_key: str, incarnation: int | None, change: DocumentChange,
               transition: Mapping[str, Any]) -> None:

@@ -33,7 +33,7 @@ from se_exporter.infra.batching import BatchProcessor, Deliverer, MemoryQueue
 from se_exporter.infra.logs import escape
 from se_exporter.sidecar.metrics import NAMESPACE
 from se_exporter.sidecar.settings import Settings, SpanBatching
-from se_exporter.sidecar.sinks import DocumentChange, Sink
+from se_exporter.sidecar.sinks import DocumentChange, PauseFelt, Sink
 from se_exporter.sidecar.sinks.spans import PREFIX, EventIdGenerator, SpanSink
 
 log = logging.getLogger("se_exporter.tracing")
@@ -314,6 +314,11 @@ class TracingSink(Sink):
         if self._sink is None:
             self._sink = self._build(change.identity)
         self._sink.on_change(change)
+
+    def on_pause(self, felt: PauseFelt) -> None:
+        if self._sink is None:
+            self._sink = self._build(felt.identity)
+        self._sink.on_pause(felt)
 
     def _build(self, identity: VmIdentity | None) -> SpanSink:
         ids = EventIdGenerator()
