@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
 
-from se_exporter.sidecar.forwarding.envelope import Sequencer, build
+from se_exporter.core import pause
+from se_exporter.core.lifecycle import diff
+from se_exporter.core.model import parse_document
+from se_exporter.sidecar.forwarding.envelope import MAX_PAUSED, Sequencer, build
 from se_exporter.sidecar.forwarding.forward_file import file_line
 from tests.support.fakes.documents import IDENTITY, RAW, change
 from tests.support.helpers import FORWARDED_SCHEMA as SCHEMA
@@ -50,3 +54,23 @@ def test_sequence_survives_restarts(tmp_path: Path) -> None:
     assert second.next() == 3
     second.advance_past(41)
     assert Sequencer(tmp_path).next() == 42
+
+
+def test_the_pauses_property_carries_each_events_longest_and_total_pause_bounded() -> None:
+    """Listed and just ended events that paused, longest first, at most MAX_PAUSED; absent while none paused; valid
+    against the published schema."""
+    events = [{"EventId": f"E{n:02}", "EventStatus": "Started", "EventType": "Freeze", "ResourceType":
+               "VirtualMachine", "Resources": ["WestNO_0"], "NotBefore": ""} for n in range(MAX_PAUSED + 4)]
+    raw = json.dumps({"DocumentIncarnation": 5, "Events": events}).encode()
+    listed = change(raw)
+    assert "pauses" not in build(listed, 1, "i").properties
+    records = pause.fold(listed.records, [pause.Pause(1.0, 0.5 + n, f"e{n:02}", "Freeze") for n in range(len(events))]
+                         + [pause.Pause(2.0, 0.25, "e00", "Freeze")])
+    carried = json.loads(str(build(replace(listed, records=records), 2, "i").properties["pauses"]))
+    assert len(carried) == MAX_PAUSED
+    assert list(carried)[0] == f"E{len(events) - 1:02}"
+    assert "E00" not in carried and carried["E04"] == [4.5, 4.5]
+    gone = diff(records, parse_document(b'{"DocumentIncarnation": 6, "Events": []}'), 10.0)
+    ended = build(replace(listed, records=gone.records, transitions=gone.transitions), 3, "i")
+    assert json.loads(str(ended.properties["pauses"]))["E19"] == [19.5, 19.5]
+    jsonschema.validate(ended.header()["properties"], SCHEMA["properties"]["properties"])

@@ -22,15 +22,18 @@ from pathlib import Path
 
 from se_exporter import __version__
 from se_exporter.core.errors import StateDirError
+from se_exporter.core.lifecycle import CANCELED, COMPLETED
 from se_exporter.core.model import VmIdentity, json_kind, vm_name
 from se_exporter.infra.files import StateFile, read_state_file
 from se_exporter.sidecar.sinks import DocumentChange, ImdsHealth
+from se_exporter.sidecar.sinks.facts import bounded
 
 log = logging.getLogger("se_exporter.forward")
 CONTENT_TYPE = "application/json"
 STATE_FILE = "forwarding.json"
 INT32 = range(-(2**31), 2**31)
 MAX_SEQUENCE = 2**53  # exact in every JSON reader, JavaScript's included
+MAX_PAUSED = 16  # events in the pauses property: an EventId is at most facts.MAX_CHARS characters
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
@@ -83,10 +86,25 @@ def build(change: DocumentChange, sequence: int, installation_id: str, imds: Imd
     }
     if change.document.incarnation is not None:
         properties["document_incarnation"] = change.document.incarnation
+    paused = pauses(change)
+    if paused:
+        properties["pauses"] = paused
     return Envelope(sequence=sequence, message_id=f"{installation_id}:{sequence}",
                     partition_key=str(carriable(identity.vm_id or name or "unknown")),
                     properties={name: carriable(value) for name, value in properties.items()}, body=change.raw,
                     observed_at=change.observed_at)
+
+
+def pauses(change: DocumentChange) -> str:
+    """The ``pauses`` property: each listed or just ended event's longest and total pause (``core/pause.py``),
+    those that paused longest first, at most MAX_PAUSED; empty when none paused."""
+    ended = (t.record for t in change.transitions if t.kind in (COMPLETED, CANCELED))
+    paused = sorted((r for r in (*change.records.values(), *ended) if r.paused_seconds > 0),
+                    key=lambda r: (-r.longest_pause, r.event.event_id))[:MAX_PAUSED]
+    if not paused:
+        return ""
+    return json.dumps({bounded(r.event.event_id): [round(r.longest_pause, 3), round(r.paused_seconds, 3)]
+                       for r in paused}, separators=(",", ":"))
 
 
 class Sequencer:
