@@ -68,7 +68,7 @@ def test_the_pauses_property_carries_each_events_longest_and_total_pause_bounded
                          + [pause.Pause(2.0, 0.25, "e00", "Freeze")])
     carried = json.loads(str(build(replace(listed, records=records), 2, "i").properties["pauses"]))
     assert len(carried) == MAX_PAUSED
-    assert list(carried)[0] == f"E{len(events) - 1:02}"
+    assert next(iter(carried)) == f"E{len(events) - 1:02}"
     assert "E00" not in carried and carried["E04"] == [4.5, 4.5]
     gone = diff(records, parse_document(b'{"DocumentIncarnation": 6, "Events": []}'), 10.0)
     ended = build(replace(listed, records=gone.records, transitions=gone.transitions), 3, "i")
