@@ -58,6 +58,7 @@ from azure.eventhub import EventData  # noqa: E402 - after the path set-up above
 from core import document  # noqa: E402 - scripts/core.py: this script's folder is first on sys.path
 from prometheus_client import CollectorRegistry  # noqa: E402
 
+from se_exporter.core.pause import TICK  # noqa: E402
 from se_exporter.infra.azure.clients import producer_factory  # noqa: E402
 from se_exporter.sidecar.forwarding.envelope import CONTENT_TYPE, Envelope  # noqa: E402
 from se_exporter.sidecar.forwarding.eventhubs import EventHubsTarget  # noqa: E402
@@ -76,6 +77,8 @@ PEER_NAME = "azure-scheduledevents-exporter"
 PEER_CANDIDATES = [ROOT.parent / "shared" / "peers" / PEER_NAME, ROOT.parent.parent / "shared" / "peers" / PEER_NAME]
 BATCH = 100  # documents per Event Hubs batch, for the forwarder and the bare SDK alike
 SPAN_DELAY = 0.5  # the span processor's schedule delay (sidecar/sinks/tracing.py): the floor of span latency
+IDLE_VM = "bench-vm"  # a VM the demo's events do not list: its sidecar's pause detector sleeps
+ARMED = "metrics only, armed"  # the contender whose VM has a Freeze listed: its pause detector wakes every TICK
 ANATOMY_GAP = 0.1  # seconds slept before each measured part of a poll: long enough for the caches to go cold
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -214,17 +217,20 @@ class Field:
         self._logs: list[Path] = []
 
     @staticmethod
-    def _double(stack: ExitStack) -> tuple[Simulator, SimulatorServer]:
-        double = Simulator(scenarios.load("demo"), speed=0.001)  # moves only when advanced: changes come on cue
+    def _double(stack: ExitStack, armed: bool = False) -> tuple[Simulator, SimulatorServer]:
+        """The demo, moving only when advanced (changes come on cue). Its events list WestNO_0 and its neighbours:
+        served as a VM none of them lists (IDLE_VM: the same bytes, its pause detector asleep) unless ``armed``
+        (a Freeze of this VM's listed: the detector awake)."""
+        double = Simulator(scenarios.load("demo"), speed=0.001, vm_name=None if armed else IDLE_VM)
         server = start(double)
         stack.callback(server.server_close)
         stack.callback(server.shutdown)
         return double, server
 
     def sidecar(self, stack: ExitStack, label: str, interval: float, every_sink: bool,
-                package: Path | None = None) -> Contender:
+                package: Path | None = None, armed: bool = False) -> Contender:
         """A sidecar (from ``package``, default this checkout's), stopped when ``stack`` closes."""
-        double, server = self._double(stack)
+        double, server = self._double(stack, armed)
         port = _free_port()
         directory = self._state / f"{label.replace(' ', '-')}-{interval:g}"
         directory.mkdir()
@@ -279,10 +285,13 @@ class Field:
 
 
 def side_by_side(field_: Field, stack: ExitStack, interval: float, windows: int, window_seconds: float,
-                 warm_polls: int) -> tuple[list[Contender], list[dict[str, Window]]]:
-    """The two sidecars and the Go peer at one rate, warmed, then measured ``windows`` times side by side."""
+                 warm_polls: int, armed: bool = False) -> tuple[list[Contender], list[dict[str, Window]]]:
+    """The two sidecars and the Go peer at one rate (and, ``armed``, a metrics-only sidecar whose VM has an event
+    listed), warmed, then measured ``windows`` times side by side."""
     contenders = [field_.sidecar(stack, "metrics only", interval, every_sink=False),
                   field_.sidecar(stack, "every sink", interval, every_sink=True)]
+    if armed:
+        contenders.append(field_.sidecar(stack, ARMED, interval, every_sink=False, armed=True))
     go = field_.go_peer(stack, interval)
     if go is not None:
         contenders.append(go)
@@ -761,7 +770,8 @@ def run(smoke: bool, peer: Path | None, windows: int = 4, seconds: float = 15.0)
     with ExitStack() as stack, tempfile.TemporaryDirectory() as state:
         field_ = Field(stack, Path(state), peer, package)
         with announced(f"1 Hz side by side, {slow_windows} x {slow_seconds:g} s"), ExitStack() as slow_stack:
-            slow, slow_parts = side_by_side(field_, slow_stack, 1.0, slow_windows, slow_seconds, 2 if smoke else 5)
+            slow, slow_parts = side_by_side(field_, slow_stack, 1.0, slow_windows, slow_seconds, 2 if smoke else 5,
+                                            armed=True)
             slow_rss = {c.label: rss_mb(c.process.pid) for c in slow}
             slow_total = {c.label: merge([part[c.label] for part in slow_parts]) for c in slow}
             idle = {c.label: slow_total[c.label].cpu_ns / slow_total[c.label].seconds for c in slow}
@@ -853,6 +863,10 @@ def rows_of(r: Run) -> list[Row]:
     def wakeups(label: str) -> float:
         return r.slow_total[label].wakeups / r.slow_total[label].seconds
 
+    def thread_wakeups(label: str, thread: str) -> float:
+        window = r.slow_total[label]
+        return window.threads.get(thread, {"wakeups": 0})["wakeups"] / window.seconds
+
     go_per_s = per_s(go) if has_go else None
     go_per_poll = per_poll(go) if has_go else None
     go_wakeups = wakeups(go) if has_go else None
@@ -881,6 +895,10 @@ def rows_of(r: Run) -> list[Row]:
         Row("wake-ups per second at 1 Hz, metrics only, whole process", wakeups("metrics only"), "/s", go_wakeups,
             same_time, 3.0, absolute=True),
         Row("wake-ups per second at 1 Hz, every sink on", wakeups("every sink"), "/s", go_wakeups, same_time),
+        Row("wake-ups per second at 1 Hz, metrics only, an event of this VM listed (pause detector armed)",
+            wakeups(ARMED), "/s", wakeups("metrics only"), "metrics only, nothing of this VM listed, same time"),
+        Row("wake-ups per second of the armed pause detector's thread", thread_wakeups(ARMED, "pauses"), "/s",
+            1 / TICK, "its tick (1 / 40 ms)", 25.0, absolute=True),
         Row("CPU of one /metrics scrape (gzip), metrics only", r.scrape_ms["metrics only"], "ms", r.scrape_ms.get(go),
             same_time),
         Row("parse + lifecycle diff of a 1,000-event document", r.core["parse_diff_1000_ms"], "ms",
