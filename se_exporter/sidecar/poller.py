@@ -113,6 +113,8 @@ class Poller:
         found = self._pauses.take(now) if self._pauses is not None else []
         if found:
             snap = self._state.update(records=pause.fold(self.snapshot.records, found))
+            if snap.has_document and self._watch_since is not None and self._last_read is not None:  # kept on restart
+                self._save(snap.records, self._watch_since, self._last_read)
             wall = self._clock() - now  # a monotonic reading plus this is the wall clock's
             for each in found:
                 record = snap.records.get(each.event_key) if each.event_key is not None else None

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +148,24 @@ def test_a_loaded_machine_is_not_a_frozen_vm(simulator: SimulatorFactory, sideca
         samples = process.samples()
     assert not series(samples, f"{HISTOGRAM}_count")
     assert not series(samples, "azure_scheduled_events_throttled_pauses_total")
+
+
+def test_an_events_pauses_survive_a_kill_9(simulator: SimulatorFactory, sidecar: Callable[..., Sidecar],
+                                           tmp_path: Path) -> None:
+    """The pause is saved with the open lifecycle: the sidecar killed after it and started again shows it still."""
+    sim, server = simulator("live-migration", held=True)
+    sim.advance(FREEZE_STARTS)
+    state = str(tmp_path / "kept-state")
+    first = sidecar("--imds-url", server.url, "--state-dir", state)
+    wait_until(lambda: first.value("azure_scheduled_event_longest_pause_seconds", event_id=FREEZE_ID,
+                                   event_type="Freeze") == 0, what="the Freeze listed")
+    paused(first, 1.0)
+    longest = wait_until(lambda: first.value("azure_scheduled_event_longest_pause_seconds", event_id=FREEZE_ID,
+                                             event_type="Freeze"), what="the pause on the gauge")
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait(10)
+    again = sidecar("--imds-url", server.url, "--state-dir", state)
+    assert wait_until(lambda: again.value("azure_scheduled_event_longest_pause_seconds", event_id=FREEZE_ID,
+                                          event_type="Freeze") is not None, what="the Freeze listed again") \
+        and again.value("azure_scheduled_event_longest_pause_seconds", event_id=FREEZE_ID,
+                        event_type="Freeze") == pytest.approx(longest, abs=0.001)

@@ -19,12 +19,12 @@ EVENT = ScheduledEvent("E1", "Freeze", "Scheduled", "VirtualMachine", ("vm0", "v
 
 
 def test_records_round_trip(tmp_path: Path) -> None:
-    """What is saved is loaded back equal: the event as last listed, first seen, started at (timestamps), and the
-    monotonic readings of both, counted on the clock of the process that loads them."""
+    """What is saved is loaded back equal: the event as last listed, first seen, started at (timestamps), the
+    monotonic readings of both, counted on the clock of the process that loads them, and the pauses felt."""
     store = LifecycleStore(tmp_path, clock=lambda: 1000.0, monotonic=lambda: 50.0)
     records = {"E1": EventRecord(EVENT, first_seen=100.5, first_seen_elapsed=40.0), "E2": EventRecord(
         ScheduledEvent("E2", "Reboot", "Started", None, (), None, None, None, None), 10.0, started_at=20.0,
-        first_seen_elapsed=20.0, started_elapsed=30.0)}
+        first_seen_elapsed=20.0, started_elapsed=30.0, longest_pause=2.5, paused_seconds=3.75)}
     store.save(records)
     assert LifecycleStore(tmp_path, clock=lambda: 1000.0, monotonic=lambda: 50.0).load() == records
     moved = LifecycleStore(tmp_path, clock=lambda: 1000.0, monotonic=lambda: 7050.0).load()
