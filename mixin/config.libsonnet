@@ -28,6 +28,10 @@
     hostFailureWatchedSeconds: 60,
     // A Freeze longer than this warns (Azure's sample approves Freezes up to 9 s); shorter ones are only recorded.
     longFreezeSeconds: 9,
+    // A pause the VM felt with no event of its own listed (azure_scheduled_events_pause_seconds{event_type="none"})
+    // longer than this warns: the VM stood still without notice. One of the histogram's bucket bounds (0.25, 0.5,
+    // 1, 2, 5, 10, 30, 60 s); pauses under a second are seen only while an event is listed.
+    unannouncedPauseSeconds: 5,
     // VMs for which a long Freeze pages: a selector on the sidecar's target labels (relabel it onto the target).
     latencySensitiveSelector: 'latency_sensitive="true"',
     // Fleet: an impactful event on more than this many VMs of one scale set at once warns.

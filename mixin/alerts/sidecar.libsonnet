@@ -157,6 +157,23 @@ local lib = import '../lib.libsonnet';
       ||| % { sensitive: c.latencySensitiveSelector },
     ),
     alert(
+      'SeExporterUnannouncedPause', 'warning',
+      // Pauses longer than the bound in the last 15 minutes: the count less those within the bound's bucket.
+      lib.withVm(|||
+        (
+          sum by (job, instance) (increase(azure_scheduled_events_pause_seconds_count{event_type="none"}[15m]))
+          - sum by (job, instance) (
+              increase(azure_scheduled_events_pause_seconds_bucket{event_type="none", le=~"%(bound)s(\\.0+)?"}[15m]))
+        ) > 0
+      ||| % { bound: c.unannouncedPauseSeconds }, c),
+      'Unannounced pause of more than %s s on %s' % [c.unannouncedPauseSeconds, lib.machine],
+      |||
+        VM {{ $labels.vm_name }} stood still for more than %(bound)s s with no scheduled event of its own listed
+        ({{ $value }} such pauses in 15 minutes). The host may have frozen it without notice, or
+        the sidecar was stopped or starved (docs/events.md, "Pauses"); look at what ran on it then.
+      ||| % { bound: c.unannouncedPauseSeconds },
+    ),
+    alert(
       'SeExporterSpotRebalanceRecommended', 'warning',
       lib.withVm(|||
         azure_scheduled_event_info{event_type="SpotRebalanceRecommendation", %(mine)s}

@@ -98,6 +98,13 @@ def started(event_id: str, event_type: str, first_seen: int, started_at: int, wa
     return named(series)
 
 
+def paused(event_type: str, count: str, within: str) -> dict[str, str]:
+    """The pause histogram of one event type: ``count`` pauses, ``within`` of them no longer than 5 s."""
+    name = "azure_scheduled_events_pause_seconds"
+    return {f'{name}_count{{{BASE}, event_type="{event_type}"}}': count,
+            f'{name}_bucket{{{BASE}, event_type="{event_type}", le="5.0"}}': within}
+
+
 # (alert, input series, eval time, expected alerts as (labels, value)); an empty list means: must not fire.
 CASES: list[promtool.Case] = [
     # An impactful event on this VM: a warning while NotBefore is far, a page once it is near or the event started.
@@ -180,6 +187,13 @@ CASES: list[promtool.Case] = [
     ("SeExporterLongFreezeOnLatencySensitiveVm",  # the same Freeze on a VM not marked: a warning only
      named({event("azure_scheduled_event_duration_seconds", "E2", "Freeze"): "30 30",
             info("E2", "Freeze", "Scheduled"): "1 1", f"azure_scheduled_events_up{{{BASE}}}": "1 1"}), "1m", []),
+    # A pause felt with nothing of this VM's listed warns past unannouncedPauseSeconds (5 s); one within it, or one
+    # during an announced event (a Freeze is a pause), does not.
+    ("SeExporterUnannouncedPause", named(paused("none", "0 1 1", "0 0 0")), "2m", [(NAMED, 1)]),
+    ("SeExporterUnannouncedPause", named(paused("none", "0 1 1", "0 1 1")), "2m", []),
+    ("SeExporterUnannouncedPause", named(paused("Freeze", "0 1 1", "0 0 0")), "2m", []),
+    ("SeExporterUnannouncedPause",  # 15 minutes later it is over
+     named(paused("none", "0 1" + " 1" * 20, "0" + " 0" * 21), "1x22"), "20m", []),
     ("SeExporterSpotRebalanceRecommended",
      named({info("S1", "SpotRebalanceRecommendation", "Scheduled"): "1 1"}), "1m",
      [({**NAMED, "event_id": "S1", "event_type": "SpotRebalanceRecommendation", "event_status": "Scheduled",
