@@ -223,6 +223,23 @@ def vm_dashboard() -> Any:
             [Q(f"sum by (event_type) (increase(azure_scheduled_events_{name}_seconds_sum{{{VM}}}[$__range])) / "
                f"sum by (event_type) (increase(azure_scheduled_events_{name}_seconds_count{{{VM}}}[$__range]))",
                legend="{{event_type}}")], width=4, unit="s"))
+    d = d.with_row(db.Row("What the VM felt").id(ids.take()))
+    pauses = "azure_scheduled_events_pause_seconds"
+    d = d.with_panel(panel(
+        timeseries, ids, "Pauses felt, by the event listed",
+        "Pauses the VM (or the sidecar) lived through, per interval, by the type of this VM's event listed when each "
+        "began (none: unannounced). From 0.25 s while an event is listed, from 1 s otherwise (docs/events.md).",
+        [Q(f"sum by (event_type) (increase({pauses}_count{{{VM}}}[$__rate_interval])) > 0",
+           legend="{{event_type}}")], width=10))
+    d = d.with_panel(panel(
+        timeseries, ids, "Longest pause per event", "The longest pause felt while each event was listed: what it "
+        "really cost, beside what it announced (expected duration in Events now).",
+        [Q(f"max by (event_id, event_type) (azure_scheduled_event_longest_pause_seconds{{{VM}}}) > 0",
+           legend="{{event_type}} {{event_id}}")], width=10, unit="s"))
+    d = d.with_panel(panel(stat, ids, "Unannounced pauses (range)", "Pauses with no event of this VM's listed; "
+                           "longer than 5 s they warn (SeExporterUnannouncedPause).",
+                           [Q(f"sum(increase({pauses}_count{{{VM}, event_type=\"none\"}}[$__range])) or vector(0)")],
+                           width=4))
     d = d.with_row(db.Row("IMDS health").id(ids.take()))
     d = d.with_panel(panel(timeseries, ids, "Poll outcomes", "Polls per second by outcome; anything but ok is a "
                            "fault the exporter survived.",

@@ -112,9 +112,10 @@ class Poller:
         whether there were."""
         found = self._pauses.take(now) if self._pauses is not None else []
         if found:
-            snap = self._state.update(records=pause.fold(self.snapshot.records, found))
-            if snap.has_document and self._watch_since is not None and self._last_read is not None:  # kept on restart
-                self._save(snap.records, self._watch_since, self._last_read)
+            folded = pause.fold(self.snapshot.records, found)
+            if self.snapshot.has_document and self._watch_since is not None and self._last_read is not None:
+                self._save(folded, self._watch_since, self._last_read)  # saved before shown: a restart keeps them
+            snap = self._state.update(records=folded)
             wall = self._clock() - now  # a monotonic reading plus this is the wall clock's
             for each in found:
                 record = snap.records.get(each.event_key) if each.event_key is not None else None
@@ -211,6 +212,7 @@ class Poller:
         # The watch with the records, in one snapshot: a scrape never sees an event without the watch it came in.
         snap = self._state.update(records=step.records, incarnation=document.incarnation, has_document=True,
                                   api_version=version, watching_since=watching)
+        self._listed()  # armed before the sinks run: a pause while they work belongs to these events
         self._metrics.document_changes.inc()
         if document.warnings:
             self._metrics.document_warnings.inc(len(document.warnings))

@@ -29,6 +29,7 @@ from tests.support.helpers import (
     free_port,
     http_get,
     parse_samples,
+    pause_process,
     step_through,
     stop_process,
     wait_until,
@@ -231,6 +232,17 @@ def test_every_expression_runs_on_prometheus_and_lights_up(simulator: SimulatorF
         step_through(sim, process, until=305)  # neighbour Reboot and host failure Started, Redeploy Scheduled
         checkpoint()
         step_through(sim, process, until=460)   # a 12 s Freeze Scheduled, rescheduled
+        pause_process(process, 0.5)  # felt during the listed Redeploy (the most impactful): the pause panels
+        wait_until(lambda: prom.value("max(azure_scheduled_event_longest_pause_seconds)"), timeout=30,
+                   what="Prometheus to see the pause of a listed event")
+        checkpoint()
+        step_through(sim, process, until=592)  # nothing listed: pauses are unannounced (the detector still armed)
+        pause_process(process, 0.5)  # one within unannouncedPauseSeconds, scraped before the next one
+        wait_until(lambda: prom.value('azure_scheduled_events_pause_seconds_count{event_type="none"}'), timeout=30,
+                   what="Prometheus to see an unannounced pause")
+        pause_process(process, 6.0)  # and one past it: SeExporterUnannouncedPause
+        wait_until(lambda: prom.value('azure_scheduled_events_pause_seconds_count{event_type="none"}') == 2,
+                   timeout=30, what="Prometheus to see the long unannounced pause")
         checkpoint()
         sim.inject(Fault("status", status=503, count=0))
         wait_until(lambda: prom.value("azure_scheduled_events_up") == 0, timeout=30, what="IMDS failing")

@@ -15,7 +15,7 @@ import pytest
 
 from se_exporter.simulator.faults import Fault
 from tests.conftest import SimulatorFactory
-from tests.support.helpers import Sidecar, series, wait_until
+from tests.support.helpers import Sidecar, pause_process, series, wait_until
 from tests.support.otlp_receiver import OtlpReceiver
 
 pytestmark = [pytest.mark.integration,
@@ -29,17 +29,6 @@ A = "azure.scheduled_event."
 def otlp(receiver: OtlpReceiver) -> dict[str, str]:
     return {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100",
             "OTEL_BLRP_SCHEDULE_DELAY": "100"}
-
-
-def paused(process: Sidecar, seconds: float) -> float:
-    """Stop the sidecar for ``seconds``, then let it go on; how long it was stopped, as measured here."""
-    began = time.monotonic()
-    os.kill(process.process.pid, signal.SIGSTOP)
-    try:
-        time.sleep(seconds)  # the pause under test, not a settle-sleep
-    finally:
-        os.kill(process.process.pid, signal.SIGCONT)
-    return time.monotonic() - began
 
 
 def felt(process: Sidecar, event_type: str) -> tuple[float, float] | None:
@@ -61,7 +50,7 @@ def test_a_pause_during_a_started_freeze_is_that_freezes(simulator: SimulatorFac
                                      resource_type="VirtualMachine", affects_this_vm="true"),
                what="the Freeze listed as Started")
     assert process.value("azure_scheduled_event_longest_pause_seconds", event_id=FREEZE_ID, event_type="Freeze") == 0
-    stopped = paused(process, 2.0)
+    stopped = pause_process(process, 2.0)
     count, seconds = wait_until(lambda: felt(process, "Freeze"), what="the pause on the histogram")
     assert count == 1
     assert 1.7 <= seconds <= 2.6 and seconds <= stopped + 0.05, (seconds, stopped)
@@ -86,7 +75,7 @@ def test_a_pause_with_nothing_listed_is_unannounced(simulator: SimulatorFactory,
     _, server = simulator("live-migration", held=True)  # the Freeze appears at 2 s of scenario time: not yet
     process = sidecar("--imds-url", server.url, env=otlp(receiver))
     wait_until(lambda: process.value("azure_scheduled_events_up") == 1, what="a first document")
-    stopped = paused(process, 3.0)
+    stopped = pause_process(process, 3.0)
     count, seconds = wait_until(lambda: felt(process, "none"), what="the pause on the histogram")
     assert count == 1
     assert stopped - 1.2 <= seconds <= stopped + 0.05, (seconds, stopped)
@@ -105,7 +94,7 @@ def test_a_pause_past_the_poll_timeout_is_not_an_imds_failure(simulator: Simulat
     before = len(sim.requests)
     sim.inject(Fault("hang", seconds=10))  # the next request is never answered in time
     wait_until(lambda: len(sim.requests) > before, what="the sidecar's request to hang")
-    paused(process, 3.0)
+    pause_process(process, 3.0)
     wait_until(lambda: felt(process, "none"), what="the pause on the histogram")
     wait_until(lambda: len(sim.requests) > before + 1, what="the poll asked again")
     samples = process.samples()
@@ -159,7 +148,7 @@ def test_an_events_pauses_survive_a_kill_9(simulator: SimulatorFactory, sidecar:
     first = sidecar("--imds-url", server.url, "--state-dir", state)
     wait_until(lambda: first.value("azure_scheduled_event_longest_pause_seconds", event_id=FREEZE_ID,
                                    event_type="Freeze") == 0, what="the Freeze listed")
-    paused(first, 1.0)
+    pause_process(first, 1.0)
     longest = wait_until(lambda: first.value("azure_scheduled_event_longest_pause_seconds", event_id=FREEZE_ID,
                                              event_type="Freeze"), what="the pause on the gauge")
     first.process.send_signal(signal.SIGKILL)

@@ -161,6 +161,20 @@ def stop_process(process: subprocess.Popen[bytes]) -> int:
     return process.returncode
 
 
+def pause_process(process: Sidecar, seconds: float) -> float:
+    """Stop the sidecar for ``seconds`` (SIGSTOP, then SIGCONT: POSIX only), as a frozen VM stops every thread of
+    it; how long it was stopped, as measured here."""
+    import signal  # noqa: PLC0415 - SIGSTOP and SIGCONT exist on POSIX only
+
+    began = time.monotonic()
+    os.kill(process.process.pid, signal.SIGSTOP)  # type: ignore[attr-defined,unused-ignore]
+    try:
+        time.sleep(seconds)  # the pause under test, not a settle-sleep
+    finally:
+        os.kill(process.process.pid, signal.SIGCONT)  # type: ignore[attr-defined,unused-ignore]
+    return time.monotonic() - began
+
+
 def step_through(sim: Any, process: Sidecar, until: float | None = None) -> None:
     """Walk a simulator's scenario changes; before the first and after each, wait until the sidecar has read the
     document the simulator serves then. Without the first wait, a change made before the sidecar's first poll
