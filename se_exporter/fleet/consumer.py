@@ -27,8 +27,7 @@ from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
 from se_exporter.fleet import received
 from se_exporter.fleet.collector import FleetMetrics, PartitionView
 from se_exporter.fleet.message import BOUND_NAMES, InvalidMessage, VmState, read_message
-from se_exporter.fleet.partition import Partition
-from se_exporter.fleet.persistence import PartitionPersistence
+from se_exporter.fleet.persistence import Partition, PartitionPersistence
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.statestore import StateStore, state_blob_name
