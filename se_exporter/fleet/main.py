@@ -56,21 +56,16 @@ def run_fleet(settings: FleetSettings) -> int:
 
 def on_container(kind: type[C], settings: FleetSettings, credential: Callable[[str | None], Any]) -> C:
     """A client of the container of the state blobs (the checkpoint stores' too), or a checkpoint store on it (one
-    per hub read: each tells its own service what its load-balancing rounds read)."""
-    name, url = settings.checkpoint_container, _account_url(settings)
+    per hub read: each tells its own service what its load-balancing rounds read). ``trusting`` looks the proxy up
+    for where the requests go: ``--checkpoint-account-url``, or the container's URL the SDK reads from the
+    connection string (parsed, no request made)."""
+    name, secret = settings.checkpoint_container, settings.checkpoint_connection_string
+    if secret:  # the classmethod builds cls(...): ``kind`` itself
+        transport = trusting(settings.checkpoint_ca_file, str(ContainerClient.from_connection_string(secret, name).url))
+        return cast(C, kind.from_connection_string(secret, name, **transport))
+    url = str(settings.checkpoint_account_url)
     transport = trusting(settings.checkpoint_ca_file, url)
-    if settings.checkpoint_connection_string:  # the classmethod builds cls(...): ``kind`` itself
-        return cast(C, kind.from_connection_string(settings.checkpoint_connection_string, name, **transport))
     return kind(url, name, credential=credential(settings.storage_client_id), **transport)
-
-
-def _account_url(settings: FleetSettings) -> str:
-    """Where the storage requests go (what ``trusting`` looks the proxy up for): ``--checkpoint-account-url``, or
-    the container's URL the SDK reads from the connection string (parsed, no request made)."""
-    if settings.checkpoint_connection_string:
-        return str(ContainerClient.from_connection_string(settings.checkpoint_connection_string,
-                                                          settings.checkpoint_container).url)
-    return str(settings.checkpoint_account_url)
 
 
 def consumer_client(settings: FleetSettings, store: ObservedCheckpointStore,
