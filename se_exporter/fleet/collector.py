@@ -100,11 +100,8 @@ class FleetMetrics:
         with self._flushing:
             received = changes = heartbeats = 0
             applied_at = None
-            while True:
-                try:
-                    count, changed, beats, at = self._batches.popleft()
-                except IndexError:
-                    break
+            while self._batches:  # only a flush takes from it, one at a time: not emptied meanwhile
+                count, changed, beats, at = self._batches.popleft()
                 received, changes, heartbeats = received + count, changes + changed, heartbeats + beats
                 applied_at = at if at is not None else applied_at
             self.consumed.inc(received)
