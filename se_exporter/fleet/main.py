@@ -301,9 +301,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
                                      for reading in readings))
         stopping = asyncio.create_task(stop.wait())
         unusable = await _until_stopped(receiving, stopping, checking)
-        if unusable is not None:
-            stop.set()
-        failed = _failed(receiving, stop)
+        failed = unusable is None and _failed(receiving, stop)  # an unusable container is raised below instead
         log.info("stopping: releasing %d partitions", sum(len(fleet.owned()) for fleet in fleets))
         stop.set()
         await _shut_down(readings, helpers, [receiving, stopping, checking])
