@@ -1,11 +1,9 @@
 """``se-exporter fleet``: the official async consumer client with the Blob checkpoint store, and its wiring.
 
 One asyncio loop runs the SDK's receive and the periodic tasks; scrapes are answered from the HTTP server's threads
-under ``Fleet``'s lock. Per partition the SDK calls ``on_initialize`` (the stored state is loaded before a single
-event is read: ``persistence``), ``on_batch``, and ``on_close`` (on shutdown a last state and checkpoint are written
-before ownership is released). A partition is shown from its first batch and hidden when ``on_error`` reports its
-link stolen (docs/operations.md, "The fleet's replicas"); the state store is passed in, so the service is tested
-against an in-memory one.
+under ``Fleet``'s lock. Per partition the SDK calls ``on_initialize`` (the stored state first: ``persistence``),
+``on_batch`` and ``on_close``; a partition is shown from its first batch and hidden when ``on_error`` reports its
+link stolen (docs/operations.md, "The fleet's replicas"). The state store is passed in: tested against an in-memory one.
 """
 
 from __future__ import annotations
@@ -222,9 +220,7 @@ class Service:
         batch's last one (``partition.lag_from``), or as the last empty batch left it. Worked out when a scrape asks,
         not at every batch; only read here, so a scrape in another thread changes nothing."""
         view, last = partition.view, partition.lag_from
-        newest = received.newest(last) if last is not None else None
-        sequence = last.sequence_number if last is not None else None
-        if newest is None or sequence is None:
+        if last is None or (newest := received.newest(last)) is None or (sequence := last.sequence_number) is None:
             return view
         events, seconds = float(max(0, newest[0] - sequence)), view.lag_seconds
         if newest[1] is not None and (enqueued := received.enqueued_at(last)) is not None:

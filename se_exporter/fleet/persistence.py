@@ -155,8 +155,7 @@ class PartitionPersistence:
             position = snapshot.position
             event = partition.last_event
             # taken at the snapshot's instant (no await between): the state beside is the one at ``position`` too
-            beside = self.beside
-            write_beside = beside.prepare(partition_id, position) if beside is not None else None
+            write_beside = self.beside.prepare(partition_id, position) if self.beside is not None else None
             try:
                 newer = None  # what another owner stored already, past ours
                 if write_beside is not None and not await write_beside():
