@@ -65,6 +65,7 @@ class Service:
         self._settings = settings
         self._fleet = fleet
         self._metrics = metrics
+        metrics.shown_partitions.set_function(lambda: len(fleet.shown()))  # main's sums every hub read's instead
         self._report = Report(metrics)
         self._clock = clock  # the wall clock: compared with the hub's enqueue times and the stored rows' times
         self._monotonic = monotonic  # what a wait within this process is measured on
@@ -77,9 +78,7 @@ class Service:
         self.hub_partitions: int | None = None
         self.storage_problem: str | None = None  # why the storage account is not reachable, while it is not
         self.doubted: set[str] = set()  # held partitions whose link was stolen: hidden until closed
-        # The partition's newest sequence number as the hub says it now (-1: empty; None: no answer); see
-        # ``newest_event``. Unanswered, no VM expires on the clock.
-        self.newest: Callable[[str], Awaitable[int | None]] = _unknown
+        self.newest: Callable[[str], Awaitable[int | None]] = _unknown  # the hub asked (``newest_event``)
         self.first_reader: FirstReader | None = None  # the platform stream's reader (fleet/platform/service.py)
         self._outcomes = {  # the rarer outcomes' counters (a VM known by name retired by its sidecar's message)
             "resend": metrics.duplicates.labels("resend"), "older": metrics.duplicates.labels("older"),
@@ -237,7 +236,6 @@ class Service:
             self.first_reader.release(partition_id)
         self.partitions.pop(partition_id, None)
         self.doubted.discard(partition_id)
-        self._shown_changed()
         self.keeper.store.forget(partition_id)
         name = "shutdown" if reason == CloseReason.SHUTDOWN else "ownership_lost"
         self._metrics.releases.labels(name).inc()
@@ -260,11 +258,9 @@ class Service:
         self.balanced = True
 
     def _show(self, partition_id: str) -> None:
-        if partition_id in self.doubted or not self._fleet.show(partition_id):
-            return
-        self._shown_changed()
-        log.info("partition %s shown: its receiver holds it", partition_id,
-                 extra=fields(partition_id=partition_id))
+        if partition_id not in self.doubted and self._fleet.show(partition_id):
+            log.info("partition %s shown: its receiver holds it", partition_id,
+                     extra=fields(partition_id=partition_id))
 
     def _hide(self, partition_id: str, sign: str) -> None:
         if partition_id not in self.partitions or partition_id in self.doubted:  # counted once
@@ -272,12 +268,8 @@ class Service:
         self.doubted.add(partition_id)
         self._metrics.loss_signs.labels(sign).inc()
         if self._fleet.show(partition_id, shown=False):
-            self._shown_changed()
             log.info("partition %s hidden (%s): another replica may show it now; still held until closed",
                      partition_id, sign, extra=fields(partition_id=partition_id, reason=sign))
-
-    def _shown_changed(self) -> None:
-        self._metrics.shown_partitions.set(len(self._fleet.shown()))
 
     # ------------------------------------------------------------------ periodic work
 
