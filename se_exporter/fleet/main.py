@@ -20,13 +20,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from se_exporter import __version__
 from se_exporter.core.retry import backoff
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView
-from se_exporter.fleet.consumer import (
-    BATCH_SIZE,
-    EMPTY_BATCH_AFTER,
-    ObservedCheckpointStore,
-    Service,
-    newest_event,
-)
+from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER, ObservedCheckpointStore, Service, newest_event
 from se_exporter.fleet.message import VmState
 from se_exporter.fleet.platform.exposition import PlatformCollector
 from se_exporter.fleet.platform.service import RECONCILE_EVERY, Platform
@@ -166,9 +160,8 @@ def _hub_partitions(services: list[Service]) -> int | None:
 async def _count_partitions(client: EventHubConsumerClient, service: Service, stop: asyncio.Event,
                             first: float = 5.0) -> None:
     """The hub's partition count, for the 'partitions nobody reads' alert; in the background, so that a hub
-    unreachable at start delays neither start-up nor SIGTERM. Asked again (backing off to 5 minutes) until it
-    answers: asked once, a hub unreachable at start left ``hub_partitions`` absent for good, and with it the alert
-    for every hub read (``_hub_partitions`` needs them all)."""
+    unreachable at start delays neither start-up nor SIGTERM, and asked again (backing off to 5 minutes) until it
+    answers: absent, it would take that alert away for every hub read (``_hub_partitions`` needs them all)."""
     failures = 0
     while service.hub_partitions is None and not stop.is_set():
         try:
