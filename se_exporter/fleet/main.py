@@ -97,10 +97,8 @@ def make_http_app(registry: CollectorRegistry, fleets: list[Fleet], services: li
                    else "waiting for the checkpoint store or a partition's state")
         return http_server.text(all(each.ready for each in services), "partitions balanced and restored", waiting)
 
-    def index(request: http_server.HttpRequest) -> http_server.Response:
-        return http_server.html_index("se-exporter fleet")
-
-    return http_server.pages({"/metrics": metrics, "/healthz": healthz, "/readyz": readyz, "/": index})
+    return http_server.pages({"/metrics": metrics, "/healthz": healthz, "/readyz": readyz,
+                              "/": lambda request: http_server.html_index("se-exporter fleet")})
 
 
 async def _shut_down(readings: list[HubReading], helpers: list[asyncio.Task[Any]],
