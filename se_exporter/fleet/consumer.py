@@ -41,8 +41,7 @@ NEWEST_TIMEOUT = 10.0  # seconds for the hub to say a partition's newest event; 
 
 
 class FirstReader(Protocol):
-    """What reads each message before ``read_message`` does, per partition (the platform stream's reader:
-    ``fleet/platform/service.py``)."""
+    """What reads each message before ``read_message`` does, per partition: the platform stream's reader."""
 
     async def claim(self, context: PartitionContext) -> None:
         """The partition is claimed: its own state is restored before a single event is read."""
@@ -375,10 +374,8 @@ async def _unknown(partition_id: str) -> int | None:
 def _body(delivered: received.Delivery) -> bytes:
     if delivered.body_type != AmqpMessageBodyType.DATA:
         raise InvalidMessage("not_envelope", f"the AMQP body is {delivered.body_type}, not data")
-    body = delivered.body
-    if isinstance(body, (bytes, bytearray)):
-        return bytes(body)
-    return b"".join(body)  # a data body is bytes or an iterable of bytes
+    body = delivered.body  # a data body is bytes or an iterable of bytes
+    return bytes(body) if isinstance(body, (bytes, bytearray)) else b"".join(body)
 
 
 async def _stopped(stop: asyncio.Event, seconds: float) -> bool:
