@@ -192,8 +192,7 @@ FLEET_OPTIONS: tuple[Option, ...] = (
            f"where /metrics, /healthz and /readyz are served (default :{DEFAULT_FLEET_PORT}, all interfaces)",
            "HOST:PORT", "FLEET_"),
     Option("checkpoint_connection_string", "--checkpoint-connection-string", parse_storage_connection_string,
-           "storage account connection string for checkpoints and state (prefer the environment variable)",
-           "STRING"),
+           "storage account connection string for checkpoints and state (prefer the environment variable)", "STRING"),
     Option("checkpoint_account_url", "--checkpoint-account-url", parse_account_url,
            "storage account blob URL (https://myaccount.blob.core.windows.net), authenticated with the managed "
            "identity", "URL"),
@@ -224,8 +223,7 @@ FLEET_OPTIONS: tuple[Option, ...] = (
            "time after which a silent replica's partitions are taken over (default 6 x "
            "--load-balancing-interval)", "DURATION"),
     Option("max_message_bytes", "--max-message-bytes", Bounded(1024, 64 * 1024**2, unit="bytes"),
-           "larger message bodies are counted as invalid and skipped (default 1MiB, the Event Hubs limit)",
-           "BYTES"),
+           "larger message bodies are counted as invalid and skipped (default 1MiB, the Event Hubs limit)", "BYTES"),
     *PLATFORM_EVENTHUB_OPTIONS,
     Option("platform_consumer_group", "--platform-consumer-group", parse_consumer_group,
            "consumer group to read the platform's event hub with (default $Default)", "GROUP"),
@@ -260,8 +258,7 @@ def _check_hubs(settings: FleetSettings) -> None:
     if not hubs:
         raise ConfigError("--eventhub-connection-string or --eventhub-namespace (the sidecars' hub) is required, "
                           "or --platform-eventhub-connection-string or --platform-eventhub-namespace (the platform's)")
-    namespaces = settings.eventhub_namespace or settings.platform_eventhub_namespace
-    if settings.eventhub_client_id and not namespaces:
+    if settings.eventhub_client_id and not (settings.eventhub_namespace or settings.platform_eventhub_namespace):
         raise ConfigError("--eventhub-client-id needs --eventhub-namespace or --platform-eventhub-namespace (it "
                           "selects a managed identity)")
     # --eventhub-client-id and --eventhub-ca-file serve the platform's hub too: checked above, not by the rules of one
