@@ -58,8 +58,7 @@ class Partition:
 
 async def until_read(read: Callable[[], Awaitable[T]], report: Report, key: str, what: str,
                      sleep: Callable[[float], Awaitable[object]]) -> T:
-    """``read()``, retried with backoff for as long as the store refuses: each refusal counted, logged once a
-    minute per ``key``."""
+    """``read()``, retried with backoff while the store refuses: each refusal counted, logged once a minute per key."""
     failures = 0
     while True:
         try:
