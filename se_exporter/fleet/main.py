@@ -49,10 +49,9 @@ def run_fleet(settings: FleetSettings) -> int:
 
 
 def on_container(kind: type[C], settings: FleetSettings, credential: Callable[[str | None], Any]) -> C:
-    """A client of the container of the state blobs (the checkpoint stores' too), or a checkpoint store on it (one
-    per hub read: each tells its own service what its load-balancing rounds read). ``trusting`` looks the proxy up
-    for where the requests go: ``--checkpoint-account-url``, or the container's URL the SDK reads from the
-    connection string (parsed, no request made)."""
+    """A client of the container of the state blobs (the checkpoint stores' too), or a checkpoint store on it (one per
+    hub read: each tells its own service what its load-balancing rounds read); ``trusting`` looks the proxy up for the
+    URL its requests go to (a connection string's is parsed, no request made)."""
     name, secret = settings.checkpoint_container, settings.checkpoint_connection_string
     if secret:  # the classmethod builds cls(...): ``kind`` itself
         transport = trusting(settings.checkpoint_ca_file, str(ContainerClient.from_connection_string(secret, name).url))

@@ -145,8 +145,7 @@ class FleetSettings(HubReader):
 
     @property
     def hubs(self) -> tuple[Hub, ...]:
-        """The hubs to read: the sidecars' (``--eventhub-*``) and the platform's (``--platform-eventhub-*``), each
-        when given."""
+        """The hubs read, each when given: the sidecars' (--eventhub-*) and the platform's (--platform-eventhub-*)."""
         hubs = []
         if self.eventhubs_enabled:
             hubs.append(Hub("sidecar", self.eventhub_connection_string, self.eventhub_name, self.eventhub_namespace,
