@@ -21,9 +21,7 @@ from se_exporter.fleet.message import BOUND_NAMES, INVALID_REASONS
 FLEET = "azure_scheduled_fleet"
 # What the forwarder's classify() says, plus a partition taken over by another replica and a state blob unread.
 ERROR_REASONS = ("timeout", "auth", "connection", "service", "other", "ownership_lost", "state_read")
-# Signs that another replica has taken an owned partition: its link stolen, as the SDK reports it
-# (``consumer.Service``).
-LOSS_SIGNS = ("link_stolen",)
+LOSS_SIGNS = ("link_stolen",)  # that another replica took an owned partition: its link stolen, as the SDK reports it
 # Why a state blob (or part of it) was not used: not gzip'd JSON, JSON of another shape, an older or unknown format,
 # rows out of type or range, a position past the partition's newest event.
 DAMAGE_REASONS = ("unreadable", "wrong_shape", "format", "row", "position")
@@ -45,11 +43,10 @@ class PartitionView:
 class FleetMetrics:
     """Counters of the consumer itself.
 
-    What every batch counts (messages received, documents applied by kind, when) is queued (``batch``) and added
-    to the counters when the registry is collected or ``flush`` is called (the consumer's watchdog, every second):
-    one append per batch instead of three locked counter updates, at one heartbeat a batch a few per cent of a
-    replica's CPU. A scrape reads them exact, whole or filtered by name (``_Flushed`` collects them after a flush);
-    the queue holds at most a second's batches."""
+    What every batch counts (messages received, documents applied by kind, when) is queued (``batch``) and added to the
+    counters when a scrape collects them (``_Flushed``: exact, whole or filtered by name) or ``flush`` is called (the
+    consumer's watchdog, every second: the queue holds at most a second's batches): one append per batch instead of
+    three locked counter updates, at one heartbeat a batch a few per cent of a replica's CPU."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._batches: deque[tuple[int, int, int, float | None]] = deque()  # thread-safe append and popleft
@@ -100,11 +97,8 @@ class FleetMetrics:
         with self._flushing:
             received = changes = heartbeats = 0
             applied_at = None
-            while True:
-                try:
-                    count, changed, beats, at = self._batches.popleft()
-                except IndexError:
-                    break
+            while self._batches:  # only a flush takes from it, one at a time: not emptied meanwhile
+                count, changed, beats, at = self._batches.popleft()
                 received, changes, heartbeats = received + count, changes + changed, heartbeats + beats
                 applied_at = at if at is not None else applied_at
             self.consumed.inc(received)

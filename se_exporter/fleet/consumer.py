@@ -1,11 +1,9 @@
 """``se-exporter fleet``: the official async consumer client with the Blob checkpoint store, and its wiring.
 
 One asyncio loop runs the SDK's receive and the periodic tasks; scrapes are answered from the HTTP server's threads
-under ``Fleet``'s lock. Per partition the SDK calls ``on_initialize`` (the stored state is loaded before a single
-event is read: ``persistence``), ``on_batch``, and ``on_close`` (on shutdown a last state and checkpoint are written
-before ownership is released). A partition is shown from its first batch and hidden when ``on_error`` reports its
-link stolen (docs/operations.md, "The fleet's replicas"); the state store is passed in, so the service is tested
-against an in-memory one.
+under ``Fleet``'s lock. Per partition the SDK calls ``on_initialize`` (the stored state first: ``persistence``),
+``on_batch`` and ``on_close``; a partition is shown from its first batch and hidden when ``on_error`` reports its
+link stolen (docs/operations.md, "The fleet's replicas"). The state store is passed in: tested against an in-memory one.
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
 from se_exporter.fleet import received
 from se_exporter.fleet.collector import FleetMetrics, PartitionView
 from se_exporter.fleet.message import BOUND_NAMES, InvalidMessage, VmState, read_message
-from se_exporter.fleet.partition import Partition
-from se_exporter.fleet.persistence import PartitionPersistence
+from se_exporter.fleet.persistence import Partition, PartitionPersistence
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.statestore import StateStore, state_blob_name
@@ -44,8 +41,7 @@ NEWEST_TIMEOUT = 10.0  # seconds for the hub to say a partition's newest event; 
 
 
 class FirstReader(Protocol):
-    """What reads each message before ``read_message`` does, per partition (the platform stream's reader:
-    ``fleet/platform/service.py``)."""
+    """What reads each message before ``read_message`` does, per partition: the platform stream's reader."""
 
     async def claim(self, context: PartitionContext) -> None:
         """The partition is claimed: its own state is restored before a single event is read."""
@@ -68,6 +64,7 @@ class Service:
         self._settings = settings
         self._fleet = fleet
         self._metrics = metrics
+        metrics.shown_partitions.set_function(lambda: len(fleet.shown()))  # main's sums every hub read's instead
         self._report = Report(metrics)
         self._clock = clock  # the wall clock: compared with the hub's enqueue times and the stored rows' times
         self._monotonic = monotonic  # what a wait within this process is measured on
@@ -80,9 +77,7 @@ class Service:
         self.hub_partitions: int | None = None
         self.storage_problem: str | None = None  # why the storage account is not reachable, while it is not
         self.doubted: set[str] = set()  # held partitions whose link was stolen: hidden until closed
-        # The partition's newest sequence number as the hub says it now (-1: empty; None: no answer); see
-        # ``newest_event``. Unanswered, no VM expires on the clock.
-        self.newest: Callable[[str], Awaitable[int | None]] = _unknown
+        self.newest: Callable[[str], Awaitable[int | None]] = _unknown  # the hub asked (``newest_event``)
         self.first_reader: FirstReader | None = None  # the platform stream's reader (fleet/platform/service.py)
         self._outcomes = {  # the rarer outcomes' counters (a VM known by name retired by its sidecar's message)
             "resend": metrics.duplicates.labels("resend"), "older": metrics.duplicates.labels("older"),
@@ -223,9 +218,7 @@ class Service:
         batch's last one (``partition.lag_from``), or as the last empty batch left it. Worked out when a scrape asks,
         not at every batch; only read here, so a scrape in another thread changes nothing."""
         view, last = partition.view, partition.lag_from
-        newest = received.newest(last) if last is not None else None
-        sequence = last.sequence_number if last is not None else None
-        if newest is None or sequence is None:
+        if last is None or (newest := received.newest(last)) is None or (sequence := last.sequence_number) is None:
             return view
         events, seconds = float(max(0, newest[0] - sequence)), view.lag_seconds
         if newest[1] is not None and (enqueued := received.enqueued_at(last)) is not None:
@@ -242,7 +235,6 @@ class Service:
             self.first_reader.release(partition_id)
         self.partitions.pop(partition_id, None)
         self.doubted.discard(partition_id)
-        self._shown_changed()
         self.keeper.store.forget(partition_id)
         name = "shutdown" if reason == CloseReason.SHUTDOWN else "ownership_lost"
         self._metrics.releases.labels(name).inc()
@@ -265,11 +257,9 @@ class Service:
         self.balanced = True
 
     def _show(self, partition_id: str) -> None:
-        if partition_id in self.doubted or not self._fleet.show(partition_id):
-            return
-        self._shown_changed()
-        log.info("partition %s shown: its receiver holds it", partition_id,
-                 extra=fields(partition_id=partition_id))
+        if partition_id not in self.doubted and self._fleet.show(partition_id):
+            log.info("partition %s shown: its receiver holds it", partition_id,
+                     extra=fields(partition_id=partition_id))
 
     def _hide(self, partition_id: str, sign: str) -> None:
         if partition_id not in self.partitions or partition_id in self.doubted:  # counted once
@@ -277,12 +267,8 @@ class Service:
         self.doubted.add(partition_id)
         self._metrics.loss_signs.labels(sign).inc()
         if self._fleet.show(partition_id, shown=False):
-            self._shown_changed()
             log.info("partition %s hidden (%s): another replica may show it now; still held until closed",
                      partition_id, sign, extra=fields(partition_id=partition_id, reason=sign))
-
-    def _shown_changed(self) -> None:
-        self._metrics.shown_partitions.set(len(self._fleet.shown()))
 
     # ------------------------------------------------------------------ periodic work
 
@@ -388,10 +374,8 @@ async def _unknown(partition_id: str) -> int | None:
 def _body(delivered: received.Delivery) -> bytes:
     if delivered.body_type != AmqpMessageBodyType.DATA:
         raise InvalidMessage("not_envelope", f"the AMQP body is {delivered.body_type}, not data")
-    body = delivered.body
-    if isinstance(body, (bytes, bytearray)):
-        return bytes(body)
-    return b"".join(body)  # a data body is bytes or an iterable of bytes
+    body = delivered.body  # a data body is bytes or an iterable of bytes
+    return bytes(body) if isinstance(body, (bytes, bytearray)) else b"".join(body)
 
 
 async def _stopped(stop: asyncio.Event, seconds: float) -> bool:

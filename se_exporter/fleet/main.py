@@ -20,13 +20,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from se_exporter import __version__
 from se_exporter.core.retry import backoff
 from se_exporter.fleet.collector import FleetMetrics, PartitionCollector, PartitionView
-from se_exporter.fleet.consumer import (
-    BATCH_SIZE,
-    EMPTY_BATCH_AFTER,
-    ObservedCheckpointStore,
-    Service,
-    newest_event,
-)
+from se_exporter.fleet.consumer import BATCH_SIZE, EMPTY_BATCH_AFTER, ObservedCheckpointStore, Service, newest_event
 from se_exporter.fleet.message import VmState
 from se_exporter.fleet.platform.exposition import PlatformCollector
 from se_exporter.fleet.platform.service import RECONCILE_EVERY, Platform
@@ -55,22 +49,16 @@ def run_fleet(settings: FleetSettings) -> int:
 
 
 def on_container(kind: type[C], settings: FleetSettings, credential: Callable[[str | None], Any]) -> C:
-    """A client of the container of the state blobs (the checkpoint stores' too), or a checkpoint store on it (one
-    per hub read: each tells its own service what its load-balancing rounds read)."""
-    name, url = settings.checkpoint_container, _account_url(settings)
+    """A client of the container of the state blobs (the checkpoint stores' too), or a checkpoint store on it (one per
+    hub read: each tells its own service what its load-balancing rounds read); ``trusting`` looks the proxy up for the
+    URL its requests go to (a connection string's is parsed, no request made)."""
+    name, secret = settings.checkpoint_container, settings.checkpoint_connection_string
+    if secret:  # the classmethod builds cls(...): ``kind`` itself
+        transport = trusting(settings.checkpoint_ca_file, str(ContainerClient.from_connection_string(secret, name).url))
+        return cast(C, kind.from_connection_string(secret, name, **transport))
+    url = str(settings.checkpoint_account_url)
     transport = trusting(settings.checkpoint_ca_file, url)
-    if settings.checkpoint_connection_string:  # the classmethod builds cls(...): ``kind`` itself
-        return cast(C, kind.from_connection_string(settings.checkpoint_connection_string, name, **transport))
     return kind(url, name, credential=credential(settings.storage_client_id), **transport)
-
-
-def _account_url(settings: FleetSettings) -> str:
-    """Where the storage requests go (what ``trusting`` looks the proxy up for): ``--checkpoint-account-url``, or
-    the container's URL the SDK reads from the connection string (parsed, no request made)."""
-    if settings.checkpoint_connection_string:
-        return str(ContainerClient.from_connection_string(settings.checkpoint_connection_string,
-                                                          settings.checkpoint_container).url)
-    return str(settings.checkpoint_account_url)
 
 
 def consumer_client(settings: FleetSettings, store: ObservedCheckpointStore,
@@ -108,10 +96,8 @@ def make_http_app(registry: CollectorRegistry, fleets: list[Fleet], services: li
                    else "waiting for the checkpoint store or a partition's state")
         return http_server.text(all(each.ready for each in services), "partitions balanced and restored", waiting)
 
-    def index(request: http_server.HttpRequest) -> http_server.Response:
-        return http_server.html_index("se-exporter fleet")
-
-    return http_server.pages({"/metrics": metrics, "/healthz": healthz, "/readyz": readyz, "/": index})
+    return http_server.pages({"/metrics": metrics, "/healthz": healthz, "/readyz": readyz,
+                              "/": lambda request: http_server.html_index("se-exporter fleet")})
 
 
 async def _shut_down(readings: list[HubReading], helpers: list[asyncio.Task[Any]],
@@ -171,9 +157,8 @@ def _hub_partitions(services: list[Service]) -> int | None:
 async def _count_partitions(client: EventHubConsumerClient, service: Service, stop: asyncio.Event,
                             first: float = 5.0) -> None:
     """The hub's partition count, for the 'partitions nobody reads' alert; in the background, so that a hub
-    unreachable at start delays neither start-up nor SIGTERM. Asked again (backing off to 5 minutes) until it
-    answers: asked once, a hub unreachable at start left ``hub_partitions`` absent for good, and with it the alert
-    for every hub read (``_hub_partitions`` needs them all)."""
+    unreachable at start delays neither start-up nor SIGTERM, and asked again (backing off to 5 minutes) until it
+    answers: absent, it would take that alert away for every hub read (``_hub_partitions`` needs them all)."""
     failures = 0
     while service.hub_partitions is None and not stop.is_set():
         try:
@@ -306,9 +291,7 @@ async def _main(settings: FleetSettings, credential: Callable[[str | None], Any]
                                      for reading in readings))
         stopping = asyncio.create_task(stop.wait())
         unusable = await _until_stopped(receiving, stopping, checking)
-        if unusable is not None:
-            stop.set()
-        failed = _failed(receiving, stop)
+        failed = unusable is None and _failed(receiving, stop)  # an unusable container is raised below instead
         log.info("stopping: releasing %d partitions", sum(len(fleet.owned()) for fleet in fleets))
         stop.set()
         await _shut_down(readings, helpers, [receiving, stopping, checking])

@@ -12,16 +12,20 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol, TypeVar
 
+from azure.eventhub import EventData
+from azure.eventhub.aio import PartitionContext
+
 from se_exporter.core.retry import backoff
+from se_exporter.fleet.collector import PartitionView
 from se_exporter.fleet.message import BOUND_NAMES
-from se_exporter.fleet.partition import Partition
 from se_exporter.fleet.report import Report
 from se_exporter.fleet.stateformat import encode_base, encode_delta
 from se_exporter.fleet.statestore import Restored, StateStore
-from se_exporter.fleet.vms import Fleet, StateWrite
+from se_exporter.fleet.vms import Fleet, PartitionState, StateWrite
 from se_exporter.infra.azure.clients import describe
 from se_exporter.infra.logs import fields
 
@@ -30,10 +34,31 @@ RESTORE_RETRY_MAX = 30.0
 T = TypeVar("T")
 
 
+@dataclass
+class Partition:
+    """Everything one replica knows about one partition it owns: made whole on claim, dropped whole on loss. The
+    VMs and the position (``state``) are also held by ``Fleet``, which scrapes read under its lock; the rest is the
+    consumer's: the SDK's context, the last event, where reading stands, and what was last written."""
+
+    context: PartitionContext
+    state: PartitionState  # the same object ``Fleet`` holds for this partition
+    view: PartitionView = field(default_factory=PartitionView)  # what /metrics shows of it besides its VMs
+    last_event: EventData | None = None  # the last event handled: the one the next checkpoint names
+    handled_at: float | None = None  # enqueue time of the last event handled: the partition's own clock
+    lag_from: EventData | None = None  # the last batch's last event, whose lag the view does not hold yet
+    saved: int | None = None  # the position of the state last written or read
+    checkpointed: int = -1  # the sequence number of the last checkpoint written (never moved back)
+    restored_checked: bool = False  # the restored position was checked against the partition's newest event
+    saving: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def partition_id(self) -> str:
+        return self.context.partition_id
+
+
 async def until_read(read: Callable[[], Awaitable[T]], report: Report, key: str, what: str,
                      sleep: Callable[[float], Awaitable[object]]) -> T:
-    """``read()``, retried with backoff for as long as the store refuses: each refusal counted, logged once a
-    minute per ``key``."""
+    """``read()``, retried with backoff while the store refuses: each refusal counted, logged once a minute per key."""
     failures = 0
     while True:
         try:
@@ -129,8 +154,7 @@ class PartitionPersistence:
             position = snapshot.position
             event = partition.last_event
             # taken at the snapshot's instant (no await between): the state beside is the one at ``position`` too
-            beside = self.beside
-            write_beside = beside.prepare(partition_id, position) if beside is not None else None
+            write_beside = self.beside.prepare(partition_id, position) if self.beside is not None else None
             try:
                 newer = None  # what another owner stored already, past ours
                 if write_beside is not None and not await write_beside():

@@ -2,8 +2,7 @@
 
 ``EventData``'s accessors rebuild their values on every access (a datetime per ``enqueued_time``; ``message_id``
 first lists every AMQP property), a measurable share of the batch handler's CPU at one heartbeat per VM every few
-minutes (``scripts/fleet_scale_bench.py``). The same values are read here from ``EventData.raw_amqp_message``
-(public).
+minutes (``scripts/fleet_scale_bench.py``): read here from the public ``EventData.raw_amqp_message`` instead.
 """
 
 from __future__ import annotations

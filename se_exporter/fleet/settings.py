@@ -33,18 +33,12 @@ from se_exporter.infra.options import (
 )
 
 DEFAULT_FLEET_PORT = 10170  # the sidecar's 10169 plus one: both can run on one machine
-DEFAULT_CONTAINER = "se-exporter-fleet"
-DEFAULT_VM_EXPIRY = 900.0  # three missed heartbeats at the Event Hubs default of 300 s
+DEFAULT_LISTEN = Listen("", DEFAULT_FLEET_PORT)
 DEFAULT_CHECKPOINT_INTERVAL = 10.0
 HEARTBEAT_WRITES_EVERY = 6  # checkpoint intervals between writes of a partition where only heartbeats arrived
 HEARTBEAT_WRITES_AT_MOST = 120.0  # seconds: the default's cap, so the checkpoint age stays far below the 300 s at
 # which SeExporterFleetCheckpointsStale fires, whatever --checkpoint-interval (up to 120 s) says
-DEFAULT_LISTEN = Listen("", DEFAULT_FLEET_PORT)
-
 CHECKPOINT_INTERVAL = Bounded(0.1, 3600)
-DEFAULT_PLATFORM_RETENTION = 3600.0
-DEFAULT_RECONCILE_GRACE = 60.0
-
 
 # What ``UseDevelopmentStorage=true`` stands for: Azurite's blob service on its default port, with the emulator's
 # account and key that Microsoft publishes (no secret). Spelt out because the checkpoint store's copy of the storage
@@ -107,60 +101,6 @@ def parse_container(text: str) -> str:
     return name
 
 
-FLEET_OPTIONS: tuple[Option, ...] = (
-    *LOG_OPTIONS,  # the options every command shares, from infra.options
-    *EVENTHUB_OPTIONS,
-    CONSUMER_GROUP_OPTION,
-    Option("listen", "--listen", parse_listen,
-           f"where /metrics, /healthz and /readyz are served (default :{DEFAULT_FLEET_PORT}, all interfaces)",
-           "HOST:PORT", "FLEET_"),
-    Option("checkpoint_connection_string", "--checkpoint-connection-string", parse_storage_connection_string,
-           "storage account connection string for checkpoints and state (prefer the environment variable)",
-           "STRING"),
-    Option("checkpoint_account_url", "--checkpoint-account-url", parse_account_url,
-           "storage account blob URL (https://myaccount.blob.core.windows.net), authenticated with the managed "
-           "identity", "URL"),
-    Option("checkpoint_container", "--checkpoint-container", parse_container,
-           f"blob container for checkpoints, ownership and state; created if missing (default {DEFAULT_CONTAINER})",
-           "NAME"),
-    Option("checkpoint_ca_file", "--checkpoint-ca-file", parse_ca_file,
-           "PEM file of the CAs that may sign the storage account's TLS certificate (default: the system's)", "PATH"),
-    Option("checkpoint_client_id", "--checkpoint-client-id", parse_name,
-           "client id of a user-assigned managed identity for storage (default: --eventhub-client-id)", "ID"),
-    Option("checkpoint_interval", "--checkpoint-interval", CHECKPOINT_INTERVAL,
-           f"how often each owned partition's state and checkpoint are written (default "
-           f"{show_duration(DEFAULT_CHECKPOINT_INTERVAL)}); a partition where only heartbeats arrived waits for "
-           "--heartbeat-checkpoint-interval", "DURATION"),
-    Option("heartbeat_checkpoint_interval", "--heartbeat-checkpoint-interval", CHECKPOINT_INTERVAL,
-           f"how often a partition where only heartbeats arrived is written (default {HEARTBEAT_WRITES_EVERY} x "
-           f"--checkpoint-interval, at most {show_duration(HEARTBEAT_WRITES_AT_MOST)}, never less than "
-           "--checkpoint-interval): a restart replays at most this much", "DURATION"),
-    Option("vm_expiry", "--vm-expiry", Bounded(1, 30 * 86400),
-           f"forget a VM not heard from for this long (default {show_duration(DEFAULT_VM_EXPIRY)}: three missed "
-           "heartbeats)", "DURATION"),
-    Option("starting_position", "--starting-position", parse_name,
-           "where a partition without a checkpoint is read from: earliest, latest or an ISO 8601 time "
-           "(default earliest)", "POSITION", "FLEET_"),
-    Option("load_balancing_interval", "--load-balancing-interval", Bounded(0.1, 3600),
-           "time between the SDK's partition load-balancing rounds (default 30s)", "DURATION"),
-    Option("ownership_expiry", "--ownership-expiry", Bounded(0.5, 6 * 3600),
-           "time after which a silent replica's partitions are taken over (default 6 x "
-           "--load-balancing-interval)", "DURATION"),
-    Option("max_message_bytes", "--max-message-bytes", Bounded(1024, 64 * 1024**2, unit="bytes"),
-           "larger message bodies are counted as invalid and skipped (default 1MiB, the Event Hubs limit)",
-           "BYTES"),
-    *PLATFORM_EVENTHUB_OPTIONS,
-    Option("platform_consumer_group", "--platform-consumer-group", parse_consumer_group,
-           "consumer group to read the platform's event hub with (default $Default)", "GROUP"),
-    Option("platform_retention", "--platform-retention", Bounded(0, 30 * 86400),
-           f"how long a platform event stays listed after its end (Completed or Canceled) was read (default "
-           f"{show_duration(DEFAULT_PLATFORM_RETENTION)})", "DURATION"),
-    Option("reconcile_grace", "--reconcile-grace", Bounded(0, 86400),
-           f"how long after the platform announced an event a live sidecar may take to list it before it counts as "
-           f"missed (default {show_duration(DEFAULT_RECONCILE_GRACE)})", "DURATION"),
-)
-
-
 @dataclass(frozen=True)
 class FleetSettings(HubReader):
     """Settings of ``se-exporter fleet``."""
@@ -168,12 +108,12 @@ class FleetSettings(HubReader):
     listen: Listen = DEFAULT_LISTEN
     checkpoint_connection_string: str | None = field(default=None, repr=False)
     checkpoint_account_url: str | None = None
-    checkpoint_container: str = DEFAULT_CONTAINER
+    checkpoint_container: str = "se-exporter-fleet"
     checkpoint_ca_file: str | None = None
     checkpoint_client_id: str | None = None
     checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL
     heartbeat_checkpoint_interval: float | None = None
-    vm_expiry: float = DEFAULT_VM_EXPIRY
+    vm_expiry: float = 900.0  # three missed heartbeats at the Event Hubs default of 300 s
     starting_position: str = "earliest"
     load_balancing_interval: float = 30.0
     ownership_expiry: float | None = None
@@ -182,8 +122,8 @@ class FleetSettings(HubReader):
     platform_eventhub_name: str | None = None
     platform_eventhub_namespace: str | None = None
     platform_consumer_group: str = "$Default"
-    platform_retention: float = DEFAULT_PLATFORM_RETENTION
-    reconcile_grace: float = DEFAULT_RECONCILE_GRACE
+    platform_retention: float = 3600.0
+    reconcile_grace: float = 60.0
     log_level: str = "info"
     log_format: str = "text"
 
@@ -205,8 +145,7 @@ class FleetSettings(HubReader):
 
     @property
     def hubs(self) -> tuple[Hub, ...]:
-        """The hubs to read: the sidecars' (``--eventhub-*``) and the platform's (``--platform-eventhub-*``), each
-        when given."""
+        """The hubs read, each when given: the sidecars' (--eventhub-*) and the platform's (--platform-eventhub-*)."""
         hubs = []
         if self.eventhubs_enabled:
             hubs.append(Hub("sidecar", self.eventhub_connection_string, self.eventhub_name, self.eventhub_namespace,
@@ -243,6 +182,59 @@ class Hub:
         return f"{host}/{self.name or parts.get('entitypath') or '?'}"
 
 
+DEFAULTS = FleetSettings()  # what the help texts say
+FLEET_OPTIONS: tuple[Option, ...] = (
+    *LOG_OPTIONS,  # the options every command shares, from infra.options
+    *EVENTHUB_OPTIONS,
+    CONSUMER_GROUP_OPTION,
+    Option("listen", "--listen", parse_listen,
+           f"where /metrics, /healthz and /readyz are served (default :{DEFAULT_FLEET_PORT}, all interfaces)",
+           "HOST:PORT", "FLEET_"),
+    Option("checkpoint_connection_string", "--checkpoint-connection-string", parse_storage_connection_string,
+           "storage account connection string for checkpoints and state (prefer the environment variable)", "STRING"),
+    Option("checkpoint_account_url", "--checkpoint-account-url", parse_account_url,
+           "storage account blob URL (https://myaccount.blob.core.windows.net), authenticated with the managed "
+           "identity", "URL"),
+    Option("checkpoint_container", "--checkpoint-container", parse_container,
+           "blob container for checkpoints, ownership and state; created if missing (default "
+           f"{DEFAULTS.checkpoint_container})", "NAME"),
+    Option("checkpoint_ca_file", "--checkpoint-ca-file", parse_ca_file,
+           "PEM file of the CAs that may sign the storage account's TLS certificate (default: the system's)", "PATH"),
+    Option("checkpoint_client_id", "--checkpoint-client-id", parse_name,
+           "client id of a user-assigned managed identity for storage (default: --eventhub-client-id)", "ID"),
+    Option("checkpoint_interval", "--checkpoint-interval", CHECKPOINT_INTERVAL,
+           f"how often each owned partition's state and checkpoint are written (default "
+           f"{show_duration(DEFAULTS.checkpoint_interval)}); a partition where only heartbeats arrived waits for "
+           "--heartbeat-checkpoint-interval", "DURATION"),
+    Option("heartbeat_checkpoint_interval", "--heartbeat-checkpoint-interval", CHECKPOINT_INTERVAL,
+           f"how often a partition where only heartbeats arrived is written (default {HEARTBEAT_WRITES_EVERY} x "
+           f"--checkpoint-interval, at most {show_duration(HEARTBEAT_WRITES_AT_MOST)}, never less than "
+           "--checkpoint-interval): a restart replays at most this much", "DURATION"),
+    Option("vm_expiry", "--vm-expiry", Bounded(1, 30 * 86400),
+           f"forget a VM not heard from for this long (default {show_duration(DEFAULTS.vm_expiry)}: three missed "
+           "heartbeats)", "DURATION"),
+    Option("starting_position", "--starting-position", parse_name,
+           "where a partition without a checkpoint is read from: earliest, latest or an ISO 8601 time "
+           "(default earliest)", "POSITION", "FLEET_"),
+    Option("load_balancing_interval", "--load-balancing-interval", Bounded(0.1, 3600),
+           "time between the SDK's partition load-balancing rounds (default 30s)", "DURATION"),
+    Option("ownership_expiry", "--ownership-expiry", Bounded(0.5, 6 * 3600),
+           "time after which a silent replica's partitions are taken over (default 6 x "
+           "--load-balancing-interval)", "DURATION"),
+    Option("max_message_bytes", "--max-message-bytes", Bounded(1024, 64 * 1024**2, unit="bytes"),
+           "larger message bodies are counted as invalid and skipped (default 1MiB, the Event Hubs limit)", "BYTES"),
+    *PLATFORM_EVENTHUB_OPTIONS,
+    Option("platform_consumer_group", "--platform-consumer-group", parse_consumer_group,
+           "consumer group to read the platform's event hub with (default $Default)", "GROUP"),
+    Option("platform_retention", "--platform-retention", Bounded(0, 30 * 86400),
+           f"how long a platform event stays listed after its end (Completed or Canceled) was read (default "
+           f"{show_duration(DEFAULTS.platform_retention)})", "DURATION"),
+    Option("reconcile_grace", "--reconcile-grace", Bounded(0, 86400),
+           f"how long after the platform announced an event a live sidecar may take to list it before it counts as "
+           f"missed (default {show_duration(DEFAULTS.reconcile_grace)})", "DURATION"),
+)
+
+
 def fleet_settings(args: argparse.Namespace, env: Mapping[str, str]) -> FleetSettings:
     settings = FleetSettings(**resolve(FLEET_OPTIONS, args, env))
     _check_hubs(settings)
@@ -265,8 +257,7 @@ def _check_hubs(settings: FleetSettings) -> None:
     if not hubs:
         raise ConfigError("--eventhub-connection-string or --eventhub-namespace (the sidecars' hub) is required, "
                           "or --platform-eventhub-connection-string or --platform-eventhub-namespace (the platform's)")
-    namespaces = settings.eventhub_namespace or settings.platform_eventhub_namespace
-    if settings.eventhub_client_id and not namespaces:
+    if settings.eventhub_client_id and not (settings.eventhub_namespace or settings.platform_eventhub_namespace):
         raise ConfigError("--eventhub-client-id needs --eventhub-namespace or --platform-eventhub-namespace (it "
                           "selects a managed identity)")
     # --eventhub-client-id and --eventhub-ca-file serve the platform's hub too: checked above, not by the rules of one

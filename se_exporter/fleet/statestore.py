@@ -6,12 +6,10 @@ a window would have to span the VM expiry and would still lose every VM that sen
 
 Shaped like the Event Hubs SDK's own ``CheckpointStore``: the service takes a ``StateStore``, so its rules are
 tested against an in-memory store and run against ``StateBlobs``. What every store shares: a stored state is read by
-``stateformat.decode`` and never trusted; a newer format is left in place (``frozen``: neither it nor the checkpoint
-is written); writes only move the stored position forward. Every write is a base or a delta appended to the block
-list this replica knows, each commit one ETag-conditional replacement of the list (``save_blocks``; docs/fleet.md,
-"State cost", says when a write is a base and what a restore then reads). In Blob Storage the position is the blob's
-metadata, and a block list naming a block the blob does not have is refused by the service (the write becomes a
-base).
+``stateformat.decode`` and never trusted; a newer format is left in place (``frozen``); writes only move the stored
+position forward. Every write is a base or a delta appended to the block list this replica knows, each commit one
+ETag-conditional replacement of the list (``save_blocks``; docs/fleet.md, "State cost", says when a write is a base
+and what a restore then reads).
 """
 
 from __future__ import annotations
@@ -22,12 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from azure.core.exceptions import (
-    HttpResponseError,
-    ResourceExistsError,
-    ResourceModifiedError,
-    ResourceNotFoundError,
-)
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
 from azure.storage.blob import ContentSettings
 from azure.storage.blob.aio import ContainerClient
 
@@ -147,10 +140,12 @@ class StateStore(abc.ABC):
                 else:
                     self._layouts[partition_id] = Layout([block], position, len(data))
                 return True
-            self._layouts.pop(partition_id, None)
-            # a delta naming blocks not there is written again as a base; a conflict gives way to a newer state
-            if (outcome == "conflict" or appending is None) and not await self._behind(partition_id, position):
-                return False
+            self._layouts.pop(partition_id, None)  # a delta naming blocks not there is written again as a base
+            if outcome == "conflict" or appending is None:
+                # one at our position holds our events (our own write, too, its answer lost to a cancellation)
+                theirs = await self._stored_position(partition_id)  # its ETag now the one to write on
+                if theirs is not None and theirs > position:
+                    return False
         return False
 
     async def listing(self, prefix: str) -> dict[str, str]:
@@ -168,13 +163,6 @@ class StateStore(abc.ABC):
         self._names.pop(partition_id, None)
         self._frozen.discard(partition_id)
         self._layouts.pop(partition_id, None)
-
-    async def _behind(self, partition_id: str, position: int) -> bool:
-        """After a conflict: the stored state is not past ``position`` (or gone), and its ETag is now the one to
-        write on; False when it is past it (another owner's newer state: give way). A state at ``position`` holds the
-        same events as ours (our own write, too, when its answer was lost to a cancellation): written over."""
-        theirs = await self._stored_position(partition_id)
-        return theirs is None or theirs <= position
 
     @abc.abstractmethod
     async def _download(self, partition_id: str) -> bytes | None:

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from se_exporter.fleet.collector import FleetMetrics, PartitionView
 from se_exporter.fleet.consumer import Service
-from se_exporter.fleet.partition import Partition
+from se_exporter.fleet.persistence import Partition
 from se_exporter.fleet.settings import FleetSettings
 from se_exporter.fleet.vms import Fleet, PartitionState
 from tests.fleet.memory_store import MemoryStateStore
