@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing
-import os
 import signal
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
