@@ -5,6 +5,7 @@ Both are plain functions of values (the summary reads the registry's samples), p
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,7 +19,9 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 TRANSITION_ORDER = ("scheduled", "rescheduled", "started", "completed", "canceled")
 
 
-def banner(settings: Settings, imds_url: str, metrics_url: str, scenario: str, description: str) -> str:
+def banner(settings: Settings, imds_url: str, metrics_url: str, scenario: str, description: str,
+           pid: int | None = None) -> str:
+    pid = os.getpid() if pid is None else pid
     speed = "real time" if settings.speed == 1 else f"{settings.speed:g}x real time"
     lines = [
         f"se-exporter demo: the sidecar polls a simulated IMDS playing the '{scenario}' scenario ({speed}).",
@@ -36,6 +39,8 @@ def banner(settings: Settings, imds_url: str, metrics_url: str, scenario: str, d
     elif settings.otel_traces_exporter == "otlp":
         lines.append(f"  Spans           OTLP to {settings.otel_traces_endpoint or settings.otel_endpoint}")
     lines.append(f"  State           {settings.state_path}")
+    lines.append(f"  Pauses          freeze the sidecar as a Freeze freezes the VM, while an event is listed: "
+                 f"kill -STOP {pid}; sleep 2; kill -CONT {pid}")
     lines += ["", "  Log lines follow: one per lifecycle transition. Stop with Ctrl-C for a summary.", ""]
     return "\n".join(lines)
 
@@ -104,4 +109,9 @@ def _outputs(found: Samples, settings: Settings) -> list[str]:
     if settings.otel_traces_exporter != "none":
         lines.append(f"  Spans           {_total(found, 'azure_scheduled_events_spans_exported_total'):.0f} exported, "
                      f"{_total(found, 'azure_scheduled_events_span_export_errors_total'):.0f} failed")
+    felt = {labels["event_type"]: value for labels, value in _by(found, "azure_scheduled_events_pause_seconds_count")}
+    if felt:
+        lines.append("  Pauses felt     " + ", ".join(f"{value:.0f} during {event_type}" if event_type != "none"
+                                                     else f"{value:.0f} unannounced"
+                                                     for event_type, value in sorted(felt.items())))
     return lines

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from se_exporter.sidecar.demo import summary
+from se_exporter.sidecar.demo import banner, summary
 from se_exporter.sidecar.settings import Settings
 from se_exporter.sidecar.sinks.tracing import span_line
 from tests.sidecar.test_spans import run
@@ -42,6 +42,8 @@ def test_summary_counts_what_happened() -> None:
         sample("azure_scheduled_events_pending", 1, event_type="Reboot", event_status="Scheduled"),
         sample("azure_scheduled_events_pending", 1, event_type="Redeploy", event_status="Scheduled"),
         sample("azure_scheduled_events_forwarded_documents_total", 5, sink="file"),
+        sample("azure_scheduled_events_pause_seconds_count", 1, event_type="Freeze"),
+        sample("azure_scheduled_events_pause_seconds_count", 2, event_type="none"),
     ])
     text = summary(found, 61.4, 3070, Settings(forward_file="out/documents.jsonl", state_dir="out/state"))
     lines = text.splitlines()
@@ -52,4 +54,12 @@ def test_summary_counts_what_happened() -> None:
     assert "                  Reboot     1 scheduled" in lines
     assert "  Listed at exit  2 Scheduled" in lines
     assert "  Forwarded       5 documents to out/documents.jsonl" in lines
+    assert "  Pauses felt     1 during Freeze, 2 unannounced" in lines
     assert len(lines) <= 20
+
+
+def test_the_banner_says_how_to_make_a_pause() -> None:
+    """The demo's Freeze shows a pause when a person makes one: the banner names this process' pid."""
+    text = banner(Settings(state_dir="out/state"), "http://127.0.0.1:1", "http://127.0.0.1:2/metrics", "demo", "",
+                  pid=4242)
+    assert "kill -STOP 4242; sleep 2; kill -CONT 4242" in text
