@@ -38,6 +38,8 @@ class Pause:
     event_key: str | None = None
     event_type: str = UNANNOUNCED
     throttled: bool = False
+    steal_seconds: float | None = None  # CPU time the hypervisor says it took, per CPU, over the pause and the look
+    # before it (None where the kernel does not say)
 
     @property
     def began(self) -> float:
@@ -67,14 +69,15 @@ def arms(records: Iterable[EventRecord], vm_name: str | None) -> bool:
 
 
 def felt(ended: float, seconds: float, records: Iterable[EventRecord], vm_name: str | None,
-         throttled_seconds: float | None = None) -> Pause:
+         throttled_seconds: float | None = None, steal_seconds: float | None = None) -> Pause:
     """The pause of ``seconds`` that ended at ``ended``, while ``records`` were listed; ``throttled_seconds``: how
-    much the cgroup's throttled time grew over it (None where the kernel does not say)."""
+    much the cgroup's throttled time grew over it, ``steal_seconds`` the steal time (each None where the kernel does
+    not say)."""
     record = owner(records, vm_name)
     throttled = throttled_seconds is not None and throttled_seconds >= THROTTLED_SHARE * seconds
     if record is None:
-        return Pause(ended, seconds, throttled=throttled)
-    return Pause(ended, seconds, record.event.key, record.event.event_type, throttled)
+        return Pause(ended, seconds, throttled=throttled, steal_seconds=steal_seconds)
+    return Pause(ended, seconds, record.event.key, record.event.event_type, throttled, steal_seconds)
 
 
 def fold(records: Mapping[str, EventRecord], pauses: Iterable[Pause]) -> Mapping[str, EventRecord]:

@@ -31,10 +31,14 @@ class PauseDetector:
     """Finds pauses (see the module docstring); ``throttled`` reads the cgroup's throttled seconds (None: unknown)."""
 
     def __init__(self, metrics: Metrics, monotonic: Callable[[], float] = time.monotonic,
-                 throttled: Callable[[], float | None] | None = None) -> None:
+                 throttled: Callable[[], float | None] | None = None,
+                 steal: Callable[[], float | None] | None = None) -> None:
         self._metrics = metrics
         self._monotonic = monotonic
         self._throttled = cgroup_throttled() if throttled is None else throttled
+        # /proc/stat costs more than a tick should: read when armed, at each poll (``listed``) and after a pause
+        self._steal = steal_time if steal is None else steal
+        self._steal_at: float | None = None
         self._lock = threading.Lock()
         self._due: float | None = None  # armed: when a thread is next due to have looked; None: idle
         self._armed_until = -math.inf
@@ -58,6 +62,8 @@ class PauseDetector:
                 if self._due is None:
                     self._due = now + pause.TICK
                     self._wake.set()
+            if self._due is not None:
+                self._steal_at = self._steal()
 
     def check(self, now: float) -> None:
         """Armed: a pause if no thread has looked since it was due (any thread that runs may call this)."""
@@ -90,7 +96,9 @@ class PauseDetector:
             return
         grew = None if reading is None or self._throttled_at is None else reading - self._throttled_at
         self._throttled_at = reading
-        found = pause.felt(now, late, self._records.values(), self._vm_name, grew)
+        stolen, self._steal_at = self._steal_at, self._steal()
+        steal = None if stolen is None or self._steal_at is None else max(0.0, self._steal_at - stolen)
+        found = pause.felt(now, late, self._records.values(), self._vm_name, grew, steal)
         if found.throttled:
             self._metrics.throttled_pauses.inc()
         else:
@@ -136,3 +144,17 @@ def cgroup_throttled(root: Path = Path("/sys/fs/cgroup")) -> Callable[[], float 
         return None
 
     return read
+
+
+def steal_time(path: str = "/proc/stat") -> float | None:
+    """The steal time the kernel reports (``/proc/stat``'s eighth ``cpu`` column: what the hypervisor ran instead
+    of this VM), in seconds per CPU; None where there is none to read (Windows, or no such column)."""
+    if sys.platform == "win32":
+        return None
+    try:
+        with open(path, "rb") as stat:
+            columns = stat.readline().split()
+        ticks: int = os.sysconf("SC_CLK_TCK")
+        return int(columns[8]) / ticks / (os.cpu_count() or 1)
+    except (OSError, ValueError, IndexError):
+        return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,7 +15,7 @@ from se_exporter.core import pause
 from se_exporter.core.lifecycle import EventRecord, diff
 from se_exporter.core.model import parse_document
 from se_exporter.sidecar.metrics import Metrics
-from se_exporter.sidecar.pauses import HELD, PauseDetector, cgroup_throttled
+from se_exporter.sidecar.pauses import HELD, PauseDetector, cgroup_throttled, steal_time
 from se_exporter.sidecar.snapshot import Snapshot
 
 FREEZE = {"EventId": "F1", "EventStatus": "Started", "EventType": "Freeze", "ResourceType": "VirtualMachine",
@@ -26,11 +27,12 @@ def listed(*events: Mapping[str, object]) -> Mapping[str, EventRecord]:
     return diff({}, document, 1000.0).records
 
 
-def detector(throttled: list[float | None] | None = None) -> tuple[PauseDetector, CollectorRegistry]:
+def detector(throttled: list[float | None] | None = None,
+             steal: list[float | None] | None = None) -> tuple[PauseDetector, CollectorRegistry]:
     registry = CollectorRegistry()
     metrics = Metrics(registry, Snapshot)
-    readings = iter(throttled or [])
-    return PauseDetector(metrics, throttled=lambda: next(readings, None)), registry
+    readings, stolen = iter(throttled or []), iter(steal or [])
+    return PauseDetector(metrics, throttled=lambda: next(readings, None), steal=lambda: next(stolen, None)), registry
 
 
 def pauses(registry: CollectorRegistry, event_type: str) -> tuple[float | None, float | None]:
@@ -126,3 +128,18 @@ def test_the_thread_sleeps_without_a_timeout_idle_and_ends_on_close_or_stop() ->
 
 def test_no_cgroup_limit_means_nothing_is_read(tmp_path: Path) -> None:
     assert cgroup_throttled(tmp_path)() is None
+
+
+def test_a_pause_says_the_steal_time_over_it_where_the_kernel_reports_one(tmp_path: Path) -> None:
+    found, _ = detector(steal=[5.0, 5.5, 7.0])  # armed by the first poll, read at the next, after the pause
+    found.listed(listed(FREEZE), "vm0", 100.0)
+    found.listed(listed(FREEZE), "vm0", 101.0)
+    found.check(103.0)
+    [taken] = found.take(103.01)
+    assert taken.steal_seconds == pytest.approx(1.5)
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 900 3 0 1 250 0 0\ncpu0 100 0 50 900 3 0 1 250 0 0\n")
+    ticks, cpus = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+    assert steal_time(str(stat)) == pytest.approx(250 / ticks / cpus)
+    stat.write_text("cpu  100 0 50\n")  # an old kernel without the column
+    assert steal_time(str(stat)) is None

@@ -87,8 +87,11 @@ def transition_facts(transition: Transition, change: DocumentChange) -> dict[str
 
 
 def pause_facts(felt: PauseFelt) -> dict[str, Any]:
-    """What a pause adds to its event's facts (or says alone, unannounced): how long, when it began, and whether
-    CPU throttling of the sidecar's cgroup explains it."""
-    return {"pause_seconds": seconds_fact(felt.pause.seconds),
-            "pause_began": time_fact(datetime.fromtimestamp(felt.began_at, timezone.utc)),
-            "throttled": felt.pause.throttled}
+    """What a pause adds to its event's facts (or says alone, unannounced): how long, when it began, whether CPU
+    throttling of the sidecar's cgroup explains it, and the steal time the kernel reports over it."""
+    facts: dict[str, Any] = {"pause_seconds": seconds_fact(felt.pause.seconds),
+                             "pause_began": time_fact(datetime.fromtimestamp(felt.began_at, timezone.utc)),
+                             "throttled": felt.pause.throttled}
+    if felt.pause.steal_seconds is not None:
+        facts["steal_seconds"] = seconds_fact(felt.pause.steal_seconds)
+    return facts
