@@ -10,6 +10,7 @@ records' one writer) and hands it to the outputs. The rules (what a pause is, wh
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
@@ -24,6 +25,7 @@ from se_exporter.core.lifecycle import EventRecord
 from se_exporter.core.pause import Pause
 from se_exporter.sidecar.metrics import Metrics
 
+log = logging.getLogger("se_exporter")
 HELD = 256  # pauses found and not yet taken by the poll loop: a VM pausing every second fills none of it
 
 
@@ -113,7 +115,10 @@ class PauseDetector:
                 self._wake.clear()
                 continue
             stop.wait(pause.TICK)
-            self.check(self._monotonic())
+            try:
+                self.check(self._monotonic())
+            except Exception:  # a bug must not end the looks: the poll loop's would then all be a second late
+                log.exception("unexpected error in the pause detector")
 
     def close(self) -> None:
         self._closed = True
