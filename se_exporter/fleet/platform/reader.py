@@ -10,8 +10,8 @@ ever leaves ``read_platform``.
 from __future__ import annotations
 
 import base64
-import binascii
 import codecs
+import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -114,9 +114,7 @@ def read_platform(body: bytes, max_bytes: int, enqueued_at: float,
     if not looks_like_platform(body):
         return None
     found = _parsed(body, bounds)
-    if found is None:
-        return None
-    items = found if isinstance(found, list) else [found]
+    items = found if isinstance(found, list) else [found]  # None: not JSON, refused below as not an object
     if not items:
         return None
     for item in items:  # a loop, not all() over a generator: most messages hold one event
@@ -222,10 +220,8 @@ def _data(item: Mapping[str, Any], schema: str) -> Mapping[str, Any]:
         encoded = item["data_base64"]
         decoded = None
         if isinstance(encoded, str):
-            try:
+            with contextlib.suppress(ValueError):  # not base64 (binascii.Error is a ValueError), or not ASCII
                 decoded = _decode(base64.b64decode(encoded, validate=True), DEFAULT_PLATFORM_BOUNDS)
-            except (binascii.Error, ValueError):
-                decoded = None
         if not isinstance(decoded, dict):
             raise InvalidMessage("invalid_platform_event", "data_base64 is not base64 of a JSON object")
         return decoded

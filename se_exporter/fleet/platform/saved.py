@@ -120,10 +120,8 @@ def _text(row: dict[str, Any], name: str) -> str:
     """A string field within the reader's bound for it (label values: ``MAX_TEXT``)."""
     value = row.get(name, "")
     limit = MAX_DESCRIPTION if name == "description" else MAX_TEXT
-    if not isinstance(value, str):
-        raise ValueError(name)
-    text = kept_text(value, limit)
-    if len(text) > limit:
+    text = kept_text(value, limit) if isinstance(value, str) else None
+    if text is None or len(text) > limit:
         raise ValueError(name)
     return text
 
@@ -132,8 +130,7 @@ def _number(row: dict[str, Any], name: str) -> float | None:
     value = row.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or abs(value) >= 2**63:
+    if type(value) not in (int, float) or not math.isfinite(value) or abs(value) >= 2**63:  # a bool is not one
         raise ValueError(name)
     return float(value)
 
