@@ -10,6 +10,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -136,7 +137,10 @@ class Platform:
         coverage, unannounced = self._reconciled(records, now)
         informed = frozenset(record.key for record in records if self.homes.is_here(record.key))
         self.homes.forget({record.key for record in records} | unannounced, now)
-        self.view = LastReconciliation(tuple(records), coverage, informed, self._sizes(pictures))
+        sizes = Counter({**self.reconciler.sizes(), "counted": self.homes.size})  # the memory gauges
+        for picture in pictures:
+            sizes.update(picture.sizes())
+        self.view = LastReconciliation(tuple(records), coverage, informed, dict(sizes))
         return self.view
 
     def _expired(self, now: float) -> list[PlatformPicture]:
@@ -148,14 +152,6 @@ class Platform:
             picture.expire(now)
             self.report_bounds(picture, before)
         return pictures
-
-    def _sizes(self, pictures: list[PlatformPicture]) -> dict[str, int]:
-        """What the reconciler, the homes and the held pictures hold, by name (the memory gauges)."""
-        sizes = {**self.reconciler.sizes(), "counted": self.homes.size}
-        for picture in pictures:
-            for name, size in picture.sizes().items():
-                sizes[name] = sizes.get(name, 0) + size
-        return sizes
 
     def _merged(self, pictures: list[PlatformPicture], now: float) -> list[PlatformRecord]:
         """One record per EventId over the held pictures and the others read from their blobs (those within the
@@ -326,10 +322,9 @@ class Platform:
         for side in self.hubs.values():
             reader = PlatformReader(self, side)
             for partition_id in sorted(side.held):
-                if side.fleet.position(partition_id) is None and reader.dirty(partition_id):
-                    write = reader.prepare(partition_id, -1)
-                    if write is not None:
-                        await write()
+                write = reader.prepare(partition_id, -1) if side.fleet.position(partition_id) is None else None
+                if write is not None:  # None: its platform side is written already
+                    await write()
 
 
 def _shown_coverage(records: list[PlatformRecord], shown: list[_Shown]) -> tuple[Coverage, ...]:
