@@ -74,8 +74,7 @@ class PlatformReader:
             return
         if loaded.rows:
             platform.metrics.state_damaged.labels("row").inc(loaded.rows)
-        held.restored = loaded.position
-        held.judged = loaded.judged
+        held.restored, held.judged = loaded.position, loaded.judged
         if loaded.state is not None and (loaded.state.records or loaded.state.ids or loaded.state.forgotten):
             held.picture = PlatformPicture.restored(loaded.state, platform.limits)
         if side.role == platform.homes.role:
@@ -137,9 +136,8 @@ class PlatformReader:
         return False
 
     def release(self, partition_id: str) -> None:
-        side = self._side
-        side.held.pop(partition_id, None)
-        side.store.forget(partition_id)  # its EventIds' counting is the next owner's, from the blob
+        self._side.held.pop(partition_id, None)
+        self._side.store.forget(partition_id)  # its EventIds' counting is the next owner's, from the blob
 
     # ------------------------------------------------------------------ persistence.AttachedState
 
@@ -148,10 +146,9 @@ class PlatformReader:
         return held is not None and held.changes != held.written
 
     def prepare(self, partition_id: str, position: int) -> Callable[[], Awaitable[bool]] | None:
-        side = self._side
-        held = side.held.get(partition_id)
-        if held is None or not self.dirty(partition_id):
+        if not self.dirty(partition_id):
             return None
+        held = self._side.held[partition_id]
         state = held.picture.state() if held.picture is not None else PictureState()
         data = encode_platform(partition_id, position, state, held.counted, held.judged)
         changes, pending = held.changes, held.pending
@@ -160,7 +157,7 @@ class PlatformReader:
         async def write() -> bool:
             written = False
             try:
-                written = await side.store.save_blocks(partition_id, position, lambda _block: data, None)
+                written = await self._side.store.save_blocks(partition_id, position, lambda _block: data, None)
             finally:
                 if written:
                     held.written = changes
