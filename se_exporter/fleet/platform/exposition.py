@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily
@@ -28,6 +29,7 @@ NAMED_VMS = 20
 NAMED_VMS_TOTAL = 1_000
 INFO_LABELS = ["event_id", "event_type", "event_status", "event_source", "scope_type", "scope_name", "resource_group",
                "subscription_id", "location"]
+_INFO_VALUES = attrgetter(*INFO_LABELS)  # each label is the PlatformEvent attribute of its name
 
 
 class PlatformCollector(Collector):
@@ -73,9 +75,7 @@ def platform_families(records: Iterable[PlatformRecord], coverage: Iterable[Cove
     for record in ordered:
         event = record.event
         if informed is None or record.key in informed:
-            info.add_metric([event.event_id, event.event_type, event.event_status, event.event_source,
-                             event.scope_type, event.scope_name, event.resource_group, event.subscription_id,
-                             event.location], 1.0)
+            info.add_metric(list(_INFO_VALUES(event)), 1.0)
         for state in COVERAGES:
             vms.add_metric([event.event_id, event.event_type, state], counts[(record.key, state)])
     left = NAMED_VMS_TOTAL
