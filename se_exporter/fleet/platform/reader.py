@@ -20,7 +20,6 @@ from typing import Any
 from se_exporter.core.model import event_key
 from se_exporter.fleet.message import MAX_TEXT, InvalidMessage
 from se_exporter.fleet.platform.fields import (
-    STATUSES,
     OutOfRangeNumber,
     arm_scope,
     duration,
@@ -44,9 +43,6 @@ _TYPE_ENDINGS = ("maintenanceresources.scheduledeventemitted", "maintenance.sche
 PLATFORM_INVALID_REASONS = ("other_event_type", "invalid_platform_event", "platform_on_sidecars_hub")
 PLATFORM_BOUND_NAMES = ("platform_events_per_message", "platform_resources_per_event")
 SCOPE_TYPES = ("scale_set", "availability_set", "virtual_machine", "unknown")
-__all__ = ["DEFAULT_PLATFORM_BOUNDS", "EVENT_TYPES", "PLATFORM_BOUND_NAMES", "PLATFORM_INVALID_REASONS",
-           "SCOPE_TYPES", "STATUSES", "PlatformBounds", "PlatformEvent", "PlatformMessage", "looks_like_platform",
-           "read_platform"]
 MAX_DESCRIPTION = 1024
 
 
@@ -70,7 +66,7 @@ class PlatformEvent:
     event_id: str  # as sent (printable); ``key`` identifies it (event_key: GUIDs ignore case)
     key: str
     event_type: str
-    event_status: str  # one of STATUSES
+    event_status: str  # one of fields.STATUSES
     event_source: str
     resource_type: str
     resources: tuple[str, ...]  # VM instance names (for a VM scope without Resources: the VM itself)

@@ -12,7 +12,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from se_exporter.fleet.platform.reader import DEFAULT_PLATFORM_BOUNDS, STATUSES, PlatformEvent
+from se_exporter.fleet.platform.fields import STATUSES
+from se_exporter.fleet.platform.reader import DEFAULT_PLATFORM_BOUNDS, PlatformEvent
 
 RANK = {"Scheduled": 0, "Started": 1, "Completed": 2, "Canceled": 2}
 ENDED = frozenset({"Completed", "Canceled"})
