@@ -98,15 +98,10 @@ def decode_platform(data: bytes, partition_id: str) -> PlatformBlob:
         return PlatformBlob(damaged="wrong_shape",
                             problem="the platform state is another partition's, or has no position")
     state, rows = state_from_json(obj.get("picture"))
-    memory: dict[str, Counted] = {}
     counted = obj.get("counted")
-    for row in counted if isinstance(counted, list) else []:
-        entry = _counted(row)
-        if entry is None:
-            rows += 1
-        else:
-            memory[entry[0]] = entry[1]
-    loaded = PlatformBlob(state, position, memory, rows=rows)
+    entries = [_counted(row) for row in counted] if isinstance(counted, list) else []
+    memory = dict(entry for entry in entries if entry is not None)
+    loaded = PlatformBlob(state, position, memory, rows=rows + entries.count(None))
     _judged(obj.get("judged"), loaded)
     return loaded
 
