@@ -48,10 +48,8 @@ BURST_DEFERS_UP_TO = 30.0  # while platform messages keep arriving, reconciliati
 BURST_MESSAGES = 1_000  # platform messages applied since the last round that make a burst (see run)
 
 
-@functools.lru_cache(maxsize=262_144)
-def _key_of(name: str) -> str:
-    """``name_key``, remembered: a reconciliation looks at every shown VM's name (100,000 every few seconds)."""
-    return name_key(name)
+# ``name_key``, remembered: a reconciliation looks at every shown VM's name (100,000 every few seconds).
+_key_of = functools.lru_cache(maxsize=262_144)(name_key)
 
 
 @dataclass
@@ -154,8 +152,7 @@ class Platform:
         return pictures
 
     def _merged(self, pictures: list[PlatformPicture], now: float) -> list[PlatformRecord]:
-        """One record per EventId over the held pictures and the others read from their blobs (those within the
-        retention)."""
+        """One record per EventId over the held pictures and the peers' (their records within the retention)."""
         retention = self.limits.retention
         peers = [tuple(record for record in records if record.ended_at is None or record.ended_at + retention > now)
                  for side in self.hubs.values() for partition_id, records in side.peers.items()
@@ -187,7 +184,13 @@ class Platform:
         self._judge(named, shown, where, result)
         judgements, complete = self._judgements()
         nowhere = self._count(records, judgements, complete)
-        return _shown_coverage(records, shown) + nowhere, self._count_unannounced(judgements)
+        unannounced: set[str] = set()  # homed here, listed by live VMs for the grace, never announced (COVERAGE 2)
+        for judged in judgements:
+            for key, event_type in judged.listed.items():
+                if key not in unannounced and self.homes.is_here(key) and not self.reconciler.announced(key):
+                    unannounced.add(key)
+                    self.homes.count_unannounced(key, event_type)
+        return _shown_coverage(records, shown) + nowhere, unannounced
 
     def _shown_vms(self, now: float, named: frozenset[str]) -> tuple[list[VmState], list[_Shown], dict[str, _Shown]]:
         """The VMs shown here that matter (named by an event, or listing one: the rest of a fleet of 100,000 would
@@ -271,22 +274,10 @@ class Platform:
             self.homes.count(record, verdicts)
         return tuple(rows)
 
-    def _count_unannounced(self, judgements: list[VmVerdicts]) -> set[str]:
-        """The EventIds homed here that a partition's live VMs listed for the grace and the platform never
-        announced, counted (``COVERAGE`` 2)."""
-        keys: set[str] = set()
-        for judged in judgements:
-            for key, event_type in judged.listed.items():
-                if key not in keys and self.homes.is_here(key) and not self.reconciler.announced(key):
-                    keys.add(key)
-                    self.homes.count_unannounced(key, event_type)
-        return keys
-
     def report_bounds(self, picture: PlatformPicture, before: dict[str, int]) -> None:
         """The picture's bounds reached since ``before`` (its ``bound_hits`` then), reported."""
-        for name, count in picture.bound_hits.items():
-            if count > before.get(name, 0):
-                self.report.bound_hit(name, count - before.get(name, 0))
+        for name, count in (Counter(picture.bound_hits) - Counter(before)).items():  # only those that grew
+            self.report.bound_hit(name, count)
 
     async def peers(self, stop: asyncio.Event, every: float) -> None:
         """``read_peers`` every ``every`` seconds (the checkpoint interval: how often they are written)."""
