@@ -119,13 +119,6 @@ def message_id(event: PlatformEvent) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
-def record_of(event: PlatformEvent, now: float, seen: str) -> PlatformRecord:
-    """The record of one message read at ``now`` (an end's retention runs from then, not from its eventTime: an
-    end read late is still listed, counted and joined by its other messages)."""
-    ended = now if event.event_status in ENDED else None
-    return PlatformRecord(event, ((event.event_status, event.event_time),), ended, now, ((seen, 1),))
-
-
 def _choice(record: PlatformRecord) -> tuple[int, float, bool, str]:
     """Which message's fields a record shows, as a total order (the largest wins, whatever the arrival order): the
     furthest status; of two ends, the one the platform dated first, Completed at the same eventTime; of one open
@@ -243,7 +236,9 @@ class PlatformPicture:
                     self.bound_hits[refused] += 1
                     return ApplyResult(refused)
             self._remember(self._ids, seen, now)
-            new = record_of(event, now, seen)
+            # An end's retention runs from now, not its eventTime: read late, it is still listed, counted and joined.
+            new = PlatformRecord(event, ((event.event_status, event.event_time),),
+                                 now if event.event_status in ENDED else None, now, ((seen, 1),))
             if new.ended:
                 self._ended[event.key] = None
             if held is None:  # one status known: no impact yet
