@@ -134,10 +134,7 @@ def _verdict(row: object) -> Verdict | None:
 
 
 def _counted(row: object) -> tuple[str, Counted] | None:
-    if not isinstance(row, dict):
-        return None
-    key = row.get("key")
-    if not _text(key):
+    if not isinstance(row, dict) or not _text(row.get("key")):
         return None
     statuses, missed, lag = row.get("statuses", []), row.get("missed", {}), row.get("lag", [])
     if not isinstance(statuses, list) or not all(status in STATUSES for status in statuses) \
@@ -149,8 +146,8 @@ def _counted(row: object) -> tuple[str, Counted] | None:
     if not _count(impact) or not _count(duplicates) or not isinstance(unannounced, bool) \
             or not (gone_at is None or _count(gone_at)):
         return None
-    return str(key), Counted(set(statuses), float(impact), dict(missed), set(lag), unannounced, int(duplicates),
-                            None if gone_at is None else float(gone_at))
+    return row["key"], Counted(set(statuses), float(impact), dict(missed), set(lag), unannounced, int(duplicates),
+                              None if gone_at is None else float(gone_at))
 
 
 def _count(value: object, least: int = 0) -> bool:
