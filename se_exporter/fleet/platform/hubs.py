@@ -66,9 +66,8 @@ class HubPlatform:
         self.peer_judged.pop(partition_id, None)
 
     async def read_peers(self) -> None:
-        """Every partition's picture this replica does not hold, from its blob (another replica's, written every
-        checkpoint interval; or nobody's). One listing, then a download of each blob that changed; an error is
-        raised for the caller to count (the records last read are kept meanwhile; tried again next time)."""
+        """Every partition's picture this replica does not hold, from its blob (another replica's, or nobody's): one
+        listing, then each blob that changed. An error is raised for the caller to count (the records read stay)."""
         if self.prefix is None or self.peer_store is None:
             return
         store, folder = self.peer_store, platform_blob_name(*self.prefix, "")

@@ -25,8 +25,7 @@ log = logging.getLogger("se_exporter.fleet")
 
 
 class Owner(Protocol):
-    """What a reader needs of the replica's platform side (``service.Platform``), named here so that this module
-    does not import the one that builds it."""
+    """What a reader needs of the replica's platform side, ``service.Platform``: named here, not imported from it."""
 
     metrics: FleetMetrics
     report: Report
