@@ -186,8 +186,7 @@ class Reconciler:
         hits, self._hits = tuple(dict.fromkeys(self._hits)), []
         return Reconciliation(tuple(rows), hits, listed)
 
-    def _rows(self, records: list[PlatformRecord], by_name: dict[str, list[VmState]],
-              now: float) -> list[Coverage]:
+    def _rows(self, records: list[PlatformRecord], by_name: dict[str, list[VmState]], now: float) -> list[Coverage]:
         """The coverage of every (EventId, named VM) pair decided now, with its lag when observed."""
         rows: list[Coverage] = []
         for record in records:

@@ -47,8 +47,7 @@ class PlatformCollector(Collector):
 
 
 def platform_families(records: Iterable[PlatformRecord], coverage: Iterable[Coverage],
-                      informed: Container[str] | None = None, sizes: Mapping[str, int] | None = None,
-                      ) -> list[Metric]:
+                      informed: Container[str] | None = None, sizes: Mapping[str, int] | None = None) -> list[Metric]:
     """The platform gauges from one consistent list of records and the reconciliation's coverage. ``informed``: the
     EventId keys whose info series this replica writes (each EventId's from one replica, its home's; None: all);
     the VM counts are written for every record, of the VMs this replica judged. ``sizes``: what is kept, by what."""

@@ -84,8 +84,7 @@ def event_status(value: object) -> str:
         found = _STATUS_NAMES.get(value.strip().casefold())
         if found:
             return found
-    raise InvalidMessage("invalid_platform_event",
-                         f"EventStatus {shown(value)} is none of {', '.join(STATUSES)}")
+    raise InvalidMessage("invalid_platform_event", f"EventStatus {shown(value)} is none of {', '.join(STATUSES)}")
 
 
 _STATUS_NAMES = {**{status.casefold(): status for status in STATUSES}, "cancelled": "Canceled"}

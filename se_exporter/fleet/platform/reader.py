@@ -116,10 +116,8 @@ def read_platform(body: bytes, max_bytes: int, enqueued_at: float,
     for item in items:  # a loop, not all() over a generator: most messages hold one event
         if not (isinstance(item, dict) and _schema(item)):
             return None  # not (only) Event Grid events: whatever it is, message.read_message says what is wrong
-    hit: list[str] = []
-    if len(items) > bounds.events_per_message:
-        hit.append("platform_events_per_message")
-        items = items[: bounds.events_per_message]
+    hit = ["platform_events_per_message"] if len(items) > bounds.events_per_message else []
+    items = items[: bounds.events_per_message]
     events: list[PlatformEvent] = []
     skipped: list[tuple[str, str]] = []
     warnings: list[str] = []
@@ -156,8 +154,7 @@ _DECODER = json.JSONDecoder(parse_int=int_literal, parse_constant=OutOfRangeNumb
 
 
 def _decode(body: bytes, bounds: PlatformBounds | None) -> object | None:
-    """The JSON of ``body`` when it is UTF-8 JSON of at most ``bounds.containers`` containers (None: counted
-    already), else None."""
+    """``body``'s UTF-8 JSON, None when not, or past ``bounds.containers`` containers (no bounds: counted already)."""
     if bounds is not None and _containers(body) > bounds.containers:
         return None
     try:  # a BOM taken off by hand: the utf-8-sig codec is Python code, utf-8 is C (a twentieth of reading one)

@@ -138,16 +138,14 @@ def combine(old: PlatformRecord, new: PlatformRecord, max_resources: int = DEFAU
         times[status] = max(when, known) if status in ENDED else min(when, known)
     ordered = tuple((status, times[status]) for status in STATUSES if status in times)
     first, second = (new, old) if _choice(new) > _choice(old) else (old, new)
-    event = _completed(first.event, second.event, _union(first.event.resources, second.event.resources,
-                                                          max_resources))
+    event = _completed(first.event, second.event, _union(first.event.resources, second.event.resources, max_resources))
     ends = [when for when in (old.ended_at, new.ended_at) if when is not None]
     return PlatformRecord(event, ordered, min(ends) if event.event_status in ENDED and ends else None,
                           max(old.changed_at, new.changed_at), _copies(old.copies, new.copies))
 
 
 def _union(resources: tuple[str, ...], others: tuple[str, ...], max_resources: int) -> tuple[str, ...]:
-    """Resources of both (names compare without case: the first spelling of each is kept), at most
-    ``max_resources``; ``resources`` itself when that adds nothing."""
+    """Resources of both (first spellings, names without case), at most ``max_resources``; ``resources`` if the same."""
     if others == resources and len(resources) <= max_resources:
         return resources
     union: dict[str, str] = {}
@@ -206,8 +204,7 @@ class PlatformPicture:
     def state(self) -> PictureState:
         """Everything a restart needs to continue exactly."""
         with self._lock:
-            return PictureState(tuple(self._records.values()), tuple(self._ids.items()),
-                                tuple(self._forgotten.items()))
+            return PictureState(tuple(self._records.values()), tuple(self._ids.items()), tuple(self._forgotten.items()))
 
     @classmethod
     def restored(cls, state: PictureState, limits: PlatformLimits = DEFAULT_LIMITS) -> PlatformPicture:
@@ -291,8 +288,7 @@ class PlatformPicture:
         seen[key] = now
 
     def _make_room(self, vms: int, now: float) -> str | None:
-        """Room for a new EventId naming ``vms`` VMs, forgetting the events that ended here first as needed; the
-        bound that refuses it when there is none."""
+        """Room for a new EventId naming ``vms`` VMs, forgetting ended events first; else the bound that refuses it."""
         limits = self.limits
         while len(self._records) >= limits.events or self._vms + vms > limits.vms:
             if not self._ended:

@@ -151,8 +151,7 @@ def _counted(row: object) -> tuple[str, Counted] | None:
 
 
 def _count(value: object, least: int = 0) -> bool:
-    """A number from ``least`` to below 2**53 (seconds, a count, a unix time; NaN and infinities fail the
-    comparisons), not a bool."""
+    """A number from ``least`` to below 2**53, not a bool (NaN and infinities fail the comparisons)."""
     return type(value) in (int, float) and least <= value < 2**53  # type: ignore[operator]
 
 
