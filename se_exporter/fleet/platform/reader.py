@@ -142,7 +142,7 @@ def _parsed(body: bytes, bounds: PlatformBounds) -> object | None:
             raise InvalidMessage("invalid_platform_event", f"body holds more than {bounds.containers} JSON objects "
                                  "and arrays (an event has 5): not read")
         return None
-    found = _decode(body, None)
+    found = _decode(body)
     if found is None and array:  # never a sidecar's document, whose reader would ask for its envelope
         raise InvalidMessage("not_json", "an array that is not UTF-8 JSON (cut short, or nested too deeply): not read")
     return found
@@ -153,10 +153,8 @@ def _parsed(body: bytes, bounds: PlatformBounds) -> object | None:
 _DECODER = json.JSONDecoder(parse_int=int_literal, parse_constant=OutOfRangeNumber)
 
 
-def _decode(body: bytes, bounds: PlatformBounds | None) -> object | None:
-    """``body``'s UTF-8 JSON, None when not, or past ``bounds.containers`` containers (no bounds: counted already)."""
-    if bounds is not None and _containers(body) > bounds.containers:
-        return None
+def _decode(body: bytes) -> object | None:
+    """``body``'s UTF-8 JSON, or None when it is not."""
     try:  # a BOM taken off by hand: the utf-8-sig codec is Python code, utf-8 is C (a twentieth of reading one)
         found: object = _DECODER.decode((body[3:] if body.startswith(codecs.BOM_UTF8) else body).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -214,7 +212,8 @@ def _data(item: Mapping[str, Any], schema: str) -> Mapping[str, Any]:
         decoded = None
         if isinstance(encoded, str):
             with contextlib.suppress(ValueError):  # not base64 (binascii.Error is a ValueError), or not ASCII
-                decoded = _decode(base64.b64decode(encoded, validate=True), DEFAULT_PLATFORM_BOUNDS)
+                raw = base64.b64decode(encoded, validate=True)
+                decoded = _decode(raw) if _containers(raw) <= DEFAULT_PLATFORM_BOUNDS.containers else None
         if not isinstance(decoded, dict):
             raise InvalidMessage("invalid_platform_event", "data_base64 is not base64 of a JSON object")
         return decoded
