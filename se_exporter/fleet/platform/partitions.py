@@ -48,8 +48,6 @@ class PlatformReader:
         self._platform = platform
         self._side = side
 
-    # ------------------------------------------------------------------ consumer.FirstReader
-
     async def claim(self, context: PartitionContext) -> None:
         """Restore the partition's picture (and, for a home, what was counted) before it is read; retried while
         the storage refuses, as the VM state is."""
@@ -137,8 +135,6 @@ class PlatformReader:
     def release(self, partition_id: str) -> None:
         self._side.held.pop(partition_id, None)
         self._side.store.forget(partition_id)  # its EventIds' counting is the next owner's, from the blob
-
-    # ------------------------------------------------------------------ persistence.AttachedState
 
     def dirty(self, partition_id: str) -> bool:
         held = self._side.held.get(partition_id)
