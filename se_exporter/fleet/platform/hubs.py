@@ -56,8 +56,7 @@ class HubPlatform:
     peers: dict[str, tuple[PlatformRecord, ...]] = field(default_factory=dict)  # partitions not held: their records
     peer_tags: dict[str, str] = field(default_factory=dict)  # the ETag of each peer's blob when read
     peer_judged: dict[str, VmVerdicts] = field(default_factory=dict)  # their ``OwnedPlatform.judged``
-    # The VMs of each owned partition this replica shows.
-    partition_vms: Callable[[], dict[str, list[VmState]]] = dict
+    partition_vms: Callable[[], dict[str, list[VmState]]] = dict  # the VMs of each owned partition shown here
 
     def forget_peer(self, partition_id: str) -> None:
         """What was read of a partition's blob as a peer's: it is gone, or held here now."""
