@@ -19,20 +19,7 @@ from typing import Any
 
 from se_exporter.core.model import event_key
 from se_exporter.fleet.message import MAX_TEXT, InvalidMessage
-from se_exporter.fleet.platform.fields import (
-    OutOfRangeNumber,
-    arm_scope,
-    duration,
-    event_status,
-    event_time,
-    int_literal,
-    not_before,
-    object_field,
-    optional,
-    required,
-    shown,
-    vm_names,
-)
+from se_exporter.fleet.platform import fields
 
 _WRITE_TYPE = "microsoft.maintenance/scheduledevents/write"
 EVENT_TYPES = ("Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted",
@@ -150,7 +137,7 @@ def _parsed(body: bytes, bounds: PlatformBounds) -> object | None:
 
 # One decoder for every message: ``json.loads`` with parse_int builds a new one per call (a tenth of reading a
 # platform message, measured in ``scripts/fleet_bench.py --platform``).
-_DECODER = json.JSONDecoder(parse_int=int_literal, parse_constant=OutOfRangeNumber)
+_DECODER = json.JSONDecoder(parse_int=fields.int_literal, parse_constant=fields.OutOfRangeNumber)
 
 
 def _decode(body: bytes) -> object | None:
@@ -177,29 +164,30 @@ def _event(item: Mapping[str, Any], enqueued_at: float, bounds: PlatformBounds, 
     schema = _schema(item)
     kind = item.get("type" if schema == "cloudevents" else "eventType")
     if not isinstance(kind, str) or not (kind.casefold().endswith(_TYPE_ENDINGS) or kind.casefold() == _WRITE_TYPE):
-        raise InvalidMessage("other_event_type", f"{schema} event of type {shown(kind)}, none of "
+        raise InvalidMessage("other_event_type", f"{schema} event of type {fields.shown(kind)}, none of "
                              f"{', '.join(EVENT_TYPES)}")
-    grid_id = required(item, "id", MAX_TEXT)
+    grid_id = fields.required(item, "id", MAX_TEXT)
     data = _data(item, schema)
-    info = object_field(data, "resourceInfo", "data")
-    props = object_field(info, "properties", "data.resourceInfo")
-    event_id = required(props, "EventId", MAX_TEXT, "properties")
-    scope = arm_scope(info.get("id"), item.get("subject"))
-    status = event_status(props.get("EventStatus"))
-    resources = vm_names(props.get("Resources"), bounds.resources_per_event, warnings, hit)
+    info = fields.object_field(data, "resourceInfo", "data")
+    props = fields.object_field(info, "properties", "data.resourceInfo")
+    event_id = fields.required(props, "EventId", MAX_TEXT, "properties")
+    scope = fields.arm_scope(info.get("id"), item.get("subject"))
+    status = fields.event_status(props.get("EventStatus"))
+    resources = fields.vm_names(props.get("Resources"), bounds.resources_per_event, warnings, hit)
     if not resources and scope[0] == "virtual_machine":
         resources = (scope[1],)  # a VM's own event: the VM is the one affected
     return PlatformEvent(
         grid_id=grid_id, event_id=event_id, key=event_key(event_id),
-        event_type=optional(props, "EventType", MAX_TEXT, warnings) or "unknown", event_status=status,
-        event_source=optional(props, "EventSource", MAX_TEXT, warnings) or "unknown",
-        resource_type=optional(props, "ResourceType", MAX_TEXT, warnings),
+        event_type=fields.optional(props, "EventType", MAX_TEXT, warnings) or "unknown", event_status=status,
+        event_source=fields.optional(props, "EventSource", MAX_TEXT, warnings) or "unknown",
+        resource_type=fields.optional(props, "ResourceType", MAX_TEXT, warnings),
         resources=resources, scope_type=scope[0], scope_name=scope[1], subscription_id=scope[2],
-        resource_group=scope[3], location=optional(info, "location", MAX_TEXT, warnings),
-        event_time=event_time(item.get("time" if schema == "cloudevents" else "eventTime"), enqueued_at, warnings),
-        not_before=not_before(props.get("NotBefore"), warnings),
-        duration_seconds=duration(props.get("DurationInSeconds"), warnings),
-        description=optional(props, "Description", MAX_DESCRIPTION, warnings), schema=schema)
+        resource_group=scope[3], location=fields.optional(info, "location", MAX_TEXT, warnings),
+        event_time=fields.event_time(item.get("time" if schema == "cloudevents" else "eventTime"), enqueued_at,
+                                     warnings),
+        not_before=fields.not_before(props.get("NotBefore"), warnings),
+        duration_seconds=fields.duration(props.get("DurationInSeconds"), warnings),
+        description=fields.optional(props, "Description", MAX_DESCRIPTION, warnings), schema=schema)
 
 
 def _data(item: Mapping[str, Any], schema: str) -> Mapping[str, Any]:
@@ -207,7 +195,8 @@ def _data(item: Mapping[str, Any], schema: str) -> Mapping[str, Any]:
     if schema == "cloudevents" and "data" not in item and "data_base64" in item:
         content = item.get("datacontenttype")
         if content is not None and not (isinstance(content, str) and "json" in content.casefold()):
-            raise InvalidMessage("invalid_platform_event", f"data_base64 of content type {shown(content)}, not JSON")
+            raise InvalidMessage("invalid_platform_event",
+                                 f"data_base64 of content type {fields.shown(content)}, not JSON")
         encoded = item["data_base64"]
         decoded = None
         if isinstance(encoded, str):
@@ -217,4 +206,4 @@ def _data(item: Mapping[str, Any], schema: str) -> Mapping[str, Any]:
         if not isinstance(decoded, dict):
             raise InvalidMessage("invalid_platform_event", "data_base64 is not base64 of a JSON object")
         return decoded
-    return object_field(item, "data", "the envelope")
+    return fields.object_field(item, "data", "the envelope")
