@@ -33,10 +33,8 @@ class OwnedPlatform:
     checking: PartitionContext | None = None
     changes: int = 0
     written: int = 0  # ``changes`` when last written
-    # What its owner judged of the VMs it shows (``counting.COVERAGE``; kept and why: ``saving``'s docstring).
-    judged: VmVerdicts = NOT_JUDGED
-    # What was counted of the EventIds homed here (``homes.Homes``): stored in the blob.
-    counted: dict[str, Counted] = field(default_factory=dict)
+    judged: VmVerdicts = NOT_JUDGED  # of the VMs it shows (``counting.COVERAGE``; why kept: ``saving``'s docstring)
+    counted: dict[str, Counted] = field(default_factory=dict)  # of the EventIds homed here (``homes``), in the blob
     # Counter increments decided by an EventId's home and remembered here, applied once the blob remembering them is
     # written: a partition lost before that is counted by its next owner instead, so nothing is counted twice.
     pending: list[Callable[[], object]] = field(default_factory=list)
