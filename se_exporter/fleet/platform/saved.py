@@ -67,7 +67,6 @@ def record_from_json(row: object) -> PlatformRecord:
     status, scope_type = row.get("event_status"), row.get("scope_type")
     if status not in STATUSES or scope_type not in SCOPE_TYPES or not texts["event_id"].strip():
         raise ValueError("event_status, scope_type or event_id")
-    times = _times(row, str(status))
     event = PlatformEvent(**texts, key=event_key(texts["event_id"]), event_status=str(status),
                           resources=_resources(row), scope_type=str(scope_type),
                           event_time=_time(row, "event_time"), not_before=_optional_time(row, "not_before"),
@@ -77,7 +76,7 @@ def record_from_json(row: object) -> PlatformRecord:
     ended_at = _optional_time(row, "ended_at") if event.event_status in ENDED else None
     if event.event_status in ENDED and ended_at is None:
         ended_at = changed_at
-    return PlatformRecord(event, times, ended_at, changed_at, _copies(row.get("copies", {})))
+    return PlatformRecord(event, _times(row, event.event_status), ended_at, changed_at, _copies(row.get("copies", {})))
 
 
 def _copies(copies: object) -> tuple[tuple[str, int], ...]:
@@ -96,10 +95,9 @@ def _resources(row: dict[str, Any]) -> tuple[str, ...]:
     distinct: dict[str, str] = {}  # as the reader keeps them: one per name without case, the first spelling
     for name in resources:
         distinct.setdefault(name.casefold(), kept_text(name, MAX_TEXT))
-    names = tuple(distinct.values())
-    if any(len(name) > MAX_TEXT for name in names):
+    if any(len(name) > MAX_TEXT for name in distinct.values()):
         raise ValueError("resources")
-    return names
+    return tuple(distinct.values())
 
 
 def _times(row: dict[str, Any], status: str) -> tuple[tuple[str, float], ...]:
