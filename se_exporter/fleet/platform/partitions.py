@@ -102,10 +102,8 @@ class PlatformReader:
             report.bound_hit(bound)
         if read.warnings:
             metrics.warnings.labels("platform_event").inc(len(read.warnings))
-        if held.picture is None:
-            held.picture = PlatformPicture(platform.limits)
-        picture, now = held.picture, platform.clock()
-        before = picture.bound_hits.copy()
+        picture = held.picture = held.picture or PlatformPicture(platform.limits)
+        before, now = picture.bound_hits.copy(), platform.clock()
         for event in read.events:
             picture.apply(event, now)  # a duplicate is counted by its EventId's home, from the merged record
         if picture.bound_hits != before:  # rarely: one comparison in C per message, not a loop over the bounds
