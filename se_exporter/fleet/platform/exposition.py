@@ -72,11 +72,10 @@ def platform_families(records: Iterable[PlatformRecord], coverage: Iterable[Cove
             missed.setdefault((row.event_key, row.coverage), set()).add(row.vm_name)
     ordered = sorted(records, key=lambda record: record.key)
     for record in ordered:
-        event = record.event
         if informed is None or record.key in informed:
-            info.add_metric(list(_INFO_VALUES(event)), 1.0)
+            info.add_metric(list(_INFO_VALUES(record.event)), 1.0)
         for state in COVERAGES:
-            vms.add_metric([event.event_id, event.event_type, state], counts[(record.key, state)])
+            vms.add_metric([record.event.event_id, record.event.event_type, state], counts[(record.key, state)])
     left = NAMED_VMS_TOTAL
     for state in MISSED_REASONS:  # the VMs whose sidecar is alive first
         for record in ordered:

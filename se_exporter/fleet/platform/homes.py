@@ -40,8 +40,7 @@ class Homes:
         return home(key, count) if count else None
 
     def is_here(self, key: str) -> bool:
-        side = self._hubs.get(self.role or "")
-        partition_id = self.home_of(key)
+        side, partition_id = self._hubs.get(self.role or ""), self.home_of(key)
         return side is not None and partition_id is not None and side.fleet.is_shown(partition_id) \
             and partition_id in side.held
 

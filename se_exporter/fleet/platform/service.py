@@ -201,8 +201,7 @@ class Platform:
         expiry = self.reconciler.settings.vm_expiry
         for side in self.hubs.values():
             for partition_id, listed in side.partition_vms().items():
-                held = side.held.get(partition_id)
-                partition = _Shown(held) if held is not None else None
+                partition = _Shown(side.held[partition_id]) if partition_id in side.held else None
                 if partition is not None:
                     shown.append(partition)
                 for vm in listed:
@@ -295,8 +294,7 @@ class Platform:
         while not stop.is_set():
             await self.sleep(every)
             at = time.monotonic()
-            if self.applied_since >= BURST_MESSAGES and at - self.applied_at < every \
-                    and at - last < BURST_DEFERS_UP_TO:
+            if self.applied_since >= BURST_MESSAGES and at - self.applied_at < every and at - last < BURST_DEFERS_UP_TO:
                 continue
             last, self.applied_since = at, 0
             try:
