@@ -101,26 +101,24 @@ def decode_platform(data: bytes, partition_id: str) -> PlatformBlob:
     counted = obj.get("counted")
     entries = [_counted(row) for row in counted] if isinstance(counted, list) else []
     memory = dict(entry for entry in entries if entry is not None)
-    loaded = PlatformBlob(state, position, memory, rows=rows + entries.count(None))
-    _judged(obj.get("judged"), loaded)
-    return loaded
+    judged, damaged = _judged(obj.get("judged"))
+    return PlatformBlob(state, position, memory, judged, rows=rows + entries.count(None) + damaged)
 
 
-def _judged(judged: object, loaded: PlatformBlob) -> None:
-    """What a damaged ``judged`` would claim is left out whole: an EventId not judged is never ``no_sidecar``."""
+def _judged(judged: object) -> tuple[VmVerdicts, int]:
+    """The judgement stored, and 1 if damaged: left out whole, since an EventId not judged is never ``no_sidecar``."""
     if not isinstance(judged, dict):
-        return
+        return NOT_JUDGED, 0
     keys, vms, listed = judged.get("keys"), judged.get("vms"), judged.get("listed", {})
     if not (isinstance(keys, list) and all(_text(key) for key in keys) and isinstance(vms, dict) and all(
             _text(key) and isinstance(verdicts, dict) and all(_text(name) and _verdict(verdict) is not None
                                                               for name, verdict in verdicts.items())
             for key, verdicts in vms.items()) and isinstance(listed, dict)
             and all(_text(key) and _text(event_type) for key, event_type in listed.items())):
-        loaded.rows += 1
-        return
-    loaded.judged = VmVerdicts(frozenset(keys), {key: {name: _verdict(verdict) or (None, None)
-                                                   for name, verdict in verdicts.items()}
-                                             for key, verdicts in vms.items()}, dict(listed))
+        return NOT_JUDGED, 1
+    return VmVerdicts(frozenset(keys), {key: {name: _verdict(verdict) or (None, None)
+                                              for name, verdict in verdicts.items()}
+                                        for key, verdicts in vms.items()}, dict(listed)), 0
 
 
 def _verdict(row: object) -> Verdict | None:
