@@ -175,8 +175,7 @@ class Platform:
     def _reconciled(self, records: list[PlatformRecord], now: float) -> tuple[tuple[Coverage, ...], set[str]]:
         """The records against the VMs shown here, judged (``COVERAGE`` 1) and counted where homed here (2 and 3):
         the coverage this replica shows, and the unannounced EventIds homed here."""
-        named = {record.key: frozenset(_key_of(resource) for resource in record.event.resources)
-                 for record in records}
+        named = {record.key: frozenset(_key_of(resource) for resource in record.event.resources) for record in records}
         vms, shown, where = self._shown_vms(now, frozenset().union(*named.values()))
         result = self.reconciler.update(records, vms, now, absent=False)
         for bound in result.bounds:
@@ -360,9 +359,6 @@ def _judged_vms(old: dict[str, Verdict], now: dict[str, tuple[str | None, float 
                 alive: set[str]) -> dict[str, Verdict]:
     """One EventId's verdicts in one partition: each VM it names alive there, or judged there before, moved on by
     this round's coverage ``now``."""
-    verdicts: dict[str, Verdict] = {}
-    for name in (names & alive) | old.keys() | now.keys():
-        verdict = judge(old.get(name, (None, None)), *now.get(name, (None, None)))
-        if verdict != (None, None) or name in alive:
-            verdicts[name] = verdict
-    return verdicts
+    moved = {name: judge(old.get(name, (None, None)), *now.get(name, (None, None)))
+             for name in (names & alive) | old.keys() | now.keys()}
+    return {name: verdict for name, verdict in moved.items() if verdict != (None, None) or name in alive}
