@@ -89,9 +89,7 @@ class Homes:
         """What was counted of an EventId no picture holds is kept as long as a forgotten EventId is (the open
         expiry, within ``MAX_COUNTED``): a copy read later on another partition then adds only what is new."""
         for held in self._held().values():
-            for key, entry in list(held.counted.items()):
-                if key in listed:
-                    continue
+            for key, entry in [item for item in held.counted.items() if item[0] not in listed]:
                 if entry.gone_at is None:
                     entry.gone_at = now
                     held.changes += 1
