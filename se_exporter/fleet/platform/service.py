@@ -72,8 +72,7 @@ class _Shown:
     listed: dict[str, str] = field(default_factory=dict)  # EventId its VMs listed unannounced -> its event type
 
     def judging(self, named: dict[str, frozenset[str]], naming: dict[str, list[str]]) -> set[str]:
-        """The EventIds judged here: those judged before and still known, those the reconciler spoke of, and those
-        naming a VM alive here."""
+        """The EventIds judged here: judged before and still known, spoken of by the reconciler, or naming a live VM."""
         return {*(key for key in self.held.judged.vms if key in named), *self.verdicts,
                 *(key for name in self.alive for key in naming.get(name, ()))}
 
@@ -241,8 +240,7 @@ class Platform:
             self.report.bound_hit("platform_coverage_pairs", over)
 
     def _judgements(self) -> tuple[list[VmVerdicts], bool]:
-        """Every partition's judgement known here: its own (held) or its blob's (read as a peer's); and whether
-        every partition of every hub has a current one."""
+        """Every partition's judgement known here (held, or a peer's blob's), and whether every hub's are current."""
         judgements: list[VmVerdicts] = []
         complete = True
         for side in self.hubs.values():
