@@ -73,9 +73,7 @@ def record_from_json(row: object) -> PlatformRecord:
                           duration_seconds=_number(row, "duration_seconds"))
     changed_at = _time(row, "changed_at")
     # ended_at is set exactly when the status is an end (retention counts from it), as the picture sets it
-    ended_at = _optional_time(row, "ended_at") if event.event_status in ENDED else None
-    if event.event_status in ENDED and ended_at is None:
-        ended_at = changed_at
+    ended_at = _optional_time(row, "ended_at", changed_at) if event.event_status in ENDED else None
     return PlatformRecord(event, _times(row, event.event_status), ended_at, changed_at, _copies(row.get("copies", {})))
 
 
@@ -141,5 +139,5 @@ def _time(row: dict[str, Any], name: str) -> float:
     return value
 
 
-def _optional_time(row: dict[str, Any], name: str) -> float | None:
-    return None if row.get(name) is None else _time(row, name)
+def _optional_time(row: dict[str, Any], name: str, missing: float | None = None) -> float | None:
+    return missing if row.get(name) is None else _time(row, name)
