@@ -98,7 +98,8 @@ def top_up_unannounced(counted: Counted, event_type: str) -> list[Increment]:
 
 
 def judge(old: Verdict, coverage: str | None, lag: float | None) -> Verdict:
-    """A VM's verdict moved on by one round's coverage (COVERAGE 1): its first listing's lag, a miss's last reason."""
+    """A VM's verdict moved on by one round's coverage (COVERAGE 1): the lag of its first listing kept, a miss's
+    latest reason, neither ever taken back."""
     reason, first = old
     if coverage == "observed" and first is None:
         first = lag

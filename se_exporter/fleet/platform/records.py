@@ -145,7 +145,8 @@ def combine(old: PlatformRecord, new: PlatformRecord, max_resources: int = DEFAU
 
 
 def _union(resources: tuple[str, ...], others: tuple[str, ...], max_resources: int) -> tuple[str, ...]:
-    """Resources of both (first spellings, names without case), at most ``max_resources``; ``resources`` if the same."""
+    """Resources of both (names compare without case: the first spelling of each is kept), at most
+    ``max_resources``; ``resources`` itself when that adds nothing."""
     if others == resources and len(resources) <= max_resources:
         return resources
     union: dict[str, str] = {}
