@@ -49,8 +49,7 @@ class PlatformReader:
         self._side = side
 
     async def claim(self, context: PartitionContext) -> None:
-        """Restore the partition's picture (and, for a home, what was counted) before it is read; retried while
-        the storage refuses, as the VM state is."""
+        """Restore the partition's picture (and a home's counting) before it is read, retried as the VM state is."""
         partition_id, side, platform = context.partition_id, self._side, self._platform
         side.prefix = (context.fully_qualified_namespace, context.eventhub_name, context.consumer_group)
         side.store.name(partition_id, platform_blob_name(*side.prefix, partition_id))

@@ -71,8 +71,7 @@ class PlatformEvent:
 
 @dataclass(frozen=True)
 class PlatformMessage:
-    """What one received message held: its platform events, the Event Grid events of the array skipped (each a
-    reason and a line saying why), tolerated oddities, and the bounds its reading reached."""
+    """What one received message held; ``skipped``: each Event Grid event of the array left out, a reason and why."""
 
     events: tuple[PlatformEvent, ...]
     skipped: tuple[tuple[str, str], ...] = ()
