@@ -55,10 +55,8 @@ class Counted:
 
 @dataclass(frozen=True)
 class Increment:
-    """One increment of the ``FleetMetrics`` attribute ``counter``: ``platform_events`` (labels event_type,
-    event_status), ``impact_seconds`` (event_type, scope_name, location), ``platform_duplicates`` (none),
-    ``missed_events`` (event_type, reason), ``unannounced_events`` (event_type), or ``announcement_lag`` (none;
-    ``amount`` the value observed)."""
+    """One increment of the ``FleetMetrics`` attribute ``counter``, with its label values (``announcement_lag``, a
+    histogram: ``amount`` is the value observed)."""
 
     counter: str
     labels: tuple[str, ...]

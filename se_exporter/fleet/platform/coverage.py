@@ -171,26 +171,22 @@ class Reconciler:
             self._remember(self._scopes, hash((record.event.scope_type, name_key(record.event.scope_name))),
                            self.settings.scopes, "platform_scopes")
         self._named = frozenset(hash(name_key(resource)) for record in records for resource in record.event.resources)
-        by_name, listing = self._noted(vms)
-        rows = self._rows(records, by_name, now)
-        listed = self._unannounced(listing, now)
-        self._prune({record.key for record in records} | set(listing))
-        hits, self._hits = tuple(dict.fromkeys(self._hits)), []
-        return Reconciliation(tuple(rows), hits, listed)
-
-    def _noted(self, vms: Iterable[VmState]) -> tuple[dict[str, list[VmState]], dict[str, list[tuple[VmState, str]]]]:
-        """Each VM noted (``note``); the VMs by name, and per EventId key the VMs listing it now (and its type)."""
         by_name: dict[str, list[VmState]] = {}
-        listing: dict[str, list[tuple[VmState, str]]] = {}
+        listing: dict[str, list[tuple[VmState, str]]] = {}  # EventId key -> the VMs listing it now (and its type)
         for vm in vms:
             by_name.setdefault(name_key(vm.vm_name), []).append(vm)
             self.note(vm)
             for event in vm.events:
                 listing.setdefault(event_key(event.event_id), []).append((vm, event.event_type))
-        return by_name, listing
+        rows = self._rows(records, by_name, now)
+        listed = self._unannounced(listing, now)
+        keep = {record.key for record in records} | set(listing)
+        for key in [key for key in self._pairs if key[0] not in keep]:  # neither announced nor listed now: forgotten
+            self._elsewhere -= len(self._pairs.pop(key).elsewhere)
+        hits, self._hits = tuple(dict.fromkeys(self._hits)), []
+        return Reconciliation(tuple(rows), hits, listed)
 
-    def _rows(self, records: list[PlatformRecord], by_name: dict[str, list[VmState]],
-              now: float) -> list[Coverage]:
+    def _rows(self, records: list[PlatformRecord], by_name: dict[str, list[VmState]], now: float) -> list[Coverage]:
         """The coverage of every (EventId, named VM) pair decided now, with its lag when observed."""
         rows: list[Coverage] = []
         for record in records:
@@ -198,10 +194,7 @@ class Reconciler:
             for resource in announced.resources:
                 decided = self._decide(record, resource, by_name.get(name_key(resource), ()), now)
                 if decided is not None:
-                    coverage, listed_at = decided
-                    lag = listed_at - record.announced_at if listed_at is not None else None
-                    rows.append(Coverage(record.key, announced.event_id, announced.event_type, resource, coverage,
-                                         lag))
+                    rows.append(Coverage(record.key, announced.event_id, announced.event_type, resource, *decided))
         return rows
 
     def sizes(self) -> dict[str, int]:
@@ -211,11 +204,11 @@ class Reconciler:
 
     def _decide(self, record: PlatformRecord, resource: str, named: Iterable[VmState],
                 now: float) -> tuple[str, float | None] | None:
-        """The pair's coverage, and when it was first listed (observed)."""
+        """The pair's coverage, and its lag when observed."""
         pair = self._pair((record.key, hash(name_key(resource)))) or _Pair()
         first_listed = pair.listed_at(lambda place: _same_place(record, place))
         if first_listed is not None:
-            return "observed", first_listed
+            return "observed", first_listed - record.announced_at
         alive = [vm for vm in named if now - vm.seen_at <= self.settings.vm_expiry and _same_place(record, _place(vm))]
         if not alive:
             return ("no_sidecar", None) if self._absent else None
@@ -261,11 +254,6 @@ class Reconciler:
                 return None
             pair = self._pairs[key] = _Pair()
         return pair
-
-    def _prune(self, keep: set[str]) -> None:
-        """Forget pairs of EventIds neither announced now nor listed by any VM now."""
-        for key in [key for key in self._pairs if key[0] not in keep]:
-            self._elsewhere -= len(self._pairs.pop(key).elsewhere)
 
     def _remember(self, seen: OrderedDict[_K, None], key: _K, bound: int, name: str) -> None:
         if key in seen:

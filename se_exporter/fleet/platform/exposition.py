@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily
@@ -28,6 +29,7 @@ NAMED_VMS = 20
 NAMED_VMS_TOTAL = 1_000
 INFO_LABELS = ["event_id", "event_type", "event_status", "event_source", "scope_type", "scope_name", "resource_group",
                "subscription_id", "location"]
+_INFO_VALUES = attrgetter(*INFO_LABELS)  # each label is the PlatformEvent attribute of its name
 
 
 class PlatformCollector(Collector):
@@ -45,8 +47,7 @@ class PlatformCollector(Collector):
 
 
 def platform_families(records: Iterable[PlatformRecord], coverage: Iterable[Coverage],
-                      informed: Container[str] | None = None, sizes: Mapping[str, int] | None = None,
-                      ) -> list[Metric]:
+                      informed: Container[str] | None = None, sizes: Mapping[str, int] | None = None) -> list[Metric]:
     """The platform gauges from one consistent list of records and the reconciliation's coverage. ``informed``: the
     EventId keys whose info series this replica writes (each EventId's from one replica, its home's; None: all);
     the VM counts are written for every record, of the VMs this replica judged. ``sizes``: what is kept, by what."""
@@ -71,13 +72,10 @@ def platform_families(records: Iterable[PlatformRecord], coverage: Iterable[Cove
             missed.setdefault((row.event_key, row.coverage), set()).add(row.vm_name)
     ordered = sorted(records, key=lambda record: record.key)
     for record in ordered:
-        event = record.event
         if informed is None or record.key in informed:
-            info.add_metric([event.event_id, event.event_type, event.event_status, event.event_source,
-                             event.scope_type, event.scope_name, event.resource_group, event.subscription_id,
-                             event.location], 1.0)
+            info.add_metric(list(_INFO_VALUES(record.event)), 1.0)
         for state in COVERAGES:
-            vms.add_metric([event.event_id, event.event_type, state], counts[(record.key, state)])
+            vms.add_metric([record.event.event_id, record.event.event_type, state], counts[(record.key, state)])
     left = NAMED_VMS_TOTAL
     for state in MISSED_REASONS:  # the VMs whose sidecar is alive first
         for record in ordered:

@@ -7,6 +7,7 @@ length; numbers only as 64-bit integers; times only from 2000 to 2199 (``message
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from collections.abc import Mapping
@@ -83,8 +84,7 @@ def event_status(value: object) -> str:
         found = _STATUS_NAMES.get(value.strip().casefold())
         if found:
             return found
-    raise InvalidMessage("invalid_platform_event",
-                         f"EventStatus {shown(value)} is none of {', '.join(STATUSES)}")
+    raise InvalidMessage("invalid_platform_event", f"EventStatus {shown(value)} is none of {', '.join(STATUSES)}")
 
 
 _STATUS_NAMES = {**{status.casefold(): status for status in STATUSES}, "cancelled": "Canceled"}
@@ -158,10 +158,9 @@ def event_time(value: object, enqueued_at: float, warnings: list[str]) -> float:
     found = _ISO.match(value.strip()) if isinstance(value, str) and len(value) <= 64 else None
     if found:
         whole, fraction, zone = found.groups()
-        try:
+        when = None
+        with contextlib.suppress(ValueError):  # a day or an hour out of range
             when = datetime.fromisoformat(whole).replace(tzinfo=timezone.utc)
-        except ValueError:
-            when = None
         # The offset is taken off the unix time, not the datetime: year 1 or 9999 with an offset would overflow it.
         offset = _offset_seconds(zone)
         if when is not None and offset is not None:
@@ -182,27 +181,18 @@ def _offset_seconds(zone: str | None) -> int | None:
     return (1 if zone[0] == "+" else -1) * (hours * 3600 + minutes * 60)
 
 
-def _read_time(value: str) -> float | None:
-    """A NotBefore's unix time, or None when it does not read or is out of range."""
-    try:
-        when = parse_not_before(value)
-    except (ValueError, OverflowError):
-        return None
-    if when is None:
-        return None
-    # The year read must be the year written (give or take one: an offset may cross New Year), since email.utils
-    # reads "0001" (any year below 100) as 2001.
-    unix = when.timestamp()
-    written = str(when.year) in value or str(when.year - 1) in value or str(when.year + 1) in value
-    return unix if MIN_TIME <= unix < MAX_TIME and written else None
-
-
 def not_before(value: object, warnings: list[str]) -> float | None:
     if value is None or value == "":
         return None
-    unix = _read_time(value) if isinstance(value, str) and len(value) <= 64 else None
-    if unix is not None:
-        return unix
+    if isinstance(value, str) and len(value) <= 64:
+        when = None
+        with contextlib.suppress(ValueError, OverflowError):
+            when = parse_not_before(value)
+        # The year read must be the year written (give or take one: an offset may cross New Year), since email.utils
+        # reads "0001" (any year below 100) as 2001.
+        if when is not None and MIN_TIME <= when.timestamp() < MAX_TIME \
+                and any(str(when.year + step) in value for step in (0, -1, 1)):
+            return when.timestamp()
     warnings.append(f"NotBefore {shown(value)} is neither RFC 1123 nor ISO 8601 from 2000 to 2199; left out")
     return None
 

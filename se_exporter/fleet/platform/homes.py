@@ -40,8 +40,7 @@ class Homes:
         return home(key, count) if count else None
 
     def is_here(self, key: str) -> bool:
-        side = self._hubs.get(self.role or "")
-        partition_id = self.home_of(key)
+        side, partition_id = self._hubs.get(self.role or ""), self.home_of(key)
         return side is not None and partition_id is not None and side.fleet.is_shown(partition_id) \
             and partition_id in side.held
 
@@ -90,9 +89,7 @@ class Homes:
         """What was counted of an EventId no picture holds is kept as long as a forgotten EventId is (the open
         expiry, within ``MAX_COUNTED``): a copy read later on another partition then adds only what is new."""
         for held in self._held().values():
-            for key, entry in list(held.counted.items()):
-                if key in listed:
-                    continue
+            for key, entry in [item for item in held.counted.items() if item[0] not in listed]:
                 if entry.gone_at is None:
                     entry.gone_at = now
                     held.changes += 1

@@ -33,10 +33,8 @@ class OwnedPlatform:
     checking: PartitionContext | None = None
     changes: int = 0
     written: int = 0  # ``changes`` when last written
-    # What its owner judged of the VMs it shows (``counting.COVERAGE``; kept and why: ``saving``'s docstring).
-    judged: VmVerdicts = NOT_JUDGED
-    # What was counted of the EventIds homed here (``homes.Homes``): stored in the blob.
-    counted: dict[str, Counted] = field(default_factory=dict)
+    judged: VmVerdicts = NOT_JUDGED  # of the VMs it shows (``counting.COVERAGE``; why kept: ``saving``'s docstring)
+    counted: dict[str, Counted] = field(default_factory=dict)  # of the EventIds homed here (``homes``), in the blob
     # Counter increments decided by an EventId's home and remembered here, applied once the blob remembering them is
     # written: a partition lost before that is counted by its next owner instead, so nothing is counted twice.
     pending: list[Callable[[], object]] = field(default_factory=list)
@@ -56,8 +54,7 @@ class HubPlatform:
     peers: dict[str, tuple[PlatformRecord, ...]] = field(default_factory=dict)  # partitions not held: their records
     peer_tags: dict[str, str] = field(default_factory=dict)  # the ETag of each peer's blob when read
     peer_judged: dict[str, VmVerdicts] = field(default_factory=dict)  # their ``OwnedPlatform.judged``
-    # The VMs of each owned partition this replica shows.
-    partition_vms: Callable[[], dict[str, list[VmState]]] = dict
+    partition_vms: Callable[[], dict[str, list[VmState]]] = dict  # the VMs of each owned partition shown here
 
     def forget_peer(self, partition_id: str) -> None:
         """What was read of a partition's blob as a peer's: it is gone, or held here now."""
@@ -66,9 +63,8 @@ class HubPlatform:
         self.peer_judged.pop(partition_id, None)
 
     async def read_peers(self) -> None:
-        """Every partition's picture this replica does not hold, from its blob (another replica's, written every
-        checkpoint interval; or nobody's). One listing, then a download of each blob that changed; an error is
-        raised for the caller to count (the records last read are kept meanwhile; tried again next time)."""
+        """Every partition's picture this replica does not hold, from its blob (another replica's, or nobody's): one
+        listing, then each blob that changed. An error is raised for the caller to count (the records read stay)."""
         if self.prefix is None or self.peer_store is None:
             return
         store, folder = self.peer_store, platform_blob_name(*self.prefix, "")

@@ -25,8 +25,7 @@ log = logging.getLogger("se_exporter.fleet")
 
 
 class Owner(Protocol):
-    """What a reader needs of the replica's platform side (``service.Platform``), named here so that this module
-    does not import the one that builds it."""
+    """What a reader needs of the replica's platform side, ``service.Platform``: named here, not imported from it."""
 
     metrics: FleetMetrics
     report: Report
@@ -49,11 +48,8 @@ class PlatformReader:
         self._platform = platform
         self._side = side
 
-    # ------------------------------------------------------------------ consumer.FirstReader
-
     async def claim(self, context: PartitionContext) -> None:
-        """Restore the partition's picture (and, for a home, what was counted) before it is read; retried while
-        the storage refuses, as the VM state is."""
+        """Restore the partition's picture (and a home's counting) before it is read, retried as the VM state is."""
         partition_id, side, platform = context.partition_id, self._side, self._platform
         side.prefix = (context.fully_qualified_namespace, context.eventhub_name, context.consumer_group)
         side.store.name(partition_id, platform_blob_name(*side.prefix, partition_id))
@@ -74,8 +70,7 @@ class PlatformReader:
             return
         if loaded.rows:
             platform.metrics.state_damaged.labels("row").inc(loaded.rows)
-        held.restored = loaded.position
-        held.judged = loaded.judged
+        held.restored, held.judged = loaded.position, loaded.judged
         if loaded.state is not None and (loaded.state.records or loaded.state.ids or loaded.state.forgotten):
             held.picture = PlatformPicture.restored(loaded.state, platform.limits)
         if side.role == platform.homes.role:
@@ -106,10 +101,8 @@ class PlatformReader:
             report.bound_hit(bound)
         if read.warnings:
             metrics.warnings.labels("platform_event").inc(len(read.warnings))
-        if held.picture is None:
-            held.picture = PlatformPicture(platform.limits)
-        picture, now = held.picture, platform.clock()
-        before = picture.bound_hits.copy()
+        picture = held.picture = held.picture or PlatformPicture(platform.limits)
+        before, now = picture.bound_hits.copy(), platform.clock()
         for event in read.events:
             picture.apply(event, now)  # a duplicate is counted by its EventId's home, from the merged record
         if picture.bound_hits != before:  # rarely: one comparison in C per message, not a loop over the bounds
@@ -137,21 +130,17 @@ class PlatformReader:
         return False
 
     def release(self, partition_id: str) -> None:
-        side = self._side
-        side.held.pop(partition_id, None)
-        side.store.forget(partition_id)  # its EventIds' counting is the next owner's, from the blob
-
-    # ------------------------------------------------------------------ persistence.AttachedState
+        self._side.held.pop(partition_id, None)
+        self._side.store.forget(partition_id)  # its EventIds' counting is the next owner's, from the blob
 
     def dirty(self, partition_id: str) -> bool:
         held = self._side.held.get(partition_id)
         return held is not None and held.changes != held.written
 
     def prepare(self, partition_id: str, position: int) -> Callable[[], Awaitable[bool]] | None:
-        side = self._side
-        held = side.held.get(partition_id)
-        if held is None or not self.dirty(partition_id):
+        if not self.dirty(partition_id):
             return None
+        held = self._side.held[partition_id]
         state = held.picture.state() if held.picture is not None else PictureState()
         data = encode_platform(partition_id, position, state, held.counted, held.judged)
         changes, pending = held.changes, held.pending
@@ -160,7 +149,7 @@ class PlatformReader:
         async def write() -> bool:
             written = False
             try:
-                written = await side.store.save_blocks(partition_id, position, lambda _block: data, None)
+                written = await self._side.store.save_blocks(partition_id, position, lambda _block: data, None)
             finally:
                 if written:
                     held.written = changes

@@ -10,8 +10,8 @@ ever leaves ``read_platform``.
 from __future__ import annotations
 
 import base64
-import binascii
 import codecs
+import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,21 +19,7 @@ from typing import Any
 
 from se_exporter.core.model import event_key
 from se_exporter.fleet.message import MAX_TEXT, InvalidMessage
-from se_exporter.fleet.platform.fields import (
-    STATUSES,
-    OutOfRangeNumber,
-    arm_scope,
-    duration,
-    event_status,
-    event_time,
-    int_literal,
-    not_before,
-    object_field,
-    optional,
-    required,
-    shown,
-    vm_names,
-)
+from se_exporter.fleet.platform import fields
 
 _WRITE_TYPE = "microsoft.maintenance/scheduledevents/write"
 EVENT_TYPES = ("Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted",
@@ -44,9 +30,6 @@ _TYPE_ENDINGS = ("maintenanceresources.scheduledeventemitted", "maintenance.sche
 PLATFORM_INVALID_REASONS = ("other_event_type", "invalid_platform_event", "platform_on_sidecars_hub")
 PLATFORM_BOUND_NAMES = ("platform_events_per_message", "platform_resources_per_event")
 SCOPE_TYPES = ("scale_set", "availability_set", "virtual_machine", "unknown")
-__all__ = ["DEFAULT_PLATFORM_BOUNDS", "EVENT_TYPES", "PLATFORM_BOUND_NAMES", "PLATFORM_INVALID_REASONS",
-           "SCOPE_TYPES", "STATUSES", "PlatformBounds", "PlatformEvent", "PlatformMessage", "looks_like_platform",
-           "read_platform"]
 MAX_DESCRIPTION = 1024
 
 
@@ -70,7 +53,7 @@ class PlatformEvent:
     event_id: str  # as sent (printable); ``key`` identifies it (event_key: GUIDs ignore case)
     key: str
     event_type: str
-    event_status: str  # one of STATUSES
+    event_status: str  # one of fields.STATUSES
     event_source: str
     resource_type: str
     resources: tuple[str, ...]  # VM instance names (for a VM scope without Resources: the VM itself)
@@ -88,8 +71,7 @@ class PlatformEvent:
 
 @dataclass(frozen=True)
 class PlatformMessage:
-    """What one received message held: its platform events, the Event Grid events of the array skipped (each a
-    reason and a line saying why), tolerated oddities, and the bounds its reading reached."""
+    """What one received message held; ``skipped``: each Event Grid event of the array left out, a reason and why."""
 
     events: tuple[PlatformEvent, ...]
     skipped: tuple[tuple[str, str], ...] = ()
@@ -114,18 +96,14 @@ def read_platform(body: bytes, max_bytes: int, enqueued_at: float,
     if not looks_like_platform(body):
         return None
     found = _parsed(body, bounds)
-    if found is None:
-        return None
-    items = found if isinstance(found, list) else [found]
+    items = found if isinstance(found, list) else [found]  # None: not JSON, refused below as not an object
     if not items:
         return None
     for item in items:  # a loop, not all() over a generator: most messages hold one event
         if not (isinstance(item, dict) and _schema(item)):
             return None  # not (only) Event Grid events: whatever it is, message.read_message says what is wrong
-    hit: list[str] = []
-    if len(items) > bounds.events_per_message:
-        hit.append("platform_events_per_message")
-        items = items[: bounds.events_per_message]
+    hit = ["platform_events_per_message"] if len(items) > bounds.events_per_message else []
+    items = items[: bounds.events_per_message]
     events: list[PlatformEvent] = []
     skipped: list[tuple[str, str]] = []
     warnings: list[str] = []
@@ -150,7 +128,7 @@ def _parsed(body: bytes, bounds: PlatformBounds) -> object | None:
             raise InvalidMessage("invalid_platform_event", f"body holds more than {bounds.containers} JSON objects "
                                  "and arrays (an event has 5): not read")
         return None
-    found = _decode(body, None)
+    found = _decode(body)
     if found is None and array:  # never a sidecar's document, whose reader would ask for its envelope
         raise InvalidMessage("not_json", "an array that is not UTF-8 JSON (cut short, or nested too deeply): not read")
     return found
@@ -158,14 +136,11 @@ def _parsed(body: bytes, bounds: PlatformBounds) -> object | None:
 
 # One decoder for every message: ``json.loads`` with parse_int builds a new one per call (a tenth of reading a
 # platform message, measured in ``scripts/fleet_bench.py --platform``).
-_DECODER = json.JSONDecoder(parse_int=int_literal, parse_constant=OutOfRangeNumber)
+_DECODER = json.JSONDecoder(parse_int=fields.int_literal, parse_constant=fields.OutOfRangeNumber)
 
 
-def _decode(body: bytes, bounds: PlatformBounds | None) -> object | None:
-    """The JSON of ``body`` when it is UTF-8 JSON of at most ``bounds.containers`` containers (None: counted
-    already), else None."""
-    if bounds is not None and _containers(body) > bounds.containers:
-        return None
+def _decode(body: bytes) -> object | None:
+    """``body``'s UTF-8 JSON, or None when it is not."""
     try:  # a BOM taken off by hand: the utf-8-sig codec is Python code, utf-8 is C (a twentieth of reading one)
         found: object = _DECODER.decode((body[3:] if body.startswith(codecs.BOM_UTF8) else body).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -188,29 +163,30 @@ def _event(item: Mapping[str, Any], enqueued_at: float, bounds: PlatformBounds, 
     schema = _schema(item)
     kind = item.get("type" if schema == "cloudevents" else "eventType")
     if not isinstance(kind, str) or not (kind.casefold().endswith(_TYPE_ENDINGS) or kind.casefold() == _WRITE_TYPE):
-        raise InvalidMessage("other_event_type", f"{schema} event of type {shown(kind)}, none of "
+        raise InvalidMessage("other_event_type", f"{schema} event of type {fields.shown(kind)}, none of "
                              f"{', '.join(EVENT_TYPES)}")
-    grid_id = required(item, "id", MAX_TEXT)
+    grid_id = fields.required(item, "id", MAX_TEXT)
     data = _data(item, schema)
-    info = object_field(data, "resourceInfo", "data")
-    props = object_field(info, "properties", "data.resourceInfo")
-    event_id = required(props, "EventId", MAX_TEXT, "properties")
-    scope = arm_scope(info.get("id"), item.get("subject"))
-    status = event_status(props.get("EventStatus"))
-    resources = vm_names(props.get("Resources"), bounds.resources_per_event, warnings, hit)
+    info = fields.object_field(data, "resourceInfo", "data")
+    props = fields.object_field(info, "properties", "data.resourceInfo")
+    event_id = fields.required(props, "EventId", MAX_TEXT, "properties")
+    scope = fields.arm_scope(info.get("id"), item.get("subject"))
+    status = fields.event_status(props.get("EventStatus"))
+    resources = fields.vm_names(props.get("Resources"), bounds.resources_per_event, warnings, hit)
     if not resources and scope[0] == "virtual_machine":
         resources = (scope[1],)  # a VM's own event: the VM is the one affected
     return PlatformEvent(
         grid_id=grid_id, event_id=event_id, key=event_key(event_id),
-        event_type=optional(props, "EventType", MAX_TEXT, warnings) or "unknown", event_status=status,
-        event_source=optional(props, "EventSource", MAX_TEXT, warnings) or "unknown",
-        resource_type=optional(props, "ResourceType", MAX_TEXT, warnings),
+        event_type=fields.optional(props, "EventType", MAX_TEXT, warnings) or "unknown", event_status=status,
+        event_source=fields.optional(props, "EventSource", MAX_TEXT, warnings) or "unknown",
+        resource_type=fields.optional(props, "ResourceType", MAX_TEXT, warnings),
         resources=resources, scope_type=scope[0], scope_name=scope[1], subscription_id=scope[2],
-        resource_group=scope[3], location=optional(info, "location", MAX_TEXT, warnings),
-        event_time=event_time(item.get("time" if schema == "cloudevents" else "eventTime"), enqueued_at, warnings),
-        not_before=not_before(props.get("NotBefore"), warnings),
-        duration_seconds=duration(props.get("DurationInSeconds"), warnings),
-        description=optional(props, "Description", MAX_DESCRIPTION, warnings), schema=schema)
+        resource_group=scope[3], location=fields.optional(info, "location", MAX_TEXT, warnings),
+        event_time=fields.event_time(item.get("time" if schema == "cloudevents" else "eventTime"), enqueued_at,
+                                     warnings),
+        not_before=fields.not_before(props.get("NotBefore"), warnings),
+        duration_seconds=fields.duration(props.get("DurationInSeconds"), warnings),
+        description=fields.optional(props, "Description", MAX_DESCRIPTION, warnings), schema=schema)
 
 
 def _data(item: Mapping[str, Any], schema: str) -> Mapping[str, Any]:
@@ -218,15 +194,15 @@ def _data(item: Mapping[str, Any], schema: str) -> Mapping[str, Any]:
     if schema == "cloudevents" and "data" not in item and "data_base64" in item:
         content = item.get("datacontenttype")
         if content is not None and not (isinstance(content, str) and "json" in content.casefold()):
-            raise InvalidMessage("invalid_platform_event", f"data_base64 of content type {shown(content)}, not JSON")
+            raise InvalidMessage("invalid_platform_event",
+                                 f"data_base64 of content type {fields.shown(content)}, not JSON")
         encoded = item["data_base64"]
         decoded = None
         if isinstance(encoded, str):
-            try:
-                decoded = _decode(base64.b64decode(encoded, validate=True), DEFAULT_PLATFORM_BOUNDS)
-            except (binascii.Error, ValueError):
-                decoded = None
+            with contextlib.suppress(ValueError):  # not base64 (binascii.Error is a ValueError), or not ASCII
+                raw = base64.b64decode(encoded, validate=True)
+                decoded = _decode(raw) if _containers(raw) <= DEFAULT_PLATFORM_BOUNDS.containers else None
         if not isinstance(decoded, dict):
             raise InvalidMessage("invalid_platform_event", "data_base64 is not base64 of a JSON object")
         return decoded
-    return object_field(item, "data", "the envelope")
+    return fields.object_field(item, "data", "the envelope")

@@ -12,7 +12,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from se_exporter.fleet.platform.reader import DEFAULT_PLATFORM_BOUNDS, STATUSES, PlatformEvent
+from se_exporter.fleet.platform.fields import STATUSES
+from se_exporter.fleet.platform.reader import DEFAULT_PLATFORM_BOUNDS, PlatformEvent
 
 RANK = {"Scheduled": 0, "Started": 1, "Completed": 2, "Canceled": 2}
 ENDED = frozenset({"Completed", "Canceled"})
@@ -118,13 +119,6 @@ def message_id(event: PlatformEvent) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
-def record_of(event: PlatformEvent, now: float, seen: str) -> PlatformRecord:
-    """The record of one message read at ``now`` (an end's retention runs from then, not from its eventTime: an
-    end read late is still listed, counted and joined by its other messages)."""
-    ended = now if event.event_status in ENDED else None
-    return PlatformRecord(event, ((event.event_status, event.event_time),), ended, now, ((seen, 1),))
-
-
 def _choice(record: PlatformRecord) -> tuple[int, float, bool, str]:
     """Which message's fields a record shows, as a total order (the largest wins, whatever the arrival order): the
     furthest status; of two ends, the one the platform dated first, Completed at the same eventTime; of one open
@@ -144,8 +138,7 @@ def combine(old: PlatformRecord, new: PlatformRecord, max_resources: int = DEFAU
         times[status] = max(when, known) if status in ENDED else min(when, known)
     ordered = tuple((status, times[status]) for status in STATUSES if status in times)
     first, second = (new, old) if _choice(new) > _choice(old) else (old, new)
-    event = _completed(first.event, second.event, _union(first.event.resources, second.event.resources,
-                                                          max_resources))
+    event = _completed(first.event, second.event, _union(first.event.resources, second.event.resources, max_resources))
     ends = [when for when in (old.ended_at, new.ended_at) if when is not None]
     return PlatformRecord(event, ordered, min(ends) if event.event_status in ENDED and ends else None,
                           max(old.changed_at, new.changed_at), _copies(old.copies, new.copies))
@@ -212,8 +205,7 @@ class PlatformPicture:
     def state(self) -> PictureState:
         """Everything a restart needs to continue exactly."""
         with self._lock:
-            return PictureState(tuple(self._records.values()), tuple(self._ids.items()),
-                                tuple(self._forgotten.items()))
+            return PictureState(tuple(self._records.values()), tuple(self._ids.items()), tuple(self._forgotten.items()))
 
     @classmethod
     def restored(cls, state: PictureState, limits: PlatformLimits = DEFAULT_LIMITS) -> PlatformPicture:
@@ -242,7 +234,9 @@ class PlatformPicture:
                     self.bound_hits[refused] += 1
                     return ApplyResult(refused)
             self._remember(self._ids, seen, now)
-            new = record_of(event, now, seen)
+            # An end's retention runs from now, not its eventTime: read late, it is still listed, counted and joined.
+            new = PlatformRecord(event, ((event.event_status, event.event_time),),
+                                 now if event.event_status in ENDED else None, now, ((seen, 1),))
             if new.ended:
                 self._ended[event.key] = None
             if held is None:  # one status known: no impact yet
@@ -295,8 +289,7 @@ class PlatformPicture:
         seen[key] = now
 
     def _make_room(self, vms: int, now: float) -> str | None:
-        """Room for a new EventId naming ``vms`` VMs, forgetting the events that ended here first as needed; the
-        bound that refuses it when there is none."""
+        """Room for a new EventId naming ``vms`` VMs, forgetting ended events first; else the bound that refuses it."""
         limits = self.limits
         while len(self._records) >= limits.events or self._vms + vms > limits.vms:
             if not self._ended:

@@ -67,17 +67,14 @@ def record_from_json(row: object) -> PlatformRecord:
     status, scope_type = row.get("event_status"), row.get("scope_type")
     if status not in STATUSES or scope_type not in SCOPE_TYPES or not texts["event_id"].strip():
         raise ValueError("event_status, scope_type or event_id")
-    times = _times(row, str(status))
     event = PlatformEvent(**texts, key=event_key(texts["event_id"]), event_status=str(status),
                           resources=_resources(row), scope_type=str(scope_type),
                           event_time=_time(row, "event_time"), not_before=_optional_time(row, "not_before"),
                           duration_seconds=_number(row, "duration_seconds"))
     changed_at = _time(row, "changed_at")
     # ended_at is set exactly when the status is an end (retention counts from it), as the picture sets it
-    ended_at = _optional_time(row, "ended_at") if event.event_status in ENDED else None
-    if event.event_status in ENDED and ended_at is None:
-        ended_at = changed_at
-    return PlatformRecord(event, times, ended_at, changed_at, _copies(row.get("copies", {})))
+    ended_at = _optional_time(row, "ended_at", changed_at) if event.event_status in ENDED else None
+    return PlatformRecord(event, _times(row, event.event_status), ended_at, changed_at, _copies(row.get("copies", {})))
 
 
 def _copies(copies: object) -> tuple[tuple[str, int], ...]:
@@ -96,10 +93,9 @@ def _resources(row: dict[str, Any]) -> tuple[str, ...]:
     distinct: dict[str, str] = {}  # as the reader keeps them: one per name without case, the first spelling
     for name in resources:
         distinct.setdefault(name.casefold(), kept_text(name, MAX_TEXT))
-    names = tuple(distinct.values())
-    if any(len(name) > MAX_TEXT for name in names):
+    if any(len(name) > MAX_TEXT for name in distinct.values()):
         raise ValueError("resources")
-    return names
+    return tuple(distinct.values())
 
 
 def _times(row: dict[str, Any], status: str) -> tuple[tuple[str, float], ...]:
@@ -120,10 +116,8 @@ def _text(row: dict[str, Any], name: str) -> str:
     """A string field within the reader's bound for it (label values: ``MAX_TEXT``)."""
     value = row.get(name, "")
     limit = MAX_DESCRIPTION if name == "description" else MAX_TEXT
-    if not isinstance(value, str):
-        raise ValueError(name)
-    text = kept_text(value, limit)
-    if len(text) > limit:
+    text = kept_text(value, limit) if isinstance(value, str) else None
+    if text is None or len(text) > limit:
         raise ValueError(name)
     return text
 
@@ -132,8 +126,7 @@ def _number(row: dict[str, Any], name: str) -> float | None:
     value = row.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or abs(value) >= 2**63:
+    if type(value) not in (int, float) or not math.isfinite(value) or abs(value) >= 2**63:  # a bool is not one
         raise ValueError(name)
     return float(value)
 
@@ -146,5 +139,5 @@ def _time(row: dict[str, Any], name: str) -> float:
     return value
 
 
-def _optional_time(row: dict[str, Any], name: str) -> float | None:
-    return None if row.get(name) is None else _time(row, name)
+def _optional_time(row: dict[str, Any], name: str, missing: float | None = None) -> float | None:
+    return missing if row.get(name) is None else _time(row, name)

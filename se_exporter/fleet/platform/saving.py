@@ -98,34 +98,27 @@ def decode_platform(data: bytes, partition_id: str) -> PlatformBlob:
         return PlatformBlob(damaged="wrong_shape",
                             problem="the platform state is another partition's, or has no position")
     state, rows = state_from_json(obj.get("picture"))
-    memory: dict[str, Counted] = {}
     counted = obj.get("counted")
-    for row in counted if isinstance(counted, list) else []:
-        entry = _counted(row)
-        if entry is None:
-            rows += 1
-        else:
-            memory[entry[0]] = entry[1]
-    loaded = PlatformBlob(state, position, memory, rows=rows)
-    _judged(obj.get("judged"), loaded)
-    return loaded
+    entries = [_counted(row) for row in counted] if isinstance(counted, list) else []
+    memory = dict(entry for entry in entries if entry is not None)
+    judged, damaged = _judged(obj.get("judged"))
+    return PlatformBlob(state, position, memory, judged, rows=rows + entries.count(None) + damaged)
 
 
-def _judged(judged: object, loaded: PlatformBlob) -> None:
-    """What a damaged ``judged`` would claim is left out whole: an EventId not judged is never ``no_sidecar``."""
+def _judged(judged: object) -> tuple[VmVerdicts, int]:
+    """The judgement stored, and 1 if damaged: left out whole, since an EventId not judged is never ``no_sidecar``."""
     if not isinstance(judged, dict):
-        return
+        return NOT_JUDGED, 0
     keys, vms, listed = judged.get("keys"), judged.get("vms"), judged.get("listed", {})
     if not (isinstance(keys, list) and all(_text(key) for key in keys) and isinstance(vms, dict) and all(
             _text(key) and isinstance(verdicts, dict) and all(_text(name) and _verdict(verdict) is not None
                                                               for name, verdict in verdicts.items())
             for key, verdicts in vms.items()) and isinstance(listed, dict)
             and all(_text(key) and _text(event_type) for key, event_type in listed.items())):
-        loaded.rows += 1
-        return
-    loaded.judged = VmVerdicts(frozenset(keys), {key: {name: _verdict(verdict) or (None, None)
-                                                   for name, verdict in verdicts.items()}
-                                             for key, verdicts in vms.items()}, dict(listed))
+        return NOT_JUDGED, 1
+    return VmVerdicts(frozenset(keys), {key: {name: _verdict(verdict) or (None, None)
+                                              for name, verdict in verdicts.items()}
+                                        for key, verdicts in vms.items()}, dict(listed)), 0
 
 
 def _verdict(row: object) -> Verdict | None:
@@ -139,10 +132,7 @@ def _verdict(row: object) -> Verdict | None:
 
 
 def _counted(row: object) -> tuple[str, Counted] | None:
-    if not isinstance(row, dict):
-        return None
-    key = row.get("key")
-    if not _text(key):
+    if not isinstance(row, dict) or not _text(row.get("key")):
         return None
     statuses, missed, lag = row.get("statuses", []), row.get("missed", {}), row.get("lag", [])
     if not isinstance(statuses, list) or not all(status in STATUSES for status in statuses) \
@@ -154,13 +144,12 @@ def _counted(row: object) -> tuple[str, Counted] | None:
     if not _count(impact) or not _count(duplicates) or not isinstance(unannounced, bool) \
             or not (gone_at is None or _count(gone_at)):
         return None
-    return str(key), Counted(set(statuses), float(impact), dict(missed), set(lag), unannounced, int(duplicates),
-                            None if gone_at is None else float(gone_at))
+    return row["key"], Counted(set(statuses), float(impact), dict(missed), set(lag), unannounced, int(duplicates),
+                              None if gone_at is None else float(gone_at))
 
 
 def _count(value: object, least: int = 0) -> bool:
-    """A number from ``least`` to below 2**53 (seconds, a count, a unix time; NaN and infinities fail the
-    comparisons), not a bool."""
+    """A number from ``least`` to below 2**53, not a bool (NaN and infinities fail the comparisons)."""
     return type(value) in (int, float) and least <= value < 2**53  # type: ignore[operator]
 
 

@@ -10,6 +10,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -47,10 +48,8 @@ BURST_DEFERS_UP_TO = 30.0  # while platform messages keep arriving, reconciliati
 BURST_MESSAGES = 1_000  # platform messages applied since the last round that make a burst (see run)
 
 
-@functools.lru_cache(maxsize=262_144)
-def _key_of(name: str) -> str:
-    """``name_key``, remembered: a reconciliation looks at every shown VM's name (100,000 every few seconds)."""
-    return name_key(name)
+# ``name_key``, remembered: a reconciliation looks at every shown VM's name (100,000 every few seconds).
+_key_of = functools.lru_cache(maxsize=262_144)(name_key)
 
 
 @dataclass
@@ -73,8 +72,7 @@ class _Shown:
     listed: dict[str, str] = field(default_factory=dict)  # EventId its VMs listed unannounced -> its event type
 
     def judging(self, named: dict[str, frozenset[str]], naming: dict[str, list[str]]) -> set[str]:
-        """The EventIds judged here: those judged before and still known, those the reconciler spoke of, and those
-        naming a VM alive here."""
+        """The EventIds judged here: judged before and still known, spoken of by the reconciler, or naming a live VM."""
         return {*(key for key in self.held.judged.vms if key in named), *self.verdicts,
                 *(key for name in self.alive for key in naming.get(name, ()))}
 
@@ -136,7 +134,10 @@ class Platform:
         coverage, unannounced = self._reconciled(records, now)
         informed = frozenset(record.key for record in records if self.homes.is_here(record.key))
         self.homes.forget({record.key for record in records} | unannounced, now)
-        self.view = LastReconciliation(tuple(records), coverage, informed, self._sizes(pictures))
+        sizes = Counter({**self.reconciler.sizes(), "counted": self.homes.size})  # the memory gauges
+        for picture in pictures:
+            sizes.update(picture.sizes())
+        self.view = LastReconciliation(tuple(records), coverage, informed, dict(sizes))
         return self.view
 
     def _expired(self, now: float) -> list[PlatformPicture]:
@@ -149,17 +150,8 @@ class Platform:
             self.report_bounds(picture, before)
         return pictures
 
-    def _sizes(self, pictures: list[PlatformPicture]) -> dict[str, int]:
-        """What the reconciler, the homes and the held pictures hold, by name (the memory gauges)."""
-        sizes = {**self.reconciler.sizes(), "counted": self.homes.size}
-        for picture in pictures:
-            for name, size in picture.sizes().items():
-                sizes[name] = sizes.get(name, 0) + size
-        return sizes
-
     def _merged(self, pictures: list[PlatformPicture], now: float) -> list[PlatformRecord]:
-        """One record per EventId over the held pictures and the others read from their blobs (those within the
-        retention)."""
+        """One record per EventId over the held pictures and the peers' (their records within the retention)."""
         retention = self.limits.retention
         peers = [tuple(record for record in records if record.ended_at is None or record.ended_at + retention > now)
                  for side in self.hubs.values() for partition_id, records in side.peers.items()
@@ -182,8 +174,7 @@ class Platform:
     def _reconciled(self, records: list[PlatformRecord], now: float) -> tuple[tuple[Coverage, ...], set[str]]:
         """The records against the VMs shown here, judged (``COVERAGE`` 1) and counted where homed here (2 and 3):
         the coverage this replica shows, and the unannounced EventIds homed here."""
-        named = {record.key: frozenset(_key_of(resource) for resource in record.event.resources)
-                 for record in records}
+        named = {record.key: frozenset(_key_of(resource) for resource in record.event.resources) for record in records}
         vms, shown, where = self._shown_vms(now, frozenset().union(*named.values()))
         result = self.reconciler.update(records, vms, now, absent=False)
         for bound in result.bounds:
@@ -191,7 +182,13 @@ class Platform:
         self._judge(named, shown, where, result)
         judgements, complete = self._judgements()
         nowhere = self._count(records, judgements, complete)
-        return _shown_coverage(records, shown) + nowhere, self._count_unannounced(judgements)
+        unannounced: set[str] = set()  # homed here, listed by live VMs for the grace, never announced (COVERAGE 2)
+        for judged in judgements:
+            for key, event_type in judged.listed.items():
+                if key not in unannounced and self.homes.is_here(key) and not self.reconciler.announced(key):
+                    unannounced.add(key)
+                    self.homes.count_unannounced(key, event_type)
+        return _shown_coverage(records, shown) + nowhere, unannounced
 
     def _shown_vms(self, now: float, named: frozenset[str]) -> tuple[list[VmState], list[_Shown], dict[str, _Shown]]:
         """The VMs shown here that matter (named by an event, or listing one: the rest of a fleet of 100,000 would
@@ -202,8 +199,7 @@ class Platform:
         expiry = self.reconciler.settings.vm_expiry
         for side in self.hubs.values():
             for partition_id, listed in side.partition_vms().items():
-                held = side.held.get(partition_id)
-                partition = _Shown(held) if held is not None else None
+                partition = _Shown(side.held[partition_id]) if partition_id in side.held else None
                 if partition is not None:
                     shown.append(partition)
                 for vm in listed:
@@ -244,8 +240,7 @@ class Platform:
             self.report.bound_hit("platform_coverage_pairs", over)
 
     def _judgements(self) -> tuple[list[VmVerdicts], bool]:
-        """Every partition's judgement known here: its own (held) or its blob's (read as a peer's); and whether
-        every partition of every hub has a current one."""
+        """Every partition's judgement known here (held, or a peer's blob's), and whether every hub's are current."""
         judgements: list[VmVerdicts] = []
         complete = True
         for side in self.hubs.values():
@@ -275,22 +270,10 @@ class Platform:
             self.homes.count(record, verdicts)
         return tuple(rows)
 
-    def _count_unannounced(self, judgements: list[VmVerdicts]) -> set[str]:
-        """The EventIds homed here that a partition's live VMs listed for the grace and the platform never
-        announced, counted (``COVERAGE`` 2)."""
-        keys: set[str] = set()
-        for judged in judgements:
-            for key, event_type in judged.listed.items():
-                if key not in keys and self.homes.is_here(key) and not self.reconciler.announced(key):
-                    keys.add(key)
-                    self.homes.count_unannounced(key, event_type)
-        return keys
-
     def report_bounds(self, picture: PlatformPicture, before: dict[str, int]) -> None:
         """The picture's bounds reached since ``before`` (its ``bound_hits`` then), reported."""
-        for name, count in picture.bound_hits.items():
-            if count > before.get(name, 0):
-                self.report.bound_hit(name, count - before.get(name, 0))
+        for name, count in (Counter(picture.bound_hits) - Counter(before)).items():  # only those that grew
+            self.report.bound_hit(name, count)
 
     async def peers(self, stop: asyncio.Event, every: float) -> None:
         """``read_peers`` every ``every`` seconds (the checkpoint interval: how often they are written)."""
@@ -308,8 +291,7 @@ class Platform:
         while not stop.is_set():
             await self.sleep(every)
             at = time.monotonic()
-            if self.applied_since >= BURST_MESSAGES and at - self.applied_at < every \
-                    and at - last < BURST_DEFERS_UP_TO:
+            if self.applied_since >= BURST_MESSAGES and at - self.applied_at < every and at - last < BURST_DEFERS_UP_TO:
                 continue
             last, self.applied_since = at, 0
             try:
@@ -326,10 +308,9 @@ class Platform:
         for side in self.hubs.values():
             reader = PlatformReader(self, side)
             for partition_id in sorted(side.held):
-                if side.fleet.position(partition_id) is None and reader.dirty(partition_id):
-                    write = reader.prepare(partition_id, -1)
-                    if write is not None:
-                        await write()
+                write = reader.prepare(partition_id, -1) if side.fleet.position(partition_id) is None else None
+                if write is not None:  # None: its platform side is written already
+                    await write()
 
 
 def _shown_coverage(records: list[PlatformRecord], shown: list[_Shown]) -> tuple[Coverage, ...]:
@@ -376,9 +357,6 @@ def _judged_vms(old: dict[str, Verdict], now: dict[str, tuple[str | None, float 
                 alive: set[str]) -> dict[str, Verdict]:
     """One EventId's verdicts in one partition: each VM it names alive there, or judged there before, moved on by
     this round's coverage ``now``."""
-    verdicts: dict[str, Verdict] = {}
-    for name in (names & alive) | old.keys() | now.keys():
-        verdict = judge(old.get(name, (None, None)), *now.get(name, (None, None)))
-        if verdict != (None, None) or name in alive:
-            verdicts[name] = verdict
-    return verdicts
+    moved = {name: judge(old.get(name, (None, None)), *now.get(name, (None, None)))
+             for name in (names & alive) | old.keys() | now.keys()}
+    return {name: verdict for name, verdict in moved.items() if verdict != (None, None) or name in alive}
