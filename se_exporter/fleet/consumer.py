@@ -157,8 +157,7 @@ class Service:
                 self._metrics.platform_last_applied.set(self._clock())
 
     def _check_restored(self, context: PartitionContext) -> bool:
-        """A restored position past the partition's newest event is damage (see ``Fleet.check_restored``). Whether
-        the check was made: once made, the newest event only grows, so the partition's later batches skip it."""
+        """Whether ``Fleet.check_restored`` could be asked (then later batches skip it: the newest only grows)."""
         properties = context.last_enqueued_event_properties
         newest = properties.get("sequence_number") if properties else None
         if newest is None:
@@ -172,8 +171,7 @@ class Service:
         return True
 
     def _handle(self, partition: Partition, event: EventData, outcomes: dict[str, int]) -> str:
-        """Read, check and fold one event; what became of it (the bounds its document reached, added to
-        ``outcomes``, are counted with the batch's other outcomes)."""
+        """Read, check and fold one event; what became of it (its document's bounds reached go to ``outcomes``)."""
         delivered = received.delivery(event)
         partition_id, sequence_number = partition.partition_id, delivered.sequence_number
         if sequence_number is None:
@@ -214,9 +212,8 @@ class Service:
         return outcome
 
     def _lagged(self, partition: Partition) -> PartitionView:
-        """The partition's view with its lag as of its last batch: from the newest event the SDK delivered with that
-        batch's last one (``partition.lag_from``), or as the last empty batch left it. Worked out when a scrape asks,
-        not at every batch; only read here, so a scrape in another thread changes nothing."""
+        """The partition's view with its lag as of its last batch (``partition.lag_from``: the newest event the SDK
+        delivered with it), or as the last empty batch left it; worked out when a scrape asks, changing nothing."""
         view, last = partition.view, partition.lag_from
         if last is None or (newest := received.newest(last)) is None or (sequence := last.sequence_number) is None:
             return view
@@ -312,8 +309,7 @@ class Service:
         return gone
 
     async def _nothing_waits(self, partition: Partition) -> float | None:
-        """A moment (the clock's) at which nothing waited unread in the partition, or None when the hub does not
-        say so (it does not answer, or events wait)."""
+        """A moment (the clock's) when nothing waited unread in the partition; None when the hub does not say so."""
         asked = self._clock()
         newest = await self.newest(partition.partition_id)
         if newest is None:
@@ -338,8 +334,7 @@ class Service:
 
 
 class ObservedCheckpointStore(BlobCheckpointStore):
-    """The official Blob checkpoint store; it also tells the service that a load-balancing round read the
-    ownership records (/readyz: a round went through), through the store's public interface."""
+    """The official Blob checkpoint store, telling the service when a load-balancing round read the ownerships."""
 
     on_listed: Callable[[], None] = staticmethod(lambda: None)
 

@@ -119,8 +119,7 @@ async def _shut_down(readings: list[HubReading], helpers: list[asyncio.Task[Any]
 def _reading(settings: FleetSettings, hub: Hub, metrics: FleetMetrics, platform: Platform,
              container: ContainerClient, credential: Callable[[str | None], Any]) -> HubReading:
     """One hub read: its fleet of VMs, its service with the platform's reader first, its checkpoint store's
-    callbacks, its consumer client (nothing contacted yet); every hub's in one container (each hub's blobs under its
-    own name, as the checkpoint store's are)."""
+    callbacks, its consumer client (nothing contacted yet); every hub's blobs in one container, under its name."""
     store = on_container(ObservedCheckpointStore, settings, credential)
     fleet = Fleet()
     service = Service(settings, fleet, metrics, StateBlobs(container))

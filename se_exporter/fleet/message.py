@@ -48,9 +48,8 @@ MAX_UNKNOWN_LISTED = 10
 
 @dataclass(frozen=True)
 class Bounds:
-    """What one replica keeps at most; each limit reached is counted (``bound_hits_total{bound}``) and logged once.
-    The defaults hold a 100,000-VM fleet on one partition with room to spare; a real Scheduled Events document lists
-    a handful of events in well under a kilobyte."""
+    """What one replica keeps at most, each limit reached counted (``bound_hits_total{bound}``) and logged once: room
+    to spare for a 100,000-VM fleet on one partition, whose documents list a handful of events in under a KB."""
 
     vms_per_partition: int = 100_000
     vms_per_installation: int = 4  # one sidecar installation is one VM (known first by name, then by vm_id)
@@ -168,8 +167,8 @@ class Message:
 
 
 def _key(vm_id: str, vm_name: str, partition_key: Any, retires_name: bool) -> str:
-    """The VM's key (``vm_id``, else ``vm_name``, as the sidecar keys it), checked against the partition key it was
-    sent with: a VM's documents are sent under its own key, a message retiring a name under that name."""
+    """The VM's key (``vm_id``, else ``vm_name``), checked against the partition key it was sent with: its own, or
+    for a message retiring a name, that name."""
     key = vm_id or vm_name or "unknown"  # as the sidecar keys a VM that knows neither yet
     sent_key = _bounded_text("partition key", partition_key, MAX_TEXT) if partition_key is not None else None
     if retires_name:  # sent under the old key, the name, and only by a sidecar that knows its vm_id
@@ -232,8 +231,8 @@ Listed = tuple[tuple[FleetEvent, ...], int, tuple[str, ...]]  # what ``read_even
 
 
 def read_events(body: bytes, vm_name: str, bounds: Bounds = DEFAULT_BOUNDS) -> Listed:
-    """The document's events for this VM (at most ``bounds.events_per_vm``; an event with a field longer than a
-    label may be is left out), how many warnings parsing gave, and the bounds reached."""
+    """The document's events for this VM (at most ``bounds.events_per_vm``, none with a field longer than a label),
+    its parse warnings and the bounds reached."""
     if body in _QUIET:  # most of a fleet, most of the time: parsed once, the same for every VM
         return (), 0, ()
     known = _LISTING.read.get((body, vm_name, bounds))
@@ -258,9 +257,8 @@ QUIET_BODIES = 4096
 
 
 class Listings:
-    """What each recent document listing events gave, by body and VM name (what it says of the VM depends on its
-    name): a VM's heartbeats repeat its document, parsed once rather than at every heartbeat
-    (``scripts/fleet_scale_bench.py``). Bounded in bodies and bytes; only the consumer's loop uses it."""
+    """What each recent document listing events gave, by body and VM name, so that a VM's heartbeats repeating it
+    parse it once (``scripts/fleet_scale_bench.py``). Bounded in bodies and bytes; only the consumer's loop uses it."""
 
     def __init__(self, max_bodies: int = 32_768, max_bytes: int = 8 * 1024**2, max_body: int = 4096) -> None:
         self.max_bodies, self.max_bytes, self.max_body = max_bodies, max_bytes, max_body
@@ -318,8 +316,7 @@ def fleet_events(document: Document, vm_name: str, bounds: Bounds = DEFAULT_BOUN
 
 
 def reduced_body(events: tuple[FleetEvent, ...], vm_name: str) -> bytes:
-    """A document of only what the fleet shows of ``events``, written as saved state writes an event
-    (``event_to_json``): parsed again (after a restore) it gives the same events."""
+    """A document of what the fleet shows of ``events`` (``event_to_json``): parsed again, the same events."""
     import json  # noqa: PLC0415 - only for bodies past the kept-bytes bound
 
     resources = {"true": (vm_name,), "false": ("_",)}  # by affects_this_vm; "unknown" lists none
@@ -374,8 +371,8 @@ def _sequence(value: Any, name: str = "sequence", least: int = 1) -> int:
 
 
 def _labels(properties: Mapping[Any, Any], names: tuple[tuple[str, bytes, str], ...]) -> list[str]:
-    """String properties shown as labels, in order: absent is empty; anything but text (or longer than a label)
-    refused. One call for all of a VM's labels, each looked up under its bytes form (the SDK's) first."""
+    """String properties shown as labels, in order: absent is empty, anything but text (or longer than a label)
+    refused; each looked up under its bytes form (the SDK's) first."""
     texts = []
     get = properties.get
     for name, key, what in names:
@@ -401,8 +398,7 @@ _PLACE = _label_names("subscription_id", "resource_group")
 
 
 def _bounded_text(what: str, value: Any, limit: int) -> str:
-    """Text that UTF-8 can carry (bytes decoded with replacement, unpaired surrogates spelt out) of at most
-    ``limit`` characters."""
+    """Text UTF-8 can carry (bytes decoded with replacement, unpaired surrogates spelt out), ``limit`` characters."""
     if type(value) is bytes and len(value) <= limit:  # the SDK's usual case: no character count needed
         if value.isascii():  # printable ASCII is what it is: checked in C, no pattern search
             text = value.decode("ascii")

@@ -27,8 +27,7 @@ from se_exporter.infra.http_pages import Joined, Part
 def scrape(registry: CollectorRegistry, exposition: FleetExposition, now: float,
            names: Collection[str] | None = None) -> list[Part]:
     """The fleet's /metrics: every family of ``registry`` and of ``exposition``, or only the series named in
-    ``names`` (``/metrics?name[]=...``, with prometheus-client's rule: a name is a series' name, a counter's
-    ``_total``, a histogram's ``_bucket``; a family without such a series is left out)."""
+    ``names`` (``/metrics?name[]=...``, prometheus-client's rule: a counter's ``_total``, a histogram's ``_bucket``)."""
     source = registry.restricted_registry(names) if names else registry
     return [generate_latest(source), *exposition.render(now, names)]
 
@@ -193,9 +192,8 @@ class _Part:
             self.extra_changes += 1
 
     def beat(self, key: str, vm: VmState) -> None:
-        """``keep`` for a VM changed only in what a heartbeat moves: when its only line is the last-seen one and
-        stays so, the line keeps its labels and takes the new time (the labels are not written again: most of a
-        scrape's CPU once the event lines are kept, with 5 % of a fleet heartbeating between scrapes)."""
+        """``keep`` for a VM changed only in what a heartbeat moves: a lone last-seen line keeps its labels and takes
+        the new time (writing labels again was most of a scrape's CPU, 5 % of a fleet heartbeating between scrapes)."""
         old = self.seen.get(key)
         if old is None or key in self.extra or (vm.imds is not NO_IMDS and imds_unreachable(vm)):
             self.keep(key, vm)

@@ -70,9 +70,8 @@ def parse_storage_connection_string(text: str) -> str:
 
 
 def _check_blob_endpoint(text: str) -> None:
-    """An http(s) URL with a host (and a port in range): the storage SDK would otherwise fail at the first request
-    with a traceback, or keep failing every request (ftp://). Named as "BlobEndpoint", not repeated: the URL may
-    carry a SAS token."""
+    """An http(s) URL with a host (and a port in range), else the storage SDK fails at the first request with a
+    traceback, or every request (ftp://). Named as "BlobEndpoint", not repeated: it may carry a SAS token."""
     try:
         url = urllib.parse.urlsplit(text.strip())
         url.port  # noqa: B018 - read for its check: ValueError when out of range or not a number

@@ -25,6 +25,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import operator
 import sys
 import zlib
 from collections import Counter as Tally
@@ -66,6 +67,7 @@ _NOT_STRUCTURE = bytes(set(range(256)) - set(b'"[{,:'))  # what the value count 
 # What a VM's row must have, in the order ``_vm`` reads them (message.VM_STATE_FIELDS); other fields are ignored.
 NAMED_FIELDS_ORDER = tuple(name for name, f in VM_STATE_FIELDS.items() if f.stored == "always")
 NAMED_FIELDS = frozenset(NAMED_FIELDS_ORDER)
+_always = operator.attrgetter(*NAMED_FIELDS_ORDER)
 
 
 class DamagedState(ValueError):
@@ -116,10 +118,8 @@ def _gzip(state: dict[str, Any]) -> bytes:
 
 
 def _named(vm: VmState) -> dict[str, Any]:
-    named: dict[str, Any] = {
-        "key": vm.key, "vm_id": vm.vm_id, "vm_name": vm.vm_name, "vmss_name": vm.vmss_name, "location": vm.location,
-        "installation": vm.installation, "sequence": vm.sequence, "seen_at": vm.seen_at,
-        "body": vm.body.decode("utf-8", "replace")}
+    named: dict[str, Any] = dict(zip(NAMED_FIELDS_ORDER, _always(vm), strict=True))  # VM_STATE_FIELDS' "always"
+    named["body"] = vm.body.decode("utf-8", "replace")
     if vm.imds is not NO_IMDS:
         named["imds"] = {"observed_at": vm.imds.observed_at, "last_success": vm.imds.last_success,
                          "failing": vm.imds.failing}

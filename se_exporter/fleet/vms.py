@@ -22,9 +22,8 @@ IMDS_STALE_AFTER = 120.0  # seconds between a VM's observed_at and its last IMDS
 
 
 def imds_unreachable(vm: VmState) -> bool:
-    """The VM's sidecar is alive (it sent this) but cannot read IMDS: its latest poll failed, or its last successful
-    read is over IMDS_STALE_AFTER older than the document's observation. An older sidecar reporting neither is
-    unknown, not unreachable."""
+    """The VM's sidecar is alive (it sent this) but cannot read IMDS: its latest poll failed, or its last good read
+    is IMDS_STALE_AFTER older than the document's observation (an older sidecar saying neither: unknown)."""
     imds = vm.imds
     return imds.failing is True or (imds.last_success is not None and imds.observed_at is not None
                                     and imds.observed_at - imds.last_success > IMDS_STALE_AFTER)
@@ -116,8 +115,8 @@ class PartitionState:
 
 
 def latest(groups: Iterable[Iterable[VmState]]) -> list[VmState]:
-    """Each VM once, the one seen last: a VM held by two shown partitions (a hub whose partition count grew moves
-    keys; a hand-over) would otherwise be exposed twice with the same labels, invalidating the whole exposition."""
+    """Each VM once, the one seen last: a VM held by two shown partitions (a hand-over, a hub grown) would otherwise
+    be exposed twice with the same labels, invalidating the whole exposition."""
     shown: dict[str, VmState] = {}
     for vms in groups:
         for vm in vms:
@@ -171,8 +170,8 @@ class Fleet:
         return len(state.vms) if state else 0
 
     def show(self, partition_id: str, shown: bool = True) -> bool:
-        """Show a held partition's VMs in ``vms`` (or hide them, keeping them): the consumer shows a partition only
-        while no other replica can be showing it too (``consumer.Service``). Whether anything changed."""
+        """Show a held partition's VMs in ``vms`` (or hide them, keeping them), only while no other replica can
+        (``consumer.Service``); whether anything changed."""
         with self._lock:
             if partition_id not in self._partitions or (partition_id not in self._hidden) == shown:
                 return False
@@ -180,8 +179,7 @@ class Fleet:
             return True
 
     def is_shown(self, partition_id: str) -> bool:
-        """Whether ``vms`` shows the partition's VMs: without the lock (two set lookups, each atomic), for the
-        consumer's check on every batch, where ``shown``'s sorted copy under the lock would cost more than it saves."""
+        """Whether ``vms`` shows the partition's VMs: two atomic lookups, no lock (the consumer asks every batch)."""
         return partition_id in self._partitions and partition_id not in self._hidden
 
     def shown(self) -> list[str]:
@@ -200,9 +198,8 @@ class Fleet:
         return restored is not None and sequence_number <= restored
 
     def check_restored(self, partition_id: str, newest: int) -> int | None:
-        """Forget a restored position past ``newest`` (the partition's last enqueued sequence number): no state can
-        hold events the partition never had, so that position is damage, and trusting it would count every new
-        event as replayed. Returns the position forgotten, or None."""
+        """Forget a restored position past ``newest`` (the partition's last enqueued event): damage, which would
+        count every new event as replayed. Returns the position forgotten, or None."""
         with self._lock:
             state = self._partitions.get(partition_id)
             if state is None or state.restored_position is None or state.restored_position <= newest:
@@ -280,8 +277,7 @@ class Fleet:
 
     def _known_by_id(self, named: VmState) -> bool:
         """Whether a VM of ``named``'s installation and name, with a vm_id and seen no earlier, is held (under the
-        lock). Asked only of a VM known by name that is new here (rare): each partition's count of VMs per
-        installation first, the VMs of a partition holding the installation then."""
+        lock). Asked only of a VM known by name new here (rare); partitions without the installation skipped."""
         return any(vm.vm_id and vm.installation == named.installation and vm.vm_name == named.vm_name
                    and vm.seen_at >= named.seen_at
                    for state in self._partitions.values() if state.installations.get(named.installation)
@@ -298,7 +294,7 @@ class Fleet:
                 self._forget(partition_id, state, identified.vm_name)
 
     def _forget(self, partition_id: str, state: PartitionState, key: str) -> VmState:
-        """Forget one VM of a held partition, as a state write and the watchers see it (under the lock)."""
+        """Forget one VM of a held partition, for the state writes and the watchers too (under the lock)."""
         vm = state.vms.pop(key)
         state.uncount(vm.installation)
         state.changes.forgotten(key, self.bounds.vms_per_partition)
@@ -341,8 +337,8 @@ class Fleet:
         return self.read_shown(lambda states: latest(state.vms.values() for state in states.values()))
 
     def watch(self, watcher: Watcher) -> None:
-        """Tell ``watcher`` of every change of a VM from now on, under the lock ``read_shown`` holds: a reader that
-        keeps what it wrote from one scrape to the next (``scrape.FleetExposition``) takes only what changed."""
+        """Tell ``watcher`` of every change of a VM from now on, under ``read_shown``'s lock (for
+        ``scrape.FleetExposition``, which rewrites only what changed)."""
         with self._lock:
             self._watchers.append(watcher)
 
