@@ -153,7 +153,7 @@ def _one_vm() -> Any:
             b'"Mon, 19 Sep 2050 18:29:47 GMT", "EventSource": "Platform", "DurationInSeconds": 5}]}')
     properties = {b"vm_name": b"vm", b"vm_id": b"id", b"vmss_name": b"ss", b"location": b"loc", b"sequence": 1,
                   b"observed_at": b"2026-01-01T00:00:00.000Z", b"imds_last_success": b"2026-01-01T00:00:00.000Z",
-                  b"imds_failing": True}
+                  b"imds_failing": True, b"pauses": b'{"E1": {"type": "Freeze", "longest": 2.0, "total": 2.0}}'}
     fleet = Fleet()
     fleet.claim("0")
     fleet.show("0")

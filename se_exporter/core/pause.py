@@ -22,6 +22,7 @@ TICK = 0.04  # seconds between the armed detector's wake-ups: 25 a second, 40 ms
 ARMED_MIN = 0.25  # the shortest pause counted while armed: a loaded machine wakes a thread tens of ms late
 IDLE_MIN = 1.0  # the shortest counted from the poll loop's own lateness (idle): a wait of a second, overslept
 ARMED_FOR = 60.0  # seconds the detector stays armed after this VM's last event is gone
+BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 30, 60)  # seconds: the sidecar's pause histogram and the fleet's
 UNANNOUNCED = "none"  # the event_type of a pause no listed event explains
 THROTTLED_SHARE = 0.5  # a pause at least this much of which was CPU throttling of the cgroup is throttling
 # The most impactful type first: a pause felt while several of this VM's events are listed belongs to the first.

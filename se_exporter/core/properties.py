@@ -29,7 +29,7 @@ KINDS: dict[str, Kind] = {
                                {"type": "string", "pattern": "^-?[0-9]+$"}]}),
     "flag": Kind("boolean", {"type": "boolean"}),
     "mark": Kind("`true`, present only when true", {"const": True}),
-    "pauses": Kind("JSON text: an object of EventId to [longest, total] seconds",
+    "pauses": Kind('JSON text: an object of EventId to {"type", "longest", "total"} (seconds)',
                    {"type": "string", "contentMediaType": "application/json"}),
 }
 
@@ -65,7 +65,7 @@ PROPERTIES = (
              "repeats the last valid document, read at imds_last_success)"),
     Property("pauses", False, "pauses", "the pauses the VM felt during each event it lists, and each event this "
              "message ends: the longest and the total, in seconds (docs/events.md, \"Pauses\"); absent while none was "
-             "felt; at most 16 events, those that paused longest"),
+             "felt; at most 16 events, those that paused longest", kept=True),
     Property("retires_name", False, "mark", "on the one message a sidecar sends under its old partition key (its "
              "vm_name) when it first knows its vm_id: it retires the VM known by that name (the same installation)"),
 )

@@ -9,6 +9,7 @@ the SDK's batch handler closes the partition, which is then claimed again and fa
 from __future__ import annotations
 
 import functools
+import json
 import math
 import operator
 import re
@@ -44,6 +45,8 @@ MAX_TIME_TEXT = 40  # '2026-11-22T03:04:28.024Z' is 24
 MIN_TIME = 946_684_800.0  # 2000-01-01T00:00:00Z: no sidecar read IMDS before (0001-01-01 became a -62135596800 gauge)
 MAX_TIME = 7_258_118_400.0  # 2200-01-01T00:00:00Z: far past any real time, and still a plain gauge value
 MAX_UNKNOWN_LISTED = 10
+MAX_PAUSED, MAX_PAUSES_TEXT = 16, 24 * 1024  # the sidecar sends at most 16 events, each id at most 1,024 characters
+MAX_PAUSE_SECONDS = 7 * 86400.0  # a pause past a week is a forged one
 
 
 @dataclass(frozen=True)
@@ -317,8 +320,6 @@ def fleet_events(document: Document, vm_name: str, bounds: Bounds = DEFAULT_BOUN
 
 def reduced_body(events: tuple[FleetEvent, ...], vm_name: str) -> bytes:
     """A document of what the fleet shows of ``events`` (``event_to_json``): parsed again, the same events."""
-    import json  # noqa: PLC0415 - only for bodies past the kept-bytes bound
-
     resources = {"true": (vm_name,), "false": ("_",)}  # by affects_this_vm; "unknown" lists none
     listed = [event_to_json(ScheduledEvent(
         event_id=e.event_id, event_type=e.event_type, event_status=e.event_status, event_source=e.event_source,
@@ -353,7 +354,32 @@ def read_property(properties: Mapping[Any, Any], declared: Property) -> Reported
     if kind in ("sequence", "integer"):
         value = _property(properties, name)
         return None if value is None else _sequence(value, name, 1 if kind == "sequence" else -MAX_SEQUENCE)
+    if kind == "pauses":
+        value = _property(properties, name)
+        return None if value in (None, "", b"") else read_pauses(value)
     return _labels(properties, _label_names(name))[0] or None  # text: empty is not known
+
+
+def read_pauses(value: Any) -> str:
+    """The ``pauses`` property (each event's longest and total pause, ``sidecar/forwarding/envelope.py``) checked
+    and written again in one form: EventIds as ``event_key``s, sorted; ``InvalidMessage`` when out of shape."""
+    kept: dict[str, tuple[str, float, float]] = {}
+    try:
+        text = bytes(value).decode() if isinstance(value, (bytes, bytearray)) else value
+        pauses: Any = json.loads(text) if isinstance(text, str) and len(text) <= MAX_PAUSES_TEXT else None
+        for key, entry in pauses.items() if len(pauses) <= MAX_PAUSED else ():
+            kept[printable(key.strip().lower())] = (printable(entry["type"]), float(entry["longest"]),
+                                                    float(entry["total"]))
+        valid = len(kept) == len(pauses) and all(len(key) <= MAX_TEXT and len(kind) <= MAX_TEXT and
+                                                 0 <= longest <= total <= MAX_PAUSE_SECONDS
+                                                 for key, (kind, longest, total) in kept.items())
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        valid = False
+    if not valid:
+        raise InvalidMessage("bad_property", f"property 'pauses' is not an object of EventId to type, longest and "
+                             f"total ({_describe(value)})")
+    return json.dumps({key: {"type": kind, "longest": longest, "total": total}
+                       for key, (kind, longest, total) in sorted(kept.items())}, separators=(",", ":"))
 
 
 def _sequence(value: Any, name: str = "sequence", least: int = 1) -> int:

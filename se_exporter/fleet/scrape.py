@@ -7,6 +7,8 @@ gone from the next scrape. Labels are bounded by what the owned partitions hold 
 
 from __future__ import annotations
 
+import json
+import math
 import threading
 from collections import Counter as Tally
 from collections.abc import Collection, Iterable, Iterator, Mapping
@@ -17,6 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from se_exporter.core import pause
 from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES
 from se_exporter.fleet.collector import FLEET
 from se_exporter.fleet.message import NO_IMDS, VmState
@@ -44,6 +47,11 @@ _HEADERS = {
                             f"successful read is over {IMDS_STALE_AFTER:.0f} s older than the document).",
     "vm_imds_unreachable_since_timestamp_seconds": "Per VM that cannot read IMDS: its last successful IMDS read, as "
                                                    "unix time (0: none reported).",
+    "event_paused_vms": "VMs that felt a pause during the event (as their sidecars last reported it).",
+    "event_longest_pause_seconds": "The longest pause a VM felt during the event.",
+    "pause_seconds_bucket": "VMs whose longest pause during an event of this type was at most le seconds, per "
+                            "event they last reported: the wave's cost now, not a counter (histogram_quantile, no "
+                            "rate).",
 }
 
 
@@ -212,10 +220,11 @@ class VmLines:
     duration: tuple[str, ...] = ()
     kinds: frozenset[tuple[str, str]] = frozenset()  # (type, status) of the events that concern the VM
     blast: tuple[tuple[str, str], ...] = ()  # (id, type) of each event that concerns the VM
+    paused: tuple[tuple[str, str, float], ...] = ()  # (id, type, longest pause) of each event it felt a pause in
 
     @property
     def extra(self) -> bool:
-        return bool(self.info) or self.unreachable is not None
+        return bool(self.info) or self.unreachable is not None or bool(self.paused)
 
     @classmethod
     def of(cls, vm: VmState) -> VmLines:
@@ -227,8 +236,11 @@ class VmLines:
         if vm.imds is not NO_IMDS and imds_unreachable(vm):
             unreachable = (f"{FLEET}_vm_imds_unreachable_since_timestamp_seconds{{{identity}}} "
                            f"{float(vm.imds.last_success or 0.0)!r}")
+        reported = vm.value("pauses")
+        paused = tuple((event_id, entry["type"], entry["longest"]) for event_id, entry in
+                       json.loads(str(reported)).items()) if reported is not None else ()
         if not vm.events:
-            return cls(seen, unreachable)
+            return cls(seen, unreachable, paused=paused)
         info, until, duration, kinds, blast = [], [], [], set(), []
         for event in vm.events:
             info.append(f'{FLEET}_event_info{{{identity},event_id="{escape(event.event_id)}",'
@@ -242,7 +254,8 @@ class VmLines:
             if event.counts_for_vm:
                 kinds.add((event.event_type, event.event_status))
                 blast.append((event.event_id, event.event_type))
-        return cls(seen, unreachable, tuple(info), tuple(until), tuple(duration), frozenset(kinds), tuple(blast))
+        return cls(seen, unreachable, tuple(info), tuple(until), tuple(duration), frozenset(kinds), tuple(blast),
+                   paused)
 
 
 _SEEN_NAME = f"{FLEET}_vm_last_seen_timestamp_seconds".encode()
@@ -267,6 +280,11 @@ class _EventLines:
         until = [countdown for lines in extra for countdown in lines.until]
         duration = [line for lines in extra for line in lines.duration]
         unreachable = [lines.unreachable for lines in extra if lines.unreachable is not None]
+        paused = [felt for lines in extra for felt in lines.paused]
+        vms, longest = Tally((e, t) for e, t, _ in paused), dict[tuple[str, str], float]()
+        for event_id, event_type, seconds in paused:
+            longest[event_id, event_type] = max(seconds, longest.get((event_id, event_type), 0.0))
+        buckets = Tally((t, le) for _, t, seconds in paused for le in (*pause.BUCKETS, math.inf) if seconds <= le)
         return cls({
             "pending_vms": _gauge("pending_vms", [
                 f'{FLEET}_pending_vms{{event_type="{escape(t)}",event_status="{escape(s)}"}} {float(n)!r}'
@@ -280,6 +298,15 @@ class _EventLines:
                                            [f"{FLEET}_imds_unreachable_vms {float(len(unreachable))!r}"]),
             "vm_imds_unreachable_since_timestamp_seconds": _gauge("vm_imds_unreachable_since_timestamp_seconds",
                                                                   unreachable),
+            "event_paused_vms": _gauge("event_paused_vms", [
+                f'{FLEET}_event_paused_vms{{event_id="{escape(e)}",event_type="{escape(t)}"}} {float(n)!r}'
+                for (e, t), n in sorted(vms.items())]),
+            "event_longest_pause_seconds": _gauge("event_longest_pause_seconds", [
+                f'{FLEET}_event_longest_pause_seconds{{event_id="{escape(e)}",event_type="{escape(t)}"}} {v!r}'
+                for (e, t), v in sorted(longest.items())]),
+            "pause_seconds_bucket": _gauge("pause_seconds_bucket", [  # every bound of each type felt
+                f'{FLEET}_pause_seconds_bucket{{event_type="{escape(t)}",le="{_le(le)}"}} {float(buckets[t, le])!r}'
+                for t in sorted({t for _, t, _ in paused}) for le in (*pause.BUCKETS, math.inf)]),
         }, until)
 
 
@@ -298,6 +325,11 @@ def _write(seen: list[Iterable[bytes]], events: _EventLines, count: int, now: fl
     }
     return [part for name, written in families.items() if names is None or f"{FLEET}_{name}" in names
             for part in written]
+
+
+def _le(bound: float) -> str:
+    """A bucket bound as prometheus-client writes one (``0.25``, ``1.0``, ``+Inf``)."""
+    return "+Inf" if bound == math.inf else repr(float(bound))
 
 
 def _gauge(name: str, lines: list[str]) -> bytes:

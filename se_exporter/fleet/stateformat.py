@@ -50,6 +50,7 @@ from se_exporter.fleet.message import (
     Reported,
     VmState,
     read_events,
+    read_pauses,
     reduced_body,
 )
 
@@ -314,6 +315,11 @@ def _of_kind(value: Any, kind: str) -> bool:
         return isinstance(value, bool)
     if kind in ("sequence", "integer"):
         return type(value) is int and abs(value) <= MAX_SEQUENCE
+    if kind == "pauses":
+        try:
+            return isinstance(value, str) and read_pauses(value) == value
+        except InvalidMessage:
+            return False
     return _text(value, MAX_TEXT) and value != ""
 
 

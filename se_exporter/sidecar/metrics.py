@@ -21,6 +21,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from se_exporter import __version__
+from se_exporter.core import pause
 from se_exporter.core.lifecycle import EventRecord
 from se_exporter.core.model import VmIdentity, affects_label, affects_vm, vm_name
 from se_exporter.infra.held import HeldFamilies
@@ -43,7 +44,6 @@ NEIGHBOURS = "false"
 MAX_LABEL = 256
 LABEL_MARK = "...[truncated]"
 MAX_EVENT_SERIES = 64
-PAUSE_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 30, 60)
 POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
 
 
@@ -137,7 +137,7 @@ class Metrics:
         self.pauses: Recorder = held.histogram(
             f"{NAMESPACE}_pause_seconds", "Pauses this VM (or this process) lived through, by the type of this VM's "
             "event listed when each began (none: unannounced); from 0.25 s while one is listed, from 1 s otherwise.",
-            PAUSE_BUCKETS, ["event_type"])
+            pause.BUCKETS, ["event_type"])
         self.throttled_pauses: Recorder = held.counter(
             f"{NAMESPACE}_throttled_pauses", "Pauses explained by CPU throttling of this sidecar's cgroup (not counted "
             "as pauses of the VM).")

@@ -4,6 +4,8 @@ by ``scripts/fleet_bench.py --scrape``. The library is the reference: what it wr
 
 from __future__ import annotations
 
+import json
+import math
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 
@@ -13,6 +15,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from se_exporter.core import pause
 from se_exporter.core.model import EVENT_STATUSES, EVENT_TYPES
 from se_exporter.fleet.collector import FLEET
 from se_exporter.fleet.message import NO_IMDS, VmState
@@ -70,6 +73,26 @@ class LibraryFleet(Collector):
         yield from (pending_family, blast_family, info, until, duration, seen)
         yield self.family("imds_unreachable_vms", value=len(unreachable.samples))
         yield unreachable
+        yield from self.pauses()
+
+    def pauses(self) -> Iterator[Metric]:
+        """The pause families: per event the VMs that paused and the longest pause, and the cumulative buckets of
+        each (VM, event)'s longest pause by event type."""
+        felt = [(event_id, entry["type"], entry["longest"]) for vm in self.vms if vm.value("pauses") is not None
+                for event_id, entry in json.loads(str(vm.value("pauses"))).items()]
+        vms, longest = self.family("event_paused_vms", ["event_id", "event_type"]), {}
+        for (event_id, event_type), n in sorted(Tally((e, t) for e, t, _ in felt).items()):
+            vms.add_metric([event_id, event_type], n)
+            longest[event_id, event_type] = max(s for e, t, s in felt if (e, t) == (event_id, event_type))
+        most = self.family("event_longest_pause_seconds", ["event_id", "event_type"])
+        for (event_id, event_type), seconds in sorted(longest.items()):
+            most.add_metric([event_id, event_type], seconds)
+        buckets = self.family("pause_seconds_bucket", ["event_type", "le"])
+        for event_type in sorted({t for _, t, _ in felt}):
+            for le in (*pause.BUCKETS, math.inf):
+                n = sum(1 for _, t, s in felt if t == event_type and s <= le)
+                buckets.add_metric([event_type, "+Inf" if le == math.inf else repr(float(le))], n)
+        yield from (vms, most, buckets)
 
 
 def library_writer(vms: list[VmState], now: float) -> Callable[[], bytes]:

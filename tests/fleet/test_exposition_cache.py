@@ -86,6 +86,13 @@ def test_each_scrape_writes_what_prometheus_client_writes_through_every_kind_of_
     fleet.claim("0")  # claimed again: whole, from what it holds now
     send(fleet, "0", FREEZE, "id0", 9, 2700.0)
     same()
+    freeze = '{"e1":{"type":"Freeze","longest":1.98,"total":2.5}}'
+    send(fleet, "0", FREEZE, "id0", 10, 2800.0, pauses=freeze)  # pauses felt during the Freeze, by two VMs
+    send(fleet, "1", EMPTY, "id3", 6, 2800.0, pauses='{"e1":{"type":"Freeze","longest":7,"total":7}}')  # it ended
+    same()
+    send(fleet, "0", FREEZE, "id0", 11, 2900.0, heartbeat=True, pauses=freeze)  # a heartbeat repeats them
+    send(fleet, "1", EMPTY, "id3", 7, 2900.0)  # the next change no longer lists them
+    same()
 
 
 def test_a_vm_in_two_shown_partitions_is_written_once_the_one_seen_last() -> None:

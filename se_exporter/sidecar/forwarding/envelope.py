@@ -103,8 +103,10 @@ def pauses(change: DocumentChange) -> str:
                     key=lambda r: (-r.longest_pause, r.event.event_id))[:MAX_PAUSED]
     if not paused:
         return ""
-    return json.dumps({bounded(r.event.event_id): [round(r.longest_pause, 3), round(r.paused_seconds, 3)]
-                       for r in paused}, separators=(",", ":"))
+    return json.dumps({bounded(r.event.event_id): {"type": bounded(r.event.event_type),
+                                                   "longest": round(r.longest_pause, 3),
+                                                   "total": round(r.paused_seconds, 3)} for r in paused},
+                      separators=(",", ":"))
 
 
 class Sequencer:
