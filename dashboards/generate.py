@@ -394,6 +394,18 @@ def fleet_events_dashboard() -> Any:
     d = d.with_panel(panel(bargauge, ids, "Blast radius: VMs per event", "How many VMs each EventId concerns.",
                            [Q(f"count by (event_id, event_type) (count by (event_id, event_type, vm_id) ({info}}}))",
                               legend="{{event_type}} {{event_id}}", instant=True)], width=8))
+    d = d.with_panel(panel(bargauge, ids, "What each event cost: the longest pause a VM felt",
+                           "Per event, the longest pause any VM felt while it was listed (their sidecars' pauses "
+                           "property; docs/fleet.md): what the maintenance did, beside what it announced.",
+                           [Q(f"max by (event_id, event_type) (azure_scheduled_fleet_event_longest_pause_seconds"
+                              f"{{{FLEET}}})", legend="{{event_type}} {{event_id}}", instant=True)], width=8, unit="s"))
+    d = d.with_panel(panel(bargauge, ids, "VMs that paused, per event", "VMs that felt a pause during each event.",
+                           [Q(f"sum by (event_id, event_type) (azure_scheduled_fleet_event_paused_vms{{{FLEET}}})",
+                              legend="{{event_type}} {{event_id}}", instant=True)], width=8))
+    d = d.with_panel(panel(timeseries, ids, "The pause nine VMs in ten stayed under, by type",
+                           "Over each VM's longest pause per event it last reported (a picture of now, not a rate).",
+                           [Q("histogram_quantile(0.9, sum by (event_type, le) (azure_scheduled_fleet_pause_seconds_"
+                              f"bucket{{{FLEET}}}))", legend="{{event_type}}")], width=8, unit="s"))
     d = d.with_panel(panel(bargauge, ids, "VMs with events by scale set", "",
                            [Q(f"count by (vmss_name, event_type) (count by (vmss_name, event_type, vm_id) ("
                               f"{info}, vmss_name!=\"\"}}))",

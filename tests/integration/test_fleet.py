@@ -349,10 +349,12 @@ def test_round_trip_from_sidecars_to_the_fleet_view_and_its_dashboard(
                    what="Prometheus scraping the fleet and the dead replica")
         # Six VMs of scale set ss with a Reboot, and a message that is not a document: the rules' inputs. They send
         # no heartbeats, so --vm-expiry forgets them a few seconds later, while the sidecars' VMs stay.
-        # And one VM whose sidecar reports that it cannot read IMDS (the imds_* properties of newer sidecars).
+        # And one VM whose sidecar reports that it cannot read IMDS (the imds_* properties of newer sidecars), and a
+        # pause it felt during an event since ended.
         blind = envelope_for(vm_identity(20), EMPTY, 1, "inst-blind")
         blind = replace(blind, properties={**blind.properties, "imds_failing": True,
-                                           "imds_last_success": "2026-11-22T03:00:00.000Z"})
+                                           "imds_last_success": "2026-11-22T03:00:00.000Z",  # and it paused
+                                           "pauses": '{"E1": {"type": "Reboot", "longest": 2.0, "total": 2.0}}'})
         send(hub.connection_string(), [event_data(envelope_for(vm_identity(index, "ss"), reboot(index, "ss"), 1,
                                                                f"inst-{index}")) for index in range(10, 16)]
              + [event_data(blind), EventData(b"not a document")])
