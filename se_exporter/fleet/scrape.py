@@ -289,21 +289,15 @@ class _EventLines:
             "pending_vms": _gauge("pending_vms", [
                 f'{FLEET}_pending_vms{{event_type="{escape(t)}",event_status="{escape(s)}"}} {float(n)!r}'
                 for (t, s), n in sorted(pending.items())]),
-            "event_vms": _gauge("event_vms", [
-                f'{FLEET}_event_vms{{event_id="{escape(e)}",event_type="{escape(t)}"}} {float(n)!r}'
-                for (e, t), n in sorted(blast.items())]),
+            "event_vms": _per_event("event_vms", blast),
             "event_info": _gauge("event_info", info),
             "event_duration_seconds": _gauge("event_duration_seconds", duration),
             "imds_unreachable_vms": _gauge("imds_unreachable_vms",
                                            [f"{FLEET}_imds_unreachable_vms {float(len(unreachable))!r}"]),
             "vm_imds_unreachable_since_timestamp_seconds": _gauge("vm_imds_unreachable_since_timestamp_seconds",
                                                                   unreachable),
-            "event_paused_vms": _gauge("event_paused_vms", [
-                f'{FLEET}_event_paused_vms{{event_id="{escape(e)}",event_type="{escape(t)}"}} {float(n)!r}'
-                for (e, t), n in sorted(vms.items())]),
-            "event_longest_pause_seconds": _gauge("event_longest_pause_seconds", [
-                f'{FLEET}_event_longest_pause_seconds{{event_id="{escape(e)}",event_type="{escape(t)}"}} {v!r}'
-                for (e, t), v in sorted(longest.items())]),
+            "event_paused_vms": _per_event("event_paused_vms", vms),
+            "event_longest_pause_seconds": _per_event("event_longest_pause_seconds", longest),
             "pause_seconds_bucket": _gauge("pause_seconds_bucket", [  # every bound of each type felt
                 f'{FLEET}_pause_seconds_bucket{{event_type="{escape(t)}",le="{_le(le)}"}} {float(buckets[t, le])!r}'
                 for t in sorted({t for _, t, _ in paused}) for le in (*pause.BUCKETS, math.inf)]),
@@ -325,6 +319,12 @@ def _write(seen: list[Iterable[bytes]], events: _EventLines, count: int, now: fl
     }
     return [part for name, written in families.items() if names is None or f"{FLEET}_{name}" in names
             for part in written]
+
+
+def _per_event(name: str, values: Mapping[tuple[str, str], float]) -> bytes:
+    """A family of one value per event (by EventId and type)."""
+    return _gauge(name, [f'{FLEET}_{name}{{event_id="{escape(e)}",event_type="{escape(t)}"}} {float(v)!r}'
+                         for (e, t), v in sorted(values.items())])
 
 
 def _le(bound: float) -> str:
