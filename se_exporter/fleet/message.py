@@ -363,23 +363,25 @@ def read_property(properties: Mapping[Any, Any], declared: Property) -> Reported
 def read_pauses(value: Any) -> str:
     """The ``pauses`` property (each event's longest and total pause, ``sidecar/forwarding/envelope.py``) checked
     and written again in one form: EventIds as ``event_key``s, sorted; ``InvalidMessage`` when out of shape."""
-    kept: dict[str, tuple[str, float, float]] = {}
     try:
         text = bytes(value).decode() if isinstance(value, (bytes, bytearray)) else value
         pauses: Any = json.loads(text) if isinstance(text, str) and len(text) <= MAX_PAUSES_TEXT else None
-        for key, entry in pauses.items() if len(pauses) <= MAX_PAUSED else ():
-            kept[printable(key.strip().lower())] = (printable(entry["type"]), float(entry["longest"]),
-                                                    float(entry["total"]))
-        valid = len(kept) == len(pauses) and all(len(key) <= MAX_TEXT and len(kind) <= MAX_TEXT and
-                                                 0 <= longest <= total <= MAX_PAUSE_SECONDS
-                                                 for key, (kind, longest, total) in kept.items())
+        kept = dict(_pause(key, entry) for key, entry in pauses.items()) if len(pauses) <= MAX_PAUSED else {}
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
-        valid = False
-    if not valid:
+        kept = {}
+    if not kept or len(kept) != len(pauses):
         raise InvalidMessage("bad_property", f"property 'pauses' is not an object of EventId to type, longest and "
                              f"total ({_describe(value)})")
-    return json.dumps({key: {"type": kind, "longest": longest, "total": total}
-                       for key, (kind, longest, total) in sorted(kept.items())}, separators=(",", ":"))
+    return json.dumps(dict(sorted(kept.items())), separators=(",", ":"))
+
+
+def _pause(key: Any, entry: Any) -> tuple[str, dict[str, Any]]:
+    """One event's pauses, checked (``ValueError`` when out of range)."""
+    event_key, kind = printable(key.strip().lower()), printable(entry["type"])
+    longest, total = float(entry["longest"]), float(entry["total"])
+    if len(event_key) > MAX_TEXT or len(kind) > MAX_TEXT or not 0 <= longest <= total <= MAX_PAUSE_SECONDS:
+        raise ValueError("out of range")
+    return event_key, {"type": kind, "longest": longest, "total": total}
 
 
 def _sequence(value: Any, name: str = "sequence", least: int = 1) -> int:

@@ -236,9 +236,7 @@ class VmLines:
         if vm.imds is not NO_IMDS and imds_unreachable(vm):
             unreachable = (f"{FLEET}_vm_imds_unreachable_since_timestamp_seconds{{{identity}}} "
                            f"{float(vm.imds.last_success or 0.0)!r}")
-        reported = vm.value("pauses")
-        paused = tuple((event_id, entry["type"], entry["longest"]) for event_id, entry in
-                       json.loads(str(reported)).items()) if reported is not None else ()
+        paused = _paused(vm)
         if not vm.events:
             return cls(seen, unreachable, paused=paused)
         info, until, duration, kinds, blast = [], [], [], set(), []
@@ -256,6 +254,14 @@ class VmLines:
                 blast.append((event.event_id, event.event_type))
         return cls(seen, unreachable, tuple(info), tuple(until), tuple(duration), frozenset(kinds), tuple(blast),
                    paused)
+
+
+def _paused(vm: VmState) -> tuple[tuple[str, str, float], ...]:
+    """(EventId, type, longest pause) of each event the VM's sidecar last said it paused in (its kept ``pauses``)."""
+    reported = vm.value("pauses")
+    if reported is None:
+        return ()
+    return tuple((event_id, entry["type"], entry["longest"]) for event_id, entry in json.loads(str(reported)).items())
 
 
 _SEEN_NAME = f"{FLEET}_vm_last_seen_timestamp_seconds".encode()
@@ -280,11 +286,6 @@ class _EventLines:
         until = [countdown for lines in extra for countdown in lines.until]
         duration = [line for lines in extra for line in lines.duration]
         unreachable = [lines.unreachable for lines in extra if lines.unreachable is not None]
-        paused = [felt for lines in extra for felt in lines.paused]
-        vms, longest = Tally((e, t) for e, t, _ in paused), dict[tuple[str, str], float]()
-        for event_id, event_type, seconds in paused:
-            longest[event_id, event_type] = max(seconds, longest.get((event_id, event_type), 0.0))
-        buckets = Tally((t, le) for _, t, seconds in paused for le in (*pause.BUCKETS, math.inf) if seconds <= le)
         return cls({
             "pending_vms": _gauge("pending_vms", [
                 f'{FLEET}_pending_vms{{event_type="{escape(t)}",event_status="{escape(s)}"}} {float(n)!r}'
@@ -296,12 +297,22 @@ class _EventLines:
                                            [f"{FLEET}_imds_unreachable_vms {float(len(unreachable))!r}"]),
             "vm_imds_unreachable_since_timestamp_seconds": _gauge("vm_imds_unreachable_since_timestamp_seconds",
                                                                   unreachable),
-            "event_paused_vms": _per_event("event_paused_vms", vms),
-            "event_longest_pause_seconds": _per_event("event_longest_pause_seconds", longest),
-            "pause_seconds_bucket": _gauge("pause_seconds_bucket", [  # every bound of each type felt
-                f'{FLEET}_pause_seconds_bucket{{event_type="{escape(t)}",le="{_le(le)}"}} {float(buckets[t, le])!r}'
-                for t in sorted({t for _, t, _ in paused}) for le in (*pause.BUCKETS, math.inf)]),
+            **_pause_families([felt for lines in extra for felt in lines.paused]),
         }, until)
+
+
+def _pause_families(paused: list[tuple[str, str, float]]) -> dict[str, bytes]:
+    """Per event the VMs that paused and the longest pause, and by type the buckets of each (VM, event)'s longest
+    pause: every bound of each type felt, none of a type not felt."""
+    longest: dict[tuple[str, str], float] = {}
+    for event_id, event_type, seconds in paused:
+        longest[event_id, event_type] = max(seconds, longest.get((event_id, event_type), 0.0))
+    buckets = Tally((t, le) for _, t, seconds in paused for le in (*pause.BUCKETS, math.inf) if seconds <= le)
+    return {"event_paused_vms": _per_event("event_paused_vms", Tally((e, t) for e, t, _ in paused)),
+            "event_longest_pause_seconds": _per_event("event_longest_pause_seconds", longest),
+            "pause_seconds_bucket": _gauge("pause_seconds_bucket", [
+                f'{FLEET}_pause_seconds_bucket{{event_type="{escape(t)}",le="{_le(le)}"}} {float(buckets[t, le])!r}'
+                for t in sorted({t for _, t, _ in paused}) for le in (*pause.BUCKETS, math.inf)])}
 
 
 def _write(seen: list[Iterable[bytes]], events: _EventLines, count: int, now: float,

@@ -257,16 +257,14 @@ class _EventFamilies:
         started = GaugeMetricFamily(f"{EVENT}_started_timestamp_seconds",
                                     "When this exporter first saw the event Started, as unix time.",
                                     labels=["event_id", "event_type"])
-        longest = GaugeMetricFamily(f"{EVENT}_longest_pause_seconds",
-                                    "The longest pause this VM felt while the event was listed (0: none yet); "
-                                    "for events that may be this VM's.", labels=["event_id", "event_type"])
         counts: Tally[tuple[str, str, str]] = Tally()
         stamps: list[tuple[dict[str, str], float]] = []
         every = list(snap.records.values())
         affects = {record.event.event_id: affects_label(affects_vm(record.event, snap.vm_name)) for record in every}
         for record in every:  # pending counts every event
             counts[(record.event.event_type, record.event.event_status, affects[record.event.event_id])] += 1
-        for record in _with_series(every, affects, hits):
+        selected = _with_series(every, affects, hits)
+        for record in selected:
             event = record.event
             key = [_label(event.event_id, hits), event.event_type]
             info.add_metric([key[0], event.event_type, event.event_status,
@@ -282,11 +280,9 @@ class _EventFamilies:
                 stamps.append(({"event_id": key[0], "event_type": event.event_type}, stamp))
             if event.duration_seconds is not None:
                 duration.add_metric(key, float(event.duration_seconds))
-            if affects[event.event_id] != NEIGHBOURS:
-                longest.add_metric(key, record.longest_pause)
         for (event_type, status, affected), count in sorted(counts.items()):
             pending.add_metric([event_type, status, affected], float(count))
-        families = (pending, info, not_before, duration, first_seen, started, longest)
+        families = (pending, info, not_before, duration, first_seen, started, _longest_pauses(selected, affects))
         return cls(snap.records, snap.vm_name, families, tuple(stamps))
 
     def until(self, now: float) -> Metric:
@@ -297,6 +293,17 @@ class _EventFamilies:
         for labels, stamp in self.not_before:  # add_sample: the label dicts are built once per document
             family.add_sample(name, labels, stamp - now)
         return family
+
+
+def _longest_pauses(selected: list[EventRecord], affects: Mapping[str, str]) -> Metric:
+    """The longest pause felt during each event with series that may be this VM's (a neighbour's is never)."""
+    family = GaugeMetricFamily(f"{EVENT}_longest_pause_seconds", "The longest pause this VM felt while the event "
+                               "was listed (0: none yet); for events that may be this VM's.",
+                               labels=["event_id", "event_type"])
+    for record in selected:
+        if affects[record.event.event_id] != NEIGHBOURS:  # labels as the other families cut them, counted there
+            family.add_metric([_label(record.event.event_id, Tally()), record.event.event_type], record.longest_pause)
+    return family
 
 
 def _with_series(records: list[EventRecord], affects: Mapping[str, str], hits: Tally[str]) -> list[EventRecord]:

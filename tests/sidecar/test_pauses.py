@@ -143,3 +143,14 @@ def test_a_pause_says_the_steal_time_over_it_where_the_kernel_reports_one(tmp_pa
     assert steal_time(str(stat)) == pytest.approx(250 / ticks / cpus)
     stat.write_text("cpu  100 0 50\n")  # an old kernel without the column
     assert steal_time(str(stat)) is None
+
+
+def test_the_longest_pause_gauge_is_shown_for_this_vms_events_only() -> None:
+    """0 until a pause is felt, for each listed event that may be this VM's; a neighbour's event has none."""
+    neighbour = {**FREEZE, "EventId": "N1", "Resources": ["vm1"]}
+    records = pause.fold(listed(FREEZE, neighbour), [pause.Pause(5.0, 2.5, "f1", "Freeze")])
+    registry = CollectorRegistry()
+    Metrics(registry, lambda: Snapshot(records=records, vm_name="vm0", has_document=True))
+    name = "azure_scheduled_event_longest_pause_seconds"
+    assert registry.get_sample_value(name, {"event_id": "F1", "event_type": "Freeze"}) == 2.5
+    assert registry.get_sample_value(name, {"event_id": "N1", "event_type": "Freeze"}) is None

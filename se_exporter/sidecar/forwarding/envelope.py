@@ -84,15 +84,19 @@ def build(change: DocumentChange, sequence: int, installation_id: str, imds: Imd
         "imds_last_success": rfc3339_millis(last_success),
         "imds_failing": failing,
     }
-    if change.document.incarnation is not None:
-        properties["document_incarnation"] = change.document.incarnation
-    paused = pauses(change)
-    if paused:
-        properties["pauses"] = paused
+    properties.update(_optional(change))
     return Envelope(sequence=sequence, message_id=f"{installation_id}:{sequence}",
                     partition_key=str(carriable(identity.vm_id or name or "unknown")),
                     properties={name: carriable(value) for name, value in properties.items()}, body=change.raw,
                     observed_at=change.observed_at)
+
+
+def _optional(change: DocumentChange) -> dict[str, str | int]:
+    """The properties a change carries only when it has them: its document's incarnation, the pauses felt."""
+    optional: dict[str, str | int] = {"pauses": pauses(change)}
+    if change.document.incarnation is not None:
+        optional["document_incarnation"] = change.document.incarnation
+    return {name: value for name, value in optional.items() if value != ""}
 
 
 def pauses(change: DocumentChange) -> str:
