@@ -273,35 +273,39 @@ class _EventLines:
 
     @classmethod
     def of(cls, extra: list[VmLines]) -> _EventLines:
-        pending: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
-        pending.update(kind for lines in extra for kind in lines.kinds)
-        blast = Tally(event for lines in extra for event in lines.blast)
-        info = [line for lines in extra for line in lines.info]
-        until = [countdown for lines in extra for countdown in lines.until]
-        duration = [line for lines in extra for line in lines.duration]
+        pending = Tally(_NO_PENDING)
+        pending.update(chain.from_iterable(lines.kinds for lines in extra))
         unreachable = [lines.unreachable for lines in extra if lines.unreachable is not None]
-        paused = [felt for lines in extra for felt in lines.paused]
-        vms, longest = Tally((e, t) for e, t, _ in paused), dict[tuple[str, str], float]()
-        for event_id, event_type, seconds in paused:
-            longest[event_id, event_type] = max(seconds, longest.get((event_id, event_type), 0.0))
-        buckets = Tally((t, le) for _, t, seconds in paused for le in (*pause.BUCKETS, math.inf) if seconds <= le)
-        return cls({
-            "pending_vms": _gauge("pending_vms", [
-                f'{FLEET}_pending_vms{{event_type="{escape(t)}",event_status="{escape(s)}"}} {float(n)!r}'
-                for (t, s), n in sorted(pending.items())]),
-            "event_vms": _per_event("event_vms", blast),
-            "event_info": _gauge("event_info", info),
-            "event_duration_seconds": _gauge("event_duration_seconds", duration),
-            "imds_unreachable_vms": _gauge("imds_unreachable_vms",
-                                           [f"{FLEET}_imds_unreachable_vms {float(len(unreachable))!r}"]),
-            "vm_imds_unreachable_since_timestamp_seconds": _gauge("vm_imds_unreachable_since_timestamp_seconds",
-                                                                  unreachable),
-            "event_paused_vms": _per_event("event_paused_vms", vms),
-            "event_longest_pause_seconds": _per_event("event_longest_pause_seconds", longest),
-            "pause_seconds_bucket": _gauge("pause_seconds_bucket", [  # every bound of each type felt
-                f'{FLEET}_pause_seconds_bucket{{event_type="{escape(t)}",le="{_le(le)}"}} {float(buckets[t, le])!r}'
-                for t in sorted({t for _, t, _ in paused}) for le in (*pause.BUCKETS, math.inf)]),
-        }, until)
+        families = {
+            "pending_vms": _per_event("pending_vms", pending, ("event_type", "event_status")),
+            "event_vms": _per_event("event_vms", Tally(chain.from_iterable(lines.blast for lines in extra))),
+            "event_info": list(chain.from_iterable(lines.info for lines in extra)),
+            "event_duration_seconds": list(chain.from_iterable(lines.duration for lines in extra)),
+            "imds_unreachable_vms": [f"{FLEET}_imds_unreachable_vms {float(len(unreachable))!r}"],
+            "vm_imds_unreachable_since_timestamp_seconds": unreachable,
+            **_pause_families(list(chain.from_iterable(lines.paused for lines in extra))),
+        }
+        return cls({name: _gauge(name, lines) for name, lines in families.items()},
+                   list(chain.from_iterable(lines.until for lines in extra)))
+
+
+_NO_PENDING = {(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES}  # pending_vms shows every type and status
+_BOUNDS = (*pause.BUCKETS, math.inf)
+
+
+def _pause_families(paused: list[tuple[str, str, float]]) -> dict[str, list[str]]:
+    """The pause families' lines from each VM's ``(id, type, longest pause)`` of the events it felt a pause in."""
+    longest: dict[tuple[str, str], float] = {}
+    for event_id, event_type, seconds in paused:
+        longest[event_id, event_type] = max(seconds, longest.get((event_id, event_type), 0.0))
+    buckets = Tally((t, le) for _, t, seconds in paused for le in _BOUNDS if seconds <= le)
+    return {
+        "event_paused_vms": _per_event("event_paused_vms", Tally((e, t) for e, t, _ in paused)),
+        "event_longest_pause_seconds": _per_event("event_longest_pause_seconds", longest),
+        "pause_seconds_bucket": [  # every bound of each type felt
+            f'{FLEET}_pause_seconds_bucket{{event_type="{escape(t)}",le="{_le(le)}"}} {float(buckets[t, le])!r}'
+            for t in sorted({t for _, t, _ in paused}) for le in _BOUNDS],
+    }
 
 
 def _write(seen: list[Iterable[bytes]], events: _EventLines, count: int, now: float,
@@ -321,10 +325,12 @@ def _write(seen: list[Iterable[bytes]], events: _EventLines, count: int, now: fl
             for part in written]
 
 
-def _per_event(name: str, values: Mapping[tuple[str, str], float]) -> bytes:
-    """A family of one value per event (by EventId and type)."""
-    return _gauge(name, [f'{FLEET}_{name}{{event_id="{escape(e)}",event_type="{escape(t)}"}} {float(v)!r}'
-                         for (e, t), v in sorted(values.items())])
+def _per_event(name: str, values: Mapping[tuple[str, str], float],
+               labels: tuple[str, str] = ("event_id", "event_type")) -> list[str]:
+    """The lines of a family of one value per event (by EventId and type), or per other pair of ``labels``."""
+    first, second = labels
+    return [f'{FLEET}_{name}{{{first}="{escape(a)}",{second}="{escape(b)}"}} {float(v)!r}'
+            for (a, b), v in sorted(values.items())]
 
 
 def _le(bound: float) -> str:
