@@ -11,9 +11,9 @@ import json
 import math
 import threading
 from collections import Counter as Tally
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from itertools import chain, count
+from itertools import chain, count, product
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -65,8 +65,7 @@ class FleetExposition:
     ``scripts/fleet_scale_bench.py``'s steady state (docs/performance.md, "One hand-built writer").
 
     The lines are kept as bytes and the body joined from them once, never built as text and then encoded (each whole
-    copy of 100,000 VMs' lines is tens of MB at the peak of a scrape). A VM held by two shown partitions (a
-    hand-over, a hub whose partition count grew) is noticed as it is kept, not by a pass over every VM each scrape."""
+    copy of 100,000 VMs' lines is tens of MB at the peak of a scrape)."""
 
     def __init__(self, fleet: Fleet | list[Fleet]) -> None:
         self._fleets = fleet if isinstance(fleet, list) else [fleet]  # one per hub read
@@ -106,10 +105,8 @@ class FleetExposition:
             parts, self._parts, self._next = self._next, self._next, {}
             if self._twice:  # a VM in two partitions: each once, the one seen last, from the fleets themselves
                 lines = [VmLines.of(vm) for vm in latest(fleet.vms() for fleet in self._fleets)]
-                return _write([[vm.seen for vm in lines]], _EventLines.of([vm for vm in lines if vm.extra]),
-                              len(lines), now, names)
-            return _write([part.seen.values() for part in parts.values()], self._event_lines(parts),
-                          sum(len(part.seen) for part in parts.values()), now, names)
+                return _write([[vm.seen for vm in lines]], _EventLines.of([vm for vm in lines if vm.extra]), now, names)
+            return _write([part.seen.values() for part in parts.values()], self._event_lines(parts), now, names)
 
     def _event_lines(self, parts: Mapping[tuple[int, str], _Part]) -> _EventLines:
         """The event lines of the kept parts, written again only when one of their VMs' event (or IMDS) lines
@@ -273,7 +270,7 @@ class _EventLines:
 
     @classmethod
     def of(cls, extra: list[VmLines]) -> _EventLines:
-        pending = Tally(_NO_PENDING)
+        pending = Tally(dict.fromkeys(product(EVENT_TYPES, EVENT_STATUSES), 0))  # every type and status shown
         pending.update(chain.from_iterable(lines.kinds for lines in extra))
         unreachable = [lines.unreachable for lines in extra if lines.unreachable is not None]
         families = {
@@ -289,7 +286,6 @@ class _EventLines:
                    list(chain.from_iterable(lines.until for lines in extra)))
 
 
-_NO_PENDING = {(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES}  # pending_vms shows every type and status
 _BOUNDS = (*pause.BUCKETS, math.inf)
 
 
@@ -308,10 +304,10 @@ def _pause_families(paused: list[tuple[str, str, float]]) -> dict[str, list[str]
     }
 
 
-def _write(seen: list[Iterable[bytes]], events: _EventLines, count: int, now: float,
-           names: Collection[str] | None) -> list[Part]:
+def _write(seen: list[Collection[bytes]], events: _EventLines, now: float, names: Collection[str] | None) -> list[Part]:
     """``render``'s parts: the count of VMs, every VM's last-seen line (``seen``: groups of them, in order, as one
     ``Joined`` over the kept lines), the countdowns, and ``events``' families."""
+    count = sum(map(len, seen))
     seen_lines: list[Part] = [_SEEN_NAME, Joined(_SEEN_JOIN, list(chain.from_iterable(seen)), SEEN_PIECE), b"\n"]
     families: dict[str, list[Part]] = {
         "vms": [_gauge("vms", [f"{FLEET}_vms {float(count)!r}"])],
