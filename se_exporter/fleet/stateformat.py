@@ -197,8 +197,7 @@ def inflated(data: bytes, limit: int) -> Iterator[tuple[bytes, int]]:
 
 def _parse(text: bytes, max_values: int) -> Any:
     """One member's JSON, its values counted before it is parsed."""
-    values = _values(text, max_values)
-    if values > max_values:
+    if (values := _values(text, max_values)) > max_values:
         raise DamagedState("unreadable", f"the state holds more than {max_values} JSON values ({values}), more than "
                            "the VMs a partition keeps need")
     try:
@@ -279,10 +278,9 @@ def _vm(named: Any, now: float, bounds: Bounds) -> VmState | None:
         return None
     key, vm_id, vm_name, vmss_name, location, installation, sequence, seen_at, body = (
         named[name] for name in NAMED_FIELDS_ORDER)
-    valid = (all(_text(value, MAX_TEXT) for value in (vm_id, vm_name, vmss_name, location))
-             and key == (vm_id or vm_name or "unknown") and _text(installation, MAX_MESSAGE_ID) and installation != ""
-             and _sequenced(sequence, seen_at, now) and isinstance(body, str) and len(body) <= MAX_ROW_BODY)
-    if not valid:
+    if not (all(_text(value, MAX_TEXT) for value in (vm_id, vm_name, vmss_name, location))
+            and key == (vm_id or vm_name or "unknown") and _text(installation, MAX_MESSAGE_ID) and installation != ""
+            and _sequenced(sequence, seen_at, now) and isinstance(body, str) and len(body) <= MAX_ROW_BODY):
         return None
     try:
         raw = body.encode("utf-8")

@@ -299,15 +299,13 @@ class Fleet:
         return vm
 
     def _unname(self, partition_id: str, key: str) -> None:
-        partitions = self._named.get(key)
-        if partitions is not None:
+        if (partitions := self._named.get(key)) is not None:
             partitions.discard(partition_id)
             if not partitions:
                 del self._named[key]
 
     def _unname_partition(self, partition_id: str) -> None:
-        state = self._partitions.get(partition_id)
-        if state is not None and self._named:
+        if (state := self._partitions.get(partition_id)) is not None and self._named:
             for key in [key for key, vm in state.vms.items() if not vm.vm_id]:
                 self._unname(partition_id, key)
 
