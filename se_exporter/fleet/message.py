@@ -399,8 +399,7 @@ def _labels(properties: Mapping[Any, Any], names: tuple[tuple[str, bytes, str], 
     texts = []
     get = properties.get
     for name, key, what in names:
-        value = get(key)
-        if value is None:
+        if (value := get(key)) is None:
             value = get(name)
         if value is None:
             texts.append("")

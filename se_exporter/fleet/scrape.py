@@ -287,6 +287,7 @@ class _EventLines:
 
 
 _BOUNDS = (*pause.BUCKETS, math.inf)
+_LE = {le: "+Inf" if le == math.inf else repr(float(le)) for le in _BOUNDS}  # as prometheus-client writes each bound
 
 
 def _pause_families(paused: list[tuple[str, str, float]]) -> dict[str, list[str]]:
@@ -299,7 +300,7 @@ def _pause_families(paused: list[tuple[str, str, float]]) -> dict[str, list[str]
         "event_paused_vms": _per_event("event_paused_vms", Tally((e, t) for e, t, _ in paused)),
         "event_longest_pause_seconds": _per_event("event_longest_pause_seconds", longest),
         "pause_seconds_bucket": [  # every bound of each type felt
-            f'{FLEET}_pause_seconds_bucket{{event_type="{escape(t)}",le="{_le(le)}"}} {float(buckets[t, le])!r}'
+            f'{FLEET}_pause_seconds_bucket{{event_type="{escape(t)}",le="{_LE[le]}"}} {float(buckets[t, le])!r}'
             for t in sorted({t for _, t, _ in paused}) for le in _BOUNDS],
     }
 
@@ -327,11 +328,6 @@ def _per_event(name: str, values: Mapping[tuple[str, str], float],
     first, second = labels
     return [f'{FLEET}_{name}{{{first}="{escape(a)}",{second}="{escape(b)}"}} {float(v)!r}'
             for (a, b), v in sorted(values.items())]
-
-
-def _le(bound: float) -> str:
-    """A bucket bound as prometheus-client writes one (``0.25``, ``1.0``, ``+Inf``)."""
-    return "+Inf" if bound == math.inf else repr(float(bound))
 
 
 def _gauge(name: str, lines: list[str]) -> bytes:

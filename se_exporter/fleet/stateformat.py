@@ -214,8 +214,7 @@ def _block(obj: Any) -> str:
 
 
 def _apply(decoded: Decoded, delta: Any, now: float, bounds: Bounds) -> None:
-    """Fold one delta (a dict: ``_block`` read it) into what the blocks before it gave; ``DamagedState`` for one
-    out of shape."""
+    """Fold one delta (a dict: ``_block`` read it) into what the blocks before it gave."""
     position, changed, touched, gone = (delta.get(name) for name in ("sequence_number", "vms", "touched", "gone"))
     if type(position) is not int or not decoded.position <= position <= MAX_SEQUENCE:
         raise DamagedState("wrong_shape", f"a delta's sequence_number {str(position)[:40]!r} is not one at or past "
@@ -229,16 +228,14 @@ def _apply(decoded: Decoded, delta: Any, now: float, bounds: Bounds) -> None:
             raise DamagedState("wrong_shape", "a delta's 'gone' holds a key that is not a string")
         vms.pop(key, None)
     for named in changed:
-        vm = _vm(named, now, bounds)
-        if vm is None:
+        if (vm := _vm(named, now, bounds)) is None:
             decoded.dropped["row"] += 1
         elif vm.key not in vms and len(vms) >= bounds.vms_per_partition:
             decoded.dropped["vms_per_partition"] += 1
         else:
             vms[vm.key] = vm
     for entry in touched:
-        vm = _touched(entry, vms, now)
-        if vm is None:
+        if (vm := _touched(entry, vms, now)) is None:
             decoded.dropped["row"] += 1
         else:
             vms[vm.key] = vm

@@ -283,8 +283,7 @@ class Fleet:
         and installation, seen no later (under the lock)."""
         for partition_id in list(self._named.get(identified.vm_name, ())):
             state = self._partitions.get(partition_id)
-            named = state.vms.get(identified.vm_name) if state is not None else None
-            if state is not None and named is not None and not named.vm_id \
+            if state is not None and (named := state.vms.get(identified.vm_name)) is not None and not named.vm_id \
                     and named.installation == identified.installation and named.seen_at <= identified.seen_at:
                 self._forget(partition_id, state, identified.vm_name)
 
