@@ -13,11 +13,10 @@ The state is one gzip stream of members, each one block of a block blob: a BASE 
      "gone": [key, ...]}                                       # expired or forgotten
 
 A delta's position never goes back, and any delta out of shape makes the whole state damaged: a prefix would be a
-state at the wrong position. A reader ignores fields it does not know (``imds``, ``subscription_id``,
-``resource_group`` and ``reported``, the kept properties by name, are written only when known); a change it must not
-ignore takes a new format number. A row out of type or range is left out (counted as a "row", never written back);
-a ``NewerState`` is left in place for its release; on ``DamagedState`` the partition is read from its checkpoint
-alone, and the next write replaces the state.
+state at the wrong position. A reader ignores fields it does not know (a field ``VM_STATE_FIELDS`` stores
+``when_known``, such as ``reported``, the kept properties by name, is written only when known); a change it must not
+ignore takes a new format number. A row out of type or range is left out (counted as a "row", never written back); on
+``DamagedState`` the partition is read from its checkpoint alone, and the next write replaces the state.
 """
 
 from __future__ import annotations
