@@ -15,7 +15,7 @@ import operator
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import Any
 
@@ -35,8 +35,7 @@ from se_exporter.infra.logs import shorten
 
 # The envelope's properties (schemas/forwarded-document.schema.json); anything else is tolerated and counted.
 KNOWN_PROPERTIES = PROPERTY_NAMES
-INVALID_REASONS = ("too_large", "not_json", "invalid_document", "not_envelope", "bad_property",
-                   "wrong_partition_key")
+INVALID_REASONS = ("too_large", "not_json", "invalid_document", "not_envelope", "bad_property", "wrong_partition_key")
 MAX_SEQUENCE = 2**63 - 1  # the sidecar's numbering stays below 2**53; anything past a signed 64-bit value is forged
 MAX_SEQUENCE_DIGITS = 20
 MAX_TEXT = 256  # characters of a property or event field shown as a label (an Azure VM name has at most 64)
@@ -61,7 +60,7 @@ class Bounds:
 
 
 DEFAULT_BOUNDS = Bounds()
-BOUND_NAMES = ("vms_per_partition", "vms_per_installation", "events_per_vm", "body_bytes", "label_length")
+BOUND_NAMES = (*(bound.name for bound in fields(Bounds)), "label_length")
 
 
 class InvalidMessage(SeExporterError):
@@ -208,8 +207,6 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
                              "'<installation>:<sequence>' and an integer 'sequence' property")
     sequence = _sequence(raw_sequence)
     vm_id, vm_name, vmss_name, location = _labels(properties, _IDENTITY)
-    # Shared by many VMs (a scale set, a region): one string each, not one per VM held (about 10 % of a held VM).
-    vmss_name, location = sys.intern(vmss_name), sys.intern(location)
     retires_name = _flag(properties, "retires_name") is True
     key = _key(vm_id, vm_name, partition_key, retires_name)
     imds = _imds(properties)
@@ -222,8 +219,9 @@ def read_message(body: bytes, properties: Mapping[Any, Any], message_id: Any, pa
         kept = reduced_body(events, vm_name)
         hit = (*hit, "body_bytes")
     subscription_id, resource_group = _labels(properties, _PLACE)
-    vm = VmState(key, vm_id, vm_name, vmss_name, location, installation, sequence, enqueued_at, kept, events, imds,
-                 sys.intern(subscription_id), sys.intern(resource_group), _reported(properties))
+    # Shared by many VMs (a scale set, a region): one string each, not one per VM held (about 10 % of a held VM).
+    vm = VmState(key, vm_id, vm_name, sys.intern(vmss_name), sys.intern(location), installation, sequence, enqueued_at,
+                 kept, events, imds, sys.intern(subscription_id), sys.intern(resource_group), _reported(properties))
     listed: tuple[str, ...] = ()
     if not properties.keys() <= _KNOWN_KEYS:  # compared in C, no set made: a current sidecar sends no other
         listed = tuple(sorted(_bounded_name(name) for name in properties.keys() - _KNOWN_KEYS))[:MAX_UNKNOWN_LISTED]
@@ -238,8 +236,7 @@ def read_events(body: bytes, vm_name: str, bounds: Bounds = DEFAULT_BOUNDS) -> L
     its parse warnings and the bounds reached."""
     if body in _QUIET:  # most of a fleet, most of the time: parsed once, the same for every VM
         return (), 0, ()
-    known = _LISTING.read.get((body, vm_name, bounds))
-    if known is not None:  # a heartbeat repeating its VM's document: parsed when the document was new
+    if (known := _LISTING.read.get((body, vm_name, bounds))) is not None:  # a heartbeat repeating its VM's document
         return known
     document = parse_body(body)
     events, hit = fleet_events(document, vm_name, bounds)
@@ -404,8 +401,7 @@ def _labels(properties: Mapping[Any, Any], names: tuple[tuple[str, bytes, str], 
     texts = []
     get = properties.get
     for name, key, what in names:
-        value = get(key)
-        if value is None:
+        if (value := get(key)) is None:
             value = get(name)
         if value is None:
             texts.append("")
@@ -423,7 +419,6 @@ def _label_names(*names: str) -> tuple[tuple[str, bytes, str], ...]:
 
 _IDENTITY = _label_names("vm_id", "vm_name", "vmss_name", "location")
 _PLACE = _label_names("subscription_id", "resource_group")
-
 
 def _bounded_text(what: str, value: Any, limit: int) -> str:
     """Text UTF-8 can carry (bytes decoded with replacement, unpaired surrogates spelt out), ``limit`` characters."""

@@ -11,9 +11,9 @@ import json
 import math
 import threading
 from collections import Counter as Tally
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from itertools import chain, count
+from itertools import chain, count, product
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -65,8 +65,7 @@ class FleetExposition:
     ``scripts/fleet_scale_bench.py``'s steady state (docs/performance.md, "One hand-built writer").
 
     The lines are kept as bytes and the body joined from them once, never built as text and then encoded (each whole
-    copy of 100,000 VMs' lines is tens of MB at the peak of a scrape). A VM held by two shown partitions (a
-    hand-over, a hub whose partition count grew) is noticed as it is kept, not by a pass over every VM each scrape."""
+    copy of 100,000 VMs' lines is tens of MB at the peak of a scrape)."""
 
     def __init__(self, fleet: Fleet | list[Fleet]) -> None:
         self._fleets = fleet if isinstance(fleet, list) else [fleet]  # one per hub read
@@ -106,10 +105,8 @@ class FleetExposition:
             parts, self._parts, self._next = self._next, self._next, {}
             if self._twice:  # a VM in two partitions: each once, the one seen last, from the fleets themselves
                 lines = [VmLines.of(vm) for vm in latest(fleet.vms() for fleet in self._fleets)]
-                return _write([[vm.seen for vm in lines]], _EventLines.of([vm for vm in lines if vm.extra]),
-                              len(lines), now, names)
-            return _write([part.seen.values() for part in parts.values()], self._event_lines(parts),
-                          sum(len(part.seen) for part in parts.values()), now, names)
+                return _write([[vm.seen for vm in lines]], _EventLines.of([vm for vm in lines if vm.extra]), now, names)
+            return _write([part.seen.values() for part in parts.values()], self._event_lines(parts), now, names)
 
     def _event_lines(self, parts: Mapping[tuple[int, str], _Part]) -> _EventLines:
         """The event lines of the kept parts, written again only when one of their VMs' event (or IMDS) lines
@@ -279,46 +276,45 @@ class _EventLines:
 
     @classmethod
     def of(cls, extra: list[VmLines]) -> _EventLines:
-        pending: Tally[tuple[str, str]] = Tally({(t, s): 0 for t in EVENT_TYPES for s in EVENT_STATUSES})
-        pending.update(kind for lines in extra for kind in lines.kinds)
-        blast = Tally(event for lines in extra for event in lines.blast)
-        info = [line for lines in extra for line in lines.info]
-        until = [countdown for lines in extra for countdown in lines.until]
-        duration = [line for lines in extra for line in lines.duration]
+        pending = Tally(dict.fromkeys(product(EVENT_TYPES, EVENT_STATUSES), 0))  # every type and status shown
+        pending.update(chain.from_iterable(lines.kinds for lines in extra))
         unreachable = [lines.unreachable for lines in extra if lines.unreachable is not None]
-        return cls({
-            "pending_vms": _gauge("pending_vms", [
-                f'{FLEET}_pending_vms{{event_type="{escape(t)}",event_status="{escape(s)}"}} {float(n)!r}'
-                for (t, s), n in sorted(pending.items())]),
-            "event_vms": _per_event("event_vms", blast),
-            "event_info": _gauge("event_info", info),
-            "event_duration_seconds": _gauge("event_duration_seconds", duration),
-            "imds_unreachable_vms": _gauge("imds_unreachable_vms",
-                                           [f"{FLEET}_imds_unreachable_vms {float(len(unreachable))!r}"]),
-            "vm_imds_unreachable_since_timestamp_seconds": _gauge("vm_imds_unreachable_since_timestamp_seconds",
-                                                                  unreachable),
-            **_pause_families([felt for lines in extra for felt in lines.paused]),
-        }, until)
+        families = {
+            "pending_vms": _per_event("pending_vms", pending, ("event_type", "event_status")),
+            "event_vms": _per_event("event_vms", Tally(chain.from_iterable(lines.blast for lines in extra))),
+            "event_info": list(chain.from_iterable(lines.info for lines in extra)),
+            "event_duration_seconds": list(chain.from_iterable(lines.duration for lines in extra)),
+            "imds_unreachable_vms": [f"{FLEET}_imds_unreachable_vms {float(len(unreachable))!r}"],
+            "vm_imds_unreachable_since_timestamp_seconds": unreachable,
+            **_pause_families(list(chain.from_iterable(lines.paused for lines in extra))),
+        }
+        return cls({name: _gauge(name, lines) for name, lines in families.items()},
+                   list(chain.from_iterable(lines.until for lines in extra)))
 
 
-def _pause_families(paused: list[tuple[str, str, float]]) -> dict[str, bytes]:
-    """Per event the VMs that paused and the longest pause, and by type the buckets of each (VM, event)'s longest
-    pause: every bound of each type felt, none of a type not felt."""
+_BOUNDS = (*pause.BUCKETS, math.inf)
+_LE = {le: "+Inf" if le == math.inf else repr(float(le)) for le in _BOUNDS}  # as prometheus-client writes each bound
+
+
+def _pause_families(paused: list[tuple[str, str, float]]) -> dict[str, list[str]]:
+    """The pause families' lines from each VM's ``(id, type, longest pause)`` of the events it felt a pause in."""
     longest: dict[tuple[str, str], float] = {}
     for event_id, event_type, seconds in paused:
         longest[event_id, event_type] = max(seconds, longest.get((event_id, event_type), 0.0))
-    buckets = Tally((t, le) for _, t, seconds in paused for le in (*pause.BUCKETS, math.inf) if seconds <= le)
-    return {"event_paused_vms": _per_event("event_paused_vms", Tally((e, t) for e, t, _ in paused)),
-            "event_longest_pause_seconds": _per_event("event_longest_pause_seconds", longest),
-            "pause_seconds_bucket": _gauge("pause_seconds_bucket", [
-                f'{FLEET}_pause_seconds_bucket{{event_type="{escape(t)}",le="{_le(le)}"}} {float(buckets[t, le])!r}'
-                for t in sorted({t for _, t, _ in paused}) for le in (*pause.BUCKETS, math.inf)])}
+    buckets = Tally((t, le) for _, t, seconds in paused for le in _BOUNDS if seconds <= le)
+    return {
+        "event_paused_vms": _per_event("event_paused_vms", Tally((e, t) for e, t, _ in paused)),
+        "event_longest_pause_seconds": _per_event("event_longest_pause_seconds", longest),
+        "pause_seconds_bucket": [  # every bound of each type felt
+            f'{FLEET}_pause_seconds_bucket{{event_type="{escape(t)}",le="{_LE[le]}"}} {float(buckets[t, le])!r}'
+            for t in sorted({t for _, t, _ in paused}) for le in _BOUNDS],
+    }
 
 
-def _write(seen: list[Iterable[bytes]], events: _EventLines, count: int, now: float,
-           names: Collection[str] | None) -> list[Part]:
+def _write(seen: list[Collection[bytes]], events: _EventLines, now: float, names: Collection[str] | None) -> list[Part]:
     """``render``'s parts: the count of VMs, every VM's last-seen line (``seen``: groups of them, in order, as one
     ``Joined`` over the kept lines), the countdowns, and ``events``' families."""
+    count = sum(map(len, seen))
     seen_lines: list[Part] = [_SEEN_NAME, Joined(_SEEN_JOIN, list(chain.from_iterable(seen)), SEEN_PIECE), b"\n"]
     families: dict[str, list[Part]] = {
         "vms": [_gauge("vms", [f"{FLEET}_vms {float(count)!r}"])],
@@ -332,15 +328,12 @@ def _write(seen: list[Iterable[bytes]], events: _EventLines, count: int, now: fl
             for part in written]
 
 
-def _per_event(name: str, values: Mapping[tuple[str, str], float]) -> bytes:
-    """A family of one value per event (by EventId and type)."""
-    return _gauge(name, [f'{FLEET}_{name}{{event_id="{escape(e)}",event_type="{escape(t)}"}} {float(v)!r}'
-                         for (e, t), v in sorted(values.items())])
-
-
-def _le(bound: float) -> str:
-    """A bucket bound as prometheus-client writes one (``0.25``, ``1.0``, ``+Inf``)."""
-    return "+Inf" if bound == math.inf else repr(float(bound))
+def _per_event(name: str, values: Mapping[tuple[str, str], float],
+               labels: tuple[str, str] = ("event_id", "event_type")) -> list[str]:
+    """The lines of a family of one value per event (by EventId and type), or per other pair of ``labels``."""
+    first, second = labels
+    return [f'{FLEET}_{name}{{{first}="{escape(a)}",{second}="{escape(b)}"}} {float(v)!r}'
+            for (a, b), v in sorted(values.items())]
 
 
 def _gauge(name: str, lines: list[str]) -> bytes:

@@ -13,11 +13,10 @@ The state is one gzip stream of members, each one block of a block blob: a BASE 
      "gone": [key, ...]}                                       # expired or forgotten
 
 A delta's position never goes back, and any delta out of shape makes the whole state damaged: a prefix would be a
-state at the wrong position. A reader ignores fields it does not know (``imds``, ``subscription_id``,
-``resource_group`` and ``reported``, the kept properties by name, are written only when known); a change it must not
-ignore takes a new format number. A row out of type or range is left out (counted as a "row", never written back);
-a ``NewerState`` is left in place for its release; on ``DamagedState`` the partition is read from its checkpoint
-alone, and the next write replaces the state.
+state at the wrong position. A reader ignores fields it does not know (a field ``VM_STATE_FIELDS`` stores
+``when_known``, such as ``reported``, the kept properties by name, is written only when known); a change it must not
+ignore takes a new format number. A row out of type or range is left out (counted as a "row", never written back); on
+``DamagedState`` the partition is read from its checkpoint alone, and the next write replaces the state.
 """
 
 from __future__ import annotations
@@ -197,8 +196,7 @@ def inflated(data: bytes, limit: int) -> Iterator[tuple[bytes, int]]:
 
 def _parse(text: bytes, max_values: int) -> Any:
     """One member's JSON, its values counted before it is parsed."""
-    values = _values(text, max_values)
-    if values > max_values:
+    if (values := _values(text, max_values)) > max_values:
         raise DamagedState("unreadable", f"the state holds more than {max_values} JSON values ({values}), more than "
                            "the VMs a partition keeps need")
     try:
@@ -215,8 +213,7 @@ def _block(obj: Any) -> str:
 
 
 def _apply(decoded: Decoded, delta: Any, now: float, bounds: Bounds) -> None:
-    """Fold one delta (a dict: ``_block`` read it) into what the blocks before it gave; ``DamagedState`` for one
-    out of shape."""
+    """Fold one delta (a dict: ``_block`` read it) into what the blocks before it gave."""
     position, changed, touched, gone = (delta.get(name) for name in ("sequence_number", "vms", "touched", "gone"))
     if type(position) is not int or not decoded.position <= position <= MAX_SEQUENCE:
         raise DamagedState("wrong_shape", f"a delta's sequence_number {str(position)[:40]!r} is not one at or past "
@@ -230,16 +227,14 @@ def _apply(decoded: Decoded, delta: Any, now: float, bounds: Bounds) -> None:
             raise DamagedState("wrong_shape", "a delta's 'gone' holds a key that is not a string")
         vms.pop(key, None)
     for named in changed:
-        vm = _vm(named, now, bounds)
-        if vm is None:
+        if (vm := _vm(named, now, bounds)) is None:
             decoded.dropped["row"] += 1
         elif vm.key not in vms and len(vms) >= bounds.vms_per_partition:
             decoded.dropped["vms_per_partition"] += 1
         else:
             vms[vm.key] = vm
     for entry in touched:
-        vm = _touched(entry, vms, now)
-        if vm is None:
+        if (vm := _touched(entry, vms, now)) is None:
             decoded.dropped["row"] += 1
         else:
             vms[vm.key] = vm
@@ -279,10 +274,9 @@ def _vm(named: Any, now: float, bounds: Bounds) -> VmState | None:
         return None
     key, vm_id, vm_name, vmss_name, location, installation, sequence, seen_at, body = (
         named[name] for name in NAMED_FIELDS_ORDER)
-    valid = (all(_text(value, MAX_TEXT) for value in (vm_id, vm_name, vmss_name, location))
-             and key == (vm_id or vm_name or "unknown") and _text(installation, MAX_MESSAGE_ID) and installation != ""
-             and _sequenced(sequence, seen_at, now) and isinstance(body, str) and len(body) <= MAX_ROW_BODY)
-    if not valid:
+    if not (all(_text(value, MAX_TEXT) for value in (vm_id, vm_name, vmss_name, location))
+            and key == (vm_id or vm_name or "unknown") and _text(installation, MAX_MESSAGE_ID) and installation != ""
+            and _sequenced(sequence, seen_at, now) and isinstance(body, str) and len(body) <= MAX_ROW_BODY):
         return None
     try:
         raw = body.encode("utf-8")

@@ -12,6 +12,7 @@ import threading
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import TypeVar
 
 from se_exporter.fleet.message import DEFAULT_BOUNDS, Bounds, Message, VmState, vm_facts
@@ -89,11 +90,6 @@ class StateWrite:
     rebase: bool  # the changes are incomplete: only a whole state is right
 
 
-def heartbeat_only(old: VmState, new: VmState) -> bool:
-    """``new`` differs from ``old`` in what a heartbeat moves at most (``message.VM_STATE_FIELDS``)."""
-    return vm_facts(old) == vm_facts(new)
-
-
 @dataclass
 class PartitionState:
     """The VMs of one partition and the sequence number of the last event folded into them."""
@@ -108,6 +104,10 @@ class PartitionState:
         if self.vms and not self.installations:
             self.installations.update(vm.installation for vm in self.vms.values())
 
+    def advance(self, sequence_number: int) -> None:
+        if self.position is None or sequence_number > self.position:
+            self.position = sequence_number
+
     def uncount(self, installation: str) -> None:
         self.installations[installation] -= 1
         if self.installations[installation] <= 0:
@@ -118,11 +118,9 @@ def latest(groups: Iterable[Iterable[VmState]]) -> list[VmState]:
     """Each VM once, the one seen last: a VM held by two shown partitions (a hand-over, a hub grown) would otherwise
     be exposed twice with the same labels, invalidating the whole exposition."""
     shown: dict[str, VmState] = {}
-    for vms in groups:
-        for vm in vms:
-            other = shown.get(vm.key)
-            if other is None or vm.seen_at > other.seen_at:
-                shown[vm.key] = vm
+    for vm in chain.from_iterable(groups):
+        if (other := shown.get(vm.key)) is None or vm.seen_at > other.seen_at:
+            shown[vm.key] = vm
     return list(shown.values())
 
 
@@ -155,10 +153,8 @@ class Fleet:
             for key, vm in list(held.vms.items()):  # a restored state meets what the other partitions hold
                 if not vm.vm_id and self._known_by_id(vm):
                     self._forget(partition_id, held, key)
-                elif not vm.vm_id:
-                    self._named.setdefault(key, set()).add(partition_id)
-                elif vm.vm_name in self._named:
-                    self._retire(vm)
+                else:
+                    self._track_name(partition_id, vm)
         return held
 
     def release(self, partition_id: str) -> int:
@@ -212,9 +208,8 @@ class Fleet:
     def handled(self, partition_id: str, sequence_number: int) -> None:
         """Record that an event was dealt with (applied, dropped or invalid): the next checkpoint may pass it."""
         with self._lock:
-            state = self._partitions.get(partition_id)
-            if state is not None and (state.position is None or sequence_number > state.position):
-                state.position = sequence_number
+            if (state := self._partitions.get(partition_id)) is not None:
+                state.advance(sequence_number)
 
     def apply(self, partition_id: str, message: Message, sequence_number: int | None = None) -> str:
         """Fold one document in: 'applied', 'resend' or 'older' (docs/architecture.md, "What it keeps"); 'retired' or
@@ -226,33 +221,33 @@ class Fleet:
             state = self._partitions.get(partition_id)
             if state is None:
                 return "unowned"
-            if sequence_number is not None and (state.position is None or sequence_number > state.position):
-                state.position = sequence_number
+            if sequence_number is not None:
+                state.advance(sequence_number)
             if message.retires_name:
                 return self._retire_name(partition_id, state, new)
             current = state.vms.get(new.key)
             if current is None:
                 if (refused := self._refused(state, new)) is not None:
                     return refused
-            elif current.installation == new.installation \
-                    and abs(new.sequence - current.sequence) <= SEQUENCE_WINDOW:
-                if new.sequence == current.sequence:
-                    return "resend"
-                if new.sequence < current.sequence:
-                    return "older"
-            if current is None or current.installation != new.installation:
-                if current is not None:
-                    state.uncount(current.installation)
                 state.installations[new.installation] += 1
+            elif current.installation != new.installation:
+                state.uncount(current.installation)
+                state.installations[new.installation] += 1
+            elif 0 <= current.sequence - new.sequence <= SEQUENCE_WINDOW:
+                return "resend" if new.sequence == current.sequence else "older"
             state.vms[new.key] = new
-            whole = current is None or not heartbeat_only(current, new)
+            whole = current is None or vm_facts(current) != vm_facts(new)  # beyond what a heartbeat moves
             state.changes.record(new.key, whole)
             self._tell(partition_id, new.key, whole)
-            if not new.vm_id:
-                self._named.setdefault(new.key, set()).add(partition_id)
-            elif new.vm_name in self._named:  # a dict lookup: most fleets hold no VM known by name only
-                self._retire(new)
+            self._track_name(partition_id, new)
             return "applied"
+
+    def _track_name(self, partition_id: str, vm: VmState) -> None:
+        """A VM now held: noted if known by name only, else it retires those known by its name (under the lock)."""
+        if not vm.vm_id:
+            self._named.setdefault(vm.key, set()).add(partition_id)
+        elif vm.vm_name in self._named:  # a dict lookup: most fleets hold no VM known by name only
+            self._retire(vm)
 
     def _refused(self, state: PartitionState, new: VmState) -> str | None:
         """Why a VM new to the partition is not applied (a bound, or its vm_id known already), or None."""
@@ -288,8 +283,7 @@ class Fleet:
         and installation, seen no later (under the lock)."""
         for partition_id in list(self._named.get(identified.vm_name, ())):
             state = self._partitions.get(partition_id)
-            named = state.vms.get(identified.vm_name) if state is not None else None
-            if state is not None and named is not None and not named.vm_id \
+            if state is not None and (named := state.vms.get(identified.vm_name)) is not None and not named.vm_id \
                     and named.installation == identified.installation and named.seen_at <= identified.seen_at:
                 self._forget(partition_id, state, identified.vm_name)
 
@@ -304,15 +298,13 @@ class Fleet:
         return vm
 
     def _unname(self, partition_id: str, key: str) -> None:
-        partitions = self._named.get(key)
-        if partitions is not None:
+        if (partitions := self._named.get(key)) is not None:
             partitions.discard(partition_id)
             if not partitions:
                 del self._named[key]
 
     def _unname_partition(self, partition_id: str) -> None:
-        state = self._partitions.get(partition_id)
-        if state is not None and self._named:
+        if (state := self._partitions.get(partition_id)) is not None and self._named:
             for key in [key for key, vm in state.vms.items() if not vm.vm_id]:
                 self._unname(partition_id, key)
 
@@ -369,8 +361,7 @@ class Fleet:
             touched: list[VmState] = []
             settled = changes.settled
             for key, (_last, last_whole) in changes.changed.items():  # one pass: a partition's minute of heartbeats
-                vm = vms.get(key)
-                if vm is not None:
+                if (vm := vms.get(key)) is not None:
                     (changed if last_whole > settled else touched).append(vm)  # whole: changed beyond a heartbeat since
             return StateWrite(state.position, changes.tick, list(vms.values()), changed, touched, list(changes.gone),
                             changes.rebase_at is not None)
@@ -384,6 +375,5 @@ class Fleet:
     def settle(self, partition_id: str, tick: int) -> None:
         """A state holding the partition's changes up to ``tick`` is stored (see ``Changes``)."""
         with self._lock:
-            state = self._partitions.get(partition_id)
-            if state is not None:
+            if (state := self._partitions.get(partition_id)) is not None:
                 state.changes.settle(tick)

@@ -11,9 +11,18 @@ from typing import Any
 import pytest
 
 from se_exporter.fleet import stateformat
-from se_exporter.fleet.message import VM_STATE_FIELDS, Bounds, Imds, InvalidMessage, Message, VmState, read_message
+from se_exporter.fleet.message import (
+    VM_STATE_FIELDS,
+    Bounds,
+    Imds,
+    InvalidMessage,
+    Message,
+    VmState,
+    read_message,
+    vm_facts,
+)
 from se_exporter.fleet.stateformat import DamagedState, NewerState, decode, encode_base
-from se_exporter.fleet.vms import Fleet, PartitionState, heartbeat_only, imds_unreachable
+from se_exporter.fleet.vms import Fleet, PartitionState, imds_unreachable
 
 VM_ID = "02aab8a4-74ef-476e-8182-f6d2ba4166a6"
 FREEZE = (b'{"DocumentIncarnation": 2, "Events": [{"EventId": "E1", "EventType": "Freeze", "ResourceType": '
@@ -481,4 +490,4 @@ def test_only_a_heartbeats_fields_leave_a_vm_heartbeat_only(name: str) -> None:
     changed = Imds(observed_at=1.0, last_success=1.0, failing=False) if isinstance(value, Imds) \
         else (("os_type", "Linux"),) if name == "reported" else value * 2
     new = dataclasses.replace(old, **{name: changed})
-    assert heartbeat_only(old, new) is (VM_STATE_FIELDS[name].kind == "heartbeat")
+    assert (vm_facts(old) == vm_facts(new)) is (VM_STATE_FIELDS[name].kind == "heartbeat")
