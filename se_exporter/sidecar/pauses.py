@@ -26,6 +26,7 @@ from se_exporter.core.pause import Pause
 from se_exporter.sidecar.metrics import Metrics
 
 log = logging.getLogger("se_exporter")
+BUSY_SHARE = 0.5  # of a late look's lateness: this process used that much CPU meanwhile, so it was not stopped
 HELD = 256  # pauses found and not yet taken by the poll loop: a VM pausing every second fills none of it
 
 
@@ -34,9 +35,16 @@ class PauseDetector:
 
     def __init__(self, metrics: Metrics, monotonic: Callable[[], float] = time.monotonic,
                  throttled: Callable[[], float | None] | None = None,
-                 steal: Callable[[], float | None] | None = None) -> None:
+                 steal: Callable[[], float | None] | None = None,
+                 cpu: Callable[[], float] = time.process_time) -> None:
         self._metrics = metrics
         self._monotonic = monotonic
+        # A stopped process or a frozen VM burns no CPU; one whose own work held the interpreter (a huge document
+        # parsed) did: the CPU this process used over a late look tells the two apart.
+        self._cpu = cpu
+        self._cpu_at = cpu()
+        self._looked = -math.inf  # the last look: the process ran then, so no pause before it is counted again
+        self._lists_own = False  # the last listing held an event of this VM's: armed however long the poll takes
         self._throttled = cgroup_throttled() if throttled is None else throttled
         # /proc/stat costs more than a tick should: read when armed, at each poll (``listed``) and after a pause
         self._steal = steal_time if steal is None else steal
@@ -59,7 +67,8 @@ class PauseDetector:
         """What the poll loop read at ``now`` (monotonic): arms the detector while an event of this VM's is listed."""
         with self._lock:
             self._records, self._vm_name = records, vm_name
-            if pause.arms(records.values(), vm_name):
+            self._lists_own = pause.arms(records.values(), vm_name)
+            if self._lists_own:
                 self._armed_until = now + pause.ARMED_FOR
                 if self._due is None:
                     self._due = now + pause.TICK
@@ -72,15 +81,15 @@ class PauseDetector:
         with self._lock:
             if self._due is None:
                 return
-            late = pause.late_by(self._due, now, pause.ARMED_MIN)
-            self._due = now + pause.TICK if now <= self._armed_until else None
+            late = pause.late_by(max(self._due, self._looked), now, pause.ARMED_MIN)
+            self._due = now + pause.TICK if self._lists_own or now <= self._armed_until else None
             self._note(now, late)
 
     def overslept(self, due: float, now: float) -> None:
         """Idle: the poll loop's wait that was to end at ``due`` ended at ``now``; a pause when a second late."""
         with self._lock:
             if self._due is None:
-                self._note(now, pause.late_by(due, now, pause.IDLE_MIN))
+                self._note(now, pause.late_by(max(due, self._looked), now, pause.IDLE_MIN))
 
     def take(self, now: float) -> list[Pause]:
         """The pauses found since the last call, the one ending now included (the poll loop's, at each poll)."""
@@ -91,9 +100,11 @@ class PauseDetector:
         return found
 
     def _note(self, now: float, late: float | None) -> None:
-        """Under the lock: a pause of ``late`` seconds (None: none) counted and held for ``take``."""
-        reading = self._throttled()
-        if late is None:
+        """Under the lock: a pause of ``late`` seconds (None: none) counted and held for ``take``, unless this
+        process itself used CPU for half of it or more (its own work kept the looking thread from running)."""
+        reading, cpu = self._throttled(), self._cpu()
+        burnt, self._cpu_at, self._looked = cpu - self._cpu_at, cpu, now
+        if late is None or burnt >= BUSY_SHARE * late:
             self._throttled_at = reading
             return
         grew = None if reading is None or self._throttled_at is None else reading - self._throttled_at

@@ -61,6 +61,8 @@ class Poller:
         # Lifecycles open before a restart: the first diff starts from them, not from nothing (keyed as diff keys).
         restored = store.restore() if store is not None else Restored()
         self._restored = {event_key(record.event.event_id): record for record in restored.records.values()}
+        if pauses is not None:  # armed by the restored lifecycles: a first poll can take minutes
+            pauses.listed(self._restored, settings.vm_name, time.monotonic())
         # The watch the next successful read continues, or not (core/watch.py), and the read it continues from:
         # the saved ones until this process reads. The snapshot shows a watch only once a read decided it.
         self._watch_since, self._last_read = restored.watching_since, restored.last_read
@@ -111,16 +113,23 @@ class Poller:
         """The pauses found up to ``now`` folded into the records (their one writer) and handed to the sinks;
         whether there were."""
         found = self._pauses.take(now) if self._pauses is not None else []
-        if found:
-            folded = pause.fold(self.snapshot.records, found)
-            if self.snapshot.has_document and self._watch_since is not None and self._last_read is not None:
+        if not found:
+            return False
+        snap = self.snapshot
+        folded: Mapping[str, lifecycle.EventRecord] = self._restored
+        if not snap.has_document:  # before the first document, the restored lifecycles are the ones listed
+            self._restored = dict(pause.fold(self._restored, found))
+            folded = self._restored
+        else:
+            folded = pause.fold(snap.records, found)
+            if self._watch_since is not None and self._last_read is not None:
                 self._save(folded, self._watch_since, self._last_read)  # saved before shown: a restart keeps them
             snap = self._state.update(records=folded)
-            wall = self._clock() - now  # a monotonic reading plus this is the wall clock's
-            for each in found:
-                record = snap.records.get(each.event_key) if each.event_key is not None else None
-                self._sinks.on_pause(PauseFelt(each, record, wall + each.began, snap.vm_name, snap.identity))
-        return bool(found)
+        wall = self._clock() - now  # a monotonic reading plus this is the wall clock's
+        for each in found:
+            record = folded.get(each.event_key) if each.event_key is not None else None
+            self._sinks.on_pause(PauseFelt(each, record, wall + each.began, snap.vm_name, snap.identity))
+        return True
 
     def _paused_through(self, error: ImdsError, started: float) -> bool:
         """Whether a timed-out poll was paused past its deadline: the VM, not IMDS, did not answer in time."""

@@ -14,9 +14,14 @@ from prometheus_client import CollectorRegistry
 from se_exporter.core import pause
 from se_exporter.core.lifecycle import EventRecord, diff
 from se_exporter.core.model import parse_document
+from se_exporter.sidecar.lifecycle_store import LifecycleStore
 from se_exporter.sidecar.metrics import Metrics
 from se_exporter.sidecar.pauses import HELD, PauseDetector, cgroup_throttled, steal_time
+from se_exporter.sidecar.poller import Poller
+from se_exporter.sidecar.settings import Settings
+from se_exporter.sidecar.sinks import FanOut
 from se_exporter.sidecar.snapshot import Snapshot
+from tests.support.fakes.imds_http import scripted_imds
 
 FREEZE = {"EventId": "F1", "EventStatus": "Started", "EventType": "Freeze", "ResourceType": "VirtualMachine",
           "Resources": ["vm0"], "NotBefore": "", "DurationInSeconds": 5}
@@ -154,3 +159,55 @@ def test_the_longest_pause_gauge_is_shown_for_this_vms_events_only() -> None:
     name = "azure_scheduled_event_longest_pause_seconds"
     assert registry.get_sample_value(name, {"event_id": "F1", "event_type": "Freeze"}) == 2.5
     assert registry.get_sample_value(name, {"event_id": "N1", "event_type": "Freeze"}) is None
+
+
+def test_a_pause_longer_than_the_armed_minute_is_counted_once_whoever_looks_first() -> None:
+    """The event gone before the pause and the minute after it over during it: the look that counts it disarms the
+    detector, and the poll loop's wait, as late, does not count it again."""
+    found, registry = detector()
+    found.listed(listed(FREEZE), "vm0", 100.0)
+    found.listed({}, "vm0", 100.5)
+    found.check(100.04)
+    found.check(170.1)  # stopped for 70 s: counted, and past the minute: disarmed
+    assert not found.armed
+    found.overslept(101.0, 170.15)  # the poll loop's wait, due long before: the same pause
+    assert pauses(registry, pause.UNANNOUNCED)[0] == 1.0  # the Freeze was gone when it began
+
+
+def test_it_stays_armed_through_a_poll_that_takes_minutes_while_this_vms_event_is_listed() -> None:
+    found, registry = detector()
+    found.listed(listed(FREEZE), "vm0", 100.0)  # then a poll hangs: no listing for minutes
+    now = 100.0
+    while now < 100.0 + 3 * pause.ARMED_FOR:
+        now += pause.TICK
+        found.check(now)
+    assert found.armed
+    found.check(now + 3.0)
+    assert pauses(registry, "Freeze")[0] == 1.0
+
+
+def test_a_look_late_because_this_process_itself_was_busy_is_no_pause() -> None:
+    """A frozen VM or a stopped process burns no CPU; a huge document parsed by the poll thread does, and keeps the
+    looking thread from running: that is not counted."""
+    used = [0.0]
+    registry = CollectorRegistry()
+    found = PauseDetector(Metrics(registry, Snapshot), throttled=lambda: None, steal=lambda: None,
+                          cpu=lambda: used[0])
+    found.listed(listed(FREEZE), "vm0", 100.0)
+    used[0] += 0.85  # the process ran for 0.85 s of the 0.9 s
+    found.check(100.94)
+    assert pauses(registry, "Freeze") == (None, None)
+    found.check(102.5)  # then 1.5 s with no CPU used: a pause
+    assert pauses(registry, "Freeze")[0] == 1.0
+
+
+def test_the_restored_lifecycles_arm_it_before_the_first_poll(tmp_path: Path) -> None:
+    """A first poll can take minutes (the first call's timeout): a VM restarted with an event open is armed at once."""
+    store = LifecycleStore(tmp_path)
+    store.save(listed(FREEZE))
+    imds, _, _ = scripted_imds([], timeout=0.5, first_call_timeout=0.5, api_version=Settings().api_version)
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, Snapshot)
+    found = PauseDetector(metrics)
+    Poller(imds, metrics, FanOut([], on_error=lambda name: None), Settings(vm_name="vm0"), store=store, pauses=found)
+    assert found.armed
