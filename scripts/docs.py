@@ -253,6 +253,8 @@ FIRST_FAMILIES: tuple[tuple[str, str], ...] = (
     ("azure_scheduled_events_transitions_total", "scheduled, started, completed, canceled, rescheduled"),
     ("azure_scheduled_events_notice_seconds", "a histogram: the notice really given (first seen to Started)"),
     ("azure_scheduled_events_impact_seconds", "a histogram: the impact measured (Started to gone)"),
+    ("azure_scheduled_events_pause_seconds", "a histogram: the pauses the VM felt, by the event listed (`none`: "
+     "unannounced; [Pauses](docs/events.md#pauses-what-the-vm-felt))"),
     ("azure_scheduled_events_polls_total",
      "ok, throttled, http_error, timeout, connection_error, invalid_document"),
     ("azure_scheduled_events_forward_errors_total", "failed forwarding attempts"),
