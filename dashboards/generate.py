@@ -237,7 +237,7 @@ def vm_dashboard() -> Any:
         [Q(f"max by (event_id, event_type) (azure_scheduled_event_longest_pause_seconds{{{VM}}}) > 0",
            legend="{{event_type}} {{event_id}}")], width=10, unit="s"))
     d = d.with_panel(panel(stat, ids, "Unannounced pauses (range)", "Pauses with no event of this VM's listed; "
-                           "longer than 5 s they warn (SeExporterUnannouncedPause).",
+                           "longer than the rules' unannouncedPauseSeconds they warn (SeExporterUnannouncedPause).",
                            [Q(f"sum(increase({pauses}_count{{{VM}, event_type=\"none\"}}[$__range])) or vector(0)")],
                            width=4))
     d = d.with_row(db.Row("IMDS health").id(ids.take()))

@@ -374,7 +374,8 @@ def read_pauses(value: Any) -> str:
 
 def _pause(key: Any, entry: Any) -> tuple[str, dict[str, Any]]:
     """One event's pauses, checked (``ValueError`` when out of range)."""
-    event_key, kind = printable(key.strip().lower()), printable(entry["type"])
+    # As every text a VM sends: unpaired surrogates and control characters spelt out (a label must be UTF-8)
+    event_key, kind = printable(encodable(key.strip().lower())), printable(encodable(entry["type"]))
     longest, total = float(entry["longest"]), float(entry["total"])
     if len(event_key) > MAX_TEXT or len(kind) > MAX_TEXT or not 0 <= longest <= total <= MAX_PAUSE_SECONDS:
         raise ValueError("out of range")

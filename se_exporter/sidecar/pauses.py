@@ -66,8 +66,9 @@ class PauseDetector:
     def listed(self, records: Mapping[str, EventRecord], vm_name: str | None, now: float) -> None:
         """What the poll loop read at ``now`` (monotonic): arms the detector while an event of this VM's is listed."""
         with self._lock:
-            self._records, self._vm_name = records, vm_name
-            self._lists_own = pause.arms(records.values(), vm_name)
+            if records is not self._records or vm_name != self._vm_name:  # a new document: most polls bring none
+                self._records, self._vm_name = records, vm_name
+                self._lists_own = pause.arms(records.values(), vm_name)
             if self._lists_own:
                 self._armed_until = now + pause.ARMED_FOR
                 if self._due is None:

@@ -61,8 +61,7 @@ class Poller:
         # Lifecycles open before a restart: the first diff starts from them, not from nothing (keyed as diff keys).
         restored = store.restore() if store is not None else Restored()
         self._restored = {event_key(record.event.event_id): record for record in restored.records.values()}
-        if pauses is not None:  # armed by the restored lifecycles: a first poll can take minutes
-            pauses.listed(self._restored, settings.vm_name, time.monotonic())
+        self._listed()  # armed by the restored lifecycles: a first poll can take minutes
         # The watch the next successful read continues, or not (core/watch.py), and the read it continues from:
         # the saved ones until this process reads. The snapshot shows a watch only once a read decided it.
         self._watch_since, self._last_read = restored.watching_since, restored.last_read
@@ -116,10 +115,9 @@ class Poller:
         if not found:
             return False
         snap = self.snapshot
-        folded: Mapping[str, lifecycle.EventRecord] = self._restored
+        folded: Mapping[str, lifecycle.EventRecord]
         if not snap.has_document:  # before the first document, the restored lifecycles are the ones listed
-            self._restored = dict(pause.fold(self._restored, found))
-            folded = self._restored
+            folded = self._restored = dict(pause.fold(self._restored, found))
         else:
             folded = pause.fold(snap.records, found)
             if self._watch_since is not None and self._last_read is not None:
@@ -140,9 +138,9 @@ class Poller:
         return self._felt(now)
 
     def _listed(self) -> None:
-        if self._pauses is not None:
+        if self._pauses is not None:  # before the first document, the restored lifecycles are the ones listed
             snap = self.snapshot
-            self._pauses.listed(snap.records, snap.vm_name, time.monotonic())
+            self._pauses.listed(snap.records if snap.has_document else self._restored, snap.vm_name, time.monotonic())
 
     def _refresh_due(self, read: watch.Read) -> bool:
         """Whether a quiet VM's state file is due again, so that its ``last_read`` stays within half the allowed gap

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from se_exporter.fleet.message import InvalidMessage, read_pauses
 from se_exporter.fleet.stateformat import decode, encode_base
@@ -68,3 +69,16 @@ def test_per_event_the_vms_that_paused_the_longest_and_the_buckets_by_type() -> 
     assert buckets['azure_scheduled_fleet_pause_seconds_bucket{event_type="Freeze",le="10.0"}'] == 2
     assert buckets['azure_scheduled_fleet_pause_seconds_bucket{event_type="Freeze",le="+Inf"}'] == 2
     assert buckets['azure_scheduled_fleet_pause_seconds_bucket{event_type="Reboot",le="0.5"}'] == 1
+
+
+def test_a_lone_surrogate_or_a_control_character_is_spelt_out_and_the_scrape_stays_utf8() -> None:
+    fleet = Fleet()
+    fleet.claim("0")
+    send(fleet, "0", EMPTY, "id1", 1, 1000.0, pauses='{"\\ud800x": {"type": "Fr\\u0001\\udc00", "longest": 1,'
+                                                    ' "total": 1}}')
+    written = fleet_text(fleet, NOW)
+    written.encode("utf-8")  # a lone surrogate in a label made the whole scrape unencodable
+    (family,) = [family for family in text_string_to_metric_families(written)
+                 if family.name == "azure_scheduled_fleet_event_paused_vms"]
+    assert [(sample.labels, sample.value) for sample in family.samples] == [
+        ({"event_id": "\\ud800x", "event_type": "Fr\\x01\\udc00"}, 1.0)]
